@@ -1,0 +1,242 @@
+//! `Exec`: run a command or a login shell, with pipes or a terminal, and stream
+//! its I/O over the host connection until it exits.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg, WinSize};
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::pty::{openpty, Winsize};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::pipe2;
+
+use crate::frames::{self, FrameReader};
+use crate::reaper::Reaper;
+use crate::spawn::{self, ChildIo, Program};
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+nix::ioctl_write_ptr_bad!(set_winsize, libc::TIOCSWINSZ, Winsize);
+
+/// What the session's threads tell each other.
+#[derive(Default)]
+struct Flags {
+    /// The process has exited: pumps drain what is buffered and stop.
+    exited: AtomicBool,
+    /// The host connection is gone: pumps stop at once.
+    host_gone: AtomicBool,
+}
+
+type Shared = Arc<Mutex<UnixStream>>;
+
+pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper: &Reaper) -> io::Result<()> {
+    let program = program_for(&req);
+    let writer: Shared = Arc::new(Mutex::new(stream.try_clone()?));
+    let flags = Arc::new(Flags::default());
+
+    // Our ends of the child's stdio: where stdin goes, where output comes from.
+    let mut stdin: Option<File>;
+    let mut pumps: Vec<JoinHandle<()>> = Vec::new();
+    let terminal: Option<OwnedFd>;
+    let spawned = match &req.pty {
+        Some(pty) => {
+            let ws = winsize(pty.size);
+            let pair = openpty(Some(&ws), None)?;
+            for fd in [&pair.master, &pair.slave] {
+                nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+            }
+            let io = ChildIo { stdin: &pair.slave, stdout: &pair.slave, stderr: &pair.slave, controlling_tty: true };
+            let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
+            stdin = Some(File::from(pair.master.try_clone()?));
+            pumps.push(start_pump(pair.master.try_clone()?, AgentMsg::Stdout, &writer, &flags));
+            terminal = Some(pair.master);
+            spawned
+        }
+        None => {
+            let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC)?;
+            let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC)?;
+            let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC)?;
+            let io = ChildIo { stdin: &in_r, stdout: &out_w, stderr: &err_w, controlling_tty: false };
+            let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
+            stdin = Some(File::from(in_w));
+            pumps.push(start_pump(out_r, AgentMsg::Stdout, &writer, &flags));
+            pumps.push(start_pump(err_r, AgentMsg::Stderr, &writer, &flags));
+            terminal = None;
+            spawned
+        }
+    };
+    let (pid, exit) = match spawned {
+        Ok(ok) => ok,
+        Err(e) => {
+            flags.host_gone.store(true, Ordering::Relaxed);
+            let shell = program.path.to_string_lossy().into_owned();
+            return frames::send(&stream, &AgentMsg::Error(format!("cannot run {shell}: {e}")));
+        }
+    };
+    send(&writer, &AgentMsg::Started { pid: pid.as_raw() as u32 })?;
+
+    // The waiter reports the exit once all output before it has been sent.
+    let waiter = {
+        let (writer, flags) = (Arc::clone(&writer), Arc::clone(&flags));
+        std::thread::spawn(move || {
+            let Ok(status) = exit.recv() else { return };
+            flags.exited.store(true, Ordering::Relaxed);
+            for pump in pumps {
+                let _ = pump.join();
+            }
+            let _ = send(&writer, &AgentMsg::Exit(status));
+            // Ends the input loop below and tells the host that nothing follows.
+            let guard = writer.lock().unwrap_or_else(PoisonError::into_inner);
+            let _ = guard.shutdown(Shutdown::Both);
+        })
+    };
+
+    loop {
+        match reader.next() {
+            Ok(Some(HostMsg::Stdin(data))) => {
+                if let Some(input) = stdin.as_mut() {
+                    // EPIPE once the process stopped reading is not an error of ours.
+                    let _ = input.write_all(&data);
+                }
+            }
+            Ok(Some(HostMsg::StdinEof)) if terminal.is_none() => stdin = None,
+            Ok(Some(HostMsg::Resize(size))) => {
+                if let Some(master) = &terminal {
+                    // SAFETY: TIOCSWINSZ reads one Winsize from a valid pointer on an
+                    // open pty master.
+                    let _ = unsafe { set_winsize(master.as_raw_fd(), &winsize(size)) };
+                }
+            }
+            Ok(Some(HostMsg::Signal(signo))) => {
+                if let Ok(sig) = Signal::try_from(signo) {
+                    let _ = kill(pid, sig);
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    if !flags.exited.load(Ordering::Relaxed) {
+        // The client went away first. As with sshd, its process keeps running, but
+        // a terminal is hung up once our end of it closes (and SIGHUP follows).
+        flags.host_gone.store(true, Ordering::Relaxed);
+    }
+    drop(stdin);
+    drop(terminal);
+    // The waiter finishes on its own once the process exits.
+    drop(waiter);
+    Ok(())
+}
+
+fn send(writer: &Shared, msg: &AgentMsg) -> io::Result<()> {
+    let guard = writer.lock().unwrap_or_else(PoisonError::into_inner);
+    frames::send(&guard, msg)
+}
+
+fn winsize(size: WinSize) -> Winsize {
+    Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 }
+}
+
+/// Copies one output fd to the host as frames made by `wrap`.
+///
+/// Once the process has exited, a pump forwards only what is already buffered:
+/// a background job that keeps the pipe open must not hold the session open
+/// (OpenSSH would wait for it; `ssh box 'server &'` should return).
+fn start_pump(
+    fd: OwnedFd,
+    wrap: fn(Vec<u8>) -> AgentMsg,
+    writer: &Shared,
+    flags: &Arc<Flags>,
+) -> JoinHandle<()> {
+    let (writer, flags) = (Arc::clone(writer), Arc::clone(flags));
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; moat_agent::protocol::MAX_CHUNK];
+        loop {
+            if flags.host_gone.load(Ordering::Relaxed) {
+                return;
+            }
+            let exited = flags.exited.load(Ordering::Relaxed);
+            let timeout = PollTimeout::from(if exited { 50u16 } else { 200u16 });
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, timeout) {
+                Ok(0) if exited => return,
+                Ok(0) | Err(Errno::EINTR) => continue,
+                Ok(_) => {}
+                Err(_) => return,
+            }
+            match nix::unistd::read(&fd, &mut buf) {
+                // EIO: every holder of the terminal's other end has closed it.
+                Ok(0) | Err(Errno::EIO) => return,
+                Ok(n) => {
+                    let chunk = buf.get(..n).unwrap_or_default().to_vec();
+                    if send(&writer, &wrap(chunk)).is_err() {
+                        flags.host_gone.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+                Err(Errno::EINTR | Errno::EAGAIN) => {}
+                Err(_) => return,
+            }
+        }
+    })
+}
+
+/// Root's home and shell from the box's own /etc/passwd.
+fn root_account() -> (String, String) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    passwd
+        .lines()
+        .map(|line| line.split(':').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&"root"))
+        .and_then(|f| Some((f.get(5)?.to_string(), f.get(6)?.to_string())))
+        .filter(|(home, shell)| !home.is_empty() && !shell.is_empty())
+        .unwrap_or_else(|| ("/root".into(), "/bin/sh".into()))
+}
+
+fn cstring(s: impl Into<Vec<u8>>) -> CString {
+    let mut bytes: Vec<u8> = s.into();
+    bytes.retain(|b| *b != 0);
+    CString::new(bytes).unwrap_or_default()
+}
+
+fn program_for(req: &ExecRequest) -> Program {
+    let (home, shell) = root_account();
+    let argv = match &req.command {
+        Some(cmd) => vec![cstring(shell.clone()), cstring("-c"), cstring(cmd.clone())],
+        None => {
+            // A leading '-' in argv[0] is how a shell learns it is a login shell.
+            let name = shell.rsplit('/').next().unwrap_or("sh");
+            vec![cstring(format!("-{name}"))]
+        }
+    };
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), home.clone()),
+        ("USER".into(), "root".into()),
+        ("LOGNAME".into(), "root".into()),
+        ("SHELL".into(), shell.clone()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    if let Some(pty) = &req.pty {
+        env.push(("TERM".into(), pty.term.clone()));
+    }
+    for (key, value) in &req.env {
+        env.retain(|(k, _)| k != key);
+        env.push((key.clone(), value.clone()));
+    }
+    Program {
+        path: cstring(shell),
+        argv,
+        envp: env.into_iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect(),
+        cwd: cstring(home),
+    }
+}

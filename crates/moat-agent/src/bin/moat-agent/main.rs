@@ -1,0 +1,61 @@
+//! moat-agent: PID 1 of a box.
+//!
+//! It inherits a listening unix socket as fd 3 from the host, serves one operation
+//! per connection (see `moat_agent::protocol`), and reaps every orphan in the box.
+//! It is built as a static binary so it runs in any image, libc or not.
+
+#![allow(unsafe_code)]
+
+mod exec;
+mod frames;
+mod reaper;
+mod spawn;
+mod tcp;
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+
+use moat_agent::protocol::{AgentMsg, HostMsg};
+
+use frames::FrameReader;
+use reaper::Reaper;
+
+/// The fd on which the host hands over the listening socket.
+const LISTEN_FD: i32 = 3;
+
+fn main() {
+    // SAFETY: the host passes fd 3 as a listening unix socket and nothing else in
+    // this process has claimed it; we take sole ownership here, once.
+    let listener = UnixListener::from(unsafe { OwnedFd::from_raw_fd(LISTEN_FD) });
+    // Commands the box runs must not inherit the host's door.
+    let _ = nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
+    let reaper = Arc::new(Reaper::start());
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let reaper = Arc::clone(&reaper);
+                std::thread::spawn(move || serve(stream, &reaper));
+            }
+            // A transient accept error (EMFILE, ECONNABORTED) must not kill PID 1.
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Serves one connection: its first message decides what it is.
+fn serve(stream: UnixStream, reaper: &Reaper) {
+    let Ok(read_half) = stream.try_clone() else { return };
+    let mut reader = FrameReader::new(read_half);
+    let result = match reader.next() {
+        Ok(Some(HostMsg::Exec(req))) => exec::run(req, reader, stream, reaper),
+        Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
+        Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
+        Ok(Some(other)) => frames::send(&stream, &AgentMsg::Error(format!("unexpected first message {other:?}"))),
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    // The host may be gone already; there is nobody left to tell.
+    let _: io::Result<()> = result;
+}

@@ -1,0 +1,76 @@
+//! fork + exec for a multithreaded PID 1.
+//!
+//! `std::process::Command` would race our reaper (on a failed exec it waits for
+//! the child itself, and panics if the reaper got there first), so the agent forks
+//! by hand. Everything the child needs is allocated before the fork; after it the
+//! child makes only async-signal-safe calls.
+
+use std::ffi::CString;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr;
+
+use nix::unistd::{pipe2, Pid};
+
+/// A program with its arguments and environment, ready for `execve`.
+pub struct Program {
+    pub path: CString,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub cwd: CString,
+}
+
+/// The fds a child gets as 0, 1 and 2; `controlling_tty` makes fd 0 its terminal.
+pub struct ChildIo<'a> {
+    pub stdin: &'a OwnedFd,
+    pub stdout: &'a OwnedFd,
+    pub stderr: &'a OwnedFd,
+    pub controlling_tty: bool,
+}
+
+/// Forks and execs `program` in a new session; returns once the exec succeeded.
+pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
+    let argv: Vec<*const libc::c_char> =
+        program.argv.iter().map(|a| a.as_ptr()).chain([ptr::null()]).collect();
+    let envp: Vec<*const libc::c_char> =
+        program.envp.iter().map(|e| e.as_ptr()).chain([ptr::null()]).collect();
+    let (err_read, err_write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let fds = [io.stdin.as_raw_fd(), io.stdout.as_raw_fd(), io.stderr.as_raw_fd()];
+
+    // SAFETY: after fork the child runs only async-signal-safe libc calls on
+    // memory prepared above (argv/envp arrays and C strings that outlive the call
+    // in the parent and are copied into the child), then execs or _exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; this block never returns.
+        unsafe {
+            libc::setsid();
+            for (target, fd) in fds.iter().enumerate() {
+                libc::dup2(*fd, target as libc::c_int);
+            }
+            if io.controlling_tty {
+                libc::ioctl(0, libc::TIOCSCTTY, 0);
+            }
+            // Rust ignores SIGPIPE in the agent; a shell's children expect the default.
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            if libc::chdir(program.cwd.as_ptr()) != 0 {
+                libc::chdir(c"/".as_ptr());
+            }
+            libc::execve(program.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            let errno = *libc::__errno_location();
+            let bytes = errno.to_ne_bytes();
+            libc::write(err_write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(127);
+        }
+    }
+    drop(err_write);
+    let mut errno = [0u8; 4];
+    let mut pipe = std::fs::File::from(err_read);
+    match pipe.read(&mut errno)? {
+        0 => Ok(Pid::from_raw(pid)),
+        _ => Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno))),
+    }
+}

@@ -1,0 +1,520 @@
+//! The framed host↔box protocol.
+//!
+//! A frame is a big-endian `u32` length, then that many bytes: a one-byte tag and a
+//! body. Integers are big-endian; byte strings carry a `u32` length prefix. The
+//! decoder is written so that no input can make it panic: a box is hostile, and so
+//! is anything that pretends to be one.
+//!
+//! A connection starts with one [`HostMsg`] request (`Exec`, `Connect` or `Ping`).
+//! After `Exec` the host sends stdin, resizes and signals, and the agent answers with
+//! output and finally `Exit`. After `Connected` the connection turns into a raw byte
+//! stream to the TCP peer inside the box.
+
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::fmt;
+
+/// Largest frame either side accepts, tag included.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// Largest data payload a sender puts in one frame.
+pub const MAX_CHUNK: usize = 64 * 1024;
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WinSize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+/// The terminal a command runs on, when it asked for one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PtySpec {
+    /// The client's `TERM`.
+    pub term: String,
+    /// Initial size.
+    pub size: WinSize,
+}
+
+/// What to run inside the box.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecRequest {
+    /// A shell command line, run as `$SHELL -c`; `None` starts a login shell.
+    pub command: Option<Vec<u8>>,
+    /// Extra environment variables (already filtered by the host).
+    pub env: Vec<(String, String)>,
+    /// Allocate a terminal.
+    pub pty: Option<PtySpec>,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Normal exit with this code.
+    Code(i32),
+    /// Killed by this signal number.
+    Signal {
+        /// Signal number.
+        signo: i32,
+        /// Whether it dumped core.
+        core_dumped: bool,
+    },
+}
+
+/// Messages from the host to the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMsg {
+    /// Start a process. First message of an exec connection.
+    Exec(ExecRequest),
+    /// Open a TCP connection to this port on the box's loopback.
+    Connect {
+        /// TCP port.
+        port: u16,
+    },
+    /// Liveness check; answered with `Pong`.
+    Ping,
+    /// Bytes for the process's stdin.
+    Stdin(Vec<u8>),
+    /// The client will send no more stdin.
+    StdinEof,
+    /// The client's terminal changed size.
+    Resize(WinSize),
+    /// Deliver this signal to the process.
+    Signal(i32),
+}
+
+/// Messages from the agent to the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentMsg {
+    /// The process started with this pid (as seen inside the box).
+    Started {
+        /// Pid inside the box.
+        pid: u32,
+    },
+    /// Output on stdout (or the terminal).
+    Stdout(Vec<u8>),
+    /// Output on stderr.
+    Stderr(Vec<u8>),
+    /// The process ended; nothing follows.
+    Exit(ExitStatus),
+    /// The request failed; nothing follows.
+    Error(String),
+    /// The TCP connection is open; raw bytes follow in both directions.
+    Connected,
+    /// Answer to `Ping`.
+    Pong,
+}
+
+/// A frame that cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// The length prefix exceeds [`MAX_FRAME`] or is zero.
+    BadLength(usize),
+    /// Unknown message tag.
+    UnknownTag(u8),
+    /// The body ended before its fields did.
+    Truncated,
+    /// The body has bytes after its last field.
+    TrailingBytes,
+    /// A text field is not UTF-8.
+    NotUtf8,
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadLength(n) => write!(f, "frame length {n} out of range"),
+            Self::UnknownTag(t) => write!(f, "unknown message tag {t:#04x}"),
+            Self::Truncated => write!(f, "truncated frame"),
+            Self::TrailingBytes => write!(f, "trailing bytes in frame"),
+            Self::NotUtf8 => write!(f, "text field is not utf-8"),
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+mod tag {
+    pub const EXEC: u8 = 0x01;
+    pub const CONNECT: u8 = 0x02;
+    pub const PING: u8 = 0x03;
+    pub const STDIN: u8 = 0x04;
+    pub const STDIN_EOF: u8 = 0x05;
+    pub const RESIZE: u8 = 0x06;
+    pub const SIGNAL: u8 = 0x07;
+
+    pub const STARTED: u8 = 0x81;
+    pub const STDOUT: u8 = 0x82;
+    pub const STDERR: u8 = 0x83;
+    pub const EXIT: u8 = 0x84;
+    pub const ERROR: u8 = 0x85;
+    pub const CONNECTED: u8 = 0x86;
+    pub const PONG: u8 = 0x87;
+}
+
+/// Appends frames to a buffer.
+struct Writer {
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    fn new(tag: u8) -> Self {
+        // Length placeholder, patched in `finish`.
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(&[0, 0, 0, 0, tag]);
+        Self { buf }
+    }
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+    fn u16(&mut self, v: u16) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn i32(&mut self, v: i32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        // Frames are bounded by MAX_FRAME, far below u32::MAX.
+        self.u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
+        self.buf.extend_from_slice(v);
+        self
+    }
+    fn finish(mut self) -> Vec<u8> {
+        let len = u32::try_from(self.buf.len() - 4).unwrap_or(u32::MAX);
+        if let Some(prefix) = self.buf.get_mut(..4) {
+            prefix.copy_from_slice(&len.to_be_bytes());
+        }
+        self.buf
+    }
+}
+
+/// Reads fields from one frame body without panicking.
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
+        if self.rest.len() < n {
+            return Err(ProtocolError::Truncated);
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtocolError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8, ProtocolError> {
+        Ok(u8::from_be_bytes(self.array()?))
+    }
+    fn u16(&mut self) -> Result<u16, ProtocolError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, ProtocolError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+    fn i32(&mut self) -> Result<i32, ProtocolError> {
+        Ok(i32::from_be_bytes(self.array()?))
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, ProtocolError> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn string(&mut self) -> Result<String, ProtocolError> {
+        String::from_utf8(self.bytes()?).map_err(|_| ProtocolError::NotUtf8)
+    }
+    fn end(&self) -> Result<(), ProtocolError> {
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(ProtocolError::TrailingBytes)
+        }
+    }
+}
+
+/// Splits one whole frame off the front of `buf`: `Ok(None)` means more bytes are
+/// needed; otherwise the tag, the body and the number of bytes consumed.
+fn split_frame(buf: &[u8]) -> Result<Option<(u8, &[u8], usize)>, ProtocolError> {
+    let Some(prefix) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let mut len = [0u8; 4];
+    len.copy_from_slice(prefix);
+    let len = u32::from_be_bytes(len) as usize;
+    if len == 0 || len > MAX_FRAME {
+        return Err(ProtocolError::BadLength(len));
+    }
+    let Some(frame) = buf.get(4..4 + len) else {
+        return Ok(None);
+    };
+    match frame.split_first() {
+        Some((tag, body)) => Ok(Some((*tag, body, 4 + len))),
+        None => Err(ProtocolError::BadLength(0)),
+    }
+}
+
+fn winsize(r: &mut Reader<'_>) -> Result<WinSize, ProtocolError> {
+    Ok(WinSize { cols: r.u16()?, rows: r.u16()? })
+}
+
+impl HostMsg {
+    /// Encodes the message as one frame.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Self::Exec(req) => {
+                let mut w = Writer::new(tag::EXEC);
+                match &req.command {
+                    Some(cmd) => w.u8(1).bytes(cmd),
+                    None => w.u8(0),
+                };
+                w.u32(u32::try_from(req.env.len()).unwrap_or(0));
+                for (k, v) in &req.env {
+                    w.bytes(k.as_bytes()).bytes(v.as_bytes());
+                }
+                match &req.pty {
+                    Some(p) => w.u8(1).bytes(p.term.as_bytes()).u16(p.size.cols).u16(p.size.rows),
+                    None => w.u8(0),
+                };
+                w.finish()
+            }
+            Self::Connect { port } => {
+                let mut w = Writer::new(tag::CONNECT);
+                w.u16(*port);
+                w.finish()
+            }
+            Self::Ping => Writer::new(tag::PING).finish(),
+            Self::Stdin(data) => {
+                let mut w = Writer::new(tag::STDIN);
+                w.bytes(data);
+                w.finish()
+            }
+            Self::StdinEof => Writer::new(tag::STDIN_EOF).finish(),
+            Self::Resize(size) => {
+                let mut w = Writer::new(tag::RESIZE);
+                w.u16(size.cols).u16(size.rows);
+                w.finish()
+            }
+            Self::Signal(signo) => {
+                let mut w = Writer::new(tag::SIGNAL);
+                w.i32(*signo);
+                w.finish()
+            }
+        }
+    }
+
+    /// Decodes one message from the front of `buf`; see [`split_frame`].
+    pub fn decode(buf: &[u8]) -> Result<Option<(Self, usize)>, ProtocolError> {
+        let Some((tag, body, used)) = split_frame(buf)? else {
+            return Ok(None);
+        };
+        let mut r = Reader { rest: body };
+        let msg = match tag {
+            tag::EXEC => {
+                let command = match r.u8()? {
+                    0 => None,
+                    _ => Some(r.bytes()?),
+                };
+                let n = r.u32()? as usize;
+                // Each pair takes at least 8 bytes; refuse counts the body cannot hold.
+                if n > r.rest.len() / 8 {
+                    return Err(ProtocolError::Truncated);
+                }
+                let mut env = Vec::with_capacity(n);
+                for _ in 0..n {
+                    env.push((r.string()?, r.string()?));
+                }
+                let pty = match r.u8()? {
+                    0 => None,
+                    _ => Some(PtySpec { term: r.string()?, size: winsize(&mut r)? }),
+                };
+                Self::Exec(ExecRequest { command, env, pty })
+            }
+            tag::CONNECT => Self::Connect { port: r.u16()? },
+            tag::PING => Self::Ping,
+            tag::STDIN => Self::Stdin(r.bytes()?),
+            tag::STDIN_EOF => Self::StdinEof,
+            tag::RESIZE => Self::Resize(winsize(&mut r)?),
+            tag::SIGNAL => Self::Signal(r.i32()?),
+            other => return Err(ProtocolError::UnknownTag(other)),
+        };
+        r.end()?;
+        Ok(Some((msg, used)))
+    }
+}
+
+impl AgentMsg {
+    /// Encodes the message as one frame.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Self::Started { pid } => {
+                let mut w = Writer::new(tag::STARTED);
+                w.u32(*pid);
+                w.finish()
+            }
+            Self::Stdout(data) => {
+                let mut w = Writer::new(tag::STDOUT);
+                w.bytes(data);
+                w.finish()
+            }
+            Self::Stderr(data) => {
+                let mut w = Writer::new(tag::STDERR);
+                w.bytes(data);
+                w.finish()
+            }
+            Self::Exit(status) => {
+                let mut w = Writer::new(tag::EXIT);
+                match status {
+                    ExitStatus::Code(code) => w.u8(0).i32(*code),
+                    ExitStatus::Signal { signo, core_dumped } => {
+                        w.u8(1).i32(*signo).u8(u8::from(*core_dumped))
+                    }
+                };
+                w.finish()
+            }
+            Self::Error(msg) => {
+                let mut w = Writer::new(tag::ERROR);
+                w.bytes(msg.as_bytes());
+                w.finish()
+            }
+            Self::Connected => Writer::new(tag::CONNECTED).finish(),
+            Self::Pong => Writer::new(tag::PONG).finish(),
+        }
+    }
+
+    /// Decodes one message from the front of `buf`; see [`split_frame`].
+    pub fn decode(buf: &[u8]) -> Result<Option<(Self, usize)>, ProtocolError> {
+        let Some((tag, body, used)) = split_frame(buf)? else {
+            return Ok(None);
+        };
+        let mut r = Reader { rest: body };
+        let msg = match tag {
+            tag::STARTED => Self::Started { pid: r.u32()? },
+            tag::STDOUT => Self::Stdout(r.bytes()?),
+            tag::STDERR => Self::Stderr(r.bytes()?),
+            tag::EXIT => Self::Exit(match r.u8()? {
+                0 => ExitStatus::Code(r.i32()?),
+                _ => ExitStatus::Signal { signo: r.i32()?, core_dumped: r.u8()? != 0 },
+            }),
+            // Lossy: an error text from a box is shown, never trusted.
+            tag::ERROR => Self::Error(String::from_utf8_lossy(&r.bytes()?).into_owned()),
+            tag::CONNECTED => Self::Connected,
+            tag::PONG => Self::Pong,
+            other => return Err(ProtocolError::UnknownTag(other)),
+        };
+        r.end()?;
+        Ok(Some((msg, used)))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn host_roundtrip(msg: HostMsg) {
+        let bytes = msg.encode();
+        let (back, used) = HostMsg::decode(&bytes).unwrap().unwrap();
+        assert_eq!(back, msg);
+        assert_eq!(used, bytes.len());
+        // Every strict prefix asks for more bytes instead of failing or panicking.
+        for cut in 0..bytes.len() {
+            assert_eq!(HostMsg::decode(&bytes[..cut]), Ok(None), "cut at {cut}");
+        }
+    }
+
+    fn agent_roundtrip(msg: AgentMsg) {
+        let bytes = msg.encode();
+        let (back, used) = AgentMsg::decode(&bytes).unwrap().unwrap();
+        assert_eq!(back, msg);
+        assert_eq!(used, bytes.len());
+    }
+
+    #[test]
+    fn host_messages_roundtrip() {
+        host_roundtrip(HostMsg::Exec(ExecRequest {
+            command: Some(b"make test".to_vec()),
+            env: vec![("LANG".into(), "C.UTF-8".into())],
+            pty: Some(PtySpec { term: "xterm".into(), size: WinSize { cols: 80, rows: 24 } }),
+        }));
+        host_roundtrip(HostMsg::Exec(ExecRequest::default()));
+        host_roundtrip(HostMsg::Connect { port: 8000 });
+        host_roundtrip(HostMsg::Ping);
+        host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
+        host_roundtrip(HostMsg::StdinEof);
+        host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));
+        host_roundtrip(HostMsg::Signal(2));
+    }
+
+    #[test]
+    fn agent_messages_roundtrip() {
+        agent_roundtrip(AgentMsg::Started { pid: 42 });
+        agent_roundtrip(AgentMsg::Stdout(b"hi".to_vec()));
+        agent_roundtrip(AgentMsg::Stderr(vec![]));
+        agent_roundtrip(AgentMsg::Exit(ExitStatus::Code(3)));
+        agent_roundtrip(AgentMsg::Exit(ExitStatus::Signal { signo: 9, core_dumped: true }));
+        agent_roundtrip(AgentMsg::Error("no such file".into()));
+        agent_roundtrip(AgentMsg::Connected);
+        agent_roundtrip(AgentMsg::Pong);
+    }
+
+    #[test]
+    fn two_frames_in_one_buffer_decode_in_order() {
+        let mut buf = HostMsg::Ping.encode();
+        buf.extend(HostMsg::Signal(15).encode());
+        let (first, used) = HostMsg::decode(&buf).unwrap().unwrap();
+        assert_eq!(first, HostMsg::Ping);
+        let (second, _) = HostMsg::decode(&buf[used..]).unwrap().unwrap();
+        assert_eq!(second, HostMsg::Signal(15));
+    }
+
+    #[test]
+    fn hostile_frames_are_errors_not_panics() {
+        assert_eq!(HostMsg::decode(&[0, 0, 0, 0]), Err(ProtocolError::BadLength(0)));
+        assert_eq!(HostMsg::decode(&[0xff, 0, 0, 0]), Err(ProtocolError::BadLength(0xff00_0000)));
+        assert_eq!(HostMsg::decode(&[0, 0, 0, 1, 0x7f]), Err(ProtocolError::UnknownTag(0x7f)));
+        // A byte string claiming more than the frame holds.
+        assert_eq!(
+            HostMsg::decode(&[0, 0, 0, 5, tag::STDIN, 0, 0, 0, 9]),
+            Err(ProtocolError::Truncated)
+        );
+        // An env count far beyond what the frame can hold must not allocate.
+        assert_eq!(
+            HostMsg::decode(&[0, 0, 0, 6, tag::EXEC, 0, 0xff, 0xff, 0xff, 0xff]),
+            Err(ProtocolError::Truncated)
+        );
+        assert_eq!(HostMsg::decode(&[0, 0, 0, 2, tag::PING, 0]), Err(ProtocolError::TrailingBytes));
+    }
+
+    #[test]
+    fn every_byte_string_decodes_without_panicking() {
+        // A cheap, deterministic stand-in for the fuzz target: walk many short inputs.
+        let mut state = 0x2545_f491_u32;
+        for len in 0..64 {
+            for _ in 0..200 {
+                let input: Vec<u8> = (0..len)
+                    .map(|i| {
+                        state ^= state << 13;
+                        state ^= state >> 17;
+                        state ^= state << 5;
+                        // Keep lengths small so decoding gets past the prefix.
+                        if i < 3 { 0 } else { state as u8 }
+                    })
+                    .collect();
+                let _ = HostMsg::decode(&input);
+                let _ = AgentMsg::decode(&input);
+            }
+        }
+    }
+}
