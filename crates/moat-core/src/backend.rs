@@ -1,0 +1,59 @@
+//! The trait every isolation backend implements. The namespace backend and the
+//! microVM backend differ in how they isolate; above this line nothing cares.
+
+use std::path::PathBuf;
+
+use crate::ids::Name;
+use crate::record::BoxRecord;
+
+/// Where a box's agent listens for the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentAddr {
+    /// A unix socket on the host (namespace backend).
+    Unix(PathBuf),
+}
+
+/// A backend failure, with the backend's own error as its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct BackendError {
+    what: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl BackendError {
+    /// An error with a message and an underlying cause.
+    pub fn new(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self { what: what.into(), source: Some(Box::new(source)) }
+    }
+
+    /// An error with only a message.
+    pub fn msg(what: impl Into<String>) -> Self {
+        Self { what: what.into(), source: None }
+    }
+}
+
+/// Reports progress of long work (an image build) to whoever waits for it.
+pub type Progress<'a> = &'a mut (dyn FnMut(&str) + Send);
+
+/// One isolation technology. Calls block; the manager runs them off the async
+/// threads. Each call must either finish its work or undo what it did.
+pub trait Backend: Send + Sync + 'static {
+    /// Whether `image` is ready to make boxes from.
+    fn has_image(&self, image: &Name) -> bool;
+    /// Builds `image` (a name this backend knows how to build).
+    fn build_image(&self, image: &Name, progress: Progress<'_>) -> Result<(), BackendError>;
+    /// Makes the box's filesystem from its image.
+    fn create(&self, rec: &BoxRecord) -> Result<(), BackendError>;
+    /// Boots the box; returns the host pid of its PID 1.
+    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError>;
+    /// Whether the box's PID 1 is alive and is the one `start` returned.
+    fn is_running(&self, rec: &BoxRecord) -> bool;
+    /// Ends every process of the box; its filesystem stays.
+    fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError>;
+    /// Removes the box's filesystem and every host resource it held.
+    fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError>;
+    /// Where the box's agent can be reached.
+    fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr;
+}

@@ -1,0 +1,17 @@
+//! moat-core: the vocabulary every other crate shares (ids, box specs and records,
+//! resource limits), the SQLite state store, the backend trait, and the box
+//! lifecycle that ties them together.
+
+pub mod backend;
+pub mod ids;
+pub mod limits;
+pub mod manager;
+pub mod record;
+pub mod store;
+
+pub use backend::{AgentAddr, Backend, BackendError};
+pub use ids::{AccountId, BoxId, Name, NameError};
+pub use limits::{Limits, LimitsError};
+pub use manager::{BoxManager, BoxSpec, ManagerError, ProgressSink};
+pub use record::{BoxRecord, BoxState};
+pub use store::{Store, StoreError};

@@ -1,0 +1,104 @@
+//! Resource limits of a box, and parsing the sizes users type.
+
+use serde::{Deserialize, Serialize};
+
+/// The cgroup limits a box runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPU bandwidth, in whole CPUs.
+    pub cpus: u32,
+    /// Memory, in bytes (swap is not allowed on top).
+    pub memory: u64,
+    /// Most processes and threads at once.
+    pub pids: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { cpus: 2, memory: 2 << 30, pids: 2048 }
+    }
+}
+
+/// A limit that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsError {
+    /// Not a size like `512M` or `2G`.
+    #[error("{0:?} is not a size (try 512M or 2G)")]
+    BadSize(String),
+    /// Outside the allowed range.
+    #[error("{what} must be between {min} and {max}")]
+    OutOfRange {
+        /// Which limit.
+        what: &'static str,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+    },
+}
+
+impl Limits {
+    /// Checks that each limit is in a range the kernel and the host can honour.
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        check("--cpus", u64::from(self.cpus), 1, 256)?;
+        check("--memory", self.memory, 16 << 20, 1 << 40)?;
+        check("--pids", u64::from(self.pids), 16, 1 << 22)?;
+        Ok(())
+    }
+}
+
+fn check(what: &'static str, v: u64, min: u64, max: u64) -> Result<(), LimitsError> {
+    if (min..=max).contains(&v) {
+        Ok(())
+    } else {
+        Err(LimitsError::OutOfRange { what, min, max })
+    }
+}
+
+/// Parses `1048576`, `512K`, `512M`, `2G`, `1T` (powers of 1024; a trailing `B`
+/// or `iB` is allowed).
+pub fn parse_size(s: &str) -> Result<u64, LimitsError> {
+    let bad = || LimitsError::BadSize(s.to_string());
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(bad()),
+            };
+            (t.get(..i).ok_or_else(bad)?, shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1k"), Ok(1024));
+        for bad in ["", "G", "2X", "-1G", "1.5G", "99999999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_are_range_checked() {
+        assert!(Limits::default().validate().is_ok());
+        assert!(Limits { cpus: 0, ..Limits::default() }.validate().is_err());
+        assert!(Limits { memory: 1 << 20, ..Limits::default() }.validate().is_err());
+        assert!(Limits { pids: 1, ..Limits::default() }.validate().is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! The box lifecycle: creating → running ⇄ stopped → deleted.
+//!
+//! The manager owns the rules (who may see which box, what gets rolled back) and
+//! leaves the isolation to a [`Backend`]. Backend calls block, so they run on
+//! tokio's blocking pool; one lock per box keeps two sessions from booting the
+//! same box twice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::backend::{AgentAddr, Backend, BackendError};
+use crate::ids::{AccountId, BoxId, Name};
+use crate::limits::{Limits, LimitsError};
+use crate::record::{BoxRecord, BoxState};
+use crate::store::{Store, StoreError};
+
+/// A lifecycle operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// No such box for this account (also what another account's box looks like).
+    #[error("no box named {0}")]
+    NoSuchBox(Name),
+    /// The requested limits cannot be used.
+    #[error(transparent)]
+    Limits(#[from] LimitsError),
+    /// No such image, and it is not one moat knows how to build.
+    #[error("no image named {0}")]
+    NoSuchImage(Name),
+    /// The box is still being made.
+    #[error("box {0} is still being created")]
+    Busy(Name),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The backend failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A blocking task panicked or was cancelled.
+    #[error("internal task failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// What `new` asks for.
+#[derive(Debug, Clone)]
+pub struct BoxSpec {
+    /// The box's name.
+    pub name: Name,
+    /// Its image.
+    pub image: Name,
+    /// Its limits.
+    pub limits: Limits,
+}
+
+/// Images the backend can build on demand, without the operator's help.
+pub const BUILDABLE_IMAGES: &[&str] = &["debian", "busybox"];
+
+/// Progress lines for long work, sent to whoever is waiting.
+pub type ProgressSink = Box<dyn FnMut(&str) + Send>;
+
+/// Runs the lifecycle over a store and a backend.
+pub struct BoxManager {
+    store: Store,
+    backend: Arc<dyn Backend>,
+    box_locks: Mutex<HashMap<BoxId, Arc<tokio::sync::Mutex<()>>>>,
+    image_lock: tokio::sync::Mutex<()>,
+}
+
+impl BoxManager {
+    /// A manager over `store` and `backend`.
+    pub fn new(store: Store, backend: Arc<dyn Backend>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            backend,
+            box_locks: Mutex::new(HashMap::new()),
+            image_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn lock_for(&self, id: &BoxId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.box_locks.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(locks.entry(id.clone()).or_default())
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Backend) -> T + Send + 'static,
+    ) -> Result<T, ManagerError> {
+        let backend = Arc::clone(&self.backend);
+        Ok(tokio::task::spawn_blocking(move || f(backend.as_ref())).await?)
+    }
+
+    /// Finds the account's box, or says it does not exist.
+    pub fn get(&self, account: &AccountId, name: &Name) -> Result<BoxRecord, ManagerError> {
+        self.store.get(account, name)?.ok_or_else(|| ManagerError::NoSuchBox(name.clone()))
+    }
+
+    /// The account's boxes.
+    pub fn list(&self, account: &AccountId) -> Result<Vec<BoxRecord>, ManagerError> {
+        Ok(self.store.list(Some(account))?)
+    }
+
+    /// Makes sure `image` exists, building it if moat knows how.
+    pub async fn ensure_image(&self, image: &Name, mut progress: ProgressSink) -> Result<(), ManagerError> {
+        let name = image.clone();
+        if self.blocking(move |b| b.has_image(&name)).await? {
+            return Ok(());
+        }
+        if !BUILDABLE_IMAGES.contains(&image.as_str()) {
+            return Err(ManagerError::NoSuchImage(image.clone()));
+        }
+        // One build at a time; whoever waited finds the image made.
+        let _guard = self.image_lock.lock().await;
+        let name = image.clone();
+        self.blocking(move |b| {
+            if b.has_image(&name) {
+                return Ok(());
+            }
+            b.build_image(&name, &mut progress)
+        })
+        .await??;
+        Ok(())
+    }
+
+    /// Creates and boots a box. On any failure nothing is left behind.
+    pub async fn create(
+        &self,
+        account: &AccountId,
+        spec: BoxSpec,
+        progress: ProgressSink,
+    ) -> Result<BoxRecord, ManagerError> {
+        spec.limits.validate()?;
+        if self.store.get(account, &spec.name)?.is_some() {
+            return Err(StoreError::NameTaken(spec.name).into());
+        }
+        self.ensure_image(&spec.image, progress).await?;
+        let mut rec = self.store.insert_new(account, &spec.name, &spec.image, spec.limits, now())?;
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        let r = rec.clone();
+        let booted = self
+            .blocking(move |b| {
+                b.create(&r)?;
+                b.start(&r).inspect_err(|_| {
+                    let _ = b.destroy(&r);
+                })
+            })
+            .await;
+        match booted {
+            Ok(Ok(pid)) => {
+                self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
+                rec.state = BoxState::Running;
+                rec.pid = Some(pid);
+                tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box created");
+                Ok(rec)
+            }
+            Ok(Err(e)) => {
+                self.store.delete(&rec.id)?;
+                Err(e.into())
+            }
+            Err(e) => {
+                self.store.delete(&rec.id)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Returns the box's agent address, booting the box first if it is not running.
+    pub async fn ensure_running(&self, account: &AccountId, name: &Name) -> Result<AgentAddr, ManagerError> {
+        let rec = self.get(account, name)?;
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        // Re-read under the lock: another session may have booted or removed it.
+        let rec = self.get(account, name)?;
+        if rec.state == BoxState::Creating {
+            return Err(ManagerError::Busy(rec.name));
+        }
+        let r = rec.clone();
+        let (running, addr) = self.blocking(move |b| (b.is_running(&r), b.agent_addr(&r))).await?;
+        if !running {
+            let r = rec.clone();
+            let pid = self.blocking(move |b| b.start(&r)).await??;
+            self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
+            tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box booted");
+        }
+        Ok(addr)
+    }
+
+    /// Stops and deletes a box and everything it held.
+    pub async fn remove(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
+        let rec = self.get(account, name)?;
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        let r = rec.clone();
+        self.blocking(move |b| {
+            b.stop(&r)?;
+            b.destroy(&r)
+        })
+        .await??;
+        self.store.delete(&rec.id)?;
+        self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
+        tracing::info!(box_id = %rec.id, name = %rec.name, "box removed");
+        Ok(())
+    }
+
+    /// Called once at start: rolls back boxes a crash left half-made and notes
+    /// which boxes are still running. Running boxes are not touched.
+    pub async fn recover(&self) -> Result<(), ManagerError> {
+        for rec in self.store.list(None)? {
+            let r = rec.clone();
+            match rec.state {
+                BoxState::Creating => {
+                    tracing::warn!(box_id = %rec.id, name = %rec.name, "rolling back a half-created box");
+                    self.blocking(move |b| {
+                        let _ = b.stop(&r);
+                        b.destroy(&r)
+                    })
+                    .await??;
+                    self.store.delete(&rec.id)?;
+                }
+                BoxState::Running | BoxState::Stopped => {
+                    let running = self.blocking(move |b| b.is_running(&r)).await?;
+                    let state = if running { BoxState::Running } else { BoxState::Stopped };
+                    if state != rec.state {
+                        self.store.set_state(&rec.id, state, rec.pid.filter(|_| running))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

@@ -1,0 +1,87 @@
+//! What the store keeps about a box.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{AccountId, BoxId, Name};
+use crate::limits::Limits;
+
+/// Where a box is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BoxState {
+    /// Being made; a box found in this state after a crash is rolled back.
+    Creating,
+    /// Its PID 1 is up.
+    Running,
+    /// Its filesystem exists but no process runs; the next session boots it.
+    Stopped,
+}
+
+impl BoxState {
+    /// The state as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Creating => "creating",
+            Self::Running => "running",
+            Self::Stopped => "stopped",
+        }
+    }
+
+    /// Parses a stored state.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "creating" => Some(Self::Creating),
+            "running" => Some(Self::Running),
+            "stopped" => Some(Self::Stopped),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for BoxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A box as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BoxRecord {
+    /// Host-side id (paths, cgroups).
+    pub id: BoxId,
+    /// The owning account.
+    #[serde(skip)]
+    pub account: AccountId,
+    /// The name the owner uses.
+    pub name: Name,
+    /// The image its filesystem was made from.
+    pub image: Name,
+    /// Its cgroup limits.
+    pub limits: Limits,
+    /// Index of its host uid range; unique among live boxes.
+    #[serde(skip)]
+    pub slot: u32,
+    /// Lifecycle state.
+    pub state: BoxState,
+    /// Host pid of its PID 1 while running.
+    #[serde(skip)]
+    pub pid: Option<u32>,
+    /// Creation time, seconds since the Unix epoch.
+    pub created_at: u64,
+}
+
+impl BoxRecord {
+    /// First host uid of the box's range: box uid N is host uid `uid_base() + N`.
+    pub fn uid_base(&self) -> u32 {
+        UID_BASE + self.slot * UIDS_PER_BOX
+    }
+}
+
+/// Host uids below this are never given to a box.
+pub const UID_BASE: u32 = 1 << 20;
+/// Each box maps this many uids (0..65535 inside).
+pub const UIDS_PER_BOX: u32 = 1 << 16;
+/// Slots that fit below `u32::MAX` (uid -1 is reserved by the kernel).
+pub const MAX_SLOTS: u32 = (u32::MAX - UID_BASE) / UIDS_PER_BOX - 1;
