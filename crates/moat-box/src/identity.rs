@@ -1,0 +1,87 @@
+//! What makes a box a machine of its own: host name, machine-id, random seed and
+//! SSH host keys. Minted when a box is made (and again for every duplicate), by
+//! the host, into the box's root.
+//!
+//! The root may be controlled by a box (a duplicate's is), so every path is
+//! resolved with `RESOLVE_IN_ROOT`: a symlink planted in the box cannot make the
+//! host write outside it.
+
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use moat_core::Name;
+use nix::errno::Errno;
+use nix::fcntl::{openat, openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::Mode;
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+/// Writes a fresh identity for a box called `name` into `root`.
+pub fn mint(root: &Path, name: &Name) -> io::Result<()> {
+    let dir: OwnedFd = std::fs::File::open(root)?.into();
+    write_in_root(&dir, "etc/hostname", format!("{name}\n").as_bytes())?;
+    let hosts = format!("127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+    write_in_root(&dir, "etc/hosts", hosts.as_bytes())?;
+    write_in_root(&dir, "etc/machine-id", format!("{}\n", hex::encode(random::<16>())).as_bytes())?;
+    // Only images with systemd have a seed to replace.
+    match write_in_root(&dir, "var/lib/systemd/random-seed", &random::<512>()) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn random<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    // getrandom only fails before the kernel's pool is initialised, long past here.
+    let _ = getrandom::fill(&mut out);
+    out
+}
+
+/// Replaces `rel` (relative to `root`) with a new file holding `data`, never
+/// leaving `root`: the parent is resolved inside the root, and whatever stood at
+/// `rel` (a symlink included) is unlinked, not followed.
+fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8]) -> io::Result<()> {
+    let (parent, file) = rel.rsplit_once('/').unwrap_or((".", rel));
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let context = |e: nix::Error| io::Error::new(io::Error::from(e).kind(), format!("{rel}: {e}"));
+    let dir = openat2(root, parent, how).map_err(context)?;
+    match unlinkat(&dir, file, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(e) => return Err(context(e)),
+    }
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = openat(&dir, file, flags, Mode::from_bits_truncate(0o644)).map_err(context)?;
+    std::fs::File::from(fd).write_all(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mint_writes_identity_and_stays_inside_root() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("etc")).unwrap();
+        // A hostile box points its hostname at a host file.
+        let victim = outside.path().join("victim");
+        std::fs::write(&victim, "host data").unwrap();
+        std::os::unix::fs::symlink(&victim, root.path().join("etc/hostname")).unwrap();
+        // And its hosts file through a directory symlink that leaves the root.
+        std::fs::create_dir(root.path().join("var")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("var/lib")).unwrap();
+        std::fs::create_dir(outside.path().join("systemd")).unwrap();
+        let name = Name::new("web").unwrap();
+        mint(root.path(), &name).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "host data");
+        assert_eq!(std::fs::read_dir(outside.path().join("systemd")).unwrap().count(), 0);
+        let first = std::fs::read_to_string(root.path().join("etc/machine-id")).unwrap();
+        assert_eq!(std::fs::read_to_string(root.path().join("etc/hostname")).unwrap(), "web\n");
+        mint(root.path(), &name).unwrap();
+        let second = std::fs::read_to_string(root.path().join("etc/machine-id")).unwrap();
+        assert_eq!(first.len(), 33);
+        assert_ne!(first, second);
+    }
+}

@@ -1,0 +1,61 @@
+//! moat-box: where boxes are actually made.
+//!
+//! - [`pool`]: the copy-on-write storage pool (btrfs, loop-backed where needed);
+//! - [`image`]: building the read-only images boxes start from;
+//! - [`identity`]: what makes each box a machine of its own;
+//! - [`ns`]: the namespace backend, with its planner and its privileged enforcer;
+//! - [`sys`]: the raw kernel calls, the crate's only `unsafe`.
+//!
+//! [`AnyBackend`] is the enum the daemon holds; the microVM backend joins it as a
+//! second variant.
+
+#![allow(unsafe_code)]
+
+pub mod identity;
+pub mod image;
+pub mod ns;
+pub mod pool;
+pub mod sys;
+
+use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Name};
+
+/// Every backend moat has, behind one type.
+pub enum AnyBackend {
+    /// Linux namespaces, seccomp and cgroups.
+    Ns(ns::NsBackend),
+}
+
+impl AnyBackend {
+    fn inner(&self) -> &dyn Backend {
+        match self {
+            Self::Ns(b) => b,
+        }
+    }
+}
+
+impl Backend for AnyBackend {
+    fn has_image(&self, image: &Name) -> bool {
+        self.inner().has_image(image)
+    }
+    fn build_image(&self, image: &Name, progress: moat_core::backend::Progress<'_>) -> Result<(), BackendError> {
+        self.inner().build_image(image, progress)
+    }
+    fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.inner().create(rec)
+    }
+    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
+        self.inner().start(rec)
+    }
+    fn is_running(&self, rec: &BoxRecord) -> bool {
+        self.inner().is_running(rec)
+    }
+    fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.inner().stop(rec)
+    }
+    fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.inner().destroy(rec)
+    }
+    fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr {
+        self.inner().agent_addr(rec)
+    }
+}

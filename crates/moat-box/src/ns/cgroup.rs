@@ -1,0 +1,181 @@
+//! Box cgroups: limits, membership, and killing everything in a box.
+//!
+//! Pure cgroup v2 hosts (the common case) get one directory per box under
+//! `/sys/fs/cgroup/moat`. Hybrid hosts, whose v1 hierarchies hold the memory,
+//! pids, cpu and freezer controllers, get one directory in each of those.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use moat_core::{BoxId, Limits};
+use serde::{Deserialize, Serialize};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+/// CFS period used for CPU bandwidth, in microseconds.
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// Which cgroup hierarchy the host offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CgroupLayout {
+    /// Unified hierarchy; boxes live under `parent`.
+    V2 {
+        /// The `moat` cgroup.
+        parent: PathBuf,
+    },
+    /// v1 controllers; boxes live under `<controller>/moat`.
+    V1 {
+        /// The `moat` cgroup in each of memory, pids, cpu and freezer.
+        parents: Vec<PathBuf>,
+    },
+}
+
+/// A cgroup failure.
+#[derive(Debug, thiserror::Error)]
+#[error("cgroup {path}: {source}")]
+pub struct CgroupError {
+    path: PathBuf,
+    #[source]
+    source: io::Error,
+}
+
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    fs::write(path, value).map_err(|source| CgroupError { path: path.to_path_buf(), source })
+}
+
+fn mkdir(path: &Path) -> Result<(), CgroupError> {
+    match fs::create_dir(path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError { path: path.to_path_buf(), source: e }),
+        _ => Ok(()),
+    }
+}
+
+impl CgroupLayout {
+    /// Finds the host's layout and prepares moat's parent cgroup(s).
+    pub fn detect() -> Result<Self, CgroupError> {
+        let root = Path::new(CGROUP_ROOT);
+        if root.join("cgroup.controllers").exists() {
+            let parent = root.join("moat");
+            mkdir(&parent)?;
+            // Delegate the controllers down to the boxes.
+            write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+            write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+            return Ok(Self::V2 { parent });
+        }
+        let mut parents = Vec::new();
+        for ctrl in V1_CONTROLLERS {
+            let parent = root.join(ctrl).join("moat");
+            mkdir(&parent)?;
+            parents.push(parent);
+        }
+        Ok(Self::V1 { parents })
+    }
+
+    /// The box's cgroup directories (one on v2, one per controller on v1).
+    pub fn dirs(&self, id: &BoxId) -> Vec<PathBuf> {
+        match self {
+            Self::V2 { parent } => vec![parent.join(id.as_str())],
+            Self::V1 { parents } => parents.iter().map(|p| p.join(id.as_str())).collect(),
+        }
+    }
+
+    /// The files a process writes its pid to in order to join the box.
+    pub fn procs_files(&self, id: &BoxId) -> Vec<PathBuf> {
+        self.dirs(id).into_iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// Creates the box's cgroups with its limits.
+    pub fn create(&self, id: &BoxId, limits: &Limits) -> Result<(), CgroupError> {
+        for dir in self.dirs(id) {
+            mkdir(&dir)?;
+        }
+        let quota = u64::from(limits.cpus) * CPU_PERIOD_US;
+        match self {
+            Self::V2 { parent } => {
+                let dir = parent.join(id.as_str());
+                write(&dir.join("memory.max"), &limits.memory.to_string())?;
+                if dir.join("memory.swap.max").exists() {
+                    write(&dir.join("memory.swap.max"), "0")?;
+                }
+                write(&dir.join("pids.max"), &limits.pids.to_string())?;
+                write(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+            }
+            Self::V1 { parents } => {
+                for parent in parents {
+                    let dir = parent.join(id.as_str());
+                    let set = |file: &str, value: &str| write(&dir.join(file), value);
+                    if dir.join("memory.limit_in_bytes").exists() {
+                        set("memory.limit_in_bytes", &limits.memory.to_string())?;
+                        if dir.join("memory.memsw.limit_in_bytes").exists() {
+                            set("memory.memsw.limit_in_bytes", &limits.memory.to_string())?;
+                        }
+                    }
+                    if dir.join("pids.max").exists() {
+                        set("pids.max", &limits.pids.to_string())?;
+                    }
+                    if dir.join("cpu.cfs_quota_us").exists() {
+                        set("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+                        set("cpu.cfs_quota_us", &quota.to_string())?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The host pids in the box's cgroup.
+    pub fn pids(&self, id: &BoxId) -> Vec<i32> {
+        let Some(procs) = self.procs_files(id).into_iter().next() else { return Vec::new() };
+        fs::read_to_string(procs)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills every process in the box and removes its cgroups. Missing cgroups are
+    /// not an error, so this also finishes a removal that was interrupted.
+    pub fn destroy(&self, id: &BoxId) -> Result<(), CgroupError> {
+        let dirs: Vec<PathBuf> = self.dirs(id).into_iter().filter(|d| d.exists()).collect();
+        if dirs.is_empty() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pids = self.pids(id);
+            if pids.is_empty() {
+                break;
+            }
+            // Killing a pid namespace's init kills the namespace; the loop catches
+            // anything that joined the cgroup some other way.
+            for pid in pids {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            if Instant::now() > deadline {
+                let path = dirs.first().cloned().unwrap_or_default();
+                return Err(CgroupError { path, source: io::Error::other("processes survive SIGKILL") });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for dir in dirs {
+            // rmdir fails with EBUSY until the kernel has finished tearing the
+            // last task down; give it a moment.
+            let mut tries = 0;
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if tries < 500 => {
+                        let _ = e;
+                        tries += 1;
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(source) => return Err(CgroupError { path: dir, source }),
+                }
+            }
+        }
+        Ok(())
+    }
+}

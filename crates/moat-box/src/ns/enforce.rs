@@ -1,0 +1,274 @@
+//! The privileged half of starting a box: applies a [`SpawnPlan`].
+//!
+//! It runs in a short-lived helper process (`moat box-spawn`), single-threaded
+//! as `unshare`, `setns` and `fork` want, never inside the multithreaded daemon:
+//!
+//! 1. make the box's user namespace (through a throwaway child) and an idmapped
+//!    clone of its root filesystem, so image files owned by uid 0 on disk belong
+//!    to the box's root without a chown;
+//! 2. join the box's cgroups, bind the agent's socket, open the agent binary;
+//! 3. unshare mount, pid, net, uts, ipc and cgroup namespaces. They stay owned by
+//!    the host's user namespace, so root in the box can change none of them (no
+//!    mounts, no routes, no host name) even before seccomp;
+//! 4. fork the box's PID 1, which mounts /proc, /sys, /dev and /run, pivots into
+//!    the root, enters the user namespace as its root, drops capabilities, sets
+//!    no_new_privs and seccomp, and execs moat-agent from the host's fd.
+//!
+//! The helper prints PID 1's host pid once the exec succeeded, or an error.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+
+use nix::fcntl::OFlag;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::unistd::{fork, pipe2, ForkResult, Gid, Uid};
+
+use super::plan::{SpawnPlan, DEVICES, KEPT_CAPS, MASKED_PROC};
+use super::seccomp;
+use crate::sys;
+
+/// Adds what was being done to an error.
+trait Context<T> {
+    fn context(self, what: impl FnOnce() -> String) -> io::Result<T>;
+}
+
+impl<T, E: Into<io::Error>> Context<T> for Result<T, E> {
+    fn context(self, what: impl FnOnce() -> String) -> io::Result<T> {
+        self.map_err(|e| {
+            let e: io::Error = e.into();
+            io::Error::new(e.kind(), format!("{}: {e}", what()))
+        })
+    }
+}
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// Entry point of `moat box-spawn`: reads a JSON plan on stdin, prints the pid.
+pub fn helper_main() -> i32 {
+    let mut input = String::new();
+    let plan: SpawnPlan = match io::stdin().read_to_string(&mut input).map_err(|e| e.to_string()).and_then(|_| {
+        serde_json::from_str(&input).map_err(|e| format!("bad spawn plan: {e}"))
+    }) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    match spawn(&plan) {
+        Ok(pid) => {
+            println!("{pid}");
+            0
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            1
+        }
+    }
+}
+
+/// Starts the box; returns the host pid of its PID 1.
+pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
+    let userns = make_userns(&plan.id_map()).context(|| "user namespace".into())?;
+    let tree = sys::open_tree_clone(&cpath(&plan.rootfs)?).context(|| format!("open_tree {}", plan.rootfs.display()))?;
+    sys::mount_set_idmap(tree.as_fd(), userns.as_fd()).context(|| "idmapped mount".into())?;
+
+    let me = std::process::id().to_string();
+    for procs in &plan.cgroup_procs {
+        std::fs::write(procs, &me).context(|| format!("join {}", procs.display()))?;
+    }
+    let _ = std::fs::remove_file(&plan.agent_socket);
+    let listener = UnixListener::bind(&plan.agent_socket).context(|| format!("bind {}", plan.agent_socket.display()))?;
+    std::fs::set_permissions(&plan.agent_socket, std::fs::Permissions::from_mode(0o600))?;
+    let agent = File::open(&plan.agent_binary).context(|| format!("open agent {}", plan.agent_binary.display()))?;
+
+    unshare(
+        CloneFlags::CLONE_NEWNS
+            | CloneFlags::CLONE_NEWPID
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWUTS
+            | CloneFlags::CLONE_NEWIPC
+            | CloneFlags::CLONE_NEWCGROUP,
+    )
+    .context(|| "unshare".into())?;
+    nix::unistd::sethostname(&plan.hostname).context(|| "sethostname".into())?;
+    sys::loopback_up().context(|| "loopback up".into())?;
+    // Per network namespace: let the box's root bind low ports and ping, which the
+    // host-owned namespace would otherwise deny it.
+    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0").context(|| "sysctl".into())?;
+    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647").context(|| "sysctl".into())?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .context(|| "make mounts private".into())?;
+    sys::move_mount_to(tree.as_fd(), &cpath(&plan.rootfs)?).context(|| "attach root".into())?;
+
+    let (err_read, err_write) = pipe2(OFlag::O_CLOEXEC)?;
+    // SAFETY: the helper is single-threaded, so the child may do anything after fork.
+    match unsafe { fork() }? {
+        ForkResult::Child => {
+            drop(err_read);
+            let e = init_box(plan, &userns, listener, agent);
+            let _ = File::from(err_write).write_all(e.to_string().as_bytes());
+            std::process::exit(1);
+        }
+        ForkResult::Parent { child } => {
+            drop(err_write);
+            let mut msg = String::new();
+            File::from(err_read).read_to_string(&mut msg)?;
+            if msg.is_empty() {
+                Ok(child.as_raw())
+            } else {
+                let _ = nix::sys::wait::waitpid(child, None);
+                Err(io::Error::other(msg))
+            }
+        }
+    }
+}
+
+/// Makes a user namespace mapping box ids 0..n to the box's host range, and
+/// returns an fd that keeps it alive. A throwaway child creates it; we (root in
+/// the host namespace) write its maps, then let the child go.
+fn make_userns(id_map: &str) -> io::Result<OwnedFd> {
+    let (ready_r, ready_w) = pipe2(OFlag::O_CLOEXEC)?;
+    let (done_r, done_w) = pipe2(OFlag::O_CLOEXEC)?;
+    // SAFETY: the helper is single-threaded.
+    match unsafe { fork() }? {
+        ForkResult::Child => {
+            drop((ready_r, done_w));
+            let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            let _ = File::from(ready_w).write_all(&[u8::from(ok)]);
+            let _ = File::from(done_r).read(&mut [0u8; 1]);
+            std::process::exit(0);
+        }
+        ForkResult::Parent { child } => {
+            drop((ready_w, done_r));
+            let result = (|| {
+                let mut ok = [0u8; 1];
+                File::from(ready_r).read_exact(&mut ok)?;
+                if ok[0] != 1 {
+                    return Err(io::Error::other("unshare(CLONE_NEWUSER) failed"));
+                }
+                let proc = format!("/proc/{child}");
+                std::fs::write(format!("{proc}/uid_map"), id_map)?;
+                std::fs::write(format!("{proc}/gid_map"), id_map)?;
+                Ok(File::open(format!("{proc}/ns/user"))?.into())
+            })();
+            drop(done_w);
+            let _ = nix::sys::wait::waitpid(child, None);
+            result
+        }
+    }
+}
+
+/// Runs in the box's PID 1 until the exec; returns only on failure.
+fn init_box(plan: &SpawnPlan, userns: &OwnedFd, listener: UnixListener, agent: File) -> io::Error {
+    match init_box_inner(plan, userns, listener, agent) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+fn init_box_inner(plan: &SpawnPlan, userns: &OwnedFd, listener: UnixListener, agent: File) -> io::Result<std::convert::Infallible> {
+    // The daemon reads the helper's stdout to its end: PID 1 must not hold it.
+    let null = File::options().read(true).write(true).open("/dev/null")?;
+    nix::unistd::dup2_stdin(&null)?;
+    nix::unistd::dup2_stdout(&null)?;
+    nix::unistd::dup2_stderr(&null)?;
+    drop(null);
+    std::env::set_current_dir(&plan.rootfs)?;
+    mount_pseudo_filesystems(plan)?;
+
+    nix::unistd::pivot_root(".", ".").context(|| "pivot_root".into())?;
+    umount2(".", MntFlags::MNT_DETACH).context(|| "detach old root".into())?;
+    std::env::set_current_dir("/")?;
+
+    setns(userns, CloneFlags::CLONE_NEWUSER).context(|| "enter user namespace".into())?;
+    nix::unistd::setgroups(&[]).context(|| "setgroups".into())?;
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).context(|| "setgid".into())?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).context(|| "setuid".into())?;
+    drop_capabilities()?;
+
+    // The agent finds its listening socket at fd 3; move the binary's fd clear of it.
+    let agent = nix::fcntl::fcntl(&agent, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))?;
+    sys::dup_onto(listener.as_fd(), 3)?;
+    drop(listener);
+
+    nix::sys::prctl::set_no_new_privs().context(|| "no_new_privs".into())?;
+    sys::install_seccomp(&seccomp::filter()).context(|| "seccomp".into())?;
+    let argv = [c"moat-agent"];
+    let envp = [c"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"];
+    // SAFETY: `agent` is a raw fd we own (from F_DUPFD_CLOEXEC); fexecve only reads it.
+    let agent = unsafe { std::os::fd::BorrowedFd::borrow_raw(agent) };
+    match nix::unistd::fexecve(agent, &argv, &envp) {
+        Err(e) => Err(io::Error::from(e)).context(|| "exec moat-agent".into()),
+    }
+}
+
+/// Mounts /proc, /sys, /dev and /run inside the root (the current directory).
+fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for dir in ["proc", "sys", "dev", "run"] {
+        // The root may be a box's own work: refuse anything but a real directory
+        // (a symlink would steer the mount elsewhere).
+        if !Path::new(dir).symlink_metadata().map(|m| m.is_dir()).unwrap_or(false) {
+            return Err(io::Error::other(format!("the box's /{dir} is not a directory")));
+        }
+    }
+    mount(Some("proc"), "proc", Some("proc"), nosuid | MsFlags::MS_NOEXEC, None::<&str>).context(|| "mount /proc".into())?;
+    for entry in MASKED_PROC {
+        let target = Path::new("proc").join(entry);
+        if target.exists() {
+            mount(Some("/dev/null"), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .context(|| format!("mask /proc/{entry}"))?;
+        }
+    }
+    mount(Some("sysfs"), "sys", Some("sysfs"), nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None::<&str>)
+        .context(|| "mount /sys".into())?;
+
+    let owner = format!("uid={0},gid={0}", plan.uid_base);
+    mount(Some("tmpfs"), "dev", Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(format!("mode=755,size=64k,{owner}").as_str()))
+        .context(|| "mount /dev".into())?;
+    for dev in DEVICES {
+        let target = Path::new("dev").join(dev);
+        File::create(&target)?;
+        mount(Some(Path::new("/dev").join(dev).as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .context(|| format!("bind /dev/{dev}"))?;
+    }
+    std::fs::create_dir("dev/pts")?;
+    let devpts = format!("newinstance,ptmxmode=0666,mode=0620,gid={}", plan.devpts_gid);
+    mount(Some("devpts"), "dev/pts", Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(devpts.as_str()))
+        .context(|| "mount /dev/pts".into())?;
+    std::fs::create_dir("dev/shm")?;
+    mount(Some("tmpfs"), "dev/shm", Some("tmpfs"), nosuid | MsFlags::MS_NOEXEC, Some(format!("mode=1777,{owner}").as_str()))
+        .context(|| "mount /dev/shm".into())?;
+    for (link, target) in [("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        std::os::unix::fs::symlink(target, Path::new("dev").join(link))?;
+    }
+    mount(Some("tmpfs"), "run", Some("tmpfs"), nosuid, Some(format!("mode=755,{owner}").as_str())).context(|| "mount /run".into())?;
+    Ok(())
+}
+
+/// Keeps only [`KEPT_CAPS`] in the bounding set; exec then grants root exactly those.
+fn drop_capabilities() -> io::Result<()> {
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    for cap in (0..=last).filter(|c| !KEPT_CAPS.contains(c)) {
+        // SAFETY: PR_CAPBSET_DROP takes an integer capability number and no pointers.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) } != 0 {
+            return Err(io::Error::last_os_error()).context(|| format!("drop capability {cap}"));
+        }
+    }
+    // SAFETY: as above; clears the ambient set, no pointers involved.
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The namespace backend: a box is a tree of processes in its own user, mount,
+//! pid, net, uts, ipc and cgroup namespaces, on a snapshot of its image, under
+//! cgroup limits, seccomp and a reduced capability set. Works on any Linux host.
+
+pub mod cgroup;
+pub mod enforce;
+pub mod plan;
+pub mod seccomp;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use moat_agent::protocol::{AgentMsg, HostMsg};
+use moat_core::backend::Progress;
+use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Name};
+
+use crate::pool::Pool;
+use crate::{identity, image};
+use cgroup::CgroupLayout;
+use plan::SpawnPlan;
+
+/// Where the backend finds its helper and the agent.
+#[derive(Debug, Clone)]
+pub struct NsConfig {
+    /// Host-side per-box directories (agent sockets) live under here.
+    pub run_dir: PathBuf,
+    /// The program run as `<helper> box-spawn` to start a box (the moat binary).
+    pub helper: PathBuf,
+    /// The static moat-agent binary.
+    pub agent: PathBuf,
+}
+
+/// The namespace backend.
+pub struct NsBackend {
+    pool: Pool,
+    cgroups: CgroupLayout,
+    config: NsConfig,
+}
+
+impl NsBackend {
+    /// A backend over `pool` with the host's cgroup layout.
+    pub fn new(pool: Pool, config: NsConfig) -> Result<Self, BackendError> {
+        let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
+        std::fs::create_dir_all(&config.run_dir)
+            .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
+        Ok(Self { pool, cgroups, config })
+    }
+
+    /// The storage pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The cgroup layout in use.
+    pub fn cgroups(&self) -> &CgroupLayout {
+        &self.cgroups
+    }
+
+    fn box_run_dir(&self, rec: &BoxRecord) -> PathBuf {
+        self.config.run_dir.join(rec.id.as_str())
+    }
+
+    fn socket_path(&self, rec: &BoxRecord) -> PathBuf {
+        self.box_run_dir(rec).join("agent.sock")
+    }
+
+    fn run_helper(&self, plan: &SpawnPlan) -> Result<u32, BackendError> {
+        let json = serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
+        let mut child = Command::new(&self.config.helper)
+            .arg("box-spawn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| BackendError::new(format!("run {}", self.config.helper.display()), e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(&json).map_err(|e| BackendError::new("send spawn plan", e))?;
+        }
+        let out = child.wait_with_output().map_err(|e| BackendError::new("wait for box-spawn", e))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        match stdout.trim().parse::<u32>() {
+            Ok(pid) if out.status.success() => Ok(pid),
+            _ => Err(BackendError::msg(format!(
+                "box did not start: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))),
+        }
+    }
+}
+
+impl Backend for NsBackend {
+    fn has_image(&self, image: &Name) -> bool {
+        self.pool.has_image(image)
+    }
+
+    fn build_image(&self, name: &Name, progress: Progress<'_>) -> Result<(), BackendError> {
+        image::build(&self.pool, name, progress).map_err(|e| BackendError::new(format!("build image {name}"), e))
+    }
+
+    fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let root = self
+            .pool
+            .snapshot_image(&rec.image, &rec.id)
+            .map_err(|e| BackendError::new(format!("snapshot image {}", rec.image), e))?;
+        identity::mint(&root, &rec.name).map_err(|e| {
+            let _ = self.pool.delete_box(&rec.id);
+            BackendError::new("mint box identity", e)
+        })
+    }
+
+    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
+        let run_dir = self.box_run_dir(rec);
+        std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
+        // A previous boot's processes (if any) must be gone before a new PID 1.
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
+        self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
+        let plan = SpawnPlan::for_box(
+            rec,
+            self.pool.box_path(&rec.id),
+            self.cgroups.procs_files(&rec.id),
+            self.socket_path(rec),
+            self.config.agent.clone(),
+        );
+        self.run_helper(&plan).inspect_err(|_| {
+            let _ = self.cgroups.destroy(&rec.id);
+        })
+    }
+
+    fn is_running(&self, rec: &BoxRecord) -> bool {
+        ping(&self.socket_path(rec))
+    }
+
+    fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
+    }
+
+    fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        self.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box filesystem", e))?;
+        match std::fs::remove_dir_all(self.box_run_dir(rec)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr {
+        AgentAddr::Unix(self.socket_path(rec))
+    }
+}
+
+/// Whether an agent answers on `socket` within a second.
+fn ping(socket: &std::path::Path) -> bool {
+    let Ok(mut stream) = UnixStream::connect(socket) else { return false };
+    let timeout = Some(Duration::from_secs(1));
+    if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
+        return false;
+    }
+    if stream.write_all(&HostMsg::Ping.encode()).is_err() {
+        return false;
+    }
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 64];
+    while let Ok(n) = stream.read(&mut chunk) {
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+        if let Ok(Some((msg, _))) = AgentMsg::decode(&buf) {
+            return msg == AgentMsg::Pong;
+        }
+    }
+    false
+}

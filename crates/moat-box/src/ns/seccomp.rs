@@ -1,0 +1,237 @@
+//! The seccomp filter every box process runs under.
+//!
+//! A deny list compiled to classic BPF by hand: it is short enough to read whole.
+//! It refuses what Docker's default profile refuses to a container without extra
+//! capabilities (kernel modules, mounts, namespaces, keyrings, bpf, perf, clock
+//! changes, reboot, ...), plus the new mount API, io_uring (whose operations
+//! bypass seccomp) and terminal input injection. Syscalls newer than this list
+//! answer ENOSYS, so a kernel upgrade cannot open a hole, and the x32 ABI, which
+//! would let a process dodge syscall numbers, is refused outright.
+
+use libc::sock_filter;
+
+/// `AUDIT_ARCH_X86_64` (linux/audit.h).
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+/// Bit that marks x32 syscall numbers.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+/// The newest syscall this list was written against (mseal, Linux 6.10).
+const LAST_KNOWN_SYSCALL: u32 = 462;
+
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
+
+// Offsets into `struct seccomp_data`.
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+/// Low 32 bits of argument `i` (little-endian).
+const fn off_arg(i: u32) -> u32 {
+    16 + 8 * i
+}
+
+const BPF_LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+const BPF_JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+const BPF_JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+const BPF_JSET_K: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
+const BPF_RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+
+/// Refused with EPERM, whatever the arguments.
+const DENIED: &[libc::c_long] = &[
+    libc::SYS_acct,
+    libc::SYS_add_key,
+    libc::SYS_bpf,
+    libc::SYS_clock_adjtime,
+    libc::SYS_clock_settime,
+    libc::SYS_settimeofday,
+    libc::SYS_delete_module,
+    libc::SYS_finit_module,
+    libc::SYS_init_module,
+    libc::SYS_ioperm,
+    libc::SYS_iopl,
+    libc::SYS_kcmp,
+    libc::SYS_kexec_file_load,
+    libc::SYS_kexec_load,
+    libc::SYS_keyctl,
+    libc::SYS_request_key,
+    libc::SYS_lookup_dcookie,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_open_tree,
+    libc::SYS_move_mount,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_nfsservctl,
+    libc::SYS_perf_event_open,
+    libc::SYS_fanotify_init,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_quotactl,
+    libc::SYS_quotactl_fd,
+    libc::SYS_reboot,
+    libc::SYS_setns,
+    libc::SYS_unshare,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_sysfs,
+    libc::SYS__sysctl,
+    libc::SYS_syslog,
+    libc::SYS_uselib,
+    libc::SYS_userfaultfd,
+    libc::SYS_ustat,
+    libc::SYS_vhangup,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_mbind,
+    libc::SYS_set_mempolicy,
+    libc::SYS_move_pages,
+    libc::SYS_migrate_pages,
+];
+
+/// `clone` flags that would make new namespaces.
+const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWTIME) as u32;
+
+fn stmt(code: u16, k: u32) -> sock_filter {
+    sock_filter { code, jt: 0, jf: 0, k }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+fn ret_errno(errno: i32) -> sock_filter {
+    stmt(BPF_RET_K, SECCOMP_RET_ERRNO | (errno as u32 & 0xffff))
+}
+
+/// Appends "if nr == `nr` { `block` }"; `block` must end in a return.
+fn if_syscall(prog: &mut Vec<sock_filter>, nr: libc::c_long, block: &[sock_filter]) {
+    // Blocks here are a handful of instructions, far below the 255-jump limit.
+    let skip = u8::try_from(block.len()).unwrap_or(u8::MAX);
+    prog.push(jump(BPF_JEQ_K, nr as u32, 0, skip));
+    prog.extend_from_slice(block);
+}
+
+/// The ioctl request numbers a box may not use.
+fn denied_ioctls() -> Vec<u32> {
+    let mut reqs = vec![libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
+    reqs.extend(crate::sys::BTRFS_SUBVOLUME_IOCTLS.iter().map(|r| *r as u32));
+    reqs
+}
+
+/// Compiles the filter.
+pub fn filter() -> Vec<sock_filter> {
+    let mut prog = vec![
+        stmt(BPF_LD_W_ABS, OFF_ARCH),
+        jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
+        stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS),
+        stmt(BPF_LD_W_ABS, OFF_NR),
+        jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1),
+        ret_errno(libc::EPERM),
+        jump(BPF_JGE_K, LAST_KNOWN_SYSCALL + 1, 0, 1),
+        ret_errno(libc::ENOSYS),
+    ];
+    for nr in DENIED {
+        if_syscall(&mut prog, *nr, &[ret_errno(libc::EPERM)]);
+    }
+    // clone3 passes its flags in memory, out of seccomp's sight: ENOSYS makes libc
+    // fall back to clone, whose flags we can check.
+    if_syscall(&mut prog, libc::SYS_clone3, &[ret_errno(libc::ENOSYS)]);
+    if_syscall(
+        &mut prog,
+        libc::SYS_clone,
+        &[
+            stmt(BPF_LD_W_ABS, off_arg(0)),
+            jump(BPF_JSET_K, CLONE_NAMESPACE_FLAGS, 0, 1),
+            ret_errno(libc::EPERM),
+            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+        ],
+    );
+    let ioctls = denied_ioctls();
+    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(1))];
+    for (i, req) in ioctls.iter().enumerate() {
+        // Jump to the shared "deny" at the end of the block on a match.
+        let to_deny = u8::try_from(ioctls.len() - i).unwrap_or(u8::MAX);
+        block.push(jump(BPF_JEQ_K, *req, to_deny, 0));
+    }
+    block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+    block.push(ret_errno(libc::EPERM));
+    if_syscall(&mut prog, libc::SYS_ioctl, &block);
+    prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+    prog
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A classic-BPF interpreter for the instructions `filter` emits, so the
+    /// program's verdicts can be checked without installing it.
+    fn run(prog: &[sock_filter], nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = vec![0u8; 64];
+        data[0..4].copy_from_slice(&nr.to_le_bytes());
+        data[4..8].copy_from_slice(&AUDIT_ARCH_X86_64.to_le_bytes());
+        for (i, a) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let ins = prog[pc];
+            match ins.code {
+                BPF_LD_W_ABS => {
+                    let k = ins.k as usize;
+                    acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
+                    pc += 1;
+                }
+                BPF_RET_K => return ins.k,
+                code => {
+                    let taken = match code {
+                        BPF_JEQ_K => acc == ins.k,
+                        BPF_JGE_K => acc >= ins.k,
+                        BPF_JSET_K => acc & ins.k != 0,
+                        other => panic!("unexpected opcode {other:#x}"),
+                    };
+                    pc += 1 + usize::from(if taken { ins.jt } else { ins.jf });
+                }
+            }
+        }
+    }
+
+    const EPERM: u32 = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+
+    #[test]
+    fn verdicts() {
+        let prog = filter();
+        let nr = |n: libc::c_long| n as u32;
+        assert_eq!(run(&prog, nr(libc::SYS_read), [0; 6]), SECCOMP_RET_ALLOW);
+        assert_eq!(run(&prog, nr(libc::SYS_mount), [0; 6]), EPERM);
+        assert_eq!(run(&prog, nr(libc::SYS_init_module), [0; 6]), EPERM);
+        assert_eq!(run(&prog, nr(libc::SYS_unshare), [0; 6]), EPERM);
+        // fork-like clone is fine, namespace-making clone is not.
+        assert_eq!(run(&prog, nr(libc::SYS_clone), [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
+        assert_eq!(run(&prog, nr(libc::SYS_clone), [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0]), EPERM);
+        assert_eq!(run(&prog, nr(libc::SYS_clone3), [0; 6]), SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+        // ioctl: terminals work, injection does not.
+        assert_eq!(run(&prog, nr(libc::SYS_ioctl), [0, libc::TIOCGWINSZ as u64, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
+        assert_eq!(run(&prog, nr(libc::SYS_ioctl), [0, libc::TIOCSTI as u64, 0, 0, 0, 0]), EPERM);
+        for req in crate::sys::BTRFS_SUBVOLUME_IOCTLS {
+            assert_eq!(run(&prog, nr(libc::SYS_ioctl), [0, req, 0, 0, 0, 0]), EPERM);
+        }
+        // x32 numbers and syscalls newer than the list.
+        assert_eq!(run(&prog, X32_SYSCALL_BIT | 1, [0; 6]), EPERM);
+        assert_eq!(run(&prog, LAST_KNOWN_SYSCALL + 5, [0; 6]), SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+        assert!(prog.len() < 4096);
+    }
+}

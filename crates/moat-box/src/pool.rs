@@ -1,0 +1,165 @@
+//! The storage pool: a btrfs filesystem holding images (read-only subvolumes)
+//! and box roots (writable snapshots of them).
+//!
+//! Where the state dir is already on btrfs the pool lives there; otherwise a
+//! sparse image file in the state dir is formatted once and loop-mounted, as
+//! LXD does. Snapshots are O(1) whatever the data size, which is what makes
+//! `new` and `dup` instant.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use moat_core::{BoxId, Name};
+
+use crate::sys;
+
+/// How the pool got its btrfs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolKind {
+    /// The state dir is on btrfs.
+    Native,
+    /// A loop-mounted image file.
+    Loop {
+        /// The backing file.
+        image: PathBuf,
+    },
+}
+
+/// A pool failure.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// A filesystem operation failed.
+    #[error("{what} {path}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// An external tool failed.
+    #[error("{tool} failed: {stderr}")]
+    Tool {
+        /// The command.
+        tool: &'static str,
+        /// What it printed.
+        stderr: String,
+    },
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PoolError + 'a {
+    move |source| PoolError::Io { what, path: path.to_path_buf(), source }
+}
+
+/// The mounted pool.
+#[derive(Debug)]
+pub struct Pool {
+    root: PathBuf,
+    kind: PoolKind,
+}
+
+impl Pool {
+    /// Opens the pool under `state_dir`, formatting and mounting a loop image of
+    /// `loop_size` bytes (sparse) if the state dir is not on btrfs.
+    pub fn open(state_dir: &Path, loop_size: u64) -> Result<Self, PoolError> {
+        let root = state_dir.join("pool");
+        fs::create_dir_all(&root).map_err(io_err("create", &root))?;
+        let kind = if sys::is_btrfs(&root).map_err(io_err("statfs", &root))? {
+            if sys::is_btrfs(state_dir).map_err(io_err("statfs", state_dir))? {
+                PoolKind::Native
+            } else {
+                PoolKind::Loop { image: state_dir.join("pool.img") }
+            }
+        } else {
+            let image = state_dir.join("pool.img");
+            if !image.exists() {
+                format_image(&image, loop_size)?;
+            }
+            run(Command::new("mount").args(["-o", "loop,nosuid,nodev"]).arg(&image).arg(&root), "mount")?;
+            PoolKind::Loop { image }
+        };
+        let pool = Self { root, kind };
+        for dir in [pool.images_dir(), pool.boxes_dir()] {
+            fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+        }
+        // Image files keep their owners and setuid bits; no host user may reach them.
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&pool.root, fs::Permissions::from_mode(0o700)).map_err(io_err("chmod", &pool.root))?;
+        Ok(pool)
+    }
+
+    /// Where the pool is mounted.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// How the pool got its btrfs.
+    pub fn kind(&self) -> &PoolKind {
+        &self.kind
+    }
+
+    /// The directory holding image subvolumes.
+    pub fn images_dir(&self) -> PathBuf {
+        self.root.join("images")
+    }
+
+    /// The directory holding box root subvolumes.
+    pub fn boxes_dir(&self) -> PathBuf {
+        self.root.join("boxes")
+    }
+
+    /// The read-only subvolume of `image`.
+    pub fn image_path(&self, image: &Name) -> PathBuf {
+        self.images_dir().join(image.as_str())
+    }
+
+    /// The root filesystem of box `id`.
+    pub fn box_path(&self, id: &BoxId) -> PathBuf {
+        self.boxes_dir().join(id.as_str())
+    }
+
+    /// Whether `image` has been built.
+    pub fn has_image(&self, image: &Name) -> bool {
+        self.image_path(image).is_dir()
+    }
+
+    /// Makes box `id`'s root a writable snapshot of `image`.
+    pub fn snapshot_image(&self, image: &Name, id: &BoxId) -> Result<PathBuf, PoolError> {
+        let src = self.image_path(image);
+        sys::subvolume_snapshot(&src, &self.boxes_dir(), id.as_str(), false).map_err(io_err("snapshot", &src))?;
+        Ok(self.box_path(id))
+    }
+
+    /// Deletes box `id`'s root, if it exists.
+    pub fn delete_box(&self, id: &BoxId) -> Result<(), PoolError> {
+        let path = self.box_path(id);
+        if !path.exists() {
+            return Ok(());
+        }
+        sys::subvolume_delete(&self.boxes_dir(), id.as_str()).map_err(io_err("delete subvolume", &path))
+    }
+}
+
+fn format_image(image: &Path, size: u64) -> Result<(), PoolError> {
+    let tmp = image.with_extension("img.new");
+    let file = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
+    file.set_len(size).map_err(io_err("size", &tmp))?;
+    drop(file);
+    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&tmp), "mkfs.btrfs")?;
+    // Only a fully formatted image gets the real name.
+    fs::rename(&tmp, image).map_err(io_err("rename", &tmp))
+}
+
+/// Runs an external tool, turning a failure into an error that says what it printed.
+pub(crate) fn run(cmd: &mut Command, tool: &'static str) -> Result<(), PoolError> {
+    let out = cmd.output().map_err(|e| PoolError::Tool { tool, stderr: e.to_string() })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(PoolError::Tool { tool, stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() })
+    }
+}

@@ -1,0 +1,230 @@
+//! The raw kernel calls moat needs that no safe wrapper offers: btrfs subvolume
+//! ioctls, the new mount API (`open_tree`, `mount_setattr`, `move_mount`),
+//! seccomp and interface flags. Each is a thin, typed wrapper; callers never see
+//! a raw pointer.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use nix::errno::Errno;
+
+/// `BTRFS_SUPER_MAGIC` from `statfs(2)`.
+const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
+const BTRFS_IOCTL_MAGIC: u8 = 0x94;
+const BTRFS_SUBVOL_NAME_MAX: usize = 4039;
+const BTRFS_PATH_NAME_MAX: usize = 4087;
+const BTRFS_SUBVOL_RDONLY: u64 = 1 << 1;
+
+/// `struct btrfs_ioctl_vol_args_v2` (linux/btrfs.h), 4096 bytes.
+#[repr(C)]
+struct VolArgsV2 {
+    fd: i64,
+    transid: u64,
+    flags: u64,
+    unused: [u64; 4],
+    name: [u8; BTRFS_SUBVOL_NAME_MAX + 1],
+}
+
+/// `struct btrfs_ioctl_vol_args` (linux/btrfs.h), 4096 bytes.
+#[repr(C)]
+struct VolArgs {
+    fd: i64,
+    name: [u8; BTRFS_PATH_NAME_MAX + 1],
+}
+
+nix::ioctl_write_ptr!(
+    /// BTRFS_IOC_SNAP_CREATE_V2
+    btrfs_snap_create_v2, BTRFS_IOCTL_MAGIC, 23, VolArgsV2);
+nix::ioctl_write_ptr!(
+    /// BTRFS_IOC_SUBVOL_CREATE_V2
+    btrfs_subvol_create_v2, BTRFS_IOCTL_MAGIC, 24, VolArgsV2);
+nix::ioctl_write_ptr!(
+    /// BTRFS_IOC_SNAP_DESTROY
+    btrfs_snap_destroy, BTRFS_IOCTL_MAGIC, 15, VolArgs);
+
+/// The ioctl numbers a box must not use (they would let it nest subvolumes the
+/// host then cannot delete with the box).
+pub const BTRFS_SUBVOLUME_IOCTLS: [u64; 4] = [
+    nix::request_code_write!(BTRFS_IOCTL_MAGIC, 1, std::mem::size_of::<VolArgs>()) as u64, // SNAP_CREATE
+    nix::request_code_write!(BTRFS_IOCTL_MAGIC, 14, std::mem::size_of::<VolArgs>()) as u64, // SUBVOL_CREATE
+    nix::request_code_write!(BTRFS_IOCTL_MAGIC, 23, std::mem::size_of::<VolArgsV2>()) as u64,
+    nix::request_code_write!(BTRFS_IOCTL_MAGIC, 24, std::mem::size_of::<VolArgsV2>()) as u64,
+];
+
+fn name_bytes<const N: usize>(name: &str) -> io::Result<[u8; N]> {
+    let mut out = [0u8; N];
+    if name.is_empty() || name.len() >= N || name.contains('/') || name.contains('\0') {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad subvolume name {name:?}")));
+    }
+    out.get_mut(..name.len()).ok_or(io::ErrorKind::InvalidInput)?.copy_from_slice(name.as_bytes());
+    Ok(out)
+}
+
+fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    Ok(std::fs::File::open(path)?.into())
+}
+
+/// Whether `path` is on btrfs.
+pub fn is_btrfs(path: &Path) -> io::Result<bool> {
+    let st = nix::sys::statfs::statfs(path)?;
+    Ok(st.filesystem_type().0 as i64 == BTRFS_SUPER_MAGIC)
+}
+
+/// Creates an empty subvolume `parent/name`.
+pub fn subvolume_create(parent: &Path, name: &str) -> io::Result<()> {
+    let dir = open_dir(parent)?;
+    let args = VolArgsV2 { fd: 0, transid: 0, flags: 0, unused: [0; 4], name: name_bytes(name)? };
+    // SAFETY: `args` is a fully initialised btrfs_ioctl_vol_args_v2 that lives across
+    // the call, and `dir` is an open directory fd.
+    unsafe { btrfs_subvol_create_v2(dir.as_raw_fd(), &args) }?;
+    Ok(())
+}
+
+/// Snapshots subvolume `source` as `parent/name`, read-only if asked. O(1) in the
+/// amount of data: btrfs shares every extent until one side writes.
+pub fn subvolume_snapshot(source: &Path, parent: &Path, name: &str, readonly: bool) -> io::Result<()> {
+    let src = open_dir(source)?;
+    let dir = open_dir(parent)?;
+    let flags = if readonly { BTRFS_SUBVOL_RDONLY } else { 0 };
+    let args = VolArgsV2 { fd: i64::from(src.as_raw_fd()), transid: 0, flags, unused: [0; 4], name: name_bytes(name)? };
+    // SAFETY: as above; `src` stays open for the duration of the call.
+    unsafe { btrfs_snap_create_v2(dir.as_raw_fd(), &args) }?;
+    Ok(())
+}
+
+/// Deletes subvolume `parent/name` (its data is freed in the background).
+pub fn subvolume_delete(parent: &Path, name: &str) -> io::Result<()> {
+    let dir = open_dir(parent)?;
+    let args = VolArgs { fd: 0, name: name_bytes(name)? };
+    // SAFETY: `args` is a fully initialised btrfs_ioctl_vol_args for the call.
+    unsafe { btrfs_snap_destroy(dir.as_raw_fd(), &args) }?;
+    Ok(())
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+
+/// `struct mount_attr` (linux/mount.h).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// A detached copy of the mount tree at `path` (`open_tree(OPEN_TREE_CLONE |
+/// AT_RECURSIVE)`), not yet attached anywhere.
+pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+    // SAFETY: `path` is a valid NUL-terminated string; the syscall returns a new fd
+    // or -1 and touches no memory of ours besides reading the path.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Makes the detached mount `tree` show file owners through the id mapping of
+/// user namespace `userns` (an idmapped mount).
+pub fn mount_set_idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
+    let attr = MountAttr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
+    // SAFETY: `attr` is initialised and its size is passed; the empty path with
+    // AT_EMPTY_PATH makes the call act on `tree` itself.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Attaches the detached mount `tree` at `target`.
+pub fn move_mount_to(tree: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
+    // SAFETY: both paths are valid NUL-terminated strings; the call reads them only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets the calling thread's seccomp filter (no_new_privs must be set already).
+pub fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
+    let prog = libc::sock_fprog {
+        len: u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points at `filter`, which outlives the call; the kernel copies
+    // the program before returning.
+    let rc = unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own, on an open
+    // socket; the union member used is ifru_flags, as the ioctls define.
+    unsafe {
+        if libc::ioctl(sock.as_fd().as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock.as_fd().as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Turns an errno-style result into `io::Result`.
+pub fn check(r: nix::Result<()>) -> io::Result<()> {
+    r.map_err(|e: Errno| io::Error::from_raw_os_error(e as i32))
+}
+
+/// Duplicates `fd` onto descriptor number `target` (without close-on-exec), for a
+/// program about to be exec'd that expects it there.
+pub fn dup_onto(fd: BorrowedFd<'_>, target: i32) -> io::Result<()> {
+    // SAFETY: dup2 takes two integers; `fd` is open for the call, and replacing
+    // whatever `target` was is the point (the caller owns the fd table layout).
+    if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
