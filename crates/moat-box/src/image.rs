@@ -200,3 +200,19 @@ pub fn which(tool: &str) -> Option<std::path::PathBuf> {
         .map(|dir| Path::new(dir).join(tool))
         .find(|p| p.is_file())
 }
+
+/// The names of the built images.
+pub fn list(pool: &Pool) -> io::Result<Vec<String>> {
+    let mut names: Vec<String> = fs::read_dir(pool.images_dir())?
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Deletes an image. Boxes made from it keep their snapshots.
+pub fn remove(pool: &Pool, image: &Name) -> io::Result<()> {
+    sys::subvolume_delete(&pool.images_dir(), image.as_str())
+}

@@ -1,1 +1,18 @@
+//! moat-sshd: the front door.
+//!
+//! Terminates SSH with russh, maps keys to accounts, and routes every channel:
+//! to the control plane (`new`, `ls`, `rm`, ...) or to a box, where each
+//! channel becomes one connection on the box agent's protocol. Nothing here
+//! knows which backend runs a box.
 
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
+pub mod auth;
+pub mod boxchan;
+pub mod control;
+pub mod forward;
+pub mod handler;
+pub mod server;
+pub mod words;
+
+pub use server::{serve, ServerConfig};

@@ -1,1 +1,106 @@
-fn main(){}
+//! `moat`: the operator's one binary.
+
+mod doctor;
+mod paths;
+mod serve;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "moat", version, about = "Disposable, isolated boxes for coding agents, over plain SSH")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the service in the foreground.
+    Serve(serve::ServeArgs),
+    /// Build or list images.
+    Image {
+        #[command(subcommand)]
+        command: ImageCmd,
+    },
+    /// Check that this host can run boxes, and say how.
+    Doctor {
+        /// State directory.
+        #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+    },
+    /// (internal) start one box from a plan on stdin; run by the daemon.
+    #[command(hide = true)]
+    BoxSpawn,
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Build an image: `busybox` (seconds) or `debian` (debootstrap, about a minute).
+    Build {
+        /// Image name.
+        name: String,
+        /// State directory.
+        #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Rebuild even if the image exists (boxes made from it keep their copy).
+        #[arg(long)]
+        force: bool,
+    },
+    /// List built images.
+    Ls {
+        /// State directory.
+        #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        // The helper must stay single-threaded: no runtime, no logging threads.
+        Cmd::BoxSpawn => std::process::exit(moat_box::ns::enforce::helper_main()),
+        Cmd::Serve(args) => serve::run(args),
+        Cmd::Image { command } => image(command),
+        Cmd::Doctor { state_dir } => doctor::run(&state_dir),
+    };
+    if let Err(e) = result {
+        eprintln!("moat: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn image(cmd: ImageCmd) -> Result<()> {
+    match cmd {
+        ImageCmd::Build { name, state_dir, force } => {
+            let name = moat_core::Name::new(&name)?;
+            let pool = paths::open_pool(&state_dir)?;
+            if pool.has_image(&name) {
+                if !force {
+                    println!("image {name} already built (use --force to rebuild)");
+                    return Ok(());
+                }
+                moat_box::image::remove(&pool, &name)?;
+            }
+            moat_box::image::build(&pool, &name, &mut |line: &str| eprintln!("{line}"))?;
+            Ok(())
+        }
+        ImageCmd::Ls { state_dir, json } => {
+            let pool = paths::open_pool(&state_dir)?;
+            let images = moat_box::image::list(&pool)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&images)?);
+            } else {
+                for image in images {
+                    println!("{image}");
+                }
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! Session channels: the requests that set a channel up (pty, env), then the
+//! program it runs (a box command, a box shell, the sftp subsystem, or a
+//! control command), bridged to the box agent's protocol.
+//!
+//! Input and output run on separate tasks. A single loop would deadlock on bulk
+//! transfers in both directions: blocked writing output while the SSH window is
+//! full, it would stop draining input, and russh's session loop, blocked
+//! handing us input, could not process the window adjustments.
+
+use std::sync::Arc;
+
+use moat_agent::client::{send, AgentReader};
+use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
+use moat_core::{AccountId, AgentAddr, BoxManager, ManagerError, Name};
+use russh::server::{Handle, Msg};
+use russh::{Channel, ChannelId, ChannelMsg, ChannelReadHalf, ChannelWriteHalf, Sig};
+use tokio::net::UnixStream;
+
+use crate::control;
+
+/// The SSH user name that always means the control plane.
+pub const SERVICE_USER: &str = "moat";
+
+/// Exit status for failures of moat itself rather than of the command (as ssh).
+const EXIT_MOAT_FAILED: u32 = 255;
+
+/// Environment variables a client may pass (OpenSSH's usual `AcceptEnv`).
+fn env_allowed(name: &str) -> bool {
+    name == "LANG" || name.starts_with("LC_") || name == "COLORTERM"
+}
+
+/// Who is on the other end and what they can reach.
+#[derive(Clone)]
+pub struct ChannelCtx {
+    /// The box manager.
+    pub manager: Arc<BoxManager>,
+    /// The authenticated account.
+    pub account: AccountId,
+    /// The SSH user name, which picks the target.
+    pub user: String,
+    /// The connection's handle, for replies russh's channel API lacks.
+    pub handle: Handle,
+}
+
+/// What a channel talks to.
+pub enum Target {
+    /// The control plane.
+    Control,
+    /// One of the account's boxes.
+    Box(Name),
+}
+
+impl ChannelCtx {
+    /// The user name picks the target: a box of this account by that name, or
+    /// else the control plane. Another account's box looks like no box at all.
+    pub fn target(&self) -> Target {
+        if self.user == SERVICE_USER {
+            return Target::Control;
+        }
+        match Name::new(&self.user) {
+            Ok(name) if self.manager.get(&self.account, &name).is_ok() => Target::Box(name),
+            _ => Target::Control,
+        }
+    }
+
+    /// Boots the box if needed and connects to its agent.
+    pub async fn connect(&self, name: &Name) -> Result<UnixStream, String> {
+        let addr = self.manager.ensure_running(&self.account, name).await.map_err(|e| error_chain(&e))?;
+        match addr {
+            AgentAddr::Unix(path) => UnixStream::connect(&path).await.map_err(|e| format!("box {name} is not answering: {e}")),
+        }
+    }
+}
+
+/// An error and its sources on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+enum Program {
+    Exec(Vec<u8>),
+    Shell,
+    Sftp,
+}
+
+/// Serves one session channel until it closes.
+pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx) {
+    let id = channel.id();
+    let (mut rx, tx) = channel.split();
+    let mut pty: Option<PtySpec> = None;
+    let mut env = Vec::new();
+    let program = loop {
+        let reply = |ok: bool, want: bool| {
+            let handle = ctx.handle.clone();
+            async move {
+                if want {
+                    let _ = if ok { handle.channel_success(id).await } else { handle.channel_failure(id).await };
+                }
+            }
+        };
+        match rx.wait().await {
+            Some(ChannelMsg::RequestPty { want_reply, term, col_width, row_height, .. }) => {
+                pty = Some(PtySpec { term, size: winsize(col_width, row_height) });
+                reply(true, want_reply).await;
+            }
+            Some(ChannelMsg::SetEnv { want_reply, variable_name, variable_value }) => {
+                let ok = env_allowed(&variable_name);
+                if ok {
+                    env.push((variable_name, variable_value));
+                }
+                reply(ok, want_reply).await;
+            }
+            Some(ChannelMsg::WindowChange { col_width, row_height, .. }) => {
+                if let Some(p) = pty.as_mut() {
+                    p.size = winsize(col_width, row_height);
+                }
+            }
+            Some(ChannelMsg::Exec { want_reply, command }) => {
+                reply(true, want_reply).await;
+                break Program::Exec(command);
+            }
+            Some(ChannelMsg::RequestShell { want_reply }) => {
+                reply(true, want_reply).await;
+                break Program::Shell;
+            }
+            Some(ChannelMsg::RequestSubsystem { want_reply, name }) => {
+                let ok = name == "sftp";
+                reply(ok, want_reply).await;
+                if ok {
+                    break Program::Sftp;
+                }
+            }
+            // X11 forwarding is refused; agent forwarding russh already refused.
+            Some(ChannelMsg::RequestX11 { want_reply, .. }) => reply(false, want_reply).await,
+            Some(ChannelMsg::Close) | None => return,
+            Some(_) => {}
+        }
+    };
+    match ctx.target() {
+        Target::Control => run_control(program, &tx, &ctx).await,
+        Target::Box(name) => run_in_box(&name, program, pty, env, rx, tx, &ctx).await,
+    }
+}
+
+fn winsize(cols: u32, rows: u32) -> WinSize {
+    let clamp = |v: u32| u16::try_from(v).unwrap_or(u16::MAX);
+    WinSize { cols: clamp(cols), rows: clamp(rows) }
+}
+
+/// Ends a channel with an exit status, as sshd does: EOF, status, close.
+async fn finish(tx: &ChannelWriteHalf<Msg>, status: u32) {
+    let _ = tx.eof().await;
+    let _ = tx.exit_status(status).await;
+    let _ = tx.close().await;
+}
+
+async fn fail(tx: &ChannelWriteHalf<Msg>, msg: &str, status: u32) {
+    let _ = tx.extended_data(1, format!("moat: {msg}\n").as_bytes()).await;
+    finish(tx, status).await;
+}
+
+async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &ChannelCtx) {
+    let line = match program {
+        Program::Exec(cmd) => String::from_utf8_lossy(&cmd).into_owned(),
+        Program::Shell => {
+            let mut text = String::new();
+            if ctx.user != SERVICE_USER && Name::new(&ctx.user).is_ok() {
+                text.push_str(&format!("moat: you have no box named {:?}; this is the control plane.\n\n", ctx.user));
+            }
+            text.push_str(control::HELP);
+            let _ = tx.data(text.as_bytes()).await;
+            return finish(tx, 0).await;
+        }
+        Program::Sftp => return fail(tx, "sftp needs a box: sftp NAME@HOST", 1).await,
+    };
+    let words = match crate::words::split(&line) {
+        Ok(words) => words,
+        Err(e) => return fail(tx, &e.to_string(), 2).await,
+    };
+    let cmd = match control::parse(&words) {
+        Ok(cmd) => cmd,
+        Err(e) => return fail(tx, &e.to_string(), 2).await,
+    };
+    // Progress of long work (an image build) goes to stderr as it happens.
+    let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let progress: moat_core::ProgressSink = Box::new(move |line: &str| {
+        let _ = progress_tx.send(format!("{line}\n"));
+    });
+    let manager = Arc::clone(&ctx.manager);
+    let account = ctx.account.clone();
+    let mut work = tokio::spawn(async move { control::run(cmd, &account, &manager, progress).await });
+    let result = loop {
+        tokio::select! {
+            Some(line) = progress_rx.recv() => {
+                let _ = tx.extended_data(1, line.as_bytes()).await;
+            }
+            result = &mut work => break result,
+        }
+    };
+    while let Ok(line) = progress_rx.try_recv() {
+        let _ = tx.extended_data(1, line.as_bytes()).await;
+    }
+    match result {
+        Ok(Ok(out)) => {
+            let _ = tx.data(out.as_bytes()).await;
+            finish(tx, 0).await;
+        }
+        Ok(Err(e)) => fail(tx, &error_chain(&e), exit_code(&e)).await,
+        Err(e) => fail(tx, &format!("internal error: {e}"), EXIT_MOAT_FAILED).await,
+    }
+}
+
+fn exit_code(e: &ManagerError) -> u32 {
+    match e {
+        ManagerError::Limits(_) => 2,
+        _ => 1,
+    }
+}
+
+/// Finds and runs an sftp server inside the box (images put it in different places).
+const SFTP_COMMAND: &str = "for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server \
+/usr/lib/sftp-server /usr/libexec/sftp-server; do [ -x \"$p\" ] && exec \"$p\"; done; \
+echo 'moat: this box has no sftp-server (install openssh-sftp-server)' >&2; exit 127";
+
+async fn run_in_box(
+    name: &Name,
+    program: Program,
+    pty: Option<PtySpec>,
+    env: Vec<(String, String)>,
+    mut rx: ChannelReadHalf,
+    tx: ChannelWriteHalf<Msg>,
+    ctx: &ChannelCtx,
+) {
+    let stream = match ctx.connect(name).await {
+        Ok(s) => s,
+        Err(e) => return fail(&tx, &e, EXIT_MOAT_FAILED).await,
+    };
+    let (read, mut write) = stream.into_split();
+    let command = match program {
+        Program::Exec(cmd) => Some(cmd),
+        Program::Shell => None,
+        Program::Sftp => Some(SFTP_COMMAND.as_bytes().to_vec()),
+    };
+    let req = ExecRequest { command, env, pty };
+    if let Err(e) = send(&mut write, &HostMsg::Exec(req)).await {
+        return fail(&tx, &format!("box {name}: {e}"), EXIT_MOAT_FAILED).await;
+    }
+    let id = tx.id();
+    let handle = ctx.handle.clone();
+    let output = tokio::spawn(pump_output(AgentReader::new(read), tx, handle, id));
+
+    while let Some(msg) = rx.wait().await {
+        let sent = match msg {
+            ChannelMsg::Data { data } => {
+                let mut result = Ok(());
+                for chunk in data.chunks(MAX_CHUNK) {
+                    result = send(&mut write, &HostMsg::Stdin(chunk.to_vec())).await;
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                result
+            }
+            ChannelMsg::Eof => send(&mut write, &HostMsg::StdinEof).await,
+            ChannelMsg::WindowChange { col_width, row_height, .. } => {
+                send(&mut write, &HostMsg::Resize(winsize(col_width, row_height))).await
+            }
+            ChannelMsg::Signal { signal } => match signo(&signal) {
+                Some(n) => send(&mut write, &HostMsg::Signal(n)).await,
+                None => Ok(()),
+            },
+            ChannelMsg::Close => break,
+            _ => Ok(()),
+        };
+        if sent.is_err() {
+            // The agent hung up; the output task reports why.
+            break;
+        }
+    }
+    // Dropping our end tells the agent the client is gone.
+    drop(write);
+    let _ = output.await;
+}
+
+async fn pump_output(
+    mut agent: AgentReader<tokio::net::unix::OwnedReadHalf>,
+    tx: ChannelWriteHalf<Msg>,
+    handle: Handle,
+    id: ChannelId,
+) {
+    loop {
+        match agent.recv().await {
+            Ok(Some(AgentMsg::Stdout(data))) => {
+                if tx.data(&data[..]).await.is_err() {
+                    return;
+                }
+            }
+            Ok(Some(AgentMsg::Stderr(data))) => {
+                if tx.extended_data(1, &data[..]).await.is_err() {
+                    return;
+                }
+            }
+            Ok(Some(AgentMsg::Exit(ExitStatus::Code(code)))) => {
+                return finish(&tx, u32::try_from(code).unwrap_or(EXIT_MOAT_FAILED)).await;
+            }
+            Ok(Some(AgentMsg::Exit(ExitStatus::Signal { signo, core_dumped }))) => {
+                // As sshd: exit-signal instead of exit-status; the client exits 255.
+                let _ = tx.eof().await;
+                let _ = handle.exit_signal_request(id, sig(signo), core_dumped, String::new(), String::new()).await;
+                let _ = tx.close().await;
+                return;
+            }
+            Ok(Some(AgentMsg::Error(msg))) => return fail(&tx, &msg, 127).await,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return fail(&tx, "lost the connection to the box", EXIT_MOAT_FAILED).await,
+        }
+    }
+}
+
+/// The signal number for an SSH signal name (RFC 4254 names, without "SIG").
+fn signo(sig: &Sig) -> Option<i32> {
+    Some(match sig {
+        Sig::HUP => libc_sig::HUP,
+        Sig::INT => libc_sig::INT,
+        Sig::QUIT => libc_sig::QUIT,
+        Sig::ILL => libc_sig::ILL,
+        Sig::ABRT => libc_sig::ABRT,
+        Sig::FPE => libc_sig::FPE,
+        Sig::KILL => libc_sig::KILL,
+        Sig::USR1 => libc_sig::USR1,
+        Sig::SEGV => libc_sig::SEGV,
+        Sig::PIPE => libc_sig::PIPE,
+        Sig::ALRM => libc_sig::ALRM,
+        Sig::TERM => libc_sig::TERM,
+        Sig::Custom(name) if name == "USR2" => libc_sig::USR2,
+        Sig::Custom(_) => return None,
+    })
+}
+
+/// The SSH signal name for a signal number.
+fn sig(signo: i32) -> Sig {
+    match signo {
+        libc_sig::HUP => Sig::HUP,
+        libc_sig::INT => Sig::INT,
+        libc_sig::QUIT => Sig::QUIT,
+        libc_sig::ILL => Sig::ILL,
+        libc_sig::ABRT => Sig::ABRT,
+        libc_sig::FPE => Sig::FPE,
+        libc_sig::KILL => Sig::KILL,
+        libc_sig::USR1 => Sig::USR1,
+        libc_sig::SEGV => Sig::SEGV,
+        libc_sig::PIPE => Sig::PIPE,
+        libc_sig::ALRM => Sig::ALRM,
+        libc_sig::TERM => Sig::TERM,
+        libc_sig::USR2 => Sig::Custom("USR2".into()),
+        other => Sig::Custom(format!("SIG{other}")),
+    }
+}
+
+/// Linux signal numbers (x86-64), the ones SSH has names for.
+mod libc_sig {
+    pub const HUP: i32 = 1;
+    pub const INT: i32 = 2;
+    pub const QUIT: i32 = 3;
+    pub const ILL: i32 = 4;
+    pub const ABRT: i32 = 6;
+    pub const FPE: i32 = 8;
+    pub const KILL: i32 = 9;
+    pub const USR1: i32 = 10;
+    pub const SEGV: i32 = 11;
+    pub const USR2: i32 = 12;
+    pub const PIPE: i32 = 13;
+    pub const ALRM: i32 = 14;
+    pub const TERM: i32 = 15;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_map_both_ways() {
+        for n in [1, 2, 3, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15] {
+            assert_eq!(signo(&sig(n)), Some(n));
+        }
+        assert_eq!(signo(&Sig::Custom("WINCH".into())), None);
+        assert!(env_allowed("LC_ALL") && env_allowed("LANG"));
+        assert!(!env_allowed("LD_PRELOAD") && !env_allowed("PATH"));
+    }
+}

@@ -1,0 +1,57 @@
+//! `ssh -L`: direct-tcpip channels to a port on a box's own loopback.
+//!
+//! Only loopback targets are accepted: a forward is a way into the box, never a
+//! way for the client to use the box (or the host) as a proxy.
+
+use moat_agent::client::{send, AgentReader};
+use moat_agent::protocol::{AgentMsg, HostMsg};
+use russh::server::{ChannelOpenHandle, Msg};
+use russh::{Channel, ChannelOpenFailure};
+use tokio::io::AsyncWriteExt;
+
+use crate::boxchan::{ChannelCtx, Target};
+
+/// Whether `host` names the box's own loopback.
+pub fn is_loopback(host: &str) -> bool {
+    matches!(host, "localhost" | "127.0.0.1" | "::1" | "[::1]" | "ip6-localhost")
+}
+
+/// Opens a forward to `host:port` in the channel's box, or refuses it.
+pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelCtx, host: String, port: u32) {
+    let (name, port) = match (ctx.target(), u16::try_from(port)) {
+        (Target::Box(name), Ok(port)) if is_loopback(&host) => (name, port),
+        _ => {
+            tracing::info!(user = %ctx.user, %host, port, "refused port forward");
+            return reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
+        }
+    };
+    let Ok(mut stream) = ctx.connect(&name).await else {
+        return reply.reject(ChannelOpenFailure::ConnectFailed).await;
+    };
+    if send(&mut stream, &HostMsg::Connect { port }).await.is_err() {
+        return reply.reject(ChannelOpenFailure::ConnectFailed).await;
+    }
+    let mut agent = AgentReader::new(&mut stream);
+    let Ok(Some(AgentMsg::Connected)) = agent.recv().await else {
+        return reply.reject(ChannelOpenFailure::ConnectFailed).await;
+    };
+    let (early, _) = agent.into_parts();
+    reply.accept().await;
+    let mut ssh = channel.into_stream();
+    if ssh.write_all(&early).await.is_ok() {
+        let _ = tokio::io::copy_bidirectional(&mut ssh, &mut stream).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_targets() {
+        assert!(is_loopback("localhost") && is_loopback("127.0.0.1") && is_loopback("::1"));
+        for other in ["10.0.0.1", "example.com", "127.0.0.2", "0.0.0.0", "", "localhost.evil.com"] {
+            assert!(!is_loopback(other), "{other}");
+        }
+    }
+}

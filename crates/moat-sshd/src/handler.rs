@@ -1,0 +1,104 @@
+//! The per-connection russh handler: public-key authentication and channel
+//! routing. Everything it does not implement, russh refuses.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use moat_core::{AccountId, BoxManager};
+use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
+use russh::Channel;
+
+use crate::auth::AuthorizedKeys;
+use crate::boxchan::{self, ChannelCtx};
+use crate::forward;
+use crate::server::UnauthSlot;
+
+/// What every connection shares.
+pub struct Shared {
+    /// The box manager.
+    pub manager: Arc<BoxManager>,
+    /// Who may log in.
+    pub keys: AuthorizedKeys,
+}
+
+/// One connection's state.
+pub struct ConnHandler {
+    shared: Arc<Shared>,
+    peer: Option<SocketAddr>,
+    login: Option<(AccountId, String)>,
+    /// Held until authentication succeeds, bounding unauthenticated connections.
+    slot: Option<UnauthSlot>,
+    authenticated: Arc<AtomicBool>,
+}
+
+impl ConnHandler {
+    /// A handler for a new connection from `peer`.
+    pub fn new(shared: Arc<Shared>, peer: Option<SocketAddr>, slot: UnauthSlot, authenticated: Arc<AtomicBool>) -> Self {
+        Self { shared, peer, login: None, slot: Some(slot), authenticated }
+    }
+
+    fn ctx(&self, session: &Session) -> Option<ChannelCtx> {
+        let (account, user) = self.login.clone()?;
+        Some(ChannelCtx { manager: Arc::clone(&self.shared.manager), account, user, handle: session.handle() })
+    }
+}
+
+impl russh::server::Handler for ConnHandler {
+    type Error = russh::Error;
+
+    async fn auth_publickey_offered(&mut self, _user: &str, offer: PublicKeyOffer<'_>) -> Result<Auth, Self::Error> {
+        // Refuse unknown keys before the client bothers to sign with them.
+        Ok(match self.shared.keys.account_for(offer.public_key) {
+            Some(_) => Auth::Accept,
+            None => Auth::reject(),
+        })
+    }
+
+    async fn auth_publickey(&mut self, user: &str, key: VerifiedPublicKey<'_>) -> Result<Auth, Self::Error> {
+        match self.shared.keys.account_for(key.public_key) {
+            Some(account) => {
+                tracing::info!(peer = ?self.peer, %account, user, "authenticated");
+                self.login = Some((account, user.to_string()));
+                Ok(Auth::Accept)
+            }
+            None => {
+                tracing::info!(peer = ?self.peer, user, "rejected key");
+                Ok(Auth::reject())
+            }
+        }
+    }
+
+    async fn auth_succeeded(&mut self, _session: &mut Session) -> Result<(), Self::Error> {
+        self.authenticated.store(true, Ordering::Relaxed);
+        self.slot = None;
+        Ok(())
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(ctx) = self.ctx(session) else { return Ok(()) };
+        reply.accept().await;
+        tokio::spawn(boxchan::serve(channel, ctx));
+        Ok(())
+    }
+
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host_to_connect: &str,
+        port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: ChannelOpenHandle,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(ctx) = self.ctx(session) else { return Ok(()) };
+        tokio::spawn(forward::open(channel, reply, ctx, host_to_connect.to_string(), port_to_connect));
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! Splitting a control command line into words, as a POSIX shell would for the
+//! simple cases: whitespace separates, single and double quotes group, a
+//! backslash escapes the next character.
+
+/// Why a line could not be split.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unterminated quote in command")]
+pub struct UnterminatedQuote;
+
+/// Splits `line` into words.
+pub fn split(line: &str) -> Result<Vec<String>, UnterminatedQuote> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {
+                if let Some(w) = word.take() {
+                    words.push(w);
+                }
+            }
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => w.push(c),
+                        None => return Err(UnterminatedQuote),
+                    }
+                }
+            }
+            '"' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => w.push(chars.next().ok_or(UnterminatedQuote)?),
+                        Some(c) => w.push(c),
+                        None => return Err(UnterminatedQuote),
+                    }
+                }
+            }
+            '\\' => word.get_or_insert_with(String::new).push(chars.next().ok_or(UnterminatedQuote)?),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    Ok(words)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_like_a_shell() {
+        assert_eq!(split("new  web --image debian").unwrap(), ["new", "web", "--image", "debian"]);
+        assert_eq!(split("a 'b c' \"d e\" f\\ g ''").unwrap(), ["a", "b c", "d e", "f g", ""]);
+        assert_eq!(split("").unwrap(), Vec::<String>::new());
+        assert_eq!(split("'open"), Err(UnterminatedQuote));
+        assert_eq!(split("trail\\"), Err(UnterminatedQuote));
+    }
+}

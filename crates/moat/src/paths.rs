@@ -1,0 +1,37 @@
+//! Where things live by default, and finding the agent binary.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use moat_box::pool::Pool;
+
+/// The state directory unless told otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/moat";
+
+/// Size of the sparse pool image on hosts whose state dir is not on btrfs.
+pub const DEFAULT_POOL_SIZE: u64 = 256 << 30;
+
+/// Opens (formatting and mounting if needed) the storage pool under `state_dir`.
+pub fn open_pool(state_dir: &Path) -> Result<Pool> {
+    std::fs::create_dir_all(state_dir).with_context(|| format!("create {}", state_dir.display()))?;
+    Pool::open(state_dir, DEFAULT_POOL_SIZE).context("open the storage pool")
+}
+
+/// The static moat-agent binary: `$MOAT_AGENT`, or beside this executable, or in
+/// `../lib/moat/` from it.
+pub fn find_agent(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(path) = explicit {
+        return Ok(path.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os("MOAT_AGENT") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("find this executable")?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    for candidate in [dir.join("moat-agent"), dir.join("../lib/moat/moat-agent")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!("cannot find moat-agent next to {} (set MOAT_AGENT or --agent)", exe.display())
+}

@@ -1,0 +1,77 @@
+//! `moat serve`: the daemon.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use moat_box::ns::{NsBackend, NsConfig};
+use moat_box::AnyBackend;
+use moat_core::{BoxManager, Store};
+use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
+use moat_sshd::ServerConfig;
+
+use crate::paths;
+
+/// Flags of `moat serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:2222")]
+    listen: SocketAddr,
+    /// State directory: database, storage pool, host key.
+    #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// OpenSSH authorized_keys file; each key is an account [default: ~/.ssh/authorized_keys].
+    #[arg(long)]
+    authorized_keys: Option<PathBuf>,
+    /// The static moat-agent binary [default: beside this executable].
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Seconds a client has to authenticate.
+    #[arg(long, default_value_t = 30)]
+    auth_timeout: u64,
+    /// Seconds of silence after which a connection is closed.
+    #[arg(long, default_value_t = 3600)]
+    idle_timeout: u64,
+}
+
+/// Runs the daemon until killed.
+pub fn run(args: ServeArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Runtime::new().context("start the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let state_dir = args.state_dir;
+    let pool = paths::open_pool(&state_dir)?;
+    let agent = paths::find_agent(args.agent.as_deref())?;
+    let helper = std::env::current_exe().context("find this executable")?;
+    let backend = NsBackend::new(pool, NsConfig { run_dir: state_dir.join("run"), helper, agent })?;
+    let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
+    let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)));
+    manager.recover().await.context("recover boxes")?;
+
+    let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;
+    let keys_path = match args.authorized_keys {
+        Some(path) => path,
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".ssh/authorized_keys"),
+    };
+    let mut config = ServerConfig::new(host_key, AuthorizedKeys::new(keys_path.clone()));
+    config.auth_timeout = Duration::from_secs(args.auth_timeout);
+    config.idle_timeout = Duration::from_secs(args.idle_timeout);
+
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, state_dir = %state_dir.display(), authorized_keys = %keys_path.display(), "moat serving");
+    // One machine-readable line on stdout, for scripts that asked for port 0.
+    println!("listening on {addr}");
+    moat_sshd::serve(listener, config, manager).await?;
+    Ok(())
+}
