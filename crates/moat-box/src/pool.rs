@@ -79,7 +79,9 @@ impl Pool {
             if !image.exists() {
                 format_image(&image, loop_size)?;
             }
-            run(Command::new("mount").args(["-o", "loop,nosuid,nodev"]).arg(&image).arg(&root), "mount")?;
+            // Not nodev: debootstrap makes device nodes while building an image. Box
+            // roots get nodev and nosuid on their own idmapped mounts.
+            run(Command::new("mount").args(["-o", "loop,nosuid"]).arg(&image).arg(&root), "mount")?;
             PoolKind::Loop { image }
         };
         let pool = Self { root, kind };
@@ -161,5 +163,16 @@ pub(crate) fn run(cmd: &mut Command, tool: &'static str) -> Result<(), PoolError
         Ok(())
     } else {
         Err(PoolError::Tool { tool, stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() })
+    }
+}
+
+impl Pool {
+    /// Unmounts a loop-backed pool (the loop device goes with the last user).
+    /// Boxes must be stopped first: each holds a reference to the filesystem.
+    pub fn unmount(self) -> Result<(), PoolError> {
+        match self.kind {
+            PoolKind::Native => Ok(()),
+            PoolKind::Loop { .. } => run(Command::new("umount").arg(&self.root), "umount"),
+        }
     }
 }

@@ -104,6 +104,8 @@ pub fn subvolume_delete(parent: &Path, name: &str) -> io::Result<()> {
 }
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
+const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
 
@@ -131,9 +133,10 @@ pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
 }
 
 /// Makes the detached mount `tree` show file owners through the id mapping of
-/// user namespace `userns` (an idmapped mount).
+/// user namespace `userns` (an idmapped mount), and ignore device nodes and
+/// setuid bits.
 pub fn mount_set_idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
-    let attr = MountAttr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
+    let attr = MountAttr { attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
     // SAFETY: `attr` is initialised and its size is passed; the empty path with
     // AT_EMPTY_PATH makes the call act on `tree` itself.
     let rc = unsafe {

@@ -42,7 +42,7 @@ impl BoxState {
 
 impl fmt::Display for BoxState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 

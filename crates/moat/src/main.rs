@@ -2,6 +2,7 @@
 
 mod doctor;
 mod paths;
+mod purge;
 mod serve;
 
 use std::path::PathBuf;
@@ -27,6 +28,12 @@ enum Cmd {
     },
     /// Check that this host can run boxes, and say how.
     Doctor {
+        /// State directory.
+        #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+    },
+    /// Stop and delete every box, unmount the pool, remove the state directory.
+    Purge {
         /// State directory.
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
@@ -68,6 +75,7 @@ fn main() {
         Cmd::Serve(args) => serve::run(args),
         Cmd::Image { command } => image(command),
         Cmd::Doctor { state_dir } => doctor::run(&state_dir),
+        Cmd::Purge { state_dir } => purge::run(&state_dir),
     };
     if let Err(e) = result {
         eprintln!("moat: {e:#}");

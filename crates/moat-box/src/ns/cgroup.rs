@@ -89,7 +89,8 @@ impl CgroupLayout {
     /// Creates the box's cgroups with its limits.
     pub fn create(&self, id: &BoxId, limits: &Limits) -> Result<(), CgroupError> {
         for dir in self.dirs(id) {
-            mkdir(&dir)?;
+            // The parent may have been removed by `remove_parents` since `detect`.
+            fs::create_dir_all(&dir).map_err(|source| CgroupError { path: dir.clone(), source })?;
         }
         let quota = u64::from(limits.cpus) * CPU_PERIOD_US;
         match self {
@@ -123,6 +124,18 @@ impl CgroupLayout {
             }
         }
         Ok(())
+    }
+
+    /// Removes moat's parent cgroups if no box uses them any more.
+    pub fn remove_parents(&self) {
+        let parents = match self {
+            Self::V2 { parent } => std::slice::from_ref(parent),
+            Self::V1 { parents } => parents.as_slice(),
+        };
+        for parent in parents {
+            // Fails (EBUSY) while another daemon's boxes live there; that is fine.
+            let _ = fs::remove_dir(parent);
+        }
     }
 
     /// The host pids in the box's cgroup.

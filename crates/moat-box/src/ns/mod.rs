@@ -54,6 +54,11 @@ impl NsBackend {
         &self.pool
     }
 
+    /// Gives the pool back, e.g. to unmount it.
+    pub fn into_pool(self) -> Pool {
+        self.pool
+    }
+
     /// The cgroup layout in use.
     pub fn cgroups(&self) -> &CgroupLayout {
         &self.cgroups

@@ -1,0 +1,36 @@
+//! `moat purge`: stop every box, delete it, unmount the pool and remove the
+//! state directory. For uninstalling, and for tests that must leave nothing.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use moat_box::ns::{NsBackend, NsConfig};
+use moat_core::{Backend, Store};
+
+use crate::paths;
+
+/// Removes everything under `state_dir`; the daemon must not be running.
+pub fn run(state_dir: &Path) -> Result<()> {
+    if !state_dir.exists() {
+        return Ok(());
+    }
+    let pool = paths::open_pool(state_dir)?;
+    let backend = Arc::new(NsBackend::new(
+        pool,
+        NsConfig { run_dir: state_dir.join("run"), helper: "/nonexistent".into(), agent: "/nonexistent".into() },
+    )?);
+    let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
+    for rec in store.list(None)? {
+        eprintln!("removing box {} ({})", rec.name, rec.id);
+        backend.destroy(&rec).with_context(|| format!("remove box {}", rec.name))?;
+        store.delete(&rec.id)?;
+    }
+    drop(store);
+    let backend = Arc::into_inner(backend).context("backend still shared")?;
+    backend.cgroups().remove_parents();
+    let pool = backend.into_pool();
+    pool.unmount()?;
+    std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;
+    Ok(())
+}

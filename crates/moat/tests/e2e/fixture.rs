@@ -1,0 +1,173 @@
+//! The test daemon, keys and ssh helpers.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Where the test run keeps its files.
+pub fn scratch_root() -> PathBuf {
+    PathBuf::from(format!("/tmp/moat-e2e-{}", std::process::id()))
+}
+
+/// The moat binary under test.
+pub fn moat_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_moat"))
+}
+
+/// The static agent (built by scripts/test.sh).
+pub fn agent_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("MOAT_AGENT") {
+        return p.into();
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    workspace.join("target/agent/release/moat-agent")
+}
+
+/// An SSH identity.
+pub struct Key {
+    pub path: PathBuf,
+    pub public: String,
+}
+
+impl Key {
+    pub fn generate(dir: &Path, name: &str) -> Key {
+        let path = dir.join(name);
+        let status = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+            .arg(&path)
+            .status()
+            .expect("run ssh-keygen");
+        assert!(status.success());
+        let public = std::fs::read_to_string(path.with_extension("pub")).expect("read public key");
+        Key { path, public }
+    }
+}
+
+/// A running `moat serve`.
+pub struct Daemon {
+    pub state_dir: PathBuf,
+    pub keys_file: PathBuf,
+    pub port: u16,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl Daemon {
+    /// Starts a daemon on a free port.
+    pub fn start(state_dir: PathBuf, keys_file: PathBuf, extra: &[&str]) -> Daemon {
+        let mut d = Daemon { state_dir, keys_file, port: 0, child: None, extra: extra.iter().map(|s| s.to_string()).collect() };
+        d.restart();
+        d
+    }
+
+    /// (Re)starts the process on a new free port, with the same state.
+    pub fn restart(&mut self) {
+        self.kill();
+        let log = std::fs::File::create(self.state_dir.with_extension("log")).expect("daemon log");
+        let mut child = Command::new(moat_bin())
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(&self.state_dir)
+            .arg("--authorized-keys")
+            .arg(&self.keys_file)
+            .args(&self.extra)
+            .env("MOAT_AGENT", agent_bin())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start moat serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read listen line");
+        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| {
+            let log = std::fs::read_to_string(self.state_dir.with_extension("log")).unwrap_or_default();
+            panic!("daemon did not start: {line:?}\n{log}")
+        });
+        self.port = addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+        self.child = Some(child);
+    }
+
+    /// Kills the process (boxes keep running).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the process and removes every box and all state.
+    pub fn purge(&mut self) {
+        self.kill();
+        let out = Command::new(moat_bin()).arg("purge").arg("--state-dir").arg(&self.state_dir).output().expect("purge");
+        assert!(out.status.success(), "purge failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The common ssh options for this daemon.
+    pub fn ssh_opts(&self, key: &Key) -> Vec<String> {
+        let mut v: Vec<String> = [
+            "-F", "/dev/null", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
+            "-o", "ConnectTimeout=20",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.push("-i".into());
+        v.push(key.path.display().to_string());
+        v
+    }
+
+    /// `ssh -p PORT [user@]127.0.0.1 ARGS...`
+    pub fn ssh(&self, key: &Key, user: Option<&str>, args: &[&str]) -> Command {
+        let mut cmd = Command::new("timeout");
+        cmd.arg("300").arg("ssh").args(self.ssh_opts(key)).arg("-p").arg(self.port.to_string());
+        cmd.arg(match user {
+            Some(u) => format!("{u}@127.0.0.1"),
+            None => "127.0.0.1".into(),
+        });
+        cmd.args(args);
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What a command printed, with its status.
+pub struct Ran {
+    pub status: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Ran {
+    fn from(o: Output) -> Ran {
+        Ran {
+            status: o.status.code(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Ran {
+    #[track_caller]
+    pub fn ok(self) -> Ran {
+        assert_eq!(self.status, Some(0), "command failed\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        self
+    }
+}
+
+pub fn run(cmd: &mut Command) -> Ran {
+    cmd.output().expect("spawn").into()
+}
+
+/// A fresh box name, unique within the test run.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed))
+}

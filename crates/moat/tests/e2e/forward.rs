@@ -1,0 +1,83 @@
+//! Port forwarding: -L into the box works; everything else is refused.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::fixture::{run, unique};
+use crate::Env;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn curl(port: u16) -> crate::fixture::Ran {
+    run(Command::new("curl").args(["-s", "-m", "5", &format!("http://127.0.0.1:{port}/")]))
+}
+
+/// Runs `ssh -N -L ...` in the background until dropped.
+struct Tunnel(std::process::Child);
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tunnel(env: &Env, name: &str, spec: &str) -> Tunnel {
+    let mut cmd = env.daemon.ssh(&env.alice, Some(name), &[]);
+    cmd.args(["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec]).stdout(Stdio::null()).stderr(Stdio::null());
+    Tunnel(cmd.spawn().unwrap())
+}
+
+pub fn local_reaches_box_server(env: &Env) {
+    let name = unique("fwd");
+    env.new_box(&name, &[]);
+    env.alice(
+        Some(&name),
+        &["mkdir -p /srv/www && echo hello-from-box > /srv/www/index.html && cd /srv/www && nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"],
+    )
+    .ok();
+    let port = free_port();
+    let _t = tunnel(env, &name, &format!("{port}:localhost:8000"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = curl(port);
+        if out.stdout == "hello-from-box\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no answer through the tunnel: {:?} {}", out.status, out.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+pub fn outside_targets_and_other_forwards_refused(env: &Env) {
+    let name = unique("nofwd");
+    env.new_box(&name, &["--image", "busybox"]);
+    // A forward to anything but the box's loopback is refused by the server
+    // before any connection is attempted (the name does not even resolve).
+    let port = free_port();
+    let _t = tunnel(env, &name, &format!("{port}:example.invalid:80"));
+    std::thread::sleep(Duration::from_millis(800));
+    assert_ne!(curl(port).status, Some(0));
+    // Remote forwarding (-R) is refused.
+    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["true"]);
+    cmd.args(["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9"]);
+    let out = run(&mut cmd);
+    assert_eq!(out.status, Some(255), "{}", out.stderr);
+    assert!(out.stderr.contains("forwarding failed"), "{}", out.stderr);
+    // Agent forwarding: the box gets no agent socket.
+    let agent_dir = env.dir.join(format!("{name}-agent"));
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    let mut cmd = Command::new("ssh-agent");
+    cmd.arg("-a").arg(agent_dir.join("sock")).arg("timeout").arg("120").arg("ssh").args(env.daemon.ssh_opts(&env.alice));
+    cmd.args(["-A", "-p", &env.daemon.port.to_string(), &format!("{name}@127.0.0.1"), "echo \"[$SSH_AUTH_SOCK]\""]);
+    let out = run(&mut cmd).ok();
+    assert_eq!(out.stdout, "[]\n");
+    // X11 forwarding: no DISPLAY in the box.
+    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["echo \"[$DISPLAY]\""]);
+    cmd.arg("-X").env("DISPLAY", ":0");
+    let out = run(&mut cmd).ok();
+    assert_eq!(out.stdout, "[]\n");
+}

@@ -1,0 +1,105 @@
+//! The front door: keys are accounts, only public keys, and a flood of
+//! unauthenticated connections cannot lock a real user out.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::fixture::{run, unique, Daemon, Key};
+use crate::Env;
+
+pub fn keys_are_accounts(env: &Env) {
+    let name = unique("mine");
+    env.new_box(&name, &["--image", "busybox"]);
+    let bob = |user: Option<&str>, args: &[&str]| run(&mut env.daemon.ssh(&env.bob, user, args));
+    // Bob does not see alice's box...
+    let listed = bob(None, &["ls", "--json"]).ok().stdout;
+    assert!(!listed.contains(&name), "{listed}");
+    // ...and every way of touching it answers as for a box that does not exist.
+    let missing = "no-such-box-at-all";
+    for args in [vec!["info"], vec!["rm"], vec!["info", "--json"]] {
+        let with = |n: &str| {
+            let mut a = vec![args[0], n];
+            a.extend_from_slice(&args[1..]);
+            let out = bob(None, &a);
+            (out.status, out.stderr.replace(n, "NAME"), out.stdout)
+        };
+        assert_eq!(with(&name), with(missing), "{args:?}");
+    }
+    let as_user = |n: &str| {
+        let out = bob(Some(n), &["cat /etc/hostname"]);
+        (out.status, out.stderr.replace(n, "NAME"), out.stdout)
+    };
+    assert_eq!(as_user(&name), as_user(missing));
+    // Bob can have a box by the same name; it is a different box.
+    bob(None, &["new", &name, "--image", "busybox"]).ok();
+    bob(Some(&name), &["touch /bob-was-here"]).ok();
+    let out = env.alice(Some(&name), &["test -e /bob-was-here && echo shared || echo separate"]).ok();
+    assert_eq!(out.stdout, "separate\n");
+    bob(None, &["rm", &name]).ok();
+    env.alice(Some(&name), &["true"]).ok();
+}
+
+pub fn only_public_keys(env: &Env) {
+    // A key that is not in authorized_keys.
+    let carol = Key::generate(&env.dir, "carol");
+    let out = run(&mut env.daemon.ssh(&carol, None, &["ls"]));
+    assert_eq!(out.status, Some(255));
+    assert!(out.stderr.contains("Permission denied"), "{}", out.stderr);
+    // Password and keyboard-interactive are not offered at all.
+    let mut cmd = env.daemon.ssh(&env.alice, None, &["ls"]);
+    cmd.args(["-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive"]);
+    let out = run(&mut cmd);
+    assert_eq!(out.status, Some(255));
+    assert!(out.stderr.contains("Permission denied (publickey)"), "{}", out.stderr);
+}
+
+pub fn unauthenticated_flood_does_not_lock_out(env: &Env) {
+    let state = env.dir.join("hygiene-state");
+    let daemon = Daemon::start(state, env.daemon.keys_file.clone(), &["--auth-timeout", "2"]);
+    let target: SocketAddr = format!("127.0.0.1:{}", daemon.port).parse().unwrap();
+    // 80 silent connections from one source: far past the per-source limit.
+    let flood: Vec<TcpStream> = (0..80).filter_map(|_| connect_from("127.0.0.2", target)).collect();
+    assert_eq!(flood.len(), 80);
+    // A real user from a third address still gets in, at once.
+    let started = Instant::now();
+    let mut cmd = daemon.ssh(&env.alice, None, &["help"]);
+    cmd.args(["-o", "BindAddress=127.0.0.3"]);
+    run(&mut cmd).ok();
+    // And one from the flooding address itself, once the flood has timed out.
+    std::thread::sleep(Duration::from_secs(3));
+    let mut cmd = daemon.ssh(&env.alice, None, &["help"]);
+    cmd.args(["-o", "BindAddress=127.0.0.2"]);
+    run(&mut cmd).ok();
+    assert!(started.elapsed() < Duration::from_secs(15));
+    // The silent connections are cut after the authentication timeout.
+    let mut cut = 0;
+    for mut conn in flood.into_iter().take(20) {
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 256];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => {
+                    cut += 1;
+                    break;
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+    assert_eq!(cut, 20, "silent connections were not closed");
+    let mut daemon = daemon;
+    daemon.purge();
+}
+
+/// A TCP connection to `target` from source address `from`.
+fn connect_from(from: &str, target: SocketAddr) -> Option<TcpStream> {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).ok()?;
+    let src: std::net::SocketAddrV4 = format!("{from}:0").parse().ok()?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(src)).ok()?;
+    let SocketAddr::V4(dst) = target else { return None };
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(dst)).ok()?;
+    Some(TcpStream::from(fd))
+}
