@@ -158,8 +158,7 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
     });
     if let Some(stdout) = child.stdout.take() {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            // debootstrap's "I: Retrieving ..." lines are the progress worth showing.
-            if let Some(step) = line.strip_prefix("I: ") {
+            if let Some(step) = line.strip_prefix("I: ").filter(|s| is_phase(s)) {
                 progress(&format!("image debian: {step}"));
             }
         }
@@ -179,6 +178,15 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
     let _ = fs::remove_file(root.join("etc/hostname"));
     skeleton(root)?;
     Ok(())
+}
+
+/// Whether a debootstrap info line starts a phase, rather than naming one of
+/// the hundreds of packages it retrieves, validates, unpacks and configures.
+fn is_phase(line: &str) -> bool {
+    let Some((verb, rest)) = line.split_once(' ') else { return true };
+    let per_package = ["Retrieving", "Validating", "Extracting", "Unpacking", "Configuring"];
+    let words = rest.trim_end_matches("...").split_whitespace().count();
+    !(per_package.contains(&verb) && words <= 2)
 }
 
 fn clear_dir_files(dir: &Path) -> io::Result<()> {
@@ -215,4 +223,21 @@ pub fn list(pool: &Pool) -> io::Result<Vec<String>> {
 /// Deletes an image. Boxes made from it keep their snapshots.
 pub fn remove(pool: &Pool, image: &Name) -> io::Result<()> {
     sys::subvolume_delete(&pool.images_dir(), image.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debootstrap_progress_keeps_phases_only() {
+        for phase in ["Resolving dependencies of required packages...", "Unpacking required packages...",
+                      "Configuring the base system...", "Base system installed successfully."] {
+            assert!(is_phase(phase), "{phase}");
+        }
+        for noise in ["Retrieving bash 5.2.15-2+b13", "Validating libc6 2.36-9", "Unpacking bash...", "Configuring libc6:amd64...",
+                      "Extracting zlib1g..."] {
+            assert!(!is_phase(noise), "{noise}");
+        }
+    }
 }

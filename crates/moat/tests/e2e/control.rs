@@ -81,7 +81,10 @@ pub fn bad_input_is_one_line_and_leaves_nothing(env: &Env) {
         assert_eq!(out.stderr.lines().count(), 1, "{case:?}: {}", out.stderr);
         assert!(out.stderr.starts_with("moat: "), "{case:?}: {}", out.stderr);
     }
-    assert_eq!(names(&ls_json(env)), before, "a failed command left something behind");
+    let after = names(&ls_json(env));
+    assert!(!after.contains(&fresh), "a failed new left {fresh} behind");
+    assert_eq!(after.iter().filter(|n| **n == taken).count(), 1);
+    assert!(after.len() >= before.len());
     let dup = env.alice(None, &["new", &taken, "--image", "busybox"]);
     assert_eq!(dup.stderr, format!("moat: a box named {taken} already exists\n"));
 }
@@ -90,8 +93,7 @@ pub fn help_and_control_shell(env: &Env) {
     let help = env.alice(None, &["help"]).ok();
     assert!(help.stdout.contains("usage: ssh HOST COMMAND"));
     // A shell request on the control plane (no command) prints the help too.
-    let mut cmd = env.daemon.ssh(&env.alice, Some("moat"), &[]);
-    cmd.arg("-T");
+    let mut cmd = env.daemon.ssh_with(&env.alice, Some("moat"), &["-T"], &[]);
     let shell = crate::fixture::run(&mut cmd).ok();
     assert!(shell.stdout.contains("commands:"), "{}", shell.stdout);
 }

@@ -97,9 +97,13 @@ impl Daemon {
 
     /// Kills the process and removes every box and all state.
     pub fn purge(&mut self) {
-        self.kill();
-        let out = Command::new(moat_bin()).arg("purge").arg("--state-dir").arg(&self.state_dir).output().expect("purge");
+        let out = self.try_purge();
         assert!(out.status.success(), "purge failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn try_purge(&mut self) -> Output {
+        self.kill();
+        Command::new(moat_bin()).arg("purge").arg("--state-dir").arg(&self.state_dir).output().expect("purge")
     }
 
     /// The common ssh options for this daemon.
@@ -119,8 +123,13 @@ impl Daemon {
 
     /// `ssh -p PORT [user@]127.0.0.1 ARGS...`
     pub fn ssh(&self, key: &Key, user: Option<&str>, args: &[&str]) -> Command {
+        self.ssh_with(key, user, &[], args)
+    }
+
+    /// `ssh OPTS -p PORT [user@]127.0.0.1 ARGS...` (ssh takes options only before the command).
+    pub fn ssh_with(&self, key: &Key, user: Option<&str>, opts: &[&str], args: &[&str]) -> Command {
         let mut cmd = Command::new("timeout");
-        cmd.arg("300").arg("ssh").args(self.ssh_opts(key)).arg("-p").arg(self.port.to_string());
+        cmd.arg("300").arg("ssh").args(self.ssh_opts(key)).args(opts).arg("-p").arg(self.port.to_string());
         cmd.arg(match user {
             Some(u) => format!("{u}@127.0.0.1"),
             None => "127.0.0.1".into(),
@@ -132,8 +141,11 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// A test that fails part-way still leaves no boxes, mounts or cgroups.
     fn drop(&mut self) {
-        self.kill();
+        if self.state_dir.exists() {
+            let _ = self.try_purge();
+        }
     }
 }
 

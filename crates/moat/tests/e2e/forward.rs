@@ -26,8 +26,8 @@ impl Drop for Tunnel {
 }
 
 fn tunnel(env: &Env, name: &str, spec: &str) -> Tunnel {
-    let mut cmd = env.daemon.ssh(&env.alice, Some(name), &[]);
-    cmd.args(["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec]).stdout(Stdio::null()).stderr(Stdio::null());
+    let mut cmd = env.daemon.ssh_with(&env.alice, Some(name), &["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec], &[]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
     Tunnel(cmd.spawn().unwrap())
 }
 
@@ -62,8 +62,8 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
     std::thread::sleep(Duration::from_millis(800));
     assert_ne!(curl(port).status, Some(0));
     // Remote forwarding (-R) is refused.
-    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["true"]);
-    cmd.args(["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9"]);
+    let mut cmd =
+        env.daemon.ssh_with(&env.alice, Some(&name), &["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9"], &["true"]);
     let out = run(&mut cmd);
     assert_eq!(out.status, Some(255), "{}", out.stderr);
     assert!(out.stderr.contains("forwarding failed"), "{}", out.stderr);
@@ -76,8 +76,8 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
     let out = run(&mut cmd).ok();
     assert_eq!(out.stdout, "[]\n");
     // X11 forwarding: no DISPLAY in the box.
-    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["echo \"[$DISPLAY]\""]);
-    cmd.arg("-X").env("DISPLAY", ":0");
+    let mut cmd = env.daemon.ssh_with(&env.alice, Some(&name), &["-X"], &["echo \"[$DISPLAY]\""]);
+    cmd.env("DISPLAY", ":0");
     let out = run(&mut cmd).ok();
     assert_eq!(out.stdout, "[]\n");
 }

@@ -47,8 +47,8 @@ pub fn only_public_keys(env: &Env) {
     assert_eq!(out.status, Some(255));
     assert!(out.stderr.contains("Permission denied"), "{}", out.stderr);
     // Password and keyboard-interactive are not offered at all.
-    let mut cmd = env.daemon.ssh(&env.alice, None, &["ls"]);
-    cmd.args(["-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive"]);
+    let opts = ["-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive"];
+    let mut cmd = env.daemon.ssh_with(&env.alice, None, &opts, &["ls"]);
     let out = run(&mut cmd);
     assert_eq!(out.status, Some(255));
     assert!(out.stderr.contains("Permission denied (publickey)"), "{}", out.stderr);
@@ -63,13 +63,11 @@ pub fn unauthenticated_flood_does_not_lock_out(env: &Env) {
     assert_eq!(flood.len(), 80);
     // A real user from a third address still gets in, at once.
     let started = Instant::now();
-    let mut cmd = daemon.ssh(&env.alice, None, &["help"]);
-    cmd.args(["-o", "BindAddress=127.0.0.3"]);
+    let mut cmd = daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.3"], &["help"]);
     run(&mut cmd).ok();
     // And one from the flooding address itself, once the flood has timed out.
     std::thread::sleep(Duration::from_secs(3));
-    let mut cmd = daemon.ssh(&env.alice, None, &["help"]);
-    cmd.args(["-o", "BindAddress=127.0.0.2"]);
+    let mut cmd = daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.2"], &["help"]);
     run(&mut cmd).ok();
     assert!(started.elapsed() < Duration::from_secs(15));
     // The silent connections are cut after the authentication timeout.

@@ -42,9 +42,8 @@ pub fn shell_resize_and_ctrl_c(env: &Env) {
     let pty = nix::pty::openpty(None, None).unwrap();
     tcsetwinsize(&pty.master, size(24, 80)).unwrap();
     let slave = File::from(pty.slave);
-    let mut ssh = env.daemon.ssh(&env.alice, Some(&name), &[]);
-    ssh.arg("-tt")
-        .stdin(Stdio::from(slave.try_clone().unwrap()))
+    let mut ssh = env.daemon.ssh_with(&env.alice, Some(&name), &["-tt"], &[]);
+    ssh.stdin(Stdio::from(slave.try_clone().unwrap()))
         .stdout(Stdio::from(slave.try_clone().unwrap()))
         .stderr(Stdio::from(slave));
     let mut child = ssh.spawn().unwrap();

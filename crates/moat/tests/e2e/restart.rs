@@ -12,7 +12,7 @@ pub fn restart_loses_nothing(env: &Env) {
 
     daemon.restart();
     assert_eq!(ssh(&daemon, None, &["ls", "--json"]).ok().stdout, before);
-    let out = ssh(&daemon, Some("keeper"), &["cat /root/data; pgrep -x sleep >/dev/null && echo still-running"]).ok();
+    let out = ssh(&daemon, Some("keeper"), &["cat /root/data; ps | grep -q '[s]leep 1000' && echo still-running"]).ok();
     assert_eq!(out.stdout, "precious\nstill-running\n");
 
     // A box whose processes died while the daemon was down boots on the next session.
