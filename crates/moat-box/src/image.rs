@@ -185,8 +185,14 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
 fn is_phase(line: &str) -> bool {
     let Some((verb, rest)) = line.split_once(' ') else { return true };
     let per_package = ["Retrieving", "Validating", "Extracting", "Unpacking", "Configuring"];
-    let words = rest.trim_end_matches("...").split_whitespace().count();
-    !(per_package.contains(&verb) && words <= 2)
+    let words: Vec<&str> = rest.trim_end_matches("...").split_whitespace().collect();
+    // "bash..." or "bash 5.2.15-2": a package, and maybe its version.
+    let names_package = match words.as_slice() {
+        [_] => true,
+        [_, version] => version.bytes().any(|b| b.is_ascii_digit()),
+        _ => false,
+    };
+    !(per_package.contains(&verb) && names_package)
 }
 
 fn clear_dir_files(dir: &Path) -> io::Result<()> {
