@@ -21,7 +21,7 @@ pub fn agent_bin() -> PathBuf {
         return p.into();
     }
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    workspace.join("target/agent/release/moat-agent")
+    workspace.join("target/agent/debug/moat-agent")
 }
 
 /// An SSH identity.

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages moat needs to build, run and test. Idempotent.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+packages=(
+  build-essential pkg-config      # the Rust build's C parts (bundled SQLite)
+  btrfs-progs util-linux          # the storage pool: mkfs.btrfs, mount, losetup
+  debootstrap busybox-static      # the debian and busybox images
+  openssh-client                  # ssh-keygen for the host key; ssh, scp, sftp in tests
+  openssh-server                  # the benchmark's peer (sshd is not started as a service)
+  rsync curl ca-certificates procps coreutils
+  bubblewrap                      # the benchmark's peer
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}"
+  apt-get update -qq
+  # Do not let the openssh-server package start an sshd on port 22 (and leave
+  # any policy the machine already has alone).
+  own_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+fi
