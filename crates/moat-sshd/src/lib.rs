@@ -12,6 +12,7 @@ pub mod boxchan;
 pub mod control;
 pub mod forward;
 pub mod handler;
+mod quickack;
 pub mod server;
 pub mod words;
 

@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::AuthorizedKeys;
 use crate::handler::{ConnHandler, Shared};
+use crate::quickack::QuickAck;
 
 /// Front door settings.
 pub struct ServerConfig {
@@ -114,6 +115,7 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
         let auth_timeout = config.auth_timeout;
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
+            let stream = QuickAck::new(stream);
             // The version exchange happens here; a client that stalls in it times out too.
             let session = match tokio::time::timeout(auth_timeout, russh::server::run_stream(russh_config, stream, handler)).await {
                 Ok(Ok(session)) => session,

@@ -1,5 +1,6 @@
 //! `moat`: the operator's one binary.
 
+mod bench;
 mod doctor;
 mod paths;
 mod purge;
@@ -32,6 +33,8 @@ enum Cmd {
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
+    /// Measure box and SSH latency next to bubblewrap and OpenSSH; prints a table.
+    Bench(bench::BenchArgs),
     /// Stop and delete every box, unmount the pool, remove the state directory.
     Purge {
         /// State directory.
@@ -76,6 +79,7 @@ fn main() {
         Cmd::Image { command } => image(command),
         Cmd::Doctor { state_dir } => doctor::run(&state_dir),
         Cmd::Purge { state_dir } => purge::run(&state_dir),
+        Cmd::Bench(args) => bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("moat: {e:#}");

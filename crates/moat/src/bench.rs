@@ -1,0 +1,254 @@
+//! `moat bench`: box and SSH latency, each next to a named peer measured in the
+//! same run on the same machine, printed as a table with ratios.
+//!
+//! - create a box and run `true` in it, against `bwrap --unshare-all --ro-bind / / true`
+//!   and `unshare` making the same namespaces;
+//! - `ssh NAME@HOST true` over loopback (a new connection each time), against
+//!   OpenSSH's own sshd running `true` on loopback with the same client.
+//!
+//! Timings are reported, never asserted: this is not a test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use moat_agent::client::{send, AgentReader};
+use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg};
+use moat_box::ns::{NsBackend, NsConfig};
+use moat_box::AnyBackend;
+use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, Name, Store};
+use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
+use moat_sshd::ServerConfig;
+
+use crate::paths;
+
+/// Flags of `moat bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Runs per measurement.
+    #[arg(long, default_value_t = 40)]
+    iterations: usize,
+    /// Scratch state directory; removed afterwards.
+    #[arg(long, default_value = "/var/tmp/moat-bench")]
+    state_dir: PathBuf,
+    /// The static moat-agent binary [default: as `moat serve` finds it].
+    #[arg(long)]
+    agent: Option<PathBuf>,
+}
+
+/// Sorted samples of one measurement.
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn collect(n: usize, mut f: impl FnMut() -> Result<Duration>) -> Result<Self> {
+        let mut v = (0..n).map(|_| f()).collect::<Result<Vec<_>>>()?;
+        v.sort();
+        Ok(Self(v))
+    }
+    fn pct(&self, p: usize) -> Duration {
+        let i = (self.0.len() * p / 100).min(self.0.len().saturating_sub(1));
+        self.0.get(i).copied().unwrap_or_default()
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn time_command(cmd: &mut Command) -> Result<Duration> {
+    let t = Instant::now();
+    let status = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+    let took = t.elapsed();
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(took)
+}
+
+/// Runs the benchmark and prints the table.
+pub fn run(args: BenchArgs) -> Result<()> {
+    let _ = crate::purge::run(&args.state_dir);
+    let result = tokio::runtime::Runtime::new()?.block_on(bench(&args));
+    crate::purge::run(&args.state_dir).context("clean up the bench state")?;
+    result
+}
+
+async fn bench(args: &BenchArgs) -> Result<()> {
+    let n = args.iterations;
+    let dir = &args.state_dir;
+    let pool = paths::open_pool(dir)?;
+    let busybox = Name::new("busybox")?;
+    if !pool.has_image(&busybox) {
+        moat_box::image::build(&pool, &busybox, &mut |_: &str| {})?;
+    }
+    let agent = paths::find_agent(args.agent.as_deref())?;
+    let helper = std::env::current_exe()?;
+    let backend = NsBackend::new(pool, NsConfig { run_dir: dir.join("run"), helper, agent })?;
+    let manager = BoxManager::new(Store::open(&dir.join("moat.db"))?, Arc::new(AnyBackend::Ns(backend)));
+    let account = AccountId("bench".into());
+    let spec = |name: &str| -> Result<BoxSpec> {
+        Ok(BoxSpec { name: Name::new(name)?, image: Name::new("busybox")?, limits: Limits::default() })
+    };
+
+    eprintln!("bench: create a box and run true, {n} times");
+    let mut create = Vec::new();
+    for i in 0..n {
+        let name = format!("b{i}");
+        let t = Instant::now();
+        manager.create(&account, spec(&name)?, Box::new(|_: &str| {})).await?;
+        let addr = manager.ensure_running(&account, &Name::new(&name)?).await?;
+        run_true(&addr).await?;
+        create.push(t.elapsed());
+        manager.remove(&account, &Name::new(&name)?).await?;
+    }
+    create.sort();
+    let create = Samples(create);
+
+    eprintln!("bench: bwrap and unshare, {n} times each");
+    let bwrap = Samples::collect(n, || time_command(Command::new("bwrap").args(["--unshare-all", "--ro-bind", "/", "/", "true"])))
+        .context("bwrap (apt-get install bubblewrap)")?;
+    let unshare = Samples::collect(n, || {
+        time_command(Command::new("unshare").args(["--user", "--map-root-user", "--mount", "--pid", "--fork", "--net", "--uts", "--ipc", "--cgroup", "true"]))
+    })?;
+
+    eprintln!("bench: ssh round trips, {n} times each");
+    let key = dir.join("client_key");
+    keygen(&key)?;
+    let keys_file = dir.join("authorized_keys");
+    std::fs::copy(key.with_extension("pub"), &keys_file)?;
+    let account = moat_sshd::auth::account_id(&russh::keys::PublicKey::read_openssh_file(&key.with_extension("pub"))?);
+    manager.create(&account, spec("rt")?, Box::new(|_: &str| {})).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let config = ServerConfig::new(load_or_create_host_key(&dir.join("host_key"))?, AuthorizedKeys::new(keys_file.clone()));
+    let server = tokio::spawn(moat_sshd::serve(listener, config, Arc::clone(&manager)));
+    let ours = tokio::task::spawn_blocking({
+        let key = key.clone();
+        move || Samples::collect(n, || time_command(&mut ssh(&key, port, "rt")))
+    })
+    .await??;
+    server.abort();
+
+    let sshd_port = free_port()?;
+    let user = BenchUser::create(dir)?;
+    let mut sshd = start_sshd(dir, &keys_file, sshd_port)?;
+    let theirs = tokio::task::spawn_blocking({
+        let key = key.clone();
+        move || Samples::collect(n, || time_command(&mut ssh(&key, sshd_port, BENCH_USER)))
+    })
+    .await?;
+    let _ = sshd.kill();
+    let _ = sshd.wait();
+    drop(user);
+    let theirs = theirs?;
+
+    let ratio = |a: &Samples, b: &Samples| a.pct(50).as_secs_f64() / b.pct(50).as_secs_f64();
+    println!("| measurement ({n} runs) | p50 | p95 | peer | peer p50 | peer p95 | ratio (p50) |");
+    println!("|---|---|---|---|---|---|---|");
+    let row = |what: &str, a: &Samples, peer: &str, b: &Samples| {
+        println!(
+            "| {what} | {} | {} | {peer} | {} | {} | {:.2}x |",
+            ms(a.pct(50)), ms(a.pct(95)), ms(b.pct(50)), ms(b.pct(95)), ratio(a, b)
+        )
+    };
+    row("create box + run `true`", &create, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
+    row("create box + run `true`", &create, "`unshare` (same namespaces) `true`", &unshare);
+    row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
+    Ok(())
+}
+
+async fn run_true(addr: &AgentAddr) -> Result<()> {
+    let AgentAddr::Unix(path) = addr;
+    let stream = tokio::net::UnixStream::connect(path).await?;
+    let (read, mut write) = stream.into_split();
+    let req = ExecRequest { command: Some(b"true".to_vec()), ..Default::default() };
+    send(&mut write, &HostMsg::Exec(req)).await?;
+    let mut reader = AgentReader::new(read);
+    loop {
+        match reader.recv().await? {
+            Some(AgentMsg::Exit(_)) => return Ok(()),
+            Some(AgentMsg::Error(e)) => bail!("exec failed: {e}"),
+            Some(_) => {}
+            None => bail!("agent hung up"),
+        }
+    }
+}
+
+fn keygen(path: &Path) -> Result<()> {
+    let status = Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(path).status()?;
+    if !status.success() {
+        bail!("ssh-keygen failed");
+    }
+    Ok(())
+}
+
+/// The same client, options and key exchange for both servers (russh does not
+/// offer OpenSSH's default post-quantum hybrid, which costs ~100 ms of CPU).
+fn ssh(key: &Path, port: u16, user: &str) -> Command {
+    let mut cmd = Command::new("ssh");
+    cmd.args(["-F", "/dev/null", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]);
+    cmd.args(["-o", "KexAlgorithms=curve25519-sha256", "-o", "Ciphers=chacha20-poly1305@openssh.com"]);
+    cmd.args(["-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-i"]).arg(key);
+    cmd.args(["-p", &port.to_string(), &format!("{user}@127.0.0.1"), "true"]);
+    cmd
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The account OpenSSH's sshd serves in the benchmark.
+const BENCH_USER: &str = "moat-bench";
+
+/// A throwaway host account with `/bin/sh` and no startup files, so that sshd's
+/// side runs `sh -c true` as a box does (root's shell may source a slow bashrc).
+struct BenchUser;
+
+impl BenchUser {
+    fn create(home: &Path) -> Result<Self> {
+        let _ = Command::new("userdel").arg(BENCH_USER).output();
+        let status = Command::new("useradd").args(["-M", "-s", "/bin/sh", "-d"]).arg(home).arg(BENCH_USER).status()?;
+        // "*": no password, but not a locked account (sshd refuses locked ones).
+        let unlock = Command::new("usermod").args(["-p", "*", BENCH_USER]).status()?;
+        if !status.success() || !unlock.success() {
+            bail!("cannot create the benchmark user {BENCH_USER}");
+        }
+        Ok(Self)
+    }
+}
+
+impl Drop for BenchUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(BENCH_USER).output();
+    }
+}
+
+/// OpenSSH's sshd on loopback, with its own host key and our client key.
+fn start_sshd(dir: &Path, keys_file: &Path, port: u16) -> Result<std::process::Child> {
+    let host_key = dir.join("sshd_host_key");
+    keygen(&host_key)?;
+    let config = dir.join("sshd_config");
+    std::fs::write(
+        &config,
+        format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPidFile none\nUsePAM no\n\
+             StrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n",
+            host_key.display(),
+            keys_file.display()
+        ),
+    )?;
+    std::fs::create_dir_all("/run/sshd")?;
+    let child = Command::new("/usr/sbin/sshd").arg("-D").arg("-f").arg(&config).stderr(Stdio::null()).spawn()
+        .context("start /usr/sbin/sshd (apt-get install openssh-server)")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!("sshd did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(child)
+}
