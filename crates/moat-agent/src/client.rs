@@ -15,7 +15,10 @@ pub struct AgentReader<R> {
 impl<R: AsyncRead + Unpin> AgentReader<R> {
     /// Wraps the read half of a connection.
     pub fn new(inner: R) -> Self {
-        Self { inner, buf: Vec::new() }
+        Self {
+            inner,
+            buf: Vec::new(),
+        }
     }
 
     /// The next message; `None` when the agent closed the connection cleanly.

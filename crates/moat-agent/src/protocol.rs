@@ -10,7 +10,12 @@
 //! output and finally `Exit`. After `Connected` the connection turns into a raw byte
 //! stream to the TCP peer inside the box.
 
-#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
 
 use std::fmt;
 
@@ -244,9 +249,12 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A frame's tag, its body, and the bytes it took from the buffer.
+type Frame<'a> = (u8, &'a [u8], usize);
+
 /// Splits one whole frame off the front of `buf`: `Ok(None)` means more bytes are
-/// needed; otherwise the tag, the body and the number of bytes consumed.
-fn split_frame(buf: &[u8]) -> Result<Option<(u8, &[u8], usize)>, ProtocolError> {
+/// needed.
+fn split_frame(buf: &[u8]) -> Result<Option<Frame<'_>>, ProtocolError> {
     let Some(prefix) = buf.get(..4) else {
         return Ok(None);
     };
@@ -266,7 +274,10 @@ fn split_frame(buf: &[u8]) -> Result<Option<(u8, &[u8], usize)>, ProtocolError> 
 }
 
 fn winsize(r: &mut Reader<'_>) -> Result<WinSize, ProtocolError> {
-    Ok(WinSize { cols: r.u16()?, rows: r.u16()? })
+    Ok(WinSize {
+        cols: r.u16()?,
+        rows: r.u16()?,
+    })
 }
 
 impl HostMsg {
@@ -284,7 +295,11 @@ impl HostMsg {
                     w.bytes(k.as_bytes()).bytes(v.as_bytes());
                 }
                 match &req.pty {
-                    Some(p) => w.u8(1).bytes(p.term.as_bytes()).u16(p.size.cols).u16(p.size.rows),
+                    Some(p) => w
+                        .u8(1)
+                        .bytes(p.term.as_bytes())
+                        .u16(p.size.cols)
+                        .u16(p.size.rows),
                     None => w.u8(0),
                 };
                 w.finish()
@@ -337,7 +352,10 @@ impl HostMsg {
                 }
                 let pty = match r.u8()? {
                     0 => None,
-                    _ => Some(PtySpec { term: r.string()?, size: winsize(&mut r)? }),
+                    _ => Some(PtySpec {
+                        term: r.string()?,
+                        size: winsize(&mut r)?,
+                    }),
                 };
                 Self::Exec(ExecRequest { command, env, pty })
             }
@@ -405,7 +423,10 @@ impl AgentMsg {
             tag::STDERR => Self::Stderr(r.bytes()?),
             tag::EXIT => Self::Exit(match r.u8()? {
                 0 => ExitStatus::Code(r.i32()?),
-                _ => ExitStatus::Signal { signo: r.i32()?, core_dumped: r.u8()? != 0 },
+                _ => ExitStatus::Signal {
+                    signo: r.i32()?,
+                    core_dumped: r.u8()? != 0,
+                },
             }),
             // Lossy: an error text from a box is shown, never trusted.
             tag::ERROR => Self::Error(String::from_utf8_lossy(&r.bytes()?).into_owned()),
@@ -446,14 +467,20 @@ mod tests {
         host_roundtrip(HostMsg::Exec(ExecRequest {
             command: Some(b"make test".to_vec()),
             env: vec![("LANG".into(), "C.UTF-8".into())],
-            pty: Some(PtySpec { term: "xterm".into(), size: WinSize { cols: 80, rows: 24 } }),
+            pty: Some(PtySpec {
+                term: "xterm".into(),
+                size: WinSize { cols: 80, rows: 24 },
+            }),
         }));
         host_roundtrip(HostMsg::Exec(ExecRequest::default()));
         host_roundtrip(HostMsg::Connect { port: 8000 });
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
-        host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));
+        host_roundtrip(HostMsg::Resize(WinSize {
+            cols: 120,
+            rows: 40,
+        }));
         host_roundtrip(HostMsg::Signal(2));
     }
 
@@ -463,7 +490,10 @@ mod tests {
         agent_roundtrip(AgentMsg::Stdout(b"hi".to_vec()));
         agent_roundtrip(AgentMsg::Stderr(vec![]));
         agent_roundtrip(AgentMsg::Exit(ExitStatus::Code(3)));
-        agent_roundtrip(AgentMsg::Exit(ExitStatus::Signal { signo: 9, core_dumped: true }));
+        agent_roundtrip(AgentMsg::Exit(ExitStatus::Signal {
+            signo: 9,
+            core_dumped: true,
+        }));
         agent_roundtrip(AgentMsg::Error("no such file".into()));
         agent_roundtrip(AgentMsg::Connected);
         agent_roundtrip(AgentMsg::Pong);
@@ -481,9 +511,18 @@ mod tests {
 
     #[test]
     fn hostile_frames_are_errors_not_panics() {
-        assert_eq!(HostMsg::decode(&[0, 0, 0, 0]), Err(ProtocolError::BadLength(0)));
-        assert_eq!(HostMsg::decode(&[0xff, 0, 0, 0]), Err(ProtocolError::BadLength(0xff00_0000)));
-        assert_eq!(HostMsg::decode(&[0, 0, 0, 1, 0x7f]), Err(ProtocolError::UnknownTag(0x7f)));
+        assert_eq!(
+            HostMsg::decode(&[0, 0, 0, 0]),
+            Err(ProtocolError::BadLength(0))
+        );
+        assert_eq!(
+            HostMsg::decode(&[0xff, 0, 0, 0]),
+            Err(ProtocolError::BadLength(0xff00_0000))
+        );
+        assert_eq!(
+            HostMsg::decode(&[0, 0, 0, 1, 0x7f]),
+            Err(ProtocolError::UnknownTag(0x7f))
+        );
         // A byte string claiming more than the frame holds.
         assert_eq!(
             HostMsg::decode(&[0, 0, 0, 5, tag::STDIN, 0, 0, 0, 9]),
@@ -494,7 +533,10 @@ mod tests {
             HostMsg::decode(&[0, 0, 0, 6, tag::EXEC, 0, 0xff, 0xff, 0xff, 0xff]),
             Err(ProtocolError::Truncated)
         );
-        assert_eq!(HostMsg::decode(&[0, 0, 0, 2, tag::PING, 0]), Err(ProtocolError::TrailingBytes));
+        assert_eq!(
+            HostMsg::decode(&[0, 0, 0, 2, tag::PING, 0]),
+            Err(ProtocolError::TrailingBytes)
+        );
     }
 
     #[test]
@@ -509,7 +551,11 @@ mod tests {
                         state ^= state >> 17;
                         state ^= state << 5;
                         // Keep lengths small so decoding gets past the prefix.
-                        if i < 3 { 0 } else { state as u8 }
+                        if i < 3 {
+                            0
+                        } else {
+                            state as u8
+                        }
                     })
                     .collect();
                 let _ = HostMsg::decode(&input);

@@ -20,9 +20,15 @@ use nix::unistd::{unlinkat, UnlinkatFlags};
 pub fn mint(root: &Path, name: &Name) -> io::Result<()> {
     let dir: OwnedFd = std::fs::File::open(root)?.into();
     write_in_root(&dir, "etc/hostname", format!("{name}\n").as_bytes())?;
-    let hosts = format!("127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+    let hosts = format!(
+        "127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    );
     write_in_root(&dir, "etc/hosts", hosts.as_bytes())?;
-    write_in_root(&dir, "etc/machine-id", format!("{}\n", hex::encode(random::<16>())).as_bytes())?;
+    write_in_root(
+        &dir,
+        "etc/machine-id",
+        format!("{}\n", hex::encode(random::<16>())).as_bytes(),
+    )?;
     // Only images with systemd have a seed to replace.
     match write_in_root(&dir, "var/lib/systemd/random-seed", &random::<512>()) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -51,7 +57,8 @@ fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8]) -> io::Result<()> {
         Ok(()) | Err(Errno::ENOENT) => {}
         Err(e) => return Err(context(e)),
     }
-    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let flags =
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(&dir, file, flags, Mode::from_bits_truncate(0o644)).map_err(context)?;
     std::fs::File::from(fd).write_all(data)
 }
@@ -76,9 +83,17 @@ mod tests {
         let name = Name::new("web").unwrap();
         mint(root.path(), &name).unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "host data");
-        assert_eq!(std::fs::read_dir(outside.path().join("systemd")).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(outside.path().join("systemd"))
+                .unwrap()
+                .count(),
+            0
+        );
         let first = std::fs::read_to_string(root.path().join("etc/machine-id")).unwrap();
-        assert_eq!(std::fs::read_to_string(root.path().join("etc/hostname")).unwrap(), "web\n");
+        assert_eq!(
+            std::fs::read_to_string(root.path().join("etc/hostname")).unwrap(),
+            "web\n"
+        );
         mint(root.path(), &name).unwrap();
         let second = std::fs::read_to_string(root.path().join("etc/machine-id")).unwrap();
         assert_eq!(first.len(), 33);

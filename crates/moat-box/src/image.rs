@@ -18,8 +18,17 @@ use crate::sys;
 
 /// Packages the `debian` image adds to a minimal bookworm.
 pub const DEBIAN_PACKAGES: &[&str] = &[
-    "bash", "coreutils", "git", "curl", "ca-certificates", "python3", "rsync", "procps",
-    "openssh-sftp-server", "less", "xz-utils",
+    "bash",
+    "coreutils",
+    "git",
+    "curl",
+    "ca-certificates",
+    "python3",
+    "rsync",
+    "procps",
+    "openssh-sftp-server",
+    "less",
+    "xz-utils",
 ];
 
 /// The mirror `debootstrap` uses unless `MOAT_DEBIAN_MIRROR` says otherwise.
@@ -55,7 +64,10 @@ pub enum ImageError {
 pub fn build(pool: &Pool, image: &Name, progress: Progress<'_>) -> Result<(), ImageError> {
     let scratch_name = format!(".build-{image}");
     let scratch = pool.images_dir().join(&scratch_name);
-    let io_err = |source| ImageError::Io { image: image.clone(), source };
+    let io_err = |source| ImageError::Io {
+        image: image.clone(),
+        source,
+    };
     if scratch.exists() {
         // Left by an interrupted build.
         sys::subvolume_delete(&pool.images_dir(), &scratch_name).map_err(io_err)?;
@@ -82,7 +94,10 @@ pub fn build(pool: &Pool, image: &Name, progress: Progress<'_>) -> Result<(), Im
 
 /// The directories every image has: the box setup mounts over some of them.
 fn skeleton(root: &Path) -> io::Result<()> {
-    for dir in ["bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "proc", "sys", "dev", "run", "tmp", "var/tmp", "home"] {
+    for dir in [
+        "bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "proc", "sys", "dev", "run", "tmp",
+        "var/tmp", "home",
+    ] {
         fs::create_dir_all(root.join(dir))?;
     }
     for tmp in ["tmp", "var/tmp"] {
@@ -95,7 +110,10 @@ fn skeleton(root: &Path) -> io::Result<()> {
 /// tests and for boxes that need nothing else.
 fn busybox(root: &Path, progress: Progress<'_>) -> io::Result<()> {
     if !Path::new(BUSYBOX).exists() {
-        return Err(io::Error::new(io::ErrorKind::NotFound, "/bin/busybox missing (apt-get install busybox-static)"));
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "/bin/busybox missing (apt-get install busybox-static)",
+        ));
     }
     progress("image busybox: installing busybox");
     skeleton(root)?;
@@ -111,9 +129,18 @@ fn busybox(root: &Path, progress: Progress<'_>) -> io::Result<()> {
         }
         symlink("/bin/busybox", &link)?;
     }
-    fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")?;
-    fs::write(root.join("etc/group"), "root:x:0:\ntty:x:5:\nnogroup:x:65534:\n")?;
-    fs::write(root.join("etc/os-release"), "NAME=\"moat busybox\"\nID=busybox\n")?;
+    fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+    )?;
+    fs::write(
+        root.join("etc/group"),
+        "root:x:0:\ntty:x:5:\nnogroup:x:65534:\n",
+    )?;
+    fs::write(
+        root.join("etc/os-release"),
+        "NAME=\"moat busybox\"\nID=busybox\n",
+    )?;
     Ok(())
 }
 
@@ -137,10 +164,15 @@ impl From<PoolError> for DebianError {
 /// Debian bookworm (minbase plus [`DEBIAN_PACKAGES`]) via debootstrap.
 fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
     if which("debootstrap").is_none() {
-        return Err(DebianError::Image(ImageError::MissingTool("debootstrap", "debootstrap")));
+        return Err(DebianError::Image(ImageError::MissingTool(
+            "debootstrap",
+            "debootstrap",
+        )));
     }
     let mirror = std::env::var("MOAT_DEBIAN_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.to_string());
-    progress(&format!("image debian: debootstrap bookworm from {mirror} (about a minute)"));
+    progress(&format!(
+        "image debian: debootstrap bookworm from {mirror} (about a minute)"
+    ));
     let mut child = Command::new("debootstrap")
         .arg("--variant=minbase")
         .arg(format!("--include={}", DEBIAN_PACKAGES.join(",")))
@@ -151,10 +183,21 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| PoolError::Tool { tool: "debootstrap", stderr: e.to_string() })?;
+        .map_err(|e| PoolError::Tool {
+            tool: "debootstrap",
+            stderr: e.to_string(),
+        })?;
     let stderr = child.stderr.take();
     let errors = std::thread::spawn(move || {
-        stderr.map(|s| BufReader::new(s).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n")).unwrap_or_default()
+        stderr
+            .map(|s| {
+                BufReader::new(s)
+                    .lines()
+                    .map_while(Result::ok)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default()
     });
     if let Some(stdout) = child.stdout.take() {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -163,11 +206,18 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
             }
         }
     }
-    let status = child.wait().map_err(|e| PoolError::Tool { tool: "debootstrap", stderr: e.to_string() })?;
+    let status = child.wait().map_err(|e| PoolError::Tool {
+        tool: "debootstrap",
+        stderr: e.to_string(),
+    })?;
     let stderr = errors.join().unwrap_or_default();
     if !status.success() {
         let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        return Err(PoolError::Tool { tool: "debootstrap", stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n") }.into());
+        return Err(PoolError::Tool {
+            tool: "debootstrap",
+            stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        }
+        .into());
     }
     progress("image debian: cleaning up");
     for dir in ["var/cache/apt/archives", "var/lib/apt/lists"] {
@@ -183,8 +233,16 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
 /// Whether a debootstrap info line starts a phase, rather than naming one of
 /// the hundreds of packages it retrieves, validates, unpacks and configures.
 fn is_phase(line: &str) -> bool {
-    let Some((verb, rest)) = line.split_once(' ') else { return true };
-    let per_package = ["Retrieving", "Validating", "Extracting", "Unpacking", "Configuring"];
+    let Some((verb, rest)) = line.split_once(' ') else {
+        return true;
+    };
+    let per_package = [
+        "Retrieving",
+        "Validating",
+        "Extracting",
+        "Unpacking",
+        "Configuring",
+    ];
     let words: Vec<&str> = rest.trim_end_matches("...").split_whitespace().collect();
     // "bash..." or "bash 5.2.15-2": a package, and maybe its version.
     let names_package = match words.as_slice() {
@@ -196,7 +254,9 @@ fn is_phase(line: &str) -> bool {
 }
 
 fn clear_dir_files(dir: &Path) -> io::Result<()> {
-    let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
     for entry in entries {
         let entry = entry?;
         if entry.file_type()?.is_file() {
@@ -237,12 +297,21 @@ mod tests {
 
     #[test]
     fn debootstrap_progress_keeps_phases_only() {
-        for phase in ["Resolving dependencies of required packages...", "Unpacking required packages...",
-                      "Configuring the base system...", "Base system installed successfully."] {
+        for phase in [
+            "Resolving dependencies of required packages...",
+            "Unpacking required packages...",
+            "Configuring the base system...",
+            "Base system installed successfully.",
+        ] {
             assert!(is_phase(phase), "{phase}");
         }
-        for noise in ["Retrieving bash 5.2.15-2+b13", "Validating libc6 2.36-9", "Unpacking bash...", "Configuring libc6:amd64...",
-                      "Extracting zlib1g..."] {
+        for noise in [
+            "Retrieving bash 5.2.15-2+b13",
+            "Validating libc6 2.36-9",
+            "Unpacking bash...",
+            "Configuring libc6:amd64...",
+            "Extracting zlib1g...",
+        ] {
             assert!(!is_phase(noise), "{noise}");
         }
     }

@@ -56,9 +56,14 @@ pub const BTRFS_SUBVOLUME_IOCTLS: [u64; 4] = [
 fn name_bytes<const N: usize>(name: &str) -> io::Result<[u8; N]> {
     let mut out = [0u8; N];
     if name.is_empty() || name.len() >= N || name.contains('/') || name.contains('\0') {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad subvolume name {name:?}")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad subvolume name {name:?}"),
+        ));
     }
-    out.get_mut(..name.len()).ok_or(io::ErrorKind::InvalidInput)?.copy_from_slice(name.as_bytes());
+    out.get_mut(..name.len())
+        .ok_or(io::ErrorKind::InvalidInput)?
+        .copy_from_slice(name.as_bytes());
     Ok(out)
 }
 
@@ -75,7 +80,13 @@ pub fn is_btrfs(path: &Path) -> io::Result<bool> {
 /// Creates an empty subvolume `parent/name`.
 pub fn subvolume_create(parent: &Path, name: &str) -> io::Result<()> {
     let dir = open_dir(parent)?;
-    let args = VolArgsV2 { fd: 0, transid: 0, flags: 0, unused: [0; 4], name: name_bytes(name)? };
+    let args = VolArgsV2 {
+        fd: 0,
+        transid: 0,
+        flags: 0,
+        unused: [0; 4],
+        name: name_bytes(name)?,
+    };
     // SAFETY: `args` is a fully initialised btrfs_ioctl_vol_args_v2 that lives across
     // the call, and `dir` is an open directory fd.
     unsafe { btrfs_subvol_create_v2(dir.as_raw_fd(), &args) }?;
@@ -84,11 +95,22 @@ pub fn subvolume_create(parent: &Path, name: &str) -> io::Result<()> {
 
 /// Snapshots subvolume `source` as `parent/name`, read-only if asked. O(1) in the
 /// amount of data: btrfs shares every extent until one side writes.
-pub fn subvolume_snapshot(source: &Path, parent: &Path, name: &str, readonly: bool) -> io::Result<()> {
+pub fn subvolume_snapshot(
+    source: &Path,
+    parent: &Path,
+    name: &str,
+    readonly: bool,
+) -> io::Result<()> {
     let src = open_dir(source)?;
     let dir = open_dir(parent)?;
     let flags = if readonly { BTRFS_SUBVOL_RDONLY } else { 0 };
-    let args = VolArgsV2 { fd: i64::from(src.as_raw_fd()), transid: 0, flags, unused: [0; 4], name: name_bytes(name)? };
+    let args = VolArgsV2 {
+        fd: i64::from(src.as_raw_fd()),
+        transid: 0,
+        flags,
+        unused: [0; 4],
+        name: name_bytes(name)?,
+    };
     // SAFETY: as above; `src` stays open for the duration of the call.
     unsafe { btrfs_snap_create_v2(dir.as_raw_fd(), &args) }?;
     Ok(())
@@ -97,7 +119,10 @@ pub fn subvolume_snapshot(source: &Path, parent: &Path, name: &str, readonly: bo
 /// Deletes subvolume `parent/name` (its data is freed in the background).
 pub fn subvolume_delete(parent: &Path, name: &str) -> io::Result<()> {
     let dir = open_dir(parent)?;
-    let args = VolArgs { fd: 0, name: name_bytes(name)? };
+    let args = VolArgs {
+        fd: 0,
+        name: name_bytes(name)?,
+    };
     // SAFETY: `args` is a fully initialised btrfs_ioctl_vol_args for the call.
     unsafe { btrfs_snap_destroy(dir.as_raw_fd(), &args) }?;
     Ok(())
@@ -121,7 +146,8 @@ struct MountAttr {
 /// A detached copy of the mount tree at `path` (`open_tree(OPEN_TREE_CLONE |
 /// AT_RECURSIVE)`), not yet attached anywhere.
 pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
-    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+    let flags =
+        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
     // SAFETY: `path` is a valid NUL-terminated string; the syscall returns a new fd
     // or -1 and touches no memory of ours besides reading the path.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
@@ -136,7 +162,12 @@ pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
 /// user namespace `userns` (an idmapped mount), and ignore device nodes and
 /// setuid bits.
 pub fn mount_set_idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
-    let attr = MountAttr { attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
     // SAFETY: `attr` is initialised and its size is passed; the empty path with
     // AT_EMPTY_PATH makes the call act on `tree` itself.
     let rc = unsafe {
@@ -177,12 +208,19 @@ pub fn move_mount_to(tree: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
 /// Sets the calling thread's seccomp filter (no_new_privs must be set already).
 pub fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
     let prog = libc::sock_fprog {
-        len: u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        len: u16::try_from(filter.len())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
         filter: filter.as_ptr().cast_mut(),
     };
     // SAFETY: `prog` points at `filter`, which outlives the call; the kernel copies
     // the program before returning.
-    let rc = unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) };
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &prog as *const libc::sock_fprog,
+        )
+    };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -78,7 +78,10 @@ impl BoxManager {
     }
 
     fn lock_for(&self, id: &BoxId) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.box_locks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut locks = self
+            .box_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         Arc::clone(locks.entry(id.clone()).or_default())
     }
 
@@ -92,7 +95,9 @@ impl BoxManager {
 
     /// Finds the account's box, or says it does not exist.
     pub fn get(&self, account: &AccountId, name: &Name) -> Result<BoxRecord, ManagerError> {
-        self.store.get(account, name)?.ok_or_else(|| ManagerError::NoSuchBox(name.clone()))
+        self.store
+            .get(account, name)?
+            .ok_or_else(|| ManagerError::NoSuchBox(name.clone()))
     }
 
     /// The account's boxes.
@@ -101,7 +106,11 @@ impl BoxManager {
     }
 
     /// Makes sure `image` exists, building it if moat knows how.
-    pub async fn ensure_image(&self, image: &Name, mut progress: ProgressSink) -> Result<(), ManagerError> {
+    pub async fn ensure_image(
+        &self,
+        image: &Name,
+        mut progress: ProgressSink,
+    ) -> Result<(), ManagerError> {
         let name = image.clone();
         if self.blocking(move |b| b.has_image(&name)).await? {
             return Ok(());
@@ -134,7 +143,9 @@ impl BoxManager {
             return Err(StoreError::NameTaken(spec.name).into());
         }
         self.ensure_image(&spec.image, progress).await?;
-        let mut rec = self.store.insert_new(account, &spec.name, &spec.image, spec.limits, now())?;
+        let mut rec =
+            self.store
+                .insert_new(account, &spec.name, &spec.image, spec.limits, now())?;
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
         let r = rec.clone();
@@ -148,7 +159,8 @@ impl BoxManager {
             .await;
         match booted {
             Ok(Ok(pid)) => {
-                self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
+                self.store
+                    .set_state(&rec.id, BoxState::Running, Some(pid))?;
                 rec.state = BoxState::Running;
                 rec.pid = Some(pid);
                 tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box created");
@@ -166,7 +178,11 @@ impl BoxManager {
     }
 
     /// Returns the box's agent address, booting the box first if it is not running.
-    pub async fn ensure_running(&self, account: &AccountId, name: &Name) -> Result<AgentAddr, ManagerError> {
+    pub async fn ensure_running(
+        &self,
+        account: &AccountId,
+        name: &Name,
+    ) -> Result<AgentAddr, ManagerError> {
         let rec = self.get(account, name)?;
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
@@ -176,11 +192,14 @@ impl BoxManager {
             return Err(ManagerError::Busy(rec.name));
         }
         let r = rec.clone();
-        let (running, addr) = self.blocking(move |b| (b.is_running(&r), b.agent_addr(&r))).await?;
+        let (running, addr) = self
+            .blocking(move |b| (b.is_running(&r), b.agent_addr(&r)))
+            .await?;
         if !running {
             let r = rec.clone();
             let pid = self.blocking(move |b| b.start(&r)).await??;
-            self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
+            self.store
+                .set_state(&rec.id, BoxState::Running, Some(pid))?;
             tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box booted");
         }
         Ok(addr)
@@ -198,7 +217,10 @@ impl BoxManager {
         })
         .await??;
         self.store.delete(&rec.id)?;
-        self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
+        self.box_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, "box removed");
         Ok(())
     }
@@ -220,9 +242,14 @@ impl BoxManager {
                 }
                 BoxState::Running | BoxState::Stopped => {
                     let running = self.blocking(move |b| b.is_running(&r)).await?;
-                    let state = if running { BoxState::Running } else { BoxState::Stopped };
+                    let state = if running {
+                        BoxState::Running
+                    } else {
+                        BoxState::Stopped
+                    };
                     if state != rec.state {
-                        self.store.set_state(&rec.id, state, rec.pid.filter(|_| running))?;
+                        self.store
+                            .set_state(&rec.id, state, rec.pid.filter(|_| running))?;
                     }
                 }
             }
@@ -232,5 +259,8 @@ impl BoxManager {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

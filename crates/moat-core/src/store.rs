@@ -61,7 +61,9 @@ impl Store {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Self { conn: Mutex::new(conn) })
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
@@ -160,7 +162,12 @@ impl Store {
     }
 
     /// Records a state change, with the PID 1 of a running box.
-    pub fn set_state(&self, id: &BoxId, state: BoxState, pid: Option<u32>) -> Result<(), StoreError> {
+    pub fn set_state(
+        &self,
+        id: &BoxId,
+        state: BoxState,
+        pid: Option<u32>,
+    ) -> Result<(), StoreError> {
         self.conn().execute(
             "UPDATE boxes SET state = ?2, pid = ?3 WHERE id = ?1",
             params![id.as_str(), state.as_str(), pid],
@@ -170,7 +177,8 @@ impl Store {
 
     /// Forgets a box.
     pub fn delete(&self, id: &BoxId) -> Result<(), StoreError> {
-        self.conn().execute("DELETE FROM boxes WHERE id = ?1", params![id.as_str()])?;
+        self.conn()
+            .execute("DELETE FROM boxes WHERE id = ?1", params![id.as_str()])?;
         Ok(())
     }
 }
@@ -183,7 +191,11 @@ fn from_row(r: &Row<'_>) -> Result<BoxRecord, StoreError> {
         account: AccountId(r.get(1)?),
         name: Name::new(&r.get::<_, String>(2)?).map_err(|_| corrupt())?,
         image: Name::new(&r.get::<_, String>(3)?).map_err(|_| corrupt())?,
-        limits: Limits { cpus: r.get(4)?, memory: r.get::<_, i64>(5)? as u64, pids: r.get(6)? },
+        limits: Limits {
+            cpus: r.get(4)?,
+            memory: r.get::<_, i64>(5)? as u64,
+            pids: r.get(6)?,
+        },
         slot: r.get(7)?,
         state: BoxState::parse(&r.get::<_, String>(8)?).ok_or_else(corrupt)?,
         pid: r.get(9)?,
@@ -207,21 +219,44 @@ mod tests {
         let bob = AccountId("SHA256:bob".into());
         let web = {
             let store = Store::open(&path).unwrap();
-            let web = store.insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 1).unwrap();
-            let db = store.insert_new(&alice, &names("db"), &names("debian"), Limits::default(), 2).unwrap();
+            let web = store
+                .insert_new(
+                    &alice,
+                    &names("web"),
+                    &names("debian"),
+                    Limits::default(),
+                    1,
+                )
+                .unwrap();
+            let db = store
+                .insert_new(&alice, &names("db"), &names("debian"), Limits::default(), 2)
+                .unwrap();
             assert_ne!(web.slot, db.slot);
             // Names are per account.
-            store.insert_new(&bob, &names("web"), &names("busybox"), Limits::default(), 3).unwrap();
+            store
+                .insert_new(&bob, &names("web"), &names("busybox"), Limits::default(), 3)
+                .unwrap();
             assert!(matches!(
-                store.insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 4),
+                store.insert_new(
+                    &alice,
+                    &names("web"),
+                    &names("debian"),
+                    Limits::default(),
+                    4
+                ),
                 Err(StoreError::NameTaken(_))
             ));
-            store.set_state(&web.id, BoxState::Running, Some(42)).unwrap();
+            store
+                .set_state(&web.id, BoxState::Running, Some(42))
+                .unwrap();
             web
         };
         let store = Store::open(&path).unwrap();
         let got = store.get(&alice, &names("web")).unwrap().unwrap();
-        assert_eq!((got.id, got.state, got.pid), (web.id.clone(), BoxState::Running, Some(42)));
+        assert_eq!(
+            (got.id, got.state, got.pid),
+            (web.id.clone(), BoxState::Running, Some(42))
+        );
         assert_eq!(store.list(Some(&alice)).unwrap().len(), 2);
         assert_eq!(store.list(None).unwrap().len(), 3);
         store.delete(&web.id).unwrap();
@@ -233,11 +268,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
-        let b0 = store.insert_new(&a, &names("b0"), &names("i"), Limits::default(), 0).unwrap();
-        let b1 = store.insert_new(&a, &names("b1"), &names("i"), Limits::default(), 0).unwrap();
+        let b0 = store
+            .insert_new(&a, &names("b0"), &names("i"), Limits::default(), 0)
+            .unwrap();
+        let b1 = store
+            .insert_new(&a, &names("b1"), &names("i"), Limits::default(), 0)
+            .unwrap();
         assert_eq!((b0.slot, b1.slot), (0, 1));
         store.delete(&b0.id).unwrap();
-        let b2 = store.insert_new(&a, &names("b2"), &names("i"), Limits::default(), 0).unwrap();
+        let b2 = store
+            .insert_new(&a, &names("b2"), &names("i"), Limits::default(), 0)
+            .unwrap();
         assert_eq!(b2.slot, 0);
     }
 }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use moat_core::limits::parse_size;
-use moat_core::{AccountId, BoxManager, BoxRecord, BoxSpec, Limits, ManagerError, Name, ProgressSink};
+use moat_core::{AccountId, BoxManager, BoxSpec, Limits, ManagerError, Name, ProgressSink};
 use serde::Serialize;
 
 /// What `help` prints.
@@ -141,26 +141,30 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
                 .ok_or_else(|| usage(format!("new: {flag} needs a value")))
         };
         match flag {
-            "--image" => image = Name::new(&value()?).map_err(|e| usage(format!("new: --image: {e}")))?,
+            "--image" => {
+                image = Name::new(&value()?).map_err(|e| usage(format!("new: --image: {e}")))?
+            }
             "--cpus" => limits.cpus = number(flag, &value()?)?,
             "--pids" => limits.pids = number(flag, &value()?)?,
-            "--memory" => limits.memory = parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?,
+            "--memory" => {
+                limits.memory =
+                    parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?
+            }
             other => return Err(usage(format!("new: unknown flag {other:?}"))),
         }
     }
     limits.validate().map_err(|e| usage(format!("new: {e}")))?;
-    Ok(Command::New { name, image, limits })
+    Ok(Command::New {
+        name,
+        image,
+        limits,
+    })
 }
 
 fn number(flag: &str, value: &str) -> Result<u32, UsageError> {
-    value.parse().map_err(|_| usage(format!("new: {flag}: {value:?} is not a whole number")))
-}
-
-/// What a box looks like in `ls --json` and `info --json`.
-#[derive(Debug, Serialize)]
-struct BoxView<'a> {
-    #[serde(flatten)]
-    record: &'a BoxRecord,
+    value
+        .parse()
+        .map_err(|_| usage(format!("new: {flag}: {value:?} is not a whole number")))
 }
 
 /// Runs a command for `account`; returns what goes to stdout.
@@ -172,22 +176,43 @@ pub async fn run(
 ) -> Result<String, ManagerError> {
     match cmd {
         Command::Help => Ok(HELP.to_string()),
-        Command::New { name, image, limits } => {
-            let rec = manager.create(account, BoxSpec { name, image, limits }, progress).await?;
+        Command::New {
+            name,
+            image,
+            limits,
+        } => {
+            let rec = manager
+                .create(
+                    account,
+                    BoxSpec {
+                        name,
+                        image,
+                        limits,
+                    },
+                    progress,
+                )
+                .await?;
             Ok(format!("{}\n", rec.name))
         }
         Command::Ls { json } => {
             let boxes = manager.list(account)?;
             if json {
-                let views: Vec<BoxView<'_>> = boxes.iter().map(|record| BoxView { record }).collect();
-                return Ok(to_json(&views));
+                return Ok(to_json(&boxes));
             }
-            let mut out = format!("{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}\n", "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "PIDS");
+            let mut out = format!(
+                "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}\n",
+                "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "PIDS"
+            );
             for b in &boxes {
                 let _ = writeln!(
                     out,
                     "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}",
-                    b.name, b.state, b.image, b.limits.cpus, human_size(b.limits.memory), b.limits.pids
+                    b.name,
+                    b.state,
+                    b.image,
+                    b.limits.cpus,
+                    human_size(b.limits.memory),
+                    b.limits.pids
                 );
             }
             Ok(out)
@@ -195,7 +220,7 @@ pub async fn run(
         Command::Info { name, json } => {
             let b = manager.get(account, &name)?;
             if json {
-                return Ok(to_json(&BoxView { record: &b }));
+                return Ok(to_json(&b));
             }
             Ok(format!(
                 "name:     {}\nid:       {}\nstate:    {}\nimage:    {}\ncpus:     {}\nmemory:   {}\npids:     {}\ncreated:  {}\n",
@@ -218,7 +243,7 @@ fn to_json<T: Serialize>(value: &T) -> String {
 /// `2147483648` → `2G`.
 fn human_size(bytes: u64) -> String {
     for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }
@@ -226,7 +251,7 @@ fn human_size(bytes: u64) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::panic)]
 mod tests {
     use super::*;
 
@@ -238,23 +263,56 @@ mod tests {
     fn parses_commands() {
         assert_eq!(p("").unwrap(), Command::Help);
         assert_eq!(p("ls --json").unwrap(), Command::Ls { json: true });
-        assert_eq!(p("rm web").unwrap(), Command::Rm { name: Name::new("web").unwrap() });
-        let Command::New { name, image, limits } = p("new web --image busybox --cpus 1 --memory=512M --pids 64").unwrap() else {
+        assert_eq!(
+            p("rm web").unwrap(),
+            Command::Rm {
+                name: Name::new("web").unwrap()
+            }
+        );
+        let Command::New {
+            name,
+            image,
+            limits,
+        } = p("new web --image busybox --cpus 1 --memory=512M --pids 64").unwrap()
+        else {
             panic!("not new")
         };
         assert_eq!((name.as_str(), image.as_str()), ("web", "busybox"));
-        assert_eq!(limits, Limits { cpus: 1, memory: 512 << 20, pids: 64 });
-        assert_eq!(p("new web").unwrap(), Command::New {
-            name: Name::new("web").unwrap(),
-            image: Name::new("debian").unwrap(),
-            limits: Limits::default()
-        });
+        assert_eq!(
+            limits,
+            Limits {
+                cpus: 1,
+                memory: 512 << 20,
+                pids: 64
+            }
+        );
+        assert_eq!(
+            p("new web").unwrap(),
+            Command::New {
+                name: Name::new("web").unwrap(),
+                image: Name::new("debian").unwrap(),
+                limits: Limits::default()
+            }
+        );
     }
 
     #[test]
     fn rejects_bad_input_with_one_line() {
-        for bad in ["frobnicate", "new", "new Web", "new web --cpus", "new web --cpus x", "new web --bogus 1",
-                    "new web --memory 1Q", "new web --cpus 0", "rm", "rm a b", "ls -l", "info", "new ../etc"] {
+        for bad in [
+            "frobnicate",
+            "new",
+            "new Web",
+            "new web --cpus",
+            "new web --cpus x",
+            "new web --bogus 1",
+            "new web --memory 1Q",
+            "new web --cpus 0",
+            "rm",
+            "rm a b",
+            "ls -l",
+            "info",
+            "new ../etc",
+        ] {
             let e = p(bad).unwrap_err();
             assert!(!e.0.contains('\n'), "{bad}: {e}");
         }

@@ -57,7 +57,10 @@ pub struct UnauthSlot {
 
 impl Drop for UnauthSlot {
     fn drop(&mut self) {
-        let mut counts = self.per_source.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut counts = self
+            .per_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(n) = counts.get_mut(&self.source) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -68,7 +71,11 @@ impl Drop for UnauthSlot {
 }
 
 /// Serves SSH on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<BoxManager>) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    config: ServerConfig,
+    manager: Arc<BoxManager>,
+) -> std::io::Result<()> {
     let russh_config = Arc::new(russh::server::Config {
         keys: vec![config.host_key],
         methods: MethodSet::from(&[MethodKind::PublicKey][..]),
@@ -82,7 +89,10 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
         nodelay: true,
         ..Default::default()
     });
-    let shared = Arc::new(Shared { manager, keys: config.keys });
+    let shared = Arc::new(Shared {
+        manager,
+        keys: config.keys,
+    });
     let total = Arc::new(Semaphore::new(config.max_unauthenticated));
     let per_source: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     loop {
@@ -108,16 +118,30 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
             }
             *n += 1;
         }
-        let slot = UnauthSlot { _total: permit, per_source: Arc::clone(&per_source), source: peer.ip() };
+        let slot = UnauthSlot {
+            _total: permit,
+            per_source: Arc::clone(&per_source),
+            source: peer.ip(),
+        };
         let authenticated = Arc::new(AtomicBool::new(false));
-        let handler = ConnHandler::new(Arc::clone(&shared), Some(peer), slot, Arc::clone(&authenticated));
+        let handler = ConnHandler::new(
+            Arc::clone(&shared),
+            Some(peer),
+            slot,
+            Arc::clone(&authenticated),
+        );
         let russh_config = Arc::clone(&russh_config);
         let auth_timeout = config.auth_timeout;
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             let stream = QuickAck::new(stream);
             // The version exchange happens here; a client that stalls in it times out too.
-            let session = match tokio::time::timeout(auth_timeout, russh::server::run_stream(russh_config, stream, handler)).await {
+            let session = match tokio::time::timeout(
+                auth_timeout,
+                russh::server::run_stream(russh_config, stream, handler),
+            )
+            .await
+            {
                 Ok(Ok(session)) => session,
                 _ => return,
             };
@@ -129,7 +153,13 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
             }
             if !authenticated.load(Ordering::Relaxed) {
                 tracing::info!(%peer, "authentication timed out");
-                let _ = handle.disconnect(Disconnect::ByApplication, "authentication timeout".into(), "en".into()).await;
+                let _ = handle
+                    .disconnect(
+                        Disconnect::ByApplication,
+                        "authentication timeout".into(),
+                        "en".into(),
+                    )
+                    .await;
                 return;
             }
             let _ = session.await;

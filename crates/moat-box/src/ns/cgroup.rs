@@ -42,12 +42,18 @@ pub struct CgroupError {
 }
 
 fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
-    fs::write(path, value).map_err(|source| CgroupError { path: path.to_path_buf(), source })
+    fs::write(path, value).map_err(|source| CgroupError {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn mkdir(path: &Path) -> Result<(), CgroupError> {
     match fs::create_dir(path) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError { path: path.to_path_buf(), source: e }),
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError {
+            path: path.to_path_buf(),
+            source: e,
+        }),
         _ => Ok(()),
     }
 }
@@ -83,14 +89,20 @@ impl CgroupLayout {
 
     /// The files a process writes its pid to in order to join the box.
     pub fn procs_files(&self, id: &BoxId) -> Vec<PathBuf> {
-        self.dirs(id).into_iter().map(|d| d.join("cgroup.procs")).collect()
+        self.dirs(id)
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
     }
 
     /// Creates the box's cgroups with its limits.
     pub fn create(&self, id: &BoxId, limits: &Limits) -> Result<(), CgroupError> {
         for dir in self.dirs(id) {
             // The parent may have been removed by `remove_parents` since `detect`.
-            fs::create_dir_all(&dir).map_err(|source| CgroupError { path: dir.clone(), source })?;
+            fs::create_dir_all(&dir).map_err(|source| CgroupError {
+                path: dir.clone(),
+                source,
+            })?;
         }
         let quota = u64::from(limits.cpus) * CPU_PERIOD_US;
         match self {
@@ -140,7 +152,9 @@ impl CgroupLayout {
 
     /// The host pids in the box's cgroup.
     pub fn pids(&self, id: &BoxId) -> Vec<i32> {
-        let Some(procs) = self.procs_files(id).into_iter().next() else { return Vec::new() };
+        let Some(procs) = self.procs_files(id).into_iter().next() else {
+            return Vec::new();
+        };
         fs::read_to_string(procs)
             .unwrap_or_default()
             .lines()
@@ -164,11 +178,17 @@ impl CgroupLayout {
             // Killing a pid namespace's init kills the namespace; the loop catches
             // anything that joined the cgroup some other way.
             for pid in pids {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             if Instant::now() > deadline {
                 let path = dirs.first().cloned().unwrap_or_default();
-                return Err(CgroupError { path, source: io::Error::other("processes survive SIGKILL") });
+                return Err(CgroupError {
+                    path,
+                    source: io::Error::other("processes survive SIGKILL"),
+                });
             }
             std::thread::sleep(Duration::from_millis(2));
         }

@@ -55,9 +55,11 @@ fn cpath(p: &Path) -> io::Result<CString> {
 /// Entry point of `moat box-spawn`: reads a JSON plan on stdin, prints the pid.
 pub fn helper_main() -> i32 {
     let mut input = String::new();
-    let plan: SpawnPlan = match io::stdin().read_to_string(&mut input).map_err(|e| e.to_string()).and_then(|_| {
-        serde_json::from_str(&input).map_err(|e| format!("bad spawn plan: {e}"))
-    }) {
+    let plan: SpawnPlan = match io::stdin()
+        .read_to_string(&mut input)
+        .map_err(|e| e.to_string())
+        .and_then(|_| serde_json::from_str(&input).map_err(|e| format!("bad spawn plan: {e}")))
+    {
         Ok(plan) => plan,
         Err(e) => {
             eprintln!("{e}");
@@ -79,7 +81,8 @@ pub fn helper_main() -> i32 {
 /// Starts the box; returns the host pid of its PID 1.
 pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
     let userns = make_userns(&plan.id_map()).context(|| "user namespace".into())?;
-    let tree = sys::open_tree_clone(&cpath(&plan.rootfs)?).context(|| format!("open_tree {}", plan.rootfs.display()))?;
+    let tree = sys::open_tree_clone(&cpath(&plan.rootfs)?)
+        .context(|| format!("open_tree {}", plan.rootfs.display()))?;
     sys::mount_set_idmap(tree.as_fd(), userns.as_fd()).context(|| "idmapped mount".into())?;
 
     let me = std::process::id().to_string();
@@ -87,9 +90,11 @@ pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
         std::fs::write(procs, &me).context(|| format!("join {}", procs.display()))?;
     }
     let _ = std::fs::remove_file(&plan.agent_socket);
-    let listener = UnixListener::bind(&plan.agent_socket).context(|| format!("bind {}", plan.agent_socket.display()))?;
+    let listener = UnixListener::bind(&plan.agent_socket)
+        .context(|| format!("bind {}", plan.agent_socket.display()))?;
     std::fs::set_permissions(&plan.agent_socket, std::fs::Permissions::from_mode(0o600))?;
-    let agent = File::open(&plan.agent_binary).context(|| format!("open agent {}", plan.agent_binary.display()))?;
+    let agent = File::open(&plan.agent_binary)
+        .context(|| format!("open agent {}", plan.agent_binary.display()))?;
 
     unshare(
         CloneFlags::CLONE_NEWNS
@@ -104,10 +109,18 @@ pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
     sys::loopback_up().context(|| "loopback up".into())?;
     // Per network namespace: let the box's root bind low ports and ping, which the
     // host-owned namespace would otherwise deny it.
-    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0").context(|| "sysctl".into())?;
-    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647").context(|| "sysctl".into())?;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .context(|| "make mounts private".into())?;
+    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")
+        .context(|| "sysctl".into())?;
+    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")
+        .context(|| "sysctl".into())?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context(|| "make mounts private".into())?;
     sys::move_mount_to(tree.as_fd(), &cpath(&plan.rootfs)?).context(|| "attach root".into())?;
 
     let (err_read, err_write) = pipe2(OFlag::O_CLOEXEC)?;
@@ -176,7 +189,12 @@ fn init_box(plan: &SpawnPlan, userns: &OwnedFd, listener: UnixListener, agent: F
     }
 }
 
-fn init_box_inner(plan: &SpawnPlan, userns: &OwnedFd, listener: UnixListener, agent: File) -> io::Result<std::convert::Infallible> {
+fn init_box_inner(
+    plan: &SpawnPlan,
+    userns: &OwnedFd,
+    listener: UnixListener,
+    agent: File,
+) -> io::Result<std::convert::Infallible> {
     // The daemon reads the helper's stdout to its end: PID 1 must not hold it.
     let null = File::options().read(true).write(true).open("/dev/null")?;
     nix::unistd::dup2_stdin(&null)?;
@@ -192,8 +210,10 @@ fn init_box_inner(plan: &SpawnPlan, userns: &OwnedFd, listener: UnixListener, ag
 
     setns(userns, CloneFlags::CLONE_NEWUSER).context(|| "enter user namespace".into())?;
     nix::unistd::setgroups(&[]).context(|| "setgroups".into())?;
-    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).context(|| "setgid".into())?;
-    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).context(|| "setuid".into())?;
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
+        .context(|| "setgid".into())?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
+        .context(|| "setuid".into())?;
     drop_capabilities()?;
 
     // The agent finds its listening socket at fd 3; move the binary's fd clear of it.
@@ -218,41 +238,106 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     for dir in ["proc", "sys", "dev", "run"] {
         // The root may be a box's own work: refuse anything but a real directory
         // (a symlink would steer the mount elsewhere).
-        if !Path::new(dir).symlink_metadata().map(|m| m.is_dir()).unwrap_or(false) {
-            return Err(io::Error::other(format!("the box's /{dir} is not a directory")));
+        if !Path::new(dir)
+            .symlink_metadata()
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+        {
+            return Err(io::Error::other(format!(
+                "the box's /{dir} is not a directory"
+            )));
         }
     }
-    mount(Some("proc"), "proc", Some("proc"), nosuid | MsFlags::MS_NOEXEC, None::<&str>).context(|| "mount /proc".into())?;
+    mount(
+        Some("proc"),
+        "proc",
+        Some("proc"),
+        nosuid | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .context(|| "mount /proc".into())?;
     for entry in MASKED_PROC {
         let target = Path::new("proc").join(entry);
         if target.exists() {
-            mount(Some("/dev/null"), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                .context(|| format!("mask /proc/{entry}"))?;
+            mount(
+                Some("/dev/null"),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .context(|| format!("mask /proc/{entry}"))?;
         }
     }
-    mount(Some("sysfs"), "sys", Some("sysfs"), nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None::<&str>)
-        .context(|| "mount /sys".into())?;
+    mount(
+        Some("sysfs"),
+        "sys",
+        Some("sysfs"),
+        nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .context(|| "mount /sys".into())?;
 
     let owner = format!("uid={0},gid={0}", plan.uid_base);
-    mount(Some("tmpfs"), "dev", Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(format!("mode=755,size=64k,{owner}").as_str()))
-        .context(|| "mount /dev".into())?;
+    mount(
+        Some("tmpfs"),
+        "dev",
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(format!("mode=755,size=64k,{owner}").as_str()),
+    )
+    .context(|| "mount /dev".into())?;
     for dev in DEVICES {
         let target = Path::new("dev").join(dev);
         File::create(&target)?;
-        mount(Some(Path::new("/dev").join(dev).as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .context(|| format!("bind /dev/{dev}"))?;
+        mount(
+            Some(Path::new("/dev").join(dev).as_path()),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .context(|| format!("bind /dev/{dev}"))?;
     }
     std::fs::create_dir("dev/pts")?;
-    let devpts = format!("newinstance,ptmxmode=0666,mode=0620,gid={}", plan.devpts_gid);
-    mount(Some("devpts"), "dev/pts", Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(devpts.as_str()))
-        .context(|| "mount /dev/pts".into())?;
+    let devpts = format!(
+        "newinstance,ptmxmode=0666,mode=0620,gid={}",
+        plan.devpts_gid
+    );
+    mount(
+        Some("devpts"),
+        "dev/pts",
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(devpts.as_str()),
+    )
+    .context(|| "mount /dev/pts".into())?;
     std::fs::create_dir("dev/shm")?;
-    mount(Some("tmpfs"), "dev/shm", Some("tmpfs"), nosuid | MsFlags::MS_NOEXEC, Some(format!("mode=1777,{owner}").as_str()))
-        .context(|| "mount /dev/shm".into())?;
-    for (link, target) in [("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+    mount(
+        Some("tmpfs"),
+        "dev/shm",
+        Some("tmpfs"),
+        nosuid | MsFlags::MS_NOEXEC,
+        Some(format!("mode=1777,{owner}").as_str()),
+    )
+    .context(|| "mount /dev/shm".into())?;
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
         std::os::unix::fs::symlink(target, Path::new("dev").join(link))?;
     }
-    mount(Some("tmpfs"), "run", Some("tmpfs"), nosuid, Some(format!("mode=755,{owner}").as_str())).context(|| "mount /run".into())?;
+    mount(
+        Some("tmpfs"),
+        "run",
+        Some("tmpfs"),
+        nosuid,
+        Some(format!("mode=755,{owner}").as_str()),
+    )
+    .context(|| "mount /run".into())?;
     Ok(())
 }
 
@@ -269,6 +354,14 @@ fn drop_capabilities() -> io::Result<()> {
         }
     }
     // SAFETY: as above; clears the ambient set, no pointers involved.
-    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
     Ok(())
 }

@@ -43,10 +43,15 @@ pub struct NsBackend {
 impl NsBackend {
     /// A backend over `pool` with the host's cgroup layout.
     pub fn new(pool: Pool, config: NsConfig) -> Result<Self, BackendError> {
-        let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
+        let cgroups =
+            CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
-        Ok(Self { pool, cgroups, config })
+        Ok(Self {
+            pool,
+            cgroups,
+            config,
+        })
     }
 
     /// The storage pool.
@@ -73,7 +78,8 @@ impl NsBackend {
     }
 
     fn run_helper(&self, plan: &SpawnPlan) -> Result<u32, BackendError> {
-        let json = serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
+        let json =
+            serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
         let mut child = Command::new(&self.config.helper)
             .arg("box-spawn")
             .stdin(Stdio::piped())
@@ -82,9 +88,13 @@ impl NsBackend {
             .spawn()
             .map_err(|e| BackendError::new(format!("run {}", self.config.helper.display()), e))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(&json).map_err(|e| BackendError::new("send spawn plan", e))?;
+            stdin
+                .write_all(&json)
+                .map_err(|e| BackendError::new("send spawn plan", e))?;
         }
-        let out = child.wait_with_output().map_err(|e| BackendError::new("wait for box-spawn", e))?;
+        let out = child
+            .wait_with_output()
+            .map_err(|e| BackendError::new("wait for box-spawn", e))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         match stdout.trim().parse::<u32>() {
             Ok(pid) if out.status.success() => Ok(pid),
@@ -102,7 +112,8 @@ impl Backend for NsBackend {
     }
 
     fn build_image(&self, name: &Name, progress: Progress<'_>) -> Result<(), BackendError> {
-        image::build(&self.pool, name, progress).map_err(|e| BackendError::new(format!("build image {name}"), e))
+        image::build(&self.pool, name, progress)
+            .map_err(|e| BackendError::new(format!("build image {name}"), e))
     }
 
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
@@ -118,10 +129,15 @@ impl Backend for NsBackend {
 
     fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
         let run_dir = self.box_run_dir(rec);
-        std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
+        std::fs::create_dir_all(&run_dir)
+            .map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
         // A previous boot's processes (if any) must be gone before a new PID 1.
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
-        self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
+        self.cgroups
+            .destroy(&rec.id)
+            .map_err(|e| BackendError::new("clear old cgroup", e))?;
+        self.cgroups
+            .create(&rec.id, &rec.limits)
+            .map_err(|e| BackendError::new("create cgroup", e))?;
         let plan = SpawnPlan::for_box(
             rec,
             self.pool.box_path(&rec.id),
@@ -139,14 +155,22 @@ impl Backend for NsBackend {
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
+        self.cgroups
+            .destroy(&rec.id)
+            .map_err(|e| BackendError::new("stop box", e))
     }
 
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
-        self.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box filesystem", e))?;
+        self.cgroups
+            .destroy(&rec.id)
+            .map_err(|e| BackendError::new("stop box", e))?;
+        self.pool
+            .delete_box(&rec.id)
+            .map_err(|e| BackendError::new("delete box filesystem", e))?;
         match std::fs::remove_dir_all(self.box_run_dir(rec)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(BackendError::new("remove run dir", e))
+            }
             _ => Ok(()),
         }
     }
@@ -158,7 +182,9 @@ impl Backend for NsBackend {
 
 /// Whether an agent answers on `socket` within a second.
 fn ping(socket: &std::path::Path) -> bool {
-    let Ok(mut stream) = UnixStream::connect(socket) else { return false };
+    let Ok(mut stream) = UnixStream::connect(socket) else {
+        return false;
+    };
     let timeout = Some(Duration::from_secs(1));
     if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
         return false;

@@ -8,7 +8,11 @@ use crate::fixture::{run, unique};
 use crate::Env;
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn curl(port: u16) -> crate::fixture::Ran {
@@ -26,7 +30,12 @@ impl Drop for Tunnel {
 }
 
 fn tunnel(env: &Env, name: &str, spec: &str) -> Tunnel {
-    let mut cmd = env.daemon.ssh_with(&env.alice, Some(name), &["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec], &[]);
+    let mut cmd = env.daemon.ssh_with(
+        &env.alice,
+        Some(name),
+        &["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec],
+        &[],
+    );
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     Tunnel(cmd.spawn().unwrap())
 }
@@ -47,7 +56,12 @@ pub fn local_reaches_box_server(env: &Env) {
         if out.stdout == "hello-from-box\n" {
             break;
         }
-        assert!(Instant::now() < deadline, "no answer through the tunnel: {:?} {}", out.status, out.stderr);
+        assert!(
+            Instant::now() < deadline,
+            "no answer through the tunnel: {:?} {}",
+            out.status,
+            out.stderr
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -62,8 +76,12 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
     std::thread::sleep(Duration::from_millis(800));
     assert_ne!(curl(port).status, Some(0));
     // Remote forwarding (-R) is refused.
-    let mut cmd =
-        env.daemon.ssh_with(&env.alice, Some(&name), &["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9"], &["true"]);
+    let mut cmd = env.daemon.ssh_with(
+        &env.alice,
+        Some(&name),
+        &["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9"],
+        &["true"],
+    );
     let out = run(&mut cmd);
     assert_eq!(out.status, Some(255), "{}", out.stderr);
     assert!(out.stderr.contains("forwarding failed"), "{}", out.stderr);
@@ -71,12 +89,25 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
     let agent_dir = env.dir.join(format!("{name}-agent"));
     std::fs::create_dir_all(&agent_dir).unwrap();
     let mut cmd = Command::new("ssh-agent");
-    cmd.arg("-a").arg(agent_dir.join("sock")).arg("timeout").arg("120").arg("ssh").args(env.daemon.ssh_opts(&env.alice));
-    cmd.args(["-A", "-p", &env.daemon.port.to_string(), &format!("{name}@127.0.0.1"), "echo \"[$SSH_AUTH_SOCK]\""]);
+    cmd.arg("-a")
+        .arg(agent_dir.join("sock"))
+        .arg("timeout")
+        .arg("120")
+        .arg("ssh")
+        .args(env.daemon.ssh_opts(&env.alice));
+    cmd.args([
+        "-A",
+        "-p",
+        &env.daemon.port.to_string(),
+        &format!("{name}@127.0.0.1"),
+        "echo \"[$SSH_AUTH_SOCK]\"",
+    ]);
     let out = run(&mut cmd).ok();
     assert_eq!(out.stdout, "[]\n");
     // X11 forwarding: no DISPLAY in the box.
-    let mut cmd = env.daemon.ssh_with(&env.alice, Some(&name), &["-X"], &["echo \"[$DISPLAY]\""]);
+    let mut cmd = env
+        .daemon
+        .ssh_with(&env.alice, Some(&name), &["-X"], &["echo \"[$DISPLAY]\""]);
     cmd.env("DISPLAY", ":0");
     let out = run(&mut cmd).ok();
     assert_eq!(out.stdout, "[]\n");

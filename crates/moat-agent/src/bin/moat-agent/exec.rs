@@ -38,7 +38,12 @@ struct Flags {
 
 type Shared = Arc<Mutex<UnixStream>>;
 
-pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper: &Reaper) -> io::Result<()> {
+pub fn run(
+    req: ExecRequest,
+    mut reader: FrameReader,
+    stream: UnixStream,
+    reaper: &Reaper,
+) -> io::Result<()> {
     let program = program_for(&req);
     let writer: Shared = Arc::new(Mutex::new(stream.try_clone()?));
     let flags = Arc::new(Flags::default());
@@ -52,12 +57,25 @@ pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             let ws = winsize(pty.size);
             let pair = openpty(Some(&ws), None)?;
             for fd in [&pair.master, &pair.slave] {
-                nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+                nix::fcntl::fcntl(
+                    fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+                )?;
             }
-            let io = ChildIo { stdin: &pair.slave, stdout: &pair.slave, stderr: &pair.slave, controlling_tty: true };
+            let io = ChildIo {
+                stdin: &pair.slave,
+                stdout: &pair.slave,
+                stderr: &pair.slave,
+                controlling_tty: true,
+            };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
             stdin = Some(File::from(pair.master.try_clone()?));
-            pumps.push(start_pump(pair.master.try_clone()?, AgentMsg::Stdout, &writer, &flags));
+            pumps.push(start_pump(
+                pair.master.try_clone()?,
+                AgentMsg::Stdout,
+                &writer,
+                &flags,
+            ));
             terminal = Some(pair.master);
             spawned
         }
@@ -65,7 +83,12 @@ pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC)?;
             let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC)?;
             let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC)?;
-            let io = ChildIo { stdin: &in_r, stdout: &out_w, stderr: &err_w, controlling_tty: false };
+            let io = ChildIo {
+                stdin: &in_r,
+                stdout: &out_w,
+                stderr: &err_w,
+                controlling_tty: false,
+            };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
             stdin = Some(File::from(in_w));
             pumps.push(start_pump(out_r, AgentMsg::Stdout, &writer, &flags));
@@ -79,10 +102,18 @@ pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
         Err(e) => {
             flags.host_gone.store(true, Ordering::Relaxed);
             let shell = program.path.to_string_lossy().into_owned();
-            return frames::send(&stream, &AgentMsg::Error(format!("cannot run {shell}: {e}")));
+            return frames::send(
+                &stream,
+                &AgentMsg::Error(format!("cannot run {shell}: {e}")),
+            );
         }
     };
-    send(&writer, &AgentMsg::Started { pid: pid.as_raw() as u32 })?;
+    send(
+        &writer,
+        &AgentMsg::Started {
+            pid: pid.as_raw() as u32,
+        },
+    )?;
 
     // The waiter reports the exit once all output before it has been sent.
     let waiter = {
@@ -143,7 +174,12 @@ fn send(writer: &Shared, msg: &AgentMsg) -> io::Result<()> {
 }
 
 fn winsize(size: WinSize) -> Winsize {
-    Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 }
+    Winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
 }
 
 /// Copies one output fd to the host as frames made by `wrap`.
@@ -236,7 +272,10 @@ fn program_for(req: &ExecRequest) -> Program {
     Program {
         path: cstring(shell),
         argv,
-        envp: env.into_iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect(),
+        envp: env
+            .into_iter()
+            .map(|(k, v)| cstring(format!("{k}={v}")))
+            .collect(),
         cwd: cstring(home),
     }
 }

@@ -54,9 +54,13 @@ fn reap_forever(waiters: &(Mutex<Waiters>, Condvar)) {
     loop {
         let status = match waitpid(Pid::from_raw(-1), None) {
             Ok(WaitStatus::Exited(pid, code)) => Some((pid, ExitStatus::Code(code))),
-            Ok(WaitStatus::Signaled(pid, sig, core_dumped)) => {
-                Some((pid, ExitStatus::Signal { signo: sig as i32, core_dumped }))
-            }
+            Ok(WaitStatus::Signaled(pid, sig, core_dumped)) => Some((
+                pid,
+                ExitStatus::Signal {
+                    signo: sig as i32,
+                    core_dumped,
+                },
+            )),
             Ok(_) | Err(Errno::EINTR) => None,
             Err(_) => {
                 // No children at all: sleep until a spawn (or a while) passes.

@@ -20,7 +20,10 @@ pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()
         .map(|addr| TcpStream::connect_timeout(addr, Duration::from_secs(5)))
         .find_map(Result::ok);
     let Some(mut tcp) = connected else {
-        return frames::send(&host, &AgentMsg::Error(format!("nothing listens on port {port} in the box")));
+        return frames::send(
+            &host,
+            &AgentMsg::Error(format!("nothing listens on port {port} in the box")),
+        );
     };
     frames::send(&host, &AgentMsg::Connected)?;
     let (early, mut from_host) = reader.into_parts();
