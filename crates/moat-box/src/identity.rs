@@ -16,24 +16,100 @@ use nix::fcntl::{openat, openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::Mode;
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-/// Writes a fresh identity for a box called `name` into `root`.
+/// SSH host key types an image may carry, by their file names' middle part.
+const HOST_KEY_TYPES: &[&str] = &["rsa", "ecdsa", "ed25519"];
+
+/// Writes a fresh identity for a box called `name` into `root`: host name,
+/// machine-id, random seed, and new SSH host keys for each kind the image has.
 pub fn mint(root: &Path, name: &Name) -> io::Result<()> {
     let dir: OwnedFd = std::fs::File::open(root)?.into();
-    write_in_root(&dir, "etc/hostname", format!("{name}\n").as_bytes())?;
+    write_host_name(&dir, name)?;
+    let machine_id = format!("{}\n", hex::encode(random::<16>()));
+    write_in_root(&dir, "etc/machine-id", machine_id.as_bytes(), 0o444)?;
+    // Only images with systemd have a seed to replace.
+    if_present(write_in_root(
+        &dir,
+        "var/lib/systemd/random-seed",
+        &random::<512>(),
+        0o600,
+    ))?;
+    for kind in HOST_KEY_TYPES {
+        let key = format!("etc/ssh/ssh_host_{kind}_key");
+        if exists_in_root(&dir, &key) {
+            let (private, public) = generate_host_key(kind, name)?;
+            write_in_root(&dir, &key, &private, 0o600)?;
+            write_in_root(&dir, &format!("{key}.pub"), &public, 0o644)?;
+        }
+    }
+    Ok(())
+}
+
+/// Gives the box in `root` a new host name (after a promote).
+pub fn rename(root: &Path, name: &Name) -> io::Result<()> {
+    let dir: OwnedFd = std::fs::File::open(root)?.into();
+    write_host_name(&dir, name)
+}
+
+fn write_host_name(dir: &OwnedFd, name: &Name) -> io::Result<()> {
+    write_in_root(dir, "etc/hostname", format!("{name}\n").as_bytes(), 0o644)?;
     let hosts = format!(
         "127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
     );
-    write_in_root(&dir, "etc/hosts", hosts.as_bytes())?;
-    write_in_root(
-        &dir,
-        "etc/machine-id",
-        format!("{}\n", hex::encode(random::<16>())).as_bytes(),
-    )?;
-    // Only images with systemd have a seed to replace.
-    match write_in_root(&dir, "var/lib/systemd/random-seed", &random::<512>()) {
+    write_in_root(dir, "etc/hosts", hosts.as_bytes(), 0o644)
+}
+
+fn if_present(r: io::Result<()>) -> io::Result<()> {
+    match r {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
+}
+
+/// A new host key pair of `kind`, made by ssh-keygen in a private host
+/// directory (never inside the box's tree, whose paths the box controls).
+fn generate_host_key(kind: &str, name: &Name) -> io::Result<(Vec<u8>, Vec<u8>)> {
+    let dir = std::env::temp_dir().join(format!(
+        "moat-hostkey-{}-{}",
+        std::process::id(),
+        hex::encode(random::<8>())
+    ));
+    std::fs::create_dir(&dir)?;
+    let key = dir.join("key");
+    let out = std::process::Command::new("ssh-keygen")
+        .args([
+            "-q",
+            "-N",
+            "",
+            "-t",
+            kind,
+            "-C",
+            &format!("root@{name}"),
+            "-f",
+        ])
+        .arg(&key)
+        .output();
+    let result = out.and_then(|out| {
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "ssh-keygen -t {kind}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok((
+            std::fs::read(&key)?,
+            std::fs::read(key.with_extension("pub"))?,
+        ))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Whether `rel` names something (not following a final symlink) inside `root`.
+fn exists_in_root(root: &OwnedFd, rel: &str) -> bool {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    openat2(root, rel, how).is_ok()
 }
 
 fn random<const N: usize>() -> [u8; N] {
@@ -46,7 +122,7 @@ fn random<const N: usize>() -> [u8; N] {
 /// Replaces `rel` (relative to `root`) with a new file holding `data`, never
 /// leaving `root`: the parent is resolved inside the root, and whatever stood at
 /// `rel` (a symlink included) is unlinked, not followed.
-fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8]) -> io::Result<()> {
+fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8], mode: u32) -> io::Result<()> {
     let (parent, file) = rel.rsplit_once('/').unwrap_or((".", rel));
     let how = OpenHow::new()
         .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
@@ -59,7 +135,7 @@ fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8]) -> io::Result<()> {
     }
     let flags =
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = openat(&dir, file, flags, Mode::from_bits_truncate(0o644)).map_err(context)?;
+    let fd = openat(&dir, file, flags, Mode::from_bits_truncate(mode)).map_err(context)?;
     std::fs::File::from(fd).write_all(data)
 }
 
@@ -98,5 +174,21 @@ mod tests {
         let second = std::fs::read_to_string(root.path().join("etc/machine-id")).unwrap();
         assert_eq!(first.len(), 33);
         assert_ne!(first, second);
+        // Host keys are replaced only for the kinds the image has.
+        std::fs::create_dir(root.path().join("etc/ssh")).unwrap();
+        std::fs::write(root.path().join("etc/ssh/ssh_host_ed25519_key"), "old").unwrap();
+        mint(root.path(), &name).unwrap();
+        let key =
+            std::fs::read_to_string(root.path().join("etc/ssh/ssh_host_ed25519_key")).unwrap();
+        assert!(
+            key.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----"),
+            "{key}"
+        );
+        assert!(
+            std::fs::read_to_string(root.path().join("etc/ssh/ssh_host_ed25519_key.pub"))
+                .unwrap()
+                .contains("root@web")
+        );
+        assert!(!root.path().join("etc/ssh/ssh_host_rsa_key").exists());
     }
 }

@@ -3,6 +3,7 @@
 //! - [`pool`]: the copy-on-write storage pool (btrfs, loop-backed where needed);
 //! - [`image`]: building the read-only images boxes start from;
 //! - [`identity`]: what makes each box a machine of its own;
+//! - [`diff`]: what changed between two boxes' filesystems;
 //! - [`ns`]: the namespace backend, with its planner and its privileged enforcer;
 //! - [`sys`]: the raw kernel calls, the crate's only `unsafe`.
 //!
@@ -11,13 +12,14 @@
 
 #![allow(unsafe_code)]
 
+pub mod diff;
 pub mod identity;
 pub mod image;
 pub mod ns;
 pub mod pool;
 pub mod sys;
 
-use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Name};
+use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Change, Name};
 
 /// Every backend moat has, behind one type.
 pub enum AnyBackend {
@@ -61,5 +63,17 @@ impl Backend for AnyBackend {
     }
     fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr {
         self.inner().agent_addr(rec)
+    }
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+        self.inner().dup(src, dst)
+    }
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord) -> Result<Vec<Change>, BackendError> {
+        self.inner().diff(a, b)
+    }
+    fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
+        self.inner().rename(rec, name)
+    }
+    fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.inner().thaw(rec)
     }
 }

@@ -100,6 +100,13 @@ impl Pool {
         for dir in [pool.images_dir(), pool.boxes_dir()] {
             fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
         }
+        // Quotas cap each box's disk use; enabling them is idempotent.
+        run(
+            Command::new("btrfs")
+                .args(["quota", "enable"])
+                .arg(&pool.root),
+            "btrfs quota enable",
+        )?;
         // Image files keep their owners and setuid bits; no host user may reach them.
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&pool.root, fs::Permissions::from_mode(0o700))
@@ -148,6 +155,21 @@ impl Pool {
         sys::subvolume_snapshot(&src, &self.boxes_dir(), id.as_str(), false)
             .map_err(io_err("snapshot", &src))?;
         Ok(self.box_path(id))
+    }
+
+    /// Makes box `dst`'s root a writable snapshot of box `src`'s root.
+    pub fn snapshot_box(&self, src: &BoxId, dst: &BoxId) -> Result<PathBuf, PoolError> {
+        let from = self.box_path(src);
+        sys::subvolume_snapshot(&from, &self.boxes_dir(), dst.as_str(), false)
+            .map_err(io_err("snapshot", &from))?;
+        Ok(self.box_path(dst))
+    }
+
+    /// Caps what box `id` may write beyond what it shares with its image or
+    /// parent (its exclusive bytes); writes past it fail with EDQUOT.
+    pub fn set_disk_limit(&self, id: &BoxId, bytes: u64) -> Result<(), PoolError> {
+        let path = self.box_path(id);
+        sys::qgroup_limit_exclusive(&path, bytes).map_err(io_err("set disk limit on", &path))
     }
 
     /// Deletes box `id`'s root, if it exists.

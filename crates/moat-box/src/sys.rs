@@ -44,6 +44,53 @@ nix::ioctl_write_ptr!(
     /// BTRFS_IOC_SNAP_DESTROY
     btrfs_snap_destroy, BTRFS_IOCTL_MAGIC, 15, VolArgs);
 
+/// `struct btrfs_qgroup_limit` (linux/btrfs.h).
+#[repr(C)]
+struct QgroupLimit {
+    flags: u64,
+    max_rfer: u64,
+    max_excl: u64,
+    rsv_rfer: u64,
+    rsv_excl: u64,
+}
+
+/// `struct btrfs_ioctl_qgroup_limit_args` (linux/btrfs.h).
+#[repr(C)]
+struct QgroupLimitArgs {
+    qgroupid: u64,
+    lim: QgroupLimit,
+}
+
+const BTRFS_QGROUP_LIMIT_MAX_EXCL: u64 = 1 << 1;
+
+nix::ioctl_read!(
+    /// BTRFS_IOC_QGROUP_LIMIT
+    btrfs_qgroup_limit,
+    BTRFS_IOCTL_MAGIC,
+    43,
+    QgroupLimitArgs
+);
+
+/// Limits the exclusive bytes of the subvolume at `path` (quotas must be on).
+pub fn qgroup_limit_exclusive(path: &Path, bytes: u64) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    // qgroupid 0 means "the subvolume this fd is in".
+    let mut args = QgroupLimitArgs {
+        qgroupid: 0,
+        lim: QgroupLimit {
+            flags: BTRFS_QGROUP_LIMIT_MAX_EXCL,
+            max_rfer: 0,
+            max_excl: bytes,
+            rsv_rfer: 0,
+            rsv_excl: 0,
+        },
+    };
+    // SAFETY: `args` is a fully initialised btrfs_ioctl_qgroup_limit_args that
+    // outlives the call; `dir` is an open directory on the filesystem.
+    unsafe { btrfs_qgroup_limit(dir.as_raw_fd(), &mut args) }?;
+    Ok(())
+}
+
 /// The ioctl numbers a box must not use (they would let it nest subvolumes the
 /// host then cannot delete with the box).
 pub const BTRFS_SUBVOLUME_IOCTLS: [u64; 4] = [

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use serde::Serialize;
+
 use crate::ids::Name;
 use crate::record::BoxRecord;
 
@@ -11,6 +13,27 @@ use crate::record::BoxRecord;
 pub enum AgentAddr {
     /// A unix socket on the host (namespace backend).
     Unix(PathBuf),
+}
+
+/// How a path differs between two boxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    /// Only in the second box.
+    Added,
+    /// In both, with different type, content size, mode, owner, times or target.
+    Modified,
+    /// Only in the first box.
+    Deleted,
+}
+
+/// One difference between two box filesystems.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Change {
+    /// The path inside the box, starting with `/`.
+    pub path: String,
+    /// What happened to it.
+    pub change: ChangeKind,
 }
 
 /// A backend failure, with the backend's own error as its source.
@@ -65,4 +88,15 @@ pub trait Backend: Send + Sync + 'static {
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError>;
     /// Where the box's agent can be reached.
     fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr;
+    /// Makes `dst`'s filesystem a copy of `src`'s as of this instant (a running
+    /// `src` is frozen for that instant), with a fresh identity for `dst`.
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError>;
+    /// What differs in `b`'s filesystem relative to `a`'s, sorted by path.
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord) -> Result<Vec<Change>, BackendError>;
+    /// Writes a new host name into the box's files (running processes see it
+    /// after the box restarts).
+    fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError>;
+    /// Lets the box's processes run again if something froze them (an
+    /// operation interrupted by a crash); a no-op otherwise.
+    fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError>;
 }

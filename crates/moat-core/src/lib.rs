@@ -3,13 +3,14 @@
 //! lifecycle that ties them together.
 
 pub mod backend;
+pub mod fault;
 pub mod ids;
 pub mod limits;
 pub mod manager;
 pub mod record;
 pub mod store;
 
-pub use backend::{AgentAddr, Backend, BackendError};
+pub use backend::{AgentAddr, Backend, BackendError, Change, ChangeKind};
 pub use ids::{AccountId, BoxId, Name, NameError};
 pub use limits::{Limits, LimitsError};
 pub use manager::{BoxManager, BoxSpec, ManagerError, ProgressSink};

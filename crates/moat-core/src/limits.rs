@@ -11,6 +11,8 @@ pub struct Limits {
     pub memory: u64,
     /// Most processes and threads at once.
     pub pids: u32,
+    /// Most bytes the box may write on top of its image (its exclusive disk use).
+    pub disk: u64,
 }
 
 impl Default for Limits {
@@ -19,6 +21,7 @@ impl Default for Limits {
             cpus: 2,
             memory: 2 << 30,
             pids: 2048,
+            disk: 16 << 30,
         }
     }
 }
@@ -47,6 +50,7 @@ impl Limits {
         check("--cpus", u64::from(self.cpus), 1, 256)?;
         check("--memory", self.memory, 16 << 20, 1 << 40)?;
         check("--pids", u64::from(self.pids), 16, 1 << 22)?;
+        check("--disk", self.disk, 64 << 20, 1 << 50)?;
         Ok(())
     }
 }

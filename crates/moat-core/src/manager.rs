@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::backend::{AgentAddr, Backend, BackendError};
+use crate::backend::{AgentAddr, Backend, BackendError, Change};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::{Limits, LimitsError};
 use crate::record::{BoxRecord, BoxState};
@@ -30,6 +30,15 @@ pub enum ManagerError {
     /// The box is still being made.
     #[error("box {0} is still being created")]
     Busy(Name),
+    /// `promote` of a box that is not a duplicate.
+    #[error("box {0} was not duplicated from another box")]
+    NoParent(Name),
+    /// `promote` of a box whose parent was removed.
+    #[error("the box {0} was duplicated from no longer exists")]
+    ParentGone(Name),
+    /// A name built from another is too long to be a name.
+    #[error("{0}: the name would be too long")]
+    NameTooLong(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -205,6 +214,98 @@ impl BoxManager {
         Ok(addr)
     }
 
+    /// Duplicates `src` as `dst`: a copy of its filesystem as of now, booted with
+    /// a fresh process tree and identity. On any failure (or a crash, rolled back
+    /// by `recover`) no `dst` is left and `src` runs on untouched.
+    pub async fn dup(
+        &self,
+        account: &AccountId,
+        src: &Name,
+        dst: &Name,
+    ) -> Result<BoxRecord, ManagerError> {
+        let src = self.get(account, src)?;
+        if self.store.get(account, dst)?.is_some() {
+            return Err(StoreError::NameTaken(dst.clone()).into());
+        }
+        let lock = self.lock_for(&src.id);
+        let _guard = lock.lock().await;
+        let src = self.get(account, &src.name)?;
+        if src.state == BoxState::Creating {
+            return Err(ManagerError::Busy(src.name));
+        }
+        let mut rec = self.store.insert_dup(&src, dst, now())?;
+        let (s, d) = (src.clone(), rec.clone());
+        let booted = self
+            .blocking(move |b| {
+                b.dup(&s, &d)?;
+                b.start(&d).inspect_err(|_| {
+                    let _ = b.destroy(&d);
+                })
+            })
+            .await;
+        match booted {
+            Ok(Ok(pid)) => {
+                self.store
+                    .set_state(&rec.id, BoxState::Running, Some(pid))?;
+                rec.state = BoxState::Running;
+                rec.pid = Some(pid);
+                tracing::info!(box_id = %rec.id, name = %rec.name, parent = %src.name, pid, "box duplicated");
+                Ok(rec)
+            }
+            Ok(Err(e)) => {
+                self.store.delete(&rec.id)?;
+                Err(e.into())
+            }
+            Err(e) => {
+                self.store.delete(&rec.id)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// What changed in `b` relative to `a`.
+    pub async fn diff(
+        &self,
+        account: &AccountId,
+        a: &Name,
+        b: &Name,
+    ) -> Result<Vec<Change>, ManagerError> {
+        let (a, b) = (self.get(account, a)?, self.get(account, b)?);
+        Ok(self.blocking(move |backend| backend.diff(&a, &b)).await??)
+    }
+
+    /// Makes a duplicate take its parent's place: the parent's name now means the
+    /// child, and the parent stays as `<name>-prev` until removed. Returns the
+    /// parent's new name.
+    pub async fn promote(&self, account: &AccountId, child: &Name) -> Result<Name, ManagerError> {
+        let child = self.get(account, child)?;
+        let parent_id = child
+            .parent
+            .clone()
+            .ok_or_else(|| ManagerError::NoParent(child.name.clone()))?;
+        let parent = self
+            .store
+            .get_by_id(&parent_id)?
+            .filter(|p| p.account == *account)
+            .ok_or_else(|| ManagerError::ParentGone(child.name.clone()))?;
+        let prev = format!("{}-prev", parent.name);
+        let prev = Name::new(&prev).map_err(|_| ManagerError::NameTooLong(prev))?;
+        self.store.promote(&child, &parent, &prev)?;
+        let (c, p, new_child_name, prev_name) = (
+            child.clone(),
+            parent.clone(),
+            parent.name.clone(),
+            prev.clone(),
+        );
+        self.blocking(move |b| {
+            b.rename(&c, &new_child_name)?;
+            b.rename(&p, &prev_name)
+        })
+        .await??;
+        tracing::info!(child = %child.name, parent = %parent.name, %prev, "box promoted");
+        Ok(prev)
+    }
+
     /// Stops and deletes a box and everything it held.
     pub async fn remove(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
         let rec = self.get(account, name)?;
@@ -241,7 +342,13 @@ impl BoxManager {
                     self.store.delete(&rec.id)?;
                 }
                 BoxState::Running | BoxState::Stopped => {
-                    let running = self.blocking(move |b| b.is_running(&r)).await?;
+                    // A crash during `dup` may have left it frozen.
+                    let running = self
+                        .blocking(move |b| {
+                            let _ = b.thaw(&r);
+                            b.is_running(&r)
+                        })
+                        .await?;
                     let state = if running {
                         BoxState::Running
                     } else {

@@ -70,6 +70,12 @@ pub struct BoxRecord {
     pub pid: Option<u32>,
     /// Creation time, seconds since the Unix epoch.
     pub created_at: u64,
+    /// The box this one was duplicated from, if any.
+    #[serde(skip)]
+    pub parent: Option<BoxId>,
+    /// That box's name, if it still exists (for display).
+    #[serde(rename = "parent")]
+    pub parent_name: Option<Name>,
 }
 
 impl BoxRecord {

@@ -51,7 +51,19 @@ CREATE TABLE IF NOT EXISTS boxes (
 );
 ";
 
-const COLUMNS: &str = "id, account, name, image, cpus, memory, pids, slot, state, pid, created_at";
+/// Columns added after the first schema: (name, type). Added to old databases
+/// on open, so a daemon upgrade finds every box.
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("disk", "INTEGER NOT NULL DEFAULT 17179869184"),
+    ("parent", "TEXT"),
+];
+
+const COLUMNS: &str =
+    "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pids, b.slot, b.state, b.pid, \
+                       b.created_at, b.disk, b.parent, p.name";
+
+/// `boxes` as `b`, with each box's parent (if it still exists) as `p`.
+const FROM: &str = "boxes b LEFT JOIN boxes p ON p.id = b.parent";
 
 impl Store {
     /// Opens (creating if needed) the database at `path`.
@@ -61,6 +73,15 @@ impl Store {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        let existing: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info('boxes')")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for (column, ty) in ADDED_COLUMNS {
+            if !existing.iter().any(|c| c == column) {
+                conn.execute_batch(&format!("ALTER TABLE boxes ADD COLUMN {column} {ty}"))?;
+            }
+        }
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -78,6 +99,35 @@ impl Store {
         image: &Name,
         limits: Limits,
         created_at: u64,
+    ) -> Result<BoxRecord, StoreError> {
+        self.insert(account, name, image, limits, created_at, None)
+    }
+
+    /// Adds a box in state `creating` as a duplicate of `parent`.
+    pub fn insert_dup(
+        &self,
+        parent: &BoxRecord,
+        name: &Name,
+        created_at: u64,
+    ) -> Result<BoxRecord, StoreError> {
+        self.insert(
+            &parent.account,
+            name,
+            &parent.image,
+            parent.limits,
+            created_at,
+            Some(parent),
+        )
+    }
+
+    fn insert(
+        &self,
+        account: &AccountId,
+        name: &Name,
+        image: &Name,
+        limits: Limits,
+        created_at: u64,
+        parent: Option<&BoxRecord>,
     ) -> Result<BoxRecord, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
@@ -117,9 +167,12 @@ impl Store {
             state: BoxState::Creating,
             pid: None,
             created_at,
+            parent: parent.map(|p| p.id.clone()),
+            parent_name: parent.map(|p| p.name.clone()),
         };
         tx.execute(
-            &format!("INSERT INTO boxes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
+            "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, parent) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             params![
                 rec.id.as_str(),
                 account.0,
@@ -132,6 +185,8 @@ impl Store {
                 rec.state.as_str(),
                 None::<u32>,
                 created_at as i64,
+                limits.disk as i64,
+                rec.parent.as_ref().map(BoxId::as_str),
             ],
         )?;
         tx.commit()?;
@@ -143,7 +198,7 @@ impl Store {
         let conn = self.conn();
         let row = conn
             .query_row(
-                &format!("SELECT {COLUMNS} FROM boxes WHERE account = ?1 AND name = ?2"),
+                &format!("SELECT {COLUMNS} FROM {FROM} WHERE b.account = ?1 AND b.name = ?2"),
                 params![account.0, name.as_str()],
                 |r| Ok(from_row(r)),
             )
@@ -155,7 +210,7 @@ impl Store {
     pub fn list(&self, account: Option<&AccountId>) -> Result<Vec<BoxRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(&format!(
-            "SELECT {COLUMNS} FROM boxes WHERE ?1 IS NULL OR account = ?1 ORDER BY name, account"
+            "SELECT {COLUMNS} FROM {FROM} WHERE ?1 IS NULL OR b.account = ?1 ORDER BY b.name, b.account"
         ))?;
         let rows = stmt.query_map(params![account.map(|a| a.0.as_str())], |r| Ok(from_row(r)))?;
         rows.map(|r| r?).collect()
@@ -172,6 +227,51 @@ impl Store {
             "UPDATE boxes SET state = ?2, pid = ?3 WHERE id = ?1",
             params![id.as_str(), state.as_str(), pid],
         )?;
+        Ok(())
+    }
+
+    /// The box with host id `id`.
+    pub fn get_by_id(&self, id: &BoxId) -> Result<Option<BoxRecord>, StoreError> {
+        let conn = self.conn();
+        let row = conn
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM {FROM} WHERE b.id = ?1"),
+                params![id.as_str()],
+                |r| Ok(from_row(r)),
+            )
+            .optional()?;
+        row.transpose()
+    }
+
+    /// Promotes `child` over `parent`: in one transaction, the parent takes the
+    /// name `parent_new_name` and the child takes the parent's name.
+    pub fn promote(
+        &self,
+        child: &BoxRecord,
+        parent: &BoxRecord,
+        parent_new_name: &Name,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let taken = tx
+            .query_row(
+                "SELECT 1 FROM boxes WHERE account = ?1 AND name = ?2",
+                params![parent.account.0, parent_new_name.as_str()],
+                |_| Ok(()),
+            )
+            .optional()?;
+        if taken.is_some() {
+            return Err(StoreError::NameTaken(parent_new_name.clone()));
+        }
+        tx.execute(
+            "UPDATE boxes SET name = ?2 WHERE id = ?1",
+            params![parent.id.as_str(), parent_new_name.as_str()],
+        )?;
+        tx.execute(
+            "UPDATE boxes SET name = ?2 WHERE id = ?1",
+            params![child.id.as_str(), parent.name.as_str()],
+        )?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -195,11 +295,19 @@ fn from_row(r: &Row<'_>) -> Result<BoxRecord, StoreError> {
             cpus: r.get(4)?,
             memory: r.get::<_, i64>(5)? as u64,
             pids: r.get(6)?,
+            disk: r.get::<_, i64>(11)? as u64,
         },
         slot: r.get(7)?,
         state: BoxState::parse(&r.get::<_, String>(8)?).ok_or_else(corrupt)?,
         pid: r.get(9)?,
         created_at: r.get::<_, i64>(10)? as u64,
+        parent: match r.get::<_, Option<String>>(12)? {
+            Some(p) => Some(BoxId::parse(&p).ok_or_else(corrupt)?),
+            None => None,
+        },
+        parent_name: r
+            .get::<_, Option<String>>(13)?
+            .and_then(|n| Name::new(&n).ok()),
     })
 }
 
@@ -261,6 +369,60 @@ mod tests {
         assert_eq!(store.list(None).unwrap().len(), 3);
         store.delete(&web.id).unwrap();
         assert!(store.get(&alice, &names("web")).unwrap().is_none());
+    }
+
+    #[test]
+    fn dup_records_lineage_and_promote_swaps_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let a = AccountId("a".into());
+        let web = store
+            .insert_new(&a, &names("web"), &names("debian"), Limits::default(), 1)
+            .unwrap();
+        let try_ = store.insert_dup(&web, &names("web-try"), 2).unwrap();
+        let got = store.get(&a, &names("web-try")).unwrap().unwrap();
+        assert_eq!(got.parent, Some(web.id.clone()));
+        assert_eq!(got.parent_name, Some(names("web")));
+        store.promote(&try_, &web, &names("web-prev")).unwrap();
+        assert_eq!(store.get(&a, &names("web")).unwrap().unwrap().id, try_.id);
+        let prev = store.get(&a, &names("web-prev")).unwrap().unwrap();
+        assert_eq!(prev.id, web.id);
+        assert_eq!(
+            store.get(&a, &names("web")).unwrap().unwrap().parent_name,
+            Some(names("web-prev"))
+        );
+        // A second promote onto an existing name is refused and changes nothing.
+        let other = store.insert_dup(&prev, &names("other"), 3).unwrap();
+        assert!(matches!(
+            store.promote(&other, &prev, &names("web")),
+            Err(StoreError::NameTaken(_))
+        ));
+        assert_eq!(
+            store.get(&a, &names("web-prev")).unwrap().unwrap().id,
+            web.id
+        );
+    }
+
+    #[test]
+    fn old_databases_gain_new_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        conn.execute(
+            "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at) \
+             VALUES ('00ff', 'a', 'old', 'debian', 1, 1073741824, 100, 0, 'stopped', NULL, 5)",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        let store = Store::open(&path).unwrap();
+        let old = store
+            .get(&AccountId("a".into()), &names("old"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(old.limits.disk, 16 << 30);
+        assert_eq!(old.parent, None);
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use moat_core::limits::parse_size;
-use moat_core::{AccountId, BoxManager, BoxSpec, Limits, ManagerError, Name, ProgressSink};
+use moat_core::{
+    AccountId, BoxManager, BoxSpec, ChangeKind, Limits, ManagerError, Name, ProgressSink,
+};
 use serde::Serialize;
 
 /// What `help` prints.
@@ -18,11 +20,14 @@ moat: disposable boxes over SSH
 usage: ssh HOST COMMAND [ARGS]
 
 commands:
-  new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N]
+  new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE]
                       create a box (image 'debian' unless told, built on first use)
   ls [--json]         list your boxes
   info NAME [--json]  show one box
   rm NAME             stop and delete a box and its files
+  dup SRC DST         copy box SRC as DST, instantly (SRC keeps running); DST is a new machine
+  diff A B [--json]   the files added (A), modified (M) and deleted (D) in B relative to A
+  promote CHILD       CHILD takes its parent's name; the parent stays as PARENT-prev
   help                this text
 
 then: ssh NAME@HOST for a shell in box NAME, ssh NAME@HOST CMD to run CMD;
@@ -63,6 +68,27 @@ pub enum Command {
         /// Box name.
         name: Name,
     },
+    /// `dup SRC DST`
+    Dup {
+        /// The box to copy.
+        src: Name,
+        /// The copy's name.
+        dst: Name,
+    },
+    /// `diff A B [--json]`
+    Diff {
+        /// The reference box.
+        a: Name,
+        /// The box whose changes are listed.
+        b: Name,
+        /// Machine-readable output.
+        json: bool,
+    },
+    /// `promote CHILD`
+    Promote {
+        /// The duplicate that takes its parent's place.
+        child: Name,
+    },
 }
 
 /// A command line that does not parse.
@@ -101,6 +127,23 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
             Ok(Command::Rm { name })
         }
         "new" => parse_new(args),
+        "dup" => {
+            let src = name_arg("dup", args.first())?;
+            let dst = name_arg("dup", args.get(1))?;
+            no_more("dup", args.get(2..).unwrap_or_default())?;
+            Ok(Command::Dup { src, dst })
+        }
+        "diff" => {
+            let a = name_arg("diff", args.first())?;
+            let b = name_arg("diff", args.get(1))?;
+            let json = flags_only("diff", args.get(2..).unwrap_or_default())?;
+            Ok(Command::Diff { a, b, json })
+        }
+        "promote" => {
+            let child = name_arg("promote", args.first())?;
+            no_more("promote", args.get(1..).unwrap_or_default())?;
+            Ok(Command::Promote { child })
+        }
         other => Err(usage(format!("unknown command {other:?} (see 'help')"))),
     }
 }
@@ -146,6 +189,10 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
             }
             "--cpus" => limits.cpus = number(flag, &value()?)?,
             "--pids" => limits.pids = number(flag, &value()?)?,
+            "--disk" => {
+                limits.disk =
+                    parse_size(&value()?).map_err(|e| usage(format!("new: --disk: {e}")))?
+            }
             "--memory" => {
                 limits.memory =
                     parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?
@@ -200,19 +247,20 @@ pub async fn run(
                 return Ok(to_json(&boxes));
             }
             let mut out = format!(
-                "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}\n",
-                "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "PIDS"
+                "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}  {}\n",
+                "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "PIDS", "PARENT"
             );
             for b in &boxes {
                 let _ = writeln!(
                     out,
-                    "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}",
+                    "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}  {}",
                     b.name,
                     b.state,
                     b.image,
                     b.limits.cpus,
                     human_size(b.limits.memory),
-                    b.limits.pids
+                    b.limits.pids,
+                    b.parent_name.as_ref().map_or("-", |p| p.as_str())
                 );
             }
             Ok(out)
@@ -222,14 +270,52 @@ pub async fn run(
             if json {
                 return Ok(to_json(&b));
             }
+            let parent = match (&b.parent_name, &b.parent) {
+                (Some(name), _) => format!("{name} (duplicated at {})", b.created_at),
+                (None, Some(_)) => format!("a removed box (duplicated at {})", b.created_at),
+                (None, None) => "-".to_string(),
+            };
             Ok(format!(
-                "name:     {}\nid:       {}\nstate:    {}\nimage:    {}\ncpus:     {}\nmemory:   {}\npids:     {}\ncreated:  {}\n",
-                b.name, b.id, b.state, b.image, b.limits.cpus, human_size(b.limits.memory), b.limits.pids, b.created_at
+                "name:     {}\nid:       {}\nstate:    {}\nimage:    {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
+                b.name,
+                b.id,
+                b.state,
+                b.image,
+                b.limits.cpus,
+                human_size(b.limits.memory),
+                b.limits.pids,
+                human_size(b.limits.disk),
+                b.created_at,
+                parent
             ))
         }
         Command::Rm { name } => {
             manager.remove(account, &name).await?;
             Ok(String::new())
+        }
+        Command::Dup { src, dst } => {
+            let rec = manager.dup(account, &src, &dst).await?;
+            Ok(format!("{}\n", rec.name))
+        }
+        Command::Diff { a, b, json } => {
+            let changes = manager.diff(account, &a, &b).await?;
+            if json {
+                return Ok(to_json(&changes));
+            }
+            let mut out = String::new();
+            for c in changes {
+                let mark = match c.change {
+                    ChangeKind::Added => 'A',
+                    ChangeKind::Modified => 'M',
+                    ChangeKind::Deleted => 'D',
+                };
+                let _ = writeln!(out, "{mark} {}", c.path);
+            }
+            Ok(out)
+        }
+        Command::Promote { child } => {
+            let prev = manager.promote(account, &child).await?;
+            Ok(format!("{prev}\n"))
         }
     }
 }
@@ -283,7 +369,8 @@ mod tests {
             Limits {
                 cpus: 1,
                 memory: 512 << 20,
-                pids: 64
+                pids: 64,
+                ..Limits::default()
             }
         );
         assert_eq!(
@@ -294,6 +381,48 @@ mod tests {
                 limits: Limits::default()
             }
         );
+    }
+
+    #[test]
+    fn parses_storage_commands() {
+        let n = |s: &str| Name::new(s).unwrap();
+        assert_eq!(
+            p("dup web web-try").unwrap(),
+            Command::Dup {
+                src: n("web"),
+                dst: n("web-try")
+            }
+        );
+        assert_eq!(
+            p("diff web web-try --json").unwrap(),
+            Command::Diff {
+                a: n("web"),
+                b: n("web-try"),
+                json: true
+            }
+        );
+        assert_eq!(
+            p("promote web-try").unwrap(),
+            Command::Promote {
+                child: n("web-try")
+            }
+        );
+        let Command::New { limits, .. } = p("new x --disk 1G").unwrap() else {
+            panic!("not new")
+        };
+        assert_eq!(limits.disk, 1 << 30);
+        for bad in [
+            "dup web",
+            "dup web Web",
+            "dup a b c",
+            "diff a",
+            "diff a b --long",
+            "promote",
+            "promote a b",
+            "new x --disk 1K",
+        ] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

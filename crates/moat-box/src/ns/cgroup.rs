@@ -138,6 +138,68 @@ impl CgroupLayout {
         Ok(())
     }
 
+    /// The directory holding the box's freezer, and the file that freezes it.
+    fn freezer(&self, id: &BoxId) -> (PathBuf, &'static str) {
+        match self {
+            Self::V2 { parent } => (parent.join(id.as_str()), "cgroup.freeze"),
+            Self::V1 { parents } => {
+                let dir = parents
+                    .iter()
+                    .find(|p| p.parent().is_some_and(|c| c.ends_with("freezer")))
+                    .map(|p| p.join(id.as_str()))
+                    .unwrap_or_default();
+                (dir, "freezer.state")
+            }
+        }
+    }
+
+    /// Freezes every process of the box and waits until they are all stopped.
+    /// Returns `false` (and does nothing) if the box has no cgroup (not running).
+    pub fn freeze(&self, id: &BoxId) -> Result<bool, CgroupError> {
+        let (dir, file) = self.freezer(id);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        let v1 = file == "freezer.state";
+        write(&dir.join(file), if v1 { "FROZEN" } else { "1" })?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let frozen = if v1 {
+                fs::read_to_string(dir.join(file)).is_ok_and(|s| s.trim() == "FROZEN")
+            } else {
+                fs::read_to_string(dir.join("cgroup.events"))
+                    .is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
+            };
+            if frozen {
+                return Ok(true);
+            }
+            if Instant::now() > deadline {
+                let _ = self.thaw(id);
+                return Err(CgroupError {
+                    path: dir,
+                    source: io::Error::other("processes did not freeze"),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Lets the box's processes run again; a no-op if it is not frozen or has no cgroup.
+    pub fn thaw(&self, id: &BoxId) -> Result<(), CgroupError> {
+        let (dir, file) = self.freezer(id);
+        if !dir.exists() {
+            return Ok(());
+        }
+        write(
+            &dir.join(file),
+            if file == "freezer.state" {
+                "THAWED"
+            } else {
+                "0"
+            },
+        )
+    }
+
     /// Removes moat's parent cgroups if no box uses them any more.
     pub fn remove_parents(&self) {
         let parents = match self {

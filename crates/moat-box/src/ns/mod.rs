@@ -9,13 +9,13 @@ pub mod seccomp;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use moat_agent::protocol::{AgentMsg, HostMsg};
 use moat_core::backend::Progress;
-use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Name};
+use moat_core::{fault, AgentAddr, Backend, BackendError, BoxRecord, Change, Name};
 
 use crate::pool::Pool;
 use crate::{identity, image};
@@ -77,6 +77,22 @@ impl NsBackend {
         self.box_run_dir(rec).join("agent.sock")
     }
 
+    /// Gives a freshly snapshotted root its own identity and disk limit; on
+    /// failure the snapshot is deleted again.
+    fn make_own(&self, rec: &BoxRecord, root: &Path) -> Result<(), BackendError> {
+        let result = identity::mint(root, &rec.name)
+            .map_err(|e| BackendError::new("mint box identity", e))
+            .and_then(|()| {
+                self.pool
+                    .set_disk_limit(&rec.id, rec.limits.disk)
+                    .map_err(|e| BackendError::new("limit disk use", e))
+            });
+        if result.is_err() {
+            let _ = self.pool.delete_box(&rec.id);
+        }
+        result
+    }
+
     fn run_helper(&self, plan: &SpawnPlan) -> Result<u32, BackendError> {
         let json =
             serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
@@ -121,10 +137,7 @@ impl Backend for NsBackend {
             .pool
             .snapshot_image(&rec.image, &rec.id)
             .map_err(|e| BackendError::new(format!("snapshot image {}", rec.image), e))?;
-        identity::mint(&root, &rec.name).map_err(|e| {
-            let _ = self.pool.delete_box(&rec.id);
-            BackendError::new("mint box identity", e)
-        })
+        self.make_own(rec, &root)
     }
 
     fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
@@ -177,6 +190,41 @@ impl Backend for NsBackend {
 
     fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr {
         AgentAddr::Unix(self.socket_path(rec))
+    }
+
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+        // Frozen, the source's processes cannot write during the snapshot, which
+        // flushes the subvolume's dirty data: the copy is one instant of it.
+        let frozen = self
+            .cgroups
+            .freeze(&src.id)
+            .map_err(|e| BackendError::new(format!("freeze {}", src.name), e))?;
+        fault::point("dup-while-frozen");
+        let snapshot = self.pool.snapshot_box(&src.id, &dst.id);
+        if frozen {
+            self.cgroups
+                .thaw(&src.id)
+                .map_err(|e| BackendError::new(format!("thaw {}", src.name), e))?;
+        }
+        let root = snapshot.map_err(|e| BackendError::new(format!("snapshot {}", src.name), e))?;
+        fault::point("dup-after-snapshot");
+        self.make_own(dst, &root)
+    }
+
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord) -> Result<Vec<Change>, BackendError> {
+        crate::diff::diff(&self.pool.box_path(&a.id), &self.pool.box_path(&b.id))
+            .map_err(|e| BackendError::new(format!("compare {} and {}", a.name, b.name), e))
+    }
+
+    fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
+        identity::rename(&self.pool.box_path(&rec.id), name)
+            .map_err(|e| BackendError::new("rename box", e))
+    }
+
+    fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups
+            .thaw(&rec.id)
+            .map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))
     }
 }
 

@@ -106,6 +106,8 @@ mod tests {
             state: BoxState::Creating,
             pid: None,
             created_at: 0,
+            parent: None,
+            parent_name: None,
         }
     }
 

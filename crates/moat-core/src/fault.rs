@@ -1,0 +1,12 @@
+//! Fault injection for crash tests: with `MOAT_FAULT=<point>` in its
+//! environment, the process aborts when it reaches that point, as a crash or a
+//! `kill -9` would stop it there. Tests use it to check that every multi-step
+//! operation is rolled back or completed by the next start.
+
+/// Aborts the process if `MOAT_FAULT` names this point.
+pub fn point(name: &str) {
+    if std::env::var("MOAT_FAULT").is_ok_and(|v| v == name) {
+        eprintln!("moat: MOAT_FAULT={name}: aborting here");
+        std::process::abort();
+    }
+}
