@@ -15,10 +15,7 @@ pub struct AgentReader<R> {
 impl<R: AsyncRead + Unpin> AgentReader<R> {
     /// Wraps the read half of a connection.
     pub fn new(inner: R) -> Self {
-        Self {
-            inner,
-            buf: Vec::new(),
-        }
+        Self { inner, buf: Vec::new() }
     }
 
     /// The next message; `None` when the agent closed the connection cleanly.
@@ -33,11 +30,7 @@ impl<R: AsyncRead + Unpin> AgentReader<R> {
                 Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
             }
             if self.inner.read_buf(&mut self.buf).await? == 0 {
-                return if self.buf.is_empty() {
-                    Ok(None)
-                } else {
-                    Err(io::ErrorKind::UnexpectedEof.into())
-                };
+                return if self.buf.is_empty() { Ok(None) } else { Err(io::ErrorKind::UnexpectedEof.into()) };
             }
         }
     }

@@ -10,12 +10,7 @@
 //! output and finally `Exit`. After `Connected` the connection turns into a raw byte
 //! stream to the TCP peer inside the box.
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::panic
-)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 use std::fmt;
 
@@ -274,10 +269,7 @@ fn split_frame(buf: &[u8]) -> Result<Option<Frame<'_>>, ProtocolError> {
 }
 
 fn winsize(r: &mut Reader<'_>) -> Result<WinSize, ProtocolError> {
-    Ok(WinSize {
-        cols: r.u16()?,
-        rows: r.u16()?,
-    })
+    Ok(WinSize { cols: r.u16()?, rows: r.u16()? })
 }
 
 impl HostMsg {
@@ -295,11 +287,7 @@ impl HostMsg {
                     w.bytes(k.as_bytes()).bytes(v.as_bytes());
                 }
                 match &req.pty {
-                    Some(p) => w
-                        .u8(1)
-                        .bytes(p.term.as_bytes())
-                        .u16(p.size.cols)
-                        .u16(p.size.rows),
+                    Some(p) => w.u8(1).bytes(p.term.as_bytes()).u16(p.size.cols).u16(p.size.rows),
                     None => w.u8(0),
                 };
                 w.finish()
@@ -352,10 +340,7 @@ impl HostMsg {
                 }
                 let pty = match r.u8()? {
                     0 => None,
-                    _ => Some(PtySpec {
-                        term: r.string()?,
-                        size: winsize(&mut r)?,
-                    }),
+                    _ => Some(PtySpec { term: r.string()?, size: winsize(&mut r)? }),
                 };
                 Self::Exec(ExecRequest { command, env, pty })
             }
@@ -395,9 +380,7 @@ impl AgentMsg {
                 let mut w = Writer::new(tag::EXIT);
                 match status {
                     ExitStatus::Code(code) => w.u8(0).i32(*code),
-                    ExitStatus::Signal { signo, core_dumped } => {
-                        w.u8(1).i32(*signo).u8(u8::from(*core_dumped))
-                    }
+                    ExitStatus::Signal { signo, core_dumped } => w.u8(1).i32(*signo).u8(u8::from(*core_dumped)),
                 };
                 w.finish()
             }
@@ -423,10 +406,7 @@ impl AgentMsg {
             tag::STDERR => Self::Stderr(r.bytes()?),
             tag::EXIT => Self::Exit(match r.u8()? {
                 0 => ExitStatus::Code(r.i32()?),
-                _ => ExitStatus::Signal {
-                    signo: r.i32()?,
-                    core_dumped: r.u8()? != 0,
-                },
+                _ => ExitStatus::Signal { signo: r.i32()?, core_dumped: r.u8()? != 0 },
             }),
             // Lossy: an error text from a box is shown, never trusted.
             tag::ERROR => Self::Error(String::from_utf8_lossy(&r.bytes()?).into_owned()),
@@ -467,20 +447,14 @@ mod tests {
         host_roundtrip(HostMsg::Exec(ExecRequest {
             command: Some(b"make test".to_vec()),
             env: vec![("LANG".into(), "C.UTF-8".into())],
-            pty: Some(PtySpec {
-                term: "xterm".into(),
-                size: WinSize { cols: 80, rows: 24 },
-            }),
+            pty: Some(PtySpec { term: "xterm".into(), size: WinSize { cols: 80, rows: 24 } }),
         }));
         host_roundtrip(HostMsg::Exec(ExecRequest::default()));
         host_roundtrip(HostMsg::Connect { port: 8000 });
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
-        host_roundtrip(HostMsg::Resize(WinSize {
-            cols: 120,
-            rows: 40,
-        }));
+        host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));
         host_roundtrip(HostMsg::Signal(2));
     }
 
@@ -490,10 +464,7 @@ mod tests {
         agent_roundtrip(AgentMsg::Stdout(b"hi".to_vec()));
         agent_roundtrip(AgentMsg::Stderr(vec![]));
         agent_roundtrip(AgentMsg::Exit(ExitStatus::Code(3)));
-        agent_roundtrip(AgentMsg::Exit(ExitStatus::Signal {
-            signo: 9,
-            core_dumped: true,
-        }));
+        agent_roundtrip(AgentMsg::Exit(ExitStatus::Signal { signo: 9, core_dumped: true }));
         agent_roundtrip(AgentMsg::Error("no such file".into()));
         agent_roundtrip(AgentMsg::Connected);
         agent_roundtrip(AgentMsg::Pong);
@@ -511,32 +482,14 @@ mod tests {
 
     #[test]
     fn hostile_frames_are_errors_not_panics() {
-        assert_eq!(
-            HostMsg::decode(&[0, 0, 0, 0]),
-            Err(ProtocolError::BadLength(0))
-        );
-        assert_eq!(
-            HostMsg::decode(&[0xff, 0, 0, 0]),
-            Err(ProtocolError::BadLength(0xff00_0000))
-        );
-        assert_eq!(
-            HostMsg::decode(&[0, 0, 0, 1, 0x7f]),
-            Err(ProtocolError::UnknownTag(0x7f))
-        );
+        assert_eq!(HostMsg::decode(&[0, 0, 0, 0]), Err(ProtocolError::BadLength(0)));
+        assert_eq!(HostMsg::decode(&[0xff, 0, 0, 0]), Err(ProtocolError::BadLength(0xff00_0000)));
+        assert_eq!(HostMsg::decode(&[0, 0, 0, 1, 0x7f]), Err(ProtocolError::UnknownTag(0x7f)));
         // A byte string claiming more than the frame holds.
-        assert_eq!(
-            HostMsg::decode(&[0, 0, 0, 5, tag::STDIN, 0, 0, 0, 9]),
-            Err(ProtocolError::Truncated)
-        );
+        assert_eq!(HostMsg::decode(&[0, 0, 0, 5, tag::STDIN, 0, 0, 0, 9]), Err(ProtocolError::Truncated));
         // An env count far beyond what the frame can hold must not allocate.
-        assert_eq!(
-            HostMsg::decode(&[0, 0, 0, 6, tag::EXEC, 0, 0xff, 0xff, 0xff, 0xff]),
-            Err(ProtocolError::Truncated)
-        );
-        assert_eq!(
-            HostMsg::decode(&[0, 0, 0, 2, tag::PING, 0]),
-            Err(ProtocolError::TrailingBytes)
-        );
+        assert_eq!(HostMsg::decode(&[0, 0, 0, 6, tag::EXEC, 0, 0xff, 0xff, 0xff, 0xff]), Err(ProtocolError::Truncated));
+        assert_eq!(HostMsg::decode(&[0, 0, 0, 2, tag::PING, 0]), Err(ProtocolError::TrailingBytes));
     }
 
     #[test]

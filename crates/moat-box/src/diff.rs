@@ -57,12 +57,7 @@ pub fn diff(a: &Path, b: &Path) -> io::Result<Vec<Change>> {
     Ok(changes)
 }
 
-fn walk(
-    a: Option<&OwnedFd>,
-    b: Option<&OwnedFd>,
-    prefix: &str,
-    out: &mut Vec<Change>,
-) -> io::Result<()> {
+fn walk(a: Option<&OwnedFd>, b: Option<&OwnedFd>, prefix: &str, out: &mut Vec<Change>) -> io::Result<()> {
     let left = match a {
         Some(fd) => list(fd)?,
         None => BTreeMap::new(),
@@ -82,10 +77,7 @@ fn walk(
             _ => None,
         };
         if let Some(change) = change {
-            out.push(Change {
-                path: path.clone(),
-                change,
-            });
+            out.push(Change { path: path.clone(), change });
         }
         // Descend where either side is a directory; a side that is not one
         // contributes nothing, so its contents count as added or deleted.
@@ -126,11 +118,7 @@ fn list(dir: &OwnedFd) -> io::Result<BTreeMap<CString, Entry>> {
             Err(e) => return Err(e.into()),
         };
         let kind = st.st_mode & SFlag::S_IFMT.bits();
-        let target = if kind == SFlag::S_IFLNK.bits() {
-            readlinkat(dir.as_fd(), name).ok()
-        } else {
-            None
-        };
+        let target = if kind == SFlag::S_IFLNK.bits() { readlinkat(dir.as_fd(), name).ok() } else { None };
         entries.insert(
             name.to_owned(),
             Entry {
@@ -165,12 +153,7 @@ mod tests {
         }
         let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
         for root in [a.path(), b.path()] {
-            std::fs::File::options()
-                .write(true)
-                .open(root.join("etc/same"))
-                .unwrap()
-                .set_modified(t)
-                .unwrap();
+            std::fs::File::options().write(true).open(root.join("etc/same")).unwrap().set_modified(t).unwrap();
         }
         std::fs::remove_file(b.path().join("etc/gone")).unwrap();
         std::fs::write(b.path().join("etc/sub/edit"), "version 2").unwrap();
@@ -179,10 +162,7 @@ mod tests {
         // A symlink to a host directory is a change, and is not descended into.
         std::os::unix::fs::symlink(outside.path(), b.path().join("escape")).unwrap();
         let changes = diff(a.path(), b.path()).unwrap();
-        let got: Vec<(ChangeKind, &str)> = changes
-            .iter()
-            .map(|c| (c.change, c.path.as_str()))
-            .collect();
+        let got: Vec<(ChangeKind, &str)> = changes.iter().map(|c| (c.change, c.path.as_str())).collect();
         assert_eq!(
             got,
             vec![

@@ -27,12 +27,7 @@ pub fn mint(root: &Path, name: &Name) -> io::Result<()> {
     let machine_id = format!("{}\n", hex::encode(random::<16>()));
     write_in_root(&dir, "etc/machine-id", machine_id.as_bytes(), 0o444)?;
     // Only images with systemd have a seed to replace.
-    if_present(write_in_root(
-        &dir,
-        "var/lib/systemd/random-seed",
-        &random::<512>(),
-        0o600,
-    ))?;
+    if_present(write_in_root(&dir, "var/lib/systemd/random-seed", &random::<512>(), 0o600))?;
     for kind in HOST_KEY_TYPES {
         let key = format!("etc/ssh/ssh_host_{kind}_key");
         if exists_in_root(&dir, &key) {
@@ -52,9 +47,7 @@ pub fn rename(root: &Path, name: &Name) -> io::Result<()> {
 
 fn write_host_name(dir: &OwnedFd, name: &Name) -> io::Result<()> {
     write_in_root(dir, "etc/hostname", format!("{name}\n").as_bytes(), 0o644)?;
-    let hosts = format!(
-        "127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-    );
+    let hosts = format!("127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n");
     write_in_root(dir, "etc/hosts", hosts.as_bytes(), 0o644)
 }
 
@@ -68,24 +61,11 @@ fn if_present(r: io::Result<()>) -> io::Result<()> {
 /// A new host key pair of `kind`, made by ssh-keygen in a private host
 /// directory (never inside the box's tree, whose paths the box controls).
 fn generate_host_key(kind: &str, name: &Name) -> io::Result<(Vec<u8>, Vec<u8>)> {
-    let dir = std::env::temp_dir().join(format!(
-        "moat-hostkey-{}-{}",
-        std::process::id(),
-        hex::encode(random::<8>())
-    ));
+    let dir = std::env::temp_dir().join(format!("moat-hostkey-{}-{}", std::process::id(), hex::encode(random::<8>())));
     std::fs::create_dir(&dir)?;
     let key = dir.join("key");
     let out = std::process::Command::new("ssh-keygen")
-        .args([
-            "-q",
-            "-N",
-            "",
-            "-t",
-            kind,
-            "-C",
-            &format!("root@{name}"),
-            "-f",
-        ])
+        .args(["-q", "-N", "", "-t", kind, "-C", &format!("root@{name}"), "-f"])
         .arg(&key)
         .output();
     let result = out.and_then(|out| {
@@ -95,10 +75,7 @@ fn generate_host_key(kind: &str, name: &Name) -> io::Result<(Vec<u8>, Vec<u8>)> 
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        Ok((
-            std::fs::read(&key)?,
-            std::fs::read(key.with_extension("pub"))?,
-        ))
+        Ok((std::fs::read(&key)?, std::fs::read(key.with_extension("pub"))?))
     });
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -133,8 +110,7 @@ fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8], mode: u32) -> io::Resul
         Ok(()) | Err(Errno::ENOENT) => {}
         Err(e) => return Err(context(e)),
     }
-    let flags =
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(&dir, file, flags, Mode::from_bits_truncate(mode)).map_err(context)?;
     std::fs::File::from(fd).write_all(data)
 }
@@ -159,17 +135,9 @@ mod tests {
         let name = Name::new("web").unwrap();
         mint(root.path(), &name).unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "host data");
-        assert_eq!(
-            std::fs::read_dir(outside.path().join("systemd"))
-                .unwrap()
-                .count(),
-            0
-        );
+        assert_eq!(std::fs::read_dir(outside.path().join("systemd")).unwrap().count(), 0);
         let first = std::fs::read_to_string(root.path().join("etc/machine-id")).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(root.path().join("etc/hostname")).unwrap(),
-            "web\n"
-        );
+        assert_eq!(std::fs::read_to_string(root.path().join("etc/hostname")).unwrap(), "web\n");
         mint(root.path(), &name).unwrap();
         let second = std::fs::read_to_string(root.path().join("etc/machine-id")).unwrap();
         assert_eq!(first.len(), 33);
@@ -178,17 +146,11 @@ mod tests {
         std::fs::create_dir(root.path().join("etc/ssh")).unwrap();
         std::fs::write(root.path().join("etc/ssh/ssh_host_ed25519_key"), "old").unwrap();
         mint(root.path(), &name).unwrap();
-        let key =
-            std::fs::read_to_string(root.path().join("etc/ssh/ssh_host_ed25519_key")).unwrap();
-        assert!(
-            key.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----"),
-            "{key}"
-        );
-        assert!(
-            std::fs::read_to_string(root.path().join("etc/ssh/ssh_host_ed25519_key.pub"))
-                .unwrap()
-                .contains("root@web")
-        );
+        let key = std::fs::read_to_string(root.path().join("etc/ssh/ssh_host_ed25519_key")).unwrap();
+        assert!(key.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----"), "{key}");
+        assert!(std::fs::read_to_string(root.path().join("etc/ssh/ssh_host_ed25519_key.pub"))
+            .unwrap()
+            .contains("root@web"));
         assert!(!root.path().join("etc/ssh/ssh_host_rsa_key").exists());
     }
 }

@@ -64,10 +64,7 @@ pub enum ImageError {
 pub fn build(pool: &Pool, image: &Name, progress: Progress<'_>) -> Result<(), ImageError> {
     let scratch_name = format!(".build-{image}");
     let scratch = pool.images_dir().join(&scratch_name);
-    let io_err = |source| ImageError::Io {
-        image: image.clone(),
-        source,
-    };
+    let io_err = |source| ImageError::Io { image: image.clone(), source };
     if scratch.exists() {
         // Left by an interrupted build.
         sys::subvolume_delete(&pool.images_dir(), &scratch_name).map_err(io_err)?;
@@ -94,10 +91,9 @@ pub fn build(pool: &Pool, image: &Name, progress: Progress<'_>) -> Result<(), Im
 
 /// The directories every image has: the box setup mounts over some of them.
 fn skeleton(root: &Path) -> io::Result<()> {
-    for dir in [
-        "bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "proc", "sys", "dev", "run", "tmp",
-        "var/tmp", "home",
-    ] {
+    for dir in
+        ["bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "proc", "sys", "dev", "run", "tmp", "var/tmp", "home"]
+    {
         fs::create_dir_all(root.join(dir))?;
     }
     for tmp in ["tmp", "var/tmp"] {
@@ -110,10 +106,7 @@ fn skeleton(root: &Path) -> io::Result<()> {
 /// tests and for boxes that need nothing else.
 fn busybox(root: &Path, progress: Progress<'_>) -> io::Result<()> {
     if !Path::new(BUSYBOX).exists() {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            "/bin/busybox missing (apt-get install busybox-static)",
-        ));
+        return Err(io::Error::new(io::ErrorKind::NotFound, "/bin/busybox missing (apt-get install busybox-static)"));
     }
     progress("image busybox: installing busybox");
     skeleton(root)?;
@@ -133,14 +126,8 @@ fn busybox(root: &Path, progress: Progress<'_>) -> io::Result<()> {
         root.join("etc/passwd"),
         "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
     )?;
-    fs::write(
-        root.join("etc/group"),
-        "root:x:0:\ntty:x:5:\nnogroup:x:65534:\n",
-    )?;
-    fs::write(
-        root.join("etc/os-release"),
-        "NAME=\"moat busybox\"\nID=busybox\n",
-    )?;
+    fs::write(root.join("etc/group"), "root:x:0:\ntty:x:5:\nnogroup:x:65534:\n")?;
+    fs::write(root.join("etc/os-release"), "NAME=\"moat busybox\"\nID=busybox\n")?;
     Ok(())
 }
 
@@ -164,15 +151,10 @@ impl From<PoolError> for DebianError {
 /// Debian bookworm (minbase plus [`DEBIAN_PACKAGES`]) via debootstrap.
 fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
     if which("debootstrap").is_none() {
-        return Err(DebianError::Image(ImageError::MissingTool(
-            "debootstrap",
-            "debootstrap",
-        )));
+        return Err(DebianError::Image(ImageError::MissingTool("debootstrap", "debootstrap")));
     }
     let mirror = std::env::var("MOAT_DEBIAN_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.to_string());
-    progress(&format!(
-        "image debian: debootstrap bookworm from {mirror} (about a minute)"
-    ));
+    progress(&format!("image debian: debootstrap bookworm from {mirror} (about a minute)"));
     let mut child = Command::new("debootstrap")
         .arg("--variant=minbase")
         .arg(format!("--include={}", DEBIAN_PACKAGES.join(",")))
@@ -183,20 +165,11 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| PoolError::Tool {
-            tool: "debootstrap",
-            stderr: e.to_string(),
-        })?;
+        .map_err(|e| PoolError::Tool { tool: "debootstrap", stderr: e.to_string() })?;
     let stderr = child.stderr.take();
     let errors = std::thread::spawn(move || {
         stderr
-            .map(|s| {
-                BufReader::new(s)
-                    .lines()
-                    .map_while(Result::ok)
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
+            .map(|s| BufReader::new(s).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n"))
             .unwrap_or_default()
     });
     if let Some(stdout) = child.stdout.take() {
@@ -206,10 +179,7 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
             }
         }
     }
-    let status = child.wait().map_err(|e| PoolError::Tool {
-        tool: "debootstrap",
-        stderr: e.to_string(),
-    })?;
+    let status = child.wait().map_err(|e| PoolError::Tool { tool: "debootstrap", stderr: e.to_string() })?;
     let stderr = errors.join().unwrap_or_default();
     if !status.success() {
         let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
@@ -236,13 +206,7 @@ fn is_phase(line: &str) -> bool {
     let Some((verb, rest)) = line.split_once(' ') else {
         return true;
     };
-    let per_package = [
-        "Retrieving",
-        "Validating",
-        "Extracting",
-        "Unpacking",
-        "Configuring",
-    ];
+    let per_package = ["Retrieving", "Validating", "Extracting", "Unpacking", "Configuring"];
     let words: Vec<&str> = rest.trim_end_matches("...").split_whitespace().collect();
     // "bash..." or "bash 5.2.15-2": a package, and maybe its version.
     let names_package = match words.as_slice() {
@@ -268,11 +232,7 @@ fn clear_dir_files(dir: &Path) -> io::Result<()> {
 
 /// The path of `tool` on `PATH`, if any.
 pub fn which(tool: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| Path::new(dir).join(tool))
-        .find(|p| p.is_file())
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|dir| Path::new(dir).join(tool)).find(|p| p.is_file())
 }
 
 /// The names of the built images.

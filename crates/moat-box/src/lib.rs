@@ -39,11 +39,7 @@ impl Backend for AnyBackend {
     fn has_image(&self, image: &Name) -> bool {
         self.inner().has_image(image)
     }
-    fn build_image(
-        &self,
-        image: &Name,
-        progress: moat_core::backend::Progress<'_>,
-    ) -> Result<(), BackendError> {
+    fn build_image(&self, image: &Name, progress: moat_core::backend::Progress<'_>) -> Result<(), BackendError> {
         self.inner().build_image(image, progress)
     }
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {

@@ -52,11 +52,7 @@ pub enum PoolError {
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PoolError + 'a {
-    move |source| PoolError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| PoolError::Io { what, path: path.to_path_buf(), source }
 }
 
 /// The mounted pool.
@@ -76,9 +72,7 @@ impl Pool {
             if sys::is_btrfs(state_dir).map_err(io_err("statfs", state_dir))? {
                 PoolKind::Native
             } else {
-                PoolKind::Loop {
-                    image: state_dir.join("pool.img"),
-                }
+                PoolKind::Loop { image: state_dir.join("pool.img") }
             }
         } else {
             let image = state_dir.join("pool.img");
@@ -87,13 +81,7 @@ impl Pool {
             }
             // Not nodev: debootstrap makes device nodes while building an image. Box
             // roots get nodev and nosuid on their own idmapped mounts.
-            run(
-                Command::new("mount")
-                    .args(["-o", "loop,nosuid"])
-                    .arg(&image)
-                    .arg(&root),
-                "mount",
-            )?;
+            run(Command::new("mount").args(["-o", "loop,nosuid"]).arg(&image).arg(&root), "mount")?;
             PoolKind::Loop { image }
         };
         let pool = Self { root, kind };
@@ -101,16 +89,10 @@ impl Pool {
             fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
         }
         // Quotas cap each box's disk use; enabling them is idempotent.
-        run(
-            Command::new("btrfs")
-                .args(["quota", "enable"])
-                .arg(&pool.root),
-            "btrfs quota enable",
-        )?;
+        run(Command::new("btrfs").args(["quota", "enable"]).arg(&pool.root), "btrfs quota enable")?;
         // Image files keep their owners and setuid bits; no host user may reach them.
         use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&pool.root, fs::Permissions::from_mode(0o700))
-            .map_err(io_err("chmod", &pool.root))?;
+        fs::set_permissions(&pool.root, fs::Permissions::from_mode(0o700)).map_err(io_err("chmod", &pool.root))?;
         Ok(pool)
     }
 
@@ -152,16 +134,14 @@ impl Pool {
     /// Makes box `id`'s root a writable snapshot of `image`.
     pub fn snapshot_image(&self, image: &Name, id: &BoxId) -> Result<PathBuf, PoolError> {
         let src = self.image_path(image);
-        sys::subvolume_snapshot(&src, &self.boxes_dir(), id.as_str(), false)
-            .map_err(io_err("snapshot", &src))?;
+        sys::subvolume_snapshot(&src, &self.boxes_dir(), id.as_str(), false).map_err(io_err("snapshot", &src))?;
         Ok(self.box_path(id))
     }
 
     /// Makes box `dst`'s root a writable snapshot of box `src`'s root.
     pub fn snapshot_box(&self, src: &BoxId, dst: &BoxId) -> Result<PathBuf, PoolError> {
         let from = self.box_path(src);
-        sys::subvolume_snapshot(&from, &self.boxes_dir(), dst.as_str(), false)
-            .map_err(io_err("snapshot", &from))?;
+        sys::subvolume_snapshot(&from, &self.boxes_dir(), dst.as_str(), false).map_err(io_err("snapshot", &from))?;
         Ok(self.box_path(dst))
     }
 
@@ -178,8 +158,7 @@ impl Pool {
         if !path.exists() {
             return Ok(());
         }
-        sys::subvolume_delete(&self.boxes_dir(), id.as_str())
-            .map_err(io_err("delete subvolume", &path))
+        sys::subvolume_delete(&self.boxes_dir(), id.as_str()).map_err(io_err("delete subvolume", &path))
     }
 }
 
@@ -188,27 +167,18 @@ fn format_image(image: &Path, size: u64) -> Result<(), PoolError> {
     let file = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
     file.set_len(size).map_err(io_err("size", &tmp))?;
     drop(file);
-    run(
-        Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&tmp),
-        "mkfs.btrfs",
-    )?;
+    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&tmp), "mkfs.btrfs")?;
     // Only a fully formatted image gets the real name.
     fs::rename(&tmp, image).map_err(io_err("rename", &tmp))
 }
 
 /// Runs an external tool, turning a failure into an error that says what it printed.
 pub(crate) fn run(cmd: &mut Command, tool: &'static str) -> Result<(), PoolError> {
-    let out = cmd.output().map_err(|e| PoolError::Tool {
-        tool,
-        stderr: e.to_string(),
-    })?;
+    let out = cmd.output().map_err(|e| PoolError::Tool { tool, stderr: e.to_string() })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(PoolError::Tool {
-            tool,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
+        Err(PoolError::Tool { tool, stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() })
     }
 }
 

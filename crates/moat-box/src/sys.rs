@@ -77,13 +77,7 @@ pub fn qgroup_limit_exclusive(path: &Path, bytes: u64) -> io::Result<()> {
     // qgroupid 0 means "the subvolume this fd is in".
     let mut args = QgroupLimitArgs {
         qgroupid: 0,
-        lim: QgroupLimit {
-            flags: BTRFS_QGROUP_LIMIT_MAX_EXCL,
-            max_rfer: 0,
-            max_excl: bytes,
-            rsv_rfer: 0,
-            rsv_excl: 0,
-        },
+        lim: QgroupLimit { flags: BTRFS_QGROUP_LIMIT_MAX_EXCL, max_rfer: 0, max_excl: bytes, rsv_rfer: 0, rsv_excl: 0 },
     };
     // SAFETY: `args` is a fully initialised btrfs_ioctl_qgroup_limit_args that
     // outlives the call; `dir` is an open directory on the filesystem.
@@ -103,14 +97,9 @@ pub const BTRFS_SUBVOLUME_IOCTLS: [u64; 4] = [
 fn name_bytes<const N: usize>(name: &str) -> io::Result<[u8; N]> {
     let mut out = [0u8; N];
     if name.is_empty() || name.len() >= N || name.contains('/') || name.contains('\0') {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("bad subvolume name {name:?}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad subvolume name {name:?}")));
     }
-    out.get_mut(..name.len())
-        .ok_or(io::ErrorKind::InvalidInput)?
-        .copy_from_slice(name.as_bytes());
+    out.get_mut(..name.len()).ok_or(io::ErrorKind::InvalidInput)?.copy_from_slice(name.as_bytes());
     Ok(out)
 }
 
@@ -127,13 +116,7 @@ pub fn is_btrfs(path: &Path) -> io::Result<bool> {
 /// Creates an empty subvolume `parent/name`.
 pub fn subvolume_create(parent: &Path, name: &str) -> io::Result<()> {
     let dir = open_dir(parent)?;
-    let args = VolArgsV2 {
-        fd: 0,
-        transid: 0,
-        flags: 0,
-        unused: [0; 4],
-        name: name_bytes(name)?,
-    };
+    let args = VolArgsV2 { fd: 0, transid: 0, flags: 0, unused: [0; 4], name: name_bytes(name)? };
     // SAFETY: `args` is a fully initialised btrfs_ioctl_vol_args_v2 that lives across
     // the call, and `dir` is an open directory fd.
     unsafe { btrfs_subvol_create_v2(dir.as_raw_fd(), &args) }?;
@@ -142,22 +125,11 @@ pub fn subvolume_create(parent: &Path, name: &str) -> io::Result<()> {
 
 /// Snapshots subvolume `source` as `parent/name`, read-only if asked. O(1) in the
 /// amount of data: btrfs shares every extent until one side writes.
-pub fn subvolume_snapshot(
-    source: &Path,
-    parent: &Path,
-    name: &str,
-    readonly: bool,
-) -> io::Result<()> {
+pub fn subvolume_snapshot(source: &Path, parent: &Path, name: &str, readonly: bool) -> io::Result<()> {
     let src = open_dir(source)?;
     let dir = open_dir(parent)?;
     let flags = if readonly { BTRFS_SUBVOL_RDONLY } else { 0 };
-    let args = VolArgsV2 {
-        fd: i64::from(src.as_raw_fd()),
-        transid: 0,
-        flags,
-        unused: [0; 4],
-        name: name_bytes(name)?,
-    };
+    let args = VolArgsV2 { fd: i64::from(src.as_raw_fd()), transid: 0, flags, unused: [0; 4], name: name_bytes(name)? };
     // SAFETY: as above; `src` stays open for the duration of the call.
     unsafe { btrfs_snap_create_v2(dir.as_raw_fd(), &args) }?;
     Ok(())
@@ -166,10 +138,7 @@ pub fn subvolume_snapshot(
 /// Deletes subvolume `parent/name` (its data is freed in the background).
 pub fn subvolume_delete(parent: &Path, name: &str) -> io::Result<()> {
     let dir = open_dir(parent)?;
-    let args = VolArgs {
-        fd: 0,
-        name: name_bytes(name)?,
-    };
+    let args = VolArgs { fd: 0, name: name_bytes(name)? };
     // SAFETY: `args` is a fully initialised btrfs_ioctl_vol_args for the call.
     unsafe { btrfs_snap_destroy(dir.as_raw_fd(), &args) }?;
     Ok(())
@@ -193,8 +162,7 @@ struct MountAttr {
 /// A detached copy of the mount tree at `path` (`open_tree(OPEN_TREE_CLONE |
 /// AT_RECURSIVE)`), not yet attached anywhere.
 pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
-    let flags =
-        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
     // SAFETY: `path` is a valid NUL-terminated string; the syscall returns a new fd
     // or -1 and touches no memory of ours besides reading the path.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
@@ -255,19 +223,12 @@ pub fn move_mount_to(tree: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
 /// Sets the calling thread's seccomp filter (no_new_privs must be set already).
 pub fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
     let prog = libc::sock_fprog {
-        len: u16::try_from(filter.len())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        len: u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
         filter: filter.as_ptr().cast_mut(),
     };
     // SAFETY: `prog` points at `filter`, which outlives the call; the kernel copies
     // the program before returning.
-    let rc = unsafe {
-        libc::prctl(
-            libc::PR_SET_SECCOMP,
-            libc::SECCOMP_MODE_FILTER,
-            &prog as *const libc::sock_fprog,
-        )
-    };
+    let rc = unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -47,22 +47,13 @@ pub struct BackendError {
 
 impl BackendError {
     /// An error with a message and an underlying cause.
-    pub fn new(
-        what: impl Into<String>,
-        source: impl std::error::Error + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            what: what.into(),
-            source: Some(Box::new(source)),
-        }
+    pub fn new(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self { what: what.into(), source: Some(Box::new(source)) }
     }
 
     /// An error with only a message.
     pub fn msg(what: impl Into<String>) -> Self {
-        Self {
-            what: what.into(),
-            source: None,
-        }
+        Self { what: what.into(), source: None }
     }
 }
 

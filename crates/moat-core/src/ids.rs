@@ -28,9 +28,7 @@ impl Name {
         if s.is_empty() || s.len() > 63 {
             return Err(NameError::Length(s.to_string()));
         }
-        let ok_chars = s
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        let ok_chars = s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         if !ok_chars || s.starts_with('-') || s.ends_with('-') {
             return Err(NameError::Charset(s.to_string()));
         }
@@ -91,8 +89,7 @@ impl BoxId {
     /// Rebuilds an id read back from the store; only hex digits are accepted, so an
     /// id is always a safe path component.
     pub fn parse(s: &str) -> Option<Self> {
-        (!s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| Self(s.to_string()))
+        (!s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_hexdigit())).then(|| Self(s.to_string()))
     }
 
     /// The id as text.
@@ -116,17 +113,7 @@ mod tests {
         for good in ["web", "a", "web-2", "0day", &"x".repeat(63)] {
             assert!(Name::new(good).is_ok(), "{good}");
         }
-        for bad in [
-            "",
-            "-web",
-            "web-",
-            "Web",
-            "we_b",
-            "we.b",
-            "../x",
-            "a b",
-            &"x".repeat(64),
-        ] {
+        for bad in ["", "-web", "web-", "Web", "we_b", "we.b", "../x", "a b", &"x".repeat(64)] {
             assert!(Name::new(bad).is_err(), "{bad}");
         }
     }

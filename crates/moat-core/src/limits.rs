@@ -17,12 +17,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            cpus: 2,
-            memory: 2 << 30,
-            pids: 2048,
-            disk: 16 << 30,
-        }
+        Self { cpus: 2, memory: 2 << 30, pids: 2048, disk: 16 << 30 }
     }
 }
 
@@ -68,10 +63,7 @@ fn check(what: &'static str, v: u64, min: u64, max: u64) -> Result<(), LimitsErr
 pub fn parse_size(s: &str) -> Result<u64, LimitsError> {
     let bad = || LimitsError::BadSize(s.to_string());
     let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
     let (digits, shift) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let shift = match c.to_ascii_uppercase() {
@@ -108,23 +100,8 @@ mod tests {
     #[test]
     fn limits_are_range_checked() {
         assert!(Limits::default().validate().is_ok());
-        assert!(Limits {
-            cpus: 0,
-            ..Limits::default()
-        }
-        .validate()
-        .is_err());
-        assert!(Limits {
-            memory: 1 << 20,
-            ..Limits::default()
-        }
-        .validate()
-        .is_err());
-        assert!(Limits {
-            pids: 1,
-            ..Limits::default()
-        }
-        .validate()
-        .is_err());
+        assert!(Limits { cpus: 0, ..Limits::default() }.validate().is_err());
+        assert!(Limits { memory: 1 << 20, ..Limits::default() }.validate().is_err());
+        assert!(Limits { pids: 1, ..Limits::default() }.validate().is_err());
     }
 }

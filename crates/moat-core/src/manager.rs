@@ -87,10 +87,7 @@ impl BoxManager {
     }
 
     fn lock_for(&self, id: &BoxId) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self
-            .box_locks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut locks = self.box_locks.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(locks.entry(id.clone()).or_default())
     }
 
@@ -104,9 +101,7 @@ impl BoxManager {
 
     /// Finds the account's box, or says it does not exist.
     pub fn get(&self, account: &AccountId, name: &Name) -> Result<BoxRecord, ManagerError> {
-        self.store
-            .get(account, name)?
-            .ok_or_else(|| ManagerError::NoSuchBox(name.clone()))
+        self.store.get(account, name)?.ok_or_else(|| ManagerError::NoSuchBox(name.clone()))
     }
 
     /// The account's boxes.
@@ -115,11 +110,7 @@ impl BoxManager {
     }
 
     /// Makes sure `image` exists, building it if moat knows how.
-    pub async fn ensure_image(
-        &self,
-        image: &Name,
-        mut progress: ProgressSink,
-    ) -> Result<(), ManagerError> {
+    pub async fn ensure_image(&self, image: &Name, mut progress: ProgressSink) -> Result<(), ManagerError> {
         let name = image.clone();
         if self.blocking(move |b| b.has_image(&name)).await? {
             return Ok(());
@@ -152,9 +143,7 @@ impl BoxManager {
             return Err(StoreError::NameTaken(spec.name).into());
         }
         self.ensure_image(&spec.image, progress).await?;
-        let mut rec =
-            self.store
-                .insert_new(account, &spec.name, &spec.image, spec.limits, now())?;
+        let mut rec = self.store.insert_new(account, &spec.name, &spec.image, spec.limits, now())?;
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
         let r = rec.clone();
@@ -168,8 +157,7 @@ impl BoxManager {
             .await;
         match booted {
             Ok(Ok(pid)) => {
-                self.store
-                    .set_state(&rec.id, BoxState::Running, Some(pid))?;
+                self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
                 rec.state = BoxState::Running;
                 rec.pid = Some(pid);
                 tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box created");
@@ -187,11 +175,7 @@ impl BoxManager {
     }
 
     /// Returns the box's agent address, booting the box first if it is not running.
-    pub async fn ensure_running(
-        &self,
-        account: &AccountId,
-        name: &Name,
-    ) -> Result<AgentAddr, ManagerError> {
+    pub async fn ensure_running(&self, account: &AccountId, name: &Name) -> Result<AgentAddr, ManagerError> {
         let rec = self.get(account, name)?;
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
@@ -201,14 +185,11 @@ impl BoxManager {
             return Err(ManagerError::Busy(rec.name));
         }
         let r = rec.clone();
-        let (running, addr) = self
-            .blocking(move |b| (b.is_running(&r), b.agent_addr(&r)))
-            .await?;
+        let (running, addr) = self.blocking(move |b| (b.is_running(&r), b.agent_addr(&r))).await?;
         if !running {
             let r = rec.clone();
             let pid = self.blocking(move |b| b.start(&r)).await??;
-            self.store
-                .set_state(&rec.id, BoxState::Running, Some(pid))?;
+            self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
             tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box booted");
         }
         Ok(addr)
@@ -217,12 +198,7 @@ impl BoxManager {
     /// Duplicates `src` as `dst`: a copy of its filesystem as of now, booted with
     /// a fresh process tree and identity. On any failure (or a crash, rolled back
     /// by `recover`) no `dst` is left and `src` runs on untouched.
-    pub async fn dup(
-        &self,
-        account: &AccountId,
-        src: &Name,
-        dst: &Name,
-    ) -> Result<BoxRecord, ManagerError> {
+    pub async fn dup(&self, account: &AccountId, src: &Name, dst: &Name) -> Result<BoxRecord, ManagerError> {
         let src = self.get(account, src)?;
         if self.store.get(account, dst)?.is_some() {
             return Err(StoreError::NameTaken(dst.clone()).into());
@@ -245,8 +221,7 @@ impl BoxManager {
             .await;
         match booted {
             Ok(Ok(pid)) => {
-                self.store
-                    .set_state(&rec.id, BoxState::Running, Some(pid))?;
+                self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
                 rec.state = BoxState::Running;
                 rec.pid = Some(pid);
                 tracing::info!(box_id = %rec.id, name = %rec.name, parent = %src.name, pid, "box duplicated");
@@ -264,12 +239,7 @@ impl BoxManager {
     }
 
     /// What changed in `b` relative to `a`.
-    pub async fn diff(
-        &self,
-        account: &AccountId,
-        a: &Name,
-        b: &Name,
-    ) -> Result<Vec<Change>, ManagerError> {
+    pub async fn diff(&self, account: &AccountId, a: &Name, b: &Name) -> Result<Vec<Change>, ManagerError> {
         let (a, b) = (self.get(account, a)?, self.get(account, b)?);
         Ok(self.blocking(move |backend| backend.diff(&a, &b)).await??)
     }
@@ -279,10 +249,7 @@ impl BoxManager {
     /// parent's new name.
     pub async fn promote(&self, account: &AccountId, child: &Name) -> Result<Name, ManagerError> {
         let child = self.get(account, child)?;
-        let parent_id = child
-            .parent
-            .clone()
-            .ok_or_else(|| ManagerError::NoParent(child.name.clone()))?;
+        let parent_id = child.parent.clone().ok_or_else(|| ManagerError::NoParent(child.name.clone()))?;
         let parent = self
             .store
             .get_by_id(&parent_id)?
@@ -291,12 +258,7 @@ impl BoxManager {
         let prev = format!("{}-prev", parent.name);
         let prev = Name::new(&prev).map_err(|_| ManagerError::NameTooLong(prev))?;
         self.store.promote(&child, &parent, &prev)?;
-        let (c, p, new_child_name, prev_name) = (
-            child.clone(),
-            parent.clone(),
-            parent.name.clone(),
-            prev.clone(),
-        );
+        let (c, p, new_child_name, prev_name) = (child.clone(), parent.clone(), parent.name.clone(), prev.clone());
         self.blocking(move |b| {
             b.rename(&c, &new_child_name)?;
             b.rename(&p, &prev_name)
@@ -318,10 +280,7 @@ impl BoxManager {
         })
         .await??;
         self.store.delete(&rec.id)?;
-        self.box_locks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&rec.id);
+        self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, "box removed");
         Ok(())
     }
@@ -349,14 +308,9 @@ impl BoxManager {
                             b.is_running(&r)
                         })
                         .await?;
-                    let state = if running {
-                        BoxState::Running
-                    } else {
-                        BoxState::Stopped
-                    };
+                    let state = if running { BoxState::Running } else { BoxState::Stopped };
                     if state != rec.state {
-                        self.store
-                            .set_state(&rec.id, state, rec.pid.filter(|_| running))?;
+                        self.store.set_state(&rec.id, state, rec.pid.filter(|_| running))?;
                     }
                 }
             }
@@ -366,8 +320,5 @@ impl BoxManager {
 }
 
 fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }

@@ -53,13 +53,9 @@ CREATE TABLE IF NOT EXISTS boxes (
 
 /// Columns added after the first schema: (name, type). Added to old databases
 /// on open, so a daemon upgrade finds every box.
-const ADDED_COLUMNS: &[(&str, &str)] = &[
-    ("disk", "INTEGER NOT NULL DEFAULT 17179869184"),
-    ("parent", "TEXT"),
-];
+const ADDED_COLUMNS: &[(&str, &str)] = &[("disk", "INTEGER NOT NULL DEFAULT 17179869184"), ("parent", "TEXT")];
 
-const COLUMNS: &str =
-    "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pids, b.slot, b.state, b.pid, \
+const COLUMNS: &str = "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pids, b.slot, b.state, b.pid, \
                        b.created_at, b.disk, b.parent, p.name";
 
 /// `boxes` as `b`, with each box's parent (if it still exists) as `p`.
@@ -82,9 +78,7 @@ impl Store {
                 conn.execute_batch(&format!("ALTER TABLE boxes ADD COLUMN {column} {ty}"))?;
             }
         }
-        Ok(Self {
-            conn: Mutex::new(conn),
-        })
+        Ok(Self { conn: Mutex::new(conn) })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
@@ -104,20 +98,8 @@ impl Store {
     }
 
     /// Adds a box in state `creating` as a duplicate of `parent`.
-    pub fn insert_dup(
-        &self,
-        parent: &BoxRecord,
-        name: &Name,
-        created_at: u64,
-    ) -> Result<BoxRecord, StoreError> {
-        self.insert(
-            &parent.account,
-            name,
-            &parent.image,
-            parent.limits,
-            created_at,
-            Some(parent),
-        )
+    pub fn insert_dup(&self, parent: &BoxRecord, name: &Name, created_at: u64) -> Result<BoxRecord, StoreError> {
+        self.insert(&parent.account, name, &parent.image, parent.limits, created_at, Some(parent))
     }
 
     fn insert(
@@ -217,12 +199,7 @@ impl Store {
     }
 
     /// Records a state change, with the PID 1 of a running box.
-    pub fn set_state(
-        &self,
-        id: &BoxId,
-        state: BoxState,
-        pid: Option<u32>,
-    ) -> Result<(), StoreError> {
+    pub fn set_state(&self, id: &BoxId, state: BoxState, pid: Option<u32>) -> Result<(), StoreError> {
         self.conn().execute(
             "UPDATE boxes SET state = ?2, pid = ?3 WHERE id = ?1",
             params![id.as_str(), state.as_str(), pid],
@@ -234,23 +211,16 @@ impl Store {
     pub fn get_by_id(&self, id: &BoxId) -> Result<Option<BoxRecord>, StoreError> {
         let conn = self.conn();
         let row = conn
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM {FROM} WHERE b.id = ?1"),
-                params![id.as_str()],
-                |r| Ok(from_row(r)),
-            )
+            .query_row(&format!("SELECT {COLUMNS} FROM {FROM} WHERE b.id = ?1"), params![id.as_str()], |r| {
+                Ok(from_row(r))
+            })
             .optional()?;
         row.transpose()
     }
 
     /// Promotes `child` over `parent`: in one transaction, the parent takes the
     /// name `parent_new_name` and the child takes the parent's name.
-    pub fn promote(
-        &self,
-        child: &BoxRecord,
-        parent: &BoxRecord,
-        parent_new_name: &Name,
-    ) -> Result<(), StoreError> {
+    pub fn promote(&self, child: &BoxRecord, parent: &BoxRecord, parent_new_name: &Name) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let taken = tx
@@ -263,22 +233,15 @@ impl Store {
         if taken.is_some() {
             return Err(StoreError::NameTaken(parent_new_name.clone()));
         }
-        tx.execute(
-            "UPDATE boxes SET name = ?2 WHERE id = ?1",
-            params![parent.id.as_str(), parent_new_name.as_str()],
-        )?;
-        tx.execute(
-            "UPDATE boxes SET name = ?2 WHERE id = ?1",
-            params![child.id.as_str(), parent.name.as_str()],
-        )?;
+        tx.execute("UPDATE boxes SET name = ?2 WHERE id = ?1", params![parent.id.as_str(), parent_new_name.as_str()])?;
+        tx.execute("UPDATE boxes SET name = ?2 WHERE id = ?1", params![child.id.as_str(), parent.name.as_str()])?;
         tx.commit()?;
         Ok(())
     }
 
     /// Forgets a box.
     pub fn delete(&self, id: &BoxId) -> Result<(), StoreError> {
-        self.conn()
-            .execute("DELETE FROM boxes WHERE id = ?1", params![id.as_str()])?;
+        self.conn().execute("DELETE FROM boxes WHERE id = ?1", params![id.as_str()])?;
         Ok(())
     }
 }
@@ -305,9 +268,7 @@ fn from_row(r: &Row<'_>) -> Result<BoxRecord, StoreError> {
             Some(p) => Some(BoxId::parse(&p).ok_or_else(corrupt)?),
             None => None,
         },
-        parent_name: r
-            .get::<_, Option<String>>(13)?
-            .and_then(|n| Name::new(&n).ok()),
+        parent_name: r.get::<_, Option<String>>(13)?.and_then(|n| Name::new(&n).ok()),
     })
 }
 
@@ -327,44 +288,21 @@ mod tests {
         let bob = AccountId("SHA256:bob".into());
         let web = {
             let store = Store::open(&path).unwrap();
-            let web = store
-                .insert_new(
-                    &alice,
-                    &names("web"),
-                    &names("debian"),
-                    Limits::default(),
-                    1,
-                )
-                .unwrap();
-            let db = store
-                .insert_new(&alice, &names("db"), &names("debian"), Limits::default(), 2)
-                .unwrap();
+            let web = store.insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 1).unwrap();
+            let db = store.insert_new(&alice, &names("db"), &names("debian"), Limits::default(), 2).unwrap();
             assert_ne!(web.slot, db.slot);
             // Names are per account.
-            store
-                .insert_new(&bob, &names("web"), &names("busybox"), Limits::default(), 3)
-                .unwrap();
+            store.insert_new(&bob, &names("web"), &names("busybox"), Limits::default(), 3).unwrap();
             assert!(matches!(
-                store.insert_new(
-                    &alice,
-                    &names("web"),
-                    &names("debian"),
-                    Limits::default(),
-                    4
-                ),
+                store.insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 4),
                 Err(StoreError::NameTaken(_))
             ));
-            store
-                .set_state(&web.id, BoxState::Running, Some(42))
-                .unwrap();
+            store.set_state(&web.id, BoxState::Running, Some(42)).unwrap();
             web
         };
         let store = Store::open(&path).unwrap();
         let got = store.get(&alice, &names("web")).unwrap().unwrap();
-        assert_eq!(
-            (got.id, got.state, got.pid),
-            (web.id.clone(), BoxState::Running, Some(42))
-        );
+        assert_eq!((got.id, got.state, got.pid), (web.id.clone(), BoxState::Running, Some(42)));
         assert_eq!(store.list(Some(&alice)).unwrap().len(), 2);
         assert_eq!(store.list(None).unwrap().len(), 3);
         store.delete(&web.id).unwrap();
@@ -376,9 +314,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
-        let web = store
-            .insert_new(&a, &names("web"), &names("debian"), Limits::default(), 1)
-            .unwrap();
+        let web = store.insert_new(&a, &names("web"), &names("debian"), Limits::default(), 1).unwrap();
         let try_ = store.insert_dup(&web, &names("web-try"), 2).unwrap();
         let got = store.get(&a, &names("web-try")).unwrap().unwrap();
         assert_eq!(got.parent, Some(web.id.clone()));
@@ -387,20 +323,11 @@ mod tests {
         assert_eq!(store.get(&a, &names("web")).unwrap().unwrap().id, try_.id);
         let prev = store.get(&a, &names("web-prev")).unwrap().unwrap();
         assert_eq!(prev.id, web.id);
-        assert_eq!(
-            store.get(&a, &names("web")).unwrap().unwrap().parent_name,
-            Some(names("web-prev"))
-        );
+        assert_eq!(store.get(&a, &names("web")).unwrap().unwrap().parent_name, Some(names("web-prev")));
         // A second promote onto an existing name is refused and changes nothing.
         let other = store.insert_dup(&prev, &names("other"), 3).unwrap();
-        assert!(matches!(
-            store.promote(&other, &prev, &names("web")),
-            Err(StoreError::NameTaken(_))
-        ));
-        assert_eq!(
-            store.get(&a, &names("web-prev")).unwrap().unwrap().id,
-            web.id
-        );
+        assert!(matches!(store.promote(&other, &prev, &names("web")), Err(StoreError::NameTaken(_))));
+        assert_eq!(store.get(&a, &names("web-prev")).unwrap().unwrap().id, web.id);
     }
 
     #[test]
@@ -417,10 +344,7 @@ mod tests {
         .unwrap();
         drop(conn);
         let store = Store::open(&path).unwrap();
-        let old = store
-            .get(&AccountId("a".into()), &names("old"))
-            .unwrap()
-            .unwrap();
+        let old = store.get(&AccountId("a".into()), &names("old")).unwrap().unwrap();
         assert_eq!(old.limits.disk, 16 << 30);
         assert_eq!(old.parent, None);
     }
@@ -430,17 +354,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
-        let b0 = store
-            .insert_new(&a, &names("b0"), &names("i"), Limits::default(), 0)
-            .unwrap();
-        let b1 = store
-            .insert_new(&a, &names("b1"), &names("i"), Limits::default(), 0)
-            .unwrap();
+        let b0 = store.insert_new(&a, &names("b0"), &names("i"), Limits::default(), 0).unwrap();
+        let b1 = store.insert_new(&a, &names("b1"), &names("i"), Limits::default(), 0).unwrap();
         assert_eq!((b0.slot, b1.slot), (0, 1));
         store.delete(&b0.id).unwrap();
-        let b2 = store
-            .insert_new(&a, &names("b2"), &names("i"), Limits::default(), 0)
-            .unwrap();
+        let b2 = store.insert_new(&a, &names("b2"), &names("i"), Limits::default(), 0).unwrap();
         assert_eq!(b2.slot, 0);
     }
 }

@@ -41,10 +41,7 @@ impl AuthorizedKeys {
     /// The account `key` belongs to, if it is authorized.
     pub fn account_for(&self, key: &PublicKey) -> Option<AccountId> {
         let text = std::fs::read_to_string(&self.path).ok()?;
-        let listed = text
-            .lines()
-            .filter_map(parse_line)
-            .any(|k| k.key_data() == key.key_data());
+        let listed = text.lines().filter_map(parse_line).any(|k| k.key_data() == key.key_data());
         listed.then(|| account_id(key))
     }
 }
@@ -71,10 +68,7 @@ fn parse_line(line: &str) -> Option<PublicKey> {
 /// Loads the host key at `path`, creating an Ed25519 key with `ssh-keygen` the
 /// first time.
 pub fn load_or_create_host_key(path: &Path) -> Result<PrivateKey, AuthError> {
-    let err = |detail: String| AuthError::KeyFile {
-        path: path.to_path_buf(),
-        detail,
-    };
+    let err = |detail: String| AuthError::KeyFile { path: path.to_path_buf(), detail };
     if !path.exists() {
         let out = Command::new("ssh-keygen")
             .args(["-q", "-t", "ed25519", "-N", "", "-C", "moat host key", "-f"])
@@ -94,8 +88,7 @@ mod tests {
     use super::*;
 
     const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop";
-    const OTHER: &str =
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB7yXyjJ0+rbhLFq3MmYqOyvoOhC2jh+f2QCJ3e1rmCV bob";
+    const OTHER: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB7yXyjJ0+rbhLFq3MmYqOyvoOhC2jh+f2QCJ3e1rmCV bob";
 
     #[test]
     fn listed_keys_map_to_their_fingerprint() {

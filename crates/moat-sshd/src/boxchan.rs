@@ -10,9 +10,7 @@
 use std::sync::Arc;
 
 use moat_agent::client::{send, AgentReader};
-use moat_agent::protocol::{
-    AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK,
-};
+use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
 use moat_core::{AccountId, AgentAddr, BoxManager, ManagerError, Name};
 use russh::server::{Handle, Msg};
 use russh::{Channel, ChannelId, ChannelMsg, ChannelReadHalf, ChannelWriteHalf, Sig};
@@ -67,15 +65,11 @@ impl ChannelCtx {
 
     /// Boots the box if needed and connects to its agent.
     pub async fn connect(&self, name: &Name) -> Result<UnixStream, String> {
-        let addr = self
-            .manager
-            .ensure_running(&self.account, name)
-            .await
-            .map_err(|e| error_chain(&e))?;
+        let addr = self.manager.ensure_running(&self.account, name).await.map_err(|e| error_chain(&e))?;
         match addr {
-            AgentAddr::Unix(path) => UnixStream::connect(&path)
-                .await
-                .map_err(|e| format!("box {name} is not answering: {e}")),
+            AgentAddr::Unix(path) => {
+                UnixStream::connect(&path).await.map_err(|e| format!("box {name} is not answering: {e}"))
+            }
         }
     }
 }
@@ -109,52 +103,28 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx) {
             let handle = ctx.handle.clone();
             async move {
                 if want {
-                    let _ = if ok {
-                        handle.channel_success(id).await
-                    } else {
-                        handle.channel_failure(id).await
-                    };
+                    let _ = if ok { handle.channel_success(id).await } else { handle.channel_failure(id).await };
                 }
             }
         };
         match rx.wait().await {
-            Some(ChannelMsg::RequestPty {
-                want_reply,
-                term,
-                col_width,
-                row_height,
-                ..
-            }) => {
-                pty = Some(PtySpec {
-                    term,
-                    size: winsize(col_width, row_height),
-                });
+            Some(ChannelMsg::RequestPty { want_reply, term, col_width, row_height, .. }) => {
+                pty = Some(PtySpec { term, size: winsize(col_width, row_height) });
                 reply(true, want_reply).await;
             }
-            Some(ChannelMsg::SetEnv {
-                want_reply,
-                variable_name,
-                variable_value,
-            }) => {
+            Some(ChannelMsg::SetEnv { want_reply, variable_name, variable_value }) => {
                 let ok = env_allowed(&variable_name);
                 if ok {
                     env.push((variable_name, variable_value));
                 }
                 reply(ok, want_reply).await;
             }
-            Some(ChannelMsg::WindowChange {
-                col_width,
-                row_height,
-                ..
-            }) => {
+            Some(ChannelMsg::WindowChange { col_width, row_height, .. }) => {
                 if let Some(p) = pty.as_mut() {
                     p.size = winsize(col_width, row_height);
                 }
             }
-            Some(ChannelMsg::Exec {
-                want_reply,
-                command,
-            }) => {
+            Some(ChannelMsg::Exec { want_reply, command }) => {
                 reply(true, want_reply).await;
                 break Program::Exec(command);
             }
@@ -183,10 +153,7 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx) {
 
 fn winsize(cols: u32, rows: u32) -> WinSize {
     let clamp = |v: u32| u16::try_from(v).unwrap_or(u16::MAX);
-    WinSize {
-        cols: clamp(cols),
-        rows: clamp(rows),
-    }
+    WinSize { cols: clamp(cols), rows: clamp(rows) }
 }
 
 /// Ends a channel with an exit status, as sshd does: EOF, status, close.
@@ -197,9 +164,7 @@ async fn finish(tx: &ChannelWriteHalf<Msg>, status: u32) {
 }
 
 async fn fail(tx: &ChannelWriteHalf<Msg>, msg: &str, status: u32) {
-    let _ = tx
-        .extended_data(1, format!("moat: {msg}\n").as_bytes())
-        .await;
+    let _ = tx.extended_data(1, format!("moat: {msg}\n").as_bytes()).await;
     finish(tx, status).await;
 }
 
@@ -209,10 +174,7 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
         Program::Shell => {
             let mut text = String::new();
             if ctx.user != SERVICE_USER && Name::new(&ctx.user).is_ok() {
-                text.push_str(&format!(
-                    "moat: you have no box named {:?}; this is the control plane.\n\n",
-                    ctx.user
-                ));
+                text.push_str(&format!("moat: you have no box named {:?}; this is the control plane.\n\n", ctx.user));
             }
             text.push_str(control::HELP);
             let _ = tx.data(text.as_bytes()).await;
@@ -235,8 +197,7 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
     });
     let manager = Arc::clone(&ctx.manager);
     let account = ctx.account.clone();
-    let mut work =
-        tokio::spawn(async move { control::run(cmd, &account, &manager, progress).await });
+    let mut work = tokio::spawn(async move { control::run(cmd, &account, &manager, progress).await });
     let result = loop {
         tokio::select! {
             Some(line) = progress_rx.recv() => {
@@ -266,8 +227,7 @@ fn exit_code(e: &ManagerError) -> u32 {
 }
 
 /// Finds and runs an sftp server inside the box (images put it in different places).
-const SFTP_COMMAND: &str =
-    "for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server \
+const SFTP_COMMAND: &str = "for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server \
 /usr/lib/sftp-server /usr/libexec/sftp-server; do [ -x \"$p\" ] && exec \"$p\"; done; \
 echo 'moat: this box has no sftp-server (install openssh-sftp-server)' >&2; exit 127";
 
@@ -311,11 +271,9 @@ async fn run_in_box(
                 result
             }
             ChannelMsg::Eof => send(&mut write, &HostMsg::StdinEof).await,
-            ChannelMsg::WindowChange {
-                col_width,
-                row_height,
-                ..
-            } => send(&mut write, &HostMsg::Resize(winsize(col_width, row_height))).await,
+            ChannelMsg::WindowChange { col_width, row_height, .. } => {
+                send(&mut write, &HostMsg::Resize(winsize(col_width, row_height))).await
+            }
             ChannelMsg::Signal { signal } => match signo(&signal) {
                 Some(n) => send(&mut write, &HostMsg::Signal(n)).await,
                 None => Ok(()),
@@ -357,17 +315,13 @@ async fn pump_output(
             Ok(Some(AgentMsg::Exit(ExitStatus::Signal { signo, core_dumped }))) => {
                 // As sshd: exit-signal instead of exit-status; the client exits 255.
                 let _ = tx.eof().await;
-                let _ = handle
-                    .exit_signal_request(id, sig(signo), core_dumped, String::new(), String::new())
-                    .await;
+                let _ = handle.exit_signal_request(id, sig(signo), core_dumped, String::new(), String::new()).await;
                 let _ = tx.close().await;
                 return;
             }
             Ok(Some(AgentMsg::Error(msg))) => return fail(&tx, &msg, 127).await,
             Ok(Some(_)) => {}
-            Ok(None) | Err(_) => {
-                return fail(&tx, "lost the connection to the box", EXIT_MOAT_FAILED).await
-            }
+            Ok(None) | Err(_) => return fail(&tx, "lost the connection to the box", EXIT_MOAT_FAILED).await,
         }
     }
 }

@@ -8,9 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use moat_core::limits::parse_size;
-use moat_core::{
-    AccountId, BoxManager, BoxSpec, ChangeKind, Limits, ManagerError, Name, ProgressSink,
-};
+use moat_core::{AccountId, BoxManager, BoxSpec, ChangeKind, Limits, ManagerError, Name, ProgressSink};
 use serde::Serialize;
 
 /// What `help` prints.
@@ -178,40 +176,23 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
             None => (flag.as_str(), None),
         };
         let mut value = || {
-            inline
-                .clone()
-                .or_else(|| rest.next().cloned())
-                .ok_or_else(|| usage(format!("new: {flag} needs a value")))
+            inline.clone().or_else(|| rest.next().cloned()).ok_or_else(|| usage(format!("new: {flag} needs a value")))
         };
         match flag {
-            "--image" => {
-                image = Name::new(&value()?).map_err(|e| usage(format!("new: --image: {e}")))?
-            }
+            "--image" => image = Name::new(&value()?).map_err(|e| usage(format!("new: --image: {e}")))?,
             "--cpus" => limits.cpus = number(flag, &value()?)?,
             "--pids" => limits.pids = number(flag, &value()?)?,
-            "--disk" => {
-                limits.disk =
-                    parse_size(&value()?).map_err(|e| usage(format!("new: --disk: {e}")))?
-            }
-            "--memory" => {
-                limits.memory =
-                    parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?
-            }
+            "--disk" => limits.disk = parse_size(&value()?).map_err(|e| usage(format!("new: --disk: {e}")))?,
+            "--memory" => limits.memory = parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?,
             other => return Err(usage(format!("new: unknown flag {other:?}"))),
         }
     }
     limits.validate().map_err(|e| usage(format!("new: {e}")))?;
-    Ok(Command::New {
-        name,
-        image,
-        limits,
-    })
+    Ok(Command::New { name, image, limits })
 }
 
 fn number(flag: &str, value: &str) -> Result<u32, UsageError> {
-    value
-        .parse()
-        .map_err(|_| usage(format!("new: {flag}: {value:?} is not a whole number")))
+    value.parse().map_err(|_| usage(format!("new: {flag}: {value:?} is not a whole number")))
 }
 
 /// Runs a command for `account`; returns what goes to stdout.
@@ -223,22 +204,8 @@ pub async fn run(
 ) -> Result<String, ManagerError> {
     match cmd {
         Command::Help => Ok(HELP.to_string()),
-        Command::New {
-            name,
-            image,
-            limits,
-        } => {
-            let rec = manager
-                .create(
-                    account,
-                    BoxSpec {
-                        name,
-                        image,
-                        limits,
-                    },
-                    progress,
-                )
-                .await?;
+        Command::New { name, image, limits } => {
+            let rec = manager.create(account, BoxSpec { name, image, limits }, progress).await?;
             Ok(format!("{}\n", rec.name))
         }
         Command::Ls { json } => {
@@ -349,30 +316,14 @@ mod tests {
     fn parses_commands() {
         assert_eq!(p("").unwrap(), Command::Help);
         assert_eq!(p("ls --json").unwrap(), Command::Ls { json: true });
-        assert_eq!(
-            p("rm web").unwrap(),
-            Command::Rm {
-                name: Name::new("web").unwrap()
-            }
-        );
-        let Command::New {
-            name,
-            image,
-            limits,
-        } = p("new web --image busybox --cpus 1 --memory=512M --pids 64").unwrap()
+        assert_eq!(p("rm web").unwrap(), Command::Rm { name: Name::new("web").unwrap() });
+        let Command::New { name, image, limits } =
+            p("new web --image busybox --cpus 1 --memory=512M --pids 64").unwrap()
         else {
             panic!("not new")
         };
         assert_eq!((name.as_str(), image.as_str()), ("web", "busybox"));
-        assert_eq!(
-            limits,
-            Limits {
-                cpus: 1,
-                memory: 512 << 20,
-                pids: 64,
-                ..Limits::default()
-            }
-        );
+        assert_eq!(limits, Limits { cpus: 1, memory: 512 << 20, pids: 64, ..Limits::default() });
         assert_eq!(
             p("new web").unwrap(),
             Command::New {
@@ -386,30 +337,10 @@ mod tests {
     #[test]
     fn parses_storage_commands() {
         let n = |s: &str| Name::new(s).unwrap();
-        assert_eq!(
-            p("dup web web-try").unwrap(),
-            Command::Dup {
-                src: n("web"),
-                dst: n("web-try")
-            }
-        );
-        assert_eq!(
-            p("diff web web-try --json").unwrap(),
-            Command::Diff {
-                a: n("web"),
-                b: n("web-try"),
-                json: true
-            }
-        );
-        assert_eq!(
-            p("promote web-try").unwrap(),
-            Command::Promote {
-                child: n("web-try")
-            }
-        );
-        let Command::New { limits, .. } = p("new x --disk 1G").unwrap() else {
-            panic!("not new")
-        };
+        assert_eq!(p("dup web web-try").unwrap(), Command::Dup { src: n("web"), dst: n("web-try") });
+        assert_eq!(p("diff web web-try --json").unwrap(), Command::Diff { a: n("web"), b: n("web-try"), json: true });
+        assert_eq!(p("promote web-try").unwrap(), Command::Promote { child: n("web-try") });
+        let Command::New { limits, .. } = p("new x --disk 1G").unwrap() else { panic!("not new") };
         assert_eq!(limits.disk, 1 << 30);
         for bad in [
             "dup web",

@@ -13,27 +13,16 @@ use crate::boxchan::{ChannelCtx, Target};
 
 /// Whether `host` names the box's own loopback.
 pub fn is_loopback(host: &str) -> bool {
-    matches!(
-        host,
-        "localhost" | "127.0.0.1" | "::1" | "[::1]" | "ip6-localhost"
-    )
+    matches!(host, "localhost" | "127.0.0.1" | "::1" | "[::1]" | "ip6-localhost")
 }
 
 /// Opens a forward to `host:port` in the channel's box, or refuses it.
-pub async fn open(
-    channel: Channel<Msg>,
-    reply: ChannelOpenHandle,
-    ctx: ChannelCtx,
-    host: String,
-    port: u32,
-) {
+pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelCtx, host: String, port: u32) {
     let (name, port) = match (ctx.target(), u16::try_from(port)) {
         (Target::Box(name), Ok(port)) if is_loopback(&host) => (name, port),
         _ => {
             tracing::info!(user = %ctx.user, %host, port, "refused port forward");
-            return reply
-                .reject(ChannelOpenFailure::AdministrativelyProhibited)
-                .await;
+            return reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
         }
     };
     let Ok(mut stream) = ctx.connect(&name).await else {
@@ -61,14 +50,7 @@ mod tests {
     #[test]
     fn only_loopback_targets() {
         assert!(is_loopback("localhost") && is_loopback("127.0.0.1") && is_loopback("::1"));
-        for other in [
-            "10.0.0.1",
-            "example.com",
-            "127.0.0.2",
-            "0.0.0.0",
-            "",
-            "localhost.evil.com",
-        ] {
+        for other in ["10.0.0.1", "example.com", "127.0.0.2", "0.0.0.0", "", "localhost.evil.com"] {
             assert!(!is_loopback(other), "{other}");
         }
     }

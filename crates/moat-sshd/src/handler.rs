@@ -40,34 +40,19 @@ impl ConnHandler {
         slot: UnauthSlot,
         authenticated: Arc<AtomicBool>,
     ) -> Self {
-        Self {
-            shared,
-            peer,
-            login: None,
-            slot: Some(slot),
-            authenticated,
-        }
+        Self { shared, peer, login: None, slot: Some(slot), authenticated }
     }
 
     fn ctx(&self, session: &Session) -> Option<ChannelCtx> {
         let (account, user) = self.login.clone()?;
-        Some(ChannelCtx {
-            manager: Arc::clone(&self.shared.manager),
-            account,
-            user,
-            handle: session.handle(),
-        })
+        Some(ChannelCtx { manager: Arc::clone(&self.shared.manager), account, user, handle: session.handle() })
     }
 }
 
 impl russh::server::Handler for ConnHandler {
     type Error = russh::Error;
 
-    async fn auth_publickey_offered(
-        &mut self,
-        _user: &str,
-        offer: PublicKeyOffer<'_>,
-    ) -> Result<Auth, Self::Error> {
+    async fn auth_publickey_offered(&mut self, _user: &str, offer: PublicKeyOffer<'_>) -> Result<Auth, Self::Error> {
         // Refuse unknown keys before the client bothers to sign with them.
         Ok(match self.shared.keys.account_for(offer.public_key) {
             Some(_) => Auth::Accept,
@@ -75,11 +60,7 @@ impl russh::server::Handler for ConnHandler {
         })
     }
 
-    async fn auth_publickey(
-        &mut self,
-        user: &str,
-        key: VerifiedPublicKey<'_>,
-    ) -> Result<Auth, Self::Error> {
+    async fn auth_publickey(&mut self, user: &str, key: VerifiedPublicKey<'_>) -> Result<Auth, Self::Error> {
         match self.shared.keys.account_for(key.public_key) {
             Some(account) => {
                 tracing::info!(peer = ?self.peer, %account, user, "authenticated");
@@ -126,13 +107,7 @@ impl russh::server::Handler for ConnHandler {
         let Some(ctx) = self.ctx(session) else {
             return Ok(());
         };
-        tokio::spawn(forward::open(
-            channel,
-            reply,
-            ctx,
-            host_to_connect.to_string(),
-            port_to_connect,
-        ));
+        tokio::spawn(forward::open(channel, reply, ctx, host_to_connect.to_string(), port_to_connect));
         Ok(())
     }
 }

@@ -5,12 +5,7 @@
 //! channel becomes one connection on the box agent's protocol. Nothing here
 //! knows which backend runs a box.
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::panic
-)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 pub mod auth;
 pub mod boxchan;

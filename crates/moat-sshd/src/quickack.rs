@@ -28,19 +28,12 @@ impl QuickAck {
     /// Wraps an accepted connection.
     pub fn new(inner: TcpStream) -> Self {
         let _ = socket2::SockRef::from(&inner).set_tcp_quickack(true);
-        Self {
-            inner,
-            reads_left: HANDSHAKE_READS,
-        }
+        Self { inner, reads_left: HANDSHAKE_READS }
     }
 }
 
 impl AsyncRead for QuickAck {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         if result.is_ready() && self.reads_left > 0 {
             self.reads_left -= 1;
@@ -51,11 +44,7 @@ impl AsyncRead for QuickAck {
 }
 
 impl AsyncWrite for QuickAck {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -57,10 +57,7 @@ pub struct UnauthSlot {
 
 impl Drop for UnauthSlot {
     fn drop(&mut self) {
-        let mut counts = self
-            .per_source
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut counts = self.per_source.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(n) = counts.get_mut(&self.source) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -71,11 +68,7 @@ impl Drop for UnauthSlot {
 }
 
 /// Serves SSH on `listener` until the process ends.
-pub async fn serve(
-    listener: TcpListener,
-    config: ServerConfig,
-    manager: Arc<BoxManager>,
-) -> std::io::Result<()> {
+pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<BoxManager>) -> std::io::Result<()> {
     let russh_config = Arc::new(russh::server::Config {
         keys: vec![config.host_key],
         methods: MethodSet::from(&[MethodKind::PublicKey][..]),
@@ -89,10 +82,7 @@ pub async fn serve(
         nodelay: true,
         ..Default::default()
     });
-    let shared = Arc::new(Shared {
-        manager,
-        keys: config.keys,
-    });
+    let shared = Arc::new(Shared { manager, keys: config.keys });
     let total = Arc::new(Semaphore::new(config.max_unauthenticated));
     let per_source: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     loop {
@@ -118,18 +108,9 @@ pub async fn serve(
             }
             *n += 1;
         }
-        let slot = UnauthSlot {
-            _total: permit,
-            per_source: Arc::clone(&per_source),
-            source: peer.ip(),
-        };
+        let slot = UnauthSlot { _total: permit, per_source: Arc::clone(&per_source), source: peer.ip() };
         let authenticated = Arc::new(AtomicBool::new(false));
-        let handler = ConnHandler::new(
-            Arc::clone(&shared),
-            Some(peer),
-            slot,
-            Arc::clone(&authenticated),
-        );
+        let handler = ConnHandler::new(Arc::clone(&shared), Some(peer), slot, Arc::clone(&authenticated));
         let russh_config = Arc::clone(&russh_config);
         let auth_timeout = config.auth_timeout;
         tokio::spawn(async move {
@@ -153,13 +134,8 @@ pub async fn serve(
             }
             if !authenticated.load(Ordering::Relaxed) {
                 tracing::info!(%peer, "authentication timed out");
-                let _ = handle
-                    .disconnect(
-                        Disconnect::ByApplication,
-                        "authentication timeout".into(),
-                        "en".into(),
-                    )
-                    .await;
+                let _ =
+                    handle.disconnect(Disconnect::ByApplication, "authentication timeout".into(), "en".into()).await;
                 return;
             }
             let _ = session.await;

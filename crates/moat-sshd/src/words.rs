@@ -40,9 +40,7 @@ pub fn split(line: &str) -> Result<Vec<String>, UnterminatedQuote> {
                     }
                 }
             }
-            '\\' => word
-                .get_or_insert_with(String::new)
-                .push(chars.next().ok_or(UnterminatedQuote)?),
+            '\\' => word.get_or_insert_with(String::new).push(chars.next().ok_or(UnterminatedQuote)?),
             c => word.get_or_insert_with(String::new).push(c),
         }
     }
@@ -57,14 +55,8 @@ mod tests {
 
     #[test]
     fn splits_like_a_shell() {
-        assert_eq!(
-            split("new  web --image debian").unwrap(),
-            ["new", "web", "--image", "debian"]
-        );
-        assert_eq!(
-            split("a 'b c' \"d e\" f\\ g ''").unwrap(),
-            ["a", "b c", "d e", "f g", ""]
-        );
+        assert_eq!(split("new  web --image debian").unwrap(), ["new", "web", "--image", "debian"]);
+        assert_eq!(split("a 'b c' \"d e\" f\\ g ''").unwrap(), ["a", "b c", "d e", "f g", ""]);
         assert_eq!(split("").unwrap(), Vec::<String>::new());
         assert_eq!(split("'open"), Err(UnterminatedQuote));
         assert_eq!(split("trail\\"), Err(UnterminatedQuote));

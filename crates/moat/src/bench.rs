@@ -60,11 +60,7 @@ fn ms(d: Duration) -> String {
 
 fn time_command(cmd: &mut Command) -> Result<Duration> {
     let t = Instant::now();
-    let status = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()?;
+    let status = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
     let took = t.elapsed();
     if !status.success() {
         bail!("{cmd:?} failed: {status}");
@@ -90,25 +86,11 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     }
     let agent = paths::find_agent(args.agent.as_deref())?;
     let helper = std::env::current_exe()?;
-    let backend = NsBackend::new(
-        pool,
-        NsConfig {
-            run_dir: dir.join("run"),
-            helper,
-            agent,
-        },
-    )?;
-    let manager = BoxManager::new(
-        Store::open(&dir.join("moat.db"))?,
-        Arc::new(AnyBackend::Ns(backend)),
-    );
+    let backend = NsBackend::new(pool, NsConfig { run_dir: dir.join("run"), helper, agent })?;
+    let manager = BoxManager::new(Store::open(&dir.join("moat.db"))?, Arc::new(AnyBackend::Ns(backend)));
     let account = AccountId("bench".into());
     let spec = |name: &str| -> Result<BoxSpec> {
-        Ok(BoxSpec {
-            name: Name::new(name)?,
-            image: Name::new("busybox")?,
-            limits: Limits::default(),
-        })
+        Ok(BoxSpec { name: Name::new(name)?, image: Name::new("busybox")?, limits: Limits::default() })
     };
 
     eprintln!("bench: create a box and run true, {n} times");
@@ -116,9 +98,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     for i in 0..n {
         let name = format!("b{i}");
         let t = Instant::now();
-        manager
-            .create(&account, spec(&name)?, Box::new(|_: &str| {}))
-            .await?;
+        manager.create(&account, spec(&name)?, Box::new(|_: &str| {})).await?;
         let addr = manager.ensure_running(&account, &Name::new(&name)?).await?;
         run_true(&addr).await?;
         create.push(t.elapsed());
@@ -152,18 +132,12 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     keygen(&key)?;
     let keys_file = dir.join("authorized_keys");
     std::fs::copy(key.with_extension("pub"), &keys_file)?;
-    let account = moat_sshd::auth::account_id(&russh::keys::PublicKey::read_openssh_file(
-        key.with_extension("pub"),
-    )?);
-    manager
-        .create(&account, spec("rt")?, Box::new(|_: &str| {}))
-        .await?;
+    let account = moat_sshd::auth::account_id(&russh::keys::PublicKey::read_openssh_file(key.with_extension("pub"))?);
+    manager.create(&account, spec("rt")?, Box::new(|_: &str| {})).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
-    let config = ServerConfig::new(
-        load_or_create_host_key(&dir.join("host_key"))?,
-        AuthorizedKeys::new(keys_file.clone()),
-    );
+    let config =
+        ServerConfig::new(load_or_create_host_key(&dir.join("host_key"))?, AuthorizedKeys::new(keys_file.clone()));
     let server = tokio::spawn(moat_sshd::serve(listener, config, Arc::clone(&manager)));
     let ours = tokio::task::spawn_blocking({
         let key = key.clone();
@@ -198,24 +172,9 @@ async fn bench(args: &BenchArgs) -> Result<()> {
             ratio(a, b)
         )
     };
-    row(
-        "create box + run `true`",
-        &create,
-        "`bwrap --unshare-all --ro-bind / / true`",
-        &bwrap,
-    );
-    row(
-        "create box + run `true`",
-        &create,
-        "`unshare` (same namespaces) `true`",
-        &unshare,
-    );
-    row(
-        "`ssh box@host true` (new connection)",
-        &ours,
-        "OpenSSH sshd, `ssh user@host true`",
-        &theirs,
-    );
+    row("create box + run `true`", &create, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
+    row("create box + run `true`", &create, "`unshare` (same namespaces) `true`", &unshare);
+    row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
     Ok(())
 }
 
@@ -223,10 +182,7 @@ async fn run_true(addr: &AgentAddr) -> Result<()> {
     let AgentAddr::Unix(path) = addr;
     let stream = tokio::net::UnixStream::connect(path).await?;
     let (read, mut write) = stream.into_split();
-    let req = ExecRequest {
-        command: Some(b"true".to_vec()),
-        ..Default::default()
-    };
+    let req = ExecRequest { command: Some(b"true".to_vec()), ..Default::default() };
     send(&mut write, &HostMsg::Exec(req)).await?;
     let mut reader = AgentReader::new(read);
     loop {
@@ -240,10 +196,7 @@ async fn run_true(addr: &AgentAddr) -> Result<()> {
 }
 
 fn keygen(path: &Path) -> Result<()> {
-    let status = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(path)
-        .status()?;
+    let status = Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(path).status()?;
     if !status.success() {
         bail!("ssh-keygen failed");
     }
@@ -264,27 +217,14 @@ fn ssh(key: &Path, port: u16, user: &str) -> Command {
         "-o",
         "UserKnownHostsFile=/dev/null",
     ]);
-    cmd.args([
-        "-o",
-        "KexAlgorithms=curve25519-sha256",
-        "-o",
-        "Ciphers=chacha20-poly1305@openssh.com",
-    ]);
-    cmd.args(["-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-i"])
-        .arg(key);
-    cmd.args([
-        "-p",
-        &port.to_string(),
-        &format!("{user}@127.0.0.1"),
-        "true",
-    ]);
+    cmd.args(["-o", "KexAlgorithms=curve25519-sha256", "-o", "Ciphers=chacha20-poly1305@openssh.com"]);
+    cmd.args(["-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-i"]).arg(key);
+    cmd.args(["-p", &port.to_string(), &format!("{user}@127.0.0.1"), "true"]);
     cmd
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The account OpenSSH's sshd serves in the benchmark.
@@ -297,15 +237,9 @@ struct BenchUser;
 impl BenchUser {
     fn create(home: &Path) -> Result<Self> {
         let _ = Command::new("userdel").arg(BENCH_USER).output();
-        let status = Command::new("useradd")
-            .args(["-M", "-s", "/bin/sh", "-d"])
-            .arg(home)
-            .arg(BENCH_USER)
-            .status()?;
+        let status = Command::new("useradd").args(["-M", "-s", "/bin/sh", "-d"]).arg(home).arg(BENCH_USER).status()?;
         // "*": no password, but not a locked account (sshd refuses locked ones).
-        let unlock = Command::new("usermod")
-            .args(["-p", "*", BENCH_USER])
-            .status()?;
+        let unlock = Command::new("usermod").args(["-p", "*", BENCH_USER]).status()?;
         if !status.success() || !unlock.success() {
             bail!("cannot create the benchmark user {BENCH_USER}");
         }

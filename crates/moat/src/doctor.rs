@@ -20,58 +20,40 @@ pub fn run(state_dir: &Path) -> Result<()> {
     };
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     check("kernel", Ok(kernel.trim().to_string()));
-    check(
-        "root",
-        if nix_is_root() {
-            Ok("running as root".into())
-        } else {
-            Err("moat serve must run as root".into())
-        },
-    );
+    check("root", if nix_is_root() { Ok("running as root".into()) } else { Err("moat serve must run as root".into()) });
     check(
         "cgroups",
-        CgroupLayout::detect()
-            .map_err(|e| e.to_string())
-            .map(|layout| match layout {
-                CgroupLayout::V2 { parent } => {
-                    format!("cgroup v2 (boxes under {})", parent.display())
-                }
-                CgroupLayout::V1 { .. } => {
-                    "hybrid host: cgroup v1 memory, pids, cpu and freezer".into()
-                }
-            }),
+        CgroupLayout::detect().map_err(|e| e.to_string()).map(|layout| match layout {
+            CgroupLayout::V2 { parent } => {
+                format!("cgroup v2 (boxes under {})", parent.display())
+            }
+            CgroupLayout::V1 { .. } => "hybrid host: cgroup v1 memory, pids, cpu and freezer".into(),
+        }),
     );
     check(
         "storage pool",
-        paths::open_pool(state_dir)
-            .map_err(|e| format!("{e:#}"))
-            .map(|pool| match pool.kind() {
-                PoolKind::Native => {
-                    format!("btrfs at {} (state dir is on btrfs)", pool.root().display())
-                }
-                PoolKind::Loop { image } => format!(
+        paths::open_pool(state_dir).map_err(|e| format!("{e:#}")).map(|pool| match pool.kind() {
+            PoolKind::Native => {
+                format!("btrfs at {} (state dir is on btrfs)", pool.root().display())
+            }
+            PoolKind::Loop { image } => format!(
                 "btrfs loop image {} mounted at {} (state dir is not on btrfs; snapshots need it)",
                 image.display(),
                 pool.root().display()
             ),
-            }),
+        }),
     );
     check(
         "agent",
-        paths::find_agent(None)
-            .map_err(|e| format!("{e:#}"))
-            .and_then(|p| {
-                let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-                // A PT_INTERP segment names a dynamic loader, which busybox images lack.
-                if bytes.windows(b"/ld-linux".len()).any(|w| w == b"/ld-linux") {
-                    Err(format!(
-                        "{} is dynamically linked; build it with scripts/build.sh",
-                        p.display()
-                    ))
-                } else {
-                    Ok(format!("{} (static)", p.display()))
-                }
-            }),
+        paths::find_agent(None).map_err(|e| format!("{e:#}")).and_then(|p| {
+            let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            // A PT_INTERP segment names a dynamic loader, which busybox images lack.
+            if bytes.windows(b"/ld-linux".len()).any(|w| w == b"/ld-linux") {
+                Err(format!("{} is dynamically linked; build it with scripts/build.sh", p.display()))
+            } else {
+                Ok(format!("{} (static)", p.display()))
+            }
+        }),
     );
     for (tool, package, need) in [
         ("mkfs.btrfs", "btrfs-progs", "the loop-backed pool"),
@@ -87,9 +69,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
         );
     }
     if ok {
-        println!(
-            "backend: ns (namespaces, seccomp, cgroups); the microVM backend is not built yet"
-        );
+        println!("backend: ns (namespaces, seccomp, cgroups); the microVM backend is not built yet");
         Ok(())
     } else {
         anyhow::bail!("some checks failed")
@@ -97,7 +77,5 @@ pub fn run(state_dir: &Path) -> Result<()> {
 }
 
 fn nix_is_root() -> bool {
-    std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-        .unwrap_or(false)
+    std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false)
 }

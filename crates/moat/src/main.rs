@@ -12,11 +12,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "moat",
-    version,
-    about = "Disposable, isolated boxes for coding agents, over plain SSH"
-)]
+#[command(name = "moat", version, about = "Disposable, isolated boxes for coding agents, over plain SSH")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -93,11 +89,7 @@ fn main() {
 
 fn image(cmd: ImageCmd) -> Result<()> {
     match cmd {
-        ImageCmd::Build {
-            name,
-            state_dir,
-            force,
-        } => {
+        ImageCmd::Build { name, state_dir, force } => {
             let name = moat_core::Name::new(&name)?;
             let pool = paths::open_pool(&state_dir)?;
             if pool.has_image(&name) {

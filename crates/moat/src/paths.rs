@@ -13,8 +13,7 @@ pub const DEFAULT_POOL_SIZE: u64 = 256 << 30;
 
 /// Opens (formatting and mounting if needed) the storage pool under `state_dir`.
 pub fn open_pool(state_dir: &Path) -> Result<Pool> {
-    std::fs::create_dir_all(state_dir)
-        .with_context(|| format!("create {}", state_dir.display()))?;
+    std::fs::create_dir_all(state_dir).with_context(|| format!("create {}", state_dir.display()))?;
     Pool::open(state_dir, DEFAULT_POOL_SIZE).context("open the storage pool")
 }
 
@@ -34,8 +33,5 @@ pub fn find_agent(explicit: Option<&Path>) -> Result<PathBuf> {
             return Ok(candidate);
         }
     }
-    bail!(
-        "cannot find moat-agent next to {} (set MOAT_AGENT or --agent)",
-        exe.display()
-    )
+    bail!("cannot find moat-agent next to {} (set MOAT_AGENT or --agent)", exe.display())
 }

@@ -18,18 +18,12 @@ pub fn run(state_dir: &Path) -> Result<()> {
     let pool = paths::open_pool(state_dir)?;
     let backend = Arc::new(NsBackend::new(
         pool,
-        NsConfig {
-            run_dir: state_dir.join("run"),
-            helper: "/nonexistent".into(),
-            agent: "/nonexistent".into(),
-        },
+        NsConfig { run_dir: state_dir.join("run"), helper: "/nonexistent".into(), agent: "/nonexistent".into() },
     )?);
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
     for rec in store.list(None)? {
         eprintln!("removing box {} ({})", rec.name, rec.id);
-        backend
-            .destroy(&rec)
-            .with_context(|| format!("remove box {}", rec.name))?;
+        backend.destroy(&rec).with_context(|| format!("remove box {}", rec.name))?;
         store.delete(&rec.id)?;
     }
     drop(store);
@@ -37,7 +31,6 @@ pub fn run(state_dir: &Path) -> Result<()> {
     backend.cgroups().remove_parents();
     let pool = backend.into_pool();
     pool.unmount()?;
-    std::fs::remove_dir_all(state_dir)
-        .with_context(|| format!("remove {}", state_dir.display()))?;
+    std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;
     Ok(())
 }

@@ -41,9 +41,7 @@ pub struct ServeArgs {
 /// Runs the daemon until killed.
 pub fn run(args: ServeArgs) -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let runtime = tokio::runtime::Runtime::new().context("start the async runtime")?;
@@ -55,14 +53,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let pool = paths::open_pool(&state_dir)?;
     let agent = paths::find_agent(args.agent.as_deref())?;
     let helper = std::env::current_exe().context("find this executable")?;
-    let backend = NsBackend::new(
-        pool,
-        NsConfig {
-            run_dir: state_dir.join("run"),
-            helper,
-            agent,
-        },
-    )?;
+    let backend = NsBackend::new(pool, NsConfig { run_dir: state_dir.join("run"), helper, agent })?;
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
     let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)));
     manager.recover().await.context("recover boxes")?;
@@ -70,16 +61,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;
     let keys_path = match args.authorized_keys {
         Some(path) => path,
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-            .join(".ssh/authorized_keys"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".ssh/authorized_keys"),
     };
     let mut config = ServerConfig::new(host_key, AuthorizedKeys::new(keys_path.clone()));
     config.auth_timeout = Duration::from_secs(args.auth_timeout);
     config.idle_timeout = Duration::from_secs(args.idle_timeout);
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listen on {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, state_dir = %state_dir.display(), authorized_keys = %keys_path.display(), "moat serving");
     // One machine-readable line on stdout, for scripts that asked for port 0.

@@ -42,18 +42,12 @@ pub struct CgroupError {
 }
 
 fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
-    fs::write(path, value).map_err(|source| CgroupError {
-        path: path.to_path_buf(),
-        source,
-    })
+    fs::write(path, value).map_err(|source| CgroupError { path: path.to_path_buf(), source })
 }
 
 fn mkdir(path: &Path) -> Result<(), CgroupError> {
     match fs::create_dir(path) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError {
-            path: path.to_path_buf(),
-            source: e,
-        }),
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError { path: path.to_path_buf(), source: e }),
         _ => Ok(()),
     }
 }
@@ -89,20 +83,14 @@ impl CgroupLayout {
 
     /// The files a process writes its pid to in order to join the box.
     pub fn procs_files(&self, id: &BoxId) -> Vec<PathBuf> {
-        self.dirs(id)
-            .into_iter()
-            .map(|d| d.join("cgroup.procs"))
-            .collect()
+        self.dirs(id).into_iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
     /// Creates the box's cgroups with its limits.
     pub fn create(&self, id: &BoxId, limits: &Limits) -> Result<(), CgroupError> {
         for dir in self.dirs(id) {
             // The parent may have been removed by `remove_parents` since `detect`.
-            fs::create_dir_all(&dir).map_err(|source| CgroupError {
-                path: dir.clone(),
-                source,
-            })?;
+            fs::create_dir_all(&dir).map_err(|source| CgroupError { path: dir.clone(), source })?;
         }
         let quota = u64::from(limits.cpus) * CPU_PERIOD_US;
         match self {
@@ -167,18 +155,14 @@ impl CgroupLayout {
             let frozen = if v1 {
                 fs::read_to_string(dir.join(file)).is_ok_and(|s| s.trim() == "FROZEN")
             } else {
-                fs::read_to_string(dir.join("cgroup.events"))
-                    .is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
+                fs::read_to_string(dir.join("cgroup.events")).is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
             };
             if frozen {
                 return Ok(true);
             }
             if Instant::now() > deadline {
                 let _ = self.thaw(id);
-                return Err(CgroupError {
-                    path: dir,
-                    source: io::Error::other("processes did not freeze"),
-                });
+                return Err(CgroupError { path: dir, source: io::Error::other("processes did not freeze") });
             }
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -190,14 +174,7 @@ impl CgroupLayout {
         if !dir.exists() {
             return Ok(());
         }
-        write(
-            &dir.join(file),
-            if file == "freezer.state" {
-                "THAWED"
-            } else {
-                "0"
-            },
-        )
+        write(&dir.join(file), if file == "freezer.state" { "THAWED" } else { "0" })
     }
 
     /// Removes moat's parent cgroups if no box uses them any more.
@@ -217,11 +194,7 @@ impl CgroupLayout {
         let Some(procs) = self.procs_files(id).into_iter().next() else {
             return Vec::new();
         };
-        fs::read_to_string(procs)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+        fs::read_to_string(procs).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
     }
 
     /// Kills every process in the box and removes its cgroups. Missing cgroups are
@@ -240,17 +213,11 @@ impl CgroupLayout {
             // Killing a pid namespace's init kills the namespace; the loop catches
             // anything that joined the cgroup some other way.
             for pid in pids {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             }
             if Instant::now() > deadline {
                 let path = dirs.first().cloned().unwrap_or_default();
-                return Err(CgroupError {
-                    path,
-                    source: io::Error::other("processes survive SIGKILL"),
-                });
+                return Err(CgroupError { path, source: io::Error::other("processes survive SIGKILL") });
             }
             std::thread::sleep(Duration::from_millis(2));
         }

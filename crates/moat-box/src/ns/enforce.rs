@@ -81,8 +81,8 @@ pub fn helper_main() -> i32 {
 /// Starts the box; returns the host pid of its PID 1.
 pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
     let userns = make_userns(&plan.id_map()).context(|| "user namespace".into())?;
-    let tree = sys::open_tree_clone(&cpath(&plan.rootfs)?)
-        .context(|| format!("open_tree {}", plan.rootfs.display()))?;
+    let tree =
+        sys::open_tree_clone(&cpath(&plan.rootfs)?).context(|| format!("open_tree {}", plan.rootfs.display()))?;
     sys::mount_set_idmap(tree.as_fd(), userns.as_fd()).context(|| "idmapped mount".into())?;
 
     let me = std::process::id().to_string();
@@ -90,11 +90,10 @@ pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
         std::fs::write(procs, &me).context(|| format!("join {}", procs.display()))?;
     }
     let _ = std::fs::remove_file(&plan.agent_socket);
-    let listener = UnixListener::bind(&plan.agent_socket)
-        .context(|| format!("bind {}", plan.agent_socket.display()))?;
+    let listener =
+        UnixListener::bind(&plan.agent_socket).context(|| format!("bind {}", plan.agent_socket.display()))?;
     std::fs::set_permissions(&plan.agent_socket, std::fs::Permissions::from_mode(0o600))?;
-    let agent = File::open(&plan.agent_binary)
-        .context(|| format!("open agent {}", plan.agent_binary.display()))?;
+    let agent = File::open(&plan.agent_binary).context(|| format!("open agent {}", plan.agent_binary.display()))?;
 
     unshare(
         CloneFlags::CLONE_NEWNS
@@ -109,18 +108,10 @@ pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
     sys::loopback_up().context(|| "loopback up".into())?;
     // Per network namespace: let the box's root bind low ports and ping, which the
     // host-owned namespace would otherwise deny it.
-    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")
-        .context(|| "sysctl".into())?;
-    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")
-        .context(|| "sysctl".into())?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .context(|| "make mounts private".into())?;
+    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0").context(|| "sysctl".into())?;
+    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647").context(|| "sysctl".into())?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .context(|| "make mounts private".into())?;
     sys::move_mount_to(tree.as_fd(), &cpath(&plan.rootfs)?).context(|| "attach root".into())?;
 
     let (err_read, err_write) = pipe2(OFlag::O_CLOEXEC)?;
@@ -210,10 +201,8 @@ fn init_box_inner(
 
     setns(userns, CloneFlags::CLONE_NEWUSER).context(|| "enter user namespace".into())?;
     nix::unistd::setgroups(&[]).context(|| "setgroups".into())?;
-    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
-        .context(|| "setgid".into())?;
-    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
-        .context(|| "setuid".into())?;
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).context(|| "setgid".into())?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).context(|| "setuid".into())?;
     drop_capabilities()?;
 
     // The agent finds its listening socket at fd 3; move the binary's fd clear of it.
@@ -238,45 +227,21 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     for dir in ["proc", "sys", "dev", "run"] {
         // The root may be a box's own work: refuse anything but a real directory
         // (a symlink would steer the mount elsewhere).
-        if !Path::new(dir)
-            .symlink_metadata()
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
-            return Err(io::Error::other(format!(
-                "the box's /{dir} is not a directory"
-            )));
+        if !Path::new(dir).symlink_metadata().map(|m| m.is_dir()).unwrap_or(false) {
+            return Err(io::Error::other(format!("the box's /{dir} is not a directory")));
         }
     }
-    mount(
-        Some("proc"),
-        "proc",
-        Some("proc"),
-        nosuid | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .context(|| "mount /proc".into())?;
+    mount(Some("proc"), "proc", Some("proc"), nosuid | MsFlags::MS_NOEXEC, None::<&str>)
+        .context(|| "mount /proc".into())?;
     for entry in MASKED_PROC {
         let target = Path::new("proc").join(entry);
         if target.exists() {
-            mount(
-                Some("/dev/null"),
-                &target,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .context(|| format!("mask /proc/{entry}"))?;
+            mount(Some("/dev/null"), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .context(|| format!("mask /proc/{entry}"))?;
         }
     }
-    mount(
-        Some("sysfs"),
-        "sys",
-        Some("sysfs"),
-        nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
-        None::<&str>,
-    )
-    .context(|| "mount /sys".into())?;
+    mount(Some("sysfs"), "sys", Some("sysfs"), nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None::<&str>)
+        .context(|| "mount /sys".into())?;
 
     let owner = format!("uid={0},gid={0}", plan.uid_base);
     mount(
@@ -290,28 +255,13 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     for dev in DEVICES {
         let target = Path::new("dev").join(dev);
         File::create(&target)?;
-        mount(
-            Some(Path::new("/dev").join(dev).as_path()),
-            &target,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .context(|| format!("bind /dev/{dev}"))?;
+        mount(Some(Path::new("/dev").join(dev).as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .context(|| format!("bind /dev/{dev}"))?;
     }
     std::fs::create_dir("dev/pts")?;
-    let devpts = format!(
-        "newinstance,ptmxmode=0666,mode=0620,gid={}",
-        plan.devpts_gid
-    );
-    mount(
-        Some("devpts"),
-        "dev/pts",
-        Some("devpts"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some(devpts.as_str()),
-    )
-    .context(|| "mount /dev/pts".into())?;
+    let devpts = format!("newinstance,ptmxmode=0666,mode=0620,gid={}", plan.devpts_gid);
+    mount(Some("devpts"), "dev/pts", Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(devpts.as_str()))
+        .context(|| "mount /dev/pts".into())?;
     std::fs::create_dir("dev/shm")?;
     mount(
         Some("tmpfs"),
@@ -330,23 +280,15 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     ] {
         std::os::unix::fs::symlink(target, Path::new("dev").join(link))?;
     }
-    mount(
-        Some("tmpfs"),
-        "run",
-        Some("tmpfs"),
-        nosuid,
-        Some(format!("mode=755,{owner}").as_str()),
-    )
-    .context(|| "mount /run".into())?;
+    mount(Some("tmpfs"), "run", Some("tmpfs"), nosuid, Some(format!("mode=755,{owner}").as_str()))
+        .context(|| "mount /run".into())?;
     Ok(())
 }
 
 /// Keeps only [`KEPT_CAPS`] in the bounding set; exec then grants root exactly those.
 fn drop_capabilities() -> io::Result<()> {
-    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40);
+    let last: u32 =
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40);
     for cap in (0..=last).filter(|c| !KEPT_CAPS.contains(c)) {
         // SAFETY: PR_CAPBSET_DROP takes an integer capability number and no pointers.
         if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) } != 0 {
@@ -354,14 +296,6 @@ fn drop_capabilities() -> io::Result<()> {
         }
     }
     // SAFETY: as above; clears the ambient set, no pointers involved.
-    unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        )
-    };
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
     Ok(())
 }

@@ -43,15 +43,10 @@ pub struct NsBackend {
 impl NsBackend {
     /// A backend over `pool` with the host's cgroup layout.
     pub fn new(pool: Pool, config: NsConfig) -> Result<Self, BackendError> {
-        let cgroups =
-            CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
+        let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
-        Ok(Self {
-            pool,
-            cgroups,
-            config,
-        })
+        Ok(Self { pool, cgroups, config })
     }
 
     /// The storage pool.
@@ -80,12 +75,9 @@ impl NsBackend {
     /// Gives a freshly snapshotted root its own identity and disk limit; on
     /// failure the snapshot is deleted again.
     fn make_own(&self, rec: &BoxRecord, root: &Path) -> Result<(), BackendError> {
-        let result = identity::mint(root, &rec.name)
-            .map_err(|e| BackendError::new("mint box identity", e))
-            .and_then(|()| {
-                self.pool
-                    .set_disk_limit(&rec.id, rec.limits.disk)
-                    .map_err(|e| BackendError::new("limit disk use", e))
+        let result =
+            identity::mint(root, &rec.name).map_err(|e| BackendError::new("mint box identity", e)).and_then(|()| {
+                self.pool.set_disk_limit(&rec.id, rec.limits.disk).map_err(|e| BackendError::new("limit disk use", e))
             });
         if result.is_err() {
             let _ = self.pool.delete_box(&rec.id);
@@ -94,8 +86,7 @@ impl NsBackend {
     }
 
     fn run_helper(&self, plan: &SpawnPlan) -> Result<u32, BackendError> {
-        let json =
-            serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
+        let json = serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
         let mut child = Command::new(&self.config.helper)
             .arg("box-spawn")
             .stdin(Stdio::piped())
@@ -104,20 +95,13 @@ impl NsBackend {
             .spawn()
             .map_err(|e| BackendError::new(format!("run {}", self.config.helper.display()), e))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(&json)
-                .map_err(|e| BackendError::new("send spawn plan", e))?;
+            stdin.write_all(&json).map_err(|e| BackendError::new("send spawn plan", e))?;
         }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| BackendError::new("wait for box-spawn", e))?;
+        let out = child.wait_with_output().map_err(|e| BackendError::new("wait for box-spawn", e))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         match stdout.trim().parse::<u32>() {
             Ok(pid) if out.status.success() => Ok(pid),
-            _ => Err(BackendError::msg(format!(
-                "box did not start: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))),
+            _ => Err(BackendError::msg(format!("box did not start: {}", String::from_utf8_lossy(&out.stderr).trim()))),
         }
     }
 }
@@ -128,8 +112,7 @@ impl Backend for NsBackend {
     }
 
     fn build_image(&self, name: &Name, progress: Progress<'_>) -> Result<(), BackendError> {
-        image::build(&self.pool, name, progress)
-            .map_err(|e| BackendError::new(format!("build image {name}"), e))
+        image::build(&self.pool, name, progress).map_err(|e| BackendError::new(format!("build image {name}"), e))
     }
 
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
@@ -142,15 +125,10 @@ impl Backend for NsBackend {
 
     fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
         let run_dir = self.box_run_dir(rec);
-        std::fs::create_dir_all(&run_dir)
-            .map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
+        std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
         // A previous boot's processes (if any) must be gone before a new PID 1.
-        self.cgroups
-            .destroy(&rec.id)
-            .map_err(|e| BackendError::new("clear old cgroup", e))?;
-        self.cgroups
-            .create(&rec.id, &rec.limits)
-            .map_err(|e| BackendError::new("create cgroup", e))?;
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
+        self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
         let plan = SpawnPlan::for_box(
             rec,
             self.pool.box_path(&rec.id),
@@ -168,22 +146,14 @@ impl Backend for NsBackend {
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.cgroups
-            .destroy(&rec.id)
-            .map_err(|e| BackendError::new("stop box", e))
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
     }
 
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.cgroups
-            .destroy(&rec.id)
-            .map_err(|e| BackendError::new("stop box", e))?;
-        self.pool
-            .delete_box(&rec.id)
-            .map_err(|e| BackendError::new("delete box filesystem", e))?;
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        self.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box filesystem", e))?;
         match std::fs::remove_dir_all(self.box_run_dir(rec)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(BackendError::new("remove run dir", e))
-            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
             _ => Ok(()),
         }
     }
@@ -195,16 +165,11 @@ impl Backend for NsBackend {
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
         // Frozen, the source's processes cannot write during the snapshot, which
         // flushes the subvolume's dirty data: the copy is one instant of it.
-        let frozen = self
-            .cgroups
-            .freeze(&src.id)
-            .map_err(|e| BackendError::new(format!("freeze {}", src.name), e))?;
+        let frozen = self.cgroups.freeze(&src.id).map_err(|e| BackendError::new(format!("freeze {}", src.name), e))?;
         fault::point("dup-while-frozen");
         let snapshot = self.pool.snapshot_box(&src.id, &dst.id);
         if frozen {
-            self.cgroups
-                .thaw(&src.id)
-                .map_err(|e| BackendError::new(format!("thaw {}", src.name), e))?;
+            self.cgroups.thaw(&src.id).map_err(|e| BackendError::new(format!("thaw {}", src.name), e))?;
         }
         let root = snapshot.map_err(|e| BackendError::new(format!("snapshot {}", src.name), e))?;
         fault::point("dup-after-snapshot");
@@ -217,14 +182,11 @@ impl Backend for NsBackend {
     }
 
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
-        identity::rename(&self.pool.box_path(&rec.id), name)
-            .map_err(|e| BackendError::new("rename box", e))
+        identity::rename(&self.pool.box_path(&rec.id), name).map_err(|e| BackendError::new("rename box", e))
     }
 
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.cgroups
-            .thaw(&rec.id)
-            .map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))
+        self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))
     }
 }
 

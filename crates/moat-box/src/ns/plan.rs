@@ -30,13 +30,7 @@ pub const KEPT_CAPS: &[u32] = &[
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// `/proc` entries hidden behind `/dev/null` (host information a box does not need).
-pub const MASKED_PROC: &[&str] = &[
-    "kcore",
-    "keys",
-    "timer_list",
-    "sysrq-trigger",
-    "latency_stats",
-];
+pub const MASKED_PROC: &[&str] = &["kcore", "keys", "timer_list", "sysrq-trigger", "latency_stats"];
 
 /// The tty group's gid in Debian images, for devpts.
 const TTY_GID: u32 = 5;
@@ -113,13 +107,9 @@ mod tests {
 
     #[test]
     fn boxes_get_disjoint_unprivileged_uid_ranges() {
-        let plan =
-            |slot| SpawnPlan::for_box(&record(slot), "/r".into(), vec![], "/s".into(), "/a".into());
+        let plan = |slot| SpawnPlan::for_box(&record(slot), "/r".into(), vec![], "/s".into(), "/a".into());
         let (a, b) = (plan(0), plan(1));
-        assert!(
-            a.uid_base >= 65536,
-            "box root must not be a host system uid"
-        );
+        assert!(a.uid_base >= 65536, "box root must not be a host system uid");
         assert_eq!(a.uid_base + a.uid_count, b.uid_base);
         assert_eq!(a.id_map(), format!("0 {} 65536\n", a.uid_base));
         assert_eq!(a.devpts_gid, a.uid_base + 5);

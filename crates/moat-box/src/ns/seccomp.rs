@@ -105,12 +105,7 @@ const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWTIME) as u32;
 
 fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
+    sock_filter { code, jt: 0, jf: 0, k }
 }
 
 fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
@@ -225,48 +220,21 @@ mod tests {
         assert_eq!(run(&prog, nr(libc::SYS_init_module), [0; 6]), EPERM);
         assert_eq!(run(&prog, nr(libc::SYS_unshare), [0; 6]), EPERM);
         // fork-like clone is fine, namespace-making clone is not.
+        assert_eq!(run(&prog, nr(libc::SYS_clone), [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
         assert_eq!(
-            run(
-                &prog,
-                nr(libc::SYS_clone),
-                [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]
-            ),
-            SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            run(
-                &prog,
-                nr(libc::SYS_clone),
-                [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0]
-            ),
+            run(&prog, nr(libc::SYS_clone), [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0]),
             EPERM
         );
-        assert_eq!(
-            run(&prog, nr(libc::SYS_clone3), [0; 6]),
-            SECCOMP_RET_ERRNO | libc::ENOSYS as u32
-        );
+        assert_eq!(run(&prog, nr(libc::SYS_clone3), [0; 6]), SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
         // ioctl: terminals work, injection does not.
-        assert_eq!(
-            run(
-                &prog,
-                nr(libc::SYS_ioctl),
-                [0, libc::TIOCGWINSZ, 0, 0, 0, 0]
-            ),
-            SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            run(&prog, nr(libc::SYS_ioctl), [0, libc::TIOCSTI, 0, 0, 0, 0]),
-            EPERM
-        );
+        assert_eq!(run(&prog, nr(libc::SYS_ioctl), [0, libc::TIOCGWINSZ, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
+        assert_eq!(run(&prog, nr(libc::SYS_ioctl), [0, libc::TIOCSTI, 0, 0, 0, 0]), EPERM);
         for req in crate::sys::BTRFS_SUBVOLUME_IOCTLS {
             assert_eq!(run(&prog, nr(libc::SYS_ioctl), [0, req, 0, 0, 0, 0]), EPERM);
         }
         // x32 numbers and syscalls newer than the list.
         assert_eq!(run(&prog, X32_SYSCALL_BIT | 1, [0; 6]), EPERM);
-        assert_eq!(
-            run(&prog, LAST_KNOWN_SYSCALL + 5, [0; 6]),
-            SECCOMP_RET_ERRNO | libc::ENOSYS as u32
-        );
+        assert_eq!(run(&prog, LAST_KNOWN_SYSCALL + 5, [0; 6]), SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
         assert!(prog.len() < 4096);
     }
 }

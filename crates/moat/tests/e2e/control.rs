@@ -7,11 +7,7 @@ use crate::Env;
 pub fn first_new_builds_default_image(env: &Env) {
     let out = env.alice(None, &["new", "first"]).ok();
     assert_eq!(out.stdout, "first\n");
-    assert!(
-        out.stderr.contains("image debian: "),
-        "no progress shown: {}",
-        out.stderr
-    );
+    assert!(out.stderr.contains("image debian: "), "no progress shown: {}", out.stderr);
     assert!(out.stderr.contains("image debian: ready"), "{}", out.stderr);
     let release = env.alice(Some("first"), &["cat /etc/debian_version"]).ok();
     assert!(release.stdout.starts_with("12."), "{}", release.stdout);
@@ -23,44 +19,26 @@ fn ls_json(env: &Env) -> Vec<serde_json::Value> {
 }
 
 fn names(boxes: &[serde_json::Value]) -> Vec<String> {
-    boxes
-        .iter()
-        .map(|b| b["name"].as_str().unwrap_or_default().to_string())
-        .collect()
+    boxes.iter().map(|b| b["name"].as_str().unwrap_or_default().to_string()).collect()
 }
 
 pub fn new_ls_info_rm(env: &Env) {
     let name = unique("ctl");
-    env.new_box(
-        &name,
-        &[
-            "--image", "busybox", "--cpus", "1", "--memory", "256M", "--pids", "100",
-        ],
-    );
+    env.new_box(&name, &["--image", "busybox", "--cpus", "1", "--memory", "256M", "--pids", "100"]);
 
     let table = env.alice(None, &["ls"]).ok().stdout;
-    let row = table
-        .lines()
-        .find(|l| l.starts_with(&format!("{name} ")))
-        .expect("box in ls");
-    assert!(
-        row.contains("running") && row.contains("busybox") && row.contains("256M"),
-        "{row}"
-    );
+    let row = table.lines().find(|l| l.starts_with(&format!("{name} "))).expect("box in ls");
+    assert!(row.contains("running") && row.contains("busybox") && row.contains("256M"), "{row}");
 
     let listed = ls_json(env);
-    let me = listed
-        .iter()
-        .find(|b| b["name"] == name.as_str())
-        .expect("box in ls --json");
+    let me = listed.iter().find(|b| b["name"] == name.as_str()).expect("box in ls --json");
     assert_eq!(me["state"], "running");
     assert_eq!(me["limits"]["cpus"], 1);
     assert_eq!(me["limits"]["memory"], 256u64 << 20);
     assert_eq!(me["limits"]["pids"], 100);
 
     let info: serde_json::Value =
-        serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout)
-            .expect("info --json");
+        serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout).expect("info --json");
     assert_eq!(info["name"], name.as_str());
     assert_eq!(info["image"], "busybox");
     let plain = env.alice(None, &["info", &name]).ok().stdout;
@@ -83,43 +61,13 @@ pub fn bad_input_is_one_line_and_leaves_nothing(env: &Env) {
         vec!["new".into()],
         vec!["new".into(), "Bad_Name".into()],
         vec!["new".into(), "-x".into()],
-        vec![
-            "new".into(),
-            format!("{fresh}"),
-            "--bogus".into(),
-            "1".into(),
-        ],
+        vec!["new".into(), format!("{fresh}"), "--bogus".into(), "1".into()],
         vec!["new".into(), format!("{fresh}"), "--cpus".into()],
-        vec![
-            "new".into(),
-            format!("{fresh}"),
-            "--cpus".into(),
-            "many".into(),
-        ],
-        vec![
-            "new".into(),
-            format!("{fresh}"),
-            "--memory".into(),
-            "lots".into(),
-        ],
-        vec![
-            "new".into(),
-            format!("{fresh}"),
-            "--memory".into(),
-            "1K".into(),
-        ],
-        vec![
-            "new".into(),
-            format!("{fresh}"),
-            "--image".into(),
-            "no-such-image".into(),
-        ],
-        vec![
-            "new".into(),
-            taken.clone(),
-            "--image".into(),
-            "busybox".into(),
-        ],
+        vec!["new".into(), format!("{fresh}"), "--cpus".into(), "many".into()],
+        vec!["new".into(), format!("{fresh}"), "--memory".into(), "lots".into()],
+        vec!["new".into(), format!("{fresh}"), "--memory".into(), "1K".into()],
+        vec!["new".into(), format!("{fresh}"), "--image".into(), "no-such-image".into()],
+        vec!["new".into(), taken.clone(), "--image".into(), "busybox".into()],
         vec!["rm".into(), "no-such-box".into()],
         vec!["info".into(), "no-such-box".into()],
         vec!["ls".into(), "--long".into()],
@@ -128,11 +76,7 @@ pub fn bad_input_is_one_line_and_leaves_nothing(env: &Env) {
     for case in cases {
         let args: Vec<&str> = case.iter().map(String::as_str).collect();
         let out = env.alice(None, &args);
-        assert!(
-            matches!(out.status, Some(1) | Some(2)),
-            "{case:?}: status {:?}",
-            out.status
-        );
+        assert!(matches!(out.status, Some(1) | Some(2)), "{case:?}: status {:?}", out.status);
         assert_eq!(out.stdout, "", "{case:?}");
         assert_eq!(out.stderr.lines().count(), 1, "{case:?}: {}", out.stderr);
         assert!(out.stderr.starts_with("moat: "), "{case:?}: {}", out.stderr);
@@ -142,10 +86,7 @@ pub fn bad_input_is_one_line_and_leaves_nothing(env: &Env) {
     assert_eq!(after.iter().filter(|n| **n == taken).count(), 1);
     assert!(after.len() >= before.len());
     let dup = env.alice(None, &["new", &taken, "--image", "busybox"]);
-    assert_eq!(
-        dup.stderr,
-        format!("moat: a box named {taken} already exists\n")
-    );
+    assert_eq!(dup.stderr, format!("moat: a box named {taken} already exists\n"));
 }
 
 pub fn help_and_control_shell(env: &Env) {

@@ -14,15 +14,10 @@ pub fn streams_status_and_stderr(env: &Env) {
     assert_eq!(out.stdout, "out\n");
     assert_eq!(out.stderr, "err\n");
     // Arguments are joined with spaces and run by the box's shell, as sshd does.
-    let out = env
-        .alice(Some(&name), &["printf", "'%s|'", "a", "b c"])
-        .ok();
+    let out = env.alice(Some(&name), &["printf", "'%s|'", "a", "b c"]).ok();
     assert_eq!(out.stdout, "a|b|c|");
     // A command that does not exist: the shell's 127.
-    assert_eq!(
-        env.alice(Some(&name), &["no-such-command"]).status,
-        Some(127)
-    );
+    assert_eq!(env.alice(Some(&name), &["no-such-command"]).status, Some(127));
 }
 
 pub fn death_by_signal_is_reported_as_openssh(env: &Env) {
@@ -32,9 +27,7 @@ pub fn death_by_signal_is_reported_as_openssh(env: &Env) {
     let out = env.alice(Some(&name), &["kill -TERM $$"]);
     assert_eq!(out.status, Some(255), "{}", out.stderr);
     // A signal that kills a child, caught by the shell, is just a status.
-    let out = env
-        .alice(Some(&name), &["sh -c 'kill -9 $$'; echo status=$?"])
-        .ok();
+    let out = env.alice(Some(&name), &["sh -c 'kill -9 $$'; echo status=$?"]).ok();
     assert_eq!(out.stdout, "status=137\n");
 }
 
@@ -54,27 +47,13 @@ pub fn tar_100mb_through_stdin(env: &Env) {
     }
     std::fs::write(src.join("big.bin"), &data).unwrap();
     std::fs::write(src.join("small.txt"), "hello\n").unwrap();
-    let local_sum = run(std::process::Command::new("sha256sum").arg(src.join("big.bin")))
-        .ok()
-        .stdout;
+    let local_sum = run(std::process::Command::new("sha256sum").arg(src.join("big.bin"))).ok().stdout;
 
-    let mut ssh = env.daemon.ssh(
-        &env.alice,
-        Some(&name),
-        &["mkdir -p /work && tar x -C /work && echo done"],
-    );
-    ssh.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut ssh = env.daemon.ssh(&env.alice, Some(&name), &["mkdir -p /work && tar x -C /work && echo done"]);
+    ssh.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = ssh.spawn().unwrap();
-    let mut tar = std::process::Command::new("tar")
-        .arg("c")
-        .arg("-C")
-        .arg(&src)
-        .arg(".")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut tar =
+        std::process::Command::new("tar").arg("c").arg("-C").arg(&src).arg(".").stdout(Stdio::piped()).spawn().unwrap();
     let mut tar_out = tar.stdout.take().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     std::io::copy(&mut tar_out, &mut stdin).unwrap();
@@ -83,17 +62,8 @@ pub fn tar_100mb_through_stdin(env: &Env) {
     let out: crate::fixture::Ran = child.wait_with_output().unwrap().into();
     let out = out.ok();
     assert_eq!(out.stdout, "done\n");
-    let remote = env
-        .alice(
-            Some(&name),
-            &["sha256sum /work/big.bin; cat /work/small.txt"],
-        )
-        .ok()
-        .stdout;
-    assert_eq!(
-        remote.split_whitespace().next(),
-        local_sum.split_whitespace().next()
-    );
+    let remote = env.alice(Some(&name), &["sha256sum /work/big.bin; cat /work/small.txt"]).ok().stdout;
+    assert_eq!(remote.split_whitespace().next(), local_sum.split_whitespace().next());
     assert!(remote.ends_with("hello\n"));
     std::fs::remove_dir_all(src).unwrap();
     let _ = std::io::stdout().flush();
@@ -105,10 +75,5 @@ pub fn processes_outlive_the_session(env: &Env) {
     // Exactly the command: nohup keeps the pipe; the session still ends.
     env.alice(Some(&name), &["nohup sleep 1000 &"]).ok();
     let out = env.alice(Some(&name), &["pgrep -x sleep"]).ok();
-    assert_eq!(
-        out.stdout.lines().count(),
-        1,
-        "sleep is gone: {}",
-        out.stdout
-    );
+    assert_eq!(out.stdout.lines().count(), 1, "sleep is gone: {}", out.stdout);
 }

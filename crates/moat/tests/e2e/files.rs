@@ -14,11 +14,7 @@ fn payload(env: &Env, name: &str, len: usize) -> std::path::PathBuf {
 
 fn scp(env: &Env) -> Command {
     let mut cmd = Command::new("timeout");
-    cmd.arg("300")
-        .arg("scp")
-        .args(env.daemon.ssh_opts(&env.alice))
-        .arg("-P")
-        .arg(env.daemon.port.to_string());
+    cmd.arg("300").arg("scp").args(env.daemon.ssh_opts(&env.alice)).arg("-P").arg(env.daemon.port.to_string());
     cmd
 }
 
@@ -26,25 +22,15 @@ pub fn scp_both_ways(env: &Env) {
     let name = unique("scp");
     env.new_box(&name, &[]);
     let src = payload(env, &format!("{name}.bin"), 5 << 20);
-    run(scp(env)
-        .arg(&src)
-        .arg(format!("{name}@127.0.0.1:/root/in.bin")))
-    .ok();
+    run(scp(env).arg(&src).arg(format!("{name}@127.0.0.1:/root/in.bin"))).ok();
     let back = env.dir.join(format!("{name}.back"));
-    run(scp(env)
-        .arg(format!("{name}@127.0.0.1:/root/in.bin"))
-        .arg(&back))
-    .ok();
+    run(scp(env).arg(format!("{name}@127.0.0.1:/root/in.bin")).arg(&back)).ok();
     assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
     // Recursive, into a relative path (the box user's home).
     let tree = env.dir.join(format!("{name}-tree"));
     std::fs::create_dir_all(tree.join("sub")).unwrap();
     std::fs::write(tree.join("sub/a.txt"), "a\n").unwrap();
-    run(scp(env)
-        .arg("-r")
-        .arg(&tree)
-        .arg(format!("{name}@127.0.0.1:work")))
-    .ok();
+    run(scp(env).arg("-r").arg(&tree).arg(format!("{name}@127.0.0.1:work"))).ok();
     let out = env.alice(Some(&name), &["cat /root/work/sub/a.txt"]).ok();
     assert_eq!(out.stdout, "a\n");
 }
@@ -57,22 +43,18 @@ pub fn sftp_batch(env: &Env) {
     let batch = env.dir.join(format!("{name}.batch"));
     std::fs::write(
         &batch,
-        format!("mkdir /srv/x\ncd /srv/x\nput {}\nls -l\nrename {name}.bin renamed.bin\nget renamed.bin {}\n", src.display(), back.display()),
+        format!(
+            "mkdir /srv/x\ncd /srv/x\nput {}\nls -l\nrename {name}.bin renamed.bin\nget renamed.bin {}\n",
+            src.display(),
+            back.display()
+        ),
     )
     .unwrap();
     let mut cmd = Command::new("timeout");
-    cmd.arg("300")
-        .arg("sftp")
-        .args(env.daemon.ssh_opts(&env.alice))
-        .arg("-P")
-        .arg(env.daemon.port.to_string());
+    cmd.arg("300").arg("sftp").args(env.daemon.ssh_opts(&env.alice)).arg("-P").arg(env.daemon.port.to_string());
     cmd.arg("-b").arg(&batch).arg(format!("{name}@127.0.0.1"));
     let out = run(&mut cmd).ok();
-    assert!(
-        out.stdout.contains(&format!("{name}.bin")),
-        "{}",
-        out.stdout
-    );
+    assert!(out.stdout.contains(&format!("{name}.bin")), "{}", out.stdout);
     assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
 }
 
@@ -82,59 +64,23 @@ pub fn rsync_both_ways(env: &Env) {
     let src = env.dir.join(format!("{name}-src"));
     std::fs::create_dir_all(src.join("d")).unwrap();
     for i in 0..20 {
-        std::fs::write(
-            src.join(format!("d/f{i}")),
-            format!("file {i}\n").repeat(1000),
-        )
-        .unwrap();
+        std::fs::write(src.join(format!("d/f{i}")), format!("file {i}\n").repeat(1000)).unwrap();
     }
-    let ssh = format!(
-        "ssh {} -p {}",
-        env.daemon.ssh_opts(&env.alice).join(" "),
-        env.daemon.port
-    );
+    let ssh = format!("ssh {} -p {}", env.daemon.ssh_opts(&env.alice).join(" "), env.daemon.port);
     let rsync = |from: String, to: String| {
         let mut cmd = Command::new("timeout");
         cmd.args(["300", "rsync", "-a", "--stats", "-e", &ssh, &from, &to]);
         run(&mut cmd).ok()
     };
-    rsync(
-        format!("{}/", src.display()),
-        format!("{name}@127.0.0.1:/srv/copy/"),
-    );
-    env.alice(
-        Some(&name),
-        &["echo changed > /srv/copy/d/f3; echo new > /srv/copy/d/new"],
-    )
-    .ok();
+    rsync(format!("{}/", src.display()), format!("{name}@127.0.0.1:/srv/copy/"));
+    env.alice(Some(&name), &["echo changed > /srv/copy/d/f3; echo new > /srv/copy/d/new"]).ok();
     let back = env.dir.join(format!("{name}-back"));
-    let stats = rsync(
-        format!("{name}@127.0.0.1:/srv/copy/"),
-        format!("{}/", back.display()),
-    );
+    let stats = rsync(format!("{name}@127.0.0.1:/srv/copy/"), format!("{}/", back.display()));
     assert!(stats.stdout.contains("Number of files"), "{}", stats.stdout);
-    assert_eq!(
-        std::fs::read_to_string(back.join("d/f3")).unwrap(),
-        "changed\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(back.join("d/new")).unwrap(),
-        "new\n"
-    );
-    assert_eq!(
-        std::fs::read(back.join("d/f7")).unwrap(),
-        std::fs::read(src.join("d/f7")).unwrap()
-    );
+    assert_eq!(std::fs::read_to_string(back.join("d/f3")).unwrap(), "changed\n");
+    assert_eq!(std::fs::read_to_string(back.join("d/new")).unwrap(), "new\n");
+    assert_eq!(std::fs::read(back.join("d/f7")).unwrap(), std::fs::read(src.join("d/f7")).unwrap());
     // A second sync of unchanged files transfers none of them.
-    let again = rsync(
-        format!("{name}@127.0.0.1:/srv/copy/"),
-        format!("{}/", back.display()),
-    );
-    assert!(
-        again
-            .stdout
-            .contains("Number of regular files transferred: 0"),
-        "{}",
-        again.stdout
-    );
+    let again = rsync(format!("{name}@127.0.0.1:/srv/copy/"), format!("{}/", back.display()));
+    assert!(again.stdout.contains("Number of regular files transferred: 0"), "{}", again.stdout);
 }

@@ -51,6 +51,8 @@ pub struct Daemon {
     pub port: u16,
     child: Option<Child>,
     extra: Vec<String>,
+    /// Extra environment for the next (re)start, e.g. `MOAT_FAULT`.
+    pub env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -62,6 +64,7 @@ impl Daemon {
             port: 0,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
         };
         d.restart();
         d
@@ -79,27 +82,18 @@ impl Daemon {
             .arg(&self.keys_file)
             .args(&self.extra)
             .env("MOAT_AGENT", agent_bin())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
             .expect("start moat serve");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read listen line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| {
-                let log = std::fs::read_to_string(self.state_dir.with_extension("log"))
-                    .unwrap_or_default();
-                panic!("daemon did not start: {line:?}\n{log}")
-            });
-        self.port = addr
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("port");
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read listen line");
+        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| {
+            let log = std::fs::read_to_string(self.state_dir.with_extension("log")).unwrap_or_default();
+            panic!("daemon did not start: {line:?}\n{log}")
+        });
+        self.port = addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
         self.child = Some(child);
     }
 
@@ -114,21 +108,12 @@ impl Daemon {
     /// Kills the process and removes every box and all state.
     pub fn purge(&mut self) {
         let out = self.try_purge();
-        assert!(
-            out.status.success(),
-            "purge failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "purge failed: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     fn try_purge(&mut self) -> Output {
         self.kill();
-        Command::new(moat_bin())
-            .arg("purge")
-            .arg("--state-dir")
-            .arg(&self.state_dir)
-            .output()
-            .expect("purge")
+        Command::new(moat_bin()).arg("purge").arg("--state-dir").arg(&self.state_dir).output().expect("purge")
     }
 
     /// The common ssh options for this daemon.
@@ -165,12 +150,7 @@ impl Daemon {
     /// `ssh OPTS -p PORT [user@]127.0.0.1 ARGS...` (ssh takes options only before the command).
     pub fn ssh_with(&self, key: &Key, user: Option<&str>, opts: &[&str], args: &[&str]) -> Command {
         let mut cmd = Command::new("timeout");
-        cmd.arg("300")
-            .arg("ssh")
-            .args(self.ssh_opts(key))
-            .args(opts)
-            .arg("-p")
-            .arg(self.port.to_string());
+        cmd.arg("300").arg("ssh").args(self.ssh_opts(key)).args(opts).arg("-p").arg(self.port.to_string());
         cmd.arg(match user {
             Some(u) => format!("{u}@127.0.0.1"),
             None => "127.0.0.1".into(),
@@ -210,13 +190,7 @@ impl From<Output> for Ran {
 impl Ran {
     #[track_caller]
     pub fn ok(self) -> Ran {
-        assert_eq!(
-            self.status,
-            Some(0),
-            "command failed\nstdout: {}\nstderr: {}",
-            self.stdout,
-            self.stderr
-        );
+        assert_eq!(self.status, Some(0), "command failed\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
         self
     }
 }

@@ -8,11 +8,7 @@ use crate::fixture::{run, unique};
 use crate::Env;
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn curl(port: u16) -> crate::fixture::Ran {
@@ -30,12 +26,8 @@ impl Drop for Tunnel {
 }
 
 fn tunnel(env: &Env, name: &str, spec: &str) -> Tunnel {
-    let mut cmd = env.daemon.ssh_with(
-        &env.alice,
-        Some(name),
-        &["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec],
-        &[],
-    );
+    let mut cmd =
+        env.daemon.ssh_with(&env.alice, Some(name), &["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec], &[]);
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     Tunnel(cmd.spawn().unwrap())
 }
@@ -56,12 +48,7 @@ pub fn local_reaches_box_server(env: &Env) {
         if out.stdout == "hello-from-box\n" {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no answer through the tunnel: {:?} {}",
-            out.status,
-            out.stderr
-        );
+        assert!(Instant::now() < deadline, "no answer through the tunnel: {:?} {}", out.status, out.stderr);
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -95,19 +82,11 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
         .arg("120")
         .arg("ssh")
         .args(env.daemon.ssh_opts(&env.alice));
-    cmd.args([
-        "-A",
-        "-p",
-        &env.daemon.port.to_string(),
-        &format!("{name}@127.0.0.1"),
-        "echo \"[$SSH_AUTH_SOCK]\"",
-    ]);
+    cmd.args(["-A", "-p", &env.daemon.port.to_string(), &format!("{name}@127.0.0.1"), "echo \"[$SSH_AUTH_SOCK]\""]);
     let out = run(&mut cmd).ok();
     assert_eq!(out.stdout, "[]\n");
     // X11 forwarding: no DISPLAY in the box.
-    let mut cmd = env
-        .daemon
-        .ssh_with(&env.alice, Some(&name), &["-X"], &["echo \"[$DISPLAY]\""]);
+    let mut cmd = env.daemon.ssh_with(&env.alice, Some(&name), &["-X"], &["echo \"[$DISPLAY]\""]);
     cmd.env("DISPLAY", ":0");
     let out = run(&mut cmd).ok();
     assert_eq!(out.stdout, "[]\n");

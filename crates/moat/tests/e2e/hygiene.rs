@@ -34,12 +34,7 @@ pub fn keys_are_accounts(env: &Env) {
     // Bob can have a box by the same name; it is a different box.
     bob(None, &["new", &name, "--image", "busybox"]).ok();
     bob(Some(&name), &["touch /bob-was-here"]).ok();
-    let out = env
-        .alice(
-            Some(&name),
-            &["test -e /bob-was-here && echo shared || echo separate"],
-        )
-        .ok();
+    let out = env.alice(Some(&name), &["test -e /bob-was-here && echo shared || echo separate"]).ok();
     assert_eq!(out.stdout, "separate\n");
     bob(None, &["rm", &name]).ok();
     env.alice(Some(&name), &["true"]).ok();
@@ -52,59 +47,33 @@ pub fn only_public_keys(env: &Env) {
     assert_eq!(out.status, Some(255));
     assert!(out.stderr.contains("Permission denied"), "{}", out.stderr);
     // Password and keyboard-interactive are not offered at all.
-    let opts = [
-        "-o",
-        "PubkeyAuthentication=no",
-        "-o",
-        "PreferredAuthentications=password,keyboard-interactive",
-    ];
+    let opts = ["-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive"];
     let mut cmd = env.daemon.ssh_with(&env.alice, None, &opts, &["ls"]);
     let out = run(&mut cmd);
     assert_eq!(out.status, Some(255));
-    assert!(
-        out.stderr.contains("Permission denied (publickey)"),
-        "{}",
-        out.stderr
-    );
+    assert!(out.stderr.contains("Permission denied (publickey)"), "{}", out.stderr);
 }
 
 pub fn unauthenticated_flood_does_not_lock_out(env: &Env) {
     let state = env.dir.join("hygiene-state");
-    let daemon = Daemon::start(
-        state,
-        env.daemon.keys_file.clone(),
-        &["--auth-timeout", "2"],
-    );
+    let daemon = Daemon::start(state, env.daemon.keys_file.clone(), &["--auth-timeout", "2"]);
     let target: SocketAddr = format!("127.0.0.1:{}", daemon.port).parse().unwrap();
     // 80 silent connections from one source: far past the per-source limit.
-    let flood: Vec<TcpStream> = (0..80)
-        .filter_map(|_| connect_from("127.0.0.2", target))
-        .collect();
+    let flood: Vec<TcpStream> = (0..80).filter_map(|_| connect_from("127.0.0.2", target)).collect();
     assert_eq!(flood.len(), 80);
     // A real user from a third address still gets in, at once.
     let started = Instant::now();
-    let mut cmd = daemon.ssh_with(
-        &env.alice,
-        None,
-        &["-o", "BindAddress=127.0.0.3"],
-        &["help"],
-    );
+    let mut cmd = daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.3"], &["help"]);
     run(&mut cmd).ok();
     // And one from the flooding address itself, once the flood has timed out.
     std::thread::sleep(Duration::from_secs(3));
-    let mut cmd = daemon.ssh_with(
-        &env.alice,
-        None,
-        &["-o", "BindAddress=127.0.0.2"],
-        &["help"],
-    );
+    let mut cmd = daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.2"], &["help"]);
     run(&mut cmd).ok();
     assert!(started.elapsed() < Duration::from_secs(15));
     // The silent connections are cut after the authentication timeout.
     let mut cut = 0;
     for mut conn in flood.into_iter().take(20) {
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut buf = [0u8; 256];
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -125,13 +94,7 @@ pub fn unauthenticated_flood_does_not_lock_out(env: &Env) {
 /// A TCP connection to `target` from source address `from`.
 fn connect_from(from: &str, target: SocketAddr) -> Option<TcpStream> {
     use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
-    let fd = socket(
-        AddressFamily::Inet,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .ok()?;
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).ok()?;
     let src: std::net::SocketAddrV4 = format!("{from}:0").parse().ok()?;
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(src)).ok()?;
     let SocketAddr::V4(dst) = target else {

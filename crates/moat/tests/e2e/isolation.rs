@@ -22,15 +22,7 @@ pub fn cannot_see_host(env: &Env) {
     env.new_box(&name, &[]);
     let marker = env.dir.join("host-marker");
     std::fs::write(&marker, "host secret").unwrap();
-    let out = env
-        .alice(
-            Some(&name),
-            &[&format!(
-                "test -e {} && echo visible || echo hidden",
-                marker.display()
-            )],
-        )
-        .ok();
+    let out = env.alice(Some(&name), &[&format!("test -e {} && echo visible || echo hidden", marker.display())]).ok();
     assert_eq!(out.stdout, "hidden\n");
     // Only the box's own processes, with the agent as PID 1.
     let ps = env.alice(Some(&name), &["ps -e -o pid=,comm="]).ok().stdout;
@@ -38,42 +30,17 @@ pub fn cannot_see_host(env: &Env) {
     assert!(ps.lines().next().unwrap().trim() == "1 moat-agent", "{ps}");
     assert!(!ps.contains("moat") || !ps.contains("serve"), "{ps}");
     // Not the host's root filesystem: the daemon's state dir is not there.
-    let out = env
-        .alice(
-            Some(&name),
-            &[&format!(
-                "ls {} 2>&1 || true",
-                env.daemon.state_dir.display()
-            )],
-        )
-        .ok();
+    let out = env.alice(Some(&name), &[&format!("ls {} 2>&1 || true", env.daemon.state_dir.display())]).ok();
     assert!(out.stdout.contains("No such file"), "{}", out.stdout);
 }
 
 pub fn cannot_mount_load_modules_or_unshare(env: &Env) {
     let name = unique("priv");
     env.new_box(&name, &[]);
-    let out = env
-        .alice(
-            Some(&name),
-            &["mkdir -p /mnt/t && mount -t tmpfs none /mnt/t; echo rc=$?"],
-        )
-        .ok();
-    assert!(
-        out.stdout.ends_with("rc=32\n") || out.stdout.ends_with("rc=1\n"),
-        "{} {}",
-        out.stdout,
-        out.stderr
-    );
+    let out = env.alice(Some(&name), &["mkdir -p /mnt/t && mount -t tmpfs none /mnt/t; echo rc=$?"]).ok();
+    assert!(out.stdout.ends_with("rc=32\n") || out.stdout.ends_with("rc=1\n"), "{} {}", out.stdout, out.stderr);
     let errno = |args: &str| {
-        env.alice(
-            Some(&name),
-            &[&format!("python3 -c \"{SYSCALL_ERRNO}\" {args}")],
-        )
-        .ok()
-        .stdout
-        .trim()
-        .to_string()
+        env.alice(Some(&name), &[&format!("python3 -c \"{SYSCALL_ERRNO}\" {args}")]).ok().stdout.trim().to_string()
     };
     let eperm = "1";
     assert_eq!(errno("175 0 0 0"), eperm, "init_module"); // init_module(NULL, 0, "")
@@ -82,24 +49,9 @@ pub fn cannot_mount_load_modules_or_unshare(env: &Env) {
     assert_eq!(errno("165 0 0 0 0 0"), eperm, "mount");
     assert_eq!(errno("169 0 0 0 0"), eperm, "reboot");
     // The box's own view: root, but with a reduced capability set and no_new_privs.
-    let status = env
-        .alice(
-            Some(&name),
-            &["grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status"],
-        )
-        .ok()
-        .stdout;
-    assert!(
-        status.contains("NoNewPrivs:\t1") && status.contains("Seccomp:\t2"),
-        "{status}"
-    );
-    let cap_eff = status
-        .lines()
-        .find(|l| l.starts_with("CapEff"))
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap();
+    let status = env.alice(Some(&name), &["grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status"]).ok().stdout;
+    assert!(status.contains("NoNewPrivs:\t1") && status.contains("Seccomp:\t2"), "{status}");
+    let cap_eff = status.lines().find(|l| l.starts_with("CapEff")).unwrap().split_whitespace().nth(1).unwrap();
     let caps = u64::from_str_radix(cap_eff, 16).unwrap();
     assert_eq!(caps & (1 << 21), 0, "CAP_SYS_ADMIN kept");
     assert_eq!(caps & (1 << 16), 0, "CAP_SYS_MODULE kept");
@@ -112,7 +64,12 @@ pub fn no_ptrace_or_signal_outside(env: &Env) {
     let host_pid = std::process::id();
     // Host pids do not exist in the box's pid namespace: ESRCH (3) for both.
     let out = env
-        .alice(Some(&name), &[&format!("python3 -c \"{SYSCALL_ERRNO}\" 101 16 {host_pid} 0 0; python3 -c \"{SYSCALL_ERRNO}\" 62 {host_pid} 0")])
+        .alice(
+            Some(&name),
+            &[&format!(
+                "python3 -c \"{SYSCALL_ERRNO}\" 101 16 {host_pid} 0 0; python3 -c \"{SYSCALL_ERRNO}\" 62 {host_pid} 0"
+            )],
+        )
         .ok();
     assert_eq!(out.stdout, "3\n3\n", "ptrace/kill reached a host pid");
 }
@@ -120,18 +77,11 @@ pub fn no_ptrace_or_signal_outside(env: &Env) {
 pub fn root_is_not_host_root(env: &Env) {
     let name = unique("uid");
     env.new_box(&name, &[]);
-    let map = env
-        .alice(Some(&name), &["cat /proc/self/uid_map"])
-        .ok()
-        .stdout;
+    let map = env.alice(Some(&name), &["cat /proc/self/uid_map"]).ok().stdout;
     let fields: Vec<u64> = map.split_whitespace().map(|f| f.parse().unwrap()).collect();
     assert_eq!(fields.len(), 3, "{map}");
     assert_eq!(fields[0], 0);
-    assert!(
-        fields[1] >= 65536,
-        "box root maps to host uid {}",
-        fields[1]
-    );
+    assert!(fields[1] >= 65536, "box root maps to host uid {}", fields[1]);
     // Seen from the host, the box's processes run as that unprivileged uid.
     let id = box_id(env, &name);
     let procs = std::fs::read_to_string(format!("/sys/fs/cgroup/pids/moat/{id}/cgroup.procs"))
@@ -140,20 +90,11 @@ pub fn root_is_not_host_root(env: &Env) {
     let pid = procs.lines().next().unwrap();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
-    assert!(
-        uid_line
-            .split_whitespace()
-            .skip(1)
-            .all(|u| u == fields[1].to_string()),
-        "{uid_line}"
-    );
+    assert!(uid_line.split_whitespace().skip(1).all(|u| u == fields[1].to_string()), "{uid_line}");
     // A second box gets a different range.
     let other = unique("uid");
     env.new_box(&other, &["--image", "busybox"]);
-    let other_map = env
-        .alice(Some(&other), &["cat /proc/self/uid_map"])
-        .ok()
-        .stdout;
+    let other_map = env.alice(Some(&other), &["cat /proc/self/uid_map"]).ok().stdout;
     assert_ne!(map, other_map);
 }
 
@@ -161,30 +102,14 @@ pub fn boxes_cannot_reach_each_other(env: &Env) {
     let (a, b) = (unique("neta"), unique("netb"));
     env.new_box(&a, &[]);
     env.new_box(&b, &[]);
-    env.alice(
-        Some(&a),
-        &["cd /tmp && nohup python3 -m http.server 9123 --bind 127.0.0.1 >/dev/null 2>&1 &"],
-    )
-    .ok();
+    env.alice(Some(&a), &["cd /tmp && nohup python3 -m http.server 9123 --bind 127.0.0.1 >/dev/null 2>&1 &"]).ok();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while env
-        .alice(
-            Some(&a),
-            &["curl -s -m 2 -o /dev/null http://127.0.0.1:9123/"],
-        )
-        .status
-        != Some(0)
-    {
+    while env.alice(Some(&a), &["curl -s -m 2 -o /dev/null http://127.0.0.1:9123/"]).status != Some(0) {
         assert!(Instant::now() < deadline, "server in box a never came up");
         std::thread::sleep(Duration::from_millis(200));
     }
     // b has its own loopback; a's server is not there. curl: 7 = could not connect.
-    let out = env
-        .alice(
-            Some(&b),
-            &["curl -s -m 2 -o /dev/null http://127.0.0.1:9123/; echo rc=$?"],
-        )
-        .ok();
+    let out = env.alice(Some(&b), &["curl -s -m 2 -o /dev/null http://127.0.0.1:9123/; echo rc=$?"]).ok();
     assert_eq!(out.stdout, "rc=7\n");
     // And no other interface than lo exists to reach anything else.
     let links = env.alice(Some(&b), &["ls /sys/class/net"]).ok().stdout;
@@ -216,10 +141,7 @@ pub fn fork_bomb_contained(env: &Env) {
     std::thread::sleep(Duration::from_secs(1));
     let id = box_id(env, &bomb);
     let answered = neighbour_answers(env, &neighbour, &mut child);
-    assert!(
-        answered >= 1,
-        "neighbour never answered during the fork bomb"
-    );
+    assert!(answered >= 1, "neighbour never answered during the fork bomb");
     let _ = child.wait();
     // The limit held and was hit.
     let pids_dir = ["/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
@@ -241,11 +163,7 @@ pub fn memory_hog_contained(env: &Env) {
     env.new_box(&neighbour, &["--image", "busybox"]);
     let mut child = env
         .daemon
-        .ssh(
-            &env.alice,
-            Some(&hog),
-            &["python3 -c 'a = bytearray(1 << 30); print(len(a))'; echo rc=$?"],
-        )
+        .ssh(&env.alice, Some(&hog), &["python3 -c 'a = bytearray(1 << 30); print(len(a))'; echo rc=$?"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -253,17 +171,7 @@ pub fn memory_hog_contained(env: &Env) {
     let answered = neighbour_answers(env, &neighbour, &mut child);
     let out: crate::fixture::Ran = child.wait_with_output().unwrap().into();
     // Killed by the OOM killer (SIGKILL: 128 + 9) inside the box, or refused the memory.
-    assert!(
-        out.stdout.contains("rc=137") || out.stdout.contains("rc=1"),
-        "{}",
-        out.stdout
-    );
-    assert!(
-        !out.stdout.contains("1073741824"),
-        "the box got 1 GiB under a 64M limit"
-    );
-    assert!(
-        answered >= 1
-            || run(&mut env.daemon.ssh(&env.alice, Some(&neighbour), &["true"])).status == Some(0)
-    );
+    assert!(out.stdout.contains("rc=137") || out.stdout.contains("rc=1"), "{}", out.stdout);
+    assert!(!out.stdout.contains("1073741824"), "the box got 1 GiB under a 64M limit");
+    assert!(answered >= 1 || run(&mut env.daemon.ssh(&env.alice, Some(&neighbour), &["true"])).status == Some(0));
 }

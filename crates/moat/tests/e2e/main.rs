@@ -17,6 +17,7 @@ mod hygiene;
 mod isolation;
 mod pty;
 mod restart;
+mod storage;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -53,84 +54,43 @@ type TestFn = fn(&Env);
 
 const TESTS: &[(&str, TestFn)] = &[
     ("control_new_ls_info_rm", control::new_ls_info_rm),
-    (
-        "control_bad_input_is_one_line_and_leaves_nothing",
-        control::bad_input_is_one_line_and_leaves_nothing,
-    ),
-    (
-        "control_help_and_control_shell",
-        control::help_and_control_shell,
-    ),
-    (
-        "exec_streams_status_and_stderr",
-        exec::streams_status_and_stderr,
-    ),
-    (
-        "exec_death_by_signal_is_reported_as_openssh",
-        exec::death_by_signal_is_reported_as_openssh,
-    ),
-    (
-        "exec_tar_100mb_through_stdin",
-        exec::tar_100mb_through_stdin,
-    ),
-    (
-        "exec_processes_outlive_the_session",
-        exec::processes_outlive_the_session,
-    ),
+    ("control_bad_input_is_one_line_and_leaves_nothing", control::bad_input_is_one_line_and_leaves_nothing),
+    ("control_help_and_control_shell", control::help_and_control_shell),
+    ("exec_streams_status_and_stderr", exec::streams_status_and_stderr),
+    ("exec_death_by_signal_is_reported_as_openssh", exec::death_by_signal_is_reported_as_openssh),
+    ("exec_tar_100mb_through_stdin", exec::tar_100mb_through_stdin),
+    ("exec_processes_outlive_the_session", exec::processes_outlive_the_session),
     ("pty_shell_resize_and_ctrl_c", pty::shell_resize_and_ctrl_c),
     ("files_scp_both_ways", files::scp_both_ways),
     ("files_sftp_batch", files::sftp_batch),
     ("files_rsync_both_ways", files::rsync_both_ways),
-    (
-        "forward_local_reaches_box_server",
-        forward::local_reaches_box_server,
-    ),
-    (
-        "forward_outside_targets_and_other_forwards_refused",
-        forward::outside_targets_and_other_forwards_refused,
-    ),
+    ("forward_local_reaches_box_server", forward::local_reaches_box_server),
+    ("forward_outside_targets_and_other_forwards_refused", forward::outside_targets_and_other_forwards_refused),
     ("isolation_cannot_see_host", isolation::cannot_see_host),
-    (
-        "isolation_cannot_mount_load_modules_or_unshare",
-        isolation::cannot_mount_load_modules_or_unshare,
-    ),
-    (
-        "isolation_no_ptrace_or_signal_outside",
-        isolation::no_ptrace_or_signal_outside,
-    ),
-    (
-        "isolation_root_is_not_host_root",
-        isolation::root_is_not_host_root,
-    ),
-    (
-        "isolation_boxes_cannot_reach_each_other",
-        isolation::boxes_cannot_reach_each_other,
-    ),
-    (
-        "isolation_fork_bomb_contained",
-        isolation::fork_bomb_contained,
-    ),
-    (
-        "isolation_memory_hog_contained",
-        isolation::memory_hog_contained,
-    ),
+    ("isolation_cannot_mount_load_modules_or_unshare", isolation::cannot_mount_load_modules_or_unshare),
+    ("isolation_no_ptrace_or_signal_outside", isolation::no_ptrace_or_signal_outside),
+    ("isolation_root_is_not_host_root", isolation::root_is_not_host_root),
+    ("isolation_boxes_cannot_reach_each_other", isolation::boxes_cannot_reach_each_other),
+    ("isolation_fork_bomb_contained", isolation::fork_bomb_contained),
+    ("isolation_memory_hog_contained", isolation::memory_hog_contained),
     ("hygiene_keys_are_accounts", hygiene::keys_are_accounts),
     ("hygiene_only_public_keys", hygiene::only_public_keys),
-    (
-        "hygiene_unauthenticated_flood_does_not_lock_out",
-        hygiene::unauthenticated_flood_does_not_lock_out,
-    ),
+    ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
     ("restart_loses_nothing", restart::restart_loses_nothing),
+    ("storage_dup_copies_and_makes_a_new_machine", storage::dup_copies_and_makes_a_new_machine),
+    ("storage_dup_of_a_box_whose_processes_died", storage::dup_of_a_box_whose_processes_died),
+    ("storage_diff_lists_changes", storage::diff_lists_changes),
+    ("storage_promote_swaps_parent_and_child", storage::promote_swaps_parent_and_child),
+    ("storage_bad_dups_create_nothing", storage::bad_dups_create_nothing),
+    ("storage_disk_limit_is_enforced_and_rm_frees", storage::disk_limit_is_enforced_and_rm_frees),
+    ("storage_dup_interrupted_leaves_nothing", storage::dup_interrupted_leaves_nothing),
 ];
 
 /// Tests at once; two cores, and most of a test's time is waiting on ssh.
 const WORKERS: usize = 3;
 
 fn main() {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let selected: Vec<&(&str, TestFn)> = TESTS
         .iter()
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
@@ -151,12 +111,7 @@ fn main() {
     let keys_file = dir.join("authorized_keys");
     std::fs::write(&keys_file, format!("{}{}", alice.public, bob.public)).expect("authorized_keys");
     let daemon = Daemon::start(dir.join("state"), keys_file, &[]);
-    let env = Env {
-        daemon,
-        alice,
-        bob,
-        dir,
-    };
+    let env = Env { daemon, alice, bob, dir };
 
     let failures = Mutex::new(Vec::new());
     let passed = AtomicUsize::new(0);
@@ -172,24 +127,15 @@ fn main() {
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
             println!("test {name} ... FAILED ({took:.1}s)");
-            failures
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((name.to_string(), msg));
+            failures.lock().unwrap_or_else(|e| e.into_inner()).push((name.to_string(), msg));
         }
     };
 
     // First, alone: `new` with no image builds the default image, with progress.
     let t = Instant::now();
-    let setup = catch_unwind(AssertUnwindSafe(|| {
-        control::first_new_builds_default_image(&env)
-    }));
+    let setup = catch_unwind(AssertUnwindSafe(|| control::first_new_builds_default_image(&env)));
     let setup_ok = setup.is_ok();
-    record(
-        "control_first_new_builds_default_image",
-        setup,
-        t.elapsed().as_secs_f64(),
-    );
+    record("control_first_new_builds_default_image", setup, t.elapsed().as_secs_f64());
 
     if setup_ok {
         let next = AtomicUsize::new(0);
@@ -208,9 +154,7 @@ fn main() {
         });
     }
 
-    let Env {
-        mut daemon, dir, ..
-    } = env;
+    let Env { mut daemon, dir, .. } = env;
     daemon.purge();
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -223,11 +167,7 @@ fn main() {
         }
     }
     let not_run = if setup_ok { 0 } else { selected.len() };
-    let verdict = if failures.is_empty() && not_run == 0 {
-        "ok"
-    } else {
-        "FAILED"
-    };
+    let verdict = if failures.is_empty() && not_run == 0 { "ok" } else { "FAILED" };
     println!(
         "\ntest result: {verdict}. {passed} passed; {} failed; {not_run} ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
         failures.len(),

@@ -28,11 +28,7 @@ impl Screen {
                 if let Some(i) = text.get(from..).and_then(|t| t.find(needle)) {
                     return from + i + needle.len();
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "timed out waiting for {needle:?}; screen:\n{}",
-                    &*text
-                );
+                assert!(Instant::now() < deadline, "timed out waiting for {needle:?}; screen:\n{}", &*text);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -42,12 +38,7 @@ impl Screen {
 pub fn shell_resize_and_ctrl_c(env: &Env) {
     let name = unique("pty");
     env.new_box(&name, &[]);
-    let size = |rows, cols| Winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
+    let size = |rows, cols| Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
     let pty = nix::pty::openpty(None, None).unwrap();
     tcsetwinsize(&pty.master, size(24, 80)).unwrap();
     let slave = File::from(pty.slave);
@@ -66,31 +57,18 @@ pub fn shell_resize_and_ctrl_c(env: &Env) {
                 if n == 0 {
                     break;
                 }
-                text.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+                text.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
     }
     let screen = Screen { text };
     // The ssh binary is `timeout`'s child; SIGWINCH must reach ssh itself.
     let ssh_pid = || {
-        let out = std::process::Command::new("pgrep")
-            .arg("-P")
-            .arg(child.id().to_string())
-            .output()
-            .unwrap();
-        Pid::from_raw(
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse()
-                .expect("ssh pid"),
-        )
+        let out = std::process::Command::new("pgrep").arg("-P").arg(child.id().to_string()).output().unwrap();
+        Pid::from_raw(String::from_utf8_lossy(&out.stdout).trim().parse().expect("ssh pid"))
     };
 
-    master
-        .write_all(b"echo TTY=$(tty); echo SIZE=$(stty size)\n")
-        .unwrap();
+    master.write_all(b"echo TTY=$(tty); echo SIZE=$(stty size)\n").unwrap();
     let at = screen.wait_for(0, "TTY=/dev/pts/");
     let at = screen.wait_for(at, "SIZE=24 80");
 

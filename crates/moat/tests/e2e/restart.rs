@@ -4,53 +4,37 @@ use crate::fixture::{run, Daemon};
 use crate::Env;
 
 pub fn restart_loses_nothing(env: &Env) {
-    let mut daemon = Daemon::start(
-        env.dir.join("restart-state"),
-        env.daemon.keys_file.clone(),
-        &[],
-    );
-    let ssh =
-        |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
+    let mut daemon = Daemon::start(env.dir.join("restart-state"), env.daemon.keys_file.clone(), &[]);
+    let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
     ssh(&daemon, None, &["new", "keeper", "--image", "busybox"]).ok();
-    ssh(
-        &daemon,
-        Some("keeper"),
-        &["echo precious > /root/data; sleep 1000 >/dev/null 2>&1 &"],
-    )
-    .ok();
+    ssh(&daemon, Some("keeper"), &["echo precious > /root/data; sleep 1000 >/dev/null 2>&1 &"]).ok();
     let before = ssh(&daemon, None, &["ls", "--json"]).ok().stdout;
 
     daemon.restart();
     assert_eq!(ssh(&daemon, None, &["ls", "--json"]).ok().stdout, before);
-    let out = ssh(
-        &daemon,
-        Some("keeper"),
-        &["cat /root/data; ps | grep -q '[s]leep 1000' && echo still-running"],
-    )
-    .ok();
+    let out = ssh(&daemon, Some("keeper"), &["cat /root/data; ps | grep -q '[s]leep 1000' && echo still-running"]).ok();
     assert_eq!(out.stdout, "precious\nstill-running\n");
 
     // A box whose processes died while the daemon was down boots on the next session.
-    let info: serde_json::Value = serde_json::from_str(
-        &ssh(&daemon, None, &["info", "keeper", "--json"])
-            .ok()
-            .stdout,
-    )
-    .unwrap();
-    let id = info["id"].as_str().unwrap().to_string();
+    let info: serde_json::Value =
+        serde_json::from_str(&ssh(&daemon, None, &["info", "keeper", "--json"]).ok().stdout).unwrap();
     daemon.kill();
+    kill_box_processes(info["id"].as_str().unwrap());
+    daemon.restart();
+    let out = ssh(&daemon, Some("keeper"), &["cat /root/data"]).ok();
+    assert_eq!(out.stdout, "precious\n");
+    daemon.purge();
+}
+
+/// Kills every process of box `id` from the host, as a crash or the OOM killer
+/// might, leaving the daemon's records as they are.
+pub fn kill_box_processes(id: &str) {
     let procs = ["/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
         .iter()
         .find_map(|p| std::fs::read_to_string(format!("{p}/{id}/cgroup.procs")).ok())
         .unwrap();
     for pid in procs.lines() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid.parse().unwrap()),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid.parse().unwrap()), nix::sys::signal::Signal::SIGKILL);
     }
-    daemon.restart();
-    let out = ssh(&daemon, Some("keeper"), &["cat /root/data"]).ok();
-    assert_eq!(out.stdout, "precious\n");
-    daemon.purge();
 }

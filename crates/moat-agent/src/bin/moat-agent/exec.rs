@@ -38,12 +38,7 @@ struct Flags {
 
 type Shared = Arc<Mutex<UnixStream>>;
 
-pub fn run(
-    req: ExecRequest,
-    mut reader: FrameReader,
-    stream: UnixStream,
-    reaper: &Reaper,
-) -> io::Result<()> {
+pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper: &Reaper) -> io::Result<()> {
     let program = program_for(&req);
     let writer: Shared = Arc::new(Mutex::new(stream.try_clone()?));
     let flags = Arc::new(Flags::default());
@@ -57,25 +52,12 @@ pub fn run(
             let ws = winsize(pty.size);
             let pair = openpty(Some(&ws), None)?;
             for fd in [&pair.master, &pair.slave] {
-                nix::fcntl::fcntl(
-                    fd,
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-                )?;
+                nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
             }
-            let io = ChildIo {
-                stdin: &pair.slave,
-                stdout: &pair.slave,
-                stderr: &pair.slave,
-                controlling_tty: true,
-            };
+            let io = ChildIo { stdin: &pair.slave, stdout: &pair.slave, stderr: &pair.slave, controlling_tty: true };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
             stdin = Some(File::from(pair.master.try_clone()?));
-            pumps.push(start_pump(
-                pair.master.try_clone()?,
-                AgentMsg::Stdout,
-                &writer,
-                &flags,
-            ));
+            pumps.push(start_pump(pair.master.try_clone()?, AgentMsg::Stdout, &writer, &flags));
             terminal = Some(pair.master);
             spawned
         }
@@ -83,12 +65,7 @@ pub fn run(
             let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC)?;
             let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC)?;
             let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC)?;
-            let io = ChildIo {
-                stdin: &in_r,
-                stdout: &out_w,
-                stderr: &err_w,
-                controlling_tty: false,
-            };
+            let io = ChildIo { stdin: &in_r, stdout: &out_w, stderr: &err_w, controlling_tty: false };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
             stdin = Some(File::from(in_w));
             pumps.push(start_pump(out_r, AgentMsg::Stdout, &writer, &flags));
@@ -102,18 +79,10 @@ pub fn run(
         Err(e) => {
             flags.host_gone.store(true, Ordering::Relaxed);
             let shell = program.path.to_string_lossy().into_owned();
-            return frames::send(
-                &stream,
-                &AgentMsg::Error(format!("cannot run {shell}: {e}")),
-            );
+            return frames::send(&stream, &AgentMsg::Error(format!("cannot run {shell}: {e}")));
         }
     };
-    send(
-        &writer,
-        &AgentMsg::Started {
-            pid: pid.as_raw() as u32,
-        },
-    )?;
+    send(&writer, &AgentMsg::Started { pid: pid.as_raw() as u32 })?;
 
     // The waiter reports the exit once all output before it has been sent.
     let waiter = {
@@ -174,12 +143,7 @@ fn send(writer: &Shared, msg: &AgentMsg) -> io::Result<()> {
 }
 
 fn winsize(size: WinSize) -> Winsize {
-    Winsize {
-        ws_row: size.rows,
-        ws_col: size.cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    }
+    Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 }
 }
 
 /// Copies one output fd to the host as frames made by `wrap`.
@@ -187,12 +151,7 @@ fn winsize(size: WinSize) -> Winsize {
 /// Once the process has exited, a pump forwards only what is already buffered:
 /// a background job that keeps the pipe open must not hold the session open
 /// (OpenSSH would wait for it; `ssh box 'server &'` should return).
-fn start_pump(
-    fd: OwnedFd,
-    wrap: fn(Vec<u8>) -> AgentMsg,
-    writer: &Shared,
-    flags: &Arc<Flags>,
-) -> JoinHandle<()> {
+fn start_pump(fd: OwnedFd, wrap: fn(Vec<u8>) -> AgentMsg, writer: &Shared, flags: &Arc<Flags>) -> JoinHandle<()> {
     let (writer, flags) = (Arc::clone(writer), Arc::clone(flags));
     std::thread::spawn(move || {
         let mut buf = vec![0u8; moat_agent::protocol::MAX_CHUNK];
@@ -272,10 +231,7 @@ fn program_for(req: &ExecRequest) -> Program {
     Program {
         path: cstring(shell),
         argv,
-        envp: env
-            .into_iter()
-            .map(|(k, v)| cstring(format!("{k}={v}")))
-            .collect(),
+        envp: env.into_iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect(),
         cwd: cstring(home),
     }
 }

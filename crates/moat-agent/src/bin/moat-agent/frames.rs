@@ -13,10 +13,7 @@ pub struct FrameReader {
 
 impl FrameReader {
     pub fn new(stream: UnixStream) -> Self {
-        Self {
-            stream,
-            buf: Vec::new(),
-        }
+        Self { stream, buf: Vec::new() }
     }
 
     /// The next message, or `None` at a clean end of stream.
@@ -35,8 +32,7 @@ impl FrameReader {
             if n == 0 {
                 return Ok(None);
             }
-            self.buf
-                .extend_from_slice(chunk.get(..n).unwrap_or_default());
+            self.buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
         }
     }
 

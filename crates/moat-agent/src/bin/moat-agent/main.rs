@@ -30,10 +30,7 @@ fn main() {
     // this process has claimed it; we take sole ownership here, once.
     let listener = UnixListener::from(unsafe { OwnedFd::from_raw_fd(LISTEN_FD) });
     // Commands the box runs must not inherit the host's door.
-    let _ = nix::fcntl::fcntl(
-        &listener,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    );
+    let _ = nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
     let reaper = Arc::new(Reaper::start());
     loop {
         match listener.accept() {
@@ -57,10 +54,7 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
         Ok(Some(HostMsg::Exec(req))) => exec::run(req, reader, stream, reaper),
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
-        Ok(Some(other)) => frames::send(
-            &stream,
-            &AgentMsg::Error(format!("unexpected first message {other:?}")),
-        ),
+        Ok(Some(other)) => frames::send(&stream, &AgentMsg::Error(format!("unexpected first message {other:?}"))),
         Ok(None) => Ok(()),
         Err(e) => Err(e),
     };

@@ -31,10 +31,7 @@ impl Reaper {
 
     /// Runs `spawn` (which forks) with the waiter table locked, so that the child's
     /// exit cannot be reaped before its waiter is registered.
-    pub fn spawn_watched<E>(
-        &self,
-        spawn: impl FnOnce() -> Result<Pid, E>,
-    ) -> Result<(Pid, Receiver<ExitStatus>), E> {
+    pub fn spawn_watched<E>(&self, spawn: impl FnOnce() -> Result<Pid, E>) -> Result<(Pid, Receiver<ExitStatus>), E> {
         let (lock, wake) = &*self.waiters;
         let mut waiters = lock_ignoring_poison(lock);
         let pid = spawn()?;
@@ -54,13 +51,9 @@ fn reap_forever(waiters: &(Mutex<Waiters>, Condvar)) {
     loop {
         let status = match waitpid(Pid::from_raw(-1), None) {
             Ok(WaitStatus::Exited(pid, code)) => Some((pid, ExitStatus::Code(code))),
-            Ok(WaitStatus::Signaled(pid, sig, core_dumped)) => Some((
-                pid,
-                ExitStatus::Signal {
-                    signo: sig as i32,
-                    core_dumped,
-                },
-            )),
+            Ok(WaitStatus::Signaled(pid, sig, core_dumped)) => {
+                Some((pid, ExitStatus::Signal { signo: sig as i32, core_dumped }))
+            }
             Ok(_) | Err(Errno::EINTR) => None,
             Err(_) => {
                 // No children at all: sleep until a spawn (or a while) passes.

@@ -30,24 +30,10 @@ pub struct ChildIo<'a> {
 
 /// Forks and execs `program` in a new session; returns once the exec succeeded.
 pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
-    let argv: Vec<*const libc::c_char> = program
-        .argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain([ptr::null()])
-        .collect();
-    let envp: Vec<*const libc::c_char> = program
-        .envp
-        .iter()
-        .map(|e| e.as_ptr())
-        .chain([ptr::null()])
-        .collect();
+    let argv: Vec<*const libc::c_char> = program.argv.iter().map(|a| a.as_ptr()).chain([ptr::null()]).collect();
+    let envp: Vec<*const libc::c_char> = program.envp.iter().map(|e| e.as_ptr()).chain([ptr::null()]).collect();
     let (err_read, err_write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let fds = [
-        io.stdin.as_raw_fd(),
-        io.stdout.as_raw_fd(),
-        io.stderr.as_raw_fd(),
-    ];
+    let fds = [io.stdin.as_raw_fd(), io.stdout.as_raw_fd(), io.stderr.as_raw_fd()];
 
     // SAFETY: after fork the child runs only async-signal-safe libc calls on
     // memory prepared above (argv/envp arrays and C strings that outlive the call

@@ -11,19 +11,11 @@ use moat_agent::protocol::AgentMsg;
 use crate::frames::{self, FrameReader};
 
 pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()> {
-    let targets = [
-        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-        SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
-    ];
-    let connected = targets
-        .iter()
-        .map(|addr| TcpStream::connect_timeout(addr, Duration::from_secs(5)))
-        .find_map(Result::ok);
+    let targets = [SocketAddr::from((Ipv4Addr::LOCALHOST, port)), SocketAddr::from((Ipv6Addr::LOCALHOST, port))];
+    let connected =
+        targets.iter().map(|addr| TcpStream::connect_timeout(addr, Duration::from_secs(5))).find_map(Result::ok);
     let Some(mut tcp) = connected else {
-        return frames::send(
-            &host,
-            &AgentMsg::Error(format!("nothing listens on port {port} in the box")),
-        );
+        return frames::send(&host, &AgentMsg::Error(format!("nothing listens on port {port} in the box")));
     };
     frames::send(&host, &AgentMsg::Connected)?;
     let (early, mut from_host) = reader.into_parts();

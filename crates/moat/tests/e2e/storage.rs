@@ -1,0 +1,204 @@
+//! Copy-on-write storage: dup, diff, promote, lineage, identity, disk limits,
+//! and a dup interrupted by a crash.
+
+use crate::fixture::{run, unique, Daemon};
+use crate::Env;
+
+/// What makes a machine itself, read from inside a box.
+const IDENTITY: &str = "cat /etc/machine-id; hostname; cat /etc/hostname; \
+    sha256sum /var/lib/systemd/random-seed | cut -c1-16; ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub | cut -d' ' -f2";
+
+fn json(env: &Env, args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&env.alice(None, args).ok().stdout).expect("json")
+}
+
+pub fn dup_copies_and_makes_a_new_machine(env: &Env) {
+    let (src, dst) = (unique("orig"), unique("copy"));
+    env.new_box(&src, &[]);
+    // Give the source everything an identity has: host keys and a random seed.
+    env.alice(
+        Some(&src),
+        &["ssh-keygen -A >/dev/null && mkdir -p /var/lib/systemd && head -c 512 /dev/urandom > /var/lib/systemd/random-seed \
+           && echo data > /root/file && (sleep 1000 >/dev/null 2>&1 &)"],
+    )
+    .ok();
+    let out = env.alice(None, &["dup", &src, &dst]).ok();
+    assert_eq!(out.stdout, format!("{dst}\n"));
+
+    // The copy has the source's files, and its own identity in every respect.
+    assert_eq!(env.alice(Some(&dst), &["cat /root/file"]).ok().stdout, "data\n");
+    let a = env.alice(Some(&src), &[IDENTITY]).ok().stdout;
+    let b = env.alice(Some(&dst), &[IDENTITY]).ok().stdout;
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    assert_eq!(a.len(), 5, "{a:?}");
+    assert_eq!(b.len(), 5, "{b:?}");
+    for (i, what) in ["machine-id", "hostname", "/etc/hostname", "random seed", "ssh host key"].iter().enumerate() {
+        assert_ne!(a[i], b[i], "{what} was copied, not re-minted");
+    }
+    assert_eq!(b[1], dst);
+
+    // The source kept running (its process survived the freeze); the copy has
+    // a fresh process tree.
+    let ps = |name: &str| env.alice(Some(name), &["ps -e -o comm= | grep -c '^sleep$' || true"]).ok().stdout;
+    assert_eq!(ps(&src), "1\n");
+    assert_eq!(ps(&dst), "0\n");
+
+    // Writes on either side stay on that side.
+    env.alice(Some(&dst), &["echo child > /root/file; touch /root/only-child"]).ok();
+    env.alice(Some(&src), &["touch /root/only-parent"]).ok();
+    assert_eq!(env.alice(Some(&src), &["cat /root/file; ls /root"]).ok().stdout, "data\nfile\nonly-parent\n");
+    assert_eq!(env.alice(Some(&dst), &["cat /root/file; ls /root"]).ok().stdout, "child\nfile\nonly-child\n");
+
+    // Lineage shows in ls and info.
+    let boxes = json(env, &["ls", "--json"]);
+    let me = boxes.as_array().unwrap().iter().find(|b| b["name"] == dst.as_str()).unwrap();
+    assert_eq!(me["parent"], src.as_str());
+    assert!(env.alice(None, &["info", &dst]).ok().stdout.contains(&format!("parent:   {src} (duplicated at")));
+    let table = env.alice(None, &["ls"]).ok().stdout;
+    let row = table.lines().find(|l| l.starts_with(&format!("{dst} "))).unwrap();
+    assert!(row.ends_with(&format!("  {src}")), "{row}");
+}
+
+pub fn dup_of_a_box_whose_processes_died(env: &Env) {
+    let (src, dst) = (unique("dead"), unique("revived"));
+    env.new_box(&src, &["--image", "busybox"]);
+    env.alice(Some(&src), &["echo kept > /root/f"]).ok();
+    let id = json(env, &["info", &src, "--json"])["id"].as_str().unwrap().to_string();
+    crate::restart::kill_box_processes(&id);
+    env.alice(None, &["dup", &src, &dst]).ok();
+    assert_eq!(env.alice(Some(&dst), &["cat /root/f"]).ok().stdout, "kept\n");
+    // The source boots again on its next session.
+    assert_eq!(env.alice(Some(&src), &["cat /root/f"]).ok().stdout, "kept\n");
+}
+
+pub fn diff_lists_changes(env: &Env) {
+    let (a, b) = (unique("diffa"), unique("diffb"));
+    env.new_box(&a, &["--image", "busybox"]);
+    env.alice(Some(&a), &["mkdir -p /srv && echo 1 > /srv/edit && echo x > /srv/gone && echo same > /srv/same"]).ok();
+    env.alice(None, &["dup", &a, &b]).ok();
+    env.alice(Some(&b), &["echo 22 > /srv/edit && rm /srv/gone && mkdir /srv/new && echo n > /srv/new/file"]).ok();
+    let out = env.alice(None, &["diff", &a, &b]).ok().stdout;
+    let srv: Vec<&str> = out.lines().filter(|l| l.contains(" /srv/")).collect();
+    assert_eq!(srv, ["M /srv/edit", "D /srv/gone", "A /srv/new", "A /srv/new/file"], "{out}");
+    // The copy's identity files differ too, and nothing else.
+    let other: Vec<&str> = out.lines().filter(|l| !l.contains(" /srv/") && !l.starts_with("M /etc/")).collect();
+    assert!(other.iter().all(|l| l.starts_with("M /root") || *l == "M /srv"), "{other:?}");
+    let changes = json(env, &["diff", &a, &b, "--json"]);
+    let edit = changes.as_array().unwrap().iter().find(|c| c["path"] == "/srv/edit").unwrap();
+    assert_eq!(edit["change"], "modified");
+    // Reversed, additions become deletions.
+    let back = env.alice(None, &["diff", &b, &a]).ok().stdout;
+    assert!(back.lines().any(|l| l == "D /srv/new/file") && back.lines().any(|l| l == "A /srv/gone"), "{back}");
+    // Two unrelated boxes of one image compare too.
+    let c = unique("diffc");
+    env.new_box(&c, &["--image", "busybox"]);
+    let out = env.alice(None, &["diff", &a, &c]).ok().stdout;
+    assert!(out.lines().any(|l| l == "D /srv/edit"), "{out}");
+}
+
+pub fn promote_swaps_parent_and_child(env: &Env) {
+    let (web, child) = (unique("web"), unique("try"));
+    env.new_box(&web, &["--image", "busybox"]);
+    env.alice(Some(&web), &["echo v1 > /root/app"]).ok();
+    env.alice(None, &["dup", &web, &child]).ok();
+    env.alice(Some(&child), &["echo v2 > /root/app"]).ok();
+    let out = env.alice(None, &["promote", &child]).ok();
+    let prev = format!("{web}-prev");
+    assert_eq!(out.stdout, format!("{prev}\n"));
+    // The parent's name now means the child's filesystem; the old one is kept.
+    assert_eq!(env.alice(Some(&web), &["cat /root/app /etc/hostname"]).ok().stdout, format!("v2\n{web}\n"));
+    assert_eq!(env.alice(Some(&prev), &["cat /root/app /etc/hostname"]).ok().stdout, format!("v1\n{prev}\n"));
+    let info = json(env, &["info", &web, "--json"]);
+    assert_eq!(info["parent"], prev.as_str());
+    assert_ne!(env.alice(None, &["info", &child]).status, Some(0));
+    // A box that is not a duplicate cannot be promoted; a second promote finds
+    // the -prev name taken.
+    let orphan = unique("orphan");
+    env.new_box(&orphan, &["--image", "busybox"]);
+    let out = env.alice(None, &["promote", &orphan]);
+    assert_eq!(out.stderr, format!("moat: box {orphan} was not duplicated from another box\n"));
+    let again = unique("again");
+    env.alice(None, &["dup", &web, &again]).ok();
+    let out = env.alice(None, &["promote", &again]);
+    assert_eq!(out.stderr, format!("moat: a box named {prev} already exists\n"));
+    assert_eq!(env.alice(Some(&web), &["cat /root/app"]).ok().stdout, "v2\n");
+}
+
+pub fn bad_dups_create_nothing(env: &Env) {
+    let (src, taken) = (unique("bsrc"), unique("btaken"));
+    env.new_box(&src, &["--image", "busybox"]);
+    env.new_box(&taken, &["--image", "busybox"]);
+    // Other tests add boxes meanwhile: look for what these dups would have made.
+    let names = || -> Vec<String> {
+        json(env, &["ls", "--json"]).as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap().to_string()).collect()
+    };
+    let out = env.alice(None, &["dup", &src, &taken]);
+    assert_eq!(
+        (out.status, out.stderr.as_str()),
+        (Some(1), format!("moat: a box named {taken} already exists\n").as_str())
+    );
+    let out = env.alice(None, &["dup", "no-such-box", "newname"]);
+    assert_eq!(out.stderr, "moat: no box named no-such-box\n");
+    // Across accounts: bob cannot see alice's box, so cannot copy it.
+    let out = run(&mut env.daemon.ssh(&env.bob, None, &["dup", &src, "stolen"]));
+    assert_eq!(out.stderr, format!("moat: no box named {src}\n"));
+    assert!(!run(&mut env.daemon.ssh(&env.bob, None, &["ls"])).stdout.contains("stolen"));
+    let after = names();
+    assert_eq!(after.iter().filter(|n| **n == taken).count(), 1);
+    assert!(!after.iter().any(|n| n == "newname" || n == "stolen"), "{after:?}");
+}
+
+pub fn disk_limit_is_enforced_and_rm_frees(env: &Env) {
+    let name = unique("disk");
+    env.new_box(&name, &["--image", "busybox", "--disk", "64M"]);
+    let out = env
+        .alice(Some(&name), &["dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; echo rc=$?; du -m /root/fill"])
+        .ok();
+    assert!(out.stdout.contains("Disk quota exceeded"), "{}", out.stdout);
+    let used: u64 = out.stdout.lines().last().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(used <= 64, "wrote {used} MiB under a 64M limit");
+    // The box still works, and freeing space inside it lets it write again.
+    env.alice(Some(&name), &["rm /root/fill && sync && echo ok > /root/small"]).ok();
+    let id = json(env, &["info", &name, "--json"])["id"].as_str().unwrap().to_string();
+    let root = env.daemon.state_dir.join("pool/boxes").join(&id);
+    assert!(root.exists());
+    env.alice(None, &["rm", &name]).ok();
+    assert!(!root.exists(), "rm left the box's filesystem behind");
+}
+
+/// Kills the daemon in the middle of a dup, at each point a crash could hit;
+/// the next start leaves no copy and a source that runs.
+pub fn dup_interrupted_leaves_nothing(env: &Env) {
+    for point in ["dup-while-frozen", "dup-after-snapshot"] {
+        let mut daemon = Daemon::start(env.dir.join(format!("crash-{point}")), env.daemon.keys_file.clone(), &[]);
+        let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
+        ssh(&daemon, None, &["new", "src", "--image", "busybox"]).ok();
+        ssh(
+            &daemon,
+            Some("src"),
+            &["echo before > /root/f; (while true; do date +%s%N > /root/tick; sleep 0.05; done) >/dev/null 2>&1 &"],
+        )
+        .ok();
+        daemon.env = vec![("MOAT_FAULT".into(), point.into())];
+        daemon.restart();
+        let out = ssh(&daemon, None, &["dup", "src", "dst"]);
+        assert_ne!(out.status, Some(0), "{point}: dup survived its crash");
+        daemon.env.clear();
+        daemon.restart();
+        let boxes = ssh(&daemon, None, &["ls", "--json"]).ok().stdout;
+        let names: Vec<serde_json::Value> = serde_json::from_str(&boxes).unwrap();
+        assert_eq!(names.len(), 1, "{point}: {boxes}");
+        assert_eq!(names[0]["name"], "src");
+        let subvolumes = std::fs::read_dir(daemon.state_dir.join("pool/boxes")).unwrap().count();
+        assert_eq!(subvolumes, 1, "{point}: a half-made copy's filesystem is left");
+        // The source is untouched and running: its loop still ticks.
+        let tick = |d: &Daemon| ssh(d, Some("src"), &["cat /root/tick"]).ok().stdout;
+        let t1 = tick(&daemon);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_ne!(tick(&daemon), t1, "{point}: the source is still frozen");
+        assert_eq!(ssh(&daemon, Some("src"), &["cat /root/f"]).ok().stdout, "before\n");
+        // And the same dup now works.
+        ssh(&daemon, None, &["dup", "src", "dst"]).ok();
+        daemon.purge();
+    }
+}
