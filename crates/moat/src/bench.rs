@@ -37,6 +37,12 @@ pub struct BenchArgs {
     /// The static moat-agent binary [default: as `moat serve` finds it].
     #[arg(long)]
     agent: Option<PathBuf>,
+    /// Data sizes (MiB) written into a box before timing `dup` against `cp -a`.
+    #[arg(long, value_delimiter = ',', default_value = "10,1024,4096")]
+    dup_sizes: Vec<u64>,
+    /// Runs per dup size.
+    #[arg(long, default_value_t = 5)]
+    dup_iterations: usize,
 }
 
 /// Sorted samples of one measurement.
@@ -159,6 +165,36 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     drop(user);
     let theirs = theirs?;
 
+    let mut dups = Vec::new();
+    for &mib in &args.dup_sizes {
+        eprintln!("bench: dup of a box holding {mib} MiB, {} times, and cp -a of it", args.dup_iterations);
+        let name = Name::new(&format!("data{mib}"))?;
+        manager.create(&account, spec(name.as_str())?, Box::new(|_: &str| {})).await?;
+        let addr = manager.ensure_running(&account, &name).await?;
+        run_in_box(&addr, &format!("dd if=/dev/zero of=/root/data bs=1M count={mib} 2>/dev/null && sync")).await?;
+        let mut times = Vec::new();
+        for i in 0..args.dup_iterations {
+            let copy = Name::new(&format!("data{mib}-{i}"))?;
+            let t = Instant::now();
+            manager.dup(&account, &name, &copy).await?;
+            times.push(t.elapsed());
+            manager.remove(&account, &copy).await?;
+        }
+        times.sort();
+        // A real copy of the same bytes on the same disk (without reflink, which
+        // would share extents just as dup does).
+        let id = manager.get(&account, &name)?.id;
+        let root = dir.join("pool/boxes").join(id.as_str());
+        let copy_dir = dir.join("pool/cp-copy");
+        let cp = Samples::collect(1, || {
+            let took = time_command(Command::new("cp").args(["-a", "--reflink=never"]).arg(root.join("root")).arg(&copy_dir));
+            let _ = std::fs::remove_dir_all(&copy_dir);
+            took
+        })?;
+        manager.remove(&account, &name).await?;
+        dups.push((mib, Samples(times), cp));
+    }
+
     let ratio = |a: &Samples, b: &Samples| a.pct(50).as_secs_f64() / b.pct(50).as_secs_f64();
     println!("| measurement ({n} runs) | p50 | p95 | peer | peer p50 | peer p95 | ratio (p50) |");
     println!("|---|---|---|---|---|---|---|");
@@ -175,19 +211,28 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     row("create box + run `true`", &create, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
     row("create box + run `true`", &create, "`unshare` (same namespaces) `true`", &unshare);
     row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
+    for (mib, dup, cp) in &dups {
+        row(&format!("`dup` of a box holding {mib} MiB ({} runs)", dup.0.len()), dup, "`cp -a --reflink=never` of it", cp);
+    }
     Ok(())
 }
 
 async fn run_true(addr: &AgentAddr) -> Result<()> {
+    run_in_box(addr, "true").await
+}
+
+/// Runs `command` in the box through its agent and waits for it to succeed.
+async fn run_in_box(addr: &AgentAddr, command: &str) -> Result<()> {
     let AgentAddr::Unix(path) = addr;
     let stream = tokio::net::UnixStream::connect(path).await?;
     let (read, mut write) = stream.into_split();
-    let req = ExecRequest { command: Some(b"true".to_vec()), ..Default::default() };
+    let req = ExecRequest { command: Some(command.as_bytes().to_vec()), ..Default::default() };
     send(&mut write, &HostMsg::Exec(req)).await?;
     let mut reader = AgentReader::new(read);
     loop {
         match reader.recv().await? {
-            Some(AgentMsg::Exit(_)) => return Ok(()),
+            Some(AgentMsg::Exit(moat_agent::protocol::ExitStatus::Code(0))) => return Ok(()),
+            Some(AgentMsg::Exit(status)) => bail!("{command:?} failed: {status:?}"),
             Some(AgentMsg::Error(e)) => bail!("exec failed: {e}"),
             Some(_) => {}
             None => bail!("agent hung up"),
