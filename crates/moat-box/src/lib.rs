@@ -19,7 +19,7 @@ pub mod ns;
 pub mod pool;
 pub mod sys;
 
-use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Change, Name};
+use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Change, MeterReading, Name};
 
 /// Every backend moat has, behind one type.
 pub enum AnyBackend {
@@ -71,5 +71,14 @@ impl Backend for AnyBackend {
     }
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.inner().thaw(rec)
+    }
+    fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.inner().suspend(rec)
+    }
+    fn meter(&self, rec: &BoxRecord) -> Option<MeterReading> {
+        self.inner().meter(rec)
+    }
+    fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
+        self.inner().disk_usage(rec)
     }
 }

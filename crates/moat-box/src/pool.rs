@@ -152,6 +152,15 @@ impl Pool {
         sys::qgroup_limit_exclusive(&path, bytes).map_err(io_err("set disk limit on", &path))
     }
 
+    /// Bytes box `id` holds that no other subvolume shares (what it wrote).
+    pub fn exclusive_bytes(&self, id: &BoxId) -> Option<u64> {
+        let out = Command::new("btrfs").args(["qgroup", "show", "--raw", "-f"]).arg(self.box_path(id)).output().ok()?;
+        // Columns: qgroupid, referenced, exclusive, ...; the row starts "0/".
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row = text.lines().find(|l| l.starts_with("0/"))?;
+        row.split_whitespace().nth(2)?.parse().ok()
+    }
+
     /// Deletes box `id`'s root, if it exists.
     pub fn delete_box(&self, id: &BoxId) -> Result<(), PoolError> {
         let path = self.box_path(id);

@@ -36,6 +36,15 @@ pub struct Change {
     pub change: ChangeKind,
 }
 
+/// A box's cumulative counters, as the host sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MeterReading {
+    /// CPU time used since the box booted.
+    pub cpu_ns: u64,
+    /// Resident memory now.
+    pub memory_bytes: u64,
+}
+
 /// A backend failure, with the backend's own error as its source.
 #[derive(Debug, thiserror::Error)]
 #[error("{what}")]
@@ -87,7 +96,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Writes a new host name into the box's files (running processes see it
     /// after the box restarts).
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError>;
-    /// Lets the box's processes run again if something froze them (an
-    /// operation interrupted by a crash); a no-op otherwise.
+    /// Lets the box's processes run again (after `suspend`, or an operation
+    /// interrupted by a crash); a no-op if they are not frozen.
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError>;
+    /// Freezes every process of the box where it stands.
+    fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError>;
+    /// The box's counters, if it has processes.
+    fn meter(&self, rec: &BoxRecord) -> Option<MeterReading>;
+    /// Bytes the box has written beyond what it shares with its image or parent.
+    fn disk_usage(&self, rec: &BoxRecord) -> Option<u64>;
 }

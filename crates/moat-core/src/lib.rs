@@ -3,16 +3,18 @@
 //! lifecycle that ties them together.
 
 pub mod backend;
+pub mod clock;
 pub mod fault;
 pub mod ids;
+pub mod ledger;
 pub mod limits;
 pub mod manager;
 pub mod record;
 pub mod store;
 
-pub use backend::{AgentAddr, Backend, BackendError, Change, ChangeKind};
+pub use backend::{AgentAddr, Backend, BackendError, Change, ChangeKind, MeterReading};
 pub use ids::{AccountId, BoxId, Name, NameError};
 pub use limits::{Limits, LimitsError};
-pub use manager::{BoxManager, BoxSpec, ManagerError, ProgressSink};
+pub use manager::{BoxManager, BoxSpec, ManagerConfig, ManagerError, ProgressSink, SessionGuard, UsageReport};
 pub use record::{BoxRecord, BoxState};
 pub use store::{Store, StoreError};

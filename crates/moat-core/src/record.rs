@@ -15,6 +15,8 @@ pub enum BoxState {
     Creating,
     /// Its PID 1 is up.
     Running,
+    /// Its processes are frozen (no session for a while); the next session resumes it.
+    Suspended,
     /// Its filesystem exists but no process runs; the next session boots it.
     Stopped,
 }
@@ -25,6 +27,7 @@ impl BoxState {
         match self {
             Self::Creating => "creating",
             Self::Running => "running",
+            Self::Suspended => "suspended",
             Self::Stopped => "stopped",
         }
     }
@@ -34,6 +37,7 @@ impl BoxState {
         match s {
             "creating" => Some(Self::Creating),
             "running" => Some(Self::Running),
+            "suspended" => Some(Self::Suspended),
             "stopped" => Some(Self::Stopped),
             _ => None,
         }
@@ -76,6 +80,13 @@ pub struct BoxRecord {
     /// That box's name, if it still exists (for display).
     #[serde(rename = "parent")]
     pub parent_name: Option<Name>,
+    /// Seconds without a session before the box is suspended (`None`: the
+    /// daemon's default).
+    pub idle: Option<u32>,
+    /// Never suspended for want of sessions (and billed meanwhile).
+    pub keep_running: bool,
+    /// When the box entered its current state, seconds since the Unix epoch.
+    pub state_since: u64,
 }
 
 impl BoxRecord {

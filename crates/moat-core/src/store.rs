@@ -53,10 +53,16 @@ CREATE TABLE IF NOT EXISTS boxes (
 
 /// Columns added after the first schema: (name, type). Added to old databases
 /// on open, so a daemon upgrade finds every box.
-const ADDED_COLUMNS: &[(&str, &str)] = &[("disk", "INTEGER NOT NULL DEFAULT 17179869184"), ("parent", "TEXT")];
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("disk", "INTEGER NOT NULL DEFAULT 17179869184"),
+    ("parent", "TEXT"),
+    ("idle", "INTEGER"),
+    ("keep_running", "INTEGER NOT NULL DEFAULT 0"),
+    ("state_since", "INTEGER NOT NULL DEFAULT 0"),
+];
 
 const COLUMNS: &str = "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pids, b.slot, b.state, b.pid, \
-                       b.created_at, b.disk, b.parent, p.name";
+                       b.created_at, b.disk, b.parent, p.name, b.idle, b.keep_running, b.state_since";
 
 /// `boxes` as `b`, with each box's parent (if it still exists) as `p`.
 const FROM: &str = "boxes b LEFT JOIN boxes p ON p.id = b.parent";
@@ -69,6 +75,7 @@ impl Store {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(crate::ledger::SCHEMA)?;
         let existing: Vec<String> = conn
             .prepare("SELECT name FROM pragma_table_info('boxes')")?
             .query_map([], |r| r.get(0))?
@@ -81,7 +88,7 @@ impl Store {
         Ok(Self { conn: Mutex::new(conn) })
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -151,10 +158,13 @@ impl Store {
             created_at,
             parent: parent.map(|p| p.id.clone()),
             parent_name: parent.map(|p| p.name.clone()),
+            idle: None,
+            keep_running: false,
+            state_since: created_at,
         };
         tx.execute(
-            "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, parent) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, parent, \
+             state_since) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11)",
             params![
                 rec.id.as_str(),
                 account.0,
@@ -201,9 +211,21 @@ impl Store {
     /// Records a state change, with the PID 1 of a running box.
     pub fn set_state(&self, id: &BoxId, state: BoxState, pid: Option<u32>) -> Result<(), StoreError> {
         self.conn().execute(
-            "UPDATE boxes SET state = ?2, pid = ?3 WHERE id = ?1",
-            params![id.as_str(), state.as_str(), pid],
+            "UPDATE boxes SET state = ?2, pid = ?3, state_since = ?4 WHERE id = ?1",
+            params![id.as_str(), state.as_str(), pid, crate::clock::now() as i64],
         )?;
+        Ok(())
+    }
+
+    /// Sets a box's idle grace (`None`: the daemon's default).
+    pub fn set_idle(&self, id: &BoxId, idle: Option<u32>) -> Result<(), StoreError> {
+        self.conn().execute("UPDATE boxes SET idle = ?2 WHERE id = ?1", params![id.as_str(), idle])?;
+        Ok(())
+    }
+
+    /// Exempts a box from suspension, or not.
+    pub fn set_keep_running(&self, id: &BoxId, on: bool) -> Result<(), StoreError> {
+        self.conn().execute("UPDATE boxes SET keep_running = ?2 WHERE id = ?1", params![id.as_str(), on])?;
         Ok(())
     }
 
@@ -269,6 +291,9 @@ fn from_row(r: &Row<'_>) -> Result<BoxRecord, StoreError> {
             None => None,
         },
         parent_name: r.get::<_, Option<String>>(13)?.and_then(|n| Name::new(&n).ok()),
+        idle: r.get(14)?,
+        keep_running: r.get(15)?,
+        state_since: r.get::<_, i64>(16)? as u64,
     })
 }
 

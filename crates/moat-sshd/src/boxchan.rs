@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
-use moat_core::{AccountId, AgentAddr, BoxManager, ManagerError, Name};
+use moat_core::{AccountId, AgentAddr, BoxManager, ManagerError, Name, SessionGuard};
 use russh::server::{Handle, Msg};
 use russh::{Channel, ChannelId, ChannelMsg, ChannelReadHalf, ChannelWriteHalf, Sig};
 use tokio::net::UnixStream;
@@ -63,14 +63,14 @@ impl ChannelCtx {
         }
     }
 
-    /// Boots the box if needed and connects to its agent.
-    pub async fn connect(&self, name: &Name) -> Result<UnixStream, String> {
-        let addr = self.manager.ensure_running(&self.account, name).await.map_err(|e| error_chain(&e))?;
-        match addr {
-            AgentAddr::Unix(path) => {
-                UnixStream::connect(&path).await.map_err(|e| format!("box {name} is not answering: {e}"))
-            }
-        }
+    /// Opens a session on the box (resuming or booting it as needed) and
+    /// connects to its agent. The box stays up while the guard lives.
+    pub async fn connect(&self, name: &Name) -> Result<(UnixStream, SessionGuard), String> {
+        let (addr, guard) = self.manager.open_session(&self.account, name).await.map_err(|e| error_chain(&e))?;
+        let stream = match addr {
+            AgentAddr::Unix(path) => UnixStream::connect(&path).await,
+        };
+        stream.map(|s| (s, guard)).map_err(|e| format!("box {name} is not answering: {e}"))
     }
 }
 
@@ -240,7 +240,7 @@ async fn run_in_box(
     tx: ChannelWriteHalf<Msg>,
     ctx: &ChannelCtx,
 ) {
-    let stream = match ctx.connect(name).await {
+    let (stream, _session) = match ctx.connect(name).await {
         Ok(s) => s,
         Err(e) => return fail(&tx, &e, EXIT_MOAT_FAILED).await,
     };

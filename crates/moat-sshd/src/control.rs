@@ -18,7 +18,7 @@ moat: disposable boxes over SSH
 usage: ssh HOST COMMAND [ARGS]
 
 commands:
-  new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE]
+  new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--idle SECONDS]
                       create a box (image 'debian' unless told, built on first use)
   ls [--json]         list your boxes
   info NAME [--json]  show one box
@@ -26,6 +26,12 @@ commands:
   dup SRC DST         copy box SRC as DST, instantly (SRC keeps running); DST is a new machine
   diff A B [--json]   the files added (A), modified (M) and deleted (D) in B relative to A
   promote CHILD       CHILD takes its parent's name; the parent stays as PARENT-prev
+  stop NAME           end every process of a box (its files stay); start NAME boots it
+  set NAME idle SECONDS         suspend NAME after SECONDS without a session
+  set NAME keep-running on|off  never suspend NAME (it is billed while idle)
+  usage [NAME] [--since T] [--json]
+                      CPU, memory, running and suspended time, disk, per box and in
+                      total; T is seconds since the epoch, or an age like 90s, 30m, 2h, 7d
   help                this text
 
 then: ssh NAME@HOST for a shell in box NAME, ssh NAME@HOST CMD to run CMD;
@@ -48,6 +54,8 @@ pub enum Command {
         image: Name,
         /// Limits.
         limits: Limits,
+        /// Idle grace, if not the daemon's default.
+        idle: Option<u32>,
     },
     /// `ls [--json]`
     Ls {
@@ -86,6 +94,39 @@ pub enum Command {
     Promote {
         /// The duplicate that takes its parent's place.
         child: Name,
+    },
+    /// `stop NAME`
+    Stop {
+        /// Box name.
+        name: Name,
+    },
+    /// `start NAME`
+    Start {
+        /// Box name.
+        name: Name,
+    },
+    /// `set NAME idle SECONDS`
+    SetIdle {
+        /// Box name.
+        name: Name,
+        /// Seconds without a session before suspending.
+        seconds: u32,
+    },
+    /// `set NAME keep-running on|off`
+    SetKeepRunning {
+        /// Box name.
+        name: Name,
+        /// Whether the box is exempt from suspension.
+        on: bool,
+    },
+    /// `usage [NAME] [--since T] [--json]`
+    Usage {
+        /// One box, or all.
+        name: Option<Name>,
+        /// Start of the period, seconds since the epoch.
+        since: Option<u64>,
+        /// Machine-readable output.
+        json: bool,
     },
 }
 
@@ -137,6 +178,13 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
             let json = flags_only("diff", args.get(2..).unwrap_or_default())?;
             Ok(Command::Diff { a, b, json })
         }
+        "stop" | "start" => {
+            let name = name_arg(verb, args.first())?;
+            no_more(verb, args.get(1..).unwrap_or_default())?;
+            Ok(if verb == "stop" { Command::Stop { name } } else { Command::Start { name } })
+        }
+        "set" => parse_set(args),
+        "usage" => parse_usage(args),
         "promote" => {
             let child = name_arg("promote", args.first())?;
             no_more("promote", args.get(1..).unwrap_or_default())?;
@@ -169,6 +217,7 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
     let name = name_arg("new", args.first())?;
     let mut image = Name::new(DEFAULT_IMAGE).map_err(|e| usage(e.to_string()))?;
     let mut limits = Limits::default();
+    let mut idle = None;
     let mut rest = args.get(1..).unwrap_or_default().iter();
     while let Some(flag) = rest.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -182,13 +231,74 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
             "--image" => image = Name::new(&value()?).map_err(|e| usage(format!("new: --image: {e}")))?,
             "--cpus" => limits.cpus = number(flag, &value()?)?,
             "--pids" => limits.pids = number(flag, &value()?)?,
+            "--idle" => idle = Some(seconds("new: --idle", &value()?)?),
             "--disk" => limits.disk = parse_size(&value()?).map_err(|e| usage(format!("new: --disk: {e}")))?,
             "--memory" => limits.memory = parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?,
             other => return Err(usage(format!("new: unknown flag {other:?}"))),
         }
     }
     limits.validate().map_err(|e| usage(format!("new: {e}")))?;
-    Ok(Command::New { name, image, limits })
+    Ok(Command::New { name, image, limits, idle })
+}
+
+fn parse_set(args: &[String]) -> Result<Command, UsageError> {
+    let name = name_arg("set", args.first())?;
+    let (Some(key), Some(value), None) = (args.get(1), args.get(2), args.get(3)) else {
+        return Err(usage("set: usage: set NAME idle SECONDS | set NAME keep-running on|off"));
+    };
+    match key.as_str() {
+        "idle" => Ok(Command::SetIdle { name, seconds: seconds("set: idle", value)? }),
+        "keep-running" => match value.as_str() {
+            "on" => Ok(Command::SetKeepRunning { name, on: true }),
+            "off" => Ok(Command::SetKeepRunning { name, on: false }),
+            other => Err(usage(format!("set: keep-running takes on or off, not {other:?}"))),
+        },
+        other => Err(usage(format!("set: unknown setting {other:?} (idle, keep-running)"))),
+    }
+}
+
+fn seconds(what: &str, value: &str) -> Result<u32, UsageError> {
+    match value.parse::<u32>() {
+        Ok(n) if (1..=30 * 86_400).contains(&n) => Ok(n),
+        _ => Err(usage(format!("{what}: {value:?} is not a number of seconds from 1 to 2592000"))),
+    }
+}
+
+fn parse_usage(args: &[String]) -> Result<Command, UsageError> {
+    let (mut name, mut since, mut json) = (None, None, false);
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--json" => json = true,
+            "--since" => {
+                let value = rest.next().ok_or_else(|| usage("usage: --since needs a value"))?;
+                since = Some(parse_since(value, moat_core::clock::now())?);
+            }
+            flag if flag.starts_with('-') => return Err(usage(format!("usage: unknown flag {flag:?}"))),
+            box_name if name.is_none() => name = Some(Name::new(box_name).map_err(|e| usage(format!("usage: {e}")))?),
+            extra => return Err(usage(format!("usage: unexpected argument {extra:?}"))),
+        }
+    }
+    Ok(Command::Usage { name, since, json })
+}
+
+/// `1700000000` (seconds since the epoch) or an age: `90s`, `30m`, `2h`, `7d`.
+fn parse_since(value: &str, now: u64) -> Result<u64, UsageError> {
+    let bad = || usage(format!("usage: --since {value:?}: give seconds since the epoch or an age like 30m, 2h, 7d"));
+    if let Ok(epoch) = value.parse::<u64>() {
+        return Ok(epoch);
+    }
+    let split = value.len().checked_sub(1).ok_or_else(bad)?;
+    let (n, unit) = (value.get(..split).ok_or_else(bad)?, value.get(split..).ok_or_else(bad)?);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    Ok(now.saturating_sub(n.saturating_mul(scale)))
 }
 
 fn number(flag: &str, value: &str) -> Result<u32, UsageError> {
@@ -204,8 +314,11 @@ pub async fn run(
 ) -> Result<String, ManagerError> {
     match cmd {
         Command::Help => Ok(HELP.to_string()),
-        Command::New { name, image, limits } => {
+        Command::New { name, image, limits, idle } => {
             let rec = manager.create(account, BoxSpec { name, image, limits }, progress).await?;
+            if let Some(seconds) = idle {
+                manager.set_idle(account, &rec.name, seconds).await?;
+            }
             Ok(format!("{}\n", rec.name))
         }
         Command::Ls { json } => {
@@ -243,10 +356,12 @@ pub async fn run(
                 (None, None) => "-".to_string(),
             };
             Ok(format!(
-                "name:     {}\nid:       {}\nstate:    {}\nimage:    {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
+                "name:     {}\nid:       {}\nstate:    {} (since {})\nidle:     {}\nimage:    {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
                 b.name,
                 b.id,
                 b.state,
+                b.state_since,
+                idle_rule(&b),
                 b.image,
                 b.limits.cpus,
                 human_size(b.limits.memory),
@@ -284,6 +399,43 @@ pub async fn run(
             let prev = manager.promote(account, &child).await?;
             Ok(format!("{prev}\n"))
         }
+        Command::Stop { name } => manager.stop(account, &name).await.map(|()| String::new()),
+        Command::Start { name } => manager.start(account, &name).await.map(|()| String::new()),
+        Command::SetIdle { name, seconds } => manager.set_idle(account, &name, seconds).await.map(|()| String::new()),
+        Command::SetKeepRunning { name, on } => {
+            manager.set_keep_running(account, &name, on).await.map(|()| String::new())
+        }
+        Command::Usage { name, since, json } => {
+            let report = manager.usage(account, since.unwrap_or(0), name.as_ref()).await?;
+            if json {
+                return Ok(to_json(&report));
+            }
+            let mut out = format!(
+                "{:<24} {:>10} {:>12} {:>10} {:>10} {:>8}\n",
+                "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK"
+            );
+            let line = |out: &mut String, u: &moat_core::ledger::Usage, disk: String| {
+                let _ = writeln!(
+                    out,
+                    "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8}",
+                    u.name, u.cpu_seconds, u.memory_gib_seconds, u.running_seconds, u.suspended_seconds, disk
+                );
+            };
+            for b in &report.boxes {
+                line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), human_size));
+            }
+            line(&mut out, &report.total, String::new());
+            Ok(out)
+        }
+    }
+}
+
+/// How the idle rule applies to a box, for `info`.
+fn idle_rule(b: &moat_core::BoxRecord) -> String {
+    match (b.keep_running, b.idle) {
+        (true, _) => "keep-running (billed while idle)".into(),
+        (false, Some(s)) => format!("suspend after {s}s without a session"),
+        (false, None) => "suspend after the default grace without a session".into(),
     }
 }
 
@@ -317,7 +469,7 @@ mod tests {
         assert_eq!(p("").unwrap(), Command::Help);
         assert_eq!(p("ls --json").unwrap(), Command::Ls { json: true });
         assert_eq!(p("rm web").unwrap(), Command::Rm { name: Name::new("web").unwrap() });
-        let Command::New { name, image, limits } =
+        let Command::New { name, image, limits, .. } =
             p("new web --image busybox --cpus 1 --memory=512M --pids 64").unwrap()
         else {
             panic!("not new")
@@ -329,7 +481,8 @@ mod tests {
             Command::New {
                 name: Name::new("web").unwrap(),
                 image: Name::new("debian").unwrap(),
-                limits: Limits::default()
+                limits: Limits::default(),
+                idle: None,
             }
         );
     }

@@ -25,7 +25,7 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
             return reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
         }
     };
-    let Ok(mut stream) = ctx.connect(&name).await else {
+    let Ok((mut stream, _session)) = ctx.connect(&name).await else {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
     if send(&mut stream, &HostMsg::Connect { port }).await.is_err() {

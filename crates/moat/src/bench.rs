@@ -19,7 +19,7 @@ use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg};
 use moat_box::ns::{NsBackend, NsConfig};
 use moat_box::AnyBackend;
-use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, Name, Store};
+use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name, Store};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
 use moat_sshd::ServerConfig;
 
@@ -93,7 +93,11 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     let agent = paths::find_agent(args.agent.as_deref())?;
     let helper = std::env::current_exe()?;
     let backend = NsBackend::new(pool, NsConfig { run_dir: dir.join("run"), helper, agent })?;
-    let manager = BoxManager::new(Store::open(&dir.join("moat.db"))?, Arc::new(AnyBackend::Ns(backend)));
+    let manager = BoxManager::new(
+        Store::open(&dir.join("moat.db"))?,
+        Arc::new(AnyBackend::Ns(backend)),
+        ManagerConfig::default(),
+    );
     let account = AccountId("bench".into());
     let spec = |name: &str| -> Result<BoxSpec> {
         Ok(BoxSpec { name: Name::new(name)?, image: Name::new("busybox")?, limits: Limits::default() })
@@ -105,7 +109,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         let name = format!("b{i}");
         let t = Instant::now();
         manager.create(&account, spec(&name)?, Box::new(|_: &str| {})).await?;
-        let addr = manager.ensure_running(&account, &Name::new(&name)?).await?;
+        let (addr, _session) = manager.open_session(&account, &Name::new(&name)?).await?;
         run_true(&addr).await?;
         create.push(t.elapsed());
         manager.remove(&account, &Name::new(&name)?).await?;
@@ -170,7 +174,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         eprintln!("bench: dup of a box holding {mib} MiB, {} times, and cp -a of it", args.dup_iterations);
         let name = Name::new(&format!("data{mib}"))?;
         manager.create(&account, spec(name.as_str())?, Box::new(|_: &str| {})).await?;
-        let addr = manager.ensure_running(&account, &name).await?;
+        let (addr, _session) = manager.open_session(&account, &name).await?;
         run_in_box(&addr, &format!("dd if=/dev/zero of=/root/data bs=1M count={mib} 2>/dev/null && sync")).await?;
         let mut times = Vec::new();
         for i in 0..args.dup_iterations {
@@ -187,7 +191,8 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         let root = dir.join("pool/boxes").join(id.as_str());
         let copy_dir = dir.join("pool/cp-copy");
         let cp = Samples::collect(1, || {
-            let took = time_command(Command::new("cp").args(["-a", "--reflink=never"]).arg(root.join("root")).arg(&copy_dir));
+            let took =
+                time_command(Command::new("cp").args(["-a", "--reflink=never"]).arg(root.join("root")).arg(&copy_dir));
             let _ = std::fs::remove_dir_all(&copy_dir);
             took
         })?;
@@ -212,7 +217,12 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     row("create box + run `true`", &create, "`unshare` (same namespaces) `true`", &unshare);
     row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
     for (mib, dup, cp) in &dups {
-        row(&format!("`dup` of a box holding {mib} MiB ({} runs)", dup.0.len()), dup, "`cp -a --reflink=never` of it", cp);
+        row(
+            &format!("`dup` of a box holding {mib} MiB ({} runs)", dup.0.len()),
+            dup,
+            "`cp -a --reflink=never` of it",
+            cp,
+        );
     }
     Ok(())
 }

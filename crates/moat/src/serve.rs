@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use moat_box::ns::{NsBackend, NsConfig};
 use moat_box::AnyBackend;
-use moat_core::{BoxManager, Store};
+use moat_core::{BoxManager, ManagerConfig, Store};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
 use moat_sshd::ServerConfig;
 
@@ -36,6 +36,17 @@ pub struct ServeArgs {
     /// Seconds of silence after which a connection is closed.
     #[arg(long, default_value_t = 3600)]
     idle_timeout: u64,
+    /// Seconds a box keeps running after its last SSH session ends, before it is
+    /// suspended (boxes can set their own with `set NAME idle`).
+    #[arg(long, default_value_t = 10)]
+    idle_grace: u64,
+    /// Seconds a box may stay suspended before its memory is released (it is
+    /// stopped; its files stay) [default: never].
+    #[arg(long)]
+    park_after: Option<u64>,
+    /// Seconds between usage samples of every box.
+    #[arg(long, default_value_t = 30)]
+    meter_interval: u64,
 }
 
 /// Runs the daemon until killed.
@@ -55,8 +66,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let helper = std::env::current_exe().context("find this executable")?;
     let backend = NsBackend::new(pool, NsConfig { run_dir: state_dir.join("run"), helper, agent })?;
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
-    let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)));
+    let config = ManagerConfig {
+        idle_grace: Duration::from_secs(args.idle_grace),
+        park_after: args.park_after.map(Duration::from_secs),
+        meter_interval: Duration::from_secs(args.meter_interval.max(1)),
+    };
+    let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), config);
     manager.recover().await.context("recover boxes")?;
+    manager.spawn_meter();
 
     let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;
     let keys_path = match args.authorized_keys {

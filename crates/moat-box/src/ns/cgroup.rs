@@ -9,11 +9,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use moat_core::{BoxId, Limits};
+use moat_core::{BoxId, Limits, MeterReading};
 use serde::{Deserialize, Serialize};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 /// CFS period used for CPU bandwidth, in microseconds.
 const CPU_PERIOD_US: u64 = 100_000;
 
@@ -177,6 +177,28 @@ impl CgroupLayout {
         write(&dir.join(file), if file == "freezer.state" { "THAWED" } else { "0" })
     }
 
+    /// The box's CPU time and resident memory, if its cgroup exists.
+    pub fn meter(&self, id: &BoxId) -> Option<MeterReading> {
+        let read = |path: PathBuf| fs::read_to_string(path).ok();
+        match self {
+            Self::V2 { parent } => {
+                let dir = parent.join(id.as_str());
+                let stat = read(dir.join("cpu.stat"))?;
+                let usec: u64 = stat.lines().find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())?;
+                let memory = read(dir.join("memory.current"))?.trim().parse().ok()?;
+                Some(MeterReading { cpu_ns: usec * 1000, memory_bytes: memory })
+            }
+            Self::V1 { parents } => {
+                let dir = |ctrl: &str| {
+                    parents.iter().find(|p| p.parent().is_some_and(|c| c.ends_with(ctrl))).map(|p| p.join(id.as_str()))
+                };
+                let cpu_ns = read(dir("cpuacct")?.join("cpuacct.usage"))?.trim().parse().ok()?;
+                let memory_bytes = read(dir("memory")?.join("memory.usage_in_bytes"))?.trim().parse().ok()?;
+                Some(MeterReading { cpu_ns, memory_bytes })
+            }
+        }
+    }
+
     /// Removes moat's parent cgroups if no box uses them any more.
     pub fn remove_parents(&self) {
         let parents = match self {
@@ -204,6 +226,8 @@ impl CgroupLayout {
         if dirs.is_empty() {
             return Ok(());
         }
+        // Frozen processes (a suspended box) cannot act on SIGKILL until thawed.
+        self.thaw(id)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let pids = self.pids(id);

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use moat_agent::protocol::{AgentMsg, HostMsg};
 use moat_core::backend::Progress;
-use moat_core::{fault, AgentAddr, Backend, BackendError, BoxRecord, Change, Name};
+use moat_core::{fault, AgentAddr, Backend, BackendError, BoxRecord, Change, MeterReading, Name};
 
 use crate::pool::Pool;
 use crate::{identity, image};
@@ -187,6 +187,18 @@ impl Backend for NsBackend {
 
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))
+    }
+
+    fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups.freeze(&rec.id).map(|_| ()).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))
+    }
+
+    fn meter(&self, rec: &BoxRecord) -> Option<MeterReading> {
+        self.cgroups.meter(&rec.id)
+    }
+
+    fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
+        self.pool.exclusive_bytes(&rec.id)
     }
 }
 

@@ -102,6 +102,9 @@ mod tests {
             created_at: 0,
             parent: None,
             parent_name: None,
+            idle: None,
+            keep_running: false,
+            state_since: 0,
         }
     }
 

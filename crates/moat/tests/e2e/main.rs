@@ -15,6 +15,7 @@ mod fixture;
 mod forward;
 mod hygiene;
 mod isolation;
+mod lifecycle;
 mod pty;
 mod restart;
 mod storage;
@@ -77,6 +78,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("hygiene_only_public_keys", hygiene::only_public_keys),
     ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
     ("restart_loses_nothing", restart::restart_loses_nothing),
+    ("lifecycle_suspend_resume_stop_park_and_ledger", lifecycle::lifecycle),
     ("storage_dup_copies_and_makes_a_new_machine", storage::dup_copies_and_makes_a_new_machine),
     ("storage_dup_of_a_box_whose_processes_died", storage::dup_of_a_box_whose_processes_died),
     ("storage_diff_lists_changes", storage::diff_lists_changes),

@@ -130,7 +130,12 @@ pub fn bad_dups_create_nothing(env: &Env) {
     env.new_box(&taken, &["--image", "busybox"]);
     // Other tests add boxes meanwhile: look for what these dups would have made.
     let names = || -> Vec<String> {
-        json(env, &["ls", "--json"]).as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap().to_string()).collect()
+        json(env, &["ls", "--json"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["name"].as_str().unwrap().to_string())
+            .collect()
     };
     let out = env.alice(None, &["dup", &src, &taken]);
     assert_eq!(

@@ -5,11 +5,17 @@
 //! tokio's blocking pool; one lock per box keeps two sessions from booting the
 //! same box twice.
 
+mod meter;
+mod session;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use crate::backend::{AgentAddr, Backend, BackendError, Change};
+pub use meter::UsageReport;
+pub use session::SessionGuard;
+
+use crate::backend::{Backend, BackendError, Change};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::{Limits, LimitsError};
 use crate::record::{BoxRecord, BoxState};
@@ -67,22 +73,45 @@ pub const BUILDABLE_IMAGES: &[&str] = &["debian", "busybox"];
 /// Progress lines for long work, sent to whoever is waiting.
 pub type ProgressSink = Box<dyn FnMut(&str) + Send>;
 
+/// The operator's lifecycle settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ManagerConfig {
+    /// How long a box with no session keeps running before it is suspended
+    /// (unless the box sets its own).
+    pub idle_grace: Duration,
+    /// How long a box may stay suspended before its memory is released (it is
+    /// stopped; its files stay). `None`: never.
+    pub park_after: Option<Duration>,
+    /// How often the meter samples every box.
+    pub meter_interval: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self { idle_grace: Duration::from_secs(10), park_after: None, meter_interval: Duration::from_secs(30) }
+    }
+}
+
 /// Runs the lifecycle over a store and a backend.
 pub struct BoxManager {
     store: Store,
     backend: Arc<dyn Backend>,
+    config: ManagerConfig,
     box_locks: Mutex<HashMap<BoxId, Arc<tokio::sync::Mutex<()>>>>,
     image_lock: tokio::sync::Mutex<()>,
+    sessions: Mutex<HashMap<BoxId, session::Sessions>>,
 }
 
 impl BoxManager {
     /// A manager over `store` and `backend`.
-    pub fn new(store: Store, backend: Arc<dyn Backend>) -> Arc<Self> {
+    pub fn new(store: Store, backend: Arc<dyn Backend>, config: ManagerConfig) -> Arc<Self> {
         Arc::new(Self {
             store,
             backend,
+            config,
             box_locks: Mutex::new(HashMap::new()),
             image_lock: tokio::sync::Mutex::new(()),
+            sessions: Mutex::new(HashMap::new()),
         })
     }
 
@@ -133,7 +162,7 @@ impl BoxManager {
 
     /// Creates and boots a box. On any failure nothing is left behind.
     pub async fn create(
-        &self,
+        self: &Arc<Self>,
         account: &AccountId,
         spec: BoxSpec,
         progress: ProgressSink,
@@ -161,6 +190,7 @@ impl BoxManager {
                 rec.state = BoxState::Running;
                 rec.pid = Some(pid);
                 tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box created");
+                self.schedule_idle(&rec.id);
                 Ok(rec)
             }
             Ok(Err(e)) => {
@@ -174,31 +204,10 @@ impl BoxManager {
         }
     }
 
-    /// Returns the box's agent address, booting the box first if it is not running.
-    pub async fn ensure_running(&self, account: &AccountId, name: &Name) -> Result<AgentAddr, ManagerError> {
-        let rec = self.get(account, name)?;
-        let lock = self.lock_for(&rec.id);
-        let _guard = lock.lock().await;
-        // Re-read under the lock: another session may have booted or removed it.
-        let rec = self.get(account, name)?;
-        if rec.state == BoxState::Creating {
-            return Err(ManagerError::Busy(rec.name));
-        }
-        let r = rec.clone();
-        let (running, addr) = self.blocking(move |b| (b.is_running(&r), b.agent_addr(&r))).await?;
-        if !running {
-            let r = rec.clone();
-            let pid = self.blocking(move |b| b.start(&r)).await??;
-            self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
-            tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box booted");
-        }
-        Ok(addr)
-    }
-
     /// Duplicates `src` as `dst`: a copy of its filesystem as of now, booted with
     /// a fresh process tree and identity. On any failure (or a crash, rolled back
     /// by `recover`) no `dst` is left and `src` runs on untouched.
-    pub async fn dup(&self, account: &AccountId, src: &Name, dst: &Name) -> Result<BoxRecord, ManagerError> {
+    pub async fn dup(self: &Arc<Self>, account: &AccountId, src: &Name, dst: &Name) -> Result<BoxRecord, ManagerError> {
         let src = self.get(account, src)?;
         if self.store.get(account, dst)?.is_some() {
             return Err(StoreError::NameTaken(dst.clone()).into());
@@ -225,6 +234,7 @@ impl BoxManager {
                 rec.state = BoxState::Running;
                 rec.pid = Some(pid);
                 tracing::info!(box_id = %rec.id, name = %rec.name, parent = %src.name, pid, "box duplicated");
+                self.schedule_idle(&rec.id);
                 Ok(rec)
             }
             Ok(Err(e)) => {
@@ -273,6 +283,7 @@ impl BoxManager {
         let rec = self.get(account, name)?;
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
+        self.meter_box(&rec).await?;
         let r = rec.clone();
         self.blocking(move |b| {
             b.stop(&r)?;
@@ -280,14 +291,17 @@ impl BoxManager {
         })
         .await??;
         self.store.delete(&rec.id)?;
+        self.store.forget_meter(&rec.id)?;
         self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, "box removed");
         Ok(())
     }
 
-    /// Called once at start: rolls back boxes a crash left half-made and notes
-    /// which boxes are still running. Running boxes are not touched.
-    pub async fn recover(&self) -> Result<(), ManagerError> {
+    /// Called once at start: rolls back boxes a crash left half-made, notes
+    /// which boxes are still running, and starts the idle rule for them (no
+    /// session survives a restart). Suspended boxes stay suspended.
+    pub async fn recover(self: &Arc<Self>) -> Result<(), ManagerError> {
         for rec in self.store.list(None)? {
             let r = rec.clone();
             match rec.state {
@@ -310,15 +324,18 @@ impl BoxManager {
                         .await?;
                     let state = if running { BoxState::Running } else { BoxState::Stopped };
                     if state != rec.state {
+                        self.meter_box(&rec).await?;
                         self.store.set_state(&rec.id, state, rec.pid.filter(|_| running))?;
                     }
+                    if running {
+                        self.schedule_idle(&rec.id);
+                    }
                 }
+                BoxState::Suspended => {}
             }
         }
         Ok(())
     }
 }
 
-fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
+use crate::clock::now;

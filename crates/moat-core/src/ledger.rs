@@ -1,0 +1,206 @@
+//! The usage ledger: what each box consumed, from host-side counters only.
+//!
+//! The meter appends one row per box per interval (and at every state change,
+//! so each interval is billed to the state it was spent in). Raw counters that
+//! the meter last saw are kept too, so a daemon restart neither loses nor
+//! double-counts anything, and totals never run backwards.
+
+use rusqlite::{params, OptionalExtension};
+use serde::Serialize;
+
+use crate::ids::{AccountId, BoxId, Name};
+use crate::store::{Store, StoreError};
+
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS usage_samples (
+    at           INTEGER NOT NULL,
+    box_id       TEXT NOT NULL,
+    account      TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    cpu_ns       INTEGER NOT NULL,
+    mem_byte_ms  REAL NOT NULL,
+    running_ms   INTEGER NOT NULL,
+    suspended_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_by_account ON usage_samples (account, at);
+CREATE TABLE IF NOT EXISTS meter_state (
+    box_id      TEXT PRIMARY KEY,
+    last_cpu_ns INTEGER NOT NULL,
+    last_at_ms  INTEGER NOT NULL
+);
+";
+
+/// One interval of one box's consumption.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// End of the interval, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// CPU time used.
+    pub cpu_ns: u64,
+    /// Resident memory integrated over the interval.
+    pub mem_byte_ms: f64,
+    /// Time spent running.
+    pub running_ms: u64,
+    /// Time spent suspended.
+    pub suspended_ms: u64,
+}
+
+/// What the meter last read for a box.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeterState {
+    /// The box's cumulative CPU counter at that time.
+    pub last_cpu_ns: u64,
+    /// When, in milliseconds since the Unix epoch.
+    pub last_at_ms: u64,
+}
+
+/// Totals for one box over a period.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Usage {
+    /// The box's name at its latest sample.
+    pub name: Name,
+    /// CPU seconds.
+    pub cpu_seconds: f64,
+    /// Average resident memory times running time, in GiB-seconds.
+    pub memory_gib_seconds: f64,
+    /// Seconds running.
+    pub running_seconds: f64,
+    /// Seconds suspended.
+    pub suspended_seconds: f64,
+}
+
+impl Store {
+    /// What the meter last read for box `id`.
+    pub fn meter_state(&self, id: &BoxId) -> Result<Option<MeterState>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row("SELECT last_cpu_ns, last_at_ms FROM meter_state WHERE box_id = ?1", params![id.as_str()], |r| {
+                Ok(MeterState { last_cpu_ns: r.get::<_, i64>(0)? as u64, last_at_ms: r.get::<_, i64>(1)? as u64 })
+            })
+            .optional()?)
+    }
+
+    /// Records a sample and the new meter state, in one transaction.
+    pub fn record_usage(
+        &self,
+        id: &BoxId,
+        account: &AccountId,
+        name: &Name,
+        sample: &Sample,
+        state: MeterState,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                (sample.at_ms / 1000) as i64,
+                id.as_str(),
+                account.0,
+                name.as_str(),
+                sample.cpu_ns as i64,
+                sample.mem_byte_ms,
+                sample.running_ms as i64,
+                sample.suspended_ms as i64
+            ],
+        )?;
+        tx.execute(
+            "INSERT INTO meter_state (box_id, last_cpu_ns, last_at_ms) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (box_id) DO UPDATE SET last_cpu_ns = ?2, last_at_ms = ?3",
+            params![id.as_str(), state.last_cpu_ns as i64, state.last_at_ms as i64],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The account's usage per box since `since` (seconds since the epoch),
+    /// optionally for one box name only, ordered by name.
+    pub fn usage(&self, account: &AccountId, since: u64, name: Option<&Name>) -> Result<Vec<Usage>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT (SELECT s2.name FROM usage_samples s2 WHERE s2.box_id = s.box_id ORDER BY s2.at DESC, s2.rowid DESC LIMIT 1), \
+                    SUM(cpu_ns), SUM(mem_byte_ms), SUM(running_ms), SUM(suspended_ms) \
+             FROM usage_samples s WHERE account = ?1 AND at >= ?2 GROUP BY box_id",
+        )?;
+        let rows = stmt.query_map(params![account.0, since as i64], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, f64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (box_name, cpu, mem, running, suspended) = row?;
+            let Ok(box_name) = Name::new(&box_name) else { continue };
+            if name.is_some_and(|n| *n != box_name) {
+                continue;
+            }
+            out.push(Usage {
+                name: box_name,
+                cpu_seconds: cpu as f64 / 1e9,
+                memory_gib_seconds: mem / 1000.0 / f64::from(1u32 << 30),
+                running_seconds: running as f64 / 1000.0,
+                suspended_seconds: suspended as f64 / 1000.0,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Notes that box `id`'s CPU counter restarted from zero (it rebooted).
+    pub fn reset_meter_cpu(&self, id: &BoxId) -> Result<(), StoreError> {
+        self.conn().execute("UPDATE meter_state SET last_cpu_ns = 0 WHERE box_id = ?1", params![id.as_str()])?;
+        Ok(())
+    }
+
+    /// Forgets the meter's last reading of a removed box (its samples stay).
+    pub fn forget_meter(&self, id: &BoxId) -> Result<(), StoreError> {
+        self.conn().execute("DELETE FROM meter_state WHERE box_id = ?1", params![id.as_str()])?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_add_up_per_box_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let a = AccountId("a".into());
+        let (web, db) = (Name::new("web").unwrap(), Name::new("db").unwrap());
+        let (w, d) = (BoxId::random(), BoxId::random());
+        {
+            let store = Store::open(&path).unwrap();
+            let s = |at_ms, cpu_ns, running_ms, suspended_ms| Sample {
+                at_ms,
+                cpu_ns,
+                mem_byte_ms: (1u64 << 30) as f64 * running_ms as f64,
+                running_ms,
+                suspended_ms,
+            };
+            let st = MeterState { last_cpu_ns: 0, last_at_ms: 0 };
+            store.record_usage(&w, &a, &web, &s(1_000_000, 2_000_000_000, 10_000, 0), st).unwrap();
+            store.record_usage(&w, &a, &web, &s(2_000_000, 1_000_000_000, 0, 5_000), st).unwrap();
+            store.record_usage(&d, &a, &db, &s(3_000_000, 500_000_000, 1_000, 0), st).unwrap();
+            store.record_usage(&d, &AccountId("b".into()), &db, &s(3_000_000, 9, 9, 9), st).unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let all = store.usage(&a, 0, None).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].name, web);
+        assert_eq!(all[1].cpu_seconds, 3.0);
+        assert_eq!(all[1].running_seconds, 10.0);
+        assert_eq!(all[1].suspended_seconds, 5.0);
+        assert_eq!(all[1].memory_gib_seconds, 10.0);
+        // --since drops older samples; a name filter keeps one box.
+        let recent = store.usage(&a, 1_500, Some(&web)).unwrap();
+        assert_eq!(recent.len(), 1);
+        assert_eq!(recent[0].cpu_seconds, 1.0);
+    }
+}

@@ -1,0 +1,153 @@
+//! The meter: samples each box's host-side counters into the ledger, on a
+//! timer and at every state change, so that each interval is billed to the
+//! state it was spent in. Also parks boxes suspended for too long.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::{BoxManager, ManagerError};
+use crate::clock;
+use crate::ids::{AccountId, Name};
+use crate::ledger::{MeterState, Sample, Usage};
+use crate::record::{BoxRecord, BoxState};
+
+/// `usage`: per box, and the account's total.
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageReport {
+    /// One entry per box, removed boxes included.
+    pub boxes: Vec<BoxUsage>,
+    /// The sum over `boxes`.
+    pub total: Usage,
+}
+
+/// One box's usage, with its current disk use.
+#[derive(Debug, Clone, Serialize)]
+pub struct BoxUsage {
+    /// Counters over the period.
+    #[serde(flatten)]
+    pub usage: Usage,
+    /// Bytes written beyond the image now (`None` for a removed box).
+    pub disk_bytes: Option<u64>,
+}
+
+impl BoxManager {
+    /// Bills the time since the box's last sample to the state it is in now.
+    pub(super) async fn meter_box(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
+        let now_ms = clock::now_ms();
+        let last = self
+            .store
+            .meter_state(&rec.id)?
+            .unwrap_or(MeterState { last_cpu_ns: 0, last_at_ms: rec.created_at * 1000 });
+        let r = rec.clone();
+        let reading = self.blocking(move |b| b.meter(&r)).await?;
+        let dt = now_ms.saturating_sub(last.last_at_ms);
+        let cpu_now = reading.map(|r| r.cpu_ns);
+        let cpu = match cpu_now {
+            Some(c) if c >= last.last_cpu_ns => c - last.last_cpu_ns,
+            // A smaller counter is a new cgroup: the box rebooted since.
+            Some(c) => c,
+            None => 0,
+        };
+        let mut sample = Sample { at_ms: now_ms, cpu_ns: cpu, mem_byte_ms: 0.0, running_ms: 0, suspended_ms: 0 };
+        match rec.state {
+            BoxState::Running => {
+                sample.running_ms = dt;
+                sample.mem_byte_ms = reading.map_or(0.0, |r| r.memory_bytes as f64 * dt as f64);
+            }
+            BoxState::Suspended => sample.suspended_ms = dt,
+            BoxState::Stopped | BoxState::Creating => {}
+        }
+        let state = MeterState { last_cpu_ns: cpu_now.unwrap_or(0), last_at_ms: now_ms };
+        self.store.record_usage(&rec.id, &rec.account, &rec.name, &sample, state)?;
+        Ok(())
+    }
+
+    /// Samples every box, and parks boxes suspended past the operator's limit.
+    /// A box that fails is logged and skipped; the others are still served.
+    pub async fn meter_all(self: &Arc<Self>) -> Result<(), ManagerError> {
+        for rec in self.store.list(None)? {
+            if rec.state == BoxState::Creating {
+                continue;
+            }
+            if let Err(e) = self.meter_and_park(&rec).await {
+                tracing::warn!(box_id = %rec.id, name = %rec.name, error = %e, "meter pass failed for a box");
+            }
+        }
+        Ok(())
+    }
+
+    async fn meter_and_park(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        // Re-read under the lock; it may have changed or gone.
+        let Some(rec) = self.store.get_by_id(&rec.id)? else { return Ok(()) };
+        self.meter_box(&rec).await?;
+        let parked = self.config.park_after.is_some_and(|limit| {
+            rec.state == BoxState::Suspended && clock::now().saturating_sub(rec.state_since) >= limit.as_secs()
+        });
+        if parked {
+            tracing::info!(box_id = %rec.id, name = %rec.name, "parking a long-suspended box (memory released)");
+            self.stop_locked(&rec).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs the meter every `meter_interval` until the process ends.
+    pub fn spawn_meter(self: &Arc<Self>) {
+        let manager = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(manager.config.meter_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = manager.meter_all().await {
+                    tracing::warn!(error = %e, "meter pass failed");
+                }
+            }
+        });
+    }
+
+    /// The account's usage since `since` (seconds since the epoch), for one
+    /// box or all. Counters are brought up to date first.
+    pub async fn usage(
+        self: &Arc<Self>,
+        account: &AccountId,
+        since: u64,
+        name: Option<&Name>,
+    ) -> Result<UsageReport, ManagerError> {
+        let live = self.list(account)?;
+        if let Some(name) = name {
+            // Only live boxes are named; a removed box's history is in `usage`.
+            self.get(account, name)?;
+        }
+        for rec in live.iter().filter(|r| name.is_none_or(|n| *n == r.name)) {
+            let lock = self.lock_for(&rec.id);
+            let _guard = lock.lock().await;
+            if let Some(rec) = self.store.get_by_id(&rec.id)? {
+                self.meter_box(&rec).await?;
+            }
+        }
+        let mut boxes = Vec::new();
+        let mut total = Usage {
+            name: Name::new("total").map_err(|_| ManagerError::NameTooLong("total".into()))?,
+            cpu_seconds: 0.0,
+            memory_gib_seconds: 0.0,
+            running_seconds: 0.0,
+            suspended_seconds: 0.0,
+        };
+        for usage in self.store.usage(account, since, name)? {
+            let rec = live.iter().find(|r| r.name == usage.name).cloned();
+            let disk_bytes = match rec {
+                Some(r) => self.blocking(move |b| b.disk_usage(&r)).await?,
+                None => None,
+            };
+            total.cpu_seconds += usage.cpu_seconds;
+            total.memory_gib_seconds += usage.memory_gib_seconds;
+            total.running_seconds += usage.running_seconds;
+            total.suspended_seconds += usage.suspended_seconds;
+            boxes.push(BoxUsage { usage, disk_bytes });
+        }
+        Ok(UsageReport { boxes, total })
+    }
+}

@@ -1,0 +1,212 @@
+//! Sessions and the idle rule: a box runs while someone is connected to it,
+//! is suspended (its processes frozen, its meter stopped) a grace period after
+//! the last session ends, and is resumed by the next session. `stop`, `start`
+//! and the per-box settings live here too.
+
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use super::{BoxManager, ManagerError};
+use crate::backend::AgentAddr;
+use crate::ids::{AccountId, BoxId, Name};
+use crate::record::{BoxRecord, BoxState};
+
+/// Open sessions of one box.
+#[derive(Debug, Default)]
+pub(super) struct Sessions {
+    open: usize,
+    /// Bumped whenever the count changes, so a pending idle timer can tell that
+    /// it is stale.
+    generation: u64,
+}
+
+/// Held for as long as an SSH session (shell, exec, sftp, forward) uses a box;
+/// dropping the last one starts the box's idle timer.
+pub struct SessionGuard {
+    manager: Arc<BoxManager>,
+    id: BoxId,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        let generation = {
+            let mut sessions = self.manager.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+            // Gone if the box was removed meanwhile.
+            let Some(s) = sessions.get_mut(&self.id) else { return };
+            s.open = s.open.saturating_sub(1);
+            s.generation += 1;
+            (s.open == 0).then_some(s.generation)
+        };
+        if let Some(generation) = generation {
+            self.manager.idle_timer(self.id.clone(), generation);
+        }
+    }
+}
+
+impl BoxManager {
+    /// Opens a session on a box: resumes it if suspended, boots it if stopped,
+    /// and returns where its agent listens. The box stays up while the guard lives.
+    pub async fn open_session(
+        self: &Arc<Self>,
+        account: &AccountId,
+        name: &Name,
+    ) -> Result<(AgentAddr, SessionGuard), ManagerError> {
+        let rec = self.get(account, name)?;
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        // Re-read under the lock: another session may have changed it.
+        let rec = self.get(account, name)?;
+        if rec.state == BoxState::Creating {
+            return Err(ManagerError::Busy(rec.name));
+        }
+        let addr = self.bring_up(&rec).await?;
+        {
+            let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+            let s = sessions.entry(rec.id.clone()).or_default();
+            s.open += 1;
+            s.generation += 1;
+        }
+        Ok((addr, SessionGuard { manager: Arc::clone(self), id: rec.id }))
+    }
+
+    /// Makes a box run, whatever state it is in; the caller holds its lock.
+    async fn bring_up(&self, rec: &BoxRecord) -> Result<AgentAddr, ManagerError> {
+        if rec.state == BoxState::Suspended {
+            self.meter_box(rec).await?;
+            let r = rec.clone();
+            self.blocking(move |b| b.thaw(&r)).await??;
+            self.store.set_state(&rec.id, BoxState::Running, rec.pid)?;
+            tracing::info!(box_id = %rec.id, name = %rec.name, "box resumed");
+        }
+        let r = rec.clone();
+        let (running, addr) = self.blocking(move |b| (b.is_running(&r), b.agent_addr(&r))).await?;
+        if !running {
+            self.meter_box(rec).await?;
+            let r = rec.clone();
+            let pid = self.blocking(move |b| b.start(&r)).await??;
+            self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
+            // The new cgroup's CPU counter starts from zero.
+            self.store.reset_meter_cpu(&rec.id)?;
+            tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box booted");
+        }
+        Ok(addr)
+    }
+
+    /// Starts the idle timer of a box that has no session (after it is created,
+    /// started, or found running at daemon start).
+    pub(super) fn schedule_idle(self: &Arc<Self>, id: &BoxId) {
+        let generation = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+            let s = sessions.entry(id.clone()).or_default();
+            if s.open > 0 {
+                return;
+            }
+            s.generation += 1;
+            s.generation
+        };
+        self.idle_timer(id.clone(), generation);
+    }
+
+    fn idle_timer(self: &Arc<Self>, id: BoxId, generation: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let manager = Arc::clone(self);
+        runtime.spawn(async move {
+            let grace = match manager.store.get_by_id(&id) {
+                Ok(Some(rec)) => rec.idle.map_or(manager.config.idle_grace, |s| Duration::from_secs(u64::from(s))),
+                _ => return,
+            };
+            tokio::time::sleep(grace).await;
+            if let Err(e) = manager.suspend_if_idle(&id, generation).await {
+                tracing::warn!(box_id = %id, error = %e, "could not suspend an idle box");
+            }
+        });
+    }
+
+    async fn suspend_if_idle(&self, id: &BoxId, generation: u64) -> Result<(), ManagerError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let still_idle = {
+            let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+            sessions.get(id).is_none_or(|s| s.open == 0 && s.generation == generation)
+        };
+        let Some(rec) = self.store.get_by_id(id)? else { return Ok(()) };
+        if !still_idle || rec.state != BoxState::Running || rec.keep_running {
+            return Ok(());
+        }
+        self.meter_box(&rec).await?;
+        let r = rec.clone();
+        self.blocking(move |b| b.suspend(&r)).await??;
+        self.store.set_state(&rec.id, BoxState::Suspended, rec.pid)?;
+        tracing::info!(box_id = %rec.id, name = %rec.name, "box suspended (no session)");
+        Ok(())
+    }
+
+    /// Ends every process of a box; its files stay. The next session boots it.
+    pub async fn stop(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
+        let rec = self.get(account, name)?;
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        let rec = self.get(account, name)?;
+        self.stop_locked(&rec).await
+    }
+
+    pub(super) async fn stop_locked(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
+        if rec.state == BoxState::Creating {
+            return Err(ManagerError::Busy(rec.name.clone()));
+        }
+        self.meter_box(rec).await?;
+        let r = rec.clone();
+        self.blocking(move |b| b.stop(&r)).await??;
+        self.store.set_state(&rec.id, BoxState::Stopped, None)?;
+        tracing::info!(box_id = %rec.id, name = %rec.name, "box stopped");
+        Ok(())
+    }
+
+    /// Boots (or resumes) a box without a session; the idle rule then applies.
+    pub async fn start(self: &Arc<Self>, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
+        let rec = self.get(account, name)?;
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        let rec = self.get(account, name)?;
+        if rec.state == BoxState::Creating {
+            return Err(ManagerError::Busy(rec.name));
+        }
+        self.bring_up(&rec).await?;
+        self.schedule_idle(&rec.id);
+        Ok(())
+    }
+
+    /// Sets how long the box may go without a session before it is suspended.
+    pub async fn set_idle(
+        self: &Arc<Self>,
+        account: &AccountId,
+        name: &Name,
+        seconds: u32,
+    ) -> Result<(), ManagerError> {
+        let rec = self.get(account, name)?;
+        self.store.set_idle(&rec.id, Some(seconds))?;
+        self.schedule_idle(&rec.id);
+        Ok(())
+    }
+
+    /// Exempts a box from suspension (resuming it if it is suspended), or
+    /// subjects it to the idle rule again.
+    pub async fn set_keep_running(
+        self: &Arc<Self>,
+        account: &AccountId,
+        name: &Name,
+        on: bool,
+    ) -> Result<(), ManagerError> {
+        let rec = self.get(account, name)?;
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        self.store.set_keep_running(&rec.id, on)?;
+        if on && rec.state == BoxState::Suspended {
+            self.bring_up(&rec).await?;
+        }
+        if !on {
+            self.schedule_idle(&rec.id);
+        }
+        Ok(())
+    }
+}
