@@ -83,6 +83,8 @@ pub fn build(pool: &Pool, image: &Name, progress: Progress<'_>) -> Result<(), Im
         sys::subvolume_snapshot(&scratch, &pool.images_dir(), image.as_str(), true).map_err(io_err)
     });
     let _ = sys::subvolume_delete(&pool.images_dir(), &scratch_name);
+    // Dropping the scratch copy must leave box disk limits enforced.
+    let result = result.and_then(|()| Ok(pool.ensure_quotas()?));
     if result.is_ok() {
         progress(&format!("image {image}: ready"));
     }

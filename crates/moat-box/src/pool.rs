@@ -88,12 +88,36 @@ impl Pool {
         for dir in [pool.images_dir(), pool.boxes_dir()] {
             fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
         }
-        // Quotas cap each box's disk use; enabling them is idempotent.
-        run(Command::new("btrfs").args(["quota", "enable"]).arg(&pool.root), "btrfs quota enable")?;
+        pool.ensure_quotas()?;
         // Image files keep their owners and setuid bits; no host user may reach them.
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&pool.root, fs::Permissions::from_mode(0o700)).map_err(io_err("chmod", &pool.root))?;
         Ok(pool)
+    }
+
+    /// Turns quotas on (they cap each box's disk use) and keeps them exact.
+    ///
+    /// Deleting a large subvolume (an image's scratch copy, a big box) would by
+    /// default mark all quota numbers inconsistent rather than account for the
+    /// drop, and an inconsistent quota enforces no limit until a rescan. So the
+    /// pool does the accounting on every drop, and rescans if it finds the
+    /// numbers inconsistent anyway.
+    pub fn ensure_quotas(&self) -> Result<(), PoolError> {
+        run(Command::new("btrfs").args(["quota", "enable"]).arg(&self.root), "btrfs quota enable")?;
+        let Some(qgroups) = self.sysfs().map(|d| d.join("qgroups")) else { return Ok(()) };
+        let _ = fs::write(qgroups.join("drop_subtree_threshold"), "8");
+        if fs::read_to_string(qgroups.join("inconsistent")).is_ok_and(|s| s.trim() == "1") {
+            run(Command::new("btrfs").args(["quota", "rescan", "-w"]).arg(&self.root), "btrfs quota rescan")?;
+        }
+        Ok(())
+    }
+
+    /// The pool filesystem's directory in /sys/fs/btrfs.
+    fn sysfs(&self) -> Option<PathBuf> {
+        let out = Command::new("btrfs").args(["filesystem", "show"]).arg(&self.root).output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let uuid = text.split("uuid: ").nth(1)?.split_whitespace().next()?;
+        Some(PathBuf::from("/sys/fs/btrfs").join(uuid))
     }
 
     /// Where the pool is mounted.
