@@ -159,7 +159,14 @@ pub fn disk_limit_is_enforced_and_rm_frees(env: &Env) {
     let out = env
         .alice(Some(&name), &["dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; echo rc=$?; du -m /root/fill"])
         .ok();
-    assert!(out.stdout.contains("Disk quota exceeded"), "{}", out.stdout);
+    let pool = env.daemon.state_dir.join("pool");
+    let qgroups = || run(std::process::Command::new("btrfs").args(["qgroup", "show", "-re"]).arg(&pool)).stdout;
+    let inconsistent = || {
+        let show = run(std::process::Command::new("btrfs").args(["filesystem", "show"]).arg(&pool)).stdout;
+        let uuid = show.split("uuid: ").nth(1).unwrap_or("").split_whitespace().next().unwrap_or("").to_string();
+        std::fs::read_to_string(format!("/sys/fs/btrfs/{uuid}/qgroups/inconsistent")).unwrap_or_default()
+    };
+    assert!(out.stdout.contains("Disk quota exceeded"), "{}\ninconsistent: {}\n{}", out.stdout, inconsistent(), qgroups());
     let used: u64 = out.stdout.lines().last().unwrap().split_whitespace().next().unwrap().parse().unwrap();
     assert!(used <= 64, "wrote {used} MiB under a 64M limit");
     // The box still works, and freeing space inside it lets it write again.
@@ -181,7 +188,7 @@ pub fn dup_interrupted_leaves_nothing(env: &Env) {
         ssh(
             &daemon,
             Some("src"),
-            &["echo before > /root/f; (while true; do date +%s%N > /root/tick; sleep 0.05; done) >/dev/null 2>&1 &"],
+            &["echo before > /root/f; (while true; do echo . >> /root/tick; sleep 0.05; done) >/dev/null 2>&1 &"],
         )
         .ok();
         daemon.env = vec![("MOAT_FAULT".into(), point.into())];
@@ -197,7 +204,7 @@ pub fn dup_interrupted_leaves_nothing(env: &Env) {
         let subvolumes = std::fs::read_dir(daemon.state_dir.join("pool/boxes")).unwrap().count();
         assert_eq!(subvolumes, 1, "{point}: a half-made copy's filesystem is left");
         // The source is untouched and running: its loop still ticks.
-        let tick = |d: &Daemon| ssh(d, Some("src"), &["cat /root/tick"]).ok().stdout;
+        let tick = |d: &Daemon| ssh(d, Some("src"), &["wc -l < /root/tick"]).ok().stdout;
         let t1 = tick(&daemon);
         std::thread::sleep(std::time::Duration::from_millis(300));
         assert_ne!(tick(&daemon), t1, "{point}: the source is still frozen");
