@@ -97,14 +97,23 @@ impl Pool {
 
     /// Turns quotas on (they cap each box's disk use) and keeps them exact.
     ///
-    /// Deleting a large subvolume (an image's scratch copy, a big box) would by
-    /// default mark all quota numbers inconsistent rather than account for the
-    /// drop, and an inconsistent quota enforces no limit until a rescan. So the
-    /// pool does the accounting on every drop, and rescans if it finds the
-    /// numbers inconsistent anyway.
+    /// Simple quotas (Linux 6.7+) charge each extent to the subvolume that
+    /// wrote it, which is exactly a box's own disk use; snapshots and deletions
+    /// cost nothing and never make the numbers inconsistent. Full qgroups (older
+    /// kernels, or a pool made before) mark every number inconsistent when a
+    /// snapshot or a large deletion is too costly to account, and then enforce
+    /// no limit until a rescan: there the pool accounts every drop and rescans
+    /// when it finds the numbers inconsistent.
     pub fn ensure_quotas(&self) -> Result<(), PoolError> {
-        run(Command::new("btrfs").args(["quota", "enable"]).arg(&self.root), "btrfs quota enable")?;
-        let Some(qgroups) = self.sysfs().map(|d| d.join("qgroups")) else { return Ok(()) };
+        let qgroups = self.sysfs().map(|d| d.join("qgroups"));
+        let enabled = qgroups.as_ref().is_some_and(|q| fs::read_to_string(q.join("enabled")).is_ok_and(|s| s.trim() == "1"));
+        if !enabled && sys::quota_enable_simple(&self.root).is_err() {
+            run(Command::new("btrfs").args(["quota", "enable"]).arg(&self.root), "btrfs quota enable")?;
+        }
+        let Some(qgroups) = qgroups else { return Ok(()) };
+        if fs::read_to_string(qgroups.join("mode")).is_ok_and(|m| m.trim() == "squota") {
+            return Ok(());
+        }
         let _ = fs::write(qgroups.join("drop_subtree_threshold"), "8");
         if fs::read_to_string(qgroups.join("inconsistent")).is_ok_and(|s| s.trim() == "1") {
             run(Command::new("btrfs").args(["quota", "rescan", "-w"]).arg(&self.root), "btrfs quota rescan")?;

@@ -85,6 +85,33 @@ pub fn qgroup_limit_exclusive(path: &Path, bytes: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// `struct btrfs_ioctl_quota_ctl_args` (linux/btrfs.h).
+#[repr(C)]
+struct QuotaCtlArgs {
+    cmd: u64,
+    status: u64,
+}
+
+const BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA: u64 = 4;
+
+nix::ioctl_readwrite!(
+    /// BTRFS_IOC_QUOTA_CTL
+    btrfs_quota_ctl,
+    BTRFS_IOCTL_MAGIC,
+    40,
+    QuotaCtlArgs
+);
+
+/// Turns on simple quotas (Linux 6.7+) for the filesystem at `path`.
+pub fn quota_enable_simple(path: &Path) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    let mut args = QuotaCtlArgs { cmd: BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA, status: 0 };
+    // SAFETY: `args` is a fully initialised btrfs_ioctl_quota_ctl_args that
+    // outlives the call; `dir` is an open directory on the filesystem.
+    unsafe { btrfs_quota_ctl(dir.as_raw_fd(), &mut args) }?;
+    Ok(())
+}
+
 /// The ioctl numbers a box must not use (they would let it nest subvolumes the
 /// host then cannot delete with the box).
 pub const BTRFS_SUBVOLUME_IOCTLS: [u64; 4] = [

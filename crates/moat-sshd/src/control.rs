@@ -422,12 +422,22 @@ pub async fn run(
                 );
             };
             for b in &report.boxes {
-                line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), human_size));
+                line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), rounded_size));
             }
             line(&mut out, &report.total, String::new());
             Ok(out)
         }
     }
+}
+
+/// `10788864` → `10.3M`: a measured amount, to one decimal.
+fn rounded_size(bytes: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift {
+            return format!("{:.1}{unit}", bytes as f64 / f64::from(1u32 << (shift - 10)) / 1024.0);
+        }
+    }
+    bytes.to_string()
 }
 
 /// How the idle rule applies to a box, for `info`.
@@ -536,5 +546,8 @@ mod tests {
         assert_eq!(human_size(2 << 30), "2G");
         assert_eq!(human_size(512 << 20), "512M");
         assert_eq!(human_size(1000), "1000");
+        assert_eq!(rounded_size(10_788_864), "10.3M");
+        assert_eq!(rounded_size(3 << 30), "3.0G");
+        assert_eq!(rounded_size(512), "512");
     }
 }
