@@ -200,6 +200,27 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         dups.push((mib, Samples(times), cp));
     }
 
+    eprintln!("bench: first output byte from a running and from a suspended box, {n} times each");
+    let rs = Name::new("resume")?;
+    manager.create(&account, spec(rs.as_str())?, Box::new(|_: &str| {})).await?;
+    let mut running = Vec::new();
+    let mut resumed = Vec::new();
+    for _ in 0..n {
+        for (suspend_first, out) in [(false, &mut running), (true, &mut resumed)] {
+            if suspend_first {
+                manager.suspend(&account, &rs).await?;
+            }
+            let t = Instant::now();
+            let (addr, _session) = manager.open_session(&account, &rs).await?;
+            first_byte(&addr, "echo x").await?;
+            out.push(t.elapsed());
+        }
+    }
+    running.sort();
+    resumed.sort();
+    manager.remove(&account, &rs).await?;
+    let (running, resumed) = (Samples(running), Samples(resumed));
+
     let ratio = |a: &Samples, b: &Samples| a.pct(50).as_secs_f64() / b.pct(50).as_secs_f64();
     println!("| measurement ({n} runs) | p50 | p95 | peer | peer p50 | peer p95 | ratio (p50) |");
     println!("|---|---|---|---|---|---|---|");
@@ -216,6 +237,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     row("create box + run `true`", &create, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
     row("create box + run `true`", &create, "`unshare` (same namespaces) `true`", &unshare);
     row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
+    row("suspended box: session + first byte of `echo x`", &resumed, "running box, same", &running);
     for (mib, dup, cp) in &dups {
         row(
             &format!("`dup` of a box holding {mib} MiB ({} runs)", dup.0.len()),
@@ -243,6 +265,25 @@ async fn run_in_box(addr: &AgentAddr, command: &str) -> Result<()> {
         match reader.recv().await? {
             Some(AgentMsg::Exit(moat_agent::protocol::ExitStatus::Code(0))) => return Ok(()),
             Some(AgentMsg::Exit(status)) => bail!("{command:?} failed: {status:?}"),
+            Some(AgentMsg::Error(e)) => bail!("exec failed: {e}"),
+            Some(_) => {}
+            None => bail!("agent hung up"),
+        }
+    }
+}
+
+/// Runs `command` in the box and returns once its first output byte arrives.
+async fn first_byte(addr: &AgentAddr, command: &str) -> Result<()> {
+    let AgentAddr::Unix(path) = addr;
+    let stream = tokio::net::UnixStream::connect(path).await?;
+    let (read, mut write) = stream.into_split();
+    let req = ExecRequest { command: Some(command.as_bytes().to_vec()), ..Default::default() };
+    send(&mut write, &HostMsg::Exec(req)).await?;
+    let mut reader = AgentReader::new(read);
+    loop {
+        match reader.recv().await? {
+            Some(AgentMsg::Stdout(data)) if !data.is_empty() => return Ok(()),
+            Some(AgentMsg::Exit(status)) => bail!("{command:?} ended with no output: {status:?}"),
             Some(AgentMsg::Error(e)) => bail!("exec failed: {e}"),
             Some(_) => {}
             None => bail!("agent hung up"),

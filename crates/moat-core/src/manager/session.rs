@@ -133,11 +133,28 @@ impl BoxManager {
         if !still_idle || rec.state != BoxState::Running || rec.keep_running {
             return Ok(());
         }
-        self.meter_box(&rec).await?;
+        self.suspend_locked(&rec, "no session").await
+    }
+
+    /// Suspends a running box now, whatever its sessions (they resume it on
+    /// their next request to the box).
+    pub async fn suspend(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
+        let rec = self.get(account, name)?;
+        let lock = self.lock_for(&rec.id);
+        let _guard = lock.lock().await;
+        let rec = self.get(account, name)?;
+        if rec.state != BoxState::Running {
+            return Ok(());
+        }
+        self.suspend_locked(&rec, "asked").await
+    }
+
+    async fn suspend_locked(&self, rec: &BoxRecord, why: &str) -> Result<(), ManagerError> {
+        self.meter_box(rec).await?;
         let r = rec.clone();
         self.blocking(move |b| b.suspend(&r)).await??;
         self.store.set_state(&rec.id, BoxState::Suspended, rec.pid)?;
-        tracing::info!(box_id = %rec.id, name = %rec.name, "box suspended (no session)");
+        tracing::info!(box_id = %rec.id, name = %rec.name, why, "box suspended");
         Ok(())
     }
 
