@@ -98,6 +98,12 @@ impl BoxId {
     }
 }
 
+impl AsRef<str> for BoxId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for BoxId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(&self.0)

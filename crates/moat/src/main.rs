@@ -43,7 +43,11 @@ enum Cmd {
     },
     /// (internal) start one box from a plan on stdin; run by the daemon.
     #[command(hide = true)]
-    BoxSpawn,
+    BoxSpawn {
+        /// cgroup.procs files to join before reading the plan (a spare helper).
+        #[arg(long, num_args = 1..)]
+        join: Vec<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -74,7 +78,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         // The helper must stay single-threaded: no runtime, no logging threads.
-        Cmd::BoxSpawn => std::process::exit(moat_box::ns::enforce::helper_main()),
+        Cmd::BoxSpawn { join } => std::process::exit(moat_box::ns::enforce::helper_main(&join)),
         Cmd::Serve(args) => serve::run(args),
         Cmd::Image { command } => image(command),
         Cmd::Doctor { state_dir } => doctor::run(&state_dir),

@@ -9,7 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use moat_core::{BoxId, Limits, MeterReading};
+use moat_core::{Limits, MeterReading};
 use serde::{Deserialize, Serialize};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -74,28 +74,65 @@ impl CgroupLayout {
     }
 
     /// The box's cgroup directories (one on v2, one per controller on v1).
-    pub fn dirs(&self, id: &BoxId) -> Vec<PathBuf> {
+    pub fn dirs(&self, id: &(impl AsRef<str> + ?Sized)) -> Vec<PathBuf> {
         match self {
-            Self::V2 { parent } => vec![parent.join(id.as_str())],
-            Self::V1 { parents } => parents.iter().map(|p| p.join(id.as_str())).collect(),
+            Self::V2 { parent } => vec![parent.join(id.as_ref())],
+            Self::V1 { parents } => parents.iter().map(|p| p.join(id.as_ref())).collect(),
         }
     }
 
     /// The files a process writes its pid to in order to join the box.
-    pub fn procs_files(&self, id: &BoxId) -> Vec<PathBuf> {
+    pub fn procs_files(&self, id: &(impl AsRef<str> + ?Sized)) -> Vec<PathBuf> {
         self.dirs(id).into_iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
     /// Creates the box's cgroups with its limits.
-    pub fn create(&self, id: &BoxId, limits: &Limits) -> Result<(), CgroupError> {
+    pub fn create(&self, id: &(impl AsRef<str> + ?Sized), limits: &Limits) -> Result<(), CgroupError> {
         for dir in self.dirs(id) {
             // The parent may have been removed by `remove_parents` since `detect`.
             fs::create_dir_all(&dir).map_err(|source| CgroupError { path: dir.clone(), source })?;
         }
+        self.set_limits(id, limits)
+    }
+
+    /// Gives cgroup `from` (with its processes) the name `to`.
+    pub fn rename(&self, from: &str, to: &(impl AsRef<str> + ?Sized)) -> Result<(), CgroupError> {
+        for (old, new) in self.dirs(from).into_iter().zip(self.dirs(to)) {
+            // Co-mounted controllers (cpu,cpuacct) share one directory: renamed already.
+            if !old.exists() && new.exists() {
+                continue;
+            }
+            fs::rename(&old, &new).map_err(|source| CgroupError { path: old, source })?;
+        }
+        Ok(())
+    }
+
+    /// Moat's cgroups whose names start with `prefix`.
+    pub fn named_with_prefix(&self, prefix: &str) -> Vec<String> {
+        let parent = match self {
+            Self::V2 { parent } => parent,
+            Self::V1 { parents } => match parents.first() {
+                Some(p) => p,
+                None => return Vec::new(),
+            },
+        };
+        fs::read_dir(parent)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with(prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Writes the limits of an existing cgroup.
+    pub fn set_limits(&self, id: &(impl AsRef<str> + ?Sized), limits: &Limits) -> Result<(), CgroupError> {
         let quota = u64::from(limits.cpus) * CPU_PERIOD_US;
         match self {
             Self::V2 { parent } => {
-                let dir = parent.join(id.as_str());
+                let dir = parent.join(id.as_ref());
                 write(&dir.join("memory.max"), &limits.memory.to_string())?;
                 if dir.join("memory.swap.max").exists() {
                     write(&dir.join("memory.swap.max"), "0")?;
@@ -105,7 +142,7 @@ impl CgroupLayout {
             }
             Self::V1 { parents } => {
                 for parent in parents {
-                    let dir = parent.join(id.as_str());
+                    let dir = parent.join(id.as_ref());
                     let set = |file: &str, value: &str| write(&dir.join(file), value);
                     if dir.join("memory.limit_in_bytes").exists() {
                         set("memory.limit_in_bytes", &limits.memory.to_string())?;
@@ -127,14 +164,14 @@ impl CgroupLayout {
     }
 
     /// The directory holding the box's freezer, and the file that freezes it.
-    fn freezer(&self, id: &BoxId) -> (PathBuf, &'static str) {
+    fn freezer(&self, id: &(impl AsRef<str> + ?Sized)) -> (PathBuf, &'static str) {
         match self {
-            Self::V2 { parent } => (parent.join(id.as_str()), "cgroup.freeze"),
+            Self::V2 { parent } => (parent.join(id.as_ref()), "cgroup.freeze"),
             Self::V1 { parents } => {
                 let dir = parents
                     .iter()
                     .find(|p| p.parent().is_some_and(|c| c.ends_with("freezer")))
-                    .map(|p| p.join(id.as_str()))
+                    .map(|p| p.join(id.as_ref()))
                     .unwrap_or_default();
                 (dir, "freezer.state")
             }
@@ -143,7 +180,7 @@ impl CgroupLayout {
 
     /// Freezes every process of the box and waits until they are all stopped.
     /// Returns `false` (and does nothing) if the box has no cgroup (not running).
-    pub fn freeze(&self, id: &BoxId) -> Result<bool, CgroupError> {
+    pub fn freeze(&self, id: &(impl AsRef<str> + ?Sized)) -> Result<bool, CgroupError> {
         let (dir, file) = self.freezer(id);
         if !dir.exists() {
             return Ok(false);
@@ -169,7 +206,7 @@ impl CgroupLayout {
     }
 
     /// Lets the box's processes run again; a no-op if it is not frozen or has no cgroup.
-    pub fn thaw(&self, id: &BoxId) -> Result<(), CgroupError> {
+    pub fn thaw(&self, id: &(impl AsRef<str> + ?Sized)) -> Result<(), CgroupError> {
         let (dir, file) = self.freezer(id);
         if !dir.exists() {
             return Ok(());
@@ -178,11 +215,11 @@ impl CgroupLayout {
     }
 
     /// The box's CPU time and resident memory, if its cgroup exists.
-    pub fn meter(&self, id: &BoxId) -> Option<MeterReading> {
+    pub fn meter(&self, id: &(impl AsRef<str> + ?Sized)) -> Option<MeterReading> {
         let read = |path: PathBuf| fs::read_to_string(path).ok();
         match self {
             Self::V2 { parent } => {
-                let dir = parent.join(id.as_str());
+                let dir = parent.join(id.as_ref());
                 let stat = read(dir.join("cpu.stat"))?;
                 let usec: u64 = stat.lines().find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())?;
                 let memory = read(dir.join("memory.current"))?.trim().parse().ok()?;
@@ -190,7 +227,7 @@ impl CgroupLayout {
             }
             Self::V1 { parents } => {
                 let dir = |ctrl: &str| {
-                    parents.iter().find(|p| p.parent().is_some_and(|c| c.ends_with(ctrl))).map(|p| p.join(id.as_str()))
+                    parents.iter().find(|p| p.parent().is_some_and(|c| c.ends_with(ctrl))).map(|p| p.join(id.as_ref()))
                 };
                 let cpu_ns = read(dir("cpuacct")?.join("cpuacct.usage"))?.trim().parse().ok()?;
                 let memory_bytes = read(dir("memory")?.join("memory.usage_in_bytes"))?.trim().parse().ok()?;
@@ -212,7 +249,7 @@ impl CgroupLayout {
     }
 
     /// The host pids in the box's cgroup.
-    pub fn pids(&self, id: &BoxId) -> Vec<i32> {
+    pub fn pids(&self, id: &(impl AsRef<str> + ?Sized)) -> Vec<i32> {
         let Some(procs) = self.procs_files(id).into_iter().next() else {
             return Vec::new();
         };
@@ -221,7 +258,7 @@ impl CgroupLayout {
 
     /// Kills every process in the box and removes its cgroups. Missing cgroups are
     /// not an error, so this also finishes a removal that was interrupted.
-    pub fn destroy(&self, id: &BoxId) -> Result<(), CgroupError> {
+    pub fn destroy(&self, id: &(impl AsRef<str> + ?Sized)) -> Result<(), CgroupError> {
         let dirs: Vec<PathBuf> = self.dirs(id).into_iter().filter(|d| d.exists()).collect();
         if dirs.is_empty() {
             return Ok(());

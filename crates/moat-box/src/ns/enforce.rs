@@ -52,8 +52,19 @@ fn cpath(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
-/// Entry point of `moat box-spawn`: reads a JSON plan on stdin, prints the pid.
-pub fn helper_main() -> i32 {
+/// Entry point of `moat box-spawn`: joins the cgroups in `join` (if any) and
+/// says so on stdout, then reads a JSON plan on stdin and prints the pid.
+pub fn helper_main(join: &[std::path::PathBuf]) -> i32 {
+    if !join.is_empty() {
+        let me = std::process::id().to_string();
+        for procs in join {
+            if let Err(e) = std::fs::write(procs, &me) {
+                eprintln!("join {}: {e}", procs.display());
+                return 1;
+            }
+        }
+        println!("{}", super::spare::READY);
+    }
     let mut input = String::new();
     let plan: SpawnPlan = match io::stdin()
         .read_to_string(&mut input)

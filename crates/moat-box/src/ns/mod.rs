@@ -6,10 +6,12 @@ pub mod cgroup;
 pub mod enforce;
 pub mod plan;
 pub mod seccomp;
+pub mod spare;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -21,6 +23,7 @@ use crate::pool::Pool;
 use crate::{identity, image};
 use cgroup::CgroupLayout;
 use plan::SpawnPlan;
+use spare::Spare;
 
 /// Where the backend finds its helper and the agent.
 #[derive(Debug, Clone)]
@@ -38,15 +41,18 @@ pub struct NsBackend {
     pool: Pool,
     cgroups: CgroupLayout,
     config: NsConfig,
+    /// The next `start`'s helper, already in a cgroup (see [`spare`]).
+    spare: Arc<Mutex<Option<Spare>>>,
 }
 
 impl NsBackend {
     /// A backend over `pool` with the host's cgroup layout.
     pub fn new(pool: Pool, config: NsConfig) -> Result<Self, BackendError> {
         let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
+        spare::remove_stale(&cgroups);
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
-        Ok(Self { pool, cgroups, config })
+        Ok(Self { pool, cgroups, config, spare: Arc::default() })
     }
 
     /// The storage pool.
@@ -56,7 +62,35 @@ impl NsBackend {
 
     /// Gives the pool back, e.g. to unmount it.
     pub fn into_pool(self) -> Pool {
+        if let Some(spare) = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            spare.discard(&self.cgroups);
+        }
         self.pool
+    }
+
+    /// Prepares the next spare helper in the background, if there is none.
+    fn refill_spare(&self) {
+        let (slot, cgroups, helper) = (Arc::clone(&self.spare), self.cgroups.clone(), self.config.helper.clone());
+        std::thread::spawn(move || {
+            if slot.lock().unwrap_or_else(PoisonError::into_inner).is_some() {
+                return;
+            }
+            match Spare::prepare(&cgroups, &helper) {
+                Ok(spare) => {
+                    let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+                    match slot.take() {
+                        // Another refill won the race; keep one.
+                        Some(other) => {
+                            *slot = Some(other);
+                            drop(slot);
+                            spare.discard(&cgroups);
+                        }
+                        None => *slot = Some(spare),
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not prepare a spare helper"),
+            }
+        });
     }
 
     /// The cgroup layout in use.
@@ -128,15 +162,23 @@ impl Backend for NsBackend {
         std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
         // A previous boot's processes (if any) must be gone before a new PID 1.
         self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
+        let spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.refill_spare();
+        let plan = |cgroup_procs| {
+            SpawnPlan::for_box(rec, self.pool.box_path(&rec.id), cgroup_procs, self.socket_path(rec), self.config.agent.clone())
+        };
+        if let Some(spare) = spare {
+            // The spare's helper is in the cgroup already: it joins nothing.
+            match spare.launch(&self.cgroups, &rec.id, &rec.limits, &plan(Vec::new())) {
+                Ok(pid) => return Ok(pid),
+                Err(e) => {
+                    tracing::warn!(box_id = %rec.id, error = %e, "spare helper failed; starting without it");
+                    self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear cgroup", e))?;
+                }
+            }
+        }
         self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
-        let plan = SpawnPlan::for_box(
-            rec,
-            self.pool.box_path(&rec.id),
-            self.cgroups.procs_files(&rec.id),
-            self.socket_path(rec),
-            self.config.agent.clone(),
-        );
-        self.run_helper(&plan).inspect_err(|_| {
+        self.run_helper(&plan(self.cgroups.procs_files(&rec.id))).inspect_err(|_| {
             let _ = self.cgroups.destroy(&rec.id);
         })
     }

@@ -1,0 +1,115 @@
+//! A warm spare for `start`.
+//!
+//! Moving a process into a cgroup takes the cgroup threadgroup lock for
+//! writing, which waits for an RCU grace period: 4-20 ms on a cgroup v1 host,
+//! half the cost of creating a box. So the backend keeps one helper already
+//! started and parked in a spare cgroup. `start` renames that cgroup to the
+//! box's (a rename is cheap), writes the box's limits, and hands the helper its
+//! plan; a new spare is prepared in the background.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use moat_core::{BackendError, BoxId, Limits};
+
+use super::cgroup::CgroupLayout;
+use super::plan::SpawnPlan;
+
+/// Names of spare cgroups start with this (box ids are hex, so never do).
+pub const PREFIX: &str = "spare-";
+
+/// What a helper prints once it has joined its cgroups.
+pub const READY: &str = "ready";
+
+/// A helper waiting, inside its own cgroup, for a plan.
+pub struct Spare {
+    name: String,
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Spare {
+    /// Starts a helper in a new spare cgroup and waits until it has joined it.
+    pub fn prepare(cgroups: &CgroupLayout, helper: &Path) -> Result<Self, BackendError> {
+        let mut id = [0u8; 6];
+        let _ = getrandom::fill(&mut id);
+        let name = format!("{PREFIX}{}", hex::encode(id));
+        cgroups.create(&name, &Limits::default()).map_err(|e| BackendError::new("create spare cgroup", e))?;
+        let spawned = Command::new(helper)
+            .arg("box-spawn")
+            .arg("--join")
+            .args(cgroups.procs_files(&name))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = cgroups.destroy(&name);
+                return Err(BackendError::new(format!("run {}", helper.display()), e));
+            }
+        };
+        let Some(stdout) = child.stdout.take() else {
+            return Err(discard(cgroups, &name, child, "no stdout"));
+        };
+        let mut stdout = BufReader::new(stdout);
+        let mut line = String::new();
+        if stdout.read_line(&mut line).is_err() || line.trim() != READY {
+            return Err(discard(cgroups, &name, child, "helper did not join its cgroup"));
+        }
+        Ok(Self { name, child, stdout })
+    }
+
+    /// Makes the spare's cgroup box `id`'s, with its limits, and starts the box
+    /// from `plan`. Returns the host pid of the box's PID 1.
+    pub fn launch(self, cgroups: &CgroupLayout, id: &BoxId, limits: &Limits, plan: &SpawnPlan) -> Result<u32, BackendError> {
+        let Self { name, mut child, mut stdout } = self;
+        let handed_over = cgroups
+            .rename(&name, id)
+            .and_then(|()| cgroups.set_limits(id, limits))
+            .map_err(|e| BackendError::new("take over spare cgroup", e));
+        if let Err(e) = handed_over {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = cgroups.destroy(&name);
+            return Err(e);
+        }
+        let json = serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(&json).map_err(|e| BackendError::new("send spawn plan", e))?;
+        }
+        let mut out = String::new();
+        let _ = stdout.read_to_string(&mut out);
+        let mut err = String::new();
+        if let Some(mut stderr) = child.stderr.take() {
+            let _ = stderr.read_to_string(&mut err);
+        }
+        let status = child.wait().map_err(|e| BackendError::new("wait for box-spawn", e))?;
+        match out.trim().parse::<u32>() {
+            Ok(pid) if status.success() => Ok(pid),
+            _ => Err(BackendError::msg(format!("box did not start: {}", err.trim()))),
+        }
+    }
+
+    /// Ends the helper and removes its cgroup.
+    pub fn discard(self, cgroups: &CgroupLayout) {
+        let _ = discard(cgroups, &self.name, self.child, "discarded");
+    }
+}
+
+fn discard(cgroups: &CgroupLayout, name: &str, mut child: Child, why: &str) -> BackendError {
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = cgroups.destroy(name);
+    BackendError::msg(format!("spare helper: {why}"))
+}
+
+/// Removes spare cgroups left by a daemon that exited (their helpers end when
+/// the daemon does).
+pub fn remove_stale(cgroups: &CgroupLayout) {
+    for name in cgroups.named_with_prefix(PREFIX) {
+        let _ = cgroups.destroy(name.as_str());
+    }
+}
