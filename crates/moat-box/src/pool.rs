@@ -106,7 +106,8 @@ impl Pool {
     /// when it finds the numbers inconsistent.
     pub fn ensure_quotas(&self) -> Result<(), PoolError> {
         let qgroups = self.sysfs().map(|d| d.join("qgroups"));
-        let enabled = qgroups.as_ref().is_some_and(|q| fs::read_to_string(q.join("enabled")).is_ok_and(|s| s.trim() == "1"));
+        let enabled =
+            qgroups.as_ref().is_some_and(|q| fs::read_to_string(q.join("enabled")).is_ok_and(|s| s.trim() == "1"));
         if !enabled && sys::quota_enable_simple(&self.root).is_err() {
             run(Command::new("btrfs").args(["quota", "enable"]).arg(&self.root), "btrfs quota enable")?;
         }

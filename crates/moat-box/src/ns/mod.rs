@@ -11,8 +11,8 @@ pub mod spare;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use moat_agent::protocol::{AgentMsg, HostMsg};
@@ -165,7 +165,13 @@ impl Backend for NsBackend {
         let spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
         self.refill_spare();
         let plan = |cgroup_procs| {
-            SpawnPlan::for_box(rec, self.pool.box_path(&rec.id), cgroup_procs, self.socket_path(rec), self.config.agent.clone())
+            SpawnPlan::for_box(
+                rec,
+                self.pool.box_path(&rec.id),
+                cgroup_procs,
+                self.socket_path(rec),
+                self.config.agent.clone(),
+            )
         };
         if let Some(spare) = spare {
             // The spare's helper is in the cgroup already: it joins nothing.

@@ -64,7 +64,13 @@ impl Spare {
 
     /// Makes the spare's cgroup box `id`'s, with its limits, and starts the box
     /// from `plan`. Returns the host pid of the box's PID 1.
-    pub fn launch(self, cgroups: &CgroupLayout, id: &BoxId, limits: &Limits, plan: &SpawnPlan) -> Result<u32, BackendError> {
+    pub fn launch(
+        self,
+        cgroups: &CgroupLayout,
+        id: &BoxId,
+        limits: &Limits,
+        plan: &SpawnPlan,
+    ) -> Result<u32, BackendError> {
         let Self { name, mut child, mut stdout } = self;
         let handed_over = cgroups
             .rename(&name, id)

@@ -166,7 +166,13 @@ pub fn disk_limit_is_enforced_and_rm_frees(env: &Env) {
         let uuid = show.split("uuid: ").nth(1).unwrap_or("").split_whitespace().next().unwrap_or("").to_string();
         std::fs::read_to_string(format!("/sys/fs/btrfs/{uuid}/qgroups/inconsistent")).unwrap_or_default()
     };
-    assert!(out.stdout.contains("Disk quota exceeded"), "{}\ninconsistent: {}\n{}", out.stdout, inconsistent(), qgroups());
+    assert!(
+        out.stdout.contains("Disk quota exceeded"),
+        "{}\ninconsistent: {}\n{}",
+        out.stdout,
+        inconsistent(),
+        qgroups()
+    );
     let used: u64 = out.stdout.lines().last().unwrap().split_whitespace().next().unwrap().parse().unwrap();
     assert!(used <= 64, "wrote {used} MiB under a 64M limit");
     // The box still works, and freeing space inside it lets it write again.
