@@ -253,14 +253,18 @@ async fn run_true(addr: &AgentAddr) -> Result<()> {
     run_in_box(addr, "true").await
 }
 
-/// Runs `command` in the box through its agent and waits for it to succeed.
-async fn run_in_box(addr: &AgentAddr, command: &str) -> Result<()> {
+/// Starts `command` in the box through its agent; returns the reply stream.
+async fn exec(addr: &AgentAddr, command: &str) -> Result<AgentReader<tokio::net::unix::OwnedReadHalf>> {
     let AgentAddr::Unix(path) = addr;
-    let stream = tokio::net::UnixStream::connect(path).await?;
-    let (read, mut write) = stream.into_split();
+    let (read, mut write) = tokio::net::UnixStream::connect(path).await?.into_split();
     let req = ExecRequest { command: Some(command.as_bytes().to_vec()), ..Default::default() };
     send(&mut write, &HostMsg::Exec(req)).await?;
-    let mut reader = AgentReader::new(read);
+    Ok(AgentReader::new(read))
+}
+
+/// Runs `command` in the box and waits for it to succeed.
+async fn run_in_box(addr: &AgentAddr, command: &str) -> Result<()> {
+    let mut reader = exec(addr, command).await?;
     loop {
         match reader.recv().await? {
             Some(AgentMsg::Exit(moat_agent::protocol::ExitStatus::Code(0))) => return Ok(()),
@@ -274,12 +278,7 @@ async fn run_in_box(addr: &AgentAddr, command: &str) -> Result<()> {
 
 /// Runs `command` in the box and returns once its first output byte arrives.
 async fn first_byte(addr: &AgentAddr, command: &str) -> Result<()> {
-    let AgentAddr::Unix(path) = addr;
-    let stream = tokio::net::UnixStream::connect(path).await?;
-    let (read, mut write) = stream.into_split();
-    let req = ExecRequest { command: Some(command.as_bytes().to_vec()), ..Default::default() };
-    send(&mut write, &HostMsg::Exec(req)).await?;
-    let mut reader = AgentReader::new(read);
+    let mut reader = exec(addr, command).await?;
     loop {
         match reader.recv().await? {
             Some(AgentMsg::Stdout(data)) if !data.is_empty() => return Ok(()),

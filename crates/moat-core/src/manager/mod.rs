@@ -172,36 +172,45 @@ impl BoxManager {
             return Err(StoreError::NameTaken(spec.name).into());
         }
         self.ensure_image(&spec.image, progress).await?;
-        let mut rec = self.store.insert_new(account, &spec.name, &spec.image, spec.limits, now())?;
+        let rec = self.store.insert_new(account, &spec.name, &spec.image, spec.limits, now())?;
+        let rec = self
+            .finish_new(rec, |b, r| {
+                b.create(r)?;
+                b.start(r).inspect_err(|_| {
+                    let _ = b.destroy(r);
+                })
+            })
+            .await?;
+        tracing::info!(box_id = %rec.id, name = %rec.name, pid = ?rec.pid, "box created");
+        Ok(rec)
+    }
+
+    /// Makes and boots a box just inserted in state `creating` (with `make`, which
+    /// undoes its own work on failure), then records it running, or forgets it.
+    async fn finish_new(
+        self: &Arc<Self>,
+        mut rec: BoxRecord,
+        make: impl FnOnce(&dyn Backend, &BoxRecord) -> Result<u32, BackendError> + Send + 'static,
+    ) -> Result<BoxRecord, ManagerError> {
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
         let r = rec.clone();
-        let booted = self
-            .blocking(move |b| {
-                b.create(&r)?;
-                b.start(&r).inspect_err(|_| {
-                    let _ = b.destroy(&r);
-                })
-            })
-            .await;
-        match booted {
-            Ok(Ok(pid)) => {
-                self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
-                rec.state = BoxState::Running;
-                rec.pid = Some(pid);
-                tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box created");
-                self.schedule_idle(&rec.id);
-                Ok(rec)
-            }
+        let pid = match self.blocking(move |b| make(b, &r)).await {
+            Ok(Ok(pid)) => pid,
             Ok(Err(e)) => {
                 self.store.delete(&rec.id)?;
-                Err(e.into())
+                return Err(e.into());
             }
             Err(e) => {
                 self.store.delete(&rec.id)?;
-                Err(e)
+                return Err(e);
             }
-        }
+        };
+        self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
+        rec.state = BoxState::Running;
+        rec.pid = Some(pid);
+        self.schedule_idle(&rec.id);
+        Ok(rec)
     }
 
     /// Duplicates `src` as `dst`: a copy of its filesystem as of now, booted with
@@ -218,34 +227,18 @@ impl BoxManager {
         if src.state == BoxState::Creating {
             return Err(ManagerError::Busy(src.name));
         }
-        let mut rec = self.store.insert_dup(&src, dst, now())?;
-        let (s, d) = (src.clone(), rec.clone());
-        let booted = self
-            .blocking(move |b| {
-                b.dup(&s, &d)?;
-                b.start(&d).inspect_err(|_| {
-                    let _ = b.destroy(&d);
+        let rec = self.store.insert_dup(&src, dst, now())?;
+        let s = src.clone();
+        let rec = self
+            .finish_new(rec, move |b, d| {
+                b.dup(&s, d)?;
+                b.start(d).inspect_err(|_| {
+                    let _ = b.destroy(d);
                 })
             })
-            .await;
-        match booted {
-            Ok(Ok(pid)) => {
-                self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
-                rec.state = BoxState::Running;
-                rec.pid = Some(pid);
-                tracing::info!(box_id = %rec.id, name = %rec.name, parent = %src.name, pid, "box duplicated");
-                self.schedule_idle(&rec.id);
-                Ok(rec)
-            }
-            Ok(Err(e)) => {
-                self.store.delete(&rec.id)?;
-                Err(e.into())
-            }
-            Err(e) => {
-                self.store.delete(&rec.id)?;
-                Err(e)
-            }
-        }
+            .await?;
+        tracing::info!(box_id = %rec.id, name = %rec.name, parent = %src.name, pid = ?rec.pid, "box duplicated");
+        Ok(rec)
     }
 
     /// What changed in `b` relative to `a`.
