@@ -27,7 +27,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
             CgroupLayout::V2 { parent } => {
                 format!("cgroup v2 (boxes under {})", parent.display())
             }
-            CgroupLayout::V1 { .. } => "hybrid host: cgroup v1 memory, pids, cpu and freezer".into(),
+            CgroupLayout::V1 { .. } => "hybrid host: cgroup v1 memory, pids, cpu, cpuacct and freezer".into(),
         }),
     );
     check(

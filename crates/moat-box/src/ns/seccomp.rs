@@ -89,10 +89,15 @@ const DENIED: &[libc::c_long] = &[
     libc::SYS_io_uring_enter,
     libc::SYS_io_uring_register,
     libc::SYS_mbind,
+    libc::SYS_get_mempolicy,
+    libc::SYS_memfd_secret,
     libc::SYS_set_mempolicy,
     libc::SYS_move_pages,
     libc::SYS_migrate_pages,
 ];
+
+/// `personality` values a box may set.
+const ALLOWED_PERSONALITIES: [u32; 5] = [0x0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
 
 /// `clone` flags that would make new namespaces.
 const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
@@ -159,6 +164,16 @@ pub fn filter() -> Vec<sock_filter> {
             stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
         ],
     );
+    // personality: only the values Docker allows (Linux, UNAME26, 32-bit
+    // address space, and the query), not e.g. ADDR_NO_RANDOMIZE.
+    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(0))];
+    for (i, persona) in ALLOWED_PERSONALITIES.iter().enumerate() {
+        let to_allow = u8::try_from(ALLOWED_PERSONALITIES.len() - i).unwrap_or(u8::MAX);
+        block.push(jump(BPF_JEQ_K, *persona, to_allow, 0));
+    }
+    block.push(ret_errno(libc::EPERM));
+    block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+    if_syscall(&mut prog, libc::SYS_personality, &block);
     let ioctls = denied_ioctls();
     let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(1))];
     for (i, req) in ioctls.iter().enumerate() {
@@ -232,6 +247,11 @@ mod tests {
         for req in crate::sys::BTRFS_SUBVOLUME_IOCTLS {
             assert_eq!(run(&prog, nr(libc::SYS_ioctl), [0, req, 0, 0, 0, 0]), EPERM);
         }
+        // personality: the usual values pass, disabling ASLR does not.
+        for ok in [0u64, 8, 0x20000, 0xffff_ffff] {
+            assert_eq!(run(&prog, nr(libc::SYS_personality), [ok, 0, 0, 0, 0, 0]), SECCOMP_RET_ALLOW, "{ok:#x}");
+        }
+        assert_eq!(run(&prog, nr(libc::SYS_personality), [0x0040000, 0, 0, 0, 0, 0]), EPERM);
         // x32 numbers and syscalls newer than the list.
         assert_eq!(run(&prog, X32_SYSCALL_BIT | 1, [0; 6]), EPERM);
         assert_eq!(run(&prog, LAST_KNOWN_SYSCALL + 5, [0; 6]), SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
