@@ -179,30 +179,35 @@ impl CgroupLayout {
     }
 
     /// Freezes every process of the box and waits until they are all stopped.
-    /// Returns `false` (and does nothing) if the box has no cgroup (not running).
+    /// Returns whether this call froze it: `false` if the box has no cgroup (not
+    /// running) or was frozen already (suspended), so that only a caller that
+    /// froze the box thaws it.
     pub fn freeze(&self, id: &(impl AsRef<str> + ?Sized)) -> Result<bool, CgroupError> {
         let (dir, file) = self.freezer(id);
         if !dir.exists() {
             return Ok(false);
         }
         let v1 = file == "freezer.state";
-        write(&dir.join(file), if v1 { "FROZEN" } else { "1" })?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let frozen = if v1 {
+        let frozen = || {
+            if v1 {
                 fs::read_to_string(dir.join(file)).is_ok_and(|s| s.trim() == "FROZEN")
             } else {
                 fs::read_to_string(dir.join("cgroup.events")).is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
-            };
-            if frozen {
-                return Ok(true);
             }
+        };
+        if frozen() {
+            return Ok(false);
+        }
+        write(&dir.join(file), if v1 { "FROZEN" } else { "1" })?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !frozen() {
             if Instant::now() > deadline {
                 let _ = self.thaw(id);
                 return Err(CgroupError { path: dir, source: io::Error::other("processes did not freeze") });
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+        Ok(true)
     }
 
     /// Lets the box's processes run again; a no-op if it is not frozen or has no cgroup.

@@ -115,6 +115,12 @@ fn suspends_when_idle_and_resumes_where_it_was(t: &Lifecycle) {
     assert!(!t.frozen("idle"));
     // Once more without sessions, it is suspended again.
     t.wait_state("idle", "suspended");
+    // Copying a suspended box leaves it suspended (dup thaws only what it froze).
+    t.ssh(None, &["dup", "idle", "idle-copy"]).ok();
+    assert_eq!(t.info("idle")["state"], "suspended");
+    assert!(t.frozen("idle"), "dup thawed a suspended box");
+    assert_eq!(t.ssh(Some("idle-copy"), &["test -s /root/count && echo copied"]).ok().stdout, "copied\n");
+    t.ssh(None, &["rm", "idle-copy"]).ok();
 }
 
 fn keep_running_is_never_suspended(t: &Lifecycle) {
