@@ -48,52 +48,72 @@ impl Entry {
     }
 }
 
-/// Compares the trees rooted at `a` and `b`.
+/// Deepest directory nesting compared (each level holds two fds open).
+const MAX_DEPTH: usize = 256;
+/// Most directory entries read, over both trees.
+const MAX_ENTRIES: usize = 4_000_000;
+
+/// Compares the trees rooted at `a` and `b`. Trees deeper or larger than the
+/// limits above (a box can build them to exhaust the daemon) are an error.
 pub fn diff(a: &Path, b: &Path) -> io::Result<Vec<Change>> {
     let open_root = |p: &Path| -> io::Result<OwnedFd> { Ok(std::fs::File::open(p)?.into()) };
-    let mut changes = Vec::new();
-    walk(Some(&open_root(a)?), Some(&open_root(b)?), "", &mut changes)?;
-    changes.sort();
-    Ok(changes)
+    let mut walk = Walk { out: Vec::new(), entries: 0 };
+    walk.dir(Some(&open_root(a)?), Some(&open_root(b)?), "", 0)?;
+    walk.out.sort();
+    Ok(walk.out)
 }
 
-fn walk(a: Option<&OwnedFd>, b: Option<&OwnedFd>, prefix: &str, out: &mut Vec<Change>) -> io::Result<()> {
-    let left = match a {
-        Some(fd) => list(fd)?,
-        None => BTreeMap::new(),
-    };
-    let right = match b {
-        Some(fd) => list(fd)?,
-        None => BTreeMap::new(),
-    };
-    let names: std::collections::BTreeSet<&CString> = left.keys().chain(right.keys()).collect();
-    for name in names {
-        let path = format!("{prefix}/{}", String::from_utf8_lossy(name.as_bytes()));
-        let (l, r) = (left.get(name), right.get(name));
-        let change = match (l, r) {
-            (Some(_), None) => Some(ChangeKind::Deleted),
-            (None, Some(_)) => Some(ChangeKind::Added),
-            (Some(l), Some(r)) if l.differs(r) => Some(ChangeKind::Modified),
-            _ => None,
-        };
-        if let Some(change) = change {
-            out.push(Change { path: path.clone(), change });
+struct Walk {
+    out: Vec<Change>,
+    entries: usize,
+}
+
+impl Walk {
+    fn dir(&mut self, a: Option<&OwnedFd>, b: Option<&OwnedFd>, prefix: &str, depth: usize) -> io::Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(io::Error::other(format!("{prefix}: directories nest deeper than {MAX_DEPTH} levels")));
         }
-        // Descend where either side is a directory; a side that is not one
-        // contributes nothing, so its contents count as added or deleted.
-        let sub_a = match (a, l) {
-            (Some(fd), Some(e)) if e.is_dir() => Some(open_subdir(fd, name)?),
-            _ => None,
+        let left = match a {
+            Some(fd) => list(fd)?,
+            None => BTreeMap::new(),
         };
-        let sub_b = match (b, r) {
-            (Some(fd), Some(e)) if e.is_dir() => Some(open_subdir(fd, name)?),
-            _ => None,
+        let right = match b {
+            Some(fd) => list(fd)?,
+            None => BTreeMap::new(),
         };
-        if sub_a.is_some() || sub_b.is_some() {
-            walk(sub_a.as_ref(), sub_b.as_ref(), &path, out)?;
+        self.entries += left.len() + right.len();
+        if self.entries > MAX_ENTRIES {
+            return Err(io::Error::other(format!("more than {MAX_ENTRIES} files to compare")));
         }
+        let names: std::collections::BTreeSet<&CString> = left.keys().chain(right.keys()).collect();
+        for name in names {
+            let path = format!("{prefix}/{}", String::from_utf8_lossy(name.as_bytes()));
+            let (l, r) = (left.get(name), right.get(name));
+            let change = match (l, r) {
+                (Some(_), None) => Some(ChangeKind::Deleted),
+                (None, Some(_)) => Some(ChangeKind::Added),
+                (Some(l), Some(r)) if l.differs(r) => Some(ChangeKind::Modified),
+                _ => None,
+            };
+            if let Some(change) = change {
+                self.out.push(Change { path: path.clone(), change });
+            }
+            // Descend where either side is a directory; a side that is not one
+            // contributes nothing, so its contents count as added or deleted.
+            let sub_a = match (a, l) {
+                (Some(fd), Some(e)) if e.is_dir() => Some(open_subdir(fd, name)?),
+                _ => None,
+            };
+            let sub_b = match (b, r) {
+                (Some(fd), Some(e)) if e.is_dir() => Some(open_subdir(fd, name)?),
+                _ => None,
+            };
+            if sub_a.is_some() || sub_b.is_some() {
+                self.dir(sub_a.as_ref(), sub_b.as_ref(), &path, depth + 1)?;
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 fn open_subdir(dir: &OwnedFd, name: &CStr) -> io::Result<OwnedFd> {
@@ -174,5 +194,14 @@ mod tests {
             ]
         );
         assert!(diff(a.path(), a.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_hostile_depth_is_an_error_not_a_crash() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let deep: std::path::PathBuf = (0..MAX_DEPTH + 2).map(|_| "d").collect();
+        std::fs::create_dir_all(b.path().join(deep)).unwrap();
+        let err = diff(a.path(), b.path()).unwrap_err();
+        assert!(err.to_string().contains("deeper than"), "{err}");
     }
 }

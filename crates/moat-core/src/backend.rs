@@ -80,7 +80,8 @@ pub trait Backend: Send + Sync + 'static {
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError>;
     /// Boots the box; returns the host pid of its PID 1.
     fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError>;
-    /// Whether the box's PID 1 is alive and is the one `start` returned.
+    /// Whether the box's PID 1 is alive, judged from the host (never by asking
+    /// the box, which could lie or stall).
     fn is_running(&self, rec: &BoxRecord) -> bool;
     /// Ends every process of the box; its filesystem stays.
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError>;

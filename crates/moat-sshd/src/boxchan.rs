@@ -24,6 +24,10 @@ pub const SERVICE_USER: &str = "moat";
 /// Exit status for failures of moat itself rather than of the command (as ssh).
 const EXIT_MOAT_FAILED: u32 = 255;
 
+/// Most environment variables a channel may set, and the size of each.
+const MAX_ENV: usize = 64;
+const MAX_ENV_BYTES: usize = 4096;
+
 /// Environment variables a client may pass (OpenSSH's usual `AcceptEnv`).
 fn env_allowed(name: &str) -> bool {
     name == "LANG" || name.starts_with("LC_") || name == "COLORTERM"
@@ -113,7 +117,10 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx) {
                 reply(true, want_reply).await;
             }
             Some(ChannelMsg::SetEnv { want_reply, variable_name, variable_value }) => {
-                let ok = env_allowed(&variable_name);
+                // Bounded: env requests are not flow-controlled.
+                let ok = env_allowed(&variable_name)
+                    && env.len() < MAX_ENV
+                    && variable_name.len() + variable_value.len() <= MAX_ENV_BYTES;
                 if ok {
                     env.push((variable_name, variable_value));
                 }

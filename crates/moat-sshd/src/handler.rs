@@ -2,12 +2,12 @@
 //! routing. Everything it does not implement, russh refuses.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use moat_core::{AccountId, BoxManager};
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
-use russh::Channel;
+use russh::{Channel, ChannelOpenFailure};
 
 use crate::auth::AuthorizedKeys;
 use crate::boxchan::{self, ChannelCtx};
@@ -22,6 +22,30 @@ pub struct Shared {
     pub keys: AuthorizedKeys,
 }
 
+/// Most channels (sessions and forwards) open at once on one connection, as
+/// OpenSSH's MaxSessions; each holds a connection to a box's agent.
+const MAX_CHANNELS: usize = 32;
+
+/// Counts an open channel of a connection; given back on drop.
+struct ChannelSlot(Arc<AtomicUsize>);
+
+impl ChannelSlot {
+    fn take(open: &Arc<AtomicUsize>) -> Option<Self> {
+        let was = open.fetch_add(1, Ordering::Relaxed);
+        if was >= MAX_CHANNELS {
+            open.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Self(Arc::clone(open)))
+    }
+}
+
+impl Drop for ChannelSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// One connection's state.
 pub struct ConnHandler {
     shared: Arc<Shared>,
@@ -30,6 +54,7 @@ pub struct ConnHandler {
     /// Held until authentication succeeds, bounding unauthenticated connections.
     slot: Option<UnauthSlot>,
     authenticated: Arc<AtomicBool>,
+    channels: Arc<AtomicUsize>,
 }
 
 impl ConnHandler {
@@ -40,7 +65,7 @@ impl ConnHandler {
         slot: UnauthSlot,
         authenticated: Arc<AtomicBool>,
     ) -> Self {
-        Self { shared, peer, login: None, slot: Some(slot), authenticated }
+        Self { shared, peer, login: None, slot: Some(slot), authenticated, channels: Arc::default() }
     }
 
     fn ctx(&self, session: &Session) -> Option<ChannelCtx> {
@@ -89,8 +114,15 @@ impl russh::server::Handler for ConnHandler {
         let Some(ctx) = self.ctx(session) else {
             return Ok(());
         };
+        let Some(slot) = ChannelSlot::take(&self.channels) else {
+            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+            return Ok(());
+        };
         reply.accept().await;
-        tokio::spawn(boxchan::serve(channel, ctx));
+        tokio::spawn(async move {
+            boxchan::serve(channel, ctx).await;
+            drop(slot);
+        });
         Ok(())
     }
 
@@ -107,7 +139,15 @@ impl russh::server::Handler for ConnHandler {
         let Some(ctx) = self.ctx(session) else {
             return Ok(());
         };
-        tokio::spawn(forward::open(channel, reply, ctx, host_to_connect.to_string(), port_to_connect));
+        let Some(slot) = ChannelSlot::take(&self.channels) else {
+            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+            return Ok(());
+        };
+        let host = host_to_connect.to_string();
+        tokio::spawn(async move {
+            forward::open(channel, reply, ctx, host, port_to_connect).await;
+            drop(slot);
+        });
         Ok(())
     }
 }

@@ -59,7 +59,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
     runtime.block_on(serve(args))
 }
 
+/// Each box session holds a few descriptors; the default soft limit (1024) is a
+/// few hundred sessions. Take what the hard limit allows.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
 async fn serve(args: ServeArgs) -> Result<()> {
+    raise_fd_limit();
     let state_dir = args.state_dir;
     let pool = paths::open_pool(&state_dir)?;
     let agent = paths::find_agent(args.agent.as_deref())?;

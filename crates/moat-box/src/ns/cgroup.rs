@@ -145,9 +145,23 @@ impl CgroupLayout {
                     let dir = parent.join(id.as_ref());
                     let set = |file: &str, value: &str| write(&dir.join(file), value);
                     if dir.join("memory.limit_in_bytes").exists() {
-                        set("memory.limit_in_bytes", &limits.memory.to_string())?;
+                        let memory = limits.memory.to_string();
                         if dir.join("memory.memsw.limit_in_bytes").exists() {
-                            set("memory.memsw.limit_in_bytes", &limits.memory.to_string())?;
+                            // memsw may never be below the memory limit: raise it
+                            // first when raising, lower it last when lowering.
+                            let current: u64 = fs::read_to_string(dir.join("memory.limit_in_bytes"))
+                                .ok()
+                                .and_then(|s| s.trim().parse().ok())
+                                .unwrap_or(u64::MAX);
+                            if limits.memory > current {
+                                set("memory.memsw.limit_in_bytes", &memory)?;
+                                set("memory.limit_in_bytes", &memory)?;
+                            } else {
+                                set("memory.limit_in_bytes", &memory)?;
+                                set("memory.memsw.limit_in_bytes", &memory)?;
+                            }
+                        } else {
+                            set("memory.limit_in_bytes", &memory)?;
                         }
                     }
                     if dir.join("pids.max").exists() {
@@ -241,6 +255,25 @@ impl CgroupLayout {
         }
     }
 
+    /// Sends SIGKILL to every process of the box, without racing pid reuse:
+    /// cgroup v2 kills by cgroup; on v1 the box is frozen first, so none of its
+    /// processes can exit (and free its pid) between the listing and the kill,
+    /// then thawed so that the kills take effect.
+    fn kill_all(&self, id: &(impl AsRef<str> + ?Sized)) -> Result<(), CgroupError> {
+        if let Self::V2 { parent } = self {
+            let kill = parent.join(id.as_ref()).join("cgroup.kill");
+            if kill.exists() {
+                return write(&kill, "1");
+            }
+        }
+        // A box that will not freeze is still killed, if with the (tiny) race.
+        let _ = self.freeze(id);
+        for pid in self.pids(id) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        self.thaw(id)
+    }
+
     /// Removes moat's parent cgroups if no box uses them any more.
     pub fn remove_parents(&self) {
         let parents = match self {
@@ -268,19 +301,12 @@ impl CgroupLayout {
         if dirs.is_empty() {
             return Ok(());
         }
-        // Frozen processes (a suspended box) cannot act on SIGKILL until thawed.
-        self.thaw(id)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let pids = self.pids(id);
-            if pids.is_empty() {
+            if self.pids(id).is_empty() {
                 break;
             }
-            // Killing a pid namespace's init kills the namespace; the loop catches
-            // anything that joined the cgroup some other way.
-            for pid in pids {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            }
+            self.kill_all(id)?;
             if Instant::now() > deadline {
                 let path = dirs.first().cloned().unwrap_or_default();
                 return Err(CgroupError { path, source: io::Error::other("processes survive SIGKILL") });

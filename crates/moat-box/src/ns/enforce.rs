@@ -203,6 +203,8 @@ fn init_box_inner(
     nix::unistd::dup2_stdout(&null)?;
     nix::unistd::dup2_stderr(&null)?;
     drop(null);
+    // Leave the daemon's session: a box must not reach the operator's terminal.
+    nix::unistd::setsid().context(|| "setsid".into())?;
     std::env::set_current_dir(&plan.rootfs)?;
     mount_pseudo_filesystems(plan)?;
 
@@ -221,6 +223,9 @@ fn init_box_inner(
     sys::dup_onto(listener.as_fd(), 3)?;
     drop(listener);
 
+    // The daemon runs with a raised descriptor limit; a box gets the usual one.
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 1024, 65536)
+        .context(|| "limit open files".into())?;
     nix::sys::prctl::set_no_new_privs().context(|| "no_new_privs".into())?;
     sys::install_seccomp(&seccomp::filter()).context(|| "seccomp".into())?;
     let argv = [c"moat-agent"];

@@ -8,14 +8,11 @@ pub mod plan;
 pub mod seccomp;
 pub mod spare;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use moat_agent::protocol::{AgentMsg, HostMsg};
 use moat_core::backend::Progress;
 use moat_core::{fault, AgentAddr, Backend, BackendError, BoxRecord, Change, MeterReading, Name};
 
@@ -129,7 +126,11 @@ impl NsBackend {
             .spawn()
             .map_err(|e| BackendError::new(format!("run {}", self.config.helper.display()), e))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(&json).map_err(|e| BackendError::new("send spawn plan", e))?;
+            if let Err(e) = stdin.write_all(&json) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(BackendError::new("send spawn plan", e));
+            }
         }
         let out = child.wait_with_output().map_err(|e| BackendError::new("wait for box-spawn", e))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -190,7 +191,9 @@ impl Backend for NsBackend {
     }
 
     fn is_running(&self, rec: &BoxRecord) -> bool {
-        ping(&self.socket_path(rec))
+        // Judged from the host, not by asking the box: its PID 1 lives exactly as
+        // long as its cgroup holds processes (PID 1's death ends the namespace).
+        !self.cgroups.pids(&rec.id).is_empty()
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
@@ -216,10 +219,12 @@ impl Backend for NsBackend {
         let frozen = self.cgroups.freeze(&src.id).map_err(|e| BackendError::new(format!("freeze {}", src.name), e))?;
         fault::point("dup-while-frozen");
         let snapshot = self.pool.snapshot_box(&src.id, &dst.id);
-        if frozen {
-            self.cgroups.thaw(&src.id).map_err(|e| BackendError::new(format!("thaw {}", src.name), e))?;
-        }
+        let thawed = if frozen { self.cgroups.thaw(&src.id) } else { Ok(()) };
         let root = snapshot.map_err(|e| BackendError::new(format!("snapshot {}", src.name), e))?;
+        if let Err(e) = thawed {
+            let _ = self.pool.delete_box(&dst.id);
+            return Err(BackendError::new(format!("thaw {}", src.name), e));
+        }
         fault::point("dup-after-snapshot");
         self.make_own(dst, &root)
     }
@@ -248,30 +253,4 @@ impl Backend for NsBackend {
     fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
         self.pool.exclusive_bytes(&rec.id)
     }
-}
-
-/// Whether an agent answers on `socket` within a second.
-fn ping(socket: &std::path::Path) -> bool {
-    let Ok(mut stream) = UnixStream::connect(socket) else {
-        return false;
-    };
-    let timeout = Some(Duration::from_secs(1));
-    if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
-        return false;
-    }
-    if stream.write_all(&HostMsg::Ping.encode()).is_err() {
-        return false;
-    }
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 64];
-    while let Ok(n) = stream.read(&mut chunk) {
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        if let Ok(Some((msg, _))) = AgentMsg::decode(&buf) {
-            return msg == AgentMsg::Pong;
-        }
-    }
-    false
 }

@@ -84,7 +84,11 @@ impl Spare {
         }
         let json = serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(&json).map_err(|e| BackendError::new("send spawn plan", e))?;
+            if let Err(e) = stdin.write_all(&json) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(BackendError::new("send spawn plan", e));
+            }
         }
         let mut out = String::new();
         let _ = stdout.read_to_string(&mut out);

@@ -276,6 +276,11 @@ impl BoxManager {
         let rec = self.get(account, name)?;
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
+        // Re-read under the lock; a box still being made is its maker's to finish.
+        let rec = self.get(account, name)?;
+        if rec.state == BoxState::Creating {
+            return Err(ManagerError::Busy(rec.name));
+        }
         self.meter_box(&rec).await?;
         let r = rec.clone();
         self.blocking(move |b| {
@@ -317,7 +322,9 @@ impl BoxManager {
                         .await?;
                     let state = if running { BoxState::Running } else { BoxState::Stopped };
                     if state != rec.state {
-                        self.meter_box(&rec).await?;
+                        // The time since the last sample is downtime (a host
+                        // reboot, a crash): bill it as the state found now.
+                        self.meter_box(&BoxRecord { state, ..rec.clone() }).await?;
                         self.store.set_state(&rec.id, state, rec.pid.filter(|_| running))?;
                     }
                     if running {

@@ -217,6 +217,10 @@ impl BoxManager {
         let rec = self.get(account, name)?;
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
+        let rec = self.get(account, name)?;
+        if rec.state == BoxState::Creating {
+            return Err(ManagerError::Busy(rec.name));
+        }
         self.store.set_keep_running(&rec.id, on)?;
         if on && rec.state == BoxState::Suspended {
             self.bring_up(&rec).await?;

@@ -57,7 +57,7 @@ pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             let io = ChildIo { stdin: &pair.slave, stdout: &pair.slave, stderr: &pair.slave, controlling_tty: true };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
             stdin = Some(File::from(pair.master.try_clone()?));
-            pumps.push(start_pump(pair.master.try_clone()?, AgentMsg::Stdout, &writer, &flags));
+            pumps.push(start_pump(pair.master.try_clone()?, AgentMsg::Stdout, &writer, &flags)?);
             terminal = Some(pair.master);
             spawned
         }
@@ -68,8 +68,8 @@ pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             let io = ChildIo { stdin: &in_r, stdout: &out_w, stderr: &err_w, controlling_tty: false };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
             stdin = Some(File::from(in_w));
-            pumps.push(start_pump(out_r, AgentMsg::Stdout, &writer, &flags));
-            pumps.push(start_pump(err_r, AgentMsg::Stderr, &writer, &flags));
+            pumps.push(start_pump(out_r, AgentMsg::Stdout, &writer, &flags)?);
+            pumps.push(start_pump(err_r, AgentMsg::Stderr, &writer, &flags)?);
             terminal = None;
             spawned
         }
@@ -87,7 +87,7 @@ pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
     // The waiter reports the exit once all output before it has been sent.
     let waiter = {
         let (writer, flags) = (Arc::clone(&writer), Arc::clone(&flags));
-        std::thread::spawn(move || {
+        std::thread::Builder::new().spawn(move || {
             let Ok(status) = exit.recv() else { return };
             flags.exited.store(true, Ordering::Relaxed);
             for pump in pumps {
@@ -97,7 +97,7 @@ pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             // Ends the input loop below and tells the host that nothing follows.
             let guard = writer.lock().unwrap_or_else(PoisonError::into_inner);
             let _ = guard.shutdown(Shutdown::Both);
-        })
+        })?
     };
 
     loop {
@@ -151,9 +151,16 @@ fn winsize(size: WinSize) -> Winsize {
 /// Once the process has exited, a pump forwards only what is already buffered:
 /// a background job that keeps the pipe open must not hold the session open
 /// (OpenSSH would wait for it; `ssh box 'server &'` should return).
-fn start_pump(fd: OwnedFd, wrap: fn(Vec<u8>) -> AgentMsg, writer: &Shared, flags: &Arc<Flags>) -> JoinHandle<()> {
+fn start_pump(
+    fd: OwnedFd,
+    wrap: fn(Vec<u8>) -> AgentMsg,
+    writer: &Shared,
+    flags: &Arc<Flags>,
+) -> io::Result<JoinHandle<()>> {
     let (writer, flags) = (Arc::clone(writer), Arc::clone(flags));
-    std::thread::spawn(move || {
+    // Builder, not thread::spawn: at the box's pids.max the agent must fail the
+    // session, not panic.
+    std::thread::Builder::new().spawn(move || {
         let mut buf = vec![0u8; moat_agent::protocol::MAX_CHUNK];
         loop {
             if flags.host_gone.load(Ordering::Relaxed) {

@@ -36,7 +36,9 @@ fn main() {
         match listener.accept() {
             Ok((stream, _)) => {
                 let reaper = Arc::clone(&reaper);
-                std::thread::spawn(move || serve(stream, &reaper));
+                // At pids.max a thread cannot be made; PID 1 must not panic (the
+                // box would die with it): drop this connection instead.
+                let _ = std::thread::Builder::new().spawn(move || serve(stream, &reaper));
             }
             // A transient accept error (EMFILE, ECONNABORTED) must not kill PID 1.
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),

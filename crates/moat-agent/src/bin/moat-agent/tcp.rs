@@ -22,10 +22,10 @@ pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()
     tcp.write_all(&early)?;
 
     let mut to_tcp = tcp.try_clone()?;
-    let upstream = std::thread::spawn(move || {
+    let upstream = std::thread::Builder::new().spawn(move || {
         let _ = io::copy(&mut from_host, &mut to_tcp);
         let _ = to_tcp.shutdown(Shutdown::Write);
-    });
+    })?;
     let mut to_host = host;
     let _ = io::copy(&mut tcp, &mut to_host);
     let _ = to_host.shutdown(Shutdown::Write);
