@@ -223,9 +223,12 @@ fn init_box_inner(
     sys::dup_onto(listener.as_fd(), 3)?;
     drop(listener);
 
-    // The daemon runs with a raised descriptor limit; a box gets the usual one.
-    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 1024, 65536)
-        .context(|| "limit open files".into())?;
+    // The daemon runs with a raised descriptor limit; a box gets the usual one
+    // (never above what it had: only the host's root may raise a hard limit).
+    let nofile = nix::sys::resource::Resource::RLIMIT_NOFILE;
+    let (_, hard) = nix::sys::resource::getrlimit(nofile).context(|| "read open-file limit".into())?;
+    let hard = hard.min(65536);
+    nix::sys::resource::setrlimit(nofile, hard.min(1024), hard).context(|| "limit open files".into())?;
     nix::sys::prctl::set_no_new_privs().context(|| "no_new_privs".into())?;
     sys::install_seccomp(&seccomp::filter()).context(|| "seccomp".into())?;
     let argv = [c"moat-agent"];
