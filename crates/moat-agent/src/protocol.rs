@@ -7,8 +7,10 @@
 //!
 //! A connection starts with one [`HostMsg`] request (`Exec`, `Connect` or `Ping`).
 //! After `Exec` the host sends stdin, resizes and signals, and the agent answers with
-//! output and finally `Exit`. After `Connected` the connection turns into a raw byte
-//! stream to the TCP peer inside the box.
+//! output and finally `Exit`. The host keeps its side open until then: the end of
+//! the host's stream means the client is gone (as a closed SSH channel does), and
+//! the end of stdin is a `StdinEof` message. After `Connected` the connection
+//! turns into a raw byte stream to the TCP peer inside the box.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 

@@ -172,6 +172,46 @@ impl Pool {
         Ok(self.box_path(id))
     }
 
+    /// Snapshots `image` as a spare root named `name` (see `ns::spare`), and
+    /// returns the image's device number, which identifies this build of it.
+    pub fn snapshot_spare_root(&self, image: &Name, name: &str) -> Result<u64, PoolError> {
+        let src = self.image_path(image);
+        let dev = std::os::unix::fs::MetadataExt::dev(&fs::metadata(&src).map_err(io_err("stat", &src))?);
+        sys::subvolume_snapshot(&src, &self.boxes_dir(), name, false).map_err(io_err("snapshot", &src))?;
+        Ok(dev)
+    }
+
+    /// The device number of `image`'s subvolume; a rebuilt image gets a new one.
+    pub fn image_dev(&self, image: &Name) -> Option<u64> {
+        fs::metadata(self.image_path(image)).ok().map(|m| std::os::unix::fs::MetadataExt::dev(&m))
+    }
+
+    /// Gives spare root `name` to box `id` (a rename: no data moves).
+    pub fn adopt_spare_root(&self, name: &str, id: &BoxId) -> Result<PathBuf, PoolError> {
+        let from = self.boxes_dir().join(name);
+        fs::rename(&from, self.box_path(id)).map_err(io_err("rename", &from))?;
+        Ok(self.box_path(id))
+    }
+
+    /// Deletes a spare root (or any subvolume under `boxes/` by name).
+    pub fn delete_spare_root(&self, name: &str) -> Result<(), PoolError> {
+        let path = self.boxes_dir().join(name);
+        sys::subvolume_delete(&self.boxes_dir(), name).map_err(io_err("delete subvolume", &path))
+    }
+
+    /// Names of the subvolumes under `boxes/` that start with `prefix`.
+    pub fn boxes_named_with_prefix(&self, prefix: &str) -> Vec<String> {
+        fs::read_dir(self.boxes_dir())
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with(prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Makes box `dst`'s root a writable snapshot of box `src`'s root.
     pub fn snapshot_box(&self, src: &BoxId, dst: &BoxId) -> Result<PathBuf, PoolError> {
         let from = self.box_path(src);

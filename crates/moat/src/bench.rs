@@ -253,18 +253,22 @@ async fn run_true(addr: &AgentAddr) -> Result<()> {
     run_in_box(addr, "true").await
 }
 
-/// Starts `command` in the box through its agent; returns the reply stream.
-async fn exec(addr: &AgentAddr, command: &str) -> Result<AgentReader<tokio::net::unix::OwnedReadHalf>> {
+/// A command started in a box: its replies, and the write half that must stay
+/// open for the session's life (the agent takes its closing as "client gone").
+type Execution = (AgentReader<tokio::net::unix::OwnedReadHalf>, tokio::net::unix::OwnedWriteHalf);
+
+/// Starts `command` in the box through its agent.
+async fn exec(addr: &AgentAddr, command: &str) -> Result<Execution> {
     let AgentAddr::Unix(path) = addr;
     let (read, mut write) = tokio::net::UnixStream::connect(path).await?.into_split();
     let req = ExecRequest { command: Some(command.as_bytes().to_vec()), ..Default::default() };
     send(&mut write, &HostMsg::Exec(req)).await?;
-    Ok(AgentReader::new(read))
+    Ok((AgentReader::new(read), write))
 }
 
 /// Runs `command` in the box and waits for it to succeed.
 async fn run_in_box(addr: &AgentAddr, command: &str) -> Result<()> {
-    let mut reader = exec(addr, command).await?;
+    let (mut reader, _write) = exec(addr, command).await?;
     loop {
         match reader.recv().await? {
             Some(AgentMsg::Exit(moat_agent::protocol::ExitStatus::Code(0))) => return Ok(()),
@@ -278,7 +282,7 @@ async fn run_in_box(addr: &AgentAddr, command: &str) -> Result<()> {
 
 /// Runs `command` in the box and returns once its first output byte arrives.
 async fn first_byte(addr: &AgentAddr, command: &str) -> Result<()> {
-    let mut reader = exec(addr, command).await?;
+    let (mut reader, _write) = exec(addr, command).await?;
     loop {
         match reader.recv().await? {
             Some(AgentMsg::Stdout(data)) if !data.is_empty() => return Ok(()),

@@ -29,7 +29,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
     drop(store);
     let backend = Arc::into_inner(backend).context("backend still shared")?;
     backend.cgroups().remove_parents();
-    let pool = backend.into_pool();
+    let pool = backend.into_pool().context("the pool is still in use")?;
     pool.unmount()?;
     std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;
     Ok(())

@@ -8,19 +8,21 @@ pub mod plan;
 pub mod seccomp;
 pub mod spare;
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::backend::Progress;
-use moat_core::{fault, AgentAddr, Backend, BackendError, BoxRecord, Change, MeterReading, Name};
+use moat_core::{fault, AgentAddr, Backend, BackendError, BoxId, BoxRecord, Change, MeterReading, Name};
 
 use crate::pool::Pool;
 use crate::{identity, image};
 use cgroup::CgroupLayout;
 use plan::SpawnPlan;
-use spare::Spare;
+use spare::{Spare, SpareRoot};
 
 /// Where the backend finds its helper and the agent.
 #[derive(Debug, Clone)]
@@ -35,21 +37,23 @@ pub struct NsConfig {
 
 /// The namespace backend.
 pub struct NsBackend {
-    pool: Pool,
+    pool: Arc<Pool>,
     cgroups: CgroupLayout,
     config: NsConfig,
     /// The next `start`'s helper, already in a cgroup (see [`spare`]).
     spare: Arc<Mutex<Option<Spare>>>,
+    /// The next `create`'s root, per image (see [`spare`]).
+    spare_roots: Arc<Mutex<HashMap<Name, SpareRoot>>>,
 }
 
 impl NsBackend {
     /// A backend over `pool` with the host's cgroup layout.
     pub fn new(pool: Pool, config: NsConfig) -> Result<Self, BackendError> {
         let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
-        spare::remove_stale(&cgroups);
+        spare::remove_stale(&cgroups, &pool);
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
-        Ok(Self { pool, cgroups, config, spare: Arc::default() })
+        Ok(Self { pool: Arc::new(pool), cgroups, config, spare: Arc::default(), spare_roots: Arc::default() })
     }
 
     /// The storage pool.
@@ -57,12 +61,59 @@ impl NsBackend {
         &self.pool
     }
 
-    /// Gives the pool back, e.g. to unmount it.
-    pub fn into_pool(self) -> Pool {
+    /// Gives the pool back, e.g. to unmount it (`None` while a background
+    /// refill still holds it).
+    pub fn into_pool(self) -> Option<Pool> {
         if let Some(spare) = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take() {
             spare.discard(&self.cgroups);
         }
-        self.pool
+        for (_, root) in self.spare_roots.lock().unwrap_or_else(PoisonError::into_inner).drain() {
+            let _ = self.pool.delete_spare_root(&root.name);
+        }
+        Arc::into_inner(self.pool)
+    }
+
+    /// A root for a new box of `image`: the spare snapshot if there is one of
+    /// this build of the image, else a snapshot made now. Either way a new
+    /// spare is prepared in the background.
+    fn take_root(&self, image: &Name, id: &BoxId) -> Result<PathBuf, BackendError> {
+        let spare = self.spare_roots.lock().unwrap_or_else(PoisonError::into_inner).remove(image);
+        self.refill_root(image);
+        if let Some(spare) = spare {
+            if self.pool.image_dev(image) == Some(spare.image_dev) {
+                if let Ok(root) = self.pool.adopt_spare_root(&spare.name, id) {
+                    return Ok(root);
+                }
+            }
+            // A rebuilt image, or a failed rename: the spare is of no use.
+            let _ = self.pool.delete_spare_root(&spare.name);
+        }
+        self.pool.snapshot_image(image, id).map_err(|e| BackendError::new(format!("snapshot image {image}"), e))
+    }
+
+    fn refill_root(&self, image: &Name) {
+        let (slot, pool, image) = (Arc::clone(&self.spare_roots), Arc::clone(&self.pool), image.clone());
+        std::thread::spawn(move || {
+            if slot.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&image) {
+                return;
+            }
+            match SpareRoot::prepare(&pool, &image) {
+                Ok(root) => {
+                    // Another refill may have won the race; keep one.
+                    let leftover = match slot.lock().unwrap_or_else(PoisonError::into_inner).entry(image) {
+                        Entry::Occupied(_) => Some(root),
+                        Entry::Vacant(free) => {
+                            free.insert(root);
+                            None
+                        }
+                    };
+                    if let Some(root) = leftover {
+                        let _ = pool.delete_spare_root(&root.name);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not prepare a spare root"),
+            }
+        });
     }
 
     /// Prepares the next spare helper in the background, if there is none.
@@ -151,10 +202,7 @@ impl Backend for NsBackend {
     }
 
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        let root = self
-            .pool
-            .snapshot_image(&rec.image, &rec.id)
-            .map_err(|e| BackendError::new(format!("snapshot image {}", rec.image), e))?;
+        let root = self.take_root(&rec.image, &rec.id)?;
         self.make_own(rec, &root)
     }
 
