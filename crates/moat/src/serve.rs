@@ -47,6 +47,34 @@ pub struct ServeArgs {
     /// Seconds between usage samples of every box.
     #[arg(long, default_value_t = 30)]
     meter_interval: u64,
+    /// Most boxes one account (key) may have.
+    #[arg(long, default_value_t = 32)]
+    max_boxes: usize,
+    /// Most CPUs one box may ask for [default: this host's].
+    #[arg(long)]
+    max_cpus: Option<u32>,
+    /// Most memory one box may ask for, e.g. 8G [default: this host's].
+    #[arg(long, value_parser = parse_size)]
+    max_memory: Option<u64>,
+    /// Most disk one box may write beyond its image, e.g. 100G.
+    #[arg(long, value_parser = parse_size, default_value = "256G")]
+    max_disk: u64,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    moat_core::limits::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// The host's CPUs and memory: what a box may ask for at most by default.
+fn host_capacity() -> (u32, u64) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        })
+        .map_or(u64::MAX, |kib| kib << 10);
+    (cpus, memory)
 }
 
 /// Runs the daemon until killed.
@@ -76,10 +104,21 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let helper = std::env::current_exe().context("find this executable")?;
     let backend = NsBackend::new(pool, NsConfig { run_dir: state_dir.join("run"), helper, agent })?;
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
+    // Never below the per-box defaults, or a plain `new` would be refused.
+    let (host_cpus, host_memory) = host_capacity();
+    let defaults = moat_core::Limits::default();
+    let (host_cpus, host_memory) = (host_cpus.max(defaults.cpus), host_memory.max(defaults.memory));
     let config = ManagerConfig {
         idle_grace: Duration::from_secs(args.idle_grace),
         park_after: args.park_after.map(Duration::from_secs),
         meter_interval: Duration::from_secs(args.meter_interval.max(1)),
+        max_boxes: args.max_boxes,
+        max_limits: moat_core::Limits {
+            cpus: args.max_cpus.unwrap_or(host_cpus),
+            memory: args.max_memory.unwrap_or(host_memory),
+            pids: 1 << 16,
+            disk: args.max_disk,
+        },
     };
     let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), config);
     manager.recover().await.context("recover boxes")?;

@@ -42,6 +42,17 @@ pub enum ManagerError {
     /// `promote` of a box whose parent was removed.
     #[error("the box {0} was duplicated from no longer exists")]
     ParentGone(Name),
+    /// The account has as many boxes as the operator allows.
+    #[error("you have {0} boxes, the most this server allows; remove one first")]
+    TooManyBoxes(usize),
+    /// A limit above the operator's maximum.
+    #[error("{what} may be at most {max} on this server")]
+    OverMax {
+        /// Which limit.
+        what: &'static str,
+        /// The operator's maximum, as text.
+        max: String,
+    },
     /// A name built from another is too long to be a name.
     #[error("{0}: the name would be too long")]
     NameTooLong(String),
@@ -84,11 +95,21 @@ pub struct ManagerConfig {
     pub park_after: Option<Duration>,
     /// How often the meter samples every box.
     pub meter_interval: Duration,
+    /// Most boxes one account may have.
+    pub max_boxes: usize,
+    /// The largest limits an account may ask for, per box.
+    pub max_limits: Limits,
 }
 
 impl Default for ManagerConfig {
     fn default() -> Self {
-        Self { idle_grace: Duration::from_secs(10), park_after: None, meter_interval: Duration::from_secs(30) }
+        Self {
+            idle_grace: Duration::from_secs(10),
+            park_after: None,
+            meter_interval: Duration::from_secs(30),
+            max_boxes: 32,
+            max_limits: Limits { cpus: 64, memory: 64 << 30, pids: 1 << 16, disk: 256 << 30 },
+        }
     }
 }
 
@@ -126,6 +147,30 @@ impl BoxManager {
     ) -> Result<T, ManagerError> {
         let backend = Arc::clone(&self.backend);
         Ok(tokio::task::spawn_blocking(move || f(backend.as_ref())).await?)
+    }
+
+    /// Refuses a new box the operator's limits do not allow. (Concurrent creates
+    /// may overshoot the box count by the number in flight.)
+    fn check_quota(&self, account: &AccountId, limits: &Limits) -> Result<(), ManagerError> {
+        let max = self.config.max_limits;
+        let over = |what, max: String| Err(ManagerError::OverMax { what, max });
+        if limits.cpus > max.cpus {
+            return over("--cpus", max.cpus.to_string());
+        }
+        if limits.memory > max.memory {
+            return over("--memory", format!("{} MiB", max.memory >> 20));
+        }
+        if limits.pids > max.pids {
+            return over("--pids", max.pids.to_string());
+        }
+        if limits.disk > max.disk {
+            return over("--disk", format!("{} MiB", max.disk >> 20));
+        }
+        let count = self.store.list(Some(account))?.len();
+        if count >= self.config.max_boxes {
+            return Err(ManagerError::TooManyBoxes(count));
+        }
+        Ok(())
     }
 
     /// Finds the account's box, or says it does not exist.
@@ -168,6 +213,7 @@ impl BoxManager {
         progress: ProgressSink,
     ) -> Result<BoxRecord, ManagerError> {
         spec.limits.validate()?;
+        self.check_quota(account, &spec.limits)?;
         if self.store.get(account, &spec.name)?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
         }
@@ -218,6 +264,7 @@ impl BoxManager {
     /// by `recover`) no `dst` is left and `src` runs on untouched.
     pub async fn dup(self: &Arc<Self>, account: &AccountId, src: &Name, dst: &Name) -> Result<BoxRecord, ManagerError> {
         let src = self.get(account, src)?;
+        self.check_quota(account, &src.limits)?;
         if self.store.get(account, dst)?.is_some() {
             return Err(StoreError::NameTaken(dst.clone()).into());
         }

@@ -40,6 +40,26 @@ pub fn keys_are_accounts(env: &Env) {
     env.alice(Some(&name), &["true"]).ok();
 }
 
+/// The operator's limits: boxes per account, and the largest box.
+pub fn operator_limits_are_enforced(env: &Env) {
+    let state = env.dir.join("limits-state");
+    let mut daemon = Daemon::start(state, env.daemon.keys_file.clone(), &["--max-boxes", "2", "--max-memory", "512M"]);
+    let ssh = |args: &[&str]| run(&mut daemon.ssh(&env.alice, None, args));
+    let out = ssh(&["new", "big", "--image", "busybox", "--memory", "1G"]);
+    assert_eq!((out.status, out.stderr.as_str()), (Some(1), "moat: --memory may be at most 512 MiB on this server\n"));
+    ssh(&["new", "one", "--image", "busybox", "--memory", "256M"]).ok();
+    ssh(&["new", "two", "--image", "busybox", "--memory", "256M"]).ok();
+    let out = ssh(&["new", "three", "--image", "busybox", "--memory", "256M"]);
+    assert_eq!(out.stderr, "moat: you have 2 boxes, the most this server allows; remove one first\n");
+    let out = ssh(&["dup", "one", "three"]);
+    assert_eq!(out.status, Some(1), "{}", out.stderr);
+    // Another account has its own count.
+    run(&mut daemon.ssh(&env.bob, None, &["new", "one", "--image", "busybox", "--memory", "256M"])).ok();
+    ssh(&["rm", "two"]).ok();
+    ssh(&["dup", "one", "three"]).ok();
+    daemon.purge();
+}
+
 pub fn only_public_keys(env: &Env) {
     // A key that is not in authorized_keys.
     let carol = Key::generate(&env.dir, "carol");
