@@ -136,6 +136,23 @@ impl BoxManager {
         })
     }
 
+    /// The account's box `name`, read again under its lock (which the caller
+    /// holds while it keeps the guard). A box still being created, or replaced
+    /// by another of the same name meanwhile, is busy.
+    async fn locked(
+        &self,
+        account: &AccountId,
+        name: &Name,
+    ) -> Result<(BoxRecord, tokio::sync::OwnedMutexGuard<()>), ManagerError> {
+        let first = self.get(account, name)?;
+        let guard = self.lock_for(&first.id).lock_owned().await;
+        let rec = self.get(account, name)?;
+        if rec.state == BoxState::Creating || rec.id != first.id {
+            return Err(ManagerError::Busy(rec.name));
+        }
+        Ok((rec, guard))
+    }
+
     fn lock_for(&self, id: &BoxId) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.box_locks.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(locks.entry(id.clone()).or_default())
@@ -268,12 +285,7 @@ impl BoxManager {
         if self.store.get(account, dst)?.is_some() {
             return Err(StoreError::NameTaken(dst.clone()).into());
         }
-        let lock = self.lock_for(&src.id);
-        let _guard = lock.lock().await;
-        let src = self.get(account, &src.name)?;
-        if src.state == BoxState::Creating {
-            return Err(ManagerError::Busy(src.name));
-        }
+        let (src, _guard) = self.locked(account, &src.name).await?;
         let rec = self.store.insert_dup(&src, dst, now())?;
         let s = src.clone();
         let rec = self
@@ -320,14 +332,7 @@ impl BoxManager {
 
     /// Stops and deletes a box and everything it held.
     pub async fn remove(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
-        let rec = self.get(account, name)?;
-        let lock = self.lock_for(&rec.id);
-        let _guard = lock.lock().await;
-        // Re-read under the lock; a box still being made is its maker's to finish.
-        let rec = self.get(account, name)?;
-        if rec.state == BoxState::Creating {
-            return Err(ManagerError::Busy(rec.name));
-        }
+        let (rec, _guard) = self.locked(account, name).await?;
         self.meter_box(&rec).await?;
         let r = rec.clone();
         self.blocking(move |b| {

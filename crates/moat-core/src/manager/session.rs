@@ -51,14 +51,7 @@ impl BoxManager {
         account: &AccountId,
         name: &Name,
     ) -> Result<(AgentAddr, SessionGuard), ManagerError> {
-        let rec = self.get(account, name)?;
-        let lock = self.lock_for(&rec.id);
-        let _guard = lock.lock().await;
-        // Re-read under the lock: another session may have changed it.
-        let rec = self.get(account, name)?;
-        if rec.state == BoxState::Creating {
-            return Err(ManagerError::Busy(rec.name));
-        }
+        let (rec, _guard) = self.locked(account, name).await?;
         let addr = self.bring_up(&rec).await?;
         {
             let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
@@ -139,10 +132,7 @@ impl BoxManager {
     /// Suspends a running box now, whatever its sessions (they resume it on
     /// their next request to the box).
     pub async fn suspend(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
-        let rec = self.get(account, name)?;
-        let lock = self.lock_for(&rec.id);
-        let _guard = lock.lock().await;
-        let rec = self.get(account, name)?;
+        let (rec, _guard) = self.locked(account, name).await?;
         if rec.state != BoxState::Running {
             return Ok(());
         }
@@ -160,10 +150,7 @@ impl BoxManager {
 
     /// Ends every process of a box; its files stay. The next session boots it.
     pub async fn stop(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
-        let rec = self.get(account, name)?;
-        let lock = self.lock_for(&rec.id);
-        let _guard = lock.lock().await;
-        let rec = self.get(account, name)?;
+        let (rec, _guard) = self.locked(account, name).await?;
         self.stop_locked(&rec).await
     }
 
@@ -181,13 +168,7 @@ impl BoxManager {
 
     /// Boots (or resumes) a box without a session; the idle rule then applies.
     pub async fn start(self: &Arc<Self>, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
-        let rec = self.get(account, name)?;
-        let lock = self.lock_for(&rec.id);
-        let _guard = lock.lock().await;
-        let rec = self.get(account, name)?;
-        if rec.state == BoxState::Creating {
-            return Err(ManagerError::Busy(rec.name));
-        }
+        let (rec, _guard) = self.locked(account, name).await?;
         self.bring_up(&rec).await?;
         self.schedule_idle(&rec.id);
         Ok(())
@@ -214,13 +195,7 @@ impl BoxManager {
         name: &Name,
         on: bool,
     ) -> Result<(), ManagerError> {
-        let rec = self.get(account, name)?;
-        let lock = self.lock_for(&rec.id);
-        let _guard = lock.lock().await;
-        let rec = self.get(account, name)?;
-        if rec.state == BoxState::Creating {
-            return Err(ManagerError::Busy(rec.name));
-        }
+        let (rec, _guard) = self.locked(account, name).await?;
         self.store.set_keep_running(&rec.id, on)?;
         if on && rec.state == BoxState::Suspended {
             self.bring_up(&rec).await?;
