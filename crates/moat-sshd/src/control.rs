@@ -27,6 +27,7 @@ commands:
   diff A B [--json]   the files added (A), modified (M) and deleted (D) in B relative to A
   promote CHILD       CHILD takes its parent's name; the parent stays as PARENT-prev
   stop NAME           end every process of a box (its files stay); start NAME boots it
+  suspend NAME        freeze a box now (billing stops); the next session resumes it
   set NAME idle SECONDS         suspend NAME after SECONDS without a session
   set NAME keep-running on|off  never suspend NAME (it is billed while idle)
   usage [NAME] [--since T] [--json]
@@ -105,6 +106,11 @@ pub enum Command {
         /// Box name.
         name: Name,
     },
+    /// `suspend NAME`
+    Suspend {
+        /// Box name.
+        name: Name,
+    },
     /// `set NAME idle SECONDS`
     SetIdle {
         /// Box name.
@@ -178,10 +184,14 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
             let json = flags_only("diff", args.get(2..).unwrap_or_default())?;
             Ok(Command::Diff { a, b, json })
         }
-        "stop" | "start" => {
+        "stop" | "start" | "suspend" => {
             let name = name_arg(verb, args.first())?;
             no_more(verb, args.get(1..).unwrap_or_default())?;
-            Ok(if verb == "stop" { Command::Stop { name } } else { Command::Start { name } })
+            Ok(match verb.as_str() {
+                "stop" => Command::Stop { name },
+                "start" => Command::Start { name },
+                _ => Command::Suspend { name },
+            })
         }
         "set" => parse_set(args),
         "usage" => parse_usage(args),
@@ -401,6 +411,7 @@ pub async fn run(
         }
         Command::Stop { name } => manager.stop(account, &name).await.map(|()| String::new()),
         Command::Start { name } => manager.start(account, &name).await.map(|()| String::new()),
+        Command::Suspend { name } => manager.suspend(account, &name).await.map(|()| String::new()),
         Command::SetIdle { name, seconds } => manager.set_idle(account, &name, seconds).await.map(|()| String::new()),
         Command::SetKeepRunning { name, on } => {
             manager.set_keep_running(account, &name, on).await.map(|()| String::new())

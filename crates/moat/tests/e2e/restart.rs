@@ -15,6 +15,19 @@ pub fn restart_loses_nothing(env: &Env) {
     let out = ssh(&daemon, Some("keeper"), &["cat /root/data; ps | grep -q '[s]leep 1000' && echo still-running"]).ok();
     assert_eq!(out.stdout, "precious\nstill-running\n");
 
+    // A suspended box is still suspended (and frozen) after a restart, and the next
+    // session resumes it with its processes.
+    ssh(&daemon, None, &["suspend", "keeper"]).ok();
+    let state = |d: &Daemon| -> serde_json::Value {
+        serde_json::from_str(&ssh(d, None, &["info", "keeper", "--json"]).ok().stdout).unwrap()
+    };
+    assert_eq!(state(&daemon)["state"], "suspended");
+    daemon.restart();
+    assert_eq!(state(&daemon)["state"], "suspended");
+    let out = ssh(&daemon, Some("keeper"), &["ps | grep -q '[s]leep 1000' && echo still-running"]).ok();
+    assert_eq!(out.stdout, "still-running\n");
+    assert_eq!(state(&daemon)["state"], "running");
+
     // A box whose processes died while the daemon was down boots on the next session.
     let info: serde_json::Value =
         serde_json::from_str(&ssh(&daemon, None, &["info", "keeper", "--json"]).ok().stdout).unwrap();
