@@ -10,6 +10,7 @@ use russh::{Channel, ChannelOpenFailure};
 use tokio::io::AsyncWriteExt;
 
 use crate::boxchan::{ChannelCtx, Target};
+use crate::ratelimit::LogLimit;
 
 /// Whether `host` names the box's own loopback.
 pub fn is_loopback(host: &str) -> bool {
@@ -21,7 +22,10 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
     let (name, port) = match (ctx.target(), u16::try_from(port)) {
         (Target::Box(name), Ok(port)) if is_loopback(&host) => (name, port),
         _ => {
-            tracing::info!(user = %ctx.user, %host, port, "refused port forward");
+            static LIMIT: LogLimit = LogLimit::every(1000);
+            if let Some(dropped) = LIMIT.allow() {
+                tracing::info!(user = %ctx.user, %host, port, dropped, "refused port forward");
+            }
             return reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
         }
     };

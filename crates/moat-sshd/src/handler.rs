@@ -12,6 +12,7 @@ use russh::{Channel, ChannelOpenFailure};
 use crate::auth::AuthorizedKeys;
 use crate::boxchan::{self, ChannelCtx};
 use crate::forward;
+use crate::ratelimit::LogLimit;
 use crate::server::UnauthSlot;
 
 /// What every connection shares.
@@ -93,7 +94,10 @@ impl russh::server::Handler for ConnHandler {
                 Ok(Auth::Accept)
             }
             None => {
-                tracing::info!(peer = ?self.peer, user, "rejected key");
+                static LIMIT: LogLimit = LogLimit::every(1000);
+                if let Some(dropped) = LIMIT.allow() {
+                    tracing::info!(peer = ?self.peer, user, dropped, "rejected key");
+                }
                 Ok(Auth::reject())
             }
         }

@@ -13,6 +13,7 @@ pub mod control;
 pub mod forward;
 pub mod handler;
 mod quickack;
+pub mod ratelimit;
 pub mod server;
 pub mod words;
 

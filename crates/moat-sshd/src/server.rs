@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::auth::AuthorizedKeys;
 use crate::handler::{ConnHandler, Shared};
 use crate::quickack::QuickAck;
+use crate::ratelimit::LogLimit;
 
 /// Front door settings.
 pub struct ServerConfig {
@@ -133,7 +134,10 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
                 () = tokio::time::sleep(auth_timeout) => {}
             }
             if !authenticated.load(Ordering::Relaxed) {
-                tracing::info!(%peer, "authentication timed out");
+                static LIMIT: LogLimit = LogLimit::every(1000);
+                if let Some(dropped) = LIMIT.allow() {
+                    tracing::info!(%peer, dropped, "authentication timed out");
+                }
                 let _ =
                     handle.disconnect(Disconnect::ByApplication, "authentication timeout".into(), "en".into()).await;
                 return;
