@@ -201,15 +201,7 @@ impl Pool {
 
     /// Names of the subvolumes under `boxes/` that start with `prefix`.
     pub fn boxes_named_with_prefix(&self, prefix: &str) -> Vec<String> {
-        fs::read_dir(self.boxes_dir())
-            .map(|entries| {
-                entries
-                    .filter_map(Result::ok)
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter(|n| n.starts_with(prefix))
-                    .collect()
-            })
-            .unwrap_or_default()
+        names_with_prefix(&self.boxes_dir(), prefix)
     }
 
     /// Makes box `dst`'s root a writable snapshot of box `src`'s root.
@@ -243,6 +235,19 @@ impl Pool {
         }
         sys::subvolume_delete(&self.boxes_dir(), id.as_str()).map_err(io_err("delete subvolume", &path))
     }
+}
+
+/// Names of the entries of `dir` that start with `prefix` (none if it is unreadable).
+pub(crate) fn names_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
+    fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn format_image(image: &Path, size: u64) -> Result<(), PoolError> {

@@ -33,11 +33,6 @@ impl AuthorizedKeys {
         Self { path }
     }
 
-    /// The file in use.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The account `key` belongs to, if it is authorized.
     pub fn account_for(&self, key: &PublicKey) -> Option<AccountId> {
         let text = std::fs::read_to_string(&self.path).ok()?;

@@ -69,6 +69,25 @@ impl ConnHandler {
         Self { shared, peer, login: None, slot: Some(slot), authenticated, channels: Arc::default() }
     }
 
+    /// Lets a new channel in if the connection is authenticated and under its
+    /// channel limit; otherwise refuses it (dropping the reply refuses too).
+    /// (`ctx` comes from `Self::ctx`: the session itself may not be held across
+    /// the rejection's await.)
+    async fn admit(
+        &self,
+        ctx: Option<ChannelCtx>,
+        reply: ChannelOpenHandle,
+    ) -> Option<(ChannelCtx, ChannelSlot, ChannelOpenHandle)> {
+        let ctx = ctx?;
+        match ChannelSlot::take(&self.channels) {
+            Some(slot) => Some((ctx, slot, reply)),
+            None => {
+                reply.reject(ChannelOpenFailure::ResourceShortage).await;
+                None
+            }
+        }
+    }
+
     fn ctx(&self, session: &Session) -> Option<ChannelCtx> {
         let (account, user) = self.login.clone()?;
         Some(ChannelCtx { manager: Arc::clone(&self.shared.manager), account, user, handle: session.handle() })
@@ -115,11 +134,7 @@ impl russh::server::Handler for ConnHandler {
         reply: ChannelOpenHandle,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let Some(ctx) = self.ctx(session) else {
-            return Ok(());
-        };
-        let Some(slot) = ChannelSlot::take(&self.channels) else {
-            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), reply).await else {
             return Ok(());
         };
         reply.accept().await;
@@ -140,11 +155,7 @@ impl russh::server::Handler for ConnHandler {
         reply: ChannelOpenHandle,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let Some(ctx) = self.ctx(session) else {
-            return Ok(());
-        };
-        let Some(slot) = ChannelSlot::take(&self.channels) else {
-            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), reply).await else {
             return Ok(());
         };
         let host = host_to_connect.to_string();

@@ -116,15 +116,7 @@ impl CgroupLayout {
                 None => return Vec::new(),
             },
         };
-        fs::read_dir(parent)
-            .map(|entries| {
-                entries
-                    .filter_map(Result::ok)
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter(|n| n.starts_with(prefix))
-                    .collect()
-            })
-            .unwrap_or_default()
+        crate::pool::names_with_prefix(parent, prefix)
     }
 
     /// Writes the limits of an existing cgroup.

@@ -56,11 +56,6 @@ impl NsBackend {
         Ok(Self { pool: Arc::new(pool), cgroups, config, spare: Arc::default(), spare_roots: Arc::default() })
     }
 
-    /// The storage pool.
-    pub fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
     /// Gives the pool back, e.g. to unmount it (`None` while a background
     /// refill still holds it).
     pub fn into_pool(self) -> Option<Pool> {
