@@ -4,6 +4,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// The SSH user name that always means the control plane; no box may take it.
+pub const CONTROL_USER: &str = "moat";
+
 /// A name a user picks for a box or an image: a DNS label (1-63 of `a-z`, `0-9`,
 /// `-`, not starting or ending with `-`). DNS labels are safe as path components,
 /// host names and SSH user names alike.

@@ -49,6 +49,14 @@ CREATE TABLE IF NOT EXISTS boxes (
     created_at  INTEGER NOT NULL,
     UNIQUE (account, name)
 );
+-- Names an account's boxes had and no longer have (removed, or renamed by
+-- promote): an SSH user name that meant a box must never fall through to
+-- the control plane.
+CREATE TABLE IF NOT EXISTS retired_names (
+    account     TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    PRIMARY KEY (account, name)
+);
 ";
 
 /// Columns added after the first schema: (name, type). Added to old databases
@@ -257,8 +265,34 @@ impl Store {
         }
         tx.execute("UPDATE boxes SET name = ?2 WHERE id = ?1", params![parent.id.as_str(), parent_new_name.as_str()])?;
         tx.execute("UPDATE boxes SET name = ?2 WHERE id = ?1", params![child.id.as_str(), parent.name.as_str()])?;
+        tx.execute(
+            "INSERT OR IGNORE INTO retired_names (account, name) VALUES (?1, ?2)",
+            params![child.account.0, child.name.as_str()],
+        )?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Notes that the account's box `name` is gone.
+    pub fn retire_name(&self, account: &AccountId, name: &Name) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT OR IGNORE INTO retired_names (account, name) VALUES (?1, ?2)",
+            params![account.0, name.as_str()],
+        )?;
+        Ok(())
+    }
+
+    /// Whether the account's box `name` once existed (it may exist again).
+    pub fn is_retired(&self, account: &AccountId, name: &Name) -> Result<bool, StoreError> {
+        let found = self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM retired_names WHERE account = ?1 AND name = ?2",
+                params![account.0, name.as_str()],
+                |_| Ok(()),
+            )
+            .optional()?;
+        Ok(found.is_some())
     }
 
     /// Forgets a box.
@@ -349,6 +383,8 @@ mod tests {
         let prev = store.get(&a, &names("web-prev")).unwrap().unwrap();
         assert_eq!(prev.id, web.id);
         assert_eq!(store.get(&a, &names("web")).unwrap().unwrap().parent_name, Some(names("web-prev")));
+        assert!(store.is_retired(&a, &names("web-try")).unwrap(), "the promoted child's old name is retired");
+        assert!(!store.is_retired(&AccountId("b".into()), &names("web-try")).unwrap(), "per account");
         // A second promote onto an existing name is refused and changes nothing.
         let other = store.insert_dup(&prev, &names("other"), 3).unwrap();
         assert!(matches!(store.promote(&other, &prev, &names("web")), Err(StoreError::NameTaken(_))));

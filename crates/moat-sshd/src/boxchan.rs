@@ -11,27 +11,20 @@ use std::sync::Arc;
 
 use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
+use moat_core::ids::CONTROL_USER;
 use moat_core::{AccountId, AgentAddr, BoxManager, ManagerError, Name, SessionGuard};
 use russh::server::{Handle, Msg};
 use russh::{Channel, ChannelId, ChannelMsg, ChannelReadHalf, ChannelWriteHalf, Sig};
 use tokio::net::UnixStream;
 
 use crate::control;
-
-/// The SSH user name that always means the control plane.
-pub const SERVICE_USER: &str = "moat";
+use crate::setup::ChannelSetup;
 
 /// Exit status for failures of moat itself rather than of the command (as ssh).
 const EXIT_MOAT_FAILED: u32 = 255;
 
-/// Most environment variables a channel may set, and the size of each.
-const MAX_ENV: usize = 64;
-const MAX_ENV_BYTES: usize = 4096;
-
-/// Environment variables a client may pass (OpenSSH's usual `AcceptEnv`).
-fn env_allowed(name: &str) -> bool {
-    name == "LANG" || name.starts_with("LC_") || name == "COLORTERM"
-}
+/// The subsystem moat serves (inside the box).
+pub const SFTP_SUBSYSTEM: &str = "sftp";
 
 /// Who is on the other end and what they can reach.
 #[derive(Clone)]
@@ -46,24 +39,38 @@ pub struct ChannelCtx {
     pub handle: Handle,
 }
 
-/// What a channel talks to.
+/// What a channel talks to, by its SSH user name.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
-    /// The control plane.
+    /// `moat@`: the control plane, always.
     Control,
     /// One of the account's boxes.
     Box(Name),
+    /// A name that was one of the account's boxes (removed, or renamed by
+    /// `promote`): nothing runs, whatever the command.
+    Gone(String),
+    /// Any other name (the client's local user, as in `ssh HOST ls`): control
+    /// commands run, anything else is taken for a mistyped box.
+    Other(String),
 }
 
 impl ChannelCtx {
-    /// The user name picks the target: a box of this account by that name, or
-    /// else the control plane. Another account's box looks like no box at all.
+    /// The user name picks the target. A command meant for a box never acts on
+    /// the control plane; another account's box looks like no box at all.
     pub fn target(&self) -> Target {
-        if self.user == SERVICE_USER {
+        if self.user == CONTROL_USER {
             return Target::Control;
         }
-        match Name::new(&self.user) {
-            Ok(name) if self.manager.get(&self.account, &name).is_ok() => Target::Box(name),
-            _ => Target::Control,
+        let Ok(name) = Name::new(&self.user) else {
+            return Target::Other(self.user.clone());
+        };
+        if self.manager.get(&self.account, &name).is_ok() {
+            return Target::Box(name);
+        }
+        match self.manager.was_box(&self.account, &name) {
+            Ok(false) => Target::Other(self.user.clone()),
+            // A store error must not route a box's command to the control plane.
+            Ok(true) | Err(_) => Target::Gone(self.user.clone()),
         }
     }
 
@@ -76,6 +83,11 @@ impl ChannelCtx {
         };
         stream.map(|s| (s, guard)).map_err(|e| format!("box {name} is not answering: {e}"))
     }
+}
+
+/// What a command through a user name that is not a box hears.
+fn no_box(user: &str) -> String {
+    format!("no box named {user:?} (`ssh HOST ls` lists yours; `ssh {CONTROL_USER}@HOST help` for commands)")
 }
 
 /// An error and its sources on one line.
@@ -96,65 +108,40 @@ enum Program {
     Sftp,
 }
 
-/// Serves one session channel until it closes.
-pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx) {
-    let id = channel.id();
+/// Serves one session channel until it closes. The connection's handler has
+/// answered its requests already; `setup` holds what it accepted.
+pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx, setup: Arc<ChannelSetup>) {
     let (mut rx, tx) = channel.split();
     let mut pty: Option<PtySpec> = None;
-    let mut env = Vec::new();
     let program = loop {
-        let reply = |ok: bool, want: bool| {
-            let handle = ctx.handle.clone();
-            async move {
-                if want {
-                    let _ = if ok { handle.channel_success(id).await } else { handle.channel_failure(id).await };
-                }
-            }
-        };
         match rx.wait().await {
-            Some(ChannelMsg::RequestPty { want_reply, term, col_width, row_height, .. }) => {
+            Some(ChannelMsg::RequestPty { term, col_width, row_height, .. }) if !setup.started() => {
                 pty = Some(PtySpec { term, size: winsize(col_width, row_height) });
-                reply(true, want_reply).await;
-            }
-            Some(ChannelMsg::SetEnv { want_reply, variable_name, variable_value }) => {
-                // Bounded: env requests are not flow-controlled.
-                let ok = env_allowed(&variable_name)
-                    && env.len() < MAX_ENV
-                    && variable_name.len() + variable_value.len() <= MAX_ENV_BYTES;
-                if ok {
-                    env.push((variable_name, variable_value));
-                }
-                reply(ok, want_reply).await;
             }
             Some(ChannelMsg::WindowChange { col_width, row_height, .. }) => {
                 if let Some(p) = pty.as_mut() {
                     p.size = winsize(col_width, row_height);
                 }
             }
-            Some(ChannelMsg::Exec { want_reply, command }) => {
-                reply(true, want_reply).await;
-                break Program::Exec(command);
-            }
-            Some(ChannelMsg::RequestShell { want_reply }) => {
-                reply(true, want_reply).await;
-                break Program::Shell;
-            }
-            Some(ChannelMsg::RequestSubsystem { want_reply, name }) => {
-                let ok = name == "sftp";
-                reply(ok, want_reply).await;
-                if ok {
-                    break Program::Sftp;
-                }
-            }
-            // X11 forwarding is refused; agent forwarding russh already refused.
-            Some(ChannelMsg::RequestX11 { want_reply, .. }) => reply(false, want_reply).await,
+            Some(ChannelMsg::Exec { command, .. }) => break Program::Exec(command),
+            Some(ChannelMsg::RequestShell { .. }) => break Program::Shell,
+            Some(ChannelMsg::RequestSubsystem { name, .. }) if name == SFTP_SUBSYSTEM => break Program::Sftp,
             Some(ChannelMsg::Close) | None => return,
             Some(_) => {}
         }
     };
+    let env = setup.take_env();
     match ctx.target() {
         Target::Control => run_control(program, &tx, &ctx).await,
         Target::Box(name) => run_in_box(&name, program, pty, env, rx, tx, &ctx).await,
+        Target::Gone(user) => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
+        Target::Other(user) => match &program {
+            Program::Exec(cmd) if control::is_control_command(&String::from_utf8_lossy(cmd)) => {
+                run_control(program, &tx, &ctx).await
+            }
+            Program::Shell => run_control(program, &tx, &ctx).await,
+            Program::Exec(_) | Program::Sftp => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
+        },
     }
 }
 
@@ -180,7 +167,7 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
         Program::Exec(cmd) => String::from_utf8_lossy(&cmd).into_owned(),
         Program::Shell => {
             let mut text = String::new();
-            if ctx.user != SERVICE_USER && Name::new(&ctx.user).is_ok() {
+            if ctx.user != CONTROL_USER && Name::new(&ctx.user).is_ok() {
                 text.push_str(&format!("moat: you have no box named {:?}; this is the control plane.\n\n", ctx.user));
             }
             text.push_str(control::HELP);
@@ -197,6 +184,14 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
         Ok(cmd) => cmd,
         Err(e) => return fail(tx, &e.to_string(), 2).await,
     };
+    // (`moat` itself the manager refuses, for every way in.)
+    if let Some(name) = cmd.creates().filter(|name| name.as_str() == ctx.user && ctx.user != CONTROL_USER) {
+        let msg = format!(
+            "you are connected as \"{name}\": a box by that name would take that user name from the control \
+             plane; create it through the control plane's own name: ssh {CONTROL_USER}@HOST ..."
+        );
+        return fail(tx, &msg, 2).await;
+    }
     // Progress of long work (an image build) goes to stderr as it happens.
     let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress: moat_core::ProgressSink = Box::new(move |line: &str| {
@@ -263,9 +258,17 @@ async fn run_in_box(
     }
     let id = tx.id();
     let handle = ctx.handle.clone();
-    let output = tokio::spawn(pump_output(AgentReader::new(read), tx, handle, id));
+    let mut output = tokio::spawn(pump_output(AgentReader::new(read), tx, handle, id));
 
-    while let Some(msg) = rx.wait().await {
+    loop {
+        // Once the output side has closed the channel, russh drops the client's
+        // closing reply instead of passing it on: waiting for it would hold
+        // this channel's slot and the box's session for the whole connection.
+        let msg = tokio::select! {
+            msg = rx.wait() => msg,
+            _ = &mut output => return,
+        };
+        let Some(msg) = msg else { break };
         let sent = match msg {
             ChannelMsg::Data { data } => {
                 let mut result = Ok(());
@@ -400,7 +403,5 @@ mod tests {
             assert_eq!(signo(&sig(n)), Some(n));
         }
         assert_eq!(signo(&Sig::Custom("WINCH".into())), None);
-        assert!(env_allowed("LC_ALL") && env_allowed("LANG"));
-        assert!(!env_allowed("LD_PRELOAD") && !env_allowed("PATH"));
     }
 }

@@ -37,6 +37,11 @@ commands:
 
 then: ssh NAME@HOST for a shell in box NAME, ssh NAME@HOST CMD to run CMD;
 scp, sftp, rsync -e ssh and ssh -L reach the box the same way.
+
+The SSH user name picks what you talk to: one of your boxes by that name, or
+else the control plane. `ssh moat@HOST COMMAND` always reaches the control
+plane; through any other user name that is not a box, only the commands above
+run (anything else is taken for a box that does not exist).
 ";
 
 /// The default image for `new`.
@@ -150,12 +155,39 @@ fn name_arg(what: &str, value: Option<&String>) -> Result<Name, UsageError> {
     Name::new(value).map_err(|e| usage(format!("{what}: {e}")))
 }
 
+/// Every verb `parse` knows.
+const VERBS: &[&str] = &[
+    "help", "--help", "-h", "ls", "list", "info", "rm", "new", "dup", "diff", "stop", "start", "suspend", "set",
+    "usage", "promote",
+];
+
+/// Whether `line` is meant for the control plane (its first word is a verb;
+/// an empty line means `help`), whether or not its arguments are right.
+pub fn is_control_command(line: &str) -> bool {
+    match crate::words::split(line) {
+        Ok(words) => words.first().is_none_or(|verb| VERBS.contains(&verb.as_str())),
+        Err(_) => false,
+    }
+}
+
+impl Command {
+    /// The name of the box this command would create, if it creates one.
+    pub fn creates(&self) -> Option<&Name> {
+        match self {
+            Command::New { name, .. } => Some(name),
+            Command::Dup { dst, .. } => Some(dst),
+            _ => None,
+        }
+    }
+}
+
 /// Parses the words of a control command.
 pub fn parse(words: &[String]) -> Result<Command, UsageError> {
     let Some((verb, args)) = words.split_first() else {
         return Ok(Command::Help);
     };
     match verb.as_str() {
+        // Keep VERBS in step with these arms.
         "help" | "--help" | "-h" => no_more("help", args).map(|()| Command::Help),
         "ls" | "list" => {
             let json = flags_only("ls", args)?;
@@ -549,6 +581,22 @@ mod tests {
         ] {
             let e = p(bad).unwrap_err();
             assert!(!e.0.contains('\n'), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn control_commands_are_told_from_box_commands() {
+        for line in ["ls", "new web --cpus 1", "rm", "help", "", "  "] {
+            assert!(is_control_command(line), "{line:?}");
+        }
+        for line in ["make test", "git-upload-pack '/root/repo.git'", "echo 'unterminated", "lsof"] {
+            assert!(!is_control_command(line), "{line:?}");
+        }
+        let mut all: Vec<&str> = VERBS.to_vec();
+        all.retain(|v| !v.starts_with('-'));
+        for verb in all {
+            let e = p(verb).err().map(|e| e.0).unwrap_or_default();
+            assert!(!e.contains("unknown command"), "{verb} is in VERBS but parse does not know it");
         }
     }
 

@@ -1,19 +1,21 @@
 //! The per-connection russh handler: public-key authentication and channel
 //! routing. Everything it does not implement, russh refuses.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use moat_core::{AccountId, BoxManager};
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
-use russh::{Channel, ChannelOpenFailure};
+use russh::{Channel, ChannelId, ChannelOpenFailure};
 
 use crate::auth::AuthorizedKeys;
 use crate::boxchan::{self, ChannelCtx};
 use crate::forward;
 use crate::ratelimit::LogLimit;
 use crate::server::UnauthSlot;
+use crate::setup::ChannelSetup;
 
 /// What every connection shares.
 pub struct Shared {
@@ -56,6 +58,10 @@ pub struct ConnHandler {
     slot: Option<UnauthSlot>,
     authenticated: Arc<AtomicBool>,
     channels: Arc<AtomicUsize>,
+    /// Each open session channel's setup (environment, program chosen). Weak:
+    /// the channel's task owns it, so an entry dies with its channel even when
+    /// russh never reports the close (it drops the client's reply to ours).
+    setups: HashMap<ChannelId, Weak<ChannelSetup>>,
 }
 
 impl ConnHandler {
@@ -66,7 +72,15 @@ impl ConnHandler {
         slot: UnauthSlot,
         authenticated: Arc<AtomicBool>,
     ) -> Self {
-        Self { shared, peer, login: None, slot: Some(slot), authenticated, channels: Arc::default() }
+        Self {
+            shared,
+            peer,
+            login: None,
+            slot: Some(slot),
+            authenticated,
+            channels: Arc::default(),
+            setups: HashMap::new(),
+        }
     }
 
     /// Lets a new channel in if the connection is authenticated and under its
@@ -86,6 +100,12 @@ impl ConnHandler {
                 None
             }
         }
+    }
+
+    /// The setup of an open session channel (None for a forward, or a channel
+    /// whose task has ended).
+    fn setup(&self, channel: ChannelId) -> Option<Arc<ChannelSetup>> {
+        self.setups.get(&channel).and_then(Weak::upgrade)
     }
 
     fn ctx(&self, session: &Session) -> Option<ChannelCtx> {
@@ -138,10 +158,88 @@ impl russh::server::Handler for ConnHandler {
             return Ok(());
         };
         reply.accept().await;
+        let setup = Arc::new(ChannelSetup::default());
+        self.setups.retain(|_, setup| setup.strong_count() > 0);
+        self.setups.insert(channel.id(), Arc::downgrade(&setup));
         tokio::spawn(async move {
-            boxchan::serve(channel, ctx).await;
+            boxchan::serve(channel, ctx, setup).await;
             drop(slot);
         });
+        Ok(())
+    }
+
+    // Channel requests are answered here, in the order they arrive, and only
+    // when the client asked for an answer (RFC 4254 5.4). russh keeps one
+    // "wants a reply" flag per channel and its channel messages always claim a
+    // reply is wanted, so an answer sent later from the channel's task could
+    // land on the next request: an unanswerable `env` failure then read as the
+    // `exec` failing (git's GIT_PROTOCOL, `ssh -o SetEnv`).
+
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        _term: &str,
+        _col_width: u32,
+        _row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let ok = self.setup(channel).is_some_and(|s| !s.started());
+        answer(session, channel, ok)
+    }
+
+    async fn env_request(
+        &mut self,
+        channel: ChannelId,
+        variable_name: &str,
+        variable_value: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let ok = self.setup(channel).is_some_and(|s| s.offer_env(variable_name, variable_value));
+        answer(session, channel, ok)
+    }
+
+    async fn shell_request(&mut self, channel: ChannelId, session: &mut Session) -> Result<(), Self::Error> {
+        let ok = self.setup(channel).is_some_and(|s| s.start());
+        answer(session, channel, ok)
+    }
+
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        _data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let ok = self.setup(channel).is_some_and(|s| s.start());
+        answer(session, channel, ok)
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let ok = name == boxchan::SFTP_SUBSYSTEM && self.setup(channel).is_some_and(|s| s.start());
+        answer(session, channel, ok)
+    }
+
+    async fn x11_request(
+        &mut self,
+        channel: ChannelId,
+        _single_connection: bool,
+        _x11_auth_protocol: &str,
+        _x11_auth_cookie: &str,
+        _x11_screen_number: u32,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        answer(session, channel, false)
+    }
+
+    async fn channel_close(&mut self, channel: ChannelId, _session: &mut Session) -> Result<(), Self::Error> {
+        self.setups.remove(&channel);
         Ok(())
     }
 
@@ -164,5 +262,14 @@ impl russh::server::Handler for ConnHandler {
             drop(slot);
         });
         Ok(())
+    }
+}
+
+/// Answers a channel request; russh sends nothing if the client wanted no answer.
+fn answer(session: &mut Session, channel: ChannelId, ok: bool) -> Result<(), russh::Error> {
+    if ok {
+        session.channel_success(channel)
+    } else {
+        session.channel_failure(channel)
     }
 }

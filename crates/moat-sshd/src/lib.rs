@@ -15,6 +15,7 @@ pub mod handler;
 mod quickack;
 pub mod ratelimit;
 pub mod server;
+pub mod setup;
 pub mod words;
 
 pub use server::{serve, ServerConfig};

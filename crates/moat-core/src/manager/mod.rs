@@ -53,6 +53,9 @@ pub enum ManagerError {
         /// The operator's maximum, as text.
         max: String,
     },
+    /// A name no box may have: the control plane's user name.
+    #[error("\"{0}\" is the control plane's user name (ssh {0}@HOST); pick another name")]
+    ReservedName(Name),
     /// A name built from another is too long to be a name.
     #[error("{0}: the name would be too long")]
     NameTooLong(String),
@@ -65,6 +68,14 @@ pub enum ManagerError {
     /// A blocking task panicked or was cancelled.
     #[error("internal task failed")]
     Join(#[from] tokio::task::JoinError),
+}
+
+/// Refuses the control plane's user name as a box name: no box could be reached by it.
+fn reserved(name: &Name) -> Result<(), ManagerError> {
+    if name.as_str() == crate::ids::CONTROL_USER {
+        return Err(ManagerError::ReservedName(name.clone()));
+    }
+    Ok(())
 }
 
 /// What `new` asks for.
@@ -195,6 +206,12 @@ impl BoxManager {
         self.store.get(account, name)?.ok_or_else(|| ManagerError::NoSuchBox(name.clone()))
     }
 
+    /// Whether the account once had a box called `name` that it no longer has
+    /// under that name (removed, or renamed by `promote`).
+    pub fn was_box(&self, account: &AccountId, name: &Name) -> Result<bool, ManagerError> {
+        Ok(self.store.is_retired(account, name)? && self.store.get(account, name)?.is_none())
+    }
+
     /// The account's boxes.
     pub fn list(&self, account: &AccountId) -> Result<Vec<BoxRecord>, ManagerError> {
         Ok(self.store.list(Some(account))?)
@@ -230,6 +247,7 @@ impl BoxManager {
         progress: ProgressSink,
     ) -> Result<BoxRecord, ManagerError> {
         spec.limits.validate()?;
+        reserved(&spec.name)?;
         self.check_quota(account, &spec.limits)?;
         if self.store.get(account, &spec.name)?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
@@ -280,6 +298,7 @@ impl BoxManager {
     /// a fresh process tree and identity. On any failure (or a crash, rolled back
     /// by `recover`) no `dst` is left and `src` runs on untouched.
     pub async fn dup(self: &Arc<Self>, account: &AccountId, src: &Name, dst: &Name) -> Result<BoxRecord, ManagerError> {
+        reserved(dst)?;
         let src = self.get(account, src)?;
         self.check_quota(account, &src.limits)?;
         if self.store.get(account, dst)?.is_some() {
@@ -341,6 +360,7 @@ impl BoxManager {
         })
         .await??;
         self.store.delete(&rec.id)?;
+        self.store.retire_name(account, &rec.name)?;
         self.store.forget_meter(&rec.id)?;
         self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);

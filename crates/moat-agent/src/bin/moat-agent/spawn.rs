@@ -34,6 +34,7 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
     let envp: Vec<*const libc::c_char> = program.envp.iter().map(|e| e.as_ptr()).chain([ptr::null()]).collect();
     let (err_read, err_write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let fds = [io.stdin.as_raw_fd(), io.stdout.as_raw_fd(), io.stderr.as_raw_fd()];
+    let last_signal = libc::SIGRTMAX();
 
     // SAFETY: after fork the child runs only async-signal-safe libc calls on
     // memory prepared above (argv/envp arrays and C strings that outlive the call
@@ -52,8 +53,17 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
             if io.controlling_tty {
                 libc::ioctl(0, libc::TIOCSCTTY, 0);
             }
-            // Rust ignores SIGPIPE in the agent; a shell's children expect the default.
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            // A program starts as sshd's sessions do: every signal at its default
+            // and none blocked, whatever the agent (Rust ignores SIGPIPE) or the
+            // daemon that started the box (`moat serve &` ignores SIGINT and
+            // SIGQUIT; nohup, SIGHUP) left behind. Ignored dispositions survive
+            // exec, so without this Ctrl-C would reach no job in the box.
+            for signo in 1..=last_signal {
+                libc::signal(signo, libc::SIG_DFL);
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, ptr::null_mut());
             if libc::chdir(program.cwd.as_ptr()) != 0 {
                 libc::chdir(c"/".as_ptr());
             }
