@@ -10,6 +10,8 @@ packages=(
   openssh-server                  # the benchmark's peer (sshd is not started as a service)
   rsync curl ca-certificates procps coreutils
   bubblewrap                      # the benchmark's peer
+  lxcfs                           # a box's own totals in /proc (meminfo, cpuinfo, uptime)
+  git python3-paramiko python3-asyncssh ansible-core   # client software the e2e suite drives
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -10,5 +10,14 @@ INSTALL=1 scripts/build.sh
 if [ ! -s "${HOME:-/root}/.ssh/authorized_keys" ]; then
   echo "note: ${HOME:-/root}/.ssh/authorized_keys is empty; add your public key there (or pass --authorized-keys FILE)" >&2
 fi
-moat image build debian
+# Build the image into the state dir `moat serve` will use, not the default one.
+image_args=()
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --state-dir) image_args=(--state-dir "${args[i + 1]:-}") ;;
+    --state-dir=*) image_args=("${args[i]}") ;;
+  esac
+done
+moat image build debian "${image_args[@]}"
 exec moat serve "$@"

@@ -32,30 +32,42 @@ pub enum LimitsError {
     OutOfRange {
         /// Which limit.
         what: &'static str,
-        /// Smallest allowed.
-        min: u64,
-        /// Largest allowed.
-        max: u64,
+        /// Smallest allowed, as the user would type it.
+        min: String,
+        /// Largest allowed, as the user would type it.
+        max: String,
     },
 }
 
 impl Limits {
     /// Checks that each limit is in a range the kernel and the host can honour.
     pub fn validate(&self) -> Result<(), LimitsError> {
-        check("--cpus", u64::from(self.cpus), 1, 256)?;
-        check("--memory", self.memory, 16 << 20, 1 << 40)?;
-        check("--pids", u64::from(self.pids), 16, 1 << 22)?;
-        check("--disk", self.disk, 64 << 20, 1 << 50)?;
+        let count = |n: u64| n.to_string();
+        check("--cpus", u64::from(self.cpus), 1, 256, count)?;
+        check("--memory", self.memory, 16 << 20, 1 << 40, format_size)?;
+        check("--pids", u64::from(self.pids), 16, 1 << 22, count)?;
+        check("--disk", self.disk, 64 << 20, 1 << 50, format_size)?;
         Ok(())
     }
 }
 
-fn check(what: &'static str, v: u64, min: u64, max: u64) -> Result<(), LimitsError> {
+fn check(what: &'static str, v: u64, min: u64, max: u64, show: fn(u64) -> String) -> Result<(), LimitsError> {
     if (min..=max).contains(&v) {
         Ok(())
     } else {
-        Err(LimitsError::OutOfRange { what, min, max })
+        Err(LimitsError::OutOfRange { what, min: show(min), max: show(max) })
     }
+}
+
+/// A size as a user would type it: `2147483648` → `2G`; sizes that are no
+/// whole number of any unit stay in bytes.
+pub fn format_size(bytes: u64) -> String {
+    for (shift, unit) in [(50, "P"), (40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 /// Parses `1048576`, `512K`, `512M`, `2G`, `1T` (powers of 1024; a trailing `B`
@@ -84,6 +96,15 @@ pub fn parse_size(s: &str) -> Result<u64, LimitsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_print_as_typed() {
+        assert_eq!(format_size(2 << 30), "2G");
+        assert_eq!(format_size(512 << 20), "512M");
+        assert_eq!(format_size(1000), "1000");
+        let e = Limits { disk: 1, ..Limits::default() }.validate().unwrap_err();
+        assert_eq!(e.to_string(), "--disk must be between 64M and 1P");
+    }
 
     #[test]
     fn sizes_parse() {

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use moat_core::limits::parse_size;
+use moat_core::limits::{format_size, parse_size};
 use moat_core::{AccountId, BoxManager, BoxSpec, ChangeKind, Limits, ManagerError, Name, ProgressSink};
 use serde::Serialize;
 
@@ -380,7 +380,7 @@ pub async fn run(
                     b.state,
                     b.image,
                     b.limits.cpus,
-                    human_size(b.limits.memory),
+                    format_size(b.limits.memory),
                     b.limits.pids,
                     b.parent_name.as_ref().map_or("-", |p| p.as_str())
                 );
@@ -406,9 +406,9 @@ pub async fn run(
                 idle_rule(&b),
                 b.image,
                 b.limits.cpus,
-                human_size(b.limits.memory),
+                format_size(b.limits.memory),
                 b.limits.pids,
-                human_size(b.limits.disk),
+                format_size(b.limits.disk),
                 b.created_at,
                 parent
             ))
@@ -496,16 +496,6 @@ fn to_json<T: Serialize>(value: &T) -> String {
     let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".into());
     s.push('\n');
     s
-}
-
-/// `2147483648` → `2G`.
-fn human_size(bytes: u64) -> String {
-    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
 }
 
 #[cfg(test)]
@@ -602,9 +592,6 @@ mod tests {
 
     #[test]
     fn sizes_print_short() {
-        assert_eq!(human_size(2 << 30), "2G");
-        assert_eq!(human_size(512 << 20), "512M");
-        assert_eq!(human_size(1000), "1000");
         assert_eq!(rounded_size(10_788_864), "10.3M");
         assert_eq!(rounded_size(3 << 30), "3.0G");
         assert_eq!(rounded_size(512), "512");

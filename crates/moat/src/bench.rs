@@ -17,7 +17,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg};
-use moat_box::ns::{NsBackend, NsConfig};
 use moat_box::AnyBackend;
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name, Store};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
@@ -90,9 +89,8 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     if !pool.has_image(&busybox) {
         moat_box::image::build(&pool, &busybox, &mut |_: &str| {})?;
     }
-    let agent = paths::find_agent(args.agent.as_deref())?;
-    let helper = std::env::current_exe()?;
-    let backend = NsBackend::new(pool, NsConfig { run_dir: dir.join("run"), helper, agent })?;
+    drop(pool);
+    let backend = paths::ns_backend(dir, paths::find_agent(args.agent.as_deref())?)?;
     let manager = BoxManager::new(
         Store::open(&dir.join("moat.db"))?,
         Arc::new(AnyBackend::Ns(backend)),

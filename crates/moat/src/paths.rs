@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use moat_box::ns::hostview::HostView;
+use moat_box::ns::{NsBackend, NsConfig};
 use moat_box::pool::Pool;
 
 /// The state directory unless told otherwise.
@@ -15,6 +17,22 @@ pub const DEFAULT_POOL_SIZE: u64 = 256 << 30;
 pub fn open_pool(state_dir: &Path) -> Result<Pool> {
     std::fs::create_dir_all(state_dir).with_context(|| format!("create {}", state_dir.display()))?;
     Pool::open(state_dir, DEFAULT_POOL_SIZE).context("open the storage pool")
+}
+
+/// Where the per-box /proc totals (LXCFS) are mounted.
+pub fn host_view_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("lxcfs")
+}
+
+/// The namespace backend over the state dir's pool, as `serve` and `bench`
+/// run it: this executable as the spawn helper, `agent` in every box, and
+/// per-box /proc totals where LXCFS runs.
+pub fn ns_backend(state_dir: &Path, agent: PathBuf) -> Result<NsBackend> {
+    let pool = open_pool(state_dir)?;
+    let helper = std::env::current_exe().context("find this executable")?;
+    let host_view = HostView::ensure(&host_view_dir(state_dir));
+    let config = NsConfig { run_dir: state_dir.join("run"), helper, agent, host_view };
+    Ok(NsBackend::new(pool, config)?)
 }
 
 /// The static moat-agent binary: `$MOAT_AGENT`, or beside this executable, or in

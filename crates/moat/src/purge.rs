@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use moat_box::ns::hostview::HostView;
 use moat_box::ns::{NsBackend, NsConfig};
 use moat_core::{Backend, Store};
 
@@ -18,7 +19,12 @@ pub fn run(state_dir: &Path) -> Result<()> {
     let pool = paths::open_pool(state_dir)?;
     let backend = Arc::new(NsBackend::new(
         pool,
-        NsConfig { run_dir: state_dir.join("run"), helper: "/nonexistent".into(), agent: "/nonexistent".into() },
+        NsConfig {
+            run_dir: state_dir.join("run"),
+            helper: "/nonexistent".into(),
+            agent: "/nonexistent".into(),
+            host_view: None,
+        },
     )?);
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
     for rec in store.list(None)? {
@@ -31,6 +37,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
     backend.cgroups().remove_parents();
     let pool = backend.into_pool().context("the pool is still in use")?;
     pool.unmount()?;
+    HostView::stop(&paths::host_view_dir(state_dir));
     std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;
     Ok(())
 }

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use moat_box::ns::{NsBackend, NsConfig};
 use moat_box::AnyBackend;
 use moat_core::{BoxManager, ManagerConfig, Store};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
@@ -99,10 +98,8 @@ fn raise_fd_limit() {
 async fn serve(args: ServeArgs) -> Result<()> {
     raise_fd_limit();
     let state_dir = args.state_dir;
-    let pool = paths::open_pool(&state_dir)?;
     let agent = paths::find_agent(args.agent.as_deref())?;
-    let helper = std::env::current_exe().context("find this executable")?;
-    let backend = NsBackend::new(pool, NsConfig { run_dir: state_dir.join("run"), helper, agent })?;
+    let backend = paths::ns_backend(&state_dir, agent)?;
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
     // Never below the per-box defaults, or a plain `new` would be refused.
     let (host_cpus, host_memory) = host_capacity();

@@ -205,6 +205,13 @@ fn init_box_inner(
     drop(null);
     // Leave the daemon's session: a box must not reach the operator's terminal.
     nix::unistd::setsid().context(|| "setsid".into())?;
+    if !plan.cpus.is_empty() {
+        let mut set = nix::sched::CpuSet::new();
+        for &cpu in &plan.cpus {
+            set.set(cpu).context(|| format!("cpu {cpu}"))?;
+        }
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).context(|| "cpu affinity".into())?;
+    }
     std::env::set_current_dir(&plan.rootfs)?;
     mount_pseudo_filesystems(plan)?;
 
@@ -261,6 +268,12 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     }
     mount(Some("sysfs"), "sys", Some("sysfs"), nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None::<&str>)
         .context(|| "mount /sys".into())?;
+    for (source, target) in &plan.binds {
+        // Both ends are the host's own (the LXCFS mount, and the fresh /proc
+        // and /sys just mounted), never a path the box's files could steer.
+        mount(Some(source.as_path()), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .context(|| format!("bind {}", target.display()))?;
+    }
 
     let owner = format!("uid={0},gid={0}", plan.uid_base);
     mount(

@@ -4,6 +4,7 @@
 
 pub mod cgroup;
 pub mod enforce;
+pub mod hostview;
 pub mod plan;
 pub mod seccomp;
 pub mod spare;
@@ -33,6 +34,8 @@ pub struct NsConfig {
     pub helper: PathBuf,
     /// The static moat-agent binary.
     pub agent: PathBuf,
+    /// Per-box /proc totals (LXCFS), where available.
+    pub host_view: Option<hostview::HostView>,
 }
 
 /// The namespace backend.
@@ -216,6 +219,7 @@ impl Backend for NsBackend {
                 self.socket_path(rec),
                 self.config.agent.clone(),
             )
+            .with_host_view(rec, self.config.host_view.as_ref(), host_cpus())
         };
         if let Some(spare) = spare {
             // The spare's helper is in the cgroup already: it joins nothing.
@@ -296,4 +300,9 @@ impl Backend for NsBackend {
     fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
         self.pool.exclusive_bytes(&rec.id)
     }
+}
+
+/// The CPUs this daemon may use (what a box's share is taken from).
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }

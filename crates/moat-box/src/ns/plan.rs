@@ -54,6 +54,11 @@ pub struct SpawnPlan {
     pub agent_binary: PathBuf,
     /// Host gid of the box's tty group (devpts `gid=`).
     pub devpts_gid: u32,
+    /// Files bound over the box's own (host file, path under the root): its
+    /// totals in /proc instead of the host's.
+    pub binds: Vec<(PathBuf, PathBuf)>,
+    /// The CPUs PID 1 (and so every process) runs on; empty: all.
+    pub cpus: Vec<usize>,
 }
 
 impl SpawnPlan {
@@ -75,7 +80,22 @@ impl SpawnPlan {
             agent_socket,
             agent_binary,
             devpts_gid: uid_base + TTY_GID,
+            binds: Vec::new(),
+            cpus: Vec::new(),
         }
+    }
+
+    /// Shows the box its own totals: the host view's files, and an affinity
+    /// of as many of the host's `host_cpus` CPUs as its limit allows.
+    pub fn with_host_view(
+        mut self,
+        rec: &BoxRecord,
+        view: Option<&super::hostview::HostView>,
+        host_cpus: usize,
+    ) -> Self {
+        self.binds = view.map(super::hostview::HostView::binds).unwrap_or_default();
+        self.cpus = super::hostview::cpu_affinity(rec.limits.cpus, rec.slot, host_cpus);
+        self
     }
 
     /// The line written to both `uid_map` and `gid_map`.
@@ -117,6 +137,12 @@ mod tests {
         assert_eq!(a.id_map(), format!("0 {} 65536\n", a.uid_base));
         assert_eq!(a.devpts_gid, a.uid_base + 5);
         assert_eq!(a.hostname, "web");
+        assert!(a.binds.is_empty() && a.cpus.is_empty());
+        let mut one = record(3);
+        one.limits.cpus = 1;
+        let pinned =
+            SpawnPlan::for_box(&one, "/r".into(), vec![], "/s".into(), "/a".into()).with_host_view(&one, None, 2);
+        assert_eq!(pinned.cpus, vec![1]);
     }
 
     #[test]

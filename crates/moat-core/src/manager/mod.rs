@@ -186,13 +186,13 @@ impl BoxManager {
             return over("--cpus", max.cpus.to_string());
         }
         if limits.memory > max.memory {
-            return over("--memory", format!("{} MiB", max.memory >> 20));
+            return over("--memory", crate::limits::format_size(max.memory));
         }
         if limits.pids > max.pids {
             return over("--pids", max.pids.to_string());
         }
         if limits.disk > max.disk {
-            return over("--disk", format!("{} MiB", max.disk >> 20));
+            return over("--disk", crate::limits::format_size(max.disk));
         }
         let count = self.store.list(Some(account))?.len();
         if count >= self.config.max_boxes {

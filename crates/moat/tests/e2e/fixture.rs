@@ -74,7 +74,12 @@ impl Daemon {
     pub fn restart(&mut self) {
         self.kill();
         let log = std::fs::File::create(self.state_dir.with_extension("log")).expect("daemon log");
-        let mut child = Command::new(moat_bin())
+        // Started as `moat serve &` from a script or under nohup starts it:
+        // SIGINT, SIGQUIT and SIGHUP ignored. Boxes must not inherit that
+        // (pty_shell_resize_and_ctrl_c types Ctrl-C).
+        let mut child = Command::new("sh")
+            .args(["-c", "trap '' INT QUIT HUP; exec \"$0\" \"$@\""])
+            .arg(moat_bin())
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--state-dir"])
             .arg(&self.state_dir)

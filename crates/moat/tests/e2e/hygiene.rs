@@ -46,7 +46,7 @@ pub fn operator_limits_are_enforced(env: &Env) {
     let mut daemon = Daemon::start(state, env.daemon.keys_file.clone(), &["--max-boxes", "2", "--max-memory", "512M"]);
     let ssh = |args: &[&str]| run(&mut daemon.ssh(&env.alice, None, args));
     let out = ssh(&["new", "big", "--image", "busybox", "--memory", "1G"]);
-    assert_eq!((out.status, out.stderr.as_str()), (Some(1), "moat: --memory may be at most 512 MiB on this server\n"));
+    assert_eq!((out.status, out.stderr.as_str()), (Some(1), "moat: --memory may be at most 512M on this server\n"));
     ssh(&["new", "one", "--image", "busybox", "--memory", "256M"]).ok();
     ssh(&["new", "two", "--image", "busybox", "--memory", "256M"]).ok();
     let out = ssh(&["new", "three", "--image", "busybox", "--memory", "256M"]);

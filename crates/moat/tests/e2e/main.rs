@@ -8,6 +8,7 @@
 
 #![allow(missing_docs)]
 
+mod clients;
 mod control;
 mod exec;
 mod files;
@@ -57,6 +58,13 @@ const TESTS: &[(&str, TestFn)] = &[
     ("control_new_ls_info_rm", control::new_ls_info_rm),
     ("control_bad_input_is_one_line_and_leaves_nothing", control::bad_input_is_one_line_and_leaves_nothing),
     ("control_help_and_control_shell", control::help_and_control_shell),
+    ("clients_git_clone_push_pull_with_defaults", clients::git_clone_push_pull_with_defaults),
+    ("clients_unaccepted_env_still_runs_the_command", clients::unaccepted_env_still_runs_the_command),
+    ("clients_controlmaster_100_commands_then_idle_suspends", clients::controlmaster_100_commands_then_idle_suspends),
+    ("clients_paramiko_and_asyncssh_reuse_one_connection", clients::paramiko_and_asyncssh_reuse_one_connection),
+    ("clients_ansible_playbook_on_two_boxes", clients::ansible_playbook_on_two_boxes),
+    ("clients_user_names_never_misroute", clients::user_names_never_misroute),
+    ("clients_box_sees_its_own_totals", clients::box_sees_its_own_totals),
     ("exec_streams_status_and_stderr", exec::streams_status_and_stderr),
     ("exec_death_by_signal_is_reported_as_openssh", exec::death_by_signal_is_reported_as_openssh),
     ("exec_tar_100mb_through_stdin", exec::tar_100mb_through_stdin),

@@ -8,6 +8,7 @@
 
 mod exec;
 mod frames;
+mod login;
 mod reaper;
 mod spawn;
 mod tcp;
@@ -31,6 +32,7 @@ fn main() {
     let listener = UnixListener::from(unsafe { OwnedFd::from_raw_fd(LISTEN_FD) });
     // Commands the box runs must not inherit the host's door.
     let _ = nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
+    login::alias_root_as_host_name();
     let reaper = Arc::new(Reaper::start());
     loop {
         match listener.accept() {

@@ -1,0 +1,65 @@
+//! The SSH user name as a user of the box.
+//!
+//! A box is reached as `NAME@HOST` and runs everything as root, but tools that
+//! ask the remote shell for `~NAME` (Ansible does, to find its temp dir) get
+//! the literal `~NAME` back when NAME is nobody's login, and create a
+//! directory by that name. So the box's name becomes another name for root:
+//! a passwd line with root's uid, home and shell, added once at boot if the
+//! image has a passwd file and no user of that name.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+
+const PASSWD: &str = "/etc/passwd";
+
+/// A passwd file larger than this is left alone (the box wrote it).
+const MAX_PASSWD: u64 = 4 << 20;
+
+/// Adds the box's host name (its SSH user name) to /etc/passwd as root, once.
+pub fn alias_root_as_host_name() {
+    let Ok(host) = nix::unistd::gethostname() else { return };
+    let Some(name) = host.to_str().filter(|n| is_label(n)) else { return };
+    let Ok(mut file) = OpenOptions::new().read(true).append(true).custom_flags(libc::O_NOFOLLOW).open(PASSWD) else {
+        return;
+    };
+    let mut text = String::new();
+    if Read::by_ref(&mut file).take(MAX_PASSWD).read_to_string(&mut text).is_err() {
+        return;
+    }
+    if let Some(line) = alias_line(&text, name) {
+        let _ = file.write_all(line.as_bytes());
+    }
+}
+
+/// The line to append for `name`, if it needs one.
+fn alias_line(passwd: &str, name: &str) -> Option<String> {
+    let taken = passwd.lines().any(|l| l.split(':').next() == Some(name));
+    if taken {
+        return None;
+    }
+    // root:x:0:0:comment:home:shell → keep root's home and shell.
+    let root: Vec<&str> = passwd.lines().find(|l| l.starts_with("root:"))?.split(':').collect();
+    let (home, shell) = (root.get(5)?, root.get(6)?);
+    let newline = if passwd.is_empty() || passwd.ends_with('\n') { "" } else { "\n" };
+    Some(format!("{newline}{name}:x:0:0:moat box login (root):{home}:{shell}\n"))
+}
+
+/// A DNS label (what box names are); nothing that could break a passwd line.
+fn is_label(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 63 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adds_the_name_once_as_root() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/usr/sbin/nologin";
+        assert_eq!(alias_line(passwd, "web").as_deref(), Some("\nweb:x:0:0:moat box login (root):/root:/bin/bash\n"));
+        assert_eq!(alias_line(passwd, "daemon"), None, "an existing user keeps its line");
+        assert_eq!(alias_line("", "web"), None, "no root line, nothing to copy");
+        assert!(!is_label("a:b") && !is_label("a\nb") && is_label("web-2"));
+    }
+}

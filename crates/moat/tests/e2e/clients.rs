@@ -1,0 +1,201 @@
+//! Client software nobody here wrote, used the way it is by default: git over
+//! ssh, OpenSSH's env passing and ControlMaster, paramiko, asyncssh and
+//! Ansible (Debian's packages, installed by scripts/deps.sh); and the rules by
+//! which an SSH user name picks a box or the control plane.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::fixture::{run, unique, Ran};
+use crate::Env;
+
+/// The Python the client libraries are installed for (Debian's, not a pyenv one).
+const PYTHON: &str = "/usr/bin/python3";
+
+fn clients_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/clients"))
+}
+
+/// `ssh` with the suite's options, as one string for GIT_SSH_COMMAND.
+fn ssh_command(env: &Env) -> String {
+    format!("ssh {}", env.daemon.ssh_opts(&env.alice).join(" "))
+}
+
+fn git(env: &Env, dir: &Path, args: &[&str]) -> Ran {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120").arg("git").args(args).current_dir(dir);
+    cmd.env("GIT_SSH_COMMAND", ssh_command(env));
+    cmd.env("GIT_AUTHOR_NAME", "t").env("GIT_AUTHOR_EMAIL", "t@e").env("GIT_COMMITTER_NAME", "t");
+    cmd.env("GIT_COMMITTER_EMAIL", "t@e").env("HOME", dir);
+    run(&mut cmd)
+}
+
+/// git's defaults pass GIT_PROTOCOL with `-o SendEnv` (protocol v2): clone,
+/// push and pull all work.
+pub fn git_clone_push_pull_with_defaults(env: &Env) {
+    let name = unique("git");
+    env.new_box(&name, &[]);
+    env.alice(Some(&name), &["git init -q --bare -b main /root/repo.git"]).ok();
+    let work = env.dir.join(&name);
+    std::fs::create_dir_all(&work).unwrap();
+    let url = format!("ssh://{name}@127.0.0.1:{}/root/repo.git", env.daemon.port);
+    git(env, &work, &["clone", "-q", &url, "a"]).ok();
+    let a = work.join("a");
+    std::fs::write(a.join("README"), "hello\n").unwrap();
+    git(env, &a, &["add", "README"]).ok();
+    git(env, &a, &["commit", "-qm", "first"]).ok();
+    git(env, &a, &["push", "-q", "origin", "HEAD:main"]).ok();
+    git(env, &work, &["clone", "-q", &url, "b"]).ok();
+    assert_eq!(std::fs::read_to_string(work.join("b/README")).unwrap(), "hello\n");
+    std::fs::write(a.join("README"), "hello again\n").unwrap();
+    git(env, &a, &["commit", "-qam", "second"]).ok();
+    git(env, &a, &["push", "-q"]).ok();
+    git(env, &work.join("b"), &["pull", "-q"]).ok();
+    assert_eq!(std::fs::read_to_string(work.join("b/README")).unwrap(), "hello again\n");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// An env request the server refuses (asked with no reply wanted) must not be
+/// taken for the exec's answer; accepted variables reach the command.
+pub fn unaccepted_env_still_runs_the_command(env: &Env) {
+    let name = unique("env");
+    env.new_box(&name, &[]);
+    for opt in ["SendEnv=NOT_ACCEPTED", "SetEnv=NOT_ACCEPTED=1", "SetEnv=LD_PRELOAD=/x.so"] {
+        let mut cmd = env.daemon.ssh_with(&env.alice, Some(&name), &["-o", opt], &["echo ran:${NOT_ACCEPTED:-}"]);
+        cmd.env("NOT_ACCEPTED", "x");
+        let out = run(&mut cmd).ok();
+        assert_eq!(out.stdout, "ran:\n", "{opt}");
+    }
+    let set = ["-o", "SetEnv=GIT_PROTOCOL=version=2 LC_MOAT=yes"];
+    let out = run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &set, &["echo $GIT_PROTOCOL $LC_MOAT"])).ok();
+    assert_eq!(out.stdout, "version=2 yes\n");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// One ControlMaster connection runs 100 commands (each channel frees its
+/// slot when it closes), and a master with no open channel does not keep the
+/// box awake: it suspends, and the next command through the master resumes it.
+pub fn controlmaster_100_commands_then_idle_suspends(env: &Env) {
+    let name = unique("mux");
+    env.new_box(&name, &["--idle", "2"]);
+    let socket = env.dir.join(format!("{name}.mux"));
+    let path = format!("ControlPath={}", socket.display());
+    let master = ["-o", "ControlMaster=yes", "-o", &path, "-o", "ControlPersist=120", "-f", "-N"];
+    run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &master, &[])).ok();
+    let through = |cmd: &str| run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &["-o", &path], &[cmd]));
+    for i in 0..100 {
+        let out = through(&format!("echo {i}")).ok();
+        assert_eq!(out.stdout, format!("{i}\n"), "command {i} through the master");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info: serde_json::Value =
+            serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout).unwrap();
+        if info["state"] == "suspended" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the box never suspended with only an idle master connected: {info}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &["-o", &path, "-O", "check"], &[])).ok();
+    assert_eq!(through("echo back").ok().stdout, "back\n");
+    let _ = run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &["-o", &path, "-O", "exit"], &[]));
+    env.alice(None, &["rm", &name]).ok();
+}
+
+fn python_client(env: &Env, script: &str, user: &str) -> Ran {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("180").arg(PYTHON).arg(clients_dir().join(script));
+    cmd.args(["127.0.0.1", &env.daemon.port.to_string()]).arg(&env.alice.path).arg(user);
+    cmd.env("PYTHONWARNINGS", "ignore");
+    run(&mut cmd)
+}
+
+/// paramiko and asyncssh each run 100 commands and an SFTP session on one
+/// connection.
+pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
+    let name = unique("py");
+    env.new_box(&name, &[]);
+    let out = python_client(env, "paramiko_session.py", &name).ok();
+    assert!(out.stdout.contains("paramiko: 100 commands"), "{}", out.stdout);
+    let out = python_client(env, "asyncssh_session.py", &name).ok();
+    assert!(out.stdout.contains("asyncssh:"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// An Ansible playbook (copy, template, shell) against two boxes, leaving no
+/// `~NAME` directory behind.
+pub fn ansible_playbook_on_two_boxes(env: &Env) {
+    let (a, b) = (unique("ans"), unique("ans"));
+    env.new_box(&a, &[]);
+    env.new_box(&b, &[]);
+    let mut cmd = Command::new("timeout");
+    cmd.arg("300").arg("bash").arg(clients_dir().join("run_playbook.sh"));
+    cmd.args(["127.0.0.1", &env.daemon.port.to_string()]).arg(&env.alice.path).args([&a, &b]);
+    let out = run(&mut cmd);
+    assert_eq!(out.status, Some(0), "ansible failed\nstdout: {}\nstderr: {}", out.stdout, out.stderr);
+    env.alice(None, &["rm", &a]).ok();
+    env.alice(None, &["rm", &b]).ok();
+}
+
+/// A command meant for a box never acts on the control plane.
+pub fn user_names_never_misroute(env: &Env) {
+    let name = unique("route");
+    env.new_box(&name, &[]);
+    let victim = unique("victim");
+    env.new_box(&victim, &[]);
+
+    // A name that is no box: control commands run, anything else is refused.
+    let out = env.alice(Some("nosuchbox"), &["make", "test"]);
+    assert_eq!(out.status, Some(255));
+    assert!(out.stderr.contains("no box named \"nosuchbox\""), "{}", out.stderr);
+    assert!(env.alice(Some("nosuchbox"), &["ls"]).ok().stdout.contains(&victim));
+
+    // A removed box's name runs nothing at all, control commands included.
+    env.alice(None, &["rm", &name]).ok();
+    let out = env.alice(Some(&name), &["rm", &victim]);
+    assert_eq!(out.status, Some(255), "{}", out.stderr);
+    assert!(out.stderr.contains(&format!("no box named \"{name}\"")), "{}", out.stderr);
+    env.alice(None, &["info", &victim]).ok();
+    let out = run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &["-s"], &["sftp"]));
+    assert_ne!(out.status, Some(0));
+
+    // A name promote took away is retired the same way.
+    let child = unique("child");
+    env.alice(None, &["dup", &victim, &child]).ok();
+    env.alice(None, &["promote", &child]).ok();
+    let out = env.alice(Some(&child), &["ls"]);
+    assert!(out.stderr.contains("no box named"), "{}", out.stderr);
+
+    // `new` refuses the control plane's name and the name it came in as.
+    let out = env.alice(None, &["new", "moat"]);
+    assert_eq!(out.status, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("control plane"), "{}", out.stderr);
+    let me = unique("me");
+    let out = env.alice(Some(&me), &["new", &me]);
+    assert_eq!(out.status, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("you are connected as"), "{}", out.stderr);
+    let out = env.alice(Some(&me), &["dup", &victim, &me]);
+    assert_eq!(out.status, Some(2), "{}", out.stderr);
+    let ls = env.alice(None, &["ls"]).ok().stdout;
+    assert!(!ls.contains(&me) && !ls.lines().any(|l| l.starts_with("moat ")), "{ls}");
+    env.alice(None, &["rm", &victim]).ok();
+    env.alice(None, &["rm", &format!("{victim}-prev")]).ok();
+}
+
+/// A box's /proc totals and CPU count are its own limits, not the host's.
+pub fn box_sees_its_own_totals(env: &Env) {
+    let name = unique("totals");
+    env.new_box(&name, &["--cpus", "1", "--memory", "1G", "--disk", "2G"]);
+    let out = env.alice(Some(&name), &["nproc; free -b | awk '/^Mem:/ {print $2}'"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"1"), "nproc: {}", out.stdout);
+    assert_eq!(lines.get(1), Some(&(1u64 << 30).to_string().as_str()), "free: {}", out.stdout);
+    let uptime = env.alice(Some(&name), &["cut -d. -f1 /proc/uptime"]).ok().stdout;
+    let host_uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let (box_s, host_s): (u64, u64) =
+        (uptime.trim().parse().unwrap(), host_uptime.split('.').next().unwrap().parse().unwrap());
+    assert!(box_s < host_s, "uptime is the box's ({box_s} s), not the host's ({host_s} s)");
+    env.alice(None, &["rm", &name]).ok();
+}
