@@ -115,7 +115,7 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx, setup: Arc<ChannelSet
     let mut pty: Option<PtySpec> = None;
     let program = loop {
         match rx.wait().await {
-            Some(ChannelMsg::RequestPty { term, col_width, row_height, .. }) if !setup.started() => {
+            Some(ChannelMsg::RequestPty { term, col_width, row_height, .. }) => {
                 pty = Some(PtySpec { term, size: winsize(col_width, row_height) });
             }
             Some(ChannelMsg::WindowChange { col_width, row_height, .. }) => {

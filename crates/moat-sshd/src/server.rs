@@ -19,6 +19,20 @@ use crate::handler::{ConnHandler, Shared};
 use crate::quickack::QuickAck;
 use crate::ratelimit::LogLimit;
 
+/// Key exchanges offered: what modern OpenSSH prefers, and nothing else. The
+/// finite-field Diffie-Hellman groups cost the server a modular
+/// exponentiation of up to 8192 bits per attempt, so a few unauthenticated
+/// sockets asking for them ("DHEat") can keep every core busy.
+const KEX_ORDER: &[russh::kex::Name] = &[
+    russh::kex::MLKEM768X25519_SHA256,
+    russh::kex::CURVE25519,
+    russh::kex::CURVE25519_PRE_RFC_8731,
+    russh::kex::EXTENSION_SUPPORT_AS_CLIENT,
+    russh::kex::EXTENSION_SUPPORT_AS_SERVER,
+    russh::kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT,
+    russh::kex::EXTENSION_OPENSSH_STRICT_KEX_AS_SERVER,
+];
+
 /// Front door settings.
 pub struct ServerConfig {
     /// The server's host key.
@@ -81,6 +95,9 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
         keepalive_interval: Some(Duration::from_secs(30)),
         keepalive_max: 4,
         nodelay: true,
+        // No library name or version for scanners to match against.
+        server_id: russh::SshId::Standard("SSH-2.0-moat".into()),
+        preferred: russh::Preferred { kex: KEX_ORDER.into(), ..Default::default() },
         ..Default::default()
     });
     let shared = Arc::new(Shared { manager, keys: config.keys });

@@ -123,3 +123,22 @@ fn connect_from(from: &str, target: SocketAddr) -> Option<TcpStream> {
     connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(dst)).ok()?;
     Some(TcpStream::from(fd))
 }
+
+/// The banner names no library or version, and the finite-field
+/// Diffie-Hellman exchanges (the "DHEat" CPU drain) are not offered.
+pub fn banner_and_key_exchanges(env: &Env) {
+    let mut socket = TcpStream::connect(("127.0.0.1", env.daemon.port)).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut banner = [0u8; 14];
+    socket.read_exact(&mut banner).unwrap();
+    assert_eq!(&banner, b"SSH-2.0-moat\r\n");
+    for kex in
+        ["diffie-hellman-group14-sha256", "diffie-hellman-group-exchange-sha256", "diffie-hellman-group18-sha512"]
+    {
+        let out = run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", &format!("KexAlgorithms={kex}")], &["ls"]));
+        assert_eq!(out.status, Some(255), "{kex} was accepted");
+        assert!(out.stderr.contains("no matching key exchange"), "{kex}: {}", out.stderr);
+    }
+    let out = run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "KexAlgorithms=curve25519-sha256"], &["ls"]));
+    out.ok();
+}

@@ -84,6 +84,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("isolation_memory_hog_contained", isolation::memory_hog_contained),
     ("hygiene_keys_are_accounts", hygiene::keys_are_accounts),
     ("hygiene_only_public_keys", hygiene::only_public_keys),
+    ("hygiene_banner_and_key_exchanges", hygiene::banner_and_key_exchanges),
     ("hygiene_operator_limits_are_enforced", hygiene::operator_limits_are_enforced),
     ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
     ("restart_loses_nothing", restart::restart_loses_nothing),
