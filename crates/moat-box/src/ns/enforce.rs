@@ -291,7 +291,9 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
             .context(|| format!("bind /dev/{dev}"))?;
     }
     std::fs::create_dir("dev/pts")?;
-    let devpts = format!("newinstance,ptmxmode=0666,mode=0620,gid={}", plan.devpts_gid);
+    // max=: pseudo-terminals come from one host-wide pool (kernel.pty.max); a
+    // box that took them all would leave other boxes' `ssh -t` without one.
+    let devpts = format!("newinstance,ptmxmode=0666,mode=0620,gid={},max={}", plan.devpts_gid, super::plan::MAX_PTYS);
     mount(Some("devpts"), "dev/pts", Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(devpts.as_str()))
         .context(|| "mount /dev/pts".into())?;
     std::fs::create_dir("dev/shm")?;

@@ -32,6 +32,9 @@ pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty
 /// `/proc` entries hidden behind `/dev/null` (host information a box does not need).
 pub const MASKED_PROC: &[&str] = &["kcore", "keys", "timer_list", "sysrq-trigger", "latency_stats"];
 
+/// Most pseudo-terminals one box may hold at once.
+pub const MAX_PTYS: u32 = 256;
+
 /// The tty group's gid in Debian images, for devpts.
 const TTY_GID: u32 = 5;
 

@@ -49,6 +49,9 @@ const DENIED: &[libc::c_long] = &[
     libc::SYS_ioperm,
     libc::SYS_iopl,
     libc::SYS_kcmp,
+    // Takes a copy of another process's fd: box root could take the agent's
+    // listening socket and answer later sessions itself.
+    libc::SYS_pidfd_getfd,
     libc::SYS_kexec_file_load,
     libc::SYS_kexec_load,
     libc::SYS_keyctl,
@@ -136,6 +139,12 @@ fn denied_ioctls() -> Vec<u32> {
     reqs
 }
 
+/// The socket families a box may use: its own loopback (and, later, the
+/// gateway) needs no more. AF_VSOCK, in particular, reaches the hypervisor
+/// when moat runs in a VM, without passing the box's network namespace.
+const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
+    [libc::AF_UNIX as u32, libc::AF_INET as u32, libc::AF_INET6 as u32, libc::AF_NETLINK as u32];
+
 /// Compiles the filter.
 pub fn filter() -> Vec<sock_filter> {
     let mut prog = vec![
@@ -174,6 +183,16 @@ pub fn filter() -> Vec<sock_filter> {
     block.push(ret_errno(libc::EPERM));
     block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
     if_syscall(&mut prog, libc::SYS_personality, &block);
+    // socket and socketpair: the family (an int) in the low half of arg 0.
+    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(0))];
+    for (i, family) in ALLOWED_SOCKET_FAMILIES.iter().enumerate() {
+        let to_allow = u8::try_from(ALLOWED_SOCKET_FAMILIES.len() - i).unwrap_or(u8::MAX);
+        block.push(jump(BPF_JEQ_K, *family, to_allow, 0));
+    }
+    block.push(ret_errno(libc::EAFNOSUPPORT));
+    block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+    if_syscall(&mut prog, libc::SYS_socket, &block);
+    if_syscall(&mut prog, libc::SYS_socketpair, &block);
     let ioctls = denied_ioctls();
     let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(1))];
     for (i, req) in ioctls.iter().enumerate() {
@@ -252,6 +271,17 @@ mod tests {
             assert_eq!(run(&prog, nr(libc::SYS_personality), [ok, 0, 0, 0, 0, 0]), SECCOMP_RET_ALLOW, "{ok:#x}");
         }
         assert_eq!(run(&prog, nr(libc::SYS_personality), [0x0040000, 0, 0, 0, 0, 0]), EPERM);
+        // Sockets: only unix, inet, inet6 and netlink; never vsock or packet.
+        for family in ALLOWED_SOCKET_FAMILIES {
+            for call in [libc::SYS_socket, libc::SYS_socketpair] {
+                assert_eq!(run(&prog, nr(call), [u64::from(family), 1, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
+            }
+        }
+        let eafnosupport = SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32;
+        for family in [libc::AF_VSOCK, libc::AF_PACKET, libc::AF_BLUETOOTH, libc::AF_ALG, libc::AF_KEY] {
+            assert_eq!(run(&prog, nr(libc::SYS_socket), [family as u64, 1, 0, 0, 0, 0]), eafnosupport, "{family}");
+        }
+        assert_eq!(run(&prog, nr(libc::SYS_pidfd_getfd), [0; 6]), EPERM);
         // x32 numbers and syscalls newer than the list.
         assert_eq!(run(&prog, X32_SYSCALL_BIT | 1, [0; 6]), EPERM);
         assert_eq!(run(&prog, LAST_KNOWN_SYSCALL + 5, [0; 6]), SECCOMP_RET_ERRNO | libc::ENOSYS as u32);

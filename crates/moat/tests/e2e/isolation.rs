@@ -175,3 +175,51 @@ pub fn memory_hog_contained(env: &Env) {
     assert!(!out.stdout.contains("1073741824"), "the box got 1 GiB under a 64M limit");
     assert!(answered >= 1 || run(&mut env.daemon.ssh(&env.alice, Some(&neighbour), &["true"])).status == Some(0));
 }
+
+/// Runs a python3 script (sent on stdin) in the box with `args`.
+fn box_python(env: &Env, name: &str, script: &str, args: &[&str]) -> crate::fixture::Ran {
+    use std::io::Write;
+    let mut all = vec!["python3", "-"];
+    all.extend_from_slice(args);
+    let mut cmd = env.daemon.ssh(&env.alice, Some(name), &all);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    child.wait_with_output().unwrap().into()
+}
+
+/// No socket family beyond unix, inet, inet6 and netlink (vsock reaches the
+/// hypervisor), no taking another process's fds, and a bounded share of the
+/// host's pseudo-terminals.
+pub fn no_vsock_fd_theft_or_pty_exhaustion(env: &Env) {
+    let name = unique("fam");
+    env.new_box(&name, &[]);
+    let socket = "import socket, sys
+try:
+    socket.socket(int(sys.argv[1]), socket.SOCK_STREAM)
+    print('allowed')
+except OSError as e:
+    print(e.errno)
+";
+    for (family, expect) in [("40", "97"), ("17", "97"), ("1", "allowed"), ("2", "allowed"), ("10", "allowed")] {
+        let out = box_python(env, &name, socket, &[family]).ok();
+        assert_eq!(out.stdout.trim(), expect, "socket family {family}");
+    }
+    // pidfd_getfd(pidfd, fd, 0) is syscall 438.
+    let out = box_python(env, &name, SYSCALL_ERRNO, &["438", "0", "3", "0"]).ok();
+    assert_eq!(out.stdout.trim(), "1", "pidfd_getfd must be EPERM");
+    let ptys = "import os, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+n = 0
+try:
+    while True:
+        os.openpty()
+        n += 1
+except OSError:
+    print(n)
+";
+    let out = box_python(env, &name, ptys, &[]).ok();
+    let n: u32 = out.stdout.trim().parse().unwrap();
+    assert!(n <= 256, "a box opened {n} pseudo-terminals");
+    env.alice(None, &["rm", &name]).ok();
+}
