@@ -145,6 +145,19 @@ fn denied_ioctls() -> Vec<u32> {
 const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
     [libc::AF_UNIX as u32, libc::AF_INET as u32, libc::AF_INET6 as u32, libc::AF_NETLINK as u32];
 
+/// A block that allows the call when the low half of its first argument is
+/// one of `allowed`, and fails it with `errno` otherwise.
+fn arg0_one_of(allowed: &[u32], errno: i32) -> Vec<sock_filter> {
+    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(0))];
+    for (i, value) in allowed.iter().enumerate() {
+        let to_allow = u8::try_from(allowed.len() - i).unwrap_or(u8::MAX);
+        block.push(jump(BPF_JEQ_K, *value, to_allow, 0));
+    }
+    block.push(ret_errno(errno));
+    block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+    block
+}
+
 /// Compiles the filter.
 pub fn filter() -> Vec<sock_filter> {
     let mut prog = vec![
@@ -175,22 +188,9 @@ pub fn filter() -> Vec<sock_filter> {
     );
     // personality: only the values Docker allows (Linux, UNAME26, 32-bit
     // address space, and the query), not e.g. ADDR_NO_RANDOMIZE.
-    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(0))];
-    for (i, persona) in ALLOWED_PERSONALITIES.iter().enumerate() {
-        let to_allow = u8::try_from(ALLOWED_PERSONALITIES.len() - i).unwrap_or(u8::MAX);
-        block.push(jump(BPF_JEQ_K, *persona, to_allow, 0));
-    }
-    block.push(ret_errno(libc::EPERM));
-    block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-    if_syscall(&mut prog, libc::SYS_personality, &block);
+    if_syscall(&mut prog, libc::SYS_personality, &arg0_one_of(&ALLOWED_PERSONALITIES, libc::EPERM));
     // socket and socketpair: the family (an int) in the low half of arg 0.
-    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(0))];
-    for (i, family) in ALLOWED_SOCKET_FAMILIES.iter().enumerate() {
-        let to_allow = u8::try_from(ALLOWED_SOCKET_FAMILIES.len() - i).unwrap_or(u8::MAX);
-        block.push(jump(BPF_JEQ_K, *family, to_allow, 0));
-    }
-    block.push(ret_errno(libc::EAFNOSUPPORT));
-    block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+    let block = arg0_one_of(&ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT);
     if_syscall(&mut prog, libc::SYS_socket, &block);
     if_syscall(&mut prog, libc::SYS_socketpair, &block);
     let ioctls = denied_ioctls();

@@ -24,6 +24,7 @@ got = run("echo ${LC_FOO:-unset} ${NOT_ALLOWED:-unset}", environment={"LC_FOO": 
 assert got == ("bar unset\n", "", 0), f"env: {got!r}"
 
 sftp = client.open_sftp()
+sftp.get_channel().settimeout(60)
 data = os.urandom(1 << 20)
 sftp.mkdir("pm-dir")
 with sftp.open("pm-dir/blob", "wb") as f:
