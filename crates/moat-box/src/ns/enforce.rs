@@ -30,7 +30,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::unistd::{fork, pipe2, ForkResult, Gid, Uid};
 
-use super::plan::{SpawnPlan, DEVICES, KEPT_CAPS, MASKED_PROC};
+use super::plan::{SpawnPlan, AGENT_OOM_SCORE_ADJ, DEVICES, KEPT_CAPS, MASKED_PROC, MASKED_SYS};
 use super::seccomp;
 use crate::sys;
 
@@ -205,6 +205,8 @@ fn init_box_inner(
     drop(null);
     // Leave the daemon's session: a box must not reach the operator's terminal.
     nix::unistd::setsid().context(|| "setsid".into())?;
+    // Still host root here: only CAP_SYS_RESOURCE may lower the score.
+    std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ).context(|| "oom_score_adj".into())?;
     if !plan.cpus.is_empty() {
         let mut set = nix::sched::CpuSet::new();
         for &cpu in &plan.cpus {
@@ -268,6 +270,14 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     }
     mount(Some("sysfs"), "sys", Some("sysfs"), nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None::<&str>)
         .context(|| "mount /sys".into())?;
+    for dir in MASKED_SYS {
+        let target = Path::new("sys").join(dir);
+        if target.is_dir() {
+            let flags = nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
+            mount(Some("tmpfs"), &target, Some("tmpfs"), flags, Some("size=0,mode=555"))
+                .context(|| format!("mask /sys/{dir}"))?;
+        }
+    }
     for (source, target) in &plan.binds {
         // Both ends are the host's own (the LXCFS mount, and the fresh /proc
         // and /sys just mounted), never a path the box's files could steer.

@@ -30,7 +30,16 @@ pub const KEPT_CAPS: &[u32] = &[
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// `/proc` entries hidden behind `/dev/null` (host information a box does not need).
-pub const MASKED_PROC: &[&str] = &["kcore", "keys", "timer_list", "sysrq-trigger", "latency_stats"];
+pub const MASKED_PROC: &[&str] = &["kcore", "keys", "timer_list", "sysrq-trigger", "latency_stats", "cmdline"];
+
+/// `/sys` directories hidden behind an empty read-only tmpfs: the pool's btrfs
+/// (every tenant's quota groups) and block devices (each loop device names the
+/// file behind it: every moat server's state dir).
+pub const MASKED_SYS: &[&str] = &["fs/btrfs", "block", "devices/virtual/block"];
+
+/// The box's PID 1 is the last process the kernel's OOM killer picks in its
+/// box (it would take the whole box with it); what it starts goes back to 0.
+pub const AGENT_OOM_SCORE_ADJ: &str = "-999";
 
 /// Most pseudo-terminals one box may hold at once.
 pub const MAX_PTYS: u32 = 256;

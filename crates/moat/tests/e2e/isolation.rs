@@ -223,3 +223,24 @@ except OSError:
     assert!(n <= 256, "a box opened {n} pseudo-terminals");
     env.alice(None, &["rm", &name]).ok();
 }
+
+/// A box sees nothing of the host's kernel command line, the pool's quota
+/// groups or the loop devices' backing files; its PID 1 is the OOM killer's
+/// last choice, while what the box runs is not.
+pub fn host_details_masked_and_agent_outlives_oom(env: &Env) {
+    let name = unique("mask");
+    env.new_box(&name, &["--memory", "64M"]);
+    let probe = "wc -c < /proc/cmdline; find /sys/fs/btrfs /sys/block /sys/devices/virtual/block -mindepth 1 | wc -l; \
+                 cat /sys/block/loop*/loop/backing_file 2>/dev/null | wc -l; \
+                 cat /proc/1/oom_score_adj /proc/self/oom_score_adj";
+    let out = env.alice(Some(&name), &[probe]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines, ["0", "0", "0", "-999", "0"], "cmdline bytes, sys entries, backing files, oom: {}", out.stdout);
+    // A hog in a small box dies; the box (its PID 1) lives on.
+    let started = "cut -d' ' -f22 /proc/1/stat";
+    let pid1 = env.alice(Some(&name), &[started]).ok().stdout;
+    let hog = env.alice(Some(&name), &["python3 -c 'a = bytearray(1 << 30)'; echo rc=$?"]);
+    assert!(hog.stdout.contains("rc=137") || hog.stdout.contains("rc=1"), "{}", hog.stdout);
+    assert_eq!(env.alice(Some(&name), &[started]).ok().stdout, pid1, "the box restarted");
+    env.alice(None, &["rm", &name]).ok();
+}

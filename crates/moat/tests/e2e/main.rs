@@ -82,6 +82,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("isolation_boxes_cannot_reach_each_other", isolation::boxes_cannot_reach_each_other),
     ("isolation_fork_bomb_contained", isolation::fork_bomb_contained),
     ("isolation_no_vsock_fd_theft_or_pty_exhaustion", isolation::no_vsock_fd_theft_or_pty_exhaustion),
+    ("isolation_host_details_masked_and_agent_outlives_oom", isolation::host_details_masked_and_agent_outlives_oom),
     ("isolation_memory_hog_contained", isolation::memory_hog_contained),
     ("hygiene_keys_are_accounts", hygiene::keys_are_accounts),
     ("hygiene_only_public_keys", hygiene::only_public_keys),

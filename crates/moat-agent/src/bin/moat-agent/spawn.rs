@@ -61,6 +61,13 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
             for signo in 1..=last_signal {
                 libc::signal(signo, libc::SIG_DFL);
             }
+            // The agent keeps the OOM killer off itself (set by the host); what
+            // it runs is as killable as anything else (raising needs no privilege).
+            let adj = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if adj >= 0 {
+                libc::write(adj, c"0".as_ptr().cast(), 1);
+                libc::close(adj);
+            }
             let mut none: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut none);
             libc::sigprocmask(libc::SIG_SETMASK, &none, ptr::null_mut());
