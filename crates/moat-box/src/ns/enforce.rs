@@ -205,8 +205,10 @@ fn init_box_inner(
     drop(null);
     // Leave the daemon's session: a box must not reach the operator's terminal.
     nix::unistd::setsid().context(|| "setsid".into())?;
-    // Still host root here: only CAP_SYS_RESOURCE may lower the score.
-    std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ).context(|| "oom_score_adj".into())?;
+    // Still host root here: only CAP_SYS_RESOURCE may lower the score, and a
+    // host that withholds it (some sandboxes do) leaves the agent at 0; the
+    // agent raises what it starts either way.
+    let _ = std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ);
     if !plan.cpus.is_empty() {
         let mut set = nix::sched::CpuSet::new();
         for &cpu in &plan.cpus {

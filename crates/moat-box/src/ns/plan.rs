@@ -38,7 +38,8 @@ pub const MASKED_PROC: &[&str] = &["kcore", "keys", "timer_list", "sysrq-trigger
 pub const MASKED_SYS: &[&str] = &["fs/btrfs", "block", "devices/virtual/block"];
 
 /// The box's PID 1 is the last process the kernel's OOM killer picks in its
-/// box (it would take the whole box with it); what it starts goes back to 0.
+/// box (it would take the whole box with it): the host lowers its score where
+/// it may, and the agent starts everything at +500 (moat-agent's spawn.rs).
 pub const AGENT_OOM_SCORE_ADJ: &str = "-999";
 
 /// Most pseudo-terminals one box may hold at once.

@@ -61,11 +61,12 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
             for signo in 1..=last_signal {
                 libc::signal(signo, libc::SIG_DFL);
             }
-            // The agent keeps the OOM killer off itself (set by the host); what
-            // it runs is as killable as anything else (raising needs no privilege).
+            // The OOM killer must pick what the box runs before PID 1 (whose
+            // death restarts the box). Raising the score needs no privilege, so
+            // this holds even where the host could not lower the agent's.
             let adj = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
             if adj >= 0 {
-                libc::write(adj, c"0".as_ptr().cast(), 1);
+                libc::write(adj, c"500".as_ptr().cast(), 3);
                 libc::close(adj);
             }
             let mut none: libc::sigset_t = std::mem::zeroed();
