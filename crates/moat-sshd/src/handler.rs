@@ -144,7 +144,9 @@ impl russh::server::Handler for ConnHandler {
 
     async fn auth_succeeded(&mut self, _session: &mut Session) -> Result<(), Self::Error> {
         self.authenticated.store(true, Ordering::Relaxed);
-        self.slot = None;
+        if let Some(slot) = self.slot.take() {
+            slot.release();
+        }
         Ok(())
     }
 

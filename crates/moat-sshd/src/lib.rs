@@ -7,12 +7,13 @@
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
+pub mod admission;
 pub mod auth;
 pub mod boxchan;
 pub mod control;
 pub mod forward;
 pub mod handler;
-mod quickack;
+pub mod quickack;
 pub mod ratelimit;
 pub mod server;
 pub mod setup;

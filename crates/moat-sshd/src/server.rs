@@ -1,18 +1,17 @@
-//! The listener: accepts TCP connections, bounds unauthenticated ones (per
-//! source address and in total) and how long they may take, then hands each to
+//! The listener: accepts TCP connections, admits unauthenticated ones (see
+//! [`crate::admission`]), bounds how long they may take, then hands each to
 //! russh with a [`ConnHandler`].
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use moat_core::BoxManager;
 use russh::keys::PrivateKey;
 use russh::{Disconnect, MethodKind, MethodSet};
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::admission::{Admission, AdmissionLimits, Gated, Pending, SlotHolder};
 
 use crate::auth::AuthorizedKeys;
 use crate::handler::{ConnHandler, Shared};
@@ -39,46 +38,46 @@ pub struct ServerConfig {
     pub host_key: PrivateKey,
     /// Who may log in.
     pub keys: AuthorizedKeys,
-    /// Most connections not yet authenticated, in total.
-    pub max_unauthenticated: usize,
-    /// Most connections not yet authenticated, per source address.
-    pub max_unauthenticated_per_source: usize,
+    /// How many connections may wait and handshake before authenticating.
+    pub admission: AdmissionLimits,
     /// Time a client has to authenticate.
     pub auth_timeout: Duration,
+    /// Time a client has to send its first bytes.
+    pub banner_grace: Duration,
     /// A connection with no traffic this long is closed.
     pub idle_timeout: Duration,
 }
 
 impl ServerConfig {
-    /// Settings with the default limits.
+    /// Settings with the default limits (OpenSSH's MaxStartups is 10:30:100;
+    /// these wait rather than drop, so the handshake stage can be as small).
     pub fn new(host_key: PrivateKey, keys: AuthorizedKeys) -> Self {
         Self {
             host_key,
             keys,
-            max_unauthenticated: 64,
-            max_unauthenticated_per_source: 10,
+            admission: AdmissionLimits {
+                pending_per_source: 128,
+                pending_total: 1024,
+                active_per_source: 10,
+                active_total: 64,
+            },
             auth_timeout: Duration::from_secs(30),
+            banner_grace: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(3600),
         }
     }
 }
 
-/// A place among the unauthenticated connections; given back on drop.
+/// What an unauthenticated connection holds; given back when it authenticates.
 pub struct UnauthSlot {
-    _total: OwnedSemaphorePermit,
-    per_source: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    source: IpAddr,
+    _pending: Pending,
+    holder: Arc<SlotHolder>,
 }
 
-impl Drop for UnauthSlot {
-    fn drop(&mut self) {
-        let mut counts = self.per_source.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = counts.get_mut(&self.source) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&self.source);
-            }
-        }
+impl UnauthSlot {
+    /// Gives back the connection's places (it has authenticated).
+    pub fn release(self) {
+        self.holder.release();
     }
 }
 
@@ -101,8 +100,8 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
         ..Default::default()
     });
     let shared = Arc::new(Shared { manager, keys: config.keys });
-    let total = Arc::new(Semaphore::new(config.max_unauthenticated));
-    let per_source: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+    let admission = Admission::new(config.admission);
+    let grace = config.banner_grace.min(config.auth_timeout);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
@@ -113,27 +112,20 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&total).try_acquire_owned() else {
+        let Some(pending) = admission.pending(peer.ip()) else {
             tracing::debug!(%peer, "too many unauthenticated connections; dropped");
             continue;
         };
-        {
-            let mut counts = per_source.lock().unwrap_or_else(PoisonError::into_inner);
-            let n = counts.entry(peer.ip()).or_insert(0);
-            if *n >= config.max_unauthenticated_per_source {
-                tracing::debug!(%peer, "too many unauthenticated connections from this source; dropped");
-                continue;
-            }
-            *n += 1;
-        }
-        let slot = UnauthSlot { _total: permit, per_source: Arc::clone(&per_source), source: peer.ip() };
+        let holder = Arc::new(SlotHolder::default());
+        let slot = UnauthSlot { _pending: pending, holder: Arc::clone(&holder) };
         let authenticated = Arc::new(AtomicBool::new(false));
         let handler = ConnHandler::new(Arc::clone(&shared), Some(peer), slot, Arc::clone(&authenticated));
         let russh_config = Arc::clone(&russh_config);
         let auth_timeout = config.auth_timeout;
+        let admission = admission.clone();
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
-            let stream = QuickAck::new(stream);
+            let stream = Gated::new(QuickAck::new(stream), &admission, peer.ip(), Arc::clone(&holder));
             // The version exchange happens here; a client that stalls in it times out too.
             let session = match tokio::time::timeout(
                 auth_timeout,
@@ -146,20 +138,30 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
             };
             let handle = session.handle();
             tokio::pin!(session);
+            // A socket that has sent nothing by the grace is cut: it holds no
+            // handshake slot, but it holds a pending place and an fd.
             tokio::select! {
                 _ = &mut session => return,
-                () = tokio::time::sleep(auth_timeout) => {}
+                () = tokio::time::sleep(grace) => {}
             }
-            if !authenticated.load(Ordering::Relaxed) {
-                static LIMIT: LogLimit = LogLimit::every(1000);
-                if let Some(dropped) = LIMIT.allow() {
-                    tracing::info!(%peer, dropped, "authentication timed out");
+            let why = if holder.spoke() {
+                tokio::select! {
+                    _ = &mut session => return,
+                    () = tokio::time::sleep(auth_timeout.saturating_sub(grace)) => {}
                 }
-                let _ =
-                    handle.disconnect(Disconnect::ByApplication, "authentication timeout".into(), "en".into()).await;
-                return;
+                if authenticated.load(Ordering::Relaxed) {
+                    let _ = session.await;
+                    return;
+                }
+                "authentication timeout"
+            } else {
+                "no version string"
+            };
+            static LIMIT: LogLimit = LogLimit::every(1000);
+            if let Some(dropped) = LIMIT.allow() {
+                tracing::info!(%peer, dropped, why, "unauthenticated connection closed");
             }
-            let _ = session.await;
+            let _ = handle.disconnect(Disconnect::ByApplication, why.into(), "en".into()).await;
         });
     }
 }

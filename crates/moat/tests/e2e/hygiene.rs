@@ -142,3 +142,33 @@ pub fn banner_and_key_exchanges(env: &Env) {
     let out = run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "KexAlgorithms=curve25519-sha256"], &["ls"]));
     out.ok();
 }
+
+/// An orchestrator's burst from one address is served, not reset: 100
+/// connections at once all succeed. And 500 silent sockets from 50 addresses
+/// hold no handshake slot: a real client gets in at once beside them.
+pub fn bursts_wait_and_silent_sockets_lock_nobody_out(env: &Env) {
+    let mut children: Vec<_> = (0..100)
+        .map(|_| {
+            let mut cmd = env.daemon.ssh_with(&env.alice, Some("moat"), &["-o", "BindAddress=127.0.0.9"], &["ls"]);
+            cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    let failed: Vec<String> = children
+        .drain(..)
+        .map(|c| c.wait_with_output().unwrap())
+        .filter(|o| !o.status.success() || !o.stdout.starts_with(b"NAME"))
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .collect();
+    assert!(failed.is_empty(), "{} of 100 parallel connections failed: {:?}", failed.len(), failed.first());
+
+    let target: SocketAddr = format!("127.0.0.1:{}", env.daemon.port).parse().unwrap();
+    let silent: Vec<TcpStream> =
+        (0..500).filter_map(|i| connect_from(&format!("127.0.2.{}", 1 + i % 50), target)).collect();
+    assert_eq!(silent.len(), 500);
+    let started = Instant::now();
+    run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.2.1"], &["help"])).ok();
+    run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.10"], &["help"])).ok();
+    assert!(started.elapsed() < Duration::from_secs(10), "a real client waited {:?}", started.elapsed());
+    drop(silent);
+}

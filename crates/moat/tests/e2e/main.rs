@@ -87,6 +87,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("hygiene_keys_are_accounts", hygiene::keys_are_accounts),
     ("hygiene_only_public_keys", hygiene::only_public_keys),
     ("hygiene_banner_and_key_exchanges", hygiene::banner_and_key_exchanges),
+    ("hygiene_bursts_wait_and_silent_sockets_lock_nobody_out", hygiene::bursts_wait_and_silent_sockets_lock_nobody_out),
     ("hygiene_operator_limits_are_enforced", hygiene::operator_limits_are_enforced),
     ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
     ("restart_loses_nothing", restart::restart_loses_nothing),

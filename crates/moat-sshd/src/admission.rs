@@ -1,0 +1,266 @@
+//! Who gets the server's attention before authenticating.
+//!
+//! Refusing at accept time punishes the wrong clients: an orchestrator opening
+//! 30 connections at once from one address was reset, while 10 idle sockets
+//! from that address locked it out. So admission has two stages:
+//!
+//! 1. **Pending**: every accepted connection that has not authenticated.
+//!    Cheap (a socket and a parked task), bounded generously per source and in
+//!    total; only past those bounds is a connection dropped at once.
+//! 2. **Active**: a connection that has sent bytes takes a handshake slot (per
+//!    source and in total) before the server reads them; a full stage makes it
+//!    *wait* for a slot, never reset. Sockets that send nothing never hold a
+//!    slot, and are cut after a short grace.
+//!
+//! Both are given back when the connection authenticates or ends.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::quickack::QuickAck;
+
+/// How many connections each stage holds.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionLimits {
+    /// Unauthenticated connections from one address.
+    pub pending_per_source: usize,
+    /// Unauthenticated connections in all.
+    pub pending_total: usize,
+    /// Handshakes in progress from one address.
+    pub active_per_source: usize,
+    /// Handshakes in progress in all.
+    pub active_total: usize,
+}
+
+struct Inner {
+    limits: AdmissionLimits,
+    pending: Mutex<HashMap<IpAddr, usize>>,
+    active: Arc<Semaphore>,
+    active_by_source: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
+}
+
+/// The listener's admission state.
+#[derive(Clone)]
+pub struct Admission(Arc<Inner>);
+
+impl Admission {
+    /// Admission with `limits`.
+    pub fn new(limits: AdmissionLimits) -> Self {
+        Self(Arc::new(Inner {
+            limits,
+            pending: Mutex::default(),
+            active: Arc::new(Semaphore::new(limits.active_total)),
+            active_by_source: Mutex::default(),
+        }))
+    }
+
+    /// A pending place for a new connection from `source`, or `None` if the
+    /// pending stage is full (for that source or in all).
+    pub fn pending(&self, source: IpAddr) -> Option<Pending> {
+        let mut pending = self.0.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let total: usize = pending.values().sum();
+        let mine = pending.entry(source).or_insert(0);
+        if *mine >= self.0.limits.pending_per_source || total >= self.0.limits.pending_total {
+            if *mine == 0 {
+                pending.remove(&source);
+            }
+            return None;
+        }
+        *mine += 1;
+        Some(Pending { admission: self.clone(), source })
+    }
+
+    /// Waits for a handshake slot for `source`.
+    pub async fn active(&self, source: IpAddr) -> Active {
+        let per_source = {
+            let mut map = self.0.active_by_source.lock().unwrap_or_else(PoisonError::into_inner);
+            let limit = self.0.limits.active_per_source;
+            Arc::clone(map.entry(source).or_insert_with(|| Arc::new(Semaphore::new(limit))))
+        };
+        // Never closed, so acquiring cannot fail; a closed one would mean "go ahead".
+        let source_permit = per_source.acquire_owned().await.ok();
+        let total_permit = Arc::clone(&self.0.active).acquire_owned().await.ok();
+        Active { _total: total_permit, source_permit, admission: self.clone(), source }
+    }
+
+    /// Connections pending from `source` (for tests).
+    pub fn pending_from(&self, source: IpAddr) -> usize {
+        self.0.pending.lock().unwrap_or_else(PoisonError::into_inner).get(&source).copied().unwrap_or(0)
+    }
+}
+
+/// A place in the pending stage; given back on drop.
+pub struct Pending {
+    admission: Admission,
+    source: IpAddr,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut pending = self.admission.0.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = pending.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                pending.remove(&self.source);
+            }
+        }
+    }
+}
+
+/// A handshake slot; given back on drop.
+pub struct Active {
+    _total: Option<OwnedSemaphorePermit>,
+    source_permit: Option<OwnedSemaphorePermit>,
+    admission: Admission,
+    source: IpAddr,
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        // Release our permit first, then forget the source's semaphore if no
+        // one else holds or waits on it.
+        self.source_permit = None;
+        let mut map = self.admission.0.active_by_source.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sem) = map.get(&self.source) {
+            if Arc::strong_count(sem) == 1 && sem.available_permits() == self.admission.0.limits.active_per_source {
+                map.remove(&self.source);
+            }
+        }
+    }
+}
+
+/// Where a connection's handshake slot is kept until it authenticates.
+#[derive(Default)]
+pub struct SlotHolder {
+    slot: Mutex<Option<Active>>,
+    spoke: AtomicBool,
+}
+
+impl SlotHolder {
+    /// Gives the slot back (on authentication).
+    pub fn release(&self) {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+    }
+
+    /// Whether the client has sent anything yet.
+    pub fn spoke(&self) -> bool {
+        self.spoke.load(Ordering::Acquire)
+    }
+}
+
+type Acquire = Pin<Box<dyn Future<Output = Active> + Send>>;
+
+/// A connection whose reads wait, once the client has spoken, for a
+/// handshake slot. Writes (the server's banner) go out at once, so clients
+/// that wait for the server's banner before sending theirs work too.
+pub struct Gated {
+    inner: QuickAck,
+    acquire: Option<Acquire>,
+    /// The client's first bytes, read to learn that it spoke, served once a
+    /// slot is held.
+    early: Vec<u8>,
+    holder: Arc<SlotHolder>,
+}
+
+/// How much of the client's first bytes is read ahead (its version string
+/// is at most 255 bytes).
+const EARLY_BYTES: usize = 256;
+
+impl Gated {
+    /// Gates `inner`'s reads on a slot from `admission` for `source`.
+    pub fn new(inner: QuickAck, admission: &Admission, source: IpAddr, holder: Arc<SlotHolder>) -> Self {
+        let admission = admission.clone();
+        let acquire: Acquire = Box::pin(async move { admission.active(source).await });
+        Self { inner, acquire: Some(acquire), early: Vec::new(), holder }
+    }
+}
+
+impl AsyncRead for Gated {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(acquire) = this.acquire.as_mut() {
+            if this.early.is_empty() {
+                let mut first = [0u8; EARLY_BYTES];
+                let mut first = ReadBuf::new(&mut first);
+                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut first))?;
+                if first.filled().is_empty() {
+                    return Poll::Ready(Ok(())); // end of stream before a word
+                }
+                this.early.extend_from_slice(first.filled());
+                this.holder.spoke.store(true, Ordering::Release);
+            }
+            let active = ready!(acquire.as_mut().poll(cx));
+            *this.holder.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(active);
+            this.acquire = None;
+        }
+        if !this.early.is_empty() {
+            let n = this.early.len().min(buf.remaining());
+            buf.put_slice(this.early.get(..n).unwrap_or_default());
+            this.early.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Gated {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn limits() -> AdmissionLimits {
+        AdmissionLimits { pending_per_source: 3, pending_total: 5, active_per_source: 2, active_total: 3 }
+    }
+
+    #[test]
+    fn pending_is_bounded_per_source_and_in_total_and_given_back() {
+        let a = Admission::new(limits());
+        let (x, y): (IpAddr, IpAddr) = ("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap());
+        let held: Vec<Pending> = (0..3).map(|_| a.pending(x).unwrap()).collect();
+        assert!(a.pending(x).is_none(), "per source");
+        let more: Vec<Pending> = (0..2).map(|_| a.pending(y).unwrap()).collect();
+        assert!(a.pending(y).is_none(), "in total");
+        drop(held);
+        assert_eq!(a.pending_from(x), 0);
+        assert!(a.pending(x).is_some());
+        drop(more);
+    }
+
+    #[tokio::test]
+    async fn a_full_active_stage_waits_instead_of_refusing() {
+        let a = Admission::new(limits());
+        let x: IpAddr = "127.0.0.2".parse().unwrap();
+        let first = a.active(x).await;
+        let _second = a.active(x).await;
+        let third = tokio::time::timeout(Duration::from_millis(50), a.active(x)).await;
+        assert!(third.is_err(), "a third handshake from one source must wait");
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.active(x).await }
+        });
+        drop(first);
+        let _third = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").unwrap();
+    }
+}
