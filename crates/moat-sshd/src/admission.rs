@@ -92,8 +92,9 @@ impl Admission {
         Active { _total: total_permit, source_permit, admission: self.clone(), source }
     }
 
-    /// Connections pending from `source` (for tests).
-    pub fn pending_from(&self, source: IpAddr) -> usize {
+    /// Connections pending from `source`.
+    #[cfg(test)]
+    fn pending_from(&self, source: IpAddr) -> usize {
         self.0.pending.lock().unwrap_or_else(PoisonError::into_inner).get(&source).copied().unwrap_or(0)
     }
 }

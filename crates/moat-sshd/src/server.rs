@@ -81,6 +81,25 @@ impl UnauthSlot {
     }
 }
 
+/// Resolves when an unauthenticated connection must be cut, with why: at
+/// `grace` if it has sent nothing (it holds no handshake slot, but a pending
+/// place and an fd), else at `auth_timeout`.
+async fn unauthenticated_deadline(holder: &SlotHolder, grace: Duration, auth_timeout: Duration) -> &'static str {
+    tokio::time::sleep(grace).await;
+    if !holder.spoke() {
+        return "no version string";
+    }
+    tokio::time::sleep(auth_timeout.saturating_sub(grace)).await;
+    "authentication timeout"
+}
+
+fn log_cut(peer: std::net::SocketAddr, why: &str) {
+    static LIMIT: LogLimit = LogLimit::every(1000);
+    if let Some(dropped) = LIMIT.allow() {
+        tracing::info!(%peer, dropped, why, "unauthenticated connection closed");
+    }
+}
+
 /// Serves SSH on `listener` until the process ends.
 pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<BoxManager>) -> std::io::Result<()> {
     let russh_config = Arc::new(russh::server::Config {
@@ -126,41 +145,28 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             let stream = Gated::new(QuickAck::new(stream), &admission, peer.ip(), Arc::clone(&holder));
-            // The version exchange happens here; a client that stalls in it times out too.
-            let session = match tokio::time::timeout(
-                auth_timeout,
-                russh::server::run_stream(russh_config, stream, handler),
-            )
-            .await
-            {
-                Ok(Ok(session)) => session,
-                _ => return,
+            // One deadline for the whole unauthenticated life of the connection,
+            // the version exchange (inside run_stream) included.
+            let cut = unauthenticated_deadline(&holder, grace, auth_timeout);
+            tokio::pin!(cut);
+            let session = tokio::select! {
+                started = russh::server::run_stream(russh_config, stream, handler) => match started {
+                    Ok(session) => session,
+                    Err(_) => return,
+                },
+                why = &mut cut => return log_cut(peer, why),
             };
             let handle = session.handle();
             tokio::pin!(session);
-            // A socket that has sent nothing by the grace is cut: it holds no
-            // handshake slot, but it holds a pending place and an fd.
-            tokio::select! {
+            let why = tokio::select! {
                 _ = &mut session => return,
-                () = tokio::time::sleep(grace) => {}
-            }
-            let why = if holder.spoke() {
-                tokio::select! {
-                    _ = &mut session => return,
-                    () = tokio::time::sleep(auth_timeout.saturating_sub(grace)) => {}
-                }
-                if authenticated.load(Ordering::Relaxed) {
-                    let _ = session.await;
-                    return;
-                }
-                "authentication timeout"
-            } else {
-                "no version string"
+                why = &mut cut => why,
             };
-            static LIMIT: LogLimit = LogLimit::every(1000);
-            if let Some(dropped) = LIMIT.allow() {
-                tracing::info!(%peer, dropped, why, "unauthenticated connection closed");
+            if authenticated.load(Ordering::Relaxed) {
+                let _ = session.await;
+                return;
             }
+            log_cut(peer, why);
             let _ = handle.disconnect(Disconnect::ByApplication, why.into(), "en".into()).await;
         });
     }

@@ -32,6 +32,9 @@ const FILES: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct HostView {
     dir: PathBuf,
+    /// (host file, path in the box) for each file LXCFS serves here; read
+    /// once, not at every box start.
+    binds: Vec<(PathBuf, PathBuf)>,
 }
 
 impl HostView {
@@ -39,9 +42,9 @@ impl HostView {
     /// (and a warning) where LXCFS is missing or cannot mount: boxes then see
     /// the host's totals, as containers without LXCFS do.
     pub fn ensure(dir: &Path) -> Option<Self> {
-        let view = Self { dir: dir.to_path_buf() };
+        let view = Self { dir: dir.to_path_buf(), binds: Vec::new() };
         if view.serving() {
-            return Some(view);
+            return Some(view.with_binds());
         }
         // A mount whose process died answers ENOTCONN: clear it first.
         let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
@@ -65,7 +68,7 @@ impl HostView {
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if view.serving() {
-                return Some(view);
+                return Some(view.with_binds());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -77,9 +80,15 @@ impl HostView {
         std::fs::read(self.dir.join("proc/meminfo")).is_ok_and(|m| !m.is_empty())
     }
 
+    fn with_binds(mut self) -> Self {
+        self.binds =
+            FILES.iter().map(|f| (self.dir.join(f), PathBuf::from(f))).filter(|(src, _)| src.exists()).collect();
+        self
+    }
+
     /// (host file, path in the box) for each file the box gets.
-    pub fn binds(&self) -> Vec<(PathBuf, PathBuf)> {
-        FILES.iter().map(|f| (self.dir.join(f), PathBuf::from(f))).filter(|(src, _)| src.exists()).collect()
+    pub fn binds(&self) -> &[(PathBuf, PathBuf)] {
+        &self.binds
     }
 
     /// Unmounts the LXCFS at `dir` and ends its process (for `moat purge`).

@@ -106,7 +106,7 @@ impl SpawnPlan {
         view: Option<&super::hostview::HostView>,
         host_cpus: usize,
     ) -> Self {
-        self.binds = view.map(super::hostview::HostView::binds).unwrap_or_default();
+        self.binds = view.map(|v| v.binds().to_vec()).unwrap_or_default();
         self.cpus = super::hostview::cpu_affinity(rec.limits.cpus, rec.slot, host_cpus);
         self
     }
