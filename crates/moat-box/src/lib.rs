@@ -12,6 +12,8 @@
 
 #![allow(unsafe_code)]
 
+pub mod bpf;
+pub mod confine;
 pub mod diff;
 pub mod identity;
 pub mod image;

@@ -304,3 +304,28 @@ pub fn dup_onto(fd: BorrowedFd<'_>, target: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Closes every descriptor from `first` up: what a parent leaked stays out.
+pub fn close_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range takes integers and touches only the fd table; the
+    // caller owns every descriptor at or above `first` and holds none of them.
+    if unsafe { libc::close_range(first, u32::MAX, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Empties the capability bounding set, so that nothing this process runs
+/// could ever regain a capability (needs CAP_SETPCAP, so before dropping root).
+pub fn drop_bounding_set() -> io::Result<()> {
+    for cap in 0..=libc::c_ulong::from(u8::MAX) {
+        // SAFETY: PR_CAPBSET_DROP takes an integer and changes only this thread's
+        // bounding set.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } < 0 {
+            // EINVAL: past the kernel's last capability.
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::EINVAL) { Ok(()) } else { Err(e) };
+        }
+    }
+    Ok(())
+}

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ids::Name;
 use crate::record::BoxRecord;
@@ -16,7 +16,7 @@ pub enum AgentAddr {
 }
 
 /// How a path differs between two boxes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChangeKind {
     /// Only in the second box.
@@ -28,7 +28,7 @@ pub enum ChangeKind {
 }
 
 /// One difference between two box filesystems.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Change {
     /// The path inside the box, starting with `/`.
     pub path: String,

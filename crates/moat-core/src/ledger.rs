@@ -6,7 +6,7 @@
 //! double-counts anything, and totals never run backwards.
 
 use rusqlite::{params, OptionalExtension};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ids::{AccountId, BoxId, Name};
 use crate::store::{Store, StoreError};
@@ -55,7 +55,7 @@ pub struct MeterState {
 }
 
 /// Totals for one box over a period.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     /// The box's name at its latest sample.
     pub name: Name,

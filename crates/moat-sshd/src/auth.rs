@@ -33,12 +33,21 @@ impl AuthorizedKeys {
         Self { path }
     }
 
-    /// The account `key` belongs to, if it is authorized.
-    pub fn account_for(&self, key: &PublicKey) -> Option<AccountId> {
+    /// The account of the key whose text (`TYPE BASE64`, as [`key_text`]
+    /// writes it) is `key`. The text, which comes from the front door, is
+    /// only compared with the listed keys', never parsed.
+    pub fn account_for_text(&self, key: &str) -> Option<AccountId> {
         let text = std::fs::read_to_string(&self.path).ok()?;
-        let listed = text.lines().filter_map(parse_line).any(|k| k.key_data() == key.key_data());
-        listed.then(|| account_id(key))
+        let listed = text.lines().filter_map(parse_line).find(|k| key_text(k).as_deref() == Some(key))?;
+        Some(account_id(&listed))
     }
+}
+
+/// A public key as `TYPE BASE64`, without its comment.
+pub fn key_text(key: &PublicKey) -> Option<String> {
+    let text = key.to_openssh().ok()?;
+    let mut words = text.split_whitespace();
+    Some(format!("{} {}", words.next()?, words.next()?))
 }
 
 /// An account's id: the key's SHA-256 fingerprint, as `ssh-keygen -l` shows it.
@@ -94,9 +103,13 @@ mod tests {
         let keys = AuthorizedKeys::new(file);
         let alice = PublicKey::from_openssh(KEY).unwrap();
         let bob = PublicKey::from_openssh(OTHER).unwrap();
-        let account = keys.account_for(&alice).unwrap();
+        let account = keys.account_for_text(&key_text(&alice).unwrap()).unwrap();
+        assert_eq!(account, account_id(&alice));
         assert!(account.0.starts_with("SHA256:"));
-        assert_eq!(keys.account_for(&bob), None);
+        assert_eq!(keys.account_for_text(&key_text(&bob).unwrap()), None);
+        // Only the exact text of a listed key matches.
+        assert_eq!(keys.account_for_text(KEY), None);
+        assert_eq!(keys.account_for_text(""), None);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

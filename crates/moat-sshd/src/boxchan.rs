@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
+use moat_api::{ApiClient, ApiError, Lease, Request, Reply, Route};
 use moat_core::ids::CONTROL_USER;
-use moat_core::{AccountId, AgentAddr, BoxManager, ManagerError, Name, SessionGuard};
+use moat_core::{AccountId, Name};
 use russh::server::{Handle, Msg};
 use russh::{Channel, ChannelId, ChannelMsg, ChannelReadHalf, ChannelWriteHalf, Sig};
 use tokio::net::UnixStream;
@@ -29,8 +30,8 @@ pub const SFTP_SUBSYSTEM: &str = "sftp";
 /// Who is on the other end and what they can reach.
 #[derive(Clone)]
 pub struct ChannelCtx {
-    /// The box manager.
-    pub manager: Arc<BoxManager>,
+    /// The privileged side.
+    pub api: ApiClient,
     /// The authenticated account.
     pub account: AccountId,
     /// The SSH user name, which picks the target.
@@ -57,49 +58,36 @@ pub enum Target {
 impl ChannelCtx {
     /// The user name picks the target. A command meant for a box never acts on
     /// the control plane; another account's box looks like no box at all.
-    pub fn target(&self) -> Target {
+    pub async fn target(&self) -> Target {
         if self.user == CONTROL_USER {
             return Target::Control;
         }
         let Ok(name) = Name::new(&self.user) else {
             return Target::Other(self.user.clone());
         };
-        if self.manager.get(&self.account, &name).is_ok() {
-            return Target::Box(name);
-        }
-        match self.manager.was_box(&self.account, &name) {
-            Ok(false) => Target::Other(self.user.clone()),
-            // A store error must not route a box's command to the control plane.
-            Ok(true) | Err(_) => Target::Gone(self.user.clone()),
+        let route = self.api.call(&Request::Route { account: self.account.clone(), name: name.clone() }).await;
+        match route {
+            Ok(Reply::Route(Route::Box)) => Target::Box(name),
+            Ok(Reply::Route(Route::None)) => Target::Other(self.user.clone()),
+            // A failure must not route a box's command to the control plane.
+            _ => Target::Gone(self.user.clone()),
         }
     }
 
-    /// Opens a session on the box (resuming or booting it as needed) and
-    /// connects to its agent. The box stays up while the guard lives.
-    pub async fn connect(&self, name: &Name) -> Result<(UnixStream, SessionGuard), String> {
-        let (addr, guard) = self.manager.open_session(&self.account, name).await.map_err(|e| error_chain(&e))?;
-        let stream = match addr {
-            AgentAddr::Unix(path) => UnixStream::connect(&path).await,
-        };
-        stream.map(|s| (s, guard)).map_err(|e| format!("box {name} is not answering: {e}"))
+    /// Opens a session on the box (resuming or booting it as needed): a
+    /// stream to its agent. The box stays up while the lease lives.
+    pub async fn connect(&self, name: &Name) -> Result<(UnixStream, Lease), ApiError> {
+        let (fd, lease) = self.api.open_session(&self.account, name).await?;
+        let stream = std::os::unix::net::UnixStream::from(fd);
+        let stream = stream.set_nonblocking(true).and_then(|()| UnixStream::from_std(stream));
+        let stream = stream.map_err(|e| ApiError { status: 255, message: format!("box {name}: {e}") })?;
+        Ok((stream, lease))
     }
 }
 
 /// What a command through a user name that is not a box hears.
 fn no_box(user: &str) -> String {
     format!("no box named {user:?} (`ssh HOST ls` lists yours; `ssh {CONTROL_USER}@HOST help` for commands)")
-}
-
-/// An error and its sources on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
 }
 
 enum Program {
@@ -131,7 +119,7 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx, setup: Arc<ChannelSet
         }
     };
     let env = setup.take_env();
-    match ctx.target() {
+    match ctx.target().await {
         Target::Control => run_control(program, &tx, &ctx).await,
         Target::Box(name) => run_in_box(&name, program, pty, env, rx, tx, &ctx).await,
         Target::Gone(user) => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
@@ -194,12 +182,12 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
     }
     // Progress of long work (an image build) goes to stderr as it happens.
     let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let progress: moat_core::ProgressSink = Box::new(move |line: &str| {
+    let mut progress = move |line: &str| {
         let _ = progress_tx.send(format!("{line}\n"));
-    });
-    let manager = Arc::clone(&ctx.manager);
+    };
+    let api = ctx.api.clone();
     let account = ctx.account.clone();
-    let mut work = tokio::spawn(async move { control::run(cmd, &account, &manager, progress).await });
+    let mut work = tokio::spawn(async move { control::run(cmd, &account, &api, &mut progress).await });
     let result = loop {
         tokio::select! {
             Some(line) = progress_rx.recv() => {
@@ -216,15 +204,8 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
             let _ = tx.data(out.as_bytes()).await;
             finish(tx, 0).await;
         }
-        Ok(Err(e)) => fail(tx, &error_chain(&e), exit_code(&e)).await,
+        Ok(Err(e)) => fail(tx, &e.message, e.status).await,
         Err(e) => fail(tx, &format!("internal error: {e}"), EXIT_MOAT_FAILED).await,
-    }
-}
-
-fn exit_code(e: &ManagerError) -> u32 {
-    match e {
-        ManagerError::Limits(_) => 2,
-        _ => 1,
     }
 }
 
@@ -244,7 +225,7 @@ async fn run_in_box(
 ) {
     let (stream, _session) = match ctx.connect(name).await {
         Ok(s) => s,
-        Err(e) => return fail(&tx, &e, EXIT_MOAT_FAILED).await,
+        Err(e) => return fail(&tx, &e.message, EXIT_MOAT_FAILED).await,
     };
     let (read, mut write) = stream.into_split();
     let command = match program {

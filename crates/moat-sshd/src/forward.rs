@@ -19,7 +19,7 @@ pub fn is_loopback(host: &str) -> bool {
 
 /// Opens a forward to `host:port` in the channel's box, or refuses it.
 pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelCtx, host: String, port: u32) {
-    let (name, port) = match (ctx.target(), u16::try_from(port)) {
+    let (name, port) = match (ctx.target().await, u16::try_from(port)) {
         (Target::Box(name), Ok(port)) if is_loopback(&host) => (name, port),
         _ => {
             static LIMIT: LogLimit = LogLimit::every(1000);

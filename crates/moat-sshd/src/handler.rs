@@ -6,11 +6,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use moat_core::{AccountId, BoxManager};
+use moat_api::ApiClient;
+use moat_core::AccountId;
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
 use russh::{Channel, ChannelId, ChannelOpenFailure};
 
-use crate::auth::AuthorizedKeys;
 use crate::boxchan::{self, ChannelCtx};
 use crate::forward;
 use crate::ratelimit::LogLimit;
@@ -19,10 +19,8 @@ use crate::setup::ChannelSetup;
 
 /// What every connection shares.
 pub struct Shared {
-    /// The box manager.
-    pub manager: Arc<BoxManager>,
-    /// Who may log in.
-    pub keys: AuthorizedKeys,
+    /// The privileged side: accounts, boxes, sessions.
+    pub api: ApiClient,
 }
 
 /// Most channels (sessions and forwards) open at once on one connection, as
@@ -108,9 +106,21 @@ impl ConnHandler {
         self.setups.get(&channel).and_then(Weak::upgrade)
     }
 
+    /// The account `key` is, if the operator listed it.
+    async fn account_for(&self, key: &russh::keys::PublicKey) -> Option<AccountId> {
+        let key = crate::auth::key_text(key)?;
+        match self.shared.api.authorize(&key).await {
+            Ok(account) => account,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check a key");
+                None
+            }
+        }
+    }
+
     fn ctx(&self, session: &Session) -> Option<ChannelCtx> {
         let (account, user) = self.login.clone()?;
-        Some(ChannelCtx { manager: Arc::clone(&self.shared.manager), account, user, handle: session.handle() })
+        Some(ChannelCtx { api: self.shared.api.clone(), account, user, handle: session.handle() })
     }
 }
 
@@ -119,14 +129,14 @@ impl russh::server::Handler for ConnHandler {
 
     async fn auth_publickey_offered(&mut self, _user: &str, offer: PublicKeyOffer<'_>) -> Result<Auth, Self::Error> {
         // Refuse unknown keys before the client bothers to sign with them.
-        Ok(match self.shared.keys.account_for(offer.public_key) {
+        Ok(match self.account_for(offer.public_key).await {
             Some(_) => Auth::Accept,
             None => Auth::reject(),
         })
     }
 
     async fn auth_publickey(&mut self, user: &str, key: VerifiedPublicKey<'_>) -> Result<Auth, Self::Error> {
-        match self.shared.keys.account_for(key.public_key) {
+        match self.account_for(key.public_key).await {
             Some(account) => {
                 tracing::info!(peer = ?self.peer, %account, user, "authenticated");
                 self.login = Some((account, user.to_string()));

@@ -6,14 +6,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use moat_core::BoxManager;
+use moat_api::ApiClient;
 use russh::keys::PrivateKey;
 use russh::{Disconnect, MethodKind, MethodSet};
 use tokio::net::TcpListener;
 
 use crate::admission::{Admission, AdmissionLimits, Gated, Pending, SlotHolder};
 
-use crate::auth::AuthorizedKeys;
 use crate::handler::{ConnHandler, Shared};
 use crate::quickack::QuickAck;
 use crate::ratelimit::LogLimit;
@@ -36,8 +35,6 @@ const KEX_ORDER: &[russh::kex::Name] = &[
 pub struct ServerConfig {
     /// The server's host key.
     pub host_key: PrivateKey,
-    /// Who may log in.
-    pub keys: AuthorizedKeys,
     /// How many connections may wait and handshake before authenticating.
     pub admission: AdmissionLimits,
     /// Time a client has to authenticate.
@@ -51,10 +48,9 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// Settings with the default limits (OpenSSH's MaxStartups is 10:30:100;
     /// these wait rather than drop, so the handshake stage can be as small).
-    pub fn new(host_key: PrivateKey, keys: AuthorizedKeys) -> Self {
+    pub fn new(host_key: PrivateKey) -> Self {
         Self {
             host_key,
-            keys,
             admission: AdmissionLimits {
                 pending_per_source: 128,
                 pending_total: 1024,
@@ -100,8 +96,9 @@ fn log_cut(peer: std::net::SocketAddr, why: &str) {
     }
 }
 
-/// Serves SSH on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<BoxManager>) -> std::io::Result<()> {
+/// Serves SSH on `listener` until the process ends; everything past the SSH
+/// layer (keys, boxes, sessions) is asked of `api`.
+pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) -> std::io::Result<()> {
     let russh_config = Arc::new(russh::server::Config {
         keys: vec![config.host_key],
         methods: MethodSet::from(&[MethodKind::PublicKey][..]),
@@ -118,7 +115,7 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, manager: Arc<Box
         preferred: russh::Preferred { kex: KEX_ORDER.into(), ..Default::default() },
         ..Default::default()
     });
-    let shared = Arc::new(Shared { manager, keys: config.keys });
+    let shared = Arc::new(Shared { api });
     let admission = Admission::new(config.admission);
     let grace = config.banner_grace.min(config.auth_timeout);
     loop {

@@ -20,9 +20,11 @@ use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg};
 use moat_box::AnyBackend;
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name, Store};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
-use moat_sshd::ServerConfig;
+use moat_api::server::Privileged;
+use moat_api::Hello;
 
 use crate::paths;
+use crate::privsep::FrontDoor;
 
 /// Flags of `moat bench`.
 #[derive(Args)]
@@ -142,11 +144,21 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     std::fs::copy(key.with_extension("pub"), &keys_file)?;
     let account = moat_sshd::auth::account_id(&russh::keys::PublicKey::read_openssh_file(key.with_extension("pub"))?);
     manager.create(&account, spec("rt")?, Box::new(|_: &str| {})).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    // The real arrangement: the privileged side here, the front door a
+    // confined process of its own.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
-    let config =
-        ServerConfig::new(load_or_create_host_key(&dir.join("host_key"))?, AuthorizedKeys::new(keys_file.clone()));
-    let server = tokio::spawn(moat_sshd::serve(listener, config, Arc::clone(&manager)));
+    let host_key = load_or_create_host_key(&dir.join("host_key"))?;
+    let keys = AuthorizedKeys::new(keys_file.clone());
+    let privileged =
+        Arc::new(Privileged { manager: Arc::clone(&manager), authorize: Box::new(move |k| keys.account_for_text(k)) });
+    let hello = Hello {
+        host_key: host_key.to_openssh(russh::keys::ssh_key::LineEnding::LF)?.to_string(),
+        auth_timeout_secs: 30,
+        idle_timeout_secs: 3600,
+    };
+    let front = FrontDoor { id: moat_core::record::FRONT_DOOR_ID, hello };
+    let server = tokio::spawn(crate::privsep::supervise(listener, front, privileged));
     let ours = tokio::task::spawn_blocking({
         let key = key.clone();
         move || Samples::collect(n, || time_command(&mut ssh(&key, port, "rt")))

@@ -2,7 +2,9 @@
 
 mod bench;
 mod doctor;
+mod front_door;
 mod paths;
+mod privsep;
 mod purge;
 mod serve;
 
@@ -40,6 +42,13 @@ enum Cmd {
         /// State directory.
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+    },
+    /// (internal) the SSH-facing process; run by `moat serve`.
+    #[command(hide = true)]
+    FrontDoor {
+        /// Its uid and gid.
+        #[arg(long)]
+        id: u32,
     },
     /// (internal) start one box from a plan on stdin; run by the daemon.
     #[command(hide = true)]
@@ -80,6 +89,7 @@ fn main() {
         // The helper must stay single-threaded: no runtime, no logging threads.
         Cmd::BoxSpawn { join } => std::process::exit(moat_box::ns::enforce::helper_main(&join)),
         Cmd::Serve(args) => serve::run(args),
+        Cmd::FrontDoor { id } => front_door::run(id),
         Cmd::Image { command } => image(command),
         Cmd::Doctor { state_dir } => doctor::run(&state_dir),
         Cmd::Purge { state_dir } => purge::run(&state_dir),

@@ -19,6 +19,15 @@ pub fn open_pool(state_dir: &Path) -> Result<Pool> {
     Pool::open(state_dir, DEFAULT_POOL_SIZE).context("open the storage pool")
 }
 
+/// Makes `dir` (the state directory) if needed and closes it to everyone but
+/// root: the front door's uid, in particular, may not look inside.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("restrict {}", dir.display()))
+}
+
 /// Where the per-box /proc totals (LXCFS) are mounted.
 pub fn host_view_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("lxcfs")

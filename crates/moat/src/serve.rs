@@ -9,10 +9,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use moat_box::AnyBackend;
 use moat_core::{BoxManager, ManagerConfig, Store};
+use moat_api::server::Privileged;
+use moat_api::Hello;
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
-use moat_sshd::ServerConfig;
 
 use crate::paths;
+use crate::privsep::{self, FrontDoor};
 
 /// Flags of `moat serve`.
 #[derive(Args)]
@@ -58,6 +60,9 @@ pub struct ServeArgs {
     /// Most disk one box may write beyond its image, e.g. 100G.
     #[arg(long, value_parser = parse_size, default_value = "256G")]
     max_disk: u64,
+    /// The uid and gid the SSH-facing process runs as; must own nothing.
+    #[arg(long, default_value_t = moat_core::record::FRONT_DOOR_ID)]
+    front_door_id: u32,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -86,18 +91,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     runtime.block_on(serve(args))
 }
 
-/// Each box session holds a few descriptors; the default soft limit (1024) is a
-/// few hundred sessions. Take what the hard limit allows.
-fn raise_fd_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
-
 async fn serve(args: ServeArgs) -> Result<()> {
-    raise_fd_limit();
+    crate::front_door::raise_fd_limit();
     let state_dir = args.state_dir;
+    paths::private_dir(&state_dir)?;
     let agent = paths::find_agent(args.agent.as_deref())?;
     let backend = paths::ns_backend(&state_dir, agent)?;
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
@@ -122,20 +119,26 @@ async fn serve(args: ServeArgs) -> Result<()> {
     manager.spawn_meter();
 
     let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;
+    let host_key = host_key.to_openssh(russh::keys::ssh_key::LineEnding::LF).context("encode the host key")?;
     let keys_path = match args.authorized_keys {
         Some(path) => path,
         None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".ssh/authorized_keys"),
     };
-    let mut config = ServerConfig::new(host_key, AuthorizedKeys::new(keys_path.clone()));
-    config.auth_timeout = Duration::from_secs(args.auth_timeout);
-    config.idle_timeout = Duration::from_secs(args.idle_timeout);
+    let keys = AuthorizedKeys::new(keys_path.clone());
+    let privileged = Arc::new(Privileged { manager, authorize: Box::new(move |key| keys.account_for_text(key)) });
+    let front = FrontDoor {
+        id: args.front_door_id,
+        hello: Hello {
+            host_key: host_key.to_string(),
+            auth_timeout_secs: args.auth_timeout,
+            idle_timeout_secs: args.idle_timeout,
+        },
+    };
 
-    let listener =
-        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
+    let listener = std::net::TcpListener::bind(args.listen).with_context(|| format!("listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, state_dir = %state_dir.display(), authorized_keys = %keys_path.display(), "moat serving");
     // One machine-readable line on stdout, for scripts that asked for port 0.
     println!("listening on {addr}");
-    moat_sshd::serve(listener, config, manager).await?;
-    Ok(())
+    privsep::supervise(listener, front, privileged).await
 }

@@ -10,30 +10,7 @@
 
 use libc::sock_filter;
 
-/// `AUDIT_ARCH_X86_64` (linux/audit.h).
-const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-/// Bit that marks x32 syscall numbers.
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-/// The newest syscall this list was written against (mseal, Linux 6.10).
-const LAST_KNOWN_SYSCALL: u32 = 462;
-
-const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
-
-// Offsets into `struct seccomp_data`.
-const OFF_NR: u32 = 0;
-const OFF_ARCH: u32 = 4;
-/// Low 32 bits of argument `i` (little-endian).
-const fn off_arg(i: u32) -> u32 {
-    16 + 8 * i
-}
-
-const BPF_LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
-const BPF_JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
-const BPF_JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
-const BPF_JSET_K: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
-const BPF_RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+use crate::bpf::*;
 
 /// Refused with EPERM, whatever the arguments.
 const DENIED: &[libc::c_long] = &[
@@ -112,26 +89,6 @@ const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWCGROUP
     | libc::CLONE_NEWTIME) as u32;
 
-fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter { code, jt: 0, jf: 0, k }
-}
-
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
-    sock_filter { code, jt, jf, k }
-}
-
-fn ret_errno(errno: i32) -> sock_filter {
-    stmt(BPF_RET_K, SECCOMP_RET_ERRNO | (errno as u32 & 0xffff))
-}
-
-/// Appends "if nr == `nr` { `block` }"; `block` must end in a return.
-fn if_syscall(prog: &mut Vec<sock_filter>, nr: libc::c_long, block: &[sock_filter]) {
-    // Blocks here are a handful of instructions, far below the 255-jump limit.
-    let skip = u8::try_from(block.len()).unwrap_or(u8::MAX);
-    prog.push(jump(BPF_JEQ_K, nr as u32, 0, skip));
-    prog.extend_from_slice(block);
-}
-
 /// The ioctl request numbers a box may not use.
 fn denied_ioctls() -> Vec<u32> {
     let mut reqs = vec![libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
@@ -145,31 +102,9 @@ fn denied_ioctls() -> Vec<u32> {
 const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
     [libc::AF_UNIX as u32, libc::AF_INET as u32, libc::AF_INET6 as u32, libc::AF_NETLINK as u32];
 
-/// A block that allows the call when the low half of its first argument is
-/// one of `allowed`, and fails it with `errno` otherwise.
-fn arg0_one_of(allowed: &[u32], errno: i32) -> Vec<sock_filter> {
-    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(0))];
-    for (i, value) in allowed.iter().enumerate() {
-        let to_allow = u8::try_from(allowed.len() - i).unwrap_or(u8::MAX);
-        block.push(jump(BPF_JEQ_K, *value, to_allow, 0));
-    }
-    block.push(ret_errno(errno));
-    block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-    block
-}
-
 /// Compiles the filter.
 pub fn filter() -> Vec<sock_filter> {
-    let mut prog = vec![
-        stmt(BPF_LD_W_ABS, OFF_ARCH),
-        jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
-        stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS),
-        stmt(BPF_LD_W_ABS, OFF_NR),
-        jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1),
-        ret_errno(libc::EPERM),
-        jump(BPF_JGE_K, LAST_KNOWN_SYSCALL + 1, 0, 1),
-        ret_errno(libc::ENOSYS),
-    ];
+    let mut prog = prologue();
     for nr in DENIED {
         if_syscall(&mut prog, *nr, &[ret_errno(libc::EPERM)]);
     }
@@ -210,38 +145,7 @@ pub fn filter() -> Vec<sock_filter> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A classic-BPF interpreter for the instructions `filter` emits, so the
-    /// program's verdicts can be checked without installing it.
-    fn run(prog: &[sock_filter], nr: u32, args: [u64; 6]) -> u32 {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_le_bytes());
-        data[4..8].copy_from_slice(&AUDIT_ARCH_X86_64.to_le_bytes());
-        for (i, a) in args.iter().enumerate() {
-            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
-        }
-        let (mut pc, mut acc) = (0usize, 0u32);
-        loop {
-            let ins = prog[pc];
-            match ins.code {
-                BPF_LD_W_ABS => {
-                    let k = ins.k as usize;
-                    acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
-                    pc += 1;
-                }
-                BPF_RET_K => return ins.k,
-                code => {
-                    let taken = match code {
-                        BPF_JEQ_K => acc == ins.k,
-                        BPF_JGE_K => acc >= ins.k,
-                        BPF_JSET_K => acc & ins.k != 0,
-                        other => panic!("unexpected opcode {other:#x}"),
-                    };
-                    pc += 1 + usize::from(if taken { ins.jt } else { ins.jf });
-                }
-            }
-        }
-    }
+    use crate::bpf::test::run;
 
     const EPERM: u32 = SECCOMP_RET_ERRNO | libc::EPERM as u32;
 

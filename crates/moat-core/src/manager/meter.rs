@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{BoxManager, ManagerError};
 use crate::clock;
@@ -13,7 +13,7 @@ use crate::ledger::{MeterState, Sample, Usage};
 use crate::record::{BoxRecord, BoxState};
 
 /// `usage`: per box, and the account's total.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageReport {
     /// One entry per box, removed boxes included.
     pub boxes: Vec<BoxUsage>,
@@ -22,7 +22,7 @@ pub struct UsageReport {
 }
 
 /// One box's usage, with its current disk use.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BoxUsage {
     /// Counters over the period.
     #[serde(flatten)]

@@ -1,15 +1,12 @@
-//! The control plane: commands run as `ssh HOST COMMAND`.
+//! The control plane's grammar: what `ssh HOST COMMAND` may say.
 //!
 //! Parsing is pure and strict: an unknown command or flag, a missing or extra
 //! argument, or an invalid name is a one-line usage error (exit 2) and nothing
-//! runs. Every listing takes `--json`.
+//! runs. Every listing takes `--json`. A new verb is a `Command` variant, an
+//! arm in `parse` (and its name in `VERBS`), and one in `run::run`.
 
-use std::fmt::Write as _;
-use std::sync::Arc;
-
-use moat_core::limits::{format_size, parse_size};
-use moat_core::{AccountId, BoxManager, BoxSpec, ChangeKind, Limits, ManagerError, Name, ProgressSink};
-use serde::Serialize;
+use moat_core::limits::parse_size;
+use moat_core::{Limits, Name};
 
 /// What `help` prints.
 pub const HELP: &str = "\
@@ -347,157 +344,6 @@ fn number(flag: &str, value: &str) -> Result<u32, UsageError> {
     value.parse().map_err(|_| usage(format!("new: {flag}: {value:?} is not a whole number")))
 }
 
-/// Runs a command for `account`; returns what goes to stdout.
-pub async fn run(
-    cmd: Command,
-    account: &AccountId,
-    manager: &Arc<BoxManager>,
-    progress: ProgressSink,
-) -> Result<String, ManagerError> {
-    match cmd {
-        Command::Help => Ok(HELP.to_string()),
-        Command::New { name, image, limits, idle } => {
-            let rec = manager.create(account, BoxSpec { name, image, limits }, progress).await?;
-            if let Some(seconds) = idle {
-                manager.set_idle(account, &rec.name, seconds).await?;
-            }
-            Ok(format!("{}\n", rec.name))
-        }
-        Command::Ls { json } => {
-            let boxes = manager.list(account)?;
-            if json {
-                return Ok(to_json(&boxes));
-            }
-            let mut out = format!(
-                "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}  {}\n",
-                "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "PIDS", "PARENT"
-            );
-            for b in &boxes {
-                let _ = writeln!(
-                    out,
-                    "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}  {}",
-                    b.name,
-                    b.state,
-                    b.image,
-                    b.limits.cpus,
-                    format_size(b.limits.memory),
-                    b.limits.pids,
-                    b.parent_name.as_ref().map_or("-", |p| p.as_str())
-                );
-            }
-            Ok(out)
-        }
-        Command::Info { name, json } => {
-            let b = manager.get(account, &name)?;
-            if json {
-                return Ok(to_json(&b));
-            }
-            let parent = match (&b.parent_name, &b.parent) {
-                (Some(name), _) => format!("{name} (duplicated at {})", b.created_at),
-                (None, Some(_)) => format!("a removed box (duplicated at {})", b.created_at),
-                (None, None) => "-".to_string(),
-            };
-            Ok(format!(
-                "name:     {}\nid:       {}\nstate:    {} (since {})\nidle:     {}\nimage:    {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
-                b.name,
-                b.id,
-                b.state,
-                b.state_since,
-                idle_rule(&b),
-                b.image,
-                b.limits.cpus,
-                format_size(b.limits.memory),
-                b.limits.pids,
-                format_size(b.limits.disk),
-                b.created_at,
-                parent
-            ))
-        }
-        Command::Rm { name } => {
-            manager.remove(account, &name).await?;
-            Ok(String::new())
-        }
-        Command::Dup { src, dst } => {
-            let rec = manager.dup(account, &src, &dst).await?;
-            Ok(format!("{}\n", rec.name))
-        }
-        Command::Diff { a, b, json } => {
-            let changes = manager.diff(account, &a, &b).await?;
-            if json {
-                return Ok(to_json(&changes));
-            }
-            let mut out = String::new();
-            for c in changes {
-                let mark = match c.change {
-                    ChangeKind::Added => 'A',
-                    ChangeKind::Modified => 'M',
-                    ChangeKind::Deleted => 'D',
-                };
-                let _ = writeln!(out, "{mark} {}", c.path);
-            }
-            Ok(out)
-        }
-        Command::Promote { child } => {
-            let prev = manager.promote(account, &child).await?;
-            Ok(format!("{prev}\n"))
-        }
-        Command::Stop { name } => manager.stop(account, &name).await.map(|()| String::new()),
-        Command::Start { name } => manager.start(account, &name).await.map(|()| String::new()),
-        Command::Suspend { name } => manager.suspend(account, &name).await.map(|()| String::new()),
-        Command::SetIdle { name, seconds } => manager.set_idle(account, &name, seconds).await.map(|()| String::new()),
-        Command::SetKeepRunning { name, on } => {
-            manager.set_keep_running(account, &name, on).await.map(|()| String::new())
-        }
-        Command::Usage { name, since, json } => {
-            let report = manager.usage(account, since.unwrap_or(0), name.as_ref()).await?;
-            if json {
-                return Ok(to_json(&report));
-            }
-            let mut out = format!(
-                "{:<24} {:>10} {:>12} {:>10} {:>10} {:>8}\n",
-                "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK"
-            );
-            let line = |out: &mut String, u: &moat_core::ledger::Usage, disk: String| {
-                let _ = writeln!(
-                    out,
-                    "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8}",
-                    u.name, u.cpu_seconds, u.memory_gib_seconds, u.running_seconds, u.suspended_seconds, disk
-                );
-            };
-            for b in &report.boxes {
-                line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), rounded_size));
-            }
-            line(&mut out, &report.total, String::new());
-            Ok(out)
-        }
-    }
-}
-
-/// `10788864` → `10.3M`: a measured amount, to one decimal.
-fn rounded_size(bytes: u64) -> String {
-    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift {
-            return format!("{:.1}{unit}", bytes as f64 / f64::from(1u32 << (shift - 10)) / 1024.0);
-        }
-    }
-    bytes.to_string()
-}
-
-/// How the idle rule applies to a box, for `info`.
-fn idle_rule(b: &moat_core::BoxRecord) -> String {
-    match (b.keep_running, b.idle) {
-        (true, _) => "keep-running (billed while idle)".into(),
-        (false, Some(s)) => format!("suspend after {s}s without a session"),
-        (false, None) => "suspend after the default grace without a session".into(),
-    }
-}
-
-fn to_json<T: Serialize>(value: &T) -> String {
-    let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".into());
-    s.push('\n');
-    s
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::panic)]
 mod tests {
@@ -588,12 +434,5 @@ mod tests {
             let e = p(verb).err().map(|e| e.0).unwrap_or_default();
             assert!(!e.contains("unknown command"), "{verb} is in VERBS but parse does not know it");
         }
-    }
-
-    #[test]
-    fn sizes_print_short() {
-        assert_eq!(rounded_size(10_788_864), "10.3M");
-        assert_eq!(rounded_size(3 << 30), "3.0G");
-        assert_eq!(rounded_size(512), "512");
     }
 }

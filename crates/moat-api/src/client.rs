@@ -1,0 +1,105 @@
+//! The front door's side: each request dials a fresh connection through the
+//! one socket it inherited, sends the request, and reads events back.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use moat_core::{AccountId, Name};
+use tokio::sync::Mutex;
+
+use crate::proto::{ApiError, Event, Reply, Request, MAX_EVENT};
+use crate::wire::Packets;
+
+/// Byte the front door sends on the dialer to ask for a connection.
+pub(crate) const DIAL: u8 = b'd';
+
+/// A handle on the privileged side. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct ApiClient {
+    dialer: Arc<Mutex<Packets>>,
+}
+
+/// Keeps a box session open; dropping it ends the session.
+#[derive(Debug)]
+pub struct Lease {
+    _conn: Packets,
+}
+
+fn lost(e: &io::Error) -> ApiError {
+    ApiError { status: 255, message: format!("moat's privileged side is not answering: {e}") }
+}
+
+fn unexpected(reply: &Reply) -> ApiError {
+    ApiError { status: 255, message: format!("unexpected answer from moat's privileged side: {reply:?}") }
+}
+
+impl ApiClient {
+    /// A client over the dialer socket the privileged side handed us.
+    pub fn new(dialer: Packets) -> Self {
+        Self { dialer: Arc::new(Mutex::new(dialer)) }
+    }
+
+    async fn dial(&self) -> io::Result<Packets> {
+        let fd = {
+            let dialer = self.dialer.lock().await;
+            dialer.send(&[DIAL], &[]).await?;
+            let msg = dialer.recv(1).await?.ok_or(io::ErrorKind::UnexpectedEof)?;
+            msg.fds.into_iter().next().ok_or(io::ErrorKind::InvalidData)?
+        };
+        Packets::new(fd)
+    }
+
+    /// Sends `req`; passes progress lines to `progress`; returns the outcome,
+    /// the descriptor that came with it, and the connection (still open).
+    async fn exchange(
+        &self,
+        req: &Request,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<(Reply, Option<OwnedFd>, Packets), ApiError> {
+        let conn = self.dial().await.map_err(|e| lost(&e))?;
+        let bytes = serde_json::to_vec(req).map_err(|e| lost(&e.into()))?;
+        conn.send(&bytes, &[]).await.map_err(|e| lost(&e))?;
+        loop {
+            let msg = conn.recv(MAX_EVENT).await.map_err(|e| lost(&e))?;
+            let msg = msg.ok_or_else(|| lost(&io::ErrorKind::UnexpectedEof.into()))?;
+            let event: Event = serde_json::from_slice(&msg.bytes).map_err(|e| lost(&e.into()))?;
+            match event {
+                Event::Progress(line) => progress(&line),
+                Event::Outcome(outcome) => return Ok((outcome?, msg.fds.into_iter().next(), conn)),
+            }
+        }
+    }
+
+    /// Runs a request to its outcome, passing progress lines to `progress`.
+    pub async fn call_with_progress(
+        &self,
+        req: &Request,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Reply, ApiError> {
+        self.exchange(req, progress).await.map(|(reply, _, _)| reply)
+    }
+
+    /// Runs a request to its outcome.
+    pub async fn call(&self, req: &Request) -> Result<Reply, ApiError> {
+        self.call_with_progress(req, &mut |_| {}).await
+    }
+
+    /// Opens a session on a box (resuming or booting it): a stream connected
+    /// to its agent, and the lease that keeps the box up.
+    pub async fn open_session(&self, account: &AccountId, name: &Name) -> Result<(OwnedFd, Lease), ApiError> {
+        let req = Request::OpenSession { account: account.clone(), name: name.clone() };
+        match self.exchange(&req, &mut |_| {}).await? {
+            (Reply::Session, Some(fd), conn) => Ok((fd, Lease { _conn: conn })),
+            (reply, _, _) => Err(unexpected(&reply)),
+        }
+    }
+
+    /// The account a public key (`TYPE BASE64`) is, if it may log in.
+    pub async fn authorize(&self, key: &str) -> Result<Option<AccountId>, ApiError> {
+        match self.call(&Request::Authorize { key: key.to_string() }).await? {
+            Reply::Account(account) => Ok(account),
+            reply => Err(unexpected(&reply)),
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! moat-api: the narrow typed API between moat's two halves.
+//!
+//! The privileged side (box manager, backends, store) serves it; the front
+//! door (SSH, control commands), an unprivileged process, is its only client.
+//! It inherits one packet socket, the *dialer*: each request asks it for a
+//! fresh connection, so a request's life is its connection's life: a box
+//! session lasts until the front door closes it, and every session of a front
+//! door that dies ends with it. A session's answer carries a stream already
+//! connected to the box's agent, so box traffic never takes an extra hop.
+
+pub mod client;
+pub mod proto;
+pub mod server;
+pub mod wire;
+
+pub use client::{ApiClient, Lease};
+pub use proto::{ApiError, BoxInfo, Event, Hello, Reply, Request, Route};
+pub use wire::Packets;

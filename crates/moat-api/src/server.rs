@@ -1,0 +1,178 @@
+//! The privileged side: answers the front door's requests with the box
+//! manager. It reads only small, bounded JSON requests whose names are
+//! validated on decode; it never sees SSH bytes.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, ManagerError};
+use tokio::sync::Semaphore;
+
+use crate::client::DIAL;
+use crate::proto::{ApiError, BoxInfo, Event, Reply, Request, Route, MAX_REQUEST};
+use crate::wire::Packets;
+
+/// Most request connections open at once: every box session holds one, so
+/// this is well above what the front door's own limits let through, and
+/// keeps a misbehaving front door from exhausting our descriptors.
+const MAX_CONNECTIONS: usize = 16 << 10;
+
+/// Looks up the account of a public key (`TYPE BASE64`); the privileged side
+/// compares it against the operator's list and never parses it.
+pub type Authorizer = dyn Fn(&str) -> Option<AccountId> + Send + Sync;
+
+/// What requests are answered with.
+pub struct Privileged {
+    /// The box manager.
+    pub manager: Arc<BoxManager>,
+    /// The operator's key list.
+    pub authorize: Box<Authorizer>,
+}
+
+/// Answers dials on `dialer` until the front door closes it.
+pub async fn serve(dialer: Packets, ctx: Arc<Privileged>) -> io::Result<()> {
+    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = Arc::clone(&open).acquire_owned().await.map_err(io::Error::other)?;
+        let Some(msg) = dialer.recv(1).await? else { return Ok(()) };
+        if msg.bytes != [DIAL] || !msg.fds.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "front door sent a malformed dial"));
+        }
+        let (ours, theirs) = Packets::pair()?;
+        dialer.send(&[DIAL], &[theirs.as_fd()]).await?;
+        drop(theirs);
+        let conn = Packets::new(ours)?;
+        let ctx = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            if let Err(e) = answer(&conn, &ctx).await {
+                tracing::debug!(error = %e, "api connection failed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn send(conn: &Packets, event: &Event, fd: Option<&OwnedFd>) -> io::Result<()> {
+    let bytes = serde_json::to_vec(event).map_err(io::Error::other)?;
+    let fds: Vec<_> = fd.iter().map(|fd| fd.as_fd()).collect();
+    conn.send(&bytes, &fds).await
+}
+
+/// Reads one request on `conn` and answers it.
+async fn answer(conn: &Packets, ctx: &Privileged) -> io::Result<()> {
+    let Some(msg) = conn.recv(MAX_REQUEST).await? else { return Ok(()) };
+    if !msg.fds.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "request carried descriptors"));
+    }
+    let req: Request = match serde_json::from_slice(&msg.bytes) {
+        Ok(req) => req,
+        Err(e) => {
+            let err = ApiError { status: 255, message: format!("malformed request: {e}") };
+            return send(conn, &Event::Outcome(Err(err)), None).await;
+        }
+    };
+    if let Request::OpenSession { account, name } = req {
+        let (fd, guard) = match open_session(&ctx.manager, &account, &name).await {
+            Ok(opened) => opened,
+            Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
+        };
+        send(conn, &Event::Outcome(Ok(Reply::Session)), Some(&fd)).await?;
+        drop(fd);
+        // The session lasts as long as the front door keeps this connection.
+        while conn.recv(1).await?.is_some() {}
+        drop(guard);
+        return Ok(());
+    }
+    let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let progress: moat_core::ProgressSink = Box::new(move |line: &str| {
+        let _ = progress_tx.send(line.to_string());
+    });
+    let work = run(req, ctx, progress);
+    tokio::pin!(work);
+    let outcome = loop {
+        tokio::select! {
+            Some(line) = progress_rx.recv() => send(conn, &Event::Progress(line), None).await?,
+            outcome = &mut work => break outcome,
+        }
+    };
+    while let Ok(line) = progress_rx.try_recv() {
+        send(conn, &Event::Progress(line), None).await?;
+    }
+    send(conn, &Event::Outcome(outcome.map_err(api_error)), None).await
+}
+
+async fn open_session(
+    manager: &Arc<BoxManager>,
+    account: &AccountId,
+    name: &moat_core::Name,
+) -> Result<(OwnedFd, moat_core::SessionGuard), ApiError> {
+    let (addr, guard) = manager.open_session(account, name).await.map_err(api_error)?;
+    let stream = match addr {
+        AgentAddr::Unix(path) => tokio::net::UnixStream::connect(&path).await,
+    };
+    let stream = stream.and_then(|s| s.into_std()).map_err(|e| ApiError {
+        status: 255,
+        message: format!("box {name} is not answering: {e}"),
+    })?;
+    Ok((OwnedFd::from(stream), guard))
+}
+
+/// The exit status a failure reports: 2 for limits the user asked for, else 1.
+fn api_error(e: ManagerError) -> ApiError {
+    let status = match e {
+        ManagerError::Limits(_) => 2,
+        _ => 1,
+    };
+    ApiError { status, message: error_chain(&e) }
+}
+
+/// An error and its sources on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+async fn run(req: Request, ctx: &Privileged, progress: moat_core::ProgressSink) -> Result<Reply, ManagerError> {
+    let m = &ctx.manager;
+    Ok(match req {
+        Request::Authorize { key } => Reply::Account((ctx.authorize)(&key)),
+        Request::Route { account, name } => Reply::Route(if m.get(&account, &name).is_ok() {
+            Route::Box
+        } else if m.was_box(&account, &name).unwrap_or(true) {
+            // A store error must not route a box's command to the control plane.
+            Route::Gone
+        } else {
+            Route::None
+        }),
+        Request::List { account } => Reply::Boxes(m.list(&account)?.iter().map(BoxInfo::from).collect()),
+        Request::Get { account, name } => Reply::Box(BoxInfo::from(&m.get(&account, &name)?)),
+        Request::Create { account, name, image, limits, idle } => {
+            let rec = m.create(&account, BoxSpec { name, image, limits }, progress).await?;
+            if let Some(seconds) = idle {
+                m.set_idle(&account, &rec.name, seconds).await?;
+            }
+            Reply::Box(BoxInfo::from(&m.get(&account, &rec.name)?))
+        }
+        Request::Remove { account, name } => m.remove(&account, &name).await.map(|()| Reply::Done)?,
+        Request::Dup { account, src, dst } => Reply::Box(BoxInfo::from(&m.dup(&account, &src, &dst).await?)),
+        Request::Diff { account, a, b } => Reply::Changes(m.diff(&account, &a, &b).await?),
+        Request::Promote { account, child } => Reply::Name(m.promote(&account, &child).await?),
+        Request::Stop { account, name } => m.stop(&account, &name).await.map(|()| Reply::Done)?,
+        Request::Start { account, name } => m.start(&account, &name).await.map(|()| Reply::Done)?,
+        Request::Suspend { account, name } => m.suspend(&account, &name).await.map(|()| Reply::Done)?,
+        Request::SetIdle { account, name, seconds } => m.set_idle(&account, &name, seconds).await.map(|()| Reply::Done)?,
+        Request::SetKeepRunning { account, name, on } => {
+            m.set_keep_running(&account, &name, on).await.map(|()| Reply::Done)?
+        }
+        Request::Usage { account, since, name } => Reply::Usage(m.usage(&account, since, name.as_ref()).await?),
+        // Answered by `answer`, which keeps its connection as the lease.
+        Request::OpenSession { .. } => Reply::Done,
+    })
+}

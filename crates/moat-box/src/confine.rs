@@ -1,0 +1,215 @@
+//! Confines the calling process for facing hostile bytes: the front door
+//! drops to an unprivileged uid of its own, keeps no capability, can gain none
+//! (no_new_privs), and may make only the system calls a network server that
+//! was handed its sockets needs. It opens no files and creates no network
+//! sockets.
+//!
+//! Call it before any thread exists: the filter is per thread, and threads
+//! made later inherit it.
+
+use std::io;
+
+use libc::sock_filter;
+use nix::sys::signal::Signal;
+use nix::unistd::{Gid, Uid};
+
+use crate::bpf::*;
+
+/// Allowed whatever the arguments: memory, threads' housekeeping, time,
+/// readiness, and I/O on descriptors it already holds.
+const ALLOWED: &[libc::c_long] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_close,
+    libc::SYS_brk,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mprotect,
+    libc::SYS_mremap,
+    libc::SYS_madvise,
+    // russh keeps key material in locked pages.
+    libc::SYS_mlock,
+    libc::SYS_munlock,
+    libc::SYS_futex,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_sigaltstack,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigaction,
+    libc::SYS_sched_yield,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_getrandom,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_getres,
+    libc::SYS_gettimeofday,
+    libc::SYS_nanosleep,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_getpid,
+    libc::SYS_gettid,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_restart_syscall,
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_eventfd2,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_accept4,
+    libc::SYS_recvfrom,
+    libc::SYS_sendto,
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_shutdown,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    libc::SYS_setsockopt,
+    libc::SYS_getsockopt,
+    libc::SYS_fstat,
+    libc::SYS_statx,
+];
+
+/// Failed with EACCES rather than killing: probes a library may make and
+/// cope with (a config file, the CPU count from cgroup files).
+const REFUSED: &[libc::c_long] = &[
+    libc::SYS_open,
+    libc::SYS_openat,
+    libc::SYS_newfstatat,
+    libc::SYS_readlink,
+    libc::SYS_access,
+];
+
+/// `fcntl` commands allowed: flags and close-on-exec, nothing that takes locks
+/// or leases.
+const FCNTL_COMMANDS: [u32; 5] =
+    [libc::F_GETFL as u32, libc::F_SETFL as u32, libc::F_GETFD as u32, libc::F_SETFD as u32, libc::F_DUPFD_CLOEXEC as u32];
+
+/// `ioctl` requests allowed: non-blocking mode and close-on-exec.
+const IOCTL_REQUESTS: [u32; 2] = [libc::FIONBIO as u32, libc::FIOCLEX as u32];
+
+/// `prctl` options allowed: naming threads.
+const PRCTL_OPTIONS: [u32; 2] = [libc::PR_SET_NAME as u32, libc::PR_GET_NAME as u32];
+
+/// A block allowing the call when the low half of argument `arg` is one of
+/// `allowed`; EPERM otherwise.
+fn arg_one_of(arg: u32, allowed: &[u32]) -> Vec<sock_filter> {
+    let mut block = arg0_one_of(allowed, libc::EPERM);
+    if let Some(load) = block.first_mut() {
+        *load = stmt(BPF_LD_W_ABS, off_arg(arg));
+    }
+    block
+}
+
+/// The front door's allow list; anything else kills the process.
+pub fn front_door_filter() -> Vec<sock_filter> {
+    let mut prog = prologue();
+    for nr in ALLOWED {
+        if_syscall(&mut prog, *nr, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
+    }
+    for nr in REFUSED {
+        if_syscall(&mut prog, *nr, &[ret_errno(libc::EACCES)]);
+    }
+    // Threads, never processes: clone must share the address space as a
+    // thread; clone3 hides its flags from seccomp, so libc falls back to clone.
+    if_syscall(&mut prog, libc::SYS_clone3, &[ret_errno(libc::ENOSYS)]);
+    if_syscall(
+        &mut prog,
+        libc::SYS_clone,
+        &[
+            stmt(BPF_LD_W_ABS, off_arg(0)),
+            // (flags & thread) == thread, in two tests.
+            jump(BPF_JSET_K, libc::CLONE_THREAD as u32, 0, 2),
+            jump(BPF_JSET_K, libc::CLONE_VM as u32, 0, 1),
+            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+            ret_errno(libc::EPERM),
+        ],
+    );
+    // tokio's runtime makes one unix socket pair (its signal driver's).
+    if_syscall(&mut prog, libc::SYS_socketpair, &arg_one_of(0, &[libc::AF_UNIX as u32]));
+    if_syscall(&mut prog, libc::SYS_fcntl, &arg_one_of(1, &FCNTL_COMMANDS));
+    if_syscall(&mut prog, libc::SYS_ioctl, &arg_one_of(1, &IOCTL_REQUESTS));
+    if_syscall(&mut prog, libc::SYS_prctl, &arg_one_of(0, &PRCTL_OPTIONS));
+    prog.push(stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS));
+    prog
+}
+
+/// Drops the calling (single-threaded, root) process to `uid`:`gid` with no
+/// supplementary groups, no capabilities (bounding set included),
+/// no_new_privs, not dumpable, dying with its parent, and under
+/// [`front_door_filter`].
+pub fn front_door(uid: u32, gid: u32) -> io::Result<()> {
+    if uid == 0 || gid == 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the front door may not run as root"));
+    }
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    crate::sys::drop_bounding_set()?;
+    nix::unistd::setgroups(&[])?;
+    nix::unistd::setresgid(gid, gid, gid)?;
+    // From root to a non-zero uid with every id changed, the kernel clears the
+    // permitted, effective and ambient capability sets.
+    nix::unistd::setresuid(uid, uid, uid)?;
+    // Changing ids resets both; set them after.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    nix::sys::prctl::set_dumpable(false)?;
+    nix::unistd::chdir("/")?;
+    nix::sys::prctl::set_no_new_privs()?;
+    crate::sys::install_seccomp(&front_door_filter())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::bpf::test::run;
+
+    const EPERM: u32 = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+
+    #[test]
+    fn verdicts() {
+        let prog = front_door_filter();
+        let nr = |n: libc::c_long| n as u32;
+        let call = |n: libc::c_long, a0: u64, a1: u64| run(&prog, nr(n), [a0, a1, 0, 0, 0, 0]);
+        for ok in [libc::SYS_read, libc::SYS_sendmsg, libc::SYS_accept4, libc::SYS_epoll_wait, libc::SYS_futex] {
+            assert_eq!(call(ok, 0, 0), SECCOMP_RET_ALLOW, "{ok}");
+        }
+        // What a hijacked front door would want first: never there.
+        for kill in [
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_bind,
+            libc::SYS_ptrace,
+            libc::SYS_mount,
+            libc::SYS_setuid,
+            libc::SYS_unshare,
+            libc::SYS_kill,
+            libc::SYS_memfd_create,
+            libc::SYS_io_uring_setup,
+        ] {
+            assert_eq!(call(kill, 0, 0), SECCOMP_RET_KILL_PROCESS, "{kill}");
+        }
+        assert_eq!(call(libc::SYS_openat, 0, 0), SECCOMP_RET_ERRNO | libc::EACCES as u32);
+        assert_eq!(call(libc::SYS_socketpair, libc::AF_UNIX as u64, 0), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_socketpair, libc::AF_VSOCK as u64, 0), EPERM);
+        // Threads yes, processes no.
+        let thread = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD) as u64;
+        assert_eq!(call(libc::SYS_clone, thread, 0), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_clone, libc::SIGCHLD as u64, 0), EPERM);
+        assert_eq!(call(libc::SYS_clone, (libc::CLONE_VM | libc::SIGCHLD) as u64, 0), EPERM);
+        assert_eq!(call(libc::SYS_clone3, 0, 0), SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+        // Arguments: only the harmless commands.
+        assert_eq!(call(libc::SYS_fcntl, 3, libc::F_SETFL as u64), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_fcntl, 3, libc::F_SETLK as u64), EPERM);
+        assert_eq!(call(libc::SYS_ioctl, 3, libc::FIONBIO), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_ioctl, 3, libc::TIOCSTI), EPERM);
+        assert_eq!(call(libc::SYS_prctl, libc::PR_SET_NAME as u64, 0), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_prctl, libc::PR_SET_DUMPABLE as u64, 1), EPERM);
+        assert!(prog.len() < 4096);
+    }
+}

@@ -1,0 +1,135 @@
+//! What the user reads: tables for people, `--json` for scripts.
+
+use std::fmt::Write as _;
+
+use moat_api::BoxInfo;
+use moat_core::limits::format_size;
+use moat_core::{Change, ChangeKind, UsageReport};
+use serde::Serialize;
+
+/// `ls`.
+pub fn boxes(boxes: &[BoxInfo], json: bool) -> String {
+    if json {
+        return to_json(&boxes);
+    }
+    let mut out = format!(
+        "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}  {}\n",
+        "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "PIDS", "PARENT"
+    );
+    for b in boxes {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}  {}",
+            b.name,
+            b.state,
+            b.image,
+            b.limits.cpus,
+            format_size(b.limits.memory),
+            b.limits.pids,
+            b.parent.as_ref().map_or("-", |p| p.as_str())
+        );
+    }
+    out
+}
+
+/// `info`.
+pub fn info(b: &BoxInfo, json: bool) -> String {
+    if json {
+        return to_json(b);
+    }
+    let parent = match (&b.parent, b.duplicated) {
+        (Some(name), _) => format!("{name} (duplicated at {})", b.created_at),
+        (None, true) => format!("a removed box (duplicated at {})", b.created_at),
+        (None, false) => "-".to_string(),
+    };
+    format!(
+        "name:     {}\nid:       {}\nstate:    {} (since {})\nidle:     {}\nimage:    {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
+        b.name,
+        b.id,
+        b.state,
+        b.state_since,
+        idle_rule(b),
+        b.image,
+        b.limits.cpus,
+        format_size(b.limits.memory),
+        b.limits.pids,
+        format_size(b.limits.disk),
+        b.created_at,
+        parent
+    )
+}
+
+/// `diff`.
+pub fn changes(changes: &[Change], json: bool) -> String {
+    if json {
+        return to_json(&changes);
+    }
+    let mut out = String::new();
+    for c in changes {
+        let mark = match c.change {
+            ChangeKind::Added => 'A',
+            ChangeKind::Modified => 'M',
+            ChangeKind::Deleted => 'D',
+        };
+        let _ = writeln!(out, "{mark} {}", c.path);
+    }
+    out
+}
+
+/// `usage`.
+pub fn usage(report: &UsageReport, json: bool) -> String {
+    if json {
+        return to_json(report);
+    }
+    let mut out =
+        format!("{:<24} {:>10} {:>12} {:>10} {:>10} {:>8}\n", "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK");
+    let line = |out: &mut String, u: &moat_core::ledger::Usage, disk: String| {
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8}",
+            u.name, u.cpu_seconds, u.memory_gib_seconds, u.running_seconds, u.suspended_seconds, disk
+        );
+    };
+    for b in &report.boxes {
+        line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), rounded_size));
+    }
+    line(&mut out, &report.total, String::new());
+    out
+}
+
+/// `10788864` → `10.3M`: a measured amount, to one decimal.
+fn rounded_size(bytes: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift {
+            return format!("{:.1}{unit}", bytes as f64 / f64::from(1u32 << (shift - 10)) / 1024.0);
+        }
+    }
+    bytes.to_string()
+}
+
+/// How the idle rule applies to a box, for `info`.
+fn idle_rule(b: &BoxInfo) -> String {
+    match (b.keep_running, b.idle) {
+        (true, _) => "keep-running (billed while idle)".into(),
+        (false, Some(s)) => format!("suspend after {s}s without a session"),
+        (false, None) => "suspend after the default grace without a session".into(),
+    }
+}
+
+fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
+    let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".into());
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_short() {
+        assert_eq!(rounded_size(10_788_864), "10.3M");
+        assert_eq!(rounded_size(3 << 30), "3.0G");
+        assert_eq!(rounded_size(512), "512");
+    }
+}

@@ -1,0 +1,100 @@
+//! Privilege separation: the privileged side (this process: manager,
+//! backends, store) runs the front door, which parses everything from the
+//! network, as a child of its own under an unprivileged uid, confined by
+//! `moat_box::confine`, and answers its requests over `moat_api`. A front door
+//! that dies is started again; boxes never notice.
+
+use std::net::TcpListener;
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use moat_api::server::Privileged;
+use moat_api::{Hello, Packets};
+
+/// Who the front door runs as, and what it is told.
+pub struct FrontDoor {
+    /// Its uid and gid.
+    pub id: u32,
+    /// Its configuration.
+    pub hello: Hello,
+}
+
+/// Runs the front door on `listener` until this process ends, restarting it
+/// whenever it dies. The front door holds the only copy of the listening
+/// socket (so the process on the SSH port is the unprivileged one); a restart
+/// binds the same address again.
+pub async fn supervise(listener: TcpListener, front: FrontDoor, privileged: Arc<Privileged>) -> Result<()> {
+    // (std sets SO_REUSEADDR: the address binds again while old connections linger.)
+    let addr = listener.local_addr()?;
+    let mut listener = Some(listener);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let socket = match listener.take() {
+            Some(socket) => socket,
+            None => match TcpListener::bind(addr) {
+                Ok(socket) => socket,
+                Err(e) => {
+                    tracing::warn!(%addr, error = %e, "cannot listen again; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            },
+        };
+        let started = Instant::now();
+        match run_once(socket, &front, Arc::clone(&privileged)).await {
+            Ok(status) => tracing::warn!(%status, "front door exited; starting it again"),
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "front door failed; starting it again"),
+        }
+        // Back off only if it keeps dying at once.
+        backoff = if started.elapsed() > Duration::from_secs(5) {
+            Duration::from_millis(50)
+        } else {
+            (backoff * 2).min(Duration::from_secs(1))
+        };
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// Starts one front door and serves its requests until it exits.
+async fn run_once(
+    listener: TcpListener,
+    front: &FrontDoor,
+    privileged: Arc<Privileged>,
+) -> Result<std::process::ExitStatus> {
+    let (ours, theirs) = Packets::pair().context("make the front door's socket")?;
+    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    cmd.arg0("moat-front-door")
+        .args(["front-door", "--id", &front.id.to_string()])
+        .env_clear()
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    if let Some(filter) = std::env::var_os("RUST_LOG") {
+        cmd.env("RUST_LOG", filter);
+    }
+    let mut child = cmd.spawn().context("start the front door")?;
+    // `cmd` holds the child's end until dropped.
+    drop(cmd);
+    let dialer = Packets::new(ours)?;
+    let hello = serde_json::to_vec(&front.hello)?;
+    let listener = OwnedFd::from(listener);
+    dialer.send(&hello, &[listener.as_fd()]).await.context("hand the front door its socket")?;
+    drop(listener);
+    tracing::info!(pid = child.id(), "front door started");
+    tokio::select! {
+        status = child.wait() => Ok(status?),
+        served = moat_api::server::serve(dialer, privileged) => {
+            // It closed its end without exiting, or spoke out of turn: either
+            // way it is no longer one we trust to run.
+            if let Err(e) = served {
+                tracing::error!(error = %e, "front door misbehaved; killing it");
+            }
+            let _ = child.start_kill();
+            Ok(child.wait().await?)
+        }
+    }
+}
