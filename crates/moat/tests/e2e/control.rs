@@ -54,7 +54,8 @@ pub fn new_ls_info_rm(env: &Env) {
 pub fn bad_input_is_one_line_and_leaves_nothing(env: &Env) {
     let taken = unique("taken");
     env.new_box(&taken, &["--image", "busybox"]);
-    let before = names(&ls_json(env));
+    let info = |name: &str| env.alice(None, &["info", name, "--json"]).ok().stdout;
+    let before = info(&taken);
     let fresh = unique("fresh");
     let cases: Vec<Vec<String>> = vec![
         vec!["frobnicate".into()],
@@ -86,7 +87,8 @@ pub fn bad_input_is_one_line_and_leaves_nothing(env: &Env) {
     let after = names(&ls_json(env));
     assert!(!after.contains(&fresh), "a failed new left {fresh} behind");
     assert_eq!(after.iter().filter(|n| **n == taken).count(), 1);
-    assert!(after.len() >= before.len());
+    // (Other tests add and remove boxes meanwhile: compare only our own.)
+    assert_eq!(info(&taken), before, "a failed command changed {taken}");
     let dup = env.alice(None, &["new", &taken, "--image", "busybox"]);
     assert_eq!(dup.stderr, format!("moat: a box named {taken} already exists\n"));
 }

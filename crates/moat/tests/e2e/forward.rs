@@ -26,9 +26,14 @@ impl Drop for Tunnel {
 }
 
 fn tunnel(env: &Env, name: &str, spec: &str) -> Tunnel {
-    let mut cmd =
-        env.daemon.ssh_with(&env.alice, Some(name), &["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec], &[]);
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    tunnel_with(env, name, spec, &[], Stdio::null())
+}
+
+fn tunnel_with(env: &Env, name: &str, spec: &str, opts: &[&str], stderr: Stdio) -> Tunnel {
+    let mut all = vec!["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec];
+    all.extend_from_slice(opts);
+    let mut cmd = env.daemon.ssh_with(&env.alice, Some(name), &all, &[]);
+    cmd.stdout(Stdio::null()).stderr(stderr);
     Tunnel(cmd.spawn().unwrap())
 }
 
@@ -59,9 +64,19 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
     // A forward to anything but the box's loopback is refused by the server
     // before any connection is attempted (the name does not even resolve).
     let port = free_port();
-    let _t = tunnel(env, &name, &format!("{port}:example.invalid:80"));
-    std::thread::sleep(Duration::from_millis(800));
+    // (-v: ssh reports the server's answer to each forward.)
+    let mut t = tunnel_with(env, &name, &format!("{port}:example.invalid:80"), &["-v"], Stdio::piped());
+    // Wait for ssh to listen, so that the refusal below is the server's.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the tunnel never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_ne!(curl(port).status, Some(0));
+    let _ = t.0.kill();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut t.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("administratively prohibited"), "the server did not refuse the forward: {stderr}");
     // Remote forwarding (-R) is refused.
     let mut cmd = env.daemon.ssh_with(
         &env.alice,

@@ -17,6 +17,7 @@ mod forward;
 mod hygiene;
 mod isolation;
 mod lifecycle;
+mod privsep;
 mod pty;
 mod restart;
 mod storage;
@@ -91,6 +92,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("hygiene_operator_limits_are_enforced", hygiene::operator_limits_are_enforced),
     ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
     ("restart_loses_nothing", restart::restart_loses_nothing),
+    ("privsep_front_door_is_unprivileged_and_restarts", privsep::front_door_is_unprivileged_and_restarts),
     ("lifecycle_suspend_resume_stop_park_and_ledger", lifecycle::lifecycle),
     ("storage_dup_copies_and_makes_a_new_machine", storage::dup_copies_and_makes_a_new_machine),
     ("storage_dup_of_a_box_whose_processes_died", storage::dup_of_a_box_whose_processes_died),
