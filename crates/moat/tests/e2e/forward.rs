@@ -18,10 +18,18 @@ fn curl(port: u16) -> crate::fixture::Ran {
 /// Runs `ssh -N -L ...` in the background until dropped.
 struct Tunnel(std::process::Child);
 
+impl Tunnel {
+    /// Ends ssh: SIGTERM, which `timeout` passes on (SIGKILL would orphan ssh).
+    fn end(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for Tunnel {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        self.end();
     }
 }
 
@@ -73,7 +81,7 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_ne!(curl(port).status, Some(0));
-    let _ = t.0.kill();
+    t.end();
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut t.0.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(stderr.contains("administratively prohibited"), "the server did not refuse the forward: {stderr}");

@@ -38,13 +38,21 @@ fn holders(inodes: &[String]) -> Vec<u32> {
     pids
 }
 
-/// The one process listening on the daemon's port.
+/// The one process listening on the daemon's port. (While it starts, the
+/// socket is in flight to it, held by no process: wait for it to land.)
 fn front_door(port: u16) -> u32 {
-    let inodes = listening_inodes(port);
-    assert!(!inodes.is_empty(), "nothing listens on {port}");
-    let pids = holders(&inodes);
-    assert_eq!(pids.len(), 1, "exactly one process should hold the SSH socket: {pids:?}");
-    pids[0]
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let inodes = listening_inodes(port);
+        assert!(!inodes.is_empty(), "nothing listens on {port}");
+        let pids = holders(&inodes);
+        assert!(pids.len() <= 1, "exactly one process should hold the SSH socket: {pids:?}");
+        if let Some(pid) = pids.first() {
+            return *pid;
+        }
+        assert!(Instant::now() < deadline, "no process holds the SSH socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn status_field(pid: u32, field: &str) -> String {
@@ -76,6 +84,9 @@ pub fn front_door_is_unprivileged_and_restarts(env: &Env) {
     let mut daemon = Daemon::start(env.dir.join("privsep-state"), env.daemon.keys_file.clone(), &[]);
     let ssh = |user: Option<&str>, args: &[&str]| run(&mut daemon.ssh(&env.alice, user, args));
     let port = daemon.port;
+    // Once it answers, the listening socket has reached the front door (the
+    // privileged side binds it and holds it only until it is handed over).
+    ssh(None, &["ls"]).ok();
     let pid = front_door(port);
     let uid = assert_confined(pid);
 
