@@ -111,10 +111,9 @@ async fn open_session(
     let stream = match addr {
         AgentAddr::Unix(path) => tokio::net::UnixStream::connect(&path).await,
     };
-    let stream = stream.and_then(|s| s.into_std()).map_err(|e| ApiError {
-        status: 255,
-        message: format!("box {name} is not answering: {e}"),
-    })?;
+    let stream = stream
+        .and_then(|s| s.into_std())
+        .map_err(|e| ApiError { status: 255, message: format!("box {name} is not answering: {e}") })?;
     Ok((OwnedFd::from(stream), guard))
 }
 
@@ -167,7 +166,9 @@ async fn run(req: Request, ctx: &Privileged, progress: moat_core::ProgressSink) 
         Request::Stop { account, name } => m.stop(&account, &name).await.map(|()| Reply::Done)?,
         Request::Start { account, name } => m.start(&account, &name).await.map(|()| Reply::Done)?,
         Request::Suspend { account, name } => m.suspend(&account, &name).await.map(|()| Reply::Done)?,
-        Request::SetIdle { account, name, seconds } => m.set_idle(&account, &name, seconds).await.map(|()| Reply::Done)?,
+        Request::SetIdle { account, name, seconds } => {
+            m.set_idle(&account, &name, seconds).await.map(|()| Reply::Done)?
+        }
         Request::SetKeepRunning { account, name, on } => {
             m.set_keep_running(&account, &name, on).await.map(|()| Reply::Done)?
         }

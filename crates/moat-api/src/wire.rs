@@ -112,7 +112,8 @@ impl Packets {
                 None if bytes.is_empty() => return Ok(None),
                 None => return Err(invalid("peer closed in the middle of a message")),
             };
-            let (head, payload) = buf.get(..len).and_then(<[u8]>::split_first).ok_or_else(|| invalid("empty packet"))?;
+            let (head, payload) =
+                buf.get(..len).and_then(<[u8]>::split_first).ok_or_else(|| invalid("empty packet"))?;
             if bytes.len() + payload.len() > max {
                 return Err(invalid("message too large"));
             }

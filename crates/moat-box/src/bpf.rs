@@ -126,5 +126,4 @@ pub mod test {
             }
         }
     }
-
 }

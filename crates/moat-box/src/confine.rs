@@ -76,18 +76,18 @@ const ALLOWED: &[libc::c_long] = &[
 
 /// Failed with EACCES rather than killing: probes a library may make and
 /// cope with (a config file, the CPU count from cgroup files).
-const REFUSED: &[libc::c_long] = &[
-    libc::SYS_open,
-    libc::SYS_openat,
-    libc::SYS_newfstatat,
-    libc::SYS_readlink,
-    libc::SYS_access,
-];
+const REFUSED: &[libc::c_long] =
+    &[libc::SYS_open, libc::SYS_openat, libc::SYS_newfstatat, libc::SYS_readlink, libc::SYS_access];
 
 /// `fcntl` commands allowed: flags and close-on-exec, nothing that takes locks
 /// or leases.
-const FCNTL_COMMANDS: [u32; 5] =
-    [libc::F_GETFL as u32, libc::F_SETFL as u32, libc::F_GETFD as u32, libc::F_SETFD as u32, libc::F_DUPFD_CLOEXEC as u32];
+const FCNTL_COMMANDS: [u32; 5] = [
+    libc::F_GETFL as u32,
+    libc::F_SETFL as u32,
+    libc::F_GETFD as u32,
+    libc::F_SETFD as u32,
+    libc::F_DUPFD_CLOEXEC as u32,
+];
 
 /// `ioctl` requests allowed: non-blocking mode and close-on-exec.
 const IOCTL_REQUESTS: [u32; 2] = [libc::FIONBIO as u32, libc::FIOCLEX as u32];
@@ -147,7 +147,7 @@ pub fn front_door(uid: u32, gid: u32) -> io::Result<()> {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "the front door may not run as root"));
     }
     let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
-    crate::sys::drop_bounding_set()?;
+    crate::sys::drop_bounding_set(&[])?;
     nix::unistd::setgroups(&[])?;
     nix::unistd::setresgid(gid, gid, gid)?;
     // From root to a non-zero uid with every id changed, the kernel clears the
@@ -198,7 +198,8 @@ mod tests {
         assert_eq!(call(libc::SYS_socketpair, libc::AF_UNIX as u64, 0), SECCOMP_RET_ALLOW);
         assert_eq!(call(libc::SYS_socketpair, libc::AF_VSOCK as u64, 0), EPERM);
         // Threads yes, processes no.
-        let thread = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD) as u64;
+        let thread =
+            (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD) as u64;
         assert_eq!(call(libc::SYS_clone, thread, 0), SECCOMP_RET_ALLOW);
         assert_eq!(call(libc::SYS_clone, libc::SIGCHLD as u64, 0), EPERM);
         assert_eq!(call(libc::SYS_clone, (libc::CLONE_VM | libc::SIGCHLD) as u64, 0), EPERM);

@@ -10,8 +10,6 @@
 //! [`AnyBackend`] is the enum the daemon holds; the microVM backend joins it as a
 //! second variant.
 
-#![allow(unsafe_code)]
-
 pub mod bpf;
 pub mod confine;
 pub mod diff;
@@ -19,6 +17,7 @@ pub mod identity;
 pub mod image;
 pub mod ns;
 pub mod pool;
+#[allow(unsafe_code)]
 pub mod sys;
 
 use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Change, MeterReading, Name};

@@ -315,17 +315,25 @@ pub fn close_from(first: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Empties the capability bounding set, so that nothing this process runs
-/// could ever regain a capability (needs CAP_SETPCAP, so before dropping root).
-pub fn drop_bounding_set() -> io::Result<()> {
-    for cap in 0..=libc::c_ulong::from(u8::MAX) {
+/// Drops every capability but `keep` from the bounding set, so that nothing
+/// this thread runs could gain another, and clears the ambient set. Needs
+/// CAP_SETPCAP, so it comes before dropping root.
+pub fn drop_bounding_set(keep: &[u32]) -> io::Result<()> {
+    for cap in (0..=u32::from(u8::MAX)).filter(|c| !keep.contains(c)) {
         // SAFETY: PR_CAPBSET_DROP takes an integer and changes only this thread's
         // bounding set.
-        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } < 0 {
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) } < 0 {
             // EINVAL: past the kernel's last capability.
             let e = io::Error::last_os_error();
-            return if e.raw_os_error() == Some(libc::EINVAL) { Ok(()) } else { Err(e) };
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(e);
         }
+    }
+    // SAFETY: as above; clears the ambient set, no pointers involved.
+    if unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) } < 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
-use moat_api::{ApiClient, ApiError, Lease, Request, Reply, Route};
+use moat_api::{ApiClient, ApiError, Lease, Reply, Request, Route};
 use moat_core::ids::CONTROL_USER;
 use moat_core::{AccountId, Name};
 use russh::server::{Handle, Msg};

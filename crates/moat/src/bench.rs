@@ -17,11 +17,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg};
+use moat_api::server::Privileged;
+use moat_api::Hello;
 use moat_box::AnyBackend;
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name, Store};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
-use moat_api::server::Privileged;
-use moat_api::Hello;
 
 use crate::paths;
 use crate::privsep::FrontDoor;

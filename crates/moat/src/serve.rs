@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use moat_box::AnyBackend;
-use moat_core::{BoxManager, ManagerConfig, Store};
 use moat_api::server::Privileged;
 use moat_api::Hello;
+use moat_box::AnyBackend;
+use moat_core::{BoxManager, ManagerConfig, Store};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
 
 use crate::paths;

@@ -333,15 +333,5 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
 
 /// Keeps only [`KEPT_CAPS`] in the bounding set; exec then grants root exactly those.
 fn drop_capabilities() -> io::Result<()> {
-    let last: u32 =
-        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40);
-    for cap in (0..=last).filter(|c| !KEPT_CAPS.contains(c)) {
-        // SAFETY: PR_CAPBSET_DROP takes an integer capability number and no pointers.
-        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) } != 0 {
-            return Err(io::Error::last_os_error()).context(|| format!("drop capability {cap}"));
-        }
-    }
-    // SAFETY: as above; clears the ambient set, no pointers involved.
-    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
-    Ok(())
+    sys::drop_bounding_set(KEPT_CAPS).context(|| "drop capabilities".into())
 }

@@ -3,6 +3,7 @@
 //! cgroup limits, seccomp and a reduced capability set. Works on any Linux host.
 
 pub mod cgroup;
+#[allow(unsafe_code)]
 pub mod enforce;
 pub mod hostview;
 pub mod plan;

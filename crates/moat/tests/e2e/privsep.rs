@@ -124,6 +124,5 @@ pub fn front_door_is_unprivileged_and_restarts(env: &Env) {
     let new_pid = front_door(port);
     assert_ne!(new_pid, pid);
     assert_confined(new_pid);
-    drop(ssh);
     daemon.purge();
 }

@@ -4,12 +4,14 @@
 //! per connection (see `moat_agent::protocol`), and reaps every orphan in the box.
 //! It is built as a static binary so it runs in any image, libc or not.
 
-#![allow(unsafe_code)]
-
+// `unsafe` lives in three places: fork and exec (spawn), the terminal size
+// ioctl (exec), and taking the inherited listening socket (here).
+#[allow(unsafe_code)]
 mod exec;
 mod frames;
 mod login;
 mod reaper;
+#[allow(unsafe_code)]
 mod spawn;
 mod tcp;
 
@@ -26,6 +28,7 @@ use reaper::Reaper;
 /// The fd on which the host hands over the listening socket.
 const LISTEN_FD: i32 = 3;
 
+#[allow(unsafe_code)]
 fn main() {
     // SAFETY: the host passes fd 3 as a listening unix socket and nothing else in
     // this process has claimed it; we take sole ownership here, once.
