@@ -12,5 +12,4 @@ cargo fmt --all --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 PROFILE=debug scripts/build.sh
 cargo test --locked --workspace --lib --bins --test protocol_props --test grammar_props
-export MOAT_AGENT="$PWD/target/agent/debug/moat-agent"
 cargo test --locked -p moat --test e2e -- "$@"

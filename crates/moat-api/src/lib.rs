@@ -8,6 +8,8 @@
 //! door that dies ends with it. A session's answer carries a stream already
 //! connected to the box's agent, so box traffic never takes an extra hop.
 
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
 pub mod client;
 pub mod proto;
 pub mod server;

@@ -35,7 +35,7 @@ pub struct BenchArgs {
     /// Scratch state directory; removed afterwards.
     #[arg(long, default_value = "/var/tmp/moat-bench")]
     state_dir: PathBuf,
-    /// The static moat-agent binary [default: as `moat serve` finds it].
+    /// A static moat-agent binary [default: the one built into moat].
     #[arg(long)]
     agent: Option<PathBuf>,
     /// Data sizes (MiB) written into a box before timing `dup` against `cp -a`.
@@ -92,7 +92,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         moat_box::image::build(&pool, &busybox, &mut |_: &str| {})?;
     }
     drop(pool);
-    let backend = paths::ns_backend(dir, paths::find_agent(args.agent.as_deref())?)?;
+    let backend = paths::ns_backend(dir, crate::agent::resolve(args.agent.as_deref(), dir)?)?;
     let manager = BoxManager::new(
         Store::open(&dir.join("moat.db"))?,
         Arc::new(AnyBackend::Ns(backend)),

@@ -45,15 +45,9 @@ pub fn run(state_dir: &Path) -> Result<()> {
     );
     check(
         "agent",
-        paths::find_agent(None).map_err(|e| format!("{e:#}")).and_then(|p| {
-            let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-            // A PT_INTERP segment names a dynamic loader, which busybox images lack.
-            if bytes.windows(b"/ld-linux".len()).any(|w| w == b"/ld-linux") {
-                Err(format!("{} is dynamically linked; build it with scripts/build.sh", p.display()))
-            } else {
-                Ok(format!("{} (static)", p.display()))
-            }
-        }),
+        crate::agent::resolve(None, state_dir)
+            .map(|p| format!("{} (static)", p.display()))
+            .map_err(|e| format!("{e:#}")),
     );
     for (tool, package, need) in [
         ("mkfs.btrfs", "btrfs-progs", "the loop-backed pool"),

@@ -1,5 +1,6 @@
 //! `moat`: the operator's one binary.
 
+mod agent;
 mod bench;
 mod doctor;
 mod front_door;

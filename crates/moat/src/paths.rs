@@ -1,8 +1,8 @@
-//! Where things live by default, and finding the agent binary.
+//! Where things live by default, and how the backend is put together.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use moat_box::ns::hostview::HostView;
 use moat_box::ns::{NsBackend, NsConfig};
 use moat_box::pool::Pool;
@@ -42,23 +42,4 @@ pub fn ns_backend(state_dir: &Path, agent: PathBuf) -> Result<NsBackend> {
     let host_view = HostView::ensure(&host_view_dir(state_dir));
     let config = NsConfig { run_dir: state_dir.join("run"), helper, agent, host_view };
     Ok(NsBackend::new(pool, config)?)
-}
-
-/// The static moat-agent binary: `$MOAT_AGENT`, or beside this executable, or in
-/// `../lib/moat/` from it.
-pub fn find_agent(explicit: Option<&Path>) -> Result<PathBuf> {
-    if let Some(path) = explicit {
-        return Ok(path.to_path_buf());
-    }
-    if let Some(path) = std::env::var_os("MOAT_AGENT") {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe().context("find this executable")?;
-    let dir = exe.parent().unwrap_or(Path::new("/"));
-    for candidate in [dir.join("moat-agent"), dir.join("../lib/moat/moat-agent")] {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!("cannot find moat-agent next to {} (set MOAT_AGENT or --agent)", exe.display())
 }

@@ -28,7 +28,8 @@ pub struct ServeArgs {
     /// OpenSSH authorized_keys file; each key is an account [default: ~/.ssh/authorized_keys].
     #[arg(long)]
     authorized_keys: Option<PathBuf>,
-    /// The static moat-agent binary [default: beside this executable].
+    /// A static moat-agent binary to use instead of the one built into moat
+    /// (also `$MOAT_AGENT`).
     #[arg(long)]
     agent: Option<PathBuf>,
     /// Seconds a client has to authenticate.
@@ -95,7 +96,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     crate::front_door::raise_fd_limit();
     let state_dir = args.state_dir;
     paths::private_dir(&state_dir)?;
-    let agent = paths::find_agent(args.agent.as_deref())?;
+    let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;
     let backend = paths::ns_backend(&state_dir, agent)?;
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
     // Never below the per-box defaults, or a plain `new` would be refused.

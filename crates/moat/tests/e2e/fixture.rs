@@ -15,15 +15,6 @@ pub fn moat_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_moat"))
 }
 
-/// The static agent (built by scripts/test.sh).
-pub fn agent_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("MOAT_AGENT") {
-        return p.into();
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    workspace.join("target/agent/debug/moat-agent")
-}
-
 /// An SSH identity.
 pub struct Key {
     pub path: PathBuf,
@@ -86,7 +77,8 @@ impl Daemon {
             .arg("--authorized-keys")
             .arg(&self.keys_file)
             .args(&self.extra)
-            .env("MOAT_AGENT", agent_bin())
+            // The agent embedded in moat, as a plain `cargo build` makes it.
+            .env_remove("MOAT_AGENT")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
