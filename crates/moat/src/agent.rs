@@ -24,16 +24,18 @@ pub fn resolve(explicit: Option<&Path>, state_dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Writes the embedded agent to `STATE/bin/moat-agent-HASH` unless it is there.
+/// Writes the embedded agent to `STATE/agent/HASH/moat-agent` unless it is
+/// there. (The file keeps its name: a box's `ps` shows PID 1 by it.)
 fn install_embedded(state_dir: &Path) -> Result<PathBuf> {
     let hash = hex::encode(Sha256::digest(EMBEDDED));
-    let dir = state_dir.join("bin");
-    let path = dir.join(format!("moat-agent-{}", hash.get(..16).unwrap_or(&hash)));
+    let top = state_dir.join("agent");
+    let dir = top.join(hash.get(..16).unwrap_or(&hash));
+    let path = dir.join("moat-agent");
     if std::fs::read(&path).is_ok_and(|b| b == EMBEDDED) {
         return Ok(path);
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::set_permissions(&top, std::fs::Permissions::from_mode(0o700))?;
     // Written beside and renamed: a box starting meanwhile never sees half a file.
     let tmp = dir.join(format!(".moat-agent-{}", std::process::id()));
     let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o755).open(&tmp)?;

@@ -327,24 +327,54 @@ impl BoxManager {
 
     /// Makes a duplicate take its parent's place: the parent's name now means the
     /// child, and the parent stays as `<name>-prev` until removed. Returns the
-    /// parent's new name.
+    /// parent's new name. Holds both boxes' locks; on any failure both keep
+    /// their names, in the store and in their files.
     pub async fn promote(&self, account: &AccountId, child: &Name) -> Result<Name, ManagerError> {
+        let first = self.get(account, child)?;
+        let parent_id = first.parent.clone().ok_or_else(|| ManagerError::NoParent(first.name.clone()))?;
+        // Both locks, always in id order, so two promotes cannot deadlock.
+        let (a, b) = if first.id.as_str() < parent_id.as_str() {
+            (first.id.clone(), parent_id.clone())
+        } else {
+            (parent_id.clone(), first.id.clone())
+        };
+        let _guard_a = self.lock_for(&a).lock_owned().await;
+        let _guard_b = self.lock_for(&b).lock_owned().await;
+        // Read again under the locks: either may have changed meanwhile.
         let child = self.get(account, child)?;
-        let parent_id = child.parent.clone().ok_or_else(|| ManagerError::NoParent(child.name.clone()))?;
+        if child.id != first.id || child.state == BoxState::Creating {
+            return Err(ManagerError::Busy(child.name));
+        }
         let parent = self
             .store
             .get_by_id(&parent_id)?
-            .filter(|p| p.account == *account)
+            .filter(|p| p.account == *account && p.state != BoxState::Creating)
             .ok_or_else(|| ManagerError::ParentGone(child.name.clone()))?;
         let prev = format!("{}-prev", parent.name);
         let prev = Name::new(&prev).map_err(|_| ManagerError::NameTooLong(prev))?;
-        self.store.promote(&child, &parent, &prev)?;
-        let (c, p, new_child_name, prev_name) = (child.clone(), parent.clone(), parent.name.clone(), prev.clone());
+        if self.store.get(account, &prev)?.is_some() {
+            return Err(StoreError::NameTaken(prev).into());
+        }
+        // The files first (each step undone if the next fails), then the names
+        // in one transaction.
+        let (c, p, prev_name) = (child.clone(), parent.clone(), prev.clone());
         self.blocking(move |b| {
-            b.rename(&c, &new_child_name)?;
-            b.rename(&p, &prev_name)
+            b.rename(&c, &p.name)?;
+            b.rename(&p, &prev_name).inspect_err(|_| {
+                let _ = b.rename(&c, &c.name);
+            })
         })
         .await??;
+        if let Err(e) = self.store.promote(&child, &parent, &prev) {
+            let (c, p) = (child.clone(), parent.clone());
+            let _ = self
+                .blocking(move |b| {
+                    let _ = b.rename(&c, &c.name);
+                    let _ = b.rename(&p, &p.name);
+                })
+                .await;
+            return Err(e.into());
+        }
         tracing::info!(child = %child.name, parent = %parent.name, %prev, "box promoted");
         Ok(prev)
     }
@@ -411,3 +441,6 @@ impl BoxManager {
 }
 
 use crate::clock::now;
+
+#[cfg(test)]
+mod tests;

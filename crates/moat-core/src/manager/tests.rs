@@ -1,0 +1,276 @@
+//! The manager's rules over an in-memory backend: what is left after each
+//! kind of failure, promote's all-or-nothing, locks, and restart recovery.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::backend::{AgentAddr, MeterReading, Progress};
+
+/// A backend that keeps boxes as entries in a map, and fails the operations
+/// it is told to.
+#[derive(Default)]
+struct MemBackend {
+    state: Mutex<Mem>,
+}
+
+#[derive(Default)]
+struct Mem {
+    /// Box id -> host name written in its files.
+    files: HashMap<String, String>,
+    running: HashSet<String>,
+    frozen: HashSet<String>,
+    /// Operations that fail ("start", "dup", "rename:<name>", ...).
+    fail: HashSet<String>,
+    next_pid: u32,
+}
+
+impl MemBackend {
+    fn fail(&self, op: &str) {
+        self.state.lock().unwrap().fail.insert(op.to_string());
+    }
+    fn heal(&self) {
+        self.state.lock().unwrap().fail.clear();
+    }
+    fn check(&self, op: &str) -> Result<(), BackendError> {
+        if self.state.lock().unwrap().fail.contains(op) {
+            return Err(BackendError::msg(format!("injected failure: {op}")));
+        }
+        Ok(())
+    }
+    fn host_name(&self, id: &BoxId) -> Option<String> {
+        self.state.lock().unwrap().files.get(id.as_str()).cloned()
+    }
+    fn box_count(&self) -> usize {
+        self.state.lock().unwrap().files.len()
+    }
+    fn crash(&self, id: &BoxId) {
+        self.state.lock().unwrap().running.remove(id.as_str());
+    }
+}
+
+impl Backend for MemBackend {
+    fn has_image(&self, image: &Name) -> bool {
+        image.as_str() == "busybox"
+    }
+    fn build_image(&self, _image: &Name, _progress: Progress<'_>) -> Result<(), BackendError> {
+        Err(BackendError::msg("no builds here"))
+    }
+    fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.check("create")?;
+        self.state.lock().unwrap().files.insert(rec.id.as_str().into(), rec.name.to_string());
+        Ok(())
+    }
+    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
+        self.check("start")?;
+        let mut s = self.state.lock().unwrap();
+        s.running.insert(rec.id.as_str().into());
+        s.next_pid += 1;
+        Ok(1000 + s.next_pid)
+    }
+    fn is_running(&self, rec: &BoxRecord) -> bool {
+        self.state.lock().unwrap().running.contains(rec.id.as_str())
+    }
+    fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.check("stop")?;
+        self.state.lock().unwrap().running.remove(rec.id.as_str());
+        Ok(())
+    }
+    fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.check("destroy")?;
+        let mut s = self.state.lock().unwrap();
+        s.files.remove(rec.id.as_str());
+        s.running.remove(rec.id.as_str());
+        Ok(())
+    }
+    fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr {
+        AgentAddr::Unix(format!("/nonexistent/{}", rec.id.as_str()).into())
+    }
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+        self.check("dup")?;
+        let mut s = self.state.lock().unwrap();
+        assert!(s.files.contains_key(src.id.as_str()), "dup of a box with no files");
+        s.files.insert(dst.id.as_str().into(), dst.name.to_string());
+        Ok(())
+    }
+    fn diff(&self, _a: &BoxRecord, _b: &BoxRecord) -> Result<Vec<Change>, BackendError> {
+        Ok(Vec::new())
+    }
+    fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
+        self.check(&format!("rename:{name}"))?;
+        self.state.lock().unwrap().files.insert(rec.id.as_str().into(), name.to_string());
+        Ok(())
+    }
+    fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.state.lock().unwrap().frozen.remove(rec.id.as_str());
+        Ok(())
+    }
+    fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.state.lock().unwrap().frozen.insert(rec.id.as_str().into());
+        Ok(())
+    }
+    fn meter(&self, _rec: &BoxRecord) -> Option<MeterReading> {
+        Some(MeterReading::default())
+    }
+    fn disk_usage(&self, _rec: &BoxRecord) -> Option<u64> {
+        Some(0)
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    db: std::path::PathBuf,
+    backend: Arc<MemBackend>,
+    manager: Arc<BoxManager>,
+    alice: AccountId,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("moat.db");
+    let backend = Arc::new(MemBackend::default());
+    let manager = BoxManager::new(Store::open(&db).unwrap(), backend.clone(), ManagerConfig::default());
+    Fixture { _dir: dir, db, backend, manager, alice: AccountId("SHA256:alice".into()) }
+}
+
+fn name(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+impl Fixture {
+    async fn new_box(&self, n: &str) -> Result<BoxRecord, ManagerError> {
+        let spec = BoxSpec { name: name(n), image: name("busybox"), limits: Limits::default() };
+        self.manager.create(&self.alice, spec, Box::new(|_: &str| {})).await
+    }
+    fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> =
+            self.manager.list(&self.alice).unwrap().into_iter().map(|r| r.name.to_string()).collect();
+        v.sort();
+        v
+    }
+}
+
+#[tokio::test]
+async fn a_failed_new_leaves_nothing() {
+    let f = fixture();
+    f.backend.fail("start");
+    assert!(f.new_box("web").await.is_err());
+    assert!(f.names().is_empty());
+    assert_eq!(f.backend.box_count(), 0, "the files made before start failed are gone");
+    f.backend.heal();
+    f.new_box("web").await.unwrap();
+    assert_eq!(f.names(), ["web"]);
+    assert!(matches!(f.new_box("web").await, Err(ManagerError::Store(StoreError::NameTaken(_)))));
+    assert!(matches!(f.new_box("moat").await, Err(ManagerError::ReservedName(_))));
+}
+
+#[tokio::test]
+async fn a_failed_dup_leaves_the_source_alone() {
+    let f = fixture();
+    let src = f.new_box("web").await.unwrap();
+    for op in ["dup", "start"] {
+        f.backend.fail(op);
+        assert!(f.manager.dup(&f.alice, &name("web"), &name("try")).await.is_err(), "{op}");
+        f.backend.heal();
+        assert_eq!(f.names(), ["web"], "{op}");
+        assert_eq!(f.backend.box_count(), 1, "{op}");
+        assert!(f.backend.is_running(&src));
+    }
+    let copy = f.manager.dup(&f.alice, &name("web"), &name("try")).await.unwrap();
+    assert_eq!(copy.parent, Some(src.id.clone()));
+    assert_eq!(f.names(), ["try", "web"]);
+}
+
+#[tokio::test]
+async fn promote_is_all_or_nothing() {
+    let f = fixture();
+    let parent = f.new_box("web").await.unwrap();
+    let child = f.manager.dup(&f.alice, &name("web"), &name("try")).await.unwrap();
+    // The parent's rename fails: the child's, done first, is undone.
+    f.backend.fail("rename:web-prev");
+    assert!(f.manager.promote(&f.alice, &name("try")).await.is_err());
+    f.backend.heal();
+    assert_eq!(f.names(), ["try", "web"]);
+    assert_eq!(f.backend.host_name(&child.id).as_deref(), Some("try"));
+    assert_eq!(f.backend.host_name(&parent.id).as_deref(), Some("web"));
+    // The store refuses (the kept name is taken): both files are put back.
+    f.new_box("web-prev").await.unwrap();
+    assert!(f.manager.promote(&f.alice, &name("try")).await.is_err());
+    assert_eq!(f.backend.host_name(&child.id).as_deref(), Some("try"));
+    assert_eq!(f.backend.host_name(&parent.id).as_deref(), Some("web"));
+    f.manager.remove(&f.alice, &name("web-prev")).await.unwrap();
+    // Then it works, in the store and in the files.
+    assert_eq!(f.manager.promote(&f.alice, &name("try")).await.unwrap().as_str(), "web-prev");
+    assert_eq!(f.manager.get(&f.alice, &name("web")).unwrap().id, child.id);
+    assert_eq!(f.manager.get(&f.alice, &name("web-prev")).unwrap().id, parent.id);
+    assert_eq!(f.backend.host_name(&child.id).as_deref(), Some("web"));
+    assert_eq!(f.backend.host_name(&parent.id).as_deref(), Some("web-prev"));
+    assert!(f.manager.was_box(&f.alice, &name("try")).unwrap());
+    // A box that is not a copy cannot be promoted.
+    assert!(matches!(f.manager.promote(&f.alice, &name("web-prev")).await, Err(ManagerError::NoParent(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_promote_and_remove_do_not_interleave() {
+    for _ in 0..20 {
+        let f = fixture();
+        f.new_box("web").await.unwrap();
+        f.manager.dup(&f.alice, &name("web"), &name("try")).await.unwrap();
+        let (m1, m2, a1, a2) = (f.manager.clone(), f.manager.clone(), f.alice.clone(), f.alice.clone());
+        let promote = tokio::spawn(async move { m1.promote(&a1, &name("try")).await });
+        let remove = tokio::spawn(async move { m2.remove(&a2, &name("web")).await });
+        let (promoted, removed) = (promote.await.unwrap(), remove.await.unwrap());
+        // Whatever the order, the store and the files agree on every box left.
+        for rec in f.manager.list(&f.alice).unwrap() {
+            assert_eq!(f.backend.host_name(&rec.id).as_deref(), Some(rec.name.as_str()), "{promoted:?} {removed:?}");
+        }
+        assert_eq!(f.backend.box_count(), f.names().len());
+    }
+}
+
+#[tokio::test]
+async fn quotas_and_limits() {
+    let f = fixture();
+    let config = ManagerConfig { max_boxes: 1, ..ManagerConfig::default() };
+    let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
+    let spec =
+        |n: &str, cpus| BoxSpec { name: name(n), image: name("busybox"), limits: Limits { cpus, ..Limits::default() } };
+    assert!(matches!(
+        m.create(&f.alice, spec("a", 65), Box::new(|_: &str| {})).await,
+        Err(ManagerError::OverMax { .. })
+    ));
+    m.create(&f.alice, spec("a", 1), Box::new(|_: &str| {})).await.unwrap();
+    assert!(matches!(
+        m.create(&f.alice, spec("b", 1), Box::new(|_: &str| {})).await,
+        Err(ManagerError::TooManyBoxes(1))
+    ));
+    // Another account has its own count and cannot see alice's box.
+    let bob = AccountId("SHA256:bob".into());
+    m.create(&bob, spec("a", 1), Box::new(|_: &str| {})).await.unwrap();
+    assert!(matches!(m.get(&bob, &name("a")), Ok(r) if r.account == bob));
+    assert!(m.remove(&bob, &name("b")).await.is_err());
+    let unknown = BoxSpec { name: name("c"), image: name("nope"), limits: Limits::default() };
+    let created = f.manager.create(&bob, unknown, Box::new(|_: &str| {})).await;
+    assert!(matches!(created, Err(ManagerError::NoSuchImage(_))), "{created:?}");
+}
+
+#[tokio::test]
+async fn restart_recovery() {
+    let f = fixture();
+    let kept = f.new_box("kept").await.unwrap();
+    let died = f.new_box("died").await.unwrap();
+    // A crash in the middle of a `new`: a row in `creating` and files on disk.
+    let half = f.manager.store.insert_new(&f.alice, &name("half"), &name("busybox"), Limits::default(), 0).unwrap();
+    f.backend.create(&half).unwrap();
+    // A box whose processes died while the daemon was down.
+    f.backend.crash(&died.id);
+    let again = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), ManagerConfig::default());
+    again.recover().await.unwrap();
+    assert_eq!(f.backend.host_name(&half.id), None, "the half-made box's files are gone");
+    assert!(again.get(&f.alice, &name("half")).is_err());
+    assert_eq!(again.get(&f.alice, &name("kept")).unwrap().state, BoxState::Running);
+    assert_eq!(again.get(&f.alice, &name("died")).unwrap().state, BoxState::Stopped);
+    assert!(f.backend.is_running(&kept));
+}
