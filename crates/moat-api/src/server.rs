@@ -60,7 +60,7 @@ async fn send(conn: &Packets, event: &Event, fd: Option<&OwnedFd>) -> io::Result
 }
 
 /// Reads one request on `conn` and answers it.
-async fn answer(conn: &Packets, ctx: &Privileged) -> io::Result<()> {
+async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
     let Some(msg) = conn.recv(MAX_REQUEST).await? else { return Ok(()) };
     if !msg.fds.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "request carried descriptors"));
@@ -88,8 +88,11 @@ async fn answer(conn: &Packets, ctx: &Privileged) -> io::Result<()> {
     let progress: moat_core::ProgressSink = Box::new(move |line: &str| {
         let _ = progress_tx.send(line.to_string());
     });
-    let work = run(req, ctx, progress);
-    tokio::pin!(work);
+    // The work runs on its own task: if the front door goes away mid-way (a
+    // client disconnects during `new`), it still finishes or rolls back,
+    // rather than stopping at whatever await it had reached.
+    let ctx = Arc::clone(ctx);
+    let mut work = tokio::spawn(async move { run(req, &ctx, progress).await });
     let outcome = loop {
         tokio::select! {
             Some(line) = progress_rx.recv() => send(conn, &Event::Progress(line), None).await?,
@@ -99,7 +102,11 @@ async fn answer(conn: &Packets, ctx: &Privileged) -> io::Result<()> {
     while let Ok(line) = progress_rx.try_recv() {
         send(conn, &Event::Progress(line), None).await?;
     }
-    send(conn, &Event::Outcome(outcome.map_err(api_error)), None).await
+    let outcome = match outcome {
+        Ok(outcome) => outcome.map_err(api_error),
+        Err(e) => Err(ApiError { status: 255, message: format!("internal error: {e}") }),
+    };
+    send(conn, &Event::Outcome(outcome), None).await
 }
 
 async fn open_session(
@@ -107,8 +114,8 @@ async fn open_session(
     account: &AccountId,
     name: &moat_core::Name,
 ) -> Result<(OwnedFd, moat_core::SessionGuard), ApiError> {
-    let (addr, guard) = manager.open_session(account, name).await.map_err(api_error)?;
-    let stream = match addr {
+    let (handle, guard) = manager.open_session(account, name).await.map_err(api_error)?;
+    let stream = match handle.agent {
         AgentAddr::Unix(path) => tokio::net::UnixStream::connect(&path).await,
     };
     let stream = stream

@@ -20,7 +20,7 @@ pub mod pool;
 #[allow(unsafe_code)]
 pub mod sys;
 
-use moat_core::{AgentAddr, Backend, BackendError, BoxRecord, Change, MeterReading, Name};
+use moat_core::{Backend, BackendError, BoxHandle, BoxRecord, Change, MeterReading, Name};
 
 /// Every backend moat has, behind one type.
 pub enum AnyBackend {
@@ -46,7 +46,7 @@ impl Backend for AnyBackend {
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.inner().create(rec)
     }
-    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
+    fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
         self.inner().start(rec)
     }
     fn is_running(&self, rec: &BoxRecord) -> bool {
@@ -58,8 +58,8 @@ impl Backend for AnyBackend {
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.inner().destroy(rec)
     }
-    fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr {
-        self.inner().agent_addr(rec)
+    fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
+        self.inner().handle(rec)
     }
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
         self.inner().dup(src, dst)

@@ -15,6 +15,26 @@ pub enum AgentAddr {
     Unix(PathBuf),
 }
 
+/// Where a booted box's network attaches on the host: the egress gateway puts
+/// its listeners there, and a VM's tap device lives there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetAttach {
+    /// A network namespace, by a path that opens it.
+    Netns(PathBuf),
+}
+
+/// A booted box as its backend reaches it. Only the privileged side holds
+/// one; it turns `agent` into a connected stream for the front door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoxHandle {
+    /// Host pid of its PID 1 (for the VM backend, the VMM's).
+    pub pid: u32,
+    /// Where its agent listens.
+    pub agent: AgentAddr,
+    /// Where its network attaches.
+    pub network: NetAttach,
+}
+
 /// How a path differs between two boxes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -78,8 +98,8 @@ pub trait Backend: Send + Sync + 'static {
     fn build_image(&self, image: &Name, progress: Progress<'_>) -> Result<(), BackendError>;
     /// Makes the box's filesystem from its image.
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError>;
-    /// Boots the box; returns the host pid of its PID 1.
-    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError>;
+    /// Boots the box; returns how to reach it.
+    fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError>;
     /// Whether the box's PID 1 is alive, judged from the host (never by asking
     /// the box, which could lie or stall).
     fn is_running(&self, rec: &BoxRecord) -> bool;
@@ -87,8 +107,9 @@ pub trait Backend: Send + Sync + 'static {
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError>;
     /// Removes the box's filesystem and every host resource it held.
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError>;
-    /// Where the box's agent can be reached.
-    fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr;
+    /// How to reach the box if it is running (judged from the host, as
+    /// `is_running`): for a box booted before the daemon restarted.
+    fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle>;
     /// Makes `dst`'s filesystem a copy of `src`'s as of this instant (a running
     /// `src` is frozen for that instant), with a fresh identity for `dst`.
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError>;

@@ -109,8 +109,8 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         let name = format!("b{i}");
         let t = Instant::now();
         manager.create(&account, spec(&name)?, Box::new(|_: &str| {})).await?;
-        let (addr, _session) = manager.open_session(&account, &Name::new(&name)?).await?;
-        run_true(&addr).await?;
+        let (box_handle, _session) = manager.open_session(&account, &Name::new(&name)?).await?;
+        run_true(&box_handle.agent).await?;
         create.push(t.elapsed());
         manager.remove(&account, &Name::new(&name)?).await?;
     }
@@ -184,8 +184,9 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         eprintln!("bench: dup of a box holding {mib} MiB, {} times, and cp -a of it", args.dup_iterations);
         let name = Name::new(&format!("data{mib}"))?;
         manager.create(&account, spec(name.as_str())?, Box::new(|_: &str| {})).await?;
-        let (addr, _session) = manager.open_session(&account, &name).await?;
-        run_in_box(&addr, &format!("dd if=/dev/zero of=/root/data bs=1M count={mib} 2>/dev/null && sync")).await?;
+        let (box_handle, _session) = manager.open_session(&account, &name).await?;
+        run_in_box(&box_handle.agent, &format!("dd if=/dev/zero of=/root/data bs=1M count={mib} 2>/dev/null && sync"))
+            .await?;
         let mut times = Vec::new();
         for i in 0..args.dup_iterations {
             let copy = Name::new(&format!("data{mib}-{i}"))?;
@@ -221,8 +222,8 @@ async fn bench(args: &BenchArgs) -> Result<()> {
                 manager.suspend(&account, &rs).await?;
             }
             let t = Instant::now();
-            let (addr, _session) = manager.open_session(&account, &rs).await?;
-            first_byte(&addr, "echo x").await?;
+            let (box_handle, _session) = manager.open_session(&account, &rs).await?;
+            first_byte(&box_handle.agent, "echo x").await?;
             out.push(t.elapsed());
         }
     }

@@ -18,7 +18,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::backend::Progress;
-use moat_core::{fault, AgentAddr, Backend, BackendError, BoxId, BoxRecord, Change, MeterReading, Name};
+use moat_core::{
+    fault, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, Change, MeterReading, Name, NetAttach,
+};
 
 use crate::pool::Pool;
 use crate::{identity, image};
@@ -51,6 +53,48 @@ pub struct NsBackend {
 }
 
 impl NsBackend {
+    /// Boots the box's PID 1; returns its host pid.
+    fn boot(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
+        let run_dir = self.box_run_dir(rec);
+        std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
+        // A previous boot's processes (if any) must be gone before a new PID 1.
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
+        let spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.refill_spare();
+        let plan = |cgroup_procs| {
+            SpawnPlan::for_box(
+                rec,
+                self.pool.box_path(&rec.id),
+                cgroup_procs,
+                self.socket_path(rec),
+                self.config.agent.clone(),
+            )
+            .with_host_view(rec, self.config.host_view.as_ref(), host_cpus())
+        };
+        if let Some(spare) = spare {
+            // The spare's helper is in the cgroup already: it joins nothing.
+            match spare.launch(&self.cgroups, &rec.id, &rec.limits, &plan(Vec::new())) {
+                Ok(pid) => return Ok(pid),
+                Err(e) => {
+                    tracing::warn!(box_id = %rec.id, error = %e, "spare helper failed; starting without it");
+                    self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear cgroup", e))?;
+                }
+            }
+        }
+        self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
+        self.run_helper(&plan(self.cgroups.procs_files(&rec.id))).inspect_err(|_| {
+            let _ = self.cgroups.destroy(&rec.id);
+        })
+    }
+
+    fn handle_for(&self, rec: &BoxRecord, pid: u32) -> BoxHandle {
+        BoxHandle {
+            pid,
+            agent: AgentAddr::Unix(self.socket_path(rec)),
+            network: NetAttach::Netns(format!("/proc/{pid}/ns/net").into()),
+        }
+    }
+
     /// A backend over `pool` with the host's cgroup layout.
     pub fn new(pool: Pool, config: NsConfig) -> Result<Self, BackendError> {
         let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
@@ -205,43 +249,21 @@ impl Backend for NsBackend {
         self.make_own(rec, &root)
     }
 
-    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
-        let run_dir = self.box_run_dir(rec);
-        std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
-        // A previous boot's processes (if any) must be gone before a new PID 1.
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
-        let spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
-        self.refill_spare();
-        let plan = |cgroup_procs| {
-            SpawnPlan::for_box(
-                rec,
-                self.pool.box_path(&rec.id),
-                cgroup_procs,
-                self.socket_path(rec),
-                self.config.agent.clone(),
-            )
-            .with_host_view(rec, self.config.host_view.as_ref(), host_cpus())
-        };
-        if let Some(spare) = spare {
-            // The spare's helper is in the cgroup already: it joins nothing.
-            match spare.launch(&self.cgroups, &rec.id, &rec.limits, &plan(Vec::new())) {
-                Ok(pid) => return Ok(pid),
-                Err(e) => {
-                    tracing::warn!(box_id = %rec.id, error = %e, "spare helper failed; starting without it");
-                    self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear cgroup", e))?;
-                }
-            }
-        }
-        self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
-        self.run_helper(&plan(self.cgroups.procs_files(&rec.id))).inspect_err(|_| {
-            let _ = self.cgroups.destroy(&rec.id);
-        })
+    fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
+        self.boot(rec).map(|pid| self.handle_for(rec, pid))
     }
 
     fn is_running(&self, rec: &BoxRecord) -> bool {
         // Judged from the host, not by asking the box: its PID 1 lives exactly as
         // long as its cgroup holds processes (PID 1's death ends the namespace).
         !self.cgroups.pids(&rec.id).is_empty()
+    }
+
+    fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
+        let pids = self.cgroups.pids(&rec.id);
+        let pids: Vec<u32> = pids.into_iter().filter_map(|p| u32::try_from(p).ok()).collect();
+        let pid = rec.pid.filter(|p| pids.contains(p)).or_else(|| pids.first().copied())?;
+        Some(self.handle_for(rec, pid))
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
@@ -255,10 +277,6 @@ impl Backend for NsBackend {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
             _ => Ok(()),
         }
-    }
-
-    fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr {
-        AgentAddr::Unix(self.socket_path(rec))
     }
 
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {

@@ -59,14 +59,14 @@ impl BoxManager {
             BoxState::Stopped | BoxState::Creating => {}
         }
         let state = MeterState { last_cpu_ns: cpu_now.unwrap_or(0), last_at_ms: now_ms };
-        self.store.record_usage(&rec.id, &rec.account, &rec.name, &sample, state)?;
+        self.db(|s| s.record_usage(&rec.id, &rec.account, &rec.name, &sample, state))?;
         Ok(())
     }
 
     /// Samples every box, and parks boxes suspended past the operator's limit.
     /// A box that fails is logged and skipped; the others are still served.
     pub async fn meter_all(self: &Arc<Self>) -> Result<(), ManagerError> {
-        for rec in self.store.list(None)? {
+        for rec in self.db(|s| s.list(None))? {
             if rec.state == BoxState::Creating {
                 continue;
             }
@@ -81,7 +81,7 @@ impl BoxManager {
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
         // Re-read under the lock; it may have changed or gone.
-        let Some(rec) = self.store.get_by_id(&rec.id)? else { return Ok(()) };
+        let Some(rec) = self.db(|s| s.get_by_id(&rec.id))? else { return Ok(()) };
         self.meter_box(&rec).await?;
         let parked = self.config.park_after.is_some_and(|limit| {
             rec.state == BoxState::Suspended && clock::now().saturating_sub(rec.state_since) >= limit.as_secs()
@@ -124,7 +124,7 @@ impl BoxManager {
         for rec in live.iter().filter(|r| name.is_none_or(|n| *n == r.name)) {
             let lock = self.lock_for(&rec.id);
             let _guard = lock.lock().await;
-            if let Some(rec) = self.store.get_by_id(&rec.id)? {
+            if let Some(rec) = self.db(|s| s.get_by_id(&rec.id))? {
                 self.meter_box(&rec).await?;
             }
         }
@@ -136,7 +136,7 @@ impl BoxManager {
             running_seconds: 0.0,
             suspended_seconds: 0.0,
         };
-        for usage in self.store.usage(account, since, name)? {
+        for usage in self.db(|s| s.usage(account, since, name))? {
             let rec = live.iter().find(|r| r.name == usage.name).cloned();
             let disk_bytes = match rec {
                 Some(r) => self.blocking(move |b| b.disk_usage(&r)).await?,

@@ -15,7 +15,7 @@ use std::time::Duration;
 pub use meter::UsageReport;
 pub use session::SessionGuard;
 
-use crate::backend::{Backend, BackendError, Change};
+use crate::backend::{Backend, BackendError, BoxHandle, Change};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::{Limits, LimitsError};
 use crate::record::{BoxRecord, BoxState};
@@ -164,6 +164,18 @@ impl BoxManager {
         Ok((rec, guard))
     }
 
+    /// Runs a store call (SQLite, with fsync on writes) without stalling the
+    /// async worker it is called from: tokio moves that worker's other tasks
+    /// to another thread for the duration. (Called on a single-threaded
+    /// runtime, as unit tests are, it simply runs.)
+    fn db<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| f(&self.store)),
+            _ => f(&self.store),
+        }
+    }
+
     fn lock_for(&self, id: &BoxId) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.box_locks.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(locks.entry(id.clone()).or_default())
@@ -194,7 +206,7 @@ impl BoxManager {
         if limits.disk > max.disk {
             return over("--disk", crate::limits::format_size(max.disk));
         }
-        let count = self.store.list(Some(account))?.len();
+        let count = self.db(|s| s.list(Some(account)))?.len();
         if count >= self.config.max_boxes {
             return Err(ManagerError::TooManyBoxes(count));
         }
@@ -203,18 +215,18 @@ impl BoxManager {
 
     /// Finds the account's box, or says it does not exist.
     pub fn get(&self, account: &AccountId, name: &Name) -> Result<BoxRecord, ManagerError> {
-        self.store.get(account, name)?.ok_or_else(|| ManagerError::NoSuchBox(name.clone()))
+        self.db(|s| s.get(account, name))?.ok_or_else(|| ManagerError::NoSuchBox(name.clone()))
     }
 
     /// Whether the account once had a box called `name` that it no longer has
     /// under that name (removed, or renamed by `promote`).
     pub fn was_box(&self, account: &AccountId, name: &Name) -> Result<bool, ManagerError> {
-        Ok(self.store.is_retired(account, name)? && self.store.get(account, name)?.is_none())
+        Ok(self.db(|s| s.is_retired(account, name))? && self.db(|s| s.get(account, name))?.is_none())
     }
 
     /// The account's boxes.
     pub fn list(&self, account: &AccountId) -> Result<Vec<BoxRecord>, ManagerError> {
-        Ok(self.store.list(Some(account))?)
+        Ok(self.db(|s| s.list(Some(account)))?)
     }
 
     /// Makes sure `image` exists, building it if moat knows how.
@@ -249,11 +261,11 @@ impl BoxManager {
         spec.limits.validate()?;
         reserved(&spec.name)?;
         self.check_quota(account, &spec.limits)?;
-        if self.store.get(account, &spec.name)?.is_some() {
+        if self.db(|s| s.get(account, &spec.name))?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
         }
         self.ensure_image(&spec.image, progress).await?;
-        let rec = self.store.insert_new(account, &spec.name, &spec.image, spec.limits, now())?;
+        let rec = self.db(|s| s.insert_new(account, &spec.name, &spec.image, spec.limits, now()))?;
         let rec = self
             .finish_new(rec, |b, r| {
                 b.create(r)?;
@@ -271,23 +283,23 @@ impl BoxManager {
     async fn finish_new(
         self: &Arc<Self>,
         mut rec: BoxRecord,
-        make: impl FnOnce(&dyn Backend, &BoxRecord) -> Result<u32, BackendError> + Send + 'static,
+        make: impl FnOnce(&dyn Backend, &BoxRecord) -> Result<BoxHandle, BackendError> + Send + 'static,
     ) -> Result<BoxRecord, ManagerError> {
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
         let r = rec.clone();
         let pid = match self.blocking(move |b| make(b, &r)).await {
-            Ok(Ok(pid)) => pid,
+            Ok(Ok(handle)) => handle.pid,
             Ok(Err(e)) => {
-                self.store.delete(&rec.id)?;
+                self.db(|s| s.delete(&rec.id))?;
                 return Err(e.into());
             }
             Err(e) => {
-                self.store.delete(&rec.id)?;
+                self.db(|s| s.delete(&rec.id))?;
                 return Err(e);
             }
         };
-        self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
+        self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(pid)))?;
         rec.state = BoxState::Running;
         rec.pid = Some(pid);
         self.schedule_idle(&rec.id);
@@ -301,11 +313,11 @@ impl BoxManager {
         reserved(dst)?;
         let src = self.get(account, src)?;
         self.check_quota(account, &src.limits)?;
-        if self.store.get(account, dst)?.is_some() {
+        if self.db(|s| s.get(account, dst))?.is_some() {
             return Err(StoreError::NameTaken(dst.clone()).into());
         }
         let (src, _guard) = self.locked(account, &src.name).await?;
-        let rec = self.store.insert_dup(&src, dst, now())?;
+        let rec = self.db(|s| s.insert_dup(&src, dst, now()))?;
         let s = src.clone();
         let rec = self
             .finish_new(rec, move |b, d| {
@@ -352,7 +364,7 @@ impl BoxManager {
             .ok_or_else(|| ManagerError::ParentGone(child.name.clone()))?;
         let prev = format!("{}-prev", parent.name);
         let prev = Name::new(&prev).map_err(|_| ManagerError::NameTooLong(prev))?;
-        if self.store.get(account, &prev)?.is_some() {
+        if self.db(|s| s.get(account, &prev))?.is_some() {
             return Err(StoreError::NameTaken(prev).into());
         }
         // The files first (each step undone if the next fails), then the names
@@ -365,7 +377,7 @@ impl BoxManager {
             })
         })
         .await??;
-        if let Err(e) = self.store.promote(&child, &parent, &prev) {
+        if let Err(e) = self.db(|s| s.promote(&child, &parent, &prev)) {
             let (c, p) = (child.clone(), parent.clone());
             let _ = self
                 .blocking(move |b| {
@@ -389,9 +401,9 @@ impl BoxManager {
             b.destroy(&r)
         })
         .await??;
-        self.store.delete(&rec.id)?;
-        self.store.retire_name(account, &rec.name)?;
-        self.store.forget_meter(&rec.id)?;
+        self.db(|s| s.delete(&rec.id))?;
+        self.db(|s| s.retire_name(account, &rec.name))?;
+        self.db(|s| s.forget_meter(&rec.id))?;
         self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, "box removed");
@@ -402,7 +414,7 @@ impl BoxManager {
     /// which boxes are still running, and starts the idle rule for them (no
     /// session survives a restart). Suspended boxes stay suspended.
     pub async fn recover(self: &Arc<Self>) -> Result<(), ManagerError> {
-        for rec in self.store.list(None)? {
+        for rec in self.db(|s| s.list(None))? {
             let r = rec.clone();
             match rec.state {
                 BoxState::Creating => {
@@ -412,7 +424,7 @@ impl BoxManager {
                         b.destroy(&r)
                     })
                     .await??;
-                    self.store.delete(&rec.id)?;
+                    self.db(|s| s.delete(&rec.id))?;
                 }
                 BoxState::Running | BoxState::Stopped => {
                     // A crash during `dup` may have left it frozen.
@@ -427,7 +439,7 @@ impl BoxManager {
                         // The time since the last sample is downtime (a host
                         // reboot, a crash): bill it as the state found now.
                         self.meter_box(&BoxRecord { state, ..rec.clone() }).await?;
-                        self.store.set_state(&rec.id, state, rec.pid.filter(|_| running))?;
+                        self.db(|s| s.set_state(&rec.id, state, rec.pid.filter(|_| running)))?;
                     }
                     if running {
                         self.schedule_idle(&rec.id);

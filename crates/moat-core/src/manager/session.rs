@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use super::{BoxManager, ManagerError};
-use crate::backend::AgentAddr;
+use crate::backend::BoxHandle;
 use crate::ids::{AccountId, BoxId, Name};
 use crate::record::{BoxRecord, BoxState};
 
@@ -50,7 +50,7 @@ impl BoxManager {
         self: &Arc<Self>,
         account: &AccountId,
         name: &Name,
-    ) -> Result<(AgentAddr, SessionGuard), ManagerError> {
+    ) -> Result<(BoxHandle, SessionGuard), ManagerError> {
         let (rec, _guard) = self.locked(account, name).await?;
         let addr = self.bring_up(&rec).await?;
         {
@@ -63,26 +63,26 @@ impl BoxManager {
     }
 
     /// Makes a box run, whatever state it is in; the caller holds its lock.
-    async fn bring_up(&self, rec: &BoxRecord) -> Result<AgentAddr, ManagerError> {
+    async fn bring_up(&self, rec: &BoxRecord) -> Result<BoxHandle, ManagerError> {
         if rec.state == BoxState::Suspended {
             self.meter_box(rec).await?;
             let r = rec.clone();
             self.blocking(move |b| b.thaw(&r)).await??;
-            self.store.set_state(&rec.id, BoxState::Running, rec.pid)?;
+            self.db(|s| s.set_state(&rec.id, BoxState::Running, rec.pid))?;
             tracing::info!(box_id = %rec.id, name = %rec.name, "box resumed");
         }
         let r = rec.clone();
-        let (running, addr) = self.blocking(move |b| (b.is_running(&r), b.agent_addr(&r))).await?;
-        if !running {
-            self.meter_box(rec).await?;
-            let r = rec.clone();
-            let pid = self.blocking(move |b| b.start(&r)).await??;
-            self.store.set_state(&rec.id, BoxState::Running, Some(pid))?;
-            // The new cgroup's CPU counter starts from zero.
-            self.store.reset_meter_cpu(&rec.id)?;
-            tracing::info!(box_id = %rec.id, name = %rec.name, pid, "box booted");
+        if let Some(handle) = self.blocking(move |b| b.handle(&r)).await? {
+            return Ok(handle);
         }
-        Ok(addr)
+        self.meter_box(rec).await?;
+        let r = rec.clone();
+        let handle = self.blocking(move |b| b.start(&r)).await??;
+        self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(handle.pid)))?;
+        // The new cgroup's CPU counter starts from zero.
+        self.db(|s| s.reset_meter_cpu(&rec.id))?;
+        tracing::info!(box_id = %rec.id, name = %rec.name, pid = handle.pid, "box booted");
+        Ok(handle)
     }
 
     /// Starts the idle timer of a box that has no session (after it is created,
@@ -122,7 +122,7 @@ impl BoxManager {
             let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
             sessions.get(id).is_none_or(|s| s.open == 0 && s.generation == generation)
         };
-        let Some(rec) = self.store.get_by_id(id)? else { return Ok(()) };
+        let Some(rec) = self.db(|s| s.get_by_id(id))? else { return Ok(()) };
         if !still_idle || rec.state != BoxState::Running || rec.keep_running {
             return Ok(());
         }
@@ -143,7 +143,7 @@ impl BoxManager {
         self.meter_box(rec).await?;
         let r = rec.clone();
         self.blocking(move |b| b.suspend(&r)).await??;
-        self.store.set_state(&rec.id, BoxState::Suspended, rec.pid)?;
+        self.db(|s| s.set_state(&rec.id, BoxState::Suspended, rec.pid))?;
         tracing::info!(box_id = %rec.id, name = %rec.name, why, "box suspended");
         Ok(())
     }
@@ -161,7 +161,7 @@ impl BoxManager {
         self.meter_box(rec).await?;
         let r = rec.clone();
         self.blocking(move |b| b.stop(&r)).await??;
-        self.store.set_state(&rec.id, BoxState::Stopped, None)?;
+        self.db(|s| s.set_state(&rec.id, BoxState::Stopped, None))?;
         tracing::info!(box_id = %rec.id, name = %rec.name, "box stopped");
         Ok(())
     }
@@ -182,7 +182,7 @@ impl BoxManager {
         seconds: u32,
     ) -> Result<(), ManagerError> {
         let rec = self.get(account, name)?;
-        self.store.set_idle(&rec.id, Some(seconds))?;
+        self.db(|s| s.set_idle(&rec.id, Some(seconds)))?;
         self.schedule_idle(&rec.id);
         Ok(())
     }
@@ -196,7 +196,7 @@ impl BoxManager {
         on: bool,
     ) -> Result<(), ManagerError> {
         let (rec, _guard) = self.locked(account, name).await?;
-        self.store.set_keep_running(&rec.id, on)?;
+        self.db(|s| s.set_keep_running(&rec.id, on))?;
         if on && rec.state == BoxState::Suspended {
             self.bring_up(&rec).await?;
         }

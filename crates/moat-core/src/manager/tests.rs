@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::backend::{AgentAddr, MeterReading, Progress};
+use crate::backend::{AgentAddr, BoxHandle, MeterReading, Progress};
 
 /// A backend that keeps boxes as entries in a map, and fails the operations
 /// it is told to.
@@ -63,12 +63,12 @@ impl Backend for MemBackend {
         self.state.lock().unwrap().files.insert(rec.id.as_str().into(), rec.name.to_string());
         Ok(())
     }
-    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
+    fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
         self.check("start")?;
         let mut s = self.state.lock().unwrap();
         s.running.insert(rec.id.as_str().into());
         s.next_pid += 1;
-        Ok(1000 + s.next_pid)
+        Ok(mem_handle(rec, 1000 + s.next_pid))
     }
     fn is_running(&self, rec: &BoxRecord) -> bool {
         self.state.lock().unwrap().running.contains(rec.id.as_str())
@@ -85,8 +85,8 @@ impl Backend for MemBackend {
         s.running.remove(rec.id.as_str());
         Ok(())
     }
-    fn agent_addr(&self, rec: &BoxRecord) -> AgentAddr {
-        AgentAddr::Unix(format!("/nonexistent/{}", rec.id.as_str()).into())
+    fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
+        self.is_running(rec).then(|| mem_handle(rec, rec.pid.unwrap_or(1)))
     }
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
         self.check("dup")?;
@@ -116,6 +116,14 @@ impl Backend for MemBackend {
     }
     fn disk_usage(&self, _rec: &BoxRecord) -> Option<u64> {
         Some(0)
+    }
+}
+
+fn mem_handle(rec: &BoxRecord, pid: u32) -> BoxHandle {
+    BoxHandle {
+        pid,
+        agent: AgentAddr::Unix(format!("/nonexistent/{}", rec.id.as_str()).into()),
+        network: crate::backend::NetAttach::Netns(format!("/proc/{pid}/ns/net").into()),
     }
 }
 
