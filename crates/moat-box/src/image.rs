@@ -71,8 +71,8 @@ pub fn build(pool: &Pool, image: &Name, progress: Progress<'_>) -> Result<(), Im
     }
     sys::subvolume_create(&pool.images_dir(), &scratch_name).map_err(io_err)?;
     let result = match image.as_str() {
-        "busybox" => busybox(&scratch, progress).map_err(io_err),
-        "debian" => debian(&scratch, progress).map_err(|e| match e {
+        moat_core::images::BUSYBOX => busybox(&scratch, progress).map_err(io_err),
+        moat_core::images::DEBIAN => debian(&scratch, progress).map_err(|e| match e {
             DebianError::Io(source) => io_err(source),
             DebianError::Image(e) => e,
         }),

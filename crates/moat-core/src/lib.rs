@@ -6,6 +6,7 @@ pub mod backend;
 pub mod clock;
 pub mod fault;
 pub mod ids;
+pub mod images;
 pub mod ledger;
 pub mod limits;
 pub mod manager;

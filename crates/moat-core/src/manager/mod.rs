@@ -89,9 +89,6 @@ pub struct BoxSpec {
     pub limits: Limits,
 }
 
-/// Images the backend can build on demand, without the operator's help.
-pub const BUILDABLE_IMAGES: &[&str] = &["debian", "busybox"];
-
 /// Progress lines for long work, sent to whoever is waiting.
 pub type ProgressSink = Box<dyn FnMut(&str) + Send>;
 
@@ -235,7 +232,7 @@ impl BoxManager {
         if self.blocking(move |b| b.has_image(&name)).await? {
             return Ok(());
         }
-        if !BUILDABLE_IMAGES.contains(&image.as_str()) {
+        if !crate::images::BUILDABLE.contains(&image.as_str()) {
             return Err(ManagerError::NoSuchImage(image.clone()));
         }
         // One build at a time; whoever waited finds the image made.

@@ -41,9 +41,6 @@ plane; through any other user name that is not a box, only the commands above
 run (anything else is taken for a box that does not exist).
 ";
 
-/// The default image for `new`.
-pub const DEFAULT_IMAGE: &str = "debian";
-
 /// A parsed control command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
@@ -254,7 +251,7 @@ fn flags_only(verb: &str, args: &[String]) -> Result<bool, UsageError> {
 
 fn parse_new(args: &[String]) -> Result<Command, UsageError> {
     let name = name_arg("new", args.first())?;
-    let mut image = Name::new(DEFAULT_IMAGE).map_err(|e| usage(e.to_string()))?;
+    let mut image = Name::new(moat_core::images::DEFAULT).map_err(|e| usage(e.to_string()))?;
     let mut limits = Limits::default();
     let mut idle = None;
     let mut rest = args.get(1..).unwrap_or_default().iter();

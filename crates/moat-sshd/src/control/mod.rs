@@ -6,5 +6,5 @@ mod grammar;
 mod render;
 mod run;
 
-pub use grammar::{is_control_command, parse, Command, UsageError, DEFAULT_IMAGE, HELP};
+pub use grammar::{is_control_command, parse, Command, UsageError, HELP};
 pub use run::run;
