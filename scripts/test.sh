@@ -11,5 +11,5 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 cargo fmt --all --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 PROFILE=debug scripts/build.sh
-cargo test --locked --workspace --lib --bins --test protocol_props --test grammar_props
+cargo test --locked --workspace --lib --bins --test protocol_props --test grammar_props --test hostile_front_door
 cargo test --locked -p moat --test e2e -- "$@"
