@@ -30,10 +30,6 @@ fn lost(e: &io::Error) -> ApiError {
     ApiError { status: 255, message: format!("moat's privileged side is not answering: {e}") }
 }
 
-fn unexpected(reply: &Reply) -> ApiError {
-    ApiError { status: 255, message: format!("unexpected answer from moat's privileged side: {reply:?}") }
-}
-
 impl ApiClient {
     /// A client over the dialer socket the privileged side handed us.
     pub fn new(dialer: Packets) -> Self {
@@ -91,7 +87,7 @@ impl ApiClient {
         let req = Request::OpenSession { account: account.clone(), name: name.clone() };
         match self.exchange(&req, &mut |_| {}).await? {
             (Reply::Session, Some(fd), conn) => Ok((fd, Lease { _conn: conn })),
-            (reply, _, _) => Err(unexpected(&reply)),
+            (reply, _, _) => Err(ApiError::unexpected(&reply)),
         }
     }
 
@@ -99,7 +95,7 @@ impl ApiClient {
     pub async fn authorize(&self, key: &str) -> Result<Option<AccountId>, ApiError> {
         match self.call(&Request::Authorize { key: key.to_string() }).await? {
             Reply::Account(account) => Ok(account),
-            reply => Err(unexpected(&reply)),
+            reply => Err(ApiError::unexpected(&reply)),
         }
     }
 }

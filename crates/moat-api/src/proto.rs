@@ -250,6 +250,13 @@ pub struct ApiError {
     pub message: String,
 }
 
+impl ApiError {
+    /// An answer of the wrong kind for the request (a bug on one side or the other).
+    pub fn unexpected(reply: &Reply) -> Self {
+        Self { status: 255, message: format!("unexpected answer from moat's privileged side: {reply:?}") }
+    }
+}
+
 /// What travels back on a request's connection: any number of progress
 /// lines, then one outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

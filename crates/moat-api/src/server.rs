@@ -134,7 +134,7 @@ fn api_error(e: ManagerError) -> ApiError {
 }
 
 /// An error and its sources on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
+fn error_chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

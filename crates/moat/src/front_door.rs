@@ -23,7 +23,7 @@ pub fn run(id: u32) -> Result<()> {
     let dialer = std::io::stdin().as_fd().try_clone_to_owned().context("take the dialer socket")?;
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     // Every descriptor above is open before this line; nothing is opened after.
-    raise_fd_limit();
+    crate::privsep::raise_fd_limit();
     moat_box::confine::front_door(id, id).context("confine the front door")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -45,13 +45,4 @@ pub fn run(id: u32) -> Result<()> {
         moat_sshd::serve(listener, config, ApiClient::new(dialer)).await?;
         Ok(())
     })
-}
-
-/// Each box session holds a few descriptors; the default soft limit (1024) is a
-/// few hundred sessions. Take what the hard limit allows.
-pub fn raise_fd_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
 }

@@ -98,3 +98,12 @@ async fn run_once(
         }
     }
 }
+
+/// Both processes: each box session holds a few descriptors; the default soft limit (1024) is a
+/// few hundred sessions. Take what the hard limit allows.
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}

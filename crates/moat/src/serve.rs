@@ -93,7 +93,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    crate::front_door::raise_fd_limit();
+    privsep::raise_fd_limit();
     let state_dir = args.state_dir;
     paths::private_dir(&state_dir)?;
     let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;

@@ -6,10 +6,6 @@ use moat_core::AccountId;
 use super::grammar::{Command, HELP};
 use super::render;
 
-fn unexpected(reply: &Reply) -> ApiError {
-    ApiError { status: 255, message: format!("unexpected answer from moat's privileged side: {reply:?}") }
-}
-
 /// Runs a command for `account`, passing progress lines to `progress`;
 /// returns what goes to stdout.
 pub async fn run(
@@ -46,6 +42,6 @@ pub async fn run(
         Reply::Name(name) => format!("{name}\n"),
         Reply::Usage(report) => render::usage(&report, json),
         Reply::Done => String::new(),
-        other @ (Reply::Account(_) | Reply::Route(_) | Reply::Session) => return Err(unexpected(&other)),
+        other @ (Reply::Account(_) | Reply::Route(_) | Reply::Session) => return Err(ApiError::unexpected(&other)),
     })
 }
