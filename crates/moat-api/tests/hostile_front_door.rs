@@ -66,6 +66,9 @@ impl Backend for NoBoxes {
     fn disk_usage(&self, _: &BoxRecord) -> Option<u64> {
         None
     }
+    fn account_disk_usage(&self, _: &AccountId) -> Option<u64> {
+        None
+    }
 }
 
 /// A served dialer and the front door's end of it.

@@ -20,7 +20,7 @@ pub mod pool;
 #[allow(unsafe_code)]
 pub mod sys;
 
-use moat_core::{Backend, BackendError, BoxHandle, BoxRecord, Change, MeterReading, Name};
+use moat_core::{AccountId, Backend, BackendError, BoxHandle, BoxRecord, Change, MeterReading, Name};
 
 /// Every backend moat has, behind one type.
 pub enum AnyBackend {
@@ -81,5 +81,8 @@ impl Backend for AnyBackend {
     }
     fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
         self.inner().disk_usage(rec)
+    }
+    fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
+        self.inner().account_disk_usage(account)
     }
 }

@@ -11,7 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use moat_core::{BoxId, Name};
+use moat_core::{AccountId, BoxId, Name};
 
 use crate::sys;
 
@@ -60,6 +60,8 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> P
 pub struct Pool {
     root: PathBuf,
     kind: PoolKind,
+    /// The filesystem's directory in /sys/fs/btrfs (quota numbers live there).
+    sysfs: Option<PathBuf>,
 }
 
 impl Pool {
@@ -79,12 +81,15 @@ impl Pool {
             if !image.exists() {
                 format_image(&image, loop_size)?;
             }
-            // Not nodev: debootstrap makes device nodes while building an image. Box
-            // roots get nodev and nosuid on their own idmapped mounts.
-            run(Command::new("mount").args(["-o", "loop,nosuid"]).arg(&image).arg(&root), "mount")?;
+            run(Command::new("mount").args(["-o", MOUNT_OPTIONS]).arg(&image).arg(&root), "mount")?;
             PoolKind::Loop { image }
         };
-        let pool = Self { root, kind };
+        if let PoolKind::Loop { .. } = kind {
+            // A pool mounted by an older moat gets the options now.
+            run(Command::new("mount").args(["-o", "remount,discard=async"]).arg(&root), "mount -o remount")?;
+        }
+        let sysfs = sysfs_dir(&root);
+        let pool = Self { root, kind, sysfs };
         for dir in [pool.images_dir(), pool.boxes_dir()] {
             fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
         }
@@ -105,7 +110,7 @@ impl Pool {
     /// no limit until a rescan: there the pool accounts every drop and rescans
     /// when it finds the numbers inconsistent.
     pub fn ensure_quotas(&self) -> Result<(), PoolError> {
-        let qgroups = self.sysfs().map(|d| d.join("qgroups"));
+        let qgroups = self.sysfs.as_ref().map(|d| d.join("qgroups"));
         let enabled =
             qgroups.as_ref().is_some_and(|q| fs::read_to_string(q.join("enabled")).is_ok_and(|s| s.trim() == "1"));
         if !enabled && sys::quota_enable_simple(&self.root).is_err() {
@@ -122,12 +127,14 @@ impl Pool {
         Ok(())
     }
 
-    /// The pool filesystem's directory in /sys/fs/btrfs.
-    fn sysfs(&self) -> Option<PathBuf> {
-        let out = Command::new("btrfs").args(["filesystem", "show"]).arg(&self.root).output().ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let uuid = text.split("uuid: ").nth(1)?.split_whitespace().next()?;
-        Some(PathBuf::from("/sys/fs/btrfs").join(uuid))
+    /// Whether quotas are simple ones (each extent charged to the subvolume that
+    /// wrote it, for as long as it exists, even after that subvolume is deleted).
+    pub fn simple_quotas(&self) -> bool {
+        self.qgroup_file("mode").is_some_and(|m| m.trim() == "squota")
+    }
+
+    fn qgroup_file(&self, name: &str) -> Option<String> {
+        fs::read_to_string(self.sysfs.as_ref()?.join("qgroups").join(name)).ok()
     }
 
     /// Where the pool is mounted.
@@ -215,16 +222,42 @@ impl Pool {
     /// parent (its exclusive bytes); writes past it fail with EDQUOT.
     pub fn set_disk_limit(&self, id: &BoxId, bytes: u64) -> Result<(), PoolError> {
         let path = self.box_path(id);
-        sys::qgroup_limit_exclusive(&path, bytes).map_err(io_err("set disk limit on", &path))
+        sys::qgroup_limit_exclusive(&path, 0, bytes).map_err(io_err("set disk limit on", &path))
     }
 
     /// Bytes box `id` holds that no other subvolume shares (what it wrote).
     pub fn exclusive_bytes(&self, id: &BoxId) -> Option<u64> {
-        let out = Command::new("btrfs").args(["qgroup", "show", "--raw", "-f"]).arg(self.box_path(id)).output().ok()?;
-        // Columns: qgroupid, referenced, exclusive, ...; the row starts "0/".
-        let text = String::from_utf8_lossy(&out.stdout);
-        let row = text.lines().find(|l| l.starts_with("0/"))?;
-        row.split_whitespace().nth(2)?.parse().ok()
+        let subvolume = sys::subvolume_id(&self.box_path(id)).ok()?;
+        self.qgroup_file(&format!("0_{subvolume}/exclusive"))?.trim().parse().ok()
+    }
+
+    /// Charges box `id`'s writes to `account`'s qgroup too, whose total is
+    /// capped at `budget`.
+    ///
+    /// With simple quotas, data stays charged to the subvolume that wrote it
+    /// after that subvolume is deleted; without an account group, `dup` then
+    /// `rm` of the parent would leave it charged to nobody and let one box hold
+    /// any amount. The account group keeps counting it. (Full qgroups move such
+    /// data onto the copies' own numbers instead, where their per-box limits
+    /// hold; assigning there would make every number inconsistent, so it is
+    /// not done and the account budget is not enforced.)
+    pub fn charge_account(&self, id: &BoxId, account: &AccountId, budget: u64) -> Result<(), PoolError> {
+        if !self.simple_quotas() {
+            return Ok(());
+        }
+        let path = self.box_path(id);
+        let group = account_qgroup(account);
+        sys::qgroup_create(&self.root, group).map_err(io_err("create account qgroup on", &self.root))?;
+        sys::qgroup_limit_exclusive(&self.root, group, budget).map_err(io_err("limit account qgroup on", &self.root))?;
+        let subvolume = sys::subvolume_id(&path).map_err(io_err("look up subvolume", &path))?;
+        sys::qgroup_assign(&self.root, subvolume, group).map_err(io_err("charge account for", &path))
+    }
+
+    /// Bytes written by `account`'s boxes, including removed boxes' data their
+    /// copies still share (simple quotas only).
+    pub fn account_bytes(&self, account: &AccountId) -> Option<u64> {
+        let group = account_qgroup(account);
+        self.qgroup_file(&format!("{}_{}/exclusive", group >> 48, group & ((1 << 48) - 1)))?.trim().parse().ok()
     }
 
     /// Deletes box `id`'s root, if it exists.
@@ -235,6 +268,27 @@ impl Pool {
         }
         sys::subvolume_delete(&self.boxes_dir(), id.as_str()).map_err(io_err("delete subvolume", &path))
     }
+}
+
+/// Loop pools: boxes get nosuid and nodev on their own mounts (debootstrap
+/// makes device nodes here); space a box frees goes back to the host's disk.
+const MOUNT_OPTIONS: &str = "loop,nosuid,discard=async";
+
+/// The level-1 qgroup of `account`: a stable 48-bit hash of its name (FNV-1a;
+/// two accounts sharing one would share a budget, at odds of 2^-48 a pair).
+pub fn account_qgroup(account: &AccountId) -> u64 {
+    let hash = account.0.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (1 << 48) | (hash & ((1 << 48) - 1))
+}
+
+/// The btrfs filesystem's directory in /sys/fs/btrfs.
+fn sysfs_dir(root: &Path) -> Option<PathBuf> {
+    let out = Command::new("btrfs").args(["filesystem", "show"]).arg(root).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let uuid = text.split("uuid: ").nth(1)?.split_whitespace().next()?;
+    Some(PathBuf::from("/sys/fs/btrfs").join(uuid))
 }
 
 /// Names of the entries of `dir` that start with `prefix` (none if it is unreadable).

@@ -71,18 +71,87 @@ nix::ioctl_read!(
     QgroupLimitArgs
 );
 
-/// Limits the exclusive bytes of the subvolume at `path` (quotas must be on).
-pub fn qgroup_limit_exclusive(path: &Path, bytes: u64) -> io::Result<()> {
+/// Limits the exclusive bytes of qgroup `qgroupid` on the filesystem at `path`
+/// (quotas must be on); qgroupid 0 means the subvolume `path` is in.
+pub fn qgroup_limit_exclusive(path: &Path, qgroupid: u64, bytes: u64) -> io::Result<()> {
     let dir = open_dir(path)?;
-    // qgroupid 0 means "the subvolume this fd is in".
     let mut args = QgroupLimitArgs {
-        qgroupid: 0,
+        qgroupid,
         lim: QgroupLimit { flags: BTRFS_QGROUP_LIMIT_MAX_EXCL, max_rfer: 0, max_excl: bytes, rsv_rfer: 0, rsv_excl: 0 },
     };
     // SAFETY: `args` is a fully initialised btrfs_ioctl_qgroup_limit_args that
     // outlives the call; `dir` is an open directory on the filesystem.
     unsafe { btrfs_qgroup_limit(dir.as_raw_fd(), &mut args) }?;
     Ok(())
+}
+
+/// `struct btrfs_ioctl_qgroup_create_args` (linux/btrfs.h).
+#[repr(C)]
+struct QgroupCreateArgs {
+    create: u64,
+    qgroupid: u64,
+}
+
+/// `struct btrfs_ioctl_qgroup_assign_args` (linux/btrfs.h).
+#[repr(C)]
+struct QgroupAssignArgs {
+    assign: u64,
+    src: u64,
+    dst: u64,
+}
+
+/// `struct btrfs_ioctl_ino_lookup_args` (linux/btrfs.h), 4096 bytes.
+#[repr(C)]
+struct InoLookupArgs {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; 4080],
+}
+
+nix::ioctl_write_ptr!(
+    /// BTRFS_IOC_QGROUP_ASSIGN
+    btrfs_qgroup_assign, BTRFS_IOCTL_MAGIC, 41, QgroupAssignArgs);
+nix::ioctl_write_ptr!(
+    /// BTRFS_IOC_QGROUP_CREATE
+    btrfs_qgroup_create, BTRFS_IOCTL_MAGIC, 42, QgroupCreateArgs);
+nix::ioctl_readwrite!(
+    /// BTRFS_IOC_INO_LOOKUP
+    btrfs_ino_lookup, BTRFS_IOCTL_MAGIC, 18, InoLookupArgs);
+
+/// Creates qgroup `qgroupid` on the filesystem at `path`; one that exists already is fine.
+pub fn qgroup_create(path: &Path, qgroupid: u64) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    let args = QgroupCreateArgs { create: 1, qgroupid };
+    // SAFETY: `args` is a fully initialised btrfs_ioctl_qgroup_create_args that
+    // outlives the call; `dir` is an open directory on the filesystem.
+    match unsafe { btrfs_qgroup_create(dir.as_raw_fd(), &args) } {
+        Ok(_) | Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Makes qgroup `child` a member of `parent` (whose numbers then include the
+/// child's); already being one is fine.
+pub fn qgroup_assign(path: &Path, child: u64, parent: u64) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    let args = QgroupAssignArgs { assign: 1, src: child, dst: parent };
+    // SAFETY: `args` is a fully initialised btrfs_ioctl_qgroup_assign_args that
+    // outlives the call; `dir` is an open directory on the filesystem.
+    match unsafe { btrfs_qgroup_assign(dir.as_raw_fd(), &args) } {
+        Ok(_) | Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The id of the subvolume whose root is `path`.
+pub fn subvolume_id(path: &Path) -> io::Result<u64> {
+    const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
+    let dir = open_dir(path)?;
+    let mut args = InoLookupArgs { treeid: 0, objectid: BTRFS_FIRST_FREE_OBJECTID, name: [0; 4080] };
+    // SAFETY: `args` is a fully initialised btrfs_ioctl_ino_lookup_args that
+    // outlives the call; treeid 0 asks for the tree `dir` is in.
+    unsafe { btrfs_ino_lookup(dir.as_raw_fd(), &mut args) }?;
+    Ok(args.treeid)
 }
 
 /// `struct btrfs_ioctl_quota_ctl_args` (linux/btrfs.h).

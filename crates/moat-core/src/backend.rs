@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::Name;
+use crate::ids::{AccountId, Name};
 use crate::record::BoxRecord;
 
 /// Where a box's agent listens for the host.
@@ -127,4 +127,7 @@ pub trait Backend: Send + Sync + 'static {
     fn meter(&self, rec: &BoxRecord) -> Option<MeterReading>;
     /// Bytes the box has written beyond what it shares with its image or parent.
     fn disk_usage(&self, rec: &BoxRecord) -> Option<u64>;
+    /// Bytes the account's boxes hold together, including data removed boxes
+    /// left shared with their copies, where the backend can tell.
+    fn account_disk_usage(&self, account: &AccountId) -> Option<u64>;
 }

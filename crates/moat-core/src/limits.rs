@@ -70,6 +70,16 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// `10788864` → `10.3M`: a measured amount, to one decimal.
+pub fn format_measured(bytes: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift {
+            return format!("{:.1}{unit}", bytes as f64 / f64::from(1u32 << (shift - 10)) / 1024.0);
+        }
+    }
+    bytes.to_string()
+}
+
 /// Parses `1048576`, `512K`, `512M`, `2G`, `1T` (powers of 1024; a trailing `B`
 /// or `iB` is allowed).
 pub fn parse_size(s: &str) -> Result<u64, LimitsError> {

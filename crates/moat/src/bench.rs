@@ -92,7 +92,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         moat_box::image::build(&pool, &busybox, &mut |_: &str| {})?;
     }
     drop(pool);
-    let backend = paths::ns_backend(dir, crate::agent::resolve(args.agent.as_deref(), dir)?)?;
+    let backend = paths::ns_backend(dir, crate::agent::resolve(args.agent.as_deref(), dir)?, u64::MAX)?;
     let manager = BoxManager::new(
         Store::open(&dir.join("moat.db"))?,
         Arc::new(AnyBackend::Ns(backend)),

@@ -36,10 +36,10 @@ pub fn host_view_dir(state_dir: &Path) -> PathBuf {
 /// The namespace backend over the state dir's pool, as `serve` and `bench`
 /// run it: this executable as the spawn helper, `agent` in every box, and
 /// per-box /proc totals where LXCFS runs.
-pub fn ns_backend(state_dir: &Path, agent: PathBuf) -> Result<NsBackend> {
+pub fn ns_backend(state_dir: &Path, agent: PathBuf, account_disk: u64) -> Result<NsBackend> {
     let pool = open_pool(state_dir)?;
     let helper = std::env::current_exe().context("find this executable")?;
     let host_view = HostView::ensure(&host_view_dir(state_dir));
-    let config = NsConfig { run_dir: state_dir.join("run"), helper, agent, host_view };
+    let config = NsConfig { run_dir: state_dir.join("run"), helper, agent, host_view, account_disk };
     Ok(NsBackend::new(pool, config)?)
 }

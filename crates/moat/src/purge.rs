@@ -24,6 +24,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
             helper: "/nonexistent".into(),
             agent: "/nonexistent".into(),
             host_view: None,
+            account_disk: u64::MAX,
         },
     )?);
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;

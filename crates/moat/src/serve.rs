@@ -61,6 +61,14 @@ pub struct ServeArgs {
     /// Most disk one box may write beyond its image, e.g. 100G.
     #[arg(long, value_parser = parse_size, default_value = "256G")]
     max_disk: u64,
+    /// Most memory the limits of one account's boxes may add up to, e.g. 64G
+    /// [default: 4 times this host's].
+    #[arg(long, value_parser = parse_size)]
+    max_memory_per_account: Option<u64>,
+    /// Most disk one account's boxes may hold together, counting what removed
+    /// boxes left shared with their copies [default: --max-disk].
+    #[arg(long, value_parser = parse_size)]
+    max_disk_per_account: Option<u64>,
     /// The uid and gid the SSH-facing process runs as; must own nothing.
     #[arg(long, default_value_t = moat_core::record::FRONT_DOOR_ID)]
     front_door_id: u32,
@@ -97,7 +105,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let state_dir = args.state_dir;
     paths::private_dir(&state_dir)?;
     let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;
-    let backend = paths::ns_backend(&state_dir, agent)?;
+    let max_disk_per_account = args.max_disk_per_account.unwrap_or(args.max_disk);
+    let backend = paths::ns_backend(&state_dir, agent, max_disk_per_account)?;
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
     // Never below the per-box defaults, or a plain `new` would be refused.
     let (host_cpus, host_memory) = host_capacity();
@@ -114,6 +123,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
             pids: 1 << 16,
             disk: args.max_disk,
         },
+        max_memory_per_account: args.max_memory_per_account.unwrap_or(host_memory.saturating_mul(4)),
+        max_disk_per_account,
     };
     let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), config);
     manager.recover().await.context("recover boxes")?;

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::backend::Progress;
 use moat_core::{
-    fault, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, Change, MeterReading, Name, NetAttach,
+    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, Change, MeterReading, Name, NetAttach,
 };
 
 use crate::pool::Pool;
@@ -39,6 +39,8 @@ pub struct NsConfig {
     pub agent: PathBuf,
     /// Per-box /proc totals (LXCFS), where available.
     pub host_view: Option<hostview::HostView>,
+    /// Most bytes one account's boxes may write, together (see [`Pool::charge_account`]).
+    pub account_disk: u64,
 }
 
 /// The namespace backend.
@@ -197,13 +199,15 @@ impl NsBackend {
         self.box_run_dir(rec).join("agent.sock")
     }
 
-    /// Gives a freshly snapshotted root its own identity and disk limit; on
+    /// Gives a freshly snapshotted root its disk limits and own identity; on
     /// failure the snapshot is deleted again.
     fn make_own(&self, rec: &BoxRecord, root: &Path) -> Result<(), BackendError> {
-        let result =
-            identity::mint(root, &rec.name).map_err(|e| BackendError::new("mint box identity", e)).and_then(|()| {
-                self.pool.set_disk_limit(&rec.id, rec.limits.disk).map_err(|e| BackendError::new("limit disk use", e))
-            });
+        let result = self
+            .pool
+            .set_disk_limit(&rec.id, rec.limits.disk)
+            .and_then(|()| self.pool.charge_account(&rec.id, &rec.account, self.config.account_disk))
+            .map_err(|e| BackendError::new("limit disk use", e))
+            .and_then(|()| identity::mint(root, &rec.name).map_err(|e| BackendError::new("mint box identity", e)));
         if result.is_err() {
             let _ = self.pool.delete_box(&rec.id);
         }
@@ -318,6 +322,10 @@ impl Backend for NsBackend {
 
     fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
         self.pool.exclusive_bytes(&rec.id)
+    }
+
+    fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
+        self.pool.account_bytes(account)
     }
 }
 

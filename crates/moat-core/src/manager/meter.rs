@@ -19,6 +19,10 @@ pub struct UsageReport {
     pub boxes: Vec<BoxUsage>,
     /// The sum over `boxes`.
     pub total: Usage,
+    /// Bytes the account's boxes hold on disk together, including what
+    /// removed boxes left shared with their copies (where the backend can tell).
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
 }
 
 /// One box's usage, with its current disk use.
@@ -148,6 +152,8 @@ impl BoxManager {
             total.suspended_seconds += usage.suspended_seconds;
             boxes.push(BoxUsage { usage, disk_bytes });
         }
-        Ok(UsageReport { boxes, total })
+        let owner = account.clone();
+        let disk_bytes = self.blocking(move |b| b.account_disk_usage(&owner)).await?;
+        Ok(UsageReport { boxes, total, disk_bytes })
     }
 }

@@ -53,6 +53,23 @@ pub enum ManagerError {
         /// The operator's maximum, as text.
         max: String,
     },
+    /// With the new box, the account's memory limits would add up to more than
+    /// the operator allows.
+    #[error("with this box your boxes' memory limits add up to {asked}; this server allows {max} per account")]
+    MemoryBudget {
+        /// The sum with the new box, as text.
+        asked: String,
+        /// The budget, as text.
+        max: String,
+    },
+    /// The account's boxes already hold all the disk the operator allows.
+    #[error("your boxes hold {used} on disk, all this server allows per account ({max}); remove boxes or files first")]
+    DiskBudget {
+        /// What they hold, as text.
+        used: String,
+        /// The budget, as text.
+        max: String,
+    },
     /// A name no box may have: the control plane's user name.
     #[error("\"{0}\" is the control plane's user name (ssh {0}@HOST); pick another name")]
     ReservedName(Name),
@@ -107,6 +124,11 @@ pub struct ManagerConfig {
     pub max_boxes: usize,
     /// The largest limits an account may ask for, per box.
     pub max_limits: Limits,
+    /// Most memory the limits of one account's boxes may add up to.
+    pub max_memory_per_account: u64,
+    /// Most bytes one account's boxes may hold on disk together (enforced by
+    /// the backend as they write; here new boxes are refused once it is spent).
+    pub max_disk_per_account: u64,
 }
 
 impl Default for ManagerConfig {
@@ -117,6 +139,8 @@ impl Default for ManagerConfig {
             meter_interval: Duration::from_secs(30),
             max_boxes: 32,
             max_limits: Limits { cpus: 64, memory: 64 << 30, pids: 1 << 16, disk: 256 << 30 },
+            max_memory_per_account: 256 << 30,
+            max_disk_per_account: 256 << 30,
         }
     }
 }
@@ -203,9 +227,20 @@ impl BoxManager {
         if limits.disk > max.disk {
             return over("--disk", crate::limits::format_size(max.disk));
         }
-        let count = self.db(|s| s.list(Some(account)))?.len();
-        if count >= self.config.max_boxes {
-            return Err(ManagerError::TooManyBoxes(count));
+        let boxes = self.db(|s| s.list(Some(account)))?;
+        if boxes.len() >= self.config.max_boxes {
+            return Err(ManagerError::TooManyBoxes(boxes.len()));
+        }
+        use crate::limits::{format_measured, format_size};
+        let memory = boxes.iter().map(|b| b.limits.memory).fold(limits.memory, u64::saturating_add);
+        if memory > self.config.max_memory_per_account {
+            let (asked, max) = (format_size(memory), format_size(self.config.max_memory_per_account));
+            return Err(ManagerError::MemoryBudget { asked, max });
+        }
+        let disk = self.backend.account_disk_usage(account).unwrap_or(0);
+        if disk >= self.config.max_disk_per_account {
+            let (used, max) = (format_measured(disk), format_size(self.config.max_disk_per_account));
+            return Err(ManagerError::DiskBudget { used, max });
         }
         Ok(())
     }

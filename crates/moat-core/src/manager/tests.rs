@@ -117,6 +117,9 @@ impl Backend for MemBackend {
     fn disk_usage(&self, _rec: &BoxRecord) -> Option<u64> {
         Some(0)
     }
+    fn account_disk_usage(&self, _: &AccountId) -> Option<u64> {
+        None
+    }
 }
 
 fn mem_handle(rec: &BoxRecord, pid: u32) -> BoxHandle {

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use moat_api::BoxInfo;
-use moat_core::limits::format_size;
+use moat_core::limits::{format_measured, format_size};
 use moat_core::{Change, ChangeKind, UsageReport};
 use serde::Serialize;
 
@@ -91,20 +91,10 @@ pub fn usage(report: &UsageReport, json: bool) -> String {
         );
     };
     for b in &report.boxes {
-        line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), rounded_size));
+        line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), format_measured));
     }
-    line(&mut out, &report.total, String::new());
+    line(&mut out, &report.total, report.disk_bytes.map_or(String::new(), format_measured));
     out
-}
-
-/// `10788864` → `10.3M`: a measured amount, to one decimal.
-fn rounded_size(bytes: u64) -> String {
-    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift {
-            return format!("{:.1}{unit}", bytes as f64 / f64::from(1u32 << (shift - 10)) / 1024.0);
-        }
-    }
-    bytes.to_string()
 }
 
 /// How the idle rule applies to a box, for `info`.
@@ -128,8 +118,8 @@ mod tests {
 
     #[test]
     fn sizes_print_short() {
-        assert_eq!(rounded_size(10_788_864), "10.3M");
-        assert_eq!(rounded_size(3 << 30), "3.0G");
-        assert_eq!(rounded_size(512), "512");
+        assert_eq!(format_measured(10_788_864), "10.3M");
+        assert_eq!(format_measured(3 << 30), "3.0G");
+        assert_eq!(format_measured(512), "512");
     }
 }

@@ -211,6 +211,25 @@ except OSError as e:
     // pidfd_getfd(pidfd, fd, 0) is syscall 438.
     let out = box_python(env, &name, SYSCALL_ERRNO, &["438", "0", "3", "0"]).ok();
     assert_eq!(out.stdout.trim(), "1", "pidfd_getfd must be EPERM");
+    // Nor through ptrace or /proc: PID 1 (the agent) is not dumpable. What the
+    // box runs still is, so debuggers work on its own programs.
+    let out = box_python(env, &name, SYSCALL_ERRNO, &["101", "16", "1", "0", "0"]).ok();
+    assert_eq!(out.stdout.trim(), "1", "PTRACE_ATTACH to PID 1 must be EPERM");
+    let probe = "cat /proc/1/mem; cat /proc/1/environ; readlink /proc/1/fd/3 || echo unreadable";
+    let out = env.alice(Some(&name), &[probe]);
+    assert_eq!(out.stdout, "unreadable\n", "{}", out.stderr);
+    assert_eq!(out.stderr.matches("Permission denied").count(), 2, "{}", out.stderr);
+    let own_child = "import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+child = os.fork()
+if child == 0:
+    time.sleep(5)
+    os._exit(0)
+print(libc.ptrace(16, child, 0, 0), ctypes.get_errno())
+os.kill(child, 9)
+";
+    let out = box_python(env, &name, own_child, &[]).ok();
+    assert_eq!(out.stdout.trim(), "0 0", "ptrace of the box's own program");
     let ptys = "import os, resource
 resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
 n = 0

@@ -30,6 +30,11 @@ const LISTEN_FD: i32 = 3;
 
 #[allow(unsafe_code)]
 fn main() {
+    // Box root shares PID 1's uid: dumpable, PID 1 could be ptraced, its memory
+    // read through /proc/1/mem and its door to the host taken over. Not dumpable,
+    // that needs CAP_SYS_PTRACE, which no box has. (What PID 1 execs is dumpable
+    // again, so debuggers work on the box's own programs.)
+    let _ = nix::sys::prctl::set_dumpable(false);
     // SAFETY: the host passes fd 3 as a listening unix socket and nothing else in
     // this process has claimed it; we take sole ownership here, once.
     let listener = UnixListener::from(unsafe { OwnedFd::from_raw_fd(LISTEN_FD) });
