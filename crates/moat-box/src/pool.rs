@@ -248,7 +248,8 @@ impl Pool {
         let path = self.box_path(id);
         let group = account_qgroup(account);
         sys::qgroup_create(&self.root, group).map_err(io_err("create account qgroup on", &self.root))?;
-        sys::qgroup_limit_exclusive(&self.root, group, budget).map_err(io_err("limit account qgroup on", &self.root))?;
+        sys::qgroup_limit_exclusive(&self.root, group, budget)
+            .map_err(io_err("limit account qgroup on", &self.root))?;
         let subvolume = sys::subvolume_id(&path).map_err(io_err("look up subvolume", &path))?;
         sys::qgroup_assign(&self.root, subvolume, group).map_err(io_err("charge account for", &path))
     }
@@ -258,6 +259,16 @@ impl Pool {
     pub fn account_bytes(&self, account: &AccountId) -> Option<u64> {
         let group = account_qgroup(account);
         self.qgroup_file(&format!("{}_{}/exclusive", group >> 48, group & ((1 << 48) - 1)))?.trim().parse().ok()
+    }
+
+    /// Gives the pool's free space back to the host's disk now (a loop pool's
+    /// image would otherwise keep every block that was ever written, metadata
+    /// churn included; `discard=async` alone leaves some of it).
+    pub fn trim(&self) -> Result<u64, PoolError> {
+        match self.kind {
+            PoolKind::Native => Ok(0),
+            PoolKind::Loop { .. } => sys::trim(&self.root).map_err(io_err("trim", &self.root)),
+        }
     }
 
     /// Deletes box `id`'s root, if it exists.
@@ -277,9 +288,10 @@ const MOUNT_OPTIONS: &str = "loop,nosuid,discard=async";
 /// The level-1 qgroup of `account`: a stable 48-bit hash of its name (FNV-1a;
 /// two accounts sharing one would share a budget, at odds of 2^-48 a pair).
 pub fn account_qgroup(account: &AccountId) -> u64 {
-    let hash = account.0.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = account
+        .0
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
     (1 << 48) | (hash & ((1 << 48) - 1))
 }
 

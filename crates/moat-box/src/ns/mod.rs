@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::backend::Progress;
 use moat_core::{
-    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, Change, MeterReading, Name, NetAttach,
+    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, Change, MeterReading, Name,
+    NetAttach,
 };
 
 use crate::pool::Pool;
@@ -103,11 +104,13 @@ impl NsBackend {
         spare::remove_stale(&cgroups, &pool);
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
-        Ok(Self { pool: Arc::new(pool), cgroups, config, spare: Arc::default(), spare_roots: Arc::default() })
+        let pool = Arc::new(pool);
+        spawn_trimmer(Arc::downgrade(&pool));
+        Ok(Self { pool, cgroups, config, spare: Arc::default(), spare_roots: Arc::default() })
     }
 
-    /// Gives the pool back, e.g. to unmount it (`None` while a background
-    /// refill still holds it).
+    /// Gives the pool back, e.g. to unmount it, once background work (a spare's
+    /// refill, a trim) lets go of it; `None` if that takes over 10 s.
     pub fn into_pool(self) -> Option<Pool> {
         if let Some(spare) = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take() {
             spare.discard(&self.cgroups);
@@ -115,7 +118,15 @@ impl NsBackend {
         for (_, root) in self.spare_roots.lock().unwrap_or_else(PoisonError::into_inner).drain() {
             let _ = self.pool.delete_spare_root(&root.name);
         }
-        Arc::into_inner(self.pool)
+        let mut pool = self.pool;
+        for _ in 0..1000 {
+            match Arc::try_unwrap(pool) {
+                Ok(pool) => return Some(pool),
+                Err(shared) => pool = shared,
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        None
     }
 
     /// A root for a new box of `image`: the spare snapshot if there is one of
@@ -207,7 +218,15 @@ impl NsBackend {
             .set_disk_limit(&rec.id, rec.limits.disk)
             .and_then(|()| self.pool.charge_account(&rec.id, &rec.account, self.config.account_disk))
             .map_err(|e| BackendError::new("limit disk use", e))
-            .and_then(|()| identity::mint(root, &rec.name).map_err(|e| BackendError::new("mint box identity", e)));
+            .and_then(|()| {
+                identity::mint(root, &rec.name).map_err(|e| match e.kind() {
+                    // A new root has written nothing of its own: the account's budget is spent.
+                    std::io::ErrorKind::QuotaExceeded => {
+                        BackendError::msg("your boxes hold all the disk this server allows per account")
+                    }
+                    _ => BackendError::new("mint box identity", e),
+                })
+            });
         if result.is_err() {
             let _ = self.pool.delete_box(&rec.id);
         }
@@ -327,6 +346,24 @@ impl Backend for NsBackend {
     fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
         self.pool.account_bytes(account)
     }
+}
+
+/// How often the pool's free space is given back to the host.
+const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Trims the pool now and every [`TRIM_INTERVAL`] while it is open (a trim of
+/// space already trimmed costs ~50 ms of kernel time here).
+fn spawn_trimmer(pool: std::sync::Weak<Pool>) {
+    let _ = std::thread::Builder::new().name("pool-trim".into()).spawn(move || {
+        while let Some(pool) = pool.upgrade() {
+            if let Err(e) = pool.trim() {
+                tracing::warn!(error = %e, "trimming the pool failed");
+                return;
+            }
+            drop(pool);
+            std::thread::sleep(TRIM_INTERVAL);
+        }
+    });
 }
 
 /// The CPUs this daemon may use (what a box's share is taken from).

@@ -101,6 +101,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("storage_bad_dups_create_nothing", storage::bad_dups_create_nothing),
     ("storage_disk_limit_is_enforced_and_rm_frees", storage::disk_limit_is_enforced_and_rm_frees),
     ("storage_dup_interrupted_leaves_nothing", storage::dup_interrupted_leaves_nothing),
+    ("storage_account_budgets_hold_across_dup_and_rm", storage::account_budgets_hold_across_dup_and_rm),
 ];
 
 /// Tests at once; two cores, and most of a test's time is waiting on ssh.

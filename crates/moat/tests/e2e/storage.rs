@@ -184,6 +184,87 @@ pub fn disk_limit_is_enforced_and_rm_frees(env: &Env) {
     assert!(!root.exists(), "rm left the box's filesystem behind");
 }
 
+/// `dup` then `rm` of the parent, repeated, cannot shed a box's disk limit:
+/// what removed boxes left shared stays charged to the account, whose boxes
+/// share one budget (and one memory budget). Files count against the limit
+/// (metadata), and space freed goes back to the host's disk.
+pub fn account_budgets_hold_across_dup_and_rm(env: &Env) {
+    let state = env.dir.join("budget-state");
+    let extra = ["--max-disk-per-account", "160M", "--max-memory-per-account", "1G"];
+    let mut daemon = Daemon::start(state.clone(), env.daemon.keys_file.clone(), &extra);
+    let ssh = |user: Option<&str>, args: &[&str]| run(&mut daemon.ssh(&env.alice, user, args));
+    ssh(None, &["new", "b0", "--image", "busybox", "--disk", "64M", "--memory", "512M"]).ok();
+    ssh(None, &["new", "other", "--image", "busybox", "--memory", "512M"]).ok();
+    let out = ssh(None, &["new", "third", "--image", "busybox", "--memory", "256M"]);
+    assert_eq!(
+        out.stderr,
+        "moat: with this box your boxes' memory limits add up to 1280M; this server allows 1G per account\n"
+    );
+    ssh(None, &["rm", "other"]).ok();
+    // Each round writes 40 MiB, copies the box and removes the original.
+    let mut current = "b0".to_string();
+    for round in 1..=5 {
+        ssh(Some(&current), &[&format!("dd if=/dev/urandom of=/f{round} bs=1M count=40 2>/dev/null; sync")]);
+        let next = format!("b{round}");
+        if ssh(None, &["dup", &current, &next]).status != Some(0) {
+            break;
+        }
+        ssh(None, &["rm", &current]).ok();
+        current = next;
+    }
+    let held: u64 = ssh(Some(&current), &["du -sm / 2>/dev/null | tail -1"])
+        .ok()
+        .stdout
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(held <= 165, "one box holds {held} MiB under a 160M account budget");
+    let usage: serde_json::Value = serde_json::from_str(&ssh(None, &["usage", "--json"]).ok().stdout).unwrap();
+    let billed = usage["disk_bytes"].as_u64().unwrap() >> 20;
+    assert!(billed + 8 >= held, "usage bills {billed} MiB for {held} MiB held");
+    let out = ssh(None, &["new", "more", "--image", "busybox", "--memory", "256M"]);
+    assert!(out.stderr.contains("all this server allows per account (160M)"), "{}", out.stderr);
+
+    // Files are metadata, and metadata is charged: a 64M box cannot make 300,000.
+    ssh(None, &["rm", &current]).ok();
+    wait_for("the removed boxes' space", || {
+        ssh(None, &["new", "files", "--image", "busybox", "--disk", "64M", "--memory", "256M"]).status == Some(0)
+    });
+    let made: u64 = ssh(
+        Some("files"),
+        &["mkdir /m; i=0; while [ $i -lt 300000 ] && true > /m/$i 2>/dev/null; do i=$((i+1)); done; echo $i"],
+    )
+    .ok()
+    .stdout
+    .trim()
+    .parse()
+    .unwrap();
+    assert!(made < 300_000, "a 64M box made {made} empty files");
+
+    // Space a box frees is given back to the host's disk (the loop image shrinks).
+    let allocated = || {
+        use std::os::unix::fs::MetadataExt;
+        (std::fs::metadata(state.join("pool.img")).unwrap().blocks() * 512) >> 20
+    };
+    ssh(None, &["new", "big", "--image", "busybox", "--memory", "256M"]).ok();
+    ssh(Some("big"), &["dd if=/dev/urandom of=/big bs=1M count=120 2>/dev/null; sync"]).ok();
+    let before = allocated();
+    ssh(Some("big"), &["rm /big; sync"]).ok();
+    wait_for(&format!("the pool image to shrink from {before} MiB"), || allocated() + 100 <= before);
+    daemon.purge();
+}
+
+/// Polls `done` for up to 60 s.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
 /// Kills the daemon in the middle of a dup, at each point a crash could hit;
 /// the next start leaves no copy and a source that runs.
 pub fn dup_interrupted_leaves_nothing(env: &Env) {
