@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use moat_core::{AccountId, Name};
-use tokio::sync::Mutex;
+use tokio::sync::{mpsc, Mutex};
 
 use crate::proto::{ApiError, Event, Reply, Request, MAX_EVENT};
 use crate::wire::Packets;
@@ -46,12 +46,13 @@ impl ApiClient {
         Packets::new(fd)
     }
 
-    /// Sends `req`; passes progress lines to `progress`; returns the outcome,
-    /// the descriptor that came with it, and the connection (still open).
+    /// Sends `req`; passes what comes before the outcome (progress, a diff's
+    /// batches) to `updates`, waiting for room there; returns the outcome, the
+    /// descriptor that came with it, and the connection (still open).
     async fn exchange(
         &self,
         req: &Request,
-        progress: &mut (dyn FnMut(&str) + Send),
+        updates: Option<&mpsc::Sender<Event>>,
     ) -> Result<(Reply, Option<OwnedFd>, Packets), ApiError> {
         let conn = self.dial().await.map_err(|e| lost(&e))?;
         let bytes = serde_json::to_vec(req).map_err(|e| lost(&e.into()))?;
@@ -60,32 +61,33 @@ impl ApiClient {
             let msg = conn.recv(MAX_EVENT).await.map_err(|e| lost(&e))?;
             let msg = msg.ok_or_else(|| lost(&io::ErrorKind::UnexpectedEof.into()))?;
             let event: Event = serde_json::from_slice(&msg.bytes).map_err(|e| lost(&e.into()))?;
-            match event {
-                Event::Progress(line) => progress(&line),
-                Event::Outcome(outcome) => return Ok((outcome?, msg.fds.into_iter().next(), conn)),
+            match (event, updates) {
+                (Event::Outcome(outcome), _) => return Ok((outcome?, msg.fds.into_iter().next(), conn)),
+                (update, Some(updates)) => {
+                    // The reader went away: nobody wants the rest.
+                    updates.send(update).await.map_err(|_| lost(&io::ErrorKind::BrokenPipe.into()))?;
+                }
+                (_, None) => {}
             }
         }
     }
 
-    /// Runs a request to its outcome, passing progress lines to `progress`.
-    pub async fn call_with_progress(
-        &self,
-        req: &Request,
-        progress: &mut (dyn FnMut(&str) + Send),
-    ) -> Result<Reply, ApiError> {
-        self.exchange(req, progress).await.map(|(reply, _, _)| reply)
+    /// Runs a request to its outcome, passing what comes before it (progress
+    /// lines, a diff's batches) to `updates` as it arrives.
+    pub async fn call_streaming(&self, req: &Request, updates: &mpsc::Sender<Event>) -> Result<Reply, ApiError> {
+        self.exchange(req, Some(updates)).await.map(|(reply, _, _)| reply)
     }
 
     /// Runs a request to its outcome.
     pub async fn call(&self, req: &Request) -> Result<Reply, ApiError> {
-        self.call_with_progress(req, &mut |_| {}).await
+        self.exchange(req, None).await.map(|(reply, _, _)| reply)
     }
 
     /// Opens a session on a box (resuming or booting it): a stream connected
     /// to its agent, and the lease that keeps the box up.
     pub async fn open_session(&self, account: &AccountId, name: &Name) -> Result<(OwnedFd, Lease), ApiError> {
         let req = Request::OpenSession { account: account.clone(), name: name.clone() };
-        match self.exchange(&req, &mut |_| {}).await? {
+        match self.exchange(&req, None).await? {
             (Reply::Session, Some(fd), conn) => Ok((fd, Lease { _conn: conn })),
             (reply, _, _) => Err(ApiError::unexpected(&reply)),
         }

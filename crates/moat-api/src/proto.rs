@@ -228,8 +228,6 @@ pub enum Reply {
     Boxes(Vec<BoxInfo>),
     /// To `Get`, `Create` and `Dup`.
     Box(BoxInfo),
-    /// To `Diff`.
-    Changes(Vec<Change>),
     /// To `Promote`: the name the parent now has.
     Name(Name),
     /// To `Usage`.
@@ -258,12 +256,15 @@ impl ApiError {
 }
 
 /// What travels back on a request's connection: any number of progress
-/// lines, then one outcome.
+/// lines (and, for `Diff`, batches of changes as they are found), then one
+/// outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Event {
     /// A line of progress of long work (an image build).
     Progress(String),
+    /// Some of what `Diff` found; its outcome is `Done`.
+    Changes(Vec<Change>),
     /// How the request ended.
     Outcome(Result<Reply, ApiError>),
 }

@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, ManagerError};
+use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Change, ChangeSink, ManagerError};
 use tokio::sync::Semaphore;
 
 use crate::client::DIAL;
@@ -91,16 +91,24 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
     // The work runs on its own task: if the front door goes away mid-way (a
     // client disconnects during `new`), it still finishes or rolls back,
     // rather than stopping at whatever await it had reached.
+    // A diff's batches wait for the front door (a few at most are held): a
+    // slow reader slows the walk instead of growing memory.
+    let (changes_tx, mut changes_rx) = tokio::sync::mpsc::channel::<Vec<Change>>(4);
+    let changes: Box<ChangeSink<'static>> = Box::new(move |batch| changes_tx.blocking_send(batch).is_ok());
     let ctx = Arc::clone(ctx);
-    let mut work = tokio::spawn(async move { run(req, &ctx, progress).await });
+    let mut work = tokio::spawn(async move { run(req, &ctx, progress, changes).await });
     let outcome = loop {
         tokio::select! {
             Some(line) = progress_rx.recv() => send(conn, &Event::Progress(line), None).await?,
+            Some(batch) = changes_rx.recv() => send(conn, &Event::Changes(batch), None).await?,
             outcome = &mut work => break outcome,
         }
     };
     while let Ok(line) = progress_rx.try_recv() {
         send(conn, &Event::Progress(line), None).await?;
+    }
+    while let Ok(batch) = changes_rx.try_recv() {
+        send(conn, &Event::Changes(batch), None).await?;
     }
     let outcome = match outcome {
         Ok(outcome) => outcome.map_err(api_error),
@@ -145,7 +153,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
-async fn run(req: Request, ctx: &Privileged, progress: moat_core::ProgressSink) -> Result<Reply, ManagerError> {
+async fn run(
+    req: Request,
+    ctx: &Privileged,
+    progress: moat_core::ProgressSink,
+    changes: Box<ChangeSink<'static>>,
+) -> Result<Reply, ManagerError> {
     let m = &ctx.manager;
     Ok(match req {
         Request::Authorize { key } => Reply::Account((ctx.authorize)(&key)),
@@ -168,7 +181,7 @@ async fn run(req: Request, ctx: &Privileged, progress: moat_core::ProgressSink) 
         }
         Request::Remove { account, name } => m.remove(&account, &name).await.map(|()| Reply::Done)?,
         Request::Dup { account, src, dst } => Reply::Box(BoxInfo::from(&m.dup(&account, &src, &dst).await?)),
-        Request::Diff { account, a, b } => Reply::Changes(m.diff(&account, &a, &b).await?),
+        Request::Diff { account, a, b } => m.diff(&account, &a, &b, changes).await.map(|()| Reply::Done)?,
         Request::Promote { account, child } => Reply::Name(m.promote(&account, &child).await?),
         Request::Stop { account, name } => m.stop(&account, &name).await.map(|()| Reply::Done)?,
         Request::Start { account, name } => m.start(&account, &name).await.map(|()| Reply::Done)?,

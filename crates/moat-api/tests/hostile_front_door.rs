@@ -13,7 +13,7 @@ use moat_api::server::{serve, Privileged};
 use moat_api::Packets;
 use moat_core::backend::Progress;
 use moat_core::{
-    AccountId, Backend, BackendError, BoxHandle, BoxManager, BoxRecord, Change, ManagerConfig, MeterReading, Name,
+    AccountId, Backend, BackendError, BoxHandle, BoxManager, BoxRecord, ChangeSink, ManagerConfig, MeterReading, Name,
     Store,
 };
 
@@ -48,8 +48,8 @@ impl Backend for NoBoxes {
     fn dup(&self, _: &BoxRecord, _: &BoxRecord) -> Result<(), BackendError> {
         Err(BackendError::msg("no"))
     }
-    fn diff(&self, _: &BoxRecord, _: &BoxRecord) -> Result<Vec<Change>, BackendError> {
-        Ok(Vec::new())
+    fn diff(&self, _: &BoxRecord, _: &BoxRecord, _: &mut ChangeSink<'_>) -> Result<(), BackendError> {
+        Ok(())
     }
     fn rename(&self, _: &BoxRecord, _: &Name) -> Result<(), BackendError> {
         Ok(())

@@ -13,8 +13,9 @@ use std::ffi::{CStr, CString, OsString};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use moat_core::{Change, ChangeKind};
+use moat_core::{Change, ChangeKind, ChangeSink};
 use nix::dir::Dir;
 use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode, SFlag};
@@ -50,44 +51,114 @@ impl Entry {
 
 /// Deepest directory nesting compared (each level holds two fds open).
 const MAX_DEPTH: usize = 256;
+/// Longest path reported, in bytes (PATH_MAX).
+const MAX_PATH: usize = 4096;
 /// Most directory entries read, over both trees.
 const MAX_ENTRIES: usize = 4_000_000;
+/// Most bytes of directory listings held at once (the open directories from
+/// the root down to where the walk is, both trees).
+const MAX_HELD: usize = 64 << 20;
+/// Most bytes of paths reported.
+const MAX_OUTPUT: usize = 64 << 20;
+/// Longest a comparison may take.
+const MAX_TIME: Duration = Duration::from_secs(120);
+/// Changes are handed over in batches of about this many bytes of paths.
+const BATCH_BYTES: usize = 64 << 10;
+/// Bytes a listed entry costs beyond its name (map node, metadata).
+const ENTRY_OVERHEAD: usize = 128;
 
-/// Compares the trees rooted at `a` and `b`. Trees deeper or larger than the
-/// limits above (a box can build them to exhaust the daemon) are an error.
-pub fn diff(a: &Path, b: &Path) -> io::Result<Vec<Change>> {
+/// Compares the trees rooted at `a` and `b`, handing changes to `out` in
+/// batches, in tree order (a directory before what it holds, names sorted
+/// byte-wise within a directory), as they are found. `out` returns false to
+/// stop early. Trees past the limits above (a box can build them to exhaust
+/// the daemon) end in an error after what was found so far.
+pub fn diff(a: &Path, b: &Path, out: &mut ChangeSink<'_>) -> io::Result<()> {
     let open_root = |p: &Path| -> io::Result<OwnedFd> { Ok(std::fs::File::open(p)?.into()) };
-    let mut walk = Walk { out: Vec::new(), entries: 0 };
-    walk.dir(Some(&open_root(a)?), Some(&open_root(b)?), "", 0)?;
-    walk.out.sort();
-    Ok(walk.out)
+    let (a, b) = (open_root(a)?, open_root(b)?);
+    let mut walk =
+        Walk { out, batch: Vec::new(), batch_bytes: 0, output: 0, entries: 0, held: 0, started: Instant::now() };
+    let walked = walk.dir(Some(&a), Some(&b), "", 0);
+    // What was found before a limit is still worth having.
+    let flushed = walk.flush();
+    walked.and(flushed)
 }
 
-struct Walk {
-    out: Vec<Change>,
+struct Walk<'a, 'b> {
+    out: &'a mut ChangeSink<'b>,
+    batch: Vec<Change>,
+    batch_bytes: usize,
+    output: usize,
     entries: usize,
+    held: usize,
+    started: Instant,
 }
 
-impl Walk {
+fn limit(what: String) -> io::Error {
+    io::Error::other(what)
+}
+
+impl Walk<'_, '_> {
     fn dir(&mut self, a: Option<&OwnedFd>, b: Option<&OwnedFd>, prefix: &str, depth: usize) -> io::Result<()> {
         if depth > MAX_DEPTH {
-            return Err(io::Error::other(format!("{prefix}: directories nest deeper than {MAX_DEPTH} levels")));
+            return Err(limit(format!("{prefix}: directories nest deeper than {MAX_DEPTH} levels")));
         }
-        let left = match a {
-            Some(fd) => list(fd)?,
-            None => BTreeMap::new(),
-        };
-        let right = match b {
-            Some(fd) => list(fd)?,
-            None => BTreeMap::new(),
-        };
-        self.entries += left.len() + right.len();
-        if self.entries > MAX_ENTRIES {
-            return Err(io::Error::other(format!("more than {MAX_ENTRIES} files to compare")));
+        if self.started.elapsed() > MAX_TIME {
+            return Err(limit(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
         }
+        let left = self.list(a)?;
+        let right = match self.list(b) {
+            Ok(right) => right,
+            Err(e) => {
+                self.held -= left.1;
+                return Err(e);
+            }
+        };
+        let result = self.compare(a, b, &left.0, &right.0, prefix, depth);
+        self.held -= left.1 + right.1;
+        result
+    }
+
+    /// Lists a directory (none if that side has no such directory), counting
+    /// what it costs against the limits; returns the listing and its size.
+    fn list(&mut self, dir: Option<&OwnedFd>) -> io::Result<(BTreeMap<CString, Entry>, usize)> {
+        let Some(dir) = dir else { return Ok((BTreeMap::new(), 0)) };
+        let mut size = 0;
+        let listing = list(dir, &mut |name| {
+            size += name.to_bytes().len() + ENTRY_OVERHEAD;
+            self.entries += 1;
+            if self.entries > MAX_ENTRIES {
+                return Err(limit(format!("more than {MAX_ENTRIES} files to compare")));
+            }
+            if self.held + size > MAX_HELD {
+                return Err(limit(format!(
+                    "directories too large to compare (over {} MiB of listings)",
+                    MAX_HELD >> 20
+                )));
+            }
+            Ok(())
+        })?;
+        self.held += size;
+        Ok((listing, size))
+    }
+
+    fn compare(
+        &mut self,
+        a: Option<&OwnedFd>,
+        b: Option<&OwnedFd>,
+        left: &BTreeMap<CString, Entry>,
+        right: &BTreeMap<CString, Entry>,
+        prefix: &str,
+        depth: usize,
+    ) -> io::Result<()> {
         let names: std::collections::BTreeSet<&CString> = left.keys().chain(right.keys()).collect();
         for name in names {
             let path = format!("{prefix}/{}", String::from_utf8_lossy(name.as_bytes()));
+            if path.len() > MAX_PATH {
+                return Err(limit(format!(
+                    "a path is longer than {MAX_PATH} bytes: {}...",
+                    &prefix[..64.min(prefix.len())]
+                )));
+            }
             let (l, r) = (left.get(name), right.get(name));
             let change = match (l, r) {
                 (Some(_), None) => Some(ChangeKind::Deleted),
@@ -96,7 +167,7 @@ impl Walk {
                 _ => None,
             };
             if let Some(change) = change {
-                self.out.push(Change { path: path.clone(), change });
+                self.emit(Change { path: path.clone(), change })?;
             }
             // Descend where either side is a directory; a side that is not one
             // contributes nothing, so its contents count as added or deleted.
@@ -114,6 +185,29 @@ impl Walk {
         }
         Ok(())
     }
+
+    fn emit(&mut self, change: Change) -> io::Result<()> {
+        self.output += change.path.len();
+        if self.output > MAX_OUTPUT {
+            return Err(limit(format!("more than {} MiB of changed paths; compare less at once", MAX_OUTPUT >> 20)));
+        }
+        self.batch_bytes += change.path.len();
+        self.batch.push(change);
+        if self.batch_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.batch_bytes = 0;
+        let batch = std::mem::take(&mut self.batch);
+        if batch.is_empty() || (self.out)(batch) {
+            Ok(())
+        } else {
+            Err(io::Error::new(io::ErrorKind::BrokenPipe, "nobody is reading the comparison"))
+        }
+    }
 }
 
 fn open_subdir(dir: &OwnedFd, name: &CStr) -> io::Result<OwnedFd> {
@@ -121,7 +215,8 @@ fn open_subdir(dir: &OwnedFd, name: &CStr) -> io::Result<OwnedFd> {
     Ok(openat(dir, name, flags, Mode::empty())?)
 }
 
-fn list(dir: &OwnedFd) -> io::Result<BTreeMap<CString, Entry>> {
+/// Reads a directory; `admit` is asked before each entry is kept.
+fn list(dir: &OwnedFd, admit: &mut dyn FnMut(&CStr) -> io::Result<()>) -> io::Result<BTreeMap<CString, Entry>> {
     let mut entries = BTreeMap::new();
     let mut listing = Dir::from_fd(dir.try_clone()?)?;
     // The listing fd shares its offset with `dir`; start from the top.
@@ -131,6 +226,7 @@ fn list(dir: &OwnedFd) -> io::Result<BTreeMap<CString, Entry>> {
         if name == c"." || name == c".." {
             continue;
         }
+        admit(name)?;
         let st = match fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             // Removed while we looked: a running box's files come and go.
@@ -181,7 +277,7 @@ mod tests {
         std::fs::write(b.path().join("new/file"), "n").unwrap();
         // A symlink to a host directory is a change, and is not descended into.
         std::os::unix::fs::symlink(outside.path(), b.path().join("escape")).unwrap();
-        let changes = diff(a.path(), b.path()).unwrap();
+        let changes = collect(a.path(), b.path()).unwrap();
         let got: Vec<(ChangeKind, &str)> = changes.iter().map(|c| (c.change, c.path.as_str())).collect();
         assert_eq!(
             got,
@@ -193,7 +289,7 @@ mod tests {
                 (ChangeKind::Added, "/new/file"),
             ]
         );
-        assert!(diff(a.path(), a.path()).unwrap().is_empty());
+        assert!(collect(a.path(), a.path()).unwrap().is_empty());
     }
 
     #[test]
@@ -201,7 +297,42 @@ mod tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let deep: std::path::PathBuf = (0..MAX_DEPTH + 2).map(|_| "d").collect();
         std::fs::create_dir_all(b.path().join(deep)).unwrap();
-        let err = diff(a.path(), b.path()).unwrap_err();
+        let err = collect(a.path(), b.path()).unwrap_err();
         assert!(err.to_string().contains("deeper than"), "{err}");
+    }
+
+    fn collect(a: &Path, b: &Path) -> io::Result<Vec<Change>> {
+        let mut all = Vec::new();
+        diff(a, b, &mut |batch| {
+            all.extend(batch);
+            true
+        })?;
+        Ok(all)
+    }
+
+    #[test]
+    fn long_paths_are_refused_and_output_comes_in_batches_that_can_be_stopped() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // 20 levels of 250-byte names: a 5 KB path, made a level at a time
+        // (the kernel refuses such a path whole, as a box would too).
+        let mut dir: OwnedFd = std::fs::File::open(b.path()).unwrap().into();
+        for i in 0..20 {
+            let name = format!("{i:0>250}");
+            nix::sys::stat::mkdirat(&dir, name.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
+            dir = openat(&dir, name.as_str(), OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
+        }
+        let err = collect(a.path(), b.path()).unwrap_err();
+        assert!(err.to_string().contains("longer than 4096 bytes"), "{err}");
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        for i in 0..3000 {
+            std::fs::write(b.path().join(format!("{i:0>40}")), "").unwrap();
+        }
+        let mut batches = 0;
+        let err = diff(a.path(), b.path(), &mut |_| {
+            batches += 1;
+            false
+        })
+        .unwrap_err();
+        assert_eq!((err.kind(), batches), (io::ErrorKind::BrokenPipe, 1));
     }
 }

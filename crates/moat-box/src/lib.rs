@@ -20,7 +20,7 @@ pub mod pool;
 #[allow(unsafe_code)]
 pub mod sys;
 
-use moat_core::{AccountId, Backend, BackendError, BoxHandle, BoxRecord, Change, MeterReading, Name};
+use moat_core::{AccountId, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, MeterReading, Name};
 
 /// Every backend moat has, behind one type.
 pub enum AnyBackend {
@@ -64,8 +64,8 @@ impl Backend for AnyBackend {
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
         self.inner().dup(src, dst)
     }
-    fn diff(&self, a: &BoxRecord, b: &BoxRecord) -> Result<Vec<Change>, BackendError> {
-        self.inner().diff(a, b)
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
+        self.inner().diff(a, b, out)
     }
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
         self.inner().rename(rec, name)

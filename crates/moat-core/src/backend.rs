@@ -47,6 +47,9 @@ pub enum ChangeKind {
     Deleted,
 }
 
+/// Where `diff` hands its batches of changes; false means stop.
+pub type ChangeSink<'a> = dyn FnMut(Vec<Change>) -> bool + Send + 'a;
+
 /// One difference between two box filesystems.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Change {
@@ -113,8 +116,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Makes `dst`'s filesystem a copy of `src`'s as of this instant (a running
     /// `src` is frozen for that instant), with a fresh identity for `dst`.
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError>;
-    /// What differs in `b`'s filesystem relative to `a`'s, sorted by path.
-    fn diff(&self, a: &BoxRecord, b: &BoxRecord) -> Result<Vec<Change>, BackendError>;
+    /// What differs in `b`'s filesystem relative to `a`'s, handed to `out` in
+    /// batches as it is found (in tree order); `out` returns false to stop.
+    /// The work and memory are bounded whatever the boxes hold.
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError>;
     /// Writes a new host name into the box's files (running processes see it
     /// after the box restarts).
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError>;

@@ -13,7 +13,9 @@ pub mod manager;
 pub mod record;
 pub mod store;
 
-pub use backend::{AgentAddr, Backend, BackendError, BoxHandle, Change, ChangeKind, MeterReading, NetAttach};
+pub use backend::{
+    AgentAddr, Backend, BackendError, BoxHandle, Change, ChangeKind, ChangeSink, MeterReading, NetAttach,
+};
 pub use ids::{AccountId, BoxId, Name, NameError};
 pub use limits::{Limits, LimitsError};
 pub use manager::{BoxManager, BoxSpec, ManagerConfig, ManagerError, ProgressSink, SessionGuard, UsageReport};

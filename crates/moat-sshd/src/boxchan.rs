@@ -180,30 +180,25 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
         );
         return fail(tx, &msg, 2).await;
     }
-    // Progress of long work (an image build) goes to stderr as it happens.
-    let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let mut progress = move |line: &str| {
-        let _ = progress_tx.send(format!("{line}\n"));
-    };
+    // What the command prints goes out as it comes (progress of an image build
+    // to stderr, a diff's lines to stdout); the channel's window paces it.
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<control::Output>(4);
     let api = ctx.api.clone();
     let account = ctx.account.clone();
-    let mut work = tokio::spawn(async move { control::run(cmd, &account, &api, &mut progress).await });
-    let result = loop {
-        tokio::select! {
-            Some(line) = progress_rx.recv() => {
-                let _ = tx.extended_data(1, line.as_bytes()).await;
-            }
-            result = &mut work => break result,
+    let mut work = tokio::spawn(async move { control::run(cmd, &account, &api, &out_tx).await });
+    while let Some(output) = out_rx.recv().await {
+        let sent = match output {
+            control::Output::Stdout(text) => tx.data(text.as_bytes()).await,
+            control::Output::Stderr(text) => tx.extended_data(1, text.as_bytes()).await,
+        };
+        if sent.is_err() {
+            // The client has gone: stop the work rather than run it unread.
+            work.abort();
+            return;
         }
-    };
-    while let Ok(line) = progress_rx.try_recv() {
-        let _ = tx.extended_data(1, line.as_bytes()).await;
     }
-    match result {
-        Ok(Ok(out)) => {
-            let _ = tx.data(out.as_bytes()).await;
-            finish(tx, 0).await;
-        }
+    match (&mut work).await {
+        Ok(Ok(())) => finish(tx, 0).await,
         Ok(Err(e)) => fail(tx, &e.message, e.status).await,
         Err(e) => fail(tx, &format!("internal error: {e}"), EXIT_MOAT_FAILED).await,
     }

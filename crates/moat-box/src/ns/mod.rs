@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::backend::Progress;
 use moat_core::{
-    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, Change, MeterReading, Name,
+    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, ChangeSink, MeterReading, Name,
     NetAttach,
 };
 
@@ -318,8 +318,8 @@ impl Backend for NsBackend {
         self.make_own(dst, &root)
     }
 
-    fn diff(&self, a: &BoxRecord, b: &BoxRecord) -> Result<Vec<Change>, BackendError> {
-        crate::diff::diff(&self.pool.box_path(&a.id), &self.pool.box_path(&b.id))
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
+        crate::diff::diff(&self.pool.box_path(&a.id), &self.pool.box_path(&b.id), out)
             .map_err(|e| BackendError::new(format!("compare {} and {}", a.name, b.name), e))
     }
 

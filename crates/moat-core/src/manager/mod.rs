@@ -15,7 +15,7 @@ use std::time::Duration;
 pub use meter::UsageReport;
 pub use session::SessionGuard;
 
-use crate::backend::{Backend, BackendError, BoxHandle, Change};
+use crate::backend::{Backend, BackendError, BoxHandle, ChangeSink};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::{Limits, LimitsError};
 use crate::record::{BoxRecord, BoxState};
@@ -145,6 +145,9 @@ impl Default for ManagerConfig {
     }
 }
 
+/// How many `diff`s run at once (the rest wait their turn).
+pub const DIFFS_AT_ONCE: usize = 2;
+
 /// Runs the lifecycle over a store and a backend.
 pub struct BoxManager {
     store: Store,
@@ -152,6 +155,7 @@ pub struct BoxManager {
     config: ManagerConfig,
     box_locks: Mutex<HashMap<BoxId, Arc<tokio::sync::Mutex<()>>>>,
     image_lock: tokio::sync::Mutex<()>,
+    diff_turns: tokio::sync::Semaphore,
     sessions: Mutex<HashMap<BoxId, session::Sessions>>,
 }
 
@@ -164,6 +168,7 @@ impl BoxManager {
             config,
             box_locks: Mutex::new(HashMap::new()),
             image_lock: tokio::sync::Mutex::new(()),
+            diff_turns: tokio::sync::Semaphore::new(DIFFS_AT_ONCE),
             sessions: Mutex::new(HashMap::new()),
         })
     }
@@ -363,10 +368,20 @@ impl BoxManager {
         Ok(rec)
     }
 
-    /// What changed in `b` relative to `a`.
-    pub async fn diff(&self, account: &AccountId, a: &Name, b: &Name) -> Result<Vec<Change>, ManagerError> {
+    /// What changed in `b` relative to `a`, handed to `out` in batches as it is
+    /// found. Comparisons take turns ([`DIFFS_AT_ONCE`] at a time): each
+    /// holds up to the backend's bound of memory.
+    pub async fn diff(
+        &self,
+        account: &AccountId,
+        a: &Name,
+        b: &Name,
+        mut out: Box<ChangeSink<'static>>,
+    ) -> Result<(), ManagerError> {
         let (a, b) = (self.get(account, a)?, self.get(account, b)?);
-        Ok(self.blocking(move |backend| backend.diff(&a, &b)).await??)
+        // (The semaphore is never closed, so a turn always comes.)
+        let _turn = self.diff_turns.acquire().await.ok();
+        Ok(self.blocking(move |backend| backend.diff(&a, &b, &mut *out)).await??)
     }
 
     /// Makes a duplicate take its parent's place: the parent's name now means the

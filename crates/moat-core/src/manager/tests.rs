@@ -95,8 +95,8 @@ impl Backend for MemBackend {
         s.files.insert(dst.id.as_str().into(), dst.name.to_string());
         Ok(())
     }
-    fn diff(&self, _a: &BoxRecord, _b: &BoxRecord) -> Result<Vec<Change>, BackendError> {
-        Ok(Vec::new())
+    fn diff(&self, _: &BoxRecord, _: &BoxRecord, _: &mut ChangeSink<'_>) -> Result<(), BackendError> {
+        Ok(())
     }
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
         self.check(&format!("rename:{name}"))?;

@@ -7,4 +7,4 @@ mod render;
 mod run;
 
 pub use grammar::{is_control_command, parse, Command, UsageError, HELP};
-pub use run::run;
+pub use run::{run, Output};

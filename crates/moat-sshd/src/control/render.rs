@@ -59,21 +59,47 @@ pub fn info(b: &BoxInfo, json: bool) -> String {
     )
 }
 
-/// `diff`.
-pub fn changes(changes: &[Change], json: bool) -> String {
-    if json {
-        return to_json(&changes);
+/// `diff`, batch by batch as the comparison finds them: lines for people, or
+/// one JSON array for scripts.
+pub struct ChangeStream {
+    json: bool,
+    started: bool,
+}
+
+impl ChangeStream {
+    /// Before the first batch.
+    pub fn new(json: bool) -> Self {
+        Self { json, started: false }
     }
-    let mut out = String::new();
-    for c in changes {
-        let mark = match c.change {
-            ChangeKind::Added => 'A',
-            ChangeKind::Modified => 'M',
-            ChangeKind::Deleted => 'D',
-        };
-        let _ = writeln!(out, "{mark} {}", c.path);
+
+    /// The text of one batch.
+    pub fn next(&mut self, changes: &[Change]) -> String {
+        let mut out = String::new();
+        for c in changes {
+            if self.json {
+                out.push_str(if self.started { ",\n  " } else { "[\n  " });
+                out.push_str(&serde_json::to_string(c).unwrap_or_else(|_| "null".into()));
+            } else {
+                let mark = match c.change {
+                    ChangeKind::Added => 'A',
+                    ChangeKind::Modified => 'M',
+                    ChangeKind::Deleted => 'D',
+                };
+                let _ = writeln!(out, "{mark} {}", c.path);
+            }
+            self.started = true;
+        }
+        out
     }
-    out
+
+    /// What closes the output once every batch has come.
+    pub fn end(&self) -> String {
+        match (self.json, self.started) {
+            (false, _) => String::new(),
+            (true, false) => "[]\n".into(),
+            (true, true) => "\n]\n".into(),
+        }
+    }
 }
 
 /// `usage`.

@@ -1,22 +1,32 @@
 //! Carries out a parsed command through the privileged side's API.
 
-use moat_api::{ApiClient, ApiError, Reply, Request};
+use moat_api::{ApiClient, ApiError, Event, Reply, Request};
 use moat_core::AccountId;
+use tokio::sync::mpsc;
 
 use super::grammar::{Command, HELP};
 use super::render;
 
-/// Runs a command for `account`, passing progress lines to `progress`;
-/// returns what goes to stdout.
+/// What a command prints, in order, as it goes.
+#[derive(Debug)]
+pub enum Output {
+    /// For stdout.
+    Stdout(String),
+    /// For stderr (progress).
+    Stderr(String),
+}
+
+/// Runs a command for `account`, sending what it prints to `out` as it is
+/// known (waiting for room there, so a slow reader slows the work).
 pub async fn run(
     cmd: Command,
     account: &AccountId,
     api: &ApiClient,
-    progress: &mut (dyn FnMut(&str) + Send),
-) -> Result<String, ApiError> {
+    out: &mpsc::Sender<Output>,
+) -> Result<(), ApiError> {
     let account = account.clone();
     let (request, json) = match cmd {
-        Command::Help => return Ok(HELP.to_string()),
+        Command::Help => return print(out, HELP.to_string()).await,
         Command::New { name, image, limits, idle } => (Request::Create { account, name, image, limits, idle }, false),
         Command::Ls { json } => (Request::List { account }, json),
         Command::Info { name, json } => (Request::Get { account, name }, json),
@@ -31,17 +41,41 @@ pub async fn run(
         Command::SetKeepRunning { name, on } => (Request::SetKeepRunning { account, name, on }, false),
         Command::Usage { name, since, json } => (Request::Usage { account, since: since.unwrap_or(0), name }, json),
     };
-    let info = matches!(request, Request::Get { .. });
-    let reply = api.call_with_progress(&request, progress).await?;
-    Ok(match reply {
+    let (diff, info) = (matches!(request, Request::Diff { .. }), matches!(request, Request::Get { .. }));
+    let mut changes = render::ChangeStream::new(json);
+    let (updates, mut arriving) = mpsc::channel::<Event>(4);
+    let call = async move { api.call_streaming(&request, &updates).await };
+    let show = async {
+        while let Some(update) = arriving.recv().await {
+            let line = match update {
+                Event::Progress(line) => Output::Stderr(format!("{line}\n")),
+                Event::Changes(batch) => Output::Stdout(changes.next(&batch)),
+                Event::Outcome(_) => continue,
+            };
+            if out.send(line).await.is_err() {
+                return;
+            }
+        }
+    };
+    let (reply, ()) = tokio::join!(call, show);
+    let text = match reply? {
         Reply::Boxes(boxes) => render::boxes(&boxes, json),
         Reply::Box(b) if info => render::info(&b, json),
         // `new` and `dup` print the name made, for scripts.
         Reply::Box(b) => format!("{}\n", b.name),
-        Reply::Changes(changes) => render::changes(&changes, json),
         Reply::Name(name) => format!("{name}\n"),
         Reply::Usage(report) => render::usage(&report, json),
+        Reply::Done if diff => changes.end(),
         Reply::Done => String::new(),
         other @ (Reply::Account(_) | Reply::Route(_) | Reply::Session) => return Err(ApiError::unexpected(&other)),
-    })
+    };
+    print(out, text).await
+}
+
+async fn print(out: &mpsc::Sender<Output>, text: String) -> Result<(), ApiError> {
+    if !text.is_empty() {
+        // A closed channel means the client has gone; nothing is left to tell.
+        let _ = out.send(Output::Stdout(text)).await;
+    }
+    Ok(())
 }

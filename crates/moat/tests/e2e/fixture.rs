@@ -61,6 +61,11 @@ impl Daemon {
         d
     }
 
+    /// The daemon's pid (`moat serve`, the privileged side).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).expect("daemon running")
+    }
+
     /// (Re)starts the process on a new free port, with the same state.
     pub fn restart(&mut self) {
         self.kill();

@@ -97,6 +97,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("storage_dup_copies_and_makes_a_new_machine", storage::dup_copies_and_makes_a_new_machine),
     ("storage_dup_of_a_box_whose_processes_died", storage::dup_of_a_box_whose_processes_died),
     ("storage_diff_lists_changes", storage::diff_lists_changes),
+    ("storage_diff_streams_and_is_bounded", storage::diff_streams_and_is_bounded),
     ("storage_promote_swaps_parent_and_child", storage::promote_swaps_parent_and_child),
     ("storage_bad_dups_create_nothing", storage::bad_dups_create_nothing),
     ("storage_disk_limit_is_enforced_and_rm_frees", storage::disk_limit_is_enforced_and_rm_frees),

@@ -96,6 +96,39 @@ pub fn diff_lists_changes(env: &Env) {
     assert!(out.lines().any(|l| l == "D /srv/edit"), "{out}");
 }
 
+/// A diff streams what it finds, and what a box holds cannot make it cost the
+/// daemon memory: paths past PATH_MAX end it with a clear error.
+pub fn diff_streams_and_is_bounded(env: &Env) {
+    let (a, b) = (unique("bnda"), unique("bndb"));
+    env.new_box(&a, &[]);
+    env.alice(None, &["dup", &a, &b]).ok();
+    let many = "import os\nos.mkdir('/many')\nfor i in range(30000): open(f'/many/f{i}', 'w').close()";
+    env.alice(Some(&b), &[&format!("python3 -c \"{many}\"")]).ok();
+    let out = env.alice(None, &["diff", &a, &b]).ok().stdout;
+    assert_eq!(out.lines().filter(|l| l.starts_with("A /many/f")).count(), 30000);
+    let listed = json(env, &["diff", &a, &b, "--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), out.lines().count());
+    // 40 branches of 40 levels of 200-byte names: 8 KB paths, ~3 MB of names
+    // (dash's cd goes a level at a time: the kernel takes no such path whole).
+    let deep = "name=$(printf '%0200d' 0); for b in $(seq 40); do mkdir -p /deep/$b && cd /deep/$b && \
+                for l in $(seq 40); do mkdir $name && cd $name; done; done";
+    env.alice(Some(&b), &[deep]).ok();
+    let peak = || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", env.daemon.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().to_string();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() >> 10
+    };
+    let before = peak();
+    let out = env.alice(None, &["diff", &a, &b]);
+    assert_eq!(out.status, Some(1));
+    assert!(out.stderr.contains("a path is longer than 4096 bytes"), "{}", out.stderr);
+    assert!(out.stdout.lines().any(|l| l == "A /deep/1"), "printed before the limit: {:.300}", out.stdout);
+    let grew = peak().saturating_sub(before);
+    assert!(grew < 100, "the daemon's peak memory grew by {grew} MiB during a diff");
+    env.alice(None, &["rm", &a]).ok();
+    env.alice(None, &["rm", &b]).ok();
+}
+
 pub fn promote_swaps_parent_and_child(env: &Env) {
     let (web, child) = (unique("web"), unique("try"));
     env.new_box(&web, &["--image", "busybox"]);
