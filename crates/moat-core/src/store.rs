@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::Limits;
-use crate::record::{BoxRecord, BoxState, MAX_SLOTS};
+use crate::record::{BoxRecord, BoxState, MAX_SLOTS, SLOTS_PER_BLOCK};
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +24,14 @@ pub enum StoreError {
     /// Every uid range is in use.
     #[error("no free uid range left for another box")]
     NoSlot,
+    /// A box's uid slot lies outside the block this server was given.
+    #[error("box slot {slot} is outside uid block {block}: this state dir's boxes were made under another block")]
+    SlotOutsideBlock {
+        /// The box's slot.
+        slot: u32,
+        /// The block given.
+        block: u32,
+    },
     /// A row that does not parse (the database was edited by hand).
     #[error("corrupt row for box {0}")]
     Corrupt(String),
@@ -32,6 +40,8 @@ pub enum StoreError {
 /// The SQLite-backed store. Calls are short; a mutex serializes them.
 pub struct Store {
     conn: Mutex<Connection>,
+    /// The uid slots this server may hand out (see [`SLOTS_PER_BLOCK`]).
+    slots: std::ops::Range<u32>,
 }
 
 const SCHEMA: &str = "
@@ -93,7 +103,32 @@ impl Store {
                 conn.execute_batch(&format!("ALTER TABLE boxes ADD COLUMN {column} {ty}"))?;
             }
         }
-        Ok(Self { conn: Mutex::new(conn) })
+        Ok(Self { conn: Mutex::new(conn), slots: 0..SLOTS_PER_BLOCK })
+    }
+
+    /// The block of uid slots the boxes already here use, if any.
+    pub fn slot_block_in_use(&self) -> Result<Option<u32>, StoreError> {
+        let lowest: Option<u32> = self.conn().query_row("SELECT MIN(slot) FROM boxes", [], |r| r.get(0))?;
+        Ok(lowest.map(|slot| slot / SLOTS_PER_BLOCK))
+    }
+
+    /// Hands out slots of `block` only (block 0 unless set). Refuses if a box
+    /// holds a slot outside it: its host uids would be another server's.
+    pub fn use_slot_block(&mut self, block: u32) -> Result<(), StoreError> {
+        let slots = block * SLOTS_PER_BLOCK..(block + 1) * SLOTS_PER_BLOCK;
+        let outside: Option<u32> = self
+            .conn()
+            .query_row(
+                "SELECT slot FROM boxes WHERE slot < ?1 OR slot >= ?2 LIMIT 1",
+                params![slots.start, slots.end],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(slot) = outside {
+            return Err(StoreError::SlotOutsideBlock { slot, block });
+        }
+        self.slots = slots;
+        Ok(())
     }
 
     pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
@@ -140,9 +175,9 @@ impl Store {
             return Err(StoreError::NameTaken(name.clone()));
         }
         let slot = {
-            let mut stmt = tx.prepare("SELECT slot FROM boxes ORDER BY slot")?;
-            let used = stmt.query_map([], |r| r.get::<_, u32>(0))?;
-            let mut next = 0u32;
+            let mut stmt = tx.prepare("SELECT slot FROM boxes WHERE slot >= ?1 ORDER BY slot")?;
+            let used = stmt.query_map([self.slots.start], |r| r.get::<_, u32>(0))?;
+            let mut next = self.slots.start;
             for s in used {
                 if s? != next {
                     break;
@@ -151,7 +186,7 @@ impl Store {
             }
             next
         };
-        if slot >= MAX_SLOTS {
+        if slot >= self.slots.end.min(MAX_SLOTS) {
             return Err(StoreError::NoSlot);
         }
         let rec = BoxRecord {
@@ -389,6 +424,21 @@ mod tests {
         let other = store.insert_dup(&prev, &names("other"), 3).unwrap();
         assert!(matches!(store.promote(&other, &prev, &names("web")), Err(StoreError::NameTaken(_))));
         assert_eq!(store.get(&a, &names("web-prev")).unwrap().unwrap().id, web.id);
+    }
+
+    #[test]
+    fn slots_come_from_the_servers_block_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("s.db")).unwrap();
+        store.use_slot_block(3).unwrap();
+        let a = AccountId("a".into());
+        let first = store.insert_new(&a, &names("one"), &names("debian"), Limits::default(), 1).unwrap();
+        let second = store.insert_new(&a, &names("two"), &names("debian"), Limits::default(), 1).unwrap();
+        assert_eq!((first.slot, second.slot), (3 * SLOTS_PER_BLOCK, 3 * SLOTS_PER_BLOCK + 1));
+        // Boxes of block 3 cannot be run under block 0's uids.
+        let err = store.use_slot_block(0).unwrap_err();
+        assert!(matches!(err, StoreError::SlotOutsideBlock { block: 0, .. }), "{err}");
+        store.use_slot_block(3).unwrap();
     }
 
     #[test]

@@ -20,7 +20,7 @@ use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg};
 use moat_api::server::Privileged;
 use moat_api::Hello;
 use moat_box::AnyBackend;
-use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name, Store};
+use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
 
 use crate::paths;
@@ -93,11 +93,8 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     }
     drop(pool);
     let backend = paths::ns_backend(dir, crate::agent::resolve(args.agent.as_deref(), dir)?, u64::MAX)?;
-    let manager = BoxManager::new(
-        Store::open(&dir.join("moat.db"))?,
-        Arc::new(AnyBackend::Ns(backend)),
-        ManagerConfig::default(),
-    );
+    let manager =
+        BoxManager::new(crate::paths::open_store(dir)?, Arc::new(AnyBackend::Ns(backend)), ManagerConfig::default());
     let account = AccountId("bench".into());
     let spec = |name: &str| -> Result<BoxSpec> {
         Ok(BoxSpec { name: Name::new(name)?, image: Name::new("busybox")?, limits: Limits::default() })

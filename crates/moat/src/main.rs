@@ -8,6 +8,7 @@ mod paths;
 mod privsep;
 mod purge;
 mod serve;
+mod uid_block;
 
 use std::path::PathBuf;
 

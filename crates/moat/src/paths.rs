@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use moat_box::ns::hostview::HostView;
 use moat_box::ns::{NsBackend, NsConfig};
 use moat_box::pool::Pool;
+use moat_core::Store;
 
 /// The state directory unless told otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/moat";
@@ -42,4 +43,13 @@ pub fn ns_backend(state_dir: &Path, agent: PathBuf, account_disk: u64) -> Result
     let host_view = HostView::ensure(&host_view_dir(state_dir));
     let config = NsConfig { run_dir: state_dir.join("run"), helper, agent, host_view, account_disk };
     Ok(NsBackend::new(pool, config)?)
+}
+
+/// The state dir's database, handing out host uids from the block of them
+/// this state dir holds on this host (see [`crate::uid_block`]).
+pub fn open_store(state_dir: &Path) -> Result<Store> {
+    let mut store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
+    let block = crate::uid_block::claim(state_dir, store.slot_block_in_use()?)?;
+    store.use_slot_block(block)?;
+    Ok(store)
 }

@@ -39,6 +39,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
     let pool = backend.into_pool().context("the pool is still in use")?;
     pool.unmount()?;
     HostView::stop(&paths::host_view_dir(state_dir));
+    crate::uid_block::release(state_dir);
     std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;
     Ok(())
 }

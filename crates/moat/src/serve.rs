@@ -10,7 +10,7 @@ use clap::Args;
 use moat_api::server::Privileged;
 use moat_api::Hello;
 use moat_box::AnyBackend;
-use moat_core::{BoxManager, ManagerConfig, Store};
+use moat_core::{BoxManager, ManagerConfig};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
 
 use crate::paths;
@@ -107,7 +107,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;
     let max_disk_per_account = args.max_disk_per_account.unwrap_or(args.max_disk);
     let backend = paths::ns_backend(&state_dir, agent, max_disk_per_account)?;
-    let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
+    let store = paths::open_store(&state_dir)?;
     // Never below the per-box defaults, or a plain `new` would be refused.
     let (host_cpus, host_memory) = host_capacity();
     let defaults = moat_core::Limits::default();

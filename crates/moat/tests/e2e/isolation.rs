@@ -272,3 +272,24 @@ pub fn host_details_masked_and_agent_outlives_oom(env: &Env) {
     assert_eq!(env.alice(Some(&name), &[started]).ok().stdout, pid1, "the box restarted");
     env.alice(None, &["rm", &name]).ok();
 }
+
+/// Two moat servers on one host hand out different host uid ranges, and keep
+/// them across a restart.
+pub fn two_servers_never_share_host_uids(env: &Env) {
+    let mut other = crate::fixture::Daemon::start(env.dir.join("uids-state"), env.daemon.keys_file.clone(), &[]);
+    let ours = unique("uids");
+    env.new_box(&ours, &["--image", "busybox"]);
+    run(&mut other.ssh(&env.alice, None, &["new", "theirs", "--image", "busybox"])).ok();
+    let host_uid = |d: &crate::fixture::Daemon, name: &str| -> u64 {
+        let map = run(&mut d.ssh(&env.alice, Some(name), &["cat /proc/self/uid_map"])).ok().stdout;
+        map.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let (mine, theirs) = (host_uid(&env.daemon, &ours), host_uid(&other, "theirs"));
+    let block = 4096 * 65536;
+    assert_ne!(mine / block, theirs / block, "host uids {mine} and {theirs} come from one block");
+    other.restart();
+    run(&mut other.ssh(&env.alice, None, &["new", "again", "--image", "busybox"])).ok();
+    assert_eq!(host_uid(&other, "again") / block, theirs / block, "a restart keeps the block");
+    other.purge();
+    env.alice(None, &["rm", &ours]).ok();
+}

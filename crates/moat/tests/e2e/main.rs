@@ -82,6 +82,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("isolation_root_is_not_host_root", isolation::root_is_not_host_root),
     ("isolation_boxes_cannot_reach_each_other", isolation::boxes_cannot_reach_each_other),
     ("isolation_fork_bomb_contained", isolation::fork_bomb_contained),
+    ("isolation_two_servers_never_share_host_uids", isolation::two_servers_never_share_host_uids),
     ("isolation_no_vsock_fd_theft_or_pty_exhaustion", isolation::no_vsock_fd_theft_or_pty_exhaustion),
     ("isolation_host_details_masked_and_agent_outlives_oom", isolation::host_details_masked_and_agent_outlives_oom),
     ("isolation_memory_hog_contained", isolation::memory_hog_contained),
