@@ -12,7 +12,8 @@
 //!    *wait* for a slot, never reset. Sockets that send nothing never hold a
 //!    slot, and are cut after a short grace.
 //!
-//! Both are given back when the connection authenticates or ends.
+//! Both are given back when the connection authenticates or ends. Sources
+//! that misbehave share a few slots instead (see [`crate::penalty`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,6 +27,7 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::penalty::{Offence, Penalties, PENALIZED_SLOTS};
 use crate::quickack::QuickAck;
 
 /// How many connections each stage holds.
@@ -43,9 +45,12 @@ pub struct AdmissionLimits {
 
 struct Inner {
     limits: AdmissionLimits,
+    penalties: Penalties,
+    /// The few handshake slots a penalized source has.
+    penalized_by_source: PerSource,
     pending: Mutex<HashMap<IpAddr, usize>>,
     active: Arc<Semaphore>,
-    active_by_source: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
+    active_by_source: PerSource,
 }
 
 /// The listener's admission state.
@@ -57,9 +62,11 @@ impl Admission {
     pub fn new(limits: AdmissionLimits) -> Self {
         Self(Arc::new(Inner {
             limits,
+            penalties: Penalties::default(),
+            penalized_by_source: PerSource::new(PENALIZED_SLOTS),
             pending: Mutex::default(),
             active: Arc::new(Semaphore::new(limits.active_total)),
-            active_by_source: Mutex::default(),
+            active_by_source: PerSource::new(limits.active_per_source),
         }))
     }
 
@@ -79,17 +86,23 @@ impl Admission {
         Some(Pending { admission: self.clone(), source })
     }
 
+    /// Every source's penalty.
+    pub fn penalties(&self) -> &Penalties {
+        &self.0.penalties
+    }
+
     /// Waits for a handshake slot for `source`.
     pub async fn active(&self, source: IpAddr) -> Active {
-        let per_source = {
-            let mut map = self.0.active_by_source.lock().unwrap_or_else(PoisonError::into_inner);
-            let limit = self.0.limits.active_per_source;
-            Arc::clone(map.entry(source).or_insert_with(|| Arc::new(Semaphore::new(limit))))
+        // A penalized source waits for one of its few slots first, holding
+        // none of the others meanwhile.
+        let penalized = match self.0.penalties.is_penalized(source) {
+            true => Some(self.0.penalized_by_source.acquire(source).await),
+            false => None,
         };
+        let per_source = self.0.active_by_source.acquire(source).await;
         // Never closed, so acquiring cannot fail; a closed one would mean "go ahead".
-        let source_permit = per_source.acquire_owned().await.ok();
-        let total_permit = Arc::clone(&self.0.active).acquire_owned().await.ok();
-        Active { _total: total_permit, source_permit, admission: self.clone(), source }
+        let total = Arc::clone(&self.0.active).acquire_owned().await.ok();
+        Active { _penalized: penalized, _per_source: per_source, _total: total }
     }
 
     /// Connections pending from `source`.
@@ -119,22 +132,50 @@ impl Drop for Pending {
 
 /// A handshake slot; given back on drop.
 pub struct Active {
+    _penalized: Option<SourcePermit>,
+    _per_source: SourcePermit,
     _total: Option<OwnedSemaphorePermit>,
-    source_permit: Option<OwnedSemaphorePermit>,
-    admission: Admission,
+}
+
+/// Semaphores of `limit` permits, one per source, kept only while in use.
+struct PerSource {
+    limit: usize,
+    map: Arc<Mutex<HashMap<IpAddr, Arc<Semaphore>>>>,
+}
+
+impl PerSource {
+    fn new(limit: usize) -> Self {
+        Self { limit, map: Arc::default() }
+    }
+
+    async fn acquire(&self, source: IpAddr) -> SourcePermit {
+        let sem = {
+            let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(map.entry(source).or_insert_with(|| Arc::new(Semaphore::new(self.limit))))
+        };
+        // Never closed, so acquiring cannot fail; a closed one would mean "go ahead".
+        let permit = Arc::clone(&sem).acquire_owned().await.ok();
+        SourcePermit { permit, sem, map: Arc::clone(&self.map), limit: self.limit, source }
+    }
+}
+
+/// One source's permit; forgets the source's semaphore when nobody holds or
+/// waits on it.
+struct SourcePermit {
+    permit: Option<OwnedSemaphorePermit>,
+    sem: Arc<Semaphore>,
+    map: Arc<Mutex<HashMap<IpAddr, Arc<Semaphore>>>>,
+    limit: usize,
     source: IpAddr,
 }
 
-impl Drop for Active {
+impl Drop for SourcePermit {
     fn drop(&mut self) {
-        // Release our permit first, then forget the source's semaphore if no
-        // one else holds or waits on it.
-        self.source_permit = None;
-        let mut map = self.admission.0.active_by_source.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sem) = map.get(&self.source) {
-            if Arc::strong_count(sem) == 1 && sem.available_permits() == self.admission.0.limits.active_per_source {
-                map.remove(&self.source);
-            }
+        self.permit = None;
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        // Ours and the map's are the only references, and every permit is back.
+        if Arc::strong_count(&self.sem) == 2 && self.sem.available_permits() == self.limit {
+            map.remove(&self.source);
         }
     }
 }
@@ -144,6 +185,7 @@ impl Drop for Active {
 pub struct SlotHolder {
     slot: Mutex<Option<Active>>,
     spoke: AtomicBool,
+    refused: AtomicBool,
 }
 
 impl SlotHolder {
@@ -155,6 +197,20 @@ impl SlotHolder {
     /// Whether the client has sent anything yet.
     pub fn spoke(&self) -> bool {
         self.spoke.load(Ordering::Acquire)
+    }
+
+    /// Notes that a key the client tried was refused.
+    pub fn key_refused(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+
+    /// What the connection did wrong, if it ends now without authenticating.
+    pub fn offence(&self) -> Offence {
+        if self.refused.load(Ordering::Relaxed) {
+            Offence::AuthFailed
+        } else {
+            Offence::NoAuth
+        }
     }
 }
 

@@ -118,6 +118,14 @@ impl ConnHandler {
         }
     }
 
+    /// Refuses a key, noting it against the connection's source.
+    fn refuse(&self) -> Auth {
+        if let Some(slot) = &self.slot {
+            slot.key_refused();
+        }
+        Auth::reject()
+    }
+
     fn ctx(&self, session: &Session) -> Option<ChannelCtx> {
         let (account, user) = self.login.clone()?;
         Some(ChannelCtx { api: self.shared.api.clone(), account, user, handle: session.handle() })
@@ -131,7 +139,7 @@ impl russh::server::Handler for ConnHandler {
         // Refuse unknown keys before the client bothers to sign with them.
         Ok(match self.account_for(offer.public_key).await {
             Some(_) => Auth::Accept,
-            None => Auth::reject(),
+            None => self.refuse(),
         })
     }
 
@@ -147,7 +155,7 @@ impl russh::server::Handler for ConnHandler {
                 if let Some(dropped) = LIMIT.allow() {
                     tracing::info!(peer = ?self.peer, user, dropped, "rejected key");
                 }
-                Ok(Auth::reject())
+                Ok(self.refuse())
             }
         }
     }

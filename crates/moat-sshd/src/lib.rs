@@ -13,6 +13,7 @@ pub mod boxchan;
 pub mod control;
 pub mod forward;
 pub mod handler;
+pub mod penalty;
 pub mod quickack;
 pub mod ratelimit;
 pub mod server;

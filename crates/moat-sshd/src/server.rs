@@ -12,8 +12,8 @@ use russh::{Disconnect, MethodKind, MethodSet};
 use tokio::net::TcpListener;
 
 use crate::admission::{Admission, AdmissionLimits, Gated, Pending, SlotHolder};
-
 use crate::handler::{ConnHandler, Shared};
+use crate::penalty::{Offence, PENALIZED_GRACE};
 use crate::quickack::QuickAck;
 use crate::ratelimit::LogLimit;
 
@@ -75,6 +75,11 @@ impl UnauthSlot {
     pub fn release(self) {
         self.holder.release();
     }
+
+    /// Notes that a key the client tried was refused (see [`crate::penalty`]).
+    pub fn key_refused(&self) {
+        self.holder.key_refused();
+    }
 }
 
 /// Resolves when an unauthenticated connection must be cut, with why: at
@@ -132,6 +137,8 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
             tracing::debug!(%peer, "too many unauthenticated connections; dropped");
             continue;
         };
+        let penalties = admission.penalties();
+        let grace = if penalties.is_penalized(peer.ip()) { grace.min(PENALIZED_GRACE) } else { grace };
         let holder = Arc::new(SlotHolder::default());
         let slot = UnauthSlot { _pending: pending, holder: Arc::clone(&holder) };
         let authenticated = Arc::new(AtomicBool::new(false));
@@ -146,23 +153,33 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
             // the version exchange (inside run_stream) included.
             let cut = unauthenticated_deadline(&holder, grace, auth_timeout);
             tokio::pin!(cut);
+            let penalties = admission.penalties();
+            let ended_early = || {
+                if !authenticated.load(Ordering::Relaxed) {
+                    penalties.record(peer.ip(), holder.offence());
+                }
+            };
             let session = tokio::select! {
                 started = russh::server::run_stream(russh_config, stream, handler) => match started {
                     Ok(session) => session,
-                    Err(_) => return,
+                    Err(_) => return ended_early(),
                 },
-                why = &mut cut => return log_cut(peer, why),
+                why = &mut cut => {
+                    penalties.record(peer.ip(), Offence::Deadline);
+                    return log_cut(peer, why);
+                }
             };
             let handle = session.handle();
             tokio::pin!(session);
             let why = tokio::select! {
-                _ = &mut session => return,
+                _ = &mut session => return ended_early(),
                 why = &mut cut => why,
             };
             if authenticated.load(Ordering::Relaxed) {
                 let _ = session.await;
                 return;
             }
+            penalties.record(peer.ip(), Offence::Deadline);
             log_cut(peer, why);
             let _ = handle.disconnect(Disconnect::ByApplication, why.into(), "en".into()).await;
         });

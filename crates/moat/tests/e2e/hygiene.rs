@@ -111,6 +111,52 @@ pub fn unauthenticated_flood_does_not_lock_out(env: &Env) {
     daemon.purge();
 }
 
+/// A source whose connections misbehave is penalized: it gets two handshake
+/// slots instead of ten (so two of its slow talkers hold up its next
+/// connection), but it is never refused outright, and other sources are
+/// untouched.
+pub fn penalized_sources_wait_their_turn_but_are_never_refused(env: &Env) {
+    let state = env.dir.join("penalty-state");
+    let daemon = Daemon::start(state, env.daemon.keys_file.clone(), &[]);
+    let target: SocketAddr = format!("127.0.0.1:{}", daemon.port).parse().unwrap();
+    // Four connections that end with their key refused: 20 s of penalty, in force.
+    let carol = Key::generate(&env.dir, "carol-penalty");
+    for _ in 0..4 {
+        let out = run(&mut daemon.ssh_with(&carol, None, &["-o", "BindAddress=127.0.0.9"], &["ls"]));
+        assert_eq!(out.status, Some(255));
+    }
+    // Two slow talkers from each address: they say their version, then stall.
+    let talkers = |from: &str| -> Vec<TcpStream> {
+        (0..2)
+            .filter_map(|_| connect_from(from, target))
+            .inspect(|mut conn| {
+                let _ = std::io::Write::write_all(&mut conn, b"SSH-2.0-slow\r\n");
+            })
+            .collect()
+    };
+    let timed_ssh = |from: &str| {
+        let started = Instant::now();
+        let mut cmd = daemon.ssh_with(&env.alice, None, &["-o", &format!("BindAddress={from}")], &["help"]);
+        run(&mut cmd).ok();
+        started.elapsed()
+    };
+    let _honest = talkers("127.0.0.10");
+    let penalized = talkers("127.0.0.9");
+    std::thread::sleep(Duration::from_millis(300));
+    let elsewhere = timed_ssh("127.0.0.10");
+    // The penalized talkers go away after 2 s, freeing its slots.
+    let freed = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        drop(penalized);
+    });
+    let waited = timed_ssh("127.0.0.9");
+    freed.join().unwrap();
+    assert!(elsewhere < Duration::from_millis(1500), "an unpenalized source waited {elsewhere:?}");
+    assert!(waited >= Duration::from_millis(1500), "a penalized source's third handshake did not wait ({waited:?})");
+    let mut daemon = daemon;
+    daemon.purge();
+}
+
 /// A TCP connection to `target` from source address `from`.
 fn connect_from(from: &str, target: SocketAddr) -> Option<TcpStream> {
     use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};

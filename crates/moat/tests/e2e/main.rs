@@ -91,6 +91,10 @@ const TESTS: &[(&str, TestFn)] = &[
     ("hygiene_banner_and_key_exchanges", hygiene::banner_and_key_exchanges),
     ("hygiene_bursts_wait_and_silent_sockets_lock_nobody_out", hygiene::bursts_wait_and_silent_sockets_lock_nobody_out),
     ("hygiene_operator_limits_are_enforced", hygiene::operator_limits_are_enforced),
+    (
+        "hygiene_penalized_sources_wait_their_turn_but_are_never_refused",
+        hygiene::penalized_sources_wait_their_turn_but_are_never_refused,
+    ),
     ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
     ("restart_loses_nothing", restart::restart_loses_nothing),
     ("privsep_front_door_is_unprivileged_and_restarts", privsep::front_door_is_unprivileged_and_restarts),
