@@ -2,7 +2,10 @@
 //!
 //! Pure cgroup v2 hosts (the common case) get one directory per box under
 //! `/sys/fs/cgroup/moat`. Hybrid hosts, whose v1 hierarchies hold the memory,
-//! pids, cpu and freezer controllers, get one directory in each of those.
+//! pids, cpu and freezer controllers, get one directory in each of those, and
+//! in cpuset where it is mounted: there a box's cpuset is the CPUs it is
+//! pinned to, which is what LXCFS shows it in /proc/cpuinfo (its quota-based
+//! CPU view needs cpu and cpuacct in one hierarchy, which such hosts lack).
 
 use std::fs;
 use std::io;
@@ -45,6 +48,24 @@ fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     fs::write(path, value).map_err(|source| CgroupError { path: path.to_path_buf(), source })
 }
 
+fn read(path: &Path) -> Result<String, CgroupError> {
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .map_err(|source| CgroupError { path: path.to_path_buf(), source })
+}
+
+/// A v1 cpuset starts with no CPUs and no memory nodes, and no process can join
+/// it so: give it its parent's. (A no-op outside cpuset.)
+fn inherit_cpuset(dir: &Path) -> Result<(), CgroupError> {
+    let Some(parent) = dir.parent() else { return Ok(()) };
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        if dir.join(file).exists() && read(&dir.join(file))?.is_empty() {
+            write(&dir.join(file), &read(&parent.join(file))?)?;
+        }
+    }
+    Ok(())
+}
+
 fn mkdir(path: &Path) -> Result<(), CgroupError> {
     match fs::create_dir(path) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(CgroupError { path: path.to_path_buf(), source: e }),
@@ -70,6 +91,13 @@ impl CgroupLayout {
             mkdir(&parent)?;
             parents.push(parent);
         }
+        let cpuset = root.join("cpuset");
+        if cpuset.join("cpuset.cpus").exists() {
+            let parent = cpuset.join("moat");
+            mkdir(&parent)?;
+            inherit_cpuset(&parent)?;
+            parents.push(parent);
+        }
         Ok(Self::V1 { parents })
     }
 
@@ -91,8 +119,30 @@ impl CgroupLayout {
         for dir in self.dirs(id) {
             // The parent may have been removed by `remove_parents` since `detect`.
             fs::create_dir_all(&dir).map_err(|source| CgroupError { path: dir.clone(), source })?;
+            if let Some(parent) = dir.parent() {
+                inherit_cpuset(parent)?;
+            }
+            inherit_cpuset(&dir)?;
         }
         self.set_limits(id, limits)
+    }
+
+    /// Confines the box to `cpus` (all of its parent's when empty) where
+    /// boxes have a cpuset; a no-op elsewhere.
+    pub fn set_cpus(&self, id: &(impl AsRef<str> + ?Sized), cpus: &[usize]) -> Result<(), CgroupError> {
+        for dir in self.dirs(id) {
+            let file = dir.join("cpuset.cpus");
+            if !file.exists() {
+                continue;
+            }
+            let list = if cpus.is_empty() {
+                read(&dir.parent().unwrap_or(&dir).join("cpuset.cpus"))?
+            } else {
+                cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+            };
+            write(&file, &list)?;
+        }
+        Ok(())
     }
 
     /// Gives cgroup `from` (with its processes) the name `to`.

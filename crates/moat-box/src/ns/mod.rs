@@ -84,8 +84,12 @@ impl NsBackend {
                 }
             }
         }
-        self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
-        self.run_helper(&plan(self.cgroups.procs_files(&rec.id))).inspect_err(|_| {
+        let plan = plan(self.cgroups.procs_files(&rec.id));
+        self.cgroups
+            .create(&rec.id, &rec.limits)
+            .and_then(|()| self.cgroups.set_cpus(&rec.id, &plan.cpus))
+            .map_err(|e| BackendError::new("create cgroup", e))?;
+        self.run_helper(&plan).inspect_err(|_| {
             let _ = self.cgroups.destroy(&rec.id);
         })
     }

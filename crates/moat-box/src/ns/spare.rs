@@ -76,6 +76,7 @@ impl Spare {
         let handed_over = cgroups
             .rename(&name, id)
             .and_then(|()| cgroups.set_limits(id, limits))
+            .and_then(|()| cgroups.set_cpus(id, &plan.cpus))
             .map_err(|e| BackendError::new("take over spare cgroup", e));
         if let Err(e) = handed_over {
             let _ = child.kill();

@@ -197,5 +197,8 @@ pub fn box_sees_its_own_totals(env: &Env) {
     let (box_s, host_s): (u64, u64) =
         (uptime.trim().parse().unwrap(), host_uptime.split('.').next().unwrap().parse().unwrap());
     assert!(box_s < host_s, "uptime is the box's ({box_s} s), not the host's ({host_s} s)");
+    // /proc/cpuinfo and the online CPUs list count the box's CPU, not the host's.
+    let cpus = "grep -c ^processor /proc/cpuinfo; cat /sys/devices/system/cpu/online";
+    assert_eq!(env.alice(Some(&name), &[cpus]).ok().stdout, "1\n0\n");
     env.alice(None, &["rm", &name]).ok();
 }
