@@ -108,6 +108,6 @@ pub const UIDS_PER_BOX: u32 = 1 << 16;
 pub const MAX_SLOTS: u32 = (u32::MAX - UID_BASE) / UIDS_PER_BOX - 1;
 /// Slots are handed to servers in blocks of this many, one block per state dir
 /// on a host, so two moat servers never give two boxes the same host uids.
-pub const SLOTS_PER_BLOCK: u32 = 4096;
+pub const SLOTS_PER_BLOCK: u32 = 1024;
 /// How many blocks there are (how many servers one host can run).
 pub const SLOT_BLOCKS: u32 = MAX_SLOTS / SLOTS_PER_BLOCK;

@@ -24,14 +24,6 @@ pub enum StoreError {
     /// Every uid range is in use.
     #[error("no free uid range left for another box")]
     NoSlot,
-    /// A box's uid slot lies outside the block this server was given.
-    #[error("box slot {slot} is outside uid block {block}: this state dir's boxes were made under another block")]
-    SlotOutsideBlock {
-        /// The box's slot.
-        slot: u32,
-        /// The block given.
-        block: u32,
-    },
     /// A row that does not parse (the database was edited by hand).
     #[error("corrupt row for box {0}")]
     Corrupt(String),
@@ -112,21 +104,16 @@ impl Store {
         Ok(lowest.map(|slot| slot / SLOTS_PER_BLOCK))
     }
 
-    /// Hands out slots of `block` only (block 0 unless set). Refuses if a box
-    /// holds a slot outside it: its host uids would be another server's.
+    /// Hands out slots of `block` only (block 0 unless set), moving boxes whose
+    /// slots lie outside it into it (same place in the block). Only for boxes
+    /// that are not running: a slot is which host uids the next boot maps, and
+    /// files on disk do not depend on it (they are mapped at mount time).
     pub fn use_slot_block(&mut self, block: u32) -> Result<(), StoreError> {
         let slots = block * SLOTS_PER_BLOCK..(block + 1) * SLOTS_PER_BLOCK;
-        let outside: Option<u32> = self
-            .conn()
-            .query_row(
-                "SELECT slot FROM boxes WHERE slot < ?1 OR slot >= ?2 LIMIT 1",
-                params![slots.start, slots.end],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if let Some(slot) = outside {
-            return Err(StoreError::SlotOutsideBlock { slot, block });
-        }
+        self.conn().execute(
+            "UPDATE boxes SET slot = ?1 + slot % ?3 WHERE slot < ?1 OR slot >= ?2",
+            params![slots.start, slots.end, SLOTS_PER_BLOCK],
+        )?;
         self.slots = slots;
         Ok(())
     }
@@ -435,10 +422,10 @@ mod tests {
         let first = store.insert_new(&a, &names("one"), &names("debian"), Limits::default(), 1).unwrap();
         let second = store.insert_new(&a, &names("two"), &names("debian"), Limits::default(), 1).unwrap();
         assert_eq!((first.slot, second.slot), (3 * SLOTS_PER_BLOCK, 3 * SLOTS_PER_BLOCK + 1));
-        // Boxes of block 3 cannot be run under block 0's uids.
-        let err = store.use_slot_block(0).unwrap_err();
-        assert!(matches!(err, StoreError::SlotOutsideBlock { block: 0, .. }), "{err}");
-        store.use_slot_block(3).unwrap();
+        // Moved to another block, boxes keep their places in it.
+        store.use_slot_block(5).unwrap();
+        let moved = store.get(&a, &names("two")).unwrap().unwrap();
+        assert_eq!(moved.slot, 5 * SLOTS_PER_BLOCK + 1);
     }
 
     #[test]

@@ -93,8 +93,8 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     }
     drop(pool);
     let backend = paths::ns_backend(dir, crate::agent::resolve(args.agent.as_deref(), dir)?, u64::MAX)?;
-    let manager =
-        BoxManager::new(crate::paths::open_store(dir)?, Arc::new(AnyBackend::Ns(backend)), ManagerConfig::default());
+    let (store, _uid_block) = crate::paths::open_store(dir)?;
+    let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), ManagerConfig::default());
     let account = AccountId("bench".into());
     let spec = |name: &str| -> Result<BoxSpec> {
         Ok(BoxSpec { name: Name::new(name)?, image: Name::new("busybox")?, limits: Limits::default() })

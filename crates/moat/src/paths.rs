@@ -46,10 +46,11 @@ pub fn ns_backend(state_dir: &Path, agent: PathBuf, account_disk: u64) -> Result
 }
 
 /// The state dir's database, handing out host uids from the block of them
-/// this state dir holds on this host (see [`crate::uid_block`]).
-pub fn open_store(state_dir: &Path) -> Result<Store> {
+/// this state dir holds on this host (see [`crate::uid_block`]) for as long
+/// as the claim is kept.
+pub fn open_store(state_dir: &Path) -> Result<(Store, crate::uid_block::Claim)> {
     let mut store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
-    let block = crate::uid_block::claim(state_dir, store.slot_block_in_use()?)?;
-    store.use_slot_block(block)?;
-    Ok(store)
+    let claim = crate::uid_block::claim(state_dir, store.slot_block_in_use()?)?;
+    store.use_slot_block(claim.block)?;
+    Ok((store, claim))
 }

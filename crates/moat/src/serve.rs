@@ -107,7 +107,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;
     let max_disk_per_account = args.max_disk_per_account.unwrap_or(args.max_disk);
     let backend = paths::ns_backend(&state_dir, agent, max_disk_per_account)?;
-    let store = paths::open_store(&state_dir)?;
+    let (store, _uid_block) = paths::open_store(&state_dir)?;
     // Never below the per-box defaults, or a plain `new` would be refused.
     let (host_cpus, host_memory) = host_capacity();
     let defaults = moat_core::Limits::default();

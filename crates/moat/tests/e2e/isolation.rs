@@ -285,7 +285,7 @@ pub fn two_servers_never_share_host_uids(env: &Env) {
         map.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
     let (mine, theirs) = (host_uid(&env.daemon, &ours), host_uid(&other, "theirs"));
-    let block = 4096 * 65536;
+    let block = 1024 * 65536;
     assert_ne!(mine / block, theirs / block, "host uids {mine} and {theirs} come from one block");
     other.restart();
     run(&mut other.ssh(&env.alice, None, &["new", "again", "--image", "busybox"])).ok();
