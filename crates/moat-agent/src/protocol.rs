@@ -77,6 +77,14 @@ pub enum HostMsg {
     },
     /// Liveness check; answered with `Pong`.
     Ping,
+    /// The box's disk limit and what it has written, in bytes, for what
+    /// statfs of its root reports. A whole connection; no answer.
+    Disk {
+        /// The box's `--disk`.
+        limit: u64,
+        /// Its exclusive bytes, as last measured.
+        used: u64,
+    },
     /// Bytes for the process's stdin.
     Stdin(Vec<u8>),
     /// The client will send no more stdin.
@@ -146,6 +154,7 @@ mod tag {
     pub const STDIN_EOF: u8 = 0x05;
     pub const RESIZE: u8 = 0x06;
     pub const SIGNAL: u8 = 0x07;
+    pub const DISK: u8 = 0x08;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -180,6 +189,11 @@ impl Writer {
         self.buf.extend_from_slice(&v.to_be_bytes());
         self
     }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
     fn i32(&mut self, v: i32) -> &mut Self {
         self.buf.extend_from_slice(&v.to_be_bytes());
         self
@@ -227,6 +241,10 @@ impl<'a> Reader<'a> {
     fn u32(&mut self) -> Result<u32, ProtocolError> {
         Ok(u32::from_be_bytes(self.array()?))
     }
+    fn u64(&mut self) -> Result<u64, ProtocolError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+
     fn i32(&mut self) -> Result<i32, ProtocolError> {
         Ok(i32::from_be_bytes(self.array()?))
     }
@@ -300,6 +318,11 @@ impl HostMsg {
                 w.finish()
             }
             Self::Ping => Writer::new(tag::PING).finish(),
+            Self::Disk { limit, used } => {
+                let mut w = Writer::new(tag::DISK);
+                w.u64(*limit).u64(*used);
+                w.finish()
+            }
             Self::Stdin(data) => {
                 let mut w = Writer::new(tag::STDIN);
                 w.bytes(data);
@@ -348,6 +371,7 @@ impl HostMsg {
             }
             tag::CONNECT => Self::Connect { port: r.u16()? },
             tag::PING => Self::Ping,
+            tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
@@ -454,6 +478,7 @@ mod tests {
         host_roundtrip(HostMsg::Exec(ExecRequest::default()));
         host_roundtrip(HostMsg::Connect { port: 8000 });
         host_roundtrip(HostMsg::Ping);
+        host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));

@@ -364,6 +364,31 @@ pub fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
     Ok(())
 }
 
+/// Installs a seccomp filter whose `SECCOMP_RET_USER_NOTIF` verdicts go to the
+/// returned listener (close-on-exec, as the kernel makes it).
+pub fn install_seccomp_with_listener(filter: &[libc::sock_filter]) -> io::Result<OwnedFd> {
+    let prog = libc::sock_fprog {
+        len: u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points at `filter`, which outlives the call; the kernel copies
+    // the program before returning, and returns a new fd we then own.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// Brings the loopback interface of the current network namespace up.
 pub fn loopback_up() -> io::Result<()> {
     let sock = nix::sys::socket::socket(
@@ -399,6 +424,10 @@ pub fn check(r: nix::Result<()>) -> io::Result<()> {
 /// Duplicates `fd` onto descriptor number `target` (without close-on-exec), for a
 /// program about to be exec'd that expects it there.
 pub fn dup_onto(fd: BorrowedFd<'_>, target: i32) -> io::Result<()> {
+    if fd.as_raw_fd() == target {
+        // dup2 onto itself would keep close-on-exec; the point is to pass it on.
+        return Ok(nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map(drop)?);
+    }
     // SAFETY: dup2 takes two integers; `fd` is open for the call, and replacing
     // whatever `target` was is the point (the caller owns the fd table layout).
     if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {

@@ -241,7 +241,9 @@ fn init_box_inner(
     let hard = hard.min(65536);
     nix::sys::resource::setrlimit(nofile, hard.min(1024), hard).context(|| "limit open files".into())?;
     nix::sys::prctl::set_no_new_privs().context(|| "no_new_privs".into())?;
-    sys::install_seccomp(&seccomp::filter()).context(|| "seccomp".into())?;
+    let statfs = sys::install_seccomp_with_listener(&seccomp::filter()).context(|| "seccomp".into())?;
+    // The agent answers the box's statfs calls on fd 4.
+    sys::dup_onto(statfs.as_fd(), 4)?;
     let argv = [c"moat-agent"];
     let envp = [c"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"];
     // SAFETY: `agent` is a raw fd we own (from F_DUPFD_CLOEXEC); fexecve only reads it.

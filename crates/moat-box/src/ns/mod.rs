@@ -237,6 +237,21 @@ impl NsBackend {
         result
     }
 
+    /// Tells the box's agent its disk limit and use, which its `statfs` of `/`
+    /// reports (`df /`). Best effort and never waiting: a box whose agent is
+    /// not accepting just keeps the numbers it had.
+    fn tell_disk(&self, rec: &BoxRecord) {
+        use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+        let used = self.pool.exclusive_bytes(&rec.id).unwrap_or(0);
+        let msg = moat_agent::protocol::HostMsg::Disk { limit: rec.limits.disk, used }.encode();
+        let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+        let Ok(sock) = socket(AddressFamily::Unix, SockType::Stream, flags, None) else { return };
+        let Ok(addr) = UnixAddr::new(&self.socket_path(rec)) else { return };
+        if connect(std::os::fd::AsRawFd::as_raw_fd(&sock), &addr).is_ok() {
+            let _ = nix::unistd::write(&sock, &msg);
+        }
+    }
+
     fn run_helper(&self, plan: &SpawnPlan) -> Result<u32, BackendError> {
         let json = serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
         let mut child = Command::new(&self.config.helper)
@@ -277,7 +292,9 @@ impl Backend for NsBackend {
     }
 
     fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
-        self.boot(rec).map(|pid| self.handle_for(rec, pid))
+        let pid = self.boot(rec)?;
+        self.tell_disk(rec);
+        Ok(self.handle_for(rec, pid))
     }
 
     fn is_running(&self, rec: &BoxRecord) -> bool {
@@ -340,6 +357,9 @@ impl Backend for NsBackend {
     }
 
     fn meter(&self, rec: &BoxRecord) -> Option<MeterReading> {
+        if rec.state == moat_core::BoxState::Running {
+            self.tell_disk(rec);
+        }
         self.cgroups.meter(&rec.id)
     }
 

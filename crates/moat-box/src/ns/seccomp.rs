@@ -162,6 +162,11 @@ pub fn filter() -> Vec<sock_filter> {
     block.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
     block.push(ret_errno(libc::EPERM));
     if_syscall(&mut prog, libc::SYS_ioctl, &block);
+    // The box's PID 1 answers these for its own root: the box's disk limit and
+    // use, not the pool's (see moat-agent's statfs.rs).
+    for nr in [libc::SYS_statfs, libc::SYS_fstatfs] {
+        if_syscall(&mut prog, nr, &[stmt(BPF_RET_K, libc::SECCOMP_RET_USER_NOTIF)]);
+    }
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
     prog
 }
@@ -183,6 +188,10 @@ mod tests {
         // Docker's refusals without extra capabilities, and its allowances.
         for denied in [libc::SYS_sethostname, libc::SYS_process_madvise, LSM_SET_SELF_ATTR, CREATE_MODULE] {
             assert_eq!(run(&prog, nr(denied), [0; 6]), EPERM, "{denied}");
+        }
+        // statfs goes to the box's agent (its root's numbers are the box's).
+        for call in [libc::SYS_statfs, libc::SYS_fstatfs] {
+            assert_eq!(run(&prog, nr(call), [0; 6]), libc::SECCOMP_RET_USER_NOTIF);
         }
         for allowed in [libc::SYS_process_vm_readv, libc::SYS_clock_adjtime, libc::SYS_ptrace] {
             assert_eq!(run(&prog, nr(allowed), [0; 6]), SECCOMP_RET_ALLOW, "{allowed}");

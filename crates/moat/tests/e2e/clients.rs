@@ -200,5 +200,12 @@ pub fn box_sees_its_own_totals(env: &Env) {
     // /proc/cpuinfo and the online CPUs list count the box's CPU, not the host's.
     let cpus = "grep -c ^processor /proc/cpuinfo; cat /sys/devices/system/cpu/online";
     assert_eq!(env.alice(Some(&name), &[cpus]).ok().stdout, "1\n0\n");
+    // df / is the box's --disk, from / or from a directory fd; other mounts are theirs.
+    let df = "df -B1 --output=size / | tail -1; cd /etc && python3 -c \
+              'import os; s = os.fstatvfs(os.open(\".\", os.O_RDONLY)); print(s.f_blocks * s.f_frsize)'; \
+              df -B1 --output=size /proc | tail -1";
+    let sizes = env.alice(Some(&name), &[df]).ok().stdout;
+    let sizes: Vec<&str> = sizes.lines().map(str::trim).collect();
+    assert_eq!(sizes, ["2147483648", "2147483648", "0"], "df");
     env.alice(None, &["rm", &name]).ok();
 }

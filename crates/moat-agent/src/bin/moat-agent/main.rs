@@ -4,8 +4,9 @@
 //! per connection (see `moat_agent::protocol`), and reaps every orphan in the box.
 //! It is built as a static binary so it runs in any image, libc or not.
 
-// `unsafe` lives in three places: fork and exec (spawn), the terminal size
-// ioctl (exec), and taking the inherited listening socket (here).
+// `unsafe` lives in four places: fork and exec (spawn), the terminal size
+// ioctl (exec), the seccomp listener's ioctls (statfs), and taking the
+// inherited listening socket (here).
 #[allow(unsafe_code)]
 mod exec;
 mod frames;
@@ -13,6 +14,8 @@ mod login;
 mod reaper;
 #[allow(unsafe_code)]
 mod spawn;
+#[allow(unsafe_code)]
+mod statfs;
 mod tcp;
 
 use std::io;
@@ -41,6 +44,7 @@ fn main() {
     // Commands the box runs must not inherit the host's door.
     let _ = nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
     login::alias_root_as_host_name();
+    statfs::serve();
     let reaper = Arc::new(Reaper::start());
     loop {
         match listener.accept() {
@@ -66,6 +70,10 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
         Ok(Some(HostMsg::Exec(req))) => exec::run(req, reader, stream, reaper),
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
+        Ok(Some(HostMsg::Disk { limit, used })) => {
+            statfs::set(limit, used);
+            Ok(())
+        }
         Ok(Some(other)) => frames::send(&stream, &AgentMsg::Error(format!("unexpected first message {other:?}"))),
         Ok(None) => Ok(()),
         Err(e) => Err(e),
