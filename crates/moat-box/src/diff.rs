@@ -93,17 +93,13 @@ struct Walk<'a, 'b> {
     started: Instant,
 }
 
-fn limit(what: String) -> io::Error {
-    io::Error::other(what)
-}
-
 impl Walk<'_, '_> {
     fn dir(&mut self, a: Option<&OwnedFd>, b: Option<&OwnedFd>, prefix: &str, depth: usize) -> io::Result<()> {
         if depth > MAX_DEPTH {
-            return Err(limit(format!("{prefix}: directories nest deeper than {MAX_DEPTH} levels")));
+            return Err(io::Error::other(format!("{prefix}: directories nest deeper than {MAX_DEPTH} levels")));
         }
         if self.started.elapsed() > MAX_TIME {
-            return Err(limit(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
+            return Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
         }
         let left = self.list(a)?;
         let right = match self.list(b) {
@@ -127,10 +123,10 @@ impl Walk<'_, '_> {
             size += name.to_bytes().len() + ENTRY_OVERHEAD;
             self.entries += 1;
             if self.entries > MAX_ENTRIES {
-                return Err(limit(format!("more than {MAX_ENTRIES} files to compare")));
+                return Err(io::Error::other(format!("more than {MAX_ENTRIES} files to compare")));
             }
             if self.held + size > MAX_HELD {
-                return Err(limit(format!(
+                return Err(io::Error::other(format!(
                     "directories too large to compare (over {} MiB of listings)",
                     MAX_HELD >> 20
                 )));
@@ -154,7 +150,7 @@ impl Walk<'_, '_> {
         for name in names {
             let path = format!("{prefix}/{}", String::from_utf8_lossy(name.as_bytes()));
             if path.len() > MAX_PATH {
-                return Err(limit(format!(
+                return Err(io::Error::other(format!(
                     "a path is longer than {MAX_PATH} bytes: {}...",
                     &prefix[..64.min(prefix.len())]
                 )));
@@ -189,7 +185,10 @@ impl Walk<'_, '_> {
     fn emit(&mut self, change: Change) -> io::Result<()> {
         self.output += change.path.len();
         if self.output > MAX_OUTPUT {
-            return Err(limit(format!("more than {} MiB of changed paths; compare less at once", MAX_OUTPUT >> 20)));
+            return Err(io::Error::other(format!(
+                "more than {} MiB of changed paths; compare less at once",
+                MAX_OUTPUT >> 20
+            )));
         }
         self.batch_bytes += change.path.len();
         self.batch.push(change);

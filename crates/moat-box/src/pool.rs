@@ -227,8 +227,7 @@ impl Pool {
 
     /// Bytes box `id` holds that no other subvolume shares (what it wrote).
     pub fn exclusive_bytes(&self, id: &BoxId) -> Option<u64> {
-        let subvolume = sys::subvolume_id(&self.box_path(id)).ok()?;
-        self.qgroup_file(&format!("0_{subvolume}/exclusive"))?.trim().parse().ok()
+        self.qgroup_exclusive(sys::subvolume_id(&self.box_path(id)).ok()?)
     }
 
     /// Charges box `id`'s writes to `account`'s qgroup too, whose total is
@@ -257,18 +256,21 @@ impl Pool {
     /// Bytes written by `account`'s boxes, including removed boxes' data their
     /// copies still share (simple quotas only).
     pub fn account_bytes(&self, account: &AccountId) -> Option<u64> {
-        let group = account_qgroup(account);
-        self.qgroup_file(&format!("{}_{}/exclusive", group >> 48, group & ((1 << 48) - 1)))?.trim().parse().ok()
+        self.qgroup_exclusive(account_qgroup(account))
+    }
+
+    /// The exclusive bytes of qgroup `qgroupid` (level in the top 16 bits; a
+    /// bare subvolume id is level 0), from sysfs.
+    fn qgroup_exclusive(&self, qgroupid: u64) -> Option<u64> {
+        let (level, id) = (qgroupid >> 48, qgroupid & ((1 << 48) - 1));
+        self.qgroup_file(&format!("{level}_{id}/exclusive"))?.trim().parse().ok()
     }
 
     /// Gives the pool's free space back to the host's disk now (a loop pool's
     /// image would otherwise keep every block that was ever written, metadata
     /// churn included; `discard=async` alone leaves some of it).
     pub fn trim(&self) -> Result<u64, PoolError> {
-        match self.kind {
-            PoolKind::Native => Ok(0),
-            PoolKind::Loop { .. } => sys::trim(&self.root).map_err(io_err("trim", &self.root)),
-        }
+        sys::trim(&self.root).map_err(io_err("trim", &self.root))
     }
 
     /// Deletes box `id`'s root, if it exists.

@@ -349,12 +349,17 @@ pub fn move_mount_to(tree: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
     Ok(())
 }
 
-/// Sets the calling thread's seccomp filter (no_new_privs must be set already).
-pub fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
-    let prog = libc::sock_fprog {
+/// The kernel's view of `filter`; it borrows `filter`, which must outlive it.
+fn fprog(filter: &[libc::sock_filter]) -> io::Result<libc::sock_fprog> {
+    Ok(libc::sock_fprog {
         len: u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
         filter: filter.as_ptr().cast_mut(),
-    };
+    })
+}
+
+/// Sets the calling thread's seccomp filter (no_new_privs must be set already).
+pub fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
+    let prog = fprog(filter)?;
     // SAFETY: `prog` points at `filter`, which outlives the call; the kernel copies
     // the program before returning.
     let rc = unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) };
@@ -367,10 +372,7 @@ pub fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
 /// Installs a seccomp filter whose `SECCOMP_RET_USER_NOTIF` verdicts go to the
 /// returned listener (close-on-exec, as the kernel makes it).
 pub fn install_seccomp_with_listener(filter: &[libc::sock_filter]) -> io::Result<OwnedFd> {
-    let prog = libc::sock_fprog {
-        len: u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-        filter: filter.as_ptr().cast_mut(),
-    };
+    let prog = fprog(filter)?;
     // SAFETY: `prog` points at `filter`, which outlives the call; the kernel copies
     // the program before returning, and returns a new fd we then own.
     let fd = unsafe {

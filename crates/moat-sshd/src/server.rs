@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::admission::{Admission, AdmissionLimits, Gated, Pending, SlotHolder};
 use crate::handler::{ConnHandler, Shared};
-use crate::penalty::{Offence, PENALIZED_GRACE};
+use crate::penalty::{Offence, Penalties, PENALIZED_GRACE};
 use crate::quickack::QuickAck;
 use crate::ratelimit::LogLimit;
 
@@ -94,7 +94,9 @@ async fn unauthenticated_deadline(holder: &SlotHolder, grace: Duration, auth_tim
     "authentication timeout"
 }
 
-fn log_cut(peer: std::net::SocketAddr, why: &str) {
+/// A connection cut at its deadline: logged (rate-limited) and held against its source.
+fn cut(penalties: &Penalties, peer: std::net::SocketAddr, why: &str) {
+    penalties.record(peer.ip(), Offence::Deadline);
     static LIMIT: LogLimit = LogLimit::every(1000);
     if let Some(dropped) = LIMIT.allow() {
         tracing::info!(%peer, dropped, why, "unauthenticated connection closed");
@@ -151,8 +153,8 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
             let stream = Gated::new(QuickAck::new(stream), &admission, peer.ip(), Arc::clone(&holder));
             // One deadline for the whole unauthenticated life of the connection,
             // the version exchange (inside run_stream) included.
-            let cut = unauthenticated_deadline(&holder, grace, auth_timeout);
-            tokio::pin!(cut);
+            let deadline = unauthenticated_deadline(&holder, grace, auth_timeout);
+            tokio::pin!(deadline);
             let penalties = admission.penalties();
             let ended_early = || {
                 if !authenticated.load(Ordering::Relaxed) {
@@ -164,23 +166,19 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
                     Ok(session) => session,
                     Err(_) => return ended_early(),
                 },
-                why = &mut cut => {
-                    penalties.record(peer.ip(), Offence::Deadline);
-                    return log_cut(peer, why);
-                }
+                why = &mut deadline => return cut(penalties, peer, why),
             };
             let handle = session.handle();
             tokio::pin!(session);
             let why = tokio::select! {
                 _ = &mut session => return ended_early(),
-                why = &mut cut => why,
+                why = &mut deadline => why,
             };
             if authenticated.load(Ordering::Relaxed) {
                 let _ = session.await;
                 return;
             }
-            penalties.record(peer.ip(), Offence::Deadline);
-            log_cut(peer, why);
+            cut(penalties, peer, why);
             let _ = handle.disconnect(Disconnect::ByApplication, why.into(), "en".into()).await;
         });
     }

@@ -109,7 +109,9 @@ impl NsBackend {
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
         let pool = Arc::new(pool);
-        spawn_trimmer(Arc::downgrade(&pool));
+        if let crate::pool::PoolKind::Loop { .. } = pool.kind() {
+            spawn_trimmer(Arc::downgrade(&pool));
+        }
         Ok(Self { pool, cgroups, config, spare: Arc::default(), spare_roots: Arc::default() })
     }
 
@@ -375,8 +377,8 @@ impl Backend for NsBackend {
 /// How often the pool's free space is given back to the host.
 const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// Trims the pool now and every [`TRIM_INTERVAL`] while it is open (a trim of
-/// space already trimmed costs ~50 ms of kernel time here).
+/// Trims a loop pool now and every [`TRIM_INTERVAL`] while it is open (a trim
+/// of space already trimmed costs ~50 ms of kernel time here).
 fn spawn_trimmer(pool: std::sync::Weak<Pool>) {
     let _ = std::thread::Builder::new().name("pool-trim".into()).spawn(move || {
         while let Some(pool) = pool.upgrade() {

@@ -46,7 +46,7 @@ pub fn serve() {
         // SAFETY: seccomp_notif is plain data; the kernel wants it zeroed.
         let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
         // SAFETY: `req` is a seccomp_notif the kernel fills in; the listener is open.
-        if unsafe { libc::ioctl(LISTENER_FD, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } < 0 {
+        if unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } < 0 {
             match nix::errno::Errno::last() {
                 // Interrupted, or the caller died before we read it.
                 nix::errno::Errno::EINTR | nix::errno::Errno::ENOENT => continue,
