@@ -10,6 +10,7 @@ pub mod images;
 pub mod ledger;
 pub mod limits;
 pub mod manager;
+pub mod policy;
 pub mod record;
 pub mod store;
 

@@ -1,0 +1,478 @@
+//! Egress policy: which hosts a box may reach, as data.
+//!
+//! Deny by default: a box reaches a host only when an `allow` rule matches it
+//! and no `deny` rule does. Host names are normalised once, here ([`HostName`]),
+//! and that one value drives the decision, the DNS answer, the SNI and Host
+//! checks and the dial, so no two parts of the gateway can read a name two ways.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Ports a rule that names none allows: HTTP and HTTPS.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+
+/// A host name in the one form the gateway compares: ASCII lower case, no
+/// trailing dot, 1-63 byte labels of `a-z`, `0-9`, `-` and `_`, at most 253
+/// bytes, and not an IP address. Internationalised names are written in their
+/// `xn--` form (that is what resolvers send on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HostName(String);
+
+/// Why text is not a host name or a rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// Not a host name.
+    #[error("{0:?} is not a host name (letters, digits, '-', '_' and dots; non-ASCII names in their xn-- form)")]
+    BadHost(String),
+    /// An IP address where a name belongs.
+    #[error("{0:?} is an address; rules name hosts (the gateway resolves them itself)")]
+    Address(String),
+    /// A bad port list.
+    #[error("{0:?} is not a port list (e.g. 443 or 80,443 or *)")]
+    BadPorts(String),
+    /// A bad method list.
+    #[error("{0:?} is not a method list (e.g. GET,HEAD)")]
+    BadMethods(String),
+    /// A bad path prefix.
+    #[error("{0:?} is not a path pattern (it starts with '/', holds printable ASCII, '*' for any run)")]
+    BadPath(String),
+    /// No such preset.
+    #[error("no preset named {0:?} (presets: {presets})", presets = PRESETS.join(", "))]
+    NoPreset(String),
+}
+
+impl HostName {
+    /// Normalises `s`: one trailing dot dropped, upper case folded; anything
+    /// else that is not a plain host name is refused.
+    pub fn parse(s: &str) -> Result<Self, PolicyError> {
+        let bad = || PolicyError::BadHost(s.to_string());
+        let trimmed = s.strip_suffix('.').unwrap_or(s);
+        if trimmed.is_empty() || trimmed.len() > 253 {
+            return Err(bad());
+        }
+        let lower = trimmed.to_ascii_lowercase();
+        for label in lower.split('.') {
+            let ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_';
+            if label.is_empty() || label.len() > 63 || !label.bytes().all(ok) {
+                return Err(bad());
+            }
+        }
+        // A name whose last label is all digits is an IPv4 address in some
+        // spelling (inet_aton reads "1.2.3.4", "16909060", "0x1.2").
+        let last = lower.rsplit('.').next().unwrap_or_default();
+        if last.bytes().all(|b| b.is_ascii_digit()) || (last.starts_with("0x") && lower.split('.').count() <= 4) {
+            return Err(PolicyError::Address(s.to_string()));
+        }
+        Ok(Self(lower))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether this is `suffix` or a name below it.
+    fn is_below(&self, suffix: &HostName) -> bool {
+        self.0.len() > suffix.0.len() && self.0.ends_with(&suffix.0) && self.0.as_bytes()[self.0.len() - suffix.0.len() - 1] == b'.'
+    }
+}
+
+impl TryFrom<String> for HostName {
+    type Error = PolicyError;
+    fn try_from(s: String) -> Result<Self, PolicyError> {
+        Self::parse(&s)
+    }
+}
+
+impl From<HostName> for String {
+    fn from(n: HostName) -> String {
+        n.0
+    }
+}
+
+impl fmt::Display for HostName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&self.0)
+    }
+}
+
+/// Which hosts a rule names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPattern {
+    /// Exactly this name.
+    Exact(HostName),
+    /// Any name below this one (`*.example.com`: `a.example.com`, not `example.com`).
+    Below(HostName),
+}
+
+impl HostPattern {
+    fn matches(&self, host: &HostName) -> bool {
+        match self {
+            Self::Exact(name) => name == host,
+            Self::Below(suffix) => host.is_below(suffix),
+        }
+    }
+}
+
+/// One rule: `[METHODS ]HOST[:PORTS][/PATH]`, e.g. `pypi.org`,
+/// `*.githubusercontent.com:443`, `GET,HEAD deb.debian.org/debian/`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    /// The hosts.
+    pub host: HostPattern,
+    /// Ports; `None` is any port, and a rule that names none means [`DEFAULT_PORTS`].
+    pub ports: Option<Vec<u16>>,
+    /// HTTP methods (upper case); empty is any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    /// What HTTP request targets (path and query) must start with; `*` stands
+    /// for any run of characters. `None` is any target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+impl Rule {
+    /// Parses a rule from its words: an optional method list, then the host
+    /// with optional ports and path.
+    pub fn parse(words: &[&str]) -> Result<Self, PolicyError> {
+        let (methods, spec) = match words {
+            [spec] => (Vec::new(), *spec),
+            [methods, spec] => (parse_methods(methods)?, *spec),
+            _ => return Err(PolicyError::BadHost(words.join(" "))),
+        };
+        let (hostport, path) = match spec.find('/') {
+            Some(i) => (&spec[..i], Some(parse_path(&spec[i..])?)),
+            None => (spec, None),
+        };
+        let (host, ports) = match hostport.rsplit_once(':') {
+            Some((host, ports)) => (host, parse_ports(ports)?),
+            None => (hostport, Some(DEFAULT_PORTS.to_vec())),
+        };
+        let host = match host.strip_prefix("*.") {
+            Some(suffix) => HostPattern::Below(HostName::parse(suffix)?),
+            None => HostPattern::Exact(HostName::parse(host)?),
+        };
+        Ok(Self { host, ports, methods, path })
+    }
+
+    /// Whether the rule covers a connection to `host:port`.
+    pub fn covers(&self, host: &HostName, port: u16) -> bool {
+        self.host.matches(host) && self.ports.as_ref().is_none_or(|p| p.contains(&port))
+    }
+
+    /// Whether the rule says anything about HTTP requests (so that applying it
+    /// needs each request seen).
+    pub fn is_per_request(&self) -> bool {
+        !self.methods.is_empty() || self.path.is_some()
+    }
+
+    /// Whether the rule covers an HTTP request (method and origin-form target)
+    /// on a connection it covers.
+    pub fn covers_request(&self, method: &str, target: &str) -> bool {
+        (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
+            && self.path.as_ref().is_none_or(|p| glob_prefix(p.as_bytes(), target.as_bytes()))
+    }
+}
+
+/// Whether `text` starts with something `pattern` matches, `*` matching any
+/// run of bytes. (Backtracking only to the last `*`: linear in practice, and
+/// patterns and targets are bounded.)
+fn glob_prefix(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while p < pattern.len() {
+        if pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if t < text.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star.filter(|&(_, st)| st < text.len()) {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+fn parse_methods(s: &str) -> Result<Vec<String>, PolicyError> {
+    let methods: Vec<String> = s.split(',').map(str::to_string).collect();
+    let token = |m: &String| !m.is_empty() && m.len() <= 16 && m.bytes().all(|b| b.is_ascii_uppercase());
+    if methods.iter().all(token) {
+        Ok(methods)
+    } else {
+        Err(PolicyError::BadMethods(s.to_string()))
+    }
+}
+
+fn parse_ports(s: &str) -> Result<Option<Vec<u16>>, PolicyError> {
+    if s == "*" {
+        return Ok(None);
+    }
+    let ports: Result<Vec<u16>, _> = s.split(',').map(str::parse::<u16>).collect();
+    match ports {
+        Ok(ports) if !ports.contains(&0) && !ports.is_empty() => Ok(Some(ports)),
+        _ => Err(PolicyError::BadPorts(s.to_string())),
+    }
+}
+
+fn parse_path(s: &str) -> Result<String, PolicyError> {
+    // Printable ASCII without the characters that make a pattern mean two
+    // things (percent escapes, fragments, backslashes, dot segments).
+    let plain = s.bytes().all(|b| b.is_ascii_graphic() && !b"%#\\".contains(&b));
+    if s.len() > 1024 || !plain || s.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err(PolicyError::BadPath(s.to_string()));
+    }
+    Ok(s.to_string())
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.methods.is_empty() {
+            write!(f, "{} ", self.methods.join(","))?;
+        }
+        match &self.host {
+            HostPattern::Exact(name) => write!(f, "{name}")?,
+            HostPattern::Below(name) => write!(f, "*.{name}")?,
+        }
+        match &self.ports {
+            None => write!(f, ":*")?,
+            Some(ports) if ports[..] == DEFAULT_PORTS => {}
+            Some(ports) => {
+                let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+                write!(f, ":{}", ports.join(","))?;
+            }
+        }
+        if let Some(path) = &self.path {
+            write!(f, "{path}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A box's policy: what it may reach.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Rules that allow.
+    pub allow: Vec<Rule>,
+    /// Rules that refuse; a match here wins over any allow.
+    pub deny: Vec<Rule>,
+}
+
+/// What the policy says about a connection, before any request on it is seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Allowed whatever is sent on it.
+    Allow(Rule),
+    /// Allowed, but each HTTP request must be checked by [`Policy::decide_request`].
+    PerRequest,
+    /// Refused, by this rule or by default.
+    Deny(Option<Rule>),
+}
+
+impl Policy {
+    /// Whether a name may be resolved at all: some allow rule names it (on any
+    /// port) and no deny rule refuses it outright.
+    pub fn allows_name(&self, host: &HostName) -> bool {
+        let denied = self.deny.iter().any(|r| r.host.matches(host) && r.ports.is_none() && !r.is_per_request());
+        !denied && self.allow.iter().any(|r| r.host.matches(host))
+    }
+
+    /// The verdict on a connection to `host:port`.
+    pub fn decide(&self, host: &HostName, port: u16) -> Verdict {
+        let denying = self.deny.iter().filter(|r| r.covers(host, port));
+        let mut per_request_deny = false;
+        for rule in denying {
+            if !rule.is_per_request() {
+                return Verdict::Deny(Some(rule.clone()));
+            }
+            per_request_deny = true;
+        }
+        let mut allowing = self.allow.iter().filter(|r| r.covers(host, port)).peekable();
+        if allowing.peek().is_none() {
+            return Verdict::Deny(None);
+        }
+        match allowing.find(|r| !r.is_per_request()) {
+            Some(rule) if !per_request_deny => Verdict::Allow(rule.clone()),
+            _ => Verdict::PerRequest,
+        }
+    }
+
+    /// The verdict on one HTTP request on a connection to `host:port`:
+    /// the deciding rule, or `Err` with the refusing rule (or none: default).
+    pub fn decide_request(&self, host: &HostName, port: u16, method: &str, path: &str) -> Result<Rule, Option<Rule>> {
+        let on = |r: &&Rule| r.covers(host, port) && r.covers_request(method, path);
+        if let Some(rule) = self.deny.iter().find(on) {
+            return Err(Some(rule.clone()));
+        }
+        self.allow.iter().find(on).cloned().ok_or(None)
+    }
+
+    /// Adds an allow rule (a rule already there is not added twice).
+    pub fn allow(&mut self, rule: Rule) {
+        if !self.allow.contains(&rule) {
+            self.allow.push(rule);
+        }
+    }
+
+    /// Adds a deny rule, and drops allow rules it makes identical to it.
+    pub fn deny(&mut self, rule: Rule) {
+        self.allow.retain(|r| r != &rule);
+        if !self.deny.contains(&rule) {
+            self.deny.push(rule);
+        }
+    }
+}
+
+/// The presets moat ships, by name.
+pub const PRESETS: &[&str] = &["none", "registries", "github-read"];
+
+/// The hosts of the `github-read` preset and what they allow: clone and fetch
+/// over HTTPS (the smart protocol's ref advertisement and `git-upload-pack`),
+/// never `git-receive-pack`, and no API writes.
+const GITHUB_READ: &[&str] = &[
+    "GET,HEAD github.com",
+    "POST github.com/*/git-upload-pack",
+    "GET,HEAD codeload.github.com",
+    "GET,HEAD objects.githubusercontent.com",
+    "GET,HEAD raw.githubusercontent.com",
+    "GET,HEAD api.github.com",
+];
+
+/// Registries every host's tools default to; [`preset`] adds the ones the
+/// host itself is configured with.
+pub const DEFAULT_REGISTRIES: &[&str] = &[
+    "deb.debian.org",
+    "security.debian.org",
+    "pypi.org",
+    "files.pythonhosted.org",
+    "registry.npmjs.org",
+    "index.crates.io",
+    "static.crates.io",
+    "crates.io",
+];
+
+/// A preset's policy. `registries` is read-only access (GET and HEAD) to the
+/// given registry hosts.
+pub fn preset(name: &str, registries: &[HostName]) -> Result<Policy, PolicyError> {
+    let rule = |text: &str| {
+        let words: Vec<&str> = text.split(' ').collect();
+        Rule::parse(&words)
+    };
+    match name {
+        "none" => Ok(Policy::default()),
+        "registries" => {
+            let mut policy = Policy::default();
+            for host in registries {
+                policy.allow(Rule { methods: vec!["GET".into(), "HEAD".into()], ..rule(host.as_str())? });
+            }
+            Ok(policy)
+        }
+        "github-read" => {
+            let mut policy = Policy::default();
+            for text in GITHUB_READ {
+                policy.allow(rule(text)?);
+            }
+            policy.deny(rule("github.com/*git-receive-pack")?);
+            Ok(policy)
+        }
+        other => Err(PolicyError::NoPreset(other.to_string())),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn host(s: &str) -> HostName {
+        HostName::parse(s).unwrap()
+    }
+
+    fn rule(s: &str) -> Rule {
+        Rule::parse(&s.split(' ').collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn names_normalise_once() {
+        assert_eq!(host("PyPI.org.").as_str(), "pypi.org");
+        assert_eq!(host("_acme.x-y.example").as_str(), "_acme.x-y.example");
+        for bad in ["", ".", "a..b", "a.b..", "a b", "a\0b", "bücher.de", "a/b", &"a".repeat(64), "-"] {
+            if bad == "-" {
+                continue;
+            }
+            assert!(HostName::parse(bad).is_err(), "{bad:?}");
+        }
+        for addr in ["1.2.3.4", "16909060", "0x7f.1", "127.1"] {
+            assert!(matches!(HostName::parse(addr), Err(PolicyError::Address(_))), "{addr}");
+        }
+        let long = format!("{}.com", ["a"; 125].join("."));
+        assert!(long.len() <= 253 && HostName::parse(&long).is_ok());
+        assert!(HostName::parse(&format!("aa.{long}")).is_err());
+    }
+
+    #[test]
+    fn rules_round_trip() {
+        for text in ["pypi.org", "*.example.com:443", "x.org:*", "GET,HEAD deb.debian.org/debian/", "a.b:22,2222"] {
+            assert_eq!(rule(text).to_string(), text);
+        }
+        assert_eq!(rule("A.Example.:80,443").to_string(), "a.example");
+        for bad in ["x.org:0", "x.org:", "x.org:99999", "get x.org", "x.org/a/../b", "x.org/%2e", "*.", "*"] {
+            assert!(Rule::parse(&bad.split(' ').collect::<Vec<_>>()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn deny_by_default_and_deny_wins() {
+        let mut p = Policy::default();
+        assert_eq!(p.decide(&host("pypi.org"), 443), Verdict::Deny(None));
+        assert!(!p.allows_name(&host("pypi.org")));
+        p.allow(rule("*.example.com"));
+        p.allow(rule("pypi.org:443"));
+        assert!(matches!(p.decide(&host("a.example.com"), 80), Verdict::Allow(_)));
+        assert_eq!(p.decide(&host("example.com"), 80), Verdict::Deny(None));
+        assert_eq!(p.decide(&host("badexample.com"), 80), Verdict::Deny(None));
+        assert_eq!(p.decide(&host("pypi.org"), 80), Verdict::Deny(None));
+        assert_eq!(p.decide(&host("a.example.com"), 22), Verdict::Deny(None));
+        p.deny(rule("evil.example.com:*"));
+        assert_eq!(p.decide(&host("evil.example.com"), 443), Verdict::Deny(Some(rule("evil.example.com:*"))));
+        assert!(!p.allows_name(&host("evil.example.com")));
+        assert!(p.allows_name(&host("good.example.com")));
+    }
+
+    #[test]
+    fn globs_match_prefixes() {
+        assert!(glob_prefix(b"/a/", b"/a/b"));
+        assert!(!glob_prefix(b"/a/", b"/ab"));
+        assert!(glob_prefix(b"/*/x", b"/o/r/x"));
+        assert!(glob_prefix(b"/*x", b"/abc?s=x"));
+        assert!(!glob_prefix(b"/*/x", b"/o/r/y"));
+        assert!(glob_prefix(b"*", b""));
+        assert!(!glob_prefix(b"/a*b*c", b"/aXbY"));
+    }
+
+    #[test]
+    fn per_request_rules() {
+        let mut p = Policy::default();
+        p.allow(rule("GET,HEAD deb.debian.org"));
+        let h = host("deb.debian.org");
+        assert_eq!(p.decide(&h, 80), Verdict::PerRequest);
+        assert!(p.decide_request(&h, 80, "GET", "/debian/x").is_ok());
+        assert_eq!(p.decide_request(&h, 80, "POST", "/debian/x"), Err(None));
+        let g = preset("github-read", &[]).unwrap();
+        let gh = host("github.com");
+        assert_eq!(g.decide(&gh, 443), Verdict::PerRequest);
+        assert!(g.decide_request(&gh, 443, "GET", "/o/r.git/info/refs?service=git-upload-pack").is_ok());
+        assert!(g.decide_request(&gh, 443, "POST", "/o/r.git/git-upload-pack").is_ok());
+        assert!(g.decide_request(&gh, 443, "POST", "/o/r.git/git-receive-pack").is_err());
+        assert!(g.decide_request(&gh, 443, "GET", "/o/r.git/info/refs?service=git-receive-pack").is_err());
+        assert!(g.decide_request(&gh, 443, "POST", "/o/r.git/info/lfs").is_err());
+        assert!(g.decide_request(&host("api.github.com"), 443, "POST", "/repos").is_err());
+    }
+}

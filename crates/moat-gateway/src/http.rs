@@ -1,0 +1,338 @@
+//! HTTP/1.x requests as the gateway reads them from a box: the head (to
+//! check Host, method and target against the dialled name and the policy)
+//! and the body's framing (so that the next request on the connection is
+//! checked too). Anything that could be read two ways is refused.
+
+use moat_core::policy::HostName;
+
+/// Largest request head read.
+pub const MAX_HEAD: usize = 16 << 10;
+const MAX_HEADERS: usize = 96;
+
+/// How the body after a head is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    /// Exactly this many bytes (0: none).
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked,
+}
+
+/// A request head, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The method.
+    pub method: String,
+    /// The target in origin form, normalised ([`normalise_target`]).
+    pub target: String,
+    /// The Host header's name.
+    pub host: HostName,
+    /// The Host header's port, if it named one.
+    pub port: Option<u16>,
+    /// The body's framing.
+    pub body: Body,
+    /// Whether the request asks to switch protocols (after which the
+    /// connection's bytes are no longer HTTP).
+    pub upgrade: bool,
+    /// Bytes of the head, blank line included.
+    pub head_len: usize,
+}
+
+/// What the start of a buffer holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Head {
+    /// More bytes are needed.
+    Incomplete,
+    /// A request.
+    Request(Request),
+    /// Refused, with the reason.
+    Refused(&'static str),
+}
+
+/// Whether `buf` starts like an HTTP request (a method token and a space).
+pub fn looks_like_http(buf: &[u8]) -> bool {
+    let token_len = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    token_len > 0 && token_len <= 16 && buf.get(token_len) == Some(&b' ')
+}
+
+/// Reads one request head from the start of `buf`.
+pub fn read_head(buf: &[u8]) -> Head {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Head::Incomplete,
+        Ok(httparse::Status::Partial) => return Head::Refused("request head too large"),
+        Err(httparse::Error::TooManyHeaders) => return Head::Refused("too many headers"),
+        Err(_) => return Head::Refused("malformed request"),
+    };
+    if head_len > MAX_HEAD {
+        return Head::Refused("request head too large");
+    }
+    match check(&req) {
+        Ok(mut request) => {
+            request.head_len = head_len;
+            Head::Request(request)
+        }
+        Err(why) => Head::Refused(why),
+    }
+}
+
+fn check(req: &httparse::Request<'_, '_>) -> Result<Request, &'static str> {
+    let (Some(method), Some(raw_target), Some(_)) = (req.method, req.path, req.version) else {
+        return Err("malformed request");
+    };
+    if method == "CONNECT" {
+        return Err("CONNECT");
+    }
+    let mut host = None;
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut upgrade = false;
+    for h in req.headers.iter() {
+        let value = std::str::from_utf8(h.value).map_err(|_| "a header that is not text")?.trim();
+        if h.name.eq_ignore_ascii_case("host") {
+            if host.replace(value).is_some() {
+                return Err("two Host headers");
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let n = value.parse::<u64>().map_err(|_| "bad Content-Length")?;
+            if !value.bytes().all(|b| b.is_ascii_digit()) || length.replace(n).is_some() {
+                return Err("bad Content-Length");
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if chunked || !value.eq_ignore_ascii_case("chunked") {
+                return Err("a transfer coding other than chunked");
+            }
+            chunked = true;
+        } else if h.name.eq_ignore_ascii_case("upgrade") {
+            upgrade = true;
+        }
+    }
+    if chunked && length.is_some() {
+        return Err("both Content-Length and Transfer-Encoding");
+    }
+    let (host, port) = split_host(host.ok_or("no Host header")?)?;
+    let target = match raw_target.strip_prefix("http://") {
+        // Absolute form: its authority must be the Host header's.
+        Some(rest) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            if split_host(authority)? != (host.clone(), port) {
+                return Err("the URL's host differs from the Host header");
+            }
+            if path.is_empty() {
+                "/"
+            } else {
+                path
+            }
+        }
+        None if raw_target.starts_with('/') => raw_target,
+        None => return Err("a request target that is not a path"),
+    };
+    let body = if chunked { Body::Chunked } else { Body::Length(length.unwrap_or(0)) };
+    let target = normalise_target(target)?;
+    Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len: 0 })
+}
+
+fn split_host(value: &str) -> Result<(HostName, Option<u16>), &'static str> {
+    let (name, port) = match value.rsplit_once(':') {
+        Some((name, port)) => (name, Some(port.parse::<u16>().map_err(|_| "bad port in Host")?)),
+        None => (value, None),
+    };
+    if name.contains('@') || name.starts_with('[') {
+        return Err("Host is not a host name");
+    }
+    Ok((HostName::parse(name).map_err(|_| "Host is not a host name")?, port))
+}
+
+/// The target as servers read it, so that rules match what the server will
+/// serve: escapes of unreserved characters decoded (`%70` is `p`), other
+/// escapes in upper case. Refused: dot segments (in any spelling), a
+/// backslash, a fragment, or an escape that is not two hex digits.
+pub fn normalise_target(target: &str) -> Result<String, &'static str> {
+    let bytes = target.as_bytes();
+    let mut out = String::with_capacity(target.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            let hex = |c: u8| (c as char).to_digit(16);
+            let (Some(hi), Some(lo)) = (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex))
+            else {
+                return Err("a bad percent escape");
+            };
+            let c = (hi * 16 + lo) as u8;
+            if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                out.push(c as char);
+            } else {
+                out.push_str(&format!("%{c:02X}"));
+            }
+            i += 3;
+            continue;
+        }
+        if b == b'\\' || b == b'#' || !b.is_ascii_graphic() {
+            return Err("a request target with a backslash, fragment or control byte");
+        }
+        out.push(b as char);
+        i += 1;
+    }
+    let path = out.split('?').next().unwrap_or_default();
+    if path.split('/').any(|seg| seg == "." || seg == "..") || path.contains("%2F..") || path.contains("..%2F") {
+        return Err("dot segments in the path");
+    }
+    Ok(out)
+}
+
+/// Where a chunked body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Chunked {
+    /// Reading a chunk-size line.
+    #[default]
+    Size,
+    /// Inside a chunk's data, this many bytes left.
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data (0: CR, 1: LF).
+    DataEnd(u8),
+    /// Reading trailer lines after the last chunk.
+    Trailers,
+    /// The body is over.
+    Done,
+}
+
+/// Follows a chunked body's framing across reads, strictly.
+#[derive(Debug, Default)]
+pub struct ChunkedReader {
+    state: Chunked,
+    line: Vec<u8>,
+}
+
+const MAX_LINE: usize = 4096;
+
+impl ChunkedReader {
+    /// Consumes body bytes from the start of `buf`; returns how many belong to
+    /// the body (all of `buf` unless the body ended inside it).
+    pub fn feed(&mut self, buf: &[u8]) -> Result<usize, &'static str> {
+        let mut i = 0;
+        while i < buf.len() && self.state != Chunked::Done {
+            match self.state {
+                Chunked::Size | Chunked::Trailers => {
+                    let b = buf[i];
+                    i += 1;
+                    if self.line.len() >= MAX_LINE {
+                        return Err("chunk line too long");
+                    }
+                    self.line.push(b);
+                    if b != b'\n' {
+                        continue;
+                    }
+                    let line = self.line.strip_suffix(b"\r\n").ok_or("a bare LF in a chunked body")?.to_vec();
+                    self.line.clear();
+                    self.state = match self.state {
+                        Chunked::Size => {
+                            let size = line.split(|&c| c == b';').next().unwrap_or_default();
+                            let size = std::str::from_utf8(size).map_err(|_| "bad chunk size")?;
+                            if size.is_empty() || size.len() > 15 || !size.bytes().all(|c| c.is_ascii_hexdigit()) {
+                                return Err("bad chunk size");
+                            }
+                            match u64::from_str_radix(size, 16).map_err(|_| "bad chunk size")? {
+                                0 => Chunked::Trailers,
+                                n => Chunked::Data(n),
+                            }
+                        }
+                        _ if line.is_empty() => Chunked::Done,
+                        _ => Chunked::Trailers,
+                    };
+                }
+                Chunked::Data(left) => {
+                    let n = left.min((buf.len() - i) as u64);
+                    i += n as usize;
+                    self.state = if n == left { Chunked::DataEnd(0) } else { Chunked::Data(left - n) };
+                }
+                Chunked::DataEnd(k) => {
+                    let want = if k == 0 { b'\r' } else { b'\n' };
+                    if buf[i] != want {
+                        return Err("chunk data not followed by CRLF");
+                    }
+                    i += 1;
+                    self.state = if k == 0 { Chunked::DataEnd(1) } else { Chunked::Size };
+                }
+                Chunked::Done => {}
+            }
+        }
+        Ok(i)
+    }
+
+    /// Whether the body is over.
+    pub fn done(&self) -> bool {
+        self.state == Chunked::Done
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn req(text: &str) -> Head {
+        read_head(text.as_bytes())
+    }
+
+    #[test]
+    fn heads() {
+        let Head::Request(r) = req("GET /simple/x/ HTTP/1.1\r\nHost: PyPI.org\r\n\r\nrest") else { panic!() };
+        assert_eq!((r.method.as_str(), r.target.as_str(), r.host.as_str(), r.port), ("GET", "/simple/x/", "pypi.org", None));
+        assert_eq!((r.body, r.head_len), (Body::Length(0), 43));
+        let Head::Request(r) = req("POST http://a.org:8080/x HTTP/1.1\r\nHost: a.org:8080\r\nContent-Length: 5\r\n\r\n")
+        else {
+            panic!()
+        };
+        assert_eq!((r.target.as_str(), r.port, r.body), ("/x", Some(8080), Body::Length(5)));
+        assert_eq!(req("GET / HTTP/1.1\r\nHost: a.org\r\n"), Head::Incomplete);
+        for (bad, why) in [
+            ("GET / HTTP/1.1\r\n\r\n", "no Host header"),
+            ("GET / HTTP/1.1\r\nHost: a.org\r\nHost: b.org\r\n\r\n", "two Host headers"),
+            ("GET http://b.org/ HTTP/1.1\r\nHost: a.org\r\n\r\n", "the URL's host differs from the Host header"),
+            ("GET / HTTP/1.1\r\nHost: a.org\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "both Content-Length and Transfer-Encoding"),
+            ("GET / HTTP/1.1\r\nHost: a.org\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n", "bad Content-Length"),
+            ("GET / HTTP/1.1\r\nHost: a.org\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "a transfer coding other than chunked"),
+            ("CONNECT a.org:443 HTTP/1.1\r\nHost: a.org\r\n\r\n", "CONNECT"),
+            ("GET /a/../b HTTP/1.1\r\nHost: a.org\r\n\r\n", "dot segments in the path"),
+            ("GET /a/%2e%2E/b HTTP/1.1\r\nHost: a.org\r\n\r\n", "dot segments in the path"),
+            ("GET / HTTP/1.1\r\nHost: 10.0.0.1\r\n\r\n", "Host is not a host name"),
+            ("GET / HTTP/1.1\r\nHost: user@a.org\r\n\r\n", "Host is not a host name"),
+            ("GET / HTTP/1.1\r\nHost: a.org\0\r\n\r\n", "malformed request"),
+        ] {
+            assert_eq!(req(bad), Head::Refused(why), "{bad:?}");
+        }
+        assert_eq!(read_head(&vec![b'G'; MAX_HEAD + 1]), Head::Refused("request head too large"));
+        let mut long = b"GET / HTTP/1.1\r\nHost: a.org\r\nX: ".to_vec();
+        long.extend(vec![b'a'; MAX_HEAD]);
+        assert_eq!(read_head(&long), Head::Refused("request head too large"));
+    }
+
+    #[test]
+    fn targets_normalise() {
+        assert_eq!(normalise_target("/o/r/git-receive-%70ack").unwrap(), "/o/r/git-receive-pack");
+        assert_eq!(normalise_target("/@types%2fnode?x=%e2").unwrap(), "/@types%2Fnode?x=%E2");
+        assert!(normalise_target("/a%zz").is_err());
+        assert!(normalise_target("/a\\b").is_err());
+        assert!(normalise_target("/a/./b").is_err());
+        assert!(normalise_target("/a?x=/../").is_ok());
+    }
+
+    #[test]
+    fn chunked_framing() {
+        let body = b"5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\nNEXT";
+        for split in 0..body.len() - 4 {
+            let mut r = ChunkedReader::default();
+            let a = r.feed(&body[..split]).unwrap();
+            assert_eq!(a, split);
+            let b = r.feed(&body[split..]).unwrap();
+            assert_eq!(a + b, body.len() - 4, "{split}");
+            assert!(r.done());
+        }
+        for bad in [&b"5\r\nhelloXX"[..], b"zz\r\n", b"5\nhello", b"1234567890123456\r\n"] {
+            assert!(ChunkedReader::default().feed(bad).is_err(), "{bad:?}");
+        }
+    }
+}

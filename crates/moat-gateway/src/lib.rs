@@ -1,0 +1,12 @@
+//! moat-gateway: everything a box's traffic meets on its way out. A box's
+//! network namespace routes everything to its own `lo`, where the gateway's
+//! listeners (made there by the privileged side and handed over) answer DNS
+//! from the policy with fake addresses and take every TCP connection; the
+//! gateway checks the name the box dialled against the policy and against
+//! what the connection itself says (TLS SNI, HTTP Host), resolves the name
+//! itself, and splices to the real host. It runs as an unprivileged uid with
+//! no capabilities and never parses anything for the privileged side.
+
+pub mod dns;
+pub mod http;
+pub mod tls;
