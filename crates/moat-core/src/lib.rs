@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod clock;
+pub mod egress;
 pub mod fault;
 pub mod ids;
 pub mod images;

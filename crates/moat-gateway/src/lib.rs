@@ -10,3 +10,11 @@
 pub mod dns;
 pub mod http;
 pub mod tls;
+pub mod boxnet;
+pub mod dnsd;
+pub mod fake;
+pub mod gateway;
+pub mod proxy;
+pub mod upstream;
+
+pub use gateway::{FromGateway, Gateway, GatewayHello, Role, ToGateway};

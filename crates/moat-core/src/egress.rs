@@ -1,0 +1,81 @@
+//! What the box side and the gateway agree on: where in a box's network
+//! namespace the gateway listens, the fake address range, and the audit log's
+//! entries.
+
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
+
+/// The gateway's DNS listeners (UDP and TCP) in a box: `127.0.0.1` and `::1`.
+/// Every packet to port 53 anywhere is redirected there.
+pub const DNS_PORT: u16 = 53;
+
+/// The gateway's TCP listener in a box (`127.0.0.1` and `::1`): every TCP
+/// connection to an address outside loopback is redirected there.
+pub const PROXY_PORT: u16 = 1;
+
+/// Fake addresses handed to a box for the names it may reach: 198.18.0.0/15
+/// (set aside for benchmarking, never routed on the internet).
+pub const FAKE_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(198, 18, 0, 0), 15);
+
+/// What an entry is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogKind {
+    /// A DNS query.
+    Dns,
+    /// A TCP connection.
+    Tcp,
+    /// An HTTP request on a connection.
+    Http,
+}
+
+/// What became of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogVerdict {
+    /// Let through.
+    Allow,
+    /// Refused.
+    Deny,
+    /// Allowed, but failed upstream.
+    Error,
+}
+
+/// One audit log entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// When, in milliseconds since the epoch.
+    pub at_ms: u64,
+    /// What.
+    pub kind: LogKind,
+    /// The name (or address) the box asked for.
+    pub name: String,
+    /// The port (0 for DNS).
+    pub port: u16,
+    /// The DNS record type, or the HTTP method.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The HTTP request target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The verdict.
+    pub verdict: LogVerdict,
+    /// The rule that decided, if one did (none: the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// Why, in words, when the rule alone does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Bytes from the box to the host.
+    #[serde(default)]
+    pub sent: u64,
+    /// Bytes from the host to the box.
+    #[serde(default)]
+    pub received: u64,
+}
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,106 @@
+//! One box as the gateway sees it: its policy, the fake addresses it was
+//! given, its listeners' tasks, and the switch that cuts its connections.
+
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use moat_core::egress::{now_ms, LogEntry, LogKind, LogVerdict};
+use moat_core::policy::{HostName, Policy};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::fake::FakeAddrs;
+use crate::upstream::Upstream;
+
+/// Most connections one box may have open through the gateway at once.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// Where log entries go: (box id, entry). Bounded; when it is full the entry
+/// is counted as lost rather than stalling the box's traffic.
+pub type LogSink = mpsc::Sender<(String, LogEntry)>;
+
+/// One attached box.
+pub struct BoxNet {
+    /// The box's host-side id.
+    pub id: String,
+    policy: RwLock<Arc<Policy>>,
+    fakes: Mutex<FakeAddrs>,
+    cut: watch::Sender<u64>,
+    /// Open connections.
+    pub connections: Arc<Semaphore>,
+    log: LogSink,
+    /// The way out.
+    pub upstream: Arc<Upstream>,
+}
+
+impl BoxNet {
+    /// A box with `policy`.
+    pub fn new(id: String, policy: Policy, log: LogSink, upstream: Arc<Upstream>) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            policy: RwLock::new(Arc::new(policy)),
+            fakes: Mutex::new(FakeAddrs::default()),
+            cut: watch::channel(0).0,
+            connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            log,
+            upstream,
+        })
+    }
+
+    /// The policy now (a connection keeps the one it started with).
+    pub fn policy(&self) -> Arc<Policy> {
+        Arc::clone(&self.policy.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Replaces the policy: one swap, so every decision sees either the old
+    /// one or the new one, never a mix.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
+    }
+
+    /// The fake address for `name`.
+    pub fn fake_addr(&self, name: &HostName) -> Option<Ipv4Addr> {
+        self.fakes.lock().unwrap_or_else(PoisonError::into_inner).addr_for(name)
+    }
+
+    /// The name a fake address was given to.
+    pub fn name_at(&self, addr: Ipv4Addr) -> Option<HostName> {
+        self.fakes.lock().unwrap_or_else(PoisonError::into_inner).name_for(addr).cloned()
+    }
+
+    /// Ends every open connection of the box (its listeners stay).
+    pub fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Resolves once [`cut`](Self::cut) is called after this was made.
+    pub fn on_cut(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.cut.subscribe();
+        async move {
+            let _ = rx.changed().await;
+        }
+    }
+
+    /// Records an entry.
+    pub fn log(&self, entry: LogEntry) {
+        if self.log.try_send((self.id.clone(), entry)).is_err() {
+            tracing::warn!(box_id = %self.id, "egress log backlog full; an entry was lost");
+        }
+    }
+}
+
+/// An entry with the fields every kind has.
+pub fn entry(kind: LogKind, name: impl Into<String>, port: u16, verdict: LogVerdict) -> LogEntry {
+    LogEntry {
+        at_ms: now_ms(),
+        kind,
+        name: name.into(),
+        port,
+        method: None,
+        target: None,
+        verdict,
+        rule: None,
+        reason: None,
+        sent: 0,
+        received: 0,
+    }
+}

@@ -1,0 +1,173 @@
+//! The gateway as a whole: the boxes attached to it, and the messages the
+//! privileged side sends it (attach a box with its listeners, change its
+//! policy, cut its connections, detach it) and gets back (log entries).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use moat_core::egress::LogEntry;
+use moat_core::policy::Policy;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::boxnet::{BoxNet, LogSink};
+use crate::upstream::{Cidr, Upstream, UpstreamConfig};
+use crate::{dnsd, proxy};
+
+/// Largest message either side reads.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// The first message to the gateway: how it reaches the internet.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GatewayHello {
+    /// The resolver it asks.
+    pub upstream_dns: std::net::SocketAddr,
+    /// Ranges it may dial although they are not public (`ADDR/PREFIX`).
+    pub upstream_allow: Vec<String>,
+}
+
+impl GatewayHello {
+    /// The upstream configuration it describes.
+    pub fn upstream(&self) -> Result<UpstreamConfig, String> {
+        let allow = self.upstream_allow.iter().map(|c| c.parse::<Cidr>()).collect::<Result<_, _>>()?;
+        Ok(UpstreamConfig { dns: self.upstream_dns, allow })
+    }
+}
+
+/// What a listener handed over with [`ToGateway::Attach`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// DNS over UDP (a bound UDP socket).
+    DnsUdp,
+    /// DNS over TCP (a listening socket).
+    DnsTcp,
+    /// Every other TCP connection (a listening socket).
+    Proxy,
+}
+
+/// From the privileged side.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ToGateway {
+    /// Serve a box on the attached sockets, one per role listed, in order.
+    Attach {
+        /// The box's host-side id.
+        box_id: String,
+        /// Its policy.
+        policy: Policy,
+        /// What each attached socket is.
+        roles: Vec<Role>,
+    },
+    /// A box's new policy; connections open keep the one they started with.
+    Policy {
+        /// The box.
+        box_id: String,
+        /// The policy.
+        policy: Policy,
+    },
+    /// End a box's open connections (it was suspended).
+    Cut {
+        /// The box.
+        box_id: String,
+    },
+    /// Stop serving a box and close its sockets.
+    Detach {
+        /// The box.
+        box_id: String,
+    },
+}
+
+/// To the privileged side.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum FromGateway {
+    /// Audit log entries: (box id, entry).
+    Log {
+        /// The entries, oldest first.
+        entries: Vec<(String, LogEntry)>,
+    },
+}
+
+struct Attached {
+    net: Arc<BoxNet>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.net.cut();
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The boxes being served.
+pub struct Gateway {
+    boxes: Mutex<HashMap<String, Attached>>,
+    upstream: Arc<Upstream>,
+    log: LogSink,
+}
+
+impl Gateway {
+    /// A gateway reaching out through `upstream`, logging to `log`.
+    pub fn new(upstream: UpstreamConfig, log: LogSink) -> Self {
+        Self { boxes: Mutex::new(HashMap::new()), upstream: Arc::new(Upstream::new(upstream)), log }
+    }
+
+    /// Acts on one message (`fds`: the sockets attached to it). Must run
+    /// inside a tokio runtime.
+    pub fn handle(&self, msg: ToGateway, fds: Vec<OwnedFd>) -> std::io::Result<()> {
+        let mut boxes = self.boxes.lock().unwrap_or_else(PoisonError::into_inner);
+        match msg {
+            ToGateway::Attach { box_id, policy, roles } => {
+                if roles.len() != fds.len() {
+                    return Err(std::io::Error::other("attach: sockets and roles differ in number"));
+                }
+                let net = BoxNet::new(box_id.clone(), policy, self.log.clone(), Arc::clone(&self.upstream));
+                let mut tasks = Vec::new();
+                for (role, fd) in roles.into_iter().zip(fds) {
+                    tasks.push(spawn_listener(&net, role, fd)?);
+                }
+                // A box attached again (a gateway restart, a reboot) replaces the old.
+                boxes.insert(box_id, Attached { net, tasks });
+            }
+            ToGateway::Policy { box_id, policy } => {
+                if let Some(b) = boxes.get(&box_id) {
+                    b.net.set_policy(policy);
+                }
+            }
+            ToGateway::Cut { box_id } => {
+                if let Some(b) = boxes.get(&box_id) {
+                    b.net.cut();
+                }
+            }
+            ToGateway::Detach { box_id } => {
+                boxes.remove(&box_id);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn spawn_listener(net: &Arc<BoxNet>, role: Role, fd: OwnedFd) -> std::io::Result<JoinHandle<()>> {
+    let net = Arc::clone(net);
+    Ok(match role {
+        Role::DnsUdp => {
+            let socket = std::net::UdpSocket::from(fd);
+            socket.set_nonblocking(true)?;
+            tokio::spawn(dnsd::serve_udp(net, tokio::net::UdpSocket::from_std(socket)?))
+        }
+        Role::DnsTcp | Role::Proxy => {
+            let listener = std::net::TcpListener::from(fd);
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            match role {
+                Role::DnsTcp => tokio::spawn(dnsd::serve_tcp(net, listener)),
+                _ => tokio::spawn(proxy::serve(net, listener)),
+            }
+        }
+    })
+}

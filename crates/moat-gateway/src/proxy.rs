@@ -1,0 +1,432 @@
+//! Every TCP connection a box makes to the outside lands here (its namespace
+//! redirects it). The address it dialled says which name it meant (a fake
+//! address the DNS server gave it); the policy decides; what the connection
+//! says about itself (TLS SNI, every HTTP request's Host) must agree; then the
+//! gateway dials the real host and splices.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use moat_core::egress::{LogEntry, LogKind, LogVerdict};
+use moat_core::policy::{HostName, Policy, Rule, Verdict, DEFAULT_PORTS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::boxnet::{entry, BoxNet};
+use crate::fake::is_fake;
+use crate::http::{self, Body, ChunkedReader, Head};
+use crate::tls::{self, Hello};
+
+/// How long a box has to send the first bytes of a TLS or HTTP connection.
+const FIRST_BYTES: Duration = Duration::from_secs(10);
+/// How long the gateway waits for a client that may be waiting for the
+/// server to speak first (only where a rule allows raw TCP).
+const SERVER_FIRST: Duration = Duration::from_millis(500);
+/// How long a request head may take to arrive on a kept-alive connection.
+const NEXT_REQUEST: Duration = Duration::from_secs(120);
+/// Buffer for each direction of a splice.
+const SPLICE_BUFFER: usize = 64 << 10;
+
+/// Takes connections on `listener` until the task is dropped.
+pub async fn serve(net: Arc<BoxNet>, listener: TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let net = Arc::clone(&net);
+        tokio::spawn(async move {
+            let Some(dialled) = original_destination(&stream) else { return };
+            let Ok(permit) = Arc::clone(&net.connections).try_acquire_owned() else {
+                let mut e = entry(LogKind::Tcp, dialled.ip().to_string(), dialled.port(), LogVerdict::Deny);
+                e.reason = Some("too many open connections".into());
+                net.log(e);
+                return;
+            };
+            let cut = net.on_cut();
+            tokio::select! {
+                _ = connection(&net, stream, dialled) => {}
+                _ = cut => {}
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Where the box meant to connect, before its namespace redirected it here.
+fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
+    match stream.local_addr().ok()? {
+        SocketAddr::V4(_) => rustix::net::sockopt::ip_original_dst(stream).ok().map(SocketAddr::V4),
+        SocketAddr::V6(_) => rustix::net::sockopt::ipv6_original_dst(stream).ok().map(SocketAddr::V6),
+    }
+}
+
+async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
+    let port = dialled.port();
+    let name = match dialled.ip() {
+        IpAddr::V4(ip) if is_fake(ip) => net.name_at(ip),
+        _ => None,
+    };
+    let Some(name) = name else {
+        let mut e = entry(LogKind::Tcp, dialled.ip().to_string(), port, LogVerdict::Deny);
+        e.reason = Some(if dialled.ip().is_ipv4() && is_fake_v4(dialled.ip()) {
+            "an address the gateway gave no name".into()
+        } else {
+            "a raw address (only names the policy allows are reachable)".into()
+        });
+        net.log(e);
+        return;
+    };
+    let policy = net.policy();
+    let verdict = policy.decide(&name, port);
+    let mut log = entry(LogKind::Tcp, name.as_str(), port, LogVerdict::Deny);
+    if let Verdict::Deny(rule) = &verdict {
+        log.rule = rule.as_ref().map(Rule::to_string);
+        net.log(log);
+        return;
+    }
+    let outcome = match sniff(&stream, &verdict, port).await {
+        Sniffed::Tls => tls_connection(net, stream, &name, port, &verdict, &mut log).await,
+        Sniffed::Http => http_connection(net, stream, &name, port, &policy, &verdict, &mut log).await,
+        Sniffed::Raw => match &verdict {
+            Verdict::Allow(rule) => {
+                log.rule = Some(rule.to_string());
+                splice(net, stream, Vec::new(), &name, port, &mut log).await
+            }
+            _ => Err("not TLS or HTTP".into()),
+        },
+        Sniffed::Refused(why) => Err(why.into()),
+    };
+    if let Err(why) = outcome {
+        log.reason = Some(why);
+    }
+    net.log(log);
+}
+
+fn is_fake_v4(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V4(v4) if is_fake(v4))
+}
+
+enum Sniffed {
+    Tls,
+    Http,
+    Raw,
+    Refused(&'static str),
+}
+
+/// What the connection speaks, from its first bytes (left unread).
+async fn sniff(stream: &TcpStream, verdict: &Verdict, port: u16) -> Sniffed {
+    // Raw TCP only where a rule names this port itself (a rule that names no
+    // port means HTTP and HTTPS), never on 80 or 443.
+    let raw_ok = matches!(verdict, Verdict::Allow(r) if r.ports.as_deref() != Some(&DEFAULT_PORTS[..]))
+        && !DEFAULT_PORTS.contains(&port);
+    let mut first = [0u8; 17];
+    let wait = if raw_ok { SERVER_FIRST } else { FIRST_BYTES };
+    let n = match tokio::time::timeout(wait, peek_some(stream, &mut first)).await {
+        Ok(Ok(n)) if n > 0 => n,
+        Ok(_) => return Sniffed::Refused("closed before sending anything"),
+        Err(_) if raw_ok => return Sniffed::Raw,
+        Err(_) => return Sniffed::Refused("sent nothing"),
+    };
+    if first[0] == 0x16 {
+        Sniffed::Tls
+    } else if http::looks_like_http(&first[..n]) || (n < first.len() && first[..n].iter().all(u8::is_ascii_uppercase)) {
+        Sniffed::Http
+    } else if raw_ok {
+        Sniffed::Raw
+    } else {
+        Sniffed::Refused("not TLS or HTTP")
+    }
+}
+
+async fn peek_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    stream.peek(buf).await
+}
+
+async fn tls_connection(
+    net: &BoxNet,
+    mut stream: TcpStream,
+    name: &HostName,
+    port: u16,
+    verdict: &Verdict,
+    log: &mut LogEntry,
+) -> Result<(), String> {
+    let mut buf = Vec::with_capacity(4096);
+    let sni = loop {
+        match tls::read_hello(&buf) {
+            Hello::Name(sni) => break sni,
+            Hello::Refused(why) => return Err(why.into()),
+            Hello::Incomplete => {
+                let mut chunk = [0u8; 4096];
+                match tokio::time::timeout(FIRST_BYTES, stream.read(&mut chunk)).await {
+                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                    _ => return Err("incomplete ClientHello".into()),
+                }
+            }
+        }
+    };
+    if sni != *name {
+        return Err(format!("SNI {sni} differs from the dialled name"));
+    }
+    match verdict {
+        Verdict::Allow(rule) => {
+            log.rule = Some(rule.to_string());
+            splice(net, stream, buf, name, port, log).await
+        }
+        _ => Err("the rules for this host look inside HTTPS requests, which this gateway does not do yet".into()),
+    }
+}
+
+/// Dials `name:port`, sends `early` (what the box sent already), and copies
+/// both ways until both sides are done.
+async fn splice(
+    net: &BoxNet,
+    mut stream: TcpStream,
+    early: Vec<u8>,
+    name: &HostName,
+    port: u16,
+    log: &mut LogEntry,
+) -> Result<(), String> {
+    let mut upstream = match net.upstream.dial(name, port).await {
+        Ok(up) => up,
+        Err(e) => {
+            log.verdict = LogVerdict::Error;
+            return Err(e.to_string());
+        }
+    };
+    log.verdict = LogVerdict::Allow;
+    upstream.write_all(&early).await.map_err(|e| e.to_string())?;
+    log.sent = early.len() as u64;
+    let _ = stream.set_nodelay(true);
+    match tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut upstream, SPLICE_BUFFER, SPLICE_BUFFER).await {
+        Ok((sent, received)) => {
+            log.sent += sent;
+            log.received = received;
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Plain HTTP: every request on the connection is read and checked (Host,
+/// and the policy's method and target rules), so that a kept-alive
+/// connection cannot change hosts or methods after the first request.
+async fn http_connection(
+    net: &BoxNet,
+    stream: TcpStream,
+    name: &HostName,
+    port: u16,
+    policy: &Policy,
+    verdict: &Verdict,
+    log: &mut LogEntry,
+) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    let (mut from_box, to_box) = stream.into_split();
+    let to_box = Arc::new(tokio::sync::Mutex::new(to_box));
+    let received = Arc::new(AtomicU64::new(0));
+    let mut up: Option<(OwnedWriteHalf, tokio::task::JoinHandle<()>)> = None;
+    let mut buf: Vec<u8> = Vec::with_capacity(8192);
+    let result = loop {
+        let request = match read_request(&mut from_box, &mut buf).await {
+            Ok(Some(r)) => r,
+            Ok(None) => break Ok(()),
+            Err(why) => {
+                refuse(&to_box, up.is_none(), 400, &why).await;
+                break Err(why);
+            }
+        };
+        let mut req_log = entry(LogKind::Http, name.as_str(), port, LogVerdict::Deny);
+        req_log.method = Some(request.method.clone());
+        req_log.target = Some(request.target.clone());
+        let decided = if request.host != *name || request.port.is_some_and(|p| p != port) {
+            Err(format!("Host {} differs from the dialled name", request.host))
+        } else {
+            match verdict {
+                Verdict::Allow(rule) => Ok(rule.clone()),
+                _ => policy
+                    .decide_request(name, port, &request.method, &request.target)
+                    .map_err(|rule| match rule {
+                        Some(rule) => {
+                            req_log.rule = Some(rule.to_string());
+                            "refused by rule".into()
+                        }
+                        None => "no rule allows this request".into(),
+                    }),
+            }
+        };
+        let rule = match decided {
+            Ok(rule) => rule,
+            Err(why) => {
+                req_log.reason = Some(why.clone());
+                net.log(req_log);
+                refuse(&to_box, up.is_none(), 403, &why).await;
+                break Err(why);
+            }
+        };
+        req_log.rule = Some(rule.to_string());
+        log.rule.get_or_insert_with(|| rule.to_string());
+        if up.is_none() {
+            match net.upstream.dial(name, port).await {
+                Ok(stream) => {
+                    let (up_read, up_write) = stream.into_split();
+                    let copier = tokio::spawn(copy_responses(up_read, Arc::clone(&to_box), Arc::clone(&received)));
+                    up = Some((up_write, copier));
+                }
+                Err(e) => {
+                    req_log.verdict = LogVerdict::Error;
+                    req_log.reason = Some(e.to_string());
+                    net.log(req_log);
+                    log.verdict = LogVerdict::Error;
+                    refuse(&to_box, true, 502, &e.to_string()).await;
+                    break Err(e.to_string());
+                }
+            }
+        }
+        req_log.verdict = LogVerdict::Allow;
+        log.verdict = LogVerdict::Allow;
+        net.log(req_log);
+        let Some((up_write, _)) = up.as_mut() else { break Err("no upstream".into()) };
+        let head: Vec<u8> = buf.drain(..request.head_len).collect();
+        if let Err(e) = up_write.write_all(&head).await {
+            break Err(e.to_string());
+        }
+        log.sent += head.len() as u64;
+        match forward_body(&mut from_box, up_write, &mut buf, request.body).await {
+            Ok(n) => log.sent += n,
+            Err(why) => break Err(why),
+        }
+        if request.upgrade {
+            // After a protocol switch the bytes are not HTTP: pass them on.
+            let _ = up_write.write_all(&buf).await;
+            log.sent += buf.len() as u64;
+            match tokio::io::copy(&mut from_box, up_write).await {
+                Ok(n) => log.sent += n,
+                Err(e) => break Err(e.to_string()),
+            }
+            break Ok(());
+        }
+    };
+    if let Some((mut up_write, copier)) = up {
+        let _ = up_write.shutdown().await;
+        if result.is_ok() {
+            let _ = copier.await;
+        } else {
+            copier.abort();
+        }
+    }
+    log.received = received.load(Ordering::Relaxed);
+    result
+}
+
+/// Reads the next request head into `buf` (`None`: the box closed cleanly
+/// between requests).
+async fn read_request(from_box: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result<Option<http::Request>, String> {
+    loop {
+        match http::read_head(buf) {
+            Head::Request(r) => return Ok(Some(r)),
+            Head::Refused(why) => return Err(why.into()),
+            Head::Incomplete => {}
+        }
+        let mut chunk = [0u8; 8192];
+        match tokio::time::timeout(NEXT_REQUEST, from_box.read(&mut chunk)).await {
+            Ok(Ok(0)) if buf.is_empty() => return Ok(None),
+            Ok(Ok(0)) => return Err("closed inside a request head".into()),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) if buf.is_empty() => return Ok(None),
+            Err(_) => return Err("request head too slow".into()),
+        }
+    }
+}
+
+/// Sends the body of the current request (first what `buf` holds of it);
+/// leaves in `buf` whatever follows it. Returns the bytes sent.
+async fn forward_body(
+    from_box: &mut OwnedReadHalf,
+    up: &mut OwnedWriteHalf,
+    buf: &mut Vec<u8>,
+    body: Body,
+) -> Result<u64, String> {
+    let mut sent = 0u64;
+    let mut chunk = vec![0u8; SPLICE_BUFFER];
+    match body {
+        Body::Length(mut left) => {
+            let now = (buf.len() as u64).min(left) as usize;
+            up.write_all(&buf[..now]).await.map_err(|e| e.to_string())?;
+            buf.drain(..now);
+            left -= now as u64;
+            sent += now as u64;
+            while left > 0 {
+                let want = (chunk.len() as u64).min(left) as usize;
+                let n = from_box.read(&mut chunk[..want]).await.map_err(|e| e.to_string())?;
+                if n == 0 {
+                    return Err("closed inside a request body".into());
+                }
+                up.write_all(&chunk[..n]).await.map_err(|e| e.to_string())?;
+                left -= n as u64;
+                sent += n as u64;
+            }
+        }
+        Body::Chunked => {
+            let mut reader = ChunkedReader::default();
+            let n = reader.feed(buf)?;
+            up.write_all(&buf[..n]).await.map_err(|e| e.to_string())?;
+            buf.drain(..n);
+            sent += n as u64;
+            while !reader.done() {
+                let got = from_box.read(&mut chunk).await.map_err(|e| e.to_string())?;
+                if got == 0 {
+                    return Err("closed inside a chunked body".into());
+                }
+                let n = reader.feed(&chunk[..got])?;
+                up.write_all(&chunk[..n]).await.map_err(|e| e.to_string())?;
+                sent += n as u64;
+                // Bytes after the body are the next request's.
+                buf.extend_from_slice(&chunk[n..got]);
+            }
+        }
+    }
+    Ok(sent)
+}
+
+async fn copy_responses(
+    mut up_read: OwnedReadHalf,
+    to_box: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    received: Arc<AtomicU64>,
+) {
+    let mut chunk = vec![0u8; SPLICE_BUFFER];
+    loop {
+        let n = match up_read.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to_box.lock().await.write_all(&chunk[..n]).await.is_err() {
+            break;
+        }
+        received.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    let _ = to_box.lock().await.shutdown().await;
+}
+
+/// Answers the box with an error of the gateway's own, if no response from
+/// upstream may be on its way (else the two would interleave), and closes.
+async fn refuse(to_box: &tokio::sync::Mutex<OwnedWriteHalf>, answer: bool, code: u16, why: &str) {
+    let mut w = to_box.lock().await;
+    if answer {
+        let reason = match code {
+            400 => "Bad Request",
+            403 => "Forbidden",
+            _ => "Bad Gateway",
+        };
+        let body = format!("moat egress gateway: {why}\n");
+        let response = format!(
+            "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = w.write_all(response.as_bytes()).await;
+    }
+    let _ = w.shutdown().await;
+}
