@@ -16,5 +16,5 @@ pub mod server;
 pub mod wire;
 
 pub use client::{ApiClient, Lease};
-pub use proto::{ApiError, BoxInfo, Event, Hello, Reply, Request, Route};
+pub use proto::{ApiError, BoxInfo, Event, Hello, PolicyChange, Reply, Request, Route};
 pub use wire::Packets;

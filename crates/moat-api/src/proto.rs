@@ -6,6 +6,8 @@
 //! manager's rules: a name is validated on decode, another account's box looks
 //! like no box, and every limit is checked again.
 
+use moat_core::egress::LogEntry;
+use moat_core::policy::Policy;
 use moat_core::{AccountId, BoxRecord, Change, Limits, Name, UsageReport};
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +68,9 @@ pub enum Request {
         limits: Limits,
         /// Its idle grace, if not the daemon's default.
         idle: Option<u32>,
+        /// The preset its egress policy starts from, if not the operator's default.
+        #[serde(default)]
+        policy: Option<String>,
     },
     /// Removes a box.
     Remove {
@@ -147,6 +152,34 @@ pub enum Request {
         /// One box, or every box.
         name: Option<Name>,
     },
+    /// A box's egress policy.
+    Policy {
+        /// The account.
+        account: AccountId,
+        /// The box.
+        name: Name,
+    },
+    /// Changes a box's egress policy; applies to its next connection.
+    ChangePolicy {
+        /// The account.
+        account: AccountId,
+        /// The box.
+        name: Name,
+        /// The change.
+        change: PolicyChange,
+    },
+    /// A box's egress log since `since_ms`, in batches; with `follow`, then
+    /// every new entry until the connection closes.
+    Log {
+        /// The account.
+        account: AccountId,
+        /// The box.
+        name: Name,
+        /// Milliseconds since the epoch.
+        since_ms: u64,
+        /// Keep sending new entries.
+        follow: bool,
+    },
     /// A session on a box: the answer carries a stream connected to its agent,
     /// and the box stays up until this request's connection closes.
     OpenSession {
@@ -155,6 +188,21 @@ pub enum Request {
         /// The box.
         name: Name,
     },
+}
+
+/// A change to a policy. Rules travel as the words the user typed and are
+/// parsed by the privileged side.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyChange {
+    /// Add an allow rule.
+    Allow(Vec<String>),
+    /// Add a deny rule.
+    Deny(Vec<String>),
+    /// Remove a rule (allow or deny) equal to this one.
+    Remove(Vec<String>),
+    /// Replace the policy with a preset.
+    Preset(String),
 }
 
 /// What a user name is, for one account.
@@ -232,6 +280,8 @@ pub enum Reply {
     Name(Name),
     /// To `Usage`.
     Usage(UsageReport),
+    /// To `Policy` and `ChangePolicy`.
+    Policy(Policy),
     /// To `OpenSession`: the stream to the agent is attached.
     Session,
     /// Done, nothing to say.
@@ -265,6 +315,8 @@ pub enum Event {
     Progress(String),
     /// Some of what `Diff` found; its outcome is `Done`.
     Changes(Vec<Change>),
+    /// Entries of `Log`; its outcome is `Done`.
+    Log(Vec<LogEntry>),
     /// How the request ended.
     Outcome(Result<Reply, ApiError>),
 }
@@ -297,6 +349,7 @@ mod tests {
                 image: Name::new("debian").unwrap(),
                 limits: Limits::default(),
                 idle: Some(5),
+                policy: None,
             };
             let mut bytes = serde_json::to_vec(&req).unwrap();
             let pos = pos % bytes.len();

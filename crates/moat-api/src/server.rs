@@ -6,11 +6,12 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
+use moat_core::policy::{HostName, Policy, PolicyError, Rule};
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Change, ChangeSink, ManagerError};
 use tokio::sync::Semaphore;
 
 use crate::client::DIAL;
-use crate::proto::{ApiError, BoxInfo, Event, Reply, Request, Route, MAX_REQUEST};
+use crate::proto::{ApiError, BoxInfo, Event, PolicyChange, Reply, Request, Route, MAX_REQUEST};
 use crate::wire::Packets;
 
 /// Most request connections open at once: every box session holds one, so
@@ -28,6 +29,32 @@ pub struct Privileged {
     pub manager: Arc<BoxManager>,
     /// The operator's key list.
     pub authorize: Box<Authorizer>,
+    /// The policy a new box gets unless it names a preset.
+    pub default_policy: Policy,
+    /// The registry hosts of the `registries` preset.
+    pub registries: Vec<HostName>,
+}
+
+impl Privileged {
+    fn preset(&self, name: &str) -> Result<Policy, PolicyError> {
+        moat_core::policy::preset(name, &self.registries)
+    }
+
+    /// Applies a change to `policy`.
+    fn apply(&self, policy: &mut Policy, change: PolicyChange) -> Result<(), PolicyError> {
+        let rule = |words: &[String]| Rule::parse(&words.iter().map(String::as_str).collect::<Vec<_>>());
+        match change {
+            PolicyChange::Allow(words) => policy.allow(rule(&words)?),
+            PolicyChange::Deny(words) => policy.deny(rule(&words)?),
+            PolicyChange::Remove(words) => {
+                let rule = rule(&words)?;
+                policy.allow.retain(|r| *r != rule);
+                policy.deny.retain(|r| *r != rule);
+            }
+            PolicyChange::Preset(name) => *policy = self.preset(&name)?,
+        }
+        Ok(())
+    }
 }
 
 /// Answers dials on `dialer` until the front door closes it.
@@ -84,6 +111,10 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         drop(guard);
         return Ok(());
     }
+    if let Request::Log { account, name, since_ms, follow } = req {
+        let outcome = send_log(conn, &ctx.manager, &account, &name, since_ms, follow).await?;
+        return send(conn, &Event::Outcome(outcome), None).await;
+    }
     let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress: moat_core::ProgressSink = Box::new(move |line: &str| {
         let _ = progress_tx.send(line.to_string());
@@ -117,6 +148,67 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
     send(conn, &Event::Outcome(outcome), None).await
 }
 
+/// Entries in a batch of `Log`.
+const LOG_BATCH: usize = 512;
+
+/// Sends a box's log since `since_ms` and, with `follow`, every entry after
+/// it until the front door closes the connection.
+async fn send_log(
+    conn: &Packets,
+    manager: &Arc<BoxManager>,
+    account: &AccountId,
+    name: &moat_core::Name,
+    since_ms: u64,
+    follow: bool,
+) -> io::Result<Result<Reply, ApiError>> {
+    // Subscribed before the backlog is read, so nothing falls between.
+    let mut live = manager.follow_egress();
+    let id = match manager.get(account, name) {
+        Ok(rec) => rec.id,
+        Err(e) => return Ok(Err(api_error(e))),
+    };
+    let backlog = match manager.egress_log(account, name, since_ms) {
+        Ok(entries) => entries,
+        Err(e) => return Ok(Err(api_error(e))),
+    };
+    for batch in backlog.chunks(LOG_BATCH) {
+        send(conn, &Event::Log(batch.to_vec()), None).await?;
+    }
+    if !follow {
+        return Ok(Ok(Reply::Done));
+    }
+    let horizon = backlog.last().map_or(0, |e| e.at_ms);
+    loop {
+        tokio::select! {
+            entry = live.recv() => match entry {
+                Ok((box_id, entry)) if box_id == id => {
+                    // Entries read in the backlog may arrive here again once.
+                    if entry.at_ms <= horizon && backlog.contains(&entry) {
+                        continue;
+                    }
+                    let mut batch = vec![entry];
+                    while let Ok((box_id, entry)) = live.try_recv() {
+                        if box_id == id {
+                            batch.push(entry);
+                        }
+                        if batch.len() >= LOG_BATCH {
+                            break;
+                        }
+                    }
+                    send(conn, &Event::Log(batch), None).await?;
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(lost = n, "a log follower fell behind");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(Ok(Reply::Done)),
+            },
+            // The front door closes the connection when its client goes.
+            closed = conn.recv(1) => if !matches!(closed, Ok(Some(_))) { return Ok(Ok(Reply::Done)) },
+        }
+    }
+}
+
 async fn open_session(
     manager: &Arc<BoxManager>,
     account: &AccountId,
@@ -135,7 +227,7 @@ async fn open_session(
 /// The exit status a failure reports: 2 for limits the user asked for, else 1.
 fn api_error(e: ManagerError) -> ApiError {
     let status = match e {
-        ManagerError::Limits(_) => 2,
+        ManagerError::Limits(_) | ManagerError::Policy(_) => 2,
         _ => 1,
     };
     ApiError { status, message: error_chain(&e) }
@@ -172,8 +264,12 @@ async fn run(
         }),
         Request::List { account } => Reply::Boxes(m.list(&account)?.iter().map(BoxInfo::from).collect()),
         Request::Get { account, name } => Reply::Box(BoxInfo::from(&m.get(&account, &name)?)),
-        Request::Create { account, name, image, limits, idle } => {
-            let rec = m.create(&account, BoxSpec { name, image, limits }, progress).await?;
+        Request::Create { account, name, image, limits, idle, policy } => {
+            let policy = match policy {
+                Some(preset) => ctx.preset(&preset)?,
+                None => ctx.default_policy.clone(),
+            };
+            let rec = m.create(&account, BoxSpec { name, image, limits, policy }, progress).await?;
             if let Some(seconds) = idle {
                 m.set_idle(&account, &rec.name, seconds).await?;
             }
@@ -193,7 +289,11 @@ async fn run(
             m.set_keep_running(&account, &name, on).await.map(|()| Reply::Done)?
         }
         Request::Usage { account, since, name } => Reply::Usage(m.usage(&account, since, name.as_ref()).await?),
-        // Answered by `answer`, which keeps its connection as the lease.
-        Request::OpenSession { .. } => Reply::Done,
+        Request::Policy { account, name } => Reply::Policy(m.policy(&account, &name)?),
+        Request::ChangePolicy { account, name, change } => {
+            Reply::Policy(m.change_policy(&account, &name, |p| ctx.apply(p, change)).await??)
+        }
+        // Answered by `answer`, which keeps their connections.
+        Request::OpenSession { .. } | Request::Log { .. } => Reply::Done,
     })
 }

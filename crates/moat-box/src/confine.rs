@@ -107,7 +107,23 @@ fn arg_one_of(arg: u32, allowed: &[u32]) -> Vec<sock_filter> {
 
 /// The front door's allow list; anything else kills the process.
 pub fn front_door_filter() -> Vec<sock_filter> {
+    parser_filter(false)
+}
+
+/// The egress gateway's allow list: the front door's, and it may also make
+/// IPv4 and IPv6 sockets (never unix, netlink, packet or vsock ones), bind
+/// them (to dial from) and connect them (to the internet).
+pub fn gateway_filter() -> Vec<sock_filter> {
+    parser_filter(true)
+}
+
+fn parser_filter(dials: bool) -> Vec<sock_filter> {
     let mut prog = prologue();
+    if dials {
+        if_syscall(&mut prog, libc::SYS_socket, &arg_one_of(0, &[libc::AF_INET as u32, libc::AF_INET6 as u32]));
+        if_syscall(&mut prog, libc::SYS_connect, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
+        if_syscall(&mut prog, libc::SYS_bind, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
+    }
     for nr in ALLOWED {
         if_syscall(&mut prog, *nr, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
     }
@@ -143,8 +159,17 @@ pub fn front_door_filter() -> Vec<sock_filter> {
 /// no_new_privs, not dumpable, dying with its parent, and under
 /// [`front_door_filter`].
 pub fn front_door(uid: u32, gid: u32) -> io::Result<()> {
+    drop_to(uid, gid, &front_door_filter())
+}
+
+/// As [`front_door`], under [`gateway_filter`].
+pub fn gateway(uid: u32, gid: u32) -> io::Result<()> {
+    drop_to(uid, gid, &gateway_filter())
+}
+
+fn drop_to(uid: u32, gid: u32, filter: &[sock_filter]) -> io::Result<()> {
     if uid == 0 || gid == 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the front door may not run as root"));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a process facing hostile bytes may not run as root"));
     }
     let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
     crate::sys::drop_bounding_set(&[])?;
@@ -158,7 +183,7 @@ pub fn front_door(uid: u32, gid: u32) -> io::Result<()> {
     nix::sys::prctl::set_dumpable(false)?;
     nix::unistd::chdir("/")?;
     nix::sys::prctl::set_no_new_privs()?;
-    crate::sys::install_seccomp(&front_door_filter())
+    crate::sys::install_seccomp(filter)
 }
 
 #[cfg(test)]
@@ -212,5 +237,20 @@ mod tests {
         assert_eq!(call(libc::SYS_prctl, libc::PR_SET_NAME as u64, 0), SECCOMP_RET_ALLOW);
         assert_eq!(call(libc::SYS_prctl, libc::PR_SET_DUMPABLE as u64, 1), EPERM);
         assert!(prog.len() < 4096);
+    }
+
+    #[test]
+    fn the_gateway_dials_only_the_internet() {
+        let prog = gateway_filter();
+        let call = |n: libc::c_long, a0: u64| run(&prog, n as u32, [a0, 0, 0, 0, 0, 0]);
+        assert_eq!(call(libc::SYS_socket, libc::AF_INET as u64), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_socket, libc::AF_INET6 as u64), SECCOMP_RET_ALLOW);
+        for family in [libc::AF_UNIX, libc::AF_NETLINK, libc::AF_PACKET, libc::AF_VSOCK] {
+            assert_eq!(call(libc::SYS_socket, family as u64), EPERM, "{family}");
+        }
+        assert_eq!(call(libc::SYS_connect, 3), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_execve, 0), SECCOMP_RET_KILL_PROCESS);
+        // The front door still may not.
+        assert_eq!(run(&front_door_filter(), libc::SYS_socket as u32, [2, 0, 0, 0, 0, 0]), SECCOMP_RET_KILL_PROCESS);
     }
 }

@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod clock;
 pub mod egress;
+pub mod egress_log;
 pub mod fault;
 pub mod ids;
 pub mod images;
@@ -20,6 +21,8 @@ pub use backend::{
 };
 pub use ids::{AccountId, BoxId, Name, NameError};
 pub use limits::{Limits, LimitsError};
-pub use manager::{BoxManager, BoxSpec, ManagerConfig, ManagerError, ProgressSink, SessionGuard, UsageReport};
+pub use manager::{
+    BoxManager, BoxSpec, ManagerConfig, ManagerError, NetworkHooks, ProgressSink, SessionGuard, UsageReport,
+};
 pub use record::{BoxRecord, BoxState};
 pub use store::{Store, StoreError};

@@ -75,7 +75,9 @@ impl HostName {
 
     /// Whether this is `suffix` or a name below it.
     fn is_below(&self, suffix: &HostName) -> bool {
-        self.0.len() > suffix.0.len() && self.0.ends_with(&suffix.0) && self.0.as_bytes()[self.0.len() - suffix.0.len() - 1] == b'.'
+        self.0.len() > suffix.0.len()
+            && self.0.ends_with(&suffix.0)
+            && self.0.as_bytes()[self.0.len() - suffix.0.len() - 1] == b'.'
     }
 }
 

@@ -102,6 +102,9 @@ pub const UID_BASE: u32 = 1 << 20;
 /// no file and no box (below every box's range, above every distribution's
 /// user ranges), so it can signal or read nothing of anyone's.
 pub const FRONT_DOOR_ID: u32 = UID_BASE - 1;
+/// The egress gateway's uid and gid unless the operator picks another (as
+/// the front door's, and not the same: neither can signal the other).
+pub const GATEWAY_ID: u32 = UID_BASE - 2;
 /// Each box maps this many uids (0..65535 inside).
 pub const UIDS_PER_BOX: u32 = 1 << 16;
 /// Slots that fit below `u32::MAX` (uid -1 is reserved by the kernel).

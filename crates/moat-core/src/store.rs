@@ -10,6 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::Limits;
+use crate::policy::Policy;
 use crate::record::{BoxRecord, BoxState, MAX_SLOTS, SLOTS_PER_BLOCK};
 
 /// A store failure.
@@ -54,6 +55,11 @@ CREATE TABLE IF NOT EXISTS boxes (
 -- Names an account's boxes had and no longer have (removed, or renamed by
 -- promote): an SSH user name that meant a box must never fall through to
 -- the control plane.
+-- Each box's egress policy (JSON); a box without a row reaches nothing.
+CREATE TABLE IF NOT EXISTS policies (
+    box_id      TEXT PRIMARY KEY,
+    policy      TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS retired_names (
     account     TEXT NOT NULL,
     name        TEXT NOT NULL,
@@ -86,6 +92,7 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(crate::ledger::SCHEMA)?;
+        conn.execute_batch(crate::egress_log::SCHEMA)?;
         let existing: Vec<String> = conn
             .prepare("SELECT name FROM pragma_table_info('boxes')")?
             .query_map([], |r| r.get(0))?
@@ -130,13 +137,38 @@ impl Store {
         image: &Name,
         limits: Limits,
         created_at: u64,
+        policy: &Policy,
     ) -> Result<BoxRecord, StoreError> {
-        self.insert(account, name, image, limits, created_at, None)
+        self.insert(account, name, image, limits, created_at, None, policy)
     }
 
-    /// Adds a box in state `creating` as a duplicate of `parent`.
+    /// Adds a box in state `creating` as a duplicate of `parent` (its policy too).
     pub fn insert_dup(&self, parent: &BoxRecord, name: &Name, created_at: u64) -> Result<BoxRecord, StoreError> {
-        self.insert(&parent.account, name, &parent.image, parent.limits, created_at, Some(parent))
+        let policy = self.policy(&parent.id)?;
+        self.insert(&parent.account, name, &parent.image, parent.limits, created_at, Some(parent), &policy)
+    }
+
+    /// A box's egress policy (none stored: reaches nothing).
+    pub fn policy(&self, id: &BoxId) -> Result<Policy, StoreError> {
+        let text: Option<String> = self
+            .conn()
+            .query_row("SELECT policy FROM policies WHERE box_id = ?1", params![id.as_str()], |r| r.get(0))
+            .optional()?;
+        match text {
+            None => Ok(Policy::default()),
+            Some(text) => serde_json::from_str(&text).map_err(|_| StoreError::Corrupt(id.to_string())),
+        }
+    }
+
+    /// Sets a box's egress policy.
+    pub fn set_policy(&self, id: &BoxId, policy: &Policy) -> Result<(), StoreError> {
+        let text = serde_json::to_string(policy).map_err(|_| StoreError::Corrupt(id.to_string()))?;
+        self.conn().execute(
+            "INSERT INTO policies (box_id, policy) VALUES (?1, ?2) \
+             ON CONFLICT (box_id) DO UPDATE SET policy = excluded.policy",
+            params![id.as_str(), text],
+        )?;
+        Ok(())
     }
 
     fn insert(
@@ -147,7 +179,9 @@ impl Store {
         limits: Limits,
         created_at: u64,
         parent: Option<&BoxRecord>,
+        policy: &Policy,
     ) -> Result<BoxRecord, StoreError> {
+        let policy = serde_json::to_string(policy).map_err(|_| StoreError::Corrupt(name.to_string()))?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let taken: bool = tx
@@ -210,6 +244,10 @@ impl Store {
                 limits.disk as i64,
                 rec.parent.as_ref().map(BoxId::as_str),
             ],
+        )?;
+        tx.execute(
+            "INSERT OR REPLACE INTO policies (box_id, policy) VALUES (?1, ?2)",
+            params![rec.id.as_str(), policy],
         )?;
         tx.commit()?;
         Ok(rec)
@@ -319,7 +357,11 @@ impl Store {
 
     /// Forgets a box.
     pub fn delete(&self, id: &BoxId) -> Result<(), StoreError> {
-        self.conn().execute("DELETE FROM boxes WHERE id = ?1", params![id.as_str()])?;
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM boxes WHERE id = ?1", params![id.as_str()])?;
+        tx.execute("DELETE FROM policies WHERE box_id = ?1", params![id.as_str()])?;
+        tx.commit()?;
         Ok(())
     }
 }
@@ -369,13 +411,17 @@ mod tests {
         let bob = AccountId("SHA256:bob".into());
         let web = {
             let store = Store::open(&path).unwrap();
-            let web = store.insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 1).unwrap();
-            let db = store.insert_new(&alice, &names("db"), &names("debian"), Limits::default(), 2).unwrap();
+            let web = store
+                .insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 1, &Policy::default())
+                .unwrap();
+            let db = store
+                .insert_new(&alice, &names("db"), &names("debian"), Limits::default(), 2, &Policy::default())
+                .unwrap();
             assert_ne!(web.slot, db.slot);
             // Names are per account.
-            store.insert_new(&bob, &names("web"), &names("busybox"), Limits::default(), 3).unwrap();
+            store.insert_new(&bob, &names("web"), &names("busybox"), Limits::default(), 3, &Policy::default()).unwrap();
             assert!(matches!(
-                store.insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 4),
+                store.insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 4, &Policy::default()),
                 Err(StoreError::NameTaken(_))
             ));
             store.set_state(&web.id, BoxState::Running, Some(42)).unwrap();
@@ -395,7 +441,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
-        let web = store.insert_new(&a, &names("web"), &names("debian"), Limits::default(), 1).unwrap();
+        let web =
+            store.insert_new(&a, &names("web"), &names("debian"), Limits::default(), 1, &Policy::default()).unwrap();
         let try_ = store.insert_dup(&web, &names("web-try"), 2).unwrap();
         let got = store.get(&a, &names("web-try")).unwrap().unwrap();
         assert_eq!(got.parent, Some(web.id.clone()));
@@ -419,8 +466,10 @@ mod tests {
         let mut store = Store::open(&dir.path().join("s.db")).unwrap();
         store.use_slot_block(3).unwrap();
         let a = AccountId("a".into());
-        let first = store.insert_new(&a, &names("one"), &names("debian"), Limits::default(), 1).unwrap();
-        let second = store.insert_new(&a, &names("two"), &names("debian"), Limits::default(), 1).unwrap();
+        let first =
+            store.insert_new(&a, &names("one"), &names("debian"), Limits::default(), 1, &Policy::default()).unwrap();
+        let second =
+            store.insert_new(&a, &names("two"), &names("debian"), Limits::default(), 1, &Policy::default()).unwrap();
         assert_eq!((first.slot, second.slot), (3 * SLOTS_PER_BLOCK, 3 * SLOTS_PER_BLOCK + 1));
         // Moved to another block, boxes keep their places in it.
         store.use_slot_block(5).unwrap();
@@ -452,11 +501,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
-        let b0 = store.insert_new(&a, &names("b0"), &names("i"), Limits::default(), 0).unwrap();
-        let b1 = store.insert_new(&a, &names("b1"), &names("i"), Limits::default(), 0).unwrap();
+        let b0 = store.insert_new(&a, &names("b0"), &names("i"), Limits::default(), 0, &Policy::default()).unwrap();
+        let b1 = store.insert_new(&a, &names("b1"), &names("i"), Limits::default(), 0, &Policy::default()).unwrap();
         assert_eq!((b0.slot, b1.slot), (0, 1));
         store.delete(&b0.id).unwrap();
-        let b2 = store.insert_new(&a, &names("b2"), &names("i"), Limits::default(), 0).unwrap();
+        let b2 = store.insert_new(&a, &names("b2"), &names("i"), Limits::default(), 0, &Policy::default()).unwrap();
         assert_eq!(b2.slot, 0);
     }
 }

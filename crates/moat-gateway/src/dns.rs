@@ -243,7 +243,9 @@ pub fn parse_upstream(msg: &[u8], id: u16, name: &HostName) -> Result<Resolved, 
         }
         match (rtype, data.len()) {
             (TYPE_A, 4) => out.v4.push(Ipv4Addr::new(data[0], data[1], data[2], data[3])),
-            (TYPE_AAAA, 16) => out.v6.push(Ipv6Addr::from(<[u8; 16]>::try_from(data).map_err(|_| DnsError::Truncated)?)),
+            (TYPE_AAAA, 16) => {
+                out.v6.push(Ipv6Addr::from(<[u8; 16]>::try_from(data).map_err(|_| DnsError::Truncated)?))
+            }
             (TYPE_CNAME, _) => {
                 names.push(read_name(msg, data_at)?.0);
                 continue;

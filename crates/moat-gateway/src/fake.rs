@@ -35,7 +35,9 @@ impl FakeAddrs {
         let base = u32::from(FAKE_NET.0);
         let start = fnv1a(name.as_str().as_bytes()) % SLOTS;
         // With at most MAX_NAMES of SLOTS taken, a free one is near.
-        let addr = (0..SLOTS).map(|i| Ipv4Addr::from(base + 1 + (start + i) % SLOTS)).find(|a| !self.by_addr.contains_key(a))?;
+        let addr = (0..SLOTS)
+            .map(|i| Ipv4Addr::from(base + 1 + (start + i) % SLOTS))
+            .find(|a| !self.by_addr.contains_key(a))?;
         self.by_name.insert(name.clone(), addr);
         self.by_addr.insert(addr, name.clone());
         Some(addr)

@@ -157,7 +157,8 @@ pub fn normalise_target(target: &str) -> Result<String, &'static str> {
         let b = bytes[i];
         if b == b'%' {
             let hex = |c: u8| (c as char).to_digit(16);
-            let (Some(hi), Some(lo)) = (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex))
+            let (Some(hi), Some(lo)) =
+                (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex))
             else {
                 return Err("a bad percent escape");
             };
@@ -280,9 +281,13 @@ mod tests {
     #[test]
     fn heads() {
         let Head::Request(r) = req("GET /simple/x/ HTTP/1.1\r\nHost: PyPI.org\r\n\r\nrest") else { panic!() };
-        assert_eq!((r.method.as_str(), r.target.as_str(), r.host.as_str(), r.port), ("GET", "/simple/x/", "pypi.org", None));
+        assert_eq!(
+            (r.method.as_str(), r.target.as_str(), r.host.as_str(), r.port),
+            ("GET", "/simple/x/", "pypi.org", None)
+        );
         assert_eq!((r.body, r.head_len), (Body::Length(0), 43));
-        let Head::Request(r) = req("POST http://a.org:8080/x HTTP/1.1\r\nHost: a.org:8080\r\nContent-Length: 5\r\n\r\n")
+        let Head::Request(r) =
+            req("POST http://a.org:8080/x HTTP/1.1\r\nHost: a.org:8080\r\nContent-Length: 5\r\n\r\n")
         else {
             panic!()
         };
@@ -292,9 +297,15 @@ mod tests {
             ("GET / HTTP/1.1\r\n\r\n", "no Host header"),
             ("GET / HTTP/1.1\r\nHost: a.org\r\nHost: b.org\r\n\r\n", "two Host headers"),
             ("GET http://b.org/ HTTP/1.1\r\nHost: a.org\r\n\r\n", "the URL's host differs from the Host header"),
-            ("GET / HTTP/1.1\r\nHost: a.org\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "both Content-Length and Transfer-Encoding"),
+            (
+                "GET / HTTP/1.1\r\nHost: a.org\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "both Content-Length and Transfer-Encoding",
+            ),
             ("GET / HTTP/1.1\r\nHost: a.org\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n", "bad Content-Length"),
-            ("GET / HTTP/1.1\r\nHost: a.org\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "a transfer coding other than chunked"),
+            (
+                "GET / HTTP/1.1\r\nHost: a.org\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                "a transfer coding other than chunked",
+            ),
             ("CONNECT a.org:443 HTTP/1.1\r\nHost: a.org\r\n\r\n", "CONNECT"),
             ("GET /a/../b HTTP/1.1\r\nHost: a.org\r\n\r\n", "dot segments in the path"),
             ("GET /a/%2e%2E/b HTTP/1.1\r\nHost: a.org\r\n\r\n", "dot segments in the path"),

@@ -7,14 +7,14 @@
 //! itself, and splices to the real host. It runs as an unprivileged uid with
 //! no capabilities and never parses anything for the privileged side.
 
-pub mod dns;
-pub mod http;
-pub mod tls;
 pub mod boxnet;
+pub mod dns;
 pub mod dnsd;
 pub mod fake;
 pub mod gateway;
+pub mod http;
 pub mod proxy;
+pub mod tls;
 pub mod upstream;
 
 pub use gateway::{FromGateway, Gateway, GatewayHello, Role, ToGateway};

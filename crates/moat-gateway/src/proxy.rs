@@ -246,15 +246,13 @@ async fn http_connection(
         } else {
             match verdict {
                 Verdict::Allow(rule) => Ok(rule.clone()),
-                _ => policy
-                    .decide_request(name, port, &request.method, &request.target)
-                    .map_err(|rule| match rule {
-                        Some(rule) => {
-                            req_log.rule = Some(rule.to_string());
-                            "refused by rule".into()
-                        }
-                        None => "no rule allows this request".into(),
-                    }),
+                _ => policy.decide_request(name, port, &request.method, &request.target).map_err(|rule| match rule {
+                    Some(rule) => {
+                        req_log.rule = Some(rule.to_string());
+                        "refused by rule".into()
+                    }
+                    None => "no rule allows this request".into(),
+                }),
             }
         };
         let rule = match decided {

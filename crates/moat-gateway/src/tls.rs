@@ -44,7 +44,8 @@ pub fn read_hello(buf: &[u8]) -> Hello {
             if handshake[0] != 1 {
                 return Hello::Refused("first handshake message is not a ClientHello");
             }
-            let want = 4 + (usize::from(handshake[1]) << 16 | usize::from(handshake[2]) << 8 | usize::from(handshake[3]));
+            let want =
+                4 + (usize::from(handshake[1]) << 16 | usize::from(handshake[2]) << 8 | usize::from(handshake[3]));
             if want > MAX_HELLO {
                 return Hello::Refused("ClientHello too large");
             }
@@ -186,7 +187,10 @@ pub(crate) mod tests {
             assert_eq!(read_hello(&ok[..cut]), Hello::Incomplete, "{cut}");
         }
         assert_eq!(read_hello(&hello(&[(10, vec![0, 2, 0, 29])])), Hello::Refused("no SNI"));
-        assert_eq!(read_hello(&hello(&[sni(b"a.org"), (EXT_ECH, vec![0; 8])])), Hello::Refused("Encrypted Client Hello"));
+        assert_eq!(
+            read_hello(&hello(&[sni(b"a.org"), (EXT_ECH, vec![0; 8])])),
+            Hello::Refused("Encrypted Client Hello")
+        );
         assert_eq!(read_hello(&hello(&[sni(b"a.org"), sni(b"b.org")])), Hello::Refused("an extension twice"));
         assert_eq!(read_hello(&hello(&[sni(b"a\0.org")])), Hello::Refused("SNI is not a host name"));
         assert_eq!(read_hello(&hello(&[sni(b"a.org.")])), Hello::Refused("SNI ends in a dot"));

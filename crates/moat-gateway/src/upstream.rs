@@ -160,7 +160,8 @@ impl Upstream {
         // An IPv6 failure is not fatal when IPv4 answered.
         let v6 = v6.unwrap_or_default();
         let ttl = [v4.ttl, v6.ttl].into_iter().filter(|t| *t > 0).min().unwrap_or(MIN_TTL).clamp(MIN_TTL, MAX_TTL);
-        let all: Vec<IpAddr> = v4.v4.iter().map(|a| IpAddr::V4(*a)).chain(v6.v6.iter().map(|a| IpAddr::V6(*a))).collect();
+        let all: Vec<IpAddr> =
+            v4.v4.iter().map(|a| IpAddr::V4(*a)).chain(v6.v6.iter().map(|a| IpAddr::V6(*a))).collect();
         if all.is_empty() {
             return Err(UpstreamError::NoAddress(name.clone()));
         }
@@ -197,7 +198,8 @@ impl Upstream {
     }
 
     async fn query_udp(&self, name: &HostName, qtype: u16) -> std::io::Result<dns::Resolved> {
-        let bind: SocketAddr = if self.config.dns.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().map_err(std::io::Error::other)?;
+        let bind: SocketAddr =
+            if self.config.dns.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().map_err(std::io::Error::other)?;
         let socket = UdpSocket::bind(bind).await?;
         socket.connect(self.config.dns).await?;
         let id = random_id();
@@ -264,9 +266,27 @@ mod tests {
             assert!(is_public(ip.parse().unwrap()), "{ip}");
         }
         for ip in [
-            "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1", "169.254.169.254", "0.0.0.0",
-            "224.0.0.1", "255.255.255.255", "198.18.0.5", "203.0.113.7", "::1", "::", "fe80::1", "fc00::1",
-            "::ffff:127.0.0.1", "64:ff9b::a00:1", "2001:db8::1", "2002:a00:1::", "2001::1", "ff02::1",
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "198.18.0.5",
+            "203.0.113.7",
+            "::1",
+            "::",
+            "fe80::1",
+            "fc00::1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::a00:1",
+            "2001:db8::1",
+            "2002:a00:1::",
+            "2001::1",
+            "ff02::1",
         ] {
             assert!(!is_public(ip.parse().unwrap()), "{ip}");
         }

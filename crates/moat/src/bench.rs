@@ -97,7 +97,12 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), ManagerConfig::default());
     let account = AccountId("bench".into());
     let spec = |name: &str| -> Result<BoxSpec> {
-        Ok(BoxSpec { name: Name::new(name)?, image: Name::new("busybox")?, limits: Limits::default() })
+        Ok(BoxSpec {
+            name: Name::new(name)?,
+            image: Name::new("busybox")?,
+            limits: Limits::default(),
+            policy: Default::default(),
+        })
     };
 
     eprintln!("bench: create a box and run true, {n} times");
@@ -147,8 +152,12 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     let port = listener.local_addr()?.port();
     let host_key = load_or_create_host_key(&dir.join("host_key"))?;
     let keys = AuthorizedKeys::new(keys_file.clone());
-    let privileged =
-        Arc::new(Privileged { manager: Arc::clone(&manager), authorize: Box::new(move |k| keys.account_for_text(k)) });
+    let privileged = Arc::new(Privileged {
+        manager: Arc::clone(&manager),
+        authorize: Box::new(move |k| keys.account_for_text(k)),
+        default_policy: Default::default(),
+        registries: Vec::new(),
+    });
     let hello = Hello {
         host_key: host_key.to_openssh(russh::keys::ssh_key::LineEnding::LF)?.to_string(),
         auth_timeout_secs: 30,

@@ -3,10 +3,13 @@
 mod agent;
 mod bench;
 mod doctor;
+mod egress;
 mod front_door;
+mod gateway;
 mod paths;
 mod privsep;
 mod purge;
+mod registries;
 mod serve;
 mod uid_block;
 
@@ -52,6 +55,16 @@ enum Cmd {
         #[arg(long)]
         id: u32,
     },
+    /// (internal) the egress gateway; run by `moat serve`.
+    #[command(hide = true)]
+    Gateway {
+        /// Its uid and gid.
+        #[arg(long)]
+        id: u32,
+        /// The network namespace to dial from.
+        #[arg(long)]
+        netns: Option<PathBuf>,
+    },
     /// (internal) start one box from a plan on stdin; run by the daemon.
     #[command(hide = true)]
     BoxSpawn {
@@ -92,6 +105,7 @@ fn main() {
         Cmd::BoxSpawn { join } => std::process::exit(moat_box::ns::enforce::helper_main(&join)),
         Cmd::Serve(args) => serve::run(args),
         Cmd::FrontDoor { id } => front_door::run(id),
+        Cmd::Gateway { id, netns } => gateway::run(id, netns),
         Cmd::Image { command } => image(command),
         Cmd::Doctor { state_dir } => doctor::run(&state_dir),
         Cmd::Purge { state_dir } => purge::run(&state_dir),

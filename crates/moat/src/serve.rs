@@ -72,6 +72,24 @@ pub struct ServeArgs {
     /// The uid and gid the SSH-facing process runs as; must own nothing.
     #[arg(long, default_value_t = moat_core::record::FRONT_DOOR_ID)]
     front_door_id: u32,
+    /// The uid and gid the egress gateway runs as; must own nothing.
+    #[arg(long, default_value_t = moat_core::record::GATEWAY_ID)]
+    gateway_id: u32,
+    /// The egress policy a new box gets unless `new --policy` names one:
+    /// none, registries or github-read.
+    #[arg(long, default_value = "none")]
+    default_policy: String,
+    /// The resolver the gateway asks for the names boxes may reach
+    /// [default: the first nameserver in /etc/resolv.conf].
+    #[arg(long)]
+    upstream_dns: Option<SocketAddr>,
+    /// The network namespace the gateway dials from [default: this process's].
+    #[arg(long)]
+    upstream_netns: Option<PathBuf>,
+    /// An address range the gateway may dial although it is not public
+    /// (repeatable; for a test internet only).
+    #[arg(long)]
+    upstream_allow: Vec<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -126,8 +144,27 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_memory_per_account: args.max_memory_per_account.unwrap_or(host_memory.saturating_mul(4)),
         max_disk_per_account,
     };
+    let registries = crate::registries::of_this_host();
+    let default_policy = moat_core::policy::preset(&args.default_policy, &registries)
+        .map_err(|e| anyhow::anyhow!("--default-policy: {e}"))?;
+    for cidr in &args.upstream_allow {
+        cidr.parse::<moat_gateway::upstream::Cidr>().map_err(|e| anyhow::anyhow!("--upstream-allow: {e}"))?;
+    }
+    let upstream_dns = match args.upstream_dns.or_else(crate::egress::host_resolver) {
+        Some(addr) => addr,
+        None => anyhow::bail!("no nameserver in /etc/resolv.conf: give the gateway one with --upstream-dns"),
+    };
     let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), config);
+    // Before any box is recovered or made, so that every box gets its gateway.
+    let egress = Arc::new(crate::egress::Egress::default());
+    manager.set_network_hooks(egress.clone());
     manager.recover().await.context("recover boxes")?;
+    let gateway = crate::egress::GatewayConfig {
+        id: args.gateway_id,
+        netns: args.upstream_netns,
+        hello: moat_gateway::GatewayHello { upstream_dns, upstream_allow: args.upstream_allow },
+    };
+    tokio::spawn(crate::egress::supervise(egress, gateway, Arc::clone(&manager)));
     manager.spawn_meter();
 
     let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;
@@ -137,7 +174,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
         None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".ssh/authorized_keys"),
     };
     let keys = AuthorizedKeys::new(keys_path.clone());
-    let privileged = Arc::new(Privileged { manager, authorize: Box::new(move |key| keys.account_for_text(key)) });
+    let privileged = Arc::new(Privileged {
+        manager,
+        authorize: Box::new(move |key| keys.account_for_text(key)),
+        default_policy,
+        registries,
+    });
     let front = FrontDoor {
         id: args.front_door_id,
         hello: Hello {

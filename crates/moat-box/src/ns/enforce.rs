@@ -63,6 +63,13 @@ pub fn helper_main(join: &[std::path::PathBuf]) -> i32 {
                 return 1;
             }
         }
+        // A spare makes the box's network now, off the path a user waits on.
+        if let Err(e) =
+            unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from).and_then(|()| super::netns::prepare())
+        {
+            eprintln!("network namespace: {e}");
+            return 1;
+        }
         println!("{}", super::spare::READY);
     }
     let mut input = String::new();
@@ -77,7 +84,7 @@ pub fn helper_main(join: &[std::path::PathBuf]) -> i32 {
             return 2;
         }
     };
-    match spawn(&plan) {
+    match spawn(&plan, !join.is_empty()) {
         Ok(pid) => {
             println!("{pid}");
             0
@@ -89,8 +96,9 @@ pub fn helper_main(join: &[std::path::PathBuf]) -> i32 {
     }
 }
 
-/// Starts the box; returns the host pid of its PID 1.
-pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
+/// Starts the box (in the network namespace the caller made, if
+/// `network_ready`); returns the host pid of its PID 1.
+pub fn spawn(plan: &SpawnPlan, network_ready: bool) -> io::Result<i32> {
     let userns = make_userns(&plan.id_map()).context(|| "user namespace".into())?;
     let tree =
         sys::open_tree_clone(&cpath(&plan.rootfs)?).context(|| format!("open_tree {}", plan.rootfs.display()))?;
@@ -106,21 +114,20 @@ pub fn spawn(plan: &SpawnPlan) -> io::Result<i32> {
     std::fs::set_permissions(&plan.agent_socket, std::fs::Permissions::from_mode(0o600))?;
     let agent = File::open(&plan.agent_binary).context(|| format!("open agent {}", plan.agent_binary.display()))?;
 
+    let net = if network_ready { CloneFlags::empty() } else { CloneFlags::CLONE_NEWNET };
     unshare(
         CloneFlags::CLONE_NEWNS
             | CloneFlags::CLONE_NEWPID
-            | CloneFlags::CLONE_NEWNET
+            | net
             | CloneFlags::CLONE_NEWUTS
             | CloneFlags::CLONE_NEWIPC
             | CloneFlags::CLONE_NEWCGROUP,
     )
     .context(|| "unshare".into())?;
     nix::unistd::sethostname(&plan.hostname).context(|| "sethostname".into())?;
-    sys::loopback_up().context(|| "loopback up".into())?;
-    // Per network namespace: let the box's root bind low ports and ping, which the
-    // host-owned namespace would otherwise deny it.
-    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0").context(|| "sysctl".into())?;
-    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647").context(|| "sysctl".into())?;
+    if !network_ready {
+        super::netns::prepare().context(|| "network namespace".into())?;
+    }
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .context(|| "make mounts private".into())?;
     sys::move_mount_to(tree.as_fd(), &cpath(&plan.rootfs)?).context(|| "attach root".into())?;

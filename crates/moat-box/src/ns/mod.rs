@@ -6,6 +6,7 @@ pub mod cgroup;
 #[allow(unsafe_code)]
 pub mod enforce;
 pub mod hostview;
+pub mod netns;
 pub mod plan;
 pub mod seccomp;
 pub mod spare;

@@ -6,6 +6,7 @@
 //! same box twice.
 
 mod meter;
+mod network;
 mod session;
 
 use std::collections::HashMap;
@@ -13,11 +14,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 pub use meter::UsageReport;
+pub use network::NetworkHooks;
 pub use session::SessionGuard;
 
 use crate::backend::{Backend, BackendError, BoxHandle, ChangeSink};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::{Limits, LimitsError};
+use crate::policy::Policy;
 use crate::record::{BoxRecord, BoxState};
 use crate::store::{Store, StoreError};
 
@@ -76,6 +79,9 @@ pub enum ManagerError {
     /// A name built from another is too long to be a name.
     #[error("{0}: the name would be too long")]
     NameTooLong(String),
+    /// A policy rule or preset that does not parse.
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -104,6 +110,8 @@ pub struct BoxSpec {
     pub image: Name,
     /// Its limits.
     pub limits: Limits,
+    /// Its egress policy.
+    pub policy: Policy,
 }
 
 /// Progress lines for long work, sent to whoever is waiting.
@@ -157,6 +165,8 @@ pub struct BoxManager {
     image_lock: tokio::sync::Mutex<()>,
     diff_turns: tokio::sync::Semaphore,
     sessions: Mutex<HashMap<BoxId, session::Sessions>>,
+    network: std::sync::OnceLock<Arc<dyn NetworkHooks>>,
+    egress_follow: tokio::sync::broadcast::Sender<(BoxId, crate::egress::LogEntry)>,
 }
 
 impl BoxManager {
@@ -170,6 +180,8 @@ impl BoxManager {
             image_lock: tokio::sync::Mutex::new(()),
             diff_turns: tokio::sync::Semaphore::new(DIFFS_AT_ONCE),
             sessions: Mutex::new(HashMap::new()),
+            network: std::sync::OnceLock::new(),
+            egress_follow: tokio::sync::broadcast::channel(4096).0,
         })
     }
 
@@ -302,7 +314,7 @@ impl BoxManager {
             return Err(StoreError::NameTaken(spec.name).into());
         }
         self.ensure_image(&spec.image, progress).await?;
-        let rec = self.db(|s| s.insert_new(account, &spec.name, &spec.image, spec.limits, now()))?;
+        let rec = self.db(|s| s.insert_new(account, &spec.name, &spec.image, spec.limits, now(), &spec.policy))?;
         let rec = self
             .finish_new(rec, |b, r| {
                 b.create(r)?;
@@ -325,8 +337,8 @@ impl BoxManager {
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
         let r = rec.clone();
-        let pid = match self.blocking(move |b| make(b, &r)).await {
-            Ok(Ok(handle)) => handle.pid,
+        let handle = match self.blocking(move |b| make(b, &r)).await {
+            Ok(Ok(handle)) => handle,
             Ok(Err(e)) => {
                 self.db(|s| s.delete(&rec.id))?;
                 return Err(e.into());
@@ -336,9 +348,10 @@ impl BoxManager {
                 return Err(e);
             }
         };
-        self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(pid)))?;
+        self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(handle.pid)))?;
         rec.state = BoxState::Running;
-        rec.pid = Some(pid);
+        rec.pid = Some(handle.pid);
+        self.network_up(&rec, &handle);
         self.schedule_idle(&rec.id);
         Ok(rec)
     }
@@ -448,9 +461,11 @@ impl BoxManager {
             b.destroy(&r)
         })
         .await??;
+        self.network_down(&rec.id);
         self.db(|s| s.delete(&rec.id))?;
         self.db(|s| s.retire_name(account, &rec.name))?;
         self.db(|s| s.forget_meter(&rec.id))?;
+        self.db(|s| s.forget_egress(&rec.id))?;
         self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, "box removed");
@@ -475,12 +490,16 @@ impl BoxManager {
                 }
                 BoxState::Running | BoxState::Stopped => {
                     // A crash during `dup` may have left it frozen.
-                    let running = self
+                    let handle = self
                         .blocking(move |b| {
                             let _ = b.thaw(&r);
-                            b.is_running(&r)
+                            b.handle(&r)
                         })
                         .await?;
+                    let running = handle.is_some();
+                    if let Some(handle) = &handle {
+                        self.network_up(&rec, handle);
+                    }
                     let state = if running { BoxState::Running } else { BoxState::Stopped };
                     if state != rec.state {
                         // The time since the last sample is downtime (a host
@@ -492,7 +511,14 @@ impl BoxManager {
                         self.schedule_idle(&rec.id);
                     }
                 }
-                BoxState::Suspended => {}
+                BoxState::Suspended => {
+                    // Its network namespace lives on, frozen: attach it so a
+                    // resume finds its gateway there.
+                    let r = rec.clone();
+                    if let Some(handle) = self.blocking(move |b| b.handle(&r)).await? {
+                        self.network_up(&rec, &handle);
+                    }
+                }
             }
         }
         Ok(())

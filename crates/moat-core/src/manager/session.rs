@@ -79,6 +79,7 @@ impl BoxManager {
         let r = rec.clone();
         let handle = self.blocking(move |b| b.start(&r)).await??;
         self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(handle.pid)))?;
+        self.network_up(rec, &handle);
         // The new cgroup's CPU counter starts from zero.
         self.db(|s| s.reset_meter_cpu(&rec.id))?;
         tracing::info!(box_id = %rec.id, name = %rec.name, pid = handle.pid, "box booted");
@@ -144,6 +145,9 @@ impl BoxManager {
         let r = rec.clone();
         self.blocking(move |b| b.suspend(&r)).await??;
         self.db(|s| s.set_state(&rec.id, BoxState::Suspended, rec.pid))?;
+        if let Some(hooks) = self.network.get() {
+            hooks.suspended(&rec.id);
+        }
         tracing::info!(box_id = %rec.id, name = %rec.name, why, "box suspended");
         Ok(())
     }
@@ -161,6 +165,7 @@ impl BoxManager {
         self.meter_box(rec).await?;
         let r = rec.clone();
         self.blocking(move |b| b.stop(&r)).await??;
+        self.network_down(&rec.id);
         self.db(|s| s.set_state(&rec.id, BoxState::Stopped, None))?;
         tracing::info!(box_id = %rec.id, name = %rec.name, "box stopped");
         Ok(())

@@ -152,7 +152,8 @@ fn name(s: &str) -> Name {
 
 impl Fixture {
     async fn new_box(&self, n: &str) -> Result<BoxRecord, ManagerError> {
-        let spec = BoxSpec { name: name(n), image: name("busybox"), limits: Limits::default() };
+        let spec =
+            BoxSpec { name: name(n), image: name("busybox"), limits: Limits::default(), policy: Policy::default() };
         self.manager.create(&self.alice, spec, Box::new(|_: &str| {})).await
     }
     fn names(&self) -> Vec<String> {
@@ -246,8 +247,12 @@ async fn quotas_and_limits() {
     let f = fixture();
     let config = ManagerConfig { max_boxes: 1, ..ManagerConfig::default() };
     let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
-    let spec =
-        |n: &str, cpus| BoxSpec { name: name(n), image: name("busybox"), limits: Limits { cpus, ..Limits::default() } };
+    let spec = |n: &str, cpus| BoxSpec {
+        name: name(n),
+        image: name("busybox"),
+        limits: Limits { cpus, ..Limits::default() },
+        policy: Policy::default(),
+    };
     assert!(matches!(
         m.create(&f.alice, spec("a", 65), Box::new(|_: &str| {})).await,
         Err(ManagerError::OverMax { .. })
@@ -262,7 +267,8 @@ async fn quotas_and_limits() {
     m.create(&bob, spec("a", 1), Box::new(|_: &str| {})).await.unwrap();
     assert!(matches!(m.get(&bob, &name("a")), Ok(r) if r.account == bob));
     assert!(m.remove(&bob, &name("b")).await.is_err());
-    let unknown = BoxSpec { name: name("c"), image: name("nope"), limits: Limits::default() };
+    let unknown =
+        BoxSpec { name: name("c"), image: name("nope"), limits: Limits::default(), policy: Policy::default() };
     let created = f.manager.create(&bob, unknown, Box::new(|_: &str| {})).await;
     assert!(matches!(created, Err(ManagerError::NoSuchImage(_))), "{created:?}");
 }
@@ -273,7 +279,11 @@ async fn restart_recovery() {
     let kept = f.new_box("kept").await.unwrap();
     let died = f.new_box("died").await.unwrap();
     // A crash in the middle of a `new`: a row in `creating` and files on disk.
-    let half = f.manager.store.insert_new(&f.alice, &name("half"), &name("busybox"), Limits::default(), 0).unwrap();
+    let half = f
+        .manager
+        .store
+        .insert_new(&f.alice, &name("half"), &name("busybox"), Limits::default(), 0, &Policy::default())
+        .unwrap();
     f.backend.create(&half).unwrap();
     // A box whose processes died while the daemon was down.
     f.backend.crash(&died.id);

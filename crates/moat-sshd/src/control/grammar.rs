@@ -5,7 +5,9 @@
 //! runs. Every listing takes `--json`. A new verb is a `Command` variant, an
 //! arm in `parse` (and its name in `VERBS`), and one in `run::run`.
 
+use moat_api::PolicyChange;
 use moat_core::limits::parse_size;
+use moat_core::policy::{Rule, PRESETS};
 use moat_core::{Limits, Name};
 
 /// What `help` prints.
@@ -16,6 +18,7 @@ usage: ssh HOST COMMAND [ARGS]
 
 commands:
   new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--idle SECONDS]
+         [--policy PRESET]
                       create a box (image 'debian' unless told, built on first use)
   ls [--json]         list your boxes
   info NAME [--json]  show one box
@@ -30,6 +33,15 @@ commands:
   usage [NAME] [--since T] [--json]
                       CPU, memory, running and suspended time, disk, per box and in
                       total; T is seconds since the epoch, or an age like 90s, 30m, 2h, 7d
+  policy NAME [--json]           what NAME may reach on the network (nothing unless allowed)
+  policy NAME allow|deny|rm [METHODS] HOST[:PORTS][/PATH]
+                      add or remove a rule; e.g. 'allow pypi.org', 'allow *.example.com:443',
+                      'allow GET,HEAD deb.debian.org/debian/', 'deny github.com/*git-receive-pack';
+                      PORTS default to 80,443 ('*': any); a deny wins; applies to new connections
+  policy NAME preset none|registries|github-read
+                      replace the policy with a preset
+  log NAME [--follow] [--since T] [--json]
+                      every DNS query, connection and HTTP request NAME made, and the verdict
   help                this text
 
 then: ssh NAME@HOST for a shell in box NAME, ssh NAME@HOST CMD to run CMD;
@@ -56,6 +68,8 @@ pub enum Command {
         limits: Limits,
         /// Idle grace, if not the daemon's default.
         idle: Option<u32>,
+        /// The policy preset, if not the daemon's default.
+        policy: Option<String>,
     },
     /// `ls [--json]`
     Ls {
@@ -124,6 +138,31 @@ pub enum Command {
         /// Whether the box is exempt from suspension.
         on: bool,
     },
+    /// `policy NAME [--json]`
+    Policy {
+        /// Box name.
+        name: Name,
+        /// Machine-readable output.
+        json: bool,
+    },
+    /// `policy NAME allow|deny|rm RULE`, `policy NAME preset P`
+    ChangePolicy {
+        /// Box name.
+        name: Name,
+        /// The change.
+        change: PolicyChange,
+    },
+    /// `log NAME [--follow] [--since T] [--json]`
+    Log {
+        /// Box name.
+        name: Name,
+        /// Keep printing new entries.
+        follow: bool,
+        /// Start, seconds since the epoch.
+        since: Option<u64>,
+        /// JSON lines.
+        json: bool,
+    },
     /// `usage [NAME] [--since T] [--json]`
     Usage {
         /// One box, or all.
@@ -152,7 +191,7 @@ fn name_arg(what: &str, value: Option<&String>) -> Result<Name, UsageError> {
 /// Every verb `parse` knows.
 const VERBS: &[&str] = &[
     "help", "--help", "-h", "ls", "list", "info", "rm", "new", "dup", "diff", "stop", "start", "suspend", "set",
-    "usage", "promote",
+    "usage", "promote", "policy", "log",
 ];
 
 /// Whether `line` is meant for the control plane (its first word is a verb;
@@ -221,6 +260,8 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
         }
         "set" => parse_set(args),
         "usage" => parse_usage(args),
+        "policy" => parse_policy(args),
+        "log" => parse_log(args),
         "promote" => {
             let child = name_arg("promote", args.first())?;
             no_more("promote", args.get(1..).unwrap_or_default())?;
@@ -254,6 +295,7 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
     let mut image = Name::new(moat_core::images::DEFAULT).map_err(|e| usage(e.to_string()))?;
     let mut limits = Limits::default();
     let mut idle = None;
+    let mut policy = None;
     let mut rest = args.get(1..).unwrap_or_default().iter();
     while let Some(flag) = rest.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -268,13 +310,68 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
             "--cpus" => limits.cpus = number(flag, &value()?)?,
             "--pids" => limits.pids = number(flag, &value()?)?,
             "--idle" => idle = Some(seconds("new: --idle", &value()?)?),
+            "--policy" => policy = Some(preset_arg("new: --policy", &value()?)?),
             "--disk" => limits.disk = parse_size(&value()?).map_err(|e| usage(format!("new: --disk: {e}")))?,
             "--memory" => limits.memory = parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?,
             other => return Err(usage(format!("new: unknown flag {other:?}"))),
         }
     }
     limits.validate().map_err(|e| usage(format!("new: {e}")))?;
-    Ok(Command::New { name, image, limits, idle })
+    Ok(Command::New { name, image, limits, idle, policy })
+}
+
+fn preset_arg(what: &str, value: &str) -> Result<String, UsageError> {
+    if PRESETS.contains(&value) {
+        Ok(value.to_string())
+    } else {
+        Err(usage(format!("{what}: no preset {value:?} (presets: {})", PRESETS.join(", "))))
+    }
+}
+
+fn parse_policy(args: &[String]) -> Result<Command, UsageError> {
+    let name = name_arg("policy", args.first())?;
+    let rest = args.get(1..).unwrap_or_default();
+    let Some((op, words)) = rest.split_first() else { return Ok(Command::Policy { name, json: false }) };
+    let rule = |words: &[String]| {
+        // Checked here for a usage error; the privileged side parses it again.
+        let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+        Rule::parse(&refs).map(|_| words.to_vec()).map_err(|e| usage(format!("policy: {e}")))
+    };
+    let change = match op.as_str() {
+        "--json" => {
+            no_more("policy", words)?;
+            return Ok(Command::Policy { name, json: true });
+        }
+        "allow" => PolicyChange::Allow(rule(words)?),
+        "deny" => PolicyChange::Deny(rule(words)?),
+        "rm" => PolicyChange::Remove(rule(words)?),
+        "preset" => match words {
+            [preset] => PolicyChange::Preset(preset_arg("policy: preset", preset)?),
+            _ => return Err(usage("policy: usage: policy NAME preset none|registries|github-read")),
+        },
+        other => {
+            return Err(usage(format!("policy: unknown action {other:?} (allow, deny, rm, preset, or --json)")));
+        }
+    };
+    Ok(Command::ChangePolicy { name, change })
+}
+
+fn parse_log(args: &[String]) -> Result<Command, UsageError> {
+    let name = name_arg("log", args.first())?;
+    let (mut follow, mut since, mut json) = (false, None, false);
+    let mut rest = args.get(1..).unwrap_or_default().iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--follow" | "-f" => follow = true,
+            "--json" => json = true,
+            "--since" => {
+                let value = rest.next().ok_or_else(|| usage("log: --since needs a value"))?;
+                since = Some(parse_since(value, moat_core::clock::now())?);
+            }
+            other => return Err(usage(format!("log: unexpected argument {other:?}"))),
+        }
+    }
+    Ok(Command::Log { name, follow, since, json })
 }
 
 fn parse_set(args: &[String]) -> Result<Command, UsageError> {
@@ -369,8 +466,46 @@ mod tests {
                 image: Name::new("debian").unwrap(),
                 limits: Limits::default(),
                 idle: None,
+                policy: None,
             }
         );
+    }
+
+    #[test]
+    fn parses_egress_commands() {
+        let n = |s: &str| Name::new(s).unwrap();
+        let words = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        assert_eq!(p("policy web").unwrap(), Command::Policy { name: n("web"), json: false });
+        assert_eq!(p("policy web --json").unwrap(), Command::Policy { name: n("web"), json: true });
+        assert_eq!(
+            p("policy web allow GET,HEAD deb.debian.org/debian/").unwrap(),
+            Command::ChangePolicy {
+                name: n("web"),
+                change: PolicyChange::Allow(words("GET,HEAD deb.debian.org/debian/"))
+            }
+        );
+        assert_eq!(
+            p("policy web preset registries").unwrap(),
+            Command::ChangePolicy { name: n("web"), change: PolicyChange::Preset("registries".into()) }
+        );
+        for bad in [
+            "policy web allow",
+            "policy web allow 1.2.3.4",
+            "policy web preset nope",
+            "policy web open x.org",
+            "policy web allow x.org:0",
+            "log",
+            "log web --tail",
+            "new web --policy everything",
+        ] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            p("log web -f --json").unwrap(),
+            Command::Log { name: n("web"), follow: true, since: None, json: true }
+        );
+        let Command::New { policy, .. } = p("new web --policy github-read").unwrap() else { panic!("not new") };
+        assert_eq!(policy.as_deref(), Some("github-read"));
     }
 
     #[test]

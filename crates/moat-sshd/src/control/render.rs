@@ -3,7 +3,9 @@
 use std::fmt::Write as _;
 
 use moat_api::BoxInfo;
+use moat_core::egress::{LogEntry, LogKind, LogVerdict};
 use moat_core::limits::{format_measured, format_size};
+use moat_core::policy::Policy;
 use moat_core::{Change, ChangeKind, UsageReport};
 use serde::Serialize;
 
@@ -123,6 +125,86 @@ pub fn usage(report: &UsageReport, json: bool) -> String {
     out
 }
 
+/// `policy NAME`.
+pub fn policy(policy: &Policy, json: bool) -> String {
+    if json {
+        return to_json(policy);
+    }
+    if policy.allow.is_empty() {
+        return "no allow rules: this box reaches nothing\n".into();
+    }
+    let mut out = String::new();
+    for rule in &policy.allow {
+        let _ = writeln!(out, "allow {rule}");
+    }
+    for rule in &policy.deny {
+        let _ = writeln!(out, "deny  {rule}");
+    }
+    out
+}
+
+/// Entries of `log`: one line each (a JSON object per line with `--json`).
+pub fn log(entries: &[LogEntry], json: bool) -> String {
+    let mut out = String::new();
+    for e in entries {
+        if json {
+            out.push_str(&serde_json::to_string(e).unwrap_or_default());
+            out.push('\n');
+            continue;
+        }
+        let verdict = match e.verdict {
+            LogVerdict::Allow => "allow",
+            LogVerdict::Deny => "DENY ",
+            LogVerdict::Error => "error",
+        };
+        let kind = match e.kind {
+            LogKind::Dns => "dns ",
+            LogKind::Tcp => "tcp ",
+            LogKind::Http => "http",
+        };
+        let _ = write!(out, "{} {verdict} {kind} {}", utc(e.at_ms), printable(&e.name));
+        if e.port != 0 {
+            let _ = write!(out, ":{}", e.port);
+        }
+        for part in [&e.method, &e.target].into_iter().flatten() {
+            let _ = write!(out, " {}", printable(part));
+        }
+        if e.sent + e.received > 0 {
+            let _ = write!(out, " sent {} received {}", format_measured(e.sent), format_measured(e.received));
+        }
+        if let Some(rule) = &e.rule {
+            let _ = write!(out, " [rule: {}]", printable(rule));
+        }
+        if let Some(reason) = &e.reason {
+            let _ = write!(out, " ({})", printable(reason));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// What a box sent, safe for a terminal: control bytes escaped.
+fn printable(s: &str) -> String {
+    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+fn utc(ms: u64) -> String {
+    let (secs, ms) = (ms / 1000, ms % 1000);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
 /// How the idle rule applies to a box, for `info`.
 fn idle_rule(b: &BoxInfo) -> String {
     match (b.keep_running, b.idle) {
@@ -147,5 +229,12 @@ mod tests {
         assert_eq!(format_measured(10_788_864), "10.3M");
         assert_eq!(format_measured(3 << 30), "3.0G");
         assert_eq!(format_measured(512), "512");
+    }
+
+    #[test]
+    fn times_print_in_utc() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(1_796_080_000_123), "2026-11-30T23:06:40.123Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
     }
 }

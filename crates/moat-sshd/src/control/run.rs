@@ -27,7 +27,15 @@ pub async fn run(
     let account = account.clone();
     let (request, json) = match cmd {
         Command::Help => return print(out, HELP.to_string()).await,
-        Command::New { name, image, limits, idle } => (Request::Create { account, name, image, limits, idle }, false),
+        Command::New { name, image, limits, idle, policy } => {
+            (Request::Create { account, name, image, limits, idle, policy }, false)
+        }
+        Command::Policy { name, json } => (Request::Policy { account, name }, json),
+        Command::ChangePolicy { name, change } => (Request::ChangePolicy { account, name, change }, false),
+        Command::Log { name, follow, since, json } => {
+            let since_ms = since.unwrap_or(0).saturating_mul(1000);
+            (Request::Log { account, name, since_ms, follow }, json)
+        }
         Command::Ls { json } => (Request::List { account }, json),
         Command::Info { name, json } => (Request::Get { account, name }, json),
         Command::Rm { name } => (Request::Remove { account, name }, false),
@@ -44,20 +52,38 @@ pub async fn run(
     let (diff, info) = (matches!(request, Request::Diff { .. }), matches!(request, Request::Get { .. }));
     let mut changes = render::ChangeStream::new(json);
     let (updates, mut arriving) = mpsc::channel::<Event>(4);
-    let call = async move { api.call_streaming(&request, &updates).await };
-    let show = async {
-        while let Some(update) = arriving.recv().await {
-            let line = match update {
-                Event::Progress(line) => Output::Stderr(format!("{line}\n")),
-                Event::Changes(batch) => Output::Stdout(changes.next(&batch)),
-                Event::Outcome(_) => continue,
-            };
-            if out.send(line).await.is_err() {
-                return;
+    let reply = {
+        let call = async move { api.call_streaming(&request, &updates).await };
+        // Returns whether the client went away (the only way `log --follow` ends).
+        let show = async {
+            while let Some(update) = arriving.recv().await {
+                let line = match update {
+                    Event::Progress(line) => Output::Stderr(format!("{line}\n")),
+                    Event::Changes(batch) => Output::Stdout(changes.next(&batch)),
+                    Event::Log(entries) => Output::Stdout(render::log(&entries, json)),
+                    Event::Outcome(_) => continue,
+                };
+                if out.send(line).await.is_err() {
+                    return true;
+                }
+            }
+            false
+        };
+        tokio::pin!(call, show);
+        tokio::select! {
+            reply = &mut call => {
+                show.await;
+                reply
+            }
+            gone = &mut show => {
+                if gone {
+                    // Dropping the call closes its connection: the work stops.
+                    return Ok(());
+                }
+                call.await
             }
         }
     };
-    let (reply, ()) = tokio::join!(call, show);
     let text = match reply? {
         Reply::Boxes(boxes) => render::boxes(&boxes, json),
         Reply::Box(b) if info => render::info(&b, json),
@@ -65,6 +91,7 @@ pub async fn run(
         Reply::Box(b) => format!("{}\n", b.name),
         Reply::Name(name) => format!("{name}\n"),
         Reply::Usage(report) => render::usage(&report, json),
+        Reply::Policy(policy) => render::policy(&policy, json),
         Reply::Done if diff => changes.end(),
         Reply::Done => String::new(),
         other @ (Reply::Account(_) | Reply::Route(_) | Reply::Session) => return Err(ApiError::unexpected(&other)),

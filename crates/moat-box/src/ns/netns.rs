@@ -1,0 +1,77 @@
+//! A box's network namespace: `lo` only, and every packet bound for the
+//! outside turned back to the egress gateway's listeners on `lo`. There is no
+//! device that leads anywhere, so nothing in the box can go around the
+//! gateway; the namespace is owned by the host's user namespace, so root in
+//! the box cannot change its routes or rules. A box whose gateway is not
+//! there reaches nothing.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use moat_core::egress::{DNS_PORT, PROXY_PORT};
+
+use crate::sys;
+
+/// Everything leaves through `lo`, so that the rules below see it (a packet
+/// with no route fails before any rule runs).
+const ROUTES: &str = "route add default dev lo\n-6 route add default dev lo\n";
+
+/// DNS to anywhere goes to the gateway's DNS server; every other TCP
+/// connection off loopback goes to its proxy, which reads where it was
+/// headed from the connection's NAT record. Other UDP and ICMP leave `lo`
+/// for nowhere (no forwarding) and are lost.
+fn rules() -> String {
+    format!(
+        "table inet moat {{
+  chain out {{
+    type nat hook output priority -100; policy accept;
+    meta l4proto {{ tcp, udp }} th dport 53 redirect to :{DNS_PORT}
+    ip daddr 127.0.0.0/8 return
+    ip6 daddr ::1 return
+    meta l4proto tcp redirect to :{PROXY_PORT}
+  }}
+}}
+"
+    )
+}
+
+/// Sets up the namespace the caller is in (a new, empty one).
+pub fn prepare() -> io::Result<()> {
+    sys::loopback_up().map_err(|e| io::Error::other(format!("loopback up: {e}")))?;
+    // Per network namespace: let the box's root bind low ports and ping, which
+    // the host-owned namespace would otherwise deny it.
+    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
+    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")?;
+    run(&tool("ip")?, &["-batch", "-"], ROUTES)?;
+    run(&tool("nft")?, &["-f", "-"], &rules())
+}
+
+/// Where a system tool is (the daemon's PATH may be bare).
+fn tool(name: &str) -> io::Result<PathBuf> {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| io::Error::other(format!("{name} not found: install iproute2 and nftables")))
+}
+
+fn run(tool: &Path, args: &[&str], input: &str) -> io::Result<()> {
+    let mut child = Command::new(tool)
+        .args(args)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| io::Error::other(format!("run {}: {e}", tool.display())))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(io::Error::other(format!("{}: {}", tool.display(), err.trim())));
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! A box's network follows its lifecycle: whoever serves its egress (the
+//! gateway, through the daemon) is told when its network namespace comes up,
+//! freezes and goes away, and when its policy changes.
+
+use std::sync::Arc;
+
+use super::{BoxManager, ManagerError};
+use crate::backend::BoxHandle;
+use crate::egress::LogEntry;
+use crate::ids::{AccountId, BoxId, Name};
+use crate::policy::Policy;
+use crate::record::BoxRecord;
+
+/// Told about boxes' networks. Calls are quick (they hand work on) and
+/// cannot fail the lifecycle: a box whose egress cannot be served reaches
+/// nothing, which is safe.
+pub trait NetworkHooks: Send + Sync {
+    /// The box runs (booted, or found running or suspended at daemon start)
+    /// with this policy; its network is at `handle.network`.
+    fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy);
+    /// The box was suspended: its open connections should end.
+    fn suspended(&self, id: &BoxId);
+    /// The box's processes ended (stopped or removed).
+    fn down(&self, id: &BoxId);
+    /// The box's policy changed.
+    fn policy_changed(&self, id: &BoxId, policy: &Policy);
+}
+
+impl BoxManager {
+    /// Sets who is told about boxes' networks (once, before boxes run).
+    pub fn set_network_hooks(&self, hooks: Arc<dyn NetworkHooks>) {
+        let _ = self.network.set(hooks);
+    }
+
+    pub(super) fn network_up(&self, rec: &BoxRecord, handle: &BoxHandle) {
+        let Some(hooks) = self.network.get() else { return };
+        match self.db(|s| s.policy(&rec.id)) {
+            Ok(policy) => hooks.up(rec, handle, &policy),
+            Err(e) => tracing::error!(box_id = %rec.id, error = %e, "cannot read the box's policy; it reaches nothing"),
+        }
+    }
+
+    pub(super) fn network_down(&self, id: &BoxId) {
+        if let Some(hooks) = self.network.get() {
+            hooks.down(id);
+        }
+    }
+
+    /// A box's egress policy.
+    pub fn policy(&self, account: &AccountId, name: &Name) -> Result<Policy, ManagerError> {
+        let rec = self.get(account, name)?;
+        Ok(self.db(|s| s.policy(&rec.id))?)
+    }
+
+    /// Changes a box's policy with `change` (which may refuse), stores it,
+    /// and hands it to the gateway in one swap. Returns the new policy.
+    pub async fn change_policy<E>(
+        &self,
+        account: &AccountId,
+        name: &Name,
+        change: impl FnOnce(&mut Policy) -> Result<(), E>,
+    ) -> Result<Result<Policy, E>, ManagerError> {
+        let (rec, _guard) = self.locked(account, name).await?;
+        let mut policy = self.db(|s| s.policy(&rec.id))?;
+        if let Err(e) = change(&mut policy) {
+            return Ok(Err(e));
+        }
+        self.db(|s| s.set_policy(&rec.id, &policy))?;
+        if let Some(hooks) = self.network.get() {
+            hooks.policy_changed(&rec.id, &policy);
+        }
+        tracing::info!(box_id = %rec.id, name = %rec.name, "policy changed");
+        Ok(Ok(policy))
+    }
+}
+
+impl BoxManager {
+    /// Records what the gateway reported, and hands it to followers. Entries
+    /// for ids that are no box are dropped.
+    pub fn record_egress(&self, entries: Vec<(String, LogEntry)>) {
+        let entries: Vec<(BoxId, LogEntry)> =
+            entries.into_iter().filter_map(|(id, e)| Some((BoxId::parse(&id)?, e))).collect();
+        if entries.is_empty() {
+            return;
+        }
+        if let Err(e) = self.db(|s| s.append_egress(&entries)) {
+            tracing::error!(error = %e, "cannot store egress log entries");
+        }
+        for entry in entries {
+            // No follower is fine.
+            let _ = self.egress_follow.send(entry);
+        }
+    }
+
+    /// A box's egress log since `since_ms`.
+    pub fn egress_log(&self, account: &AccountId, name: &Name, since_ms: u64) -> Result<Vec<LogEntry>, ManagerError> {
+        let rec = self.get(account, name)?;
+        Ok(self.db(|s| s.egress_since(&rec.id, since_ms))?)
+    }
+
+    /// Entries recorded from now on, for every box (the caller filters by
+    /// id); a follower that falls behind loses the oldest and is told how many.
+    pub fn follow_egress(&self) -> tokio::sync::broadcast::Receiver<(BoxId, LogEntry)> {
+        self.egress_follow.subscribe()
+    }
+}

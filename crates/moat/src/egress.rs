@@ -1,0 +1,237 @@
+//! The privileged side of egress: makes each running box's gateway
+//! listeners inside its network namespace, keeps them (so a restarted
+//! gateway gets the same sockets, and connections waiting in their backlogs
+//! survive), and runs the gateway process, confined like the front door, to
+//! serve them. While the gateway is down a box's connections wait unanswered
+//! and its DNS queries go unanswered: nothing gets out (fail closed).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use moat_api::Packets;
+use moat_core::egress::{DNS_PORT, PROXY_PORT};
+use moat_core::policy::Policy;
+use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach};
+use moat_gateway::gateway::MAX_MESSAGE;
+use moat_gateway::{FromGateway, GatewayHello, Role, ToGateway};
+use tokio::sync::mpsc;
+
+/// A message for the gateway and the sockets that go with it.
+type Outgoing = (ToGateway, Vec<OwnedFd>);
+
+struct Attachment {
+    policy: Policy,
+    sockets: Vec<(Role, OwnedFd)>,
+}
+
+impl Attachment {
+    fn message(&self, id: &BoxId) -> Option<Outgoing> {
+        let fds: std::io::Result<Vec<OwnedFd>> = self.sockets.iter().map(|(_, fd)| fd.try_clone()).collect();
+        let fds = fds.inspect_err(|e| tracing::error!(box_id = %id, error = %e, "cannot pass a box's sockets")).ok()?;
+        let roles = self.sockets.iter().map(|(role, _)| *role).collect();
+        Some((ToGateway::Attach { box_id: id.to_string(), policy: self.policy.clone(), roles }, fds))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    boxes: HashMap<BoxId, Attachment>,
+    /// The running gateway's inbox, if one runs.
+    link: Option<mpsc::UnboundedSender<Outgoing>>,
+}
+
+/// Egress for every running box.
+#[derive(Default)]
+pub struct Egress {
+    state: Mutex<State>,
+}
+
+impl Egress {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn tell(state: &State, msg: Outgoing) {
+        if let Some(link) = &state.link {
+            let _ = link.send(msg);
+        }
+    }
+}
+
+impl moat_core::NetworkHooks for Egress {
+    fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
+        let NetAttach::Netns(netns) = &handle.network;
+        let sockets = match listeners_in(netns) {
+            Ok(sockets) => sockets,
+            Err(e) => {
+                tracing::error!(box_id = %rec.id, error = %format!("{e:#}"), "no gateway for this box: it reaches nothing");
+                return;
+            }
+        };
+        let attachment = Attachment { policy: policy.clone(), sockets };
+        let mut state = self.state();
+        if let Some(msg) = attachment.message(&rec.id) {
+            Self::tell(&state, msg);
+        }
+        state.boxes.insert(rec.id.clone(), attachment);
+    }
+
+    fn suspended(&self, id: &BoxId) {
+        Self::tell(&self.state(), (ToGateway::Cut { box_id: id.to_string() }, Vec::new()));
+    }
+
+    fn down(&self, id: &BoxId) {
+        let mut state = self.state();
+        state.boxes.remove(id);
+        Self::tell(&state, (ToGateway::Detach { box_id: id.to_string() }, Vec::new()));
+    }
+
+    fn policy_changed(&self, id: &BoxId, policy: &Policy) {
+        let mut state = self.state();
+        if let Some(a) = state.boxes.get_mut(id) {
+            a.policy = policy.clone();
+        }
+        Self::tell(&state, (ToGateway::Policy { box_id: id.to_string(), policy: policy.clone() }, Vec::new()));
+    }
+}
+
+/// The gateway's listeners, made inside the network namespace at `netns`
+/// (by a thread of our own that enters it: a socket belongs to the namespace
+/// it was made in, wherever it is used later).
+fn listeners_in(netns: &Path) -> Result<Vec<(Role, OwnedFd)>> {
+    let ns = std::fs::File::open(netns).with_context(|| format!("open {}", netns.display()))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).context("enter the box's network")?;
+            let mut out = Vec::new();
+            for (host, required) in [("127.0.0.1", true), ("::1", false)] {
+                let made = (|| -> std::io::Result<[(Role, OwnedFd); 3]> {
+                    let ip: std::net::IpAddr = host.parse().map_err(std::io::Error::other)?;
+                    Ok([
+                        (Role::DnsUdp, std::net::UdpSocket::bind((ip, DNS_PORT))?.into()),
+                        (Role::DnsTcp, std::net::TcpListener::bind((ip, DNS_PORT))?.into()),
+                        (Role::Proxy, std::net::TcpListener::bind((ip, PROXY_PORT))?.into()),
+                    ])
+                })();
+                match made {
+                    Ok(sockets) => out.extend(sockets),
+                    // A namespace without IPv6 has no IPv6 to serve.
+                    Err(_) if !required => {}
+                    Err(e) => return Err(anyhow::Error::from(e).context(format!("listen on {host} in the box"))),
+                }
+            }
+            Ok(out)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("listener thread panicked"))?
+    })
+}
+
+/// How to run the gateway process.
+pub struct GatewayConfig {
+    /// Its uid and gid.
+    pub id: u32,
+    /// The network namespace it dials from (default: ours).
+    pub netns: Option<PathBuf>,
+    /// What it is told at start.
+    pub hello: GatewayHello,
+}
+
+/// Runs the gateway until this process ends, restarting it whenever it dies,
+/// and feeds what it logs to `manager`.
+pub async fn supervise(egress: Arc<Egress>, config: GatewayConfig, manager: Arc<BoxManager>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let started = Instant::now();
+        match run_once(&egress, &config, &manager).await {
+            Ok(status) => tracing::warn!(%status, "gateway exited; starting it again"),
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "gateway failed; starting it again"),
+        }
+        egress.state().link = None;
+        backoff = if started.elapsed() > Duration::from_secs(5) {
+            Duration::from_millis(50)
+        } else {
+            (backoff * 2).min(Duration::from_secs(1))
+        };
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+async fn run_once(egress: &Egress, config: &GatewayConfig, manager: &BoxManager) -> Result<std::process::ExitStatus> {
+    let (ours, theirs) = Packets::pair().context("make the gateway's socket")?;
+    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    cmd.arg0("moat-gateway").args(["gateway", "--id", &config.id.to_string()]);
+    if let Some(netns) = &config.netns {
+        cmd.arg("--netns").arg(netns);
+    }
+    cmd.env_clear().stdin(Stdio::from(theirs)).stdout(Stdio::null()).stderr(Stdio::inherit()).kill_on_drop(true);
+    if let Some(filter) = std::env::var_os("RUST_LOG") {
+        cmd.env("RUST_LOG", filter);
+    }
+    let mut child = cmd.spawn().context("start the gateway")?;
+    drop(cmd);
+    let link = Packets::new(ours)?;
+    link.send(&serde_json::to_vec(&config.hello)?, &[]).await.context("configure the gateway")?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    {
+        // Under the lock: every box now, then every change after, in order.
+        let mut state = egress.state();
+        for (id, attachment) in &state.boxes {
+            if let Some(msg) = attachment.message(id) {
+                let _ = tx.send(msg);
+            }
+        }
+        state.link = Some(tx);
+    }
+    tracing::info!(pid = child.id(), "gateway started");
+    let send = async {
+        while let Some((msg, fds)) = rx.recv().await {
+            let bytes = serde_json::to_vec(&msg)?;
+            let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+            link.send(&bytes, &borrowed).await?;
+        }
+        anyhow::Ok(())
+    };
+    let receive = async {
+        while let Some(msg) = link.recv(MAX_MESSAGE).await? {
+            // A gateway that speaks out of turn is no longer trusted to run.
+            let FromGateway::Log { entries } =
+                serde_json::from_slice(&msg.bytes).context("gateway sent a bad message")?;
+            anyhow::ensure!(msg.fds.is_empty(), "gateway sent descriptors");
+            manager.record_egress(entries);
+        }
+        anyhow::Ok(())
+    };
+    tokio::select! {
+        status = child.wait() => Ok(status?),
+        r = send => {
+            r.context("talking to the gateway")?;
+            let _ = child.start_kill();
+            Ok(child.wait().await?)
+        }
+        r = receive => {
+            if let Err(e) = r {
+                tracing::error!(error = %format!("{e:#}"), "killing the gateway");
+            }
+            let _ = child.start_kill();
+            Ok(child.wait().await?)
+        }
+    }
+}
+
+/// The first nameserver of the host's resolv.conf (the gateway's default
+/// upstream resolver).
+pub fn host_resolver() -> Option<std::net::SocketAddr> {
+    let text = std::fs::read_to_string("/etc/resolv.conf").ok()?;
+    text.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next()? == "nameserver").then_some(())?;
+        let ip: std::net::IpAddr = words.next()?.split('%').next()?.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, 53))
+    })
+}

@@ -1,0 +1,80 @@
+//! `moat gateway` (internal): the unprivileged process that serves every
+//! box's egress. Started by `moat serve` with its socket as stdin; enters the
+//! upstream network namespace if told to, confines itself, then serves the
+//! boxes it is handed and sends back what it logs.
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use moat_api::Packets;
+use moat_gateway::gateway::MAX_MESSAGE;
+use moat_gateway::{FromGateway, Gateway, GatewayHello, ToGateway};
+use tokio::sync::mpsc;
+
+/// Log entries waiting to be sent, at most.
+const LOG_BACKLOG: usize = 16 << 10;
+/// Entries per message, at most.
+const LOG_BATCH: usize = 512;
+
+/// Runs the gateway as `id` (uid and gid), dialling from `netns` if given.
+pub fn run(id: u32, netns: Option<PathBuf>) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let _ = nix::sys::prctl::set_name(c"moat-gateway");
+    moat_box::sys::close_from(3).context("close inherited descriptors")?;
+    let link = std::io::stdin().as_fd().try_clone_to_owned().context("take the gateway's socket")?;
+    if let Some(netns) = netns {
+        let ns = std::fs::File::open(&netns).with_context(|| format!("open {}", netns.display()))?;
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).context("enter the upstream network")?;
+    }
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    crate::privsep::raise_fd_limit();
+    moat_box::confine::gateway(id, id).context("confine the gateway")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(serve(link))
+}
+
+async fn serve(link: std::os::fd::OwnedFd) -> Result<()> {
+    let link = Arc::new(Packets::new(link)?);
+    let Some(hello) = link.recv(MAX_MESSAGE).await? else { bail!("moat serve went away") };
+    let hello: GatewayHello = serde_json::from_slice(&hello.bytes).context("read the configuration")?;
+    let upstream = hello.upstream().map_err(anyhow::Error::msg)?;
+    let (log_tx, log_rx) = mpsc::channel(LOG_BACKLOG);
+    let gateway = Gateway::new(upstream, log_tx);
+    tokio::spawn(send_logs(Arc::clone(&link), log_rx));
+    while let Some(msg) = link.recv(MAX_MESSAGE).await? {
+        let parsed: ToGateway = serde_json::from_slice(&msg.bytes).context("moat serve sent a bad message")?;
+        if let Err(e) = gateway.handle(parsed, msg.fds) {
+            tracing::error!(error = %e, "cannot serve a box");
+        }
+    }
+    Ok(())
+}
+
+/// Sends log entries back in batches as they come.
+async fn send_logs(link: Arc<Packets>, mut rx: mpsc::Receiver<(String, moat_core::egress::LogEntry)>) {
+    while let Some(first) = rx.recv().await {
+        let mut entries = vec![first];
+        // A moment for more to gather, so that a busy box costs few messages.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        while entries.len() < LOG_BATCH {
+            match rx.try_recv() {
+                Ok(entry) => entries.push(entry),
+                Err(_) => break,
+            }
+        }
+        let Ok(bytes) = serde_json::to_vec(&FromGateway::Log { entries }) else { continue };
+        if link.send(&bytes, &[]).await.is_err() {
+            return;
+        }
+    }
+}
