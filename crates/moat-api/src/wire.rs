@@ -20,8 +20,8 @@ use tokio::io::Interest;
 /// Payload bytes per packet: well under the default socket buffer (208 KiB),
 /// which bounds one packet.
 const FRAGMENT: usize = 32 << 10;
-/// Most descriptors one message may carry.
-pub const MAX_FDS: usize = 2;
+/// Most descriptors one message carries (a box's six gateway listeners).
+pub const MAX_FDS: usize = 8;
 
 const MORE: u8 = 0;
 const LAST: u8 = 1;

@@ -18,6 +18,11 @@ pub const PROXY_PORT: u16 = 1;
 /// (set aside for benchmarking, never routed on the internet).
 pub const FAKE_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(198, 18, 0, 0), 15);
 
+/// The box's own address in that range (on its `lo`): the source of its
+/// connections out, which need one that is not loopback-only to get replies.
+/// Never handed out for a name.
+pub const BOX_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+
 /// What an entry is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

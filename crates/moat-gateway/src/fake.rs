@@ -19,8 +19,9 @@ pub struct FakeAddrs {
     by_addr: HashMap<Ipv4Addr, HostName>,
 }
 
-/// Addresses in the range, less the network and broadcast ones.
-const SLOTS: u32 = (1 << (32 - FAKE_NET.1)) - 2;
+/// Addresses in the range, less the network and broadcast ones and the box's
+/// own ([`moat_core::egress::BOX_SOURCE`], the first).
+const SLOTS: u32 = (1 << (32 - FAKE_NET.1)) - 3;
 
 impl FakeAddrs {
     /// The address for `name`, given out now if it had none; `None` once the
@@ -36,7 +37,7 @@ impl FakeAddrs {
         let start = fnv1a(name.as_str().as_bytes()) % SLOTS;
         // With at most MAX_NAMES of SLOTS taken, a free one is near.
         let addr = (0..SLOTS)
-            .map(|i| Ipv4Addr::from(base + 1 + (start + i) % SLOTS))
+            .map(|i| Ipv4Addr::from(base + 2 + (start + i) % SLOTS))
             .find(|a| !self.by_addr.contains_key(a))?;
         self.by_name.insert(name.clone(), addr);
         self.by_addr.insert(addr, name.clone());
@@ -70,7 +71,7 @@ mod tests {
         let names: Vec<HostName> = (0..2000).map(|i| HostName::parse(&format!("h{i}.example")).unwrap()).collect();
         let addrs: Vec<Ipv4Addr> = names.iter().map(|n| a.addr_for(n).unwrap()).collect();
         for (n, addr) in names.iter().zip(&addrs) {
-            assert!(is_fake(*addr));
+            assert!(is_fake(*addr) && *addr != moat_core::egress::BOX_SOURCE);
             assert_eq!(a.addr_for(n), Some(*addr));
             assert_eq!(a.name_for(*addr), Some(n));
         }

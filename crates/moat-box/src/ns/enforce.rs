@@ -114,20 +114,21 @@ pub fn spawn(plan: &SpawnPlan, network_ready: bool) -> io::Result<i32> {
     std::fs::set_permissions(&plan.agent_socket, std::fs::Permissions::from_mode(0o600))?;
     let agent = File::open(&plan.agent_binary).context(|| format!("open agent {}", plan.agent_binary.display()))?;
 
-    let net = if network_ready { CloneFlags::empty() } else { CloneFlags::CLONE_NEWNET };
+    if !network_ready {
+        // First, alone: preparing it runs tools, and the first child after
+        // unsharing the pid namespace would become (and end) its PID 1.
+        unshare(CloneFlags::CLONE_NEWNET).context(|| "unshare network".into())?;
+        super::netns::prepare().context(|| "network namespace".into())?;
+    }
     unshare(
         CloneFlags::CLONE_NEWNS
             | CloneFlags::CLONE_NEWPID
-            | net
             | CloneFlags::CLONE_NEWUTS
             | CloneFlags::CLONE_NEWIPC
             | CloneFlags::CLONE_NEWCGROUP,
     )
     .context(|| "unshare".into())?;
     nix::unistd::sethostname(&plan.hostname).context(|| "sethostname".into())?;
-    if !network_ready {
-        super::netns::prepare().context(|| "network namespace".into())?;
-    }
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .context(|| "make mounts private".into())?;
     sys::move_mount_to(tree.as_fd(), &cpath(&plan.rootfs)?).context(|| "attach root".into())?;

@@ -9,13 +9,16 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use moat_core::egress::{DNS_PORT, PROXY_PORT};
+use moat_core::egress::{BOX_SOURCE, DNS_PORT, PROXY_PORT};
 
 use crate::sys;
 
 /// Everything leaves through `lo`, so that the rules below see it (a packet
-/// with no route fails before any rule runs).
-const ROUTES: &str = "route add default dev lo\n-6 route add default dev lo\n";
+/// with no route fails before any rule runs), from an address of the box's
+/// own (a packet from no address gets no reply).
+fn routes() -> String {
+    format!("address add {BOX_SOURCE}/32 dev lo\nroute add default dev lo src {BOX_SOURCE}\nroute add ::/0 dev lo\n")
+}
 
 /// DNS to anywhere goes to the gateway's DNS server; every other TCP
 /// connection off loopback goes to its proxy, which reads where it was
@@ -43,7 +46,7 @@ pub fn prepare() -> io::Result<()> {
     // the host-owned namespace would otherwise deny it.
     std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
     std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")?;
-    run(&tool("ip")?, &["-batch", "-"], ROUTES)?;
+    run(&tool("ip")?, &["-batch", "-"], &routes())?;
     run(&tool("nft")?, &["-f", "-"], &rules())
 }
 
