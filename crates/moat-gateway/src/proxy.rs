@@ -27,6 +27,8 @@ const FIRST_BYTES: Duration = Duration::from_secs(10);
 const SERVER_FIRST: Duration = Duration::from_millis(500);
 /// How long a request head may take to arrive on a kept-alive connection.
 const NEXT_REQUEST: Duration = Duration::from_secs(120);
+/// How long the answers to requests before a refused one may take.
+const REFUSED_DRAIN: Duration = Duration::from_secs(10);
 /// Buffer for each direction of a splice.
 const SPLICE_BUFFER: usize = 64 << 10;
 
@@ -234,7 +236,9 @@ async fn http_connection(
             Ok(Some(r)) => r,
             Ok(None) => break Ok(()),
             Err(why) => {
-                refuse(&to_box, up.is_none(), 400, &why).await;
+                if up.is_none() {
+                    refuse(&to_box, 400, &why).await;
+                }
                 break Err(why);
             }
         };
@@ -260,7 +264,11 @@ async fn http_connection(
             Err(why) => {
                 req_log.reason = Some(why.clone());
                 net.log(req_log);
-                refuse(&to_box, up.is_none(), 403, &why).await;
+                // With requests before it in flight, their responses go
+                // first (the cleanup below lets them finish).
+                if up.is_none() {
+                    refuse(&to_box, 403, &why).await;
+                }
                 break Err(why);
             }
         };
@@ -278,7 +286,7 @@ async fn http_connection(
                     req_log.reason = Some(e.to_string());
                     net.log(req_log);
                     log.verdict = LogVerdict::Error;
-                    refuse(&to_box, true, 502, &e.to_string()).await;
+                    refuse(&to_box, 502, &e.to_string()).await;
                     break Err(e.to_string());
                 }
             }
@@ -307,13 +315,15 @@ async fn http_connection(
             break Ok(());
         }
     };
-    if let Some((mut up_write, copier)) = up {
+    if let Some((mut up_write, mut copier)) = up {
+        // No more requests: the host finishes the ones it has, its answers
+        // reach the box, then both ends close.
         let _ = up_write.shutdown().await;
-        if result.is_ok() {
-            let _ = copier.await;
-        } else {
+        let wait = if result.is_ok() { NEXT_REQUEST } else { REFUSED_DRAIN };
+        if tokio::time::timeout(wait, &mut copier).await.is_err() {
             copier.abort();
         }
+        let _ = to_box.lock().await.shutdown().await;
     }
     log.received = received.load(Ordering::Relaxed);
     result
@@ -409,11 +419,11 @@ async fn copy_responses(
     let _ = to_box.lock().await.shutdown().await;
 }
 
-/// Answers the box with an error of the gateway's own, if no response from
-/// upstream may be on its way (else the two would interleave), and closes.
-async fn refuse(to_box: &tokio::sync::Mutex<OwnedWriteHalf>, answer: bool, code: u16, why: &str) {
+/// Answers the box with an error of the gateway's own (only where no answer
+/// from upstream may be on its way: the two would interleave), and closes.
+async fn refuse(to_box: &tokio::sync::Mutex<OwnedWriteHalf>, code: u16, why: &str) {
     let mut w = to_box.lock().await;
-    if answer {
+    {
         let reason = match code {
             400 => "Bad Request",
             403 => "Forbidden",

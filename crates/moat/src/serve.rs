@@ -164,7 +164,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
         netns: args.upstream_netns,
         hello: moat_gateway::GatewayHello { upstream_dns, upstream_allow: args.upstream_allow },
     };
-    tokio::spawn(crate::egress::supervise(egress, gateway, Arc::clone(&manager)));
+    // Polled by this (main) thread, never a runtime worker: the children die
+    // with the thread that started them (PR_SET_PDEATHSIG), and a worker may
+    // become a blocking thread that exits when idle.
+    let gateway = crate::egress::supervise(egress, gateway, Arc::clone(&manager));
     manager.spawn_meter();
 
     let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;
@@ -194,5 +197,6 @@ async fn serve(args: ServeArgs) -> Result<()> {
     tracing::info!(%addr, state_dir = %state_dir.display(), authorized_keys = %keys_path.display(), "moat serving");
     // One machine-readable line on stdout, for scripts that asked for port 0.
     println!("listening on {addr}");
-    privsep::supervise(listener, front, privileged).await
+    let ((), front_door) = tokio::join!(gateway, privsep::supervise(listener, front, privileged));
+    front_door
 }

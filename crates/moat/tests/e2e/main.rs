@@ -10,6 +10,7 @@
 
 mod clients;
 mod control;
+mod egress;
 mod exec;
 mod files;
 mod fixture;
@@ -21,6 +22,7 @@ mod privsep;
 mod pty;
 mod restart;
 mod storage;
+mod testnet;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -36,6 +38,7 @@ pub struct Env {
     pub alice: Key,
     pub bob: Key,
     pub dir: PathBuf,
+    pub net: testnet::TestNet,
 }
 
 impl Env {
@@ -108,6 +111,11 @@ const TESTS: &[(&str, TestFn)] = &[
     ("storage_disk_limit_is_enforced_and_rm_frees", storage::disk_limit_is_enforced_and_rm_frees),
     ("storage_dup_interrupted_leaves_nothing", storage::dup_interrupted_leaves_nothing),
     ("storage_account_budgets_hold_across_dup_and_rm", storage::account_budgets_hold_across_dup_and_rm),
+    ("egress_deny_by_default_allow_by_name", egress::deny_by_default_allow_by_name),
+    ("egress_nothing_leaks_around_the_names", egress::nothing_leaks_around_the_names),
+    ("egress_methods_and_presets", egress::methods_and_presets),
+    ("egress_log_follow_streams", egress::log_follow_streams),
+    ("egress_gateway_is_unprivileged_and_fails_closed", egress::gateway_is_unprivileged_and_fails_closed),
 ];
 
 /// Tests at once; two cores, and most of a test's time is waiting on ssh.
@@ -135,8 +143,13 @@ fn main() {
     let keys_file = dir.join("authorized_keys");
     std::fs::write(&keys_file, format!("{}{}", alice.public, bob.public)).expect("authorized_keys");
     // The suite makes many boxes for one key; the per-account limit has its own test.
-    let daemon = Daemon::start(dir.join("state"), keys_file, &["--max-boxes", "1000"]);
-    let env = Env { daemon, alice, bob, dir };
+    // The gateway dials only the test internet.
+    let net = testnet::TestNet::start(&dir);
+    let mut flags = vec!["--max-boxes".to_string(), "1000".to_string()];
+    flags.extend(net.daemon_flags());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let daemon = Daemon::start(dir.join("state"), keys_file, &flags);
+    let env = Env { daemon, alice, bob, dir, net };
 
     let failures = Mutex::new(Vec::new());
     let passed = AtomicUsize::new(0);
@@ -179,8 +192,9 @@ fn main() {
         });
     }
 
-    let Env { mut daemon, dir, .. } = env;
+    let Env { mut daemon, dir, mut net, .. } = env;
     daemon.purge();
+    net.stop();
     let _ = std::fs::remove_dir_all(&dir);
 
     let failures = failures.into_inner().unwrap_or_else(|e| e.into_inner());

