@@ -11,6 +11,8 @@ packages=(
   rsync curl ca-certificates procps coreutils
   bubblewrap                      # the benchmark's peer
   lxcfs                           # a box's own totals in /proc (meminfo, cpuinfo, uptime)
+  iproute2 nftables               # a box's network: routes to lo, redirects to the egress gateway
+  openssl                         # the e2e test internet's CA
   git python3-paramiko python3-asyncssh ansible-core   # client software the e2e suite drives
 )
 missing=()

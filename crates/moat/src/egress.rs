@@ -66,7 +66,24 @@ impl Egress {
 impl moat_core::NetworkHooks for Egress {
     fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
         let NetAttach::Netns(netns) = &handle.network;
-        let sockets = match listeners_in(netns) {
+        // A gateway of a daemon that just exited may hold them a moment more.
+        let mut tries = 0;
+        let sockets = loop {
+            match listeners_in(netns) {
+                Err(e)
+                    if tries < 20
+                        && e.chain().any(|c| {
+                            c.downcast_ref::<std::io::Error>()
+                                .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+                        }) =>
+                {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => break other,
+            }
+        };
+        let sockets = match sockets {
             Ok(sockets) => sockets,
             Err(e) => {
                 tracing::error!(box_id = %rec.id, error = %format!("{e:#}"), "no gateway for this box: it reaches nothing");

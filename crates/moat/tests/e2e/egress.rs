@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::fixture::unique;
+use crate::fixture::{run, unique, Daemon};
 use crate::Env;
 
 /// Runs `script` with bash in box `name`; returns (exit status, stdout).
@@ -207,14 +207,20 @@ pub fn log_follow_streams(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
-/// The gateway runs unprivileged and confined; killing it leaves boxes with
-/// no way out until it is back, never an open one.
+/// The gateway runs unprivileged and confined; stopping or killing it
+/// leaves boxes with no way out until it is back, never an open one; a
+/// daemon restart gives running boxes their egress back. (A daemon of its
+/// own: stopping the shared one's gateway would stall other tests.)
 pub fn gateway_is_unprivileged_and_fails_closed(env: &Env) {
-    let name = unique("net");
-    env.new_box(&name, &[]);
-    env.alice(None, &["policy", &name, "allow", "web.test"]).ok();
-    sh(env, &name, "curl -sS -m 10 http://web.test/").0.filter(|s| *s == 0).expect("reachable first");
-    let gateway = gateway_pid(env);
+    let flags = env.net.daemon_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut daemon = Daemon::start(env.dir.join("gateway-state"), env.daemon.keys_file.clone(), &flags);
+    let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
+    ssh(&daemon, None, &["new", "gw", "--image", "busybox"]).ok();
+    ssh(&daemon, None, &["policy", "gw", "allow", "web.test"]).ok();
+    let fetch = |d: &Daemon| ssh(d, Some("gw"), &["timeout 3 wget -q -O- http://web.test/through"]);
+    assert_eq!(fetch(&daemon).ok().stdout, "GET /through host=web.test body=0\n");
+    let gateway = gateway_pid(&daemon);
     let status = std::fs::read_to_string(format!("/proc/{gateway}/status")).unwrap();
     for (field, want) in [("Uid:", "1048574"), ("CapEff:", "0000000000000000"), ("NoNewPrivs:", "1"), ("Seccomp:", "2")]
     {
@@ -222,29 +228,34 @@ pub fn gateway_is_unprivileged_and_fails_closed(env: &Env) {
         assert!(line.contains(want), "{line}");
     }
     // Stopped, it answers nothing: no connection and no name gets out.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(gateway as i32), nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let (status, _) = sh(env, &name, "curl -sS -m 3 http://web.test/");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(gateway as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    assert_ne!(status, Some(0), "a box got out while its gateway was stopped");
+    let pid = nix::unistd::Pid::from_raw(gateway as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = fetch(&daemon);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert_ne!(stopped.status, Some(0), "a box got out while its gateway was stopped");
     // Restarted, the same box gets out again within seconds.
+    wait_for_egress(|| fetch(&daemon).status == Some(0));
+    assert_ne!(gateway_pid(&daemon), gateway);
+    // So does a running box after a daemon restart.
+    daemon.restart();
+    wait_for_egress(|| fetch(&daemon).status == Some(0));
+    daemon.purge();
+}
+
+fn wait_for_egress(works: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if sh(env, &name, "curl -sS -m 3 http://web.test/").0 == Some(0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "egress did not come back after the gateway restarted");
+    while !works() {
+        assert!(Instant::now() < deadline, "egress did not come back");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_ne!(gateway_pid(env), gateway);
-    env.alice(None, &["rm", &name]).ok();
 }
 
 /// The daemon's gateway process.
-fn gateway_pid(env: &Env) -> u32 {
+fn gateway_pid(daemon: &Daemon) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let children =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", env.daemon.pid())).unwrap_or_default();
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", daemon.pid())).unwrap_or_default();
         for pid in children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             if comm.trim() == "moat-gateway" {

@@ -163,8 +163,11 @@ impl TestNet {
         std::fs::read_to_string(self.dir.join("udp.log")).unwrap_or_default()
     }
 
-    /// Stops the servers and removes the namespace.
+    /// Stops the servers and removes the namespace (once).
     pub fn stop(&mut self) {
+        if self.name.is_empty() {
+            return;
+        }
         for mut child in self.servers.drain(..) {
             let _ = child.kill();
             let _ = child.wait();
@@ -176,6 +179,7 @@ impl TestNet {
             }
         });
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        self.name.clear();
     }
 }
 
