@@ -139,13 +139,13 @@ impl Store {
         created_at: u64,
         policy: &Policy,
     ) -> Result<BoxRecord, StoreError> {
-        self.insert(account, name, image, limits, created_at, None, policy)
+        self.insert(account, name, (image, limits), created_at, None, policy)
     }
 
     /// Adds a box in state `creating` as a duplicate of `parent` (its policy too).
     pub fn insert_dup(&self, parent: &BoxRecord, name: &Name, created_at: u64) -> Result<BoxRecord, StoreError> {
         let policy = self.policy(&parent.id)?;
-        self.insert(&parent.account, name, &parent.image, parent.limits, created_at, Some(parent), &policy)
+        self.insert(&parent.account, name, (&parent.image, parent.limits), created_at, Some(parent), &policy)
     }
 
     /// A box's egress policy (none stored: reaches nothing).
@@ -175,8 +175,7 @@ impl Store {
         &self,
         account: &AccountId,
         name: &Name,
-        image: &Name,
-        limits: Limits,
+        (image, limits): (&Name, Limits),
         created_at: u64,
         parent: Option<&BoxRecord>,
         policy: &Policy,

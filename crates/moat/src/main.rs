@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the service in the foreground.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Build or list images.
     Image {
         #[command(subcommand)]
@@ -103,7 +103,7 @@ fn main() {
     let result = match cli.command {
         // The helper must stay single-threaded: no runtime, no logging threads.
         Cmd::BoxSpawn { join } => std::process::exit(moat_box::ns::enforce::helper_main(&join)),
-        Cmd::Serve(args) => serve::run(args),
+        Cmd::Serve(args) => serve::run(*args),
         Cmd::FrontDoor { id } => front_door::run(id),
         Cmd::Gateway { id, netns } => gateway::run(id, netns),
         Cmd::Image { command } => image(command),
