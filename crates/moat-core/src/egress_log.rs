@@ -56,18 +56,6 @@ impl Store {
         Ok(out)
     }
 
-    /// Bytes a box's connections moved each way since `since_ms`.
-    pub fn egress_bytes(&self, id: &BoxId, since_ms: u64) -> Result<(u64, u64), StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT COALESCE(SUM(json_extract(entry, '$.sent')), 0), COALESCE(SUM(json_extract(entry, '$.received')), 0) \
-             FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 AND json_extract(entry, '$.kind') = 'tcp'",
-        )?;
-        let (sent, received): (i64, i64) =
-            stmt.query_row(params![id.as_str(), since_ms as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        Ok((sent.max(0) as u64, received.max(0) as u64))
-    }
-
     /// Forgets a removed box's entries.
     pub fn forget_egress(&self, id: &BoxId) -> Result<(), StoreError> {
         self.conn().execute("DELETE FROM egress_log WHERE box_id = ?1", [id.as_str()])?;

@@ -20,7 +20,9 @@ CREATE TABLE IF NOT EXISTS usage_samples (
     cpu_ns       INTEGER NOT NULL,
     mem_byte_ms  REAL NOT NULL,
     running_ms   INTEGER NOT NULL,
-    suspended_ms INTEGER NOT NULL
+    suspended_ms INTEGER NOT NULL,
+    egress_sent     INTEGER NOT NULL DEFAULT 0,
+    egress_received INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_by_account ON usage_samples (account, at);
 CREATE TABLE IF NOT EXISTS meter_state (
@@ -67,6 +69,12 @@ pub struct Usage {
     pub running_seconds: f64,
     /// Seconds suspended.
     pub suspended_seconds: f64,
+    /// Bytes the box sent through the egress gateway.
+    #[serde(default)]
+    pub egress_sent_bytes: u64,
+    /// Bytes the box received through the egress gateway.
+    #[serde(default)]
+    pub egress_received_bytes: u64,
 }
 
 impl Store {
@@ -114,13 +122,33 @@ impl Store {
         Ok(())
     }
 
+    /// Bills bytes a box moved through the egress gateway (a row of their own,
+    /// with no time or CPU in it).
+    pub fn record_egress_bytes(
+        &self,
+        id: &BoxId,
+        account: &AccountId,
+        name: &Name,
+        at_ms: u64,
+        sent: u64,
+        received: u64,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms, \
+             egress_sent, egress_received) VALUES (?1, ?2, ?3, ?4, 0, 0, 0, 0, ?5, ?6)",
+            params![(at_ms / 1000) as i64, id.as_str(), account.0, name.as_str(), sent as i64, received as i64],
+        )?;
+        Ok(())
+    }
+
     /// The account's usage per box since `since` (seconds since the epoch),
     /// optionally for one box name only, ordered by name.
     pub fn usage(&self, account: &AccountId, since: u64, name: Option<&Name>) -> Result<Vec<Usage>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
             "SELECT (SELECT s2.name FROM usage_samples s2 WHERE s2.box_id = s.box_id ORDER BY s2.at DESC, s2.rowid DESC LIMIT 1), \
-                    SUM(cpu_ns), SUM(mem_byte_ms), SUM(running_ms), SUM(suspended_ms) \
+                    SUM(cpu_ns), SUM(mem_byte_ms), SUM(running_ms), SUM(suspended_ms), \
+                    SUM(egress_sent), SUM(egress_received) \
              FROM usage_samples s WHERE account = ?1 AND at >= ?2 GROUP BY box_id",
         )?;
         let rows = stmt.query_map(params![account.0, since as i64], |r| {
@@ -130,11 +158,13 @@ impl Store {
                 r.get::<_, f64>(2)?,
                 r.get::<_, i64>(3)?,
                 r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
+                r.get::<_, i64>(6)?,
             ))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (box_name, cpu, mem, running, suspended) = row?;
+            let (box_name, cpu, mem, running, suspended, sent, received) = row?;
             let Ok(box_name) = Name::new(&box_name) else { continue };
             if name.is_some_and(|n| *n != box_name) {
                 continue;
@@ -145,6 +175,8 @@ impl Store {
                 memory_gib_seconds: mem / 1000.0 / f64::from(1u32 << 30),
                 running_seconds: running as f64 / 1000.0,
                 suspended_seconds: suspended as f64 / 1000.0,
+                egress_sent_bytes: sent.max(0) as u64,
+                egress_received_bytes: received.max(0) as u64,
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));

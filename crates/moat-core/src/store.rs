@@ -102,6 +102,17 @@ impl Store {
                 conn.execute_batch(&format!("ALTER TABLE boxes ADD COLUMN {column} {ty}"))?;
             }
         }
+        let ledger: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info('usage_samples')")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for column in ["egress_sent", "egress_received"] {
+            if !ledger.iter().any(|c| c == column) {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE usage_samples ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                ))?;
+            }
+        }
         Ok(Self { conn: Mutex::new(conn), slots: 0..SLOTS_PER_BLOCK })
     }
 

@@ -139,6 +139,8 @@ impl BoxManager {
             memory_gib_seconds: 0.0,
             running_seconds: 0.0,
             suspended_seconds: 0.0,
+            egress_sent_bytes: 0,
+            egress_received_bytes: 0,
         };
         for usage in self.db(|s| s.usage(account, since, name))? {
             let rec = live.iter().find(|r| r.name == usage.name).cloned();
@@ -150,6 +152,8 @@ impl BoxManager {
             total.memory_gib_seconds += usage.memory_gib_seconds;
             total.running_seconds += usage.running_seconds;
             total.suspended_seconds += usage.suspended_seconds;
+            total.egress_sent_bytes += usage.egress_sent_bytes;
+            total.egress_received_bytes += usage.egress_received_bytes;
             boxes.push(BoxUsage { usage, disk_bytes });
         }
         let owner = account.clone();

@@ -86,9 +86,31 @@ impl BoxManager {
         if let Err(e) = self.db(|s| s.append_egress(&entries)) {
             tracing::error!(error = %e, "cannot store egress log entries");
         }
+        self.bill_egress(&entries);
         for entry in entries {
             // No follower is fine.
             let _ = self.egress_follow.send(entry);
+        }
+    }
+
+    /// Adds the bytes of finished connections to the ledger, per box.
+    fn bill_egress(&self, entries: &[(BoxId, LogEntry)]) {
+        let mut per_box: std::collections::HashMap<&BoxId, (u64, u64)> = std::collections::HashMap::new();
+        for (id, e) in entries.iter().filter(|(_, e)| e.kind == crate::egress::LogKind::Tcp) {
+            let bytes = per_box.entry(id).or_default();
+            bytes.0 = bytes.0.saturating_add(e.sent);
+            bytes.1 = bytes.1.saturating_add(e.received);
+        }
+        for (id, (sent, received)) in per_box.into_iter().filter(|(_, b)| b.0 + b.1 > 0) {
+            let billed = self.db(|s| match s.get_by_id(id)? {
+                Some(rec) => {
+                    s.record_egress_bytes(id, &rec.account, &rec.name, crate::egress::now_ms(), sent, received)
+                }
+                None => Ok(()),
+            });
+            if let Err(e) = billed {
+                tracing::error!(box_id = %id, error = %e, "cannot bill egress bytes");
+            }
         }
     }
 

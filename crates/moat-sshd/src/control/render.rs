@@ -109,13 +109,22 @@ pub fn usage(report: &UsageReport, json: bool) -> String {
     if json {
         return to_json(report);
     }
-    let mut out =
-        format!("{:<24} {:>10} {:>12} {:>10} {:>10} {:>8}\n", "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK");
+    let mut out = format!(
+        "{:<24} {:>10} {:>12} {:>10} {:>10} {:>8} {:>9} {:>9}\n",
+        "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK", "NET-OUT", "NET-IN"
+    );
     let line = |out: &mut String, u: &moat_core::ledger::Usage, disk: String| {
         let _ = writeln!(
             out,
-            "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8}",
-            u.name, u.cpu_seconds, u.memory_gib_seconds, u.running_seconds, u.suspended_seconds, disk
+            "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8} {:>9} {:>9}",
+            u.name,
+            u.cpu_seconds,
+            u.memory_gib_seconds,
+            u.running_seconds,
+            u.suspended_seconds,
+            disk,
+            format_measured(u.egress_sent_bytes),
+            format_measured(u.egress_received_bytes)
         );
     };
     for b in &report.boxes {

@@ -53,6 +53,22 @@ pub fn deny_by_default_allow_by_name(env: &Env) {
     let (_, out) = sh(env, &name, "getent ahostsv4 web.test | head -1");
     assert!(out.starts_with("198.1"), "{out}");
 
+    // What moves through the gateway is billed to the box.
+    let (status, out) = sh(env, &name, "curl -sS -m 20 http://web.test/big/3000000 | wc -c");
+    assert_eq!((status, out.trim()), (Some(0), "3000000"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let usage = env.alice(None, &["usage", &name, "--json"]).ok().stdout;
+        let usage: serde_json::Value = serde_json::from_str(&usage).unwrap();
+        let received = usage["boxes"][0]["egress_received_bytes"].as_u64().unwrap_or(0);
+        if received >= 3_000_000 {
+            assert!(usage["boxes"][0]["egress_sent_bytes"].as_u64().unwrap_or(0) > 0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "egress bytes not billed: {usage}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // A policy change applies to the next connection.
     env.alice(None, &["policy", &name, "deny", "web.test"]).ok();
     let (status, _) = sh(env, &name, "curl -sS -m 5 --cacert /tmp/ca.pem https://web.test/");
