@@ -234,7 +234,15 @@ fn clear_dir_files(dir: &Path) -> io::Result<()> {
 
 /// The path of `tool` on `PATH`, if any.
 pub fn which(tool: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|dir| Path::new(dir).join(tool)).find(|p| p.is_file())
+    // Then the system directories: a daemon's PATH may lack the sbin ones.
+    let path = std::env::var_os("PATH").and_then(|p| p.into_string().ok()).unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| Path::new(dir).join(tool))
+        .find(|p| p.is_file());
+    found
 }
 
 /// The names of the built images.

@@ -54,6 +54,8 @@ pub fn run(state_dir: &Path) -> Result<()> {
         ("ssh-keygen", "openssh-client", "the host key"),
         ("debootstrap", "debootstrap", "the debian image"),
         ("busybox", "busybox-static", "the busybox image"),
+        ("ip", "iproute2", "a box's network (routes to the egress gateway)"),
+        ("nft", "nftables", "a box's network (redirects to the egress gateway)"),
     ] {
         check(
             tool,

@@ -50,12 +50,9 @@ pub fn prepare() -> io::Result<()> {
     run(&tool("nft")?, &["-f", "-"], &rules())
 }
 
-/// Where a system tool is (the daemon's PATH may be bare).
+/// Where a system tool is.
 fn tool(name: &str) -> io::Result<PathBuf> {
-    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-        .iter()
-        .map(|dir| Path::new(dir).join(name))
-        .find(|p| p.is_file())
+    crate::image::which(name)
         .ok_or_else(|| io::Error::other(format!("{name} not found: install iproute2 and nftables")))
 }
 
