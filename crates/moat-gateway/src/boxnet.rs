@@ -28,6 +28,7 @@ pub struct BoxNet {
     /// Open connections.
     pub connections: Arc<Semaphore>,
     log: LogSink,
+    lost: std::sync::atomic::AtomicU64,
     /// The way out.
     pub upstream: Arc<Upstream>,
 }
@@ -42,6 +43,7 @@ impl BoxNet {
             cut: watch::channel(0).0,
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             log,
+            lost: std::sync::atomic::AtomicU64::new(0),
             upstream,
         })
     }
@@ -83,7 +85,11 @@ impl BoxNet {
     /// Records an entry.
     pub fn log(&self, entry: LogEntry) {
         if self.log.try_send((self.id.clone(), entry)).is_err() {
-            tracing::warn!(box_id = %self.id, "egress log backlog full; an entry was lost");
+            // Said once per thousand, or a flooding box would flood our log too.
+            let lost = self.lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if lost % 1000 == 0 {
+                tracing::warn!(box_id = %self.id, lost = lost + 1, "egress log backlog full; entries lost");
+            }
         }
     }
 }

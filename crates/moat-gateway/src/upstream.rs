@@ -132,6 +132,9 @@ pub enum UpstreamError {
     /// Every address it gave is one the gateway may not dial.
     #[error("{0} resolves to {1}, which is not on the public internet")]
     NotPublic(HostName, IpAddr),
+    /// It resolves to an address of the gateway's own host.
+    #[error("{0} resolves to {1}, an address of this host")]
+    ThisHost(HostName, IpAddr),
     /// Dialling failed.
     #[error("connecting to {0}: {1}")]
     Dial(HostName, std::io::Error),
@@ -145,7 +148,11 @@ impl Upstream {
 
     /// Whether the gateway may dial `ip`.
     pub fn may_dial(&self, ip: IpAddr) -> bool {
-        is_public(ip) || self.config.allow.iter().any(|c| c.contains(ip))
+        is_public(ip) || self.is_allowed_range(ip)
+    }
+
+    fn is_allowed_range(&self, ip: IpAddr) -> bool {
+        self.config.allow.iter().any(|c| c.contains(ip))
     }
 
     /// The addresses of `name` the gateway may dial (never empty).
@@ -237,6 +244,11 @@ impl Upstream {
         let mut last = std::io::Error::other("no address");
         for ip in addrs {
             match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect((ip, port))).await {
+                // A public address of this host's own is still this host: a
+                // connection to one of its own addresses leaves from that address.
+                Ok(Ok(stream)) if !self.is_allowed_range(ip) && is_local(&stream) => {
+                    return Err(UpstreamError::ThisHost(name.clone(), ip));
+                }
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
                     return Ok(stream);
@@ -246,6 +258,14 @@ impl Upstream {
             }
         }
         Err(UpstreamError::Dial(name.clone(), last))
+    }
+}
+
+/// Whether a connection ends on this host.
+fn is_local(stream: &TcpStream) -> bool {
+    match (stream.local_addr(), stream.peer_addr()) {
+        (Ok(local), Ok(peer)) => local.ip() == peer.ip(),
+        _ => true,
     }
 }
 
@@ -259,6 +279,13 @@ fn random_id() -> u16 {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn connections_to_this_host_are_seen() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        assert!(is_local(&stream));
+    }
 
     #[test]
     fn public_or_not() {
