@@ -87,7 +87,7 @@ impl BoxNet {
         if self.log.try_send((self.id.clone(), entry)).is_err() {
             // Said once per thousand, or a flooding box would flood our log too.
             let lost = self.lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if lost % 1000 == 0 {
+            if lost.is_multiple_of(1000) {
                 tracing::warn!(box_id = %self.id, lost = lost + 1, "egress log backlog full; entries lost");
             }
         }
