@@ -3,7 +3,6 @@
 //! upstream network namespace if told to, confines itself, then serves the
 //! boxes it is handed and sends back what it logs.
 
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,26 +20,14 @@ const LOG_BATCH: usize = 512;
 
 /// Runs the gateway as `id` (uid and gid), dialling from `netns` if given.
 pub fn run(id: u32, netns: Option<PathBuf>) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
-    let _ = nix::sys::prctl::set_name(c"moat-gateway");
-    moat_box::sys::close_from(3).context("close inherited descriptors")?;
-    let link = std::io::stdin().as_fd().try_clone_to_owned().context("take the gateway's socket")?;
+    let start = crate::privsep::ChildStart::new(c"moat-gateway")?;
     if let Some(netns) = netns {
         let ns = std::fs::File::open(&netns).with_context(|| format!("open {}", netns.display()))?;
         nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).context("enter the upstream network")?;
     }
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    crate::privsep::raise_fd_limit();
     moat_box::confine::gateway(id, id).context("confine the gateway")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .context("start the async runtime")?;
-    runtime.block_on(serve(link))
+    let runtime = start.runtime()?;
+    runtime.block_on(serve(start.link))
 }
 
 async fn serve(link: std::os::fd::OwnedFd) -> Result<()> {

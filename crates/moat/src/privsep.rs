@@ -107,3 +107,39 @@ pub fn raise_fd_limit() {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
 }
+
+/// What a confined child (the front door, the gateway) starts from: logging
+/// to stderr, its name in ps, no descriptor but stdin (its socket to us),
+/// stdout and stderr, and what it must learn before confinement forbids it.
+pub struct ChildStart {
+    /// Its socket to the privileged side.
+    pub link: OwnedFd,
+    workers: usize,
+}
+
+impl ChildStart {
+    /// Run first thing in the child, before it confines itself.
+    pub fn new(name: &std::ffi::CStr) -> Result<Self> {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+            .with_writer(std::io::stderr)
+            .init();
+        // Spawned as /proc/self/exe, it would be "exe" in ps and in audit logs.
+        let _ = nix::sys::prctl::set_name(name);
+        moat_box::sys::close_from(3).context("close inherited descriptors")?;
+        let link = std::io::stdin().as_fd().try_clone_to_owned().context("take the socket to moat serve")?;
+        // (Reads cgroup files, which the confined child may not open.)
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+        raise_fd_limit();
+        Ok(Self { link, workers })
+    }
+
+    /// The async runtime, made once the child is confined.
+    pub fn runtime(&self) -> Result<tokio::runtime::Runtime> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.workers)
+            .enable_all()
+            .build()
+            .context("start the async runtime")
+    }
+}
