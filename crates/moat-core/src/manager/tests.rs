@@ -295,3 +295,58 @@ async fn restart_recovery() {
     assert_eq!(again.get(&f.alice, &name("died")).unwrap().state, BoxState::Stopped);
     assert!(f.backend.is_running(&kept));
 }
+
+/// Records what the network hooks were told.
+#[derive(Default)]
+struct NetLog(Mutex<Vec<String>>);
+
+impl NetworkHooks for NetLog {
+    fn up(&self, rec: &BoxRecord, _: &BoxHandle, policy: &Policy) {
+        self.push(format!("up {} {}", rec.name, policy.allow.len()));
+    }
+    fn suspended(&self, _: &BoxId) {
+        self.push("suspended".into());
+    }
+    fn down(&self, _: &BoxId) {
+        self.push("down".into());
+    }
+    fn policy_changed(&self, _: &BoxId, policy: &Policy) {
+        self.push(format!("policy {}", policy.allow.len()));
+    }
+}
+
+impl NetLog {
+    fn push(&self, s: String) {
+        self.0.lock().unwrap().push(s);
+    }
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+#[tokio::test]
+async fn the_network_follows_the_lifecycle_and_dup_keeps_the_policy() {
+    let f = fixture();
+    let net = Arc::new(NetLog::default());
+    f.manager.set_network_hooks(net.clone());
+    f.new_box("web").await.unwrap();
+    assert_eq!(net.take(), ["up web 0"]);
+    let rule = crate::policy::Rule::parse(&["pypi.org"]).unwrap();
+    let web = name("web");
+    let changed = f.manager.change_policy(&f.alice, &web, |p| -> Result<(), ()> {
+        p.allow(rule.clone());
+        Ok(())
+    });
+    assert_eq!(changed.await.unwrap().unwrap().allow, [rule.clone()]);
+    // A refused change changes nothing and tells no one.
+    assert!(f.manager.change_policy(&f.alice, &name("web"), |_| Err(())).await.unwrap().is_err());
+    assert_eq!(net.take(), ["policy 1"]);
+    f.manager.dup(&f.alice, &name("web"), &name("try")).await.unwrap();
+    assert_eq!(net.take(), ["up try 1"]);
+    assert_eq!(f.manager.policy(&f.alice, &name("try")).unwrap().allow, [rule]);
+    f.manager.suspend(&f.alice, &name("web")).await.unwrap();
+    f.manager.stop(&f.alice, &name("web")).await.unwrap();
+    f.manager.start(&f.alice, &name("web")).await.unwrap();
+    f.manager.remove(&f.alice, &name("web")).await.unwrap();
+    assert_eq!(net.take(), ["suspended", "down", "up web 1", "down"]);
+}
