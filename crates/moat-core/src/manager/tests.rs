@@ -337,7 +337,7 @@ async fn the_network_follows_the_lifecycle_and_dup_keeps_the_policy() {
         p.allow(rule.clone());
         Ok(())
     });
-    assert_eq!(changed.await.unwrap().unwrap().allow, [rule.clone()]);
+    assert_eq!(changed.await.unwrap().unwrap().allow, std::slice::from_ref(&rule));
     // A refused change changes nothing and tells no one.
     assert!(f.manager.change_policy(&f.alice, &name("web"), |_| Err(())).await.unwrap().is_err());
     assert_eq!(net.take(), ["policy 1"]);
