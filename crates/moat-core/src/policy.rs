@@ -405,10 +405,7 @@ mod tests {
     fn names_normalise_once() {
         assert_eq!(host("PyPI.org.").as_str(), "pypi.org");
         assert_eq!(host("_acme.x-y.example").as_str(), "_acme.x-y.example");
-        for bad in ["", ".", "a..b", "a.b..", "a b", "a\0b", "bücher.de", "a/b", &"a".repeat(64), "-"] {
-            if bad == "-" {
-                continue;
-            }
+        for bad in ["", ".", "a..b", "a.b..", "a b", "a\0b", "bücher.de", "a/b", &"a".repeat(64)] {
             assert!(HostName::parse(bad).is_err(), "{bad:?}");
         }
         for addr in ["1.2.3.4", "16909060", "0x7f.1", "127.1"] {
