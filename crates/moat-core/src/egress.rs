@@ -79,8 +79,3 @@ pub struct LogEntry {
     #[serde(default)]
     pub received: u64,
 }
-
-/// Milliseconds since the epoch, now.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}

@@ -32,6 +32,10 @@ CREATE TABLE IF NOT EXISTS meter_state (
 );
 ";
 
+/// Columns added to `usage_samples` after its first schema.
+pub(crate) const ADDED_COLUMNS: &[(&str, &str)] =
+    &[("egress_sent", "INTEGER NOT NULL DEFAULT 0"), ("egress_received", "INTEGER NOT NULL DEFAULT 0")];
+
 /// One interval of one box's consumption.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {

@@ -93,26 +93,8 @@ impl Store {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(crate::ledger::SCHEMA)?;
         conn.execute_batch(crate::egress_log::SCHEMA)?;
-        let existing: Vec<String> = conn
-            .prepare("SELECT name FROM pragma_table_info('boxes')")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for (column, ty) in ADDED_COLUMNS {
-            if !existing.iter().any(|c| c == column) {
-                conn.execute_batch(&format!("ALTER TABLE boxes ADD COLUMN {column} {ty}"))?;
-            }
-        }
-        let ledger: Vec<String> = conn
-            .prepare("SELECT name FROM pragma_table_info('usage_samples')")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for column in ["egress_sent", "egress_received"] {
-            if !ledger.iter().any(|c| c == column) {
-                conn.execute_batch(&format!(
-                    "ALTER TABLE usage_samples ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
-                ))?;
-            }
-        }
+        add_missing_columns(&conn, "boxes", ADDED_COLUMNS)?;
+        add_missing_columns(&conn, "usage_samples", crate::ledger::ADDED_COLUMNS)?;
         Ok(Self { conn: Mutex::new(conn), slots: 0..SLOTS_PER_BLOCK })
     }
 
@@ -374,6 +356,20 @@ impl Store {
         tx.commit()?;
         Ok(())
     }
+}
+
+/// Adds to `table` the columns a database made by an older moat lacks.
+fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
+    let existing: Vec<String> = conn
+        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for (column, ty) in columns {
+        if !existing.iter().any(|c| c == column) {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ty}"))?;
+        }
+    }
+    Ok(())
 }
 
 fn from_row(r: &Row<'_>) -> Result<BoxRecord, StoreError> {

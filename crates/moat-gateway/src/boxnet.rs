@@ -4,7 +4,8 @@
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use moat_core::egress::{now_ms, LogEntry, LogKind, LogVerdict};
+use moat_core::clock::now_ms;
+use moat_core::egress::{LogEntry, LogKind, LogVerdict};
 use moat_core::policy::{HostName, Policy};
 use tokio::sync::{mpsc, watch, Semaphore};
 

@@ -22,9 +22,9 @@ pub fn answer(net: &BoxNet, msg: &[u8]) -> Option<Vec<u8>> {
     let query = match dns::parse_query(msg) {
         Ok(q) => q,
         Err(e) => {
-            let mut e2 = entry(LogKind::Dns, "?", 0, LogVerdict::Deny);
-            e2.reason = Some(format!("malformed query: {e}"));
-            net.log(e2);
+            let mut log = entry(LogKind::Dns, "?", 0, LogVerdict::Deny);
+            log.reason = Some(format!("malformed query: {e}"));
+            net.log(log);
             return dns::format_error(msg);
         }
     };

@@ -154,20 +154,18 @@ impl Gateway {
 
 fn spawn_listener(net: &Arc<BoxNet>, role: Role, fd: OwnedFd) -> std::io::Result<JoinHandle<()>> {
     let net = Arc::clone(net);
+    let tcp = |fd: OwnedFd| {
+        let listener = std::net::TcpListener::from(fd);
+        listener.set_nonblocking(true)?;
+        tokio::net::TcpListener::from_std(listener)
+    };
     Ok(match role {
         Role::DnsUdp => {
             let socket = std::net::UdpSocket::from(fd);
             socket.set_nonblocking(true)?;
             tokio::spawn(dnsd::serve_udp(net, tokio::net::UdpSocket::from_std(socket)?))
         }
-        Role::DnsTcp | Role::Proxy => {
-            let listener = std::net::TcpListener::from(fd);
-            listener.set_nonblocking(true)?;
-            let listener = tokio::net::TcpListener::from_std(listener)?;
-            match role {
-                Role::DnsTcp => tokio::spawn(dnsd::serve_tcp(net, listener)),
-                _ => tokio::spawn(proxy::serve(net, listener)),
-            }
-        }
+        Role::DnsTcp => tokio::spawn(dnsd::serve_tcp(net, tcp(fd)?)),
+        Role::Proxy => tokio::spawn(proxy::serve(net, tcp(fd)?)),
     })
 }

@@ -69,16 +69,13 @@ pub fn read_head(buf: &[u8]) -> Head {
     if head_len > MAX_HEAD {
         return Head::Refused("request head too large");
     }
-    match check(&req) {
-        Ok(mut request) => {
-            request.head_len = head_len;
-            Head::Request(request)
-        }
+    match check(&req, head_len) {
+        Ok(request) => Head::Request(request),
         Err(why) => Head::Refused(why),
     }
 }
 
-fn check(req: &httparse::Request<'_, '_>) -> Result<Request, &'static str> {
+fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'static str> {
     let (Some(method), Some(raw_target), Some(_)) = (req.method, req.path, req.version) else {
         return Err("malformed request");
     };
@@ -131,7 +128,7 @@ fn check(req: &httparse::Request<'_, '_>) -> Result<Request, &'static str> {
     };
     let body = if chunked { Body::Chunked } else { Body::Length(length.unwrap_or(0)) };
     let target = normalise_target(target)?;
-    Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len: 0 })
+    Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len })
 }
 
 fn split_host(value: &str) -> Result<(HostName, Option<u16>), &'static str> {

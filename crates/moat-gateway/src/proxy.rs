@@ -68,13 +68,13 @@ fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
 
 async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
     let port = dialled.port();
-    let name = match dialled.ip() {
-        IpAddr::V4(ip) if is_fake(ip) => net.name_at(ip),
+    let fake = match dialled.ip() {
+        IpAddr::V4(ip) if is_fake(ip) => Some(ip),
         _ => None,
     };
-    let Some(name) = name else {
+    let Some(name) = fake.and_then(|ip| net.name_at(ip)) else {
         let mut e = entry(LogKind::Tcp, dialled.ip().to_string(), port, LogVerdict::Deny);
-        e.reason = Some(if dialled.ip().is_ipv4() && is_fake_v4(dialled.ip()) {
+        e.reason = Some(if fake.is_some() {
             "an address the gateway gave no name".into()
         } else {
             "a raw address (only names the policy allows are reachable)".into()
@@ -108,10 +108,6 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
     net.log(log);
 }
 
-fn is_fake_v4(ip: IpAddr) -> bool {
-    matches!(ip, IpAddr::V4(v4) if is_fake(v4))
-}
-
 enum Sniffed {
     Tls,
     Http,
@@ -127,7 +123,7 @@ async fn sniff(stream: &TcpStream, verdict: &Verdict, port: u16) -> Sniffed {
         && !DEFAULT_PORTS.contains(&port);
     let mut first = [0u8; 17];
     let wait = if raw_ok { SERVER_FIRST } else { FIRST_BYTES };
-    let n = match tokio::time::timeout(wait, peek_some(stream, &mut first)).await {
+    let n = match tokio::time::timeout(wait, stream.peek(&mut first)).await {
         Ok(Ok(n)) if n > 0 => n,
         Ok(_) => return Sniffed::Refused("closed before sending anything"),
         Err(_) if raw_ok => return Sniffed::Raw,
@@ -142,10 +138,6 @@ async fn sniff(stream: &TcpStream, verdict: &Verdict, port: u16) -> Sniffed {
     } else {
         Sniffed::Refused("not TLS or HTTP")
     }
-}
-
-async fn peek_some(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
-    stream.peek(buf).await
 }
 
 async fn tls_connection(

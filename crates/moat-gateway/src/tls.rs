@@ -59,8 +59,13 @@ pub fn read_hello(buf: &[u8]) -> Hello {
     }
 }
 
+/// Bytes a box may send before its ClientHello is complete: the largest
+/// hello, and the headers of the records it is split over (a hello spread
+/// over hundreds of tiny records is refused rather than buffered).
+const MAX_HELLO_BYTES: usize = MAX_HELLO + 5 * 8;
+
 fn more_or_too_big(buf: &[u8]) -> Hello {
-    if buf.len() >= MAX_HELLO + 5 * 8 {
+    if buf.len() >= MAX_HELLO_BYTES {
         Hello::Refused("ClientHello too large")
     } else {
         Hello::Incomplete

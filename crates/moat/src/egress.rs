@@ -8,12 +8,10 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use moat_api::Packets;
 use moat_core::egress::{DNS_PORT, PROXY_PORT};
 use moat_core::policy::Policy;
 use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach};
@@ -66,24 +64,7 @@ impl Egress {
 impl moat_core::NetworkHooks for Egress {
     fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
         let NetAttach::Netns(netns) = &handle.network;
-        // A gateway of a daemon that just exited may hold them a moment more.
-        let mut tries = 0;
-        let sockets = loop {
-            match listeners_in(netns) {
-                Err(e)
-                    if tries < 20
-                        && e.chain().any(|c| {
-                            c.downcast_ref::<std::io::Error>()
-                                .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
-                        }) =>
-                {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                other => break other,
-            }
-        };
-        let sockets = match sockets {
+        let sockets = match listeners_when_free(netns) {
             Ok(sockets) => sockets,
             Err(e) => {
                 tracing::error!(box_id = %rec.id, error = %format!("{e:#}"), "no gateway for this box: it reaches nothing");
@@ -115,6 +96,22 @@ impl moat_core::NetworkHooks for Egress {
         }
         Self::tell(&state, (ToGateway::Policy { box_id: id.to_string(), policy: policy.clone() }, Vec::new()));
     }
+}
+
+/// As [`listeners_in`], waiting up to a second for a gateway of a daemon
+/// that just exited to let go of the ports.
+fn listeners_when_free(netns: &Path) -> Result<Vec<(Role, OwnedFd)>> {
+    let in_use = |e: &anyhow::Error| {
+        e.chain()
+            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse))
+    };
+    for _ in 0..20 {
+        match listeners_in(netns) {
+            Err(e) if in_use(&e) => std::thread::sleep(Duration::from_millis(50)),
+            other => return other,
+        }
+    }
+    listeners_in(netns)
 }
 
 /// The gateway's listeners, made inside the network namespace at `netns`
@@ -162,37 +159,36 @@ pub struct GatewayConfig {
 /// Runs the gateway until this process ends, restarting it whenever it dies,
 /// and feeds what it logs to `manager`.
 pub async fn supervise(egress: Arc<Egress>, config: GatewayConfig, manager: Arc<BoxManager>) {
-    let mut backoff = Duration::from_millis(50);
+    // Entries are stored by a task of their own (SQLite with fsync), not by
+    // this future, which the main thread polls.
+    let (log_tx, mut log_rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(entries) = log_rx.recv().await {
+            manager.record_egress(entries);
+        }
+    });
+    let mut restarts = crate::privsep::Restarts::default();
     loop {
         let started = Instant::now();
-        match run_once(&egress, &config, &manager).await {
+        match run_once(&egress, &config, &log_tx).await {
             Ok(status) => tracing::warn!(%status, "gateway exited; starting it again"),
             Err(e) => tracing::error!(error = %format!("{e:#}"), "gateway failed; starting it again"),
         }
         egress.state().link = None;
-        backoff = if started.elapsed() > Duration::from_secs(5) {
-            Duration::from_millis(50)
-        } else {
-            (backoff * 2).min(Duration::from_secs(1))
-        };
-        tokio::time::sleep(backoff).await;
+        restarts.wait(started).await;
     }
 }
 
-async fn run_once(egress: &Egress, config: &GatewayConfig, manager: &BoxManager) -> Result<std::process::ExitStatus> {
-    let (ours, theirs) = Packets::pair().context("make the gateway's socket")?;
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.arg0("moat-gateway").args(["gateway", "--id", &config.id.to_string()]);
+/// Log entries from the gateway, on their way to the store.
+type LogEntries = mpsc::UnboundedSender<Vec<(String, moat_core::egress::LogEntry)>>;
+
+async fn run_once(egress: &Egress, config: &GatewayConfig, log: &LogEntries) -> Result<std::process::ExitStatus> {
+    let id = config.id.to_string();
+    let mut args: Vec<&std::ffi::OsStr> = vec!["gateway".as_ref(), "--id".as_ref(), id.as_ref()];
     if let Some(netns) = &config.netns {
-        cmd.arg("--netns").arg(netns);
+        args.extend(["--netns".as_ref(), netns.as_os_str()]);
     }
-    cmd.env_clear().stdin(Stdio::from(theirs)).stdout(Stdio::null()).stderr(Stdio::inherit()).kill_on_drop(true);
-    if let Some(filter) = std::env::var_os("RUST_LOG") {
-        cmd.env("RUST_LOG", filter);
-    }
-    let mut child = cmd.spawn().context("start the gateway")?;
-    drop(cmd);
-    let link = Packets::new(ours)?;
+    let (mut child, link) = crate::privsep::spawn_child("moat-gateway", &args)?;
     link.send(&serde_json::to_vec(&config.hello)?, &[]).await.context("configure the gateway")?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     {
@@ -220,7 +216,7 @@ async fn run_once(egress: &Egress, config: &GatewayConfig, manager: &BoxManager)
             let FromGateway::Log { entries } =
                 serde_json::from_slice(&msg.bytes).context("gateway sent a bad message")?;
             anyhow::ensure!(msg.fds.is_empty(), "gateway sent descriptors");
-            manager.record_egress(entries);
+            let _ = log.send(entries);
         }
         anyhow::Ok(())
     };

@@ -30,7 +30,7 @@ pub async fn supervise(listener: TcpListener, front: FrontDoor, privileged: Arc<
     // (std sets SO_REUSEADDR: the address binds again while old connections linger.)
     let addr = listener.local_addr()?;
     let mut listener = Some(listener);
-    let mut backoff = Duration::from_millis(50);
+    let mut restarts = Restarts::default();
     loop {
         let socket = match listener.take() {
             Some(socket) => socket,
@@ -48,26 +48,42 @@ pub async fn supervise(listener: TcpListener, front: FrontDoor, privileged: Arc<
             Ok(status) => tracing::warn!(%status, "front door exited; starting it again"),
             Err(e) => tracing::error!(error = %format!("{e:#}"), "front door failed; starting it again"),
         }
-        // Back off only if it keeps dying at once.
-        backoff = if started.elapsed() > Duration::from_secs(5) {
-            Duration::from_millis(50)
-        } else {
-            (backoff * 2).min(Duration::from_secs(1))
-        };
-        tokio::time::sleep(backoff).await;
+        restarts.wait(started).await;
     }
 }
 
-/// Starts one front door and serves its requests until it exits.
-async fn run_once(
-    listener: TcpListener,
-    front: &FrontDoor,
-    privileged: Arc<Privileged>,
-) -> Result<std::process::ExitStatus> {
-    let (ours, theirs) = Packets::pair().context("make the front door's socket")?;
+/// Spacing between restarts of a child process: none to speak of unless it
+/// keeps dying at once, then doubling up to a second.
+pub struct Restarts {
+    backoff: Duration,
+}
+
+impl Default for Restarts {
+    fn default() -> Self {
+        Self { backoff: Duration::from_millis(50) }
+    }
+}
+
+impl Restarts {
+    /// Waits before starting again a child that started at `started`.
+    pub async fn wait(&mut self, started: Instant) {
+        self.backoff = if started.elapsed() > Duration::from_secs(5) {
+            Duration::from_millis(50)
+        } else {
+            (self.backoff * 2).min(Duration::from_secs(1))
+        };
+        tokio::time::sleep(self.backoff).await;
+    }
+}
+
+/// Starts `moat ARGS` as a child named `arg0`, with nothing of our
+/// environment but `RUST_LOG`, and a new socket to us as its stdin; returns
+/// the child and our end. It is killed if dropped.
+pub fn spawn_child(arg0: &str, args: &[&std::ffi::OsStr]) -> Result<(tokio::process::Child, Packets)> {
+    let (ours, theirs) = Packets::pair().with_context(|| format!("make the socket to {arg0}"))?;
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.arg0("moat-front-door")
-        .args(["front-door", "--id", &front.id.to_string()])
+    cmd.arg0(arg0)
+        .args(args)
         .env_clear()
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
@@ -76,10 +92,20 @@ async fn run_once(
     if let Some(filter) = std::env::var_os("RUST_LOG") {
         cmd.env("RUST_LOG", filter);
     }
-    let mut child = cmd.spawn().context("start the front door")?;
+    let child = cmd.spawn().with_context(|| format!("start {arg0}"))?;
     // `cmd` holds the child's end until dropped.
     drop(cmd);
-    let dialer = Packets::new(ours)?;
+    Ok((child, Packets::new(ours)?))
+}
+
+/// Starts one front door and serves its requests until it exits.
+async fn run_once(
+    listener: TcpListener,
+    front: &FrontDoor,
+    privileged: Arc<Privileged>,
+) -> Result<std::process::ExitStatus> {
+    let id = front.id.to_string();
+    let (mut child, dialer) = spawn_child("moat-front-door", &["front-door".as_ref(), "--id".as_ref(), id.as_ref()])?;
     let hello = serde_json::to_vec(&front.hello)?;
     let listener = OwnedFd::from(listener);
     dialer.send(&hello, &[listener.as_fd()]).await.context("hand the front door its socket")?;

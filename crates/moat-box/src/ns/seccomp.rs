@@ -120,8 +120,8 @@ fn denied_ioctls() -> Vec<u32> {
     reqs
 }
 
-/// The socket families a box may use: its own loopback (and, later, the
-/// gateway) needs no more. AF_VSOCK, in particular, reaches the hypervisor
+/// The socket families a box may use: its own loopback, and the egress
+/// gateway's listeners on it, need no more. AF_VSOCK, in particular, reaches the hypervisor
 /// when moat runs in a VM, without passing the box's network namespace.
 const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
     [libc::AF_UNIX as u32, libc::AF_INET as u32, libc::AF_INET6 as u32, libc::AF_NETLINK as u32];

@@ -202,16 +202,9 @@ impl BoxManager {
         Ok((rec, guard))
     }
 
-    /// Runs a store call (SQLite, with fsync on writes) without stalling the
-    /// async worker it is called from: tokio moves that worker's other tasks
-    /// to another thread for the duration. (Called on a single-threaded
-    /// runtime, as unit tests are, it simply runs.)
+    /// Runs a store call (SQLite, with fsync on writes) off the async worker.
     fn db<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
-        use tokio::runtime::{Handle, RuntimeFlavor};
-        match Handle::try_current() {
-            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| f(&self.store)),
-            _ => f(&self.store),
-        }
+        in_place(|| f(&self.store))
     }
 
     fn lock_for(&self, id: &BoxId) -> Arc<tokio::sync::Mutex<()>> {
@@ -526,6 +519,18 @@ impl BoxManager {
 }
 
 use crate::clock::now;
+
+/// Runs blocking work (a store call, a hook that enters a namespace) where it
+/// is, without stalling the async worker it is called from: tokio moves that
+/// worker's other tasks to another thread meanwhile. (On a single-threaded
+/// runtime, as unit tests are, it simply runs.)
+fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
 
 #[cfg(test)]
 mod tests;

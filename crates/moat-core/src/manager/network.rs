@@ -32,18 +32,26 @@ impl BoxManager {
         let _ = self.network.set(hooks);
     }
 
+    /// Tells the hooks, if any, off the async worker (making a box's
+    /// listeners enters its network namespace on a thread of its own).
+    pub(super) fn tell_network(&self, tell: impl FnOnce(&dyn NetworkHooks)) {
+        if let Some(hooks) = self.network.get() {
+            super::in_place(|| tell(hooks.as_ref()));
+        }
+    }
+
     pub(super) fn network_up(&self, rec: &BoxRecord, handle: &BoxHandle) {
-        let Some(hooks) = self.network.get() else { return };
+        if self.network.get().is_none() {
+            return;
+        }
         match self.db(|s| s.policy(&rec.id)) {
-            Ok(policy) => hooks.up(rec, handle, &policy),
+            Ok(policy) => self.tell_network(|hooks| hooks.up(rec, handle, &policy)),
             Err(e) => tracing::error!(box_id = %rec.id, error = %e, "cannot read the box's policy; it reaches nothing"),
         }
     }
 
     pub(super) fn network_down(&self, id: &BoxId) {
-        if let Some(hooks) = self.network.get() {
-            hooks.down(id);
-        }
+        self.tell_network(|hooks| hooks.down(id));
     }
 
     /// A box's egress policy.
@@ -66,15 +74,11 @@ impl BoxManager {
             return Ok(Err(e));
         }
         self.db(|s| s.set_policy(&rec.id, &policy))?;
-        if let Some(hooks) = self.network.get() {
-            hooks.policy_changed(&rec.id, &policy);
-        }
+        self.tell_network(|hooks| hooks.policy_changed(&rec.id, &policy));
         tracing::info!(box_id = %rec.id, name = %rec.name, "policy changed");
         Ok(Ok(policy))
     }
-}
 
-impl BoxManager {
     /// Records what the gateway reported, and hands it to followers. Entries
     /// for ids that are no box are dropped.
     pub fn record_egress(&self, entries: Vec<(String, LogEntry)>) {
@@ -103,9 +107,7 @@ impl BoxManager {
         }
         for (id, (sent, received)) in per_box.into_iter().filter(|(_, b)| b.0 + b.1 > 0) {
             let billed = self.db(|s| match s.get_by_id(id)? {
-                Some(rec) => {
-                    s.record_egress_bytes(id, &rec.account, &rec.name, crate::egress::now_ms(), sent, received)
-                }
+                Some(rec) => s.record_egress_bytes(id, &rec.account, &rec.name, crate::clock::now_ms(), sent, received),
                 None => Ok(()),
             });
             if let Err(e) = billed {

@@ -145,9 +145,7 @@ impl BoxManager {
         let r = rec.clone();
         self.blocking(move |b| b.suspend(&r)).await??;
         self.db(|s| s.set_state(&rec.id, BoxState::Suspended, rec.pid))?;
-        if let Some(hooks) = self.network.get() {
-            hooks.suspended(&rec.id);
-        }
+        self.tell_network(|hooks| hooks.suspended(&rec.id));
         tracing::info!(box_id = %rec.id, name = %rec.name, why, "box suspended");
         Ok(())
     }

@@ -194,7 +194,15 @@ pub fn log(entries: &[LogEntry], json: bool) -> String {
 
 /// What a box sent, safe for a terminal: control bytes escaped.
 fn printable(s: &str) -> String {
-    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
