@@ -11,6 +11,8 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use moat_core::Name;
+
+use crate::trust;
 use nix::errno::Errno;
 use nix::fcntl::{openat, openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::Mode;
@@ -20,8 +22,10 @@ use nix::unistd::{unlinkat, UnlinkatFlags};
 const HOST_KEY_TYPES: &[&str] = &["rsa", "ecdsa", "ed25519"];
 
 /// Writes a fresh identity for a box called `name` into `root`: host name,
-/// machine-id, random seed, and new SSH host keys for each kind the image has.
-pub fn mint(root: &Path, name: &Name) -> io::Result<()> {
+/// machine-id, random seed, new SSH host keys for each kind the image has, and
+/// a TLS CA the box trusts. Returns the CA's private key (PEM), which belongs
+/// on the host.
+pub fn mint(root: &Path, name: &Name) -> io::Result<String> {
     let dir: OwnedFd = std::fs::File::open(root)?.into();
     write_host_name(&dir, name)?;
     let machine_id = format!("{}\n", hex::encode(random::<16>()));
@@ -36,7 +40,9 @@ pub fn mint(root: &Path, name: &Name) -> io::Result<()> {
             write_in_root(&dir, &format!("{key}.pub"), &public, 0o644)?;
         }
     }
-    Ok(())
+    let (ca_cert, ca_key) = moat_gateway::ca::mint().map_err(io::Error::other)?;
+    trust::install(&dir, &ca_cert)?;
+    Ok(ca_key)
 }
 
 /// Gives the box in `root` a new host name (after a promote).
@@ -99,7 +105,7 @@ fn random<const N: usize>() -> [u8; N] {
 /// Replaces `rel` (relative to `root`) with a new file holding `data`, never
 /// leaving `root`: the parent is resolved inside the root, and whatever stood at
 /// `rel` (a symlink included) is unlinked, not followed.
-fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8], mode: u32) -> io::Result<()> {
+pub(crate) fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8], mode: u32) -> io::Result<()> {
     let (parent, file) = rel.rsplit_once('/').unwrap_or((".", rel));
     let how = OpenHow::new()
         .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
@@ -113,6 +119,48 @@ fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8], mode: u32) -> io::Resul
     let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(&dir, file, flags, Mode::from_bits_truncate(mode)).map_err(context)?;
     std::fs::File::from(fd).write_all(data)
+}
+
+/// Makes the directory `rel` inside `root` if it is not there.
+pub(crate) fn dir_in_root(root: &OwnedFd, rel: &str) -> io::Result<()> {
+    let (parent, name) = rel.rsplit_once('/').unwrap_or((".", rel));
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let context = |e: nix::Error| io::Error::new(io::Error::from(e).kind(), format!("{rel}: {e}"));
+    let dir = openat2(root, parent, how).map_err(context)?;
+    match nix::sys::stat::mkdirat(&dir, name, Mode::from_bits_truncate(0o755)) {
+        Ok(()) | Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(context(e)),
+    }
+}
+
+/// What `rel` (resolved inside `root`, symlinks included) holds, if it is a
+/// regular file; larger than `max` bytes is an error.
+pub(crate) fn read_in_root(root: &OwnedFd, rel: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
+    // Non-blocking, so that a FIFO planted there cannot stall the host.
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let fd = match openat2(root, rel, how) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
+        Err(e) => return Err(io::Error::new(io::Error::from(e).kind(), format!("{rel}: {e}"))),
+    };
+    let file = std::fs::File::from(fd);
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    if meta.len() > max {
+        return Err(io::Error::other(format!("{rel}: larger than {max} bytes")));
+    }
+    let mut data = Vec::with_capacity(meta.len() as usize);
+    io::Read::read_to_end(&mut io::Read::take(file, max + 1), &mut data)?;
+    if data.len() as u64 > max {
+        return Err(io::Error::other(format!("{rel}: larger than {max} bytes")));
+    }
+    Ok(Some(data))
 }
 
 #[cfg(test)]
@@ -133,7 +181,9 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), root.path().join("var/lib")).unwrap();
         std::fs::create_dir(outside.path().join("systemd")).unwrap();
         let name = Name::new("web").unwrap();
-        mint(root.path(), &name).unwrap();
+        let ca_key = mint(root.path(), &name).unwrap();
+        assert!(ca_key.starts_with("-----BEGIN PRIVATE KEY-----"), "{ca_key}");
+        assert!(std::fs::read_to_string(root.path().join(trust::CA_FILE)).unwrap().contains("BEGIN CERTIFICATE"));
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "host data");
         assert_eq!(std::fs::read_dir(outside.path().join("systemd")).unwrap().count(), 0);
         let first = std::fs::read_to_string(root.path().join("etc/machine-id")).unwrap();

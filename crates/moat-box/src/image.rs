@@ -24,6 +24,7 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     "curl",
     "ca-certificates",
     "python3",
+    "python3-pip",
     "rsync",
     "procps",
     "openssh-sftp-server",

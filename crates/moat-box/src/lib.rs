@@ -3,6 +3,7 @@
 //! - [`pool`]: the copy-on-write storage pool (btrfs, loop-backed where needed);
 //! - [`image`]: building the read-only images boxes start from;
 //! - [`identity`]: what makes each box a machine of its own;
+//! - [`trust`]: the box trusting its own TLS CA;
 //! - [`diff`]: what changed between two boxes' filesystems;
 //! - [`ns`]: the namespace backend, with its planner and its privileged enforcer;
 //! - [`sys`]: the raw kernel calls, the crate's only `unsafe`.
@@ -19,6 +20,7 @@ pub mod ns;
 pub mod pool;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod trust;
 
 use moat_core::{AccountId, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, MeterReading, Name};
 

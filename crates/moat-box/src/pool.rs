@@ -273,8 +273,33 @@ impl Pool {
         sys::trim(&self.root).map_err(io_err("trim", &self.root))
     }
 
-    /// Deletes box `id`'s root, if it exists.
+    /// Where the host keeps the private key of box `id`'s TLS CA (outside
+    /// every box's tree; only root reads it).
+    pub fn ca_key_path(&self, id: &BoxId) -> PathBuf {
+        self.root.join("keys").join(format!("{id}.ca.pem"))
+    }
+
+    /// Stores box `id`'s CA key (mode 0600, replaced whole).
+    pub fn store_ca_key(&self, id: &BoxId, pem: &str) -> Result<(), PoolError> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let path = self.ca_key_path(id);
+        let dir = self.root.join("keys");
+        fs::DirBuilder::new().mode(0o700).recursive(true).create(&dir).map_err(io_err("make key directory", &dir))?;
+        let tmp = path.with_extension("tmp");
+        let _ = fs::remove_file(&tmp);
+        let write = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| io::Write::write_all(&mut f, pem.as_bytes()).and_then(|()| f.sync_all()))
+            .and_then(|()| fs::rename(&tmp, &path));
+        write.map_err(io_err("store CA key", &path))
+    }
+
+    /// Deletes box `id`'s root and CA key, if they exist.
     pub fn delete_box(&self, id: &BoxId) -> Result<(), PoolError> {
+        let _ = fs::remove_file(self.ca_key_path(id));
         let path = self.box_path(id);
         if !path.exists() {
             return Ok(());

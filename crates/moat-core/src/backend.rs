@@ -33,6 +33,10 @@ pub struct BoxHandle {
     pub agent: AgentAddr,
     /// Where its network attaches.
     pub network: NetAttach,
+    /// The private key (PEM file) of the TLS CA the box trusts, with which the
+    /// gateway signs what it shows the box where it looks inside HTTPS.
+    /// `None` for a box made before boxes had one.
+    pub ca_key: Option<std::path::PathBuf>,
 }
 
 /// How a path differs between two boxes.

@@ -32,11 +32,20 @@ pub struct BoxNet {
     lost: std::sync::atomic::AtomicU64,
     /// The way out.
     pub upstream: Arc<Upstream>,
+    /// The TLS the box is answered with where the gateway looks inside HTTPS
+    /// (`None`: the box has no CA, and such hosts are refused).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl BoxNet {
     /// A box with `policy`.
-    pub fn new(id: String, policy: Policy, log: LogSink, upstream: Arc<Upstream>) -> Arc<Self> {
+    pub fn new(
+        id: String,
+        policy: Policy,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        log: LogSink,
+        upstream: Arc<Upstream>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             id,
             policy: RwLock::new(Arc::new(policy)),
@@ -46,6 +55,7 @@ impl BoxNet {
             log,
             lost: std::sync::atomic::AtomicU64::new(0),
             upstream,
+            tls,
         })
     }
 

@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
 use crate::boxnet::{BoxNet, LogSink};
+use crate::ca::{CaKey, LeafSigner};
 use crate::upstream::{Cidr, Upstream, UpstreamConfig};
-use crate::{dnsd, proxy};
+use crate::{dnsd, intercept, proxy};
 
 /// Largest message either side reads.
 pub const MAX_MESSAGE: usize = 1 << 20;
@@ -25,13 +26,22 @@ pub struct GatewayHello {
     pub upstream_dns: std::net::SocketAddr,
     /// Ranges it may dial although they are not public (`ADDR/PREFIX`).
     pub upstream_allow: Vec<String>,
+    /// The roots (PEM) it verifies hosts with where it looks inside HTTPS.
+    pub upstream_roots: String,
 }
 
 impl GatewayHello {
     /// The upstream configuration it describes.
     pub fn upstream(&self) -> Result<UpstreamConfig, String> {
         let allow = self.upstream_allow.iter().map(|c| c.parse::<Cidr>()).collect::<Result<_, _>>()?;
-        Ok(UpstreamConfig { dns: self.upstream_dns, allow })
+        let tls = match intercept::upstream_config(&self.upstream_roots) {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTPS the gateway looks inside will fail");
+                None
+            }
+        };
+        Ok(UpstreamConfig { dns: self.upstream_dns, allow, tls })
     }
 }
 
@@ -57,6 +67,8 @@ pub enum ToGateway {
         box_id: String,
         /// Its policy.
         policy: Policy,
+        /// The private key of the TLS CA the box trusts, if it has one.
+        ca_key: Option<CaKey>,
         /// What each attached socket is.
         roles: Vec<Role>,
     },
@@ -122,11 +134,18 @@ impl Gateway {
     pub fn handle(&self, msg: ToGateway, fds: Vec<OwnedFd>) -> std::io::Result<()> {
         let mut boxes = self.boxes.lock().unwrap_or_else(PoisonError::into_inner);
         match msg {
-            ToGateway::Attach { box_id, policy, roles } => {
+            ToGateway::Attach { box_id, policy, ca_key, roles } => {
                 if roles.len() != fds.len() {
                     return Err(std::io::Error::other("attach: sockets and roles differ in number"));
                 }
-                let net = BoxNet::new(box_id.clone(), policy, self.log.clone(), Arc::clone(&self.upstream));
+                // Without its CA a box still gets everything but the hosts
+                // whose rules need HTTPS looked inside.
+                let tls = ca_key.map(|key| LeafSigner::new(&key.0).and_then(intercept::box_config)).transpose();
+                let tls = tls.unwrap_or_else(|e| {
+                    tracing::error!(box_id, error = %e, "cannot use the box's CA");
+                    None
+                });
+                let net = BoxNet::new(box_id.clone(), policy, tls, self.log.clone(), Arc::clone(&self.upstream));
                 let mut tasks = Vec::new();
                 for (role, fd) in roles.into_iter().zip(fds) {
                     tasks.push(spawn_listener(&net, role, fd)?);

@@ -8,11 +8,13 @@
 //! no capabilities and never parses anything for the privileged side.
 
 pub mod boxnet;
+pub mod ca;
 pub mod dns;
 pub mod dnsd;
 pub mod fake;
 pub mod gateway;
 pub mod http;
+pub mod intercept;
 pub mod proxy;
 pub mod tls;
 pub mod upstream;

@@ -11,14 +11,22 @@ use std::time::Duration;
 
 use moat_core::egress::{LogEntry, LogKind, LogVerdict};
 use moat_core::policy::{HostName, Policy, Rule, Verdict, DEFAULT_PORTS};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::boxnet::{entry, BoxNet};
 use crate::fake::is_fake;
 use crate::http::{self, Body, ChunkedReader, Head};
+use crate::intercept;
 use crate::tls::{self, Hello};
+
+/// A connection requests are read from or forwarded to: plain TCP, or TLS
+/// the gateway looks inside.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+type Stream = Box<dyn Io>;
+type StreamReader = ReadHalf<Stream>;
+type StreamWriter = WriteHalf<Stream>;
 
 /// How long a box has to send the first bytes of a TLS or HTTP connection.
 const FIRST_BYTES: Duration = Duration::from_secs(10);
@@ -90,9 +98,10 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
         net.log(log);
         return;
     }
+    let _ = stream.set_nodelay(true);
     let outcome = match sniff(&stream, &verdict, port).await {
-        Sniffed::Tls => tls_connection(net, stream, &name, port, &verdict, &mut log).await,
-        Sniffed::Http => http_connection(net, stream, &name, port, &policy, &verdict, &mut log).await,
+        Sniffed::Tls => tls_connection(net, stream, &name, port, &policy, &verdict, &mut log).await,
+        Sniffed::Http => http_connection(net, Box::new(stream), &name, port, &policy, &verdict, &mut log, false).await,
         Sniffed::Raw => match &verdict {
             Verdict::Allow(rule) => {
                 log.rule = Some(rule.to_string());
@@ -145,6 +154,7 @@ async fn tls_connection(
     mut stream: TcpStream,
     name: &HostName,
     port: u16,
+    policy: &Policy,
     verdict: &Verdict,
     log: &mut LogEntry,
 ) -> Result<(), String> {
@@ -170,7 +180,19 @@ async fn tls_connection(
             log.rule = Some(rule.to_string());
             splice(net, stream, buf, name, port, log).await
         }
-        _ => Err("the rules for this host look inside HTTPS requests, which this gateway does not do yet".into()),
+        _ => {
+            let Some(config) = net.tls.clone() else {
+                return Err("the rules for this host look inside HTTPS, and this box has no CA to do it with \
+                            (it was made before boxes had one: dup it)"
+                    .into());
+            };
+            let stream = match tokio::time::timeout(FIRST_BYTES, intercept::accept(config, stream, buf)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return Err(format!("TLS with the box: {e}")),
+                Err(_) => return Err("TLS with the box: timed out".into()),
+            };
+            http_connection(net, Box::new(stream), name, port, policy, verdict, log, true).await
+        }
     }
 }
 
@@ -194,7 +216,6 @@ async fn splice(
     log.verdict = LogVerdict::Allow;
     upstream.write_all(&early).await.map_err(|e| e.to_string())?;
     log.sent = early.len() as u64;
-    let _ = stream.set_nodelay(true);
     match tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut upstream, SPLICE_BUFFER, SPLICE_BUFFER).await {
         Ok((sent, received)) => {
             log.sent += sent;
@@ -205,23 +226,25 @@ async fn splice(
     }
 }
 
-/// Plain HTTP: every request on the connection is read and checked (Host,
-/// and the policy's method and target rules), so that a kept-alive
-/// connection cannot change hosts or methods after the first request.
+/// HTTP, plain or inside TLS (`tls`: then to the host over TLS too): every
+/// request on the connection is read and checked (Host, and the policy's
+/// method and target rules), so that a kept-alive connection cannot change
+/// hosts or methods after the first request.
+#[allow(clippy::too_many_arguments)]
 async fn http_connection(
     net: &BoxNet,
-    stream: TcpStream,
+    stream: Stream,
     name: &HostName,
     port: u16,
     policy: &Policy,
     verdict: &Verdict,
     log: &mut LogEntry,
+    tls: bool,
 ) -> Result<(), String> {
-    let _ = stream.set_nodelay(true);
-    let (mut from_box, to_box) = stream.into_split();
+    let (mut from_box, to_box) = tokio::io::split(stream);
     let to_box = Arc::new(tokio::sync::Mutex::new(to_box));
     let received = Arc::new(AtomicU64::new(0));
-    let mut up: Option<(OwnedWriteHalf, tokio::task::JoinHandle<()>)> = None;
+    let mut up: Option<(StreamWriter, tokio::task::JoinHandle<()>)> = None;
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let result = loop {
         let request = match read_request(&mut from_box, &mut buf).await {
@@ -267,9 +290,14 @@ async fn http_connection(
         req_log.rule = Some(rule.to_string());
         log.rule.get_or_insert_with(|| rule.to_string());
         if up.is_none() {
-            match net.upstream.dial(name, port).await {
+            let dialled = if tls {
+                net.upstream.dial_tls(name, port).await.map(|s| Box::new(s) as Stream)
+            } else {
+                net.upstream.dial(name, port).await.map(|s| Box::new(s) as Stream)
+            };
+            match dialled {
                 Ok(stream) => {
-                    let (up_read, up_write) = stream.into_split();
+                    let (up_read, up_write) = tokio::io::split(stream);
                     let copier = tokio::spawn(copy_responses(up_read, Arc::clone(&to_box), Arc::clone(&received)));
                     up = Some((up_write, copier));
                 }
@@ -323,7 +351,7 @@ async fn http_connection(
 
 /// Reads the next request head into `buf` (`None`: the box closed cleanly
 /// between requests).
-async fn read_request(from_box: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result<Option<http::Request>, String> {
+async fn read_request(from_box: &mut StreamReader, buf: &mut Vec<u8>) -> Result<Option<http::Request>, String> {
     loop {
         match http::read_head(buf) {
             Head::Request(r) => return Ok(Some(r)),
@@ -345,8 +373,8 @@ async fn read_request(from_box: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> Result
 /// Sends the body of the current request (first what `buf` holds of it);
 /// leaves in `buf` whatever follows it. Returns the bytes sent.
 async fn forward_body(
-    from_box: &mut OwnedReadHalf,
-    up: &mut OwnedWriteHalf,
+    from_box: &mut StreamReader,
+    up: &mut StreamWriter,
     buf: &mut Vec<u8>,
     body: Body,
 ) -> Result<u64, String> {
@@ -393,8 +421,8 @@ async fn forward_body(
 }
 
 async fn copy_responses(
-    mut up_read: OwnedReadHalf,
-    to_box: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    mut up_read: StreamReader,
+    to_box: Arc<tokio::sync::Mutex<StreamWriter>>,
     received: Arc<AtomicU64>,
 ) {
     let mut chunk = vec![0u8; SPLICE_BUFFER];
@@ -413,7 +441,7 @@ async fn copy_responses(
 
 /// Answers the box with an error of the gateway's own (only where no answer
 /// from upstream may be on its way: the two would interleave), and closes.
-async fn refuse(to_box: &tokio::sync::Mutex<OwnedWriteHalf>, code: u16, why: &str) {
+async fn refuse(to_box: &tokio::sync::Mutex<StreamWriter>, code: u16, why: &str) {
     let mut w = to_box.lock().await;
     {
         let reason = match code {

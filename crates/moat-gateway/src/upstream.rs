@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use moat_core::policy::HostName;
@@ -112,6 +112,9 @@ pub struct UpstreamConfig {
     /// Ranges that may be dialled although they are not public (a test
     /// internet only).
     pub allow: Vec<Cidr>,
+    /// TLS to real hosts where the gateway looks inside HTTPS (`None`: the
+    /// host has no roots, and such connections fail).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Resolves and dials, with a small cache of answers.
@@ -138,6 +141,9 @@ pub enum UpstreamError {
     /// Dialling failed.
     #[error("connecting to {0}: {1}")]
     Dial(HostName, std::io::Error),
+    /// TLS to it failed (its certificate, most often).
+    #[error("TLS to {0}: {1}")]
+    Tls(HostName, String),
 }
 
 impl Upstream {
@@ -258,6 +264,24 @@ impl Upstream {
             }
         }
         Err(UpstreamError::Dial(name.clone(), last))
+    }
+
+    /// Connects to `name:port` over TLS, the host verified as `name`.
+    pub async fn dial_tls(
+        &self,
+        name: &HostName,
+        port: u16,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, UpstreamError> {
+        let Some(tls) = &self.config.tls else {
+            return Err(UpstreamError::Tls(name.clone(), "this host has no TLS roots to verify it with".into()));
+        };
+        let stream = self.dial(name, port).await?;
+        let handshake = crate::intercept::connect(Arc::clone(tls), stream, name);
+        match tokio::time::timeout(DIAL_TIMEOUT, handshake).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(e)) => Err(UpstreamError::Tls(name.clone(), e.to_string())),
+            Err(_) => Err(UpstreamError::Tls(name.clone(), "handshake timed out".into())),
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 use moat_core::egress::{DNS_PORT, PROXY_PORT};
 use moat_core::policy::Policy;
 use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach};
+use moat_gateway::ca::CaKey;
 use moat_gateway::gateway::MAX_MESSAGE;
 use moat_gateway::{FromGateway, GatewayHello, Role, ToGateway};
 use tokio::sync::mpsc;
@@ -24,6 +25,7 @@ type Outgoing = (ToGateway, Vec<OwnedFd>);
 
 struct Attachment {
     policy: Policy,
+    ca_key: Option<CaKey>,
     sockets: Vec<(Role, OwnedFd)>,
 }
 
@@ -32,7 +34,13 @@ impl Attachment {
         let fds: std::io::Result<Vec<OwnedFd>> = self.sockets.iter().map(|(_, fd)| fd.try_clone()).collect();
         let fds = fds.inspect_err(|e| tracing::error!(box_id = %id, error = %e, "cannot pass a box's sockets")).ok()?;
         let roles = self.sockets.iter().map(|(role, _)| *role).collect();
-        Some((ToGateway::Attach { box_id: id.to_string(), policy: self.policy.clone(), roles }, fds))
+        let attach = ToGateway::Attach {
+            box_id: id.to_string(),
+            policy: self.policy.clone(),
+            ca_key: self.ca_key.clone(),
+            roles,
+        };
+        Some((attach, fds))
     }
 }
 
@@ -71,7 +79,12 @@ impl moat_core::NetworkHooks for Egress {
                 return;
             }
         };
-        let attachment = Attachment { policy: policy.clone(), sockets };
+        let ca_key = handle.ca_key.as_ref().and_then(|path| {
+            std::fs::read_to_string(path)
+                .inspect_err(|e| tracing::error!(box_id = %rec.id, error = %e, "cannot read the box's CA key"))
+                .ok()
+        });
+        let attachment = Attachment { policy: policy.clone(), ca_key: ca_key.map(CaKey), sockets };
         let mut state = self.state();
         if let Some(msg) = attachment.message(&rec.id) {
             Self::tell(&state, msg);
@@ -247,4 +260,19 @@ pub fn host_resolver() -> Option<std::net::SocketAddr> {
         let ip: std::net::IpAddr = words.next()?.split('%').next()?.parse().ok()?;
         Some(std::net::SocketAddr::new(ip, 53))
     })
+}
+
+/// Where Debian (and most distributions) keep the host's trusted roots.
+const HOST_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The roots the gateway verifies real hosts with: the host's, and `extra`
+/// (a test internet's CA).
+pub fn upstream_roots(extra: &[PathBuf]) -> Result<String> {
+    let mut pem = std::fs::read_to_string(HOST_ROOTS).unwrap_or_default();
+    for path in extra {
+        let more = std::fs::read_to_string(path).with_context(|| format!("--upstream-ca {}", path.display()))?;
+        pem.push('\n');
+        pem.push_str(&more);
+    }
+    Ok(pem)
 }

@@ -90,6 +90,10 @@ pub struct ServeArgs {
     /// (repeatable; for a test internet only).
     #[arg(long)]
     upstream_allow: Vec<String>,
+    /// A PEM file of roots the gateway also trusts when it looks inside HTTPS
+    /// (repeatable; besides /etc/ssl/certs/ca-certificates.crt).
+    #[arg(long)]
+    upstream_ca: Vec<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -162,7 +166,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let gateway = crate::egress::GatewayConfig {
         id: args.gateway_id,
         netns: args.upstream_netns,
-        hello: moat_gateway::GatewayHello { upstream_dns, upstream_allow: args.upstream_allow },
+        hello: moat_gateway::GatewayHello {
+            upstream_dns,
+            upstream_allow: args.upstream_allow,
+            upstream_roots: crate::egress::upstream_roots(&args.upstream_ca)?,
+        },
     };
     // Polled by this (main) thread, never a runtime worker: the children die
     // with the thread that started them (PR_SET_PDEATHSIG), and a worker may

@@ -100,6 +100,7 @@ impl NsBackend {
             pid,
             agent: AgentAddr::Unix(self.socket_path(rec)),
             network: NetAttach::Netns(format!("/proc/{pid}/ns/net").into()),
+            ca_key: Some(self.pool.ca_key_path(&rec.id)).filter(|p| p.exists()),
         }
     }
 
@@ -217,8 +218,8 @@ impl NsBackend {
         self.box_run_dir(rec).join("agent.sock")
     }
 
-    /// Gives a freshly snapshotted root its disk limits and own identity; on
-    /// failure the snapshot is deleted again.
+    /// Gives a freshly snapshotted root its disk limits and own identity (its
+    /// CA key kept on the host); on failure the snapshot is deleted again.
     fn make_own(&self, rec: &BoxRecord, root: &Path) -> Result<(), BackendError> {
         let result = self
             .pool
@@ -233,6 +234,9 @@ impl NsBackend {
                     }
                     _ => BackendError::new("mint box identity", e),
                 })
+            })
+            .and_then(|ca_key| {
+                self.pool.store_ca_key(&rec.id, &ca_key).map_err(|e| BackendError::new("store the box's CA key", e))
             });
         if result.is_err() {
             let _ = self.pool.delete_box(&rec.id);

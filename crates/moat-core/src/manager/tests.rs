@@ -127,6 +127,7 @@ fn mem_handle(rec: &BoxRecord, pid: u32) -> BoxHandle {
         pid,
         agent: AgentAddr::Unix(format!("/nonexistent/{}", rec.id.as_str()).into()),
         network: crate::backend::NetAttach::Netns(format!("/proc/{pid}/ns/net").into()),
+        ca_key: None,
     }
 }
 

@@ -191,6 +191,72 @@ pub fn methods_and_presets(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
+pub fn https_looked_inside_only_where_rules_need_it(env: &Env) {
+    let name = unique("net");
+    env.new_box(&name, &["--policy", "registries"]);
+    // A host with read-only rules is looked inside: the box trusts its own
+    // CA (no --cacert), and sees it as the issuer.
+    env.alice(None, &["policy", &name, "allow", "GET,HEAD", "web.test"]).ok();
+    let (status, out) = sh(env, &name, "curl -sS -m 10 https://web.test/x");
+    assert_eq!((status, out.as_str()), (Some(0), "GET /x host=web.test body=0\n"));
+    let (_, out) = sh(env, &name, "curl -sSv -m 10 -o /dev/null https://web.test/y 2>&1 | grep -i issuer");
+    assert!(out.contains("moat box CA"), "{out}");
+    let (_, out) = sh(env, &name, "curl -sS -m 10 -d data https://web.test/p");
+    assert!(out.contains("no rule allows this request") && !out.contains("POST /p"), "{out}");
+    // HTTP/2 is not spoken where the gateway reads requests.
+    let (_, out) =
+        sh(env, &name, "curl -sS -m 10 --http2-prior-knowledge https://web.test/h2 -o /dev/null -w %{http_version}");
+    assert_eq!(out, "1.1");
+    let (status, out) = sh(
+        env,
+        &name,
+        "python3 -c \"import urllib.request as u; print(u.urlopen(\\\"https://web.test/py\\\").read().decode())\"",
+    );
+    assert_eq!((status, out.as_str()), (Some(0), "GET /py host=web.test body=0\n\n"));
+
+    // The registries preset: pip fetches from the index; publishing is refused.
+    let (status, out) =
+        sh(env, &name, "pip download -q --disable-pip-version-check --no-deps -d /tmp/dl moatdemo 2>&1; ls /tmp/dl");
+    assert_eq!((status, out.trim()), (Some(0), crate::testnet::PACKAGE), "pip download");
+    let (_, out) = sh(env, &name, "curl -sS -m 10 -F content=@/etc/hostname https://pypi.org/legacy/");
+    assert!(out.contains("no rule allows this request"), "{out}");
+
+    // github-read: clone over HTTPS works, push is refused by the gateway
+    // (the test server itself would take it).
+    env.alice(None, &["policy", &name, "preset", "github-read"]).ok();
+    let (status, out) =
+        sh(env, &name, "git clone -q https://github.com/moat/repo.git /tmp/repo && cat /tmp/repo/README");
+    assert_eq!((status, out.as_str()), (Some(0), "cloned through the gateway\n"), "git clone");
+    let (status, _) = sh(
+        env,
+        &name,
+        "cd /tmp/repo && git -c user.name=a -c user.email=a@a commit -q --allow-empty -m pushed && git push -q origin HEAD:main",
+    );
+    assert_ne!(status, Some(0), "git push got through");
+    assert_eq!(env.net.git_log(), "first\n");
+
+    // A duplicate trusts a CA of its own, and is looked inside with it.
+    let copy = unique("net");
+    env.alice(None, &["dup", &name, &copy]).ok();
+    let ca = |n: &str| sh(env, n, "cat /etc/moat/ca.pem").1;
+    assert!(ca(&copy).contains("BEGIN CERTIFICATE"));
+    assert_ne!(ca(&name), ca(&copy));
+    let (status, _) = sh(env, &copy, "curl -sS -m 10 -o /dev/null https://github.com/moat/repo.git/info/refs");
+    assert_eq!(status, Some(0));
+
+    let log = log(env, &name);
+    for want in [
+        "allow http web.test:443 GET /x",
+        "DENY  http web.test:443 POST /p",
+        "allow http pypi.org:443 GET /files/moatdemo-1.0-py3-none-any.whl",
+        "DENY  http github.com:443 GET /moat/repo.git/info/refs?service=git-receive-pack",
+    ] {
+        assert!(log.contains(want), "log lacks {want:?}:\n{log}");
+    }
+    env.alice(None, &["rm", &name]).ok();
+    env.alice(None, &["rm", &copy]).ok();
+}
+
 pub fn log_follow_streams(env: &Env) {
     let name = unique("net");
     env.new_box(&name, &[]);

@@ -12,8 +12,19 @@ use std::process::{Child, Command, Stdio};
 pub const WEB: &str = "203.0.113.10";
 
 /// Names the test DNS server knows.
-pub const NAMES: &[(&str, &str)] =
-    &[("web.test", WEB), ("other.test", WEB), ("private.test", "10.1.2.3"), ("loop.test", "127.0.0.1")];
+pub const NAMES: &[(&str, &str)] = &[
+    ("web.test", WEB),
+    ("other.test", WEB),
+    // Stand-ins for the real ones, so that the shipped presets are what is
+    // tested (the gateway asks this test DNS server only).
+    ("github.com", WEB),
+    ("pypi.org", WEB),
+    ("private.test", "10.1.2.3"),
+    ("loop.test", "127.0.0.1"),
+];
+
+/// The package on the test index (`pip download moatdemo`).
+pub const PACKAGE: &str = "moatdemo-1.0-py3-none-any.whl";
 
 pub struct TestNet {
     pub name: String,
@@ -36,6 +47,7 @@ impl TestNet {
         sh(Command::new("ip").args(["-n", &net.name, "link", "set", "lo", "up"]));
         sh(Command::new("ip").args(["-n", &net.name, "addr", "add", &format!("{WEB}/32"), "dev", "lo"]));
         net.make_certificates();
+        net.make_content();
         let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/testnet");
         let d = net.dir.clone();
         let mut dns =
@@ -48,6 +60,7 @@ impl TestNet {
             d.join("web.pem").display().to_string(),
             d.join("web.key").display().to_string(),
             d.join("udp.log").display().to_string(),
+            d.join("data").display().to_string(),
         ];
         net.spawn(&web);
         net.wait_ready();
@@ -96,7 +109,8 @@ impl TestNet {
             "-subj",
             "/CN=web.test",
         ]);
-        std::fs::write(d.join("ext"), "subjectAltName=DNS:web.test,DNS:other.test\n").expect("ext");
+        std::fs::write(d.join("ext"), "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org\n")
+            .expect("ext");
         openssl(&[
             "x509",
             "-req",
@@ -114,6 +128,43 @@ impl TestNet {
             "-extfile",
             "ext",
         ]);
+    }
+
+    /// A bare git repository with one commit (`github.com/moat/repo.git`), and a
+    /// wheel on the package index.
+    fn make_content(&self) {
+        let data = self.dir.join("data");
+        let work = self.dir.join("work");
+        std::fs::create_dir_all(data.join("pypi")).expect("pypi dir");
+        std::fs::create_dir_all(&work).expect("work dir");
+        let git = |dir: &Path, args: &[&str]| {
+            sh(Command::new("git")
+                .current_dir(dir)
+                .args(["-c", "user.name=test", "-c", "user.email=test@test", "-c", "init.defaultBranch=main"])
+                .args(args))
+        };
+        git(&data, &["init", "-q", "--bare", "git/moat/repo.git"]);
+        git(&data.join("git/moat/repo.git"), &["config", "http.receivepack", "true"]);
+        std::fs::write(work.join("README"), "cloned through the gateway\n").expect("README");
+        git(&work, &["init", "-q"]);
+        git(&work, &["add", "README"]);
+        git(&work, &["commit", "-q", "-m", "first"]);
+        git(&work, &["push", "-q", &data.join("git/moat/repo.git").display().to_string(), "HEAD:main"]);
+        let wheel = data.join("pypi").join(PACKAGE);
+        let script = "import sys, zipfile\n\
+            z = zipfile.ZipFile(sys.argv[1], 'w')\n\
+            z.writestr('moatdemo/__init__.py', 'VALUE = 1\\n')\n\
+            z.writestr('moatdemo-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: moatdemo\\nVersion: 1.0\\n')\n\
+            z.writestr('moatdemo-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+            z.writestr('moatdemo-1.0.dist-info/RECORD', '')\n";
+        sh(Command::new("python3").args(["-c", script]).arg(&wheel));
+    }
+
+    /// The commits on `main` of the test git server's repository.
+    pub fn git_log(&self) -> String {
+        let repo = self.dir.join("data/git/moat/repo.git");
+        let out = Command::new("git").arg("-C").arg(repo).args(["log", "--format=%s", "main"]).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
     }
 
     /// Waits until the servers answer (from inside the namespace).
@@ -145,6 +196,8 @@ impl TestNet {
             format!("{WEB}:53"),
             "--upstream-allow".into(),
             format!("{WEB}/32"),
+            "--upstream-ca".into(),
+            self.dir.join("ca.pem").display().to_string(),
         ]
     }
 

@@ -204,6 +204,31 @@ fn root_account() -> (String, String) {
         .unwrap_or_else(|| ("/root".into(), "/bin/sh".into()))
 }
 
+/// The variables `/etc/environment` sets (as pam_env reads it: `NAME=VALUE`
+/// lines, `export ` allowed, one pair of quotes stripped), which every session
+/// gets, before what the client sent.
+fn system_environment(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let line = line.strip_prefix("export ").unwrap_or(line);
+            let (name, value) = line.split_once('=')?;
+            let valid = name
+                .bytes()
+                .enumerate()
+                .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+            if name.is_empty() || !valid {
+                return None;
+            }
+            Some((name.to_string(), unquote(value).to_string()))
+        })
+        .collect()
+}
+
+fn unquote(value: &str) -> &str {
+    ['"', '\''].iter().find_map(|q| value.strip_prefix(*q)?.strip_suffix(*q)).unwrap_or(value)
+}
+
 fn cstring(s: impl Into<Vec<u8>>) -> CString {
     let mut bytes: Vec<u8> = s.into();
     bytes.retain(|b| *b != 0);
@@ -231,14 +256,28 @@ fn program_for(req: &ExecRequest) -> Program {
     if let Some(pty) = &req.pty {
         env.push(("TERM".into(), pty.term.clone()));
     }
-    for (key, value) in &req.env {
-        env.retain(|(k, _)| k != key);
-        env.push((key.clone(), value.clone()));
+    let system = std::fs::read_to_string("/etc/environment").unwrap_or_default();
+    for (key, value) in system_environment(&system).into_iter().chain(req.env.iter().cloned()) {
+        env.retain(|(k, _)| *k != key);
+        env.push((key, value));
     }
     Program {
         path: cstring(shell),
         argv,
         envp: env.into_iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect(),
         cwd: cstring(home),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etc_environment_is_read_as_pam_env_reads_it() {
+        let text = "# comment\nLANG=C.UTF-8\nexport A_1=\"x y\"\nB='z'\n1X=no\nbad-name=no\nnovalue\nEMPTY=\n";
+        let got = system_environment(text);
+        let want = [("LANG", "C.UTF-8"), ("A_1", "x y"), ("B", "z"), ("EMPTY", "")];
+        assert_eq!(got, want.map(|(k, v)| (k.to_string(), v.to_string())));
     }
 }

@@ -1,25 +1,78 @@
 """The test internet's web servers on argv[1]: HTTP on 80 and HTTPS on 443
-(certificate argv[2], key argv[3]). Each answers with what it received
-(method, path, Host) so tests see what arrived; a UDP sink on 9999 logs
-datagrams to argv[4]."""
-import http.server, socket, ssl, sys, threading
+(certificate argv[2], key argv[3]); a UDP sink on 9999 logs datagrams to
+argv[4]. By Host: github.com serves the bare repositories under argv[5]/git
+(git http-backend, pushes enabled, so that only the gateway can stop one);
+pypi.org is a package index (PEP 503) of the files in argv[5]/pypi; any
+other host answers with what it received (method, path, Host, body size)."""
+import http.server, os, socket, ssl, subprocess, sys, threading
 
-addr, cert, key, udp_log = sys.argv[1:5]
+addr, cert, key, udp_log, data = sys.argv[1:6]
 
-class Echo(http.server.BaseHTTPRequestHandler):
+class Server(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def answer(self):
+    def body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return out
+                out += self.rfile.read(size)
+                self.rfile.readline()
         n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(n) if n else b""
+        return self.rfile.read(n) if n else b""
+
+    def reply(self, status, body, headers=()):
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def answer(self):
+        host = (self.headers.get("Host") or "").split(":")[0]
+        body = self.body()
+        if host == "github.com":
+            return self.git(body)
+        if host == "pypi.org":
+            return self.pypi()
         text = f"{self.command} {self.path} host={self.headers.get('Host')} body={len(body)}\n".encode()
         if self.path.startswith("/big/"):
             text = b"x" * int(self.path[5:])
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(text)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(text)
+        self.reply(200, text)
+
+    def git(self, body):
+        path, _, query = self.path.partition("?")
+        env = dict(os.environ, GIT_PROJECT_ROOT=os.path.join(data, "git"), GIT_HTTP_EXPORT_ALL="1",
+                   PATH_INFO=path, QUERY_STRING=query, REQUEST_METHOD=self.command, REMOTE_USER="test",
+                   REMOTE_ADDR="203.0.113.1", CONTENT_TYPE=self.headers.get("Content-Type") or "",
+                   CONTENT_LENGTH=str(len(body)), GIT_PROTOCOL=self.headers.get("Git-Protocol") or "",
+                   HTTP_CONTENT_ENCODING=self.headers.get("Content-Encoding") or "")
+        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
+        head, _, content = out.partition(b"\r\n\r\n")
+        status, headers = 200, []
+        for line in head.decode().split("\r\n"):
+            name, _, value = line.partition(": ")
+            if name.lower() == "status":
+                status = int(value.split()[0])
+            elif name:
+                headers.append((name, value))
+        self.reply(status, content, headers)
+
+    def pypi(self):
+        files = sorted(os.listdir(os.path.join(data, "pypi")))
+        parts = [p for p in self.path.split("/") if p]
+        if parts[:1] == ["simple"] and len(parts) == 2:
+            links = "".join(f'<a href="/files/{f}">{f}</a>\n' for f in files if f.startswith(parts[1] + "-"))
+            return self.reply(200, f"<html><body>\n{links}</body></html>\n".encode(), [("Content-Type", "text/html")])
+        if parts[:1] == ["files"] and len(parts) == 2 and parts[1] in files:
+            with open(os.path.join(data, "pypi", parts[1]), "rb") as f:
+                return self.reply(200, f.read(), [("Content-Type", "application/octet-stream")])
+        self.reply(404, b"not found\n")
 
     do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = answer
 
@@ -27,7 +80,7 @@ class Echo(http.server.BaseHTTPRequestHandler):
         pass
 
 def serve(port, tls):
-    server = http.server.ThreadingHTTPServer((addr, port), Echo)
+    server = http.server.ThreadingHTTPServer((addr, port), Server)
     if tls:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert, key)

@@ -1,0 +1,147 @@
+//! A box's TLS CA. The gateway looks inside HTTPS only for hosts whose rules
+//! need it (methods, paths), and shows the box a certificate for the host
+//! signed by the box's own CA, which the box trusts and nothing else does.
+//! The backend mints the CA with the box's identity (so a duplicate gets its
+//! own) and keeps the key on the host; the gateway is handed the key and signs
+//! leaves with it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use moat_core::policy::HostName;
+use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls::crypto::ring::sign::any_ecdsa_type;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::sign::CertifiedKey;
+
+/// The common name of every box CA (the issuer every leaf names).
+const CA_NAME: &str = "moat box CA";
+/// Most leaves a box's CA keeps signed at once; past it the oldest go.
+const MAX_LEAVES: usize = 4096;
+
+/// A CA's private key (PEM), never shown in logs.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct CaKey(pub String);
+
+impl std::fmt::Debug for CaKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CaKey(..)")
+    }
+}
+
+/// A new CA, as PEM: (certificate, private key).
+pub fn mint() -> Result<(String, String), rcgen::Error> {
+    let key = KeyPair::generate()?;
+    let mut params = ca_params();
+    let year = this_year();
+    params.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
+    params.not_after = rcgen::date_time_ymd(year + 20, 1, 1);
+    let cert = params.self_signed(&key)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+fn ca_params() -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, CA_NAME);
+    params.distinguished_name = dn;
+    // It signs leaves only, never another CA.
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params
+}
+
+fn this_year() -> i32 {
+    // Days since the epoch to a year, close enough for validity bounds.
+    let days = moat_core::clock::now_ms() / 86_400_000;
+    1970 + (days * 4 / 1461) as i32
+}
+
+/// Signs leaf certificates for one box, one per host name, kept for reuse.
+pub struct LeafSigner {
+    issuer: Issuer<'static, KeyPair>,
+    /// One key for every leaf of the box (signing a certificate is cheap;
+    /// making a key is not).
+    leaf_key: KeyPair,
+    signing_key: Arc<dyn rustls::sign::SigningKey>,
+    leaves: Mutex<HashMap<HostName, Arc<CertifiedKey>>>,
+}
+
+impl LeafSigner {
+    /// A signer for the CA whose private key is `key_pem`.
+    pub fn new(key_pem: &str) -> Result<Self, String> {
+        let ca_key = KeyPair::from_pem(key_pem).map_err(|e| format!("box CA key: {e}"))?;
+        let leaf_key = KeyPair::generate().map_err(|e| e.to_string())?;
+        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
+        let signing_key = any_ecdsa_type(&der).map_err(|e| e.to_string())?;
+        Ok(Self { issuer: Issuer::new(ca_params(), ca_key), leaf_key, signing_key, leaves: Mutex::new(HashMap::new()) })
+    }
+
+    /// The certificate (and key) the box is shown for `name`.
+    pub fn leaf(&self, name: &HostName) -> Result<Arc<CertifiedKey>, String> {
+        let mut leaves = self.leaves.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(leaf) = leaves.get(name) {
+            return Ok(Arc::clone(leaf));
+        }
+        let mut params = CertificateParams::new(vec![name.as_str().to_string()]).map_err(|e| e.to_string())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name.as_str());
+        params.distinguished_name = dn;
+        let year = this_year();
+        params.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
+        params.not_after = rcgen::date_time_ymd(year + 2, 1, 1);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&self.leaf_key, &self.issuer).map_err(|e| e.to_string())?;
+        let chain: Vec<CertificateDer<'static>> = vec![cert.der().clone()];
+        let leaf = Arc::new(CertifiedKey::new(chain, Arc::clone(&self.signing_key)));
+        if leaves.len() >= MAX_LEAVES {
+            leaves.clear();
+        }
+        leaves.insert(name.clone(), Arc::clone(&leaf));
+        Ok(leaf)
+    }
+}
+
+impl std::fmt::Debug for LeafSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeafSigner").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leaves_name_the_host_and_chain_to_the_ca() {
+        let (ca_pem, key_pem) = mint().unwrap();
+        let signer = LeafSigner::new(&key_pem).unwrap();
+        let name = HostName::parse("pypi.org").unwrap();
+        let leaf = signer.leaf(&name).unwrap();
+        assert!(Arc::ptr_eq(&leaf, &signer.leaf(&name).unwrap()), "leaves are reused");
+        // Verified as a client would: the CA as the only root.
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = rustls::pki_types::pem::PemObject::from_pem_slice(ca_pem.as_bytes()).unwrap();
+        roots.add(ca).unwrap();
+        use rustls::client::danger::ServerCertVerifier;
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        let server = rustls::pki_types::ServerName::try_from("pypi.org").unwrap();
+        let now = rustls::pki_types::UnixTime::now();
+        verifier.verify_server_cert(&leaf.cert[0], &[], &server, &[], now).unwrap();
+        let other = rustls::pki_types::ServerName::try_from("evil.example").unwrap();
+        assert!(verifier.verify_server_cert(&leaf.cert[0], &[], &other, &[], now).is_err());
+        // Another box's CA does not vouch for this box's leaves.
+        let (_, other_key) = mint().unwrap();
+        let stranger = LeafSigner::new(&other_key).unwrap().leaf(&name).unwrap();
+        assert!(verifier.verify_server_cert(&stranger.cert[0], &[], &server, &[], now).is_err());
+    }
+}

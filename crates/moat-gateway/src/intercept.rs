@@ -1,0 +1,172 @@
+//! Looking inside HTTPS, for hosts whose rules need each request seen. The
+//! box is shown a certificate for the name it dialled, signed by its own CA
+//! (see [`crate::ca`]); the gateway opens its own TLS connection to the real
+//! host, verified against the host's roots; in between, requests are read
+//! and checked exactly as plain HTTP is. Both sides speak HTTP/1.1 only (ALPN),
+//! so that every request is one the gateway can parse.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use moat_core::policy::HostName;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::ca::LeafSigner;
+
+const HTTP_1_1: &[u8] = b"http/1.1";
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The TLS the gateway speaks to real hosts: roots from `roots_pem` only.
+pub fn upstream_config(roots_pem: &str) -> Result<Arc<ClientConfig>, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(roots_pem.as_bytes()) {
+        // One root the library cannot use does not spoil the rest.
+        let _ = cert.map_err(|e| e.to_string()).and_then(|c| roots.add(c).map_err(|e| e.to_string()));
+    }
+    if roots.is_empty() {
+        return Err("no usable TLS roots for upstream connections".into());
+    }
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![HTTP_1_1.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The TLS a box is answered with: certificates from `signer`.
+pub fn box_config(signer: LeafSigner) -> Result<Arc<ServerConfig>, String> {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(Leaves(signer)));
+    // A box that offers only h2 fails the handshake rather than speaking
+    // frames the gateway does not read.
+    config.alpn_protocols = vec![HTTP_1_1.to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[derive(Debug)]
+struct Leaves(LeafSigner);
+
+impl ResolvesServerCert for Leaves {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        // The proxy has already checked the SNI against the dialled name.
+        let name = HostName::parse(hello.server_name()?).ok()?;
+        self.0.leaf(&name).inspect_err(|e| tracing::warn!(error = %e, "cannot sign a leaf")).ok()
+    }
+}
+
+/// Completes the TLS handshake with the box, whose ClientHello (`early`) has
+/// already been read off `stream`.
+pub async fn accept(
+    config: Arc<ServerConfig>,
+    stream: TcpStream,
+    early: Vec<u8>,
+) -> io::Result<tokio_rustls::server::TlsStream<Rewind<TcpStream>>> {
+    tokio_rustls::TlsAcceptor::from(config).accept(Rewind { early, at: 0, inner: stream }).await
+}
+
+/// Starts TLS to the real host over `stream`, verifying it is `name`.
+pub async fn connect(
+    config: Arc<ClientConfig>,
+    stream: TcpStream,
+    name: &HostName,
+) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let server = ServerName::try_from(name.as_str().to_string()).map_err(io::Error::other)?;
+    tokio_rustls::TlsConnector::from(config).connect(server, stream).await
+}
+
+/// A stream that first yields bytes already read from it.
+pub struct Rewind<S> {
+    early: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.at < self.early.len() {
+            let n = buf.remaining().min(self.early.len() - self.at);
+            buf.put_slice(&self.early[self.at..self.at + n]);
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A box's client (trusting its CA) through [`accept`], with the
+    /// ClientHello read off first as the proxy does.
+    #[tokio::test]
+    async fn a_box_trusting_its_ca_completes_the_handshake_and_only_over_http_1_1() {
+        let (ca, key) = crate::ca::mint().unwrap();
+        let server = box_config(LeafSigner::new(&key).unwrap()).unwrap();
+        let client_config = |alpn: &[&[u8]]| {
+            let mut config = upstream_config(&ca).unwrap().as_ref().clone();
+            config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            Arc::new(config)
+        };
+        for (alpn, works) in [(&[HTTP_1_1][..], true), (&[b"h2".as_slice()][..], false), (&[][..], true)] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let server = Arc::clone(&server);
+            let serving = tokio::spawn(async move {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let mut early = vec![0u8; 5];
+                stream.read_exact(&mut early).await.unwrap();
+                let mut tls = accept(server, stream, early).await?;
+                let mut got = [0u8; 4];
+                tls.read_exact(&mut got).await?;
+                tls.write_all(b"pong").await?;
+                tls.shutdown().await?;
+                io::Result::Ok(got)
+            });
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let name = HostName::parse("registry.npmjs.org").unwrap();
+            let client = connect(client_config(alpn), tcp, &name).await;
+            if works {
+                let mut client = client.unwrap();
+                client.write_all(b"ping").await.unwrap();
+                let mut answer = Vec::new();
+                client.read_to_end(&mut answer).await.unwrap();
+                assert_eq!(answer, b"pong");
+                assert_eq!(&serving.await.unwrap().unwrap(), b"ping");
+            } else {
+                assert!(client.is_err(), "{alpn:?}");
+                assert!(serving.await.unwrap().is_err());
+            }
+        }
+    }
+}
