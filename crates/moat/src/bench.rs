@@ -4,7 +4,9 @@
 //! - create a box and run `true` in it, against `bwrap --unshare-all --ro-bind / / true`
 //!   and `unshare` making the same namespaces;
 //! - `ssh NAME@HOST true` over loopback (a new connection each time), against
-//!   OpenSSH's own sshd running `true` on loopback with the same client.
+//!   OpenSSH's own sshd running `true` on loopback with the same client;
+//! - egress through the gateway against the same client and servers without
+//!   it (see [`crate::bench_egress`]).
 //!
 //! Timings are reported, never asserted: this is not a test.
 
@@ -23,6 +25,7 @@ use moat_box::AnyBackend;
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
 
+use crate::bench_egress::{self, BenchNet};
 use crate::paths;
 use crate::privsep::FrontDoor;
 
@@ -44,6 +47,12 @@ pub struct BenchArgs {
     /// Runs per dup size.
     #[arg(long, default_value_t = 5)]
     dup_iterations: usize,
+    /// Size (MiB) of the download timed through the gateway and directly.
+    #[arg(long, default_value_t = 1024)]
+    egress_mib: u64,
+    /// Runs of that download each way.
+    #[arg(long, default_value_t = 3)]
+    egress_runs: usize,
 }
 
 /// Sorted samples of one measurement.
@@ -84,7 +93,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
 }
 
 async fn bench(args: &BenchArgs) -> Result<()> {
-    let n = args.iterations;
     let dir = &args.state_dir;
     let pool = paths::open_pool(dir)?;
     let busybox = Name::new("busybox")?;
@@ -95,6 +103,28 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     let backend = paths::ns_backend(dir, crate::agent::resolve(args.agent.as_deref(), dir)?, u64::MAX)?;
     let (store, _uid_block) = crate::paths::open_store(dir)?;
     let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), ManagerConfig::default());
+    // Every box gets its gateway, as under `moat serve`; it reaches a test
+    // internet of the bench's own.
+    let net = BenchNet::start()?;
+    let egress = Arc::new(crate::egress::Egress::default());
+    manager.set_network_hooks(egress.clone());
+    let gateway = crate::egress::GatewayConfig {
+        id: moat_core::record::GATEWAY_ID,
+        netns: Some(net.path()),
+        hello: net.gateway_hello(),
+    };
+    // Polled by this thread (see `serve`: the gateway dies with the thread
+    // that started it).
+    let gateway = crate::egress::supervise(egress, gateway, Arc::clone(&manager));
+    tokio::select! {
+        r = measure(args, &manager, &net) => r,
+        () = gateway => bail!("the gateway supervisor ended"),
+    }
+}
+
+async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) -> Result<()> {
+    let n = args.iterations;
+    let dir = &args.state_dir;
     let account = AccountId("bench".into());
     let spec = |name: &str| -> Result<BoxSpec> {
         Ok(BoxSpec {
@@ -153,7 +183,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     let host_key = load_or_create_host_key(&dir.join("host_key"))?;
     let keys = AuthorizedKeys::new(keys_file.clone());
     let privileged = Arc::new(Privileged {
-        manager: Arc::clone(&manager),
+        manager: Arc::clone(manager),
         authorize: Box::new(move |k| keys.account_for_text(k)),
         default_policy: Default::default(),
         registries: Vec::new(),
@@ -238,6 +268,8 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     manager.remove(&account, &rs).await?;
     let (running, resumed) = (Samples(running), Samples(resumed));
 
+    let egress = egress_samples(args, manager, &account, net).await?;
+
     let ratio = |a: &Samples, b: &Samples| a.pct(50).as_secs_f64() / b.pct(50).as_secs_f64();
     println!("| measurement ({n} runs) | p50 | p95 | peer | peer p50 | peer p95 | ratio (p50) |");
     println!("|---|---|---|---|---|---|---|");
@@ -263,7 +295,89 @@ async fn bench(args: &BenchArgs) -> Result<()> {
             cp,
         );
     }
+
+    println!();
+    println!("| egress ({n} runs) | through the gateway p50 | p95 | direct p50 | p95 | added (p50) | ratio (p50) |");
+    println!("|---|---|---|---|---|---|---|");
+    for (what, through, direct) in &egress {
+        let added = through.pct(50).as_secs_f64() - direct.pct(50).as_secs_f64();
+        println!(
+            "| {what} | {} | {} | {} | {} | {:+.2} ms | {:.2}x |",
+            ms(through.pct(50)),
+            ms(through.pct(95)),
+            ms(direct.pct(50)),
+            ms(direct.pct(95)),
+            added * 1e3,
+            ratio(through, direct)
+        );
+    }
+    let mib = args.egress_mib as f64;
+    if let Some((_, through, direct)) = egress.iter().find(|(what, _, _)| what.starts_with("download")) {
+        let rate = |s: &Samples| mib / s.pct(50).as_secs_f64();
+        println!(
+            "\ndownload throughput: {:.0} MiB/s through the gateway, {:.0} MiB/s direct ({:.0}%)",
+            rate(through),
+            rate(direct),
+            100.0 * rate(through) / rate(direct)
+        );
+    }
     Ok(())
+}
+
+/// (what, through the gateway, direct) for each egress measurement.
+async fn egress_samples(
+    args: &BenchArgs,
+    manager: &Arc<BoxManager>,
+    account: &AccountId,
+    net: &BenchNet,
+) -> Result<Vec<(String, Samples, Samples)>> {
+    let n = args.iterations;
+    let mut sides = Vec::new();
+    for look in [false, true] {
+        let name = Name::new(if look { "look" } else { "pass" })?;
+        let spec = BoxSpec {
+            name: name.clone(),
+            image: Name::new("busybox")?,
+            limits: Limits::default(),
+            policy: bench_egress::policy(look)?,
+        };
+        manager.create(account, spec, Box::new(|_: &str| {})).await?;
+        let (handle, _session) = manager.open_session(account, &name).await?;
+        let moat_core::NetAttach::Netns(netns) = &handle.network;
+        let root = args.state_dir.join("pool/boxes").join(manager.get(account, &name)?.id.as_str());
+        sides.push(bench_egress::Side::boxed(netns, &root, net)?);
+    }
+    let direct = bench_egress::Side::direct(net);
+    let (pass, look) = (&sides[0], &sides[1]);
+    let runs = args.egress_runs;
+    let bytes = args.egress_mib << 20;
+    let samples = tokio::task::spawn_blocking({
+        let (pass, look, direct) = (pass.clone(), look.clone(), direct.clone());
+        move || -> Result<Vec<(String, Samples, Samples)>> {
+            eprintln!("bench: egress: DNS answers and fresh HTTPS requests, {n} times each way");
+            let sorted = |mut v: Vec<Duration>| {
+                v.sort();
+                Samples(v)
+            };
+            let dns = (sorted(pass.dns(n)?), sorted(direct.dns(n)?));
+            let https_direct = sorted(direct.https(n)?);
+            let passthrough = sorted(pass.https(n)?);
+            let looked = sorted(look.https(n)?);
+            eprintln!("bench: egress: {} MiB download over HTTP, {runs} times each way", bytes >> 20);
+            let download = (sorted(pass.download(runs, bytes)?), sorted(direct.download(runs, bytes)?));
+            Ok(vec![
+                ("DNS answer, allowed name (direct: the test resolver)".into(), dns.0, dns.1),
+                ("fresh HTTPS request, passed through".into(), passthrough, Samples(https_direct.0.clone())),
+                ("fresh HTTPS request, looked inside".into(), looked, https_direct),
+                (format!("download of {} MiB over HTTP ({runs} runs)", bytes >> 20), download.0, download.1),
+            ])
+        }
+    })
+    .await??;
+    for name in ["pass", "look"] {
+        manager.remove(account, &Name::new(name)?).await?;
+    }
+    Ok(samples)
 }
 
 async fn run_true(addr: &AgentAddr) -> Result<()> {

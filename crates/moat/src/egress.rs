@@ -127,35 +127,44 @@ fn listeners_when_free(netns: &Path) -> Result<Vec<(Role, OwnedFd)>> {
     listeners_in(netns)
 }
 
-/// The gateway's listeners, made inside the network namespace at `netns`
-/// (by a thread of our own that enters it: a socket belongs to the namespace
-/// it was made in, wherever it is used later).
+/// The gateway's listeners, made inside the box's network namespace at
+/// `netns` (a socket belongs to the namespace it was made in, wherever it is
+/// used later).
 fn listeners_in(netns: &Path) -> Result<Vec<(Role, OwnedFd)>> {
+    in_netns(netns, || {
+        let mut out = Vec::new();
+        for (host, required) in [("127.0.0.1", true), ("::1", false)] {
+            let made = (|| -> std::io::Result<[(Role, OwnedFd); 3]> {
+                let ip: std::net::IpAddr = host.parse().map_err(std::io::Error::other)?;
+                Ok([
+                    (Role::DnsUdp, std::net::UdpSocket::bind((ip, DNS_PORT))?.into()),
+                    (Role::DnsTcp, std::net::TcpListener::bind((ip, DNS_PORT))?.into()),
+                    (Role::Proxy, std::net::TcpListener::bind((ip, PROXY_PORT))?.into()),
+                ])
+            })();
+            match made {
+                Ok(sockets) => out.extend(sockets),
+                // A namespace without IPv6 has no IPv6 to serve.
+                Err(_) if !required => {}
+                Err(e) => return Err(anyhow::Error::from(e).context(format!("listen on {host} in the box"))),
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Runs `work` on a thread of its own that has entered the network namespace
+/// at `netns` (this thread stays where it is).
+pub fn in_netns<T: Send>(netns: &Path, work: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     let ns = std::fs::File::open(netns).with_context(|| format!("open {}", netns.display()))?;
     std::thread::scope(|s| {
         s.spawn(|| {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).context("enter the box's network")?;
-            let mut out = Vec::new();
-            for (host, required) in [("127.0.0.1", true), ("::1", false)] {
-                let made = (|| -> std::io::Result<[(Role, OwnedFd); 3]> {
-                    let ip: std::net::IpAddr = host.parse().map_err(std::io::Error::other)?;
-                    Ok([
-                        (Role::DnsUdp, std::net::UdpSocket::bind((ip, DNS_PORT))?.into()),
-                        (Role::DnsTcp, std::net::TcpListener::bind((ip, DNS_PORT))?.into()),
-                        (Role::Proxy, std::net::TcpListener::bind((ip, PROXY_PORT))?.into()),
-                    ])
-                })();
-                match made {
-                    Ok(sockets) => out.extend(sockets),
-                    // A namespace without IPv6 has no IPv6 to serve.
-                    Err(_) if !required => {}
-                    Err(e) => return Err(anyhow::Error::from(e).context(format!("listen on {host} in the box"))),
-                }
-            }
-            Ok(out)
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("enter {}", netns.display()))?;
+            work()
         })
         .join()
-        .map_err(|_| anyhow::anyhow!("listener thread panicked"))?
+        .map_err(|_| anyhow::anyhow!("a thread in {} panicked", netns.display()))?
     })
 }
 

@@ -2,6 +2,7 @@
 
 mod agent;
 mod bench;
+mod bench_egress;
 mod doctor;
 mod egress;
 mod front_door;

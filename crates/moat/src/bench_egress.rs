@@ -1,0 +1,285 @@
+//! The egress rows of `moat bench`: one client, run once inside a box's
+//! network namespace (through the gateway) and once inside a test internet's
+//! namespace (straight to the server), against the same servers:
+//!
+//! - a download over plain HTTP (every request read by the gateway);
+//! - a fresh HTTPS request (new connection, handshake, small answer), for a
+//!   host the gateway passes through and for one it looks inside;
+//! - a DNS answer for an allowed name, from the gateway against the test
+//!   internet's resolver.
+//!
+//! The test internet is a network namespace of its own with one address
+//! (TEST-NET-3) on `lo`, the servers bound there by this process. Nothing
+//! leaves the machine.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use moat_core::policy::{HostName, Policy, Rule};
+use moat_gateway::ca::LeafSigner;
+use moat_gateway::{dns, intercept};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::egress::in_netns;
+
+/// The test internet's one address.
+const SERVER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// The name it serves.
+const NAME: &str = "bench.test";
+const CHUNK: usize = 256 << 10;
+
+/// The test internet: its namespace, its CA, its servers (tasks of the
+/// caller's runtime, ended with it).
+pub struct BenchNet {
+    name: String,
+    /// The CA the servers' certificates chain to (PEM).
+    pub ca: String,
+}
+
+impl BenchNet {
+    /// Makes the namespace and starts the servers in it.
+    pub fn start() -> Result<Self> {
+        let name = format!("moat-bench-{}", std::process::id());
+        let ip = |args: &[&str]| -> Result<()> {
+            let out = Command::new("ip").args(args).output().context("run ip (apt-get install iproute2)")?;
+            if !out.status.success() {
+                bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+            }
+            Ok(())
+        };
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        ip(&["netns", "add", &name])?;
+        let mut net = Self { name, ca: String::new() };
+        ip(&["-n", &net.name, "link", "set", "lo", "up"])?;
+        ip(&["-n", &net.name, "addr", "add", &format!("{SERVER}/32"), "dev", "lo"])?;
+        let (ca, key) = moat_gateway::ca::mint()?;
+        let tls =
+            intercept::box_config(LeafSigner::new(&key).map_err(anyhow::Error::msg)?).map_err(anyhow::Error::msg)?;
+        let (http, https, dns) = in_netns(&net.path(), || {
+            Ok((
+                std::net::TcpListener::bind((SERVER, 80))?,
+                std::net::TcpListener::bind((SERVER, 443))?,
+                UdpSocket::bind((SERVER, 53))?,
+            ))
+        })?;
+        tokio::spawn(serve_http(http, None));
+        tokio::spawn(serve_http(https, Some(tls)));
+        std::thread::spawn(move || serve_dns(dns));
+        net.ca = ca;
+        Ok(net)
+    }
+
+    /// Its namespace.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+
+    /// What the gateway is told to reach it.
+    pub fn gateway_hello(&self) -> moat_gateway::GatewayHello {
+        moat_gateway::GatewayHello {
+            upstream_dns: SocketAddr::from((SERVER, 53)),
+            upstream_allow: vec![format!("{SERVER}/32")],
+            upstream_roots: self.ca.clone(),
+        }
+    }
+}
+
+impl Drop for BenchNet {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// The policy of the box through which traffic passes untouched (`look`:
+/// every request is read, HTTPS included).
+pub fn policy(look: bool) -> Result<Policy> {
+    let mut policy = Policy::default();
+    let words: &[&str] = if look { &["GET", NAME] } else { &[NAME] };
+    policy.allow(Rule::parse(words)?);
+    Ok(policy)
+}
+
+/// Answers `GET /bytes/N` with N bytes, then closes.
+async fn serve_http(listener: std::net::TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {
+    let Ok(listener) = listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) else {
+        return;
+    };
+    while let Ok((stream, _)) = listener.accept().await {
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let _ = stream.set_nodelay(true);
+            match tls {
+                Some(config) => {
+                    if let Ok(stream) = tokio_rustls::TlsAcceptor::from(config).accept(stream).await {
+                        let _ = answer(stream).await;
+                    }
+                }
+                None => {
+                    let _ = answer(stream).await;
+                }
+            }
+        });
+    }
+}
+
+async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 || head.len() > 8192 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let size: usize = text.split_whitespace().nth(1).and_then(|p| p.strip_prefix("/bytes/")?.parse().ok()).unwrap_or(0);
+    stream
+        .write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let zeros = vec![0u8; CHUNK];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(CHUNK);
+        stream.write_all(&zeros[..n]).await?;
+        left -= n;
+    }
+    stream.shutdown().await
+}
+
+/// Answers A queries for [`NAME`] with [`SERVER`]; everything else NXDOMAIN.
+fn serve_dns(socket: UdpSocket) {
+    let name = HostName::parse(NAME).ok();
+    let mut buf = [0u8; 512];
+    while let Ok((n, peer)) = socket.recv_from(&mut buf) {
+        let Ok(query) = dns::parse_query(&buf[..n]) else { continue };
+        let reply = if query.name == name && query.qtype == 1 {
+            dns::answer(&query, dns::Rcode::NoError, Some(SERVER), None, 300)
+        } else {
+            dns::answer(&query, dns::Rcode::NxDomain, None, None, 0)
+        };
+        let _ = socket.send_to(&reply, peer);
+    }
+}
+
+/// Asks `resolver` for [`NAME`]'s address; returns it and the time taken.
+fn lookup(resolver: SocketAddr) -> Result<(Ipv4Addr, Duration)> {
+    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    socket.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let query = dns::upstream_query(0x4242, &HostName::parse(NAME)?, 1);
+    let t = Instant::now();
+    socket.send_to(&query, resolver)?;
+    let mut buf = [0u8; 512];
+    let n = socket.recv(&mut buf).context("no DNS answer")?;
+    let took = t.elapsed();
+    let addrs = dns::parse_upstream(&buf[..n], 0x4242, &HostName::parse(NAME)?).map_err(anyhow::Error::msg)?;
+    match addrs.v4.first() {
+        Some(ip) => Ok((*ip, took)),
+        None => bail!("{resolver} gave {NAME} no address"),
+    }
+}
+
+/// One `GET /bytes/size` on a new connection to `ip` (over TLS trusting
+/// `tls`'s roots if given); returns the body bytes read.
+fn fetch(ip: Ipv4Addr, tls: Option<&Arc<rustls::ClientConfig>>, size: u64) -> Result<u64> {
+    let port = if tls.is_some() { 443 } else { 80 };
+    let tcp = TcpStream::connect((ip, port))?;
+    tcp.set_nodelay(true)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let request = format!("GET /bytes/{size} HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n");
+    let read = match tls {
+        Some(config) => {
+            let conn = rustls::ClientConnection::new(Arc::clone(config), NAME.try_into()?)?;
+            let mut stream = rustls::StreamOwned::new(conn, tcp);
+            stream.write_all(request.as_bytes())?;
+            drain(&mut stream)?
+        }
+        None => {
+            let mut tcp = tcp;
+            tcp.write_all(request.as_bytes())?;
+            drain(&mut tcp)?
+        }
+    };
+    // Status line and headers are at most a line or three.
+    if read < size {
+        bail!("short answer: {read} bytes of {size}");
+    }
+    Ok(read)
+}
+
+fn drain(stream: &mut impl Read) -> Result<u64> {
+    let mut buf = vec![0u8; CHUNK];
+    let mut total = 0u64;
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Where a measurement's client runs.
+#[derive(Clone)]
+pub struct Side {
+    /// Its network namespace.
+    pub netns: PathBuf,
+    /// The resolver it asks.
+    pub resolver: SocketAddr,
+    /// The roots it trusts (PEM).
+    pub roots: String,
+}
+
+impl Side {
+    /// The client of the test internet itself.
+    pub fn direct(net: &BenchNet) -> Self {
+        Self { netns: net.path(), resolver: SocketAddr::from((SERVER, 53)), roots: net.ca.clone() }
+    }
+
+    /// A box's client: its namespace, its gateway, its trust bundle.
+    pub fn boxed(netns: &Path, box_root: &Path, net: &BenchNet) -> Result<Self> {
+        let ca = std::fs::read_to_string(box_root.join("etc/moat/ca.pem")).context("the box's CA")?;
+        let resolver = SocketAddr::from((Ipv4Addr::LOCALHOST, moat_core::egress::DNS_PORT));
+        Ok(Self { netns: netns.to_path_buf(), resolver, roots: format!("{}\n{ca}", net.ca) })
+    }
+
+    /// Times `n` DNS answers.
+    pub fn dns(&self, n: usize) -> Result<Vec<Duration>> {
+        in_netns(&self.netns, || (0..n).map(|_| lookup(self.resolver).map(|(_, t)| t)).collect())
+    }
+
+    /// Times `n` fresh HTTPS requests with a small answer.
+    pub fn https(&self, n: usize) -> Result<Vec<Duration>> {
+        let config = intercept::upstream_config(&self.roots).map_err(anyhow::Error::msg)?;
+        in_netns(&self.netns, || {
+            let (ip, _) = lookup(self.resolver)?;
+            (0..n)
+                .map(|_| {
+                    let t = Instant::now();
+                    fetch(ip, Some(&config), 100)?;
+                    Ok(t.elapsed())
+                })
+                .collect()
+        })
+    }
+
+    /// Times `n` plain HTTP downloads of `bytes` each.
+    pub fn download(&self, n: usize, bytes: u64) -> Result<Vec<Duration>> {
+        in_netns(&self.netns, || {
+            let (ip, _) = lookup(self.resolver)?;
+            (0..n)
+                .map(|_| {
+                    let t = Instant::now();
+                    fetch(ip, None, bytes)?;
+                    Ok(t.elapsed())
+                })
+                .collect()
+        })
+    }
+}
