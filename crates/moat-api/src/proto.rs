@@ -6,7 +6,7 @@
 //! manager's rules: a name is validated on decode, another account's box looks
 //! like no box, and every limit is checked again.
 
-use moat_core::egress::LogEntry;
+use moat_core::egress::{Answer, LogEntry, Question};
 use moat_core::policy::Policy;
 use moat_core::{AccountId, BoxRecord, Change, Limits, Name, UsageReport};
 use serde::{Deserialize, Serialize};
@@ -71,6 +71,9 @@ pub enum Request {
         /// The preset its egress policy starts from, if not the operator's default.
         #[serde(default)]
         policy: Option<String>,
+        /// Ask mode from the start.
+        #[serde(default)]
+        ask: bool,
     },
     /// Removes a box.
     Remove {
@@ -179,6 +182,26 @@ pub enum Request {
         since_ms: u64,
         /// Keep sending new entries.
         follow: bool,
+        /// With `follow`, the box's questions (ask mode) too.
+        #[serde(default)]
+        ask: bool,
+    },
+    /// The account's open questions (ask mode); with `follow`, then every
+    /// new one until the connection closes.
+    Questions {
+        /// The account.
+        account: AccountId,
+        /// Keep sending new questions.
+        follow: bool,
+    },
+    /// The owner's answer to a question.
+    Answer {
+        /// The account.
+        account: AccountId,
+        /// The question.
+        id: u64,
+        /// The answer.
+        answer: Answer,
     },
     /// A session on a box: the answer carries a stream connected to its agent,
     /// and the box stays up until this request's connection closes.
@@ -201,8 +224,10 @@ pub enum PolicyChange {
     Deny(Vec<String>),
     /// Remove a rule (allow or deny) equal to this one.
     Remove(Vec<String>),
-    /// Replace the policy with a preset.
+    /// Replace the policy's rules with a preset's (ask mode stays as it was).
     Preset(String),
+    /// Turn ask mode on or off.
+    Ask(bool),
 }
 
 /// What a user name is, for one account.
@@ -282,6 +307,8 @@ pub enum Reply {
     Usage(UsageReport),
     /// To `Policy` and `ChangePolicy`.
     Policy(Policy),
+    /// To `Answer`: the question answered.
+    Question(Question),
     /// To `OpenSession`: the stream to the agent is attached.
     Session,
     /// Done, nothing to say.
@@ -317,6 +344,8 @@ pub enum Event {
     Changes(Vec<Change>),
     /// Entries of `Log`; its outcome is `Done`.
     Log(Vec<LogEntry>),
+    /// A question of `Questions` (or of `Log` with `ask`).
+    Question(Question),
     /// How the request ended.
     Outcome(Result<Reply, ApiError>),
 }
@@ -350,6 +379,7 @@ mod tests {
                 limits: Limits::default(),
                 idle: Some(5),
                 policy: None,
+                ask: false,
             };
             let mut bytes = serde_json::to_vec(&req).unwrap();
             let pos = pos % bytes.len();

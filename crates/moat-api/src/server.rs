@@ -6,6 +6,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
+use moat_core::egress::Question;
 use moat_core::policy::{HostName, Policy, PolicyError, Rule};
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Change, ChangeSink, ManagerError};
 use tokio::sync::Semaphore;
@@ -51,7 +52,12 @@ impl Privileged {
                 policy.allow.retain(|r| *r != rule);
                 policy.deny.retain(|r| *r != rule);
             }
-            PolicyChange::Preset(name) => *policy = self.preset(&name)?,
+            PolicyChange::Preset(name) => {
+                let ask = policy.ask;
+                *policy = self.preset(&name)?;
+                policy.ask = ask;
+            }
+            PolicyChange::Ask(on) => policy.ask = on,
         }
         Ok(())
     }
@@ -111,9 +117,13 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         drop(guard);
         return Ok(());
     }
-    if let Request::Log { account, name, since_ms, follow } = req {
-        let outcome = send_log(conn, &ctx.manager, &account, &name, since_ms, follow).await?;
+    if let Request::Log { account, name, since_ms, follow, ask } = req {
+        let outcome = send_log(conn, &ctx.manager, &account, &name, since_ms, follow, ask).await?;
         return send(conn, &Event::Outcome(outcome), None).await;
+    }
+    if let Request::Questions { account, follow } = req {
+        send_questions(conn, &ctx.manager, &account, follow).await?;
+        return send(conn, &Event::Outcome(Ok(Reply::Done)), None).await;
     }
     let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress: moat_core::ProgressSink = Box::new(move |line: &str| {
@@ -151,8 +161,79 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
 /// Entries in a batch of `Log`.
 const LOG_BATCH: usize = 512;
 
+/// Sends the account's open questions and, with `follow`, every new one
+/// until the front door closes the connection.
+async fn send_questions(
+    conn: &Packets,
+    manager: &Arc<BoxManager>,
+    account: &AccountId,
+    follow: bool,
+) -> io::Result<()> {
+    let mut feed = QuestionFeed::start(conn, manager, account, None).await?;
+    if !follow {
+        return Ok(());
+    }
+    loop {
+        tokio::select! {
+            question = feed.next() => match question {
+                Some(q) => send(conn, &Event::Question(q), None).await?,
+                None => return Ok(()),
+            },
+            closed = conn.recv(1) => if !matches!(closed, Ok(Some(_))) { return Ok(()) },
+        }
+    }
+}
+
+/// Questions for one account (of one box, if named), as they come.
+struct QuestionFeed {
+    live: tokio::sync::broadcast::Receiver<(AccountId, Question)>,
+    account: AccountId,
+    name: Option<moat_core::Name>,
+    /// Those sent at the start (they may come again on `live`).
+    sent: Vec<u64>,
+}
+
+impl QuestionFeed {
+    /// Sends the open questions now, and returns the feed of new ones.
+    async fn start(
+        conn: &Packets,
+        manager: &BoxManager,
+        account: &AccountId,
+        name: Option<&moat_core::Name>,
+    ) -> io::Result<Self> {
+        // Subscribed before the open ones are read, so nothing falls between.
+        let live = manager.follow_questions();
+        let mut feed = Self { live, account: account.clone(), name: name.cloned(), sent: Vec::new() };
+        let open: Vec<Question> = manager.questions(account).into_iter().filter(|q| feed.wants(q)).collect();
+        for q in open {
+            feed.sent.push(q.id);
+            send(conn, &Event::Question(q), None).await?;
+        }
+        Ok(feed)
+    }
+
+    fn wants(&self, q: &Question) -> bool {
+        self.name.as_ref().is_none_or(|n| n.as_str() == q.box_name)
+    }
+
+    /// The next new question (`None`: no more will come).
+    async fn next(&mut self) -> Option<Question> {
+        loop {
+            match self.live.recv().await {
+                Ok((owner, q)) if owner == self.account && self.wants(&q) && !self.sent.contains(&q.id) => {
+                    return Some(q);
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
 /// Sends a box's log since `since_ms` and, with `follow`, every entry after
-/// it until the front door closes the connection.
+/// it (and with `ask`, its questions) until the front door closes the
+/// connection.
+#[allow(clippy::too_many_arguments)]
 async fn send_log(
     conn: &Packets,
     manager: &Arc<BoxManager>,
@@ -160,6 +241,7 @@ async fn send_log(
     name: &moat_core::Name,
     since_ms: u64,
     follow: bool,
+    ask: bool,
 ) -> io::Result<Result<Reply, ApiError>> {
     // Subscribed before the backlog is read, so nothing falls between.
     let mut live = manager.follow_egress();
@@ -177,9 +259,14 @@ async fn send_log(
     if !follow {
         return Ok(Ok(Reply::Done));
     }
+    let mut questions = match ask {
+        true => Some(QuestionFeed::start(conn, manager, account, Some(name)).await?),
+        false => None,
+    };
     let horizon = backlog.last().map_or(0, |e| e.at_ms);
     loop {
         tokio::select! {
+            Some(q) = async { questions.as_mut()?.next().await } => send(conn, &Event::Question(q), None).await?,
             entry = live.recv() => match entry {
                 Ok((box_id, entry)) if box_id == id => {
                     // Entries read in the backlog may arrive here again once.
@@ -264,11 +351,12 @@ async fn run(
         }),
         Request::List { account } => Reply::Boxes(m.list(&account)?.iter().map(BoxInfo::from).collect()),
         Request::Get { account, name } => Reply::Box(BoxInfo::from(&m.get(&account, &name)?)),
-        Request::Create { account, name, image, limits, idle, policy } => {
-            let policy = match policy {
+        Request::Create { account, name, image, limits, idle, policy, ask } => {
+            let mut policy = match policy {
                 Some(preset) => ctx.preset(&preset)?,
                 None => ctx.default_policy.clone(),
             };
+            policy.ask |= ask;
             let rec = m.create(&account, BoxSpec { name, image, limits, policy }, progress).await?;
             if let Some(seconds) = idle {
                 m.set_idle(&account, &rec.name, seconds).await?;
@@ -293,7 +381,8 @@ async fn run(
         Request::ChangePolicy { account, name, change } => {
             Reply::Policy(m.change_policy(&account, &name, |p| ctx.apply(p, change)).await??)
         }
+        Request::Answer { account, id, answer } => Reply::Question(m.answer(&account, id, answer).await?),
         // Answered by `answer`, which keeps their connections.
-        Request::OpenSession { .. } | Request::Log { .. } => Reply::Done,
+        Request::OpenSession { .. } | Request::Log { .. } | Request::Questions { .. } => Reply::Done,
     })
 }

@@ -79,3 +79,50 @@ pub struct LogEntry {
     #[serde(default)]
     pub received: u64,
 }
+
+/// How long a box's connection or DNS query waits for its owner's answer in
+/// ask mode before it is refused.
+pub const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A box in ask mode wants a name its policy does not allow; its owner is
+/// asked (never the box itself).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Question {
+    /// Its number, for the answer.
+    pub id: u64,
+    /// The box asking.
+    pub box_name: String,
+    /// The name it wants.
+    pub name: String,
+    /// The port it dialled (`None`: it looked the name up).
+    pub port: Option<u16>,
+    /// Command lines of what the box was running when it asked (newest last).
+    pub running: Vec<String>,
+    /// When, in milliseconds since the epoch.
+    pub asked_ms: u64,
+}
+
+/// The owner's answer to a [`Question`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Answer {
+    /// This once: the name for a minute, on the usual ports.
+    Once,
+    /// For good: an allow rule for the name is added to the box's policy.
+    Always,
+    /// Refused.
+    Deny,
+}
+
+impl std::str::FromStr for Answer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "once" | "o" | "allow" => Ok(Self::Once),
+            "always" | "a" => Ok(Self::Always),
+            "deny" | "d" | "no" => Ok(Self::Deny),
+            other => Err(format!("{other:?} is no answer (once, always or deny)")),
+        }
+    }
+}

@@ -160,6 +160,11 @@ impl Rule {
         Ok(Self { host, ports, methods, path })
     }
 
+    /// A rule for `host` on `port` alone.
+    pub fn exact(host: HostName, port: u16) -> Self {
+        Self { host: HostPattern::Exact(host), ports: Some(vec![port]), methods: Vec::new(), path: None }
+    }
+
     /// Whether the rule covers a connection to `host:port`.
     pub fn covers(&self, host: &HostName, port: u16) -> bool {
         self.host.matches(host) && self.ports.as_ref().is_none_or(|p| p.contains(&port))
@@ -265,6 +270,10 @@ pub struct Policy {
     pub allow: Vec<Rule>,
     /// Rules that refuse; a match here wins over any allow.
     pub deny: Vec<Rule>,
+    /// Ask mode: a name no rule allows (and none denies) is put to the box's
+    /// owner instead of refused at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask: bool,
 }
 
 /// What the policy says about a connection, before any request on it is seen.
@@ -282,8 +291,13 @@ impl Policy {
     /// Whether a name may be resolved at all: some allow rule names it (on any
     /// port) and no deny rule refuses it outright.
     pub fn allows_name(&self, host: &HostName) -> bool {
-        let denied = self.deny.iter().any(|r| r.host.matches(host) && r.ports.is_none() && !r.is_per_request());
-        !denied && self.allow.iter().any(|r| r.host.matches(host))
+        !self.denies_name(host) && self.allow.iter().any(|r| r.host.matches(host))
+    }
+
+    /// Whether a deny rule refuses the name outright (on every port, for
+    /// every request).
+    pub fn denies_name(&self, host: &HostName) -> bool {
+        self.deny.iter().any(|r| r.host.matches(host) && r.ports.is_none() && !r.is_per_request())
     }
 
     /// The verdict on a connection to `host:port`.

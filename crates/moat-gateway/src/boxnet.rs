@@ -5,10 +5,11 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use moat_core::clock::now_ms;
-use moat_core::egress::{LogEntry, LogKind, LogVerdict};
+use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict};
 use moat_core::policy::{HostName, Policy};
 use tokio::sync::{mpsc, watch, Semaphore};
 
+use crate::ask::{Asker, Grants};
 use crate::fake::FakeAddrs;
 use crate::upstream::Upstream;
 
@@ -35,6 +36,8 @@ pub struct BoxNet {
     /// The TLS the box is answered with where the gateway looks inside HTTPS
     /// (`None`: the box has no CA, and such hosts are refused).
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    asker: Arc<Asker>,
+    grants: Grants,
 }
 
 impl BoxNet {
@@ -45,6 +48,7 @@ impl BoxNet {
         tls: Option<Arc<rustls::ServerConfig>>,
         log: LogSink,
         upstream: Arc<Upstream>,
+        asker: Arc<Asker>,
     ) -> Arc<Self> {
         Arc::new(Self {
             id,
@@ -56,6 +60,8 @@ impl BoxNet {
             lost: std::sync::atomic::AtomicU64::new(0),
             upstream,
             tls,
+            asker,
+            grants: Grants::default(),
         })
     }
 
@@ -78,6 +84,28 @@ impl BoxNet {
     /// The name a fake address was given to.
     pub fn name_at(&self, addr: Ipv4Addr) -> Option<HostName> {
         self.fakes.lock().unwrap_or_else(PoisonError::into_inner).name_for(addr).cloned()
+    }
+
+    /// Whether `name` may be reached on `port` (any port: `None`) although
+    /// the policy alone would refuse it: the box is in ask mode and its owner
+    /// allows it (now, or once within the last minute). Waits for the answer.
+    /// Explicit deny rules are never put to the owner.
+    pub async fn asked(&self, policy: &Policy, name: &HostName, port: Option<u16>) -> Asked {
+        if self.grants.covers(name, port) {
+            return Asked::Allowed("allowed once by the owner");
+        }
+        if !policy.ask || policy.denies_name(name) {
+            return Asked::NotAsked;
+        }
+        match self.asker.ask(&self.id, name, port).await {
+            Ok(Answer::Once) => {
+                self.grants.grant(name, port);
+                Asked::Allowed("allowed once by the owner")
+            }
+            Ok(Answer::Always) => Asked::Allowed("allowed by the owner (added to the policy)"),
+            Ok(Answer::Deny) => Asked::Refused("the owner said no"),
+            Err(why) => Asked::Refused(why),
+        }
     }
 
     /// Ends every open connection of the box (its listeners stay).
@@ -103,6 +131,17 @@ impl BoxNet {
             }
         }
     }
+}
+
+/// What the owner of a box in ask mode said about a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    /// The box is not in ask mode (or a deny rule names the name): refuse.
+    NotAsked,
+    /// Let it through, for this reason.
+    Allowed(&'static str),
+    /// Refused, for this reason.
+    Refused(&'static str),
 }
 
 /// An entry with the fields every kind has.

@@ -6,11 +6,13 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use moat_core::egress::LogEntry;
+use moat_core::egress::{Answer, LogEntry};
 use moat_core::policy::Policy;
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::ask::Asker;
 use crate::boxnet::{BoxNet, LogSink};
 use crate::ca::{CaKey, LeafSigner};
 use crate::upstream::{Cidr, Upstream, UpstreamConfig};
@@ -89,6 +91,13 @@ pub enum ToGateway {
         /// The box.
         box_id: String,
     },
+    /// The owner's answer to question `id` (see [`FromGateway::Ask`]).
+    Answer {
+        /// The question.
+        id: u64,
+        /// The answer.
+        answer: Answer,
+    },
 }
 
 /// To the privileged side.
@@ -99,6 +108,18 @@ pub enum FromGateway {
     Log {
         /// The entries, oldest first.
         entries: Vec<(String, LogEntry)>,
+    },
+    /// A box in ask mode wants a name its policy does not allow: ask its
+    /// owner, and send the answer back with this `id`.
+    Ask {
+        /// The box.
+        box_id: String,
+        /// The question's number.
+        id: u64,
+        /// The name.
+        name: String,
+        /// The port dialled (`None`: a DNS query).
+        port: Option<u16>,
     },
 }
 
@@ -121,12 +142,19 @@ pub struct Gateway {
     boxes: Mutex<HashMap<String, Attached>>,
     upstream: Arc<Upstream>,
     log: LogSink,
+    asker: Arc<Asker>,
 }
 
 impl Gateway {
-    /// A gateway reaching out through `upstream`, logging to `log`.
-    pub fn new(upstream: UpstreamConfig, log: LogSink) -> Self {
-        Self { boxes: Mutex::new(HashMap::new()), upstream: Arc::new(Upstream::new(upstream)), log }
+    /// A gateway reaching out through `upstream`, logging to `log`, asking
+    /// boxes' owners through `questions`.
+    pub fn new(upstream: UpstreamConfig, log: LogSink, questions: mpsc::UnboundedSender<FromGateway>) -> Self {
+        Self {
+            boxes: Mutex::new(HashMap::new()),
+            upstream: Arc::new(Upstream::new(upstream)),
+            log,
+            asker: Arc::new(Asker::new(questions)),
+        }
     }
 
     /// Acts on one message (`fds`: the sockets attached to it). Must run
@@ -145,7 +173,14 @@ impl Gateway {
                     tracing::error!(box_id, error = %e, "cannot use the box's CA");
                     None
                 });
-                let net = BoxNet::new(box_id.clone(), policy, tls, self.log.clone(), Arc::clone(&self.upstream));
+                let net = BoxNet::new(
+                    box_id.clone(),
+                    policy,
+                    tls,
+                    self.log.clone(),
+                    Arc::clone(&self.upstream),
+                    Arc::clone(&self.asker),
+                );
                 let mut tasks = Vec::new();
                 for (role, fd) in roles.into_iter().zip(fds) {
                     tasks.push(spawn_listener(&net, role, fd)?);
@@ -165,7 +200,9 @@ impl Gateway {
             }
             ToGateway::Detach { box_id } => {
                 boxes.remove(&box_id);
+                self.asker.withdraw(&box_id);
             }
+            ToGateway::Answer { id, answer } => self.asker.answered(id, answer),
         }
         Ok(())
     }

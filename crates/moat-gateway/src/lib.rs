@@ -7,6 +7,7 @@
 //! itself, and splices to the real host. It runs as an unprivileged uid with
 //! no capabilities and never parses anything for the privileged side.
 
+pub mod ask;
 pub mod boxnet;
 pub mod ca;
 pub mod dns;

@@ -14,7 +14,7 @@ use moat_core::policy::{HostName, Policy, Rule, Verdict, DEFAULT_PORTS};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::boxnet::{entry, BoxNet};
+use crate::boxnet::{entry, Asked, BoxNet};
 use crate::fake::is_fake;
 use crate::http::{self, Body, ChunkedReader, Head};
 use crate::intercept;
@@ -90,13 +90,32 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
         net.log(e);
         return;
     };
-    let policy = net.policy();
-    let verdict = policy.decide(&name, port);
+    let mut policy = net.policy();
+    let mut verdict = policy.decide(&name, port);
     let mut log = entry(LogKind::Tcp, name.as_str(), port, LogVerdict::Deny);
     if let Verdict::Deny(rule) = &verdict {
         log.rule = rule.as_ref().map(Rule::to_string);
-        net.log(log);
-        return;
+        let asked = match rule {
+            Some(_) => Asked::NotAsked,
+            None => net.asked(&policy, &name, Some(port)).await,
+        };
+        match asked {
+            Asked::NotAsked => {}
+            Asked::Refused(why) => log.reason = Some(why.into()),
+            Asked::Allowed(why) => {
+                // "Always" is in the policy now; "once" is for this name alone.
+                policy = net.policy();
+                verdict = match policy.decide(&name, port) {
+                    Verdict::Deny(None) => Verdict::Allow(Rule::exact(name.clone(), port)),
+                    other => other,
+                };
+                log.reason = Some(why.into());
+            }
+        }
+        if matches!(verdict, Verdict::Deny(_)) {
+            net.log(log);
+            return;
+        }
     }
     let _ = stream.set_nodelay(true);
     let outcome = match sniff(&stream, &verdict, port).await {

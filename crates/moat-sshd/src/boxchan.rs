@@ -120,14 +120,14 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx, setup: Arc<ChannelSet
     };
     let env = setup.take_env();
     match ctx.target().await {
-        Target::Control => run_control(program, &tx, &ctx).await,
+        Target::Control => run_control(program, rx, &tx, &ctx).await,
         Target::Box(name) => run_in_box(&name, program, pty, env, rx, tx, &ctx).await,
         Target::Gone(user) => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
         Target::Other(user) => match &program {
             Program::Exec(cmd) if control::is_control_command(&String::from_utf8_lossy(cmd)) => {
-                run_control(program, &tx, &ctx).await
+                run_control(program, rx, &tx, &ctx).await
             }
-            Program::Shell => run_control(program, &tx, &ctx).await,
+            Program::Shell => run_control(program, rx, &tx, &ctx).await,
             Program::Exec(_) | Program::Sftp => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
         },
     }
@@ -150,7 +150,7 @@ async fn fail(tx: &ChannelWriteHalf<Msg>, msg: &str, status: u32) {
     finish(tx, status).await;
 }
 
-async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &ChannelCtx) {
+async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWriteHalf<Msg>, ctx: &ChannelCtx) {
     let line = match program {
         Program::Exec(cmd) => String::from_utf8_lossy(&cmd).into_owned(),
         Program::Shell => {
@@ -183,9 +183,22 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
     // What the command prints goes out as it comes (progress of an image build
     // to stderr, a diff's lines to stdout); the channel's window paces it.
     let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<control::Output>(4);
+    // The client's stdin, for the commands that read it; a command that does
+    // not leaves it unread, and the channel's window stops the client.
+    let (in_tx, in_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let stdin = tokio::spawn(async move {
+        while let Some(msg) = rx.wait().await {
+            match msg {
+                ChannelMsg::Data { data } if in_tx.send(data.to_vec()).await.is_err() => return,
+                ChannelMsg::Eof | ChannelMsg::Close => return,
+                _ => {}
+            }
+        }
+    });
     let api = ctx.api.clone();
     let account = ctx.account.clone();
-    let mut work = tokio::spawn(async move { control::run(cmd, &account, &api, &out_tx).await });
+    let mut work = tokio::spawn(async move { control::run(cmd, &account, &api, &out_tx, in_rx).await });
+    let _stdin = AbortOnDrop(stdin);
     while let Some(output) = out_rx.recv().await {
         let sent = match output {
             control::Output::Stdout(text) => tx.data(text.as_bytes()).await,
@@ -201,6 +214,15 @@ async fn run_control(program: Program, tx: &ChannelWriteHalf<Msg>, ctx: &Channel
         Ok(Ok(())) => finish(tx, 0).await,
         Ok(Err(e)) => fail(tx, &e.message, e.status).await,
         Err(e) => fail(tx, &format!("internal error: {e}"), EXIT_MOAT_FAILED).await,
+    }
+}
+
+/// Ends a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

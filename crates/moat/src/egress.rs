@@ -24,6 +24,8 @@ use tokio::sync::mpsc;
 type Outgoing = (ToGateway, Vec<OwnedFd>);
 
 struct Attachment {
+    /// The box's PID 1 on the host (what it runs is shown with questions).
+    pid: u32,
     policy: Policy,
     ca_key: Option<CaKey>,
     sockets: Vec<(Role, OwnedFd)>,
@@ -84,7 +86,7 @@ impl moat_core::NetworkHooks for Egress {
                 .inspect_err(|e| tracing::error!(box_id = %rec.id, error = %e, "cannot read the box's CA key"))
                 .ok()
         });
-        let attachment = Attachment { policy: policy.clone(), ca_key: ca_key.map(CaKey), sockets };
+        let attachment = Attachment { pid: handle.pid, policy: policy.clone(), ca_key: ca_key.map(CaKey), sockets };
         let mut state = self.state();
         if let Some(msg) = attachment.message(&rec.id) {
             Self::tell(&state, msg);
@@ -108,6 +110,30 @@ impl moat_core::NetworkHooks for Egress {
             a.policy = policy.clone();
         }
         Self::tell(&state, (ToGateway::Policy { box_id: id.to_string(), policy: policy.clone() }, Vec::new()));
+    }
+
+    fn answered(&self, _id: &BoxId, question: u64, answer: moat_core::egress::Answer) {
+        Self::tell(&self.state(), (ToGateway::Answer { id: question, answer }, Vec::new()));
+    }
+}
+
+impl Egress {
+    /// Acts on what the gateway said (off the thread that polls it: the
+    /// store writes with fsync).
+    fn hear(&self, manager: &BoxManager, news: FromGateway) {
+        match news {
+            FromGateway::Log { entries } => manager.record_egress(entries),
+            FromGateway::Ask { box_id, id, name, port } => {
+                let Some(box_id) = BoxId::parse(&box_id) else { return };
+                let pid = self.state().boxes.get(&box_id).map(|a| a.pid);
+                let running = pid.map(crate::procs::newest_descendants).unwrap_or_default();
+                // A question that cannot be put is refused at once.
+                if !manager.ask(&box_id, id, name, port, running) {
+                    let deny = ToGateway::Answer { id, answer: moat_core::egress::Answer::Deny };
+                    Self::tell(&self.state(), (deny, Vec::new()));
+                }
+            }
+        }
     }
 }
 
@@ -183,16 +209,19 @@ pub struct GatewayConfig {
 pub async fn supervise(egress: Arc<Egress>, config: GatewayConfig, manager: Arc<BoxManager>) {
     // Entries are stored by a task of their own (SQLite with fsync), not by
     // this future, which the main thread polls.
-    let (log_tx, mut log_rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(entries) = log_rx.recv().await {
-            manager.record_egress(entries);
+    let (news_tx, mut news_rx) = mpsc::unbounded_channel();
+    tokio::spawn({
+        let egress = Arc::clone(&egress);
+        async move {
+            while let Some(news) = news_rx.recv().await {
+                egress.hear(&manager, news);
+            }
         }
     });
     let mut restarts = crate::privsep::Restarts::default();
     loop {
         let started = Instant::now();
-        match run_once(&egress, &config, &log_tx).await {
+        match run_once(&egress, &config, &news_tx).await {
             Ok(status) => tracing::warn!(%status, "gateway exited; starting it again"),
             Err(e) => tracing::error!(error = %format!("{e:#}"), "gateway failed; starting it again"),
         }
@@ -201,10 +230,10 @@ pub async fn supervise(egress: Arc<Egress>, config: GatewayConfig, manager: Arc<
     }
 }
 
-/// Log entries from the gateway, on their way to the store.
-type LogEntries = mpsc::UnboundedSender<Vec<(String, moat_core::egress::LogEntry)>>;
+/// What the gateway says, on its way to the manager.
+type News = mpsc::UnboundedSender<FromGateway>;
 
-async fn run_once(egress: &Egress, config: &GatewayConfig, log: &LogEntries) -> Result<std::process::ExitStatus> {
+async fn run_once(egress: &Egress, config: &GatewayConfig, news: &News) -> Result<std::process::ExitStatus> {
     let id = config.id.to_string();
     let mut args: Vec<&std::ffi::OsStr> = vec!["gateway".as_ref(), "--id".as_ref(), id.as_ref()];
     if let Some(netns) = &config.netns {
@@ -235,10 +264,8 @@ async fn run_once(egress: &Egress, config: &GatewayConfig, log: &LogEntries) -> 
     let receive = async {
         while let Some(msg) = link.recv(MAX_MESSAGE).await? {
             // A gateway that speaks out of turn is no longer trusted to run.
-            let FromGateway::Log { entries } =
-                serde_json::from_slice(&msg.bytes).context("gateway sent a bad message")?;
             anyhow::ensure!(msg.fds.is_empty(), "gateway sent descriptors");
-            let _ = log.send(entries);
+            let _ = news.send(serde_json::from_slice(&msg.bytes).context("gateway sent a bad message")?);
         }
         anyhow::Ok(())
     };

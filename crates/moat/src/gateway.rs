@@ -36,8 +36,18 @@ async fn serve(link: std::os::fd::OwnedFd) -> Result<()> {
     let hello: GatewayHello = serde_json::from_slice(&hello.bytes).context("read the configuration")?;
     let upstream = hello.upstream().map_err(anyhow::Error::msg)?;
     let (log_tx, log_rx) = mpsc::channel(LOG_BACKLOG);
-    let gateway = Gateway::new(upstream, log_tx);
+    let (ask_tx, mut ask_rx) = mpsc::unbounded_channel();
+    let gateway = Gateway::new(upstream, log_tx, ask_tx);
     tokio::spawn(send_logs(Arc::clone(&link), log_rx));
+    let questions = Arc::clone(&link);
+    tokio::spawn(async move {
+        while let Some(question) = ask_rx.recv().await {
+            let Ok(bytes) = serde_json::to_vec(&question) else { continue };
+            if questions.send(&bytes, &[]).await.is_err() {
+                return;
+            }
+        }
+    });
     while let Some(msg) = link.recv(MAX_MESSAGE).await? {
         let parsed: ToGateway = serde_json::from_slice(&msg.bytes).context("moat serve sent a bad message")?;
         if let Err(e) = gateway.handle(parsed, msg.fds) {

@@ -9,6 +9,7 @@ mod front_door;
 mod gateway;
 mod paths;
 mod privsep;
+mod procs;
 mod purge;
 mod registries;
 mod serve;

@@ -5,6 +5,7 @@
 //! tokio's blocking pool; one lock per box keeps two sessions from booting the
 //! same box twice.
 
+mod ask;
 mod meter;
 mod network;
 mod session;
@@ -79,6 +80,9 @@ pub enum ManagerError {
     /// A name built from another is too long to be a name.
     #[error("{0}: the name would be too long")]
     NameTooLong(String),
+    /// No open question of the account's has this number.
+    #[error("no open question {0} (answered already, or lapsed)")]
+    NoSuchQuestion(u64),
     /// A policy rule or preset that does not parse.
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),
@@ -167,6 +171,7 @@ pub struct BoxManager {
     sessions: Mutex<HashMap<BoxId, session::Sessions>>,
     network: std::sync::OnceLock<Arc<dyn NetworkHooks>>,
     egress_follow: tokio::sync::broadcast::Sender<(BoxId, crate::egress::LogEntry)>,
+    questions: ask::Questions,
 }
 
 impl BoxManager {
@@ -182,6 +187,7 @@ impl BoxManager {
             sessions: Mutex::new(HashMap::new()),
             network: std::sync::OnceLock::new(),
             egress_follow: tokio::sync::broadcast::channel(4096).0,
+            questions: ask::Questions::default(),
         })
     }
 

@@ -24,6 +24,8 @@ pub trait NetworkHooks: Send + Sync {
     fn down(&self, id: &BoxId);
     /// The box's policy changed.
     fn policy_changed(&self, id: &BoxId, policy: &Policy);
+    /// The box's owner answered the gateway's question `question`.
+    fn answered(&self, id: &BoxId, question: u64, answer: crate::egress::Answer);
 }
 
 impl BoxManager {

@@ -314,6 +314,9 @@ impl NetworkHooks for NetLog {
     fn policy_changed(&self, _: &BoxId, policy: &Policy) {
         self.push(format!("policy {}", policy.allow.len()));
     }
+    fn answered(&self, _: &BoxId, question: u64, answer: crate::egress::Answer) {
+        self.push(format!("answered {question} {answer:?}"));
+    }
 }
 
 impl NetLog {
@@ -350,4 +353,29 @@ async fn the_network_follows_the_lifecycle_and_dup_keeps_the_policy() {
     f.manager.start(&f.alice, &name("web")).await.unwrap();
     f.manager.remove(&f.alice, &name("web")).await.unwrap();
     assert_eq!(net.take(), ["suspended", "down", "up web 1", "down"]);
+}
+
+#[tokio::test]
+async fn questions_reach_their_owner_only_and_always_adds_a_rule_first() {
+    use crate::egress::Answer;
+    let f = fixture();
+    let net = Arc::new(NetLog::default());
+    f.manager.set_network_hooks(net.clone());
+    let web = f.new_box("web").await.unwrap();
+    net.take();
+    let mut news = f.manager.follow_questions();
+    assert!(f.manager.ask(&web.id, 41, "pypi.org".into(), Some(443), vec!["pip install x".into()]));
+    let (owner, q) = news.recv().await.unwrap();
+    assert_eq!((owner, q.box_name.as_str(), q.name.as_str(), q.port), (f.alice.clone(), "web", "pypi.org", Some(443)));
+    assert_eq!(f.manager.questions(&f.alice), std::slice::from_ref(&q));
+    // Another account neither sees nor answers it.
+    let bob = AccountId("SHA256:bob".into());
+    assert!(f.manager.questions(&bob).is_empty());
+    assert!(matches!(f.manager.answer(&bob, q.id, Answer::Always).await, Err(ManagerError::NoSuchQuestion(_))));
+    f.manager.answer(&f.alice, q.id, Answer::Always).await.unwrap();
+    assert_eq!(net.take(), ["policy 1", "answered 41 Always"]);
+    assert_eq!(f.manager.policy(&f.alice, &name("web")).unwrap().allow[0].to_string(), "pypi.org");
+    // Answered once only; an unknown box's question is not put.
+    assert!(f.manager.answer(&f.alice, q.id, Answer::Deny).await.is_err());
+    assert!(!f.manager.ask(&BoxId::parse("0000000000000000").unwrap(), 1, "x.org".into(), None, Vec::new()));
 }

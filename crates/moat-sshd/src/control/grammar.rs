@@ -18,7 +18,7 @@ usage: ssh HOST COMMAND [ARGS]
 
 commands:
   new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--idle SECONDS]
-         [--policy PRESET]
+         [--policy PRESET] [--ask]
                       create a box (image 'debian' unless told, built on first use)
   ls [--json]         list your boxes
   info NAME [--json]  show one box
@@ -30,6 +30,8 @@ commands:
   suspend NAME        freeze a box now (billing stops); the next session resumes it
   set NAME idle SECONDS         suspend NAME after SECONDS without a session
   set NAME keep-running on|off  never suspend NAME (it is billed while idle)
+  set NAME ask on|off           ask mode: a name NAME's policy does not allow is put to you
+                                (ssh HOST ask) instead of refused at once
   usage [NAME] [--since T] [--json]
                       CPU, memory, running and suspended time, disk, per box and in
                       total; T is seconds since the epoch, or an age like 90s, 30m, 2h, 7d
@@ -40,8 +42,13 @@ commands:
                       PORTS default to 80,443 ('*': any); a deny wins; applies to new connections
   policy NAME preset none|registries|github-read
                       replace the policy with a preset
-  log NAME [--follow] [--since T] [--json]
-                      every DNS query, connection and HTTP request NAME made, and the verdict
+  log NAME [--follow [--ask]] [--since T] [--json]
+                      every DNS query, connection and HTTP request NAME made, and the verdict;
+                      with --ask, NAME's questions too, answered as with 'ask'
+  ask [--json]        show your boxes' questions (ask mode) as they come; answer each with
+                      a line on stdin: 'ID once', 'ID always' (added to the policy) or 'ID deny'
+                      (or just the answer, for the newest); unanswered ones are denied in 60 s
+  ask ID once|always|deny       answer one question
   help                this text
 
 then: ssh NAME@HOST for a shell in box NAME, ssh NAME@HOST CMD to run CMD;
@@ -70,6 +77,8 @@ pub enum Command {
         idle: Option<u32>,
         /// The policy preset, if not the daemon's default.
         policy: Option<String>,
+        /// Ask mode from the start.
+        ask: bool,
     },
     /// `ls [--json]`
     Ls {
@@ -158,10 +167,24 @@ pub enum Command {
         name: Name,
         /// Keep printing new entries.
         follow: bool,
+        /// With `follow`, the box's questions too (answers from stdin).
+        ask: bool,
         /// Start, seconds since the epoch.
         since: Option<u64>,
         /// JSON lines.
         json: bool,
+    },
+    /// `ask [--json]`: questions as they come, answers from stdin
+    Ask {
+        /// JSON lines.
+        json: bool,
+    },
+    /// `ask ID once|always|deny`
+    Answer {
+        /// The question.
+        id: u64,
+        /// The answer.
+        answer: moat_core::egress::Answer,
     },
     /// `usage [NAME] [--since T] [--json]`
     Usage {
@@ -191,7 +214,7 @@ fn name_arg(what: &str, value: Option<&String>) -> Result<Name, UsageError> {
 /// Every verb `parse` knows.
 const VERBS: &[&str] = &[
     "help", "--help", "-h", "ls", "list", "info", "rm", "new", "dup", "diff", "stop", "start", "suspend", "set",
-    "usage", "promote", "policy", "log",
+    "usage", "promote", "policy", "log", "ask",
 ];
 
 /// Whether `line` is meant for the control plane (its first word is a verb;
@@ -262,6 +285,7 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
         "usage" => parse_usage(args),
         "policy" => parse_policy(args),
         "log" => parse_log(args),
+        "ask" => parse_ask(args),
         "promote" => {
             let child = name_arg("promote", args.first())?;
             no_more("promote", args.get(1..).unwrap_or_default())?;
@@ -296,8 +320,13 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
     let mut limits = Limits::default();
     let mut idle = None;
     let mut policy = None;
+    let mut ask = false;
     let mut rest = args.get(1..).unwrap_or_default().iter();
     while let Some(flag) = rest.next() {
+        if flag == "--ask" {
+            ask = true;
+            continue;
+        }
         let (flag, inline) = match flag.split_once('=') {
             Some((f, v)) => (f, Some(v.to_string())),
             None => (flag.as_str(), None),
@@ -317,7 +346,7 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
         }
     }
     limits.validate().map_err(|e| usage(format!("new: {e}")))?;
-    Ok(Command::New { name, image, limits, idle, policy })
+    Ok(Command::New { name, image, limits, idle, policy, ask })
 }
 
 fn preset_arg(what: &str, value: &str) -> Result<String, UsageError> {
@@ -358,11 +387,12 @@ fn parse_policy(args: &[String]) -> Result<Command, UsageError> {
 
 fn parse_log(args: &[String]) -> Result<Command, UsageError> {
     let name = name_arg("log", args.first())?;
-    let (mut follow, mut since, mut json) = (false, None, false);
+    let (mut follow, mut ask, mut since, mut json) = (false, false, None, false);
     let mut rest = args.get(1..).unwrap_or_default().iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--follow" | "-f" => follow = true,
+            "--ask" => ask = true,
             "--json" => json = true,
             "--since" => {
                 let value = rest.next().ok_or_else(|| usage("log: --since needs a value"))?;
@@ -371,22 +401,40 @@ fn parse_log(args: &[String]) -> Result<Command, UsageError> {
             other => return Err(usage(format!("log: unexpected argument {other:?}"))),
         }
     }
-    Ok(Command::Log { name, follow, since, json })
+    if ask && !follow {
+        return Err(usage("log: --ask needs --follow"));
+    }
+    Ok(Command::Log { name, follow, ask, since, json })
+}
+
+fn parse_ask(args: &[String]) -> Result<Command, UsageError> {
+    match args {
+        [] => Ok(Command::Ask { json: false }),
+        [json] if json == "--json" => Ok(Command::Ask { json: true }),
+        [id, answer] => {
+            let id = id.parse().map_err(|_| usage(format!("ask: {id:?} is no question number")))?;
+            let answer = answer.parse().map_err(|e| usage(format!("ask: {e}")))?;
+            Ok(Command::Answer { id, answer })
+        }
+        _ => Err(usage("ask: usage: ask [--json] | ask ID once|always|deny")),
+    }
 }
 
 fn parse_set(args: &[String]) -> Result<Command, UsageError> {
     let name = name_arg("set", args.first())?;
     let (Some(key), Some(value), None) = (args.get(1), args.get(2), args.get(3)) else {
-        return Err(usage("set: usage: set NAME idle SECONDS | set NAME keep-running on|off"));
+        return Err(usage("set: usage: set NAME idle SECONDS | set NAME keep-running|ask on|off"));
+    };
+    let on = |what: &str| match value.as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(usage(format!("set: {what} takes on or off, not {other:?}"))),
     };
     match key.as_str() {
         "idle" => Ok(Command::SetIdle { name, seconds: seconds("set: idle", value)? }),
-        "keep-running" => match value.as_str() {
-            "on" => Ok(Command::SetKeepRunning { name, on: true }),
-            "off" => Ok(Command::SetKeepRunning { name, on: false }),
-            other => Err(usage(format!("set: keep-running takes on or off, not {other:?}"))),
-        },
-        other => Err(usage(format!("set: unknown setting {other:?} (idle, keep-running)"))),
+        "keep-running" => Ok(Command::SetKeepRunning { name, on: on("keep-running")? }),
+        "ask" => Ok(Command::ChangePolicy { name, change: PolicyChange::Ask(on("ask")?) }),
+        other => Err(usage(format!("set: unknown setting {other:?} (idle, keep-running, ask)"))),
     }
 }
 
@@ -467,6 +515,7 @@ mod tests {
                 limits: Limits::default(),
                 idle: None,
                 policy: None,
+                ask: false,
             }
         );
     }
@@ -497,15 +546,33 @@ mod tests {
             "log",
             "log web --tail",
             "new web --policy everything",
+            "log web --ask",
+            "ask 3",
+            "ask x once",
+            "ask 3 maybe",
+            "ask --json 3",
+            "set web ask maybe",
         ] {
             assert!(p(bad).is_err(), "{bad}");
         }
         assert_eq!(
             p("log web -f --json").unwrap(),
-            Command::Log { name: n("web"), follow: true, since: None, json: true }
+            Command::Log { name: n("web"), follow: true, ask: false, since: None, json: true }
         );
-        let Command::New { policy, .. } = p("new web --policy github-read").unwrap() else { panic!("not new") };
-        assert_eq!(policy.as_deref(), Some("github-read"));
+        assert_eq!(
+            p("log web -f --ask").unwrap(),
+            Command::Log { name: n("web"), follow: true, ask: true, since: None, json: false }
+        );
+        let Command::New { policy, ask, .. } = p("new web --policy github-read --ask").unwrap() else {
+            panic!("not new")
+        };
+        assert_eq!((policy.as_deref(), ask), (Some("github-read"), true));
+        assert_eq!(p("ask").unwrap(), Command::Ask { json: false });
+        assert_eq!(p("ask 12 always").unwrap(), Command::Answer { id: 12, answer: moat_core::egress::Answer::Always });
+        assert_eq!(
+            p("set web ask on").unwrap(),
+            Command::ChangePolicy { name: n("web"), change: PolicyChange::Ask(true) }
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use moat_api::BoxInfo;
-use moat_core::egress::{LogEntry, LogKind, LogVerdict};
+use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict, Question};
 use moat_core::limits::{format_measured, format_size};
 use moat_core::policy::Policy;
 use moat_core::{Change, ChangeKind, UsageReport};
@@ -139,17 +139,44 @@ pub fn policy(policy: &Policy, json: bool) -> String {
     if json {
         return to_json(policy);
     }
-    if policy.allow.is_empty() {
-        return "no allow rules: this box reaches nothing\n".into();
-    }
     let mut out = String::new();
+    if policy.allow.is_empty() {
+        out.push_str("no allow rules: this box reaches nothing\n");
+    }
     for rule in &policy.allow {
         let _ = writeln!(out, "allow {rule}");
     }
     for rule in &policy.deny {
         let _ = writeln!(out, "deny  {rule}");
     }
+    if policy.ask {
+        out.push_str("ask mode: names no rule allows or denies are put to you first (ssh HOST ask)\n");
+    }
     out
+}
+
+/// A question of ask mode, as it arrives (a JSON object with `--json`).
+pub fn question(q: &Question, json: bool) -> String {
+    if json {
+        return to_json(&serde_json::json!({ "question": q }));
+    }
+    let port = q.port.map_or_else(|| " (a DNS lookup)".to_string(), |p| format!(":{p}"));
+    let mut out = format!("{} ? {}  box {} wants {}{port}\n", utc(q.asked_ms), q.id, q.box_name, printable(&q.name));
+    for command in &q.running {
+        let _ = writeln!(out, "      running: {}", printable(command));
+    }
+    let _ = writeln!(out, "      answer: {0} once | {0} always | {0} deny", q.id);
+    out
+}
+
+/// What answering a question did.
+pub fn answered(q: &Question, answer: Answer) -> String {
+    let what = match answer {
+        Answer::Once => "may reach it for a minute",
+        Answer::Always => "may reach it from now on (added to its policy)",
+        Answer::Deny => "is refused it",
+    };
+    format!("{}: box {} {what}: {}\n", q.id, q.box_name, printable(&q.name))
 }
 
 /// Entries of `log`: one line each (a JSON object per line with `--json`).

@@ -1,0 +1,162 @@
+//! Ask mode, the gateway's half: a box in ask mode that wants a name its
+//! policy does not allow waits while the privileged side puts the question
+//! to the box's owner. Nothing is let through while it is open; no answer in
+//! [`ASK_TIMEOUT`] is a refusal. The same name asked for again while its
+//! question is open waits for the same answer.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use moat_core::egress::{Answer, ASK_TIMEOUT};
+use moat_core::policy::{HostName, DEFAULT_PORTS};
+use tokio::sync::{mpsc, watch};
+
+use crate::gateway::FromGateway;
+
+/// Most questions one box may have open at once.
+const MAX_OPEN_PER_BOX: usize = 16;
+/// How long "allow once" lets a name through.
+const ONCE_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Questions to the privileged side, and their answers, for every box.
+pub struct Asker {
+    out: mpsc::UnboundedSender<FromGateway>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    /// Open questions by number: whose, and where the answer goes.
+    by_id: HashMap<u64, (String, HostName, watch::Sender<Option<Answer>>)>,
+}
+
+impl Asker {
+    /// Questions go out on `out`.
+    pub fn new(out: mpsc::UnboundedSender<FromGateway>) -> Self {
+        Self { out, state: Mutex::new(State::default()) }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks whether box `box_id` may reach `name` (dialling `port`), and waits
+    /// for the answer.
+    pub async fn ask(&self, box_id: &str, name: &HostName, port: Option<u16>) -> Result<Answer, &'static str> {
+        let mut answer = {
+            let mut state = self.state();
+            let same = state.by_id.values().find(|(b, n, _)| b == box_id && n == name);
+            match same {
+                Some((_, _, tx)) => tx.subscribe(),
+                None => {
+                    if state.by_id.values().filter(|(b, _, _)| b == box_id).count() >= MAX_OPEN_PER_BOX {
+                        return Err("too many questions open for this box");
+                    }
+                    state.next += 1;
+                    let id = state.next;
+                    let (tx, rx) = watch::channel(None);
+                    state.by_id.insert(id, (box_id.to_string(), name.clone(), tx));
+                    let ask = FromGateway::Ask { box_id: box_id.to_string(), id, name: name.to_string(), port };
+                    if self.out.send(ask).is_err() {
+                        state.by_id.remove(&id);
+                        return Err("the owner cannot be asked");
+                    }
+                    rx
+                }
+            }
+        };
+        let waited = tokio::time::timeout(ASK_TIMEOUT, answer.wait_for(Option::is_some)).await;
+        match waited {
+            Ok(Ok(answer)) => Ok(answer.unwrap_or(Answer::Deny)),
+            Ok(Err(_)) => Err("the question was withdrawn"),
+            Err(_) => {
+                // Lapsed: whoever asks next asks anew.
+                self.state().by_id.retain(|_, (b, n, _)| !(b == box_id && n == name));
+                Err("the owner did not answer in time")
+            }
+        }
+    }
+
+    /// The owner's answer to question `id`.
+    pub fn answered(&self, id: u64, answer: Answer) {
+        if let Some((_, _, tx)) = self.state().by_id.remove(&id) {
+            tx.send_replace(Some(answer));
+        }
+    }
+
+    /// Withdraws box `box_id`'s questions (it was detached): they are refused.
+    pub fn withdraw(&self, box_id: &str) {
+        self.state().by_id.retain(|_, (b, _, _)| b != box_id);
+    }
+}
+
+/// Names a box's owner allowed once, each until a moment and on some ports.
+#[derive(Default)]
+pub struct Grants(Mutex<HashMap<HostName, (Instant, Vec<u16>)>>);
+
+impl Grants {
+    /// Lets `name` through for a while on the usual ports and `port`.
+    pub fn grant(&self, name: &HostName, port: Option<u16>) {
+        let mut ports = DEFAULT_PORTS.to_vec();
+        ports.extend(port.filter(|p| !ports.contains(p)));
+        let mut grants = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        grants.retain(|_, (until, _)| *until > now);
+        grants.insert(name.clone(), (now + ONCE_FOR, ports));
+    }
+
+    /// Whether `name` is let through now (on `port`, if given).
+    pub fn covers(&self, name: &HostName, port: Option<u16>) -> bool {
+        let grants = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        grants
+            .get(name)
+            .is_some_and(|(until, ports)| *until > Instant::now() && port.is_none_or(|p| ports.contains(&p)))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn one_question_per_name_and_its_answer_reaches_every_waiter() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let asker = Arc::new(Asker::new(tx));
+        let name = HostName::parse("pypi.org").unwrap();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let (asker, name) = (Arc::clone(&asker), name.clone());
+                tokio::spawn(async move { asker.ask("b1", &name, Some(443)).await })
+            })
+            .collect();
+        let Some(FromGateway::Ask { id, box_id, port, .. }) = rx.recv().await else { panic!("no question") };
+        assert_eq!((box_id.as_str(), port), ("b1", Some(443)));
+        tokio::task::yield_now().await;
+        assert!(rx.try_recv().is_err(), "the same name was asked twice");
+        asker.answered(id, Answer::Once);
+        for w in waiters {
+            assert_eq!(w.await.unwrap(), Ok(Answer::Once));
+        }
+        // Withdrawn questions are refusals.
+        let (asker2, name2) = (Arc::clone(&asker), name.clone());
+        let waiting = tokio::spawn(async move { asker2.ask("b1", &name2, None).await });
+        let _ = rx.recv().await;
+        asker.withdraw("b1");
+        assert!(waiting.await.unwrap().is_err());
+    }
+
+    #[test]
+    fn grants_cover_the_name_on_the_usual_ports_and_the_one_dialled() {
+        let grants = Grants::default();
+        let name = HostName::parse("a.example").unwrap();
+        assert!(!grants.covers(&name, None));
+        grants.grant(&name, Some(8443));
+        assert!(grants.covers(&name, None) && grants.covers(&name, Some(443)) && grants.covers(&name, Some(8443)));
+        assert!(!grants.covers(&name, Some(22)));
+        assert!(!grants.covers(&HostName::parse("b.example").unwrap(), None));
+    }
+}
