@@ -294,6 +294,12 @@ impl Policy {
         !self.denies_name(host) && self.allow.iter().any(|r| r.host.matches(host))
     }
 
+    /// Whether a deny rule refuses the name on some port, for every request
+    /// (such a name is never put to the owner in ask mode).
+    pub fn denies_connections_to(&self, host: &HostName) -> bool {
+        self.deny.iter().any(|r| r.host.matches(host) && !r.is_per_request())
+    }
+
     /// Whether a deny rule refuses the name outright (on every port, for
     /// every request).
     pub fn denies_name(&self, host: &HostName) -> bool {

@@ -1,7 +1,7 @@
 //! Ask mode, the gateway's half: a box in ask mode that wants a name its
 //! policy does not allow waits while the privileged side puts the question
 //! to the box's owner. Nothing is let through while it is open; no answer in
-//! [`ASK_TIMEOUT`] is a refusal. The same name asked for again while its
+//! [`ASK_TIMEOUT`] is a refusal. The same name dialled again while its
 //! question is open waits for the same answer.
 
 use std::collections::HashMap;
@@ -44,7 +44,7 @@ impl Asker {
 
     /// Asks whether box `box_id` may reach `name` (dialling `port`), and waits
     /// for the answer.
-    pub async fn ask(&self, box_id: &str, name: &HostName, port: Option<u16>) -> Result<Answer, &'static str> {
+    pub async fn ask(&self, box_id: &str, name: &HostName, port: u16) -> Result<Answer, &'static str> {
         let mut answer = {
             let mut state = self.state();
             let same = state.by_id.values().find(|(b, n, _)| b == box_id && n == name);
@@ -58,7 +58,8 @@ impl Asker {
                     let id = state.next;
                     let (tx, rx) = watch::channel(None);
                     state.by_id.insert(id, (box_id.to_string(), name.clone(), tx));
-                    let ask = FromGateway::Ask { box_id: box_id.to_string(), id, name: name.to_string(), port };
+                    let ask =
+                        FromGateway::Ask { box_id: box_id.to_string(), id, name: name.to_string(), port: Some(port) };
                     if self.out.send(ask).is_err() {
                         state.by_id.remove(&id);
                         return Err("the owner cannot be asked");
@@ -92,27 +93,46 @@ impl Asker {
     }
 }
 
-/// Names a box's owner allowed once, each until a moment and on some ports.
+/// What a box's owner said in the last minute: names allowed once (on the
+/// usual ports and the one dialled), and names refused (not asked again
+/// meanwhile, so a box cannot flood its owner with one name).
 #[derive(Default)]
-pub struct Grants(Mutex<HashMap<HostName, (Instant, Vec<u16>)>>);
+pub struct Recent(Mutex<HashMap<HostName, Said>>);
 
-impl Grants {
-    /// Lets `name` through for a while on the usual ports and `port`.
-    pub fn grant(&self, name: &HostName, port: Option<u16>) {
-        let mut ports = DEFAULT_PORTS.to_vec();
-        ports.extend(port.filter(|p| !ports.contains(p)));
-        let mut grants = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+/// Until when, and the ports allowed (`None`: refused).
+type Said = (Instant, Option<Vec<u16>>);
+
+impl Recent {
+    fn put(&self, name: &HostName, ports: Option<Vec<u16>>) {
+        let mut said = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        grants.retain(|_, (until, _)| *until > now);
-        grants.insert(name.clone(), (now + ONCE_FOR, ports));
+        said.retain(|_, (until, _)| *until > now);
+        said.insert(name.clone(), (now + ONCE_FOR, ports));
     }
 
-    /// Whether `name` is let through now (on `port`, if given).
-    pub fn covers(&self, name: &HostName, port: Option<u16>) -> bool {
-        let grants = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        grants
-            .get(name)
-            .is_some_and(|(until, ports)| *until > Instant::now() && port.is_none_or(|p| ports.contains(&p)))
+    /// Lets `name` through for a while on the usual ports and `port`.
+    pub fn allow(&self, name: &HostName, port: u16) {
+        let mut ports = DEFAULT_PORTS.to_vec();
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+        self.put(name, Some(ports));
+    }
+
+    /// Refuses `name` for a while without asking.
+    pub fn refuse(&self, name: &HostName) {
+        self.put(name, None);
+    }
+
+    /// What the owner said of `name` (on `port`, if given): `Some(true)`
+    /// allowed, `Some(false)` refused, `None` nothing (or not for that port).
+    pub fn said(&self, name: &HostName, port: Option<u16>) -> Option<bool> {
+        let said = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (_, ports) = said.get(name).filter(|(until, _)| *until > Instant::now())?;
+        match ports {
+            None => Some(false),
+            Some(ports) => port.is_none_or(|p| ports.contains(&p)).then_some(true),
+        }
     }
 }
 
@@ -130,7 +150,7 @@ mod tests {
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let (asker, name) = (Arc::clone(&asker), name.clone());
-                tokio::spawn(async move { asker.ask("b1", &name, Some(443)).await })
+                tokio::spawn(async move { asker.ask("b1", &name, 443).await })
             })
             .collect();
         let Some(FromGateway::Ask { id, box_id, port, .. }) = rx.recv().await else { panic!("no question") };
@@ -143,20 +163,23 @@ mod tests {
         }
         // Withdrawn questions are refusals.
         let (asker2, name2) = (Arc::clone(&asker), name.clone());
-        let waiting = tokio::spawn(async move { asker2.ask("b1", &name2, None).await });
+        let waiting = tokio::spawn(async move { asker2.ask("b1", &name2, 443).await });
         let _ = rx.recv().await;
         asker.withdraw("b1");
         assert!(waiting.await.unwrap().is_err());
     }
 
     #[test]
-    fn grants_cover_the_name_on_the_usual_ports_and_the_one_dialled() {
-        let grants = Grants::default();
-        let name = HostName::parse("a.example").unwrap();
-        assert!(!grants.covers(&name, None));
-        grants.grant(&name, Some(8443));
-        assert!(grants.covers(&name, None) && grants.covers(&name, Some(443)) && grants.covers(&name, Some(8443)));
-        assert!(!grants.covers(&name, Some(22)));
-        assert!(!grants.covers(&HostName::parse("b.example").unwrap(), None));
+    fn once_covers_the_name_on_the_usual_ports_and_the_one_dialled() {
+        let recent = Recent::default();
+        let (a, b) = (HostName::parse("a.example").unwrap(), HostName::parse("b.example").unwrap());
+        assert_eq!(recent.said(&a, None), None);
+        recent.allow(&a, 8443);
+        for port in [None, Some(443), Some(8443)] {
+            assert_eq!(recent.said(&a, port), Some(true), "{port:?}");
+        }
+        assert_eq!(recent.said(&a, Some(22)), None);
+        recent.refuse(&b);
+        assert_eq!(recent.said(&b, Some(443)), Some(false));
     }
 }

@@ -9,7 +9,7 @@ use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict};
 use moat_core::policy::{HostName, Policy};
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::ask::{Asker, Grants};
+use crate::ask::{Asker, Recent};
 use crate::fake::FakeAddrs;
 use crate::upstream::Upstream;
 
@@ -37,7 +37,7 @@ pub struct BoxNet {
     /// (`None`: the box has no CA, and such hosts are refused).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     asker: Arc<Asker>,
-    grants: Grants,
+    recent: Recent,
 }
 
 impl BoxNet {
@@ -61,7 +61,7 @@ impl BoxNet {
             upstream,
             tls,
             asker,
-            grants: Grants::default(),
+            recent: Recent::default(),
         })
     }
 
@@ -86,24 +86,35 @@ impl BoxNet {
         self.fakes.lock().unwrap_or_else(PoisonError::into_inner).name_for(addr).cloned()
     }
 
-    /// Whether `name` may be reached on `port` (any port: `None`) although
-    /// the policy alone would refuse it: the box is in ask mode and its owner
-    /// allows it (now, or once within the last minute). Waits for the answer.
-    /// Explicit deny rules are never put to the owner.
-    pub async fn asked(&self, policy: &Policy, name: &HostName, port: Option<u16>) -> Asked {
-        if self.grants.covers(name, port) {
-            return Asked::Allowed("allowed once by the owner");
+    /// Whether a name the policy does not allow may still be dialled, to be
+    /// put to the owner then: the box is in ask mode, no rule denies the name,
+    /// and the owner has not refused it in the last minute.
+    pub fn may_ask(&self, policy: &Policy, name: &HostName) -> bool {
+        policy.ask && !policy.denies_connections_to(name) && self.recent.said(name, None) != Some(false)
+    }
+
+    /// Whether `name` may be reached on `port` although the policy alone
+    /// would refuse it: the box is in ask mode and its owner allows it (now,
+    /// or once within the last minute). Waits for the answer.
+    pub async fn asked(&self, policy: &Policy, name: &HostName, port: u16) -> Asked {
+        match self.recent.said(name, Some(port)) {
+            Some(true) => return Asked::Allowed("allowed once by the owner"),
+            Some(false) => return Asked::Refused("the owner said no (a minute ago)"),
+            None => {}
         }
-        if !policy.ask || policy.denies_name(name) {
+        if !self.may_ask(policy, name) {
             return Asked::NotAsked;
         }
         match self.asker.ask(&self.id, name, port).await {
             Ok(Answer::Once) => {
-                self.grants.grant(name, port);
+                self.recent.allow(name, port);
                 Asked::Allowed("allowed once by the owner")
             }
             Ok(Answer::Always) => Asked::Allowed("allowed by the owner (added to the policy)"),
-            Ok(Answer::Deny) => Asked::Refused("the owner said no"),
+            Ok(Answer::Deny) => {
+                self.recent.refuse(name);
+                Asked::Refused("the owner said no")
+            }
             Err(why) => Asked::Refused(why),
         }
     }

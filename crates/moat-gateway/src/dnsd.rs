@@ -1,6 +1,9 @@
 //! The DNS server a box talks to: a name the policy allows gets its fake
-//! address; every other name gets NXDOMAIN at once. Nothing a box asks is
-//! ever sent upstream, so a query cannot carry data out.
+//! address; every other name gets NXDOMAIN at once, except in ask mode, where
+//! it gets a fake address too and the owner is asked when the box dials it
+//! (so the question can name the port, and a client waits on a connection
+//! longer than on a lookup). Nothing a box asks is ever sent upstream, so a
+//! query cannot carry data out.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +12,7 @@ use moat_core::egress::{LogKind, LogVerdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-use crate::boxnet::{entry, Asked, BoxNet};
+use crate::boxnet::{entry, BoxNet};
 use crate::dns::{self, Rcode};
 
 /// TTL of answers: fake addresses never change for a box.
@@ -17,9 +20,8 @@ const TTL: u32 = 300;
 /// A TCP DNS connection idle this long is closed.
 const TCP_IDLE: Duration = Duration::from_secs(10);
 
-/// Answers one message from the box (`None`: not worth an answer). A name
-/// put to the owner of a box in ask mode waits for the answer.
-pub async fn answer(net: &BoxNet, msg: &[u8]) -> Option<Vec<u8>> {
+/// Answers one message from the box (`None`: not worth an answer).
+pub fn answer(net: &BoxNet, msg: &[u8]) -> Option<Vec<u8>> {
     let query = match dns::parse_query(msg) {
         Ok(q) => q,
         Err(e) => {
@@ -33,53 +35,42 @@ pub async fn answer(net: &BoxNet, msg: &[u8]) -> Option<Vec<u8>> {
     let mut log = entry(LogKind::Dns, query.shown.clone(), 0, LogVerdict::Deny);
     log.method = Some(qtype);
     let policy = net.policy();
-    let name = match &query.name {
+    let reply = match &query.name {
         _ if query.qclass != dns::CLASS_IN => {
             log.reason = Some("not class IN".into());
-            net.log(log);
-            return Some(dns::answer(&query, Rcode::Refused, None, None, 0));
+            dns::answer(&query, Rcode::Refused, None, None, 0)
         }
         None => {
             log.reason = Some("not a host name".into());
-            net.log(log);
-            return Some(dns::answer(&query, Rcode::NxDomain, None, None, 0));
+            dns::answer(&query, Rcode::NxDomain, None, None, 0)
         }
-        Some(name) => name,
-    };
-    if !policy.allows_name(name) {
-        match net.asked(&policy, name, None).await {
-            Asked::Allowed(why) => log.rule = Some(why.into()),
-            Asked::Refused(why) => {
-                log.reason = Some(why.into());
-                net.log(log);
-                return Some(dns::answer(&query, Rcode::NxDomain, None, None, 0));
-            }
-            Asked::NotAsked => {
-                net.log(log);
-                return Some(dns::answer(&query, Rcode::NxDomain, None, None, 0));
-            }
+        Some(name) if !policy.allows_name(name) && !net.may_ask(&policy, name) => {
+            dns::answer(&query, Rcode::NxDomain, None, None, 0)
         }
-    }
-    let reply = match query.qtype {
-        dns::TYPE_A => match net.fake_addr(name) {
-            Some(addr) => {
+        Some(name) => match query.qtype {
+            dns::TYPE_A => match net.fake_addr(name) {
+                Some(addr) => {
+                    log.verdict = LogVerdict::Allow;
+                    log.reason = Some(addr.to_string());
+                    dns::answer(&query, Rcode::NoError, Some(addr), None, TTL)
+                }
+                None => {
+                    log.verdict = LogVerdict::Error;
+                    log.reason = Some("the box holds too many names".into());
+                    dns::answer(&query, Rcode::ServFail, None, None, 0)
+                }
+            },
+            // The name exists; it has no records of other types for the box
+            // (no IPv6 fake addresses yet).
+            _ => {
                 log.verdict = LogVerdict::Allow;
-                log.reason = Some(addr.to_string());
-                dns::answer(&query, Rcode::NoError, Some(addr), None, TTL)
-            }
-            None => {
-                log.verdict = LogVerdict::Error;
-                log.reason = Some("the box holds too many names".into());
-                dns::answer(&query, Rcode::ServFail, None, None, 0)
+                dns::answer(&query, Rcode::NoError, None, None, TTL)
             }
         },
-        // The name exists; it has no records of other types for the box
-        // (no IPv6 fake addresses yet).
-        _ => {
-            log.verdict = LogVerdict::Allow;
-            dns::answer(&query, Rcode::NoError, None, None, TTL)
-        }
     };
+    if log.verdict == LogVerdict::Allow && query.name.as_ref().is_some_and(|n| !policy.allows_name(n)) {
+        log.rule = Some("ask mode: the owner is asked when it is dialled".into());
+    }
     net.log(log);
     Some(reply)
 }
@@ -98,25 +89,17 @@ fn type_name(qtype: u16) -> String {
     }
 }
 
-/// Serves DNS over UDP on `socket` until the task is dropped. Each query is
-/// answered on a task of its own (one may wait for an owner's answer), as
-/// many at once as the box may have connections; past that, queries wait.
+/// Serves DNS over UDP on `socket` until the task is dropped.
 pub async fn serve_udp(net: Arc<BoxNet>, socket: UdpSocket) {
-    let socket = Arc::new(socket);
     let mut buf = vec![0u8; 4096];
     loop {
-        let Ok(permit) = Arc::clone(&net.connections).acquire_owned().await else { return };
         let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let (net, socket, msg) = (Arc::clone(&net), Arc::clone(&socket), buf[..n].to_vec());
-        tokio::spawn(async move {
-            if let Some(reply) = answer(&net, &msg).await {
-                let _ = socket.send_to(&reply, peer).await;
-            }
-            drop(permit);
-        });
+        if let Some(reply) = answer(&net, &buf[..n]) {
+            let _ = socket.send_to(&reply, peer).await;
+        }
     }
 }
 
@@ -147,7 +130,7 @@ async fn serve_stream(net: &BoxNet, mut stream: TcpStream) {
         if !matches!(tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut msg)).await, Ok(Ok(_))) {
             return;
         }
-        let Some(reply) = answer(net, &msg).await else { return };
+        let Some(reply) = answer(net, &msg) else { return };
         let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
         framed.extend_from_slice(&reply);
         if stream.write_all(&framed).await.is_err() {

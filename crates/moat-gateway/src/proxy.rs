@@ -97,7 +97,7 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
         log.rule = rule.as_ref().map(Rule::to_string);
         let asked = match rule {
             Some(_) => Asked::NotAsked,
-            None => net.asked(&policy, &name, Some(port)).await,
+            None => net.asked(&policy, &name, port).await,
         };
         match asked {
             Asked::NotAsked => {}

@@ -2,7 +2,7 @@
 //! nothing else; every attempt is in its log; the gateway is unprivileged
 //! and fails closed.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -255,6 +255,87 @@ pub fn https_looked_inside_only_where_rules_need_it(env: &Env) {
     }
     env.alice(None, &["rm", &name]).ok();
     env.alice(None, &["rm", &copy]).ok();
+}
+
+pub fn ask_mode_puts_names_to_the_owner(env: &Env) {
+    let name = unique("net");
+    env.new_box(&name, &["--ask"]);
+    assert!(env.alice(None, &["policy", &name]).ok().stdout.contains("ask mode"));
+    // The owner watches from a session of their own, answering on stdin.
+    let mut watch = env.daemon.ssh(&env.alice, None, &["ask"]);
+    watch.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut watch = watch.spawn().unwrap();
+    let mut answers = watch.stdin.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next_line = |want: &str| -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(want) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("ask printed no line with {want:?}"),
+            }
+        }
+    };
+    // The id is the word after "?".
+    let id_of = |line: &str| line.split_whitespace().skip_while(|w| *w != "?").nth(1).unwrap().to_string();
+    let dial = |host: &str| {
+        let quoted = format!("bash -c 'curl -sS -m 40 -o /dev/null -w %{{http_code}} http://{host}/asked'");
+        let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &[&quoted]);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        cmd.spawn().unwrap()
+    };
+    let finished = |child: std::process::Child| {
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+
+    // Allowed once, from the watching session's stdin; the box waited.
+    let box_side = dial("web.test");
+    let question = next_line(&format!("box {name} wants web.test:80"));
+    assert!(next_line("running:").contains("curl"), "what the box runs is shown");
+    writeln!(answers, "{} once", id_of(&question)).unwrap();
+    next_line("may reach it for a minute");
+    assert_eq!(finished(box_side), (Some(0), "200".into()));
+
+    // Refused, by a one-off answer; another account cannot answer it.
+    let box_side = dial("other.test");
+    let id = id_of(&next_line(&format!("box {name} wants other.test:80")));
+    let bob = run(&mut env.daemon.ssh(&env.bob, None, &["ask", &id, "once"]));
+    assert_eq!(bob.status, Some(1), "bob answered alice's question: {}", bob.stdout);
+    assert!(env.alice(None, &["ask", &id, "deny"]).ok().stdout.contains("is refused it"));
+    let (status, code) = finished(box_side);
+    assert!(status != Some(0) && code != "200", "{status:?} {code}");
+
+    // Allowed for good: the rule is in the policy, and no question follows.
+    let box_side = dial("third.test");
+    let _ = next_line(&format!("box {name} wants third.test:80"));
+    writeln!(answers, "always").unwrap();
+    next_line("from now on");
+    assert_eq!(finished(box_side), (Some(0), "200".into()));
+    assert!(env.alice(None, &["policy", &name]).ok().stdout.contains("allow third.test"));
+    let (status, out) = sh(env, &name, "curl -sS -m 10 http://third.test/again");
+    assert_eq!((status, out.as_str()), (Some(0), "GET /again host=third.test body=0\n"));
+
+    // Explicit deny rules are not asked about.
+    env.alice(None, &["policy", &name, "deny", "private.test"]).ok();
+    let (status, _) = sh(env, &name, "curl -sS -m 10 http://private.test/");
+    assert_eq!(status, Some(6), "a denied name does not even resolve");
+
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let log = log(env, &name);
+    for want in ["allowed once by the owner", "the owner said no", "allowed by the owner (added to the policy)"] {
+        assert!(log.contains(want), "log lacks {want:?}:\n{log}");
+    }
+    env.alice(None, &["rm", &name]).ok();
 }
 
 pub fn log_follow_streams(env: &Env) {

@@ -115,6 +115,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("egress_nothing_leaks_around_the_names", egress::nothing_leaks_around_the_names),
     ("egress_methods_and_presets", egress::methods_and_presets),
     ("egress_https_looked_inside_only_where_rules_need_it", egress::https_looked_inside_only_where_rules_need_it),
+    ("egress_ask_mode_puts_names_to_the_owner", egress::ask_mode_puts_names_to_the_owner),
     ("egress_log_follow_streams", egress::log_follow_streams),
     ("egress_gateway_is_unprivileged_and_fails_closed", egress::gateway_is_unprivileged_and_fails_closed),
 ];

@@ -15,6 +15,7 @@ pub const WEB: &str = "203.0.113.10";
 pub const NAMES: &[(&str, &str)] = &[
     ("web.test", WEB),
     ("other.test", WEB),
+    ("third.test", WEB),
     // Stand-ins for the real ones, so that the shipped presets are what is
     // tested (the gateway asks this test DNS server only).
     ("github.com", WEB),
