@@ -23,6 +23,10 @@ pub const FAKE_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(198, 18, 0, 0), 15);
 /// Never handed out for a name.
 pub const BOX_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 
+/// The netlink log group (NFLOG) a box's namespace copies the heads of the
+/// UDP and ICMP packets it drops to, for the gateway to log.
+pub const DROPPED_GROUP: u16 = 1;
+
 /// What an entry is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -33,6 +37,10 @@ pub enum LogKind {
     Tcp,
     /// An HTTP request on a connection.
     Http,
+    /// A UDP datagram (other than DNS): it goes nowhere.
+    Udp,
+    /// An ICMP message: it goes nowhere.
+    Icmp,
 }
 
 /// What became of it.

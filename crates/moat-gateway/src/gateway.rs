@@ -16,7 +16,7 @@ use crate::ask::Asker;
 use crate::boxnet::{BoxNet, LogSink};
 use crate::ca::{CaKey, LeafSigner};
 use crate::upstream::{Cidr, Upstream, UpstreamConfig};
-use crate::{dnsd, intercept, proxy};
+use crate::{dnsd, dropped, intercept, proxy};
 
 /// Largest message either side reads.
 pub const MAX_MESSAGE: usize = 1 << 20;
@@ -57,6 +57,9 @@ pub enum Role {
     DnsTcp,
     /// Every other TCP connection (a listening socket).
     Proxy,
+    /// Reports of the UDP and ICMP the box's namespace drops (a netlink log
+    /// socket bound to its group).
+    Dropped,
 }
 
 /// From the privileged side.
@@ -223,5 +226,6 @@ fn spawn_listener(net: &Arc<BoxNet>, role: Role, fd: OwnedFd) -> std::io::Result
         }
         Role::DnsTcp => tokio::spawn(dnsd::serve_tcp(net, tcp(fd)?)),
         Role::Proxy => tokio::spawn(proxy::serve(net, tcp(fd)?)),
+        Role::Dropped => tokio::spawn(dropped::serve(net, fd)),
     })
 }

@@ -12,6 +12,7 @@ pub mod boxnet;
 pub mod ca;
 pub mod dns;
 pub mod dnsd;
+pub mod dropped;
 pub mod fake;
 pub mod gateway;
 pub mod http;

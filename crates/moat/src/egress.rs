@@ -175,6 +175,11 @@ fn listeners_in(netns: &Path) -> Result<Vec<(Role, OwnedFd)>> {
                 Err(e) => return Err(anyhow::Error::from(e).context(format!("listen on {host} in the box"))),
             }
         }
+        // Without it, dropped UDP and ICMP are still dropped, just not logged.
+        match crate::nflog::dropped_packets() {
+            Ok(fd) => out.push((Role::Dropped, fd)),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "dropped UDP and ICMP will not be logged"),
+        }
         Ok(out)
     })
 }

@@ -7,6 +7,7 @@ mod doctor;
 mod egress;
 mod front_door;
 mod gateway;
+mod nflog;
 mod paths;
 mod privsep;
 mod procs;

@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use moat_core::egress::{BOX_SOURCE, DNS_PORT, PROXY_PORT};
+use moat_core::egress::{BOX_SOURCE, DNS_PORT, DROPPED_GROUP, PROXY_PORT};
 
 use crate::sys;
 
@@ -23,7 +23,11 @@ fn routes() -> String {
 /// DNS to anywhere goes to the gateway's DNS server; every other TCP
 /// connection off loopback goes to its proxy, which reads where it was
 /// headed from the connection's NAT record. Other UDP and ICMP leave `lo`
-/// for nowhere (no forwarding) and are lost.
+/// for nowhere (no forwarding) and are lost; their heads are copied to
+/// netlink log group [`DROPPED_GROUP`] first (at a bounded rate), for the
+/// gateway to log. (The filter chain runs after NAT: redirected DNS has a
+/// loopback destination by then, and the kernel's own ICMP errors go to the
+/// box's address.)
 fn rules() -> String {
     format!(
         "table inet moat {{
@@ -33,6 +37,12 @@ fn rules() -> String {
     ip daddr 127.0.0.0/8 return
     ip6 daddr ::1 return
     meta l4proto tcp redirect to :{PROXY_PORT}
+  }}
+  chain dropped {{
+    type filter hook output priority 0; policy accept;
+    ip daddr {{ 127.0.0.0/8, {BOX_SOURCE} }} return
+    ip6 daddr ::1 return
+    meta l4proto {{ udp, icmp, ipv6-icmp }} limit rate 50/second burst 100 packets log group {DROPPED_GROUP}
   }}
 }}
 "

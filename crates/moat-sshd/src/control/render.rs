@@ -197,6 +197,8 @@ pub fn log(entries: &[LogEntry], json: bool) -> String {
             LogKind::Dns => "dns ",
             LogKind::Tcp => "tcp ",
             LogKind::Http => "http",
+            LogKind::Udp => "udp ",
+            LogKind::Icmp => "icmp",
         };
         let _ = write!(out, "{} {verdict} {kind} {}", utc(e.at_ms), printable(&e.name));
         if e.port != 0 {

@@ -125,7 +125,9 @@ pub fn nothing_leaks_around_the_names(env: &Env) {
             sh(env, &name, &format!("curl -sS -m 5 -k https://{target}/; curl -sS -m 5 http://{target}/"));
         assert_ne!(status, Some(0), "raw address {target}: {out}");
     }
-    sh(env, &name, &format!("echo leak > /dev/udp/{}/9999; sleep 0.5", crate::testnet::WEB));
+    let ping = "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); \
+                s.sendto(bytes([8, 0, 0, 0, 0, 1, 0, 1]), ('203.0.113.10', 0))";
+    sh(env, &name, &format!("echo leak > /dev/udp/{}/9999; python3 -c \"{ping}\"; sleep 1.5", crate::testnet::WEB));
     assert!(env.net.udp_received().is_empty(), "UDP left the box");
     // Allowed names whose answers are private or loopback are not dialled.
     for host in ["private.test", "loop.test"] {
@@ -143,6 +145,8 @@ pub fn nothing_leaks_around_the_names(env: &Env) {
         "a raw address",
         "DENY  dns  ",
         "is not on the public internet",
+        "DENY  udp  203.0.113.10:9999",
+        "DENY  icmp 203.0.113.10 echo-request",
     ] {
         assert!(log.contains(want), "log lacks {want:?}:\n{log}");
     }
