@@ -14,8 +14,9 @@ pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 
 /// A host name in the one form the gateway compares: ASCII lower case, no
 /// trailing dot, 1-63 byte labels of `a-z`, `0-9`, `-` and `_`, at most 253
-/// bytes, and not an IP address. Internationalised names are written in their
-/// `xn--` form (that is what resolvers send on the wire).
+/// bytes, and not an IP address. Internationalised names are held in their
+/// `xn--` form (that is what resolvers send on the wire); a rule may be
+/// written either way ([`HostName::from_user`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct HostName(String);
@@ -66,6 +67,16 @@ impl HostName {
             return Err(PolicyError::Address(s.to_string()));
         }
         Ok(Self(lower))
+    }
+
+    /// Normalises a name a person wrote: as [`parse`](Self::parse), after
+    /// mapping an internationalised name to its `xn--` form (UTS #46).
+    pub fn from_user(s: &str) -> Result<Self, PolicyError> {
+        if s.is_ascii() {
+            return Self::parse(s);
+        }
+        let ascii = idna::domain_to_ascii_strict(s).map_err(|_| PolicyError::BadHost(s.to_string()))?;
+        Self::parse(&ascii)
     }
 
     /// The name as text.
@@ -154,8 +165,8 @@ impl Rule {
             None => (hostport, Some(DEFAULT_PORTS.to_vec())),
         };
         let host = match host.strip_prefix("*.") {
-            Some(suffix) => HostPattern::Below(HostName::parse(suffix)?),
-            None => HostPattern::Exact(HostName::parse(host)?),
+            Some(suffix) => HostPattern::Below(HostName::from_user(suffix)?),
+            None => HostPattern::Exact(HostName::from_user(host)?),
         };
         Ok(Self { host, ports, methods, path })
     }
@@ -434,6 +445,13 @@ mod tests {
         let long = format!("{}.com", ["a"; 125].join("."));
         assert!(long.len() <= 253 && HostName::parse(&long).is_ok());
         assert!(HostName::parse(&format!("aa.{long}")).is_err());
+        // A person may write a name in Unicode; it is held (and matched, and
+        // dialled) in the form the wire carries. The wire itself is ASCII only.
+        assert_eq!(HostName::from_user("Bücher.DE").unwrap().as_str(), "xn--bcher-kva.de");
+        assert_eq!(rule("*.bücher.de").to_string(), "*.xn--bcher-kva.de");
+        for bad in ["a\u{200b}b\u{0}.de", "ü..de", "\u{202e}evil.com/"] {
+            assert!(HostName::from_user(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
