@@ -14,6 +14,7 @@
 pub mod bpf;
 pub mod confine;
 pub mod diff;
+pub mod environment;
 pub mod identity;
 pub mod image;
 pub mod ns;
@@ -65,6 +66,9 @@ impl Backend for AnyBackend {
     }
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
         self.inner().dup(src, dst)
+    }
+    fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {
+        self.inner().set_environment(rec, vars)
     }
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
         self.inner().diff(a, b, out)

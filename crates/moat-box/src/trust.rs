@@ -19,7 +19,6 @@ pub const CA_FILE: &str = "etc/moat/ca.pem";
 const SYSTEM_BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
 /// Where `update-ca-certificates` finds local roots.
 const LOCAL_ROOTS: &str = "usr/local/share/ca-certificates";
-const ENVIRONMENT: &str = "etc/environment";
 /// The line before the CA in the system bundle (a duplicate's is replaced).
 const MARK: &str = "# moat box CA\n";
 /// Variables that name a whole bundle (they replace the tool's own roots).
@@ -53,9 +52,10 @@ pub fn install(root: &OwnedFd, ca_pem: &str) -> io::Result<()> {
         // An image without a bundle trusts only the box's CA.
         None => CA_FILE,
     };
-    let env = read_in_root(root, ENVIRONMENT, MAX_READ)?.map(|t| String::from_utf8_lossy(&t).into_owned());
-    let env = env.unwrap_or_default();
-    write_in_root(root, ENVIRONMENT, with_variables(&env, bundle).as_bytes(), 0o644)
+    let mut vars: Vec<(String, Option<String>)> =
+        BUNDLE_VARIABLES.iter().map(|v| (v.to_string(), Some(format!("/{bundle}")))).collect();
+    vars.push((EXTRA_VARIABLE.to_string(), Some(format!("/{CA_FILE}"))));
+    crate::environment::update(root, &vars)
 }
 
 /// `bundle` without the CA [`install`] added to it.
@@ -66,26 +66,12 @@ fn without_ca(bundle: &str) -> String {
     format!("{}{}", &bundle[..start], &bundle[end..])
 }
 
-/// `/etc/environment` with the CA variables (set to `/bundle`) in place of
-/// any line that set them before.
-fn with_variables(env: &str, bundle: &str) -> String {
-    let ours = |line: &str| {
-        let name = line.trim_start().trim_start_matches("export ").split('=').next().unwrap_or("").trim();
-        BUNDLE_VARIABLES.contains(&name) || name == EXTRA_VARIABLE
-    };
-    let mut out: String = env.lines().filter(|l| !ours(l)).map(|l| format!("{l}\n")).collect();
-    for name in BUNDLE_VARIABLES {
-        out.push_str(&format!("{name}=/{bundle}\n"));
-    }
-    out.push_str(&format!("{EXTRA_VARIABLE}=/{CA_FILE}\n"));
-    out
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
+    const ENVIRONMENT: &str = "etc/environment";
     const CA: &str = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
     const CA2: &str = "-----BEGIN CERTIFICATE-----\nBBBB\n-----END CERTIFICATE-----\n";
     const SYSTEM: &str = "-----BEGIN CERTIFICATE-----\nSYS\n-----END CERTIFICATE-----\n";

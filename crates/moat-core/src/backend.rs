@@ -117,6 +117,9 @@ pub trait Backend: Send + Sync + 'static {
     /// How to reach the box if it is running (judged from the host, as
     /// `is_running`): for a box booted before the daemon restarted.
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle>;
+    /// Sets (`Some`) or removes (`None`) variables in the box's
+    /// `/etc/environment`, which every session reads.
+    fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError>;
     /// Makes `dst`'s filesystem a copy of `src`'s as of this instant (a running
     /// `src` is frozen for that instant), with a fresh identity for `dst`.
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError>;

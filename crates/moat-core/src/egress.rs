@@ -86,6 +86,12 @@ pub struct LogEntry {
     /// Bytes from the host to the box.
     #[serde(default)]
     pub received: u64,
+    /// The secret written into this request, if one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// LLM tokens the host reported using for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 /// How long a box's connection or DNS query waits for its owner's answer in

@@ -14,6 +14,8 @@ pub mod limits;
 pub mod manager;
 pub mod policy;
 pub mod record;
+pub mod secret_store;
+pub mod secrets;
 pub mod store;
 
 pub use backend::{

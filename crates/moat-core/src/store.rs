@@ -93,6 +93,7 @@ impl Store {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(crate::ledger::SCHEMA)?;
         conn.execute_batch(crate::egress_log::SCHEMA)?;
+        conn.execute_batch(crate::secret_store::SCHEMA)?;
         add_missing_columns(&conn, "boxes", ADDED_COLUMNS)?;
         add_missing_columns(&conn, "usage_samples", crate::ledger::ADDED_COLUMNS)?;
         Ok(Self { conn: Mutex::new(conn), slots: 0..SLOTS_PER_BLOCK })
@@ -353,6 +354,8 @@ impl Store {
         let tx = conn.transaction()?;
         tx.execute("DELETE FROM boxes WHERE id = ?1", params![id.as_str()])?;
         tx.execute("DELETE FROM policies WHERE box_id = ?1", params![id.as_str()])?;
+        tx.execute("DELETE FROM secret_grants WHERE box_id = ?1", params![id.as_str()])?;
+        tx.execute("DELETE FROM secret_limits WHERE box_id = ?1", params![id.as_str()])?;
         tx.commit()?;
         Ok(())
     }

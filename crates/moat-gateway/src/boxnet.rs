@@ -7,10 +7,12 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use moat_core::clock::now_ms;
 use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict};
 use moat_core::policy::{HostName, Policy};
+use moat_core::secrets::BoxSecret;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::ask::{Asker, Recent};
 use crate::fake::FakeAddrs;
+use crate::inject::{Armed, Meters};
 use crate::upstream::Upstream;
 
 /// Most connections one box may have open through the gateway at once.
@@ -38,6 +40,7 @@ pub struct BoxNet {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     asker: Arc<Asker>,
     recent: Recent,
+    secrets: RwLock<Arc<Vec<Armed>>>,
 }
 
 impl BoxNet {
@@ -62,6 +65,7 @@ impl BoxNet {
             tls,
             asker,
             recent: Recent::default(),
+            secrets: RwLock::new(Arc::new(Vec::new())),
         })
     }
 
@@ -84,6 +88,34 @@ impl BoxNet {
     /// The name a fake address was given to.
     pub fn name_at(&self, addr: Ipv4Addr) -> Option<HostName> {
         self.fakes.lock().unwrap_or_else(PoisonError::into_inner).name_for(addr).cloned()
+    }
+
+    /// Replaces the box's secrets. A secret newly killed ends the
+    /// connections that used it.
+    pub fn set_secrets(&self, secrets: Vec<BoxSecret>, meters: &Meters) {
+        let armed: Vec<Armed> = secrets
+            .into_iter()
+            .map(|s| {
+                let meter = meters.of(s.id);
+                if s.killed {
+                    meter.kill();
+                }
+                Armed { secret: Arc::new(s), meter }
+            })
+            .collect();
+        *self.secrets.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(armed);
+    }
+
+    /// The box's secrets bound to `host`.
+    pub fn secrets_for(&self, host: &HostName) -> Vec<Armed> {
+        let all = Arc::clone(&self.secrets.read().unwrap_or_else(PoisonError::into_inner));
+        all.iter().filter(|a| a.secret.host == *host).cloned().collect()
+    }
+
+    /// Every value the box's secrets have (scrubbed from what it is sent).
+    pub fn secret_values(&self) -> Vec<String> {
+        let all = Arc::clone(&self.secrets.read().unwrap_or_else(PoisonError::into_inner));
+        all.iter().map(|a| a.secret.value.expose().to_string()).collect()
     }
 
     /// Whether a name the policy does not allow may still be dialled, to be
@@ -169,5 +201,7 @@ pub fn entry(kind: LogKind, name: impl Into<String>, port: u16, verdict: LogVerd
         reason: None,
         sent: 0,
         received: 0,
+        secret: None,
+        tokens: None,
     }
 }

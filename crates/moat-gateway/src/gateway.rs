@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::egress::{Answer, LogEntry};
 use moat_core::policy::Policy;
+use moat_core::secrets::BoxSecret;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -15,6 +16,7 @@ use tokio::task::JoinHandle;
 use crate::ask::Asker;
 use crate::boxnet::{BoxNet, LogSink};
 use crate::ca::{CaKey, LeafSigner};
+use crate::inject::Meters;
 use crate::upstream::{Cidr, Upstream, UpstreamConfig};
 use crate::{dnsd, dropped, intercept, proxy};
 
@@ -84,6 +86,13 @@ pub enum ToGateway {
         /// The policy.
         policy: Policy,
     },
+    /// A box's secrets (all it has now), opened.
+    Secrets {
+        /// The box.
+        box_id: String,
+        /// The secrets.
+        secrets: Vec<BoxSecret>,
+    },
     /// End a box's open connections (it was suspended).
     Cut {
         /// The box.
@@ -146,6 +155,7 @@ pub struct Gateway {
     upstream: Arc<Upstream>,
     log: LogSink,
     asker: Arc<Asker>,
+    meters: Meters,
 }
 
 impl Gateway {
@@ -157,6 +167,7 @@ impl Gateway {
             upstream: Arc::new(Upstream::new(upstream)),
             log,
             asker: Arc::new(Asker::new(questions)),
+            meters: Meters::default(),
         }
     }
 
@@ -194,6 +205,11 @@ impl Gateway {
             ToGateway::Policy { box_id, policy } => {
                 if let Some(b) = boxes.get(&box_id) {
                     b.net.set_policy(policy);
+                }
+            }
+            ToGateway::Secrets { box_id, secrets } => {
+                if let Some(b) = boxes.get(&box_id) {
+                    b.net.set_secrets(secrets, &self.meters);
                 }
             }
             ToGateway::Cut { box_id } => {

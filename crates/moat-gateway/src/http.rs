@@ -36,6 +36,8 @@ pub struct Request {
     pub upgrade: bool,
     /// Bytes of the head, blank line included.
     pub head_len: usize,
+    /// HTTP/1.0 (no chunked responses).
+    pub http10: bool,
 }
 
 /// What the start of a buffer holds.
@@ -76,7 +78,7 @@ pub fn read_head(buf: &[u8]) -> Head {
 }
 
 fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'static str> {
-    let (Some(method), Some(raw_target), Some(_)) = (req.method, req.path, req.version) else {
+    let (Some(method), Some(raw_target), Some(version)) = (req.method, req.path, req.version) else {
         return Err("malformed request");
     };
     if method == "CONNECT" {
@@ -128,7 +130,7 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     };
     let body = if chunked { Body::Chunked } else { Body::Length(length.unwrap_or(0)) };
     let target = normalise_target(target)?;
-    Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len })
+    Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len, http10: version == 0 })
 }
 
 fn split_host(value: &str) -> Result<(HostName, Option<u16>), &'static str> {

@@ -16,6 +16,7 @@ pub mod dropped;
 pub mod fake;
 pub mod gateway;
 pub mod http;
+pub mod inject;
 pub mod intercept;
 pub mod proxy;
 pub mod tls;

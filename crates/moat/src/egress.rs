@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use moat_core::egress::{DNS_PORT, PROXY_PORT};
 use moat_core::policy::Policy;
+use moat_core::secrets::BoxSecret;
 use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach};
 use moat_gateway::ca::CaKey;
 use moat_gateway::gateway::MAX_MESSAGE;
@@ -29,9 +30,18 @@ struct Attachment {
     policy: Policy,
     ca_key: Option<CaKey>,
     sockets: Vec<(Role, OwnedFd)>,
+    /// Its secrets, opened (only ever sent to the gateway).
+    secrets: Vec<BoxSecret>,
 }
 
 impl Attachment {
+    /// Everything the gateway needs to serve the box, in order.
+    fn messages(&self, id: &BoxId) -> Vec<Outgoing> {
+        let Some(attach) = self.message(id) else { return Vec::new() };
+        let secrets = ToGateway::Secrets { box_id: id.to_string(), secrets: self.secrets.clone() };
+        vec![attach, (secrets, Vec::new())]
+    }
+
     fn message(&self, id: &BoxId) -> Option<Outgoing> {
         let fds: std::io::Result<Vec<OwnedFd>> = self.sockets.iter().map(|(_, fd)| fd.try_clone()).collect();
         let fds = fds.inspect_err(|e| tracing::error!(box_id = %id, error = %e, "cannot pass a box's sockets")).ok()?;
@@ -86,9 +96,15 @@ impl moat_core::NetworkHooks for Egress {
                 .inspect_err(|e| tracing::error!(box_id = %rec.id, error = %e, "cannot read the box's CA key"))
                 .ok()
         });
-        let attachment = Attachment { pid: handle.pid, policy: policy.clone(), ca_key: ca_key.map(CaKey), sockets };
+        let attachment = Attachment {
+            pid: handle.pid,
+            policy: policy.clone(),
+            ca_key: ca_key.map(CaKey),
+            sockets,
+            secrets: Vec::new(),
+        };
         let mut state = self.state();
-        if let Some(msg) = attachment.message(&rec.id) {
+        for msg in attachment.messages(&rec.id) {
             Self::tell(&state, msg);
         }
         state.boxes.insert(rec.id.clone(), attachment);
@@ -110,6 +126,13 @@ impl moat_core::NetworkHooks for Egress {
             a.policy = policy.clone();
         }
         Self::tell(&state, (ToGateway::Policy { box_id: id.to_string(), policy: policy.clone() }, Vec::new()));
+    }
+
+    fn secrets_changed(&self, id: &BoxId, secrets: &[BoxSecret]) {
+        let mut state = self.state();
+        let Some(a) = state.boxes.get_mut(id) else { return };
+        a.secrets = secrets.to_vec();
+        Self::tell(&state, (ToGateway::Secrets { box_id: id.to_string(), secrets: secrets.to_vec() }, Vec::new()));
     }
 
     fn answered(&self, _id: &BoxId, question: u64, answer: moat_core::egress::Answer) {
@@ -251,7 +274,7 @@ async fn run_once(egress: &Egress, config: &GatewayConfig, news: &News) -> Resul
         // Under the lock: every box now, then every change after, in order.
         let mut state = egress.state();
         for (id, attachment) in &state.boxes {
-            if let Some(msg) = attachment.message(id) {
+            for msg in attachment.messages(id) {
                 let _ = tx.send(msg);
             }
         }

@@ -285,6 +285,16 @@ impl NsBackend {
 }
 
 impl Backend for NsBackend {
+    fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {
+        if vars.is_empty() {
+            return Ok(());
+        }
+        let root = self.pool.box_path(&rec.id);
+        let dir: std::os::fd::OwnedFd =
+            std::fs::File::open(&root).map_err(|e| BackendError::new("open the box's root", e))?.into();
+        crate::environment::update(&dir, vars).map_err(|e| BackendError::new("write the box's /etc/environment", e))
+    }
+
     fn has_image(&self, image: &Name) -> bool {
         self.pool.has_image(image)
     }

@@ -8,6 +8,7 @@
 mod ask;
 mod meter;
 mod network;
+mod secrets;
 mod session;
 
 use std::collections::HashMap;
@@ -80,6 +81,18 @@ pub enum ManagerError {
     /// A name built from another is too long to be a name.
     #[error("{0}: the name would be too long")]
     NameTooLong(String),
+    /// A secret, or a change to one, that is refused.
+    #[error(transparent)]
+    Secret(#[from] crate::secrets::SecretError),
+    /// No secret of the account's by this name.
+    #[error("no secret named {0}")]
+    NoSuchSecret(Name),
+    /// The account has a secret by this name already.
+    #[error("a secret named {0} exists already (secret rm it first)")]
+    SecretExists(Name),
+    /// The server was started without a key to seal secrets with.
+    #[error("this server keeps no secrets (it has no key to seal them with)")]
+    NoSecretKey,
     /// No open question of the account's has this number.
     #[error("no open question {0} (answered already, or lapsed)")]
     NoSuchQuestion(u64),
@@ -172,6 +185,7 @@ pub struct BoxManager {
     network: std::sync::OnceLock<Arc<dyn NetworkHooks>>,
     egress_follow: tokio::sync::broadcast::Sender<(BoxId, crate::egress::LogEntry)>,
     questions: ask::Questions,
+    sealer: std::sync::OnceLock<crate::secrets::Sealer>,
 }
 
 impl BoxManager {
@@ -188,6 +202,7 @@ impl BoxManager {
             network: std::sync::OnceLock::new(),
             egress_follow: tokio::sync::broadcast::channel(4096).0,
             questions: ask::Questions::default(),
+            sealer: std::sync::OnceLock::new(),
         })
     }
 
@@ -367,11 +382,20 @@ impl BoxManager {
         }
         let (src, _guard) = self.locked(account, &src.name).await?;
         let rec = self.db(|s| s.insert_dup(&src, dst, now()))?;
+        // The copy's secrets get placeholders of its own, written over the
+        // parent's before it boots.
+        let vars = match self.regrant_for_dup(&src.id, &rec.id) {
+            Ok(vars) => vars,
+            Err(e) => {
+                self.db(|s| s.delete(&rec.id))?;
+                return Err(e);
+            }
+        };
         let s = src.clone();
         let rec = self
             .finish_new(rec, move |b, d| {
                 b.dup(&s, d)?;
-                b.start(d).inspect_err(|_| {
+                b.set_environment(d, &vars).and_then(|()| b.start(d)).inspect_err(|_| {
                     let _ = b.destroy(d);
                 })
             })

@@ -24,6 +24,9 @@ pub trait NetworkHooks: Send + Sync {
     fn down(&self, id: &BoxId);
     /// The box's policy changed.
     fn policy_changed(&self, id: &BoxId, policy: &Policy);
+    /// The secrets granted to the box changed (or the box came up): these
+    /// are all it has now.
+    fn secrets_changed(&self, id: &BoxId, secrets: &[crate::secrets::BoxSecret]);
     /// The box's owner answered the gateway's question `question`.
     fn answered(&self, id: &BoxId, question: u64, answer: crate::egress::Answer);
 }
@@ -50,6 +53,7 @@ impl BoxManager {
             Ok(policy) => self.tell_network(|hooks| hooks.up(rec, handle, &policy)),
             Err(e) => tracing::error!(box_id = %rec.id, error = %e, "cannot read the box's policy; it reaches nothing"),
         }
+        self.tell_secrets(&rec.id);
     }
 
     pub(super) fn network_down(&self, id: &BoxId) {
@@ -93,6 +97,16 @@ impl BoxManager {
             tracing::error!(error = %e, "cannot store egress log entries");
         }
         self.bill_egress(&entries);
+        for (id, e) in &entries {
+            if let (Some(secret), crate::egress::LogVerdict::Allow) = (&e.secret, e.verdict) {
+                let used = crate::secrets::SecretUse {
+                    requests: 1,
+                    tokens: e.tokens.unwrap_or(0),
+                    bytes: e.sent + e.received,
+                };
+                self.record_secret_use(id, secret, used);
+            }
+        }
         for entry in entries {
             // No follower is fine.
             let _ = self.egress_follow.send(entry);

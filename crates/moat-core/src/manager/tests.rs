@@ -25,6 +25,8 @@ struct Mem {
     /// Operations that fail ("start", "dup", "rename:<name>", ...).
     fail: HashSet<String>,
     next_pid: u32,
+    /// Box id -> its /etc/environment.
+    env: HashMap<String, HashMap<String, String>>,
 }
 
 impl MemBackend {
@@ -45,6 +47,9 @@ impl MemBackend {
     }
     fn box_count(&self) -> usize {
         self.state.lock().unwrap().files.len()
+    }
+    fn env(&self, id: &BoxId) -> HashMap<String, String> {
+        self.state.lock().unwrap().env.get(id.as_str()).cloned().unwrap_or_default()
     }
     fn crash(&self, id: &BoxId) {
         self.state.lock().unwrap().running.remove(id.as_str());
@@ -93,6 +98,20 @@ impl Backend for MemBackend {
         let mut s = self.state.lock().unwrap();
         assert!(s.files.contains_key(src.id.as_str()), "dup of a box with no files");
         s.files.insert(dst.id.as_str().into(), dst.name.to_string());
+        let env = s.env.get(src.id.as_str()).cloned().unwrap_or_default();
+        s.env.insert(dst.id.as_str().into(), env);
+        Ok(())
+    }
+    fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {
+        self.check("set_environment")?;
+        let mut s = self.state.lock().unwrap();
+        let env = s.env.entry(rec.id.as_str().into()).or_default();
+        for (k, v) in vars {
+            match v {
+                Some(v) => env.insert(k.clone(), v.clone()),
+                None => env.remove(k),
+            };
+        }
         Ok(())
     }
     fn diff(&self, _: &BoxRecord, _: &BoxRecord, _: &mut ChangeSink<'_>) -> Result<(), BackendError> {
@@ -314,6 +333,13 @@ impl NetworkHooks for NetLog {
     fn policy_changed(&self, _: &BoxId, policy: &Policy) {
         self.push(format!("policy {}", policy.allow.len()));
     }
+    fn secrets_changed(&self, _: &BoxId, secrets: &[crate::secrets::BoxSecret]) {
+        let shown: Vec<String> = secrets
+            .iter()
+            .map(|s| format!("{}={}{}", s.name, s.value.expose(), if s.killed { " killed" } else { "" }))
+            .collect();
+        self.push(format!("secrets [{}]", shown.join(",")));
+    }
     fn answered(&self, _: &BoxId, question: u64, answer: crate::egress::Answer) {
         self.push(format!("answered {question} {answer:?}"));
     }
@@ -378,4 +404,64 @@ async fn questions_reach_their_owner_only_and_always_adds_a_rule_first() {
     // Answered once only; an unknown box's question is not put.
     assert!(f.manager.answer(&f.alice, q.id, Answer::Deny).await.is_err());
     assert!(!f.manager.ask(&BoxId::parse("0000000000000000").unwrap(), 1, "x.org".into(), None, Vec::new()));
+}
+
+#[tokio::test]
+async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() {
+    use crate::secrets::{Limit, LimitKind, Sealer, SecretSpec, SecretValue};
+    let f = fixture();
+    let net = Arc::new(NetLog::default());
+    f.manager.set_network_hooks(net.clone());
+    let spec = SecretSpec {
+        name: name("llm"),
+        host: crate::policy::HostName::parse("api.example").unwrap(),
+        header: "x-api-key".into(),
+        format: "{}".into(),
+        env: "LLM_KEY".into(),
+    };
+    let value = SecretValue::new("sk-REAL").unwrap();
+    assert!(matches!(f.manager.add_secret(&f.alice, spec.clone(), &value), Err(ManagerError::NoSecretKey)));
+    f.manager.set_sealer(Sealer::new(&[1; 32]).unwrap());
+    f.manager.add_secret(&f.alice, spec.clone(), &value).unwrap();
+    assert!(matches!(f.manager.add_secret(&f.alice, spec, &value), Err(ManagerError::SecretExists(_))));
+    let listed = format!("{:?}", f.manager.secrets(&f.alice).unwrap());
+    assert!(!listed.contains("sk-REAL"), "{listed}");
+    // Another account has no such secret.
+    let bob = AccountId("SHA256:bob".into());
+    assert!(f.manager.secrets(&bob).unwrap().is_empty());
+
+    let web = f.new_box("web").await.unwrap();
+    net.take();
+    f.manager.grant_secret(&f.alice, &name("llm"), &name("web")).await.unwrap();
+    let placeholder = f.backend.env(&web.id)["LLM_KEY"].clone();
+    assert!(placeholder.starts_with(crate::secrets::PLACEHOLDER_PREFIX));
+    assert_eq!(net.take(), ["policy 1", "secrets [llm=sk-REAL]"]);
+    assert_eq!(f.manager.policy(&f.alice, &name("web")).unwrap().allow[0].to_string(), "api.example:443");
+
+    // A duplicate has a placeholder of its own, and the secret too.
+    let copy = f.manager.dup(&f.alice, &name("web"), &name("copy")).await.unwrap();
+    let copied = f.backend.env(&copy.id)["LLM_KEY"].clone();
+    assert!(copied.starts_with(crate::secrets::PLACEHOLDER_PREFIX) && copied != placeholder);
+    assert!(net.take().contains(&"secrets [llm=sk-REAL]".to_string()));
+
+    f.manager
+        .limit_secret(&f.alice, &name("llm"), None, Limit::new(LimitKind::Requests, 5, Some(60)).unwrap())
+        .await
+        .unwrap();
+    f.manager.kill_secret(&f.alice, &name("llm")).await.unwrap();
+    assert_eq!(
+        net.take(),
+        [
+            "secrets [llm=sk-REAL]",
+            "secrets [llm=sk-REAL]",
+            "secrets [llm=sk-REAL killed]",
+            "secrets [llm=sk-REAL killed]"
+        ]
+    );
+    f.manager.revoke_secret(&f.alice, &name("llm"), &name("web")).await.unwrap();
+    assert!(!f.backend.env(&web.id).contains_key("LLM_KEY"));
+    assert_eq!(net.take(), ["secrets []"]);
+    f.manager.remove_secret(&f.alice, &name("llm")).await.unwrap();
+    assert!(!f.backend.env(&copy.id).contains_key("LLM_KEY"));
+    assert!(f.manager.secrets(&f.alice).unwrap().is_empty());
 }
