@@ -48,6 +48,9 @@ impl Backend for NoBoxes {
     fn dup(&self, _: &BoxRecord, _: &BoxRecord) -> Result<(), BackendError> {
         Err(BackendError::msg("no"))
     }
+    fn set_environment(&self, _: &BoxRecord, _: &[(String, Option<String>)]) -> Result<(), BackendError> {
+        Err(BackendError::msg("no"))
+    }
     fn diff(&self, _: &BoxRecord, _: &BoxRecord, _: &mut ChangeSink<'_>) -> Result<(), BackendError> {
         Ok(())
     }

@@ -360,7 +360,7 @@ async fn the_network_follows_the_lifecycle_and_dup_keeps_the_policy() {
     let net = Arc::new(NetLog::default());
     f.manager.set_network_hooks(net.clone());
     f.new_box("web").await.unwrap();
-    assert_eq!(net.take(), ["up web 0"]);
+    assert_eq!(net.take(), ["up web 0", "secrets []"]);
     let rule = crate::policy::Rule::parse(&["pypi.org"]).unwrap();
     let web = name("web");
     let changed = f.manager.change_policy(&f.alice, &web, |p| -> Result<(), ()> {
@@ -372,13 +372,13 @@ async fn the_network_follows_the_lifecycle_and_dup_keeps_the_policy() {
     assert!(f.manager.change_policy(&f.alice, &name("web"), |_| Err(())).await.unwrap().is_err());
     assert_eq!(net.take(), ["policy 1"]);
     f.manager.dup(&f.alice, &name("web"), &name("try")).await.unwrap();
-    assert_eq!(net.take(), ["up try 1"]);
+    assert_eq!(net.take(), ["up try 1", "secrets []"]);
     assert_eq!(f.manager.policy(&f.alice, &name("try")).unwrap().allow, [rule]);
     f.manager.suspend(&f.alice, &name("web")).await.unwrap();
     f.manager.stop(&f.alice, &name("web")).await.unwrap();
     f.manager.start(&f.alice, &name("web")).await.unwrap();
     f.manager.remove(&f.alice, &name("web")).await.unwrap();
-    assert_eq!(net.take(), ["suspended", "down", "up web 1", "down"]);
+    assert_eq!(net.take(), ["suspended", "down", "up web 1", "secrets []", "down"]);
 }
 
 #[tokio::test]
