@@ -164,6 +164,11 @@ impl BoxNet {
         }
     }
 
+    /// A logger for this box.
+    pub fn logger(&self) -> Logger {
+        Logger::new(self.id.clone(), self.log.clone())
+    }
+
     /// Records an entry.
     pub fn log(&self, entry: LogEntry) {
         if self.log.try_send((self.id.clone(), entry)).is_err() {
@@ -173,6 +178,27 @@ impl BoxNet {
                 tracing::warn!(box_id = %self.id, lost = lost + 1, "egress log backlog full; entries lost");
             }
         }
+    }
+}
+
+/// Records a box's log entries, from tasks that outlive a borrow of its
+/// [`BoxNet`].
+#[derive(Clone)]
+pub struct Logger {
+    /// The box's host-side id.
+    pub box_id: String,
+    sink: LogSink,
+}
+
+impl Logger {
+    /// Entries of box `box_id`, into `sink`.
+    pub fn new(box_id: String, sink: LogSink) -> Self {
+        Self { box_id, sink }
+    }
+
+    /// Records an entry; a full backlog loses it (see [`BoxNet::log`]).
+    pub fn log(&self, entry: LogEntry) {
+        let _ = self.sink.try_send((self.box_id.clone(), entry));
     }
 }
 

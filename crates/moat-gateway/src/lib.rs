@@ -19,6 +19,7 @@ pub mod http;
 pub mod inject;
 pub mod intercept;
 pub mod proxy;
+pub mod scrub;
 pub mod tls;
 pub mod upstream;
 

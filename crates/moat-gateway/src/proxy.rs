@@ -11,13 +11,16 @@ use std::time::Duration;
 
 use moat_core::egress::{LogEntry, LogKind, LogVerdict};
 use moat_core::policy::{HostName, Policy, Rule, Verdict, DEFAULT_PORTS};
+use moat_core::secrets::LimitKind;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::boxnet::{entry, Asked, BoxNet};
 use crate::fake::is_fake;
 use crate::http::{self, Body, ChunkedReader, Head};
+use crate::inject::{self, Armed, Refusal};
 use crate::intercept;
+use crate::scrub::{self, Expect};
 use crate::tls::{self, Hello};
 
 /// A connection requests are read from or forwarded to: plain TCP, or TLS
@@ -260,10 +263,55 @@ async fn http_connection(
     log: &mut LogEntry,
     tls: bool,
 ) -> Result<(), String> {
+    // A host one of the box's secrets is bound to (looked inside always):
+    // the secret goes into requests, every response is scrubbed, and killing
+    // the secret ends the connection.
+    let armed = if tls { net.secrets_for(name) } else { Vec::new() };
+    if armed.is_empty() {
+        return requests(net, stream, name, port, policy, verdict, log, tls, None).await;
+    }
+    let kills: Vec<_> = armed.iter().map(|a| a.meter.on_kill()).collect();
+    let killed = async move {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+        let _watchers: Vec<AbortOnDrop> = kills
+            .into_iter()
+            .map(|k| {
+                let tx = tx.clone();
+                AbortOnDrop(tokio::spawn(async move {
+                    k.await;
+                    let _ = tx.send(()).await;
+                }))
+            })
+            .collect();
+        rx.recv().await
+    };
+    tokio::select! {
+        r = requests(net, stream, name, port, policy, verdict, log, tls, Some(armed)) => r,
+        _ = killed => Err("the secret this connection used was killed".into()),
+    }
+}
+
+/// The request loop of [`http_connection`]; `bound`: the box's secrets for
+/// this host, if it has any.
+#[allow(clippy::too_many_arguments)]
+async fn requests(
+    net: &BoxNet,
+    stream: Stream,
+    name: &HostName,
+    port: u16,
+    policy: &Policy,
+    verdict: &Verdict,
+    log: &mut LogEntry,
+    tls: bool,
+    bound: Option<Vec<Armed>>,
+) -> Result<(), String> {
     let (mut from_box, to_box) = tokio::io::split(stream);
     let to_box = Arc::new(tokio::sync::Mutex::new(to_box));
     let received = Arc::new(AtomicU64::new(0));
-    let mut up: Option<(StreamWriter, tokio::task::JoinHandle<()>)> = None;
+    let mut up: Option<(StreamWriter, AbortOnDrop)> = None;
+    // Where a bound connection's relay learns what each response answers.
+    let (expect_tx, expect_rx) = tokio::sync::mpsc::unbounded_channel::<Expect>();
+    let mut expect_rx = Some(expect_rx);
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let result = loop {
         let request = match read_request(&mut from_box, &mut buf).await {
@@ -308,6 +356,36 @@ async fn http_connection(
         };
         req_log.rule = Some(rule.to_string());
         log.rule.get_or_insert_with(|| rule.to_string());
+        // The head as it goes out: with the box's secrets for this host
+        // written in (read again per request: a revoked or killed secret
+        // stops at the next one).
+        let mut head: Vec<u8> = buf.drain(..request.head_len).collect();
+        let mut injected = Vec::new();
+        if bound.is_some() {
+            let armed = net.secrets_for(name);
+            let rewritten = if request.upgrade {
+                Err(Refusal { status: 403, why: "no protocol switch to a host a secret is bound to".into() })
+            } else {
+                inject::rewrite(&head, &armed, &net.id)
+            };
+            match rewritten {
+                Ok(r) => {
+                    head = r.head;
+                    injected = r.injected.iter().filter_map(|&i| armed.get(i).cloned()).collect();
+                }
+                Err(refusal) => {
+                    req_log.reason = Some(refusal.why.clone());
+                    net.log(req_log);
+                    // In its turn, after the responses before it.
+                    if up.is_none() {
+                        refuse(&to_box, refusal.status, &refusal.why).await;
+                    } else {
+                        let _ = expect_tx.send(Expect::refused(refusal.status, refusal.why.clone()));
+                    }
+                    break Err(refusal.why);
+                }
+            }
+        }
         if up.is_none() {
             let dialled = if tls {
                 net.upstream.dial_tls(name, port).await.map(|s| Box::new(s) as Stream)
@@ -317,8 +395,14 @@ async fn http_connection(
             match dialled {
                 Ok(stream) => {
                     let (up_read, up_write) = tokio::io::split(stream);
-                    let copier = tokio::spawn(copy_responses(up_read, Arc::clone(&to_box), Arc::clone(&received)));
-                    up = Some((up_write, copier));
+                    let (to_box, received) = (Arc::clone(&to_box), Arc::clone(&received));
+                    let copier = match (&bound, expect_rx.take()) {
+                        (Some(_), Some(rx)) => {
+                            tokio::spawn(scrub::relay(up_read, to_box, rx, net.secret_values(), net.logger(), received))
+                        }
+                        _ => tokio::spawn(copy_responses(up_read, to_box, received)),
+                    };
+                    up = Some((up_write, AbortOnDrop(copier)));
                 }
                 Err(e) => {
                     req_log.verdict = LogVerdict::Error;
@@ -332,16 +416,38 @@ async fn http_connection(
         }
         req_log.verdict = LogVerdict::Allow;
         log.verdict = LogVerdict::Allow;
-        net.log(req_log);
         let Some((up_write, _)) = up.as_mut() else { break Err("no upstream".into()) };
-        let head: Vec<u8> = buf.drain(..request.head_len).collect();
         if let Err(e) = up_write.write_all(&head).await {
             break Err(e.to_string());
         }
         log.sent += head.len() as u64;
+        req_log.sent = head.len() as u64;
         match forward_body(&mut from_box, up_write, &mut buf, request.body).await {
-            Ok(n) => log.sent += n,
+            Ok(n) => {
+                log.sent += n;
+                req_log.sent += n;
+            }
             Err(why) => break Err(why),
+        }
+        if bound.is_some() {
+            // The entry of a request with a secret in it is finished (bytes,
+            // tokens) and logged by the relay, with its response.
+            let with_secret = if injected.is_empty() {
+                net.log(req_log);
+                None
+            } else {
+                for a in &injected {
+                    a.meter.count(&net.id, LimitKind::Requests, 1);
+                }
+                let names: Vec<&str> = injected.iter().map(|a| a.secret.name.as_str()).collect();
+                req_log.secret = Some(names.join(","));
+                Some((req_log, injected))
+            };
+            let expect =
+                Expect { head: request.method == "HEAD", http10: request.http10, injected: with_secret, refusal: None };
+            let _ = expect_tx.send(expect);
+        } else {
+            net.log(req_log);
         }
         if request.upgrade {
             // After a protocol switch the bytes are not HTTP: pass them on.
@@ -354,18 +460,26 @@ async fn http_connection(
             break Ok(());
         }
     };
+    drop(expect_tx);
     if let Some((mut up_write, mut copier)) = up {
         // No more requests: the host finishes the ones it has, its answers
         // reach the box, then both ends close.
         let _ = up_write.shutdown().await;
         let wait = if result.is_ok() { NEXT_REQUEST } else { REFUSED_DRAIN };
-        if tokio::time::timeout(wait, &mut copier).await.is_err() {
-            copier.abort();
-        }
+        let _ = tokio::time::timeout(wait, &mut copier.0).await;
         let _ = to_box.lock().await.shutdown().await;
     }
     log.received = received.load(Ordering::Relaxed);
     result
+}
+
+/// Ends a task when dropped (a connection cut mid-way leaves no copier behind).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Reads the next request head into `buf` (`None`: the box closed cleanly
@@ -462,18 +576,6 @@ async fn copy_responses(
 /// from upstream may be on its way: the two would interleave), and closes.
 async fn refuse(to_box: &tokio::sync::Mutex<StreamWriter>, code: u16, why: &str) {
     let mut w = to_box.lock().await;
-    {
-        let reason = match code {
-            400 => "Bad Request",
-            403 => "Forbidden",
-            _ => "Bad Gateway",
-        };
-        let body = format!("moat egress gateway: {why}\n");
-        let response = format!(
-            "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        let _ = w.write_all(response.as_bytes()).await;
-    }
+    scrub::refuse(&mut *w, code, why).await;
     let _ = w.shutdown().await;
 }

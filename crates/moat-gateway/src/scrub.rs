@@ -1,0 +1,644 @@
+//! Secrets at the gateway, the response side. On a connection to a host
+//! that one of the box's secrets is bound to, every response is read before
+//! the box sees it: the box's secret values are cut out of its headers and
+//! body (which is decoded first when the host compressed it anyway, though
+//! asked not to; an encoding the gateway cannot read is refused), and the
+//! LLM tokens it reports are counted. The body reaches the box re-framed
+//! (chunked, or until close for HTTP/1.0), never compressed.
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use moat_core::egress::LogEntry;
+use moat_core::secrets::LimitKind;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, Mutex};
+
+use crate::boxnet::Logger;
+use crate::inject::Armed;
+
+/// Largest response head read.
+const MAX_HEAD: usize = 64 << 10;
+const MAX_HEADERS: usize = 128;
+/// What a value is replaced with.
+const REMOVED: &[u8] = b"[secret removed by moat]";
+
+/// What the gateway knows of a request whose response comes next.
+pub struct Expect {
+    /// It was a HEAD request (its response has no body).
+    pub head: bool,
+    /// It was HTTP/1.0 (no chunked responses).
+    pub http10: bool,
+    /// For a request a secret was written into: its log entry (finished
+    /// when the response is: bytes, tokens) and the secrets, to meter.
+    pub injected: Option<(LogEntry, Vec<Armed>)>,
+    /// A request the gateway refused: this answer, in its turn, then the end.
+    pub refusal: Option<(u16, String)>,
+}
+
+impl Expect {
+    /// The gateway's own answer to a refused request.
+    pub fn refused(status: u16, why: String) -> Self {
+        Self { head: false, http10: false, injected: None, refusal: Some((status, why)) }
+    }
+}
+
+/// Cuts secret values out of a stream of bytes.
+pub struct Scrubber {
+    values: Vec<Vec<u8>>,
+    keep: usize,
+    pending: Vec<u8>,
+}
+
+impl Scrubber {
+    /// Cuts out each of `values`, and each as it is written inside a JSON string.
+    pub fn new(values: &[String]) -> Self {
+        let mut all: Vec<Vec<u8>> = Vec::new();
+        for v in values.iter().filter(|v| !v.is_empty()) {
+            let json = v.replace('\\', "\\\\").replace('"', "\\\"").replace('/', "\\/");
+            for form in [v.clone(), json] {
+                if !all.contains(&form.clone().into_bytes()) {
+                    all.push(form.into_bytes());
+                }
+            }
+        }
+        let keep = all.iter().map(Vec::len).max().unwrap_or(1).saturating_sub(1);
+        Self { values: all, keep, pending: Vec::new() }
+    }
+
+    /// What of `data` (and what came before) is safe to pass on now.
+    pub fn push(&mut self, data: &[u8]) -> Vec<u8> {
+        self.pending.extend_from_slice(data);
+        self.cut();
+        let ready = self.pending.len().saturating_sub(self.keep);
+        self.pending.drain(..ready).collect()
+    }
+
+    /// The rest, at the end of the stream.
+    pub fn finish(&mut self) -> Vec<u8> {
+        self.cut();
+        std::mem::take(&mut self.pending)
+    }
+
+    fn cut(&mut self) {
+        for value in &self.values {
+            let mut at = 0;
+            while let Some(i) = find(&self.pending[at..], value) {
+                let start = at + i;
+                self.pending.splice(start..start + value.len(), REMOVED.iter().copied());
+                at = start + REMOVED.len();
+            }
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Reads the token counts LLM APIs report in their responses (whole JSON
+/// bodies, and streamed events): `input_tokens`/`output_tokens`
+/// (Anthropic, OpenAI Responses), `prompt_tokens`/`completion_tokens`
+/// (OpenAI chat), `total_tokens`. Streams report running totals, so the
+/// largest of each is taken.
+#[derive(Default)]
+pub struct TokenCount {
+    tail: Vec<u8>,
+    max: [u64; 5],
+}
+
+const TOKEN_KEYS: [&[u8]; 5] =
+    [b"\"input_tokens\"", b"\"output_tokens\"", b"\"prompt_tokens\"", b"\"completion_tokens\"", b"\"total_tokens\""];
+
+impl TokenCount {
+    /// Reads more of the body.
+    pub fn feed(&mut self, data: &[u8]) {
+        let mut window = std::mem::take(&mut self.tail);
+        window.extend_from_slice(data);
+        for (k, key) in TOKEN_KEYS.iter().enumerate() {
+            let mut at = 0;
+            while let Some(i) = find(&window[at..], key) {
+                let mut j = at + i + key.len();
+                while window.get(j).is_some_and(|b| *b == b' ' || *b == b':') {
+                    j += 1;
+                }
+                let digits = window[j..].iter().take_while(|b| b.is_ascii_digit()).count();
+                // A number cut by the end of this read is read whole next time.
+                if digits > 0 && j + digits < window.len() {
+                    let text = std::str::from_utf8(&window[j..j + digits]).unwrap_or("0");
+                    self.max[k] = self.max[k].max(text.parse().unwrap_or(0));
+                }
+                at = j;
+            }
+        }
+        let keep = window.len().saturating_sub(48);
+        self.tail = window.split_off(keep);
+    }
+
+    /// The tokens reported.
+    pub fn total(&self) -> u64 {
+        let [input, output, prompt, completion, total] = self.max;
+        if total > 0 {
+            total
+        } else {
+            input.max(prompt) + output.max(completion)
+        }
+    }
+}
+
+/// Decodes a chunked body.
+#[derive(Default)]
+struct Dechunk {
+    state: Chunk,
+    line: Vec<u8>,
+}
+
+#[derive(Default, PartialEq)]
+enum Chunk {
+    #[default]
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailer,
+    Done,
+}
+
+impl Dechunk {
+    /// Feeds `input`; decoded bytes go to `out`. Returns bytes consumed
+    /// (less than all only once the body is done).
+    fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, &'static str> {
+        let mut i = 0;
+        while i < input.len() && self.state != Chunk::Done {
+            match self.state {
+                Chunk::Data(left) => {
+                    let n = (left.min((input.len() - i) as u64)) as usize;
+                    out.extend_from_slice(&input[i..i + n]);
+                    i += n;
+                    self.state = if left == n as u64 { Chunk::DataEnd } else { Chunk::Data(left - n as u64) };
+                }
+                _ => {
+                    let b = input[i];
+                    i += 1;
+                    if b != b'\n' {
+                        if self.line.len() > 4096 {
+                            return Err("a chunk line too long");
+                        }
+                        self.line.push(b);
+                        continue;
+                    }
+                    let line = std::mem::take(&mut self.line);
+                    let line = line.strip_suffix(b"\r").unwrap_or(&line);
+                    self.state = match self.state {
+                        Chunk::Size => {
+                            let hex = line.split(|c| *c == b';').next().unwrap_or_default();
+                            let hex = std::str::from_utf8(hex).map_err(|_| "a bad chunk size")?.trim();
+                            match u64::from_str_radix(hex, 16).map_err(|_| "a bad chunk size")? {
+                                0 => Chunk::Trailer,
+                                n => Chunk::Data(n),
+                            }
+                        }
+                        Chunk::DataEnd if line.is_empty() => Chunk::Size,
+                        Chunk::DataEnd => return Err("a chunk longer than its size"),
+                        _ if line.is_empty() => Chunk::Done,
+                        _ => Chunk::Trailer,
+                    };
+                }
+            }
+        }
+        Ok(i)
+    }
+}
+
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+enum Decoder {
+    Identity,
+    Gzip(Box<flate2::write::GzDecoder<Vec<u8>>>),
+    Zlib(Box<flate2::write::ZlibDecoder<Vec<u8>>>),
+}
+
+impl Decoder {
+    fn decode(&mut self, data: &[u8]) -> Result<Vec<u8>, &'static str> {
+        match self {
+            Self::Identity => Ok(data.to_vec()),
+            Self::Gzip(d) => {
+                d.write_all(data).map_err(|_| "a bad gzip body")?;
+                Ok(std::mem::take(d.get_mut()))
+            }
+            Self::Zlib(d) => {
+                d.write_all(data).map_err(|_| "a bad deflate body")?;
+                Ok(std::mem::take(d.get_mut()))
+            }
+        }
+    }
+
+    fn finish(self) -> Result<Vec<u8>, &'static str> {
+        match self {
+            Self::Identity => Ok(Vec::new()),
+            Self::Gzip(d) => d.finish().map_err(|_| "a cut gzip body"),
+            Self::Zlib(d) => d.finish().map_err(|_| "a cut deflate body"),
+        }
+    }
+}
+
+/// Relays responses from `up` to the box, one per [`Expect`], scrubbed of
+/// `values`, until either side ends.
+pub async fn relay<R, W>(
+    mut up: R,
+    to_box: Arc<Mutex<W>>,
+    mut expect: mpsc::UnboundedReceiver<Expect>,
+    values: Vec<String>,
+    logger: Logger,
+    received: Arc<AtomicU64>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
+    // One response per request, in order; when the requests end, so do we.
+    'responses: while let Some(req) = expect.recv().await {
+        if let Some((status, why)) = &req.refusal {
+            refuse(&mut *to_box.lock().await, *status, why).await;
+            break;
+        }
+        let mut scrub = Scrubber::new(&values);
+        let head = loop {
+            let head = match read_head(&mut up, &mut buf, &received).await {
+                Ok(Some(head)) => head,
+                Ok(None) => break 'responses,
+                Err(why) => {
+                    tracing::debug!(why, "response refused");
+                    break 'responses;
+                }
+            };
+            if !(100..200).contains(&head.status) || head.status == 101 {
+                break head;
+            }
+            let mut out = head.line.clone();
+            out.extend(scrub_headers(&head.headers, &mut scrub, &[]));
+            out.extend_from_slice(b"\r\n");
+            if to_box.lock().await.write_all(&out).await.is_err() {
+                break 'responses;
+            }
+        };
+        // A protocol switch (never asked for on such a connection) ends it.
+        if head.status == 101 {
+            break;
+        }
+        let framing = framing(&head, req.head);
+        let Some(decoder) = decoder(&head) else {
+            let why = "the host answered in an encoding the gateway cannot check for secrets";
+            refuse(&mut *to_box.lock().await, 502, why).await;
+            break;
+        };
+        let has_body = !matches!(framing, Framing::None);
+        let mut out = head.line.clone();
+        let dropped: &[&str] =
+            if has_body { &["content-length", "transfer-encoding", "content-encoding"] } else { &[] };
+        out.extend(scrub_headers(&head.headers, &mut scrub, dropped));
+        if has_body {
+            out.extend_from_slice(if req.http10 {
+                b"Connection: close\r\n"
+            } else {
+                b"Transfer-Encoding: chunked\r\n"
+            });
+        }
+        out.extend_from_slice(b"\r\n");
+        let start = received.load(Ordering::Relaxed);
+        let mut tokens = TokenCount::default();
+        let sent = {
+            let mut w = to_box.lock().await;
+            match w.write_all(&out).await {
+                Ok(()) => {
+                    body(&mut up, &mut *w, &mut buf, framing, decoder, &mut scrub, &mut tokens, req.http10, &received)
+                        .await
+                }
+                Err(_) => Err("the box went away"),
+            }
+        };
+        if let Some((mut entry, armed)) = req.injected {
+            let bytes = received.load(Ordering::Relaxed) - start;
+            entry.received = bytes;
+            let used = tokens.total();
+            entry.tokens = (used > 0).then_some(used);
+            for a in &armed {
+                a.meter.count(&logger.box_id, LimitKind::Tokens, used);
+                a.meter.count(&logger.box_id, LimitKind::Bytes, bytes + entry.sent);
+            }
+            logger.log(entry);
+        }
+        if sent.is_err() || req.http10 {
+            break;
+        }
+    }
+    let _ = to_box.lock().await.shutdown().await;
+}
+
+/// The gateway's own answer to a request it will not send (the connection
+/// ends after it).
+pub async fn refuse<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str) {
+    let reason = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        429 => "Too Many Requests",
+        _ => "Bad Gateway",
+    };
+    let body = format!("moat egress gateway: {why}\n");
+    let reply = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = w.write_all(reply.as_bytes()).await;
+}
+
+struct ResponseHead {
+    status: u16,
+    /// The status line, CRLF included, as the box gets it.
+    line: Vec<u8>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+async fn read_head<R: AsyncRead + Unpin>(
+    up: &mut R,
+    buf: &mut Vec<u8>,
+    received: &AtomicU64,
+) -> Result<Option<ResponseHead>, &'static str> {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        match resp.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => {
+                let status = resp.code.ok_or("no status")?;
+                let reason: String = resp.reason.unwrap_or("").chars().filter(|c| !c.is_control()).collect();
+                let line = format!("HTTP/1.1 {status} {reason}\r\n").into_bytes();
+                let headers = resp.headers.iter().map(|h| (h.name.to_string(), h.value.to_vec())).collect();
+                buf.drain(..n);
+                return Ok(Some(ResponseHead { status, line, headers }));
+            }
+            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
+            Ok(httparse::Status::Partial) => return Err("response head too large"),
+            Err(_) => return Err("malformed response"),
+        }
+        let mut chunk = [0u8; 16 << 10];
+        match up.read(&mut chunk).await {
+            Ok(0) if buf.is_empty() => return Ok(None),
+            Ok(0) | Err(_) => return Err("closed inside a response head"),
+            Ok(n) => {
+                received.fetch_add(n as u64, Ordering::Relaxed);
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+}
+
+fn header<'a>(head: &'a ResponseHead, name: &str) -> impl Iterator<Item = String> + 'a {
+    let name = name.to_string();
+    head.headers
+        .iter()
+        .filter(move |(n, _)| n.eq_ignore_ascii_case(&name))
+        .map(|(_, v)| String::from_utf8_lossy(v).trim().to_ascii_lowercase())
+}
+
+fn framing(head: &ResponseHead, to_head: bool) -> Framing {
+    if to_head || head.status == 204 || head.status == 304 {
+        return Framing::None;
+    }
+    if let Some(te) = header(head, "transfer-encoding").last() {
+        return if te.rsplit(',').next().is_some_and(|c| c.trim() == "chunked") {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        };
+    }
+    match header(head, "content-length").next().and_then(|v| v.parse().ok()) {
+        Some(n) => Framing::Length(n),
+        None => Framing::UntilClose,
+    }
+}
+
+fn decoder(head: &ResponseHead) -> Option<Decoder> {
+    let codings: Vec<String> = header(head, "content-encoding")
+        .flat_map(|v| v.split(',').map(|c| c.trim().to_string()).collect::<Vec<_>>())
+        .filter(|c| !c.is_empty() && c != "identity")
+        .collect();
+    match codings.as_slice() {
+        [] => Some(Decoder::Identity),
+        [c] if c == "gzip" || c == "x-gzip" => Some(Decoder::Gzip(Box::new(flate2::write::GzDecoder::new(Vec::new())))),
+        [c] if c == "deflate" => Some(Decoder::Zlib(Box::new(flate2::write::ZlibDecoder::new(Vec::new())))),
+        _ => None,
+    }
+}
+
+fn scrub_headers(headers: &[(String, Vec<u8>)], scrub: &mut Scrubber, dropped: &[&str]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        if dropped.iter().any(|d| name.eq_ignore_ascii_case(d)) {
+            continue;
+        }
+        let mut value = scrub.push(value);
+        value.extend(scrub.finish());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(&value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Passes one body on: raw bytes read per `framing`, decoded, scrubbed and
+/// counted, written chunked (or plain for HTTP/1.0).
+#[allow(clippy::too_many_arguments)]
+async fn body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    up: &mut R,
+    w: &mut W,
+    buf: &mut Vec<u8>,
+    framing: Framing,
+    mut decoder: Decoder,
+    scrub: &mut Scrubber,
+    tokens: &mut TokenCount,
+    http10: bool,
+    received: &AtomicU64,
+) -> Result<(), &'static str> {
+    if matches!(framing, Framing::None) {
+        return Ok(());
+    }
+    let mut left = match framing {
+        Framing::Length(n) => n,
+        _ => u64::MAX,
+    };
+    let mut dechunk = matches!(framing, Framing::Chunked).then(Dechunk::default);
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        if buf.is_empty() {
+            let done = match framing {
+                Framing::Length(_) => left == 0,
+                Framing::Chunked => dechunk.as_ref().is_some_and(|d| d.state == Chunk::Done),
+                _ => false,
+            };
+            if done {
+                break;
+            }
+            match up.read(&mut chunk).await {
+                Ok(0) if matches!(framing, Framing::UntilClose) => break,
+                Ok(0) | Err(_) => return Err("closed inside a response body"),
+                Ok(n) => {
+                    received.fetch_add(n as u64, Ordering::Relaxed);
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+            }
+        }
+        // What of `buf` belongs to this body; the rest is the next response.
+        let (raw, used) = match (&framing, dechunk.as_mut()) {
+            (Framing::Chunked, Some(d)) => {
+                let mut out = Vec::new();
+                let used = d.feed(buf, &mut out)?;
+                (out, used)
+            }
+            _ => {
+                let n = (buf.len() as u64).min(left) as usize;
+                left -= n as u64;
+                (buf[..n].to_vec(), n)
+            }
+        };
+        buf.drain(..used);
+        let decoded = decoder.decode(&raw)?;
+        send(w, scrub, tokens, &decoded, http10).await?;
+        let done = match framing {
+            Framing::Length(_) => left == 0,
+            Framing::Chunked => dechunk.as_ref().is_some_and(|d| d.state == Chunk::Done),
+            _ => false,
+        };
+        if done {
+            break;
+        }
+    }
+    let rest = decoder.finish()?;
+    send(w, scrub, tokens, &rest, http10).await?;
+    let tail = scrub.finish();
+    write_chunk(w, &tail, http10).await?;
+    if !http10 {
+        w.write_all(b"0\r\n\r\n").await.map_err(|_| "the box went away")?;
+    }
+    Ok(())
+}
+
+async fn send<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    scrub: &mut Scrubber,
+    tokens: &mut TokenCount,
+    data: &[u8],
+    http10: bool,
+) -> Result<(), &'static str> {
+    tokens.feed(data);
+    let clean = scrub.push(data);
+    write_chunk(w, &clean, http10).await
+}
+
+async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8], http10: bool) -> Result<(), &'static str> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let gone = |_| "the box went away";
+    if !http10 {
+        w.write_all(format!("{:x}\r\n", data.len()).as_bytes()).await.map_err(gone)?;
+    }
+    w.write_all(data).await.map_err(gone)?;
+    if !http10 {
+        w.write_all(b"\r\n").await.map_err(gone)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_cut_however_the_stream_is_split() {
+        let text = b"a sk-REAL/x b \"sk-REAL\\/x\" sk-REAL/";
+        for split in 0..text.len() {
+            let mut s = Scrubber::new(&["sk-REAL/x".into()]);
+            let mut out = s.push(&text[..split]);
+            out.extend(s.push(&text[split..]));
+            out.extend(s.finish());
+            let out = String::from_utf8(out).unwrap();
+            assert!(!out.contains("sk-REAL/x") && !out.contains("sk-REAL\\/x"), "{split}: {out}");
+            assert!(out.ends_with("sk-REAL/"), "{out}");
+        }
+    }
+
+    #[test]
+    fn tokens_from_whole_and_streamed_bodies() {
+        let mut t = TokenCount::default();
+        let body = br#"{"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
+        for piece in body.chunks(5) {
+            t.feed(piece);
+        }
+        assert_eq!(t.total(), 42);
+        let mut t = TokenCount::default();
+        t.feed(b"event: message_start\ndata: {\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}\n\n");
+        t.feed(b"event: message_delta\ndata: {\"usage\":{\"output_tokens\": 15}}\n\n");
+        assert_eq!(t.total(), 40);
+        let mut t = TokenCount::default();
+        t.feed(b"{\"cache_read_input_tokens\":999,\"input_tokens\":3,\"output_tokens\":4}");
+        assert_eq!(t.total(), 7);
+    }
+
+    #[test]
+    fn chunked_bodies_decode_and_stop_at_their_end() {
+        let raw = b"4\r\nWiki\r\n5;ext=1\r\npedia\r\n0\r\nX-Trailer: y\r\n\r\nHTTP/1.1 200";
+        for split in 1..raw.len() {
+            let mut d = Dechunk::default();
+            let mut out = Vec::new();
+            let used = d.feed(&raw[..split], &mut out).unwrap();
+            let used2 = d.feed(&raw[used..], &mut out).unwrap();
+            assert_eq!(out, b"Wikipedia", "{split}");
+            assert_eq!(&raw[used + used2..], b"HTTP/1.1 200", "{split}");
+        }
+        let mut d = Dechunk::default();
+        assert!(d.feed(b"zz\r\n", &mut Vec::new()).is_err());
+        assert!(d.feed(b"2\r\nabc\r\n", &mut Vec::new()).is_err());
+    }
+
+    #[tokio::test]
+    async fn responses_are_scrubbed_decoded_and_reframed() {
+        use flate2::write::GzEncoder;
+        let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"your key is sk-REAL, {\"input_tokens\":2,\"output_tokens\":3}").unwrap();
+        let gz = gz.finish().unwrap();
+        let mut upstream = format!(
+            "HTTP/1.1 200 OK\r\nX-Echo: sk-REAL\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n",
+            gz.len()
+        )
+        .into_bytes();
+        upstream.extend(gz);
+        upstream.extend(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nsk-\r\n4\r\nREAL\r\n0\r\n\r\n");
+        upstream.extend(b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx");
+        let (to_box, mut from_gateway) = tokio::io::duplex(1 << 20);
+        let (tx, rx) = mpsc::unbounded_channel();
+        for _ in 0..3 {
+            tx.send(Expect { head: false, http10: false, injected: None, refusal: None }).unwrap();
+        }
+        let (log_tx, _log_rx) = mpsc::channel(8);
+        let logger = Logger::new("b1".into(), log_tx);
+        relay(&upstream[..], Arc::new(Mutex::new(to_box)), rx, vec!["sk-REAL".into()], logger, Arc::default()).await;
+        let mut got = Vec::new();
+        from_gateway.read_to_end(&mut got).await.unwrap();
+        let got = String::from_utf8(got).unwrap();
+        assert!(!got.contains("sk-REAL"), "{got}");
+        assert!(got.contains("X-Echo: [secret removed by moat]"), "{got}");
+        assert!(got.contains("your key is [secret removed by moat]"), "{got}");
+        assert!(!got.to_ascii_lowercase().contains("content-encoding: gzip"), "{got}");
+        assert!(got.contains("cannot check for secrets"), "{got}");
+    }
+}
