@@ -8,6 +8,7 @@
 
 use moat_core::egress::{Answer, LogEntry, Question};
 use moat_core::policy::Policy;
+use moat_core::secrets::{Limit, SecretInfo, SecretSpec, SecretValue};
 use moat_core::{AccountId, BoxRecord, Change, Limits, Name, UsageReport};
 use serde::{Deserialize, Serialize};
 
@@ -186,6 +187,63 @@ pub enum Request {
         #[serde(default)]
         ask: bool,
     },
+    /// Adds a secret (its value travels only in this request).
+    SecretAdd {
+        /// The account.
+        account: AccountId,
+        /// What it is.
+        spec: SecretSpec,
+        /// Its value.
+        value: SecretValue,
+    },
+    /// The account's secrets (never their values).
+    SecretList {
+        /// The account.
+        account: AccountId,
+    },
+    /// Removes a secret (revoked from every box first).
+    SecretRemove {
+        /// The account.
+        account: AccountId,
+        /// The secret.
+        name: Name,
+    },
+    /// Grants a secret to a box.
+    SecretGrant {
+        /// The account.
+        account: AccountId,
+        /// The secret.
+        name: Name,
+        /// The box.
+        box_name: Name,
+    },
+    /// Revokes a secret from a box.
+    SecretRevoke {
+        /// The account.
+        account: AccountId,
+        /// The secret.
+        name: Name,
+        /// The box.
+        box_name: Name,
+    },
+    /// Limits a secret's use, by one box or by all together.
+    SecretLimit {
+        /// The account.
+        account: AccountId,
+        /// The secret.
+        name: Name,
+        /// The box (`None`: all together).
+        box_name: Option<Name>,
+        /// The limits.
+        limits: Vec<Limit>,
+    },
+    /// Stops every use of a secret at once.
+    SecretKill {
+        /// The account.
+        account: AccountId,
+        /// The secret.
+        name: Name,
+    },
     /// The account's open questions (ask mode); with `follow`, then every
     /// new one until the connection closes.
     Questions {
@@ -309,6 +367,8 @@ pub enum Reply {
     Policy(Policy),
     /// To `Answer`: the question answered.
     Question(Question),
+    /// To `SecretList`.
+    Secrets(Vec<SecretInfo>),
     /// To `OpenSession`: the stream to the agent is attached.
     Session,
     /// Done, nothing to say.

@@ -314,7 +314,7 @@ async fn open_session(
 /// The exit status a failure reports: 2 for limits the user asked for, else 1.
 fn api_error(e: ManagerError) -> ApiError {
     let status = match e {
-        ManagerError::Limits(_) | ManagerError::Policy(_) => 2,
+        ManagerError::Limits(_) | ManagerError::Policy(_) | ManagerError::Secret(_) => 2,
         _ => 1,
     };
     ApiError { status, message: error_chain(&e) }
@@ -382,6 +382,22 @@ async fn run(
             Reply::Policy(m.change_policy(&account, &name, |p| ctx.apply(p, change)).await??)
         }
         Request::Answer { account, id, answer } => Reply::Question(m.answer(&account, id, answer).await?),
+        Request::SecretAdd { account, spec, value } => m.add_secret(&account, spec, &value).map(|()| Reply::Done)?,
+        Request::SecretList { account } => Reply::Secrets(m.secrets(&account)?),
+        Request::SecretRemove { account, name } => m.remove_secret(&account, &name).await.map(|()| Reply::Done)?,
+        Request::SecretGrant { account, name, box_name } => {
+            m.grant_secret(&account, &name, &box_name).await.map(|()| Reply::Done)?
+        }
+        Request::SecretRevoke { account, name, box_name } => {
+            m.revoke_secret(&account, &name, &box_name).await.map(|()| Reply::Done)?
+        }
+        Request::SecretLimit { account, name, box_name, limits } => {
+            for limit in limits {
+                m.limit_secret(&account, &name, box_name.as_ref(), limit).await?;
+            }
+            Reply::Done
+        }
+        Request::SecretKill { account, name } => m.kill_secret(&account, &name).await.map(|()| Reply::Done)?,
         // Answered by `answer`, which keeps their connections.
         Request::OpenSession { .. } | Request::Log { .. } | Request::Questions { .. } => Reply::Done,
     })

@@ -54,3 +54,30 @@ pub fn open_store(state_dir: &Path) -> Result<(Store, crate::uid_block::Claim)> 
     store.use_slot_block(claim.block)?;
     Ok((store, claim))
 }
+
+/// The key secrets are sealed with: read from `path`, or made there (32
+/// random bytes, mode 0600) the first time. Kept apart from the database, so
+/// that a copy of the database alone opens no secret.
+pub fn secrets_key(path: &Path) -> Result<[u8; 32]> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let key: [u8; 32] =
+                bytes.try_into().map_err(|_| anyhow::anyhow!("{}: not a 32-byte key", path.display()))?;
+            return Ok(key);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(anyhow::Error::from(e).context(format!("read {}", path.display()))),
+    }
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).map_err(|e| anyhow::anyhow!("random key: {e}"))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    file.write_all(&key).and_then(|()| file.sync_all()).with_context(|| format!("write {}", path.display()))?;
+    Ok(key)
+}

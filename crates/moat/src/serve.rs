@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// (repeatable; besides /etc/ssl/certs/ca-certificates.crt).
     #[arg(long)]
     upstream_ca: Vec<PathBuf>,
+    /// The key secrets are sealed with (made on first start)
+    /// [default: STATE_DIR/secrets.key].
+    #[arg(long)]
+    secrets_key: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -159,6 +163,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         None => anyhow::bail!("no nameserver in /etc/resolv.conf: give the gateway one with --upstream-dns"),
     };
     let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), config);
+    let key = paths::secrets_key(&args.secrets_key.unwrap_or_else(|| state_dir.join("secrets.key")))?;
+    manager.set_sealer(moat_core::secrets::Sealer::new(&key).map_err(anyhow::Error::msg)?);
     // Before any box is recovered or made, so that every box gets its gateway.
     let egress = Arc::new(crate::egress::Egress::default());
     manager.set_network_hooks(egress.clone());

@@ -23,6 +23,21 @@ pub struct UsageReport {
     /// removed boxes left shared with their copies (where the backend can tell).
     #[serde(default)]
     pub disk_bytes: Option<u64>,
+    /// What each secret was used for, per box (all time).
+    #[serde(default)]
+    pub secrets: Vec<SecretUsage>,
+}
+
+/// One box's use of one secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretUsage {
+    /// The secret.
+    pub secret: String,
+    /// The box.
+    pub box_name: String,
+    /// What for.
+    #[serde(flatten)]
+    pub used: crate::secrets::SecretUse,
 }
 
 /// One box's usage, with its current disk use.
@@ -158,6 +173,14 @@ impl BoxManager {
         }
         let owner = account.clone();
         let disk_bytes = self.blocking(move |b| b.account_disk_usage(&owner)).await?;
-        Ok(UsageReport { boxes, total, disk_bytes })
+        let mut secrets = Vec::new();
+        for secret in self.db(|s| s.secrets(account))? {
+            for (_, box_name, used) in self.db(|s| s.secret_uses(secret.id))? {
+                if name.is_none_or(|n| n.as_str() == box_name) {
+                    secrets.push(SecretUsage { secret: secret.spec.name.to_string(), box_name, used });
+                }
+            }
+        }
+        Ok(UsageReport { boxes, total, disk_bytes, secrets })
     }
 }

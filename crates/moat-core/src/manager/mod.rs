@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-pub use meter::UsageReport;
+pub use meter::{SecretUsage, UsageReport};
 pub use network::NetworkHooks;
 pub use session::SessionGuard;
 

@@ -7,7 +7,8 @@
 
 use moat_api::PolicyChange;
 use moat_core::limits::parse_size;
-use moat_core::policy::{Rule, PRESETS};
+use moat_core::policy::{HostName, Rule, PRESETS};
+use moat_core::secrets::{Limit, LimitKind, SecretSpec};
 use moat_core::{Limits, Name};
 
 /// What `help` prints.
@@ -49,6 +50,16 @@ commands:
                       a line on stdin: 'ID once', 'ID always' (added to the policy) or 'ID deny'
                       (or just the answer, for the newest); unanswered ones are denied in 60 s
   ask ID once|always|deny       answer one question
+  secret add NAME --host H --header X [--format 'Bearer {}'] [--env VAR]   (value on stdin)
+                      keep a secret outside every box: a box it is granted to holds a
+                      placeholder in $VAR (default: NAME in upper case), and the gateway writes
+                      the value into header X of that box's HTTPS requests to H, and nowhere else
+  secret ls [--json]  your secrets: hosts, headers, boxes, limits, use (never values)
+  secret grant|revoke NAME BOX  give or take BOX's use of NAME (grant also allows H:443)
+  secret limit NAME [--box B] [--requests N --per D] [--tokens N --per D] [--bytes N]
+                      at most N per period D (like 60s, 1h, 1d); by B, or by all boxes together
+  secret kill NAME    stop every use of NAME now, open connections included
+  secret rm NAME      revoke NAME everywhere and forget its value
   help                this text
 
 then: ssh NAME@HOST for a shell in box NAME, ssh NAME@HOST CMD to run CMD;
@@ -179,6 +190,44 @@ pub enum Command {
         /// JSON lines.
         json: bool,
     },
+    /// `secret add NAME --host H --header X [--format F] [--env VAR]`
+    SecretAdd {
+        /// What it is (the value comes on stdin).
+        spec: SecretSpec,
+    },
+    /// `secret ls [--json]`
+    SecretLs {
+        /// Machine-readable output.
+        json: bool,
+    },
+    /// `secret rm NAME`
+    SecretRm {
+        /// The secret.
+        name: Name,
+    },
+    /// `secret grant NAME BOX`, `secret revoke NAME BOX`
+    SecretGrant {
+        /// The secret.
+        name: Name,
+        /// The box.
+        box_name: Name,
+        /// Grant (or revoke).
+        grant: bool,
+    },
+    /// `secret limit NAME [--box B] LIMITS`
+    SecretLimit {
+        /// The secret.
+        name: Name,
+        /// One box's use, or all together.
+        box_name: Option<Name>,
+        /// The limits.
+        limits: Vec<Limit>,
+    },
+    /// `secret kill NAME`
+    SecretKill {
+        /// The secret.
+        name: Name,
+    },
     /// `ask ID once|always|deny`
     Answer {
         /// The question.
@@ -214,7 +263,7 @@ fn name_arg(what: &str, value: Option<&String>) -> Result<Name, UsageError> {
 /// Every verb `parse` knows.
 const VERBS: &[&str] = &[
     "help", "--help", "-h", "ls", "list", "info", "rm", "new", "dup", "diff", "stop", "start", "suspend", "set",
-    "usage", "promote", "policy", "log", "ask",
+    "usage", "promote", "policy", "log", "ask", "secret",
 ];
 
 /// Whether `line` is meant for the control plane (its first word is a verb;
@@ -286,6 +335,7 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
         "policy" => parse_policy(args),
         "log" => parse_log(args),
         "ask" => parse_ask(args),
+        "secret" => parse_secret(args),
         "promote" => {
             let child = name_arg("promote", args.first())?;
             no_more("promote", args.get(1..).unwrap_or_default())?;
@@ -420,6 +470,87 @@ fn parse_ask(args: &[String]) -> Result<Command, UsageError> {
     }
 }
 
+fn parse_secret(args: &[String]) -> Result<Command, UsageError> {
+    let name = |what: &str, v: Option<&String>| name_arg(&format!("secret {what}"), v);
+    let (Some(verb), rest) = (args.first(), args.get(1..).unwrap_or_default()) else {
+        return Err(usage("secret: add, ls, rm, grant, revoke, limit or kill (see 'help')"));
+    };
+    match (verb.as_str(), rest) {
+        ("ls", []) => Ok(Command::SecretLs { json: false }),
+        ("ls", [json]) if json == "--json" => Ok(Command::SecretLs { json: true }),
+        ("rm", [n]) => Ok(Command::SecretRm { name: name("rm", Some(n))? }),
+        ("kill", [n]) => Ok(Command::SecretKill { name: name("kill", Some(n))? }),
+        ("grant" | "revoke", [n, b]) => Ok(Command::SecretGrant {
+            name: name(verb, Some(n))?,
+            box_name: name(verb, Some(b))?,
+            grant: verb == "grant",
+        }),
+        ("add", [n, flags @ ..]) => parse_secret_add(name("add", Some(n))?, flags),
+        ("limit", [n, flags @ ..]) => parse_secret_limit(name("limit", Some(n))?, flags),
+        _ => Err(usage(format!("secret {verb}: bad arguments (see 'help')"))),
+    }
+}
+
+fn parse_secret_add(name: Name, flags: &[String]) -> Result<Command, UsageError> {
+    let (mut host, mut header, mut format, mut env) = (None, None, "{}".to_string(), None);
+    let mut rest = flags.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next().ok_or_else(|| usage(format!("secret add: {flag} needs a value")))?;
+        match flag.as_str() {
+            "--host" => host = Some(HostName::from_user(value).map_err(|e| usage(format!("secret add: --host: {e}")))?),
+            "--header" => header = Some(value.clone()),
+            "--format" => format = value.clone(),
+            "--env" => env = Some(value.clone()),
+            other => return Err(usage(format!("secret add: unknown flag {other:?}"))),
+        }
+    }
+    let (Some(host), Some(header)) = (host, header) else {
+        return Err(usage("secret add: --host and --header are required"));
+    };
+    let env = env.unwrap_or_else(|| SecretSpec::default_env(&name));
+    let spec = SecretSpec { name, host, header, format, env };
+    spec.validate().map_err(|e| usage(format!("secret add: {e}")))?;
+    Ok(Command::SecretAdd { spec })
+}
+
+fn parse_secret_limit(name: Name, flags: &[String]) -> Result<Command, UsageError> {
+    let mut box_name = None;
+    let mut limits: Vec<Limit> = Vec::new();
+    let mut rest = flags.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next().ok_or_else(|| usage(format!("secret limit: {flag} needs a value")))?;
+        let amount =
+            || value.parse::<u64>().map_err(|_| usage(format!("secret limit: {flag} {value:?}: not a number")));
+        let kind = match flag.as_str() {
+            "--box" => {
+                box_name = Some(name_arg("secret limit: --box", Some(value))?);
+                continue;
+            }
+            "--per" => {
+                let per = parse_duration(value)
+                    .ok_or_else(|| usage(format!("secret limit: --per {value:?}: a period like 60s, 1h, 1d")))?;
+                match limits.last_mut() {
+                    Some(l) if l.kind != LimitKind::Bytes && l.per_secs.is_none() => l.per_secs = Some(per),
+                    _ => return Err(usage("secret limit: --per follows --requests N or --tokens N")),
+                }
+                continue;
+            }
+            "--requests" => LimitKind::Requests,
+            "--tokens" => LimitKind::Tokens,
+            "--bytes" => LimitKind::Bytes,
+            other => return Err(usage(format!("secret limit: unknown flag {other:?}"))),
+        };
+        limits.push(Limit::new(kind, amount()?, None).map_err(|e| usage(format!("secret limit: {e}")))?);
+    }
+    if limits.is_empty() {
+        return Err(usage("secret limit: give --requests N --per D, --tokens N --per D or --bytes N"));
+    }
+    if let Some(l) = limits.iter().find(|l| l.kind != LimitKind::Bytes && l.per_secs.is_none()) {
+        return Err(usage(format!("secret limit: --{} needs --per D after it", l.kind.as_str())));
+    }
+    Ok(Command::SecretLimit { name, box_name, limits })
+}
+
 fn parse_set(args: &[String]) -> Result<Command, UsageError> {
     let name = name_arg("set", args.first())?;
     let (Some(key), Some(value), None) = (args.get(1), args.get(2), args.get(3)) else {
@@ -469,17 +600,26 @@ fn parse_since(value: &str, now: u64) -> Result<u64, UsageError> {
     if let Ok(epoch) = value.parse::<u64>() {
         return Ok(epoch);
     }
-    let split = value.len().checked_sub(1).ok_or_else(bad)?;
-    let (n, unit) = (value.get(..split).ok_or_else(bad)?, value.get(split..).ok_or_else(bad)?);
-    let n: u64 = n.parse().map_err(|_| bad())?;
+    let age = parse_duration(value).filter(|_| value.ends_with(|c: char| c.is_ascii_alphabetic())).ok_or_else(bad)?;
+    Ok(now.saturating_sub(age))
+}
+
+/// A period in seconds: `90s`, `30m`, `2h`, `7d`, or a bare number of seconds.
+fn parse_duration(value: &str) -> Option<u64> {
+    if let Ok(n) = value.parse::<u64>() {
+        return Some(n).filter(|n| *n > 0);
+    }
+    let split = value.len().checked_sub(1)?;
+    let (n, unit) = (value.get(..split)?, value.get(split..)?);
+    let n: u64 = n.parse().ok()?;
     let scale = match unit {
         "s" => 1,
         "m" => 60,
         "h" => 3600,
         "d" => 86_400,
-        _ => return Err(bad()),
+        _ => return None,
     };
-    Ok(now.saturating_sub(n.saturating_mul(scale)))
+    Some(n.saturating_mul(scale)).filter(|n| *n > 0)
 }
 
 fn number(flag: &str, value: &str) -> Result<u32, UsageError> {
@@ -569,6 +709,31 @@ mod tests {
         assert_eq!((policy.as_deref(), ask), (Some("github-read"), true));
         assert_eq!(p("ask").unwrap(), Command::Ask { json: false });
         assert_eq!(p("ask 12 always").unwrap(), Command::Answer { id: 12, answer: moat_core::egress::Answer::Always });
+        let Command::SecretAdd { spec } = p("secret add llm --host API.example --header x-api-key").unwrap() else {
+            panic!("not secret add")
+        };
+        assert_eq!((spec.host.as_str(), spec.env.as_str(), spec.format.as_str()), ("api.example", "LLM", "{}"));
+        let limit = p("secret limit llm --box web --requests 10 --per 1m --tokens 500 --per 1d --bytes 1000").unwrap();
+        let Command::SecretLimit { box_name, limits, .. } = limit else { panic!("not a limit") };
+        assert_eq!(box_name, Some(n("web")));
+        let shown: Vec<String> = limits.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10 requests per 60s", "500 tokens per 86400s", "1000 bytes"]);
+        for bad in [
+            "secret",
+            "secret add llm --host api.example",
+            "secret add llm --host api.example --header 'x y'",
+            "secret add llm --host api.example --header x --format nothing",
+            "secret add llm --host 10.0.0.1 --header x",
+            "secret add llm --host api.example --header x --env PATH",
+            "secret limit llm --requests 10",
+            "secret limit llm --bytes 10 --per 1h",
+            "secret limit llm --requests 0 --per 1h",
+            "secret limit llm",
+            "secret grant llm",
+            "secret ls --yaml",
+        ] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
         assert_eq!(
             p("set web ask on").unwrap(),
             Command::ChangePolicy { name: n("web"), change: PolicyChange::Ask(true) }

@@ -6,6 +6,7 @@ use moat_api::BoxInfo;
 use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict, Question};
 use moat_core::limits::{format_measured, format_size};
 use moat_core::policy::Policy;
+use moat_core::secrets::SecretInfo;
 use moat_core::{Change, ChangeKind, UsageReport};
 use serde::Serialize;
 
@@ -131,6 +132,20 @@ pub fn usage(report: &UsageReport, json: bool) -> String {
         line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), format_measured));
     }
     line(&mut out, &report.total, report.disk_bytes.map_or(String::new(), format_measured));
+    if !report.secrets.is_empty() {
+        let _ = writeln!(out, "\n{:<24} {:<24} {:>10} {:>10} {:>9}", "SECRET", "BOX", "REQUESTS", "TOKENS", "BYTES");
+        for s in &report.secrets {
+            let _ = writeln!(
+                out,
+                "{:<24} {:<24} {:>10} {:>10} {:>9}",
+                s.secret,
+                s.box_name,
+                s.used.requests,
+                s.used.tokens,
+                format_measured(s.used.bytes)
+            );
+        }
+    }
     out
 }
 
@@ -151,6 +166,39 @@ pub fn policy(policy: &Policy, json: bool) -> String {
     }
     if policy.ask {
         out.push_str("ask mode: names no rule allows or denies are put to you first (ssh HOST ask)\n");
+    }
+    out
+}
+
+/// `secret ls`: what each secret is for, where it is granted, its limits
+/// and use; never a value.
+pub fn secrets(secrets: &[SecretInfo], json: bool) -> String {
+    if json {
+        return to_json(&secrets);
+    }
+    if secrets.is_empty() {
+        return "no secrets (secret add NAME --host H --header X < value)\n".into();
+    }
+    let mut out = String::new();
+    for s in secrets {
+        let spec = &s.spec;
+        let state = if s.killed { "  KILLED" } else { "" };
+        let _ = writeln!(out, "{}: {} {}: {} in ${}{state}", spec.name, spec.host, spec.header, spec.format, spec.env);
+        let boxes: Vec<&str> = s.boxes.iter().map(|b| b.as_str()).collect();
+        let _ = writeln!(out, "  granted to: {}", if boxes.is_empty() { "-".into() } else { boxes.join(", ") });
+        for l in &s.limits {
+            let whose = l.box_name.as_ref().map_or("all boxes".to_string(), |b| format!("box {b}"));
+            let _ = writeln!(out, "  limit: {} ({whose})", l.limit);
+        }
+        for (name, used) in &s.used {
+            let _ = writeln!(
+                out,
+                "  used by {name}: {} requests, {} tokens, {}",
+                used.requests,
+                used.tokens,
+                format_measured(used.bytes)
+            );
+        }
     }
     out
 }

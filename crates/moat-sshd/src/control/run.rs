@@ -2,6 +2,7 @@
 
 use moat_api::{ApiClient, ApiError, Event, Reply, Request};
 use moat_core::egress::Answer;
+use moat_core::secrets::{SecretValue, MAX_VALUE};
 use moat_core::AccountId;
 use tokio::sync::mpsc;
 
@@ -25,7 +26,7 @@ pub async fn run(
     account: &AccountId,
     api: &ApiClient,
     out: &mpsc::Sender<Output>,
-    input: mpsc::Receiver<Vec<u8>>,
+    mut input: mpsc::Receiver<Vec<u8>>,
 ) -> Result<(), ApiError> {
     let owner = account;
     let account = account.clone();
@@ -40,6 +41,22 @@ pub async fn run(
             answers = true;
             (Request::Questions { account, follow: true }, json)
         }
+        Command::SecretAdd { spec } => {
+            let value = read_value(&mut input).await?;
+            (Request::SecretAdd { account, spec, value }, false)
+        }
+        Command::SecretLs { json } => (Request::SecretList { account }, json),
+        Command::SecretRm { name } => (Request::SecretRemove { account, name }, false),
+        Command::SecretGrant { name, box_name, grant: true } => {
+            (Request::SecretGrant { account, name, box_name }, false)
+        }
+        Command::SecretGrant { name, box_name, grant: false } => {
+            (Request::SecretRevoke { account, name, box_name }, false)
+        }
+        Command::SecretLimit { name, box_name, limits } => {
+            (Request::SecretLimit { account, name, box_name, limits }, false)
+        }
+        Command::SecretKill { name } => (Request::SecretKill { account, name }, false),
         Command::Answer { id, answer } => {
             answered = Some(answer);
             (Request::Answer { account, id, answer }, false)
@@ -126,6 +143,7 @@ pub async fn run(
         Reply::Name(name) => format!("{name}\n"),
         Reply::Usage(report) => render::usage(&report, json),
         Reply::Policy(policy) => render::policy(&policy, json),
+        Reply::Secrets(secrets) => render::secrets(&secrets, json),
         Reply::Question(q) => render::answered(&q, answered.unwrap_or(moat_core::egress::Answer::Deny)),
         Reply::Done if diff => changes.end(),
         Reply::Done => String::new(),
@@ -140,6 +158,20 @@ async fn print(out: &mpsc::Sender<Output>, text: String) -> Result<(), ApiError>
         let _ = out.send(Output::Stdout(text)).await;
     }
     Ok(())
+}
+
+/// A secret's value, from stdin to its end: never echoed or logged.
+async fn read_value(input: &mut mpsc::Receiver<Vec<u8>>) -> Result<SecretValue, ApiError> {
+    let mut value = Vec::new();
+    while let Some(data) = input.recv().await {
+        value.extend_from_slice(&data);
+        if value.len() > MAX_VALUE + 2 {
+            break;
+        }
+    }
+    let bad = |e: moat_core::secrets::SecretError| ApiError { status: 2, message: format!("secret add: {e}") };
+    let text = std::str::from_utf8(&value).map_err(|_| bad(moat_core::secrets::SecretError::BadValue))?;
+    SecretValue::new(text).map_err(bad)
 }
 
 /// Longest answer line read; longer ones are skipped.
