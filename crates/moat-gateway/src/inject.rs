@@ -54,6 +54,11 @@ impl Meter {
         self.killed.send_replace(true);
     }
 
+    /// Whether the secret was killed.
+    pub fn is_killed(&self) -> bool {
+        *self.killed.borrow()
+    }
+
     /// Resolves when the secret is killed.
     pub fn on_kill(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.killed.subscribe();

@@ -197,15 +197,21 @@ async fn tls_connection(
     if sni != *name {
         return Err(format!("SNI {sni} differs from the dialled name"));
     }
+    // Looked inside where rules name methods or paths, or where a secret
+    // of the box's is bound to the host; passed through untouched elsewhere.
     match verdict {
-        Verdict::Allow(rule) => {
+        Verdict::Allow(rule) if net.secrets_for(name).is_empty() => {
             log.rule = Some(rule.to_string());
             splice(net, stream, buf, name, port, log).await
         }
         _ => {
+            if let Verdict::Allow(rule) = verdict {
+                log.rule = Some(rule.to_string());
+            }
             let Some(config) = net.tls.clone() else {
-                return Err("the rules for this host look inside HTTPS, and this box has no CA to do it with \
-                            (it was made before boxes had one: dup it)"
+                return Err("this host must be looked inside (its rules name methods or paths, or a secret \
+                            is bound to it), and this box has no CA to do it with (made before boxes had one: \
+                            dup it)"
                     .into());
             };
             let stream = match tokio::time::timeout(FIRST_BYTES, intercept::accept(config, stream, buf)).await {
@@ -270,7 +276,8 @@ async fn http_connection(
     if armed.is_empty() {
         return requests(net, stream, name, port, policy, verdict, log, tls, None).await;
     }
-    let kills: Vec<_> = armed.iter().map(|a| a.meter.on_kill()).collect();
+    // (A secret killed already is refused per request, with a reason.)
+    let kills: Vec<_> = armed.iter().filter(|a| !a.meter.is_killed()).map(|a| a.meter.on_kill()).collect();
     let killed = async move {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
         let _watchers: Vec<AbortOnDrop> = kills

@@ -10,7 +10,7 @@ use crate::fixture::{run, unique, Daemon};
 use crate::Env;
 
 /// Runs `script` with bash in box `name`; returns (exit status, stdout).
-fn sh(env: &Env, name: &str, script: &str) -> (Option<i32>, String) {
+pub fn sh(env: &Env, name: &str, script: &str) -> (Option<i32>, String) {
     // ssh joins its arguments into one command line: quote the script.
     let quoted = format!("bash -c '{}'", script.replace('\'', "'\\''"));
     let ran = env.alice(Some(name), &[&quoted]);

@@ -21,6 +21,7 @@ mod lifecycle;
 mod privsep;
 mod pty;
 mod restart;
+mod secrets;
 mod storage;
 mod testnet;
 
@@ -117,6 +118,8 @@ const TESTS: &[(&str, TestFn)] = &[
     ("egress_https_looked_inside_only_where_rules_need_it", egress::https_looked_inside_only_where_rules_need_it),
     ("egress_ask_mode_puts_names_to_the_owner", egress::ask_mode_puts_names_to_the_owner),
     ("egress_log_follow_streams", egress::log_follow_streams),
+    ("secrets_reach_only_their_host_and_header", secrets::reach_only_their_host_and_header),
+    ("secrets_limits_kill_and_usage", secrets::limits_kill_and_usage),
     ("egress_gateway_is_unprivileged_and_fails_closed", egress::gateway_is_unprivileged_and_fails_closed),
 ];
 

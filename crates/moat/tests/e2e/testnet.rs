@@ -16,6 +16,7 @@ pub const NAMES: &[(&str, &str)] = &[
     ("web.test", WEB),
     ("other.test", WEB),
     ("third.test", WEB),
+    ("llm.test", WEB),
     // Stand-ins for the real ones, so that the shipped presets are what is
     // tested (the gateway asks this test DNS server only).
     ("github.com", WEB),
@@ -110,8 +111,11 @@ impl TestNet {
             "-subj",
             "/CN=web.test",
         ]);
-        std::fs::write(d.join("ext"), "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org\n")
-            .expect("ext");
+        std::fs::write(
+            d.join("ext"),
+            "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org,DNS:llm.test\n",
+        )
+        .expect("ext");
         openssl(&[
             "x509",
             "-req",
@@ -210,6 +214,11 @@ impl TestNet {
     /// Names the test DNS server was asked for so far.
     pub fn dns_queries(&self) -> String {
         std::fs::read_to_string(self.dir.join("dns.log")).unwrap_or_default()
+    }
+
+    /// Every request the web servers got so far (heads and bodies).
+    pub fn received(&self) -> String {
+        std::fs::read_to_string(self.dir.join("data/received.log")).unwrap_or_default()
     }
 
     /// Datagrams the UDP sink got so far.

@@ -3,8 +3,11 @@
 argv[4]. By Host: github.com serves the bare repositories under argv[5]/git
 (git http-backend, pushes enabled, so that only the gateway can stop one);
 pypi.org is a package index (PEP 503) of the files in argv[5]/pypi; any
-other host answers with what it received (method, path, Host, body size)."""
-import http.server, os, socket, ssl, subprocess, sys, threading
+other host answers with what it received (method, path, Host, body size).
+llm.test stands in for an LLM API: /echo answers with the request's headers
+and a usage object, /gzip the same gzip-compressed whatever was asked, /stream
+as server-sent events. Every request is appended to argv[5]/received.log."""
+import gzip, http.server, json, os, socket, ssl, subprocess, sys, threading
 
 addr, cert, key, udp_log, data = sys.argv[1:6]
 
@@ -36,6 +39,10 @@ class Server(http.server.BaseHTTPRequestHandler):
     def answer(self):
         host = (self.headers.get("Host") or "").split(":")[0]
         body = self.body()
+        with open(os.path.join(data, "received.log"), "a") as log:
+            log.write(f"{self.command} {host} {self.path}\n{self.headers}{body.decode('latin-1')}\n----\n")
+        if host == "llm.test":
+            return self.llm(body)
         if host == "github.com":
             return self.git(body)
         if host == "pypi.org":
@@ -62,6 +69,29 @@ class Server(http.server.BaseHTTPRequestHandler):
             elif name:
                 headers.append((name, value))
         self.reply(status, content, headers)
+
+    def llm(self, body):
+        usage = {"input_tokens": 10, "output_tokens": 5}
+        echo = json.dumps({"headers": dict(self.headers), "path": self.path, "body": body.decode("latin-1"),
+                           "usage": usage}).encode()
+        if self.path.startswith("/gzip"):
+            return self.reply(200, gzip.compress(echo), [("Content-Encoding", "gzip")])
+        if self.path.startswith("/stream"):
+            events = [
+                {"type": "message_start", "message": {"usage": {"input_tokens": 10, "output_tokens": 1}}},
+                {"type": "content_block_delta", "delta": {"text": dict(self.headers).get("Authorization", "")}},
+                {"type": "message_delta", "usage": {"output_tokens": 5}},
+            ]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for e in events:
+                chunk = f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        self.reply(200, echo, [("Content-Type", "application/json"), ("X-Echo-Auth", self.headers.get("Authorization") or "")])
 
     def pypi(self):
         files = sorted(os.listdir(os.path.join(data, "pypi")))
