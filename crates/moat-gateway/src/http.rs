@@ -38,6 +38,8 @@ pub struct Request {
     pub head_len: usize,
     /// HTTP/1.0 (no chunked responses).
     pub http10: bool,
+    /// It asks for the connection to end after its response.
+    pub close: bool,
 }
 
 /// What the start of a buffer holds.
@@ -88,6 +90,7 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut upgrade = false;
+    let mut close = false;
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).map_err(|_| "a header that is not text")?.trim();
         if h.name.eq_ignore_ascii_case("host") {
@@ -106,6 +109,8 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
             chunked = true;
         } else if h.name.eq_ignore_ascii_case("upgrade") {
             upgrade = true;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            close |= value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
         }
     }
     if chunked && length.is_some() {
@@ -130,7 +135,8 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     };
     let body = if chunked { Body::Chunked } else { Body::Length(length.unwrap_or(0)) };
     let target = normalise_target(target)?;
-    Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len, http10: version == 0 })
+    let http10 = version == 0;
+    Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len, http10, close })
 }
 
 fn split_host(value: &str) -> Result<(HostName, Option<u16>), &'static str> {

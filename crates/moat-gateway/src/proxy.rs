@@ -450,8 +450,13 @@ async fn requests(
                 req_log.secret = Some(names.join(","));
                 Some((req_log, injected))
             };
-            let expect =
-                Expect { head: request.method == "HEAD", http10: request.http10, injected: with_secret, refusal: None };
+            let expect = Expect {
+                head: request.method == "HEAD",
+                http10: request.http10,
+                close: request.close,
+                injected: with_secret,
+                refusal: None,
+            };
             let _ = expect_tx.send(expect);
         } else {
             net.log(req_log);

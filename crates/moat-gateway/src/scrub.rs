@@ -30,6 +30,8 @@ pub struct Expect {
     pub head: bool,
     /// It was HTTP/1.0 (no chunked responses).
     pub http10: bool,
+    /// It asked for the connection to end after its response.
+    pub close: bool,
     /// For a request a secret was written into: its log entry (finished
     /// when the response is: bytes, tokens) and the secrets, to meter.
     pub injected: Option<(LogEntry, Vec<Armed>)>,
@@ -40,7 +42,7 @@ pub struct Expect {
 impl Expect {
     /// The gateway's own answer to a refused request.
     pub fn refused(status: u16, why: String) -> Self {
-        Self { head: false, http10: false, injected: None, refusal: Some((status, why)) }
+        Self { head: false, http10: false, close: true, injected: None, refusal: Some((status, why)) }
     }
 }
 
@@ -295,6 +297,7 @@ pub async fn relay<R, W>(
             break;
         }
         let framing = framing(&head, req.head);
+        let until_close = matches!(framing, Framing::UntilClose);
         let Some(decoder) = decoder(&head) else {
             let why = "the host answered in an encoding the gateway cannot check for secrets";
             refuse(&mut *to_box.lock().await, 502, why).await;
@@ -336,7 +339,9 @@ pub async fn relay<R, W>(
             }
             logger.log(entry);
         }
-        if sent.is_err() || req.http10 {
+        // Either side asking for the end, or a body that ran to the close.
+        let closing = header(&head, "connection").any(|v| v.split(',').any(|t| t.trim() == "close"));
+        if sent.is_err() || req.http10 || req.close || closing || until_close {
             break;
         }
     }
@@ -627,7 +632,7 @@ mod tests {
         let (to_box, mut from_gateway) = tokio::io::duplex(1 << 20);
         let (tx, rx) = mpsc::unbounded_channel();
         for _ in 0..3 {
-            tx.send(Expect { head: false, http10: false, injected: None, refusal: None }).unwrap();
+            tx.send(Expect { head: false, http10: false, close: false, injected: None, refusal: None }).unwrap();
         }
         let (log_tx, _log_rx) = mpsc::channel(8);
         let logger = Logger::new("b1".into(), log_tx);

@@ -333,8 +333,12 @@ async fn egress_samples(
 ) -> Result<Vec<(String, Samples, Samples)>> {
     let n = args.iterations;
     let mut sides = Vec::new();
-    for look in [false, true] {
-        let name = Name::new(if look { "look" } else { "pass" })?;
+    let key: [u8; 32] = std::array::from_fn(|i| i as u8);
+    manager.set_sealer(moat_core::secrets::Sealer::new(&key).map_err(anyhow::Error::msg)?);
+    let value = moat_core::secrets::SecretValue::new("sk-bench-0123456789abcdef").map_err(anyhow::Error::msg)?;
+    manager.add_secret(account, bench_egress::secret_spec()?, &value)?;
+    for (box_name, look) in [("pass", false), ("look", true), ("secret", false)] {
+        let name = Name::new(box_name)?;
         let spec = BoxSpec {
             name: name.clone(),
             image: Name::new("busybox")?,
@@ -342,17 +346,22 @@ async fn egress_samples(
             policy: bench_egress::policy(look)?,
         };
         manager.create(account, spec, Box::new(|_: &str| {})).await?;
+        let secret = Name::new(bench_egress::SECRET)?;
+        if box_name == "secret" {
+            manager.grant_secret(account, &secret, &name).await?;
+        }
         let (handle, _session) = manager.open_session(account, &name).await?;
         let moat_core::NetAttach::Netns(netns) = &handle.network;
         let root = args.state_dir.join("pool/boxes").join(manager.get(account, &name)?.id.as_str());
-        sides.push(bench_egress::Side::boxed(netns, &root, net)?);
+        let side = bench_egress::Side::boxed(netns, &root, net)?;
+        sides.push(if box_name == "secret" { side.with_secret(&root)? } else { side });
     }
     let direct = bench_egress::Side::direct(net);
-    let (pass, look) = (&sides[0], &sides[1]);
+    let (pass, look, with_secret) = (&sides[0], &sides[1], &sides[2]);
     let runs = args.egress_runs;
     let bytes = args.egress_mib << 20;
     let samples = tokio::task::spawn_blocking({
-        let (pass, look, direct) = (pass.clone(), look.clone(), direct.clone());
+        let (pass, look, with_secret, direct) = (pass.clone(), look.clone(), with_secret.clone(), direct.clone());
         move || -> Result<Vec<(String, Samples, Samples)>> {
             eprintln!("bench: egress: DNS answers and fresh HTTPS requests, {n} times each way");
             let sorted = |mut v: Vec<Duration>| {
@@ -363,18 +372,20 @@ async fn egress_samples(
             let https_direct = sorted(direct.https(n)?);
             let passthrough = sorted(pass.https(n)?);
             let looked = sorted(look.https(n)?);
+            let injected = sorted(with_secret.https(n)?);
             eprintln!("bench: egress: {} MiB download over HTTP, {runs} times each way", bytes >> 20);
             let download = (sorted(pass.download(runs, bytes)?), sorted(direct.download(runs, bytes)?));
             Ok(vec![
                 ("DNS answer, allowed name (direct: the test resolver)".into(), dns.0, dns.1),
                 ("fresh HTTPS request, passed through".into(), passthrough, Samples(https_direct.0.clone())),
-                ("fresh HTTPS request, looked inside".into(), looked, https_direct),
+                ("fresh HTTPS request, looked inside".into(), looked, Samples(https_direct.0.clone())),
+                ("fresh HTTPS request, a secret written in".into(), injected, https_direct),
                 (format!("download of {} MiB over HTTP ({runs} runs)", bytes >> 20), download.0, download.1),
             ])
         }
     })
     .await??;
-    for name in ["pass", "look"] {
+    for name in ["pass", "look", "secret"] {
         manager.remove(account, &Name::new(name)?).await?;
     }
     Ok(samples)

@@ -95,6 +95,22 @@ impl Drop for BenchNet {
     }
 }
 
+/// The secret the bench writes into requests (for [`NAME`], as a bearer token).
+pub const SECRET: &str = "bench";
+
+/// What [`SECRET`] is.
+pub fn secret_spec() -> Result<moat_core::secrets::SecretSpec> {
+    let name = moat_core::Name::new(SECRET)?;
+    let env = moat_core::secrets::SecretSpec::default_env(&name);
+    Ok(moat_core::secrets::SecretSpec {
+        name,
+        host: HostName::parse(NAME)?,
+        header: "Authorization".into(),
+        format: "Bearer {}".into(),
+        env,
+    })
+}
+
 /// The policy of the box through which traffic passes untouched (`look`:
 /// every request is read, HTTPS included).
 pub fn policy(look: bool) -> Result<Policy> {
@@ -186,12 +202,13 @@ fn lookup(resolver: SocketAddr) -> Result<(Ipv4Addr, Duration)> {
 
 /// One `GET /bytes/size` on a new connection to `ip` (over TLS trusting
 /// `tls`'s roots if given); returns the body bytes read.
-fn fetch(ip: Ipv4Addr, tls: Option<&Arc<rustls::ClientConfig>>, size: u64) -> Result<u64> {
+fn fetch(ip: Ipv4Addr, tls: Option<&Arc<rustls::ClientConfig>>, size: u64, header: Option<&str>) -> Result<u64> {
     let port = if tls.is_some() { 443 } else { 80 };
     let tcp = TcpStream::connect((ip, port))?;
     tcp.set_nodelay(true)?;
     tcp.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let request = format!("GET /bytes/{size} HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n");
+    let extra = header.map(|h| format!("{h}\r\n")).unwrap_or_default();
+    let request = format!("GET /bytes/{size} HTTP/1.1\r\nHost: {NAME}\r\n{extra}Connection: close\r\n\r\n");
     let read = match tls {
         Some(config) => {
             let conn = rustls::ClientConnection::new(Arc::clone(config), NAME.try_into()?)?;
@@ -234,19 +251,31 @@ pub struct Side {
     pub resolver: SocketAddr,
     /// The roots it trusts (PEM).
     pub roots: String,
+    /// A header every request carries.
+    pub header: Option<String>,
 }
 
 impl Side {
     /// The client of the test internet itself.
     pub fn direct(net: &BenchNet) -> Self {
-        Self { netns: net.path(), resolver: SocketAddr::from((SERVER, 53)), roots: net.ca.clone() }
+        Self { netns: net.path(), resolver: SocketAddr::from((SERVER, 53)), roots: net.ca.clone(), header: None }
     }
 
     /// A box's client: its namespace, its gateway, its trust bundle.
     pub fn boxed(netns: &Path, box_root: &Path, net: &BenchNet) -> Result<Self> {
         let ca = std::fs::read_to_string(box_root.join("etc/moat/ca.pem")).context("the box's CA")?;
         let resolver = SocketAddr::from((Ipv4Addr::LOCALHOST, moat_core::egress::DNS_PORT));
-        Ok(Self { netns: netns.to_path_buf(), resolver, roots: format!("{}\n{ca}", net.ca) })
+        Ok(Self { netns: netns.to_path_buf(), resolver, roots: format!("{}\n{ca}", net.ca), header: None })
+    }
+
+    /// The same client, sending the placeholder of secret [`SECRET`] that
+    /// the box at `box_root` holds, where the gateway writes the value.
+    pub fn with_secret(mut self, box_root: &Path) -> Result<Self> {
+        let env = std::fs::read_to_string(box_root.join("etc/environment")).context("the box's environment")?;
+        let variable = format!("{}=", SECRET.to_ascii_uppercase());
+        let placeholder = env.lines().find_map(|l| l.strip_prefix(&variable)).context("no placeholder in the box")?;
+        self.header = Some(format!("Authorization: Bearer {placeholder}"));
+        Ok(self)
     }
 
     /// Times `n` DNS answers.
@@ -262,7 +291,7 @@ impl Side {
             (0..n)
                 .map(|_| {
                     let t = Instant::now();
-                    fetch(ip, Some(&config), 100)?;
+                    fetch(ip, Some(&config), 100, self.header.as_deref())?;
                     Ok(t.elapsed())
                 })
                 .collect()
@@ -276,7 +305,7 @@ impl Side {
             (0..n)
                 .map(|_| {
                     let t = Instant::now();
-                    fetch(ip, None, bytes)?;
+                    fetch(ip, None, bytes, self.header.as_deref())?;
                     Ok(t.elapsed())
                 })
                 .collect()
