@@ -10,8 +10,10 @@ use crate::secrets::{Limit, LimitKind, SecretSpec, SecretUse};
 use crate::store::{Store, StoreError};
 
 pub(crate) const SCHEMA: &str = "
+-- AUTOINCREMENT: a removed secret's number is never given to another, whose
+-- use would then include the old one's.
 CREATE TABLE IF NOT EXISTS secrets (
-    id          INTEGER PRIMARY KEY,
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
     account     TEXT NOT NULL,
     name        TEXT NOT NULL,
     host        TEXT NOT NULL,

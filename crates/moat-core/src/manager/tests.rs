@@ -423,7 +423,7 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
     assert!(matches!(f.manager.add_secret(&f.alice, spec.clone(), &value), Err(ManagerError::NoSecretKey)));
     f.manager.set_sealer(Sealer::new(&[1; 32]).unwrap());
     f.manager.add_secret(&f.alice, spec.clone(), &value).unwrap();
-    assert!(matches!(f.manager.add_secret(&f.alice, spec, &value), Err(ManagerError::SecretExists(_))));
+    assert!(matches!(f.manager.add_secret(&f.alice, spec.clone(), &value), Err(ManagerError::SecretExists(_))));
     let listed = format!("{:?}", f.manager.secrets(&f.alice).unwrap());
     assert!(!listed.contains("sk-REAL"), "{listed}");
     // Another account has no such secret.
@@ -461,7 +461,30 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
     f.manager.revoke_secret(&f.alice, &name("llm"), &name("web")).await.unwrap();
     assert!(!f.backend.env(&web.id).contains_key("LLM_KEY"));
     assert_eq!(net.take(), ["secrets []"]);
+    // Use is billed from the gateway's log entries.
+    let entry = crate::egress::LogEntry {
+        at_ms: 1,
+        kind: crate::egress::LogKind::Http,
+        name: "api.example".into(),
+        port: 443,
+        method: None,
+        target: None,
+        verdict: crate::egress::LogVerdict::Allow,
+        rule: None,
+        reason: None,
+        sent: 10,
+        received: 20,
+        secret: Some("llm".into()),
+        tokens: Some(7),
+    };
+    f.manager.record_egress(vec![(copy.id.to_string(), entry)]);
+    let used = f.manager.secrets(&f.alice).unwrap()[0].used.clone();
+    assert_eq!(used, [("copy".to_string(), crate::secrets::SecretUse { requests: 1, tokens: 7, bytes: 30 })]);
     f.manager.remove_secret(&f.alice, &name("llm")).await.unwrap();
     assert!(!f.backend.env(&copy.id).contains_key("LLM_KEY"));
     assert!(f.manager.secrets(&f.alice).unwrap().is_empty());
+    // A new secret never inherits a removed one's use.
+    let spec = SecretSpec { name: name("llm2"), ..spec };
+    f.manager.add_secret(&f.alice, spec, &value).unwrap();
+    assert!(f.manager.secrets(&f.alice).unwrap()[0].used.is_empty());
 }

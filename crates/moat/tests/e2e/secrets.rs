@@ -182,8 +182,9 @@ pub fn limits_kill_and_usage(env: &Env) {
     loop {
         let usage = env.alice(None, &["usage", "--json"]).ok().stdout;
         let usage: serde_json::Value = serde_json::from_str(&usage).unwrap();
-        let row =
-            usage["secrets"].as_array().and_then(|rows| rows.iter().find(|r| r["secret"] == secret.as_str()).cloned());
+        let row = usage["secrets"].as_array().and_then(|rows| {
+            rows.iter().find(|r| r["secret"] == secret.as_str() && r["box_name"] == a.as_str()).cloned()
+        });
         if let Some(row) = row.filter(|r| r["requests"] == 2) {
             assert_eq!(row["tokens"], 30, "{row}");
             assert_eq!(row["box_name"], a.as_str());
