@@ -429,37 +429,46 @@ async fn requests(
         }
         log.sent += head.len() as u64;
         req_log.sent = head.len() as u64;
-        match forward_body(&mut from_box, up_write, &mut buf, request.body).await {
-            Ok(n) => {
-                log.sent += n;
-                req_log.sent += n;
-            }
-            Err(why) => break Err(why),
-        }
+        // On a bound connection the relay hears of the request before its
+        // body goes (a client waiting for 100 Continue gets it); the entry of
+        // a request with a secret in it is finished (bytes, tokens) and logged
+        // by the relay, with its response.
+        let request_bytes = Arc::new(AtomicU64::new(head.len() as u64));
+        let mut plain_log = Some(req_log);
         if bound.is_some() {
-            // The entry of a request with a secret in it is finished (bytes,
-            // tokens) and logged by the relay, with its response.
-            let with_secret = if injected.is_empty() {
-                net.log(req_log);
-                None
-            } else {
-                for a in &injected {
-                    a.meter.count(&net.id, LimitKind::Requests, 1);
+            let with_secret = match plain_log.take() {
+                Some(mut entry) if !injected.is_empty() => {
+                    for a in &injected {
+                        a.meter.count(&net.id, LimitKind::Requests, 1);
+                    }
+                    let names: Vec<&str> = injected.iter().map(|a| a.secret.name.as_str()).collect();
+                    entry.secret = Some(names.join(","));
+                    Some((entry, std::mem::take(&mut injected)))
                 }
-                let names: Vec<&str> = injected.iter().map(|a| a.secret.name.as_str()).collect();
-                req_log.secret = Some(names.join(","));
-                Some((req_log, injected))
+                other => {
+                    plain_log = other;
+                    None
+                }
             };
-            let expect = Expect {
+            let _ = expect_tx.send(Expect {
                 head: request.method == "HEAD",
                 http10: request.http10,
                 close: request.close,
                 injected: with_secret,
+                request_bytes: Arc::clone(&request_bytes),
                 refusal: None,
-            };
-            let _ = expect_tx.send(expect);
-        } else {
-            net.log(req_log);
+            });
+        }
+        match forward_body(&mut from_box, up_write, &mut buf, request.body).await {
+            Ok(n) => {
+                log.sent += n;
+                request_bytes.fetch_add(n, Ordering::Relaxed);
+                if let Some(mut entry) = plain_log {
+                    entry.sent += n;
+                    net.log(entry);
+                }
+            }
+            Err(why) => break Err(why),
         }
         if request.upgrade {
             // After a protocol switch the bytes are not HTTP: pass them on.

@@ -35,6 +35,8 @@ pub struct Expect {
     /// For a request a secret was written into: its log entry (finished
     /// when the response is: bytes, tokens) and the secrets, to meter.
     pub injected: Option<(LogEntry, Vec<Armed>)>,
+    /// Bytes of the request sent so far (its body may still be going).
+    pub request_bytes: Arc<AtomicU64>,
     /// A request the gateway refused: this answer, in its turn, then the end.
     pub refusal: Option<(u16, String)>,
 }
@@ -42,7 +44,14 @@ pub struct Expect {
 impl Expect {
     /// The gateway's own answer to a refused request.
     pub fn refused(status: u16, why: String) -> Self {
-        Self { head: false, http10: false, close: true, injected: None, refusal: Some((status, why)) }
+        Self {
+            head: false,
+            http10: false,
+            close: true,
+            injected: None,
+            request_bytes: Arc::default(),
+            refusal: Some((status, why)),
+        }
     }
 }
 
@@ -331,6 +340,7 @@ pub async fn relay<R, W>(
         if let Some((mut entry, armed)) = req.injected {
             let bytes = received.load(Ordering::Relaxed) - start;
             entry.received = bytes;
+            entry.sent = req.request_bytes.load(Ordering::Relaxed);
             let used = tokens.total();
             entry.tokens = (used > 0).then_some(used);
             for a in &armed {
@@ -632,7 +642,15 @@ mod tests {
         let (to_box, mut from_gateway) = tokio::io::duplex(1 << 20);
         let (tx, rx) = mpsc::unbounded_channel();
         for _ in 0..3 {
-            tx.send(Expect { head: false, http10: false, close: false, injected: None, refusal: None }).unwrap();
+            let expect = Expect {
+                head: false,
+                http10: false,
+                close: false,
+                injected: None,
+                request_bytes: Arc::default(),
+                refusal: None,
+            };
+            tx.send(expect).unwrap();
         }
         let (log_tx, _log_rx) = mpsc::channel(8);
         let logger = Logger::new("b1".into(), log_tx);

@@ -87,6 +87,18 @@ pub fn reach_only_their_host_and_header(env: &Env) {
         assert!(!out.contains(&value) && out.contains("secret removed"), "{path}: {out}");
     }
 
+    // A client that waits for 100 Continue before its body gets it through
+    // the scrubbing relay (it would wait out its 15 s otherwise).
+    let started = std::time::Instant::now();
+    let (_, code) = sh(
+        env,
+        &a,
+        "head -c 5000 /dev/zero > /tmp/body; curl -sS -m 20 --expect100-timeout 15 -H \"Expect: 100-continue\" \
+         -H \"Authorization: Bearer $LLM_KEY\" --data-binary @/tmp/body -o /dev/null -w %{http_code} https://llm.test/echo",
+    );
+    assert_eq!(code, "200");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "100 Continue held back");
+
     // Nowhere else: not in a body, a query, another header, over plain HTTP,
     // or to another allowed host.
     env.alice(None, &["policy", &a, "allow", "llm.test:80"]).ok();
