@@ -15,8 +15,9 @@ use tokio::io::unix::AsyncFd;
 
 use crate::boxnet::{entry, BoxNet};
 
-/// nfnetlink subsystem of the log, and its packet message.
-const NFNL_SUBSYS_ULOG: u16 = 4;
+/// nfnetlink's subsystem of the packet log (its messages' type, high byte).
+pub const NFNL_SUBSYS_ULOG: u16 = 4;
+/// Its packet message.
 const NFULNL_MSG_PACKET: u16 = 0;
 /// The attribute holding the packet.
 const NFULA_PAYLOAD: u16 = 9;

@@ -491,15 +491,15 @@ async fn body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         _ => u64::MAX,
     };
     let mut dechunk = matches!(framing, Framing::Chunked).then(Dechunk::default);
+    let done = |left: u64, dechunk: &Option<Dechunk>| match framing {
+        Framing::Length(_) => left == 0,
+        Framing::Chunked => dechunk.as_ref().is_some_and(|d| d.state == Chunk::Done),
+        _ => false,
+    };
     let mut chunk = vec![0u8; 64 << 10];
     loop {
         if buf.is_empty() {
-            let done = match framing {
-                Framing::Length(_) => left == 0,
-                Framing::Chunked => dechunk.as_ref().is_some_and(|d| d.state == Chunk::Done),
-                _ => false,
-            };
-            if done {
+            if done(left, &dechunk) {
                 break;
             }
             match up.read(&mut chunk).await {
@@ -527,12 +527,7 @@ async fn body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         buf.drain(..used);
         let decoded = decoder.decode(&raw)?;
         send(w, scrub, tokens, &decoded, http10).await?;
-        let done = match framing {
-            Framing::Length(_) => left == 0,
-            Framing::Chunked => dechunk.as_ref().is_some_and(|d| d.state == Chunk::Done),
-            _ => false,
-        };
-        if done {
+        if done(left, &dechunk) {
             break;
         }
     }

@@ -7,12 +7,12 @@ use std::os::fd::OwnedFd;
 
 use anyhow::{bail, Context, Result};
 use moat_core::egress::DROPPED_GROUP;
+use moat_gateway::dropped::NFNL_SUBSYS_ULOG;
 use nix::sys::socket::{
     bind, recv, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,
     SockType,
 };
 
-const NFNL_SUBSYS_ULOG: u16 = 4;
 const NFULNL_MSG_CONFIG: u16 = 1;
 const NFULA_CFG_CMD: u16 = 1;
 const NFULA_CFG_MODE: u16 = 2;

@@ -49,7 +49,19 @@ pub fn ns_backend(state_dir: &Path, agent: PathBuf, account_disk: u64) -> Result
 /// this state dir holds on this host (see [`crate::uid_block`]) for as long
 /// as the claim is kept.
 pub fn open_store(state_dir: &Path) -> Result<(Store, crate::uid_block::Claim)> {
-    let mut store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
+    let db = state_dir.join("moat.db");
+    let mut store = Store::open(&db).context("open the state database")?;
+    // It holds sealed secrets: readable by root alone, whatever the umask
+    // (and inside a directory only root may enter).
+    for file in [db.clone(), db.with_extension("db-wal"), db.with_extension("db-shm")] {
+        use std::os::unix::fs::PermissionsExt as _;
+        match std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(anyhow::Error::from(e).context(format!("restrict {}", file.display())));
+            }
+            _ => {}
+        }
+    }
     let claim = crate::uid_block::claim(state_dir, store.slot_block_in_use()?)?;
     store.use_slot_block(claim.block)?;
     Ok((store, claim))

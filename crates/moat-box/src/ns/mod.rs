@@ -229,9 +229,11 @@ impl NsBackend {
             .and_then(|()| {
                 identity::mint(root, &rec.name).map_err(|e| match e.kind() {
                     // A new root has written nothing of its own: the account's budget is spent.
-                    std::io::ErrorKind::QuotaExceeded => {
-                        BackendError::msg("your boxes hold all the disk this server allows per account")
-                    }
+                    std::io::ErrorKind::QuotaExceeded => BackendError::msg(format!(
+                        "your boxes hold all this server allows per account ({}) on disk; remove boxes or \
+                             files first",
+                        moat_core::limits::format_size(self.config.account_disk)
+                    )),
                     _ => BackendError::new("mint box identity", e),
                 })
             })

@@ -138,6 +138,21 @@ pub fn reach_only_their_host_and_header(env: &Env) {
     assert!(out.contains("two Authorization headers"), "{out}");
     assert!(arrived(env, &m).is_empty(), "a smuggled request reached the host");
 
+    // A placeholder split across writes is one placeholder: in once.
+    let m = unique("m");
+    let split = format!(
+        "import os, socket, ssl, time\n\
+         s = ssl.create_default_context().wrap_socket(socket.create_connection((\"llm.test\", 443)), server_hostname=\"llm.test\")\n\
+         p = os.environ[\"LLM_KEY\"]\n\
+         h = \"GET /echo?{m} HTTP/1.1\\r\\nHost: llm.test\\r\\nConnection: close\\r\\nAuthorization: Bearer \" + p + \"\\r\\n\\r\\n\"\n\
+         cut = h.index(p) + 10\n\
+         s.sendall(h[:cut].encode()); time.sleep(0.3); s.sendall(h[cut:].encode())\n\
+         print(s.recv(100).decode().split()[1])\n"
+    );
+    let (_, out) = sh(env, &a, &format!("python3 -c '{split}'"));
+    assert_eq!(out.trim(), "200");
+    assert_eq!(arrived(env, &m).concat().matches(&value).count(), 1);
+
     // Another box granted the same secret has a placeholder of its own; box
     // A's placeholder does not work in it.
     let b = unique("sec");
