@@ -55,10 +55,11 @@ impl Expect {
     }
 }
 
-/// Cuts secret values out of a stream of bytes.
+/// Cuts secret values out of a stream of bytes. It holds back only a tail
+/// that could be the start of a value, so a streamed response (server-sent
+/// events) reaches the box event by event.
 pub struct Scrubber {
     values: Vec<Vec<u8>>,
-    keep: usize,
     pending: Vec<u8>,
 }
 
@@ -74,16 +75,25 @@ impl Scrubber {
                 }
             }
         }
-        let keep = all.iter().map(Vec::len).max().unwrap_or(1).saturating_sub(1);
-        Self { values: all, keep, pending: Vec::new() }
+        Self { values: all, pending: Vec::new() }
     }
 
     /// What of `data` (and what came before) is safe to pass on now.
     pub fn push(&mut self, data: &[u8]) -> Vec<u8> {
         self.pending.extend_from_slice(data);
         self.cut();
-        let ready = self.pending.len().saturating_sub(self.keep);
+        let ready = self.pending.len() - self.held();
         self.pending.drain(..ready).collect()
+    }
+
+    /// The longest tail of what is pending that a value starts with.
+    fn held(&self) -> usize {
+        let p = &self.pending;
+        self.values
+            .iter()
+            .filter_map(|v| (1..v.len().min(p.len() + 1)).rev().find(|&k| p.ends_with(&v[..k])))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The rest, at the end of the stream.
@@ -585,6 +595,14 @@ mod tests {
             assert!(!out.contains("sk-REAL/x") && !out.contains("sk-REAL\\/x"), "{split}: {out}");
             assert!(out.ends_with("sk-REAL/"), "{out}");
         }
+    }
+
+    #[test]
+    fn only_what_could_start_a_value_is_held_back() {
+        let mut s = Scrubber::new(&["sk-REAL".into()]);
+        assert_eq!(s.push(b"data: {\"x\":1}\n\n"), b"data: {\"x\":1}\n\n");
+        assert_eq!(s.push(b"event sk-RE"), b"event ");
+        assert_eq!(s.push(b"AL!"), b"[secret removed by moat]!");
     }
 
     #[test]
