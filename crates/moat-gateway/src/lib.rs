@@ -22,5 +22,6 @@ pub mod proxy;
 pub mod scrub;
 pub mod tls;
 pub mod upstream;
+pub mod zerocopy;
 
 pub use gateway::{FromGateway, Gateway, GatewayHello, Role, ToGateway};

@@ -22,6 +22,7 @@ use crate::inject::{self, Armed, Refusal};
 use crate::intercept;
 use crate::scrub::{self, Expect};
 use crate::tls::{self, Hello};
+use crate::zerocopy;
 
 /// A connection requests are read from or forwarded to: plain TCP, or TLS
 /// the gateway looks inside.
@@ -123,7 +124,13 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let outcome = match sniff(&stream, &verdict, port).await {
         Sniffed::Tls => tls_connection(net, stream, &name, port, &policy, &verdict, &mut log).await,
-        Sniffed::Http => http_connection(net, Box::new(stream), &name, port, &policy, &verdict, &mut log, false).await,
+        Sniffed::Http => {
+            let conn = Conn { net, name: &name, port, policy: &policy, verdict: &verdict, tls: false };
+            match dup(&stream) {
+                Ok(plain) => http_connection(conn, Box::new(stream), Some(plain), &mut log).await,
+                Err(e) => Err(e.to_string()),
+            }
+        }
         Sniffed::Raw => match &verdict {
             Verdict::Allow(rule) => {
                 log.rule = Some(rule.to_string());
@@ -219,7 +226,8 @@ async fn tls_connection(
                 Ok(Err(e)) => return Err(format!("TLS with the box: {e}")),
                 Err(_) => return Err("TLS with the box: timed out".into()),
             };
-            http_connection(net, Box::new(stream), name, port, policy, verdict, log, true).await
+            let conn = Conn { net, name, port, policy, verdict, tls: true };
+            http_connection(conn, Box::new(stream), None, log).await
         }
     }
 }
@@ -228,13 +236,13 @@ async fn tls_connection(
 /// both ways until both sides are done.
 async fn splice(
     net: &BoxNet,
-    mut stream: TcpStream,
+    stream: TcpStream,
     early: Vec<u8>,
     name: &HostName,
     port: u16,
     log: &mut LogEntry,
 ) -> Result<(), String> {
-    let mut upstream = match net.upstream.dial(name, port).await {
+    let upstream = match net.upstream.dial(name, port).await {
         Ok(up) => up,
         Err(e) => {
             log.verdict = LogVerdict::Error;
@@ -242,9 +250,10 @@ async fn splice(
         }
     };
     log.verdict = LogVerdict::Allow;
+    let mut upstream = upstream;
     upstream.write_all(&early).await.map_err(|e| e.to_string())?;
     log.sent = early.len() as u64;
-    match tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut upstream, SPLICE_BUFFER, SPLICE_BUFFER).await {
+    match zerocopy::bidirectional(&stream, &upstream).await {
         Ok((sent, received)) => {
             log.sent += sent;
             log.received = received;
@@ -258,23 +267,19 @@ async fn splice(
 /// request on the connection is read and checked (Host, and the policy's
 /// method and target rules), so that a kept-alive connection cannot change
 /// hosts or methods after the first request.
-#[allow(clippy::too_many_arguments)]
 async fn http_connection(
-    net: &BoxNet,
+    conn: Conn<'_>,
     stream: Stream,
-    name: &HostName,
-    port: u16,
-    policy: &Policy,
-    verdict: &Verdict,
+    plain: Option<TcpStream>,
     log: &mut LogEntry,
-    tls: bool,
 ) -> Result<(), String> {
+    let Conn { net, name, tls, .. } = conn;
     // A host one of the box's secrets is bound to (looked inside always):
     // the secret goes into requests, every response is scrubbed, and killing
     // the secret ends the connection.
     let armed = if tls { net.secrets_for(name) } else { Vec::new() };
     if armed.is_empty() {
-        return requests(net, stream, name, port, policy, verdict, log, tls, None).await;
+        return requests(conn, stream, plain, log, None).await;
     }
     // (A secret killed already is refused per request, with a reason.)
     let kills: Vec<_> = armed.iter().filter(|a| !a.meter.is_killed()).map(|a| a.meter.on_kill()).collect();
@@ -293,25 +298,22 @@ async fn http_connection(
         rx.recv().await
     };
     tokio::select! {
-        r = requests(net, stream, name, port, policy, verdict, log, tls, Some(armed)) => r,
+        r = requests(conn, stream, plain, log, Some(armed)) => r,
         _ = killed => Err("the secret this connection used was killed".into()),
     }
 }
 
-/// The request loop of [`http_connection`]; `bound`: the box's secrets for
-/// this host, if it has any.
-#[allow(clippy::too_many_arguments)]
+/// The request loop of [`http_connection`]; `plain`: the box's socket
+/// itself, for plain HTTP (responses are spliced to it); `bound`: the box's
+/// secrets for this host, if it has any.
 async fn requests(
-    net: &BoxNet,
+    conn: Conn<'_>,
     stream: Stream,
-    name: &HostName,
-    port: u16,
-    policy: &Policy,
-    verdict: &Verdict,
+    plain: Option<TcpStream>,
     log: &mut LogEntry,
-    tls: bool,
     bound: Option<Vec<Armed>>,
 ) -> Result<(), String> {
+    let Conn { net, name, port, policy, verdict, tls } = conn;
     let (mut from_box, to_box) = tokio::io::split(stream);
     let to_box = Arc::new(tokio::sync::Mutex::new(to_box));
     let received = Arc::new(AtomicU64::new(0));
@@ -394,30 +396,43 @@ async fn requests(
             }
         }
         if up.is_none() {
-            let dialled = if tls {
-                net.upstream.dial_tls(name, port).await.map(|s| Box::new(s) as Stream)
+            // Plain HTTP responses are spliced socket to socket: a second
+            // handle on the upstream socket to read, one on the box's to write.
+            let dialled: Result<(Stream, Option<TcpStream>), String> = if tls {
+                net.upstream
+                    .dial_tls(name, port)
+                    .await
+                    .map(|s| (Box::new(s) as Stream, None))
+                    .map_err(|e| e.to_string())
             } else {
-                net.upstream.dial(name, port).await.map(|s| Box::new(s) as Stream)
+                match net.upstream.dial(name, port).await {
+                    Ok(s) => dup(&s).map(|copy| (Box::new(s) as Stream, Some(copy))).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
             };
             match dialled {
-                Ok(stream) => {
+                Ok((stream, up_socket)) => {
                     let (up_read, up_write) = tokio::io::split(stream);
                     let (to_box, received) = (Arc::clone(&to_box), Arc::clone(&received));
-                    let copier = match (&bound, expect_rx.take()) {
-                        (Some(_), Some(rx)) => {
+                    let box_socket = plain.as_ref().map(dup).transpose().ok().flatten();
+                    let copier = match (&bound, expect_rx.take(), up_socket, box_socket) {
+                        (Some(_), Some(rx), _, _) => {
                             tokio::spawn(scrub::relay(up_read, to_box, rx, net.secret_values(), net.logger(), received))
                         }
+                        (_, _, Some(from), Some(to)) => tokio::spawn(async move {
+                            let _ = zerocopy::copy(&from, &to, &received).await;
+                        }),
                         _ => tokio::spawn(copy_responses(up_read, to_box, received)),
                     };
                     up = Some((up_write, AbortOnDrop(copier)));
                 }
                 Err(e) => {
                     req_log.verdict = LogVerdict::Error;
-                    req_log.reason = Some(e.to_string());
+                    req_log.reason = Some(e.clone());
                     net.log(req_log);
                     log.verdict = LogVerdict::Error;
-                    refuse(&to_box, 502, &e.to_string()).await;
-                    break Err(e.to_string());
+                    refuse(&to_box, 502, &e).await;
+                    break Err(e);
                 }
             }
         }
@@ -492,6 +507,26 @@ async fn requests(
     }
     log.received = received.load(Ordering::Relaxed);
     result
+}
+
+/// What one box connection is, for the HTTP code.
+#[derive(Clone, Copy)]
+struct Conn<'a> {
+    net: &'a BoxNet,
+    name: &'a HostName,
+    port: u16,
+    policy: &'a Policy,
+    verdict: &'a Verdict,
+    /// Looked inside (TLS to the box and to the host).
+    tls: bool,
+}
+
+/// A second handle on a socket (for the side the splicer reads or writes).
+fn dup(stream: &TcpStream) -> std::io::Result<TcpStream> {
+    use std::os::fd::AsFd;
+    let socket = std::net::TcpStream::from(stream.as_fd().try_clone_to_owned()?);
+    socket.set_nonblocking(true)?;
+    TcpStream::from_std(socket)
 }
 
 /// Ends a task when dropped (a connection cut mid-way leaves no copier behind).
