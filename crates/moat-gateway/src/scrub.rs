@@ -21,6 +21,8 @@ use crate::inject::Armed;
 /// Largest response head read.
 const MAX_HEAD: usize = 64 << 10;
 const MAX_HEADERS: usize = 128;
+/// Compressed bytes decoded at once (at most about a megabyte out).
+const DECODE_STEP: usize = 1024;
 /// What a value is replaced with.
 const REMOVED: &[u8] = b"[secret removed by moat]";
 
@@ -535,8 +537,13 @@ async fn body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             }
         };
         buf.drain(..used);
-        let decoded = decoder.decode(&raw)?;
-        send(w, scrub, tokens, &decoded, http10).await?;
+        // A little compressed input at a time: gzip expands up to a
+        // thousandfold, and a hostile host's body must not become one
+        // allocation of that size.
+        for piece in raw.chunks(DECODE_STEP) {
+            let decoded = decoder.decode(piece)?;
+            send(w, scrub, tokens, &decoded, http10).await?;
+        }
         if done(left, &dechunk) {
             break;
         }
