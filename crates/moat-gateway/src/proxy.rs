@@ -336,7 +336,11 @@ async fn requests(
         let mut req_log = entry(LogKind::Http, name.as_str(), port, LogVerdict::Deny);
         req_log.method = Some(request.method.clone());
         req_log.target = Some(request.target.clone());
-        let decided = if request.host != *name || request.port.is_some_and(|p| p != port) {
+        // A protocol switch would hand every later byte through unread (and
+        // a server that does not switch reads them as requests): refused.
+        let decided = if request.upgrade {
+            Err("protocol switches (Upgrade) are not passed through the gateway".to_string())
+        } else if request.host != *name || request.port.is_some_and(|p| p != port) {
             Err(format!("Host {} differs from the dialled name", request.host))
         } else {
             match verdict {
