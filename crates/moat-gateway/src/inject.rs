@@ -48,6 +48,12 @@ struct Count {
     since_start: u64,
 }
 
+impl Count {
+    fn new(now: Instant) -> Self {
+        Self { window_start: now, in_window: 0, since_start: 0 }
+    }
+}
+
 impl Meter {
     /// Stops every use now; connections that used it end.
     pub fn kill(&self) {
@@ -77,11 +83,7 @@ impl Meter {
         ];
         for (scope, limits, before) in scopes {
             for limit in limits.iter() {
-                let count = counts.entry((scope.map(str::to_string), limit.kind)).or_insert(Count {
-                    window_start: now,
-                    in_window: 0,
-                    since_start: 0,
-                });
+                let count = counts.entry((scope.map(str::to_string), limit.kind)).or_insert(Count::new(now));
                 let used = match limit.per_secs {
                     Some(per) => {
                         if now.duration_since(count.window_start) >= Duration::from_secs(per) {
@@ -106,8 +108,7 @@ impl Meter {
         let now = Instant::now();
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         for scope in [None, Some(box_id.to_string())] {
-            let count =
-                counts.entry((scope, kind)).or_insert(Count { window_start: now, in_window: 0, since_start: 0 });
+            let count = counts.entry((scope, kind)).or_insert(Count::new(now));
             count.in_window += n;
             count.since_start += n;
         }

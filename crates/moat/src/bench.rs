@@ -60,9 +60,11 @@ struct Samples(Vec<Duration>);
 
 impl Samples {
     fn collect(n: usize, mut f: impl FnMut() -> Result<Duration>) -> Result<Self> {
-        let mut v = (0..n).map(|_| f()).collect::<Result<Vec<_>>>()?;
+        Ok(Self::sorted((0..n).map(|_| f()).collect::<Result<Vec<_>>>()?))
+    }
+    fn sorted(mut v: Vec<Duration>) -> Self {
         v.sort();
-        Ok(Self(v))
+        Self(v)
     }
     fn pct(&self, p: usize) -> Duration {
         let i = (self.0.len() * p / 100).min(self.0.len().saturating_sub(1));
@@ -364,10 +366,7 @@ async fn egress_samples(
         let (pass, look, with_secret, direct) = (pass.clone(), look.clone(), with_secret.clone(), direct.clone());
         move || -> Result<Vec<(String, Samples, Samples)>> {
             eprintln!("bench: egress: DNS answers and fresh HTTPS requests, {n} times each way");
-            let sorted = |mut v: Vec<Duration>| {
-                v.sort();
-                Samples(v)
-            };
+            let sorted = Samples::sorted;
             let dns = (sorted(pass.dns(n)?), sorted(direct.dns(n)?));
             let https_direct = sorted(direct.https(n)?);
             let passthrough = sorted(pass.https(n)?);

@@ -286,26 +286,22 @@ impl Side {
     /// Times `n` fresh HTTPS requests with a small answer.
     pub fn https(&self, n: usize) -> Result<Vec<Duration>> {
         let config = intercept::upstream_config(&self.roots).map_err(anyhow::Error::msg)?;
-        in_netns(&self.netns, || {
-            let (ip, _) = lookup(self.resolver)?;
-            (0..n)
-                .map(|_| {
-                    let t = Instant::now();
-                    fetch(ip, Some(&config), 100, self.header.as_deref())?;
-                    Ok(t.elapsed())
-                })
-                .collect()
-        })
+        self.fetches(n, Some(&config), 100)
     }
 
     /// Times `n` plain HTTP downloads of `bytes` each.
     pub fn download(&self, n: usize, bytes: u64) -> Result<Vec<Duration>> {
+        self.fetches(n, None, bytes)
+    }
+
+    /// Times `n` requests for `size` bytes, each on a new connection.
+    fn fetches(&self, n: usize, tls: Option<&Arc<rustls::ClientConfig>>, size: u64) -> Result<Vec<Duration>> {
         in_netns(&self.netns, || {
             let (ip, _) = lookup(self.resolver)?;
             (0..n)
                 .map(|_| {
                     let t = Instant::now();
-                    fetch(ip, None, bytes, self.header.as_deref())?;
+                    fetch(ip, tls, size, self.header.as_deref())?;
                     Ok(t.elapsed())
                 })
                 .collect()
