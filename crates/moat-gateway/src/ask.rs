@@ -1,8 +1,8 @@
 //! Ask mode, the gateway's half: a box in ask mode that wants a name its
 //! policy does not allow waits while the privileged side puts the question
 //! to the box's owner. Nothing is let through while it is open; no answer in
-//! [`ASK_TIMEOUT`] is a refusal. The same name dialled again while its
-//! question is open waits for the same answer.
+//! [`ASK_TIMEOUT`] is a refusal. The same name and port dialled again while
+//! its question is open waits for the same answer.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -28,8 +28,22 @@ pub struct Asker {
 #[derive(Default)]
 struct State {
     next: u64,
-    /// Open questions by number: whose, and where the answer goes.
-    by_id: HashMap<u64, (String, HostName, watch::Sender<Option<Answer>>)>,
+    /// Open questions by number: whose, about what, and where the answer goes.
+    by_id: HashMap<u64, Question>,
+}
+
+/// One open question: box `box_id` dialled `name` on `port`.
+struct Question {
+    box_id: String,
+    name: HostName,
+    port: u16,
+    answer: watch::Sender<Option<Answer>>,
+}
+
+impl Question {
+    fn is(&self, box_id: &str, name: &HostName, port: u16) -> bool {
+        self.box_id == box_id && self.name == *name && self.port == port
+    }
 }
 
 impl Asker {
@@ -47,17 +61,20 @@ impl Asker {
     pub async fn ask(&self, box_id: &str, name: &HostName, port: u16) -> Result<Answer, &'static str> {
         let mut answer = {
             let mut state = self.state();
-            let same = state.by_id.values().find(|(b, n, _)| b == box_id && n == name);
+            // The same name on another port is another question: an answer
+            // covers only the port it was asked about.
+            let same = state.by_id.values().find(|q| q.is(box_id, name, port));
             match same {
-                Some((_, _, tx)) => tx.subscribe(),
+                Some(q) => q.answer.subscribe(),
                 None => {
-                    if state.by_id.values().filter(|(b, _, _)| b == box_id).count() >= MAX_OPEN_PER_BOX {
+                    if state.by_id.values().filter(|q| q.box_id == box_id).count() >= MAX_OPEN_PER_BOX {
                         return Err("too many questions open for this box");
                     }
                     state.next += 1;
                     let id = state.next;
                     let (tx, rx) = watch::channel(None);
-                    state.by_id.insert(id, (box_id.to_string(), name.clone(), tx));
+                    let question = Question { box_id: box_id.to_string(), name: name.clone(), port, answer: tx };
+                    state.by_id.insert(id, question);
                     let ask =
                         FromGateway::Ask { box_id: box_id.to_string(), id, name: name.to_string(), port: Some(port) };
                     if self.out.send(ask).is_err() {
@@ -74,7 +91,7 @@ impl Asker {
             Ok(Err(_)) => Err("the question was withdrawn"),
             Err(_) => {
                 // Lapsed: whoever asks next asks anew.
-                self.state().by_id.retain(|_, (b, n, _)| !(b == box_id && n == name));
+                self.state().by_id.retain(|_, q| !q.is(box_id, name, port));
                 Err("the owner did not answer in time")
             }
         }
@@ -82,14 +99,14 @@ impl Asker {
 
     /// The owner's answer to question `id`.
     pub fn answered(&self, id: u64, answer: Answer) {
-        if let Some((_, _, tx)) = self.state().by_id.remove(&id) {
-            tx.send_replace(Some(answer));
+        if let Some(q) = self.state().by_id.remove(&id) {
+            q.answer.send_replace(Some(answer));
         }
     }
 
     /// Withdraws box `box_id`'s questions (it was detached): they are refused.
     pub fn withdraw(&self, box_id: &str) {
-        self.state().by_id.retain(|_, (b, _, _)| b != box_id);
+        self.state().by_id.retain(|_, q| q.box_id != box_id);
     }
 }
 
@@ -161,6 +178,22 @@ mod tests {
         for w in waiters {
             assert_eq!(w.await.unwrap(), Ok(Answer::Once));
         }
+        // The same name on another port is a question of its own.
+        let (asker3, name3) = (Arc::clone(&asker), name.clone());
+        let on_22 = tokio::spawn(async move { asker3.ask("b1", &name3, 22).await });
+        let (asker4, name4) = (Arc::clone(&asker), name.clone());
+        let on_443 = tokio::spawn(async move { asker4.ask("b1", &name4, 443).await });
+        let mut asked = Vec::new();
+        for _ in 0..2 {
+            let Some(FromGateway::Ask { id, port, .. }) = rx.recv().await else { panic!("no question") };
+            asked.push((port, id));
+        }
+        asked.sort();
+        asker.answered(asked[1].1, Answer::Once);
+        assert_eq!(on_443.await.unwrap(), Ok(Answer::Once));
+        assert!(!on_22.is_finished(), "an answer about 443 let 22 through");
+        asker.answered(asked[0].1, Answer::Deny);
+        assert_eq!(on_22.await.unwrap(), Ok(Answer::Deny));
         // Withdrawn questions are refusals.
         let (asker2, name2) = (Arc::clone(&asker), name.clone());
         let waiting = tokio::spawn(async move { asker2.ask("b1", &name2, 443).await });

@@ -113,6 +113,9 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
             close |= value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
         }
     }
+    if chunked && version == 0 {
+        return Err("a chunked body in an HTTP/1.0 request");
+    }
     if chunked && length.is_some() {
         return Err("both Content-Length and Transfer-Encoding");
     }
@@ -137,6 +140,31 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     let target = normalise_target(target)?;
     let http10 = version == 0;
     Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len, http10, close })
+}
+
+/// The lines of a head `read_head` accepted (lines end in LF or CRLF), without
+/// their ends and the blank line; `None` if it is not text.
+pub fn head_lines(head: &[u8]) -> Option<Vec<String>> {
+    let text = std::str::from_utf8(head).ok()?;
+    let mut lines: Vec<String> = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l).to_string()).collect();
+    while lines.last().is_some_and(String::is_empty) {
+        lines.pop();
+    }
+    Some(lines)
+}
+
+/// A head from its lines, every line ended by CRLF, so that the host reads
+/// its lines where the gateway did (a bare LF is read as a line end by some
+/// servers and not by others).
+pub fn join_head(lines: &[String]) -> Vec<u8> {
+    let mut out = lines.join("\r\n").into_bytes();
+    out.extend_from_slice(b"\r\n\r\n");
+    out
+}
+
+/// `head` with every line ended by CRLF ([`join_head`]).
+pub fn with_crlf(head: &[u8]) -> Option<Vec<u8>> {
+    head_lines(head).map(|lines| join_head(&lines))
 }
 
 fn split_host(value: &str) -> Result<(HostName, Option<u16>), &'static str> {
@@ -311,6 +339,10 @@ mod tests {
                 "GET / HTTP/1.1\r\nHost: a.org\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
                 "a transfer coding other than chunked",
             ),
+            (
+                "POST / HTTP/1.0\r\nHost: a.org\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "a chunked body in an HTTP/1.0 request",
+            ),
             ("CONNECT a.org:443 HTTP/1.1\r\nHost: a.org\r\n\r\n", "CONNECT"),
             ("GET /a/../b HTTP/1.1\r\nHost: a.org\r\n\r\n", "dot segments in the path"),
             ("GET /a/%2e%2E/b HTTP/1.1\r\nHost: a.org\r\n\r\n", "dot segments in the path"),
@@ -324,6 +356,13 @@ mod tests {
         let mut long = b"GET / HTTP/1.1\r\nHost: a.org\r\nX: ".to_vec();
         long.extend(vec![b'a'; MAX_HEAD]);
         assert_eq!(read_head(&long), Head::Refused("request head too large"));
+    }
+
+    #[test]
+    fn heads_go_out_with_crlf_line_ends() {
+        let head = b"GET / HTTP/1.1\nHost: a.org\r\nX: 1\n\n";
+        assert!(matches!(read_head(head), Head::Request(_)));
+        assert_eq!(with_crlf(head).unwrap(), b"GET / HTTP/1.1\r\nHost: a.org\r\nX: 1\r\n\r\n");
     }
 
     #[test]

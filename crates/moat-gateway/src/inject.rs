@@ -9,11 +9,16 @@
 //! killed secret is refused outright.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use moat_core::egress::LogEntry;
 use moat_core::secrets::{BoxSecret, Limit, LimitKind, PLACEHOLDER_PREFIX};
 use tokio::sync::watch;
+
+use crate::boxnet::Logger;
+use crate::http;
 
 /// The counters of every secret in use, shared by the boxes it is granted to.
 #[derive(Default)]
@@ -44,13 +49,28 @@ impl Default for Meter {
 #[derive(Clone, Copy)]
 struct Count {
     window_start: Instant,
+    /// The window of the limit on this count (`None`: no window).
+    per: Option<Duration>,
     in_window: u64,
     since_start: u64,
 }
 
 impl Count {
     fn new(now: Instant) -> Self {
-        Self { window_start: now, in_window: 0, since_start: 0 }
+        Self { window_start: now, per: None, in_window: 0, since_start: 0 }
+    }
+
+    /// Starts a new window if the current one is over.
+    fn roll(&mut self, now: Instant) {
+        if self.per.is_some_and(|per| now.duration_since(self.window_start) >= per) {
+            self.window_start = now;
+            self.in_window = 0;
+        }
+    }
+
+    fn add(&mut self, n: u64) {
+        self.in_window = self.in_window.saturating_add(n);
+        self.since_start = self.since_start.saturating_add(n);
     }
 }
 
@@ -73,8 +93,10 @@ impl Meter {
         }
     }
 
-    /// Why box `box_id` may not use `secret` now, if it may not.
-    pub fn refusal(&self, box_id: &str, secret: &BoxSecret) -> Option<String> {
+    /// Lets box `box_id` use `secret` for one more request, counted, or says
+    /// why not. Checked and counted under one lock, so that requests racing
+    /// on several connections cannot all pass the last free place.
+    pub fn admit(&self, box_id: &str, secret: &BoxSecret) -> Result<(), String> {
         let now = Instant::now();
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let scopes = [
@@ -84,34 +106,35 @@ impl Meter {
         for (scope, limits, before) in scopes {
             for limit in limits.iter() {
                 let count = counts.entry((scope.map(str::to_string), limit.kind)).or_insert(Count::new(now));
-                let used = match limit.per_secs {
-                    Some(per) => {
-                        if now.duration_since(count.window_start) >= Duration::from_secs(per) {
-                            count.window_start = now;
-                            count.in_window = 0;
-                        }
-                        count.in_window
-                    }
-                    None => before.of(limit.kind) + count.since_start,
+                count.per = limit.per_secs.map(Duration::from_secs);
+                count.roll(now);
+                let used = match count.per {
+                    Some(_) => count.in_window,
+                    None => before.of(limit.kind).saturating_add(count.since_start),
                 };
                 if used >= limit.amount {
                     let whose = if scope.is_some() { "this box's" } else { "all boxes'" };
-                    return Some(format!("secret {}: {whose} limit of {} reached", secret.name, describe(limit)));
+                    return Err(format!("secret {}: {whose} limit of {} reached", secret.name, describe(limit)));
                 }
             }
         }
-        None
+        add(&mut counts, box_id, LimitKind::Requests, 1, now);
+        Ok(())
     }
 
     /// Counts `n` of `kind` used by box `box_id`.
     pub fn count(&self, box_id: &str, kind: LimitKind, n: u64) {
-        let now = Instant::now();
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        for scope in [None, Some(box_id.to_string())] {
-            let count = counts.entry((scope, kind)).or_insert(Count::new(now));
-            count.in_window += n;
-            count.since_start += n;
-        }
+        add(&mut counts, box_id, kind, n, Instant::now());
+    }
+}
+
+/// Adds `n` of `kind` to box `box_id`'s count and to the count of all boxes.
+fn add(counts: &mut HashMap<(Option<String>, LimitKind), Count>, box_id: &str, kind: LimitKind, n: u64, now: Instant) {
+    for scope in [None, Some(box_id.to_string())] {
+        let count = counts.entry((scope, kind)).or_insert(Count::new(now));
+        count.roll(now);
+        count.add(n);
     }
 }
 
@@ -122,6 +145,9 @@ fn describe(limit: &Limit) -> String {
     }
 }
 
+/// Request headers dropped on the way to a host a secret is bound to.
+const UNCHECKABLE: [&str; 4] = ["accept-encoding", "te", "range", "if-range"];
+
 /// A secret as one box holds it at the gateway.
 #[derive(Clone)]
 pub struct Armed {
@@ -129,6 +155,49 @@ pub struct Armed {
     pub secret: Arc<BoxSecret>,
     /// Its meter.
     pub meter: Arc<Meter>,
+}
+
+/// A request a secret was written into, until its response is through: its
+/// log entry and the secrets to meter. Dropped unfinished (the connection
+/// ended first), it is still metered and logged.
+pub struct Metered {
+    entry: Option<LogEntry>,
+    armed: Vec<Armed>,
+    logger: Logger,
+    /// Bytes of the request sent so far (its body may still be going).
+    pub request_bytes: Arc<AtomicU64>,
+}
+
+impl Metered {
+    /// `entry` of a request `armed` went into, to be logged by `logger`.
+    pub fn new(mut entry: LogEntry, armed: Vec<Armed>, logger: Logger) -> Self {
+        let names: Vec<&str> = armed.iter().map(|a| a.secret.name.as_str()).collect();
+        entry.secret = Some(names.join(","));
+        Self { entry: Some(entry), armed, logger, request_bytes: Arc::default() }
+    }
+
+    /// The response is through (`received` bytes of it, `tokens` reported),
+    /// or cut (`failed`): meters the secrets and logs the request.
+    pub fn finish(&mut self, received: u64, tokens: u64, failed: Option<&str>) {
+        let Some(mut entry) = self.entry.take() else { return };
+        entry.sent = self.request_bytes.load(Ordering::Relaxed);
+        entry.received = received;
+        entry.tokens = (tokens > 0).then_some(tokens);
+        if let Some(why) = failed {
+            entry.reason.get_or_insert_with(|| why.to_string());
+        }
+        for a in &self.armed {
+            a.meter.count(&self.logger.box_id, LimitKind::Tokens, tokens);
+            a.meter.count(&self.logger.box_id, LimitKind::Bytes, received.saturating_add(entry.sent));
+        }
+        self.logger.log(entry);
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        self.finish(0, 0, Some("the connection ended before the response"));
+    }
 }
 
 /// A request the gateway will not send, and what the box is told.
@@ -154,12 +223,8 @@ pub struct Rewritten {
 /// that the gateway can check it for the values.
 pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, Refusal> {
     let refuse = |status, why: String| Err(Refusal { status, why });
-    // The head was parsed already: text, lines ending in LF or CRLF.
-    let text = std::str::from_utf8(head).map_err(|_| Refusal { status: 400, why: "a head that is not text".into() })?;
-    let mut lines: Vec<String> = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l).to_string()).collect();
-    while lines.last().is_some_and(String::is_empty) {
-        lines.pop();
-    }
+    let mut lines =
+        http::head_lines(head).ok_or_else(|| Refusal { status: 400, why: "a head that is not text".into() })?;
     let name_of = |line: &str| line.split_once(':').map(|(n, _)| n.to_string());
     let mut injected = Vec::new();
     for (i, a) in armed.iter().enumerate() {
@@ -179,23 +244,27 @@ pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, 
         if s.killed {
             return refuse(403, format!("secret {} was killed", s.name));
         }
-        if let Some(why) = a.meter.refusal(box_id, s) {
+        // Counted now. (A later secret of the same request refused leaves
+        // this one counted for a request never sent: on the safe side.)
+        if let Err(why) = a.meter.admit(box_id, s) {
             return refuse(429, why);
         }
         lines[j] = format!("{}: {}", s.header, s.format.replacen("{}", s.value.expose(), 1));
         injected.push(i);
     }
-    lines.retain(|l| !name_of(l).is_some_and(|n| n.eq_ignore_ascii_case("accept-encoding")));
+    // Whatever would make the response harder to check for the values
+    // goes: a compressed or transfer-coded body, and a byte range (a value
+    // echoed back in slices would pass the scrubber piece by piece).
+    lines.retain(|l| !name_of(l).is_some_and(|n| UNCHECKABLE.iter().any(|u| n.eq_ignore_ascii_case(u))));
     lines.push("Accept-Encoding: identity".into());
-    let mut out = lines.join("\r\n").into_bytes();
-    out.extend_from_slice(b"\r\n\r\n");
-    Ok(Rewritten { head: out, injected })
+    Ok(Rewritten { head: http::join_head(&lines), injected })
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use moat_core::egress::{LogKind, LogVerdict};
     use moat_core::policy::HostName;
     use moat_core::secrets::{SecretUse, SecretValue};
 
@@ -278,12 +347,57 @@ mod tests {
         let mine = head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: Bearer {MINE}")]);
         for _ in 0..2 {
             rewrite(&mine, &a, "b1").unwrap();
-            a[0].meter.count("b1", LimitKind::Requests, 1);
         }
         let refused = rewrite(&mine, &a, "b1").unwrap_err();
         assert_eq!(refused.status, 429);
         assert!(refused.why.contains("2 requests per 3600 s"), "{}", refused.why);
         // Another box's own limit is its own.
         assert!(rewrite(&mine, &a, "b2").is_ok());
+    }
+
+    #[test]
+    fn racing_requests_never_pass_the_last_free_place_together() {
+        let a = armed(vec![Limit::new(LimitKind::Requests, 50, None).unwrap()], false);
+        let admitted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        if a.meter.admit("b1", &a.secret).is_ok() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Ordering::Relaxed), 50);
+    }
+
+    #[test]
+    fn counts_start_a_new_window_when_the_old_one_is_over() {
+        let now = Instant::now();
+        let mut count = Count::new(now);
+        count.per = Some(Duration::from_secs(60));
+        count.add(u64::MAX);
+        count.add(5);
+        assert_eq!(count.in_window, u64::MAX, "saturates");
+        count.roll(now + Duration::from_secs(59));
+        assert_eq!(count.in_window, u64::MAX);
+        count.roll(now + Duration::from_secs(60));
+        assert_eq!((count.in_window, count.since_start), (0, u64::MAX));
+    }
+
+    #[test]
+    fn a_request_cut_before_its_answer_is_still_metered_and_logged() {
+        let a = armed(vec![Limit::new(LimitKind::Bytes, 100, None).unwrap()], false);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+        let entry = crate::boxnet::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
+        let metered = Metered::new(entry, vec![a.clone()], Logger::new("b1".into(), tx));
+        metered.request_bytes.store(150, Ordering::Relaxed);
+        drop(metered);
+        let (_, logged) = rx.try_recv().unwrap();
+        assert_eq!((logged.sent, logged.secret.as_deref()), (150, Some("llm")));
+        assert!(logged.reason.unwrap().contains("before the response"));
+        assert!(a.meter.admit("b1", &a.secret).unwrap_err().contains("100 bytes"));
     }
 }

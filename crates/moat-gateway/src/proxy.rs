@@ -5,22 +5,21 @@
 //! gateway dials the real host and splices.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use moat_core::egress::{LogEntry, LogKind, LogVerdict};
 use moat_core::policy::{HostName, Policy, Rule, Verdict, DEFAULT_PORTS};
-use moat_core::secrets::LimitKind;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::boxnet::{entry, Asked, BoxNet};
 use crate::fake::is_fake;
 use crate::http::{self, Body, ChunkedReader, Head};
-use crate::inject::{self, Armed, Refusal};
+use crate::inject::{self, Armed, Metered, Refusal};
 use crate::intercept;
-use crate::scrub::{self, Expect};
+use crate::scrub::{self, Expect, InFlight};
 use crate::tls::{self, Hello};
 use crate::zerocopy;
 
@@ -39,6 +38,9 @@ const FIRST_BYTES: Duration = Duration::from_secs(10);
 const SERVER_FIRST: Duration = Duration::from_millis(500);
 /// How long a request head may take to arrive on a kept-alive connection.
 const NEXT_REQUEST: Duration = Duration::from_secs(120);
+/// Requests a box may have sent ahead of their answers on a connection a
+/// secret is bound to.
+const MAX_PIPELINED: usize = 32;
 /// How long the answers to requests before a refused one may take.
 const REFUSED_DRAIN: Duration = Duration::from_secs(10);
 /// Buffer for each direction of a splice.
@@ -317,13 +319,18 @@ async fn requests(
     let (mut from_box, to_box) = tokio::io::split(stream);
     let to_box = Arc::new(tokio::sync::Mutex::new(to_box));
     let received = Arc::new(AtomicU64::new(0));
+    let in_flight = Arc::new(AtomicUsize::new(0));
     let mut up: Option<(StreamWriter, AbortOnDrop)> = None;
-    // Where a bound connection's relay learns what each response answers.
-    let (expect_tx, expect_rx) = tokio::sync::mpsc::unbounded_channel::<Expect>();
+    // Where a bound connection's relay learns what each response answers
+    // (bounded: a box pipelining requests waits for their answers).
+    let (expect_tx, expect_rx) = tokio::sync::mpsc::channel::<Expect>(MAX_PIPELINED);
     let mut expect_rx = Some(expect_rx);
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
+    // The box asked for the end after the request sent last.
+    let mut last_request = false;
+    let activity = Activity { received: &received, in_flight: &in_flight };
     let result = loop {
-        let request = match read_request(&mut from_box, &mut buf).await {
+        let request = match read_request(&mut from_box, &mut buf, activity).await {
             Ok(Some(r)) => r,
             Ok(None) => break Ok(()),
             Err(why) => {
@@ -372,33 +379,32 @@ async fn requests(
         // The head as it goes out: with the box's secrets for this host
         // written in (read again per request: a revoked or killed secret
         // stops at the next one).
-        let mut head: Vec<u8> = buf.drain(..request.head_len).collect();
+        let raw: Vec<u8> = buf.drain(..request.head_len).collect();
         let mut injected = Vec::new();
-        if bound.is_some() {
-            let armed = net.secrets_for(name);
-            let rewritten = if request.upgrade {
-                Err(Refusal { status: 403, why: "no protocol switch to a host a secret is bound to".into() })
-            } else {
-                inject::rewrite(&head, &armed, &net.id)
-            };
-            match rewritten {
-                Ok(r) => {
-                    head = r.head;
+        let rewritten = match bound {
+            Some(_) => {
+                let armed = net.secrets_for(name);
+                inject::rewrite(&raw, &armed, &net.id).map(|r| {
                     injected = r.injected.iter().filter_map(|&i| armed.get(i).cloned()).collect();
-                }
-                Err(refusal) => {
-                    req_log.reason = Some(refusal.why.clone());
-                    net.log(req_log);
-                    // In its turn, after the responses before it.
-                    if up.is_none() {
-                        refuse(&to_box, refusal.status, &refusal.why).await;
-                    } else {
-                        let _ = expect_tx.send(Expect::refused(refusal.status, refusal.why.clone()));
-                    }
-                    break Err(refusal.why);
-                }
+                    r.head
+                })
             }
-        }
+            None => http::with_crlf(&raw).ok_or(Refusal { status: 400, why: "a head that is not text".into() }),
+        };
+        let head = match rewritten {
+            Ok(head) => head,
+            Err(refusal) => {
+                req_log.reason = Some(refusal.why.clone());
+                net.log(req_log);
+                // In its turn, after the responses before it.
+                if up.is_none() {
+                    refuse(&to_box, refusal.status, &refusal.why).await;
+                } else if bound.is_some() {
+                    let _ = expect_tx.send(Expect::refused(refusal.status, refusal.why.clone())).await;
+                }
+                break Err(refusal.why);
+            }
+        };
         if up.is_none() {
             // Plain HTTP responses are spliced socket to socket: a second
             // handle on the upstream socket to read, one on the box's to write.
@@ -420,9 +426,7 @@ async fn requests(
                     let (to_box, received) = (Arc::clone(&to_box), Arc::clone(&received));
                     let box_socket = plain.as_ref().map(dup).transpose().ok().flatten();
                     let copier = match (&bound, expect_rx.take(), up_socket, box_socket) {
-                        (Some(_), Some(rx), _, _) => {
-                            tokio::spawn(scrub::relay(up_read, to_box, rx, net.secret_values(), net.logger(), received))
-                        }
+                        (Some(_), Some(rx), _, _) => tokio::spawn(scrub::relay(up_read, to_box, rx, received)),
                         (_, _, Some(from), Some(to)) => tokio::spawn(async move {
                             let _ = zerocopy::copy(&from, &to, &received).await;
                         }),
@@ -451,37 +455,31 @@ async fn requests(
         // On a bound connection the relay hears of the request before its
         // body goes (a client waiting for 100 Continue gets it); the entry of
         // a request with a secret in it is finished (bytes, tokens) and logged
-        // by the relay, with its response.
-        let request_bytes = Arc::new(AtomicU64::new(head.len() as u64));
+        // with its response.
         let mut plain_log = Some(req_log);
+        let mut request_bytes = None;
         if bound.is_some() {
-            let with_secret = match plain_log.take() {
-                Some(mut entry) if !injected.is_empty() => {
-                    for a in &injected {
-                        a.meter.count(&net.id, LimitKind::Requests, 1);
-                    }
-                    let names: Vec<&str> = injected.iter().map(|a| a.secret.name.as_str()).collect();
-                    entry.secret = Some(names.join(","));
-                    Some((entry, std::mem::take(&mut injected)))
+            let values: Arc<[String]> = net.secret_values().into();
+            let mut expect = Expect::response(request.method == "HEAD", request.http10, request.close, values);
+            if !injected.is_empty() {
+                if let Some(entry) = plain_log.take() {
+                    let metered = Metered::new(entry, std::mem::take(&mut injected), net.logger());
+                    metered.request_bytes.store(head.len() as u64, Ordering::Relaxed);
+                    request_bytes = Some(Arc::clone(&metered.request_bytes));
+                    expect.metered = Some(metered);
                 }
-                other => {
-                    plain_log = other;
-                    None
-                }
-            };
-            let _ = expect_tx.send(Expect {
-                head: request.method == "HEAD",
-                http10: request.http10,
-                close: request.close,
-                injected: with_secret,
-                request_bytes: Arc::clone(&request_bytes),
-                refusal: None,
-            });
+            }
+            expect.in_flight = Some(InFlight::new(&in_flight));
+            if expect_tx.send(expect).await.is_err() {
+                break Err("the host's answers ended".into());
+            }
         }
         match forward_body(&mut from_box, up_write, &mut buf, request.body).await {
             Ok(n) => {
                 log.sent += n;
-                request_bytes.fetch_add(n, Ordering::Relaxed);
+                if let Some(bytes) = &request_bytes {
+                    bytes.fetch_add(n, Ordering::Relaxed);
+                }
                 if let Some(mut entry) = plain_log {
                     entry.sent += n;
                     net.log(entry);
@@ -489,24 +487,28 @@ async fn requests(
             }
             Err(why) => break Err(why),
         }
-        if request.upgrade {
-            // After a protocol switch the bytes are not HTTP: pass them on.
-            let _ = up_write.write_all(&buf).await;
-            log.sent += buf.len() as u64;
-            match tokio::io::copy(&mut from_box, up_write).await {
-                Ok(n) => log.sent += n,
-                Err(e) => break Err(e.to_string()),
-            }
+        // The box asked for the end (and on a bound connection HTTP/1.0
+        // answers are framed by the close): nothing after this request is
+        // read as one.
+        if request.close || (bound.is_some() && request.http10) {
+            last_request = true;
             break Ok(());
         }
     };
     drop(expect_tx);
     if let Some((mut up_write, mut copier)) = up {
         // No more requests: the host finishes the ones it has, its answers
-        // reach the box, then both ends close.
-        let _ = up_write.shutdown().await;
+        // reach the box, then both ends close. (After a last request the
+        // host closes by itself.)
+        if !last_request {
+            let _ = up_write.shutdown().await;
+        }
         let wait = if result.is_ok() { NEXT_REQUEST } else { REFUSED_DRAIN };
-        let _ = tokio::time::timeout(wait, &mut copier.0).await;
+        if !activity.until_idle(&mut copier.0, wait).await {
+            // The copier may hold the box's side while it waits to write.
+            copier.0.abort();
+            let _ = (&mut copier.0).await;
+        }
         let _ = to_box.lock().await.shutdown().await;
     }
     log.received = received.load(Ordering::Relaxed);
@@ -542,9 +544,47 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// What tells a quiet connection from an idle one: bytes still coming from
+/// the host, or answers it still owes.
+#[derive(Clone, Copy)]
+struct Activity<'a> {
+    received: &'a AtomicU64,
+    in_flight: &'a AtomicUsize,
+}
+
+impl Activity<'_> {
+    /// A mark to tell later whether anything happened since.
+    fn mark(self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Whether the connection was idle since `mark`.
+    fn idle_since(self, mark: u64) -> bool {
+        self.received.load(Ordering::Relaxed) == mark && self.in_flight.load(Ordering::Relaxed) == 0
+    }
+
+    /// Waits for `task` to end (`true`), or for the connection to be idle
+    /// for `idle` (`false`).
+    async fn until_idle(self, task: &mut tokio::task::JoinHandle<()>, idle: Duration) -> bool {
+        loop {
+            let mark = self.mark();
+            if tokio::time::timeout(idle, &mut *task).await.is_ok() {
+                return true;
+            }
+            if self.idle_since(mark) {
+                return false;
+            }
+        }
+    }
+}
+
 /// Reads the next request head into `buf` (`None`: the box closed cleanly
-/// between requests).
-async fn read_request(from_box: &mut StreamReader, buf: &mut Vec<u8>) -> Result<Option<http::Request>, String> {
+/// between requests, or left the connection idle).
+async fn read_request(
+    from_box: &mut StreamReader,
+    buf: &mut Vec<u8>,
+    activity: Activity<'_>,
+) -> Result<Option<http::Request>, String> {
     loop {
         match http::read_head(buf) {
             Head::Request(r) => return Ok(Some(r)),
@@ -552,12 +592,18 @@ async fn read_request(from_box: &mut StreamReader, buf: &mut Vec<u8>) -> Result<
             Head::Incomplete => {}
         }
         let mut chunk = [0u8; 8192];
+        let mark = activity.mark();
         match tokio::time::timeout(NEXT_REQUEST, from_box.read(&mut chunk)).await {
             Ok(Ok(0)) if buf.is_empty() => return Ok(None),
             Ok(Ok(0)) => return Err("closed inside a request head".into()),
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
             Ok(Err(e)) => return Err(e.to_string()),
-            Err(_) if buf.is_empty() => return Ok(None),
+            // A box waiting on a long answer is not idle.
+            Err(_) if buf.is_empty() => {
+                if activity.idle_since(mark) {
+                    return Ok(None);
+                }
+            }
             Err(_) => return Err("request head too slow".into()),
         }
     }

@@ -7,16 +7,13 @@
 //! (chunked, or until close for HTTP/1.0), never compressed.
 
 use std::io::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use moat_core::egress::LogEntry;
-use moat_core::secrets::LimitKind;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Mutex};
 
-use crate::boxnet::Logger;
-use crate::inject::Armed;
+use crate::inject::Metered;
 
 /// Largest response head read.
 const MAX_HEAD: usize = 64 << 10;
@@ -26,6 +23,10 @@ const DECODE_STEP: usize = 1024;
 /// What a value is replaced with.
 const REMOVED: &[u8] = b"[secret removed by moat]";
 
+/// Largest token count one field of a response may report; more is read as
+/// this much (a body the box had echoed could say anything).
+const MAX_REPORTED: u64 = 100_000_000;
+
 /// What the gateway knows of a request whose response comes next.
 pub struct Expect {
     /// It was a HEAD request (its response has no body).
@@ -34,26 +35,44 @@ pub struct Expect {
     pub http10: bool,
     /// It asked for the connection to end after its response.
     pub close: bool,
-    /// For a request a secret was written into: its log entry (finished
-    /// when the response is: bytes, tokens) and the secrets, to meter.
-    pub injected: Option<(LogEntry, Vec<Armed>)>,
-    /// Bytes of the request sent so far (its body may still be going).
-    pub request_bytes: Arc<AtomicU64>,
+    /// The box's secret values as the request went out (cut from its
+    /// response: a secret granted since the connection opened included).
+    pub values: Arc<[String]>,
+    /// For a request a secret was written into: its entry, to finish and log.
+    pub metered: Option<Metered>,
     /// A request the gateway refused: this answer, in its turn, then the end.
     pub refusal: Option<(u16, String)>,
+    /// Counts the response as still to come while it lives.
+    pub in_flight: Option<InFlight>,
 }
 
 impl Expect {
+    /// The response to a request the host was sent.
+    pub fn response(head: bool, http10: bool, close: bool, values: Arc<[String]>) -> Self {
+        Self { head, http10, close, values, metered: None, refusal: None, in_flight: None }
+    }
+
     /// The gateway's own answer to a refused request.
     pub fn refused(status: u16, why: String) -> Self {
-        Self {
-            head: false,
-            http10: false,
-            close: true,
-            injected: None,
-            request_bytes: Arc::default(),
-            refusal: Some((status, why)),
-        }
+        Self { refusal: Some((status, why)), ..Self::response(false, false, true, Arc::from([])) }
+    }
+}
+
+/// One response still to come on a connection, counted while it lives (so
+/// that a connection waiting on a slow answer is not taken for idle).
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    /// Counts one more in `count`.
+    pub fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -127,7 +146,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// bodies, and streamed events): `input_tokens`/`output_tokens`
 /// (Anthropic, OpenAI Responses), `prompt_tokens`/`completion_tokens`
 /// (OpenAI chat), `total_tokens`. Streams report running totals, so the
-/// largest of each is taken.
+/// largest of each is taken; each is capped at [`MAX_REPORTED`].
 #[derive(Default)]
 pub struct TokenCount {
     tail: Vec<u8>,
@@ -153,7 +172,8 @@ impl TokenCount {
                 // A number cut by the end of this read is read whole next time.
                 if digits > 0 && j + digits < window.len() {
                     let text = std::str::from_utf8(&window[j..j + digits]).unwrap_or("0");
-                    self.max[k] = self.max[k].max(text.parse().unwrap_or(0));
+                    let n = text.parse().unwrap_or(u64::MAX).min(MAX_REPORTED);
+                    self.max[k] = self.max[k].max(n);
                 }
                 at = j;
             }
@@ -168,7 +188,7 @@ impl TokenCount {
         if total > 0 {
             total
         } else {
-            input.max(prompt) + output.max(completion)
+            input.max(prompt).saturating_add(output.max(completion))
         }
     }
 }
@@ -274,26 +294,22 @@ impl Decoder {
 }
 
 /// Relays responses from `up` to the box, one per [`Expect`], scrubbed of
-/// `values`, until either side ends.
-pub async fn relay<R, W>(
-    mut up: R,
-    to_box: Arc<Mutex<W>>,
-    mut expect: mpsc::UnboundedReceiver<Expect>,
-    values: Vec<String>,
-    logger: Logger,
-    received: Arc<AtomicU64>,
-) where
+/// the secret values each names, until either side ends.
+pub async fn relay<R, W>(mut up: R, to_box: Arc<Mutex<W>>, mut expect: mpsc::Receiver<Expect>, received: Arc<AtomicU64>)
+where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
     // One response per request, in order; when the requests end, so do we.
-    'responses: while let Some(req) = expect.recv().await {
+    'responses: while let Some(mut req) = expect.recv().await {
         if let Some((status, why)) = &req.refusal {
             refuse(&mut *to_box.lock().await, *status, why).await;
             break;
         }
-        let mut scrub = Scrubber::new(&values);
+        let mut scrub = Scrubber::new(&req.values);
+        // Counted from here: the head is part of what the request cost.
+        let start = received.load(Ordering::Relaxed);
         let head = loop {
             let head = match read_head(&mut up, &mut buf, &received).await {
                 Ok(Some(head)) => head,
@@ -306,7 +322,7 @@ pub async fn relay<R, W>(
             if !(100..200).contains(&head.status) || head.status == 101 {
                 break head;
             }
-            let mut out = head.line.clone();
+            let mut out = status_line(&head, &mut scrub);
             out.extend(scrub_headers(&head.headers, &mut scrub, &[]));
             out.extend_from_slice(b"\r\n");
             if to_box.lock().await.write_all(&out).await.is_err() {
@@ -317,15 +333,22 @@ pub async fn relay<R, W>(
         if head.status == 101 {
             break;
         }
-        let framing = framing(&head, req.head);
-        let until_close = matches!(framing, Framing::UntilClose);
-        let Some(decoder) = decoder(&head) else {
-            let why = "the host answered in an encoding the gateway cannot check for secrets";
-            refuse(&mut *to_box.lock().await, 502, why).await;
-            break;
+        let checkable = framing(&head, req.head).and_then(|f| Ok((f, decoder(&head)?)));
+        let (framing, decoder) = match checkable {
+            Ok(both) => both,
+            Err(why) => {
+                refuse(
+                    &mut *to_box.lock().await,
+                    502,
+                    &format!("the host's answer cannot be checked for secrets: {why}"),
+                )
+                .await;
+                break;
+            }
         };
+        let until_close = matches!(framing, Framing::UntilClose);
         let has_body = !matches!(framing, Framing::None);
-        let mut out = head.line.clone();
+        let mut out = status_line(&head, &mut scrub);
         let dropped: &[&str] =
             if has_body { &["content-length", "transfer-encoding", "content-encoding"] } else { &[] };
         out.extend(scrub_headers(&head.headers, &mut scrub, dropped));
@@ -337,8 +360,7 @@ pub async fn relay<R, W>(
             });
         }
         out.extend_from_slice(b"\r\n");
-        let start = received.load(Ordering::Relaxed);
-        let mut tokens = TokenCount::default();
+        let mut tokens = reports_usage(&head).then(TokenCount::default);
         let sent = {
             let mut w = to_box.lock().await;
             match w.write_all(&out).await {
@@ -349,17 +371,9 @@ pub async fn relay<R, W>(
                 Err(_) => Err("the box went away"),
             }
         };
-        if let Some((mut entry, armed)) = req.injected {
-            let bytes = received.load(Ordering::Relaxed) - start;
-            entry.received = bytes;
-            entry.sent = req.request_bytes.load(Ordering::Relaxed);
-            let used = tokens.total();
-            entry.tokens = (used > 0).then_some(used);
-            for a in &armed {
-                a.meter.count(&logger.box_id, LimitKind::Tokens, used);
-                a.meter.count(&logger.box_id, LimitKind::Bytes, bytes + entry.sent);
-            }
-            logger.log(entry);
+        if let Some(metered) = req.metered.as_mut() {
+            let bytes = received.load(Ordering::Relaxed).saturating_sub(start);
+            metered.finish(bytes, tokens.as_ref().map_or(0, TokenCount::total), sent.err());
         }
         // Either side asking for the end, or a body that ran to the close.
         let closing = header(&head, "connection").any(|v| v.split(',').any(|t| t.trim() == "close"));
@@ -368,6 +382,25 @@ pub async fn relay<R, W>(
         }
     }
     let _ = to_box.lock().await.shutdown().await;
+}
+
+/// Whether a response's body is where an LLM API reports tokens used (JSON,
+/// or a stream of events): only those are read for counts.
+fn reports_usage(head: &ResponseHead) -> bool {
+    header(head, "content-type").next().is_some_and(|t| {
+        let t = t.split(';').next().unwrap_or_default().trim();
+        t == "application/json" || t.ends_with("+json") || t == "text/event-stream" || t == "application/x-ndjson"
+    })
+}
+
+/// A response's status line as the box gets it: HTTP/1.1, its reason
+/// scrubbed (a host can put anything there).
+fn status_line(head: &ResponseHead, scrub: &mut Scrubber) -> Vec<u8> {
+    let mut line = format!("HTTP/1.1 {} ", head.status).into_bytes();
+    line.extend(scrub.push(head.reason.as_bytes()));
+    line.extend(scrub.finish());
+    line.extend_from_slice(b"\r\n");
+    line
 }
 
 /// The gateway's own answer to a request it will not send (the connection
@@ -389,8 +422,8 @@ pub async fn refuse<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str) {
 
 struct ResponseHead {
     status: u16,
-    /// The status line, CRLF included, as the box gets it.
-    line: Vec<u8>,
+    /// The reason phrase, control characters removed.
+    reason: String,
     headers: Vec<(String, Vec<u8>)>,
 }
 
@@ -406,10 +439,9 @@ async fn read_head<R: AsyncRead + Unpin>(
             Ok(httparse::Status::Complete(n)) => {
                 let status = resp.code.ok_or("no status")?;
                 let reason: String = resp.reason.unwrap_or("").chars().filter(|c| !c.is_control()).collect();
-                let line = format!("HTTP/1.1 {status} {reason}\r\n").into_bytes();
                 let headers = resp.headers.iter().map(|h| (h.name.to_string(), h.value.to_vec())).collect();
                 buf.drain(..n);
-                return Ok(Some(ResponseHead { status, line, headers }));
+                return Ok(Some(ResponseHead { status, reason, headers }));
             }
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
             Ok(httparse::Status::Partial) => return Err("response head too large"),
@@ -435,33 +467,38 @@ fn header<'a>(head: &'a ResponseHead, name: &str) -> impl Iterator<Item = String
         .map(|(_, v)| String::from_utf8_lossy(v).trim().to_ascii_lowercase())
 }
 
-fn framing(head: &ResponseHead, to_head: bool) -> Framing {
+/// How a response's body is framed. Only plain chunked is read as a
+/// transfer coding: any other would hide the body's bytes from the scrubber.
+fn framing(head: &ResponseHead, to_head: bool) -> Result<Framing, &'static str> {
     if to_head || head.status == 204 || head.status == 304 {
-        return Framing::None;
+        return Ok(Framing::None);
     }
-    if let Some(te) = header(head, "transfer-encoding").last() {
-        return if te.rsplit(',').next().is_some_and(|c| c.trim() == "chunked") {
-            Framing::Chunked
-        } else {
-            Framing::UntilClose
-        };
+    let codings: Vec<String> = header(head, "transfer-encoding").collect();
+    match codings.as_slice() {
+        [] => {}
+        [c] if c == "chunked" => return Ok(Framing::Chunked),
+        _ => return Err("a transfer coding other than chunked"),
     }
-    match header(head, "content-length").next().and_then(|v| v.parse().ok()) {
-        Some(n) => Framing::Length(n),
-        None => Framing::UntilClose,
+    let lengths: Vec<String> = header(head, "content-length").collect();
+    match lengths.as_slice() {
+        [] => Ok(Framing::UntilClose),
+        [first, rest @ ..] if rest.iter().all(|l| l == first) => {
+            first.parse().map(Framing::Length).map_err(|_| "a bad Content-Length")
+        }
+        _ => Err("two Content-Lengths"),
     }
 }
 
-fn decoder(head: &ResponseHead) -> Option<Decoder> {
+fn decoder(head: &ResponseHead) -> Result<Decoder, &'static str> {
     let codings: Vec<String> = header(head, "content-encoding")
         .flat_map(|v| v.split(',').map(|c| c.trim().to_string()).collect::<Vec<_>>())
         .filter(|c| !c.is_empty() && c != "identity")
         .collect();
     match codings.as_slice() {
-        [] => Some(Decoder::Identity),
-        [c] if c == "gzip" || c == "x-gzip" => Some(Decoder::Gzip(Box::new(flate2::write::GzDecoder::new(Vec::new())))),
-        [c] if c == "deflate" => Some(Decoder::Zlib(Box::new(flate2::write::ZlibDecoder::new(Vec::new())))),
-        _ => None,
+        [] => Ok(Decoder::Identity),
+        [c] if c == "gzip" || c == "x-gzip" => Ok(Decoder::Gzip(Box::new(flate2::write::GzDecoder::new(Vec::new())))),
+        [c] if c == "deflate" => Ok(Decoder::Zlib(Box::new(flate2::write::ZlibDecoder::new(Vec::new())))),
+        _ => Err("a content coding the gateway cannot read"),
     }
 }
 
@@ -491,7 +528,7 @@ async fn body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     framing: Framing,
     mut decoder: Decoder,
     scrub: &mut Scrubber,
-    tokens: &mut TokenCount,
+    tokens: &mut Option<TokenCount>,
     http10: bool,
     received: &AtomicU64,
 ) -> Result<(), &'static str> {
@@ -561,11 +598,13 @@ async fn body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 async fn send<W: AsyncWrite + Unpin>(
     w: &mut W,
     scrub: &mut Scrubber,
-    tokens: &mut TokenCount,
+    tokens: &mut Option<TokenCount>,
     data: &[u8],
     http10: bool,
 ) -> Result<(), &'static str> {
-    tokens.feed(data);
+    if let Some(tokens) = tokens {
+        tokens.feed(data);
+    }
     let clean = scrub.push(data);
     write_chunk(w, &clean, http10).await
 }
@@ -659,29 +698,77 @@ mod tests {
         upstream.extend(gz);
         upstream.extend(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nsk-\r\n4\r\nREAL\r\n0\r\n\r\n");
         upstream.extend(b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx");
-        let (to_box, mut from_gateway) = tokio::io::duplex(1 << 20);
-        let (tx, rx) = mpsc::unbounded_channel();
-        for _ in 0..3 {
-            let expect = Expect {
-                head: false,
-                http10: false,
-                close: false,
-                injected: None,
-                request_bytes: Arc::default(),
-                refusal: None,
-            };
-            tx.send(expect).unwrap();
-        }
-        let (log_tx, _log_rx) = mpsc::channel(8);
-        let logger = Logger::new("b1".into(), log_tx);
-        relay(&upstream[..], Arc::new(Mutex::new(to_box)), rx, vec!["sk-REAL".into()], logger, Arc::default()).await;
-        let mut got = Vec::new();
-        from_gateway.read_to_end(&mut got).await.unwrap();
-        let got = String::from_utf8(got).unwrap();
+        let got = relay_all(&upstream, 3).await;
         assert!(!got.contains("sk-REAL"), "{got}");
         assert!(got.contains("X-Echo: [secret removed by moat]"), "{got}");
         assert!(got.contains("your key is [secret removed by moat]"), "{got}");
         assert!(!got.to_ascii_lowercase().contains("content-encoding: gzip"), "{got}");
-        assert!(got.contains("cannot check for secrets"), "{got}");
+        assert!(got.contains("cannot be checked for secrets: a content coding"), "{got}");
+    }
+
+    /// What the box gets for `upstream`, answering `n` requests, each of
+    /// which went out while the box's one secret value was `sk-REAL`.
+    async fn relay_all(upstream: &[u8], n: usize) -> String {
+        relay_values(upstream, &vec![vec!["sk-REAL".to_string()]; n]).await
+    }
+
+    /// Same, each request with its own values.
+    async fn relay_values(upstream: &[u8], values: &[Vec<String>]) -> String {
+        let (to_box, mut from_gateway) = tokio::io::duplex(1 << 20);
+        let (tx, rx) = mpsc::channel(values.len());
+        for v in values {
+            tx.send(Expect::response(false, false, false, v.clone().into())).await.unwrap();
+        }
+        drop(tx);
+        relay(upstream, Arc::new(Mutex::new(to_box)), rx, Arc::default()).await;
+        let mut got = Vec::new();
+        from_gateway.read_to_end(&mut got).await.unwrap();
+        String::from_utf8(got).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_value_granted_later_is_cut_from_later_answers_and_reasons_are_scrubbed() {
+        let upstream =
+            b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsk-NEWHTTP/1.1 200 sk-NEW\r\nContent-Length: 6\r\n\r\nsk-NEW";
+        let got = relay_values(upstream, &[vec![], vec!["sk-NEW".into()]]).await;
+        // The first went out before the secret was granted: nothing to cut.
+        assert!(got.contains("\r\n\r\n6\r\nsk-NEW\r\n0\r\n\r\n"), "{got}");
+        assert_eq!(got.matches("sk-NEW").count(), 1, "{got}");
+        assert!(got.contains("HTTP/1.1 200 [secret removed by moat]\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn framings_that_hide_the_body_are_refused() {
+        for head in [
+            "Transfer-Encoding: gzip, chunked",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+            "Content-Length: 6\r\nContent-Length: 7",
+        ] {
+            let upstream = format!("HTTP/1.1 200 OK\r\n{head}\r\n\r\nsk-REAL");
+            let got = relay_all(upstream.as_bytes(), 1).await;
+            assert!(got.starts_with("HTTP/1.1 502 Bad Gateway") && !got.contains("sk-REAL"), "{head}: {got}");
+        }
+    }
+
+    #[test]
+    fn token_counts_are_capped_and_only_json_and_events_are_read() {
+        let mut t = TokenCount::default();
+        t.feed(b"{\"input_tokens\":99999999999999999999999999,\"output_tokens\":18446744073709551615}");
+        assert_eq!(t.total(), 2 * MAX_REPORTED);
+        let head = |t: &str| ResponseHead {
+            status: 200,
+            reason: "OK".into(),
+            headers: vec![("Content-Type".into(), t.as_bytes().to_vec())],
+        };
+        for (t, read) in [
+            ("application/json", true),
+            ("Application/JSON; charset=utf-8", true),
+            ("text/event-stream", true),
+            ("application/vnd.api+json", true),
+            ("application/octet-stream", false),
+            ("text/plain", false),
+        ] {
+            assert_eq!(reports_usage(&head(t)), read, "{t}");
+        }
     }
 }

@@ -153,6 +153,27 @@ pub fn reach_only_their_host_and_header(env: &Env) {
     assert_eq!(out.trim(), "200");
     assert_eq!(arrived(env, &m).concat().matches(&value).count(), 1);
 
+    // HTTP/1.0 keep-alive: its answer is framed by the close, so nothing
+    // sent after the request is read as another (and none gets the value);
+    // a byte range, which would let the value come back in slices, is
+    // dropped.
+    let m = unique("m");
+    let http10 = format!(
+        "import os, socket, ssl\n\
+         s = ssl.create_default_context().wrap_socket(socket.create_connection((\"llm.test\", 443)), server_hostname=\"llm.test\")\n\
+         a = \"Authorization: Bearer \" + os.environ[\"LLM_KEY\"] + \"\\r\\n\"\n\
+         s.sendall((\"GET /echo?{m}-one HTTP/1.0\\r\\nHost: llm.test\\r\\nConnection: keep-alive\\r\\nRange: bytes=0-9\\r\\n\" + a + \"\\r\\n\"\n\
+                    \"GET /echo?{m}-two HTTP/1.1\\r\\nHost: llm.test\\r\\n\" + a + \"\\r\\n\").encode())\n\
+         got = b\"\"\n\
+         while True:\n    d = s.recv(65536)\n    if not d: break\n    got += d\n\
+         print(got.count(b\"HTTP/1.1 \"), got.split()[1].decode())\n"
+    );
+    let (_, out) = sh(env, &a, &format!("timeout 20 python3 -c '{http10}'"));
+    assert_eq!(out.trim(), "1 200", "{out}");
+    let got = arrived(env, &m);
+    assert_eq!(got.len(), 1, "a request after an HTTP/1.0 one was sent on: {got:?}");
+    assert!(got[0].contains("-one") && !got[0].contains("Range"), "{got:?}");
+
     // Another box granted the same secret has a placeholder of its own; box
     // A's placeholder does not work in it.
     let b = unique("sec");

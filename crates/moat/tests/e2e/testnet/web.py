@@ -75,7 +75,7 @@ class Server(http.server.BaseHTTPRequestHandler):
         echo = json.dumps({"headers": dict(self.headers), "path": self.path, "body": body.decode("latin-1"),
                            "usage": usage}).encode()
         if self.path.startswith("/gzip"):
-            return self.reply(200, gzip.compress(echo), [("Content-Encoding", "gzip")])
+            return self.reply(200, gzip.compress(echo), [("Content-Type", "application/json"), ("Content-Encoding", "gzip")])
         if self.path.startswith("/stream"):
             events = [
                 {"type": "message_start", "message": {"usage": {"input_tokens": 10, "output_tokens": 1}}},
