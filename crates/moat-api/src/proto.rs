@@ -101,6 +101,40 @@ pub enum Request {
         /// The box compared.
         b: Name,
     },
+    /// Saves a box as a checkpoint.
+    Checkpoint {
+        /// The account.
+        account: AccountId,
+        /// The box.
+        name: Name,
+        /// The label, if not the next `cN`.
+        label: Option<Name>,
+    },
+    /// A box's checkpoints.
+    Checkpoints {
+        /// The account.
+        account: AccountId,
+        /// The box.
+        name: Name,
+    },
+    /// Puts a box back to a checkpoint.
+    Restore {
+        /// The account.
+        account: AccountId,
+        /// The box.
+        name: Name,
+        /// The checkpoint.
+        label: Name,
+    },
+    /// Deletes a checkpoint.
+    CheckpointRemove {
+        /// The account.
+        account: AccountId,
+        /// The box.
+        name: Name,
+        /// The checkpoint.
+        label: Name,
+    },
     /// `child` takes its parent's name.
     Promote {
         /// The account.
@@ -359,8 +393,11 @@ pub enum Reply {
     Boxes(Vec<BoxInfo>),
     /// To `Get`, `Create` and `Dup`.
     Box(BoxInfo),
-    /// To `Promote`: the name the parent now has.
+    /// To `Promote`: the name the parent now has; to `Checkpoint`, the
+    /// label; to `Restore`, the label the state before it is kept under.
     Name(Name),
+    /// To `Checkpoints`.
+    Checkpoints(Vec<moat_core::Checkpoint>),
     /// To `Usage`.
     Usage(UsageReport),
     /// To `Policy` and `ChangePolicy`.

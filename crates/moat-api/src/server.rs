@@ -367,6 +367,12 @@ async fn run(
         Request::Dup { account, src, dst } => Reply::Box(BoxInfo::from(&m.dup(&account, &src, &dst).await?)),
         Request::Diff { account, a, b } => m.diff(&account, &a, &b, changes).await.map(|()| Reply::Done)?,
         Request::Promote { account, child } => Reply::Name(m.promote(&account, &child).await?),
+        Request::Checkpoint { account, name, label } => Reply::Name(m.checkpoint(&account, &name, label).await?),
+        Request::Checkpoints { account, name } => Reply::Checkpoints(m.checkpoints(&account, &name).await?),
+        Request::Restore { account, name, label } => Reply::Name(m.restore(&account, &name, &label).await?),
+        Request::CheckpointRemove { account, name, label } => {
+            m.remove_checkpoint(&account, &name, &label).await.map(|()| Reply::Done)?
+        }
         Request::Stop { account, name } => m.stop(&account, &name).await.map(|()| Reply::Done)?,
         Request::Start { account, name } => m.start(&account, &name).await.map(|()| Reply::Done)?,
         Request::Suspend { account, name } => m.suspend(&account, &name).await.map(|()| Reply::Done)?,

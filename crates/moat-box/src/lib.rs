@@ -1,6 +1,7 @@
 //! moat-box: where boxes are actually made.
 //!
 //! - [`pool`]: the copy-on-write storage pool (btrfs, loop-backed where needed);
+//! - [`checkpoint`]: a box's root saved by label, and restored in place;
 //! - [`image`]: building the read-only images boxes start from;
 //! - [`identity`]: what makes each box a machine of its own;
 //! - [`trust`]: the box trusting its own TLS CA;
@@ -12,6 +13,7 @@
 //! second variant.
 
 pub mod bpf;
+pub mod checkpoint;
 pub mod confine;
 pub mod diff;
 pub mod environment;
@@ -23,7 +25,7 @@ pub mod pool;
 pub mod sys;
 pub mod trust;
 
-use moat_core::{AccountId, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, MeterReading, Name};
+use moat_core::{AccountId, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading, Name};
 
 /// Every backend moat has, behind one type.
 pub enum AnyBackend {
@@ -72,6 +74,18 @@ impl Backend for AnyBackend {
     }
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
         self.inner().diff(a, b, out)
+    }
+    fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        self.inner().checkpoint(rec, label)
+    }
+    fn checkpoints(&self, rec: &BoxRecord) -> Vec<Checkpoint> {
+        self.inner().checkpoints(rec)
+    }
+    fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
+        self.inner().restore(rec, label, before)
+    }
+    fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        self.inner().delete_checkpoint(rec, label)
     }
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
         self.inner().rename(rec, name)

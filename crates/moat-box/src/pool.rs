@@ -41,6 +41,9 @@ pub enum PoolError {
         #[source]
         source: io::Error,
     },
+    /// What the pool cannot do.
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// An external tool failed.
     #[error("{tool} failed: {stderr}")]
     Tool {
@@ -51,7 +54,7 @@ pub enum PoolError {
     },
 }
 
-fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PoolError + 'a {
+pub(crate) fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PoolError + 'a {
     move |source| PoolError::Io { what, path: path.to_path_buf(), source }
 }
 
@@ -225,9 +228,11 @@ impl Pool {
         sys::qgroup_limit_exclusive(&path, 0, bytes).map_err(io_err("set disk limit on", &path))
     }
 
-    /// Bytes box `id` holds that no other subvolume shares (what it wrote).
+    /// Bytes box `id` holds that no other subvolume shares (what it wrote,
+    /// including what only its checkpoints still hold).
     pub fn exclusive_bytes(&self, id: &BoxId) -> Option<u64> {
-        self.qgroup_exclusive(sys::subvolume_id(&self.box_path(id)).ok()?)
+        let of_box = self.qgroup_exclusive(crate::checkpoint::box_qgroup(id));
+        of_box.or_else(|| self.qgroup_exclusive(sys::subvolume_id(&self.box_path(id)).ok()?))
     }
 
     /// Charges box `id`'s writes to `account`'s qgroup too, whose total is
@@ -261,7 +266,7 @@ impl Pool {
 
     /// The exclusive bytes of qgroup `qgroupid` (level in the top 16 bits; a
     /// bare subvolume id is level 0), from sysfs.
-    fn qgroup_exclusive(&self, qgroupid: u64) -> Option<u64> {
+    pub(crate) fn qgroup_exclusive(&self, qgroupid: u64) -> Option<u64> {
         let (level, id) = (qgroupid >> 48, qgroupid & ((1 << 48) - 1));
         self.qgroup_file(&format!("{level}_{id}/exclusive"))?.trim().parse().ok()
     }
@@ -300,8 +305,9 @@ impl Pool {
         write.map_err(io_err("store CA key", &path))
     }
 
-    /// Deletes box `id`'s root and CA key, if they exist.
+    /// Deletes box `id`'s root, checkpoints and CA key, if they exist.
     pub fn delete_box(&self, id: &BoxId) -> Result<(), PoolError> {
+        self.delete_checkpoints(id)?;
         let _ = fs::remove_file(self.ca_key_path(id));
         let path = self.box_path(id);
         if !path.exists() {
@@ -318,10 +324,15 @@ const MOUNT_OPTIONS: &str = "loop,nosuid,discard=async";
 /// The level-1 qgroup of `account`: a stable 48-bit hash of its name (FNV-1a;
 /// two accounts sharing one would share a budget, at odds of 2^-48 a pair).
 pub fn account_qgroup(account: &AccountId) -> u64 {
-    let hash = account
-        .0
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    level1_qgroup("", &account.0)
+}
+
+/// A level-1 qgroup named by a stable 48-bit hash (FNV-1a) of `kind` and
+/// `key` (an account's group hashes its name alone, as it always has).
+pub(crate) fn level1_qgroup(kind: &str, key: &str) -> u64 {
+    let tagged = if kind.is_empty() { key.to_string() } else { format!("{kind}/{key}") };
+    let hash =
+        tagged.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
     (1 << 48) | (hash & ((1 << 48) - 1))
 }
 

@@ -231,6 +231,29 @@ pub fn subvolume_snapshot(source: &Path, parent: &Path, name: &str, readonly: bo
     Ok(())
 }
 
+nix::ioctl_read!(
+    /// BTRFS_IOC_SUBVOL_GETFLAGS
+    btrfs_subvol_getflags, BTRFS_IOCTL_MAGIC, 25, u64);
+nix::ioctl_write_ptr!(
+    /// BTRFS_IOC_SUBVOL_SETFLAGS
+    btrfs_subvol_setflags, BTRFS_IOCTL_MAGIC, 26, u64);
+
+/// Makes the subvolume whose root is `path` read-only (nothing can change
+/// in it after this returns).
+pub fn subvolume_set_readonly(path: &Path) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    let mut flags = 0u64;
+    // SAFETY: BTRFS_IOC_SUBVOL_GETFLAGS writes one u64, which `flags` is.
+    unsafe { btrfs_subvol_getflags(dir.as_raw_fd(), &mut flags) }?;
+    if flags & BTRFS_SUBVOL_RDONLY != 0 {
+        return Ok(());
+    }
+    let flags = flags | BTRFS_SUBVOL_RDONLY;
+    // SAFETY: BTRFS_IOC_SUBVOL_SETFLAGS reads one u64, which `flags` is.
+    unsafe { btrfs_subvol_setflags(dir.as_raw_fd(), &flags) }?;
+    Ok(())
+}
+
 /// Deletes subvolume `parent/name` (its data is freed in the background).
 pub fn subvolume_delete(parent: &Path, name: &str) -> io::Result<()> {
     let dir = open_dir(parent)?;

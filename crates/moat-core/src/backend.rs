@@ -63,6 +63,18 @@ pub struct Change {
     pub change: ChangeKind,
 }
 
+/// A saved state of a box's filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Its label.
+    pub label: String,
+    /// When it was made (ms since the epoch).
+    pub created_ms: u64,
+    /// Bytes only it holds (shared with no other checkpoint, root or image),
+    /// where the backend can tell.
+    pub held_bytes: Option<u64>,
+}
+
 /// A box's cumulative counters, as the host sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MeterReading {
@@ -127,6 +139,17 @@ pub trait Backend: Send + Sync + 'static {
     /// batches as it is found (in tree order); `out` returns false to stop.
     /// The work and memory are bounded whatever the boxes hold.
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError>;
+    /// Saves the box's filesystem as of this instant (a running box is frozen
+    /// for that instant) as read-only checkpoint `label`.
+    fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError>;
+    /// The box's checkpoints, oldest first.
+    fn checkpoints(&self, rec: &BoxRecord) -> Vec<Checkpoint>;
+    /// With the box stopped: makes its filesystem a writable copy of its
+    /// checkpoint `label`, keeping the filesystem it had as checkpoint
+    /// `before`. Whole or not at all, a crash included.
+    fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError>;
+    /// Deletes the box's checkpoint `label`.
+    fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError>;
     /// Writes a new host name into the box's files (running processes see it
     /// after the box restarts).
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError>;

@@ -52,6 +52,9 @@ pub struct ServeArgs {
     /// Most boxes one account (key) may have.
     #[arg(long, default_value_t = 32)]
     max_boxes: usize,
+    /// Most checkpoints one box may have (a restore keeps one more).
+    #[arg(long, default_value_t = 32)]
+    max_checkpoints: usize,
     /// Most CPUs one box may ask for [default: this host's].
     #[arg(long)]
     max_cpus: Option<u32>,
@@ -151,6 +154,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         },
         max_memory_per_account: args.max_memory_per_account.unwrap_or(host_memory.saturating_mul(4)),
         max_disk_per_account,
+        max_checkpoints: args.max_checkpoints,
     };
     let registries = crate::registries::of_this_host();
     let default_policy = moat_core::policy::preset(&args.default_policy, &registries)

@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::backend::Progress;
 use moat_core::{
-    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, ChangeSink, MeterReading, Name,
-    NetAttach,
+    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, ChangeSink, Checkpoint,
+    MeterReading, Name, NetAttach,
 };
 
 use crate::pool::Pool;
@@ -108,6 +108,7 @@ impl NsBackend {
     pub fn new(pool: Pool, config: NsConfig) -> Result<Self, BackendError> {
         let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
         spare::remove_stale(&cgroups, &pool);
+        pool.finish_restores();
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
         let pool = Arc::new(pool);
@@ -358,6 +359,35 @@ impl Backend for NsBackend {
         self.make_own(dst, &root)
     }
 
+    fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        // Frozen, as for `dup`: the checkpoint is one instant of the box.
+        let frozen = self.cgroups.freeze(&rec.id).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))?;
+        fault::point("checkpoint-while-frozen");
+        let saved = self.pool.save_checkpoint(&owner(rec), label.as_str());
+        let thawed = if frozen { self.cgroups.thaw(&rec.id) } else { Ok(()) };
+        saved.map_err(|e| BackendError::new(format!("checkpoint {}", rec.name), e))?;
+        thawed.map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))
+    }
+
+    fn checkpoints(&self, rec: &BoxRecord) -> Vec<Checkpoint> {
+        self.pool.checkpoints(&rec.id)
+    }
+
+    fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
+        self.pool
+            .restore_checkpoint(&owner(rec), label.as_str(), before.as_str())
+            .map_err(|e| BackendError::new(format!("restore {} to {label}", rec.name), e))?;
+        // The same machine, under the name it has now (a promote since the
+        // checkpoint renamed it).
+        identity::rename(&self.pool.box_path(&rec.id), &rec.name).map_err(|e| BackendError::new("rename box", e))
+    }
+
+    fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        self.pool
+            .delete_checkpoint(&rec.id, label.as_str())
+            .map_err(|e| BackendError::new(format!("delete checkpoint {label} of {}", rec.name), e))
+    }
+
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
         crate::diff::diff(&self.pool.box_path(&a.id), &self.pool.box_path(&b.id), out)
             .map_err(|e| BackendError::new(format!("compare {} and {}", a.name, b.name), e))
@@ -389,6 +419,11 @@ impl Backend for NsBackend {
     fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
         self.pool.account_bytes(account)
     }
+}
+
+/// What the box's subvolumes are charged to and limited by.
+fn owner(rec: &BoxRecord) -> crate::checkpoint::Owner<'_> {
+    crate::checkpoint::Owner { id: &rec.id, account: &rec.account, disk_limit: rec.limits.disk }
 }
 
 /// How often the pool's free space is given back to the host.

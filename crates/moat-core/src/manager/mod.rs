@@ -6,6 +6,7 @@
 //! same box twice.
 
 mod ask;
+mod checkpoints;
 mod meter;
 mod network;
 mod secrets;
@@ -93,6 +94,15 @@ pub enum ManagerError {
     /// The server was started without a key to seal secrets with.
     #[error("this server keeps no secrets (it has no key to seal them with)")]
     NoSecretKey,
+    /// The box has no checkpoint by this label.
+    #[error("box {0} has no checkpoint {1} (see: checkpoints {0})")]
+    NoSuchCheckpoint(Name, Name),
+    /// The box has a checkpoint by this label already.
+    #[error("box {0} has a checkpoint {1} already (checkpoint rm {0} {1} first, or pick another label)")]
+    CheckpointExists(Name, Name),
+    /// The box has as many checkpoints as the operator allows.
+    #[error("box {0} has {1} checkpoints, the most this server allows (a restore keeps one more); remove one first")]
+    TooManyCheckpoints(Name, usize),
     /// No open question of the account's has this number.
     #[error("no open question {0} (answered already, or lapsed)")]
     NoSuchQuestion(u64),
@@ -154,6 +164,8 @@ pub struct ManagerConfig {
     /// Most bytes one account's boxes may hold on disk together (enforced by
     /// the backend as they write; here new boxes are refused once it is spent).
     pub max_disk_per_account: u64,
+    /// Most checkpoints one box may have.
+    pub max_checkpoints: usize,
 }
 
 impl Default for ManagerConfig {
@@ -166,6 +178,7 @@ impl Default for ManagerConfig {
             max_limits: Limits { cpus: 64, memory: 64 << 30, pids: 1 << 16, disk: 256 << 30 },
             max_memory_per_account: 256 << 30,
             max_disk_per_account: 256 << 30,
+            max_checkpoints: 32,
         }
     }
 }

@@ -216,6 +216,13 @@ impl BoxManager {
         Ok(vars)
     }
 
+    /// The variables the box's granted secrets put in its environment (their
+    /// placeholders).
+    pub(super) fn secret_environment(&self, id: &BoxId) -> Result<Vec<(String, Option<String>)>, ManagerError> {
+        let granted = self.db(|s| s.secrets_of_box(id))?;
+        Ok(granted.into_iter().map(|(secret, placeholder)| (secret.spec.env, Some(placeholder))).collect())
+    }
+
     /// Adds what the gateway reported a box used a secret for.
     pub(super) fn record_secret_use(&self, box_id: &BoxId, secret: &str, used: SecretUse) {
         let Ok(Some(rec)) = self.db(|s| s.get_by_id(box_id)) else { return };

@@ -63,7 +63,7 @@ impl BoxManager {
     }
 
     /// Makes a box run, whatever state it is in; the caller holds its lock.
-    async fn bring_up(&self, rec: &BoxRecord) -> Result<BoxHandle, ManagerError> {
+    pub(super) async fn bring_up(&self, rec: &BoxRecord) -> Result<BoxHandle, ManagerError> {
         if rec.state == BoxState::Suspended {
             self.meter_box(rec).await?;
             let r = rec.clone();

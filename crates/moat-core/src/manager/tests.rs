@@ -27,6 +27,8 @@ struct Mem {
     next_pid: u32,
     /// Box id -> its /etc/environment.
     env: HashMap<String, HashMap<String, String>>,
+    /// Box id -> its checkpoints: (label, host name in its files, environment).
+    checkpoints: HashMap<String, Vec<(String, String, HashMap<String, String>)>>,
 }
 
 impl MemBackend {
@@ -112,6 +114,39 @@ impl Backend for MemBackend {
                 None => env.remove(k),
             };
         }
+        Ok(())
+    }
+    fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        self.check("checkpoint")?;
+        let mut s = self.state.lock().unwrap();
+        let files = s.files[rec.id.as_str()].clone();
+        let env = s.env.get(rec.id.as_str()).cloned().unwrap_or_default();
+        s.checkpoints.entry(rec.id.as_str().into()).or_default().push((label.to_string(), files, env));
+        Ok(())
+    }
+    fn checkpoints(&self, rec: &BoxRecord) -> Vec<crate::backend::Checkpoint> {
+        let s = self.state.lock().unwrap();
+        let saved = s.checkpoints.get(rec.id.as_str()).cloned().unwrap_or_default();
+        saved
+            .into_iter()
+            .map(|(label, _, _)| crate::backend::Checkpoint { label, created_ms: 0, held_bytes: None })
+            .collect()
+    }
+    fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
+        self.check("restore")?;
+        let mut s = self.state.lock().unwrap();
+        assert!(!s.running.contains(rec.id.as_str()), "restore of a running box");
+        let id = rec.id.as_str().to_string();
+        let saved = s.checkpoints[&id].iter().find(|(l, _, _)| l == label.as_str()).cloned().unwrap();
+        let (files, env) = (s.files[&id].clone(), s.env.get(&id).cloned().unwrap_or_default());
+        s.checkpoints.get_mut(&id).unwrap().push((before.to_string(), files, env));
+        s.files.insert(id.clone(), saved.1);
+        s.env.insert(id, saved.2);
+        Ok(())
+    }
+    fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        let mut s = self.state.lock().unwrap();
+        s.checkpoints.entry(rec.id.as_str().into()).or_default().retain(|(l, _, _)| l != label.as_str());
         Ok(())
     }
     fn diff(&self, _: &BoxRecord, _: &BoxRecord, _: &mut ChangeSink<'_>) -> Result<(), BackendError> {
@@ -487,4 +522,45 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
     let spec = SecretSpec { name: name("llm2"), ..spec };
     f.manager.add_secret(&f.alice, spec, &value).unwrap();
     assert!(f.manager.secrets(&f.alice).unwrap()[0].used.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_puts_a_box_back_boots_it_and_can_be_undone() {
+    let f = fixture();
+    let rec = f.new_box("web").await.unwrap();
+    let (web, c1) = (name("web"), name("c1"));
+    assert_eq!(f.manager.checkpoint(&f.alice, &web, None).await.unwrap(), c1);
+    let again = f.manager.checkpoint(&f.alice, &web, Some(c1.clone())).await;
+    assert!(matches!(again, Err(ManagerError::CheckpointExists(..))), "{again:?}");
+    f.backend.set_environment(&rec, &[("X".into(), Some("after".into()))]).unwrap();
+
+    assert_eq!(f.manager.restore(&f.alice, &web, &c1).await.unwrap().as_str(), "before-c1");
+    assert!(!f.backend.env(&rec.id).contains_key("X"), "not put back");
+    assert!(f.backend.is_running(&rec), "not booted again");
+    assert_eq!(f.manager.get(&f.alice, &web).unwrap().state, BoxState::Running);
+    // Undone through the state it kept.
+    f.manager.restore(&f.alice, &web, &name("before-c1")).await.unwrap();
+    assert_eq!(f.backend.env(&rec.id).get("X").map(String::as_str), Some("after"));
+
+    // A failed restore boots the box as it was; bad labels change nothing.
+    f.backend.fail("restore");
+    assert!(f.manager.restore(&f.alice, &web, &c1).await.is_err());
+    f.backend.heal();
+    assert!(f.backend.is_running(&rec));
+    assert_eq!(f.backend.env(&rec.id).get("X").map(String::as_str), Some("after"));
+    let unknown = f.manager.restore(&f.alice, &web, &name("nope")).await;
+    assert!(matches!(unknown, Err(ManagerError::NoSuchCheckpoint(..))), "{unknown:?}");
+    let unknown = f.manager.remove_checkpoint(&f.alice, &web, &name("nope")).await;
+    assert!(matches!(unknown, Err(ManagerError::NoSuchCheckpoint(..))), "{unknown:?}");
+
+    // At most max_checkpoints, a restore's kept state included.
+    while f.manager.checkpoints(&f.alice, &web).await.unwrap().len() < ManagerConfig::default().max_checkpoints {
+        f.manager.checkpoint(&f.alice, &web, None).await.unwrap();
+    }
+    let full = f.manager.checkpoint(&f.alice, &web, None).await;
+    assert!(matches!(full, Err(ManagerError::TooManyCheckpoints(..))), "{full:?}");
+    let full = f.manager.restore(&f.alice, &web, &c1).await;
+    assert!(matches!(full, Err(ManagerError::TooManyCheckpoints(..))), "{full:?}");
+    f.manager.remove_checkpoint(&f.alice, &web, &c1).await.unwrap();
+    f.manager.checkpoint(&f.alice, &web, None).await.unwrap();
 }

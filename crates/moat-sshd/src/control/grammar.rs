@@ -27,6 +27,11 @@ commands:
   dup SRC DST         copy box SRC as DST, instantly (SRC keeps running); DST is a new machine
   diff A B [--json]   the files added (A), modified (M) and deleted (D) in B relative to A
   promote CHILD       CHILD takes its parent's name; the parent stays as PARENT-prev
+  checkpoint NAME [LABEL]       save NAME's files as they are now, instantly (label: c1, c2, ...)
+  checkpoints NAME [--json]     NAME's checkpoints: label, time, and the bytes only each holds
+  restore NAME LABEL  put NAME back to checkpoint LABEL: its processes end and it boots again,
+                      the same machine; its state before is kept as checkpoint before-LABEL
+  checkpoint rm NAME LABEL      delete a checkpoint (rm NAME deletes them all; dup copies none)
   stop NAME           end every process of a box (its files stay); start NAME boots it
   suspend NAME        freeze a box now (billing stops); the next session resumes it
   set NAME idle SECONDS         suspend NAME after SECONDS without a session
@@ -235,6 +240,34 @@ pub enum Command {
         /// The answer.
         answer: moat_core::egress::Answer,
     },
+    /// `checkpoint NAME [LABEL]`
+    Checkpoint {
+        /// Box name.
+        name: Name,
+        /// The label, if not the next `cN`.
+        label: Option<Name>,
+    },
+    /// `checkpoints NAME [--json]`
+    Checkpoints {
+        /// Box name.
+        name: Name,
+        /// Machine-readable output.
+        json: bool,
+    },
+    /// `restore NAME LABEL`
+    Restore {
+        /// Box name.
+        name: Name,
+        /// The checkpoint.
+        label: Name,
+    },
+    /// `checkpoint rm NAME LABEL`
+    CheckpointRm {
+        /// Box name.
+        name: Name,
+        /// The checkpoint.
+        label: Name,
+    },
     /// `usage [NAME] [--since T] [--json]`
     Usage {
         /// One box, or all.
@@ -262,8 +295,29 @@ fn name_arg(what: &str, value: Option<&String>) -> Result<Name, UsageError> {
 
 /// Every verb `parse` knows.
 const VERBS: &[&str] = &[
-    "help", "--help", "-h", "ls", "list", "info", "rm", "new", "dup", "diff", "stop", "start", "suspend", "set",
-    "usage", "promote", "policy", "log", "ask", "secret",
+    "help",
+    "--help",
+    "-h",
+    "ls",
+    "list",
+    "info",
+    "rm",
+    "new",
+    "dup",
+    "diff",
+    "stop",
+    "start",
+    "suspend",
+    "set",
+    "usage",
+    "promote",
+    "policy",
+    "log",
+    "ask",
+    "secret",
+    "checkpoint",
+    "checkpoints",
+    "restore",
 ];
 
 /// Whether `line` is meant for the control plane (its first word is a verb;
@@ -336,6 +390,18 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
         "log" => parse_log(args),
         "ask" => parse_ask(args),
         "secret" => parse_secret(args),
+        "checkpoint" => parse_checkpoint(args),
+        "checkpoints" => {
+            let name = name_arg("checkpoints", args.first())?;
+            let json = flags_only("checkpoints", args.get(1..).unwrap_or_default())?;
+            Ok(Command::Checkpoints { name, json })
+        }
+        "restore" => {
+            let name = name_arg("restore", args.first())?;
+            let label = label_arg("restore", args.get(1))?;
+            no_more("restore", args.get(2..).unwrap_or_default())?;
+            Ok(Command::Restore { name, label })
+        }
         "promote" => {
             let child = name_arg("promote", args.first())?;
             no_more("promote", args.get(1..).unwrap_or_default())?;
@@ -343,6 +409,27 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
         }
         other => Err(usage(format!("unknown command {other:?} (see 'help')"))),
     }
+}
+
+/// `checkpoint NAME [LABEL]`, or `checkpoint rm NAME LABEL` (three words:
+/// a box called `rm` is still checkpointed with `checkpoint rm [LABEL]`).
+fn parse_checkpoint(args: &[String]) -> Result<Command, UsageError> {
+    if let [rm, name, label] = args {
+        if rm == "rm" {
+            let name = name_arg("checkpoint rm", Some(name))?;
+            let label = label_arg("checkpoint rm", Some(label))?;
+            return Ok(Command::CheckpointRm { name, label });
+        }
+    }
+    let name = name_arg("checkpoint", args.first())?;
+    let label = args.get(1).map(|l| label_arg("checkpoint", Some(l))).transpose()?;
+    no_more("checkpoint", args.get(2..).unwrap_or_default())?;
+    Ok(Command::Checkpoint { name, label })
+}
+
+fn label_arg(what: &str, value: Option<&String>) -> Result<Name, UsageError> {
+    let value = value.ok_or_else(|| usage(format!("{what}: missing LABEL (see 'help')")))?;
+    Name::new(value).map_err(|e| usage(format!("{what}: label: {e}")))
 }
 
 fn no_more(verb: &str, args: &[String]) -> Result<(), UsageError> {

@@ -7,7 +7,7 @@ use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict, Question};
 use moat_core::limits::{format_measured, format_size};
 use moat_core::policy::Policy;
 use moat_core::secrets::SecretInfo;
-use moat_core::{Change, ChangeKind, UsageReport};
+use moat_core::{Change, ChangeKind, Checkpoint, UsageReport};
 use serde::Serialize;
 
 /// `ls`.
@@ -166,6 +166,22 @@ pub fn policy(policy: &Policy, json: bool) -> String {
     }
     if policy.ask {
         out.push_str("ask mode: names no rule allows or denies are put to you first (ssh HOST ask)\n");
+    }
+    out
+}
+
+/// `checkpoints`: label, when, and the bytes only that checkpoint holds.
+pub fn checkpoints(saved: &[Checkpoint], json: bool) -> String {
+    if json {
+        return to_json(&saved);
+    }
+    if saved.is_empty() {
+        return "no checkpoints (checkpoint NAME [LABEL] saves one)\n".into();
+    }
+    let mut out = format!("{:<24} {:<24} {:>10}\n", "LABEL", "CREATED", "HELD");
+    for c in saved {
+        let held = c.held_bytes.map_or("-".to_string(), format_measured);
+        let _ = writeln!(out, "{:<24} {:<24} {:>10}", c.label, utc(c.created_ms), held);
     }
     out
 }

@@ -8,6 +8,7 @@
 
 #![allow(missing_docs)]
 
+mod checkpoints;
 mod clients;
 mod control;
 mod egress;
@@ -111,6 +112,12 @@ const TESTS: &[(&str, TestFn)] = &[
     ("storage_bad_dups_create_nothing", storage::bad_dups_create_nothing),
     ("storage_disk_limit_is_enforced_and_rm_frees", storage::disk_limit_is_enforced_and_rm_frees),
     ("storage_dup_interrupted_leaves_nothing", storage::dup_interrupted_leaves_nothing),
+    ("checkpoints_restore_puts_a_damaged_box_back", checkpoints::restore_puts_a_damaged_box_back),
+    ("checkpoints_count_against_the_disk_limit", checkpoints::checkpoints_count_against_the_disk_limit),
+    (
+        "checkpoints_interrupted_checkpoints_and_restores_finish_or_undo",
+        checkpoints::interrupted_checkpoints_and_restores_finish_or_undo,
+    ),
     ("storage_account_budgets_hold_across_dup_and_rm", storage::account_budgets_hold_across_dup_and_rm),
     ("egress_deny_by_default_allow_by_name", egress::deny_by_default_allow_by_name),
     ("egress_nothing_leaks_around_the_names", egress::nothing_leaks_around_the_names),

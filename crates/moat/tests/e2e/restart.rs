@@ -8,10 +8,13 @@ pub fn restart_loses_nothing(env: &Env) {
     let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
     ssh(&daemon, None, &["new", "keeper", "--image", "busybox"]).ok();
     ssh(&daemon, Some("keeper"), &["echo precious > /root/data; sleep 1000 >/dev/null 2>&1 &"]).ok();
+    ssh(&daemon, None, &["checkpoint", "keeper", "saved"]).ok();
     let before = ssh(&daemon, None, &["ls", "--json"]).ok().stdout;
+    let checkpoints = ssh(&daemon, None, &["checkpoints", "keeper", "--json"]).ok().stdout;
 
     daemon.restart();
     assert_eq!(ssh(&daemon, None, &["ls", "--json"]).ok().stdout, before);
+    assert_eq!(ssh(&daemon, None, &["checkpoints", "keeper", "--json"]).ok().stdout, checkpoints);
     let out = ssh(&daemon, Some("keeper"), &["cat /root/data; ps | grep -q '[s]leep 1000' && echo still-running"]).ok();
     assert_eq!(out.stdout, "precious\nstill-running\n");
 

@@ -1,0 +1,139 @@
+//! Checkpoints: a box's filesystem saved by label, listed, removed, and
+//! restored in place (the box boots again, the same machine back in time,
+//! and the state it had is kept as a checkpoint `before-LABEL`).
+
+use std::sync::Arc;
+
+use super::{BoxManager, ManagerError};
+use crate::backend::Checkpoint;
+use crate::ids::{AccountId, Name};
+use crate::record::BoxState;
+
+impl BoxManager {
+    /// Saves the box as checkpoint `label` (default `c1`, `c2`, ...); returns
+    /// the label.
+    pub async fn checkpoint(
+        &self,
+        account: &AccountId,
+        name: &Name,
+        label: Option<Name>,
+    ) -> Result<Name, ManagerError> {
+        let (rec, _guard) = self.locked(account, name).await?;
+        let labels = self.checkpoint_labels(&rec).await?;
+        self.room_for_one_more(&rec.name, &labels)?;
+        let label = match label {
+            Some(label) if labels.iter().any(|l| l == label.as_str()) => {
+                return Err(ManagerError::CheckpointExists(rec.name, label));
+            }
+            Some(label) => label,
+            None => next_label(&labels),
+        };
+        let (r, l) = (rec.clone(), label.clone());
+        self.blocking(move |b| b.checkpoint(&r, &l)).await??;
+        tracing::info!(box_id = %rec.id, name = %rec.name, %label, "checkpoint saved");
+        Ok(label)
+    }
+
+    /// The box's checkpoints, oldest first.
+    pub async fn checkpoints(&self, account: &AccountId, name: &Name) -> Result<Vec<Checkpoint>, ManagerError> {
+        let rec = self.get(account, name)?;
+        self.blocking(move |b| b.checkpoints(&rec)).await
+    }
+
+    /// Deletes the box's checkpoint `label`.
+    pub async fn remove_checkpoint(&self, account: &AccountId, name: &Name, label: &Name) -> Result<(), ManagerError> {
+        let (rec, _guard) = self.locked(account, name).await?;
+        if !self.checkpoint_labels(&rec).await?.iter().any(|l| l == label.as_str()) {
+            return Err(ManagerError::NoSuchCheckpoint(rec.name, label.clone()));
+        }
+        let (r, l) = (rec.clone(), label.clone());
+        self.blocking(move |b| b.delete_checkpoint(&r, &l)).await??;
+        Ok(())
+    }
+
+    /// Puts the box back to checkpoint `label`: its processes end, its
+    /// filesystem becomes a copy of the checkpoint (the box's current secret
+    /// placeholders written in), and it boots again. Returns the label the
+    /// state before the restore is kept under. On failure the box boots again
+    /// as it was.
+    pub async fn restore(
+        self: &Arc<Self>,
+        account: &AccountId,
+        name: &Name,
+        label: &Name,
+    ) -> Result<Name, ManagerError> {
+        let (rec, _guard) = self.locked(account, name).await?;
+        let labels = self.checkpoint_labels(&rec).await?;
+        if !labels.iter().any(|l| l == label.as_str()) {
+            return Err(ManagerError::NoSuchCheckpoint(rec.name, label.clone()));
+        }
+        self.room_for_one_more(&rec.name, &labels)?;
+        let before = before_label(label, &labels)?;
+        let vars = self.secret_environment(&rec.id)?;
+        if rec.state != BoxState::Stopped {
+            self.stop_locked(&rec).await?;
+        }
+        let (r, l, b) = (rec.clone(), label.clone(), before.clone());
+        let restored = self
+            .blocking(move |backend| {
+                backend.restore(&r, &l, &b)?;
+                backend.set_environment(&r, &vars)
+            })
+            .await
+            .and_then(|r| r.map_err(ManagerError::from));
+        // Up again either way: restored, or as it was.
+        let rec = self.get(account, &rec.name)?;
+        let booted = self.bring_up(&rec).await;
+        self.schedule_idle(&rec.id);
+        restored?;
+        booted?;
+        tracing::info!(box_id = %rec.id, name = %rec.name, %label, %before, "box restored");
+        Ok(before)
+    }
+
+    async fn checkpoint_labels(&self, rec: &crate::record::BoxRecord) -> Result<Vec<String>, ManagerError> {
+        let r = rec.clone();
+        let found = self.blocking(move |b| b.checkpoints(&r)).await?;
+        Ok(found.into_iter().map(|c| c.label).collect())
+    }
+
+    fn room_for_one_more(&self, name: &Name, labels: &[String]) -> Result<(), ManagerError> {
+        if labels.len() >= self.config.max_checkpoints {
+            return Err(ManagerError::TooManyCheckpoints(name.clone(), self.config.max_checkpoints));
+        }
+        Ok(())
+    }
+}
+
+/// `c<n>`, one past the highest `c<n>` in `labels`.
+fn next_label(labels: &[String]) -> Name {
+    let highest = labels.iter().filter_map(|l| l.strip_prefix('c')?.parse::<u32>().ok()).max().unwrap_or(0);
+    Name::new(&format!("c{}", highest.saturating_add(1))).expect("c<digits> is a name")
+}
+
+/// `before-LABEL`, or `before-LABEL-2`, ... if that is taken.
+fn before_label(label: &Name, labels: &[String]) -> Result<Name, ManagerError> {
+    let base = format!("before-{label}");
+    let free = std::iter::once(base.clone())
+        .chain((2..).map(|n| format!("{base}-{n}")))
+        .find(|l| !labels.contains(l))
+        .unwrap_or(base);
+    Name::new(&free).map_err(|_| ManagerError::NameTooLong(free))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_count_up_and_befores_never_collide() {
+        let labels: Vec<String> = ["c1", "c7", "cx", "before-c1"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(next_label(&labels).as_str(), "c8");
+        assert_eq!(next_label(&[]).as_str(), "c1");
+        let c1 = Name::new("c1").unwrap();
+        assert_eq!(before_label(&c1, &labels).map(|n| n.to_string()).ok().as_deref(), Some("before-c1-2"));
+        let long = Name::new(&"a".repeat(60)).unwrap();
+        assert!(matches!(before_label(&long, &labels), Err(ManagerError::NameTooLong(_))));
+    }
+}
