@@ -27,9 +27,12 @@ struct Mem {
     next_pid: u32,
     /// Box id -> its /etc/environment.
     env: HashMap<String, HashMap<String, String>>,
-    /// Box id -> its checkpoints: (label, host name in its files, environment).
-    checkpoints: HashMap<String, Vec<(String, String, HashMap<String, String>)>>,
+    /// Box id -> its checkpoints.
+    checkpoints: HashMap<String, Vec<Saved>>,
 }
+
+/// A checkpoint: (label, host name in its files, environment).
+type Saved = (String, String, HashMap<String, String>);
 
 impl MemBackend {
     fn fail(&self, op: &str) {
