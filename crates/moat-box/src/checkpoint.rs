@@ -219,7 +219,7 @@ impl Pool {
         for entry in fs::read_dir(&base).into_iter().flatten().filter_map(Result::ok) {
             let intent = entry.path().join(INTENT);
             let Ok(text) = fs::read_to_string(&intent) else { continue };
-            let Some(id) = entry.file_name().to_str().and_then(|s| BoxId::parse(s)) else { continue };
+            let Some(id) = entry.file_name().to_str().and_then(BoxId::parse) else { continue };
             match self.finish_restore(&id, &text) {
                 Ok(outcome) => {
                     tracing::warn!(box_id = %id, outcome, "finished a restore a crash interrupted");
