@@ -57,6 +57,18 @@ impl Backend for NoBoxes {
     fn rename(&self, _: &BoxRecord, _: &Name) -> Result<(), BackendError> {
         Ok(())
     }
+    fn checkpoint(&self, _: &BoxRecord, _: &Name) -> Result<(), BackendError> {
+        Err(BackendError::msg("no boxes"))
+    }
+    fn checkpoints(&self, _: &BoxRecord) -> Vec<moat_core::Checkpoint> {
+        Vec::new()
+    }
+    fn restore(&self, _: &BoxRecord, _: &Name, _: &Name) -> Result<(), BackendError> {
+        Err(BackendError::msg("no boxes"))
+    }
+    fn delete_checkpoint(&self, _: &BoxRecord, _: &Name) -> Result<(), BackendError> {
+        Err(BackendError::msg("no boxes"))
+    }
     fn thaw(&self, _: &BoxRecord) -> Result<(), BackendError> {
         Ok(())
     }
