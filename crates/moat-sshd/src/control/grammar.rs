@@ -833,6 +833,19 @@ mod tests {
         assert_eq!(p("dup web web-try").unwrap(), Command::Dup { src: n("web"), dst: n("web-try") });
         assert_eq!(p("diff web web-try --json").unwrap(), Command::Diff { a: n("web"), b: n("web-try"), json: true });
         assert_eq!(p("promote web-try").unwrap(), Command::Promote { child: n("web-try") });
+        assert_eq!(p("checkpoint web").unwrap(), Command::Checkpoint { name: n("web"), label: None });
+        assert_eq!(
+            p("checkpoint web pre-pip").unwrap(),
+            Command::Checkpoint { name: n("web"), label: Some(n("pre-pip")) }
+        );
+        // A box called rm is checkpointed as any other; three words remove.
+        assert_eq!(p("checkpoint rm c1").unwrap(), Command::Checkpoint { name: n("rm"), label: Some(n("c1")) });
+        assert_eq!(p("checkpoint rm web c1").unwrap(), Command::CheckpointRm { name: n("web"), label: n("c1") });
+        assert_eq!(p("checkpoints web --json").unwrap(), Command::Checkpoints { name: n("web"), json: true });
+        assert_eq!(p("restore web c1").unwrap(), Command::Restore { name: n("web"), label: n("c1") });
+        for bad in ["restore web", "restore web c1 c2", "checkpoint", "checkpoint web A_B", "checkpoints web --all"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
         let Command::New { limits, .. } = p("new x --disk 1G").unwrap() else { panic!("not new") };
         assert_eq!(limits.disk, 1 << 30);
         for bad in [
