@@ -14,6 +14,9 @@ use crate::policy::HostName;
 
 /// Longest value accepted.
 pub const MAX_VALUE: usize = 8 << 10;
+/// Shortest value accepted: a response scrubbed of a short value would tell
+/// a box whether its guess of the whole value was right.
+pub const MIN_VALUE: usize = 16;
 /// What a placeholder starts with (the rest is 40 random hex digits).
 pub const PLACEHOLDER_PREFIX: &str = "moat-placeholder-";
 /// Variables a secret may not be put in (the box's own plumbing).
@@ -25,11 +28,12 @@ const RESERVED_VARIABLES: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "SHELL"
 pub struct SecretValue(String);
 
 impl SecretValue {
-    /// A value, checked: 1 to [`MAX_VALUE`] bytes of printable ASCII (it
-    /// goes into an HTTP header), surrounding whitespace dropped.
+    /// A value, checked: [`MIN_VALUE`] to [`MAX_VALUE`] bytes of printable
+    /// ASCII (it goes into an HTTP header), surrounding whitespace dropped.
     pub fn new(text: &str) -> Result<Self, SecretError> {
         let text = text.trim();
-        if text.is_empty() || text.len() > MAX_VALUE || !text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        let printable = text.bytes().all(|b| (0x20..0x7f).contains(&b));
+        if text.len() < MIN_VALUE || text.len() > MAX_VALUE || !printable {
             return Err(SecretError::BadValue);
         }
         Ok(Self(text.to_string()))
@@ -51,7 +55,7 @@ impl fmt::Debug for SecretValue {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SecretError {
     /// The value is empty, too long, or not printable ASCII.
-    #[error("a secret's value is 1 to 8192 printable ASCII characters, on stdin")]
+    #[error("a secret's value is 16 to 8192 printable ASCII characters, on stdin")]
     BadValue,
     /// Not an HTTP header name.
     #[error("{0:?} is not an HTTP header name")]
@@ -318,8 +322,9 @@ mod tests {
             assert!(s.validate().is_err(), "{s:?}");
         }
         assert!(SecretValue::new("sk-1\r\nX: y").is_err() && SecretValue::new("  ").is_err());
-        assert_eq!(SecretValue::new(" sk-abc\n").unwrap().expose(), "sk-abc");
-        assert_eq!(format!("{:?}", SecretValue::new("sk-abc").unwrap()), "SecretValue(..)");
+        assert!(SecretValue::new("sk-too-short").is_err());
+        assert_eq!(SecretValue::new(" sk-abc-0123456789\n").unwrap().expose(), "sk-abc-0123456789");
+        assert_eq!(format!("{:?}", SecretValue::new("sk-abc-0123456789").unwrap()), "SecretValue(..)");
         assert_eq!(SecretSpec::default_env(&Name::new("my-key").unwrap()), "MY_KEY");
     }
 
@@ -328,7 +333,7 @@ mod tests {
         let sealer = Sealer::new(&[7; 32]).unwrap();
         let (alice, bob) = (AccountId("a".into()), AccountId("b".into()));
         let name = Name::new("k").unwrap();
-        let value = SecretValue::new("sk-secret").unwrap();
+        let value = SecretValue::new("sk-secret-0123456789").unwrap();
         let sealed = sealer.seal(&alice, &name, &value);
         assert!(!sealed.windows(9).any(|w| w == b"sk-secret"));
         assert_eq!(sealer.open(&alice, &name, &sealed).unwrap(), value);

@@ -41,6 +41,8 @@ pub struct BoxNet {
     asker: Arc<Asker>,
     recent: Recent,
     secrets: RwLock<Arc<Vec<Armed>>>,
+    /// Bumped whenever the secrets are replaced.
+    secrets_changed: watch::Sender<u64>,
 }
 
 impl BoxNet {
@@ -66,6 +68,7 @@ impl BoxNet {
             asker,
             recent: Recent::default(),
             secrets: RwLock::new(Arc::new(Vec::new())),
+            secrets_changed: watch::channel(0).0,
         })
     }
 
@@ -104,6 +107,27 @@ impl BoxNet {
             })
             .collect();
         *self.secrets.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(armed);
+        self.secrets_changed.send_modify(|n| *n += 1);
+    }
+
+    /// Resolves once a secret of the box's bound to `host` is killed that
+    /// was not killed when this was called.
+    pub fn on_secret_killed(&self, host: &HostName) -> impl std::future::Future<Output = ()> + Send + '_ {
+        let mut changes = self.secrets_changed.subscribe();
+        let host = host.clone();
+        let killed_before: Vec<i64> =
+            self.secrets_for(&host).iter().filter(|a| a.meter.is_killed()).map(|a| a.secret.id).collect();
+        async move {
+            loop {
+                let bound = self.secrets_for(&host);
+                if bound.iter().any(|a| a.meter.is_killed() && !killed_before.contains(&a.secret.id)) {
+                    return;
+                }
+                if changes.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
     }
 
     /// The box's secrets bound to `host`.
@@ -199,6 +223,19 @@ impl Logger {
     /// Records an entry; a full backlog loses it (see [`BoxNet::log`]).
     pub fn log(&self, entry: LogEntry) {
         let _ = self.sink.try_send((self.box_id.clone(), entry));
+    }
+
+    /// Records an entry that bills something (a secret's use): with the
+    /// backlog full, it waits its turn rather than be lost.
+    pub fn log_surely(&self, entry: LogEntry) {
+        if let Err(mpsc::error::TrySendError::Full(entry)) = self.sink.try_send((self.box_id.clone(), entry)) {
+            let sink = self.sink.clone();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = sink.send(entry).await;
+                });
+            }
+        }
     }
 }
 

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use moat_core::egress::LogEntry;
 use moat_core::secrets::{BoxSecret, Limit, LimitKind, PLACEHOLDER_PREFIX};
-use tokio::sync::watch;
 
 use crate::boxnet::Logger;
 use crate::http;
@@ -35,16 +34,24 @@ impl Meters {
 /// One secret's use: per window, per box and in all, since the gateway
 /// started (use before that comes with the secret, from the store), and the
 /// switch that stops it.
+#[derive(Default)]
 pub struct Meter {
-    counts: Mutex<HashMap<(Option<String>, LimitKind), Count>>,
-    killed: watch::Sender<bool>,
+    counts: Mutex<Counts>,
+    killed: std::sync::atomic::AtomicBool,
 }
 
-impl Default for Meter {
-    fn default() -> Self {
-        Self { counts: Mutex::new(HashMap::new()), killed: watch::channel(false).0 }
-    }
+/// Counts per (box or all, kind), and each box's requests still being
+/// answered.
+#[derive(Default)]
+struct Counts {
+    used: HashMap<(Option<String>, LimitKind), Count>,
+    in_flight: HashMap<String, usize>,
 }
+
+/// Requests one box may have in flight with a secret whose tokens or bytes
+/// are limited: those are counted as answers finish, so without a cap a box
+/// could send many at once past a nearly spent limit.
+pub const MAX_METERED_IN_FLIGHT: usize = 4;
 
 #[derive(Clone, Copy)]
 struct Count {
@@ -77,28 +84,36 @@ impl Count {
 impl Meter {
     /// Stops every use now; connections that used it end.
     pub fn kill(&self) {
-        self.killed.send_replace(true);
+        self.killed.store(true, Ordering::SeqCst);
     }
 
     /// Whether the secret was killed.
     pub fn is_killed(&self) -> bool {
-        *self.killed.borrow()
+        self.killed.load(Ordering::SeqCst)
     }
 
-    /// Resolves when the secret is killed.
-    pub fn on_kill(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut rx = self.killed.subscribe();
-        async move {
-            let _ = rx.wait_for(|k| *k).await;
-        }
-    }
-
-    /// Lets box `box_id` use `secret` for one more request, counted, or says
-    /// why not. Checked and counted under one lock, so that requests racing
-    /// on several connections cannot all pass the last free place.
+    /// Lets box `box_id` use `secret` for one more request, counted and in
+    /// flight until [`release`](Self::release)d, or says why not. Checked and
+    /// counted under one lock, so that requests racing on several
+    /// connections cannot all pass the last free place.
     pub fn admit(&self, box_id: &str, secret: &BoxSecret) -> Result<(), String> {
+        if self.is_killed() {
+            return Err(format!("secret {} was killed", secret.name));
+        }
         let now = Instant::now();
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let Counts { used: counts, in_flight } = &mut *guard;
+        let flowing = in_flight.entry(box_id.to_string()).or_default();
+        let after_the_fact = |l: &Limit| l.kind != LimitKind::Requests;
+        if *flowing >= MAX_METERED_IN_FLIGHT
+            && secret.shared_limits.iter().chain(&secret.own_limits).any(after_the_fact)
+        {
+            return Err(format!(
+                "secret {}: {MAX_METERED_IN_FLIGHT} requests with it are still being answered (its tokens or bytes \
+                 are limited, and counted as answers finish)",
+                secret.name
+            ));
+        }
         let scopes = [
             (None, &secret.shared_limits, &secret.used_by_all),
             (Some(box_id), &secret.own_limits, &secret.used_by_box),
@@ -118,14 +133,24 @@ impl Meter {
                 }
             }
         }
-        add(&mut counts, box_id, LimitKind::Requests, 1, now);
+        add(counts, box_id, LimitKind::Requests, 1, now);
+        *in_flight.entry(box_id.to_string()).or_default() += 1;
         Ok(())
+    }
+
+    /// A request [`admit`](Self::admit)ted for box `box_id` is answered (or
+    /// was never sent).
+    pub fn release(&self, box_id: &str) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = counts.in_flight.get_mut(box_id) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     /// Counts `n` of `kind` used by box `box_id`.
     pub fn count(&self, box_id: &str, kind: LimitKind, n: u64) {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        add(&mut counts, box_id, kind, n, Instant::now());
+        add(&mut counts.used, box_id, kind, n, Instant::now());
     }
 }
 
@@ -165,32 +190,43 @@ pub struct Metered {
     armed: Vec<Armed>,
     logger: Logger,
     /// Bytes of the request sent so far (its body may still be going).
-    pub request_bytes: Arc<AtomicU64>,
+    request_bytes: Arc<AtomicU64>,
 }
 
 impl Metered {
-    /// `entry` of a request `armed` went into, to be logged by `logger`.
-    pub fn new(mut entry: LogEntry, armed: Vec<Armed>, logger: Logger) -> Self {
+    /// `entry` of a request `armed` went into, to be logged by `logger`;
+    /// `request_bytes` counts the request as it goes.
+    pub fn new(mut entry: LogEntry, armed: Vec<Armed>, logger: Logger, request_bytes: &Arc<AtomicU64>) -> Self {
         let names: Vec<&str> = armed.iter().map(|a| a.secret.name.as_str()).collect();
         entry.secret = Some(names.join(","));
-        Self { entry: Some(entry), armed, logger, request_bytes: Arc::default() }
+        Self { entry: Some(entry), armed, logger, request_bytes: Arc::clone(request_bytes) }
     }
 
     /// The response is through (`received` bytes of it, `tokens` reported),
-    /// or cut (`failed`): meters the secrets and logs the request.
+    /// or cut (`failed`): meters the secrets and logs the request. Where a
+    /// secret's tokens are limited and the host reported none, a token is
+    /// counted per [`BYTES_PER_TOKEN`] bytes both ways.
     pub fn finish(&mut self, received: u64, tokens: u64, failed: Option<&str>) {
         let Some(mut entry) = self.entry.take() else { return };
         entry.sent = self.request_bytes.load(Ordering::Relaxed);
         entry.received = received;
+        let bytes = received.saturating_add(entry.sent);
+        let tokens_limited = self.armed.iter().any(|a| {
+            let s = &a.secret;
+            s.shared_limits.iter().chain(&s.own_limits).any(|l| l.kind == LimitKind::Tokens)
+        });
+        let tokens = if tokens == 0 && tokens_limited { bytes / BYTES_PER_TOKEN } else { tokens };
         entry.tokens = (tokens > 0).then_some(tokens);
         if let Some(why) = failed {
             entry.reason.get_or_insert_with(|| why.to_string());
         }
         for a in &self.armed {
             a.meter.count(&self.logger.box_id, LimitKind::Tokens, tokens);
-            a.meter.count(&self.logger.box_id, LimitKind::Bytes, received.saturating_add(entry.sent));
+            a.meter.count(&self.logger.box_id, LimitKind::Bytes, bytes);
+            a.meter.release(&self.logger.box_id);
         }
-        self.logger.log(entry);
+        // What the secret's use is billed from: never lost to a full backlog.
+        self.logger.log_surely(entry);
     }
 }
 
@@ -199,6 +235,10 @@ impl Drop for Metered {
         self.finish(0, 0, Some("the connection ended before the response"));
     }
 }
+
+/// Bytes counted as one token where a host reports no usage (about what
+/// LLM tokenizers average on English text and code).
+pub const BYTES_PER_TOKEN: u64 = 4;
 
 /// A request the gateway will not send, and what the box is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,12 +266,12 @@ pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, 
     let mut lines =
         http::head_lines(head).ok_or_else(|| Refusal { status: 400, why: "a head that is not text".into() })?;
     let name_of = |line: &str| line.split_once(':').map(|(n, _)| n.to_string());
-    let mut injected = Vec::new();
+    // Where each secret goes, every refusal decided before any is counted.
+    let mut found = Vec::new();
     for (i, a) in armed.iter().enumerate() {
         let s = &a.secret;
-        let at: Vec<usize> = (1..lines.len())
-            .filter(|&j| name_of(&lines[j]).is_some_and(|n| n.eq_ignore_ascii_case(&s.header)))
-            .collect();
+        let at: Vec<usize> =
+            (1..lines.len()).filter(|&j| name_of(&lines[j]).is_some_and(|n| same_header(&n, &s.header))).collect();
         let j = match at[..] {
             [] => continue,
             [j] => j,
@@ -244,9 +284,15 @@ pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, 
         if s.killed {
             return refuse(403, format!("secret {} was killed", s.name));
         }
-        // Counted now. (A later secret of the same request refused leaves
-        // this one counted for a request never sent: on the safe side.)
+        found.push((i, j));
+    }
+    let mut injected: Vec<usize> = Vec::new();
+    for (i, j) in found {
+        let (a, s) = (&armed[i], &armed[i].secret);
         if let Err(why) = a.meter.admit(box_id, s) {
+            for &k in &injected {
+                armed[k].meter.release(box_id);
+            }
             return refuse(429, why);
         }
         lines[j] = format!("{}: {}", s.header, s.format.replacen("{}", s.value.expose(), 1));
@@ -258,6 +304,16 @@ pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, 
     lines.retain(|l| !name_of(l).is_some_and(|n| UNCHECKABLE.iter().any(|u| n.eq_ignore_ascii_case(u))));
     lines.push("Accept-Encoding: identity".into());
     Ok(Rewritten { head: http::join_head(&lines), injected })
+}
+
+/// Whether two header names name the same header, as the servers that
+/// read `_` as `-` (CGI, Rack, PHP) see it.
+fn same_header(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes().zip(b.bytes()).all(|(x, y)| {
+            let fold = |c: u8| if c == b'_' { b'-' } else { c.to_ascii_lowercase() };
+            fold(x) == fold(y)
+        })
 }
 
 #[cfg(test)]
@@ -279,7 +335,7 @@ mod tests {
             header: "Authorization".into(),
             format: "Bearer {}".into(),
             placeholder: MINE.into(),
-            value: SecretValue::new("sk-REAL").unwrap(),
+            value: SecretValue::new("sk-REAL-0123456789").unwrap(),
             killed,
             shared_limits: Vec::new(),
             own_limits: limits,
@@ -312,7 +368,7 @@ mod tests {
         let r = rewrite(&req, &a, "b1").unwrap();
         let t = text(&r);
         assert_eq!(r.injected, [0]);
-        assert!(t.contains("\r\nAuthorization: Bearer sk-REAL\r\n"), "{t}");
+        assert!(t.contains("\r\nAuthorization: Bearer sk-REAL-0123456789\r\n"), "{t}");
         assert_eq!(t.matches("sk-REAL").count(), 1, "{t}");
         assert!(t.contains(&format!("X-Other: {MINE}")) && t.starts_with("POST /v1?key=moat-placeholder-"));
         assert!(t.ends_with("Accept-Encoding: identity\r\n\r\n") && !t.contains("gzip"), "{t}");
@@ -334,6 +390,9 @@ mod tests {
         let twice =
             head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: {MINE}"), "authorization: x"]);
         assert_eq!(rewrite(&twice, &a, "b1").unwrap_err().status, 400);
+        let spelled =
+            head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: {MINE}"), "AUTHORIZATION: x"]);
+        assert_eq!(rewrite(&spelled, &a, "b1").unwrap_err().status, 400);
         let stolen = head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: Bearer {THEIRS}")]);
         assert_eq!(rewrite(&stolen, &a, "b1").unwrap_err().status, 403);
         let killed = [armed(Vec::new(), true)];
@@ -374,6 +433,36 @@ mod tests {
     }
 
     #[test]
+    fn header_names_match_as_servers_read_them() {
+        assert!(same_header("X_Api_Key", "x-api-key") && same_header("AUTHORIZATION", "Authorization"));
+        assert!(!same_header("X-Api-Keys", "x-api-key") && !same_header("X.Api.Key", "x-api-key"));
+    }
+
+    #[test]
+    fn answers_owed_under_a_tokens_limit_are_capped() {
+        let a = armed(vec![Limit::new(LimitKind::Tokens, 1000, None).unwrap()], false);
+        for _ in 0..MAX_METERED_IN_FLIGHT {
+            a.meter.admit("b1", &a.secret).unwrap();
+        }
+        assert!(a.meter.admit("b1", &a.secret).unwrap_err().contains("still being answered"));
+        assert!(a.meter.admit("b2", &a.secret).is_ok(), "another box has its own");
+        a.meter.release("b1");
+        assert!(a.meter.admit("b1", &a.secret).is_ok());
+        // Without such a limit there is no cap.
+        let free = armed(Vec::new(), false);
+        for _ in 0..2 * MAX_METERED_IN_FLIGHT {
+            free.meter.admit("b1", &free.secret).unwrap();
+        }
+        // A host that reports no usage is charged by the bytes.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+        let entry = crate::boxnet::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
+        let mut metered = Metered::new(entry, vec![a.clone()], Logger::new("b1".into(), tx), &Arc::new(400.into()));
+        metered.finish(3600, 0, None);
+        assert_eq!(rx.try_recv().unwrap().1.tokens, Some(1000));
+        assert!(a.meter.admit("b1", &a.secret).unwrap_err().contains("1000 tokens"));
+    }
+
+    #[test]
     fn counts_start_a_new_window_when_the_old_one_is_over() {
         let now = Instant::now();
         let mut count = Count::new(now);
@@ -392,8 +481,7 @@ mod tests {
         let a = armed(vec![Limit::new(LimitKind::Bytes, 100, None).unwrap()], false);
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
         let entry = crate::boxnet::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
-        let metered = Metered::new(entry, vec![a.clone()], Logger::new("b1".into(), tx));
-        metered.request_bytes.store(150, Ordering::Relaxed);
+        let metered = Metered::new(entry, vec![a.clone()], Logger::new("b1".into(), tx), &Arc::new(150.into()));
         drop(metered);
         let (_, logged) = rx.try_recv().unwrap();
         assert_eq!((logged.sent, logged.secret.as_deref()), (150, Some("llm")));

@@ -38,6 +38,9 @@ const FIRST_BYTES: Duration = Duration::from_secs(10);
 const SERVER_FIRST: Duration = Duration::from_millis(500);
 /// How long a request head may take to arrive on a kept-alive connection.
 const NEXT_REQUEST: Duration = Duration::from_secs(120);
+/// The port a secret is written in on: its host's HTTPS (the one its grant
+/// allows); other ports of the host the policy allows never get it.
+const SECRET_PORT: u16 = 443;
 /// Requests a box may have sent ahead of their answers on a connection a
 /// secret is bound to.
 const MAX_PIPELINED: usize = 32;
@@ -209,7 +212,7 @@ async fn tls_connection(
     // Looked inside where rules name methods or paths, or where a secret
     // of the box's is bound to the host; passed through untouched elsewhere.
     match verdict {
-        Verdict::Allow(rule) if net.secrets_for(name).is_empty() => {
+        Verdict::Allow(rule) if port != SECRET_PORT || net.secrets_for(name).is_empty() => {
             log.rule = Some(rule.to_string());
             splice(net, stream, buf, name, port, log).await
         }
@@ -275,45 +278,29 @@ async fn http_connection(
     plain: Option<TcpStream>,
     log: &mut LogEntry,
 ) -> Result<(), String> {
-    let Conn { net, name, tls, .. } = conn;
-    // A host one of the box's secrets is bound to (looked inside always):
-    // the secret goes into requests, every response is scrubbed, and killing
-    // the secret ends the connection.
-    let armed = if tls { net.secrets_for(name) } else { Vec::new() };
-    if armed.is_empty() {
-        return requests(conn, stream, plain, log, None).await;
+    let Conn { net, name, port, tls, .. } = conn;
+    // A host one of the box's secrets is bound to, over HTTPS on 443 (looked
+    // inside always): the secret goes into requests, every response is
+    // scrubbed, and killing a secret bound there ends the connection. (A
+    // secret killed already is refused per request, with a reason.)
+    if !(tls && port == SECRET_PORT) || net.secrets_for(name).is_empty() {
+        return requests(conn, stream, plain, log, false).await;
     }
-    // (A secret killed already is refused per request, with a reason.)
-    let kills: Vec<_> = armed.iter().filter(|a| !a.meter.is_killed()).map(|a| a.meter.on_kill()).collect();
-    let killed = async move {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
-        let _watchers: Vec<AbortOnDrop> = kills
-            .into_iter()
-            .map(|k| {
-                let tx = tx.clone();
-                AbortOnDrop(tokio::spawn(async move {
-                    k.await;
-                    let _ = tx.send(()).await;
-                }))
-            })
-            .collect();
-        rx.recv().await
-    };
     tokio::select! {
-        r = requests(conn, stream, plain, log, Some(armed)) => r,
-        _ = killed => Err("the secret this connection used was killed".into()),
+        r = requests(conn, stream, plain, log, true) => r,
+        () = net.on_secret_killed(name) => Err("a secret bound to this host was killed".into()),
     }
 }
 
 /// The request loop of [`http_connection`]; `plain`: the box's socket
-/// itself, for plain HTTP (responses are spliced to it); `bound`: the box's
-/// secrets for this host, if it has any.
+/// itself, for plain HTTP (responses are spliced to it); `bound`: the box
+/// has secrets for this host (written into requests, cut from responses).
 async fn requests(
     conn: Conn<'_>,
     stream: Stream,
     plain: Option<TcpStream>,
     log: &mut LogEntry,
-    bound: Option<Vec<Armed>>,
+    bound: bool,
 ) -> Result<(), String> {
     let Conn { net, name, port, policy, verdict, tls } = conn;
     let (mut from_box, to_box) = tokio::io::split(stream);
@@ -380,16 +367,20 @@ async fn requests(
         // written in (read again per request: a revoked or killed secret
         // stops at the next one).
         let raw: Vec<u8> = buf.drain(..request.head_len).collect();
-        let mut injected = Vec::new();
-        let rewritten = match bound {
-            Some(_) => {
-                let armed = net.secrets_for(name);
-                inject::rewrite(&raw, &armed, &net.id).map(|r| {
-                    injected = r.injected.iter().filter_map(|&i| armed.get(i).cloned()).collect();
-                    r.head
-                })
-            }
-            None => http::with_crlf(&raw).ok_or(Refusal { status: 400, why: "a head that is not text".into() }),
+        let mut injected: Vec<Armed> = Vec::new();
+        // The values its answer is cut of: the box's, as the request goes
+        // out (those written into it among them).
+        let mut values = Vec::new();
+        let rewritten = if bound {
+            let armed = net.secrets_for(name);
+            values = net.secret_values();
+            values.extend(armed.iter().map(|a| a.secret.value.expose().to_string()));
+            inject::rewrite(&raw, &armed, &net.id).map(|r| {
+                injected = r.injected.iter().filter_map(|&i| armed.get(i).cloned()).collect();
+                r.head
+            })
+        } else {
+            http::with_crlf(&raw).ok_or(Refusal { status: 400, why: "a head that is not text".into() })
         };
         let head = match rewritten {
             Ok(head) => head,
@@ -399,7 +390,7 @@ async fn requests(
                 // In its turn, after the responses before it.
                 if up.is_none() {
                     refuse(&to_box, refusal.status, &refusal.why).await;
-                } else if bound.is_some() {
+                } else if bound {
                     let _ = expect_tx.send(Expect::refused(refusal.status, refusal.why.clone())).await;
                 }
                 break Err(refusal.why);
@@ -425,8 +416,8 @@ async fn requests(
                     let (up_read, up_write) = tokio::io::split(stream);
                     let (to_box, received) = (Arc::clone(&to_box), Arc::clone(&received));
                     let box_socket = plain.as_ref().map(dup).transpose().ok().flatten();
-                    let copier = match (&bound, expect_rx.take(), up_socket, box_socket) {
-                        (Some(_), Some(rx), _, _) => tokio::spawn(scrub::relay(up_read, to_box, rx, received)),
+                    let copier = match (bound, expect_rx.take(), up_socket, box_socket) {
+                        (true, Some(rx), _, _) => tokio::spawn(scrub::relay(up_read, to_box, rx, received)),
                         (_, _, Some(from), Some(to)) => tokio::spawn(async move {
                             let _ = zerocopy::copy(&from, &to, &received).await;
                         }),
@@ -446,26 +437,27 @@ async fn requests(
         }
         req_log.verdict = LogVerdict::Allow;
         log.verdict = LogVerdict::Allow;
-        let Some((up_write, _)) = up.as_mut() else { break Err("no upstream".into()) };
-        if let Err(e) = up_write.write_all(&head).await {
+        let Some((up_write, _)) = up.as_mut() else {
+            injected.iter().for_each(|a| a.meter.release(&net.id));
+            break Err("no upstream".into());
+        };
+        // Counted as it goes (an answer may come before the body is all sent).
+        let request_bytes = Arc::new(AtomicU64::new(0));
+        if let Err(e) = write_counted(up_write, &head, &request_bytes).await {
+            injected.iter().for_each(|a| a.meter.release(&net.id));
             break Err(e.to_string());
         }
         log.sent += head.len() as u64;
-        req_log.sent = head.len() as u64;
         // On a bound connection the relay hears of the request before its
         // body goes (a client waiting for 100 Continue gets it); the entry of
         // a request with a secret in it is finished (bytes, tokens) and logged
         // with its response.
         let mut plain_log = Some(req_log);
-        let mut request_bytes = None;
-        if bound.is_some() {
-            let values: Arc<[String]> = net.secret_values().into();
-            let mut expect = Expect::response(request.method == "HEAD", request.http10, request.close, values);
+        if bound {
+            let mut expect = Expect::response(request.method == "HEAD", request.http10, request.close, values.into());
             if !injected.is_empty() {
                 if let Some(entry) = plain_log.take() {
-                    let metered = Metered::new(entry, std::mem::take(&mut injected), net.logger());
-                    metered.request_bytes.store(head.len() as u64, Ordering::Relaxed);
-                    request_bytes = Some(Arc::clone(&metered.request_bytes));
+                    let metered = Metered::new(entry, std::mem::take(&mut injected), net.logger(), &request_bytes);
                     expect.metered = Some(metered);
                 }
             }
@@ -474,14 +466,11 @@ async fn requests(
                 break Err("the host's answers ended".into());
             }
         }
-        match forward_body(&mut from_box, up_write, &mut buf, request.body).await {
+        match forward_body(&mut from_box, up_write, &mut buf, request.body, &request_bytes).await {
             Ok(n) => {
                 log.sent += n;
-                if let Some(bytes) = &request_bytes {
-                    bytes.fetch_add(n, Ordering::Relaxed);
-                }
                 if let Some(mut entry) = plain_log {
-                    entry.sent += n;
+                    entry.sent = request_bytes.load(Ordering::Relaxed);
                     net.log(entry);
                 }
             }
@@ -490,7 +479,7 @@ async fn requests(
         // The box asked for the end (and on a bound connection HTTP/1.0
         // answers are framed by the close): nothing after this request is
         // read as one.
-        if request.close || (bound.is_some() && request.http10) {
+        if request.close || (bound && request.http10) {
             last_request = true;
             break Ok(());
         }
@@ -609,20 +598,29 @@ async fn read_request(
     }
 }
 
-/// Sends the body of the current request (first what `buf` holds of it);
-/// leaves in `buf` whatever follows it. Returns the bytes sent.
+/// Writes `data` to the host, adding it to `sent`.
+async fn write_counted(up: &mut StreamWriter, data: &[u8], sent: &AtomicU64) -> std::io::Result<()> {
+    up.write_all(data).await?;
+    sent.fetch_add(data.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Sends the body of the current request (first what `buf` holds of it),
+/// adding what is sent to `counted` as it goes; leaves in `buf` whatever
+/// follows it. Returns the bytes sent.
 async fn forward_body(
     from_box: &mut StreamReader,
     up: &mut StreamWriter,
     buf: &mut Vec<u8>,
     body: Body,
+    counted: &AtomicU64,
 ) -> Result<u64, String> {
     let mut sent = 0u64;
     let mut chunk = vec![0u8; SPLICE_BUFFER];
     match body {
         Body::Length(mut left) => {
             let now = (buf.len() as u64).min(left) as usize;
-            up.write_all(&buf[..now]).await.map_err(|e| e.to_string())?;
+            write_counted(up, &buf[..now], counted).await.map_err(|e| e.to_string())?;
             buf.drain(..now);
             left -= now as u64;
             sent += now as u64;
@@ -632,7 +630,7 @@ async fn forward_body(
                 if n == 0 {
                     return Err("closed inside a request body".into());
                 }
-                up.write_all(&chunk[..n]).await.map_err(|e| e.to_string())?;
+                write_counted(up, &chunk[..n], counted).await.map_err(|e| e.to_string())?;
                 left -= n as u64;
                 sent += n as u64;
             }
@@ -640,7 +638,7 @@ async fn forward_body(
         Body::Chunked => {
             let mut reader = ChunkedReader::default();
             let n = reader.feed(buf)?;
-            up.write_all(&buf[..n]).await.map_err(|e| e.to_string())?;
+            write_counted(up, &buf[..n], counted).await.map_err(|e| e.to_string())?;
             buf.drain(..n);
             sent += n as u64;
             while !reader.done() {
@@ -649,7 +647,7 @@ async fn forward_body(
                     return Err("closed inside a chunked body".into());
                 }
                 let n = reader.feed(&chunk[..got])?;
-                up.write_all(&chunk[..n]).await.map_err(|e| e.to_string())?;
+                write_counted(up, &chunk[..n], counted).await.map_err(|e| e.to_string())?;
                 sent += n as u64;
                 // Bytes after the body are the next request's.
                 buf.extend_from_slice(&chunk[n..got]);

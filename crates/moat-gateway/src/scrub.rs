@@ -76,27 +76,32 @@ impl Drop for InFlight {
     }
 }
 
-/// Cuts secret values out of a stream of bytes. It holds back only a tail
-/// that could be the start of a value, so a streamed response (server-sent
-/// events) reaches the box event by event.
+/// Cuts secret values out of a stream of bytes. What it holds back for the
+/// next bytes is decided without looking at the values (the trailing run of
+/// printable bytes, as long as the longest form less one): were it the tail
+/// that starts a value, the sizes of the pieces the box gets would tell it,
+/// byte by byte, what the value starts with. A streamed response (server-sent
+/// events, whose events end in a newline) still reaches the box event by event.
 pub struct Scrubber {
-    values: Vec<Vec<u8>>,
+    forms: Vec<Vec<u8>>,
+    longest: usize,
     pending: Vec<u8>,
 }
 
 impl Scrubber {
-    /// Cuts out each of `values`, and each as it is written inside a JSON string.
+    /// Cuts out each of `values` as it is, and as JSON strings and URLs
+    /// write it.
     pub fn new(values: &[String]) -> Self {
-        let mut all: Vec<Vec<u8>> = Vec::new();
+        let mut forms: Vec<Vec<u8>> = Vec::new();
         for v in values.iter().filter(|v| !v.is_empty()) {
-            let json = v.replace('\\', "\\\\").replace('"', "\\\"").replace('/', "\\/");
-            for form in [v.clone(), json] {
-                if !all.contains(&form.clone().into_bytes()) {
-                    all.push(form.into_bytes());
+            for form in encodings(v) {
+                if !forms.contains(&form) {
+                    forms.push(form);
                 }
             }
         }
-        Self { values: all, pending: Vec::new() }
+        let longest = forms.iter().map(Vec::len).max().unwrap_or(0);
+        Self { forms, longest, pending: Vec::new() }
     }
 
     /// What of `data` (and what came before) is safe to pass on now.
@@ -107,14 +112,11 @@ impl Scrubber {
         self.pending.drain(..ready).collect()
     }
 
-    /// The longest tail of what is pending that a value starts with.
+    /// How much of the end of what is pending could be the start of a value
+    /// (values are printable ASCII): the same whatever the values are.
     fn held(&self) -> usize {
-        let p = &self.pending;
-        self.values
-            .iter()
-            .filter_map(|v| (1..v.len().min(p.len() + 1)).rev().find(|&k| p.ends_with(&v[..k])))
-            .max()
-            .unwrap_or(0)
+        let printable = self.pending.iter().rev().take_while(|b| (0x20..0x7f).contains(*b)).count();
+        printable.min(self.longest.saturating_sub(1))
     }
 
     /// The rest, at the end of the stream.
@@ -124,7 +126,7 @@ impl Scrubber {
     }
 
     fn cut(&mut self) {
-        for value in &self.values {
+        for value in &self.forms {
             let mut at = 0;
             while let Some(i) = find(&self.pending[at..], value) {
                 let start = at + i;
@@ -133,6 +135,34 @@ impl Scrubber {
             }
         }
     }
+}
+
+/// The ways a response may spell `value`: as it is; in a JSON string
+/// (quotes and backslashes escaped, with or without `/` escaped, or every
+/// character that is not a letter or digit as `\u00XX`); percent-encoded,
+/// in either case of hex.
+fn encodings(value: &str) -> Vec<Vec<u8>> {
+    let json = value.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut forms = vec![value.to_string(), json.clone(), json.replace('/', "\\/")];
+    let escaped = |f: &dyn Fn(u8) -> String| -> String {
+        value.bytes().map(|b| if b.is_ascii_alphanumeric() { char::from(b).to_string() } else { f(b) }).collect()
+    };
+    forms.push(escaped(&|b| format!("\\u{b:04x}")));
+    forms.push(escaped(&|b| format!("\\u{b:04X}")));
+    let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
+    let percent = |upper: bool| -> String {
+        value
+            .bytes()
+            .map(|b| match (unreserved(b), upper) {
+                (true, _) => char::from(b).to_string(),
+                (false, true) => format!("%{b:02X}"),
+                (false, false) => format!("%{b:02x}"),
+            })
+            .collect()
+    };
+    forms.push(percent(true));
+    forms.push(percent(false));
+    forms.into_iter().map(String::into_bytes).collect()
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -145,16 +175,27 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// Reads the token counts LLM APIs report in their responses (whole JSON
 /// bodies, and streamed events): `input_tokens`/`output_tokens`
 /// (Anthropic, OpenAI Responses), `prompt_tokens`/`completion_tokens`
-/// (OpenAI chat), `total_tokens`. Streams report running totals, so the
-/// largest of each is taken; each is capped at [`MAX_REPORTED`].
+/// (OpenAI chat), `promptTokenCount`/`candidatesTokenCount` (Gemini), and
+/// the totals. Streams report running totals, so the largest of each is
+/// taken; each is capped at [`MAX_REPORTED`]. A total is never taken for
+/// less than its parts (a body can hold any JSON the box asked for).
 #[derive(Default)]
 pub struct TokenCount {
     tail: Vec<u8>,
-    max: [u64; 5],
+    max: [u64; TOKEN_KEYS.len()],
 }
 
-const TOKEN_KEYS: [&[u8]; 5] =
-    [b"\"input_tokens\"", b"\"output_tokens\"", b"\"prompt_tokens\"", b"\"completion_tokens\"", b"\"total_tokens\""];
+const TOKEN_KEYS: [&[u8]; 9] = [
+    b"\"input_tokens\"",
+    b"\"prompt_tokens\"",
+    b"\"promptTokenCount\"",
+    b"\"output_tokens\"",
+    b"\"completion_tokens\"",
+    b"\"candidatesTokenCount\"",
+    b"\"total_tokens\"",
+    b"\"totalTokenCount\"",
+    b"\"thoughtsTokenCount\"",
+];
 
 impl TokenCount {
     /// Reads more of the body.
@@ -184,12 +225,9 @@ impl TokenCount {
 
     /// The tokens reported.
     pub fn total(&self) -> u64 {
-        let [input, output, prompt, completion, total] = self.max;
-        if total > 0 {
-            total
-        } else {
-            input.max(prompt).saturating_add(output.max(completion))
-        }
+        let [input, prompt, gemini_in, output, completion, gemini_out, total, gemini_total, thoughts] = self.max;
+        let parts = input.max(prompt).max(gemini_in).saturating_add(output.max(completion).max(gemini_out));
+        parts.saturating_add(thoughts).max(total).max(gemini_total)
     }
 }
 
@@ -510,7 +548,9 @@ fn scrub_headers(headers: &[(String, Vec<u8>)], scrub: &mut Scrubber, dropped: &
         }
         let mut value = scrub.push(value);
         value.extend(scrub.finish());
-        out.extend_from_slice(name.as_bytes());
+        // Names too: a host that reads a body as a head would echo anything there.
+        out.extend(scrub.push(name.as_bytes()));
+        out.extend(scrub.finish());
         out.extend_from_slice(b": ");
         out.extend_from_slice(&value);
         out.extend_from_slice(b"\r\n");
@@ -644,11 +684,31 @@ mod tests {
     }
 
     #[test]
-    fn only_what_could_start_a_value_is_held_back() {
-        let mut s = Scrubber::new(&["sk-REAL".into()]);
+    fn what_is_held_back_says_nothing_of_the_values() {
+        // The same bytes pass in the same pieces whatever the value is: a
+        // box cannot learn which text starts it from the pieces' sizes.
+        let input: [&[u8]; 4] = [b"data: {\"x\":1}\n\n", b"guess sk-RE", b"AL-01", b"x\n"];
+        let pieces = |value: &str| {
+            let mut s = Scrubber::new(&[value.to_string()]);
+            input.iter().map(|d| s.push(d).len()).collect::<Vec<_>>()
+        };
+        assert_eq!(pieces("sk-REAL-0123456789"), pieces("zz-OTHER-987654321"));
+        // Events, which end in a newline, are not held back at all.
+        let mut s = Scrubber::new(&["sk-REAL-0123456789".into()]);
         assert_eq!(s.push(b"data: {\"x\":1}\n\n"), b"data: {\"x\":1}\n\n");
-        assert_eq!(s.push(b"event sk-RE"), b"event ");
-        assert_eq!(s.push(b"AL!"), b"[secret removed by moat]!");
+        assert_eq!(s.push(b"event sk-REAL-01"), b"");
+        assert_eq!(s.push(b"23456789!\n"), b"event [secret removed by moat]!\n");
+    }
+
+    #[test]
+    fn values_are_cut_as_json_and_urls_spell_them() {
+        let value = "sk+a/b\"c";
+        for form in ["sk+a/b\\\"c", "sk+a\\/b\\\"c", "sk\\u002ba\\u002fb\\u0022c", "sk%2Ba%2Fb%22c", "sk%2ba%2fb%22c"] {
+            let mut s = Scrubber::new(&[value.to_string()]);
+            let mut out = s.push(format!("x {form} y").as_bytes());
+            out.extend(s.finish());
+            assert_eq!(out, b"x [secret removed by moat] y", "{form}");
+        }
     }
 
     #[test]
@@ -755,6 +815,13 @@ mod tests {
         let mut t = TokenCount::default();
         t.feed(b"{\"input_tokens\":99999999999999999999999999,\"output_tokens\":18446744073709551615}");
         assert_eq!(t.total(), 2 * MAX_REPORTED);
+        // A total less than its parts (a tool's JSON input, say) is not taken.
+        let mut t = TokenCount::default();
+        t.feed(b"{\"input\":{\"total_tokens\":1},\"usage\":{\"input_tokens\":30,\"output_tokens\":12}}");
+        assert_eq!(t.total(), 42);
+        let mut t = TokenCount::default();
+        t.feed(b"{\"usageMetadata\":{\"promptTokenCount\":7,\"candidatesTokenCount\":5,\"totalTokenCount\":12}}");
+        assert_eq!(t.total(), 12);
         let head = |t: &str| ResponseHead {
             status: 200,
             reason: "OK".into(),

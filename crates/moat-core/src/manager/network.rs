@@ -104,7 +104,10 @@ impl BoxManager {
                     tokens: e.tokens.unwrap_or(0),
                     bytes: e.sent + e.received,
                 };
-                self.record_secret_use(id, secret, used);
+                // A request with two secrets in it is a use of each.
+                for name in secret.split(',') {
+                    self.record_secret_use(id, name, used);
+                }
             }
         }
         for entry in entries {

@@ -457,13 +457,13 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
         format: "{}".into(),
         env: "LLM_KEY".into(),
     };
-    let value = SecretValue::new("sk-REAL").unwrap();
+    let value = SecretValue::new("sk-REAL-0123456789").unwrap();
     assert!(matches!(f.manager.add_secret(&f.alice, spec.clone(), &value), Err(ManagerError::NoSecretKey)));
     f.manager.set_sealer(Sealer::new(&[1; 32]).unwrap());
     f.manager.add_secret(&f.alice, spec.clone(), &value).unwrap();
     assert!(matches!(f.manager.add_secret(&f.alice, spec.clone(), &value), Err(ManagerError::SecretExists(_))));
     let listed = format!("{:?}", f.manager.secrets(&f.alice).unwrap());
-    assert!(!listed.contains("sk-REAL"), "{listed}");
+    assert!(!listed.contains("sk-REAL-0123456789"), "{listed}");
     // Another account has no such secret.
     let bob = AccountId("SHA256:bob".into());
     assert!(f.manager.secrets(&bob).unwrap().is_empty());
@@ -473,14 +473,14 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
     f.manager.grant_secret(&f.alice, &name("llm"), &name("web")).await.unwrap();
     let placeholder = f.backend.env(&web.id)["LLM_KEY"].clone();
     assert!(placeholder.starts_with(crate::secrets::PLACEHOLDER_PREFIX));
-    assert_eq!(net.take(), ["policy 1", "secrets [llm=sk-REAL]"]);
+    assert_eq!(net.take(), ["policy 1", "secrets [llm=sk-REAL-0123456789]"]);
     assert_eq!(f.manager.policy(&f.alice, &name("web")).unwrap().allow[0].to_string(), "api.example:443");
 
     // A duplicate has a placeholder of its own, and the secret too.
     let copy = f.manager.dup(&f.alice, &name("web"), &name("copy")).await.unwrap();
     let copied = f.backend.env(&copy.id)["LLM_KEY"].clone();
     assert!(copied.starts_with(crate::secrets::PLACEHOLDER_PREFIX) && copied != placeholder);
-    assert!(net.take().contains(&"secrets [llm=sk-REAL]".to_string()));
+    assert!(net.take().contains(&"secrets [llm=sk-REAL-0123456789]".to_string()));
 
     f.manager
         .limit_secret(&f.alice, &name("llm"), None, Limit::new(LimitKind::Requests, 5, Some(60)).unwrap())
@@ -490,10 +490,10 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
     assert_eq!(
         net.take(),
         [
-            "secrets [llm=sk-REAL]",
-            "secrets [llm=sk-REAL]",
-            "secrets [llm=sk-REAL killed]",
-            "secrets [llm=sk-REAL killed]"
+            "secrets [llm=sk-REAL-0123456789]",
+            "secrets [llm=sk-REAL-0123456789]",
+            "secrets [llm=sk-REAL-0123456789 killed]",
+            "secrets [llm=sk-REAL-0123456789 killed]"
         ]
     );
     f.manager.revoke_secret(&f.alice, &name("llm"), &name("web")).await.unwrap();

@@ -49,7 +49,7 @@ fn arrived(env: &Env, marker: &str) -> Vec<String> {
 }
 
 pub fn reach_only_their_host_and_header(env: &Env) {
-    let value = format!("sk-REAL-{}", unique("v"));
+    let value = format!("sk-REAL-0123456789-{}", unique("v"));
     let secret = unique("llm");
     add_secret(env, &secret, &value);
     let listed = env.alice(None, &["secret", "ls", "--json"]).ok().stdout;
@@ -211,7 +211,7 @@ pub fn reach_only_their_host_and_header(env: &Env) {
 }
 
 pub fn limits_kill_and_usage(env: &Env) {
-    let value = format!("sk-REAL-{}", unique("v"));
+    let value = format!("sk-REAL-0123456789-{}", unique("v"));
     let secret = unique("llm");
     add_secret(env, &secret, &value);
     let a = unique("sec");
