@@ -91,6 +91,15 @@ pub enum ManagerError {
     /// The account has a secret by this name already.
     #[error("a secret named {0} exists already (secret rm it first)")]
     SecretExists(Name),
+    /// The box holds another secret for the same header of the same host, or
+    /// in the same variable.
+    #[error("box {box_name} has secret {other} for the same header or variable already (secret revoke it first)")]
+    SecretClash {
+        /// The box.
+        box_name: Name,
+        /// The secret it has.
+        other: Name,
+    },
     /// The server was started without a key to seal secrets with.
     #[error("this server keeps no secrets (it has no key to seal them with)")]
     NoSecretKey,

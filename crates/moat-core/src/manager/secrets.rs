@@ -72,6 +72,17 @@ impl BoxManager {
     pub async fn grant_secret(&self, account: &AccountId, name: &Name, box_name: &Name) -> Result<(), ManagerError> {
         let secret = self.stored_secret(account, name)?;
         let host = secret.spec.host.clone();
+        // One secret per header of a host, and per variable, in a box: two
+        // would overwrite each other.
+        let rec = self.get(account, box_name)?;
+        let fold = |h: &str| h.to_ascii_lowercase().replace('_', "-");
+        for (other, _) in self.db(|s| s.secrets_of_box(&rec.id))? {
+            let (a, b) = (&other.spec, &secret.spec);
+            let same_header = a.host == b.host && fold(&a.header) == fold(&b.header);
+            if other.id != secret.id && (same_header || a.env == b.env) {
+                return Err(ManagerError::SecretClash { box_name: rec.name, other: a.name.clone() });
+            }
+        }
         self.change_policy(account, box_name, |p| -> Result<(), ManagerError> {
             if !matches!(p.decide(&host, 443), crate::policy::Verdict::Allow(_) | crate::policy::Verdict::PerRequest) {
                 p.allow(Rule::exact(host.clone(), 443));

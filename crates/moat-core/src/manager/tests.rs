@@ -475,6 +475,14 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
     assert!(placeholder.starts_with(crate::secrets::PLACEHOLDER_PREFIX));
     assert_eq!(net.take(), ["policy 1", "secrets [llm=sk-REAL-0123456789]"]);
     assert_eq!(f.manager.policy(&f.alice, &name("web")).unwrap().allow[0].to_string(), "api.example:443");
+    // A second secret for the same header of the same host (or the same
+    // variable) would overwrite the first: refused.
+    let clash = SecretSpec { name: name("llm-b"), header: "X_API_KEY".into(), env: "OTHER".into(), ..spec.clone() };
+    f.manager.add_secret(&f.alice, clash, &value).unwrap();
+    let refused = f.manager.grant_secret(&f.alice, &name("llm-b"), &name("web")).await;
+    assert!(matches!(refused, Err(ManagerError::SecretClash { .. })), "{refused:?}");
+    f.manager.remove_secret(&f.alice, &name("llm-b")).await.unwrap();
+    net.take();
 
     // A duplicate has a placeholder of its own, and the secret too.
     let copy = f.manager.dup(&f.alice, &name("web"), &name("copy")).await.unwrap();
