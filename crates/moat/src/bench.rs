@@ -225,6 +225,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
         let (box_handle, _session) = manager.open_session(&account, &name).await?;
         run_in_box(&box_handle.agent, &format!("dd if=/dev/zero of=/root/data bs=1M count={mib} 2>/dev/null && sync"))
             .await?;
+        drop(_session);
         let mut times = Vec::new();
         for i in 0..args.dup_iterations {
             let copy = Name::new(&format!("data{mib}-{i}"))?;
@@ -234,6 +235,25 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
             manager.remove(&account, &copy).await?;
         }
         times.sort();
+        eprintln!("bench: checkpoint of it, and restore to first output, {} times each", args.dup_iterations);
+        let mut saves = Vec::new();
+        for i in 0..args.dup_iterations {
+            let label = Name::new(&format!("s{i}"))?;
+            let t = Instant::now();
+            manager.checkpoint(&account, &name, Some(label.clone())).await?;
+            saves.push(t.elapsed());
+            manager.remove_checkpoint(&account, &name, &label).await?;
+        }
+        let saved = manager.checkpoint(&account, &name, None).await?;
+        let mut restores = Vec::new();
+        for _ in 0..args.dup_iterations {
+            let t = Instant::now();
+            let before = manager.restore(&account, &name, &saved).await?;
+            let (box_handle, _session) = manager.open_session(&account, &name).await?;
+            first_byte(&box_handle.agent, "echo x").await?;
+            restores.push(t.elapsed());
+            manager.remove_checkpoint(&account, &name, &before).await?;
+        }
         // A real copy of the same bytes on the same disk (without reflink, which
         // would share extents just as dup does).
         let id = manager.get(&account, &name)?.id;
@@ -246,7 +266,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
             took
         })?;
         manager.remove(&account, &name).await?;
-        dups.push((mib, Samples(times), cp));
+        dups.push((mib, Samples(times), cp, Samples::sorted(saves), Samples::sorted(restores)));
     }
 
     eprintln!("bench: first output byte from a running and from a suspended box, {n} times each");
@@ -289,10 +309,13 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     row("create box + run `true`", &create, "`unshare` (same namespaces) `true`", &unshare);
     row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
     row("suspended box: session + first byte of `echo x`", &resumed, "running box, same", &running);
-    for (mib, dup, cp) in &dups {
+    for (mib, dup, cp, save, restore) in &dups {
+        let runs = dup.0.len();
+        row(&format!("`dup` of a box holding {mib} MiB ({runs} runs)"), dup, "`cp -a --reflink=never` of it", cp);
+        row(&format!("`checkpoint` of a box holding {mib} MiB ({runs} runs)"), save, "`dup` of it", dup);
         row(
-            &format!("`dup` of a box holding {mib} MiB ({} runs)", dup.0.len()),
-            dup,
+            &format!("`restore` of it + first byte of `echo x` ({runs} runs)"),
+            restore,
             "`cp -a --reflink=never` of it",
             cp,
         );
