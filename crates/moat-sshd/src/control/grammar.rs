@@ -352,10 +352,13 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
             let json = flags_only("ls", args)?;
             Ok(Command::Ls { json })
         }
-        "info" => {
-            let name = name_arg("info", args.first())?;
-            let json = flags_only("info", args.get(1..).unwrap_or_default())?;
-            Ok(Command::Info { name, json })
+        "info" | "checkpoints" => {
+            let name = name_arg(verb, args.first())?;
+            let json = flags_only(verb, args.get(1..).unwrap_or_default())?;
+            Ok(match verb.as_str() {
+                "info" => Command::Info { name, json },
+                _ => Command::Checkpoints { name, json },
+            })
         }
         "rm" => {
             let name = name_arg("rm", args.first())?;
@@ -391,11 +394,6 @@ pub fn parse(words: &[String]) -> Result<Command, UsageError> {
         "ask" => parse_ask(args),
         "secret" => parse_secret(args),
         "checkpoint" => parse_checkpoint(args),
-        "checkpoints" => {
-            let name = name_arg("checkpoints", args.first())?;
-            let json = flags_only("checkpoints", args.get(1..).unwrap_or_default())?;
-            Ok(Command::Checkpoints { name, json })
-        }
         "restore" => {
             let name = name_arg("restore", args.first())?;
             let label = label_arg("restore", args.get(1))?;
