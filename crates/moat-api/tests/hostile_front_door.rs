@@ -57,6 +57,9 @@ impl Backend for NoBoxes {
     fn rename(&self, _: &BoxRecord, _: &Name) -> Result<(), BackendError> {
         Ok(())
     }
+    fn adopt(&self, _: &BoxRecord, _: &moat_core::AccountId) -> Result<(), BackendError> {
+        Err(BackendError::msg("no boxes"))
+    }
     fn checkpoint(&self, _: &BoxRecord, _: &Name) -> Result<(), BackendError> {
         Err(BackendError::msg("no boxes"))
     }

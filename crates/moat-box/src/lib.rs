@@ -90,6 +90,9 @@ impl Backend for AnyBackend {
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
         self.inner().rename(rec, name)
     }
+    fn adopt(&self, rec: &BoxRecord, from: &AccountId) -> Result<(), BackendError> {
+        self.inner().adopt(rec, from)
+    }
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.inner().thaw(rec)
     }

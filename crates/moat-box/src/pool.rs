@@ -258,6 +258,19 @@ impl Pool {
         sys::qgroup_assign(&self.root, subvolume, group).map_err(io_err("charge account for", &path))
     }
 
+    /// Charges box `id`'s writes to `to` instead of `from` (a box booted
+    /// ahead of demand, given to its owner).
+    pub fn move_charge(&self, id: &BoxId, from: &AccountId, to: &AccountId, budget: u64) -> Result<(), PoolError> {
+        if !self.simple_quotas() {
+            return Ok(());
+        }
+        let path = self.box_path(id);
+        let subvolume = sys::subvolume_id(&path).map_err(io_err("look up subvolume", &path))?;
+        sys::qgroup_unassign(&self.root, subvolume, account_qgroup(from))
+            .map_err(io_err("stop charging the account for", &path))?;
+        self.charge_account(id, to, budget)
+    }
+
     /// Bytes written by `account`'s boxes, including removed boxes' data their
     /// copies still share (simple quotas only).
     pub fn account_bytes(&self, account: &AccountId) -> Option<u64> {

@@ -143,6 +143,17 @@ pub fn qgroup_assign(path: &Path, child: u64, parent: u64) -> io::Result<()> {
     }
 }
 
+/// Takes qgroup `child` out of `parent`; not being a member is fine.
+pub fn qgroup_unassign(path: &Path, child: u64, parent: u64) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    let args = QgroupAssignArgs { assign: 0, src: child, dst: parent };
+    // SAFETY: as for `qgroup_assign`.
+    match unsafe { btrfs_qgroup_assign(dir.as_raw_fd(), &args) } {
+        Ok(_) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The id of the subvolume whose root is `path`.
 pub fn subvolume_id(path: &Path) -> io::Result<u64> {
     const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;

@@ -150,6 +150,10 @@ pub trait Backend: Send + Sync + 'static {
     fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError>;
     /// Deletes the box's checkpoint `label`.
     fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError>;
+    /// Gives a box booted ahead of demand under account `from` its owner
+    /// (`rec.account`: its disk use is charged there from now) and name (in
+    /// its files and its running host name).
+    fn adopt(&self, rec: &BoxRecord, from: &AccountId) -> Result<(), BackendError>;
     /// Writes a new host name into the box's files (running processes see it
     /// after the box restarts).
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError>;

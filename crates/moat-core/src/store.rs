@@ -246,6 +246,58 @@ impl Store {
         Ok(rec)
     }
 
+    /// Gives box `id`, booted ahead of demand (and still `creating`), to
+    /// `account` as `name`, made at `created_at` with `policy`, and records it
+    /// running as PID `pid`. One transaction.
+    pub fn adopt(
+        &self,
+        id: &BoxId,
+        account: &AccountId,
+        name: &Name,
+        created_at: u64,
+        policy: &Policy,
+        pid: Option<u32>,
+    ) -> Result<BoxRecord, StoreError> {
+        let policy_text = serde_json::to_string(policy).map_err(|_| StoreError::Corrupt(name.to_string()))?;
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction()?;
+            let taken: bool = tx
+                .query_row(
+                    "SELECT 1 FROM boxes WHERE account = ?1 AND name = ?2",
+                    params![account.0, name.as_str()],
+                    |_| Ok(true),
+                )
+                .optional()?
+                .unwrap_or(false);
+            if taken {
+                return Err(StoreError::NameTaken(name.clone()));
+            }
+            let changed = tx.execute(
+                "UPDATE boxes SET account = ?2, name = ?3, created_at = ?4, state_since = ?4, state = ?5, pid = ?6 \
+                 WHERE id = ?1 AND state = ?7",
+                params![
+                    id.as_str(),
+                    account.0,
+                    name.as_str(),
+                    created_at as i64,
+                    BoxState::Running.as_str(),
+                    pid,
+                    BoxState::Creating.as_str()
+                ],
+            )?;
+            if changed != 1 {
+                return Err(StoreError::Corrupt(id.to_string()));
+            }
+            tx.execute(
+                "INSERT OR REPLACE INTO policies (box_id, policy) VALUES (?1, ?2)",
+                params![id.as_str(), policy_text],
+            )?;
+            tx.commit()?;
+        }
+        self.get_by_id(id)?.ok_or_else(|| StoreError::Corrupt(id.to_string()))
+    }
+
     /// The account's box called `name`.
     pub fn get(&self, account: &AccountId, name: &Name) -> Result<Option<BoxRecord>, StoreError> {
         let conn = self.conn();

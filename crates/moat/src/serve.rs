@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// Most checkpoints one box may have (a restore keeps one more).
     #[arg(long, default_value_t = 32)]
     max_checkpoints: usize,
+    /// Boxes kept booted ahead of demand, one per image `new` asked for
+    /// last (0: none); `new` with the default limits takes one.
+    #[arg(long, default_value_t = 1)]
+    warm_boxes: usize,
     /// Most CPUs one box may ask for [default: this host's].
     #[arg(long)]
     max_cpus: Option<u32>,
@@ -155,6 +159,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_memory_per_account: args.max_memory_per_account.unwrap_or(host_memory.saturating_mul(4)),
         max_disk_per_account,
         max_checkpoints: args.max_checkpoints,
+        warm_boxes: args.warm_boxes,
     };
     let registries = crate::registries::of_this_host();
     let default_policy = moat_core::policy::preset(&args.default_policy, &registries)

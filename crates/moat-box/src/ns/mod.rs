@@ -393,6 +393,15 @@ impl Backend for NsBackend {
             .map_err(|e| BackendError::new(format!("compare {} and {}", a.name, b.name), e))
     }
 
+    fn adopt(&self, rec: &BoxRecord, from: &AccountId) -> Result<(), BackendError> {
+        self.pool
+            .move_charge(&rec.id, from, &rec.account, self.config.account_disk)
+            .map_err(|e| BackendError::new("charge the box's disk use to its owner", e))?;
+        identity::rename(&self.pool.box_path(&rec.id), &rec.name).map_err(|e| BackendError::new("name the box", e))?;
+        let pid = self.handle(rec).ok_or_else(|| BackendError::msg("the box is not running"))?.pid;
+        set_running_host_name(pid, &rec.name).map_err(|e| BackendError::new("set the box's host name", e))
+    }
+
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
         identity::rename(&self.pool.box_path(&rec.id), name).map_err(|e| BackendError::new("rename box", e))
     }
@@ -419,6 +428,21 @@ impl Backend for NsBackend {
     fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
         self.pool.account_bytes(account)
     }
+}
+
+/// Sets the host name of the running box whose PID 1 is `pid`, from a
+/// thread of its own that joins the box's UTS namespace (which belongs to
+/// the host's user namespace) and ends with it.
+fn set_running_host_name(pid: u32, name: &Name) -> std::io::Result<()> {
+    let uts = std::fs::File::open(format!("/proc/{pid}/ns/uts"))?;
+    let name = name.to_string();
+    std::thread::spawn(move || -> std::io::Result<()> {
+        nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)?;
+        nix::unistd::sethostname(&name)?;
+        Ok(())
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the host name thread panicked"))?
 }
 
 /// What the box's subvolumes are charged to and limited by.

@@ -11,6 +11,7 @@ mod meter;
 mod network;
 mod secrets;
 mod session;
+mod warm;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,6 +20,7 @@ use std::time::Duration;
 pub use meter::{SecretUsage, UsageReport};
 pub use network::NetworkHooks;
 pub use session::SessionGuard;
+pub use warm::WARM_ACCOUNT;
 
 use crate::backend::{Backend, BackendError, BoxHandle, ChangeSink};
 use crate::ids::{AccountId, BoxId, Name};
@@ -175,6 +177,9 @@ pub struct ManagerConfig {
     pub max_disk_per_account: u64,
     /// Most checkpoints one box may have.
     pub max_checkpoints: usize,
+    /// Boxes kept booted ahead of demand (one per image, for the images `new`
+    /// asked for last); 0: none.
+    pub warm_boxes: usize,
 }
 
 impl Default for ManagerConfig {
@@ -188,6 +193,7 @@ impl Default for ManagerConfig {
             max_memory_per_account: 256 << 30,
             max_disk_per_account: 256 << 30,
             max_checkpoints: 32,
+            warm_boxes: 1,
         }
     }
 }
@@ -208,6 +214,7 @@ pub struct BoxManager {
     egress_follow: tokio::sync::broadcast::Sender<(BoxId, crate::egress::LogEntry)>,
     questions: ask::Questions,
     sealer: std::sync::OnceLock<crate::secrets::Sealer>,
+    warm: Mutex<warm::Warm>,
 }
 
 impl BoxManager {
@@ -225,6 +232,7 @@ impl BoxManager {
             egress_follow: tokio::sync::broadcast::channel(4096).0,
             questions: ask::Questions::default(),
             sealer: std::sync::OnceLock::new(),
+            warm: Mutex::default(),
         })
     }
 
@@ -349,6 +357,9 @@ impl BoxManager {
         if self.db(|s| s.get(account, &spec.name))?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
         }
+        if let Some(made) = self.take_warm(account, &spec).await {
+            return made;
+        }
         self.ensure_image(&spec.image, progress).await?;
         let rec = self.db(|s| s.insert_new(account, &spec.name, &spec.image, spec.limits, now(), &spec.policy))?;
         let rec = self
@@ -360,6 +371,8 @@ impl BoxManager {
             })
             .await?;
         tracing::info!(box_id = %rec.id, name = %rec.name, pid = ?rec.pid, "box created");
+        // The next `new` of this image may find one ready.
+        self.refill_warm(&spec.image);
         Ok(rec)
     }
 

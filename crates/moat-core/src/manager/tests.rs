@@ -155,6 +155,11 @@ impl Backend for MemBackend {
     fn diff(&self, _: &BoxRecord, _: &BoxRecord, _: &mut ChangeSink<'_>) -> Result<(), BackendError> {
         Ok(())
     }
+    fn adopt(&self, rec: &BoxRecord, _from: &AccountId) -> Result<(), BackendError> {
+        self.check("adopt")?;
+        self.state.lock().unwrap().files.insert(rec.id.as_str().into(), rec.name.to_string());
+        Ok(())
+    }
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
         self.check(&format!("rename:{name}"))?;
         self.state.lock().unwrap().files.insert(rec.id.as_str().into(), name.to_string());
@@ -200,7 +205,9 @@ fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("moat.db");
     let backend = Arc::new(MemBackend::default());
-    let manager = BoxManager::new(Store::open(&db).unwrap(), backend.clone(), ManagerConfig::default());
+    // Warm boxes have a test of their own.
+    let config = ManagerConfig { warm_boxes: 0, ..ManagerConfig::default() };
+    let manager = BoxManager::new(Store::open(&db).unwrap(), backend.clone(), config);
     Fixture { _dir: dir, db, backend, manager, alice: AccountId("SHA256:alice".into()) }
 }
 
@@ -574,4 +581,57 @@ async fn restore_puts_a_box_back_boots_it_and_can_be_undone() {
     assert!(matches!(full, Err(ManagerError::TooManyCheckpoints(..))), "{full:?}");
     f.manager.remove_checkpoint(&f.alice, &web, &c1).await.unwrap();
     f.manager.checkpoint(&f.alice, &web, None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
+    let f = fixture();
+    let warm = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), ManagerConfig::default());
+    let spec = |n: &str| BoxSpec {
+        name: name(n),
+        image: name("busybox"),
+        limits: Limits::default(),
+        policy: Policy::default(),
+    };
+    let first = warm.create(&f.alice, spec("first"), Box::new(|_: &str| {})).await.unwrap();
+    // One is made in the background for the next `new`, and no account sees it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while f.backend.box_count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no warm box was made");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let ready = warm.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap();
+    assert_eq!(warm.list(&f.alice).unwrap().len(), 1);
+    let second = warm.create(&f.alice, spec("second"), Box::new(|_: &str| {})).await.unwrap();
+    assert_eq!(second.id, ready.id, "the warm box was not taken");
+    assert_eq!((second.account.clone(), second.state, second.pid), (f.alice.clone(), BoxState::Running, ready.pid));
+    assert_eq!(f.backend.host_name(&second.id).as_deref(), Some("second"), "not given its name");
+    assert_ne!(first.id, second.id);
+    // Other limits are made anew.
+    let big = BoxSpec { limits: Limits { cpus: 2, ..Limits::default() }, ..spec("big") };
+    let big = warm.create(&f.alice, big, Box::new(|_: &str| {})).await.unwrap();
+    assert!(warm.store.get_by_id(&big.id).unwrap().unwrap().account == f.alice);
+    // A taken name is refused, warm box or not.
+    let taken = warm.create(&f.alice, spec("second"), Box::new(|_: &str| {})).await;
+    assert!(matches!(taken, Err(ManagerError::Store(StoreError::NameTaken(_)))), "{taken:?}");
+
+    // A restart rolls every warm box back, as any half-made box.
+    while warm.store.list(None).unwrap().iter().all(|b| b.account.0 != WARM_ACCOUNT) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let leftover = warm.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap();
+    let again = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), f.manager.config);
+    again.recover().await.unwrap();
+    assert_eq!(f.backend.host_name(&leftover.id), None, "a warm box outlived a restart");
+    assert!(again.store.list(None).unwrap().iter().all(|b| b.account.0 != WARM_ACCOUNT));
+    // A warm box that cannot be given is removed, and `new` makes one anew.
+    let w2 = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), ManagerConfig::default());
+    w2.create(&f.alice, spec("third"), Box::new(|_: &str| {})).await.unwrap();
+    while !w2.store.list(None).unwrap().iter().any(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some()) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    f.backend.fail("adopt");
+    let fourth = w2.create(&f.alice, spec("fourth"), Box::new(|_: &str| {})).await;
+    f.backend.heal();
+    assert!(fourth.is_ok(), "{fourth:?}");
 }

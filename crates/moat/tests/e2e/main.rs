@@ -102,6 +102,10 @@ const TESTS: &[(&str, TestFn)] = &[
     ),
     ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
     ("restart_loses_nothing", restart::restart_loses_nothing),
+    (
+        "restart_warm_boxes_are_named_when_taken_and_never_outlive_a_restart",
+        restart::warm_boxes_are_named_when_taken_and_never_outlive_a_restart,
+    ),
     ("privsep_front_door_is_unprivileged_and_restarts", privsep::front_door_is_unprivileged_and_restarts),
     ("lifecycle_suspend_resume_stop_park_and_ledger", lifecycle::lifecycle),
     ("storage_dup_copies_and_makes_a_new_machine", storage::dup_copies_and_makes_a_new_machine),

@@ -54,3 +54,52 @@ pub fn kill_box_processes(id: &str) {
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid.parse().unwrap()), nix::sys::signal::Signal::SIGKILL);
     }
 }
+
+/// `new` takes a box booted ahead of demand and gives it its name; warm boxes
+/// are nobody's, and a restart leaves none behind.
+pub fn warm_boxes_are_named_when_taken_and_never_outlive_a_restart(env: &Env) {
+    let mut daemon = Daemon::start(env.dir.join("warm-state"), env.daemon.keys_file.clone(), &[]);
+    let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
+    let roots = |d: &Daemon| -> Vec<String> {
+        std::fs::read_dir(d.state_dir.join("pool/boxes"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.bytes().all(|b| b.is_ascii_hexdigit()))
+            .collect()
+    };
+    let id_of = |d: &Daemon, name: &str| -> String {
+        let info: serde_json::Value =
+            serde_json::from_str(&ssh(d, None, &["info", name, "--json"]).ok().stdout).unwrap();
+        info["id"].as_str().unwrap().to_string()
+    };
+    ssh(&daemon, None, &["new", "first", "--image", "busybox"]).ok();
+    let first = id_of(&daemon, "first");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let warm = loop {
+        if let Some(w) = roots(&daemon).into_iter().find(|r| *r != first) {
+            break w;
+        }
+        assert!(std::time::Instant::now() < deadline, "no box was booted ahead of demand");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let listed = ssh(&daemon, None, &["ls", "--json"]).ok().stdout;
+    assert!(!listed.contains("warm-"), "a warm box is listed: {listed}");
+    ssh(&daemon, None, &["new", "second", "--image", "busybox"]).ok();
+    assert_eq!(id_of(&daemon, "second"), warm, "new did not take the warm box");
+    let out =
+        ssh(&daemon, Some("second"), &["hostname; cat /etc/hostname; echo ~second; grep -c second /etc/hosts"]).ok();
+    assert_eq!(out.stdout, "second\nsecond\n/root\n1\n");
+    // A restart rolls back the warm box made meanwhile.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while roots(&daemon).len() < 3 {
+        assert!(std::time::Instant::now() < deadline, "no second warm box");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    daemon.restart();
+    let mut left = roots(&daemon);
+    left.sort();
+    let mut boxes = vec![first, warm];
+    boxes.sort();
+    assert_eq!(left, boxes, "a warm box outlived the restart");
+    daemon.purge();
+}

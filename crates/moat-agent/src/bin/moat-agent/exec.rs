@@ -39,6 +39,8 @@ struct Flags {
 type Shared = Arc<Mutex<UnixStream>>;
 
 pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper: &Reaper) -> io::Result<()> {
+    // A box named since it booted answers to its new name from its first session.
+    crate::login::alias_root_as_host_name();
     let program = program_for(&req);
     let writer: Shared = Arc::new(Mutex::new(stream.try_clone()?));
     let flags = Arc::new(Flags::default());

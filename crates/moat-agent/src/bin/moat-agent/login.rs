@@ -4,8 +4,10 @@
 //! ask the remote shell for `~NAME` (Ansible does, to find its temp dir) get
 //! the literal `~NAME` back when NAME is nobody's login, and create a
 //! directory by that name. So the box's name becomes another name for root:
-//! a passwd line with root's uid, home and shell, added once at boot if the
-//! image has a passwd file and no user of that name.
+//! a passwd line with root's uid, home and shell, added at boot if the image
+//! has a passwd file and no user of that name, and again before a session
+//! when the host has given the box another name since (a box booted ahead
+//! of demand is named when `new` takes it).
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
@@ -16,13 +18,27 @@ const PASSWD: &str = "/etc/passwd";
 /// A passwd file larger than this is left alone (the box wrote it).
 const MAX_PASSWD: u64 = 4 << 20;
 
-/// Adds the box's host name (its SSH user name) to /etc/passwd as root, once.
+/// The host name last given a passwd line (`None`: not yet).
+static ALIASED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Adds the box's host name (its SSH user name) to /etc/passwd as root, if
+/// the name changed since the last call (a system call, when it did not).
 pub fn alias_root_as_host_name() {
     let Ok(host) = nix::unistd::gethostname() else { return };
     let Some(name) = host.to_str().filter(|n| is_label(n)) else { return };
-    let Ok(mut file) = OpenOptions::new().read(true).append(true).custom_flags(libc::O_NOFOLLOW).open(PASSWD) else {
+    let mut aliased = ALIASED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if aliased.as_deref() == Some(name) {
+        return;
+    }
+    *aliased = Some(name.to_string());
+    // Non-blocking, and only a regular file: the box may have put a FIFO there.
+    let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    let Ok(mut file) = OpenOptions::new().read(true).append(true).custom_flags(flags).open(PASSWD) else {
         return;
     };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return;
+    }
     let mut text = String::new();
     if Read::by_ref(&mut file).take(MAX_PASSWD).read_to_string(&mut text).is_err() {
         return;

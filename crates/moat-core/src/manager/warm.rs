@@ -1,0 +1,176 @@
+//! Boxes booted ahead of demand. `new` takes one of the image and limits it
+//! asks for, if one is ready, and gives it its owner, name and policy: the
+//! root, identity, cgroup, namespaces and agent were made before anyone
+//! asked. A warm box is a real box in state `creating`, owned by an account
+//! no key can be, so a crash or a restart rolls it back like any half-made
+//! box, and it holds a uid slot like any other.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, PoisonError};
+
+use super::{now, BoxManager, BoxSpec, ManagerError};
+use crate::backend::BackendError;
+use crate::ids::{AccountId, Name};
+use crate::limits::Limits;
+use crate::policy::Policy;
+use crate::record::{BoxRecord, BoxState};
+
+/// The account warm boxes belong to until `new` takes one (no SSH key's
+/// account id looks like it).
+pub const WARM_ACCOUNT: &str = "moat:warm";
+
+/// The warm boxes, by image, and the images one is being made for.
+#[derive(Default)]
+pub(super) struct Warm {
+    ready: HashMap<Name, BoxRecord>,
+    making: HashSet<Name>,
+}
+
+fn warm_account() -> AccountId {
+    AccountId(WARM_ACCOUNT.to_string())
+}
+
+impl BoxManager {
+    fn warm(&self) -> std::sync::MutexGuard<'_, Warm> {
+        self.warm.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the box `spec` asks for of a warm one, if one of its image and
+    /// limits is ready (`None`: make it the usual way). A warm box that
+    /// cannot be given is removed.
+    pub(super) async fn take_warm(
+        self: &Arc<Self>,
+        account: &AccountId,
+        spec: &BoxSpec,
+    ) -> Option<Result<BoxRecord, ManagerError>> {
+        let warm = {
+            let mut warm = self.warm();
+            match warm.ready.get(&spec.image) {
+                Some(w) if w.limits == spec.limits => warm.ready.remove(&spec.image),
+                _ => None,
+            }
+        }?;
+        let made = self.adopt(&warm, account, spec).await;
+        self.refill_warm(&spec.image);
+        match made {
+            Ok(rec) => Some(Ok(rec)),
+            Err(ManagerError::Store(crate::store::StoreError::NameTaken(n))) => {
+                self.discard_warm(warm).await;
+                Some(Err(crate::store::StoreError::NameTaken(n).into()))
+            }
+            Err(e) => {
+                tracing::warn!(box_id = %warm.id, error = %e, "a warm box could not be given; making one anew");
+                self.discard_warm(warm).await;
+                None
+            }
+        }
+    }
+
+    /// Gives warm box `warm` to `account` as `spec` says.
+    async fn adopt(
+        self: &Arc<Self>,
+        warm: &BoxRecord,
+        account: &AccountId,
+        spec: &BoxSpec,
+    ) -> Result<BoxRecord, ManagerError> {
+        let lock = self.lock_for(&warm.id);
+        let _guard = lock.lock().await;
+        let rec = self.db(|s| s.adopt(&warm.id, account, &spec.name, now(), &spec.policy, warm.pid))?;
+        let (r, from) = (rec.clone(), warm.account.clone());
+        let handle = self
+            .blocking(move |b| {
+                b.adopt(&r, &from)?;
+                b.handle(&r).ok_or_else(|| BackendError::msg("the warm box is not running"))
+            })
+            .await??;
+        self.network_up(&rec, &handle);
+        self.schedule_idle(&rec.id);
+        tracing::info!(box_id = %rec.id, name = %rec.name, pid = ?rec.pid, "box created (warm)");
+        Ok(rec)
+    }
+
+    /// Removes a warm box (whatever the store now says it is).
+    async fn discard_warm(&self, warm: BoxRecord) {
+        let w = warm.clone();
+        let _ = self
+            .blocking(move |b| {
+                let _ = b.stop(&w);
+                b.destroy(&w)
+            })
+            .await;
+        self.network_down(&warm.id);
+        if let Err(e) = self.db(|s| s.delete(&warm.id)) {
+            tracing::error!(box_id = %warm.id, error = %e, "cannot forget a discarded warm box");
+        }
+    }
+
+    /// Makes a warm box of `image` in the background, if none is ready or
+    /// being made and the operator allows another.
+    pub(super) fn refill_warm(self: &Arc<Self>, image: &Name) {
+        {
+            let mut warm = self.warm();
+            let held = warm.ready.len() + warm.making.len();
+            if warm.ready.contains_key(image) || warm.making.contains(image) || held >= self.config.warm_boxes {
+                return;
+            }
+            warm.making.insert(image.clone());
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.warm().making.remove(image);
+            return;
+        };
+        let (manager, image) = (Arc::clone(self), image.clone());
+        runtime.spawn(async move {
+            let made = manager.make_warm(&image).await;
+            let mut warm = manager.warm();
+            warm.making.remove(&image);
+            match made {
+                Ok(Some(rec)) => {
+                    warm.ready.insert(image, rec);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%image, error = %e, "could not make a warm box"),
+            }
+        });
+    }
+
+    /// Makes and boots a box of `image` with the default limits, owned by
+    /// [`WARM_ACCOUNT`]; `None` if the image is not built (a warm box never
+    /// builds one).
+    async fn make_warm(&self, image: &Name) -> Result<Option<BoxRecord>, ManagerError> {
+        let i = image.clone();
+        if !self.blocking(move |b| b.has_image(&i)).await? {
+            return Ok(None);
+        }
+        let mut id = [0u8; 6];
+        let _ = getrandom::fill(&mut id);
+        let name =
+            Name::new(&format!("warm-{}", hex::encode(id))).map_err(|_| ManagerError::NameTooLong("warm".into()))?;
+        let rec =
+            self.db(|s| s.insert_new(&warm_account(), &name, image, Limits::default(), now(), &Policy::default()))?;
+        let r = rec.clone();
+        let booted = self
+            .blocking(move |b| {
+                b.create(&r)?;
+                b.start(&r).inspect_err(|_| {
+                    let _ = b.destroy(&r);
+                })
+            })
+            .await;
+        match booted {
+            Ok(Ok(handle)) => {
+                // Still `creating`: a restart rolls it back.
+                self.db(|s| s.set_state(&rec.id, BoxState::Creating, Some(handle.pid)))?;
+                Ok(Some(BoxRecord { pid: Some(handle.pid), ..rec }))
+            }
+            Ok(Err(e)) => {
+                self.db(|s| s.delete(&rec.id))?;
+                Err(e.into())
+            }
+            Err(e) => {
+                self.db(|s| s.delete(&rec.id))?;
+                Err(e)
+            }
+        }
+    }
+}
