@@ -35,6 +35,11 @@ impl BoxManager {
         self.warm.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether a warm box of `image` is ready.
+    pub fn warm_ready(&self, image: &Name) -> bool {
+        self.warm().ready.contains_key(image)
+    }
+
     /// Makes the box `spec` asks for of a warm one, if one of its image and
     /// limits is ready (`None`: make it the usual way). A warm box that
     /// cannot be given is removed.
