@@ -151,8 +151,11 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             } else {
-                // Limits other than the defaults: no warm box fits.
+                // Limits other than the defaults: no warm box fits. The same
+                // pause between commands: the spares behind an on-demand
+                // create (a helper in a cgroup, a root) refill meanwhile.
                 spec.limits.pids += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let t = Instant::now();
             manager.create(&account, spec, Box::new(|_: &str| {})).await?;

@@ -19,6 +19,10 @@ use crate::record::{BoxRecord, BoxState};
 /// account id looks like it).
 pub const WARM_ACCOUNT: &str = "moat:warm";
 
+/// How long after a `new` its image's warm box starts being made: a script's
+/// `new`s back to back are not slowed by one being made beside them.
+const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The warm boxes, by image, and the images one is being made for.
 #[derive(Default)]
 pub(super) struct Warm {
@@ -126,6 +130,7 @@ impl BoxManager {
         };
         let (manager, image) = (Arc::clone(self), image.clone());
         runtime.spawn(async move {
+            tokio::time::sleep(REFILL_AFTER).await;
             let made = manager.make_warm(&image).await;
             let mut warm = manager.warm();
             warm.making.remove(&image);
