@@ -7,13 +7,16 @@
 //! a passwd line with root's uid, home and shell, added at boot if the image
 //! has a passwd file and no user of that name, and again before a session
 //! when the host has given the box another name since (a box booted ahead
-//! of demand is named when `new` takes it).
+//! of demand is named when `new` takes it: the line of the name it booted
+//! with is taken out then, before anything of the box's owner has run).
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 
 const PASSWD: &str = "/etc/passwd";
+/// The comment of the lines this file adds.
+const COMMENT: &str = "moat box login (root)";
 
 /// A passwd file larger than this is left alone (the box wrote it).
 const MAX_PASSWD: u64 = 4 << 20;
@@ -30,7 +33,7 @@ pub fn alias_root_as_host_name() {
     if aliased.as_deref() == Some(name) {
         return;
     }
-    *aliased = Some(name.to_string());
+    let before = aliased.replace(name.to_string());
     // Non-blocking, and only a regular file: the box may have put a FIFO there.
     let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK;
     let Ok(mut file) = OpenOptions::new().read(true).append(true).custom_flags(flags).open(PASSWD) else {
@@ -43,9 +46,29 @@ pub fn alias_root_as_host_name() {
     if Read::by_ref(&mut file).take(MAX_PASSWD).read_to_string(&mut text).is_err() {
         return;
     }
-    if let Some(line) = alias_line(&text, name) {
-        let _ = file.write_all(line.as_bytes());
+    match before.and_then(|old| without_alias(&text, &old)) {
+        // Renamed: the file rewritten whole, then put in place at once.
+        Some(rest) => {
+            let line = alias_line(&rest, name).unwrap_or_default();
+            let next = format!("{PASSWD}.moat-new");
+            let written = std::fs::write(&next, format!("{rest}{line}")).and_then(|()| std::fs::rename(&next, PASSWD));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&next);
+            }
+        }
+        None => {
+            if let Some(line) = alias_line(&text, name) {
+                let _ = file.write_all(line.as_bytes());
+            }
+        }
     }
+}
+
+/// `passwd` without the line this agent added for `old`, if it has one.
+fn without_alias(passwd: &str, old: &str) -> Option<String> {
+    let ours = format!("{old}:x:0:0:{COMMENT}:");
+    let kept: Vec<&str> = passwd.split_inclusive('\n').filter(|l| !l.starts_with(&ours)).collect();
+    (kept.len() < passwd.split_inclusive('\n').count()).then(|| kept.concat())
 }
 
 /// The line to append for `name`, if it needs one.
@@ -58,7 +81,7 @@ fn alias_line(passwd: &str, name: &str) -> Option<String> {
     let root: Vec<&str> = passwd.lines().find(|l| l.starts_with("root:"))?.split(':').collect();
     let (home, shell) = (root.get(5)?, root.get(6)?);
     let newline = if passwd.is_empty() || passwd.ends_with('\n') { "" } else { "\n" };
-    Some(format!("{newline}{name}:x:0:0:moat box login (root):{home}:{shell}\n"))
+    Some(format!("{newline}{name}:x:0:0:{COMMENT}:{home}:{shell}\n"))
 }
 
 /// A DNS label (what box names are); nothing that could break a passwd line.
@@ -77,5 +100,15 @@ mod tests {
         assert_eq!(alias_line(passwd, "daemon"), None, "an existing user keeps its line");
         assert_eq!(alias_line("", "web"), None, "no root line, nothing to copy");
         assert!(!is_label("a:b") && !is_label("a\nb") && is_label("web-2"));
+    }
+
+    #[test]
+    fn a_renamed_box_loses_only_its_old_line() {
+        let passwd = "root:x:0:0:root:/root:/bin/sh\nwarm-1:x:0:0:moat box login (root):/root:/bin/sh\nwarm-1x:x:1:1::/:/bin/sh\n";
+        let rest = without_alias(passwd, "warm-1").unwrap();
+        assert_eq!(rest, "root:x:0:0:root:/root:/bin/sh\nwarm-1x:x:1:1::/:/bin/sh\n");
+        assert_eq!(without_alias(passwd, "daemon"), None);
+        // A user of that name the box made itself is not ours to remove.
+        assert_eq!(without_alias("warm-1:x:1000:1000::/home:/bin/sh\n", "warm-1"), None);
     }
 }
