@@ -63,7 +63,7 @@ impl MemBackend {
 
 impl Backend for MemBackend {
     fn has_image(&self, image: &Name) -> bool {
-        image.as_str() == "busybox"
+        ["busybox", "alpine"].contains(&image.as_str())
     }
     fn build_image(&self, _image: &Name, _progress: Progress<'_>) -> Result<(), BackendError> {
         Err(BackendError::msg("no builds here"))
@@ -634,4 +634,23 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
     let fourth = w2.create(&f.alice, spec("fourth"), Box::new(|_: &str| {})).await;
     f.backend.heal();
     assert!(fourth.is_ok(), "{fourth:?}");
+
+    // Another image asked for takes the pool's place.
+    let warm_images = |m: &BoxManager| -> Vec<String> {
+        let all = m.store.list(None).unwrap();
+        all.into_iter()
+            .filter(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some())
+            .map(|b| b.image.to_string())
+            .collect()
+    };
+    while warm_images(&w2) != ["busybox"] {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let alpine = BoxSpec { image: name("alpine"), ..spec("fifth") };
+    w2.create(&f.alice, alpine, Box::new(|_: &str| {})).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while warm_images(&w2) != ["alpine"] {
+        assert!(std::time::Instant::now() < deadline, "still warm: {:?}", warm_images(&w2));
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

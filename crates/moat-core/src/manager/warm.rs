@@ -114,22 +114,28 @@ impl BoxManager {
     }
 
     /// Makes a warm box of `image` in the background, if none is ready or
-    /// being made and the operator allows another.
+    /// being made. With the operator's number held already, a ready box of
+    /// another image makes room (the images `new` asked for last are kept).
     pub(super) fn refill_warm(self: &Arc<Self>, image: &Name) {
-        {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let evicted = {
             let mut warm = self.warm();
-            let held = warm.ready.len() + warm.making.len();
-            if warm.ready.contains_key(image) || warm.making.contains(image) || held >= self.config.warm_boxes {
+            if self.config.warm_boxes == 0 || warm.ready.contains_key(image) || warm.making.contains(image) {
                 return;
             }
+            let mut evicted = None;
+            if warm.ready.len() + warm.making.len() >= self.config.warm_boxes {
+                let Some(other) = warm.ready.keys().next().cloned() else { return };
+                evicted = warm.ready.remove(&other);
+            }
             warm.making.insert(image.clone());
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.warm().making.remove(image);
-            return;
+            evicted
         };
         let (manager, image) = (Arc::clone(self), image.clone());
         runtime.spawn(async move {
+            if let Some(old) = evicted {
+                manager.discard_warm(old).await;
+            }
             tokio::time::sleep(REFILL_AFTER).await;
             let made = manager.make_warm(&image).await;
             let mut warm = manager.warm();
