@@ -14,6 +14,7 @@ packages=(
   iproute2 nftables               # a box's network: routes to lo, redirects to the egress gateway
   openssl                         # the e2e test internet's CA
   git python3-paramiko python3-asyncssh ansible-core   # client software the e2e suite drives
+  qemu-system-x86 linux-image-cloud-amd64 cpio   # microVM guests: QEMU, the guest kernel, initramfs
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -8,5 +8,13 @@
 
 pub mod protocol;
 
+/// What the agent, as PID 1 of a microVM guest, prints on the console once
+/// the guest is up, followed by the kernel release it runs on.
+pub const GUEST_UP: &str = "moat-agent: guest up, kernel";
+
+/// The kernel command line word that asks the guest to power off once up
+/// (a boot probe).
+pub const PROBE_ARG: &str = "moat.probe";
+
 #[cfg(feature = "client")]
 pub mod client;

@@ -7,6 +7,7 @@
 //! - [`trust`]: the box trusting its own TLS CA;
 //! - [`diff`]: what changed between two boxes' filesystems;
 //! - [`ns`]: the namespace backend, with its planner and its privileged enforcer;
+//! - [`vm`]: the microVM backend's first parts (initramfs, a boot probe);
 //! - [`sys`]: the raw kernel calls, the crate's only `unsafe`.
 //!
 //! [`AnyBackend`] is the enum the daemon holds; the microVM backend joins it as a
@@ -24,6 +25,7 @@ pub mod pool;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod trust;
+pub mod vm;
 
 use moat_core::{AccountId, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading, Name};
 

@@ -218,3 +218,23 @@ pub fn bursts_wait_and_silent_sockets_lock_nobody_out(env: &Env) {
     assert!(started.elapsed() < Duration::from_secs(10), "a real client waited {:?}", started.elapsed());
     drop(silent);
 }
+
+/// `moat doctor` learns what runs a microVM guest by booting one (the
+/// distribution's kernel, the agent as its init), not by opening /dev/kvm.
+pub fn doctor_boots_a_guest(env: &Env) {
+    let out = std::process::Command::new(crate::fixture::moat_bin())
+        .arg("doctor")
+        .arg("--state-dir")
+        .arg(&env.daemon.state_dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find(|l| l.contains("microvm:")).unwrap_or_else(|| panic!("no microvm line: {text}"));
+    assert!(line.starts_with("ok    microvm:") && line.contains("to its first line in"), "{line}");
+    // The guest ran its own kernel, not the host's.
+    let guest = line.split("(guest kernel ").nth(1).and_then(|r| r.split(')').next()).unwrap_or_default();
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(!guest.is_empty() && guest != host.trim(), "guest {guest:?}, host {host:?}");
+    assert!(std::path::Path::new(&format!("/boot/vmlinuz-{guest}")).exists(), "{line}");
+}

@@ -102,6 +102,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ),
     ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
     ("restart_loses_nothing", restart::restart_loses_nothing),
+    ("hygiene_doctor_boots_a_guest", hygiene::doctor_boots_a_guest),
     (
         "restart_warm_boxes_are_named_when_taken_and_never_outlive_a_restart",
         restart::warm_boxes_are_named_when_taken_and_never_outlive_a_restart,

@@ -10,6 +10,7 @@
 #[allow(unsafe_code)]
 mod exec;
 mod frames;
+mod guest;
 mod login;
 mod reaper;
 #[allow(unsafe_code)]
@@ -38,6 +39,10 @@ fn main() {
     // that needs CAP_SYS_PTRACE, which no box has. (What PID 1 execs is dumpable
     // again, so debuggers work on the box's own programs.)
     let _ = nix::sys::prctl::set_dumpable(false);
+    // The kernel runs an initramfs's init as `/init`: a microVM guest.
+    if std::env::args_os().next().is_some_and(|a| a == "/init") {
+        guest::run();
+    }
     // SAFETY: the host passes fd 3 as a listening unix socket and nothing else in
     // this process has claimed it; we take sole ownership here, once.
     let listener = UnixListener::from(unsafe { OwnedFd::from_raw_fd(LISTEN_FD) });

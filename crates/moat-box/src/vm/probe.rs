@@ -1,0 +1,151 @@
+//! Boots a guest to learn what runs one here: the distribution's kernel and an
+//! initramfs whose `/init` is moat-agent, on QEMU's `microvm` machine, first
+//! with KVM, then with TCG. The agent says which kernel it runs on and powers
+//! the machine off; a guest that says nothing in time is killed.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::vm::cpio::Archive;
+
+/// How a guest's CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// QEMU's own translator: any host, 7-30x slower.
+    Tcg,
+}
+
+impl Accel {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Tcg => "tcg",
+        }
+    }
+}
+
+/// A guest that booted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Booted {
+    /// From starting QEMU to the agent's first line.
+    pub took: Duration,
+    /// The guest kernel's release, as the guest saw it.
+    pub release: String,
+}
+
+/// Why a guest did not boot.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// No kernel to boot.
+    #[error("no guest kernel in /boot (apt-get install linux-image-cloud-amd64)")]
+    NoKernel,
+    /// QEMU could not be started.
+    #[error("qemu-system-x86_64: {0} (apt-get install qemu-system-x86)")]
+    NoQemu(std::io::Error),
+    /// The guest said nothing in time.
+    #[error("no first line from the guest in {0:?} (it hangs)")]
+    Hung(Duration),
+    /// QEMU ended without the guest saying it was up.
+    #[error("qemu ended before the guest was up: {0}")]
+    Ended(String),
+    /// A file could not be written.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The distribution kernel a guest boots by default: the newest
+/// `/boot/vmlinuz-*-cloud-amd64` (Debian's, with virtio drivers as modules),
+/// else the newest `/boot/vmlinuz-*`.
+pub fn distribution_kernel() -> Option<PathBuf> {
+    let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("vmlinuz-")))
+        .collect();
+    kernels.sort();
+    let cloud = kernels.iter().rev().find(|p| p.to_string_lossy().ends_with("-cloud-amd64")).cloned();
+    cloud.or_else(|| kernels.last().cloned())
+}
+
+/// The host's TSC frequency in kHz, which a TCG guest must be told
+/// (`tsc_early_khz`): calibrating it under TCG hangs a share of boots.
+pub fn host_tsc_khz() -> Option<u64> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = cpuinfo.lines().find(|l| l.starts_with("cpu MHz"))?.split(':').nth(1)?.trim().parse().ok()?;
+    Some((mhz * 1000.0).round() as u64)
+}
+
+/// The initramfs of a probe: the agent as `/init`, and the directories it
+/// mounts the kernel's filesystems on.
+pub fn probe_initramfs(agent: &[u8]) -> Vec<u8> {
+    let mut a = Archive::default();
+    for dir in ["dev", "proc", "sys"] {
+        a.dir(dir, 0o755);
+    }
+    a.file("init", 0o755, agent);
+    a.finish()
+}
+
+/// Boots `kernel` with an initramfs whose init is the static agent at
+/// `agent`, under `accel`, and waits up to `timeout` for the guest's first
+/// line.
+pub fn boot(kernel: &Path, agent: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
+    let initramfs = std::env::temp_dir().join(format!("moat-probe-{}.cpio", std::process::id()));
+    std::fs::write(&initramfs, probe_initramfs(&std::fs::read(agent)?))?;
+    let result = run(kernel, &initramfs, accel, timeout);
+    let _ = std::fs::remove_file(&initramfs);
+    result
+}
+
+fn run(kernel: &Path, initramfs: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
+    let mut append = format!("console=ttyS0 quiet panic=-1 {}", moat_agent::PROBE_ARG);
+    if accel == Accel::Tcg {
+        if let Some(khz) = host_tsc_khz() {
+            append.push_str(&format!(" tsc_early_khz={khz}"));
+        }
+    }
+    let started = Instant::now();
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(["-M", "microvm", "-accel", accel.as_str(), "-m", "256", "-smp", "1"])
+        .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args(["-append", &append])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(ProbeError::NoQemu)?;
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take();
+    std::thread::spawn(move || {
+        let Some(stdout) = stdout else { return };
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(release) = line.trim().strip_prefix(moat_agent::GUEST_UP) {
+                let _ = tx.send(Some((started.elapsed(), release.trim().to_string())));
+                return;
+            }
+        }
+        let _ = tx.send(None);
+    });
+    let outcome = rx.recv_timeout(timeout);
+    let _ = child.kill();
+    let output = child.wait_with_output();
+    match outcome {
+        Ok(Some((took, release))) => Ok(Booted { took, release }),
+        Ok(None) => {
+            let stderr = output.map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string()).unwrap_or_default();
+            Err(ProbeError::Ended(stderr))
+        }
+        Err(_) => Err(ProbeError::Hung(timeout)),
+    }
+}
