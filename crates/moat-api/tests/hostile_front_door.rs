@@ -63,7 +63,7 @@ impl Backend for NoBoxes {
     fn checkpoint(&self, _: &BoxRecord, _: &Name) -> Result<(), BackendError> {
         Err(BackendError::msg("no boxes"))
     }
-    fn checkpoints(&self, _: &BoxRecord) -> Vec<moat_core::Checkpoint> {
+    fn checkpoints(&self, _: &BoxRecord, _: bool) -> Vec<moat_core::Checkpoint> {
         Vec::new()
     }
     fn restore(&self, _: &BoxRecord, _: &Name, _: &Name) -> Result<(), BackendError> {

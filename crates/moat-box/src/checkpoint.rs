@@ -80,13 +80,14 @@ impl Pool {
         self.saved(id).into_iter().map(|(_, label)| label).collect()
     }
 
-    /// Box `id`'s checkpoints, oldest first, with when each was made and the
-    /// bytes only it holds (shared with no other checkpoint, root or image).
-    pub fn checkpoints(&self, id: &BoxId) -> Vec<Checkpoint> {
+    /// Box `id`'s checkpoints, oldest first, with when each was made and
+    /// (with `held`: a walk of each tree) the bytes only it holds (shared with
+    /// no other checkpoint, root or image).
+    pub fn checkpoints(&self, id: &BoxId, held: bool) -> Vec<Checkpoint> {
         self.saved(id)
             .into_iter()
             .map(|(created_ms, label)| {
-                let held_bytes = exclusive_bytes(&self.checkpoint_path(id, &label));
+                let held_bytes = if held { exclusive_bytes(&self.checkpoint_path(id, &label)) } else { None };
                 Checkpoint { label, created_ms, held_bytes }
             })
             .collect()
@@ -126,9 +127,13 @@ impl Pool {
         }
         let dir = self.checkpoints_dir(id);
         match fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", &dir)(e)),
-            _ => Ok(()),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err("remove", &dir)(e)),
+            _ => {}
         }
+        // Its qgroup goes too, once nothing it counts is left (a copy may
+        // still share data a root of the box wrote: then it stays, harmless).
+        let _ = sys::qgroup_destroy(self.root(), box_qgroup(id));
+        Ok(())
     }
 
     /// Makes box `id`'s root (the box stopped) a writable snapshot of its
@@ -193,14 +198,12 @@ impl Pool {
         sys::qgroup_assign(pool, subvolume, box_qgroup(owner.id)).map_err(io_err("charge box for", &root))
     }
 
-    /// Gives box `id` its own qgroup (once), limited to its disk limit and
-    /// holding its root.
+    /// Gives box `id` its own qgroup, limited to its disk limit and holding
+    /// its root. Every step is repeated each time (each is idempotent): one
+    /// cut short before must not leave a group that limits nothing.
     fn own_box_qgroup(&self, owner: &Owner<'_>) -> Result<(), PoolError> {
         let group = box_qgroup(owner.id);
         let pool = self.root();
-        if self.qgroup_exclusive(group).is_some() {
-            return Ok(());
-        }
         let root = self.box_path(owner.id);
         let subvolume = sys::subvolume_id(&root).map_err(io_err("look up subvolume", &root))?;
         sys::qgroup_create(pool, group).map_err(io_err("create box qgroup on", pool))?;
@@ -210,6 +213,17 @@ impl Pool {
 
     fn restoring_path(&self, id: &BoxId) -> PathBuf {
         self.boxes_dir().join(restoring_name(id))
+    }
+
+    /// Completes, or undoes, a restore of box `id` left unfinished (a crash,
+    /// or a step that failed); nothing to do without one.
+    pub fn finish_restore_of(&self, id: &BoxId) -> Result<(), PoolError> {
+        let intent = self.checkpoints_dir(id).join(INTENT);
+        let Ok(text) = fs::read_to_string(&intent) else { return Ok(()) };
+        let outcome = self.finish_restore(id, &text)?;
+        tracing::warn!(box_id = %id, outcome, "finished an interrupted restore");
+        let _ = fs::remove_file(&intent);
+        Ok(())
     }
 
     /// Completes, or undoes, every restore a crash interrupted: after it,

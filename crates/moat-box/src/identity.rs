@@ -51,6 +51,18 @@ pub fn rename(root: &Path, name: &Name) -> io::Result<()> {
     write_host_name(&dir, name)
 }
 
+/// Gives the box in `root` host name `name` if its files say another (a
+/// restored checkpoint keeps its own /etc/hosts when the name is the same).
+pub fn rename_if_changed(root: &Path, name: &Name) -> io::Result<()> {
+    let dir: OwnedFd = std::fs::File::open(root)?.into();
+    // Unreadable (a FIFO, a huge file: the box's doing) counts as another name.
+    let now = read_in_root(&dir, "etc/hostname", 256).ok().flatten().unwrap_or_default();
+    if String::from_utf8_lossy(&now).trim() == name.as_str() {
+        return Ok(());
+    }
+    write_host_name(&dir, name)
+}
+
 fn write_host_name(dir: &OwnedFd, name: &Name) -> io::Result<()> {
     write_in_root(dir, "etc/hostname", format!("{name}\n").as_bytes(), 0o644)?;
     let hosts = format!("127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n");

@@ -80,8 +80,8 @@ impl Backend for AnyBackend {
     fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
         self.inner().checkpoint(rec, label)
     }
-    fn checkpoints(&self, rec: &BoxRecord) -> Vec<Checkpoint> {
-        self.inner().checkpoints(rec)
+    fn checkpoints(&self, rec: &BoxRecord, held: bool) -> Vec<Checkpoint> {
+        self.inner().checkpoints(rec, held)
     }
     fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
         self.inner().restore(rec, label, before)

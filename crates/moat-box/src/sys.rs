@@ -130,6 +130,15 @@ pub fn qgroup_create(path: &Path, qgroupid: u64) -> io::Result<()> {
     }
 }
 
+/// Destroys qgroup `qgroupid` (refused while it has members or counts bytes).
+pub fn qgroup_destroy(path: &Path, qgroupid: u64) -> io::Result<()> {
+    let dir = open_dir(path)?;
+    let args = QgroupCreateArgs { create: 0, qgroupid };
+    // SAFETY: as for `qgroup_create`.
+    unsafe { btrfs_qgroup_create(dir.as_raw_fd(), &args) }?;
+    Ok(())
+}
+
 /// Makes qgroup `child` a member of `parent` (whose numbers then include the
 /// child's); already being one is fine.
 pub fn qgroup_assign(path: &Path, child: u64, parent: u64) -> io::Result<()> {

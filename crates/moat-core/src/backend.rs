@@ -142,8 +142,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Saves the box's filesystem as of this instant (a running box is frozen
     /// for that instant) as read-only checkpoint `label`.
     fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError>;
-    /// The box's checkpoints, oldest first.
-    fn checkpoints(&self, rec: &BoxRecord) -> Vec<Checkpoint>;
+    /// The box's checkpoints, oldest first; with `held`, the bytes only each
+    /// holds too (a walk of each checkpoint's tree: slow on a large one).
+    fn checkpoints(&self, rec: &BoxRecord, held: bool) -> Vec<Checkpoint>;
     /// With the box stopped: makes its filesystem a writable copy of its
     /// checkpoint `label`, keeping the filesystem it had as checkpoint
     /// `before`. Whole or not at all, a crash included.

@@ -246,9 +246,9 @@ impl Store {
         Ok(rec)
     }
 
-    /// Gives box `id`, booted ahead of demand (and still `creating`), to
-    /// `account` as `name`, made at `created_at` with `policy`, and records it
-    /// running as PID `pid`. One transaction.
+    /// Gives box `id`, booted ahead of demand (still `creating`, under the
+    /// warm account), to `account` as `name`, made at `created_at` with
+    /// `policy`, and records it running as PID `pid`. One transaction.
     pub fn adopt(
         &self,
         id: &BoxId,
@@ -275,7 +275,7 @@ impl Store {
             }
             let changed = tx.execute(
                 "UPDATE boxes SET account = ?2, name = ?3, created_at = ?4, state_since = ?4, state = ?5, pid = ?6 \
-                 WHERE id = ?1 AND state = ?7",
+                 WHERE id = ?1 AND state = ?7 AND account = ?8",
                 params![
                     id.as_str(),
                     account.0,
@@ -283,7 +283,8 @@ impl Store {
                     created_at as i64,
                     BoxState::Running.as_str(),
                     pid,
-                    BoxState::Creating.as_str()
+                    BoxState::Creating.as_str(),
+                    crate::manager::WARM_ACCOUNT
                 ],
             )?;
             if changed != 1 {

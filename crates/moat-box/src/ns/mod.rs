@@ -312,6 +312,8 @@ impl Backend for NsBackend {
     }
 
     fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
+        // A restore left unfinished is finished before the box runs on its root.
+        self.pool.finish_restore_of(&rec.id).map_err(|e| BackendError::new("finish the box's restore", e))?;
         let pid = self.boot(rec)?;
         self.tell_disk(rec);
         Ok(self.handle_for(rec, pid))
@@ -369,8 +371,8 @@ impl Backend for NsBackend {
         thawed.map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))
     }
 
-    fn checkpoints(&self, rec: &BoxRecord) -> Vec<Checkpoint> {
-        self.pool.checkpoints(&rec.id)
+    fn checkpoints(&self, rec: &BoxRecord, held: bool) -> Vec<Checkpoint> {
+        self.pool.checkpoints(&rec.id, held)
     }
 
     fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
@@ -379,7 +381,8 @@ impl Backend for NsBackend {
             .map_err(|e| BackendError::new(format!("restore {} to {label}", rec.name), e))?;
         // The same machine, under the name it has now (a promote since the
         // checkpoint renamed it).
-        identity::rename(&self.pool.box_path(&rec.id), &rec.name).map_err(|e| BackendError::new("rename box", e))
+        identity::rename_if_changed(&self.pool.box_path(&rec.id), &rec.name)
+            .map_err(|e| BackendError::new("rename box", e))
     }
 
     fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {

@@ -34,10 +34,13 @@ impl BoxManager {
         Ok(label)
     }
 
-    /// The box's checkpoints, oldest first.
+    /// The box's checkpoints, oldest first, with the bytes only each holds.
+    /// Finding those walks each checkpoint's tree: such walks take turns
+    /// with `diff`'s.
     pub async fn checkpoints(&self, account: &AccountId, name: &Name) -> Result<Vec<Checkpoint>, ManagerError> {
         let rec = self.get(account, name)?;
-        self.blocking(move |b| b.checkpoints(&rec)).await
+        let _turn = self.diff_turns.acquire().await.ok();
+        self.blocking(move |b| b.checkpoints(&rec, true)).await
     }
 
     /// Deletes the box's checkpoint `label`.
@@ -93,7 +96,7 @@ impl BoxManager {
 
     async fn checkpoint_labels(&self, rec: &crate::record::BoxRecord) -> Result<Vec<String>, ManagerError> {
         let r = rec.clone();
-        let found = self.blocking(move |b| b.checkpoints(&r)).await?;
+        let found = self.blocking(move |b| b.checkpoints(&r, false)).await?;
         Ok(found.into_iter().map(|c| c.label).collect())
     }
 
@@ -105,15 +108,22 @@ impl BoxManager {
     }
 }
 
-/// `c<n>`, one past the highest `c<n>` in `labels`.
+/// `c<n>`, one past the highest `c<n>` in `labels` (and not taken).
 fn next_label(labels: &[String]) -> Name {
-    let highest = labels.iter().filter_map(|l| l.strip_prefix('c')?.parse::<u32>().ok()).max().unwrap_or(0);
-    Name::new(&format!("c{}", highest.saturating_add(1))).expect("c<digits> is a name")
+    let highest = labels.iter().filter_map(|l| l.strip_prefix('c')?.parse::<u64>().ok()).max().unwrap_or(0);
+    let free = (highest.saturating_add(1)..).map(|n| format!("c{n}")).find(|l| !labels.contains(l));
+    Name::new(&free.unwrap_or_default()).expect("c<digits> is a name")
 }
 
-/// `before-LABEL`, or `before-LABEL-2`, ... if that is taken.
+/// `before-LABEL`, or `before-LABEL-2`, ... if that is taken (an undone
+/// restore's own `before-` is not repeated: `before-before-...` would grow
+/// past a name's length after a few undos).
 fn before_label(label: &Name, labels: &[String]) -> Result<Name, ManagerError> {
-    let base = format!("before-{label}");
+    let mut bare = label.as_str();
+    while let Some(rest) = bare.strip_prefix("before-") {
+        bare = rest;
+    }
+    let base = format!("before-{bare}");
     let free = std::iter::once(base.clone())
         .chain((2..).map(|n| format!("{base}-{n}")))
         .find(|l| !labels.contains(l))
@@ -130,6 +140,8 @@ mod tests {
     fn labels_count_up_and_befores_never_collide() {
         let labels: Vec<String> = ["c1", "c7", "cx", "before-c1"].iter().map(|s| s.to_string()).collect();
         assert_eq!(next_label(&labels).as_str(), "c8");
+        let before_c1 = Name::new("before-before-c1").unwrap();
+        assert_eq!(before_label(&before_c1, &labels).unwrap().as_str(), "before-c1-2");
         assert_eq!(next_label(&[]).as_str(), "c1");
         let c1 = Name::new("c1").unwrap();
         assert_eq!(before_label(&c1, &labels).map(|n| n.to_string()).ok().as_deref(), Some("before-c1-2"));

@@ -127,7 +127,7 @@ impl Backend for MemBackend {
         s.checkpoints.entry(rec.id.as_str().into()).or_default().push((label.to_string(), files, env));
         Ok(())
     }
-    fn checkpoints(&self, rec: &BoxRecord) -> Vec<crate::backend::Checkpoint> {
+    fn checkpoints(&self, rec: &BoxRecord, _held: bool) -> Vec<crate::backend::Checkpoint> {
         let s = self.state.lock().unwrap();
         let saved = s.checkpoints.get(rec.id.as_str()).cloned().unwrap_or_default();
         saved

@@ -23,11 +23,13 @@ pub const WARM_ACCOUNT: &str = "moat:warm";
 /// `new`s back to back are not slowed by one being made beside them.
 const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// The warm boxes, by image, and the images one is being made for.
+/// The warm boxes, by image, the images one is being made for, and the
+/// images `new` asked for, the latest last.
 #[derive(Default)]
 pub(super) struct Warm {
     ready: HashMap<Name, BoxRecord>,
     making: HashSet<Name>,
+    asked: Vec<Name>,
 }
 
 fn warm_account() -> AccountId {
@@ -59,57 +61,75 @@ impl BoxManager {
                 _ => None,
             }
         }?;
+        // Held throughout: the box is nobody's to touch until it is given or gone.
+        let lock = self.lock_for(&warm.id);
+        let guard = lock.lock().await;
         let made = self.adopt(&warm, account, spec).await;
-        self.refill_warm(&spec.image);
-        match made {
+        let outcome = match made {
             Ok(rec) => Some(Ok(rec)),
-            Err(ManagerError::Store(crate::store::StoreError::NameTaken(n))) => {
-                self.discard_warm(warm).await;
-                Some(Err(crate::store::StoreError::NameTaken(n).into()))
-            }
             Err(e) => {
-                tracing::warn!(box_id = %warm.id, error = %e, "a warm box could not be given; making one anew");
-                self.discard_warm(warm).await;
-                None
+                self.discard_warm(&warm).await;
+                match e {
+                    ManagerError::Store(crate::store::StoreError::NameTaken(n)) => {
+                        Some(Err(crate::store::StoreError::NameTaken(n).into()))
+                    }
+                    e => {
+                        tracing::warn!(box_id = %warm.id, error = %e, "a warm box could not be given; making one anew");
+                        None
+                    }
+                }
             }
-        }
+        };
+        drop(guard);
+        self.refill_warm(&spec.image);
+        outcome
     }
 
-    /// Gives warm box `warm` to `account` as `spec` says.
+    /// Gives warm box `warm` to `account` as `spec` says (its lock held).
+    /// The box is given its owner and name first, while the store still
+    /// says it is a warm box being made: a crash before the store's one
+    /// transaction rolls the whole box back, and after it the box is whole.
     async fn adopt(
         self: &Arc<Self>,
         warm: &BoxRecord,
         account: &AccountId,
         spec: &BoxSpec,
     ) -> Result<BoxRecord, ManagerError> {
-        let lock = self.lock_for(&warm.id);
-        let _guard = lock.lock().await;
-        let rec = self.db(|s| s.adopt(&warm.id, account, &spec.name, now(), &spec.policy, warm.pid))?;
-        let (r, from) = (rec.clone(), warm.account.clone());
+        let given = BoxRecord { account: account.clone(), name: spec.name.clone(), ..warm.clone() };
+        let (r, from) = (given.clone(), warm.account.clone());
         let handle = self
             .blocking(move |b| {
                 b.adopt(&r, &from)?;
                 b.handle(&r).ok_or_else(|| BackendError::msg("the warm box is not running"))
             })
             .await??;
+        let rec = self.db(|s| s.adopt(&warm.id, account, &spec.name, now(), &spec.policy, warm.pid))?;
         self.network_up(&rec, &handle);
         self.schedule_idle(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, pid = ?rec.pid, "box created (warm)");
         Ok(rec)
     }
 
-    /// Removes a warm box (whatever the store now says it is).
-    async fn discard_warm(&self, warm: BoxRecord) {
+    /// Removes a warm box the store still records as one (its lock held).
+    /// If its files or processes cannot be removed, the record stays, and
+    /// the next start rolls it back as any half-made box.
+    async fn discard_warm(&self, warm: &BoxRecord) {
         let w = warm.clone();
-        let _ = self
+        let destroyed = self
             .blocking(move |b| {
                 let _ = b.stop(&w);
                 b.destroy(&w)
             })
             .await;
-        self.network_down(&warm.id);
-        if let Err(e) = self.db(|s| s.delete(&warm.id)) {
-            tracing::error!(box_id = %warm.id, error = %e, "cannot forget a discarded warm box");
+        match destroyed {
+            Ok(Ok(())) => {
+                if let Err(e) = self.db(|s| s.delete(&warm.id)) {
+                    tracing::error!(box_id = %warm.id, error = %e, "cannot forget a discarded warm box");
+                }
+                self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&warm.id);
+            }
+            Ok(Err(e)) => tracing::error!(box_id = %warm.id, error = %e, "a warm box is left for the next start"),
+            Err(e) => tracing::error!(box_id = %warm.id, error = %e, "a warm box is left for the next start"),
         }
     }
 
@@ -120,12 +140,15 @@ impl BoxManager {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let evicted = {
             let mut warm = self.warm();
+            warm.asked.retain(|i| i != image);
+            warm.asked.push(image.clone());
             if self.config.warm_boxes == 0 || warm.ready.contains_key(image) || warm.making.contains(image) {
                 return;
             }
             let mut evicted = None;
             if warm.ready.len() + warm.making.len() >= self.config.warm_boxes {
-                let Some(other) = warm.ready.keys().next().cloned() else { return };
+                // The ready box of the image asked for longest ago.
+                let Some(other) = warm.asked.iter().find(|i| warm.ready.contains_key(*i)).cloned() else { return };
                 evicted = warm.ready.remove(&other);
             }
             warm.making.insert(image.clone());
@@ -134,7 +157,9 @@ impl BoxManager {
         let (manager, image) = (Arc::clone(self), image.clone());
         runtime.spawn(async move {
             if let Some(old) = evicted {
-                manager.discard_warm(old).await;
+                let lock = manager.lock_for(&old.id);
+                let _guard = lock.lock().await;
+                manager.discard_warm(&old).await;
             }
             tokio::time::sleep(REFILL_AFTER).await;
             let made = manager.make_warm(&image).await;

@@ -62,9 +62,9 @@ pub fn restore_puts_a_damaged_box_back(env: &Env) {
         assert_ne!(out.status, Some(0), "{args:?}");
         assert!(out.stderr.contains(says) && out.stderr.lines().count() == 1, "{args:?}: {}", out.stderr);
     }
-    assert_eq!(labels(env, &name), ["c1", "before-c1", "before-before-c1", "before-c1-2"]);
+    assert_eq!(labels(env, &name), ["c1", "before-c1", "before-c1-2", "before-c1-3"]);
     env.alice(None, &["checkpoint", "rm", &name, "before-c1"]).ok();
-    assert_eq!(labels(env, &name), ["c1", "before-before-c1", "before-c1-2"]);
+    assert_eq!(labels(env, &name), ["c1", "before-c1-2", "before-c1-3"]);
 
     // A copy has none; rm takes them with the box.
     let copy = unique("ck");

@@ -33,13 +33,15 @@ pub fn alias_root_as_host_name() {
     if aliased.as_deref() == Some(name) {
         return;
     }
+    // Tried once per name: a file it cannot change (the box's doing) is left.
     let before = aliased.replace(name.to_string());
     // Non-blocking, and only a regular file: the box may have put a FIFO there.
     let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK;
     let Ok(mut file) = OpenOptions::new().read(true).append(true).custom_flags(flags).open(PASSWD) else {
         return;
     };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
+    let Ok(meta) = file.metadata() else { return };
+    if !meta.is_file() || meta.len() > MAX_PASSWD {
         return;
     }
     let mut text = String::new();
@@ -47,11 +49,20 @@ pub fn alias_root_as_host_name() {
         return;
     }
     match before.and_then(|old| without_alias(&text, &old)) {
-        // Renamed: the file rewritten whole, then put in place at once.
+        // Renamed: the file rewritten whole (its mode kept), then put in place at once.
         Some(rest) => {
             let line = alias_line(&rest, name).unwrap_or_default();
             let next = format!("{PASSWD}.moat-new");
-            let written = std::fs::write(&next, format!("{rest}{line}")).and_then(|()| std::fs::rename(&next, PASSWD));
+            let _ = std::fs::remove_file(&next);
+            let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+            let written = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&next)
+                .and_then(|mut f| f.write_all(format!("{rest}{line}").as_bytes()).and_then(|()| f.sync_all()))
+                .and_then(|()| std::fs::rename(&next, PASSWD));
             if written.is_err() {
                 let _ = std::fs::remove_file(&next);
             }
