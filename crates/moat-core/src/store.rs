@@ -177,17 +177,7 @@ impl Store {
         let policy = serde_json::to_string(policy).map_err(|_| StoreError::Corrupt(name.to_string()))?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let taken: bool = tx
-            .query_row(
-                "SELECT 1 FROM boxes WHERE account = ?1 AND name = ?2",
-                params![account.0, name.as_str()],
-                |_| Ok(true),
-            )
-            .optional()?
-            .unwrap_or(false);
-        if taken {
-            return Err(StoreError::NameTaken(name.clone()));
-        }
+        refuse_taken(&tx, account, name)?;
         let slot = {
             let mut stmt = tx.prepare("SELECT slot FROM boxes WHERE slot >= ?1 ORDER BY slot")?;
             let used = stmt.query_map([self.slots.start], |r| r.get::<_, u32>(0))?;
@@ -262,17 +252,7 @@ impl Store {
         {
             let mut conn = self.conn();
             let tx = conn.transaction()?;
-            let taken: bool = tx
-                .query_row(
-                    "SELECT 1 FROM boxes WHERE account = ?1 AND name = ?2",
-                    params![account.0, name.as_str()],
-                    |_| Ok(true),
-                )
-                .optional()?
-                .unwrap_or(false);
-            if taken {
-                return Err(StoreError::NameTaken(name.clone()));
-            }
+            refuse_taken(&tx, account, name)?;
             let changed = tx.execute(
                 "UPDATE boxes SET account = ?2, name = ?3, created_at = ?4, state_since = ?4, state = ?5, pid = ?6 \
                  WHERE id = ?1 AND state = ?7 AND account = ?8",
@@ -424,6 +404,20 @@ fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)])
         if !existing.iter().any(|c| c == column) {
             conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ty}"))?;
         }
+    }
+    Ok(())
+}
+
+/// Refuses `name` if `account` has a box by it already.
+fn refuse_taken(tx: &rusqlite::Transaction<'_>, account: &AccountId, name: &Name) -> Result<(), StoreError> {
+    let taken = tx
+        .query_row("SELECT 1 FROM boxes WHERE account = ?1 AND name = ?2", params![account.0, name.as_str()], |_| {
+            Ok(true)
+        })
+        .optional()?
+        .unwrap_or(false);
+    if taken {
+        return Err(StoreError::NameTaken(name.clone()));
     }
     Ok(())
 }
