@@ -426,6 +426,8 @@ async fn requests(
                     up = Some((up_write, AbortOnDrop(copier)));
                 }
                 Err(e) => {
+                    // Admitted, never sent: not in flight.
+                    injected.iter().for_each(|a| a.meter.release(&net.id));
                     req_log.verdict = LogVerdict::Error;
                     req_log.reason = Some(e.clone());
                     net.log(req_log);
