@@ -16,5 +16,13 @@ pub const GUEST_UP: &str = "moat-agent: guest up, kernel";
 /// (a boot probe).
 pub const PROBE_ARG: &str = "moat.probe";
 
+/// Where a guest's initramfs keeps the kernel modules its agent loads, in
+/// the order of their file names.
+pub const GUEST_MODULES_DIR: &str = "/lib/moat/modules";
+
+/// What the guest agent prints before [`GUEST_UP`], followed by the virtio
+/// devices it found (by kind).
+pub const GUEST_DEVICES: &str = "moat-agent: virtio devices:";
+
 #[cfg(feature = "client")]
 pub mod client;

@@ -99,16 +99,18 @@ fn microvm(state_dir: &Path) -> String {
     let kernel_name = kernel.display();
     match kvm {
         Ok(b) => format!(
-            "ok    microvm: KVM boots {kernel_name} (guest kernel {}) to its first line in {:.2} s",
+            "ok    microvm: KVM boots {kernel_name} (guest kernel {}) to the agent in {:.2} s; virtio devices: {}",
             b.release,
-            b.took.as_secs_f64()
+            b.took.as_secs_f64(),
+            b.devices.join(" ")
         ),
         Err(kvm_err) => match boot(&kernel, &agent, Accel::Tcg, TCG_BOOT) {
             Ok(b) => format!(
                 "ok    microvm: KVM cannot run a guest here ({kvm_err}); TCG boots {kernel_name} (guest kernel {}) to \
-                 its first line in {:.2} s, 7-30x slower than KVM, with tsc_early_khz set",
+                 the agent in {:.2} s, 7-30x slower than KVM, with tsc_early_khz set; virtio devices: {}",
                 b.release,
-                b.took.as_secs_f64()
+                b.took.as_secs_f64(),
+                b.devices.join(" ")
             ),
             Err(tcg_err) => format!("--    microvm: no guest boots here: KVM: {kvm_err}; TCG: {tcg_err}"),
         },

@@ -5,4 +5,5 @@
 //! (a box as a guest, its disk, its agent over virtio-serial) is issue 12.
 
 pub mod cpio;
+pub mod modules;
 pub mod probe;

@@ -32,10 +32,12 @@ impl Accel {
 /// A guest that booted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Booted {
-    /// From starting QEMU to the agent's first line.
+    /// From starting QEMU to the agent saying it is up.
     pub took: Duration,
     /// The guest kernel's release, as the guest saw it.
     pub release: String,
+    /// The virtio devices the guest found, by kind.
+    pub devices: Vec<String>,
 }
 
 /// Why a guest did not boot.
@@ -81,26 +83,43 @@ pub fn host_tsc_khz() -> Option<u64> {
     Some((mhz * 1000.0).round() as u64)
 }
 
-/// The initramfs of a probe: the agent as `/init`, and the directories it
-/// mounts the kernel's filesystems on.
-pub fn probe_initramfs(agent: &[u8]) -> Vec<u8> {
+/// The kernel release of a `vmlinuz-RELEASE` file.
+pub fn kernel_release(kernel: &Path) -> Option<String> {
+    kernel.file_name()?.to_str()?.strip_prefix("vmlinuz-").map(str::to_string)
+}
+
+/// A guest's initramfs: the agent as `/init`, the directories it mounts the
+/// kernel's filesystems on, and the virtio modules of kernel `release` (from
+/// `modules_root`/RELEASE), numbered in the order they load.
+pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str) -> std::io::Result<Vec<u8>> {
     let mut a = Archive::default();
-    for dir in ["dev", "proc", "sys"] {
+    for dir in ["dev", "proc", "sys", "lib", "lib/moat", "lib/moat/modules"] {
         a.dir(dir, 0o755);
     }
     a.file("init", 0o755, agent);
-    a.finish()
+    let dir = modules_root.join(release);
+    for (i, file) in crate::vm::modules::load_order(&dir, crate::vm::modules::GUEST_MODULES)?.iter().enumerate() {
+        let base = file.rsplit('/').next().unwrap_or(file);
+        let path = format!("{}/{i:02}-{base}", moat_agent::GUEST_MODULES_DIR.trim_start_matches('/'));
+        a.file(&path, 0o644, &std::fs::read(dir.join(file))?);
+    }
+    Ok(a.finish())
 }
 
 /// Boots `kernel` with an initramfs whose init is the static agent at
-/// `agent`, under `accel`, and waits up to `timeout` for the guest's first
-/// line.
+/// `agent`, under `accel`, with an entropy device and a serial controller
+/// attached, and waits up to `timeout` for the guest to say it is up.
 pub fn boot(kernel: &Path, agent: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
+    let release = kernel_release(kernel).ok_or(ProbeError::NoKernel)?;
     let initramfs = std::env::temp_dir().join(format!("moat-probe-{}.cpio", std::process::id()));
-    std::fs::write(&initramfs, probe_initramfs(&std::fs::read(agent)?))?;
+    std::fs::write(&initramfs, initramfs_bytes(agent, &release)?)?;
     let result = run(kernel, &initramfs, accel, timeout);
     let _ = std::fs::remove_file(&initramfs);
     result
+}
+
+fn initramfs_bytes(agent: &Path, release: &str) -> std::io::Result<Vec<u8>> {
+    initramfs(&std::fs::read(agent)?, Path::new("/lib/modules"), release)
 }
 
 fn run(kernel: &Path, initramfs: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
@@ -114,6 +133,7 @@ fn run(kernel: &Path, initramfs: &Path, accel: Accel, timeout: Duration) -> Resu
     let mut child = Command::new("qemu-system-x86_64")
         .args(["-M", "microvm", "-accel", accel.as_str(), "-m", "256", "-smp", "1"])
         .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio"])
+        .args(["-device", "virtio-rng-device", "-device", "virtio-serial-device"])
         .arg("-kernel")
         .arg(kernel)
         .arg("-initrd")
@@ -128,10 +148,14 @@ fn run(kernel: &Path, initramfs: &Path, accel: Accel, timeout: Duration) -> Resu
     let stdout = child.stdout.take();
     std::thread::spawn(move || {
         let Some(stdout) = stdout else { return };
+        let mut devices = Vec::new();
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
+            if let Some(found) = line.trim().strip_prefix(moat_agent::GUEST_DEVICES) {
+                devices = found.split_whitespace().map(str::to_string).collect();
+            }
             if let Some(release) = line.trim().strip_prefix(moat_agent::GUEST_UP) {
-                let _ = tx.send(Some((started.elapsed(), release.trim().to_string())));
+                let _ = tx.send(Some((started.elapsed(), release.trim().to_string(), devices)));
                 return;
             }
         }
@@ -141,7 +165,7 @@ fn run(kernel: &Path, initramfs: &Path, accel: Accel, timeout: Duration) -> Resu
     let _ = child.kill();
     let output = child.wait_with_output();
     match outcome {
-        Ok(Some((took, release))) => Ok(Booted { took, release }),
+        Ok(Some((took, release, devices))) => Ok(Booted { took, release, devices }),
         Ok(None) => {
             let stderr = output.map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string()).unwrap_or_default();
             Err(ProbeError::Ended(stderr))

@@ -1,13 +1,59 @@
 //! PID 1 of a microVM guest: the agent run as the initramfs's `/init`.
 //!
-//! So far it proves that a guest boots: it mounts the kernel's own
-//! filesystems, says on the console which kernel it runs on, and powers the
-//! machine off. Mounting the box's root disk and serving the host over
-//! virtio-serial come with the microVM backend (issue 12).
+//! So far it proves that a guest boots and sees its devices: it mounts the
+//! kernel's own filesystems, loads the modules the initramfs carries (the
+//! virtio drivers), says on the console which virtio devices it found and
+//! which kernel it runs on, and powers the machine off. Mounting the box's
+//! root disk and serving the host over virtio-serial come with the microVM
+//! backend (issue 12).
 
 use std::io::Write;
 
 use nix::mount::{mount, MsFlags};
+
+/// Loads every module the initramfs carries, in the order of their names
+/// (dependencies first); one that fails is said and skipped.
+fn load_modules() {
+    let mut files: Vec<_> = std::fs::read_dir(moat_agent::GUEST_MODULES_DIR)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files {
+        let loaded = match std::fs::File::open(&path) {
+            Ok(f) => nix::kmod::finit_module(&f, c"", nix::kmod::ModuleInitFlags::empty()),
+            Err(e) => {
+                eprintln!("moat-agent: open {}: {e}", path.display());
+                continue;
+            }
+        };
+        match loaded {
+            Ok(()) | Err(nix::Error::EEXIST) => {}
+            Err(e) => eprintln!("moat-agent: load {}: {e}", path.display()),
+        }
+    }
+}
+
+/// The virtio devices the kernel found, by kind (virtio device ids).
+fn virtio_devices() -> Vec<String> {
+    let mut kinds: Vec<String> = std::fs::read_dir("/sys/bus/virtio/devices")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_to_string(e.path().join("device")).ok())
+        .map(|id| match u32::from_str_radix(id.trim().trim_start_matches("0x"), 16) {
+            Ok(1) => "net".to_string(),
+            Ok(2) => "block".to_string(),
+            Ok(3) => "console".to_string(),
+            Ok(4) => "rng".to_string(),
+            _ => format!("other({})", id.trim()),
+        })
+        .collect();
+    kinds.sort();
+    kinds
+}
 
 /// Runs the guest; never returns (the machine powers off).
 pub fn run() -> ! {
@@ -20,9 +66,11 @@ pub fn run() -> ! {
             eprintln!("moat-agent: mount {target}: {e}");
         }
     }
+    load_modules();
     let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let mut out = std::io::stdout();
+    let _ = writeln!(out, "{} {}", moat_agent::GUEST_DEVICES, virtio_devices().join(" "));
     let _ = writeln!(out, "{} {release}", moat_agent::GUEST_UP);
     if !cmdline.split_whitespace().any(|w| w == moat_agent::PROBE_ARG) {
         let _ = writeln!(out, "moat-agent: this guest serves nothing yet (the microVM backend is not built)");
