@@ -178,6 +178,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let egress = Arc::new(crate::egress::Egress::default());
     manager.set_network_hooks(egress.clone());
     manager.recover().await.context("recover boxes")?;
+    // The first `new` after a start finds a box of the default image ready
+    // (if that image is built; none is built for it).
+    manager.prepare_warm(&moat_core::Name::new(moat_core::images::DEFAULT)?);
     let gateway = crate::egress::GatewayConfig {
         id: args.gateway_id,
         netns: args.upstream_netns,

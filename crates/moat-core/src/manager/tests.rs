@@ -593,6 +593,16 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
         limits: Limits::default(),
         policy: Policy::default(),
     };
+    // At start, a box of an image not built is not made; of a built one, it is.
+    warm.prepare_warm(&name("nope"));
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    assert_eq!(f.backend.box_count(), 0);
+    warm.prepare_warm(&name("busybox"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while f.backend.box_count() < 1 {
+        assert!(std::time::Instant::now() < deadline, "no warm box was made at start");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let first = warm.create(&f.alice, spec("first"), Box::new(|_: &str| {})).await.unwrap();
     // One is made in the background for the next `new`, and no account sees it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

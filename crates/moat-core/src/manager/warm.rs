@@ -41,6 +41,12 @@ impl BoxManager {
         self.warm.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Makes a warm box of `image` in the background (as after a `new` of
+    /// it), if the operator allows warm boxes and the image is built.
+    pub fn prepare_warm(self: &Arc<Self>, image: &Name) {
+        self.refill_warm(image);
+    }
+
     /// Whether a warm box of `image` is ready.
     pub fn warm_ready(&self, image: &Name) -> bool {
         self.warm().ready.contains_key(image)
