@@ -24,5 +24,9 @@ pub const GUEST_MODULES_DIR: &str = "/lib/moat/modules";
 /// devices it found (by kind).
 pub const GUEST_DEVICES: &str = "moat-agent: virtio devices:";
 
+/// What the guest agent prints before [`GUEST_UP`] when it has a disk,
+/// followed by what it found on it.
+pub const GUEST_DISK: &str = "moat-agent: root disk:";
+
 #[cfg(feature = "client")]
 pub mod client;

@@ -83,7 +83,7 @@ const TCG_BOOT: std::time::Duration = std::time::Duration::from_secs(30);
 /// proves nothing: on some hosts it opens and every guest hangs). Never a
 /// failure: boxes run in namespaces without it.
 fn microvm(state_dir: &Path) -> String {
-    use moat_box::vm::probe::{boot, distribution_kernel, Accel};
+    use moat_box::vm::probe::{boot, distribution_kernel, Accel, Booted, Guest};
     let Some(kernel) = distribution_kernel() else {
         return "--    microvm: no guest kernel in /boot (apt-get install linux-image-cloud-amd64)".into();
     };
@@ -91,30 +91,41 @@ fn microvm(state_dir: &Path) -> String {
         Ok(agent) => agent,
         Err(e) => return format!("--    microvm: no agent to boot: {e:#}"),
     };
+    // The busybox image as a root disk, where it is built (doctor builds none).
+    let disk = std::env::temp_dir().join(format!("moat-doctor-{}.ext4", std::process::id()));
+    let has_disk = paths::open_pool(state_dir).ok().is_some_and(|pool| {
+        let image = moat_core::Name::new("busybox").ok();
+        image.is_some_and(|i| pool.has_image(&i) && moat_box::vm::disk::ext4_image(&pool.image_path(&i), &disk).is_ok())
+    });
+    let guest = Guest { kernel: &kernel, agent: &agent, disk: has_disk.then_some(disk.as_path()) };
     let kvm = if Path::new("/dev/kvm").exists() {
-        boot(&kernel, &agent, Accel::Kvm, KVM_BOOT)
+        boot(guest, Accel::Kvm, KVM_BOOT)
     } else {
         Err(moat_box::vm::probe::ProbeError::Ended("no /dev/kvm".into()))
     };
-    let kernel_name = kernel.display();
-    match kvm {
-        Ok(b) => format!(
-            "ok    microvm: KVM boots {kernel_name} (guest kernel {}) to the agent in {:.2} s; virtio devices: {}",
+    let found = |b: &Booted| {
+        let disk = b.disk.as_ref().map_or(String::new(), |d| format!("; the busybox image as its disk: {d}"));
+        format!(
+            "(guest kernel {}) to the agent in {:.2} s; virtio devices: {}{disk}",
             b.release,
             b.took.as_secs_f64(),
             b.devices.join(" ")
-        ),
-        Err(kvm_err) => match boot(&kernel, &agent, Accel::Tcg, TCG_BOOT) {
+        )
+    };
+    let kernel_name = kernel.display();
+    let line = match kvm {
+        Ok(b) => format!("ok    microvm: KVM boots {kernel_name} {}", found(&b)),
+        Err(kvm_err) => match boot(guest, Accel::Tcg, TCG_BOOT) {
             Ok(b) => format!(
-                "ok    microvm: KVM cannot run a guest here ({kvm_err}); TCG boots {kernel_name} (guest kernel {}) to \
-                 the agent in {:.2} s, 7-30x slower than KVM, with tsc_early_khz set; virtio devices: {}",
-                b.release,
-                b.took.as_secs_f64(),
-                b.devices.join(" ")
+                "ok    microvm: KVM cannot run a guest here ({kvm_err}); TCG (7-30x slower, tsc_early_khz set) boots \
+                 {kernel_name} {}",
+                found(&b)
             ),
             Err(tcg_err) => format!("--    microvm: no guest boots here: KVM: {kvm_err}; TCG: {tcg_err}"),
         },
-    }
+    };
+    let _ = std::fs::remove_file(&disk);
+    line
 }
 
 fn nix_is_root() -> bool {

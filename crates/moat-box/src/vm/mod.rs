@@ -5,5 +5,6 @@
 //! (a box as a guest, its disk, its agent over virtio-serial) is issue 12.
 
 pub mod cpio;
+pub mod disk;
 pub mod modules;
 pub mod probe;

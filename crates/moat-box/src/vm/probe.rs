@@ -38,6 +38,8 @@ pub struct Booted {
     pub release: String,
     /// The virtio devices the guest found, by kind.
     pub devices: Vec<String>,
+    /// What the guest found on its disk, if it was given one.
+    pub disk: Option<String>,
 }
 
 /// Why a guest did not boot.
@@ -106,14 +108,24 @@ pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str) -> std::io::R
     Ok(a.finish())
 }
 
-/// Boots `kernel` with an initramfs whose init is the static agent at
-/// `agent`, under `accel`, with an entropy device and a serial controller
-/// attached, and waits up to `timeout` for the guest to say it is up.
-pub fn boot(kernel: &Path, agent: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
-    let release = kernel_release(kernel).ok_or(ProbeError::NoKernel)?;
+/// What a probe boots.
+#[derive(Debug, Clone, Copy)]
+pub struct Guest<'a> {
+    /// The kernel (`vmlinuz-RELEASE`; its modules from /lib/modules/RELEASE).
+    pub kernel: &'a Path,
+    /// The static agent, the initramfs's `/init`.
+    pub agent: &'a Path,
+    /// A raw disk, attached read-only as the first virtio disk.
+    pub disk: Option<&'a Path>,
+}
+
+/// Boots `guest` under `accel`, with an entropy device and a serial
+/// controller attached, and waits up to `timeout` for it to say it is up.
+pub fn boot(guest: Guest<'_>, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
+    let release = kernel_release(guest.kernel).ok_or(ProbeError::NoKernel)?;
     let initramfs = std::env::temp_dir().join(format!("moat-probe-{}.cpio", std::process::id()));
-    std::fs::write(&initramfs, initramfs_bytes(agent, &release)?)?;
-    let result = run(kernel, &initramfs, accel, timeout);
+    std::fs::write(&initramfs, initramfs_bytes(guest.agent, &release)?)?;
+    let result = run(guest, &initramfs, accel, timeout);
     let _ = std::fs::remove_file(&initramfs);
     result
 }
@@ -122,7 +134,7 @@ fn initramfs_bytes(agent: &Path, release: &str) -> std::io::Result<Vec<u8>> {
     initramfs(&std::fs::read(agent)?, Path::new("/lib/modules"), release)
 }
 
-fn run(kernel: &Path, initramfs: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
+fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
     let mut append = format!("console=ttyS0 quiet panic=-1 {}", moat_agent::PROBE_ARG);
     if accel == Accel::Tcg {
         if let Some(khz) = host_tsc_khz() {
@@ -130,32 +142,39 @@ fn run(kernel: &Path, initramfs: &Path, accel: Accel, timeout: Duration) -> Resu
         }
     }
     let started = Instant::now();
-    let mut child = Command::new("qemu-system-x86_64")
-        .args(["-M", "microvm", "-accel", accel.as_str(), "-m", "256", "-smp", "1"])
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args(["-M", "microvm", "-accel", accel.as_str(), "-m", "256", "-smp", "1"])
         .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio"])
         .args(["-device", "virtio-rng-device", "-device", "virtio-serial-device"])
         .arg("-kernel")
-        .arg(kernel)
+        .arg(guest.kernel)
         .arg("-initrd")
         .arg(initramfs)
-        .args(["-append", &append])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(ProbeError::NoQemu)?;
+        .args(["-append", &append]);
+    if let Some(disk) = guest.disk {
+        let mut drive = std::ffi::OsString::from("if=none,id=root,format=raw,readonly=on,file=");
+        drive.push(disk);
+        qemu.arg("-drive").arg(drive).args(["-device", "virtio-blk-device,drive=root"]);
+    }
+    let mut child =
+        qemu.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(ProbeError::NoQemu)?;
     let (tx, rx) = mpsc::channel();
     let stdout = child.stdout.take();
     std::thread::spawn(move || {
         let Some(stdout) = stdout else { return };
-        let mut devices = Vec::new();
+        let (mut devices, mut disk) = (Vec::new(), None);
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if let Some(found) = line.trim().strip_prefix(moat_agent::GUEST_DEVICES) {
+            let line = line.trim();
+            if let Some(found) = line.strip_prefix(moat_agent::GUEST_DEVICES) {
                 devices = found.split_whitespace().map(str::to_string).collect();
             }
-            if let Some(release) = line.trim().strip_prefix(moat_agent::GUEST_UP) {
-                let _ = tx.send(Some((started.elapsed(), release.trim().to_string(), devices)));
+            if let Some(found) = line.strip_prefix(moat_agent::GUEST_DISK) {
+                disk = Some(found.trim().to_string());
+            }
+            if let Some(release) = line.strip_prefix(moat_agent::GUEST_UP) {
+                let took = started.elapsed();
+                let _ = tx.send(Some(Booted { took, release: release.trim().to_string(), devices, disk }));
                 return;
             }
         }
@@ -165,7 +184,7 @@ fn run(kernel: &Path, initramfs: &Path, accel: Accel, timeout: Duration) -> Resu
     let _ = child.kill();
     let output = child.wait_with_output();
     match outcome {
-        Ok(Some((took, release, devices))) => Ok(Booted { took, release, devices }),
+        Ok(Some(booted)) => Ok(booted),
         Ok(None) => {
             let stderr = output.map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string()).unwrap_or_default();
             Err(ProbeError::Ended(stderr))

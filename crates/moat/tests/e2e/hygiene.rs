@@ -222,6 +222,9 @@ pub fn bursts_wait_and_silent_sockets_lock_nobody_out(env: &Env) {
 /// `moat doctor` learns what runs a microVM guest by booting one (the
 /// distribution's kernel, the agent as its init), not by opening /dev/kvm.
 pub fn doctor_boots_a_guest(env: &Env) {
+    // With the busybox image built, the guest gets it as its root disk.
+    let name = unique("vm");
+    env.new_box(&name, &["--image", "busybox"]);
     let out = std::process::Command::new(crate::fixture::moat_bin())
         .arg("doctor")
         .arg("--state-dir")
@@ -232,11 +235,14 @@ pub fn doctor_boots_a_guest(env: &Env) {
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     let line = text.lines().find(|l| l.contains("microvm:")).unwrap_or_else(|| panic!("no microvm line: {text}"));
     assert!(line.starts_with("ok    microvm:") && line.contains("to the agent in"), "{line}");
-    // It loaded the virtio modules the initramfs carries and found its devices.
-    assert!(line.ends_with("virtio devices: console rng"), "{line}");
+    // It loaded the virtio modules the initramfs carries, found its devices,
+    // and read the image from its disk (which the host never mounted).
+    let disk = "virtio devices: block console rng; the busybox image as its disk: ext4,";
+    assert!(line.contains(disk) && line.ends_with("/bin/sh present"), "{line}");
     // The guest ran its own kernel, not the host's.
     let guest = line.split("(guest kernel ").nth(1).and_then(|r| r.split(')').next()).unwrap_or_default();
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert!(!guest.is_empty() && guest != host.trim(), "guest {guest:?}, host {host:?}");
     assert!(std::path::Path::new(&format!("/boot/vmlinuz-{guest}")).exists(), "{line}");
+    env.alice(None, &["rm", &name]).ok();
 }

@@ -36,6 +36,22 @@ fn load_modules() {
     }
 }
 
+/// What the first virtio disk holds, mounted read-only (a box's root disk:
+/// the guest reads it, the host never mounts it), if there is one.
+fn root_disk() -> Option<String> {
+    if !std::path::Path::new("/dev/vda").exists() {
+        return None;
+    }
+    let _ = std::fs::create_dir_all("/disk");
+    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    if let Err(e) = mount(Some("/dev/vda"), "/disk", Some("ext4"), flags, None::<&str>) {
+        return Some(format!("not mounted ({e})"));
+    }
+    let entries = std::fs::read_dir("/disk").map(Iterator::count).unwrap_or(0);
+    let shell = std::fs::symlink_metadata("/disk/bin/sh").is_ok();
+    Some(format!("ext4, {entries} entries at its root, /bin/sh {}", if shell { "present" } else { "missing" }))
+}
+
 /// The virtio devices the kernel found, by kind (virtio device ids).
 fn virtio_devices() -> Vec<String> {
     let mut kinds: Vec<String> = std::fs::read_dir("/sys/bus/virtio/devices")
@@ -71,6 +87,9 @@ pub fn run() -> ! {
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{} {}", moat_agent::GUEST_DEVICES, virtio_devices().join(" "));
+    if let Some(disk) = root_disk() {
+        let _ = writeln!(out, "{} {disk}", moat_agent::GUEST_DISK);
+    }
     let _ = writeln!(out, "{} {release}", moat_agent::GUEST_UP);
     if !cmdline.split_whitespace().any(|w| w == moat_agent::PROBE_ARG) {
         let _ = writeln!(out, "moat-agent: this guest serves nothing yet (the microVM backend is not built)");
