@@ -1,0 +1,415 @@
+//! Many byte streams over one link. A microVM guest's agent is reached over
+//! a virtio-serial port, which has no connections, while the agent protocol
+//! is one operation per connection; so the host opens numbered streams over
+//! the port, and each end turns a stream into a connected unix socket pair,
+//! which the rest of the code uses as it uses any connection.
+//!
+//! Frames: stream id (u32), kind (u8), length (u32), payload, big-endian.
+//! Each direction of each stream has a window: a sender sends no more than
+//! the receiver has granted ([`WINDOW`] at first, then whatever it credits
+//! back as its side's reader takes the bytes), so a stream nobody reads
+//! holds up only itself. A frame that breaks the rules (too long, past its
+//! window) ends its stream; a link that cannot be read ends them all. The
+//! other end may be hostile (for the host, the guest is): nothing it sends
+//! can make this side allocate more than a window per stream.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
+
+/// Bytes a sender may have unanswered on one direction of a stream.
+pub const WINDOW: u32 = 128 << 10;
+/// Largest payload of one frame.
+pub const MAX_FRAME: u32 = 32 << 10;
+/// Most streams open at once on one link.
+pub const MAX_STREAMS: usize = 1024;
+
+const OPEN: u8 = 0;
+const DATA: u8 = 1;
+const CLOSE: u8 = 2;
+const CREDIT: u8 = 3;
+
+/// One end of a link carrying streams.
+#[derive(Clone)]
+pub struct Mux {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    writer: Mutex<Box<dyn Write + Send>>,
+    streams: Mutex<HashMap<u32, Stream>>,
+    next_id: AtomicU32,
+}
+
+/// What this end keeps of one stream: where the other end's bytes go, and
+/// what it may still send there.
+struct Stream {
+    inbound: mpsc::Sender<Vec<u8>>,
+    /// Bytes of the other end's not yet credited back (at most WINDOW).
+    unanswered: u32,
+    credit: Arc<Credit>,
+    /// Directions finished: this end's bytes out, the other end's in.
+    out_done: bool,
+    in_done: bool,
+}
+
+/// Bytes this end may still send on a stream, and its wake-up.
+#[derive(Default)]
+struct Credit {
+    left: Mutex<Option<u32>>,
+    changed: Condvar,
+}
+
+impl Credit {
+    fn new() -> Self {
+        Self { left: Mutex::new(Some(WINDOW)), changed: Condvar::new() }
+    }
+
+    /// Waits for some credit; takes up to `want` of it (`None`: the stream is gone).
+    fn take(&self, want: u32) -> Option<u32> {
+        let mut left = self.left.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match *left {
+                None => return None,
+                Some(0) => left = self.changed.wait(left).unwrap_or_else(PoisonError::into_inner),
+                Some(n) => {
+                    let got = n.min(want);
+                    *left = Some(n - got);
+                    return Some(got);
+                }
+            }
+        }
+    }
+
+    fn give(&self, n: u32) {
+        let mut left = self.left.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(l) = *left {
+            // More than a window owed is the other end's error; never overflow.
+            *left = Some(l.saturating_add(n).min(WINDOW));
+        }
+        self.changed.notify_all();
+    }
+
+    fn end(&self) {
+        *self.left.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.changed.notify_all();
+    }
+}
+
+impl Mux {
+    /// Runs a mux over `link` (read by a thread of its own until it ends).
+    /// Streams the other end opens are handed to `accepted` (`None`: this end
+    /// refuses them, as the host does).
+    pub fn start(
+        reader: Box<dyn Read + Send>,
+        writer: Box<dyn Write + Send>,
+        accepted: Option<mpsc::Sender<UnixStream>>,
+    ) -> io::Result<Self> {
+        let inner = Arc::new(Inner {
+            writer: Mutex::new(writer),
+            streams: Mutex::new(HashMap::new()),
+            next_id: AtomicU32::new(1),
+        });
+        let mux = Self { inner };
+        let reading = mux.clone();
+        std::thread::Builder::new().name("mux".into()).spawn(move || reading.read_link(reader, accepted))?;
+        Ok(mux)
+    }
+
+    /// Opens a stream to the other end; returns this end's socket of it.
+    pub fn open(&self) -> io::Result<UnixStream> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let local = self.attach(id)?;
+        if let Err(e) = self.send(id, OPEN, &[]) {
+            self.detach(id);
+            return Err(e);
+        }
+        Ok(local)
+    }
+
+    /// Makes stream `id` a socket pair: one end returned, the other pumped.
+    fn attach(&self, id: u32) -> io::Result<UnixStream> {
+        let (local, ours) = UnixStream::pair()?;
+        let (inbound, queued) = mpsc::channel::<Vec<u8>>();
+        let credit = Arc::new(Credit::new());
+        {
+            let mut streams = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
+            if streams.len() >= MAX_STREAMS || streams.contains_key(&id) {
+                return Err(io::Error::other("too many streams, or a stream id in use"));
+            }
+            let stream =
+                Stream { inbound, unanswered: 0, credit: Arc::clone(&credit), out_done: false, in_done: false };
+            streams.insert(id, stream);
+        }
+        let (reader, writer) = (ours.try_clone()?, ours);
+        let (out, back) = (self.clone(), self.clone());
+        std::thread::Builder::new().name("mux-out".into()).spawn(move || out.pump_out(id, reader, &credit))?;
+        std::thread::Builder::new().name("mux-in".into()).spawn(move || back.pump_in(id, writer, &queued))?;
+        Ok(local)
+    }
+
+    /// Ends stream `id` both ways at this end.
+    fn detach(&self, id: u32) {
+        let gone = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+        if let Some(stream) = gone {
+            stream.credit.end();
+        }
+    }
+
+    /// One direction of stream `id` is finished; with both, it is forgotten.
+    fn finished(&self, id: u32, out: bool) {
+        let mut streams = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(s) = streams.get_mut(&id) else { return };
+        if out {
+            s.out_done = true;
+        } else {
+            s.in_done = true;
+        }
+        if s.out_done && s.in_done {
+            streams.remove(&id);
+        }
+    }
+
+    /// This end's bytes of stream `id` to the other end, as credit allows;
+    /// at their end, a close.
+    fn pump_out(&self, id: u32, mut from: UnixStream, credit: &Credit) {
+        let mut buf = vec![0u8; MAX_FRAME as usize];
+        loop {
+            let Some(allowed) = credit.take(MAX_FRAME) else { return };
+            let n = match from.read(&mut buf[..allowed as usize]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            // What was taken and not sent goes back.
+            credit.give(allowed - n as u32);
+            if self.send(id, DATA, &buf[..n]).is_err() {
+                return;
+            }
+        }
+        let _ = self.send(id, CLOSE, &[]);
+        self.finished(id, true);
+    }
+
+    /// The other end's bytes of stream `id` into this end's socket, each
+    /// batch credited back once written; at the other end's close, a shutdown.
+    fn pump_in(&self, id: u32, mut to: UnixStream, queued: &mpsc::Receiver<Vec<u8>>) {
+        while let Ok(data) = queued.recv() {
+            if to.write_all(&data).is_err() {
+                break;
+            }
+            {
+                let mut streams = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(s) = streams.get_mut(&id) {
+                    s.unanswered = s.unanswered.saturating_sub(data.len() as u32);
+                }
+            }
+            if self.send(id, CREDIT, &(data.len() as u32).to_be_bytes()).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Write);
+        self.finished(id, false);
+    }
+
+    fn send(&self, id: u32, kind: u8, payload: &[u8]) -> io::Result<()> {
+        let mut frame = Vec::with_capacity(9 + payload.len());
+        frame.extend_from_slice(&id.to_be_bytes());
+        frame.push(kind);
+        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        frame.extend_from_slice(payload);
+        let mut w = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        w.write_all(&frame)?;
+        w.flush()
+    }
+
+    /// Reads frames until the link ends; then every stream ends.
+    fn read_link(&self, mut link: Box<dyn Read + Send>, accepted: Option<mpsc::Sender<UnixStream>>) {
+        let mut head = [0u8; 9];
+        let mut payload = vec![0u8; MAX_FRAME as usize];
+        while link.read_exact(&mut head).is_ok() {
+            let id = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+            let len = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+            if len > MAX_FRAME || link.read_exact(&mut payload[..len as usize]).is_err() {
+                break;
+            }
+            let data = &payload[..len as usize];
+            match head[4] {
+                OPEN => self.accept(id, accepted.as_ref()),
+                DATA => self.receive(id, data),
+                CLOSE => {
+                    // No more from the other end: the inbound pump drains and shuts down.
+                    if let Some(s) = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&id) {
+                        let (closed, _) = mpsc::channel();
+                        drop(std::mem::replace(&mut s.inbound, closed));
+                    }
+                }
+                CREDIT if len == 4 => {
+                    let n = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+                    let credit = self.credit_of(id);
+                    if let Some(c) = credit {
+                        c.give(n);
+                    }
+                }
+                _ => self.refuse(id),
+            }
+        }
+        let all: Vec<u32> = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).keys().copied().collect();
+        for id in all {
+            self.detach(id);
+        }
+    }
+
+    fn credit_of(&self, id: u32) -> Option<Arc<Credit>> {
+        self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).get(&id).map(|s| Arc::clone(&s.credit))
+    }
+
+    fn accept(&self, id: u32, accepted: Option<&mpsc::Sender<UnixStream>>) {
+        let Some(accepted) = accepted else { return self.refuse(id) };
+        match self.attach(id) {
+            Ok(local) => {
+                if accepted.send(local).is_err() {
+                    self.detach(id);
+                }
+            }
+            Err(_) => {
+                let _ = self.send(id, CLOSE, &[]);
+            }
+        }
+    }
+
+    /// Data for stream `id`: queued, if within its window (else the stream ends).
+    fn receive(&self, id: u32, data: &[u8]) {
+        let mut streams = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(s) = streams.get_mut(&id) else { return };
+        let after = s.unanswered.saturating_add(data.len() as u32);
+        if after > WINDOW || s.inbound.send(data.to_vec()).is_err() {
+            drop(streams);
+            return self.refuse(id);
+        }
+        s.unanswered = after;
+    }
+
+    /// Ends stream `id` at this end and tells the other.
+    fn refuse(&self, id: u32) {
+        self.detach(id);
+        let _ = self.send(id, CLOSE, &[]);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A host end and a guest end over a socket pair; the guest's streams echo.
+    fn linked() -> (Mux, mpsc::Receiver<UnixStream>) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let host = Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), None).unwrap();
+        let (tx, rx) = mpsc::channel();
+        Mux::start(Box::new(b.try_clone().unwrap()), Box::new(b), Some(tx)).unwrap();
+        (host, rx)
+    }
+
+    fn echo(mut s: UnixStream) {
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            s.write_all(&got).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+        });
+    }
+
+    #[test]
+    fn streams_carry_more_than_a_window_both_ways_and_half_close() {
+        let (host, accepted) = linked();
+        std::thread::spawn(move || accepted.into_iter().for_each(echo));
+        let clients: Vec<_> = (0..8u8)
+            .map(|i| {
+                let mut s = host.open().unwrap();
+                std::thread::spawn(move || {
+                    let sent: Vec<u8> = (0..(3 * WINDOW as usize)).map(|j| (j as u8) ^ i).collect();
+                    let mut w = s.try_clone().unwrap();
+                    let data = sent.clone();
+                    let writer = std::thread::spawn(move || {
+                        w.write_all(&data).unwrap();
+                        w.shutdown(std::net::Shutdown::Write).unwrap();
+                    });
+                    let mut back = Vec::new();
+                    s.read_to_end(&mut back).unwrap();
+                    writer.join().unwrap();
+                    assert!(back == sent, "stream {i} came back different");
+                })
+            })
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_stream_nobody_reads_holds_up_only_itself() {
+        let (host, accepted) = linked();
+        let mut stuck = host.open().unwrap();
+        let _unread = accepted.recv_timeout(Duration::from_secs(5)).unwrap();
+        stuck.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
+        // It takes a window and some socket buffers, then no more.
+        let chunk = vec![7u8; 64 << 10];
+        let mut sent = 0usize;
+        while stuck.write_all(&chunk).is_ok() && sent < (64 << 20) {
+            sent += chunk.len();
+        }
+        assert!(sent < (64 << 20), "an unread stream took {sent} bytes");
+        let mut other = host.open().unwrap();
+        echo(accepted.recv_timeout(Duration::from_secs(5)).unwrap());
+        other.write_all(b"still moving").unwrap();
+        other.shutdown(std::net::Shutdown::Write).unwrap();
+        other.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut back = String::new();
+        other.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "still moving");
+    }
+
+    #[test]
+    fn a_hostile_other_end_ends_streams_not_this_end() {
+        // The guest's end written by hand: an open, then more than a window
+        // with no credit asked, on a host end that accepts.
+        let (a, mut raw) = UnixStream::pair().unwrap();
+        let (tx, accepted) = mpsc::channel();
+        Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), Some(tx)).unwrap();
+        let frame = |id: u32, kind: u8, payload: &[u8]| {
+            let mut f = id.to_be_bytes().to_vec();
+            f.push(kind);
+            f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            f.extend_from_slice(payload);
+            f
+        };
+        raw.write_all(&frame(9, OPEN, &[])).unwrap();
+        let mut local = accepted.recv_timeout(Duration::from_secs(5)).unwrap();
+        let block = vec![1u8; MAX_FRAME as usize];
+        for _ in 0..(WINDOW / MAX_FRAME + 1) {
+            raw.write_all(&frame(9, DATA, &block)).unwrap();
+        }
+        local.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        local.read_to_end(&mut got).unwrap();
+        assert!(got.len() <= WINDOW as usize, "took {} bytes past its window", got.len());
+        // Unknown kinds and ids are refused; a frame too long ends the link.
+        raw.write_all(&frame(77, 9, &[])).unwrap();
+        raw.write_all(&frame(78, DATA, b"nobody")).unwrap();
+        let mut second = {
+            raw.write_all(&frame(10, OPEN, &[])).unwrap();
+            accepted.recv_timeout(Duration::from_secs(5)).unwrap()
+        };
+        let mut huge = 11u32.to_be_bytes().to_vec();
+        huge.push(DATA);
+        huge.extend_from_slice(&(MAX_FRAME + 1).to_be_bytes());
+        raw.write_all(&huge).unwrap();
+        second.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        second.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+    }
+}
