@@ -25,6 +25,10 @@ pub const GUEST_MODULES_DIR: &str = "/lib/moat/modules";
 /// devices it found (by kind).
 pub const GUEST_DEVICES: &str = "moat-agent: virtio devices:";
 
+/// The name of the virtio-serial port the host reaches a guest's agent on
+/// (streams multiplexed over it: see [`mux`]).
+pub const AGENT_PORT: &str = "moat.agent";
+
 /// What the guest agent prints before [`GUEST_UP`] when it has a disk,
 /// followed by what it found on it.
 pub const GUEST_DISK: &str = "moat-agent: root disk:";

@@ -105,8 +105,11 @@ fn microvm(state_dir: &Path) -> String {
     };
     let found = |b: &Booted| {
         let disk = b.disk.as_ref().map_or(String::new(), |d| format!("; the busybox image as its disk: {d}"));
+        let ping = b.answered.map_or("no answer to a ping over virtio-serial".to_string(), |t| {
+            format!("the agent answers a ping over virtio-serial in {:.1} ms", t.as_secs_f64() * 1e3)
+        });
         format!(
-            "(guest kernel {}) to the agent in {:.2} s; virtio devices: {}{disk}",
+            "(guest kernel {}) to the agent in {:.2} s; virtio devices: {}{disk}; {ping}",
             b.release,
             b.took.as_secs_f64(),
             b.devices.join(" ")

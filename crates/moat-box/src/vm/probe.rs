@@ -40,6 +40,9 @@ pub struct Booted {
     pub devices: Vec<String>,
     /// What the guest found on its disk, if it was given one.
     pub disk: Option<String>,
+    /// How long a ping took, through a new stream over the agent's
+    /// virtio-serial port, once the guest was up (`None`: no answer).
+    pub answered: Option<Duration>,
 }
 
 /// Why a guest did not boot.
@@ -130,6 +133,31 @@ pub fn boot(guest: Guest<'_>, accel: Accel, timeout: Duration) -> Result<Booted,
     result
 }
 
+/// Pings the guest's agent through a new stream over its port (QEMU's end
+/// of it is the unix socket `port`); how long it took, if it answered.
+fn ping(port: &Path, timeout: Duration) -> Option<Duration> {
+    use moat_agent::protocol::{AgentMsg, HostMsg};
+    use std::io::{Read, Write};
+    let link = std::os::unix::net::UnixStream::connect(port).ok()?;
+    let reader = link.try_clone().ok()?;
+    let mux = moat_agent::mux::Mux::start(Box::new(reader), Box::new(link), None).ok()?;
+    let started = Instant::now();
+    let mut stream = mux.open().ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.write_all(&HostMsg::Ping.encode()).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 256];
+    loop {
+        let n = stream.read(&mut chunk).ok().filter(|n| *n > 0)?;
+        buf.extend_from_slice(&chunk[..n]);
+        match AgentMsg::decode(&buf) {
+            Ok(Some((AgentMsg::Pong, _))) => return Some(started.elapsed()),
+            Ok(None) if buf.len() < 1024 => {}
+            _ => return None,
+        }
+    }
+}
+
 fn initramfs_bytes(agent: &Path, release: &str) -> std::io::Result<Vec<u8>> {
     initramfs(&std::fs::read(agent)?, Path::new("/lib/modules"), release)
 }
@@ -141,11 +169,15 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
             append.push_str(&format!(" tsc_early_khz={khz}"));
         }
     }
+    let port = initramfs.with_extension("sock");
+    let _ = std::fs::remove_file(&port);
     let started = Instant::now();
     let mut qemu = Command::new("qemu-system-x86_64");
     qemu.args(["-M", "microvm", "-accel", accel.as_str(), "-m", "256", "-smp", "1"])
         .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio"])
         .args(["-device", "virtio-rng-device", "-device", "virtio-serial-device"])
+        .args(["-chardev", &format!("socket,id=agent,path={},server=on,wait=off", port.display())])
+        .args(["-device", &format!("virtserialport,chardev=agent,name={}", moat_agent::AGENT_PORT)])
         .arg("-kernel")
         .arg(guest.kernel)
         .arg("-initrd")
@@ -174,17 +206,23 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
             }
             if let Some(release) = line.strip_prefix(moat_agent::GUEST_UP) {
                 let took = started.elapsed();
-                let _ = tx.send(Some(Booted { took, release: release.trim().to_string(), devices, disk }));
+                let booted = Booted { took, release: release.trim().to_string(), devices, disk, answered: None };
+                let _ = tx.send(Some(booted));
                 return;
             }
         }
         let _ = tx.send(None);
     });
     let outcome = rx.recv_timeout(timeout);
+    let answered = match &outcome {
+        Ok(Some(_)) => ping(&port, timeout),
+        _ => None,
+    };
     let _ = child.kill();
     let output = child.wait_with_output();
+    let _ = std::fs::remove_file(&port);
     match outcome {
-        Ok(Some(booted)) => Ok(booted),
+        Ok(Some(booted)) => Ok(Booted { answered, ..booted }),
         Ok(None) => {
             let stderr = output.map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string()).unwrap_or_default();
             Err(ProbeError::Ended(stderr))

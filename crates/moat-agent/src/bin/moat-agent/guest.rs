@@ -1,13 +1,18 @@
 //! PID 1 of a microVM guest: the agent run as the initramfs's `/init`.
 //!
-//! So far it proves that a guest boots and sees its devices: it mounts the
-//! kernel's own filesystems, loads the modules the initramfs carries (the
-//! virtio drivers), says on the console which virtio devices it found and
-//! which kernel it runs on, and powers the machine off. Mounting the box's
-//! root disk and serving the host over virtio-serial come with the microVM
-//! backend (issue 12).
+//! So far it proves that a guest boots, sees its devices and answers the
+//! host: it mounts the kernel's own filesystems, loads the modules the
+//! initramfs carries (the virtio drivers), says on the console which virtio
+//! devices it found, what its disk holds and which kernel it runs on; then it
+//! serves the agent protocol on the virtio-serial port [`AGENT_PORT`] (streams
+//! multiplexed over it) until the host ends the machine, or powers it off if
+//! there is no such port. Running the box's root disk as its root comes with
+//! the microVM backend (issue 12).
+//!
+//! [`AGENT_PORT`]: moat_agent::AGENT_PORT
 
 use std::io::Write;
+use std::os::unix::net::UnixStream;
 
 use nix::mount::{mount, MsFlags};
 
@@ -33,6 +38,29 @@ fn load_modules() {
             Ok(()) | Err(nix::Error::EEXIST) => {}
             Err(e) => eprintln!("moat-agent: load {}: {e}", path.display()),
         }
+    }
+}
+
+/// The device of the virtio-serial port named [`moat_agent::AGENT_PORT`].
+fn agent_port() -> Option<std::path::PathBuf> {
+    std::fs::read_dir("/sys/class/virtio-ports").ok()?.filter_map(Result::ok).find_map(|e| {
+        let name = std::fs::read_to_string(e.path().join("name")).ok()?;
+        (name.trim() == moat_agent::AGENT_PORT).then(|| std::path::Path::new("/dev").join(e.file_name()))
+    })
+}
+
+/// Serves the streams the host opens over `port` until the link ends.
+fn serve_port(port: &std::path::Path, serve: impl Fn(UnixStream) + Send + Sync + 'static) {
+    let Ok(link) = std::fs::OpenOptions::new().read(true).write(true).open(port) else { return };
+    let Ok(reader) = link.try_clone() else { return };
+    let (tx, accepted) = std::sync::mpsc::channel();
+    if moat_agent::mux::Mux::start(Box::new(reader), Box::new(link), Some(tx)).is_err() {
+        return;
+    }
+    let serve = std::sync::Arc::new(serve);
+    for stream in accepted {
+        let serve = std::sync::Arc::clone(&serve);
+        let _ = std::thread::Builder::new().spawn(move || serve(stream));
     }
 }
 
@@ -71,8 +99,9 @@ fn virtio_devices() -> Vec<String> {
     kinds
 }
 
-/// Runs the guest; never returns (the machine powers off).
-pub fn run() -> ! {
+/// Runs the guest, serving each stream the host opens with `serve`; never
+/// returns.
+pub fn run(serve: impl Fn(UnixStream) + Send + Sync + 'static) -> ! {
     for (source, target, fstype) in
         [("proc", "/proc", "proc"), ("sysfs", "/sys", "sysfs"), ("devtmpfs", "/dev", "devtmpfs")]
     {
@@ -91,8 +120,13 @@ pub fn run() -> ! {
         let _ = writeln!(out, "{} {disk}", moat_agent::GUEST_DISK);
     }
     let _ = writeln!(out, "{} {release}", moat_agent::GUEST_UP);
-    if !cmdline.split_whitespace().any(|w| w == moat_agent::PROBE_ARG) {
-        let _ = writeln!(out, "moat-agent: this guest serves nothing yet (the microVM backend is not built)");
+    let _ = out.flush();
+    match agent_port() {
+        Some(port) => serve_port(&port, serve),
+        None if !cmdline.split_whitespace().any(|w| w == moat_agent::PROBE_ARG) => {
+            let _ = writeln!(out, "moat-agent: no {} port: nothing to serve", moat_agent::AGENT_PORT);
+        }
+        None => {}
     }
     let _ = out.flush();
     let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);

@@ -41,7 +41,8 @@ fn main() {
     let _ = nix::sys::prctl::set_dumpable(false);
     // The kernel runs an initramfs's init as `/init`: a microVM guest.
     if std::env::args_os().next().is_some_and(|a| a == "/init") {
-        guest::run();
+        let reaper = Arc::new(Reaper::start());
+        guest::run(move |stream| serve(stream, &reaper));
     }
     // SAFETY: the host passes fd 3 as a listening unix socket and nothing else in
     // this process has claimed it; we take sole ownership here, once.
