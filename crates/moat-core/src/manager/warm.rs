@@ -144,6 +144,11 @@ impl BoxManager {
     /// another image makes room (the images `new` asked for last are kept).
     pub(super) fn refill_warm(self: &Arc<Self>, image: &Name) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        // An image not built takes no place in the pool (one that did held
+        // it against the image a `new` asked for meanwhile).
+        if self.config.warm_boxes == 0 || !super::in_place(|| self.backend.has_image(image)) {
+            return;
+        }
         let evicted = {
             let mut warm = self.warm();
             warm.asked.retain(|i| i != image);
