@@ -30,7 +30,7 @@ pub const GUEST_DEVICES: &str = "moat-agent: virtio devices:";
 pub const AGENT_PORT: &str = "moat.agent";
 
 /// What the guest agent prints before [`GUEST_UP`] when it has a disk,
-/// followed by what it found on it.
+/// followed by what it found on it (it then runs on it as its root).
 pub const GUEST_DISK: &str = "moat-agent: root disk:";
 
 #[cfg(feature = "client")]

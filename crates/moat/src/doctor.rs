@@ -91,7 +91,8 @@ fn microvm(state_dir: &Path) -> String {
         Ok(agent) => agent,
         Err(e) => return format!("--    microvm: no agent to boot: {e:#}"),
     };
-    // The busybox image as a root disk, where it is built (doctor builds none).
+    // The busybox image as the guest's root disk (a throwaway copy), where it
+    // is built (doctor builds none).
     let disk = std::env::temp_dir().join(format!("moat-doctor-{}.ext4", std::process::id()));
     let has_disk = paths::open_pool(state_dir).ok().is_some_and(|pool| {
         let image = moat_core::Name::new("busybox").ok();
@@ -105,9 +106,12 @@ fn microvm(state_dir: &Path) -> String {
     };
     let found = |b: &Booted| {
         let disk = b.disk.as_ref().map_or(String::new(), |d| format!("; the busybox image as its disk: {d}"));
-        let ping = b.answered.map_or("no answer to a ping over virtio-serial".to_string(), |t| {
+        let mut ping = b.answered.map_or("no answer to a ping over virtio-serial".to_string(), |t| {
             format!("the agent answers a ping over virtio-serial in {:.1} ms", t.as_secs_f64() * 1e3)
         });
+        if let Some(uname) = &b.uname {
+            ping.push_str(&format!("; `uname -r` run in it from its disk: {uname}"));
+        }
         format!(
             "(guest kernel {}) to the agent in {:.2} s; virtio devices: {}{disk}; {ping}",
             b.release,

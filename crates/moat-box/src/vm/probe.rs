@@ -43,6 +43,9 @@ pub struct Booted {
     /// How long a ping took, through a new stream over the agent's
     /// virtio-serial port, once the guest was up (`None`: no answer).
     pub answered: Option<Duration>,
+    /// What `uname -r` printed, run by the agent from the guest's disk
+    /// (`None`: no disk, or no answer).
+    pub uname: Option<String>,
 }
 
 /// Why a guest did not boot.
@@ -118,7 +121,8 @@ pub struct Guest<'a> {
     pub kernel: &'a Path,
     /// The static agent, the initramfs's `/init`.
     pub agent: &'a Path,
-    /// A raw disk, attached read-only as the first virtio disk.
+    /// A raw disk the guest may write (a throwaway copy), attached as the
+    /// first virtio disk: the guest runs on it as its root.
     pub disk: Option<&'a Path>,
 }
 
@@ -133,28 +137,59 @@ pub fn boot(guest: Guest<'_>, accel: Accel, timeout: Duration) -> Result<Booted,
     result
 }
 
-/// Pings the guest's agent through a new stream over its port (QEMU's end
-/// of it is the unix socket `port`); how long it took, if it answered.
-fn ping(port: &Path, timeout: Duration) -> Option<Duration> {
-    use moat_agent::protocol::{AgentMsg, HostMsg};
-    use std::io::{Read, Write};
-    let link = std::os::unix::net::UnixStream::connect(port).ok()?;
-    let reader = link.try_clone().ok()?;
-    let mux = moat_agent::mux::Mux::start(Box::new(reader), Box::new(link), None).ok()?;
+/// Talks to the guest's agent through streams over its port (QEMU's end of
+/// it is the unix socket `port`): how long a ping took, and (with a disk to
+/// run programs from) what `uname -r` printed.
+fn talk(port: &Path, has_disk: bool, timeout: Duration) -> (Option<Duration>, Option<String>) {
+    use moat_agent::protocol::{ExecRequest, HostMsg};
+    let Some(mux) = std::os::unix::net::UnixStream::connect(port).ok().and_then(|link| {
+        let reader = link.try_clone().ok()?;
+        moat_agent::mux::Mux::start(Box::new(reader), Box::new(link), None).ok()
+    }) else {
+        return (None, None);
+    };
     let started = Instant::now();
+    let pong = exchange(&mux, &HostMsg::Ping, timeout);
+    let answered = pong.filter(|(_, done)| *done).map(|_| started.elapsed());
+    let uname = has_disk
+        .then(|| {
+            let exec = ExecRequest { command: Some(b"uname -r".to_vec()), env: Vec::new(), pty: None };
+            exchange(&mux, &HostMsg::Exec(exec), timeout)
+        })
+        .flatten()
+        .filter(|(_, exited)| *exited)
+        .map(|(out, _)| out.trim().to_string());
+    (answered, uname)
+}
+
+/// Sends `request` on a new stream and reads the answers until `Pong` or
+/// `Exit`: (the stdout it carried, whether it ended so).
+fn exchange(
+    mux: &moat_agent::mux::Mux,
+    request: &moat_agent::protocol::HostMsg,
+    timeout: Duration,
+) -> Option<(String, bool)> {
+    use moat_agent::protocol::AgentMsg;
+    use std::io::{Read, Write};
     let mut stream = mux.open().ok()?;
     stream.set_read_timeout(Some(timeout)).ok()?;
-    stream.write_all(&HostMsg::Ping.encode()).ok()?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 256];
+    stream.write_all(&request.encode()).ok()?;
+    let (mut buf, mut out) = (Vec::new(), Vec::new());
+    let mut chunk = [0u8; 4096];
     loop {
-        let n = stream.read(&mut chunk).ok().filter(|n| *n > 0)?;
-        buf.extend_from_slice(&chunk[..n]);
-        match AgentMsg::decode(&buf) {
-            Ok(Some((AgentMsg::Pong, _))) => return Some(started.elapsed()),
-            Ok(None) if buf.len() < 1024 => {}
-            _ => return None,
+        while let Ok(Some((msg, used))) = AgentMsg::decode(&buf) {
+            buf.drain(..used);
+            match msg {
+                AgentMsg::Pong | AgentMsg::Exit(_) => return Some((String::from_utf8_lossy(&out).into_owned(), true)),
+                AgentMsg::Stdout(data) if out.len() < 4096 => out.extend_from_slice(&data),
+                _ => {}
+            }
         }
+        let n = stream.read(&mut chunk).ok().filter(|n| *n > 0)?;
+        if buf.len() > 1 << 20 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
     }
 }
 
@@ -184,7 +219,7 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
         .arg(initramfs)
         .args(["-append", &append]);
     if let Some(disk) = guest.disk {
-        let mut drive = std::ffi::OsString::from("if=none,id=root,format=raw,readonly=on,file=");
+        let mut drive = std::ffi::OsString::from("if=none,id=root,format=raw,file=");
         drive.push(disk);
         qemu.arg("-drive").arg(drive).args(["-device", "virtio-blk-device,drive=root"]);
     }
@@ -206,7 +241,8 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
             }
             if let Some(release) = line.strip_prefix(moat_agent::GUEST_UP) {
                 let took = started.elapsed();
-                let booted = Booted { took, release: release.trim().to_string(), devices, disk, answered: None };
+                let release = release.trim().to_string();
+                let booted = Booted { took, release, devices, disk, answered: None, uname: None };
                 let _ = tx.send(Some(booted));
                 return;
             }
@@ -214,15 +250,15 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
         let _ = tx.send(None);
     });
     let outcome = rx.recv_timeout(timeout);
-    let answered = match &outcome {
-        Ok(Some(_)) => ping(&port, timeout),
-        _ => None,
+    let (answered, uname) = match &outcome {
+        Ok(Some(booted)) => talk(&port, booted.disk.is_some(), timeout),
+        _ => (None, None),
     };
     let _ = child.kill();
     let output = child.wait_with_output();
     let _ = std::fs::remove_file(&port);
     match outcome {
-        Ok(Some(booted)) => Ok(Booted { answered, ..booted }),
+        Ok(Some(booted)) => Ok(Booted { answered, uname, ..booted }),
         Ok(None) => {
             let stderr = output.map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string()).unwrap_or_default();
             Err(ProbeError::Ended(stderr))

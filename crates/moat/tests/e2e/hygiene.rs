@@ -239,12 +239,17 @@ pub fn doctor_boots_a_guest(env: &Env) {
     // and read the image from its disk (which the host never mounted).
     let disk = "virtio devices: block console rng; the busybox image as its disk: ext4,";
     assert!(line.contains(disk) && line.contains("/bin/sh present"), "{line}");
-    // And its agent answered the host through a stream over virtio-serial.
+    // And its agent answered the host through a stream over virtio-serial,
+    // and ran a program from the disk, now the guest's root: on the guest's
+    // own kernel.
+    assert!(line.contains("/bin/sh present, the guest's root now"), "{line}");
     assert!(line.contains("; the agent answers a ping over virtio-serial in "), "{line}");
     // The guest ran its own kernel, not the host's.
     let guest = line.split("(guest kernel ").nth(1).and_then(|r| r.split(')').next()).unwrap_or_default();
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert!(!guest.is_empty() && guest != host.trim(), "guest {guest:?}, host {host:?}");
     assert!(std::path::Path::new(&format!("/boot/vmlinuz-{guest}")).exists(), "{line}");
+    let uname = line.split("`uname -r` run in it from its disk: ").nth(1).unwrap_or_default();
+    assert_eq!(uname, guest, "{line}");
     env.alice(None, &["rm", &name]).ok();
 }

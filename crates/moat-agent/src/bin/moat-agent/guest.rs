@@ -64,20 +64,40 @@ fn serve_port(port: &std::path::Path, serve: impl Fn(UnixStream) + Send + Sync +
     }
 }
 
-/// What the first virtio disk holds, mounted read-only (a box's root disk:
-/// the guest reads it, the host never mounts it), if there is one.
+/// Makes the first virtio disk (a box's root disk: the guest writes it, the
+/// host never mounts it) the guest's root, if there is one; says what it
+/// holds.
 fn root_disk() -> Option<String> {
     if !std::path::Path::new("/dev/vda").exists() {
         return None;
     }
     let _ = std::fs::create_dir_all("/disk");
-    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    if let Err(e) = mount(Some("/dev/vda"), "/disk", Some("ext4"), flags, None::<&str>) {
+    if let Err(e) = mount(Some("/dev/vda"), "/disk", Some("ext4"), MsFlags::empty(), None::<&str>) {
         return Some(format!("not mounted ({e})"));
     }
     let entries = std::fs::read_dir("/disk").map(Iterator::count).unwrap_or(0);
     let shell = std::fs::symlink_metadata("/disk/bin/sh").is_ok();
-    Some(format!("ext4, {entries} entries at its root, /bin/sh {}", if shell { "present" } else { "missing" }))
+    let switched = match switch_root("/disk") {
+        Ok(()) => "the guest's root now".to_string(),
+        Err(e) => format!("not made the root ({e})"),
+    };
+    let shell = if shell { "present" } else { "missing" };
+    Some(format!("ext4, {entries} entries at its root, /bin/sh {shell}, {switched}"))
+}
+
+/// Makes `new` the root: the kernel's filesystems move into it, it moves
+/// over `/`, and this process's root becomes it (the initramfs cannot be
+/// pivoted away; what it held stays in memory, unreachable).
+fn switch_root(new: &str) -> nix::Result<()> {
+    for fs in ["/dev", "/proc", "/sys"] {
+        let target = format!("{new}{fs}");
+        let _ = std::fs::create_dir_all(&target);
+        mount(Some(fs), target.as_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>)?;
+    }
+    nix::unistd::chdir(new)?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)?;
+    nix::unistd::chroot(".")?;
+    nix::unistd::chdir("/")
 }
 
 /// The virtio devices the kernel found, by kind (virtio device ids).
