@@ -1,13 +1,13 @@
 //! PID 1 of a microVM guest: the agent run as the initramfs's `/init`.
 //!
-//! So far it proves that a guest boots, sees its devices and answers the
-//! host: it mounts the kernel's own filesystems, loads the modules the
-//! initramfs carries (the virtio drivers), says on the console which virtio
-//! devices it found, what its disk holds and which kernel it runs on; then it
-//! serves the agent protocol on the virtio-serial port [`AGENT_PORT`] (streams
-//! multiplexed over it) until the host ends the machine, or powers it off if
-//! there is no such port. Running the box's root disk as its root comes with
-//! the microVM backend (issue 12).
+//! It mounts the kernel's own filesystems, loads the modules the initramfs
+//! carries (the virtio drivers), makes the first virtio disk its root, says
+//! on the console which virtio devices it found, what its disk holds and
+//! which kernel it runs on; then it serves the agent protocol on the
+//! virtio-serial port [`AGENT_PORT`] (streams multiplexed over it) until the
+//! host ends the machine, or powers it off if there is no such port. (The
+//! microVM backend that boots boxes this way is issue 12; `moat doctor`
+//! boots one today.)
 //!
 //! [`AGENT_PORT`]: moat_agent::AGENT_PORT
 
