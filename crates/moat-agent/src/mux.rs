@@ -46,7 +46,8 @@ struct Inner {
 /// What this end keeps of one stream: where the other end's bytes go, and
 /// what it may still send there.
 struct Stream {
-    inbound: mpsc::Sender<Vec<u8>>,
+    /// `None` once the other end closed its direction.
+    inbound: Option<mpsc::Sender<Vec<u8>>>,
     /// Bytes of the other end's not yet credited back (at most WINDOW).
     unanswered: u32,
     credit: Arc<Credit>,
@@ -56,7 +57,6 @@ struct Stream {
 }
 
 /// Bytes this end may still send on a stream, and its wake-up.
-#[derive(Default)]
 struct Credit {
     left: Mutex<Option<u32>>,
     changed: Condvar,
@@ -139,8 +139,13 @@ impl Mux {
             if streams.len() >= MAX_STREAMS || streams.contains_key(&id) {
                 return Err(io::Error::other("too many streams, or a stream id in use"));
             }
-            let stream =
-                Stream { inbound, unanswered: 0, credit: Arc::clone(&credit), out_done: false, in_done: false };
+            let stream = Stream {
+                inbound: Some(inbound),
+                unanswered: 0,
+                credit: Arc::clone(&credit),
+                out_done: false,
+                in_done: false,
+            };
             streams.insert(id, stream);
         }
         let (reader, writer) = (ours.try_clone()?, ours);
@@ -241,8 +246,7 @@ impl Mux {
                 CLOSE => {
                     // No more from the other end: the inbound pump drains and shuts down.
                     if let Some(s) = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&id) {
-                        let (closed, _) = mpsc::channel();
-                        drop(std::mem::replace(&mut s.inbound, closed));
+                        s.inbound = None;
                     }
                 }
                 CREDIT if len == 4 => {
@@ -284,7 +288,8 @@ impl Mux {
         let mut streams = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(s) = streams.get_mut(&id) else { return };
         let after = s.unanswered.saturating_add(data.len() as u32);
-        if after > WINDOW || s.inbound.send(data.to_vec()).is_err() {
+        let queued = s.inbound.as_ref().is_some_and(|tx| tx.send(data.to_vec()).is_ok());
+        if after > WINDOW || !queued {
             drop(streams);
             return self.refuse(id);
         }

@@ -231,15 +231,9 @@ impl Pool {
     pub fn finish_restores(&self) {
         let base = self.root().join("checkpoints");
         for entry in fs::read_dir(&base).into_iter().flatten().filter_map(Result::ok) {
-            let intent = entry.path().join(INTENT);
-            let Ok(text) = fs::read_to_string(&intent) else { continue };
             let Some(id) = entry.file_name().to_str().and_then(BoxId::parse) else { continue };
-            match self.finish_restore(&id, &text) {
-                Ok(outcome) => {
-                    tracing::warn!(box_id = %id, outcome, "finished a restore a crash interrupted");
-                    let _ = fs::remove_file(&intent);
-                }
-                Err(e) => tracing::error!(box_id = %id, error = %e, "cannot finish an interrupted restore"),
+            if let Err(e) = self.finish_restore_of(&id) {
+                tracing::error!(box_id = %id, error = %e, "cannot finish an interrupted restore");
             }
         }
     }

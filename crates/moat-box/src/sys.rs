@@ -142,23 +142,24 @@ pub fn qgroup_destroy(path: &Path, qgroupid: u64) -> io::Result<()> {
 /// Makes qgroup `child` a member of `parent` (whose numbers then include the
 /// child's); already being one is fine.
 pub fn qgroup_assign(path: &Path, child: u64, parent: u64) -> io::Result<()> {
-    let dir = open_dir(path)?;
-    let args = QgroupAssignArgs { assign: 1, src: child, dst: parent };
-    // SAFETY: `args` is a fully initialised btrfs_ioctl_qgroup_assign_args that
-    // outlives the call; `dir` is an open directory on the filesystem.
-    match unsafe { btrfs_qgroup_assign(dir.as_raw_fd(), &args) } {
-        Ok(_) | Err(Errno::EEXIST) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    qgroup_relation(path, child, parent, true)
 }
 
 /// Takes qgroup `child` out of `parent`; not being a member is fine.
 pub fn qgroup_unassign(path: &Path, child: u64, parent: u64) -> io::Result<()> {
+    qgroup_relation(path, child, parent, false)
+}
+
+fn qgroup_relation(path: &Path, child: u64, parent: u64, member: bool) -> io::Result<()> {
     let dir = open_dir(path)?;
-    let args = QgroupAssignArgs { assign: 0, src: child, dst: parent };
-    // SAFETY: as for `qgroup_assign`.
+    let args = QgroupAssignArgs { assign: u64::from(member), src: child, dst: parent };
+    // SAFETY: `args` is a fully initialised btrfs_ioctl_qgroup_assign_args that
+    // outlives the call; `dir` is an open directory on the filesystem.
     match unsafe { btrfs_qgroup_assign(dir.as_raw_fd(), &args) } {
-        Ok(_) | Err(Errno::ENOENT) => Ok(()),
+        Ok(_) => Ok(()),
+        // Already as asked.
+        Err(Errno::EEXIST) if member => Ok(()),
+        Err(Errno::ENOENT) if !member => Ok(()),
         Err(e) => Err(e.into()),
     }
 }

@@ -22,6 +22,16 @@ pub const PLACEHOLDER_PREFIX: &str = "moat-placeholder-";
 /// Variables a secret may not be put in (the box's own plumbing).
 const RESERVED_VARIABLES: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "PWD"];
 
+/// Whether two header names name the same header, as the servers that
+/// read `_` as `-` (CGI, Rack, PHP) see it.
+pub fn same_header(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes().zip(b.bytes()).all(|(x, y)| {
+            let fold = |c: u8| if c == b'_' { b'-' } else { c.to_ascii_lowercase() };
+            fold(x) == fold(y)
+        })
+}
+
 /// A secret's value: never printed, never logged.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]

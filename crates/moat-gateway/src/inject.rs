@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use moat_core::egress::LogEntry;
-use moat_core::secrets::{BoxSecret, Limit, LimitKind, PLACEHOLDER_PREFIX};
+use moat_core::secrets::{same_header, BoxSecret, Limit, LimitKind, PLACEHOLDER_PREFIX};
 
 use crate::boxnet::Logger;
 use crate::http;
@@ -304,16 +304,6 @@ pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, 
     lines.retain(|l| !name_of(l).is_some_and(|n| UNCHECKABLE.iter().any(|u| n.eq_ignore_ascii_case(u))));
     lines.push("Accept-Encoding: identity".into());
     Ok(Rewritten { head: http::join_head(&lines), injected })
-}
-
-/// Whether two header names name the same header, as the servers that
-/// read `_` as `-` (CGI, Rack, PHP) see it.
-fn same_header(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes().zip(b.bytes()).all(|(x, y)| {
-            let fold = |c: u8| if c == b'_' { b'-' } else { c.to_ascii_lowercase() };
-            fold(x) == fold(y)
-        })
 }
 
 #[cfg(test)]

@@ -75,10 +75,9 @@ impl BoxManager {
         // One secret per header of a host, and per variable, in a box: two
         // would overwrite each other.
         let rec = self.get(account, box_name)?;
-        let fold = |h: &str| h.to_ascii_lowercase().replace('_', "-");
         for (other, _) in self.db(|s| s.secrets_of_box(&rec.id))? {
             let (a, b) = (&other.spec, &secret.spec);
-            let same_header = a.host == b.host && fold(&a.header) == fold(&b.header);
+            let same_header = a.host == b.host && crate::secrets::same_header(&a.header, &b.header);
             if other.id != secret.id && (same_header || a.env == b.env) {
                 return Err(ManagerError::SecretClash { box_name: rec.name, other: a.name.clone() });
             }

@@ -598,18 +598,10 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
     tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     assert_eq!(f.backend.box_count(), 0);
     warm.prepare_warm(&name("busybox"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while f.backend.box_count() < 1 {
-        assert!(std::time::Instant::now() < deadline, "no warm box was made at start");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    eventually("a warm box made at start", || f.backend.box_count() >= 1).await;
     let first = warm.create(&f.alice, spec("first"), Box::new(|_: &str| {})).await.unwrap();
     // One is made in the background for the next `new`, and no account sees it.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while f.backend.box_count() < 2 {
-        assert!(std::time::Instant::now() < deadline, "no warm box was made");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    eventually("a warm box made after a new", || f.backend.box_count() >= 2).await;
     let ready = warm.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap();
     assert_eq!(warm.list(&f.alice).unwrap().len(), 1);
     let second = warm.create(&f.alice, spec("second"), Box::new(|_: &str| {})).await.unwrap();
@@ -626,9 +618,7 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
     assert!(matches!(taken, Err(ManagerError::Store(StoreError::NameTaken(_)))), "{taken:?}");
 
     // A restart rolls every warm box back, as any half-made box.
-    while warm.store.list(None).unwrap().iter().all(|b| b.account.0 != WARM_ACCOUNT) {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    eventually("another warm box", || warm.store.list(None).unwrap().iter().any(|b| b.account.0 == WARM_ACCOUNT)).await;
     let leftover = warm.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap();
     let again = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), f.manager.config);
     again.recover().await.unwrap();
@@ -637,9 +627,8 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
     // A warm box that cannot be given is removed, and `new` makes one anew.
     let w2 = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), ManagerConfig::default());
     w2.create(&f.alice, spec("third"), Box::new(|_: &str| {})).await.unwrap();
-    while !w2.store.list(None).unwrap().iter().any(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some()) {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let booted = || w2.store.list(None).unwrap().iter().any(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some());
+    eventually("a booted warm box", booted).await;
     f.backend.fail("adopt");
     let fourth = w2.create(&f.alice, spec("fourth"), Box::new(|_: &str| {})).await;
     f.backend.heal();
@@ -653,14 +642,17 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
             .map(|b| b.image.to_string())
             .collect()
     };
-    while warm_images(&w2) != ["busybox"] {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    eventually("a warm busybox box", || warm_images(&w2) == ["busybox"]).await;
     let alpine = BoxSpec { image: name("alpine"), ..spec("fifth") };
     w2.create(&f.alice, alpine, Box::new(|_: &str| {})).await.unwrap();
+    eventually("the alpine box taking the pool's place", || warm_images(&w2) == ["alpine"]).await;
+}
+
+/// Waits up to 5 s for `done`, failing the test with `what` if it never is.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while warm_images(&w2) != ["alpine"] {
-        assert!(std::time::Instant::now() < deadline, "still warm: {:?}", warm_images(&w2));
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }

@@ -127,14 +127,13 @@ impl BoxManager {
                 b.destroy(&w)
             })
             .await;
-        match destroyed {
-            Ok(Ok(())) => {
+        match destroyed.and_then(|d| d.map_err(ManagerError::from)) {
+            Ok(()) => {
                 if let Err(e) = self.db(|s| s.delete(&warm.id)) {
                     tracing::error!(box_id = %warm.id, error = %e, "cannot forget a discarded warm box");
                 }
                 self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&warm.id);
             }
-            Ok(Err(e)) => tracing::error!(box_id = %warm.id, error = %e, "a warm box is left for the next start"),
             Err(e) => tracing::error!(box_id = %warm.id, error = %e, "a warm box is left for the next start"),
         }
     }
