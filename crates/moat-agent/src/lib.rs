@@ -33,5 +33,19 @@ pub const AGENT_PORT: &str = "moat.agent";
 /// followed by what it found on it (it then runs on it as its root).
 pub const GUEST_DISK: &str = "moat-agent: root disk:";
 
+/// Where a guest's initramfs carries the host's files for its root (a
+/// mini-root: `etc/hostname`, keys, ...), which the agent writes onto the
+/// root disk at boot (see `HostMsg::PutFile` for a running guest).
+pub const GUEST_FILES_DIR: &str = "/moat/files";
+
+/// A guest's own address on its network device (the same address a
+/// namespace box's connections come from).
+pub const GUEST_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 18, 0, 1);
+
+/// The host end of a guest's network device: its one router, reached on
+/// the link (the host's box namespace turns every connection through it
+/// to the egress gateway).
+pub const GUEST_ROUTER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 0, 1);
+
 #[cfg(feature = "client")]
 pub mod client;

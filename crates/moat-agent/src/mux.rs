@@ -120,18 +120,26 @@ impl Mux {
 
     /// Opens a stream to the other end; returns this end's socket of it.
     pub fn open(&self) -> io::Result<UnixStream> {
+        let (local, ours) = UnixStream::pair()?;
+        self.open_on(ours)?;
+        Ok(local)
+    }
+
+    /// Opens a stream to the other end carried by `conn` (a connection
+    /// accepted elsewhere): what is read from it is sent, what arrives is
+    /// written to it.
+    pub fn open_on(&self, conn: UnixStream) -> io::Result<()> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let local = self.attach(id)?;
+        self.attach(id, conn)?;
         if let Err(e) = self.send(id, OPEN, &[]) {
             self.detach(id);
             return Err(e);
         }
-        Ok(local)
+        Ok(())
     }
 
-    /// Makes stream `id` a socket pair: one end returned, the other pumped.
-    fn attach(&self, id: u32) -> io::Result<UnixStream> {
-        let (local, ours) = UnixStream::pair()?;
+    /// Makes `ours` stream `id`, pumped both ways.
+    fn attach(&self, id: u32, ours: UnixStream) -> io::Result<()> {
         let (inbound, queued) = mpsc::channel::<Vec<u8>>();
         let credit = Arc::new(Credit::new());
         {
@@ -152,7 +160,7 @@ impl Mux {
         let (out, back) = (self.clone(), self.clone());
         std::thread::Builder::new().name("mux-out".into()).spawn(move || out.pump_out(id, reader, &credit))?;
         std::thread::Builder::new().name("mux-in".into()).spawn(move || back.pump_in(id, writer, &queued))?;
-        Ok(local)
+        Ok(())
     }
 
     /// Ends stream `id` both ways at this end.
@@ -271,7 +279,7 @@ impl Mux {
 
     fn accept(&self, id: u32, accepted: Option<&mpsc::Sender<UnixStream>>) {
         let Some(accepted) = accepted else { return self.refuse(id) };
-        match self.attach(id) {
+        match UnixStream::pair().and_then(|(local, ours)| self.attach(id, ours).map(|()| local)) {
             Ok(local) => {
                 if accepted.send(local).is_err() {
                     self.detach(id);

@@ -85,6 +85,18 @@ pub enum HostMsg {
         /// Its exclusive bytes, as last measured.
         used: u64,
     },
+    /// A microVM guest: write this file of the host's (a host name, a key,
+    /// `/etc/environment`) into the guest's root, unless the guest holds what
+    /// the host last wrote there. A whole connection; answered with `Pong`
+    /// once written, or `Error`.
+    PutFile {
+        /// Path below `/`, without a leading `/`.
+        path: String,
+        /// Its mode bits.
+        mode: u32,
+        /// Its content.
+        data: Vec<u8>,
+    },
     /// Bytes for the process's stdin.
     Stdin(Vec<u8>),
     /// The client will send no more stdin.
@@ -155,6 +167,7 @@ mod tag {
     pub const RESIZE: u8 = 0x06;
     pub const SIGNAL: u8 = 0x07;
     pub const DISK: u8 = 0x08;
+    pub const PUT_FILE: u8 = 0x09;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -323,6 +336,11 @@ impl HostMsg {
                 w.u64(*limit).u64(*used);
                 w.finish()
             }
+            Self::PutFile { path, mode, data } => {
+                let mut w = Writer::new(tag::PUT_FILE);
+                w.bytes(path.as_bytes()).u32(*mode).bytes(data);
+                w.finish()
+            }
             Self::Stdin(data) => {
                 let mut w = Writer::new(tag::STDIN);
                 w.bytes(data);
@@ -372,6 +390,7 @@ impl HostMsg {
             tag::CONNECT => Self::Connect { port: r.u16()? },
             tag::PING => Self::Ping,
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
+            tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
@@ -479,6 +498,7 @@ mod tests {
         host_roundtrip(HostMsg::Connect { port: 8000 });
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
+        host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));

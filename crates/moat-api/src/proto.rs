@@ -75,6 +75,9 @@ pub enum Request {
         /// Ask mode from the start.
         #[serde(default)]
         ask: bool,
+        /// What isolates it, if not the operator's default.
+        #[serde(default)]
+        backend: Option<moat_core::BackendKind>,
     },
     /// Removes a box.
     Remove {
@@ -361,6 +364,9 @@ pub struct BoxInfo {
     pub keep_running: bool,
     /// When it entered its state, seconds since the epoch.
     pub state_since: u64,
+    /// What isolates it (`ns` or `vm`).
+    #[serde(default)]
+    pub backend: moat_core::BackendKind,
 }
 
 impl From<&BoxRecord> for BoxInfo {
@@ -377,6 +383,7 @@ impl From<&BoxRecord> for BoxInfo {
             idle: r.idle,
             keep_running: r.keep_running,
             state_since: r.state_since,
+            backend: r.backend,
         }
     }
 }

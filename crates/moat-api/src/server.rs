@@ -351,13 +351,13 @@ async fn run(
         }),
         Request::List { account } => Reply::Boxes(m.list(&account)?.iter().map(BoxInfo::from).collect()),
         Request::Get { account, name } => Reply::Box(BoxInfo::from(&m.get(&account, &name)?)),
-        Request::Create { account, name, image, limits, idle, policy, ask } => {
+        Request::Create { account, name, image, limits, idle, policy, ask, backend } => {
             let mut policy = match policy {
                 Some(preset) => ctx.preset(&preset)?,
                 None => ctx.default_policy.clone(),
             };
             policy.ask |= ask;
-            let rec = m.create(&account, BoxSpec { name, image, limits, policy }, progress).await?;
+            let rec = m.create(&account, BoxSpec { name, image, limits, policy, backend }, progress).await?;
             if let Some(seconds) = idle {
                 m.set_idle(&account, &rec.name, seconds).await?;
             }

@@ -27,19 +27,35 @@ pub mod sys;
 pub mod trust;
 pub mod vm;
 
-use moat_core::{AccountId, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading, Name};
+use moat_core::{AccountId, Backend, BackendError, BackendKind, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading, Name};
 
-/// Every backend moat has, behind one type.
-pub enum AnyBackend {
+/// Every backend moat has, behind one type: each box is run by the one its
+/// record names.
+pub struct AnyBackend {
     /// Linux namespaces, seccomp and cgroups.
-    Ns(ns::NsBackend),
+    pub ns: ns::NsBackend,
+    /// MicroVMs, or why this server runs none.
+    pub vm: Result<vm::backend::VmBackend, String>,
 }
 
 impl AnyBackend {
-    fn inner(&self) -> &dyn Backend {
-        match self {
-            Self::Ns(b) => b,
+    /// Namespaces only.
+    pub fn ns(ns: ns::NsBackend) -> Self {
+        Self { ns, vm: Err("this server was started without microVMs".into()) }
+    }
+
+    fn of(&self, rec: &BoxRecord) -> Result<&dyn Backend, BackendError> {
+        match rec.backend {
+            BackendKind::Ns => Ok(&self.ns),
+            BackendKind::Vm => match &self.vm {
+                Ok(vm) => Ok(vm),
+                Err(why) => Err(BackendError::msg(format!("this server runs no microVM boxes: {why}"))),
+            },
         }
+    }
+
+    fn inner(&self) -> &dyn Backend {
+        &self.ns
     }
 }
 
@@ -51,61 +67,67 @@ impl Backend for AnyBackend {
         self.inner().build_image(image, progress)
     }
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.inner().create(rec)
+        self.of(rec)?.create(rec)
     }
     fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
-        self.inner().start(rec)
+        self.of(rec)?.start(rec)
     }
     fn is_running(&self, rec: &BoxRecord) -> bool {
-        self.inner().is_running(rec)
+        self.of(rec).is_ok_and(|b| b.is_running(rec))
     }
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.inner().stop(rec)
+        self.of(rec)?.stop(rec)
     }
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.inner().destroy(rec)
+        self.of(rec)?.destroy(rec)
     }
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
-        self.inner().handle(rec)
+        self.of(rec).ok()?.handle(rec)
     }
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
-        self.inner().dup(src, dst)
+        self.of(src)?.dup(src, dst)
     }
     fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {
-        self.inner().set_environment(rec, vars)
+        self.of(rec)?.set_environment(rec, vars)
     }
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
-        self.inner().diff(a, b, out)
+        if a.backend != b.backend {
+            return Err(BackendError::msg(format!(
+                "{} is a {} box and {} a {} box: only boxes of one backend are compared",
+                a.name, a.backend, b.name, b.backend
+            )));
+        }
+        self.of(a)?.diff(a, b, out)
     }
     fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
-        self.inner().checkpoint(rec, label)
+        self.of(rec)?.checkpoint(rec, label)
     }
     fn checkpoints(&self, rec: &BoxRecord, held: bool) -> Vec<Checkpoint> {
-        self.inner().checkpoints(rec, held)
+        self.of(rec).map(|b| b.checkpoints(rec, held)).unwrap_or_default()
     }
     fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
-        self.inner().restore(rec, label, before)
+        self.of(rec)?.restore(rec, label, before)
     }
     fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
-        self.inner().delete_checkpoint(rec, label)
+        self.of(rec)?.delete_checkpoint(rec, label)
     }
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
-        self.inner().rename(rec, name)
+        self.of(rec)?.rename(rec, name)
     }
     fn adopt(&self, rec: &BoxRecord, from: &AccountId) -> Result<(), BackendError> {
-        self.inner().adopt(rec, from)
+        self.of(rec)?.adopt(rec, from)
     }
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.inner().thaw(rec)
+        self.of(rec)?.thaw(rec)
     }
     fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.inner().suspend(rec)
+        self.of(rec)?.suspend(rec)
     }
     fn meter(&self, rec: &BoxRecord) -> Option<MeterReading> {
-        self.inner().meter(rec)
+        self.of(rec).ok()?.meter(rec)
     }
     fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
-        self.inner().disk_usage(rec)
+        self.of(rec).ok()?.disk_usage(rec)
     }
     fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
         self.inner().account_disk_usage(account)

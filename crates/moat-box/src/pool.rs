@@ -214,6 +214,19 @@ impl Pool {
         names_with_prefix(&self.boxes_dir(), prefix)
     }
 
+    /// Makes box `id`'s directory a new, empty subvolume (a VM box's: its
+    /// disk file and the host's files for it go there).
+    pub fn create_box(&self, id: &BoxId) -> Result<PathBuf, PoolError> {
+        let path = self.box_path(id);
+        sys::subvolume_create(&self.boxes_dir(), id.as_str()).map_err(io_err("create subvolume", &path))?;
+        Ok(path)
+    }
+
+    /// Where VM disks made from images are kept (one per build of an image).
+    pub fn vm_bases_dir(&self) -> PathBuf {
+        self.root.join("vm-bases")
+    }
+
     /// Makes box `dst`'s root a writable snapshot of box `src`'s root.
     pub fn snapshot_box(&self, src: &BoxId, dst: &BoxId) -> Result<PathBuf, PoolError> {
         let from = self.box_path(src);

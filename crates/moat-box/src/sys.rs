@@ -514,3 +514,76 @@ pub fn drop_bounding_set(keep: &[u32]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `FICLONE`: `_IOW(0x94, 9, int)`.
+const FICLONE: libc::Ioctl = 0x4004_9409;
+
+/// Makes `dst` share every extent of `src` (a reflink: no data is copied;
+/// both files are on one btrfs).
+pub fn reflink(src: &std::fs::File, dst: &std::fs::File) -> io::Result<()> {
+    // SAFETY: FICLONE takes the source descriptor as an integer; both files
+    // are open for the call.
+    if unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE, src.as_raw_fd()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `TUNSETIFF`: `_IOW('T', 202, int)`.
+const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
+
+/// Makes tap device `name` in the caller's network namespace, for as long as
+/// the returned descriptor (its only queue) stays open.
+pub fn open_tap(name: &str) -> io::Result<OwnedFd> {
+    let tun = std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun")?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= req.ifr_name.len() {
+        return Err(io::Error::other(format!("device name {name} too long")));
+    }
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: TUNSETIFF reads the ifreq we own (name and flags), on the open
+    // tun device.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(tun.into())
+}
+
+/// Has `cmd`'s child, before it execs: die with its parent (the thread that
+/// spawned it), never gain privileges, and find each `(fd, n)` as descriptor
+/// `n` (each `n` below 64).
+pub fn child_setup(cmd: &mut std::process::Command, fds: &[(BorrowedFd<'_>, i32)]) -> io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    // Copies above every target first, so that no dup2 below overwrites a
+    // descriptor another is still to be copied from. They live in the hook.
+    let high = fds
+        .iter()
+        .map(|(fd, n)| {
+            let copy = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64))?;
+            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
+            Ok((unsafe { OwnedFd::from_raw_fd(copy) }, *n))
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    // SAFETY: the hook runs in the child between fork and exec and calls only
+    // prctl and dup2, which are async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0
+                || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            for (fd, n) in &high {
+                if libc::dup2(fd.as_raw_fd(), *n) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}

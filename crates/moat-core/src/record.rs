@@ -64,6 +64,8 @@ pub struct BoxRecord {
     pub image: Name,
     /// Its cgroup limits.
     pub limits: Limits,
+    /// What isolates it.
+    pub backend: crate::backend::BackendKind,
     /// Index of its host uid range; unique among live boxes.
     #[serde(skip)]
     pub slot: u32,

@@ -8,6 +8,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
+use crate::backend::BackendKind;
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::Limits;
 use crate::policy::Policy;
@@ -75,10 +76,11 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("idle", "INTEGER"),
     ("keep_running", "INTEGER NOT NULL DEFAULT 0"),
     ("state_since", "INTEGER NOT NULL DEFAULT 0"),
+    ("backend", "TEXT NOT NULL DEFAULT 'ns'"),
 ];
 
 const COLUMNS: &str = "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pids, b.slot, b.state, b.pid, \
-                       b.created_at, b.disk, b.parent, p.name, b.idle, b.keep_running, b.state_since";
+                       b.created_at, b.disk, b.parent, p.name, b.idle, b.keep_running, b.state_since, b.backend";
 
 /// `boxes` as `b`, with each box's parent (if it still exists) as `p`.
 const FROM: &str = "boxes b LEFT JOIN boxes p ON p.id = b.parent";
@@ -128,18 +130,18 @@ impl Store {
         &self,
         account: &AccountId,
         name: &Name,
-        image: &Name,
-        limits: Limits,
+        (image, limits, backend): (&Name, Limits, BackendKind),
         created_at: u64,
         policy: &Policy,
     ) -> Result<BoxRecord, StoreError> {
-        self.insert(account, name, (image, limits), created_at, None, policy)
+        self.insert(account, name, (image, limits, backend), created_at, None, policy)
     }
 
     /// Adds a box in state `creating` as a duplicate of `parent` (its policy too).
     pub fn insert_dup(&self, parent: &BoxRecord, name: &Name, created_at: u64) -> Result<BoxRecord, StoreError> {
         let policy = self.policy(&parent.id)?;
-        self.insert(&parent.account, name, (&parent.image, parent.limits), created_at, Some(parent), &policy)
+        let made = (&parent.image, parent.limits, parent.backend);
+        self.insert(&parent.account, name, made, created_at, Some(parent), &policy)
     }
 
     /// A box's egress policy (none stored: reaches nothing).
@@ -169,7 +171,7 @@ impl Store {
         &self,
         account: &AccountId,
         name: &Name,
-        (image, limits): (&Name, Limits),
+        (image, limits, backend): (&Name, Limits, BackendKind),
         created_at: u64,
         parent: Option<&BoxRecord>,
         policy: &Policy,
@@ -199,6 +201,7 @@ impl Store {
             name: name.clone(),
             image: image.clone(),
             limits,
+            backend,
             slot,
             state: BoxState::Creating,
             pid: None,
@@ -211,7 +214,7 @@ impl Store {
         };
         tx.execute(
             "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, parent, \
-             state_since) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11)",
+             state_since, backend) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11, ?14)",
             params![
                 rec.id.as_str(),
                 account.0,
@@ -226,6 +229,7 @@ impl Store {
                 created_at as i64,
                 limits.disk as i64,
                 rec.parent.as_ref().map(BoxId::as_str),
+                backend.as_str(),
             ],
         )?;
         tx.execute(
@@ -448,6 +452,7 @@ fn from_row(r: &Row<'_>) -> Result<BoxRecord, StoreError> {
         idle: r.get(14)?,
         keep_running: r.get(15)?,
         state_since: r.get::<_, i64>(16)? as u64,
+        backend: BackendKind::parse(&r.get::<_, String>(17)?).ok_or_else(corrupt)?,
     })
 }
 
@@ -468,16 +473,16 @@ mod tests {
         let web = {
             let store = Store::open(&path).unwrap();
             let web = store
-                .insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 1, &Policy::default())
+                .insert_new(&alice, &names("web"), (&names("debian"), Limits::default(), BackendKind::Ns), 1, &Policy::default())
                 .unwrap();
             let db = store
-                .insert_new(&alice, &names("db"), &names("debian"), Limits::default(), 2, &Policy::default())
+                .insert_new(&alice, &names("db"), (&names("debian"), Limits::default(), BackendKind::Ns), 2, &Policy::default())
                 .unwrap();
             assert_ne!(web.slot, db.slot);
             // Names are per account.
-            store.insert_new(&bob, &names("web"), &names("busybox"), Limits::default(), 3, &Policy::default()).unwrap();
+            store.insert_new(&bob, &names("web"), (&names("busybox"), Limits::default(), BackendKind::Ns), 3, &Policy::default()).unwrap();
             assert!(matches!(
-                store.insert_new(&alice, &names("web"), &names("debian"), Limits::default(), 4, &Policy::default()),
+                store.insert_new(&alice, &names("web"), (&names("debian"), Limits::default(), BackendKind::Ns), 4, &Policy::default()),
                 Err(StoreError::NameTaken(_))
             ));
             store.set_state(&web.id, BoxState::Running, Some(42)).unwrap();
@@ -498,7 +503,7 @@ mod tests {
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
         let web =
-            store.insert_new(&a, &names("web"), &names("debian"), Limits::default(), 1, &Policy::default()).unwrap();
+            store.insert_new(&a, &names("web"), (&names("debian"), Limits::default(), BackendKind::Ns), 1, &Policy::default()).unwrap();
         let try_ = store.insert_dup(&web, &names("web-try"), 2).unwrap();
         let got = store.get(&a, &names("web-try")).unwrap().unwrap();
         assert_eq!(got.parent, Some(web.id.clone()));
@@ -523,9 +528,9 @@ mod tests {
         store.use_slot_block(3).unwrap();
         let a = AccountId("a".into());
         let first =
-            store.insert_new(&a, &names("one"), &names("debian"), Limits::default(), 1, &Policy::default()).unwrap();
+            store.insert_new(&a, &names("one"), (&names("debian"), Limits::default(), BackendKind::Ns), 1, &Policy::default()).unwrap();
         let second =
-            store.insert_new(&a, &names("two"), &names("debian"), Limits::default(), 1, &Policy::default()).unwrap();
+            store.insert_new(&a, &names("two"), (&names("debian"), Limits::default(), BackendKind::Ns), 1, &Policy::default()).unwrap();
         assert_eq!((first.slot, second.slot), (3 * SLOTS_PER_BLOCK, 3 * SLOTS_PER_BLOCK + 1));
         // Moved to another block, boxes keep their places in it.
         store.use_slot_block(5).unwrap();
@@ -557,11 +562,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
-        let b0 = store.insert_new(&a, &names("b0"), &names("i"), Limits::default(), 0, &Policy::default()).unwrap();
-        let b1 = store.insert_new(&a, &names("b1"), &names("i"), Limits::default(), 0, &Policy::default()).unwrap();
+        let b0 = store.insert_new(&a, &names("b0"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default()).unwrap();
+        let b1 = store.insert_new(&a, &names("b1"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default()).unwrap();
         assert_eq!((b0.slot, b1.slot), (0, 1));
         store.delete(&b0.id).unwrap();
-        let b2 = store.insert_new(&a, &names("b2"), &names("i"), Limits::default(), 0, &Policy::default()).unwrap();
+        let b2 = store.insert_new(&a, &names("b2"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default()).unwrap();
         assert_eq!(b2.slot, 0);
     }
 }

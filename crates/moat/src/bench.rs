@@ -104,7 +104,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     drop(pool);
     let backend = paths::ns_backend(dir, crate::agent::resolve(args.agent.as_deref(), dir)?, u64::MAX)?;
     let (store, _uid_block) = crate::paths::open_store(dir)?;
-    let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), ManagerConfig::default());
+    let manager = BoxManager::new(store, Arc::new(AnyBackend::ns(backend)), ManagerConfig::default());
     // Every box gets its gateway, as under `moat serve`; it reaches a test
     // internet of the bench's own.
     let net = BenchNet::start()?;
@@ -134,6 +134,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
             image: Name::new("busybox")?,
             limits: Limits::default(),
             policy: Default::default(),
+            backend: None,
         })
     };
 
@@ -386,6 +387,7 @@ async fn egress_samples(
             image: Name::new("busybox")?,
             limits: Limits::default(),
             policy: bench_egress::policy(look)?,
+            backend: None,
         };
         manager.create(account, spec, Box::new(|_: &str| {})).await?;
         let secret = Name::new(bench_egress::SECRET)?;

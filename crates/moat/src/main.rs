@@ -7,6 +7,7 @@ mod doctor;
 mod egress;
 mod front_door;
 mod gateway;
+mod microvm;
 mod nflog;
 mod paths;
 mod privsep;
@@ -75,6 +76,13 @@ enum Cmd {
         #[arg(long, num_args = 1..)]
         join: Vec<PathBuf>,
     },
+    /// (internal) start one VM box's supervisor from a plan on stdin; run by the daemon.
+    #[command(hide = true)]
+    BoxVm {
+        /// Be the supervisor (else start one and print its pid once the guest is up).
+        #[arg(long)]
+        supervise: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -106,6 +114,7 @@ fn main() {
     let result = match cli.command {
         // The helper must stay single-threaded: no runtime, no logging threads.
         Cmd::BoxSpawn { join } => std::process::exit(moat_box::ns::enforce::helper_main(&join)),
+        Cmd::BoxVm { supervise } => std::process::exit(moat_box::vm::supervise::helper_main(supervise)),
         Cmd::Serve(args) => serve::run(*args),
         Cmd::FrontDoor { id } => front_door::run(id),
         Cmd::Gateway { id, netns } => gateway::run(id, netns),

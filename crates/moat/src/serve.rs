@@ -105,6 +105,8 @@ pub struct ServeArgs {
     /// [default: STATE_DIR/secrets.key].
     #[arg(long)]
     secrets_key: Option<PathBuf>,
+    #[command(flatten)]
+    vm: crate::microvm::VmArgs,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -139,7 +141,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     paths::private_dir(&state_dir)?;
     let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;
     let max_disk_per_account = args.max_disk_per_account.unwrap_or(args.max_disk);
-    let backend = paths::ns_backend(&state_dir, agent, max_disk_per_account)?;
+    let ns = paths::ns_backend(&state_dir, agent.clone(), max_disk_per_account)?;
+    let (vm, default_backend) =
+        crate::microvm::backend(&state_dir, ns.shared(), &agent, max_disk_per_account, &args.vm);
+    let backend = AnyBackend { ns, vm };
     let (store, _uid_block) = paths::open_store(&state_dir)?;
     // Never below the per-box defaults, or a plain `new` would be refused.
     let (host_cpus, host_memory) = host_capacity();
@@ -160,6 +165,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_disk_per_account,
         max_checkpoints: args.max_checkpoints,
         warm_boxes: args.warm_boxes,
+        default_backend,
     };
     let registries = crate::registries::of_this_host();
     let default_policy = moat_core::policy::preset(&args.default_policy, &registries)
@@ -171,7 +177,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         Some(addr) => addr,
         None => anyhow::bail!("no nameserver in /etc/resolv.conf: give the gateway one with --upstream-dns"),
     };
-    let manager = BoxManager::new(store, Arc::new(AnyBackend::Ns(backend)), config);
+    let manager = BoxManager::new(store, Arc::new(backend), config);
     let key = paths::secrets_key(&args.secrets_key.unwrap_or_else(|| state_dir.join("secrets.key")))?;
     manager.set_sealer(moat_core::secrets::Sealer::new(&key).map_err(anyhow::Error::msg)?);
     // Before any box is recovered or made, so that every box gets its gateway.

@@ -244,13 +244,7 @@ impl CgroupLayout {
             return Ok(false);
         }
         let v1 = file == "freezer.state";
-        let frozen = || {
-            if v1 {
-                fs::read_to_string(dir.join(file)).is_ok_and(|s| s.trim() == "FROZEN")
-            } else {
-                fs::read_to_string(dir.join("cgroup.events")).is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
-            }
-        };
+        let frozen = || self.is_frozen(id);
         if frozen() {
             return Ok(false);
         }
@@ -264,6 +258,16 @@ impl CgroupLayout {
             std::thread::sleep(Duration::from_micros(200));
         }
         Ok(true)
+    }
+
+    /// Whether every process of the box is frozen.
+    pub fn is_frozen(&self, id: &(impl AsRef<str> + ?Sized)) -> bool {
+        let (dir, file) = self.freezer(id);
+        if file == "freezer.state" {
+            fs::read_to_string(dir.join(file)).is_ok_and(|s| s.trim() == "FROZEN")
+        } else {
+            fs::read_to_string(dir.join("cgroup.events")).is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
+        }
     }
 
     /// Lets the box's processes run again; a no-op if it is not frozen or has no cgroup.

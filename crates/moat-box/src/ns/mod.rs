@@ -264,27 +264,51 @@ impl NsBackend {
 
     fn run_helper(&self, plan: &SpawnPlan) -> Result<u32, BackendError> {
         let json = serde_json::to_vec(plan).map_err(|e| BackendError::new("encode spawn plan", e))?;
-        let mut child = Command::new(&self.config.helper)
-            .arg("box-spawn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| BackendError::new(format!("run {}", self.config.helper.display()), e))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            if let Err(e) = stdin.write_all(&json) {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(BackendError::new("send spawn plan", e));
-            }
-        }
-        let out = child.wait_with_output().map_err(|e| BackendError::new("wait for box-spawn", e))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        match stdout.trim().parse::<u32>() {
-            Ok(pid) if out.status.success() => Ok(pid),
-            _ => Err(BackendError::msg(format!("box did not start: {}", String::from_utf8_lossy(&out.stderr).trim()))),
+        run_helper(&self.config.helper, "box-spawn", &json)
+    }
+
+    /// The pool and cgroup layout, for the microVM backend to share.
+    pub fn shared(&self) -> (Arc<Pool>, CgroupLayout) {
+        (Arc::clone(&self.pool), self.cgroups.clone())
+    }
+}
+
+/// Runs `helper verb` with `plan` on its stdin; the pid it prints.
+pub(crate) fn run_helper(helper: &Path, verb: &str, plan: &[u8]) -> Result<u32, BackendError> {
+    let mut child = Command::new(helper)
+        .arg(verb)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| BackendError::new(format!("run {}", helper.display()), e))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        if let Err(e) = stdin.write_all(plan) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(BackendError::new(format!("send the plan to {verb}"), e));
         }
     }
+    let out = child.wait_with_output().map_err(|e| BackendError::new(format!("wait for {verb}"), e))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.trim().parse::<u32>() {
+        Ok(pid) if out.status.success() => Ok(pid),
+        _ => Err(BackendError::msg(format!("box did not start: {}", String::from_utf8_lossy(&out.stderr).trim()))),
+    }
+}
+
+/// Runs `work` with the box's processes frozen (if it runs and is not
+/// frozen already): whatever it reads of the box's files is one instant.
+pub(crate) fn while_frozen(
+    cgroups: &CgroupLayout,
+    rec: &BoxRecord,
+    work: impl FnOnce() -> Result<(), crate::pool::PoolError>,
+) -> Result<(), BackendError> {
+    let frozen = cgroups.freeze(&rec.id).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))?;
+    let done = work();
+    let thawed = if frozen { cgroups.thaw(&rec.id) } else { Ok(()) };
+    done.map_err(|e| BackendError::new(format!("copy {}", rec.name), e))?;
+    thawed.map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))
 }
 
 impl Backend for NsBackend {
@@ -348,27 +372,25 @@ impl Backend for NsBackend {
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
         // Frozen, the source's processes cannot write during the snapshot, which
         // flushes the subvolume's dirty data: the copy is one instant of it.
-        let frozen = self.cgroups.freeze(&src.id).map_err(|e| BackendError::new(format!("freeze {}", src.name), e))?;
-        fault::point("dup-while-frozen");
-        let snapshot = self.pool.snapshot_box(&src.id, &dst.id);
-        let thawed = if frozen { self.cgroups.thaw(&src.id) } else { Ok(()) };
-        let root = snapshot.map_err(|e| BackendError::new(format!("snapshot {}", src.name), e))?;
-        if let Err(e) = thawed {
+        let copied = while_frozen(&self.cgroups, src, || {
+            fault::point("dup-while-frozen");
+            self.pool.snapshot_box(&src.id, &dst.id).map(drop)
+        });
+        if let Err(e) = copied {
+            // A snapshot made before the thaw failed is not left behind.
             let _ = self.pool.delete_box(&dst.id);
-            return Err(BackendError::new(format!("thaw {}", src.name), e));
+            return Err(e);
         }
         fault::point("dup-after-snapshot");
-        self.make_own(dst, &root)
+        self.make_own(dst, &self.pool.box_path(&dst.id))
     }
 
     fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
         // Frozen, as for `dup`: the checkpoint is one instant of the box.
-        let frozen = self.cgroups.freeze(&rec.id).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))?;
-        fault::point("checkpoint-while-frozen");
-        let saved = self.pool.save_checkpoint(&owner(rec), label.as_str());
-        let thawed = if frozen { self.cgroups.thaw(&rec.id) } else { Ok(()) };
-        saved.map_err(|e| BackendError::new(format!("checkpoint {}", rec.name), e))?;
-        thawed.map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))
+        while_frozen(&self.cgroups, rec, || {
+            fault::point("checkpoint-while-frozen");
+            self.pool.save_checkpoint(&owner(rec), label.as_str())
+        })
     }
 
     fn checkpoints(&self, rec: &BoxRecord, held: bool) -> Vec<Checkpoint> {

@@ -61,12 +61,12 @@ pub fn prepare() -> io::Result<()> {
 }
 
 /// Where a system tool is.
-fn tool(name: &str) -> io::Result<PathBuf> {
+pub(crate) fn tool(name: &str) -> io::Result<PathBuf> {
     crate::image::which(name)
         .ok_or_else(|| io::Error::other(format!("{name} not found: install iproute2 and nftables")))
 }
 
-fn run(tool: &Path, args: &[&str], input: &str) -> io::Result<()> {
+pub(crate) fn run(tool: &Path, args: &[&str], input: &str) -> io::Result<()> {
     let mut child = Command::new(tool)
         .args(args)
         .env_clear()

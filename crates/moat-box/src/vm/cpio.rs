@@ -20,6 +20,30 @@ impl Archive {
         self.entry(path, 0o100_000 | (mode & 0o7777), data);
     }
 
+    /// Every directory and regular file below `tree` (links and the rest are
+    /// left out), under `prefix`, with their permission bits.
+    pub fn tree(&mut self, tree: &std::path::Path, prefix: &str) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut dirs = vec![(tree.to_path_buf(), prefix.to_string())];
+        while let Some((dir, at)) = dirs.pop() {
+            let mut entries: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
+            entries.sort_by_key(std::fs::DirEntry::file_name);
+            for entry in entries {
+                let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+                let path = format!("{at}/{name}");
+                let meta = entry.metadata()?;
+                let mode = meta.permissions().mode();
+                if meta.is_dir() {
+                    self.dir(&path, mode);
+                    dirs.push((entry.path(), path));
+                } else if meta.is_file() {
+                    self.file(&path, mode, &std::fs::read(entry.path())?);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The archive, its trailer written.
     pub fn finish(mut self) -> Vec<u8> {
         self.entry("TRAILER!!!", 0, &[]);

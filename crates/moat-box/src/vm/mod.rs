@@ -1,10 +1,23 @@
-//! The microVM backend's first parts: the initramfs moat generates for a
-//! guest, and a probe that boots one on QEMU's `microvm` machine, to learn
-//! whether KVM can run a guest here or only TCG can (a host may open
-//! `/dev/kvm` and still hang every guest: this one does). The backend itself
-//! (a box as a guest, its disk, its agent over virtio-serial) is issue 12.
+//! The microVM backend: each box a guest with a kernel of its own on QEMU's
+//! `microvm` machine.
+//!
+//! - [`backend`]: the [`moat_core::Backend`] over the shared pool and cgroups;
+//! - [`supervise`]: the host process that owns a box's QEMU and is the host
+//!   end of its agent's port;
+//! - [`qemu`]: QEMU's command line and QMP;
+//! - [`net`]: the box's network namespace, where the guest's link ends;
+//! - [`files`]: what moat writes into a guest, kept on the host;
+//! - [`disk`], [`cpio`], [`modules`]: the guest's root disk and initramfs;
+//! - [`probe`]: boots a guest to learn whether KVM can run one here or only
+//!   TCG can (a host may open `/dev/kvm` and still hang every guest: this
+//!   one does).
 
+pub mod backend;
 pub mod cpio;
 pub mod disk;
+pub mod files;
 pub mod modules;
+pub mod net;
 pub mod probe;
+pub mod qemu;
+pub mod supervise;

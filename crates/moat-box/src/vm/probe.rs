@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use crate::vm::cpio::Archive;
 
 /// How a guest's CPU runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Accel {
     /// Hardware virtualisation.
     Kvm,
@@ -21,7 +22,8 @@ pub enum Accel {
 }
 
 impl Accel {
-    fn as_str(self) -> &'static str {
+    /// Its name, as QEMU's `-accel` takes it.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Kvm => "kvm",
             Self::Tcg => "tcg",
@@ -97,12 +99,18 @@ pub fn kernel_release(kernel: &Path) -> Option<String> {
 }
 
 /// A guest's initramfs: the agent as `/init`, the directories it mounts the
-/// kernel's filesystems on, and the virtio modules of kernel `release` (from
-/// `modules_root`/RELEASE), numbered in the order they load.
-pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str) -> std::io::Result<Vec<u8>> {
+/// kernel's filesystems on, the virtio modules of kernel `release` (from
+/// `modules_root`/RELEASE), numbered in the order they load, and the host's
+/// files for the guest's root, from the mini-root `files`.
+pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str, files: Option<&Path>) -> std::io::Result<Vec<u8>> {
     let mut a = Archive::default();
-    for dir in ["dev", "proc", "sys", "lib", "lib/moat", "lib/moat/modules"] {
+    for dir in ["dev", "proc", "sys", "lib", "lib/moat", "lib/moat/modules", "moat"] {
         a.dir(dir, 0o755);
+    }
+    if let Some(files) = files {
+        let at = moat_agent::GUEST_FILES_DIR.trim_start_matches('/');
+        a.dir(at, 0o755);
+        a.tree(files, at)?;
     }
     a.file("init", 0o755, agent);
     let dir = modules_root.join(release);
@@ -194,7 +202,7 @@ fn exchange(
 }
 
 fn initramfs_bytes(agent: &Path, release: &str) -> std::io::Result<Vec<u8>> {
-    initramfs(&std::fs::read(agent)?, Path::new("/lib/modules"), release)
+    initramfs(&std::fs::read(agent)?, Path::new("/lib/modules"), release, None)
 }
 
 fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {

@@ -22,7 +22,7 @@ pub use network::NetworkHooks;
 pub use session::SessionGuard;
 pub use warm::WARM_ACCOUNT;
 
-use crate::backend::{Backend, BackendError, BoxHandle, ChangeSink};
+use crate::backend::{Backend, BackendError, BackendKind, BoxHandle, ChangeSink};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::{Limits, LimitsError};
 use crate::policy::Policy;
@@ -150,6 +150,8 @@ pub struct BoxSpec {
     pub limits: Limits,
     /// Its egress policy.
     pub policy: Policy,
+    /// What isolates it (`None`: the operator's default).
+    pub backend: Option<BackendKind>,
 }
 
 /// Progress lines for long work, sent to whoever is waiting.
@@ -180,6 +182,8 @@ pub struct ManagerConfig {
     /// Boxes kept booted ahead of demand (one per image, for the images `new`
     /// asked for last); 0: none.
     pub warm_boxes: usize,
+    /// What isolates a box whose `new` does not say.
+    pub default_backend: BackendKind,
 }
 
 impl Default for ManagerConfig {
@@ -194,6 +198,7 @@ impl Default for ManagerConfig {
             max_disk_per_account: 256 << 30,
             max_checkpoints: 32,
             warm_boxes: 1,
+            default_backend: BackendKind::Ns,
         }
     }
 }
@@ -256,6 +261,11 @@ impl BoxManager {
     /// Runs a store call (SQLite, with fsync on writes) off the async worker.
     fn db<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
         in_place(|| f(&self.store))
+    }
+
+    /// What isolates a box made to `spec`.
+    fn backend_of(&self, spec: &BoxSpec) -> BackendKind {
+        spec.backend.unwrap_or(self.config.default_backend)
     }
 
     fn lock_for(&self, id: &BoxId) -> Arc<tokio::sync::Mutex<()>> {
@@ -361,7 +371,8 @@ impl BoxManager {
             return made;
         }
         self.ensure_image(&spec.image, progress).await?;
-        let rec = self.db(|s| s.insert_new(account, &spec.name, &spec.image, spec.limits, now(), &spec.policy))?;
+        let made = (&spec.image, spec.limits, self.backend_of(&spec));
+        let rec = self.db(|s| s.insert_new(account, &spec.name, made, now(), &spec.policy))?;
         let rec = self
             .finish_new(rec, |b, r| {
                 b.create(r)?;

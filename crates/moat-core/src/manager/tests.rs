@@ -218,7 +218,7 @@ fn name(s: &str) -> Name {
 impl Fixture {
     async fn new_box(&self, n: &str) -> Result<BoxRecord, ManagerError> {
         let spec =
-            BoxSpec { name: name(n), image: name("busybox"), limits: Limits::default(), policy: Policy::default() };
+            BoxSpec { name: name(n), image: name("busybox"), limits: Limits::default(), policy: Policy::default(), backend: None };
         self.manager.create(&self.alice, spec, Box::new(|_: &str| {})).await
     }
     fn names(&self) -> Vec<String> {
@@ -317,6 +317,7 @@ async fn quotas_and_limits() {
         image: name("busybox"),
         limits: Limits { cpus, ..Limits::default() },
         policy: Policy::default(),
+        backend: None,
     };
     assert!(matches!(
         m.create(&f.alice, spec("a", 65), Box::new(|_: &str| {})).await,
@@ -333,7 +334,7 @@ async fn quotas_and_limits() {
     assert!(matches!(m.get(&bob, &name("a")), Ok(r) if r.account == bob));
     assert!(m.remove(&bob, &name("b")).await.is_err());
     let unknown =
-        BoxSpec { name: name("c"), image: name("nope"), limits: Limits::default(), policy: Policy::default() };
+        BoxSpec { name: name("c"), image: name("nope"), limits: Limits::default(), policy: Policy::default(), backend: None };
     let created = f.manager.create(&bob, unknown, Box::new(|_: &str| {})).await;
     assert!(matches!(created, Err(ManagerError::NoSuchImage(_))), "{created:?}");
 }
@@ -347,7 +348,7 @@ async fn restart_recovery() {
     let half = f
         .manager
         .store
-        .insert_new(&f.alice, &name("half"), &name("busybox"), Limits::default(), 0, &Policy::default())
+        .insert_new(&f.alice, &name("half"), (&name("busybox"), Limits::default(), crate::BackendKind::Ns), 0, &Policy::default())
         .unwrap();
     f.backend.create(&half).unwrap();
     // A box whose processes died while the daemon was down.
@@ -592,6 +593,7 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
         image: name("busybox"),
         limits: Limits::default(),
         policy: Policy::default(),
+        backend: None,
     };
     // At start, a box of an image not built is not made; of a built one, it is.
     warm.prepare_warm(&name("nope"));

@@ -63,7 +63,9 @@ impl BoxManager {
         let warm = {
             let mut warm = self.warm();
             match warm.ready.get(&spec.image) {
-                Some(w) if w.limits == spec.limits => warm.ready.remove(&spec.image),
+                Some(w) if w.limits == spec.limits && w.backend == self.backend_of(spec) => {
+                    warm.ready.remove(&spec.image)
+                }
                 _ => None,
             }
         }?;
@@ -197,8 +199,9 @@ impl BoxManager {
         let _ = getrandom::fill(&mut id);
         let name =
             Name::new(&format!("warm-{}", hex::encode(id))).map_err(|_| ManagerError::NameTooLong("warm".into()))?;
+        let made = (image, Limits::default(), self.config.default_backend);
         let rec =
-            self.db(|s| s.insert_new(&warm_account(), &name, image, Limits::default(), now(), &Policy::default()))?;
+            self.db(|s| s.insert_new(&warm_account(), &name, made, now(), &Policy::default()))?;
         let r = rec.clone();
         let booted = self
             .blocking(move |b| {

@@ -9,7 +9,7 @@ use moat_api::PolicyChange;
 use moat_core::limits::parse_size;
 use moat_core::policy::{HostName, Rule, PRESETS};
 use moat_core::secrets::{Limit, LimitKind, SecretSpec};
-use moat_core::{Limits, Name};
+use moat_core::{BackendKind, Limits, Name};
 
 /// What `help` prints.
 pub const HELP: &str = "\
@@ -19,8 +19,9 @@ usage: ssh HOST COMMAND [ARGS]
 
 commands:
   new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--idle SECONDS]
-         [--policy PRESET] [--ask]
-                      create a box (image 'debian' unless told, built on first use)
+         [--policy PRESET] [--ask] [--backend ns|vm]
+                      create a box (image 'debian' unless told, built on first use;
+                      vm: a kernel of its own, ns: namespaces; the server's default unless told)
   ls [--json]         list your boxes
   info NAME [--json]  show one box
   rm NAME             stop and delete a box and its files
@@ -95,6 +96,8 @@ pub enum Command {
         policy: Option<String>,
         /// Ask mode from the start.
         ask: bool,
+        /// What isolates it, if not the server's default.
+        backend: Option<BackendKind>,
     },
     /// `ls [--json]`
     Ls {
@@ -456,6 +459,7 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
     let mut idle = None;
     let mut policy = None;
     let mut ask = false;
+    let mut backend = None;
     let mut rest = args.get(1..).unwrap_or_default().iter();
     while let Some(flag) = rest.next() {
         if flag == "--ask" {
@@ -477,11 +481,16 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
             "--policy" => policy = Some(preset_arg("new: --policy", &value()?)?),
             "--disk" => limits.disk = parse_size(&value()?).map_err(|e| usage(format!("new: --disk: {e}")))?,
             "--memory" => limits.memory = parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?,
+            "--backend" => {
+                let v = value()?;
+                let kind = BackendKind::parse(&v).ok_or_else(|| usage(format!("new: --backend: {v:?} is not ns or vm")))?;
+                backend = Some(kind);
+            }
             other => return Err(usage(format!("new: unknown flag {other:?}"))),
         }
     }
     limits.validate().map_err(|e| usage(format!("new: {e}")))?;
-    Ok(Command::New { name, image, limits, idle, policy, ask })
+    Ok(Command::New { name, image, limits, idle, policy, ask, backend })
 }
 
 fn preset_arg(what: &str, value: &str) -> Result<String, UsageError> {
@@ -741,8 +750,12 @@ mod tests {
                 idle: None,
                 policy: None,
                 ask: false,
+                backend: None,
             }
         );
+        let Command::New { backend, .. } = p("new web --backend vm").unwrap() else { panic!("not new") };
+        assert_eq!(backend, Some(BackendKind::Vm));
+        assert!(p("new web --backend kvm").is_err());
     }
 
     #[test]

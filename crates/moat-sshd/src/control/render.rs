@@ -16,16 +16,17 @@ pub fn boxes(boxes: &[BoxInfo], json: bool) -> String {
         return to_json(&boxes);
     }
     let mut out = format!(
-        "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}  {}\n",
-        "NAME", "STATE", "IMAGE", "CPUS", "MEMORY", "PIDS", "PARENT"
+        "{:<24} {:<9} {:<10} {:<7} {:>4} {:>8} {:>6}  {}\n",
+        "NAME", "STATE", "IMAGE", "BACKEND", "CPUS", "MEMORY", "PIDS", "PARENT"
     );
     for b in boxes {
         let _ = writeln!(
             out,
-            "{:<24} {:<9} {:<10} {:>4} {:>8} {:>6}  {}",
+            "{:<24} {:<9} {:<10} {:<7} {:>4} {:>8} {:>6}  {}",
             b.name,
             b.state,
             b.image,
+            b.backend,
             b.limits.cpus,
             format_size(b.limits.memory),
             b.limits.pids,
@@ -46,13 +47,14 @@ pub fn info(b: &BoxInfo, json: bool) -> String {
         (None, false) => "-".to_string(),
     };
     format!(
-        "name:     {}\nid:       {}\nstate:    {} (since {})\nidle:     {}\nimage:    {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
+        "name:     {}\nid:       {}\nstate:    {} (since {})\nidle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
         b.name,
         b.id,
         b.state,
         b.state_since,
         idle_rule(b),
         b.image,
+        b.backend,
         b.limits.cpus,
         format_size(b.limits.memory),
         b.limits.pids,

@@ -34,8 +34,8 @@ pub async fn run(
     let mut answered = None;
     let (request, json) = match cmd {
         Command::Help => return print(out, HELP.to_string()).await,
-        Command::New { name, image, limits, idle, policy, ask } => {
-            (Request::Create { account, name, image, limits, idle, policy, ask }, false)
+        Command::New { name, image, limits, idle, policy, ask, backend } => {
+            (Request::Create { account, name, image, limits, idle, policy, ask, backend }, false)
         }
         Command::Ask { json } => {
             answers = true;

@@ -1,13 +1,13 @@
 //! PID 1 of a microVM guest: the agent run as the initramfs's `/init`.
 //!
 //! It mounts the kernel's own filesystems, loads the modules the initramfs
-//! carries (the virtio drivers), makes the first virtio disk its root, says
-//! on the console which virtio devices it found, what its disk holds and
-//! which kernel it runs on; then it serves the agent protocol on the
-//! virtio-serial port [`AGENT_PORT`] (streams multiplexed over it) until the
-//! host ends the machine, or powers it off if there is no such port. (The
-//! microVM backend that boots boxes this way is issue 12; `moat doctor`
-//! boots one today.)
+//! carries (the virtio drivers), brings up its network, makes the first
+//! virtio disk its root (grown to fill the disk, with the host's files for
+//! it written in), says on the console which virtio devices it found, what
+//! its disk holds and which kernel it runs on; then it serves the agent
+//! protocol on the virtio-serial port [`AGENT_PORT`] (streams multiplexed
+//! over it) until the host ends the machine, or powers it off if there is
+//! no such port.
 //!
 //! [`AGENT_PORT`]: moat_agent::AGENT_PORT
 
@@ -75,6 +75,10 @@ fn root_disk() -> Option<String> {
     if let Err(e) = mount(Some("/dev/vda"), "/disk", Some("ext4"), MsFlags::empty(), None::<&str>) {
         return Some(format!("not mounted ({e})"));
     }
+    if let Err(e) = grow("/disk") {
+        eprintln!("moat-agent: grow the root file system: {e}");
+    }
+    crate::host_files::put_tree(std::path::Path::new(moat_agent::GUEST_FILES_DIR), std::path::Path::new("/disk"));
     let entries = std::fs::read_dir("/disk").map(Iterator::count).unwrap_or(0);
     let shell = std::fs::symlink_metadata("/disk/bin/sh").is_ok();
     let switched = match switch_root("/disk") {
@@ -83,6 +87,52 @@ fn root_disk() -> Option<String> {
     };
     let shell = if shell { "present" } else { "missing" };
     Some(format!("ext4, {entries} entries at its root, /bin/sh {shell}, {switched}"))
+}
+
+/// Grows the ext4 file system mounted at `mount` to fill its disk (the
+/// host sizes a box's disk file to its disk limit; the image's file system
+/// inside is smaller).
+fn grow(mount: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// `EXT4_IOC_RESIZE_FS`: `_IOW('f', 16, __u64)`.
+    const EXT4_IOC_RESIZE_FS: libc::Ioctl = 0x4008_6610;
+    let sectors: u64 = std::fs::read_to_string("/sys/block/vda/size")?.trim().parse().map_err(std::io::Error::other)?;
+    let block = nix::sys::statvfs::statvfs(mount)?.block_size();
+    let blocks: u64 = sectors * 512 / block.max(1);
+    let dir = std::fs::File::open(mount)?;
+    // SAFETY: the ioctl reads one u64 we own, on an open directory of the file system.
+    if unsafe { libc::ioctl(dir.as_raw_fd(), EXT4_IOC_RESIZE_FS, &blocks) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// What a box's processes need mounted besides the kernel's own file
+/// systems: terminals, shared memory, `/run` and `/tmp` in memory, and the
+/// `/dev` links programs expect.
+fn mount_box_filesystems() {
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for (source, target, fstype, flags, data) in [
+        ("devpts", "/dev/pts", "devpts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, "ptmxmode=0666,mode=0620,gid=5"),
+        ("tmpfs", "/dev/shm", "tmpfs", nosuid, "mode=1777"),
+        ("tmpfs", "/run", "tmpfs", nosuid, "mode=755"),
+    ] {
+        let _ = std::fs::create_dir_all(target);
+        if let Err(e) = mount(Some(source), target, Some(fstype), flags, Some(data)) {
+            eprintln!("moat-agent: mount {target}: {e}");
+        }
+    }
+    for (link, target) in [
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+    ] {
+        let _ = std::os::unix::fs::symlink(target, link);
+    }
+    if let Ok(name) = std::fs::read_to_string("/etc/hostname") {
+        let _ = nix::unistd::sethostname(name.trim());
+    }
 }
 
 /// Makes `new` the root: the kernel's filesystems move into it, it moves
@@ -132,12 +182,17 @@ pub fn run(serve: impl Fn(UnixStream) + Send + Sync + 'static) -> ! {
         }
     }
     load_modules();
+    if let Err(e) = crate::guest_net::configure() {
+        eprintln!("moat-agent: network: {e}");
+    }
     let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{} {}", moat_agent::GUEST_DEVICES, virtio_devices().join(" "));
     if let Some(disk) = root_disk() {
         let _ = writeln!(out, "{} {disk}", moat_agent::GUEST_DISK);
+        mount_box_filesystems();
+        crate::login::alias_root_as_host_name();
     }
     let _ = writeln!(out, "{} {release}", moat_agent::GUEST_UP);
     let _ = out.flush();

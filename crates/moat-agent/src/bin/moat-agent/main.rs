@@ -4,13 +4,18 @@
 //! per connection (see `moat_agent::protocol`), and reaps every orphan in the box.
 //! It is built as a static binary so it runs in any image, libc or not.
 
-// `unsafe` lives in four places: fork and exec (spawn), the terminal size
-// ioctl (exec), the seccomp listener's ioctls (statfs), and taking the
-// inherited listening socket (here).
+// `unsafe` lives in six places: fork and exec (spawn), the terminal size
+// ioctl (exec), the seccomp listener's ioctls (statfs), a guest's network
+// and file system ioctls (guest_net, guest), and taking the inherited
+// listening socket (here).
 #[allow(unsafe_code)]
 mod exec;
 mod frames;
+#[allow(unsafe_code)]
 mod guest;
+#[allow(unsafe_code)]
+mod guest_net;
+mod host_files;
 mod login;
 mod reaper;
 #[allow(unsafe_code)]
@@ -76,6 +81,12 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
         Ok(Some(HostMsg::Exec(req))) => exec::run(req, reader, stream, reaper),
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
+        Ok(Some(HostMsg::PutFile { path, mode, data })) => {
+            match host_files::put(std::path::Path::new("/"), &path, mode, &data) {
+                Ok(()) => frames::send(&stream, &AgentMsg::Pong),
+                Err(e) => frames::send(&stream, &AgentMsg::Error(format!("write /{path}: {e}"))),
+            }
+        }
         Ok(Some(HostMsg::Disk { limit, used })) => {
             statfs::set(limit, used);
             Ok(())

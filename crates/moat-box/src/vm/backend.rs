@@ -1,0 +1,376 @@
+//! The microVM backend: a box is a guest on QEMU's `microvm` machine with
+//! a kernel of its own, its root an ext4 disk file in the box's subvolume
+//! (a reflink of its image's disk: copy-on-write, like a namespace box's
+//! snapshot), reached over virtio-serial through its supervisor
+//! ([`super::supervise`]). The pool, quotas, cgroups, checkpoints and
+//! freezing are the namespace backend's; only what runs differs.
+//!
+//! The host never mounts a guest's disk (a file system a guest wrote is
+//! hostile input to the host's kernel): what moat writes into a box goes
+//! through the host's mini-root of files for it ([`super::files`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use moat_core::backend::Progress;
+use moat_core::{
+    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading,
+    Name, NetAttach,
+};
+
+use crate::ns::cgroup::CgroupLayout;
+use crate::pool::Pool;
+use crate::vm::probe::Accel;
+use crate::vm::qemu::{self, Machine};
+use crate::vm::supervise::{self, VmPlan};
+use crate::vm::{disk, files};
+use crate::{identity, image};
+
+/// Where the backend finds its parts.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// Per-box run directories (sockets, console logs, initramfs) live here.
+    pub run_dir: PathBuf,
+    /// The program run as `<helper> box-vm` (the moat binary).
+    pub helper: PathBuf,
+    /// The static moat-agent binary, the guest's `/init`.
+    pub agent: PathBuf,
+    /// The guest kernel (`vmlinuz-RELEASE`; modules from /lib/modules/RELEASE).
+    pub kernel: PathBuf,
+    /// An initramfs unpacked before moat's (modules, firmware), if any.
+    pub initrd: Option<PathBuf>,
+    /// `qemu-system-x86_64`.
+    pub qemu: PathBuf,
+    /// How guests' CPUs run here.
+    pub accel: Accel,
+    /// Most bytes one account's boxes may write, together.
+    pub account_disk: u64,
+}
+
+/// A guest gets this long to come up (TCG boots here take ~2 s; a loaded
+/// host more).
+const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the guest's agent may take to take a file.
+const PUT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Room a disk's file takes beyond the disk (the mini-root, metadata).
+const DISK_SLACK: u64 = 64 << 20;
+/// The files a running guest is handed again when they may have changed.
+const LIVE_FILES: &[&str] = &["etc/hostname", "etc/hosts", "etc/environment"];
+
+/// The microVM backend.
+pub struct VmBackend {
+    pool: Arc<Pool>,
+    cgroups: CgroupLayout,
+    config: VmConfig,
+    /// Held while an image's disk is made.
+    bases: Mutex<()>,
+}
+
+impl VmBackend {
+    /// A backend sharing the namespace backend's pool and cgroups.
+    pub fn new(pool: Arc<Pool>, cgroups: CgroupLayout, config: VmConfig) -> Result<Self, BackendError> {
+        std::fs::create_dir_all(&config.run_dir)
+            .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
+        Ok(Self { pool, cgroups, config, bases: Mutex::new(()) })
+    }
+
+    fn box_run_dir(&self, rec: &BoxRecord) -> PathBuf {
+        self.config.run_dir.join(rec.id.as_str())
+    }
+
+    fn disk_path(&self, rec: &BoxRecord) -> PathBuf {
+        self.pool.box_path(&rec.id).join("disk.raw")
+    }
+
+    fn files(&self, rec: &BoxRecord) -> PathBuf {
+        files::dir(&self.pool.box_path(&rec.id))
+    }
+
+    /// The disk of this build of `image`, made from its tree the first time.
+    fn base(&self, image: &Name) -> Result<PathBuf, BackendError> {
+        let dev = self.pool.image_dev(image).ok_or_else(|| BackendError::msg(format!("image {image} is not built")))?;
+        let base = self.pool.vm_bases_dir().join(format!("{image}-{dev}.raw"));
+        let _held = self.bases.lock().unwrap_or_else(PoisonError::into_inner);
+        if base.exists() {
+            return Ok(base);
+        }
+        let dir = self.pool.vm_bases_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| BackendError::new(format!("create {}", dir.display()), e))?;
+        // Disks of older builds of the image go (boxes made from them keep their reflinks).
+        for old in std::fs::read_dir(&dir).into_iter().flatten().filter_map(Result::ok) {
+            if old.file_name().to_string_lossy().starts_with(&format!("{image}-")) {
+                let _ = std::fs::remove_file(old.path());
+            }
+        }
+        let partial = base.with_extension("partial");
+        disk::ext4_image(&self.pool.image_path(image), &partial)
+            .and_then(|()| std::fs::rename(&partial, &base))
+            .map_err(|e| BackendError::new(format!("make a disk of image {image}"), e))?;
+        Ok(base)
+    }
+
+    /// Gives a box directory (new, or a copy) its disk limits and a fresh
+    /// identity in its mini-root (its CA key kept on the host); on failure
+    /// the directory is deleted again.
+    fn make_own(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let result = self
+            .pool
+            .set_disk_limit(&rec.id, rec.limits.disk + DISK_SLACK)
+            .and_then(|()| self.pool.charge_account(&rec.id, &rec.account, self.config.account_disk))
+            .map_err(|e| BackendError::new("limit disk use", e))
+            .and_then(|()| identity::mint(&self.files(rec), &rec.name).map_err(|e| BackendError::new("mint identity", e)))
+            .and_then(|ca_key| {
+                self.pool.store_ca_key(&rec.id, &ca_key).map_err(|e| BackendError::new("store the box's CA key", e))
+            });
+        if result.is_err() {
+            let _ = self.pool.delete_box(&rec.id);
+        }
+        result
+    }
+
+    /// A new box's directory: its disk a reflink of the image's, as large as
+    /// its disk limit (the guest grows its file system to fill it), and its
+    /// mini-root seeded from the image.
+    fn make_box_dir(&self, rec: &BoxRecord, base: &Path) -> std::io::Result<()> {
+        let disk = std::fs::OpenOptions::new().write(true).create_new(true).open(self.disk_path(rec))?;
+        crate::sys::reflink(&std::fs::File::open(base)?, &disk)?;
+        let size = disk.metadata()?.len();
+        if rec.limits.disk < size {
+            return Err(std::io::Error::other(format!(
+                "a disk limit of {} is below the image's {}",
+                moat_core::limits::format_size(rec.limits.disk),
+                moat_core::limits::format_size(size)
+            )));
+        }
+        disk.set_len(rec.limits.disk)?;
+        files::seed(&self.files(rec), &self.pool.image_path(&rec.image))
+    }
+
+    /// The box's initramfs, written to its run directory for QEMU (running as
+    /// the box's uid) alone to read.
+    fn write_initramfs(&self, rec: &BoxRecord, run_dir: &Path) -> Result<PathBuf, BackendError> {
+        use std::os::unix::fs::PermissionsExt;
+        let fail = |what: &str| {
+            let what = what.to_string();
+            move |e: std::io::Error| BackendError::new(what, e)
+        };
+        let release = crate::vm::probe::kernel_release(&self.config.kernel).unwrap_or_default();
+        let agent = std::fs::read(&self.config.agent).map_err(fail("read the agent"))?;
+        let ours = crate::vm::probe::initramfs(&agent, Path::new("/lib/modules"), &release, Some(&self.files(rec)))
+            .map_err(fail("make the initramfs"))?;
+        let mut bytes = match &self.config.initrd {
+            Some(extra) => std::fs::read(extra).map_err(fail("read --initrd"))?,
+            None => Vec::new(),
+        };
+        // Archives are unpacked in turn; moat's last, so that its /init wins.
+        bytes.extend_from_slice(&ours);
+        let path = run_dir.join("initramfs.cpio");
+        let _ = std::fs::remove_file(&path);
+        std::fs::write(&path, &bytes).map_err(fail("write the initramfs"))?;
+        std::os::unix::fs::chown(&path, Some(rec.uid_base()), Some(rec.uid_base()))
+            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)))
+            .map_err(fail("hand the initramfs to the box's uid"))?;
+        Ok(path)
+    }
+
+    fn machine(&self, rec: &BoxRecord) -> Machine {
+        let memory_mib = (rec.limits.memory >> 20).saturating_sub(qemu::OVERHEAD_MIB).max(qemu::MIN_GUEST_MIB);
+        Machine {
+            accel: self.config.accel,
+            memory_mib,
+            cpus: rec.limits.cpus.max(1),
+            cmdline: qemu::cmdline(self.config.accel, crate::vm::probe::host_tsc_khz()),
+            mac: qemu::random_mac(),
+            incoming: false,
+        }
+    }
+
+    fn boot(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
+        let run_dir = self.box_run_dir(rec);
+        std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
+        let initramfs = self.write_initramfs(rec, &run_dir)?;
+        self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
+        let plan = VmPlan {
+            qemu: self.config.qemu.clone(),
+            kernel: self.config.kernel.clone(),
+            initramfs,
+            disk: self.disk_path(rec),
+            run_dir,
+            machine: self.machine(rec),
+            uid: rec.uid_base(),
+            cgroup_procs: self.cgroups.procs_files(&rec.id),
+            incoming: None,
+            boot_timeout_ms: BOOT_TIMEOUT.as_millis() as u64,
+        };
+        let json = serde_json::to_vec(&plan).map_err(|e| BackendError::new("encode the plan", e))?;
+        crate::ns::run_helper(&self.config.helper, "box-vm", &json).inspect_err(|_| {
+            let _ = self.cgroups.destroy(&rec.id);
+        })
+    }
+
+    fn handle_for(&self, rec: &BoxRecord, pid: u32) -> BoxHandle {
+        BoxHandle {
+            pid,
+            agent: AgentAddr::Unix(supervise::agent_socket(&self.box_run_dir(rec))),
+            network: NetAttach::Netns(format!("/proc/{pid}/ns/net").into()),
+            ca_key: Some(self.pool.ca_key_path(&rec.id)).filter(|p| p.exists()),
+        }
+    }
+
+    /// Hands a running, unfrozen guest the files of its mini-root that may
+    /// have changed; a box not running gets them at its next boot.
+    fn push_files(&self, rec: &BoxRecord, paths: &[&str]) -> Result<(), BackendError> {
+        if !self.is_running(rec) || self.cgroups.is_frozen(&rec.id) {
+            return Ok(());
+        }
+        files::push(&supervise::agent_socket(&self.box_run_dir(rec)), &self.files(rec), paths, PUT_TIMEOUT)
+            .map_err(|e| BackendError::new(format!("hand {} its files", rec.name), e))
+    }
+}
+
+impl Backend for VmBackend {
+    fn has_image(&self, image: &Name) -> bool {
+        self.pool.has_image(image)
+    }
+
+    fn build_image(&self, name: &Name, progress: Progress<'_>) -> Result<(), BackendError> {
+        image::build(&self.pool, name, progress).map_err(|e| BackendError::new(format!("build image {name}"), e))
+    }
+
+    fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let base = self.base(&rec.image)?;
+        self.pool.create_box(&rec.id).map_err(|e| BackendError::new("create the box's subvolume", e))?;
+        if let Err(e) = self.make_box_dir(rec, &base) {
+            let _ = self.pool.delete_box(&rec.id);
+            return Err(BackendError::new("make the box's disk", e));
+        }
+        self.make_own(rec)
+    }
+
+    fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
+        self.pool.finish_restore_of(&rec.id).map_err(|e| BackendError::new("finish the box's restore", e))?;
+        let pid = self.boot(rec)?;
+        Ok(self.handle_for(rec, pid))
+    }
+
+    fn is_running(&self, rec: &BoxRecord) -> bool {
+        !self.cgroups.pids(&rec.id).is_empty()
+    }
+
+    fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
+        let pids = self.cgroups.pids(&rec.id);
+        let pids: Vec<u32> = pids.into_iter().filter_map(|p| u32::try_from(p).ok()).collect();
+        let pid = rec.pid.filter(|p| pids.contains(p)).or_else(|| pids.first().copied())?;
+        Some(self.handle_for(rec, pid))
+    }
+
+    fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
+    }
+
+    fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        self.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box files", e))?;
+        match std::fs::remove_dir_all(self.box_run_dir(rec)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {
+        if vars.is_empty() {
+            return Ok(());
+        }
+        let dir: std::os::fd::OwnedFd = std::fs::File::open(self.files(rec))
+            .map_err(|e| BackendError::new("open the box's files", e))?
+            .into();
+        crate::environment::update(&dir, vars).map_err(|e| BackendError::new("write the box's /etc/environment", e))?;
+        self.push_files(rec, &["etc/environment"])
+    }
+
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+        // Frozen, QEMU writes nothing during the snapshot: the copy's disk is
+        // one instant of the source's, as a power cut would leave it.
+        let copied = crate::ns::while_frozen(&self.cgroups, src, || {
+            fault::point("dup-while-frozen");
+            self.pool.snapshot_box(&src.id, &dst.id).map(drop)
+        });
+        if let Err(e) = copied {
+            let _ = self.pool.delete_box(&dst.id);
+            return Err(e);
+        }
+        fault::point("dup-after-snapshot");
+        self.make_own(dst)
+    }
+
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord, _out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
+        Err(BackendError::msg(format!(
+            "diff of {} and {}: the files of VM boxes are not compared yet (the host never reads a guest's disk)",
+            a.name, b.name
+        )))
+    }
+
+    fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        crate::ns::while_frozen(&self.cgroups, rec, || {
+            fault::point("checkpoint-while-frozen");
+            self.pool.save_checkpoint(&owner(rec), label.as_str())
+        })
+    }
+
+    fn checkpoints(&self, rec: &BoxRecord, held: bool) -> Vec<Checkpoint> {
+        self.pool.checkpoints(&rec.id, held)
+    }
+
+    fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
+        self.pool
+            .restore_checkpoint(&owner(rec), label.as_str(), before.as_str())
+            .map_err(|e| BackendError::new(format!("restore {} to {label}", rec.name), e))?;
+        identity::rename_if_changed(&self.files(rec), &rec.name).map_err(|e| BackendError::new("rename box", e))
+    }
+
+    fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        self.pool
+            .delete_checkpoint(&rec.id, label.as_str())
+            .map_err(|e| BackendError::new(format!("delete checkpoint {label} of {}", rec.name), e))
+    }
+
+    fn adopt(&self, rec: &BoxRecord, from: &AccountId) -> Result<(), BackendError> {
+        self.pool
+            .move_charge(&rec.id, from, &rec.account, self.config.account_disk)
+            .map_err(|e| BackendError::new("charge the box's disk use to its owner", e))?;
+        identity::rename(&self.files(rec), &rec.name).map_err(|e| BackendError::new("name the box", e))?;
+        self.push_files(rec, LIVE_FILES)
+    }
+
+    fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
+        identity::rename(&self.files(rec), name).map_err(|e| BackendError::new("rename box", e))
+    }
+
+    fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
+        // What changed while it was frozen.
+        self.push_files(rec, LIVE_FILES)
+    }
+
+    fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups.freeze(&rec.id).map(|_| ()).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))
+    }
+
+    fn meter(&self, rec: &BoxRecord) -> Option<MeterReading> {
+        self.cgroups.meter(&rec.id)
+    }
+
+    fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
+        self.pool.exclusive_bytes(&rec.id)
+    }
+
+    fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
+        self.pool.account_bytes(account)
+    }
+}
+
+fn owner(rec: &BoxRecord) -> crate::checkpoint::Owner<'_> {
+    crate::checkpoint::Owner { id: &rec.id, account: &rec.account, disk_limit: rec.limits.disk + DISK_SLACK }
+}

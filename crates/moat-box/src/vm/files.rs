@@ -1,0 +1,113 @@
+//! The host's side of a VM box's files: a mini-root kept beside its disk
+//! (`files/` in the box's subvolume) holding what moat writes into a box
+//! (host name, machine-id, host keys, the CA it trusts, `/etc/environment`,
+//! where to ask for names). Only the host writes it, so the same code that
+//! writes a namespace box's root writes it, and nothing the guest did is
+//! ever read back: the guest gets these files in its initramfs at boot and
+//! by `PutFile` while it runs, and writes them onto its own disk.
+
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use moat_agent::protocol::{AgentMsg, HostMsg};
+
+use crate::identity::{dir_in_root, read_in_root, write_in_root};
+
+/// The files of an image a box's mini-root starts from: those that moat
+/// edits rather than writes whole.
+const SEEDED: &[&str] = &[
+    "etc/environment",
+    "etc/ssl/certs/ca-certificates.crt",
+    "var/lib/systemd/random-seed",
+    "etc/ssh/ssh_host_rsa_key",
+    "etc/ssh/ssh_host_ecdsa_key",
+    "etc/ssh/ssh_host_ed25519_key",
+];
+
+/// The largest seeded file read from an image.
+const MAX_SEED: u64 = 1 << 20;
+
+/// The mini-root in a VM box's directory.
+pub fn dir(box_dir: &Path) -> PathBuf {
+    box_dir.join("files")
+}
+
+/// Makes `files` (a new directory) the mini-root of a box of the image
+/// whose tree is `image`: the image's copies of the files moat edits, and a
+/// resolver at the guest's router (where every name is asked for anyway).
+pub fn seed(files: &Path, image: &Path) -> io::Result<()> {
+    std::fs::create_dir(files)?;
+    let from: OwnedFd = std::fs::File::open(image)?.into();
+    let to: OwnedFd = std::fs::File::open(files)?.into();
+    for rel in SEEDED {
+        let Some(data) = read_in_root(&from, rel, MAX_SEED)? else { continue };
+        let mut parent = String::new();
+        for part in rel.split('/').collect::<Vec<_>>().split_last().map(|(_, dirs)| dirs.to_vec()).unwrap_or_default() {
+            parent = if parent.is_empty() { part.to_string() } else { format!("{parent}/{part}") };
+            dir_in_root(&to, &parent)?;
+        }
+        let mode = if rel.ends_with("_key") || rel.ends_with("random-seed") { 0o600 } else { 0o644 };
+        write_in_root(&to, rel, &data, mode)?;
+    }
+    dir_in_root(&to, "etc")?;
+    let resolver = format!("nameserver {}\n", moat_agent::GUEST_ROUTER);
+    write_in_root(&to, "etc/resolv.conf", resolver.as_bytes(), 0o644)
+}
+
+/// Hands `paths` of the mini-root `files` to the running guest whose agent
+/// is at `socket`; waits at most `timeout` for each.
+pub fn push(socket: &Path, files: &Path, paths: &[&str], timeout: Duration) -> io::Result<()> {
+    let root: OwnedFd = std::fs::File::open(files)?.into();
+    for rel in paths {
+        let Some(data) = read_in_root(&root, rel, moat_agent::protocol::MAX_FRAME as u64 / 2)? else { continue };
+        let mode = std::fs::metadata(files.join(rel)).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))?;
+        put(socket, rel, mode & 0o7777, data, timeout)?;
+    }
+    Ok(())
+}
+
+fn put(socket: &Path, rel: &str, mode: u32, data: Vec<u8>, timeout: Duration) -> io::Result<()> {
+    let mut conn = std::os::unix::net::UnixStream::connect(socket)?;
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
+    conn.write_all(&HostMsg::PutFile { path: rel.to_string(), mode, data }.encode())?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some((msg, _)) = AgentMsg::decode(&buf).map_err(io::Error::other)? {
+            return match msg {
+                AgentMsg::Pong => Ok(()),
+                AgentMsg::Error(e) => Err(io::Error::other(e)),
+                other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+            };
+        }
+        let n = conn.read(&mut chunk)?;
+        if n == 0 || buf.len() > 64 << 10 {
+            return Err(io::Error::other(format!("no answer to writing /{rel}")));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mini_root_takes_only_the_edited_files_of_its_image() {
+        let image = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(image.path().join("etc/ssh")).unwrap();
+        std::fs::write(image.path().join("etc/environment"), "PATH=/bin\n").unwrap();
+        std::fs::write(image.path().join("etc/ssh/ssh_host_ed25519_key"), "old").unwrap();
+        std::fs::write(image.path().join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
+        let files = out.path().join("files");
+        seed(&files, image.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(files.join("etc/environment")).unwrap(), "PATH=/bin\n");
+        assert!(files.join("etc/ssh/ssh_host_ed25519_key").exists());
+        assert!(!files.join("etc/passwd").exists());
+        assert!(std::fs::read_to_string(files.join("etc/resolv.conf")).unwrap().contains("169.254.0.1"));
+    }
+}

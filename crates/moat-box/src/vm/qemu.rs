@@ -1,0 +1,239 @@
+//! QEMU as a box's VMM: the command line of a `microvm` machine with only
+//! the devices a box needs, and QMP, its control channel.
+//!
+//! QEMU opens nothing by path that the host keeps private: every file and
+//! socket it uses is a descriptor its supervisor hands it (see
+//! [`Fds`]), so it can run as a uid of its own that may enter no directory
+//! of moat's.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::vm::probe::Accel;
+
+/// Where QEMU finds what its supervisor hands it.
+pub struct Fds;
+
+impl Fds {
+    /// The kernel, read through `/proc/self/fd`.
+    pub const KERNEL: i32 = 3;
+    /// The initramfs, likewise.
+    pub const INITRAMFS: i32 = 4;
+    /// The root disk, opened read-write, in fd set 1.
+    pub const DISK: i32 = 5;
+    /// A connected socket: the agent's virtio-serial port.
+    pub const AGENT: i32 = 6;
+    /// The tap device: the guest's network link.
+    pub const TAP: i32 = 7;
+    /// A listening socket: QMP.
+    pub const QMP: i32 = 8;
+    /// A saved machine to resume (`-incoming`), when there is one.
+    pub const INCOMING: i32 = 9;
+}
+
+/// What a box's machine is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    /// How its CPUs run.
+    pub accel: Accel,
+    /// Guest memory.
+    pub memory_mib: u64,
+    /// Virtual CPUs.
+    pub cpus: u32,
+    /// The kernel's command line.
+    pub cmdline: String,
+    /// The guest's MAC address.
+    pub mac: String,
+    /// Resume a saved machine from [`Fds::INCOMING`] rather than boot.
+    pub incoming: bool,
+}
+
+/// Memory QEMU itself needs beside the guest's (with TCG, its translation
+/// cache is bounded to [`TCG_CACHE_MIB`] of it).
+pub const OVERHEAD_MIB: u64 = 160;
+/// TCG's translated-code cache.
+const TCG_CACHE_MIB: u64 = 64;
+/// The least memory a guest gets.
+pub const MIN_GUEST_MIB: u64 = 128;
+
+/// The kernel command line of a box's guest: its console, no reboot on
+/// panic, and under TCG the host's TSC rate (calibrating it there hangs a
+/// share of boots).
+pub fn cmdline(accel: Accel, tsc_khz: Option<u64>) -> String {
+    let mut line = String::from("console=ttyS0 quiet panic=-1 rootfstype=ext4");
+    if let (Accel::Tcg, Some(khz)) = (accel, tsc_khz) {
+        line.push_str(&format!(" tsc_early_khz={khz}"));
+    }
+    line
+}
+
+/// QEMU's arguments for `machine`, its files and sockets at [`Fds`].
+pub fn args(machine: &Machine) -> Vec<String> {
+    let accel = match machine.accel {
+        Accel::Kvm => "kvm".to_string(),
+        Accel::Tcg => format!("tcg,tb-size={TCG_CACHE_MIB}"),
+    };
+    let mut args: Vec<String> = [
+        "-M",
+        "microvm,x-option-roms=off,rtc=off",
+        "-accel",
+        &accel,
+        "-m",
+        &machine.memory_mib.to_string(),
+        "-smp",
+        &machine.cpus.to_string(),
+        "-nodefaults",
+        "-no-user-config",
+        "-nographic",
+        "-no-reboot",
+        "-serial",
+        "stdio",
+        // No new processes, no privileges, no host resource changes.
+        "-sandbox",
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "-kernel",
+        &format!("/proc/self/fd/{}", Fds::KERNEL),
+        "-initrd",
+        &format!("/proc/self/fd/{}", Fds::INITRAMFS),
+        "-append",
+        &machine.cmdline,
+        "-add-fd",
+        &format!("fd={},set=1", Fds::DISK),
+        "-drive",
+        "if=none,id=root,format=raw,file=/dev/fdset/1,discard=unmap",
+        "-device",
+        "virtio-blk-device,drive=root",
+        "-device",
+        "virtio-rng-device",
+        "-device",
+        "virtio-serial-device",
+        "-chardev",
+        &format!("socket,id=agent,fd={}", Fds::AGENT),
+        "-device",
+        &format!("virtserialport,chardev=agent,name={}", moat_agent::AGENT_PORT),
+        "-netdev",
+        &format!("tap,id=net,fd={}", Fds::TAP),
+        "-device",
+        &format!("virtio-net-device,netdev=net,mac={}", machine.mac),
+        "-chardev",
+        &format!("socket,id=qmp,fd={},server=on,wait=off", Fds::QMP),
+        "-mon",
+        "chardev=qmp,mode=control",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    if machine.incoming {
+        args.extend(["-incoming".to_string(), format!("fd:{}", Fds::INCOMING)]);
+    }
+    args
+}
+
+/// A locally administered MAC address.
+pub fn random_mac() -> String {
+    let mut b = [0u8; 3];
+    let _ = getrandom::fill(&mut b);
+    format!("52:54:00:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2])
+}
+
+/// A connection to a machine's QMP socket, past the greeting.
+pub struct Qmp {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+/// The longest QMP answer read (a machine's answers are small; a hostile
+/// guest cannot write here, but QEMU's events could pile up).
+const MAX_LINE: usize = 1 << 20;
+
+impl Qmp {
+    /// Connects and negotiates capabilities; every read waits at most `timeout`.
+    pub fn connect(path: &Path, timeout: Duration) -> io::Result<Self> {
+        let stream = UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        let mut qmp = Self { writer: stream.try_clone()?, reader: BufReader::new(stream) };
+        let greeting = qmp.line()?;
+        if greeting.get("QMP").is_none() {
+            return Err(io::Error::other(format!("not a QMP greeting: {greeting}")));
+        }
+        qmp.execute("qmp_capabilities", serde_json::Value::Null)?;
+        Ok(qmp)
+    }
+
+    /// Runs `command` with `arguments` (`Null`: none); its `return` value.
+    pub fn execute(&mut self, command: &str, arguments: serde_json::Value) -> io::Result<serde_json::Value> {
+        let mut request = serde_json::json!({ "execute": command });
+        if !arguments.is_null() {
+            request["arguments"] = arguments;
+        }
+        let mut text = request.to_string();
+        text.push('\n');
+        self.writer.write_all(text.as_bytes())?;
+        loop {
+            let answer = self.line()?;
+            if let Some(value) = answer.get("return") {
+                return Ok(value.clone());
+            }
+            if let Some(error) = answer.get("error") {
+                let desc = error.get("desc").and_then(|d| d.as_str()).unwrap_or("unknown error");
+                return Err(io::Error::other(format!("qmp {command}: {desc}")));
+            }
+            // An event: not the answer.
+        }
+    }
+
+    /// Waits for event `name` (other events are passed over).
+    pub fn wait_event(&mut self, name: &str) -> io::Result<serde_json::Value> {
+        loop {
+            let line = self.line()?;
+            if line.get("event").and_then(|e| e.as_str()) == Some(name) {
+                return Ok(line);
+            }
+        }
+    }
+
+    fn line(&mut self) -> io::Result<serde_json::Value> {
+        let mut buf = Vec::new();
+        let n = (&mut self.reader).take(MAX_LINE as u64).read_until(b'\n', &mut buf)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "QMP closed"));
+        }
+        serde_json::from_slice(&buf).map_err(io::Error::other)
+    }
+}
+
+use std::io::Read as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcg_machines_are_told_the_tsc_rate_and_kvm_ones_are_not() {
+        assert!(cmdline(Accel::Tcg, Some(2_400_000)).contains("tsc_early_khz=2400000"));
+        assert!(!cmdline(Accel::Kvm, Some(2_400_000)).contains("tsc_early_khz"));
+    }
+
+    #[test]
+    fn a_machine_opens_nothing_by_a_path_of_the_host() {
+        let m = Machine {
+            accel: Accel::Tcg,
+            memory_mib: 256,
+            cpus: 1,
+            cmdline: cmdline(Accel::Tcg, None),
+            mac: random_mac(),
+            incoming: true,
+        };
+        let args = args(&m);
+        let joined = args.join(" ");
+        assert!(joined.contains("-sandbox on,"), "{joined}");
+        assert!(joined.contains("-nodefaults"));
+        assert!(args.iter().all(|a| !a.contains("/var/") && !a.contains("/boot/")), "{joined}");
+        assert!(joined.ends_with("-incoming fd:9"), "{joined}");
+    }
+}

@@ -1,0 +1,287 @@
+//! A VM box's supervisor: the host process that owns its QEMU. Run by the
+//! daemon as `moat box-vm`, which starts it (`box-vm --supervise`), waits for
+//! its word that the guest is up, prints its pid and exits; the supervisor
+//! lives as long as the machine, in the box's cgroup, and outlives a restart
+//! of the daemon as a namespace box's PID 1 does.
+//!
+//! It makes the box's network namespace and enters it (the gateway attaches
+//! there, see [`crate::vm::net`]), opens every file QEMU needs and hands the
+//! descriptors to QEMU, run as the box's own host uid with no privilege to
+//! gain. It is the host end of the guest agent's virtio-serial port: each
+//! connection to `agent.sock` in its run directory becomes a stream over the
+//! port ([`moat_agent::mux`]), so the rest of moat reaches a VM's agent
+//! exactly as a namespace box's. QMP is `qmp.sock` beside it.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::sys;
+use crate::vm::qemu::{self, Fds, Machine};
+
+/// What a supervisor is told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmPlan {
+    /// `qemu-system-x86_64`.
+    pub qemu: PathBuf,
+    /// The guest kernel.
+    pub kernel: PathBuf,
+    /// The guest's initramfs.
+    pub initramfs: PathBuf,
+    /// The guest's root disk (a raw file).
+    pub disk: PathBuf,
+    /// Where its sockets and console log go.
+    pub run_dir: PathBuf,
+    /// The machine.
+    pub machine: Machine,
+    /// The host uid and gid QEMU runs as.
+    pub uid: u32,
+    /// The cgroup.procs files the supervisor joins (with QEMU after it).
+    pub cgroup_procs: Vec<PathBuf>,
+    /// A saved machine to resume rather than boot.
+    pub incoming: Option<PathBuf>,
+    /// How long the guest may take to come up.
+    pub boot_timeout_ms: u64,
+}
+
+/// The agent's socket in a run directory.
+pub fn agent_socket(run_dir: &Path) -> PathBuf {
+    run_dir.join("agent.sock")
+}
+
+/// The QMP socket in a run directory.
+pub fn qmp_socket(run_dir: &Path) -> PathBuf {
+    run_dir.join("qmp.sock")
+}
+
+/// What the guest wrote on its console, last boot (bounded: [`MAX_CONSOLE`]).
+pub fn console_log(run_dir: &Path) -> PathBuf {
+    run_dir.join("console.log")
+}
+
+/// The most of a guest's console kept: it is the guest's to fill.
+const MAX_CONSOLE: u64 = 1 << 20;
+
+/// `moat box-vm [--supervise]`: the process's exit code.
+pub fn helper_main(supervise: bool) -> i32 {
+    let mut input = Vec::new();
+    if let Err(e) = io::stdin().read_to_end(&mut input) {
+        eprintln!("box-vm: read plan: {e}");
+        return 1;
+    }
+    let plan: VmPlan = match serde_json::from_slice(&input) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("box-vm: bad plan: {e}");
+            return 1;
+        }
+    };
+    let result = if supervise { supervise_machine(&plan) } else { launch(&input) };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("box-vm: {e}");
+            1
+        }
+    }
+}
+
+/// Starts a supervisor, relays its first word (its pid once the guest is
+/// up) and leaves it running.
+fn launch(plan: &[u8]) -> io::Result<()> {
+    let mut child = Command::new("/proc/self/exe")
+        .args(["box-vm", "--supervise"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(plan)?;
+    }
+    let mut word = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        BufReader::new(stdout).take(4096).read_line(&mut word)?;
+    }
+    match word.trim().strip_prefix("up ") {
+        Some(pid) => {
+            println!("{pid}");
+            Ok(())
+        }
+        None => {
+            let _ = child.kill();
+            let mut err = String::new();
+            if let Some(stderr) = child.stderr.take() {
+                let _ = stderr.take(64 << 10).read_to_string(&mut err);
+            }
+            let _ = child.wait();
+            Err(io::Error::other(err.trim().to_string()))
+        }
+    }
+}
+
+fn context(what: &'static str) -> impl Fn(io::Error) -> io::Error {
+    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
+    // A session of its own: the daemon's terminal signals are not its.
+    let _ = nix::unistd::setsid();
+    for procs in &plan.cgroup_procs {
+        std::fs::write(procs, "0").map_err(context("join the box's cgroup"))?;
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| io::Error::other(format!("unshare: {e}")))?;
+    let tap = crate::vm::net::prepare()?;
+    let kernel = std::fs::File::open(&plan.kernel).map_err(context("open the kernel"))?;
+    let initramfs = std::fs::File::open(&plan.initramfs).map_err(context("open the initramfs"))?;
+    let disk = std::fs::OpenOptions::new().read(true).write(true).open(&plan.disk).map_err(context("open the disk"))?;
+    let incoming = plan.incoming.as_ref().map(std::fs::File::open).transpose().map_err(context("open saved machine"))?;
+    let (agent_link, qemu_agent) = UnixStream::pair()?;
+    let qmp_path = qmp_socket(&plan.run_dir);
+    let _ = std::fs::remove_file(&qmp_path);
+    let qmp = UnixListener::bind(&qmp_path).map_err(context("listen for QMP"))?;
+    std::fs::set_permissions(&qmp_path, std::fs::Permissions::from_mode(0o600))?;
+    let log = std::fs::File::create(plan.run_dir.join("qemu.log"))?;
+
+    let mut cmd = Command::new(&plan.qemu);
+    cmd.args(qemu::args(&plan.machine))
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    std::os::unix::process::CommandExt::uid(&mut cmd, plan.uid);
+    std::os::unix::process::CommandExt::gid(&mut cmd, plan.uid);
+    let mut fds = vec![
+        (kernel.as_fd(), Fds::KERNEL),
+        (initramfs.as_fd(), Fds::INITRAMFS),
+        (disk.as_fd(), Fds::DISK),
+        (qemu_agent.as_fd(), Fds::AGENT),
+        (tap.as_fd(), Fds::TAP),
+        (qmp.as_fd(), Fds::QMP),
+    ];
+    if let Some(saved) = &incoming {
+        fds.push((saved.as_fd(), Fds::INCOMING));
+    }
+    sys::child_setup(&mut cmd, &fds)?;
+    let mut child = cmd.spawn().map_err(context("run qemu"))?;
+    drop(cmd);
+    drop((kernel, initramfs, disk, qemu_agent, tap, qmp, incoming));
+
+    let (up_tx, up) = mpsc::channel();
+    let console = child.stdout.take();
+    let console_path = console_log(&plan.run_dir);
+    std::thread::spawn(move || keep_console(console, &console_path, &up_tx));
+    let timeout = Duration::from_millis(plan.boot_timeout_ms);
+    let came_up = if plan.incoming.is_some() { resumed(&qmp_path, timeout) } else { booted(&up, timeout) };
+    if let Err(e) = came_up {
+        let _ = child.kill();
+        let _ = child.wait();
+        let tail = console_tail(&plan.run_dir);
+        return Err(io::Error::other(format!("{e}{tail}")));
+    }
+
+    let reader = agent_link.try_clone()?;
+    let mux = moat_agent::mux::Mux::start(Box::new(reader), Box::new(agent_link), None)?;
+    let socket = agent_socket(&plan.run_dir);
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).map_err(context("listen for the host"))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            match conn {
+                Ok(conn) => {
+                    // Too many streams: this connection is dropped, others go on.
+                    let _ = mux.open_on(conn);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    });
+    println!("up {}", std::process::id());
+    let _ = io::stdout().flush();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&qmp_path);
+    Ok(())
+}
+
+/// Copies the guest's console to the log (up to [`MAX_CONSOLE`]) and says
+/// when the agent reports the guest up.
+fn keep_console(console: Option<std::process::ChildStdout>, path: &Path, up: &mpsc::Sender<()>) {
+    let Some(console) = console else { return };
+    let mut log = std::fs::File::create(path).ok();
+    let mut written = 0u64;
+    let mut reader = BufReader::new(console);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // A line is cut at 4 KiB: the guest decides what it prints.
+        match (&mut reader).take(4096).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.starts_with(moat_agent::GUEST_UP.as_bytes()) {
+            let _ = up.send(());
+        }
+        if written < MAX_CONSOLE {
+            if let Some(log) = log.as_mut() {
+                let _ = log.write_all(&line);
+            }
+            written += line.len() as u64;
+        } else {
+            log = None;
+        }
+    }
+}
+
+fn booted(up: &mpsc::Receiver<()>, timeout: Duration) -> io::Result<()> {
+    up.recv_timeout(timeout).map_err(|e| match e {
+        mpsc::RecvTimeoutError::Timeout => io::Error::other(format!("the guest was not up in {timeout:?}")),
+        mpsc::RecvTimeoutError::Disconnected => io::Error::other("qemu ended before the guest was up"),
+    })
+}
+
+/// Waits until QEMU, loading a saved machine, runs it.
+fn resumed(qmp: &Path, timeout: Duration) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut conn = loop {
+        match qemu::Qmp::connect(qmp, timeout) {
+            Ok(conn) => break conn,
+            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(e),
+        }
+    };
+    while std::time::Instant::now() < deadline {
+        let status = conn.execute("query-status", serde_json::Value::Null)?;
+        match status.get("status").and_then(|s| s.as_str()) {
+            Some("running") => return Ok(()),
+            Some("inmigrate") => std::thread::sleep(Duration::from_millis(5)),
+            // Loaded and paused (it was saved paused): run it.
+            Some("paused" | "postmigrate" | "prelaunch") => {
+                conn.execute("cont", serde_json::Value::Null)?;
+            }
+            other => return Err(io::Error::other(format!("the saved machine did not load: {other:?}"))),
+        }
+    }
+    Err(io::Error::other(format!("the saved machine was not running in {timeout:?}")))
+}
+
+/// The last lines of the console log, to explain a failed boot.
+fn console_tail(run_dir: &Path) -> String {
+    let text = std::fs::read_to_string(console_log(run_dir)).unwrap_or_default();
+    let qemu = std::fs::read_to_string(run_dir.join("qemu.log")).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().chain(qemu.lines()).filter(|l| !l.trim().is_empty()).collect();
+    let tail = lines[lines.len().saturating_sub(8)..].join(" | ");
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!(" (last words: {tail})")
+    }
+}
