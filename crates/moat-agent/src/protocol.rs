@@ -97,6 +97,13 @@ pub enum HostMsg {
         /// Its content.
         data: Vec<u8>,
     },
+    /// A microVM guest resumed after a pause: set the system clock to this
+    /// (nanoseconds since the Unix epoch). A whole connection; answered with
+    /// `Pong`, or `Error`.
+    SetClock {
+        /// The host's time.
+        unix_ns: u64,
+    },
     /// Bytes for the process's stdin.
     Stdin(Vec<u8>),
     /// The client will send no more stdin.
@@ -168,6 +175,7 @@ mod tag {
     pub const SIGNAL: u8 = 0x07;
     pub const DISK: u8 = 0x08;
     pub const PUT_FILE: u8 = 0x09;
+    pub const SET_CLOCK: u8 = 0x0a;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -341,6 +349,11 @@ impl HostMsg {
                 w.bytes(path.as_bytes()).u32(*mode).bytes(data);
                 w.finish()
             }
+            Self::SetClock { unix_ns } => {
+                let mut w = Writer::new(tag::SET_CLOCK);
+                w.u64(*unix_ns);
+                w.finish()
+            }
             Self::Stdin(data) => {
                 let mut w = Writer::new(tag::STDIN);
                 w.bytes(data);
@@ -391,6 +404,7 @@ impl HostMsg {
             tag::PING => Self::Ping,
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
             tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
+            tag::SET_CLOCK => Self::SetClock { unix_ns: r.u64()? },
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
@@ -499,6 +513,7 @@ mod tests {
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });
+        host_roundtrip(HostMsg::SetClock { unix_ns: 1_796_000_000_000_000_000 });
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));

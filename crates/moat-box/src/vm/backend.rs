@@ -53,6 +53,8 @@ pub struct VmConfig {
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the guest's agent may take to take a file.
 const PUT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long QEMU may take to answer on QMP.
+const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room a disk's file takes beyond the disk (the mini-root, metadata).
 const DISK_SLACK: u64 = 64 << 20;
 /// The files a running guest is handed again when they may have changed.
@@ -219,6 +221,12 @@ impl VmBackend {
         }
     }
 
+    /// Runs QMP `command` (no arguments) on the box's machine.
+    fn qmp(&self, rec: &BoxRecord, command: &str) -> std::io::Result<()> {
+        let path = supervise::qmp_socket(&self.box_run_dir(rec));
+        qemu::Qmp::connect(&path, QMP_TIMEOUT)?.execute(command, serde_json::Value::Null).map(drop)
+    }
+
     /// Hands a running, unfrozen guest the files of its mini-root that may
     /// have changed; a box not running gets them at its next boot.
     fn push_files(&self, rec: &BoxRecord, paths: &[&str]) -> Result<(), BackendError> {
@@ -350,11 +358,28 @@ impl Backend for VmBackend {
 
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
-        // What changed while it was frozen.
-        self.push_files(rec, LIVE_FILES)
+        if !self.is_running(rec) {
+            return Ok(());
+        }
+        self.qmp(rec, "cont").map_err(|e| BackendError::new(format!("resume {}'s vCPUs", rec.name), e))?;
+        // Its clock stood while it was paused; and what changed meanwhile.
+        let socket = supervise::agent_socket(&self.box_run_dir(rec));
+        if let Err(e) = files::set_clock(&socket, PUT_TIMEOUT) {
+            tracing::warn!(box_id = %rec.id, error = %e, "could not set a resumed guest's clock");
+        }
+        if let Err(e) = self.push_files(rec, LIVE_FILES) {
+            tracing::warn!(box_id = %rec.id, error = %e, "could not hand a resumed guest its files");
+        }
+        Ok(())
     }
 
     fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        // Paused by QEMU, the guest's clocks stop with it (frozen alone, it
+        // would find its clock source jumped on resume); frozen, QEMU's own
+        // threads use nothing either.
+        if let Err(e) = self.qmp(rec, "stop") {
+            tracing::warn!(box_id = %rec.id, error = %e, "could not pause a guest's vCPUs; freezing it alone");
+        }
         self.cgroups.freeze(&rec.id).map(|_| ()).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))
     }
 

@@ -63,16 +63,26 @@ pub fn push(socket: &Path, files: &Path, paths: &[&str], timeout: Duration) -> i
     for rel in paths {
         let Some(data) = read_in_root(&root, rel, moat_agent::protocol::MAX_FRAME as u64 / 2)? else { continue };
         let mode = std::fs::metadata(files.join(rel)).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))?;
-        put(socket, rel, mode & 0o7777, data, timeout)?;
+        let msg = HostMsg::PutFile { path: rel.to_string(), mode: mode & 0o7777, data };
+        ask(socket, &msg, timeout).map_err(|e| io::Error::new(e.kind(), format!("write /{rel}: {e}")))?;
     }
     Ok(())
 }
 
-fn put(socket: &Path, rel: &str, mode: u32, data: Vec<u8>, timeout: Duration) -> io::Result<()> {
+/// Sets the guest's clock to the host's (after a pause, the guest's stands
+/// where it stopped).
+pub fn set_clock(socket: &Path, timeout: Duration) -> io::Result<()> {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(io::Error::other)?;
+    let unix_ns = u64::try_from(since.as_nanos()).map_err(io::Error::other)?;
+    ask(socket, &HostMsg::SetClock { unix_ns }, timeout)
+}
+
+/// Sends `msg` as a connection of its own and waits for its `Pong`.
+fn ask(socket: &Path, msg: &HostMsg, timeout: Duration) -> io::Result<()> {
     let mut conn = std::os::unix::net::UnixStream::connect(socket)?;
     conn.set_read_timeout(Some(timeout))?;
     conn.set_write_timeout(Some(timeout))?;
-    conn.write_all(&HostMsg::PutFile { path: rel.to_string(), mode, data }.encode())?;
+    conn.write_all(&msg.encode())?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -85,7 +95,7 @@ fn put(socket: &Path, rel: &str, mode: u32, data: Vec<u8>, timeout: Duration) ->
         }
         let n = conn.read(&mut chunk)?;
         if n == 0 || buf.len() > 64 << 10 {
-            return Err(io::Error::other(format!("no answer to writing /{rel}")));
+            return Err(io::Error::other("no answer"));
         }
         buf.extend_from_slice(&chunk[..n]);
     }

@@ -25,6 +25,9 @@ impl Fds {
     pub const INITRAMFS: i32 = 4;
     /// The root disk, opened read-write, in fd set 1.
     pub const DISK: i32 = 5;
+    /// The root disk opened read-only, in fd set 1 too (QEMU opens an image
+    /// read-only first, and a set hands out only descriptors of the mode asked).
+    pub const DISK_READ: i32 = 10;
     /// A connected socket: the agent's virtio-serial port.
     pub const AGENT: i32 = 6;
     /// The tap device: the guest's network link.
@@ -79,7 +82,7 @@ pub fn args(machine: &Machine) -> Vec<String> {
     };
     let mut args: Vec<String> = [
         "-M",
-        "microvm,x-option-roms=off,rtc=off",
+        "microvm,x-option-roms=off",
         "-accel",
         &accel,
         "-m",
@@ -103,6 +106,8 @@ pub fn args(machine: &Machine) -> Vec<String> {
         &machine.cmdline,
         "-add-fd",
         &format!("fd={},set=1", Fds::DISK),
+        "-add-fd",
+        &format!("fd={},set=1", Fds::DISK_READ),
         "-drive",
         "if=none,id=root,format=raw,file=/dev/fdset/1,discard=unmap",
         "-device",

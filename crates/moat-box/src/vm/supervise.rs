@@ -141,6 +141,7 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     let kernel = std::fs::File::open(&plan.kernel).map_err(context("open the kernel"))?;
     let initramfs = std::fs::File::open(&plan.initramfs).map_err(context("open the initramfs"))?;
     let disk = std::fs::OpenOptions::new().read(true).write(true).open(&plan.disk).map_err(context("open the disk"))?;
+    let disk_read = std::fs::File::open(&plan.disk).map_err(context("open the disk"))?;
     let incoming = plan.incoming.as_ref().map(std::fs::File::open).transpose().map_err(context("open saved machine"))?;
     let (agent_link, qemu_agent) = UnixStream::pair()?;
     let qmp_path = qmp_socket(&plan.run_dir);
@@ -162,6 +163,7 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
         (kernel.as_fd(), Fds::KERNEL),
         (initramfs.as_fd(), Fds::INITRAMFS),
         (disk.as_fd(), Fds::DISK),
+        (disk_read.as_fd(), Fds::DISK_READ),
         (qemu_agent.as_fd(), Fds::AGENT),
         (tap.as_fd(), Fds::TAP),
         (qmp.as_fd(), Fds::QMP),
@@ -172,7 +174,7 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     sys::child_setup(&mut cmd, &fds)?;
     let mut child = cmd.spawn().map_err(context("run qemu"))?;
     drop(cmd);
-    drop((kernel, initramfs, disk, qemu_agent, tap, qmp, incoming));
+    drop((kernel, initramfs, disk, disk_read, qemu_agent, tap, qmp, incoming));
 
     let (up_tx, up) = mpsc::channel();
     let console = child.stdout.take();
