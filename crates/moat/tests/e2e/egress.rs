@@ -31,7 +31,7 @@ fn box_trusting_test_ca(env: &Env) -> String {
     name
 }
 
-fn log(env: &Env, name: &str) -> String {
+pub(crate) fn log(env: &Env, name: &str) -> String {
     env.alice(None, &["log", name]).ok().stdout
 }
 

@@ -82,6 +82,8 @@ impl Daemon {
             .arg("--authorized-keys")
             .arg(&self.keys_file)
             .args(&self.extra)
+            // Guests run on TCG here; the probe for KVM (seconds) is the doctor's test.
+            .args(if self.extra.iter().any(|a| a == "--vm-accel") { &[][..] } else { &["--vm-accel", "tcg"][..] })
             // The agent embedded in moat, as a plain `cargo build` makes it.
             .env_remove("MOAT_AGENT")
             .envs(self.env.iter().map(|(k, v)| (k, v)))

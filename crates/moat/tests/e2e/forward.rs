@@ -7,16 +7,16 @@ use std::time::{Duration, Instant};
 use crate::fixture::{run, unique};
 use crate::Env;
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn curl(port: u16) -> crate::fixture::Ran {
+pub(crate) fn curl(port: u16) -> crate::fixture::Ran {
     run(Command::new("curl").args(["-s", "-m", "5", &format!("http://127.0.0.1:{port}/")]))
 }
 
 /// Runs `ssh -N -L ...` in the background until dropped.
-struct Tunnel(std::process::Child);
+pub(crate) struct Tunnel(std::process::Child);
 
 impl Tunnel {
     /// Ends ssh: SIGTERM, which `timeout` passes on (SIGKILL would orphan ssh).
@@ -33,7 +33,7 @@ impl Drop for Tunnel {
     }
 }
 
-fn tunnel(env: &Env, name: &str, spec: &str) -> Tunnel {
+pub(crate) fn tunnel(env: &Env, name: &str, spec: &str) -> Tunnel {
     tunnel_with(env, name, spec, &[], Stdio::null())
 }
 

@@ -19,6 +19,7 @@ mod forward;
 mod hygiene;
 mod isolation;
 mod lifecycle;
+mod microvm;
 mod privsep;
 mod pty;
 mod restart;
@@ -136,7 +137,11 @@ const TESTS: &[(&str, TestFn)] = &[
 
 /// Tests run alone after the rest: a TCG guest takes a whole core for
 /// seconds, which would starve the timing-sensitive tests beside it.
-const ALONE_LAST: &[(&str, TestFn)] = &[("hygiene_doctor_boots_a_guest", hygiene::doctor_boots_a_guest)];
+const ALONE_LAST: &[(&str, TestFn)] = &[
+    ("hygiene_doctor_boots_a_guest", hygiene::doctor_boots_a_guest),
+    ("microvm_box_runs_its_own_kernel_over_ssh", microvm::box_runs_its_own_kernel_over_ssh),
+    ("microvm_suspend_resume_dup_checkpoint_and_rm", microvm::suspend_resume_dup_checkpoint_and_rm),
+];
 
 /// Tests at once; two cores, and most of a test's time is waiting on ssh.
 const WORKERS: usize = 3;

@@ -1,0 +1,153 @@
+//! VM boxes (`new --backend vm`): a kernel of their own, on TCG here, with
+//! the same SSH experience as namespace boxes.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::egress::sh;
+use crate::fixture::{run, unique};
+use crate::Env;
+
+fn state(env: &Env, name: &str) -> String {
+    let info = env.alice(None, &["info", name, "--json"]).ok().stdout;
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    info["state"].as_str().unwrap_or_default().to_string()
+}
+
+fn host_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap().trim().to_string()
+}
+
+/// The release of the kernel moat boots guests with (the newest cloud kernel in /boot).
+fn guest_release() -> String {
+    let mut kernels: Vec<String> = std::fs::read_dir("/boot")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("vmlinuz-").map(str::to_string))
+        .filter(|r| r.ends_with("-cloud-amd64"))
+        .collect();
+    kernels.sort();
+    kernels.pop().expect("a cloud kernel in /boot")
+}
+
+pub fn box_runs_its_own_kernel_over_ssh(env: &Env) {
+    let name = unique("vm");
+    env.new_box(&name, &["--backend", "vm"]);
+    let info = env.alice(None, &["info", &name]).ok().stdout;
+    assert!(info.contains("backend:  vm"), "{info}");
+    let listed = env.alice(None, &["ls", "--json"]).ok().stdout;
+    assert!(listed.contains("\"backend\":\"vm\""), "{listed}");
+
+    // The kernel-level probe: the guest's kernel, not the host's.
+    let guest = env.alice(Some(&name), &["uname -r"]).ok().stdout.trim().to_string();
+    assert_eq!(guest, guest_release());
+    assert_ne!(guest, host_release());
+    // Its own machine: its host name, its own pid 1 (the agent), a disk as big as its limit.
+    let out = env.alice(Some(&name), &["hostname; cat /proc/1/comm; df -B1G --output=size / | tail -1"]).ok().stdout;
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    assert_eq!(lines[..2], [name.as_str(), "init"], "{out}");
+    let size: u64 = lines[2].parse().unwrap();
+    assert!((14..=16).contains(&size), "a 16G disk limit, a root of {size}G");
+
+    // Status, stdout and stderr apart, stdin streamed.
+    let ran = env.alice(Some(&name), &["echo out; echo err >&2; exit 7"]);
+    assert_eq!((ran.status, ran.stdout.as_str(), ran.stderr.as_str()), (Some(7), "out\n", "err\n"));
+    let data: Vec<u8> = (0..(4 << 20)).map(|i: u32| (i * 7919 % 251) as u8).collect();
+    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["wc -c"]);
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &data));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), (4u32 << 20).to_string());
+
+    // A terminal.
+    let out = run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &["-tt"], &["tty"])).ok().stdout;
+    assert!(out.starts_with("/dev/pts/"), "{out:?}");
+
+    // Files both ways with scp (sftp underneath) and rsync.
+    let src = env.dir.join(format!("{name}.bin"));
+    std::fs::write(&src, (0..(1 << 20)).map(|i: u32| (i % 253) as u8).collect::<Vec<u8>>()).unwrap();
+    let back = env.dir.join(format!("{name}.back"));
+    let mut scp = Command::new("timeout");
+    scp.arg("300").arg("scp").args(env.daemon.ssh_opts(&env.alice)).arg("-P").arg(env.daemon.port.to_string());
+    run(Command::new(scp.get_program()).args(scp.get_args()).arg(&src).arg(format!("{name}@127.0.0.1:/root/in.bin")))
+        .ok();
+    run(scp.arg(format!("{name}@127.0.0.1:/root/in.bin")).arg(&back)).ok();
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
+
+    // A forward to a server in the guest.
+    env.alice(
+        Some(&name),
+        &["mkdir -p /srv/www && echo hello-from-vm > /srv/www/index.html && cd /srv/www && setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 < /dev/null &"],
+    )
+    .ok();
+    let port = crate::forward::free_port();
+    let _t = crate::forward::tunnel(env, &name, &format!("{port}:localhost:8000"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while crate::forward::curl(port).stdout != "hello-from-vm\n" {
+        assert!(Instant::now() < deadline, "no answer through the tunnel from the guest");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // The egress gateway is the guest's only way out: an unlisted name does
+    // not resolve, a listed one is reached by name, nothing else leaves.
+    let (status, _) = sh(env, &name, "curl -sS -m 10 http://web.test/");
+    assert_eq!(status, Some(6), "an unlisted name does not resolve");
+    env.alice(None, &["policy", &name, "allow", "web.test"]).ok();
+    let (status, out) = sh(env, &name, "curl -sS -m 20 http://web.test/a");
+    assert_eq!((status, out.as_str()), (Some(0), "GET /a host=web.test body=0\n"));
+    let (status, _) = sh(env, &name, &format!("curl -sS -m 5 http://{}/", crate::testnet::WEB));
+    assert_ne!(status, Some(0), "an address, not a listed name, is reached");
+    let log = crate::egress::log(env, &name);
+    assert!(log.contains("allow http web.test:80 GET /a"), "{log}");
+}
+
+pub fn suspend_resume_dup_checkpoint_and_rm(env: &Env) {
+    let name = unique("vmlife");
+    env.new_box(&name, &["--backend", "vm", "--idle", "2"]);
+    env.alice(Some(&name), &["echo kept > /root/kept; cat /etc/machine-id"]).ok();
+    let machine_id = env.alice(Some(&name), &["cat /etc/machine-id"]).ok().stdout;
+
+    // No session: suspended (vCPUs paused, QEMU frozen); the next session resumes
+    // it, its processes and clock where they should be.
+    env.alice(Some(&name), &["setsid sleep 1000 >/dev/null 2>&1 < /dev/null &"]).ok();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(env, &name) != "suspended" {
+        assert!(Instant::now() < deadline, "never suspended");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let out = env.alice(Some(&name), &["date +%s; pgrep -c -x sleep"]).ok().stdout;
+    let mut lines = out.lines();
+    let guest_now: i64 = lines.next().unwrap().trim().parse().unwrap();
+    let host_now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((guest_now - host_now).abs() <= 2, "the resumed guest's clock is {}s off", guest_now - host_now);
+    assert_eq!(lines.next().map(str::trim), Some("1"), "the guest's processes survived the pause");
+
+    // A copy: the files as they were, a new machine, the same kind of box.
+    let copy = format!("{name}-copy");
+    env.alice(None, &["dup", &name, &copy]).ok();
+    let out = env.alice(Some(&copy), &["cat /root/kept; hostname; cat /etc/machine-id; uname -r"]).ok().stdout;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["kept", copy.as_str()], "{out}");
+    assert_ne!(format!("{}\n", lines[2]), machine_id, "the copy kept its parent's machine-id");
+    assert_eq!(lines[3], guest_release());
+
+    // A checkpoint, damage, and the files put back.
+    env.alice(None, &["checkpoint", &name, "good"]).ok();
+    env.alice(Some(&name), &["rm /root/kept"]).ok();
+    env.alice(None, &["restore", &name, "good"]).ok();
+    let out = env.alice(Some(&name), &["cat /root/kept"]).ok().stdout;
+    assert_eq!(out, "kept\n");
+
+    // Removing a box ends its QEMU.
+    let qemus = || {
+        let out = run(Command::new("pgrep").args(["-c", "-f", "qemu-system-x86_64"])).stdout;
+        out.trim().parse::<u32>().unwrap_or(0)
+    };
+    let before = qemus();
+    env.alice(None, &["rm", &copy]).ok();
+    env.alice(None, &["rm", &name]).ok();
+    assert_eq!(qemus() + 2, before, "a removed box's QEMU still runs");
+}
