@@ -98,6 +98,12 @@ impl Credit {
     }
 }
 
+/// A stream id unlikely to be in use (std's per-process random hash keys).
+fn first_id() -> u32 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::process::id()) as u32
+}
+
 impl Mux {
     /// Runs a mux over `link` (read by a thread of its own until it ends).
     /// Streams the other end opens are handed to `accepted` (`None`: this end
@@ -110,7 +116,9 @@ impl Mux {
         let inner = Arc::new(Inner {
             writer: Mutex::new(writer),
             streams: Mutex::new(HashMap::new()),
-            next_id: AtomicU32::new(1),
+            // Ids start anywhere: a guest resumed as a copy of another still
+            // holds its parent's streams, whose ids a new link must not reuse.
+            next_id: AtomicU32::new(first_id()),
         });
         let mux = Self { inner };
         let reading = mux.clone();
@@ -130,16 +138,13 @@ impl Mux {
     /// written to it.
     pub fn open_on(&self, conn: UnixStream) -> io::Result<()> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        self.attach(id, conn)?;
-        if let Err(e) = self.send(id, OPEN, &[]) {
-            self.detach(id);
-            return Err(e);
-        }
-        Ok(())
+        self.attach(id, conn, true)
     }
 
-    /// Makes `ours` stream `id`, pumped both ways.
-    fn attach(&self, id: u32, ours: UnixStream) -> io::Result<()> {
+    /// Makes `ours` stream `id`, pumped both ways; with `announce`, tells
+    /// the other end first (it drops bytes of a stream it does not know, and
+    /// `ours` may hold some already).
+    fn attach(&self, id: u32, ours: UnixStream, announce: bool) -> io::Result<()> {
         let (inbound, queued) = mpsc::channel::<Vec<u8>>();
         let credit = Arc::new(Credit::new());
         {
@@ -156,11 +161,20 @@ impl Mux {
             };
             streams.insert(id, stream);
         }
-        let (reader, writer) = (ours.try_clone()?, ours);
-        let (out, back) = (self.clone(), self.clone());
-        std::thread::Builder::new().name("mux-out".into()).spawn(move || out.pump_out(id, reader, &credit))?;
-        std::thread::Builder::new().name("mux-in".into()).spawn(move || back.pump_in(id, writer, &queued))?;
-        Ok(())
+        let started = (|| {
+            if announce {
+                self.send(id, OPEN, &[])?;
+            }
+            let (reader, writer) = (ours.try_clone()?, ours);
+            let (out, back) = (self.clone(), self.clone());
+            std::thread::Builder::new().name("mux-out".into()).spawn(move || out.pump_out(id, reader, &credit))?;
+            std::thread::Builder::new().name("mux-in".into()).spawn(move || back.pump_in(id, writer, &queued))?;
+            Ok(())
+        })();
+        if started.is_err() {
+            self.detach(id);
+        }
+        started
     }
 
     /// Ends stream `id` both ways at this end.
@@ -279,7 +293,7 @@ impl Mux {
 
     fn accept(&self, id: u32, accepted: Option<&mpsc::Sender<UnixStream>>) {
         let Some(accepted) = accepted else { return self.refuse(id) };
-        match UnixStream::pair().and_then(|(local, ours)| self.attach(id, ours).map(|()| local)) {
+        match UnixStream::pair().and_then(|(local, ours)| self.attach(id, ours, false).map(|()| local)) {
             Ok(local) => {
                 if accepted.send(local).is_err() {
                     self.detach(id);
@@ -359,6 +373,25 @@ mod tests {
             .collect();
         for c in clients {
             c.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn bytes_waiting_on_a_connection_handed_over_all_arrive() {
+        // A client that wrote before its connection became a stream (as the
+        // supervisor's accepted connections do): its first bytes must not
+        // overtake the stream's opening. Many times, for the race.
+        let (host, accepted) = linked();
+        std::thread::spawn(move || accepted.into_iter().for_each(echo));
+        for i in 0..200u32 {
+            let (mut client, conn) = UnixStream::pair().unwrap();
+            client.write_all(&i.to_be_bytes()).unwrap();
+            client.shutdown(std::net::Shutdown::Write).unwrap();
+            host.open_on(conn).unwrap();
+            client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut back = Vec::new();
+            client.read_to_end(&mut back).unwrap();
+            assert_eq!(back, i.to_be_bytes(), "stream {i} lost its first bytes");
         }
     }
 

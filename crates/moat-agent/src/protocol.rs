@@ -97,12 +97,15 @@ pub enum HostMsg {
         /// Its content.
         data: Vec<u8>,
     },
-    /// A microVM guest resumed after a pause: set the system clock to this
-    /// (nanoseconds since the Unix epoch). A whole connection; answered with
-    /// `Pong`, or `Error`.
-    SetClock {
-        /// The host's time.
+    /// A microVM guest runs again after a pause, or as a copy of another:
+    /// set the system clock to the host's, and reseed the kernel's random
+    /// number generator with fresh bytes (a copy's is its parent's). A whole
+    /// connection; answered with `Pong`, or `Error`.
+    Resumed {
+        /// The host's time, in nanoseconds since the Unix epoch.
         unix_ns: u64,
+        /// Random bytes from the host.
+        entropy: Vec<u8>,
     },
     /// Bytes for the process's stdin.
     Stdin(Vec<u8>),
@@ -175,7 +178,7 @@ mod tag {
     pub const SIGNAL: u8 = 0x07;
     pub const DISK: u8 = 0x08;
     pub const PUT_FILE: u8 = 0x09;
-    pub const SET_CLOCK: u8 = 0x0a;
+    pub const RESUMED: u8 = 0x0a;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -349,9 +352,9 @@ impl HostMsg {
                 w.bytes(path.as_bytes()).u32(*mode).bytes(data);
                 w.finish()
             }
-            Self::SetClock { unix_ns } => {
-                let mut w = Writer::new(tag::SET_CLOCK);
-                w.u64(*unix_ns);
+            Self::Resumed { unix_ns, entropy } => {
+                let mut w = Writer::new(tag::RESUMED);
+                w.u64(*unix_ns).bytes(entropy);
                 w.finish()
             }
             Self::Stdin(data) => {
@@ -404,7 +407,7 @@ impl HostMsg {
             tag::PING => Self::Ping,
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
             tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
-            tag::SET_CLOCK => Self::SetClock { unix_ns: r.u64()? },
+            tag::RESUMED => Self::Resumed { unix_ns: r.u64()?, entropy: r.bytes()? },
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
@@ -513,7 +516,7 @@ mod tests {
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });
-        host_roundtrip(HostMsg::SetClock { unix_ns: 1_796_000_000_000_000_000 });
+        host_roundtrip(HostMsg::Resumed { unix_ns: 1_796_000_000_000_000_000, entropy: vec![7; 32] });
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));

@@ -78,6 +78,9 @@ impl Backend for AnyBackend {
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.of(rec)?.stop(rec)
     }
+    fn park(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.of(rec)?.park(rec)
+    }
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.of(rec)?.destroy(rec)
     }

@@ -160,6 +160,12 @@ pub trait Backend: Send + Sync + 'static {
     fn is_running(&self, rec: &BoxRecord) -> bool;
     /// Ends every process of the box; its filesystem stays.
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError>;
+    /// Releases a suspended box's memory: by default its processes end (as
+    /// `stop`); a backend that can save them does, and its next `start`
+    /// resumes them.
+    fn park(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.stop(rec)
+    }
     /// Removes the box's filesystem and every host resource it held.
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError>;
     /// How to reach the box if it is running (judged from the host, as

@@ -188,7 +188,62 @@ impl VmBackend {
         }
     }
 
-    fn boot(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
+    /// Where a box's machine is saved while it is parked, or a copy's
+    /// machine until it first runs (outside the box's subvolume: the
+    /// memory is not the box's disk use).
+    fn memory_path(&self, id: &moat_core::BoxId) -> PathBuf {
+        self.pool.root().join("vm-states").join(format!("{id}.state"))
+    }
+
+    /// Writes the running box's whole machine to `to`, runs `meanwhile`
+    /// while it stands still just as saved (its disk flushed), and leaves
+    /// it as it was (running, or paused).
+    fn save_memory(
+        &self,
+        rec: &BoxRecord,
+        to: &Path,
+        meanwhile: impl FnOnce() -> Result<(), crate::pool::PoolError>,
+    ) -> Result<(), BackendError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let fail = |e: std::io::Error| BackendError::new(format!("save {}'s machine", rec.name), e);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).map_err(fail)?;
+        }
+        let file =
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(to).map_err(fail)?;
+        let mut qmp = qemu::Qmp::connect(&supervise::qmp_socket(&self.box_run_dir(rec)), QMP_TIMEOUT).map_err(fail)?;
+        let was_running = qmp.running().map_err(fail)?;
+        let saved = qmp.save(&file).map_err(fail);
+        let done = saved.and_then(|()| meanwhile().map_err(|e| BackendError::new(format!("copy {}", rec.name), e)));
+        // Saving hands the disk over to whoever loads the machine; `cont`
+        // takes it back (and runs the vCPUs: a paused machine is paused again).
+        let back = qmp.execute("cont", serde_json::Value::Null);
+        let paused = if was_running { Ok(serde_json::Value::Null) } else { qmp.execute("stop", serde_json::Value::Null) };
+        let result = done.and(back.and(paused).map(drop).map_err(fail));
+        if result.is_err() {
+            let _ = std::fs::remove_file(to);
+        }
+        result
+    }
+
+    /// Tells a guest that runs again what it missed: the time, fresh
+    /// randomness, and its files (all of them for a copy: its identity).
+    fn after_resume(&self, rec: &BoxRecord, paths: Option<&[&str]>) {
+        let socket = supervise::agent_socket(&self.box_run_dir(rec));
+        if let Err(e) = files::resumed(&socket, PUT_TIMEOUT) {
+            tracing::warn!(box_id = %rec.id, error = %e, "could not set a resumed guest's clock and randomness");
+        }
+        let pushed = match paths {
+            Some(paths) => self.push_files(rec, paths),
+            None => files::push_all(&socket, &self.files(rec), PUT_TIMEOUT)
+                .map_err(|e| BackendError::new(format!("hand {} its files", rec.name), e)),
+        };
+        if let Err(e) = pushed {
+            tracing::warn!(box_id = %rec.id, error = ?e, "could not hand a resumed guest its files");
+        }
+    }
+
+    fn boot(&self, rec: &BoxRecord, saved: Option<&Path>) -> Result<u32, BackendError> {
         let run_dir = self.box_run_dir(rec);
         std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
         self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
@@ -200,10 +255,10 @@ impl VmBackend {
             initramfs,
             disk: self.disk_path(rec),
             run_dir,
-            machine: self.machine(rec),
+            machine: Machine { incoming: saved.is_some(), ..self.machine(rec) },
             uid: rec.uid_base(),
             cgroup_procs: self.cgroups.procs_files(&rec.id),
-            incoming: None,
+            incoming: saved.map(Path::to_path_buf),
             boot_timeout_ms: BOOT_TIMEOUT.as_millis() as u64,
         };
         let json = serde_json::to_vec(&plan).map_err(|e| BackendError::new("encode the plan", e))?;
@@ -259,7 +314,20 @@ impl Backend for VmBackend {
 
     fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
         self.pool.finish_restore_of(&rec.id).map_err(|e| BackendError::new("finish the box's restore", e))?;
-        let pid = self.boot(rec)?;
+        let saved = self.memory_path(&rec.id);
+        if saved.exists() {
+            let resumed = self.boot(rec, Some(&saved));
+            let _ = std::fs::remove_file(&saved);
+            match resumed {
+                Ok(pid) => {
+                    self.after_resume(rec, None);
+                    return Ok(self.handle_for(rec, pid));
+                }
+                // Booted afresh instead, on a disk as a power cut leaves it.
+                Err(e) => tracing::warn!(box_id = %rec.id, error = %e, "a saved machine did not load"),
+            }
+        }
+        let pid = self.boot(rec, None)?;
         Ok(self.handle_for(rec, pid))
     }
 
@@ -275,11 +343,24 @@ impl Backend for VmBackend {
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        forget(&self.memory_path(&rec.id))
+    }
+
+    fn park(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        if self.is_running(rec) {
+            // QEMU answers QMP only when not frozen; its vCPUs stay paused.
+            self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
+            if let Err(e) = self.save_memory(rec, &self.memory_path(&rec.id), || Ok(())) {
+                tracing::warn!(box_id = %rec.id, error = %e, "could not save a parked machine; it will boot afresh");
+            }
+        }
         self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
     }
 
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        forget(&self.memory_path(&rec.id))?;
         self.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box files", e))?;
         match std::fs::remove_dir_all(self.box_run_dir(rec)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
@@ -299,12 +380,35 @@ impl Backend for VmBackend {
     }
 
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
-        // Frozen, QEMU writes nothing during the snapshot: the copy's disk is
-        // one instant of the source's, as a power cut would leave it.
-        let copied = crate::ns::while_frozen(&self.cgroups, src, || {
-            fault::point("dup-while-frozen");
-            self.pool.snapshot_box(&src.id, &dst.id).map(drop)
-        });
+        let copied = if self.is_running(src) {
+            // The machine is saved with its vCPUs paused and its disk
+            // flushed, then its disk copied: the copy starts as the very
+            // machine the source was at that instant, its page cache and
+            // processes included.
+            let frozen = self.cgroups.is_frozen(&src.id);
+            let memory = self.memory_path(&dst.id);
+            let copied = self
+                .cgroups
+                .thaw(&src.id)
+                .map_err(|e| BackendError::new(format!("thaw {}", src.name), e))
+                .and_then(|()| {
+                    self.save_memory(src, &memory, || {
+                        fault::point("dup-while-frozen");
+                        self.pool.snapshot_box(&src.id, &dst.id).map(drop)
+                    })
+                });
+            if frozen {
+                let _ = self.cgroups.freeze(&src.id);
+            }
+            copied.inspect_err(|_| {
+                let _ = std::fs::remove_file(&memory);
+            })
+        } else {
+            self.pool
+                .snapshot_box(&src.id, &dst.id)
+                .map(drop)
+                .map_err(|e| BackendError::new(format!("copy {}", src.name), e))
+        };
         if let Err(e) = copied {
             let _ = self.pool.delete_box(&dst.id);
             return Err(e);
@@ -332,6 +436,8 @@ impl Backend for VmBackend {
     }
 
     fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
+        // A saved machine belongs to the disk it was saved with.
+        forget(&self.memory_path(&rec.id))?;
         self.pool
             .restore_checkpoint(&owner(rec), label.as_str(), before.as_str())
             .map_err(|e| BackendError::new(format!("restore {} to {label}", rec.name), e))?;
@@ -363,13 +469,7 @@ impl Backend for VmBackend {
         }
         self.qmp(rec, "cont").map_err(|e| BackendError::new(format!("resume {}'s vCPUs", rec.name), e))?;
         // Its clock stood while it was paused; and what changed meanwhile.
-        let socket = supervise::agent_socket(&self.box_run_dir(rec));
-        if let Err(e) = files::set_clock(&socket, PUT_TIMEOUT) {
-            tracing::warn!(box_id = %rec.id, error = %e, "could not set a resumed guest's clock");
-        }
-        if let Err(e) = self.push_files(rec, LIVE_FILES) {
-            tracing::warn!(box_id = %rec.id, error = %e, "could not hand a resumed guest its files");
-        }
+        self.after_resume(rec, Some(LIVE_FILES));
         Ok(())
     }
 
@@ -393,6 +493,14 @@ impl Backend for VmBackend {
 
     fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
         self.pool.account_bytes(account)
+    }
+}
+
+/// Removes a saved machine, if there is one.
+fn forget(saved: &Path) -> Result<(), BackendError> {
+    match std::fs::remove_file(saved) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove a saved machine", e)),
+        _ => Ok(()),
     }
 }
 

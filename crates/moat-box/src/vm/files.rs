@@ -69,12 +69,38 @@ pub fn push(socket: &Path, files: &Path, paths: &[&str], timeout: Duration) -> i
     Ok(())
 }
 
-/// Sets the guest's clock to the host's (after a pause, the guest's stands
-/// where it stopped).
-pub fn set_clock(socket: &Path, timeout: Duration) -> io::Result<()> {
+/// Hands every file of the mini-root `files` to the guest (a copy's whole
+/// identity is new).
+pub fn push_all(socket: &Path, files: &Path, timeout: Duration) -> io::Result<()> {
+    let mut paths = Vec::new();
+    let mut dirs = vec![files.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                let path = entry.path();
+                if let Some(rel) = path.strip_prefix(files).ok().and_then(Path::to_str) {
+                    paths.push(rel.to_string());
+                }
+            }
+        }
+    }
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    push(socket, files, &paths, timeout)
+}
+
+/// Tells a guest it runs again (after a pause its clock stands where it
+/// stopped; a copy's random number generator is its parent's): the host's
+/// time and fresh random bytes.
+pub fn resumed(socket: &Path, timeout: Duration) -> io::Result<()> {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(io::Error::other)?;
     let unix_ns = u64::try_from(since.as_nanos()).map_err(io::Error::other)?;
-    ask(socket, &HostMsg::SetClock { unix_ns }, timeout)
+    let mut entropy = vec![0u8; 64];
+    getrandom::fill(&mut entropy).map_err(|e| io::Error::other(e.to_string()))?;
+    ask(socket, &HostMsg::Resumed { unix_ns, entropy }, timeout)
 }
 
 /// Sends `msg` as a connection of its own and waits for its `Pong`.

@@ -109,7 +109,7 @@ pub fn args(machine: &Machine) -> Vec<String> {
         "-add-fd",
         &format!("fd={},set=1", Fds::DISK_READ),
         "-drive",
-        "if=none,id=root,format=raw,file=/dev/fdset/1,discard=unmap",
+        "if=none,id=root,format=raw,file=/dev/fdset/1,file.locking=off,discard=unmap",
         "-device",
         "virtio-blk-device,drive=root",
         "-device",
@@ -179,6 +179,58 @@ impl Qmp {
         let mut text = request.to_string();
         text.push('\n');
         self.writer.write_all(text.as_bytes())?;
+        self.answer(command)
+    }
+
+    /// Whether the machine's vCPUs run.
+    pub fn running(&mut self) -> io::Result<bool> {
+        let status = self.execute("query-status", serde_json::Value::Null)?;
+        Ok(status.get("running").and_then(serde_json::Value::as_bool).unwrap_or(false))
+    }
+
+    /// Writes the whole machine (memory and devices) to `file`, its vCPUs
+    /// paused for good measure (`cont` runs it on); waits until it is written.
+    pub fn save(&mut self, file: &std::fs::File) -> io::Result<()> {
+        self.execute("stop", serde_json::Value::Null)?;
+        // The default bandwidth cap (128 MiB/s) is for links, not a local file.
+        self.execute("migrate-set-parameters", serde_json::json!({ "max-bandwidth": 64u64 << 30 }))?;
+        self.send_fd("moat-save", file)?;
+        self.execute("migrate", serde_json::json!({ "uri": "fd:moat-save" }))?;
+        loop {
+            let status = self.execute("query-migrate", serde_json::Value::Null)?;
+            match status.get("status").and_then(|s| s.as_str()) {
+                Some("completed") => return Ok(()),
+                Some("failed" | "cancelled") => {
+                    let why = status.get("error-desc").and_then(|d| d.as_str()).unwrap_or("no reason given");
+                    return Err(io::Error::other(format!("saving the machine failed: {why}")));
+                }
+                _ => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
+
+    /// Hands QEMU a descriptor by `name` (QMP `getfd`).
+    fn send_fd(&mut self, name: &str, fd: &impl std::os::fd::AsRawFd) -> io::Result<()> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        let mut text = serde_json::json!({ "execute": "getfd", "arguments": { "fdname": name } }).to_string();
+        text.push('\n');
+        let fds = [fd.as_raw_fd()];
+        let sent = sendmsg::<()>(
+            std::os::fd::AsRawFd::as_raw_fd(&self.writer),
+            &[io::IoSlice::new(text.as_bytes())],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(io::Error::from)?;
+        if sent != text.len() {
+            return Err(io::Error::other("QMP took part of a request"));
+        }
+        self.answer("getfd").map(drop)
+    }
+
+    /// Reads until the answer to `command` (events are passed over).
+    fn answer(&mut self, command: &str) -> io::Result<serde_json::Value> {
         loop {
             let answer = self.line()?;
             if let Some(value) = answer.get("return") {

@@ -74,7 +74,7 @@ impl BoxManager {
         let before = before_label(label, &labels)?;
         let vars = self.secret_environment(&rec.id)?;
         if rec.state != BoxState::Stopped {
-            self.stop_locked(&rec).await?;
+            self.stop_locked(&rec, false).await?;
         }
         let (r, l, b) = (rec.clone(), label.clone(), before.clone());
         let restored = self

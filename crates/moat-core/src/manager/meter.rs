@@ -107,7 +107,7 @@ impl BoxManager {
         });
         if parked {
             tracing::info!(box_id = %rec.id, name = %rec.name, "parking a long-suspended box (memory released)");
-            self.stop_locked(&rec).await?;
+            self.stop_locked(&rec, true).await?;
         }
         Ok(())
     }

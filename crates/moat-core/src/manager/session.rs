@@ -153,16 +153,18 @@ impl BoxManager {
     /// Ends every process of a box; its files stay. The next session boots it.
     pub async fn stop(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
         let (rec, _guard) = self.locked(account, name).await?;
-        self.stop_locked(&rec).await
+        self.stop_locked(&rec, false).await
     }
 
-    pub(super) async fn stop_locked(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
+    /// Stops a box (`park`: only to release its memory, which a backend
+    /// that can keeps for the next start).
+    pub(super) async fn stop_locked(&self, rec: &BoxRecord, park: bool) -> Result<(), ManagerError> {
         if rec.state == BoxState::Creating {
             return Err(ManagerError::Busy(rec.name.clone()));
         }
         self.meter_box(rec).await?;
         let r = rec.clone();
-        self.blocking(move |b| b.stop(&r)).await??;
+        self.blocking(move |b| if park { b.park(&r) } else { b.stop(&r) }).await??;
         self.network_down(&rec.id);
         self.db(|s| s.set_state(&rec.id, BoxState::Stopped, None))?;
         tracing::info!(box_id = %rec.id, name = %rec.name, "box stopped");

@@ -87,13 +87,10 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
                 Err(e) => frames::send(&stream, &AgentMsg::Error(format!("write /{path}: {e}"))),
             }
         }
-        Ok(Some(HostMsg::SetClock { unix_ns })) => {
-            let now = nix::sys::time::TimeSpec::new((unix_ns / 1_000_000_000) as i64, (unix_ns % 1_000_000_000) as i64);
-            match nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, now) {
-                Ok(()) => frames::send(&stream, &AgentMsg::Pong),
-                Err(e) => frames::send(&stream, &AgentMsg::Error(format!("set the clock: {e}"))),
-            }
-        }
+        Ok(Some(HostMsg::Resumed { unix_ns, entropy })) => match guest::resumed(unix_ns, &entropy) {
+            Ok(()) => frames::send(&stream, &AgentMsg::Pong),
+            Err(e) => frames::send(&stream, &AgentMsg::Error(e.to_string())),
+        },
         Ok(Some(HostMsg::Disk { limit, used })) => {
             statfs::set(limit, used);
             Ok(())
