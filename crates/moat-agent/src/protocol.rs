@@ -107,6 +107,9 @@ pub enum HostMsg {
         /// Random bytes from the host.
         entropy: Vec<u8>,
     },
+    /// A microVM guest: write every file system's dirty data to its disk
+    /// (the host is about to copy the disk). Answered with `Pong`.
+    Sync,
     /// Bytes for the process's stdin.
     Stdin(Vec<u8>),
     /// The client will send no more stdin.
@@ -179,6 +182,7 @@ mod tag {
     pub const DISK: u8 = 0x08;
     pub const PUT_FILE: u8 = 0x09;
     pub const RESUMED: u8 = 0x0a;
+    pub const SYNC: u8 = 0x0b;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -357,6 +361,7 @@ impl HostMsg {
                 w.u64(*unix_ns).bytes(entropy);
                 w.finish()
             }
+            Self::Sync => Writer::new(tag::SYNC).finish(),
             Self::Stdin(data) => {
                 let mut w = Writer::new(tag::STDIN);
                 w.bytes(data);
@@ -408,6 +413,7 @@ impl HostMsg {
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
             tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
             tag::RESUMED => Self::Resumed { unix_ns: r.u64()?, entropy: r.bytes()? },
+            tag::SYNC => Self::Sync,
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
@@ -517,6 +523,7 @@ mod tests {
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });
         host_roundtrip(HostMsg::Resumed { unix_ns: 1_796_000_000_000_000_000, entropy: vec![7; 32] });
+        host_roundtrip(HostMsg::Sync);
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));

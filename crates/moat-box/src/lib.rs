@@ -27,7 +27,9 @@ pub mod sys;
 pub mod trust;
 pub mod vm;
 
-use moat_core::{AccountId, Backend, BackendError, BackendKind, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading, Name};
+use moat_core::{
+    AccountId, Backend, BackendError, BackendKind, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading, Name,
+};
 
 /// Every backend moat has, behind one type: each box is run by the one its
 /// record names.

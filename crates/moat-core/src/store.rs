@@ -473,16 +473,42 @@ mod tests {
         let web = {
             let store = Store::open(&path).unwrap();
             let web = store
-                .insert_new(&alice, &names("web"), (&names("debian"), Limits::default(), BackendKind::Ns), 1, &Policy::default())
+                .insert_new(
+                    &alice,
+                    &names("web"),
+                    (&names("debian"), Limits::default(), BackendKind::Ns),
+                    1,
+                    &Policy::default(),
+                )
                 .unwrap();
             let db = store
-                .insert_new(&alice, &names("db"), (&names("debian"), Limits::default(), BackendKind::Ns), 2, &Policy::default())
+                .insert_new(
+                    &alice,
+                    &names("db"),
+                    (&names("debian"), Limits::default(), BackendKind::Ns),
+                    2,
+                    &Policy::default(),
+                )
                 .unwrap();
             assert_ne!(web.slot, db.slot);
             // Names are per account.
-            store.insert_new(&bob, &names("web"), (&names("busybox"), Limits::default(), BackendKind::Ns), 3, &Policy::default()).unwrap();
+            store
+                .insert_new(
+                    &bob,
+                    &names("web"),
+                    (&names("busybox"), Limits::default(), BackendKind::Ns),
+                    3,
+                    &Policy::default(),
+                )
+                .unwrap();
             assert!(matches!(
-                store.insert_new(&alice, &names("web"), (&names("debian"), Limits::default(), BackendKind::Ns), 4, &Policy::default()),
+                store.insert_new(
+                    &alice,
+                    &names("web"),
+                    (&names("debian"), Limits::default(), BackendKind::Ns),
+                    4,
+                    &Policy::default()
+                ),
                 Err(StoreError::NameTaken(_))
             ));
             store.set_state(&web.id, BoxState::Running, Some(42)).unwrap();
@@ -502,8 +528,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
-        let web =
-            store.insert_new(&a, &names("web"), (&names("debian"), Limits::default(), BackendKind::Ns), 1, &Policy::default()).unwrap();
+        let web = store
+            .insert_new(
+                &a,
+                &names("web"),
+                (&names("debian"), Limits::default(), BackendKind::Ns),
+                1,
+                &Policy::default(),
+            )
+            .unwrap();
         let try_ = store.insert_dup(&web, &names("web-try"), 2).unwrap();
         let got = store.get(&a, &names("web-try")).unwrap().unwrap();
         assert_eq!(got.parent, Some(web.id.clone()));
@@ -527,10 +560,24 @@ mod tests {
         let mut store = Store::open(&dir.path().join("s.db")).unwrap();
         store.use_slot_block(3).unwrap();
         let a = AccountId("a".into());
-        let first =
-            store.insert_new(&a, &names("one"), (&names("debian"), Limits::default(), BackendKind::Ns), 1, &Policy::default()).unwrap();
-        let second =
-            store.insert_new(&a, &names("two"), (&names("debian"), Limits::default(), BackendKind::Ns), 1, &Policy::default()).unwrap();
+        let first = store
+            .insert_new(
+                &a,
+                &names("one"),
+                (&names("debian"), Limits::default(), BackendKind::Ns),
+                1,
+                &Policy::default(),
+            )
+            .unwrap();
+        let second = store
+            .insert_new(
+                &a,
+                &names("two"),
+                (&names("debian"), Limits::default(), BackendKind::Ns),
+                1,
+                &Policy::default(),
+            )
+            .unwrap();
         assert_eq!((first.slot, second.slot), (3 * SLOTS_PER_BLOCK, 3 * SLOTS_PER_BLOCK + 1));
         // Moved to another block, boxes keep their places in it.
         store.use_slot_block(5).unwrap();
@@ -562,11 +609,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let a = AccountId("a".into());
-        let b0 = store.insert_new(&a, &names("b0"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default()).unwrap();
-        let b1 = store.insert_new(&a, &names("b1"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default()).unwrap();
+        let b0 = store
+            .insert_new(&a, &names("b0"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default())
+            .unwrap();
+        let b1 = store
+            .insert_new(&a, &names("b1"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default())
+            .unwrap();
         assert_eq!((b0.slot, b1.slot), (0, 1));
         store.delete(&b0.id).unwrap();
-        let b2 = store.insert_new(&a, &names("b2"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default()).unwrap();
+        let b2 = store
+            .insert_new(&a, &names("b2"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default())
+            .unwrap();
         assert_eq!(b2.slot, 0);
     }
 }

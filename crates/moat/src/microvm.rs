@@ -52,7 +52,8 @@ pub fn backend(
     let made = (|| -> Result<(VmBackend, Accel)> {
         let kernel = match &args.kernel {
             Some(k) => k.clone(),
-            None => probe::distribution_kernel().context("no guest kernel in /boot (apt-get install linux-image-cloud-amd64)")?,
+            None => probe::distribution_kernel()
+                .context("no guest kernel in /boot (apt-get install linux-image-cloud-amd64)")?,
         };
         let qemu = moat_box::image::which("qemu-system-x86_64")
             .context("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")?;

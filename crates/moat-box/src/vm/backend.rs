@@ -121,7 +121,9 @@ impl VmBackend {
             .set_disk_limit(&rec.id, rec.limits.disk + DISK_SLACK)
             .and_then(|()| self.pool.charge_account(&rec.id, &rec.account, self.config.account_disk))
             .map_err(|e| BackendError::new("limit disk use", e))
-            .and_then(|()| identity::mint(&self.files(rec), &rec.name).map_err(|e| BackendError::new("mint identity", e)))
+            .and_then(|()| {
+                identity::mint(&self.files(rec), &rec.name).map_err(|e| BackendError::new("mint identity", e))
+            })
             .and_then(|ca_key| {
                 self.pool.store_ca_key(&rec.id, &ca_key).map_err(|e| BackendError::new("store the box's CA key", e))
             });
@@ -218,10 +220,45 @@ impl VmBackend {
         // Saving hands the disk over to whoever loads the machine; `cont`
         // takes it back (and runs the vCPUs: a paused machine is paused again).
         let back = qmp.execute("cont", serde_json::Value::Null);
-        let paused = if was_running { Ok(serde_json::Value::Null) } else { qmp.execute("stop", serde_json::Value::Null) };
+        let paused =
+            if was_running { Ok(serde_json::Value::Null) } else { qmp.execute("stop", serde_json::Value::Null) };
         let result = done.and(back.and(paused).map(drop).map_err(fail));
         if result.is_err() {
             let _ = std::fs::remove_file(to);
+        }
+        result
+    }
+
+    /// Runs `work` with the running box's disk as the guest would leave it
+    /// if shut down now: the guest writes out its dirty data, then its vCPUs
+    /// are paused (QEMU flushing what it holds) for `work`. The box is left
+    /// as it was (running, paused, frozen).
+    fn flushed_and_paused(
+        &self,
+        rec: &BoxRecord,
+        work: impl FnOnce() -> Result<(), crate::pool::PoolError>,
+    ) -> Result<(), BackendError> {
+        let fail = |e: std::io::Error| BackendError::new(format!("quiesce {}", rec.name), e);
+        let frozen = self.cgroups.is_frozen(&rec.id);
+        self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
+        let result = (|| {
+            let mut qmp =
+                qemu::Qmp::connect(&supervise::qmp_socket(&self.box_run_dir(rec)), QMP_TIMEOUT).map_err(fail)?;
+            let was_running = qmp.running().map_err(fail)?;
+            if !was_running {
+                qmp.execute("cont", serde_json::Value::Null).map_err(fail)?;
+            }
+            let synced = files::sync(&supervise::agent_socket(&self.box_run_dir(rec)), PUT_TIMEOUT);
+            let stopped = qmp.execute("stop", serde_json::Value::Null);
+            let done = synced
+                .and(stopped)
+                .map_err(fail)
+                .and_then(|_| work().map_err(|e| BackendError::new(format!("copy {}", rec.name), e)));
+            let back = if was_running { qmp.execute("cont", serde_json::Value::Null).map(drop) } else { Ok(()) };
+            done.and(back.map_err(fail))
+        })();
+        if frozen {
+            let _ = self.cgroups.freeze(&rec.id);
         }
         result
     }
@@ -343,6 +380,10 @@ impl Backend for VmBackend {
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        // What the guest wrote reaches its disk first, if it is awake to do it.
+        if self.is_running(rec) && !self.cgroups.is_frozen(&rec.id) {
+            let _ = files::sync(&supervise::agent_socket(&self.box_run_dir(rec)), PUT_TIMEOUT);
+        }
         self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
         forget(&self.memory_path(&rec.id))
     }
@@ -372,9 +413,8 @@ impl Backend for VmBackend {
         if vars.is_empty() {
             return Ok(());
         }
-        let dir: std::os::fd::OwnedFd = std::fs::File::open(self.files(rec))
-            .map_err(|e| BackendError::new("open the box's files", e))?
-            .into();
+        let dir: std::os::fd::OwnedFd =
+            std::fs::File::open(self.files(rec)).map_err(|e| BackendError::new("open the box's files", e))?.into();
         crate::environment::update(&dir, vars).map_err(|e| BackendError::new("write the box's /etc/environment", e))?;
         self.push_files(rec, &["etc/environment"])
     }
@@ -387,16 +427,15 @@ impl Backend for VmBackend {
             // processes included.
             let frozen = self.cgroups.is_frozen(&src.id);
             let memory = self.memory_path(&dst.id);
-            let copied = self
-                .cgroups
-                .thaw(&src.id)
-                .map_err(|e| BackendError::new(format!("thaw {}", src.name), e))
-                .and_then(|()| {
-                    self.save_memory(src, &memory, || {
-                        fault::point("dup-while-frozen");
-                        self.pool.snapshot_box(&src.id, &dst.id).map(drop)
-                    })
-                });
+            let copied =
+                self.cgroups.thaw(&src.id).map_err(|e| BackendError::new(format!("thaw {}", src.name), e)).and_then(
+                    |()| {
+                        self.save_memory(src, &memory, || {
+                            fault::point("dup-while-frozen");
+                            self.pool.snapshot_box(&src.id, &dst.id).map(drop)
+                        })
+                    },
+                );
             if frozen {
                 let _ = self.cgroups.freeze(&src.id);
             }
@@ -425,7 +464,13 @@ impl Backend for VmBackend {
     }
 
     fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
-        crate::ns::while_frozen(&self.cgroups, rec, || {
+        if !self.is_running(rec) {
+            return self
+                .pool
+                .save_checkpoint(&owner(rec), label.as_str())
+                .map_err(|e| BackendError::new(format!("checkpoint {}", rec.name), e));
+        }
+        self.flushed_and_paused(rec, || {
             fault::point("checkpoint-while-frozen");
             self.pool.save_checkpoint(&owner(rec), label.as_str())
         })

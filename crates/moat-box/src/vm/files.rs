@@ -62,7 +62,8 @@ pub fn push(socket: &Path, files: &Path, paths: &[&str], timeout: Duration) -> i
     let root: OwnedFd = std::fs::File::open(files)?.into();
     for rel in paths {
         let Some(data) = read_in_root(&root, rel, moat_agent::protocol::MAX_FRAME as u64 / 2)? else { continue };
-        let mode = std::fs::metadata(files.join(rel)).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))?;
+        let mode =
+            std::fs::metadata(files.join(rel)).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))?;
         let msg = HostMsg::PutFile { path: rel.to_string(), mode: mode & 0o7777, data };
         ask(socket, &msg, timeout).map_err(|e| io::Error::new(e.kind(), format!("write /{rel}: {e}")))?;
     }
@@ -101,6 +102,11 @@ pub fn resumed(socket: &Path, timeout: Duration) -> io::Result<()> {
     let mut entropy = vec![0u8; 64];
     getrandom::fill(&mut entropy).map_err(|e| io::Error::other(e.to_string()))?;
     ask(socket, &HostMsg::Resumed { unix_ns, entropy }, timeout)
+}
+
+/// Has the guest write its file systems' dirty data to its disk.
+pub fn sync(socket: &Path, timeout: Duration) -> io::Result<()> {
+    ask(socket, &HostMsg::Sync, timeout)
 }
 
 /// Sends `msg` as a connection of its own and waits for its `Pong`.

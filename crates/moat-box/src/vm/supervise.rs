@@ -142,7 +142,8 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     let initramfs = std::fs::File::open(&plan.initramfs).map_err(context("open the initramfs"))?;
     let disk = std::fs::OpenOptions::new().read(true).write(true).open(&plan.disk).map_err(context("open the disk"))?;
     let disk_read = std::fs::File::open(&plan.disk).map_err(context("open the disk"))?;
-    let incoming = plan.incoming.as_ref().map(std::fs::File::open).transpose().map_err(context("open saved machine"))?;
+    let incoming =
+        plan.incoming.as_ref().map(std::fs::File::open).transpose().map_err(context("open saved machine"))?;
     let (agent_link, qemu_agent) = UnixStream::pair()?;
     let qmp_path = qmp_socket(&plan.run_dir);
     let _ = std::fs::remove_file(&qmp_path);

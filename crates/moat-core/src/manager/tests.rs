@@ -217,8 +217,13 @@ fn name(s: &str) -> Name {
 
 impl Fixture {
     async fn new_box(&self, n: &str) -> Result<BoxRecord, ManagerError> {
-        let spec =
-            BoxSpec { name: name(n), image: name("busybox"), limits: Limits::default(), policy: Policy::default(), backend: None };
+        let spec = BoxSpec {
+            name: name(n),
+            image: name("busybox"),
+            limits: Limits::default(),
+            policy: Policy::default(),
+            backend: None,
+        };
         self.manager.create(&self.alice, spec, Box::new(|_: &str| {})).await
     }
     fn names(&self) -> Vec<String> {
@@ -333,8 +338,13 @@ async fn quotas_and_limits() {
     m.create(&bob, spec("a", 1), Box::new(|_: &str| {})).await.unwrap();
     assert!(matches!(m.get(&bob, &name("a")), Ok(r) if r.account == bob));
     assert!(m.remove(&bob, &name("b")).await.is_err());
-    let unknown =
-        BoxSpec { name: name("c"), image: name("nope"), limits: Limits::default(), policy: Policy::default(), backend: None };
+    let unknown = BoxSpec {
+        name: name("c"),
+        image: name("nope"),
+        limits: Limits::default(),
+        policy: Policy::default(),
+        backend: None,
+    };
     let created = f.manager.create(&bob, unknown, Box::new(|_: &str| {})).await;
     assert!(matches!(created, Err(ManagerError::NoSuchImage(_))), "{created:?}");
 }
@@ -348,7 +358,13 @@ async fn restart_recovery() {
     let half = f
         .manager
         .store
-        .insert_new(&f.alice, &name("half"), (&name("busybox"), Limits::default(), crate::BackendKind::Ns), 0, &Policy::default())
+        .insert_new(
+            &f.alice,
+            &name("half"),
+            (&name("busybox"), Limits::default(), crate::BackendKind::Ns),
+            0,
+            &Policy::default(),
+        )
         .unwrap();
     f.backend.create(&half).unwrap();
     // A box whose processes died while the daemon was down.

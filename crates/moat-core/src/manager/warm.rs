@@ -200,8 +200,7 @@ impl BoxManager {
         let name =
             Name::new(&format!("warm-{}", hex::encode(id))).map_err(|_| ManagerError::NameTooLong("warm".into()))?;
         let made = (image, Limits::default(), self.config.default_backend);
-        let rec =
-            self.db(|s| s.insert_new(&warm_account(), &name, made, now(), &Policy::default()))?;
+        let rec = self.db(|s| s.insert_new(&warm_account(), &name, made, now(), &Policy::default()))?;
         let r = rec.clone();
         let booted = self
             .blocking(move |b| {

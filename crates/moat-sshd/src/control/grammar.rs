@@ -483,7 +483,8 @@ fn parse_new(args: &[String]) -> Result<Command, UsageError> {
             "--memory" => limits.memory = parse_size(&value()?).map_err(|e| usage(format!("new: --memory: {e}")))?,
             "--backend" => {
                 let v = value()?;
-                let kind = BackendKind::parse(&v).ok_or_else(|| usage(format!("new: --backend: {v:?} is not ns or vm")))?;
+                let kind =
+                    BackendKind::parse(&v).ok_or_else(|| usage(format!("new: --backend: {v:?} is not ns or vm")))?;
                 backend = Some(kind);
             }
             other => return Err(usage(format!("new: unknown flag {other:?}"))),

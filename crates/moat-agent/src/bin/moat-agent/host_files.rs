@@ -72,10 +72,7 @@ pub fn put(root: &Path, rel: &str, mode: u32, data: &[u8]) -> io::Result<()> {
 /// The record of what the host wrote (empty if missing or unreadable).
 fn read_written(root: &Path) -> BTreeMap<String, String> {
     let text = std::fs::read_to_string(root.join(WRITTEN)).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(hash, path)| (path.to_string(), hash.to_string()))
-        .collect()
+    text.lines().filter_map(|l| l.split_once(' ')).map(|(hash, path)| (path.to_string(), hash.to_string())).collect()
 }
 
 /// Puts a new file with `data` in place of `path` (its parents made).

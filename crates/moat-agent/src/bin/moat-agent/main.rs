@@ -81,6 +81,10 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
         Ok(Some(HostMsg::Exec(req))) => exec::run(req, reader, stream, reaper),
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
+        Ok(Some(HostMsg::Sync)) => {
+            nix::unistd::sync();
+            frames::send(&stream, &AgentMsg::Pong)
+        }
         Ok(Some(HostMsg::PutFile { path, mode, data })) => {
             match host_files::put(std::path::Path::new("/"), &path, mode, &data) {
                 Ok(()) => frames::send(&stream, &AgentMsg::Pong),
