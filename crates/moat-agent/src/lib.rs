@@ -8,6 +8,7 @@
 
 pub mod mux;
 pub mod protocol;
+pub mod walk;
 
 /// What the agent, as PID 1 of a microVM guest, prints on the console once
 /// the guest is up, followed by the kernel release it runs on.

@@ -110,6 +110,9 @@ pub enum HostMsg {
     /// A microVM guest: write every file system's dirty data to its disk
     /// (the host is about to copy the disk). Answered with `Pong`.
     Sync,
+    /// A microVM guest: list the root file system (`Stdout` frames of
+    /// [`crate::walk`] records, then `Exit`).
+    Walk,
     /// Bytes for the process's stdin.
     Stdin(Vec<u8>),
     /// The client will send no more stdin.
@@ -183,6 +186,7 @@ mod tag {
     pub const PUT_FILE: u8 = 0x09;
     pub const RESUMED: u8 = 0x0a;
     pub const SYNC: u8 = 0x0b;
+    pub const WALK: u8 = 0x0c;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -362,6 +366,7 @@ impl HostMsg {
                 w.finish()
             }
             Self::Sync => Writer::new(tag::SYNC).finish(),
+            Self::Walk => Writer::new(tag::WALK).finish(),
             Self::Stdin(data) => {
                 let mut w = Writer::new(tag::STDIN);
                 w.bytes(data);
@@ -414,6 +419,7 @@ impl HostMsg {
             tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
             tag::RESUMED => Self::Resumed { unix_ns: r.u64()?, entropy: r.bytes()? },
             tag::SYNC => Self::Sync,
+            tag::WALK => Self::Walk,
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
@@ -524,6 +530,7 @@ mod tests {
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });
         host_roundtrip(HostMsg::Resumed { unix_ns: 1_796_000_000_000_000_000, entropy: vec![7; 32] });
         host_roundtrip(HostMsg::Sync);
+        host_roundtrip(HostMsg::Walk);
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));

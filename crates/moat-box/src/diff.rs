@@ -22,7 +22,7 @@ use nix::sys::stat::{fstatat, Mode, SFlag};
 
 /// What is compared about one directory entry.
 #[derive(Debug, PartialEq, Eq)]
-struct Entry {
+pub struct Entry {
     kind: u32,
     mode: u32,
     uid: u32,
@@ -32,6 +32,26 @@ struct Entry {
     rdev: u64,
     target: Option<OsString>,
 }
+
+impl From<(moat_agent::walk::Entry, Option<Vec<u8>>)> for Entry {
+    fn from((e, target): (moat_agent::walk::Entry, Option<Vec<u8>>)) -> Self {
+        use std::os::unix::ffi::OsStringExt;
+        Self {
+            kind: e.kind,
+            mode: e.mode,
+            uid: e.uid,
+            gid: e.gid,
+            size: i64::try_from(e.size).unwrap_or(i64::MAX),
+            mtime: e.mtime,
+            rdev: e.rdev,
+            target: target.map(OsString::from_vec),
+        }
+    }
+}
+
+/// One entry of a listed tree: its path (`/`-separated, from the root) and
+/// what is compared about it.
+pub type Listed = (Vec<u8>, Entry);
 
 impl Entry {
     fn is_dir(&self) -> bool {
@@ -81,6 +101,27 @@ pub fn diff(a: &Path, b: &Path, out: &mut ChangeSink<'_>) -> io::Result<()> {
     // What was found before a limit is still worth having.
     let flushed = walk.flush();
     walked.and(flushed)
+}
+
+/// Compares two trees given as listings in tree order (a directory before
+/// what it holds, names byte-wise sorted within one), as [`diff`] compares
+/// two directories, with the same limits. A listing out of order (a hostile
+/// guest's) gives a wrong answer, never an unbounded one.
+pub fn diff_listings(
+    a: &mut dyn Iterator<Item = io::Result<Listed>>,
+    b: &mut dyn Iterator<Item = io::Result<Listed>>,
+    out: &mut ChangeSink<'_>,
+) -> io::Result<()> {
+    let mut walk =
+        Walk { out, batch: Vec::new(), batch_bytes: 0, output: 0, entries: 0, held: 0, started: Instant::now() };
+    let merged = walk.merge(a, b);
+    let flushed = walk.flush();
+    merged.and(flushed)
+}
+
+/// Orders paths as tree order does: component by component.
+fn tree_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.split(|c| *c == b'/').cmp(b.split(|c| *c == b'/'))
 }
 
 struct Walk<'a, 'b> {
@@ -180,6 +221,48 @@ impl Walk<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    fn merge(
+        &mut self,
+        a: &mut dyn Iterator<Item = io::Result<Listed>>,
+        b: &mut dyn Iterator<Item = io::Result<Listed>>,
+    ) -> io::Result<()> {
+        use std::cmp::Ordering;
+        let (mut left, mut right) = (a.next().transpose()?, b.next().transpose()?);
+        loop {
+            self.entries += 1;
+            if self.entries > MAX_ENTRIES {
+                return Err(io::Error::other(format!("more than {MAX_ENTRIES} files to compare")));
+            }
+            if self.started.elapsed() > MAX_TIME {
+                return Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
+            }
+            let order = match (&left, &right) {
+                (None, None) => return Ok(()),
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some((l, _)), Some((r, _))) => tree_order(l, r),
+            };
+            let (path, change) = match (order, &left, &right) {
+                (Ordering::Less, Some((l, _)), _) => (l.clone(), Some(ChangeKind::Deleted)),
+                (Ordering::Greater, _, Some((r, _))) => (r.clone(), Some(ChangeKind::Added)),
+                (_, Some((l, le)), Some((_, re))) => (l.clone(), le.differs(re).then_some(ChangeKind::Modified)),
+                _ => return Ok(()),
+            };
+            if path.len() > MAX_PATH {
+                return Err(io::Error::other(format!("a path is longer than {MAX_PATH} bytes")));
+            }
+            if let Some(change) = change {
+                self.emit(Change { path: String::from_utf8_lossy(&path).into_owned(), change })?;
+            }
+            if order != Ordering::Greater {
+                left = a.next().transpose()?;
+            }
+            if order != Ordering::Less {
+                right = b.next().transpose()?;
+            }
+        }
     }
 
     fn emit(&mut self, change: Change) -> io::Result<()> {
@@ -289,6 +372,52 @@ mod tests {
             ]
         );
         assert!(collect(a.path(), a.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn listings_compare_as_trees_do() {
+        // The same trees as listings: the same changes, in the same order.
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        for root in [a.path(), b.path()] {
+            std::fs::create_dir_all(root.join("a/b")).unwrap();
+            std::fs::write(root.join("a/b/f"), "1").unwrap();
+            std::fs::write(root.join("a.c"), "1").unwrap();
+        }
+        std::fs::write(b.path().join("a/b/f"), "22").unwrap();
+        std::fs::remove_file(b.path().join("a.c")).unwrap();
+        std::fs::create_dir(b.path().join("a/new")).unwrap();
+        std::fs::write(b.path().join("a/new/g"), "n").unwrap();
+        let listing = |root: &Path| -> Vec<io::Result<Listed>> {
+            let mut all = Vec::new();
+            let mut stack = vec![root.to_path_buf()];
+            let mut paths = Vec::new();
+            while let Some(dir) = stack.pop() {
+                for e in std::fs::read_dir(&dir).unwrap() {
+                    let p = e.unwrap().path();
+                    if p.is_dir() {
+                        stack.push(p.clone());
+                    }
+                    paths.push(p);
+                }
+            }
+            let rel = |p: &Path| p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            paths.sort_by(|x, y| tree_order(rel(x).as_bytes(), rel(y).as_bytes()));
+            for p in paths {
+                let dir = std::fs::File::open(p.parent().unwrap()).unwrap().into();
+                let name = CString::new(p.file_name().unwrap().as_encoded_bytes()).unwrap();
+                let entry = list(&dir, &mut |_| Ok(())).unwrap().remove(&name).unwrap();
+                all.push(Ok((format!("/{}", rel(&p)).into_bytes(), entry)));
+            }
+            all
+        };
+        let mut got = Vec::new();
+        diff_listings(&mut listing(a.path()).into_iter(), &mut listing(b.path()).into_iter(), &mut |batch| {
+            got.extend(batch);
+            true
+        })
+        .unwrap();
+        assert_eq!(got, collect(a.path(), b.path()).unwrap());
+        assert_eq!(got.len(), 4, "{got:?}");
     }
 
     #[test]

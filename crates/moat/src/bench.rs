@@ -53,16 +53,20 @@ pub struct BenchArgs {
     /// Runs of that download each way.
     #[arg(long, default_value_t = 3)]
     egress_runs: usize,
+    /// Runs of each VM box measurement (TCG guests take seconds each; 0: none).
+    #[arg(long, default_value_t = 5)]
+    vm_runs: usize,
 }
 
 /// Sorted samples of one measurement.
-struct Samples(Vec<Duration>);
+#[derive(Clone)]
+pub struct Samples(Vec<Duration>);
 
 impl Samples {
-    fn collect(n: usize, mut f: impl FnMut() -> Result<Duration>) -> Result<Self> {
+    pub fn collect(n: usize, mut f: impl FnMut() -> Result<Duration>) -> Result<Self> {
         Ok(Self::sorted((0..n).map(|_| f()).collect::<Result<Vec<_>>>()?))
     }
-    fn sorted(mut v: Vec<Duration>) -> Self {
+    pub fn sorted(mut v: Vec<Duration>) -> Self {
         v.sort();
         Self(v)
     }
@@ -102,9 +106,17 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         moat_box::image::build(&pool, &busybox, &mut |_: &str| {})?;
     }
     drop(pool);
-    let backend = paths::ns_backend(dir, crate::agent::resolve(args.agent.as_deref(), dir)?, u64::MAX)?;
+    let agent = crate::agent::resolve(args.agent.as_deref(), dir)?;
+    let ns = paths::ns_backend(dir, agent.clone(), u64::MAX)?;
+    let vm_args = crate::microvm::VmArgs {
+        backend: Some(moat_core::BackendKind::Ns),
+        kernel: None,
+        initrd: None,
+        vm_accel: "auto".into(),
+    };
+    let (vm, _) = crate::microvm::backend(dir, ns.shared(), &agent, u64::MAX, &vm_args);
     let (store, _uid_block) = crate::paths::open_store(dir)?;
-    let manager = BoxManager::new(store, Arc::new(AnyBackend::ns(backend)), ManagerConfig::default());
+    let manager = BoxManager::new(store, Arc::new(AnyBackend { ns, vm }), ManagerConfig::default());
     // Every box gets its gateway, as under `moat serve`; it reaches a test
     // internet of the bench's own.
     let net = BenchNet::start()?;
@@ -308,6 +320,13 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     let (running, resumed) = (Samples(running), Samples(resumed));
 
     let egress = egress_samples(args, manager, &account, net).await?;
+    let vm = match args.vm_runs {
+        0 => Vec::new(),
+        runs => {
+            let agent = crate::agent::resolve(args.agent.as_deref(), dir)?;
+            crate::bench_vm::samples(manager, &account, dir, &agent, runs).await?
+        }
+    };
 
     let ratio = |a: &Samples, b: &Samples| a.pct(50).as_secs_f64() / b.pct(50).as_secs_f64();
     println!("| measurement ({n} runs) | p50 | p95 | peer | peer p50 | peer p95 | ratio (p50) |");
@@ -337,6 +356,10 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
             "`cp -a --reflink=never` of it",
             cp,
         );
+    }
+
+    for (what, ours, peer, theirs) in &vm {
+        row(&format!("{what} ({} runs)", ours.0.len()), ours, peer, theirs);
     }
 
     println!();
@@ -464,7 +487,7 @@ async fn run_in_box(addr: &AgentAddr, command: &str) -> Result<()> {
 }
 
 /// Runs `command` in the box and returns once its first output byte arrives.
-async fn first_byte(addr: &AgentAddr, command: &str) -> Result<()> {
+pub async fn first_byte(addr: &AgentAddr, command: &str) -> Result<()> {
     let (mut reader, _write) = exec(addr, command).await?;
     loop {
         match reader.recv().await? {

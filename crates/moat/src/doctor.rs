@@ -5,6 +5,7 @@ use std::path::Path;
 use anyhow::Result;
 use moat_box::ns::cgroup::CgroupLayout;
 use moat_box::pool::PoolKind;
+use moat_box::vm::probe::Accel;
 
 use crate::paths;
 
@@ -64,9 +65,16 @@ pub fn run(state_dir: &Path) -> Result<()> {
                 .ok_or_else(|| format!("missing (apt-get install {package}); needed for {need}")),
         );
     }
-    println!("{}", microvm(state_dir));
+    let (line, accel) = microvm(state_dir);
+    println!("{line}");
     if ok {
-        println!("backend: ns (namespaces, seccomp, cgroups); the microVM backend is not built yet");
+        match accel {
+            Some(Accel::Kvm) => println!("backend: vm by default (a kernel of its own per box, KVM); `new --backend ns` for namespaces"),
+            Some(Accel::Tcg) => println!(
+                "backend: ns by default (namespaces, seccomp, cgroups); `new --backend vm` runs a box as a microVM on TCG, slowly"
+            ),
+            None => println!("backend: ns (namespaces, seccomp, cgroups); no microVM boxes here"),
+        }
         Ok(())
     } else {
         anyhow::bail!("some checks failed")
@@ -82,14 +90,14 @@ const TCG_BOOT: std::time::Duration = std::time::Duration::from_secs(30);
 /// What runs a microVM guest here, learnt by booting one (opening `/dev/kvm`
 /// proves nothing: on some hosts it opens and every guest hangs). Never a
 /// failure: boxes run in namespaces without it.
-fn microvm(state_dir: &Path) -> String {
-    use moat_box::vm::probe::{boot, distribution_kernel, Accel, Booted, Guest};
+fn microvm(state_dir: &Path) -> (String, Option<Accel>) {
+    use moat_box::vm::probe::{boot, distribution_kernel, Booted, Guest};
     let Some(kernel) = distribution_kernel() else {
-        return "--    microvm: no guest kernel in /boot (apt-get install linux-image-cloud-amd64)".into();
+        return ("--    microvm: no guest kernel in /boot (apt-get install linux-image-cloud-amd64)".into(), None);
     };
     let agent = match crate::agent::resolve(None, state_dir) {
         Ok(agent) => agent,
-        Err(e) => return format!("--    microvm: no agent to boot: {e:#}"),
+        Err(e) => return (format!("--    microvm: no agent to boot: {e:#}"), None),
     };
     // The busybox image as the guest's root disk (a throwaway copy), where it
     // is built (doctor builds none).
@@ -98,7 +106,7 @@ fn microvm(state_dir: &Path) -> String {
         let image = moat_core::Name::new("busybox").ok();
         image.is_some_and(|i| pool.has_image(&i) && moat_box::vm::disk::ext4_image(&pool.image_path(&i), &disk).is_ok())
     });
-    let guest = Guest { kernel: &kernel, agent: &agent, disk: has_disk.then_some(disk.as_path()) };
+    let guest = Guest { kernel: &kernel, agent: &agent, disk: has_disk.then_some(disk.as_path()), memory_mib: 256 };
     let kvm = if Path::new("/dev/kvm").exists() {
         boot(guest, Accel::Kvm, KVM_BOOT)
     } else {
@@ -120,19 +128,26 @@ fn microvm(state_dir: &Path) -> String {
         )
     };
     let kernel_name = kernel.display();
-    let line = match kvm {
-        Ok(b) => format!("ok    microvm: KVM boots {kernel_name} {}", found(&b)),
+    let (line, accel) = match kvm {
+        Ok(b) => (format!("ok    microvm: KVM boots {kernel_name} {}", found(&b)), Some(Accel::Kvm)),
         Err(kvm_err) => match boot(guest, Accel::Tcg, TCG_BOOT) {
-            Ok(b) => format!(
-                "ok    microvm: KVM cannot run a guest here ({kvm_err}); TCG (7-30x slower, tsc_early_khz set) boots \
-                 {kernel_name} {}",
-                found(&b)
+            Ok(b) => (
+                format!(
+                    "ok    microvm: KVM cannot run a guest here ({kvm_err}); TCG (7-30x slower, tsc_early_khz set) \
+                     boots {kernel_name} {}",
+                    found(&b)
+                ),
+                Some(Accel::Tcg),
             ),
-            Err(tcg_err) => format!("--    microvm: no guest boots here: KVM: {kvm_err}; TCG: {tcg_err}"),
+            Err(tcg_err) => (format!("--    microvm: no guest boots here: KVM: {kvm_err}; TCG: {tcg_err}"), None),
         },
     };
     let _ = std::fs::remove_file(&disk);
-    line
+    // What `moat serve` will use, learnt afresh.
+    if let Some(accel) = accel {
+        crate::microvm::remember(state_dir, &kernel, accel);
+    }
+    (line, accel)
 }
 
 fn nix_is_root() -> bool {

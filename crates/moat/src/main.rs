@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod bench_egress;
+mod bench_vm;
 mod doctor;
 mod egress;
 mod front_door;

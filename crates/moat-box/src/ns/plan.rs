@@ -129,6 +129,7 @@ mod tests {
             name: Name::new("web").unwrap(),
             image: Name::new("debian").unwrap(),
             limits: Limits::default(),
+            backend: moat_core::BackendKind::Ns,
             slot,
             state: BoxState::Creating,
             pid: None,

@@ -53,6 +53,8 @@ pub struct VmConfig {
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the guest's agent may take to take a file.
 const PUT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a guest may take to send the next part of its listing.
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long QEMU may take to answer on QMP.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room a disk's file takes beyond the disk (the mini-root, metadata).
@@ -263,6 +265,19 @@ impl VmBackend {
         result
     }
 
+    /// Runs `work` with the box's guest running (a suspended one is woken for
+    /// it, and suspended again after).
+    fn awake<T>(&self, rec: &BoxRecord, work: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+        if !self.cgroups.is_frozen(&rec.id) {
+            return work();
+        }
+        self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
+        let woken = self.qmp(rec, "cont").map_err(|e| BackendError::new(format!("resume {}", rec.name), e));
+        let result = woken.and_then(|()| work());
+        let _ = self.suspend(rec);
+        result
+    }
+
     /// Tells a guest that runs again what it missed: the time, fresh
     /// randomness, and its files (all of them for a copy: its identity).
     fn after_resume(&self, rec: &BoxRecord, paths: Option<&[&str]>) {
@@ -456,11 +471,27 @@ impl Backend for VmBackend {
         self.make_own(dst)
     }
 
-    fn diff(&self, a: &BoxRecord, b: &BoxRecord, _out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
-        Err(BackendError::msg(format!(
-            "diff of {} and {}: the files of VM boxes are not compared yet (the host never reads a guest's disk)",
-            a.name, b.name
-        )))
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
+        // The host never reads a guest's disk: each guest lists its own files.
+        for rec in [a, b] {
+            if !self.is_running(rec) {
+                return Err(BackendError::msg(format!(
+                    "{0} is stopped: a VM box's files are listed by the box itself (`start {0}` first)",
+                    rec.name
+                )));
+            }
+        }
+        self.awake(a, || {
+            self.awake(b, || {
+                let listing = |rec: &BoxRecord| {
+                    crate::vm::listing::Listing::open(&supervise::agent_socket(&self.box_run_dir(rec)), LIST_TIMEOUT)
+                        .map_err(|e| BackendError::new(format!("ask {} for its files", rec.name), e))
+                };
+                let (mut left, mut right) = (listing(a)?, listing(b)?);
+                crate::diff::diff_listings(&mut left, &mut right, out)
+                    .map_err(|e| BackendError::new(format!("compare {} and {}", a.name, b.name), e))
+            })
+        })
     }
 
     fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {

@@ -7,6 +7,7 @@
 //! - [`qemu`]: QEMU's command line and QMP;
 //! - [`net`]: the box's network namespace, where the guest's link ends;
 //! - [`files`]: what moat writes into a guest, kept on the host;
+//! - [`listing`]: a guest's files as its agent lists them, for `diff`;
 //! - [`disk`], [`cpio`], [`modules`]: the guest's root disk and initramfs;
 //! - [`probe`]: boots a guest to learn whether KVM can run one here or only
 //!   TCG can (a host may open `/dev/kvm` and still hang every guest: this
@@ -16,6 +17,7 @@ pub mod backend;
 pub mod cpio;
 pub mod disk;
 pub mod files;
+pub mod listing;
 pub mod modules;
 pub mod net;
 pub mod probe;

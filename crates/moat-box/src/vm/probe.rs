@@ -132,6 +132,8 @@ pub struct Guest<'a> {
     /// A raw disk the guest may write (a throwaway copy), attached as the
     /// first virtio disk: the guest runs on it as its root.
     pub disk: Option<&'a Path>,
+    /// Guest memory.
+    pub memory_mib: u64,
 }
 
 /// Boots `guest` under `accel`, with an entropy device and a serial
@@ -216,7 +218,7 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
     let _ = std::fs::remove_file(&port);
     let started = Instant::now();
     let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args(["-M", "microvm", "-accel", accel.as_str(), "-m", "256", "-smp", "1"])
+    qemu.args(["-M", "microvm", "-accel", accel.as_str(), "-m", &guest.memory_mib.to_string(), "-smp", "1"])
         .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio"])
         .args(["-device", "virtio-rng-device", "-device", "virtio-serial-device"])
         .args(["-chardev", &format!("socket,id=agent,path={},server=on,wait=off", port.display())])

@@ -143,6 +143,14 @@ pub fn suspend_resume_dup_checkpoint_and_rm(env: &Env) {
     assert_ne!(format!("{}\n", lines[2]), machine_id, "the copy kept its parent's machine-id");
     assert_eq!(lines[3], guest_release());
 
+    // What the copy changed, as each guest lists its own files.
+    env.alice(Some(&copy), &["echo n > /root/new-in-copy; rm /root/kept"]).ok();
+    let diff = env.alice(None, &["diff", &name, &copy]).ok().stdout;
+    for want in ["A /root/new-in-copy", "D /root/kept", "M /etc/hostname"] {
+        assert!(diff.lines().any(|l| l == want), "no {want:?} in:\n{diff}");
+    }
+    assert!(!diff.contains("/proc/"), "other mounts are not listed:\n{diff}");
+
     // A checkpoint, damage, and the files put back.
     env.alice(None, &["checkpoint", &name, "good"]).ok();
     env.alice(Some(&name), &["rm /root/kept"]).ok();

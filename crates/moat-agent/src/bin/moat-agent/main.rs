@@ -23,6 +23,7 @@ mod spawn;
 #[allow(unsafe_code)]
 mod statfs;
 mod tcp;
+mod walk;
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -81,6 +82,7 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
         Ok(Some(HostMsg::Exec(req))) => exec::run(req, reader, stream, reaper),
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
+        Ok(Some(HostMsg::Walk)) => walk::run(&stream),
         Ok(Some(HostMsg::Sync)) => {
             nix::unistd::sync();
             frames::send(&stream, &AgentMsg::Pong)

@@ -1,0 +1,120 @@
+//! The microVM rows of `moat bench`: a VM box next to raw QEMU booting the
+//! same kernel to its first userspace line, on the same machine, in one run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use moat_box::vm::probe::{self, Guest};
+use moat_core::{AccountId, BackendKind, BoxManager, BoxSpec, Limits, Name};
+
+use crate::bench::{first_byte, Samples};
+
+/// What a VM row compares: (measurement, samples, peer, peer samples).
+pub type Row = (String, Samples, String, Samples);
+
+/// Guest memory of the boxes measured.
+const GUEST_MIB: u64 = 512;
+/// What the measured box holds in memory when it is copied (random bytes in
+/// a tmpfs: pages a save must write, unlike the zero pages it skips).
+const HELD_MIB: u64 = 128;
+
+/// The VM rows, `runs` times each.
+pub async fn samples(
+    manager: &Arc<BoxManager>,
+    account: &AccountId,
+    state_dir: &std::path::Path,
+    agent: &std::path::Path,
+    runs: usize,
+) -> Result<Vec<Row>> {
+    let kernel = probe::distribution_kernel().context("no guest kernel in /boot")?;
+    // As the backend learnt it (remembered under the state dir).
+    let accel = crate::microvm::accel_here(state_dir, &kernel, agent);
+    let spec = |name: &str| -> Result<BoxSpec> {
+        Ok(BoxSpec {
+            name: Name::new(name)?,
+            image: Name::new("busybox")?,
+            limits: Limits {
+                cpus: 1,
+                memory: (GUEST_MIB + moat_box::vm::qemu::OVERHEAD_MIB) << 20,
+                ..Limits::default()
+            },
+            policy: Default::default(),
+            backend: Some(BackendKind::Vm),
+        })
+    };
+
+    eprintln!("bench: raw QEMU booting the same kernel to its first userspace line, {runs} times ({accel:?})");
+    let guest = Guest { kernel: &kernel, agent, disk: None, memory_mib: GUEST_MIB };
+    let raw = Samples::collect(runs, || Ok(probe::boot(guest, accel, Duration::from_secs(60))?.took))?;
+
+    eprintln!("bench: VM box created to its first command output, {runs} times");
+    // The first makes the image's disk; not timed.
+    manager.create(account, spec("vm-warmup")?, Box::new(|_: &str| {})).await?;
+    manager.remove(account, &Name::new("vm-warmup")?).await?;
+    let mut created = Vec::new();
+    for i in 0..runs {
+        let name = Name::new(&format!("vm-{i}"))?;
+        let t = Instant::now();
+        manager.create(account, spec(name.as_str())?, Box::new(|_: &str| {})).await?;
+        let (handle, session) = manager.open_session(account, &name).await?;
+        first_byte(&handle.agent, "echo x").await?;
+        created.push(t.elapsed());
+        drop(session);
+        manager.remove(account, &name).await?;
+    }
+
+    eprintln!("bench: dup of a running {GUEST_MIB} MiB VM box holding {HELD_MIB} MiB in memory, {runs} times");
+    let src = Name::new("vm-src")?;
+    manager.create(account, spec(src.as_str())?, Box::new(|_: &str| {})).await?;
+    {
+        let (handle, _session) = manager.open_session(account, &src).await?;
+        let fill = format!("head -c {}M /dev/urandom > /dev/shm/held && echo held", HELD_MIB);
+        first_byte(&handle.agent, &fill).await?;
+    }
+    let mut dups = Vec::new();
+    for i in 0..runs {
+        let copy = Name::new(&format!("vm-copy-{i}"))?;
+        let t = Instant::now();
+        manager.dup(account, &src, &copy).await?;
+        let (handle, session) = manager.open_session(account, &copy).await?;
+        first_byte(&handle.agent, "echo x").await?;
+        dups.push(t.elapsed());
+        drop(session);
+        manager.remove(account, &copy).await?;
+    }
+
+    eprintln!("bench: first output byte from a suspended and from a running VM box, {runs} times each");
+    let (mut resumed, mut running) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        for (suspend_first, out) in [(false, &mut running), (true, &mut resumed)] {
+            if suspend_first {
+                manager.suspend(account, &src).await?;
+            }
+            let t = Instant::now();
+            let (handle, _session) = manager.open_session(account, &src).await?;
+            first_byte(&handle.agent, "echo x").await?;
+            out.push(t.elapsed());
+        }
+    }
+    manager.remove(account, &src).await?;
+
+    let raw_peer = format!("raw `qemu-system-x86_64 -M microvm` ({accel:?}), same kernel, to its first userspace line");
+    Ok(vec![
+        ("VM box: create + first output of `echo x`".into(), Samples::sorted(created), raw_peer.clone(), raw.clone()),
+        (
+            format!(
+                "VM box: `dup` of a running {GUEST_MIB} MiB box holding {HELD_MIB} MiB, to the copy's first output"
+            ),
+            Samples::sorted(dups),
+            raw_peer,
+            raw,
+        ),
+        (
+            "VM box: suspended, session + first output of `echo x`".into(),
+            Samples::sorted(resumed),
+            "running VM box, same".into(),
+            Samples::sorted(running),
+        ),
+    ])
+}
