@@ -19,6 +19,22 @@ const GUEST_MIB: u64 = 512;
 /// a tmpfs: pages a save must write, unlike the zero pages it skips).
 const HELD_MIB: u64 = 128;
 
+/// `dup` of `src` to the copy's first output, `runs` times (each copy removed).
+async fn dup_samples(manager: &Arc<BoxManager>, account: &AccountId, src: &Name, runs: usize) -> Result<Samples> {
+    let mut dups = Vec::new();
+    for i in 0..runs {
+        let copy = Name::new(&format!("vm-copy-{i}"))?;
+        let t = Instant::now();
+        manager.dup(account, src, &copy).await?;
+        let (handle, session) = manager.open_session(account, &copy).await?;
+        first_byte(&handle.agent, "echo x").await?;
+        dups.push(t.elapsed());
+        drop(session);
+        manager.remove(account, &copy).await?;
+    }
+    Ok(Samples::sorted(dups))
+}
+
 /// The VM rows, `runs` times each.
 pub async fn samples(
     manager: &Arc<BoxManager>,
@@ -44,16 +60,18 @@ pub async fn samples(
         })
     };
 
-    eprintln!("bench: raw QEMU booting the same kernel to its first userspace line, {runs} times ({accel:?})");
+    eprintln!(
+        "bench: a VM box created to its first command output, and raw QEMU booting the same kernel to its first \
+         userspace line, {runs} times each, in turn ({accel:?})"
+    );
     let guest = Guest { kernel: &kernel, agent, disk: None, memory_mib: GUEST_MIB };
-    let raw = Samples::collect(runs, || Ok(probe::boot(guest, accel, Duration::from_secs(60))?.took))?;
-
-    eprintln!("bench: VM box created to its first command output, {runs} times");
     // The first makes the image's disk; not timed.
     manager.create(account, spec("vm-warmup")?, Box::new(|_: &str| {})).await?;
     manager.remove(account, &Name::new("vm-warmup")?).await?;
-    let mut created = Vec::new();
+    let (mut raw, mut created) = (Vec::new(), Vec::new());
     for i in 0..runs {
+        // In turn, so that a slow patch of the host weighs on both alike.
+        raw.push(probe::boot(guest, accel, Duration::from_secs(60))?.took);
         let name = Name::new(&format!("vm-{i}"))?;
         let t = Instant::now();
         manager.create(account, spec(name.as_str())?, Box::new(|_: &str| {})).await?;
@@ -64,25 +82,16 @@ pub async fn samples(
         manager.remove(account, &name).await?;
     }
 
-    eprintln!("bench: dup of a running {GUEST_MIB} MiB VM box holding {HELD_MIB} MiB in memory, {runs} times");
+    eprintln!("bench: dup of a running {GUEST_MIB} MiB VM box, idle and holding {HELD_MIB} MiB, {runs} times each");
     let src = Name::new("vm-src")?;
     manager.create(account, spec(src.as_str())?, Box::new(|_: &str| {})).await?;
+    let idle = dup_samples(manager, account, &src, runs).await?;
     {
         let (handle, _session) = manager.open_session(account, &src).await?;
-        let fill = format!("head -c {}M /dev/urandom > /dev/shm/held && echo held", HELD_MIB);
+        let fill = format!("dd if=/dev/urandom of=/dev/shm/held bs=1048576 count={HELD_MIB} 2>/dev/null && echo held");
         first_byte(&handle.agent, &fill).await?;
     }
-    let mut dups = Vec::new();
-    for i in 0..runs {
-        let copy = Name::new(&format!("vm-copy-{i}"))?;
-        let t = Instant::now();
-        manager.dup(account, &src, &copy).await?;
-        let (handle, session) = manager.open_session(account, &copy).await?;
-        first_byte(&handle.agent, "echo x").await?;
-        dups.push(t.elapsed());
-        drop(session);
-        manager.remove(account, &copy).await?;
-    }
+    let held = dup_samples(manager, account, &src, runs).await?;
 
     eprintln!("bench: first output byte from a suspended and from a running VM box, {runs} times each");
     let (mut resumed, mut running) = (Vec::new(), Vec::new());
@@ -99,14 +108,19 @@ pub async fn samples(
     }
     manager.remove(account, &src).await?;
 
+    let raw = Samples::sorted(raw);
     let raw_peer = format!("raw `qemu-system-x86_64 -M microvm` ({accel:?}), same kernel, to its first userspace line");
     Ok(vec![
         ("VM box: create + first output of `echo x`".into(), Samples::sorted(created), raw_peer.clone(), raw.clone()),
         (
-            format!(
-                "VM box: `dup` of a running {GUEST_MIB} MiB box holding {HELD_MIB} MiB, to the copy's first output"
-            ),
-            Samples::sorted(dups),
+            format!("VM box: `dup` of a running, idle {GUEST_MIB} MiB box, to the copy's first output"),
+            idle,
+            raw_peer.clone(),
+            raw.clone(),
+        ),
+        (
+            format!("VM box: `dup` of a running {GUEST_MIB} MiB box holding {HELD_MIB} MiB, to the copy's first output"),
+            held,
             raw_peer,
             raw,
         ),

@@ -299,7 +299,9 @@ impl VmBackend {
         let run_dir = self.box_run_dir(rec);
         std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
         self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
+        let started = std::time::Instant::now();
         let initramfs = self.write_initramfs(rec, &run_dir)?;
+        tracing::debug!(box_id = %rec.id, took = ?started.elapsed(), "vm initramfs written");
         self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
         let plan = VmPlan {
             qemu: self.config.qemu.clone(),
@@ -368,11 +370,14 @@ impl Backend for VmBackend {
         self.pool.finish_restore_of(&rec.id).map_err(|e| BackendError::new("finish the box's restore", e))?;
         let saved = self.memory_path(&rec.id);
         if saved.exists() {
+            let started = std::time::Instant::now();
             let resumed = self.boot(rec, Some(&saved));
             let _ = std::fs::remove_file(&saved);
             match resumed {
                 Ok(pid) => {
+                    let loaded = started.elapsed();
                     self.after_resume(rec, None);
+                    tracing::debug!(box_id = %rec.id, loaded = ?loaded, told = ?started.elapsed() - loaded, "vm resumed");
                     return Ok(self.handle_for(rec, pid));
                 }
                 // Booted afresh instead, on a disk as a power cut leaves it.
@@ -435,6 +440,7 @@ impl Backend for VmBackend {
     }
 
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+        let started = std::time::Instant::now();
         let copied = if self.is_running(src) {
             // The machine is saved with its vCPUs paused and its disk
             // flushed, then its disk copied: the copy starts as the very
@@ -468,7 +474,10 @@ impl Backend for VmBackend {
             return Err(e);
         }
         fault::point("dup-after-snapshot");
-        self.make_own(dst)
+        let saved = started.elapsed();
+        self.make_own(dst)?;
+        tracing::debug!(box_id = %dst.id, saved = ?saved, made_own = ?started.elapsed() - saved, "vm copied");
+        Ok(())
     }
 
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
