@@ -484,6 +484,7 @@ mod tests {
                 idle: Some(5),
                 policy: None,
                 ask: false,
+                backend: Some(moat_core::BackendKind::Vm),
             };
             let mut bytes = serde_json::to_vec(&req).unwrap();
             let pos = pos % bytes.len();

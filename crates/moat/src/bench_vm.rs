@@ -119,7 +119,9 @@ pub async fn samples(
             raw.clone(),
         ),
         (
-            format!("VM box: `dup` of a running {GUEST_MIB} MiB box holding {HELD_MIB} MiB, to the copy's first output"),
+            format!(
+                "VM box: `dup` of a running {GUEST_MIB} MiB box holding {HELD_MIB} MiB, to the copy's first output"
+            ),
             held,
             raw_peer,
             raw,
