@@ -87,8 +87,9 @@ pub enum HostMsg {
     },
     /// A microVM guest: write this file of the host's (a host name, a key,
     /// `/etc/environment`) into the guest's root, unless the guest holds what
-    /// the host last wrote there. A whole connection; answered with `Pong`
-    /// once written, or `Error`.
+    /// the host last wrote there. Answered with `Pong` once written, or
+    /// `Error`; more `PutFile`s may follow on the same connection, each
+    /// answered in turn, until the host closes its side.
     PutFile {
         /// Path below `/`, without a leading `/`.
         path: String,

@@ -57,15 +57,22 @@ pub fn seed(files: &Path, image: &Path) -> io::Result<()> {
 }
 
 /// Hands `paths` of the mini-root `files` to the running guest whose agent
-/// is at `socket`; waits at most `timeout` for each.
+/// is at `socket`, over one connection; waits at most `timeout` for each.
 pub fn push(socket: &Path, files: &Path, paths: &[&str], timeout: Duration) -> io::Result<()> {
     let root: OwnedFd = std::fs::File::open(files)?.into();
+    let mut conn = connect(socket, timeout)?;
+    let mut sent = Vec::new();
     for rel in paths {
         let Some(data) = read_in_root(&root, rel, moat_agent::protocol::MAX_FRAME as u64 / 2)? else { continue };
         let mode =
             std::fs::metadata(files.join(rel)).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))?;
-        let msg = HostMsg::PutFile { path: rel.to_string(), mode: mode & 0o7777, data };
-        ask(socket, &msg, timeout).map_err(|e| io::Error::new(e.kind(), format!("write /{rel}: {e}")))?;
+        conn.write_all(&HostMsg::PutFile { path: rel.to_string(), mode: mode & 0o7777, data }.encode())?;
+        sent.push(*rel);
+    }
+    conn.shutdown(std::net::Shutdown::Write)?;
+    let mut answers = Answers::default();
+    for rel in sent {
+        answers.pong(&mut conn).map_err(|e| io::Error::new(e.kind(), format!("write /{rel}: {e}")))?;
     }
     Ok(())
 }
@@ -111,25 +118,43 @@ pub fn sync(socket: &Path, timeout: Duration) -> io::Result<()> {
 
 /// Sends `msg` as a connection of its own and waits for its `Pong`.
 fn ask(socket: &Path, msg: &HostMsg, timeout: Duration) -> io::Result<()> {
-    let mut conn = std::os::unix::net::UnixStream::connect(socket)?;
+    let mut conn = connect(socket, timeout)?;
+    conn.write_all(&msg.encode())?;
+    Answers::default().pong(&mut conn)
+}
+
+fn connect(socket: &Path, timeout: Duration) -> io::Result<std::os::unix::net::UnixStream> {
+    let conn = std::os::unix::net::UnixStream::connect(socket)?;
     conn.set_read_timeout(Some(timeout))?;
     conn.set_write_timeout(Some(timeout))?;
-    conn.write_all(&msg.encode())?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some((msg, _)) = AgentMsg::decode(&buf).map_err(io::Error::other)? {
-            return match msg {
-                AgentMsg::Pong => Ok(()),
-                AgentMsg::Error(e) => Err(io::Error::other(e)),
-                other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
-            };
+    Ok(conn)
+}
+
+/// The agent's answers on one connection, read one at a time.
+#[derive(Default)]
+struct Answers {
+    buf: Vec<u8>,
+}
+
+impl Answers {
+    /// The next answer, which must be `Pong`.
+    fn pong(&mut self, conn: &mut std::os::unix::net::UnixStream) -> io::Result<()> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some((msg, used)) = AgentMsg::decode(&self.buf).map_err(io::Error::other)? {
+                self.buf.drain(..used);
+                return match msg {
+                    AgentMsg::Pong => Ok(()),
+                    AgentMsg::Error(e) => Err(io::Error::other(e)),
+                    other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+                };
+            }
+            let n = conn.read(&mut chunk)?;
+            if n == 0 || self.buf.len() > 64 << 10 {
+                return Err(io::Error::other("no answer"));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
         }
-        let n = conn.read(&mut chunk)?;
-        if n == 0 || buf.len() > 64 << 10 {
-            return Err(io::Error::other("no answer"));
-        }
-        buf.extend_from_slice(&chunk[..n]);
     }
 }
 

@@ -463,7 +463,22 @@ impl BoxManager {
         let (a, b) = (self.get(account, a)?, self.get(account, b)?);
         // (The semaphore is never closed, so a turn always comes.)
         let _turn = self.diff_turns.acquire().await.ok();
-        Ok(self.blocking(move |backend| backend.diff(&a, &b, &mut *out)).await??)
+        // A VM box lists its own files: it must not be suspended or stopped
+        // meanwhile, so both boxes are held (in id order, as `promote` holds
+        // them). Namespace boxes' files are read from the host, unheld.
+        let mut guards = Vec::new();
+        if a.backend == BackendKind::Vm || b.backend == BackendKind::Vm {
+            let mut ids = vec![a.id.clone(), b.id.clone()];
+            ids.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+            ids.dedup();
+            for id in ids {
+                guards.push(self.lock_for(&id).lock_owned().await);
+            }
+        }
+        let (a, b) = (self.get(account, &a.name)?, self.get(account, &b.name)?);
+        let compared = self.blocking(move |backend| backend.diff(&a, &b, &mut *out)).await;
+        drop(guards);
+        Ok(compared??)
     }
 
     /// Makes a duplicate take its parent's place: the parent's name now means the

@@ -9,8 +9,11 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::path::{Component, Path};
 use std::sync::Mutex;
+
+use moat_agent::protocol::{AgentMsg, HostMsg};
 
 /// Hash and path of every file the host wrote, one per line, in the guest's root.
 const WRITTEN: &str = "var/lib/moat/host-files";
@@ -20,6 +23,23 @@ const MAX_FILE: usize = 1 << 20;
 
 /// One writer at a time: the record is read, changed and written whole.
 static LOCK: Mutex<()> = Mutex::new(());
+
+/// Serves a connection of `PutFile`s (`first` read already), answering each.
+pub fn serve(first: HostMsg, reader: &mut crate::frames::FrameReader, stream: &UnixStream) -> io::Result<()> {
+    let mut next = Some(first);
+    while let Some(HostMsg::PutFile { path, mode, data }) = next {
+        let answer = match put(Path::new("/"), &path, mode, &data) {
+            Ok(()) => AgentMsg::Pong,
+            Err(e) => AgentMsg::Error(format!("write /{path}: {e}")),
+        };
+        crate::frames::send(stream, &answer)?;
+        next = reader.next()?;
+    }
+    match next {
+        None => Ok(()),
+        Some(other) => crate::frames::send(stream, &AgentMsg::Error(format!("unexpected {other:?} among files"))),
+    }
+}
 
 /// Writes every regular file below `tree` (a mini-root) into `root`.
 pub fn put_tree(tree: &Path, root: &Path) {

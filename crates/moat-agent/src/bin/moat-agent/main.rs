@@ -87,12 +87,7 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
             nix::unistd::sync();
             frames::send(&stream, &AgentMsg::Pong)
         }
-        Ok(Some(HostMsg::PutFile { path, mode, data })) => {
-            match host_files::put(std::path::Path::new("/"), &path, mode, &data) {
-                Ok(()) => frames::send(&stream, &AgentMsg::Pong),
-                Err(e) => frames::send(&stream, &AgentMsg::Error(format!("write /{path}: {e}"))),
-            }
-        }
+        Ok(Some(first @ HostMsg::PutFile { .. })) => host_files::serve(first, &mut reader, &stream),
         Ok(Some(HostMsg::Resumed { unix_ns, entropy })) => match guest::resumed(unix_ns, &entropy) {
             Ok(()) => frames::send(&stream, &AgentMsg::Pong),
             Err(e) => frames::send(&stream, &AgentMsg::Error(e.to_string())),
