@@ -316,9 +316,12 @@ impl VmBackend {
             boot_timeout_ms: BOOT_TIMEOUT.as_millis() as u64,
         };
         let json = serde_json::to_vec(&plan).map_err(|e| BackendError::new("encode the plan", e))?;
-        crate::ns::run_helper(&self.config.helper, "box-vm", &json).inspect_err(|_| {
+        let helper = std::time::Instant::now();
+        let pid = crate::ns::run_helper(&self.config.helper, "box-vm", &json).inspect_err(|_| {
             let _ = self.cgroups.destroy(&rec.id);
-        })
+        })?;
+        tracing::debug!(box_id = %rec.id, prepared = ?helper - started, up = ?helper.elapsed(), "vm booted");
+        Ok(pid)
     }
 
     fn handle_for(&self, rec: &BoxRecord, pid: u32) -> BoxHandle {
@@ -357,13 +360,16 @@ impl Backend for VmBackend {
     }
 
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let started = std::time::Instant::now();
         let base = self.base(&rec.image)?;
         self.pool.create_box(&rec.id).map_err(|e| BackendError::new("create the box's subvolume", e))?;
         if let Err(e) = self.make_box_dir(rec, &base) {
             let _ = self.pool.delete_box(&rec.id);
             return Err(BackendError::new("make the box's disk", e));
         }
-        self.make_own(rec)
+        self.make_own(rec)?;
+        tracing::debug!(box_id = %rec.id, took = ?started.elapsed(), "vm box made");
+        Ok(())
     }
 
     fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {

@@ -104,7 +104,7 @@ pub fn controlmaster_100_commands_then_idle_suspends(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
-fn python_client(env: &Env, script: &str, user: &str) -> Ran {
+pub(crate) fn python_client(env: &Env, script: &str, user: &str) -> Ran {
     let mut cmd = Command::new("timeout");
     cmd.arg("180").arg(PYTHON).arg(clients_dir().join(script));
     cmd.args(["127.0.0.1", &env.daemon.port.to_string()]).arg(&env.alice.path).arg(user);

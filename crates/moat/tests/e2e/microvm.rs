@@ -85,6 +85,18 @@ pub fn box_runs_its_own_kernel_over_ssh(env: &Env) {
     run(scp.arg(format!("{name}@127.0.0.1:/root/in.bin")).arg(&back)).ok();
     assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
 
+    // rsync both ways, and other clients than OpenSSH on one connection.
+    let ssh = format!("ssh {} -p {}", env.daemon.ssh_opts(&env.alice).join(" "), env.daemon.port);
+    let rsync = |from: String, to: String| {
+        run(Command::new("timeout").args(["300", "rsync", "-a", "-e", &ssh, &from, &to])).ok();
+    };
+    rsync(src.display().to_string(), format!("{name}@127.0.0.1:/srv/in.bin"));
+    let synced = env.dir.join(format!("{name}.synced"));
+    rsync(format!("{name}@127.0.0.1:/srv/in.bin"), synced.display().to_string());
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&synced).unwrap());
+    let out = crate::clients::python_client(env, "paramiko_session.py", &name).ok();
+    assert!(out.stdout.contains("paramiko: 100 commands"), "{}", out.stdout);
+
     // A forward to a server in the guest.
     env.alice(
         Some(&name),
