@@ -554,9 +554,14 @@ pub fn open_tap(name: &str) -> io::Result<OwnedFd> {
 }
 
 /// Has `cmd`'s child, before it execs: die with its parent (the thread that
-/// spawned it), never gain privileges, and find each `(fd, n)` as descriptor
-/// `n` (each `n` below 64).
-pub fn child_setup(cmd: &mut std::process::Command, fds: &[(BorrowedFd<'_>, i32)]) -> io::Result<()> {
+/// spawned it), never gain privileges, run under seccomp `filter`, and find
+/// each `(fd, n)` as descriptor `n` (each `n` below 64).
+pub fn child_setup(
+    cmd: &mut std::process::Command,
+    fds: &[(BorrowedFd<'_>, i32)],
+    filter: Vec<libc::sock_filter>,
+) -> io::Result<()> {
+    let len = u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     use std::os::unix::process::CommandExt;
     // Copies above every target first, so that no dup2 below overwrites a
     // descriptor another is still to be copied from. They live in the hook.
@@ -569,11 +574,14 @@ pub fn child_setup(cmd: &mut std::process::Command, fds: &[(BorrowedFd<'_>, i32)
         })
         .collect::<io::Result<Vec<_>>>()?;
     // SAFETY: the hook runs in the child between fork and exec and calls only
-    // prctl and dup2, which are async-signal-safe; it allocates nothing.
+    // prctl and dup2, which are async-signal-safe; it allocates nothing (the
+    // filter is the hook's own, alive across the prctl, which copies it).
     unsafe {
         cmd.pre_exec(move || {
+            let prog = libc::sock_fprog { len, filter: filter.as_ptr().cast_mut() };
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0
                 || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0
+                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) < 0
             {
                 return Err(io::Error::last_os_error());
             }

@@ -123,7 +123,7 @@ fn denied_ioctls() -> Vec<u32> {
 /// The socket families a box may use: its own loopback, and the egress
 /// gateway's listeners on it, need no more. AF_VSOCK, in particular, reaches the hypervisor
 /// when moat runs in a VM, without passing the box's network namespace.
-const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
+pub(crate) const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
     [libc::AF_UNIX as u32, libc::AF_INET as u32, libc::AF_INET6 as u32, libc::AF_NETLINK as u32];
 
 /// Compiles the filter.

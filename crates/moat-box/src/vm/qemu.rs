@@ -138,6 +138,20 @@ pub fn args(machine: &Machine) -> Vec<String> {
     args
 }
 
+/// QEMU's own seccomp filter, beneath `-sandbox on` (which leaves socket
+/// families alone): the socket families a namespace box may use, and no
+/// other. AF_VSOCK, in particular, would reach this host's hypervisor from
+/// a QEMU the guest took over.
+pub fn socket_filter() -> Vec<libc::sock_filter> {
+    use crate::bpf::{arg0_one_of, if_syscall, prologue, stmt, BPF_RET_K, SECCOMP_RET_ALLOW};
+    let mut prog = prologue();
+    let families = arg0_one_of(&crate::ns::seccomp::ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT);
+    if_syscall(&mut prog, libc::SYS_socket, &families);
+    if_syscall(&mut prog, libc::SYS_socketpair, &families);
+    prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+    prog
+}
+
 /// A locally administered MAC address.
 pub fn random_mac() -> String {
     let mut b = [0u8; 3];
@@ -274,6 +288,21 @@ mod tests {
     fn tcg_machines_are_told_the_tsc_rate_and_kvm_ones_are_not() {
         assert!(cmdline(Accel::Tcg, Some(2_400_000)).contains("tsc_early_khz=2400000"));
         assert!(!cmdline(Accel::Kvm, Some(2_400_000)).contains("tsc_early_khz"));
+    }
+
+    #[test]
+    fn qemu_gets_no_vsock_socket() {
+        use crate::bpf::test::run;
+        use crate::bpf::{SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO};
+        let prog = socket_filter();
+        let nr = |n: libc::c_long| n as u32;
+        let refused = SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32;
+        for family in [libc::AF_VSOCK, libc::AF_PACKET, libc::AF_ALG] {
+            assert_eq!(run(&prog, nr(libc::SYS_socket), [family as u64, 1, 0, 0, 0, 0]), refused, "{family}");
+            assert_eq!(run(&prog, nr(libc::SYS_socketpair), [family as u64, 1, 0, 0, 0, 0]), refused, "{family}");
+        }
+        assert_eq!(run(&prog, nr(libc::SYS_socket), [libc::AF_UNIX as u64, 1, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
+        assert_eq!(run(&prog, nr(libc::SYS_read), [0; 6]), SECCOMP_RET_ALLOW);
     }
 
     #[test]

@@ -172,7 +172,7 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     if let Some(saved) = &incoming {
         fds.push((saved.as_fd(), Fds::INCOMING));
     }
-    sys::child_setup(&mut cmd, &fds)?;
+    sys::child_setup(&mut cmd, &fds, qemu::socket_filter())?;
     let mut child = cmd.spawn().map_err(context("run qemu"))?;
     drop(cmd);
     drop((kernel, initramfs, disk, disk_read, qemu_agent, tap, qmp, incoming));

@@ -58,6 +58,25 @@ pub fn box_runs_its_own_kernel_over_ssh(env: &Env) {
         std::thread::sleep(Duration::from_millis(500));
     }
 
+    // Its QEMU: not root, no privilege to gain, under seccomp, and no vsock.
+    let qemus = run(Command::new("pgrep").args(["-f", "qemu-system-x86_64 -M microvm,"])).stdout;
+    assert!(!qemus.trim().is_empty(), "no QEMU runs");
+    for pid in qemus.lines() {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+        };
+        if status.is_empty() {
+            continue;
+        }
+        assert_ne!(field("Uid:").as_deref(), Some("0"), "QEMU runs as root:\n{status}");
+        assert_eq!(field("NoNewPrivs:").as_deref(), Some("1"), "{status}");
+        assert_eq!(field("Seccomp:").as_deref(), Some("2"), "{status}");
+    }
+
     // Status, stdout and stderr apart, stdin streamed.
     let ran = env.alice(Some(&name), &["echo out; echo err >&2; exit 7"]);
     assert_eq!((ran.status, ran.stdout.as_str(), ran.stderr.as_str()), (Some(7), "out\n", "err\n"));
