@@ -562,6 +562,7 @@ pub fn child_setup(
     filter: Vec<libc::sock_filter>,
 ) -> io::Result<()> {
     let len = u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let first_free = fds.iter().map(|(_, n)| *n + 1).max().unwrap_or(3).max(3) as u32;
     use std::os::unix::process::CommandExt;
     // Copies above every target first, so that no dup2 below overwrites a
     // descriptor another is still to be copied from. They live in the hook.
@@ -574,8 +575,9 @@ pub fn child_setup(
         })
         .collect::<io::Result<Vec<_>>>()?;
     // SAFETY: the hook runs in the child between fork and exec and calls only
-    // prctl and dup2, which are async-signal-safe; it allocates nothing (the
-    // filter is the hook's own, alive across the prctl, which copies it).
+    // prctl, dup2 and close_range, which are async-signal-safe; it allocates
+    // nothing (the filter is the hook's own, alive across the prctl, which
+    // copies it).
     unsafe {
         cmd.pre_exec(move || {
             let prog = libc::sock_fprog { len, filter: filter.as_ptr().cast_mut() };
@@ -589,6 +591,11 @@ pub fn child_setup(
                 if libc::dup2(fd.as_raw_fd(), *n) < 0 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            // Whatever else is open stays behind at exec (close-on-exec rather
+            // than closed: std's own error pipe must live until the exec).
+            if libc::syscall(libc::SYS_close_range, first_free, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) < 0 {
+                return Err(io::Error::last_os_error());
             }
             Ok(())
         });

@@ -53,8 +53,10 @@ pub struct VmConfig {
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the guest's agent may take to take a file.
 const PUT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a guest may take to send the next part of its listing.
-const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a guest's whole listing may take (diff's own limit).
+const LIST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long `stop` lets an awake guest write out its data.
+const SYNC_ON_STOP: Duration = Duration::from_secs(3);
 /// How long QEMU may take to answer on QMP.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room a disk's file takes beyond the disk (the mini-root, metadata).
@@ -91,27 +93,34 @@ impl VmBackend {
         files::dir(&self.pool.box_path(&rec.id))
     }
 
-    /// The disk of this build of `image`, made from its tree the first time.
-    fn base(&self, image: &Name) -> Result<PathBuf, BackendError> {
-        let dev = self.pool.image_dev(image).ok_or_else(|| BackendError::msg(format!("image {image} is not built")))?;
-        let base = self.pool.vm_bases_dir().join(format!("{image}-{dev}.raw"));
+    /// The disk of this build of `image` (made from its tree the first
+    /// time), open: keyed by the image's subvolume id, which btrfs never
+    /// hands out twice.
+    fn base(&self, image: &Name) -> Result<std::fs::File, BackendError> {
+        let tree = self.pool.image_path(image);
+        let build =
+            crate::sys::subvolume_id(&tree).map_err(|e| BackendError::new(format!("image {image} is not built"), e))?;
+        let base = self.pool.vm_bases_dir().join(format!("{image}.{build}.raw"));
         let _held = self.bases.lock().unwrap_or_else(PoisonError::into_inner);
-        if base.exists() {
-            return Ok(base);
+        if let Ok(file) = std::fs::File::open(&base) {
+            return Ok(file);
         }
         let dir = self.pool.vm_bases_dir();
         std::fs::create_dir_all(&dir).map_err(|e| BackendError::new(format!("create {}", dir.display()), e))?;
-        // Disks of older builds of the image go (boxes made from them keep their reflinks).
+        // Disks of older builds of this image go (boxes made from them keep
+        // their reflinks); only names of the form IMAGE.ID.raw are its.
         for old in std::fs::read_dir(&dir).into_iter().flatten().filter_map(Result::ok) {
-            if old.file_name().to_string_lossy().starts_with(&format!("{image}-")) {
+            let name = old.file_name().to_string_lossy().into_owned();
+            let id = name.strip_prefix(&format!("{image}.")).and_then(|rest| rest.strip_suffix(".raw"));
+            if id.is_some_and(|id| id.parse::<u64>().is_ok()) {
                 let _ = std::fs::remove_file(old.path());
             }
         }
         let partial = base.with_extension("partial");
-        disk::ext4_image(&self.pool.image_path(image), &partial)
+        disk::ext4_image(&tree, &partial)
             .and_then(|()| std::fs::rename(&partial, &base))
-            .map_err(|e| BackendError::new(format!("make a disk of image {image}"), e))?;
-        Ok(base)
+            .and_then(|()| std::fs::File::open(&base))
+            .map_err(|e| BackendError::new(format!("make a disk of image {image}"), e))
     }
 
     /// Gives a box directory (new, or a copy) its disk limits and a fresh
@@ -138,9 +147,9 @@ impl VmBackend {
     /// A new box's directory: its disk a reflink of the image's, as large as
     /// its disk limit (the guest grows its file system to fill it), and its
     /// mini-root seeded from the image.
-    fn make_box_dir(&self, rec: &BoxRecord, base: &Path) -> std::io::Result<()> {
+    fn make_box_dir(&self, rec: &BoxRecord, base: &std::fs::File) -> std::io::Result<()> {
         let disk = std::fs::OpenOptions::new().write(true).create_new(true).open(self.disk_path(rec))?;
-        crate::sys::reflink(&std::fs::File::open(base)?, &disk)?;
+        crate::sys::reflink(base, &disk)?;
         let size = disk.metadata()?.len();
         if rec.limits.disk < size {
             return Err(std::io::Error::other(format!(
@@ -200,12 +209,14 @@ impl VmBackend {
     }
 
     /// Writes the running box's whole machine to `to`, runs `meanwhile`
-    /// while it stands still just as saved (its disk flushed), and leaves
-    /// it as it was (running, or paused).
+    /// while it stands still just as saved (its disk flushed), and with
+    /// `go_on` leaves it as it was (running, or paused); without, it stays
+    /// stopped as saved, its disk never written again (it is to be ended).
     fn save_memory(
         &self,
         rec: &BoxRecord,
         to: &Path,
+        go_on: bool,
         meanwhile: impl FnOnce() -> Result<(), crate::pool::PoolError>,
     ) -> Result<(), BackendError> {
         use std::os::unix::fs::OpenOptionsExt;
@@ -219,6 +230,12 @@ impl VmBackend {
         let was_running = qmp.running().map_err(fail)?;
         let saved = qmp.save(&file).map_err(fail);
         let done = saved.and_then(|()| meanwhile().map_err(|e| BackendError::new(format!("copy {}", rec.name), e)));
+        if !go_on {
+            if done.is_err() {
+                let _ = std::fs::remove_file(to);
+            }
+            return done;
+        }
         // Saving hands the disk over to whoever loads the machine; `cont`
         // takes it back (and runs the vCPUs: a paused machine is paused again).
         let back = qmp.execute("cont", serde_json::Value::Null);
@@ -408,26 +425,38 @@ impl Backend for VmBackend {
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         // What the guest wrote reaches its disk first, if it is awake to do it.
         if self.is_running(rec) && !self.cgroups.is_frozen(&rec.id) {
-            let _ = files::sync(&supervise::agent_socket(&self.box_run_dir(rec)), PUT_TIMEOUT);
+            let _ = files::sync(&supervise::agent_socket(&self.box_run_dir(rec)), SYNC_ON_STOP);
         }
         self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
         forget(&self.memory_path(&rec.id))
     }
 
     fn park(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let saved = self.memory_path(&rec.id);
+        let partial = saved.with_extension("partial");
+        let mut kept = false;
         if self.is_running(rec) {
-            // QEMU answers QMP only when not frozen; its vCPUs stay paused.
+            // QEMU answers QMP only when not frozen; its vCPUs stay paused,
+            // and after the save it never runs them or writes its disk again.
             self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
-            if let Err(e) = self.save_memory(rec, &self.memory_path(&rec.id), || Ok(())) {
-                tracing::warn!(box_id = %rec.id, error = %e, "could not save a parked machine; it will boot afresh");
+            match self.save_memory(rec, &partial, false, || Ok(())) {
+                Ok(()) => kept = true,
+                Err(e) => tracing::warn!(box_id = %rec.id, error = %e, "could not save a parked machine"),
             }
         }
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
+        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        // Only a machine whose QEMU is gone is one to resume (a crash before
+        // this leaves a partial file the next park or removal replaces).
+        if kept {
+            std::fs::rename(&partial, &saved).map_err(|e| BackendError::new("keep the saved machine", e))?;
+        }
+        Ok(())
     }
 
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
         forget(&self.memory_path(&rec.id))?;
+        forget(&self.memory_path(&rec.id).with_extension("partial"))?;
         self.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box files", e))?;
         match std::fs::remove_dir_all(self.box_run_dir(rec)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
@@ -457,7 +486,7 @@ impl Backend for VmBackend {
             let copied =
                 self.cgroups.thaw(&src.id).map_err(|e| BackendError::new(format!("thaw {}", src.name), e)).and_then(
                     |()| {
-                        self.save_memory(src, &memory, || {
+                        self.save_memory(src, &memory, true, || {
                             fault::point("dup-while-frozen");
                             self.pool.snapshot_box(&src.id, &dst.id).map(drop)
                         })
@@ -481,7 +510,9 @@ impl Backend for VmBackend {
         }
         fault::point("dup-after-snapshot");
         let saved = started.elapsed();
-        self.make_own(dst)?;
+        self.make_own(dst).inspect_err(|_| {
+            let _ = std::fs::remove_file(self.memory_path(&dst.id));
+        })?;
         tracing::debug!(box_id = %dst.id, saved = ?saved, made_own = ?started.elapsed() - saved, "vm copied");
         Ok(())
     }

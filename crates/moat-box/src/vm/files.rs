@@ -9,7 +9,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moat_agent::protocol::{AgentMsg, HostMsg};
 
@@ -57,9 +57,10 @@ pub fn seed(files: &Path, image: &Path) -> io::Result<()> {
 }
 
 /// Hands `paths` of the mini-root `files` to the running guest whose agent
-/// is at `socket`, over one connection; waits at most `timeout` for each.
+/// is at `socket`, over one connection, within `timeout` in all.
 pub fn push(socket: &Path, files: &Path, paths: &[&str], timeout: Duration) -> io::Result<()> {
     let root: OwnedFd = std::fs::File::open(files)?.into();
+    let deadline = Instant::now() + timeout;
     let mut conn = connect(socket, timeout)?;
     let mut sent = Vec::new();
     for rel in paths {
@@ -72,7 +73,7 @@ pub fn push(socket: &Path, files: &Path, paths: &[&str], timeout: Duration) -> i
     conn.shutdown(std::net::Shutdown::Write)?;
     let mut answers = Answers::default();
     for rel in sent {
-        answers.pong(&mut conn).map_err(|e| io::Error::new(e.kind(), format!("write /{rel}: {e}")))?;
+        answers.pong(&mut conn, deadline).map_err(|e| io::Error::new(e.kind(), format!("write /{rel}: {e}")))?;
     }
     Ok(())
 }
@@ -116,11 +117,13 @@ pub fn sync(socket: &Path, timeout: Duration) -> io::Result<()> {
     ask(socket, &HostMsg::Sync, timeout)
 }
 
-/// Sends `msg` as a connection of its own and waits for its `Pong`.
+/// Sends `msg` as a connection of its own and waits at most `timeout` in
+/// all for its `Pong` (a guest that answers a byte at a time is cut off).
 fn ask(socket: &Path, msg: &HostMsg, timeout: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
     let mut conn = connect(socket, timeout)?;
     conn.write_all(&msg.encode())?;
-    Answers::default().pong(&mut conn)
+    Answers::default().pong(&mut conn, deadline)
 }
 
 fn connect(socket: &Path, timeout: Duration) -> io::Result<std::os::unix::net::UnixStream> {
@@ -137,10 +140,15 @@ struct Answers {
 }
 
 impl Answers {
-    /// The next answer, which must be `Pong`.
-    fn pong(&mut self, conn: &mut std::os::unix::net::UnixStream) -> io::Result<()> {
+    /// The next answer, which must be `Pong`, by `deadline`.
+    fn pong(&mut self, conn: &mut std::os::unix::net::UnixStream, deadline: Instant) -> io::Result<()> {
         let mut chunk = [0u8; 4096];
         loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the guest did not answer in time"));
+            }
+            conn.set_read_timeout(Some(left))?;
             if let Some((msg, used)) = AgentMsg::decode(&self.buf).map_err(io::Error::other)? {
                 self.buf.drain(..used);
                 return match msg {

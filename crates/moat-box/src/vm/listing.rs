@@ -1,43 +1,56 @@
 //! A running guest's file system as its agent lists it (`Walk`), read as
 //! a stream of entries for [`crate::diff::diff_listings`]. The guest may
-//! lie or stall: every read waits a bounded time and holds a bounded amount.
+//! lie or stall: the whole listing has a deadline and a byte budget, and
+//! what is held at once is bounded.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moat_agent::protocol::{AgentMsg, ExitStatus, HostMsg};
 use moat_agent::walk;
 
 use crate::diff::Listed;
 
+/// Most bytes one listing may take (a tree within diff's entry limit
+/// takes far less).
+const MAX_BYTES: u64 = 1 << 30;
+
 /// One guest's listing, entry by entry.
 pub struct Listing {
     conn: UnixStream,
     /// Bytes read and not yet a whole frame.
     frames: Vec<u8>,
-    /// Record bytes not yet a whole record.
+    /// Record bytes, of which those before `at` are taken.
     records: Vec<u8>,
+    at: usize,
     done: bool,
+    deadline: Instant,
+    /// Bytes read so far.
+    read: u64,
 }
 
 impl Listing {
-    /// Asks the agent at `socket` to list its root; each read waits at most `timeout`.
+    /// Asks the agent at `socket` to list its root, all of it within `timeout`.
     pub fn open(socket: &Path, timeout: Duration) -> io::Result<Self> {
         let mut conn = UnixStream::connect(socket)?;
-        conn.set_read_timeout(Some(timeout))?;
         conn.set_write_timeout(Some(timeout))?;
         conn.write_all(&HostMsg::Walk.encode())?;
-        Ok(Self { conn, frames: Vec::new(), records: Vec::new(), done: false })
+        let deadline = Instant::now() + timeout;
+        Ok(Self { conn, frames: Vec::new(), records: Vec::new(), at: 0, done: false, deadline, read: 0 })
     }
 
     fn next_entry(&mut self) -> io::Result<Option<Listed>> {
         loop {
-            if let Some((path, entry, target, used)) = walk::decode(&self.records).map_err(io::Error::other)? {
-                self.records.drain(..used);
+            let rest = self.records.get(self.at..).unwrap_or_default();
+            if let Some((path, entry, target, used)) = walk::decode(rest).map_err(io::Error::other)? {
+                self.at += used;
                 return Ok(Some((path, (entry, target).into())));
             }
+            // What is taken goes once per frame, not once per record.
+            self.records.drain(..self.at);
+            self.at = 0;
             if self.done {
                 return match self.records.is_empty() {
                     true => Ok(None),
@@ -66,10 +79,19 @@ impl Listing {
                     other => Err(io::Error::other(format!("unexpected answer to a listing: {other:?}"))),
                 };
             }
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the guest's listing took too long"));
+            }
+            self.conn.set_read_timeout(Some(left))?;
             let mut chunk = [0u8; 64 << 10];
             let n = self.conn.read(&mut chunk)?;
             if n == 0 {
                 return Err(io::Error::other("the guest ended its listing early"));
+            }
+            self.read += n as u64;
+            if self.read > MAX_BYTES {
+                return Err(io::Error::other(format!("the guest's listing is over {} MiB", MAX_BYTES >> 20)));
             }
             self.frames.extend_from_slice(&chunk[..n]);
         }

@@ -2,7 +2,9 @@
 //! end of the guest's network link. Whatever the guest sends arrives on the
 //! tap as traffic from outside; DNS and TCP to anywhere are turned to the
 //! egress gateway's listeners on `lo` (as a namespace box's own traffic is),
-//! everything else is dropped, and the heads of dropped UDP and ICMP are
+//! everything else is dropped (nothing is forwarded, and nothing but what
+//! was turned reaches the namespace's own stack; ARP only from the guest's
+//! address for the router's), and the heads of dropped UDP and ICMP are
 //! copied to the gateway's log. The namespace belongs to the host's user
 //! namespace and nothing in it forwards, so the guest has no way around the
 //! gateway; a guest that forges its source address or aims at loopback is
@@ -42,8 +44,21 @@ fn rules() -> String {
     iifname \"{TAP}\" ip daddr 127.0.0.0/8 return
     iifname \"{TAP}\" meta l4proto {{ udp, icmp }} limit rate 50/second burst 100 packets log group {DROPPED_GROUP}
   }}
+  chain local {{
+    type filter hook input priority 0; policy accept;
+    iifname \"{TAP}\" ct status dnat accept
+    iifname \"{TAP}\" drop
+  }}
 }}
-"
+table arp moat {{
+  chain local {{
+    type filter hook input priority 0; policy accept;
+    meta iifname \"{TAP}\" arp saddr ip != {BOX_SOURCE} drop
+    meta iifname \"{TAP}\" arp daddr ip != {router} drop
+  }}
+}}
+",
+        router = moat_agent::GUEST_ROUTER
     )
 }
 

@@ -165,6 +165,11 @@ pub struct Qmp {
     writer: UnixStream,
 }
 
+/// Most events passed over while waiting for one answer.
+const MAX_EVENTS: usize = 1000;
+/// The longest a machine may take to be saved.
+const SAVE_TIME: Duration = Duration::from_secs(120);
+
 /// The longest QMP answer read (a machine's answers are small; a hostile
 /// guest cannot write here, but QEMU's events could pile up).
 const MAX_LINE: usize = 1 << 20;
@@ -210,7 +215,12 @@ impl Qmp {
         self.execute("migrate-set-parameters", serde_json::json!({ "max-bandwidth": 64u64 << 30 }))?;
         self.send_fd("moat-save", file)?;
         self.execute("migrate", serde_json::json!({ "uri": "fd:moat-save" }))?;
+        let deadline = std::time::Instant::now() + SAVE_TIME;
         loop {
+            if std::time::Instant::now() > deadline {
+                let _ = self.execute("migrate_cancel", serde_json::Value::Null);
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "saving the machine took too long"));
+            }
             let status = self.execute("query-migrate", serde_json::Value::Null)?;
             match status.get("status").and_then(|s| s.as_str()) {
                 Some("completed") => return Ok(()),
@@ -243,9 +253,10 @@ impl Qmp {
         self.answer("getfd").map(drop)
     }
 
-    /// Reads until the answer to `command` (events are passed over).
+    /// Reads until the answer to `command` (events are passed over, up to
+    /// [`MAX_EVENTS`]: a QEMU the guest took over could send them forever).
     fn answer(&mut self, command: &str) -> io::Result<serde_json::Value> {
-        loop {
+        for _ in 0..MAX_EVENTS {
             let answer = self.line()?;
             if let Some(value) = answer.get("return") {
                 return Ok(value.clone());
@@ -256,16 +267,7 @@ impl Qmp {
             }
             // An event: not the answer.
         }
-    }
-
-    /// Waits for event `name` (other events are passed over).
-    pub fn wait_event(&mut self, name: &str) -> io::Result<serde_json::Value> {
-        loop {
-            let line = self.line()?;
-            if line.get("event").and_then(|e| e.as_str()) == Some(name) {
-                return Ok(line);
-            }
-        }
+        Err(io::Error::other(format!("qmp {command}: no answer among {MAX_EVENTS} events")))
     }
 
     fn line(&mut self) -> io::Result<serde_json::Value> {

@@ -51,6 +51,17 @@ pub struct VmPlan {
     pub boot_timeout_ms: u64,
 }
 
+/// The last 4 KiB of a log, as text.
+fn tail_of(path: &Path) -> String {
+    use std::io::Seek;
+    let Ok(mut file) = std::fs::File::open(path) else { return String::new() };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(io::SeekFrom::Start(len.saturating_sub(4096)));
+    let mut bytes = Vec::new();
+    let _ = file.take(4096).read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// The agent's socket in a run directory.
 pub fn agent_socket(run_dir: &Path) -> PathBuf {
     run_dir.join("agent.sock")
@@ -149,7 +160,6 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     let _ = std::fs::remove_file(&qmp_path);
     let qmp = UnixListener::bind(&qmp_path).map_err(context("listen for QMP"))?;
     std::fs::set_permissions(&qmp_path, std::fs::Permissions::from_mode(0o600))?;
-    let log = std::fs::File::create(plan.run_dir.join("qemu.log"))?;
 
     let mut cmd = Command::new(&plan.qemu);
     cmd.args(qemu::args(&plan.machine))
@@ -157,7 +167,7 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(log);
+        .stderr(Stdio::piped());
     std::os::unix::process::CommandExt::uid(&mut cmd, plan.uid);
     std::os::unix::process::CommandExt::gid(&mut cmd, plan.uid);
     let mut fds = vec![
@@ -180,7 +190,11 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     let (up_tx, up) = mpsc::channel();
     let console = child.stdout.take();
     let console_path = console_log(&plan.run_dir);
-    std::thread::spawn(move || keep_console(console, &console_path, &up_tx));
+    std::thread::spawn(move || keep_console(console, &console_path, Some(up_tx)));
+    // QEMU's own complaints, which a guest can provoke at will: capped too.
+    let errors = child.stderr.take();
+    let errors_path = plan.run_dir.join("qemu.log");
+    std::thread::spawn(move || keep_console(errors, &errors_path, None));
     let timeout = Duration::from_millis(plan.boot_timeout_ms);
     let came_up = if plan.incoming.is_some() { resumed(&qmp_path, timeout) } else { booted(&up, timeout) };
     if let Err(e) = came_up {
@@ -215,9 +229,10 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies the guest's console to the log (up to [`MAX_CONSOLE`]) and says
-/// when the agent reports the guest up.
-fn keep_console(console: Option<std::process::ChildStdout>, path: &Path, up: &mpsc::Sender<()>) {
+/// Copies what QEMU writes (the guest's console, or its own stderr) to a
+/// log of at most [`MAX_CONSOLE`] bytes, and says once when the agent
+/// reports the guest up.
+fn keep_console(console: Option<impl Read>, path: &Path, mut up: Option<mpsc::Sender<()>>) {
     let Some(console) = console else { return };
     let mut log = std::fs::File::create(path).ok();
     let mut written = 0u64;
@@ -231,7 +246,9 @@ fn keep_console(console: Option<std::process::ChildStdout>, path: &Path, up: &mp
             Ok(_) => {}
         }
         if line.starts_with(moat_agent::GUEST_UP.as_bytes()) {
-            let _ = up.send(());
+            if let Some(up) = up.take() {
+                let _ = up.send(());
+            }
         }
         if written < MAX_CONSOLE {
             if let Some(log) = log.as_mut() {
@@ -278,8 +295,8 @@ fn resumed(qmp: &Path, timeout: Duration) -> io::Result<()> {
 
 /// The last lines of the console log, to explain a failed boot.
 fn console_tail(run_dir: &Path) -> String {
-    let text = std::fs::read_to_string(console_log(run_dir)).unwrap_or_default();
-    let qemu = std::fs::read_to_string(run_dir.join("qemu.log")).unwrap_or_default();
+    let text = tail_of(&console_log(run_dir));
+    let qemu = tail_of(&run_dir.join("qemu.log"));
     let lines: Vec<&str> = text.lines().chain(qemu.lines()).filter(|l| !l.trim().is_empty()).collect();
     let tail = lines[lines.len().saturating_sub(8)..].join(" | ");
     if tail.is_empty() {

@@ -199,3 +199,40 @@ pub fn suspend_resume_dup_checkpoint_and_rm(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
     assert_eq!(qemus() + 2, before, "a removed box's QEMU still runs");
 }
+
+/// A daemon of its own: VM boxes outlive its restart, and a parked VM box
+/// (suspended long enough to be saved to a file and its QEMU ended) resumes
+/// with its processes.
+pub fn restart_and_park_keep_the_guest_running(env: &Env) {
+    let flags = ["--idle-grace", "1", "--meter-interval", "1", "--park-after", "3"];
+    let mut daemon =
+        crate::fixture::Daemon::start(env.dir.join("vm-restart-state"), env.daemon.keys_file.clone(), &flags);
+    let ssh = |d: &crate::fixture::Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
+    let state = |d: &crate::fixture::Daemon| -> String {
+        let info: serde_json::Value =
+            serde_json::from_str(&ssh(d, None, &["info", "keeper", "--json"]).ok().stdout).unwrap();
+        info["state"].as_str().unwrap_or_default().to_string()
+    };
+    ssh(&daemon, None, &["new", "keeper", "--image", "busybox", "--backend", "vm", "--idle", "600"]).ok();
+    ssh(&daemon, Some("keeper"), &["echo precious > /root/data; setsid sleep 1000 >/dev/null 2>&1 < /dev/null &"]).ok();
+    daemon.restart();
+    let out =
+        ssh(&daemon, Some("keeper"), &["cat /root/data; ps | grep -q '[s]leep 1000' && echo still-running; uname -r"])
+            .ok()
+            .stdout;
+    assert_eq!(out, format!("precious\nstill-running\n{}\n", guest_release()));
+
+    // Parked: the machine saved to a file, QEMU gone; the next session resumes it.
+    ssh(&daemon, None, &["set", "keeper", "idle", "1"]).ok();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while state(&daemon) != "stopped" {
+        assert!(Instant::now() < deadline, "never parked: {}", state(&daemon));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let saved = daemon.state_dir.join("pool/vm-states");
+    assert_eq!(std::fs::read_dir(&saved).map(Iterator::count).unwrap_or(0), 1, "no saved machine in {saved:?}");
+    let out = ssh(&daemon, Some("keeper"), &["ps | grep -q '[s]leep 1000' && echo still-running; cat /root/data"]).ok();
+    assert_eq!(out.stdout, "still-running\nprecious\n");
+    assert_eq!(std::fs::read_dir(&saved).map(Iterator::count).unwrap_or(0), 0, "the saved machine was kept");
+    daemon.purge();
+}
