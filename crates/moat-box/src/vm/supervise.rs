@@ -182,10 +182,21 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     if let Some(saved) = &incoming {
         fds.push((saved.as_fd(), Fds::INCOMING));
     }
-    sys::child_setup(&mut cmd, &fds, qemu::socket_filter())?;
+    // QEMU reads its program, libraries and firmware, the kernel and its
+    // initramfs, and uses /dev/kvm; it writes no file and makes none (its
+    // disk, sockets and saved machines are descriptors it is handed).
+    let (kernel_path, initramfs_path) = (plan.kernel.as_path(), plan.initramfs.as_path());
+    let read: Vec<&Path> = ["/usr", "/lib", "/lib64", "/etc", "/proc", "/sys", "/dev"]
+        .iter()
+        .map(Path::new)
+        .chain([kernel_path, initramfs_path])
+        .collect();
+    let ruleset = sys::landlock(&read, &[Path::new("/dev/kvm"), Path::new("/dev/null")])
+        .map_err(context("confine qemu with landlock"))?;
+    sys::child_setup(&mut cmd, &fds, qemu::socket_filter(), ruleset.as_ref().map(AsFd::as_fd))?;
     let mut child = cmd.spawn().map_err(context("run qemu"))?;
     drop(cmd);
-    drop((kernel, initramfs, disk, disk_read, qemu_agent, tap, qmp, incoming));
+    drop((kernel, initramfs, disk, disk_read, qemu_agent, tap, qmp, incoming, ruleset));
 
     let (up_tx, up) = mpsc::channel();
     let console = child.stdout.take();
