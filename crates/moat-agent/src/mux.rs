@@ -38,7 +38,10 @@ pub struct Mux {
 }
 
 struct Inner {
-    writer: Mutex<Box<dyn Write + Send>>,
+    /// Frames for the link, written in order by a thread of their own, so
+    /// that a link the other end stops reading holds up only the streams
+    /// with data to send, never the reader or the opening of streams.
+    outbox: mpsc::SyncSender<Vec<u8>>,
     streams: Mutex<HashMap<u32, Stream>>,
     next_id: AtomicU32,
 }
@@ -98,6 +101,19 @@ impl Credit {
     }
 }
 
+/// Frames queued for the link at most (each at most [`MAX_FRAME`] and a head).
+const OUTBOX: usize = 64;
+
+/// A frame: stream id, kind, length, payload.
+fn frame(id: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(9 + payload.len());
+    frame.extend_from_slice(&id.to_be_bytes());
+    frame.push(kind);
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
 /// A stream id unlikely to be in use (std's per-process random hash keys).
 fn first_id() -> u32 {
     use std::hash::BuildHasher;
@@ -113,13 +129,22 @@ impl Mux {
         writer: Box<dyn Write + Send>,
         accepted: Option<mpsc::Sender<UnixStream>>,
     ) -> io::Result<Self> {
+        let (outbox, queued) = mpsc::sync_channel::<Vec<u8>>(OUTBOX);
         let inner = Arc::new(Inner {
-            writer: Mutex::new(writer),
+            outbox,
             streams: Mutex::new(HashMap::new()),
             // Ids start anywhere: a guest resumed as a copy of another still
             // holds its parent's streams, whose ids a new link must not reuse.
             next_id: AtomicU32::new(first_id()),
         });
+        std::thread::Builder::new().name("mux-write".into()).spawn(move || {
+            let mut writer = writer;
+            for frame in queued {
+                if writer.write_all(&frame).and_then(|()| writer.flush()).is_err() {
+                    return;
+                }
+            }
+        })?;
         let mux = Self { inner };
         let reading = mux.clone();
         std::thread::Builder::new().name("mux".into()).spawn(move || reading.read_link(reader, accepted))?;
@@ -163,7 +188,7 @@ impl Mux {
         }
         let started = (|| {
             if announce {
-                self.send(id, OPEN, &[])?;
+                self.send_now(id, OPEN, &[])?;
             }
             let (reader, writer) = (ours.try_clone()?, ours);
             let (out, back) = (self.clone(), self.clone());
@@ -240,15 +265,18 @@ impl Mux {
         self.finished(id, false);
     }
 
+    /// Queues a frame, waiting for room (a stream's own data and credit).
     fn send(&self, id: u32, kind: u8, payload: &[u8]) -> io::Result<()> {
-        let mut frame = Vec::with_capacity(9 + payload.len());
-        frame.extend_from_slice(&id.to_be_bytes());
-        frame.push(kind);
-        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        frame.extend_from_slice(payload);
-        let mut w = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        w.write_all(&frame)?;
-        w.flush()
+        self.inner.outbox.send(frame(id, kind, payload)).map_err(|_| io::Error::other("the link is gone"))
+    }
+
+    /// Queues a frame if there is room now (opens and closes, from threads
+    /// that must never wait on the other end).
+    fn send_now(&self, id: u32, kind: u8, payload: &[u8]) -> io::Result<()> {
+        self.inner.outbox.try_send(frame(id, kind, payload)).map_err(|e| match e {
+            mpsc::TrySendError::Full(_) => io::Error::new(io::ErrorKind::WouldBlock, "the link is not being read"),
+            mpsc::TrySendError::Disconnected(_) => io::Error::other("the link is gone"),
+        })
     }
 
     /// Reads frames until the link ends; then every stream ends.
@@ -300,7 +328,7 @@ impl Mux {
                 }
             }
             Err(_) => {
-                let _ = self.send(id, CLOSE, &[]);
+                let _ = self.send_now(id, CLOSE, &[]);
             }
         }
     }
@@ -321,7 +349,7 @@ impl Mux {
     /// Ends stream `id` at this end and tells the other.
     fn refuse(&self, id: u32) {
         self.detach(id);
-        let _ = self.send(id, CLOSE, &[]);
+        let _ = self.send_now(id, CLOSE, &[]);
     }
 }
 
@@ -393,6 +421,28 @@ mod tests {
             client.read_to_end(&mut back).unwrap();
             assert_eq!(back, i.to_be_bytes(), "stream {i} lost its first bytes");
         }
+    }
+
+    #[test]
+    fn a_link_nobody_reads_never_holds_up_opening_a_stream() {
+        // The other end never reads the link: once the socket and the queue
+        // are full, opening another stream fails at once instead of waiting.
+        let (a, _unread) = UnixStream::pair().unwrap();
+        let host = Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), None).unwrap();
+        let mut busy = host.open().unwrap();
+        std::thread::spawn(move || {
+            let chunk = vec![7u8; 64 << 10];
+            while busy.write_all(&chunk).is_ok() {}
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let (done, opened) = mpsc::channel();
+        std::thread::spawn(move || {
+            for _ in 0..(2 * OUTBOX) {
+                let _ = host.open();
+            }
+            let _ = done.send(());
+        });
+        assert!(opened.recv_timeout(Duration::from_secs(5)).is_ok(), "opening a stream waited on the link");
     }
 
     #[test]
