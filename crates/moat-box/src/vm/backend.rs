@@ -190,7 +190,8 @@ impl VmBackend {
     }
 
     fn machine(&self, rec: &BoxRecord) -> Machine {
-        let memory_mib = (rec.limits.memory >> 20).saturating_sub(qemu::OVERHEAD_MIB).max(qemu::MIN_GUEST_MIB);
+        let overhead = qemu::overhead_mib(self.config.accel);
+        let memory_mib = (rec.limits.memory >> 20).saturating_sub(overhead).max(qemu::MIN_GUEST_MIB);
         Machine {
             accel: self.config.accel,
             memory_mib,
