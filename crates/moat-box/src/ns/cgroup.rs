@@ -260,6 +260,13 @@ impl CgroupLayout {
         Ok(true)
     }
 
+    /// The box's first process: `recorded` (its PID 1 as the store has it)
+    /// if it is still in the box's cgroup, else any process there.
+    pub fn first_pid(&self, id: &(impl AsRef<str> + ?Sized), recorded: Option<u32>) -> Option<u32> {
+        let pids: Vec<u32> = self.pids(id).into_iter().filter_map(|p| u32::try_from(p).ok()).collect();
+        recorded.filter(|p| pids.contains(p)).or_else(|| pids.first().copied())
+    }
+
     /// Whether every process of the box is frozen.
     pub fn is_frozen(&self, id: &(impl AsRef<str> + ?Sized)) -> bool {
         let (dir, file) = self.freezer(id);

@@ -417,10 +417,7 @@ impl Backend for VmBackend {
     }
 
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
-        let pids = self.cgroups.pids(&rec.id);
-        let pids: Vec<u32> = pids.into_iter().filter_map(|p| u32::try_from(p).ok()).collect();
-        let pid = rec.pid.filter(|p| pids.contains(p)).or_else(|| pids.first().copied())?;
-        Some(self.handle_for(rec, pid))
+        self.cgroups.first_pid(&rec.id, rec.pid).map(|pid| self.handle_for(rec, pid))
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
