@@ -142,6 +142,7 @@ const ALONE_LAST: &[(&str, TestFn)] = &[
     ("microvm_box_runs_its_own_kernel_over_ssh", microvm::box_runs_its_own_kernel_over_ssh),
     ("microvm_suspend_resume_dup_checkpoint_and_rm", microvm::suspend_resume_dup_checkpoint_and_rm),
     ("microvm_restart_and_park_keep_the_guest_running", microvm::restart_and_park_keep_the_guest_running),
+    ("microvm_secrets_reach_their_host_from_a_guest", microvm::secrets_reach_their_host_from_a_guest),
 ];
 
 /// Tests at once; two cores, and most of a test's time is waiting on ssh.

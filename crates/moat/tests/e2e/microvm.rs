@@ -236,3 +236,36 @@ pub fn restart_and_park_keep_the_guest_running(env: &Env) {
     assert_eq!(std::fs::read_dir(&saved).map(Iterator::count).unwrap_or(0), 0, "the saved machine was kept");
     daemon.purge();
 }
+
+/// A secret granted to a running VM box: the guest holds a placeholder (handed
+/// to it live), trusts its CA (handed at boot), and the gateway writes the
+/// value in for its host and scrubs it from the answer; a copy of the box
+/// holds a placeholder of its own.
+pub fn secrets_reach_their_host_from_a_guest(env: &Env) {
+    let value = format!("sk-REAL-0123456789-{}", unique("v"));
+    let secret = unique("vmllm");
+    crate::secrets::add_secret(env, &secret, &value);
+    let name = unique("vmsec");
+    env.new_box(&name, &["--backend", "vm"]);
+    env.alice(None, &["secret", "grant", &secret, &name]).ok();
+    let (_, held) = sh(env, &name, "echo $LLM_KEY");
+    let placeholder = held.trim().to_string();
+    assert!(placeholder.starts_with("moat-placeholder-"), "{held}");
+
+    let m = unique("m");
+    let (status, out) =
+        sh(env, &name, &format!("curl -sS -m 30 -i -H \"Authorization: Bearer $LLM_KEY\" https://llm.test/echo?{m}"));
+    assert_eq!(status, Some(0), "{out}");
+    let got = crate::secrets::arrived(env, &m).concat();
+    assert!(got.contains(&format!("Authorization: Bearer {value}")), "{got}");
+    assert!(!out.contains(&value) && out.contains("[secret removed by moat]"), "the value came back: {out}");
+    let (_, anywhere) = sh(env, &name, &format!("grep -rl {value} /etc /root /tmp 2>/dev/null | head -1"));
+    assert_eq!(anywhere.trim(), "", "the value is in the guest");
+
+    let copy = format!("{name}-copy");
+    env.alice(None, &["dup", &name, &copy]).ok();
+    let (_, theirs) = sh(env, &copy, "echo $LLM_KEY");
+    assert!(theirs.trim().starts_with("moat-placeholder-") && theirs.trim() != placeholder, "{theirs}");
+    env.alice(None, &["rm", &copy]).ok();
+    env.alice(None, &["rm", &name]).ok();
+}

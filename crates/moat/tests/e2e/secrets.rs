@@ -11,7 +11,7 @@ use crate::fixture::unique;
 use crate::Env;
 
 /// Adds secret `name` for llm.test's Authorization header, value on stdin.
-fn add_secret(env: &Env, name: &str, value: &str) {
+pub(crate) fn add_secret(env: &Env, name: &str, value: &str) {
     let mut cmd = env.daemon.ssh(
         &env.alice,
         None,
@@ -39,7 +39,7 @@ fn add_secret(env: &Env, name: &str, value: &str) {
 
 /// The requests the test internet got whose first line holds `marker`
 /// (tests run side by side: each request of this file carries a marker).
-fn arrived(env: &Env, marker: &str) -> Vec<String> {
+pub(crate) fn arrived(env: &Env, marker: &str) -> Vec<String> {
     env.net
         .received()
         .split("----\n")
