@@ -21,8 +21,10 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
 
 /// Bytes a sender may have unanswered on one direction of a stream.
 pub const WINDOW: u32 = 128 << 10;
-/// Largest payload of one frame.
-pub const MAX_FRAME: u32 = 32 << 10;
+/// Largest payload of one frame: a whole frame (head included) fits in one
+/// 32 KiB virtio-serial buffer, so that a guest paused at any instant has
+/// sent each frame whole or not at all.
+pub const MAX_FRAME: u32 = (32 << 10) - 9;
 /// Most streams open at once on one link.
 pub const MAX_STREAMS: usize = 1024;
 
@@ -44,6 +46,15 @@ struct Inner {
     outbox: mpsc::SyncSender<Vec<u8>>,
     streams: Mutex<HashMap<u32, Stream>>,
     next_id: AtomicU32,
+    /// Whether the writer is held between frames (see [`Mux::hold`]).
+    held: Arc<Hold>,
+}
+
+/// The writer's hold: set by [`Mux::hold`], and whether a frame is being written.
+#[derive(Default)]
+struct Hold {
+    state: Mutex<(bool, bool)>,
+    changed: Condvar,
 }
 
 /// What this end keeps of one stream: where the other end's bytes go, and
@@ -136,11 +147,23 @@ impl Mux {
             // Ids start anywhere: a guest resumed as a copy of another still
             // holds its parent's streams, whose ids a new link must not reuse.
             next_id: AtomicU32::new(first_id()),
+            held: Arc::default(),
         });
+        let held = Arc::clone(&inner.held);
         std::thread::Builder::new().name("mux-write".into()).spawn(move || {
             let mut writer = writer;
             for frame in queued {
-                if writer.write_all(&frame).and_then(|()| writer.flush()).is_err() {
+                {
+                    let mut state = held.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    while state.0 {
+                        state = held.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+                    }
+                    state.1 = true;
+                }
+                let written = writer.write_all(&frame).and_then(|()| writer.flush());
+                held.state.lock().unwrap_or_else(PoisonError::into_inner).1 = false;
+                held.changed.notify_all();
+                if written.is_err() {
                     return;
                 }
             }
@@ -149,6 +172,23 @@ impl Mux {
         let reading = mux.clone();
         std::thread::Builder::new().name("mux".into()).spawn(move || reading.read_link(reader, accepted))?;
         Ok(mux)
+    }
+
+    /// Stops writing to the link between two frames (returns once no frame
+    /// is half written), until [`Mux::go`]: a link about to be saved with
+    /// the machine at its other end holds only whole frames.
+    pub fn hold(&self) {
+        let mut state = self.inner.held.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0 = true;
+        while state.1 {
+            state = self.inner.held.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Writes to the link again after [`Mux::hold`].
+    pub fn go(&self) {
+        self.inner.held.state.lock().unwrap_or_else(PoisonError::into_inner).0 = false;
+        self.inner.held.changed.notify_all();
     }
 
     /// Opens a stream to the other end; returns this end's socket of it.

@@ -608,6 +608,16 @@ pub fn child_setup(
     Ok(())
 }
 
+/// Bytes written to a socket that its peer has not read yet (`SIOCOUTQ`).
+pub fn unread_by_peer(sock: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int we own, on an open socket.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut n) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 /// Landlock's filesystem rights (ABI 3): what a ruleset of [`landlock`]
 /// handles, so that anything not granted beneath one of its paths is denied.
 const LANDLOCK_FS_RIGHTS: u64 = (1 << 15) - 1;

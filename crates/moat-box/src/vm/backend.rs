@@ -227,10 +227,16 @@ impl VmBackend {
         }
         let file =
             std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(to).map_err(fail)?;
-        let mut qmp = qemu::Qmp::connect(&supervise::qmp_socket(&self.box_run_dir(rec)), QMP_TIMEOUT).map_err(fail)?;
+        let run_dir = self.box_run_dir(rec);
+        let mut qmp = qemu::Qmp::connect(&supervise::qmp_socket(&run_dir), QMP_TIMEOUT).map_err(fail)?;
         let was_running = qmp.running().map_err(fail)?;
+        // Whole frames only on the guest's side of its link, as saved.
+        if let Err(e) = supervise::control(&run_dir, "hold") {
+            tracing::warn!(box_id = %rec.id, error = %e, "could not hold the agent's link for a save");
+        }
         let saved = qmp.save(&file).map_err(fail);
         let done = saved.and_then(|()| meanwhile().map_err(|e| BackendError::new(format!("copy {}", rec.name), e)));
+        let _ = supervise::control(&run_dir, "go");
         if !go_on {
             if done.is_err() {
                 let _ = std::fs::remove_file(to);

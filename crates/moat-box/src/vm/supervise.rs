@@ -67,6 +67,11 @@ pub fn agent_socket(run_dir: &Path) -> PathBuf {
     run_dir.join("agent.sock")
 }
 
+/// The supervisor's control socket in a run directory (`hold`, `go`).
+pub fn control_socket(run_dir: &Path) -> PathBuf {
+    run_dir.join("ctl.sock")
+}
+
 /// The QMP socket in a run directory.
 pub fn qmp_socket(run_dir: &Path) -> PathBuf {
     run_dir.join("qmp.sock")
@@ -216,7 +221,14 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     }
 
     let reader = agent_link.try_clone()?;
+    let watched = agent_link.try_clone()?;
     let mux = moat_agent::mux::Mux::start(Box::new(reader), Box::new(agent_link), None)?;
+    let control_path = control_socket(&plan.run_dir);
+    let _ = std::fs::remove_file(&control_path);
+    let control = UnixListener::bind(&control_path).map_err(context("listen for control"))?;
+    std::fs::set_permissions(&control_path, std::fs::Permissions::from_mode(0o600))?;
+    let held = mux.clone();
+    std::thread::spawn(move || serve_control(&control, &held, &watched));
     let socket = agent_socket(&plan.run_dir);
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket).map_err(context("listen for the host"))?;
@@ -237,7 +249,52 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     let _ = child.wait();
     let _ = std::fs::remove_file(&socket);
     let _ = std::fs::remove_file(&qmp_path);
+    let _ = std::fs::remove_file(&control_path);
     Ok(())
+}
+
+/// How long `hold` waits for QEMU to take what was written to the link.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// Answers the daemon's `hold` (before the machine is saved: no frame to the
+/// guest half written, and every byte written taken by QEMU, so that the
+/// saved guest holds whole frames only) and `go` (after).
+fn serve_control(control: &UnixListener, mux: &moat_agent::mux::Mux, link: &UnixStream) {
+    for conn in control.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut word = String::new();
+        let _ = BufReader::new(&conn).take(16).read_line(&mut word);
+        let answer = match word.trim() {
+            "hold" => {
+                mux.hold();
+                let deadline = std::time::Instant::now() + DRAIN;
+                while sys::unread_by_peer(link.as_fd()).is_ok_and(|n| n > 0) && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                "held\n"
+            }
+            "go" => {
+                mux.go();
+                "going\n"
+            }
+            _ => "?\n",
+        };
+        let _ = conn.write_all(answer.as_bytes());
+    }
+}
+
+/// Asks the supervisor in `run_dir` to `hold` or `go` (see [`serve_control`]).
+pub fn control(run_dir: &Path, word: &str) -> io::Result<()> {
+    let mut conn = UnixStream::connect(control_socket(run_dir))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    conn.write_all(format!("{word}\n").as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(&conn).take(16).read_line(&mut answer)?;
+    match answer.trim() {
+        "held" | "going" => Ok(()),
+        other => Err(io::Error::other(format!("the supervisor answered {other:?} to {word}"))),
+    }
 }
 
 /// Copies what QEMU writes (the guest's console, or its own stderr) to a

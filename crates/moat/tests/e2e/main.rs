@@ -143,6 +143,7 @@ const ALONE_LAST: &[(&str, TestFn)] = &[
     ("microvm_suspend_resume_dup_checkpoint_and_rm", microvm::suspend_resume_dup_checkpoint_and_rm),
     ("microvm_restart_and_park_keep_the_guest_running", microvm::restart_and_park_keep_the_guest_running),
     ("microvm_secrets_reach_their_host_from_a_guest", microvm::secrets_reach_their_host_from_a_guest),
+    ("microvm_dup_while_a_session_streams_in", microvm::dup_while_a_session_streams_in),
 ];
 
 /// Tests at once; two cores, and most of a test's time is waiting on ssh.

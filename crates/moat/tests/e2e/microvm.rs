@@ -269,3 +269,35 @@ pub fn secrets_reach_their_host_from_a_guest(env: &Env) {
     env.alice(None, &["rm", &copy]).ok();
     env.alice(None, &["rm", &name]).ok();
 }
+
+/// Copies of a VM box taken while a session streams into it: every copy's
+/// link to its agent works (a frame half-way to the guest at the instant of
+/// the save would leave the copy's link out of step).
+pub fn dup_while_a_session_streams_in(env: &Env) {
+    let name = unique("vmbusy");
+    env.new_box(&name, &["--backend", "vm", "--image", "busybox"]);
+    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["cat > /dev/null"]);
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = std::sync::Arc::clone(&stop);
+    let feeding = std::thread::spawn(move || {
+        let chunk = vec![b'x'; 64 << 10];
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed)
+            && std::io::Write::write_all(&mut stdin, &chunk).is_ok()
+        {}
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 0..3 {
+        let copy = format!("{name}-c{i}");
+        env.alice(None, &["dup", &name, &copy]).ok();
+        let out = run(&mut env.daemon.ssh_with(&env.alice, Some(&copy), &["-o", "ConnectTimeout=20"], &["echo alive"]));
+        assert_eq!((out.status, out.stdout.as_str()), (Some(0), "alive\n"), "copy {i}: {}", out.stderr);
+        env.alice(None, &["rm", &copy]).ok();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = feeding.join();
+    let _ = child.kill();
+    let _ = child.wait();
+    env.alice(None, &["rm", &name]).ok();
+}
