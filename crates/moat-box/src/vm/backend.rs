@@ -78,6 +78,13 @@ impl VmBackend {
     pub fn new(pool: Arc<Pool>, cgroups: CgroupLayout, config: VmConfig) -> Result<Self, BackendError> {
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
+        // Saves a crash cut short are of no use (a park renames only whole ones).
+        let states = pool.root().join("vm-states");
+        for entry in std::fs::read_dir(&states).into_iter().flatten().filter_map(Result::ok) {
+            if entry.path().extension().is_some_and(|e| e == "partial") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
         Ok(Self { pool, cgroups, config, bases: Mutex::new(()) })
     }
 
@@ -589,13 +596,22 @@ impl Backend for VmBackend {
     }
 
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let frozen = self.cgroups.is_frozen(&rec.id);
         self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
         if !self.is_running(rec) {
             return Ok(());
         }
-        self.qmp(rec, "cont").map_err(|e| BackendError::new(format!("resume {}'s vCPUs", rec.name), e))?;
-        // Its clock stood while it was paused; and what changed meanwhile.
-        self.after_resume(rec, Some(LIVE_FILES));
+        let fail = |e: std::io::Error| BackendError::new(format!("resume {}'s vCPUs", rec.name), e);
+        let mut qmp = qemu::Qmp::connect(&supervise::qmp_socket(&self.box_run_dir(rec)), QMP_TIMEOUT).map_err(fail)?;
+        let paused = !qmp.running().map_err(fail)?;
+        if paused {
+            qmp.execute("cont", serde_json::Value::Null).map_err(fail)?;
+        }
+        // Its clock stood while it was paused; and what changed meanwhile. A
+        // guest that was neither (a start after a daemon restart) is not asked.
+        if frozen || paused {
+            self.after_resume(rec, Some(LIVE_FILES));
+        }
         Ok(())
     }
 
