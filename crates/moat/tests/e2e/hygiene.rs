@@ -234,6 +234,10 @@ pub fn doctor_boots_a_guest(env: &Env) {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     let line = text.lines().find(|l| l.contains("microvm:")).unwrap_or_else(|| panic!("no microvm line: {text}"));
+    // It says which backend `new` uses by default, and it follows from what boots.
+    let kvm = line.contains("microvm: KVM boots");
+    let default = if kvm { "backend: vm by default" } else { "backend: ns by default" };
+    assert!(text.lines().any(|l| l.starts_with(default)), "{text}");
     assert!(line.starts_with("ok    microvm:") && line.contains("to the agent in"), "{line}");
     // It loaded the virtio modules the initramfs carries, found its devices,
     // and read the image from its disk (which the host never mounted).
