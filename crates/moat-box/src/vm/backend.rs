@@ -592,7 +592,9 @@ impl Backend for VmBackend {
     }
 
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
-        identity::rename(&self.files(rec), name).map_err(|e| BackendError::new("rename box", e))
+        identity::rename(&self.files(rec), name).map_err(|e| BackendError::new("rename box", e))?;
+        // Its files say so at once, as a namespace box's do.
+        self.push_files(rec, &["etc/hostname", "etc/hosts"])
     }
 
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {

@@ -50,10 +50,14 @@ impl Env {
         run(&mut self.daemon.ssh(&self.alice, user, args))
     }
 
-    /// Creates one of alice's boxes.
+    /// Creates one of alice's boxes (a VM box during the VM pass, unless the
+    /// test names a backend).
     pub fn new_box(&self, name: &str, args: &[&str]) {
         let mut all = vec!["new", name];
         all.extend_from_slice(args);
+        if VM_PASS.load(Ordering::Relaxed) && !args.contains(&"--backend") {
+            all.extend_from_slice(&["--backend", "vm"]);
+        }
         let out = self.alice(None, &all).ok();
         assert_eq!(out.stdout.trim(), name);
     }
@@ -146,6 +150,32 @@ const ALONE_LAST: &[(&str, TestFn)] = &[
     ("microvm_dup_while_a_session_streams_in", microvm::dup_while_a_session_streams_in),
 ];
 
+/// Tests of the SSH surface run again, alone, with their boxes VM boxes:
+/// the same experience whatever isolates a box.
+const VM_PASS_TESTS: &[(&str, TestFn)] = &[
+    ("exec_streams_status_and_stderr", exec::streams_status_and_stderr),
+    ("exec_death_by_signal_is_reported_as_openssh", exec::death_by_signal_is_reported_as_openssh),
+    ("pty_shell_resize_and_ctrl_c", pty::shell_resize_and_ctrl_c),
+    ("files_scp_both_ways", files::scp_both_ways),
+    ("files_sftp_batch", files::sftp_batch),
+    ("files_rsync_both_ways", files::rsync_both_ways),
+    ("forward_local_reaches_box_server", forward::local_reaches_box_server),
+    ("clients_unaccepted_env_still_runs_the_command", clients::unaccepted_env_still_runs_the_command),
+    ("egress_methods_and_presets", egress::methods_and_presets),
+    ("egress_deny_by_default_allow_by_name", egress::deny_by_default_allow_by_name),
+    ("exec_processes_outlive_the_session", exec::processes_outlive_the_session),
+    ("clients_git_clone_push_pull_with_defaults", clients::git_clone_push_pull_with_defaults),
+    ("clients_paramiko_and_asyncssh_reuse_one_connection", clients::paramiko_and_asyncssh_reuse_one_connection),
+    ("clients_ansible_playbook_on_two_boxes", clients::ansible_playbook_on_two_boxes),
+    ("storage_diff_lists_changes", storage::diff_lists_changes),
+    ("storage_promote_swaps_parent_and_child", storage::promote_swaps_parent_and_child),
+    ("checkpoints_restore_puts_a_damaged_box_back", checkpoints::restore_puts_a_damaged_box_back),
+    ("secrets_reach_only_their_host_and_header", secrets::reach_only_their_host_and_header),
+];
+
+/// Set during the VM pass (see [`Env::new_box`]).
+static VM_PASS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Tests at once; two cores, and most of a test's time is waiting on ssh.
 const WORKERS: usize = 3;
 
@@ -154,13 +184,15 @@ fn main() {
     let wanted = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
     let selected: Vec<&(&str, TestFn)> = TESTS.iter().filter(|(name, _)| wanted(name)).collect();
     let last: Vec<&(&str, TestFn)> = ALONE_LAST.iter().filter(|(name, _)| wanted(name)).collect();
+    let vm_pass: Vec<&(&str, TestFn)> =
+        VM_PASS_TESTS.iter().filter(|(name, _)| wanted(&format!("vm_{name}"))).collect();
     if !nix::unistd::Uid::effective().is_root() {
         eprintln!("e2e tests need root (namespaces, cgroups, mounts); run scripts/test.sh as root");
         println!("test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s");
         std::process::exit(1);
     }
     let started = Instant::now();
-    println!("\nrunning {} tests", selected.len() + last.len() + 1);
+    println!("\nrunning {} tests", selected.len() + last.len() + vm_pass.len() + 1);
 
     let dir = fixture::scratch_root();
     let _ = std::fs::remove_dir_all(&dir);
@@ -217,10 +249,16 @@ fn main() {
                 });
             }
         });
-        for (name, test) in last {
+        for (name, test) in &last {
             let t = Instant::now();
             let result = catch_unwind(AssertUnwindSafe(|| test(&env)));
             record(name, result, t.elapsed().as_secs_f64());
+        }
+        VM_PASS.store(true, Ordering::Relaxed);
+        for (name, test) in &vm_pass {
+            let t = Instant::now();
+            let result = catch_unwind(AssertUnwindSafe(|| test(&env)));
+            record(&format!("vm_{name}"), result, t.elapsed().as_secs_f64());
         }
     }
 
@@ -242,7 +280,7 @@ fn main() {
     println!(
         "\ntest result: {verdict}. {passed} passed; {} failed; {not_run} ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
         failures.len(),
-        TESTS.len() - selected.len(),
+        TESTS.len() + ALONE_LAST.len() + VM_PASS_TESTS.len() - selected.len() - last.len() - vm_pass.len(),
         started.elapsed().as_secs_f64()
     );
     if verdict != "ok" {
