@@ -219,32 +219,8 @@ impl NsBackend {
         self.box_run_dir(rec).join("agent.sock")
     }
 
-    /// Gives a freshly snapshotted root its disk limits and own identity (its
-    /// CA key kept on the host); on failure the snapshot is deleted again.
     fn make_own(&self, rec: &BoxRecord, root: &Path) -> Result<(), BackendError> {
-        let result = self
-            .pool
-            .set_disk_limit(&rec.id, rec.limits.disk)
-            .and_then(|()| self.pool.charge_account(&rec.id, &rec.account, self.config.account_disk))
-            .map_err(|e| BackendError::new("limit disk use", e))
-            .and_then(|()| {
-                identity::mint(root, &rec.name).map_err(|e| match e.kind() {
-                    // A new root has written nothing of its own: the account's budget is spent.
-                    std::io::ErrorKind::QuotaExceeded => BackendError::msg(format!(
-                        "your boxes hold all this server allows per account ({}) on disk; remove boxes or \
-                             files first",
-                        moat_core::limits::format_size(self.config.account_disk)
-                    )),
-                    _ => BackendError::new("mint box identity", e),
-                })
-            })
-            .and_then(|ca_key| {
-                self.pool.store_ca_key(&rec.id, &ca_key).map_err(|e| BackendError::new("store the box's CA key", e))
-            });
-        if result.is_err() {
-            let _ = self.pool.delete_box(&rec.id);
-        }
-        result
+        make_own(&self.pool, rec, root, rec.limits.disk, self.config.account_disk)
     }
 
     /// Tells the box's agent its disk limit and use, which its `statfs` of `/`
@@ -271,6 +247,41 @@ impl NsBackend {
     pub fn shared(&self) -> (Arc<Pool>, CgroupLayout) {
         (Arc::clone(&self.pool), self.cgroups.clone())
     }
+}
+
+/// Gives a box's new directory (a snapshot, a copy) its disk limit (`limit`
+/// bytes of its own) and account charge (`account_disk` in all), and a
+/// fresh identity written into `root` (the box's root, or a VM box's
+/// mini-root of files), its CA key kept on the host; on failure the
+/// directory is deleted again.
+pub(crate) fn make_own(
+    pool: &Pool,
+    rec: &BoxRecord,
+    root: &Path,
+    limit: u64,
+    account_disk: u64,
+) -> Result<(), BackendError> {
+    let result = pool
+        .set_disk_limit(&rec.id, limit)
+        .and_then(|()| pool.charge_account(&rec.id, &rec.account, account_disk))
+        .map_err(|e| BackendError::new("limit disk use", e))
+        .and_then(|()| {
+            identity::mint(root, &rec.name).map_err(|e| match e.kind() {
+                // A new root has written nothing of its own: the account's budget is spent.
+                std::io::ErrorKind::QuotaExceeded => BackendError::msg(format!(
+                    "your boxes hold all this server allows per account ({}) on disk; remove boxes or files first",
+                    moat_core::limits::format_size(account_disk)
+                )),
+                _ => BackendError::new("mint box identity", e),
+            })
+        })
+        .and_then(|ca_key| {
+            pool.store_ca_key(&rec.id, &ca_key).map_err(|e| BackendError::new("store the box's CA key", e))
+        });
+    if result.is_err() {
+        let _ = pool.delete_box(&rec.id);
+    }
+    result
 }
 
 /// Runs `helper verb` with `plan` on its stdin; the pid it prints.

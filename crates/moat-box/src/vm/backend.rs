@@ -71,6 +71,8 @@ pub struct VmBackend {
     config: VmConfig,
     /// Held while an image's disk is made.
     bases: Mutex<()>,
+    /// The start of every initramfs (see [`VmBackend::initramfs_base`]).
+    initramfs: Mutex<Option<Arc<Vec<u8>>>>,
 }
 
 impl VmBackend {
@@ -85,7 +87,7 @@ impl VmBackend {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        Ok(Self { pool, cgroups, config, bases: Mutex::new(()) })
+        Ok(Self { pool, cgroups, config, bases: Mutex::new(()), initramfs: Mutex::default() })
     }
 
     fn box_run_dir(&self, rec: &BoxRecord) -> PathBuf {
@@ -131,24 +133,10 @@ impl VmBackend {
     }
 
     /// Gives a box directory (new, or a copy) its disk limits and a fresh
-    /// identity in its mini-root (its CA key kept on the host); on failure
-    /// the directory is deleted again.
+    /// identity in its mini-root; on failure the directory is deleted again.
     fn make_own(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        let result = self
-            .pool
-            .set_disk_limit(&rec.id, rec.limits.disk + DISK_SLACK)
-            .and_then(|()| self.pool.charge_account(&rec.id, &rec.account, self.config.account_disk))
-            .map_err(|e| BackendError::new("limit disk use", e))
-            .and_then(|()| {
-                identity::mint(&self.files(rec), &rec.name).map_err(|e| BackendError::new("mint identity", e))
-            })
-            .and_then(|ca_key| {
-                self.pool.store_ca_key(&rec.id, &ca_key).map_err(|e| BackendError::new("store the box's CA key", e))
-            });
-        if result.is_err() {
-            let _ = self.pool.delete_box(&rec.id);
-        }
-        result
+        let limit = rec.limits.disk + DISK_SLACK;
+        crate::ns::make_own(&self.pool, rec, &self.files(rec), limit, self.config.account_disk)
     }
 
     /// A new box's directory: its disk a reflink of the image's, as large as
@@ -177,23 +165,37 @@ impl VmBackend {
             let what = what.to_string();
             move |e: std::io::Error| BackendError::new(what, e)
         };
-        let release = crate::vm::probe::kernel_release(&self.config.kernel).unwrap_or_default();
-        let agent = std::fs::read(&self.config.agent).map_err(fail("read the agent"))?;
-        let ours = crate::vm::probe::initramfs(&agent, Path::new("/lib/modules"), &release, Some(&self.files(rec)))
-            .map_err(fail("make the initramfs"))?;
-        let mut bytes = match &self.config.initrd {
-            Some(extra) => std::fs::read(extra).map_err(fail("read --initrd"))?,
-            None => Vec::new(),
-        };
-        // Archives are unpacked in turn; moat's last, so that its /init wins.
-        bytes.extend_from_slice(&ours);
+        let base = self.initramfs_base()?;
+        let files = crate::vm::probe::files_archive(&self.files(rec)).map_err(fail("make the initramfs"))?;
         let path = run_dir.join("initramfs.cpio");
         let _ = std::fs::remove_file(&path);
-        std::fs::write(&path, &bytes).map_err(fail("write the initramfs"))?;
+        std::fs::write(&path, [base.as_slice(), &files].concat()).map_err(fail("write the initramfs"))?;
         std::os::unix::fs::chown(&path, Some(rec.uid_base()), Some(rec.uid_base()))
             .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)))
             .map_err(fail("hand the initramfs to the box's uid"))?;
         Ok(path)
+    }
+
+    /// What every box's initramfs starts with, made on the first boot: the
+    /// operator's `--initrd`, then moat's (archives are unpacked in turn,
+    /// so moat's `/init` wins), agent and modules read once.
+    fn initramfs_base(&self) -> Result<Arc<Vec<u8>>, BackendError> {
+        let mut held = self.initramfs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(base) = held.as_ref() {
+            return Ok(Arc::clone(base));
+        }
+        let release = crate::vm::probe::kernel_release(&self.config.kernel).unwrap_or_default();
+        let agent = std::fs::read(&self.config.agent).map_err(|e| BackendError::new("read the agent", e))?;
+        let ours = crate::vm::probe::initramfs(&agent, Path::new("/lib/modules"), &release)
+            .map_err(|e| BackendError::new("make the initramfs", e))?;
+        let mut base = match &self.config.initrd {
+            Some(extra) => std::fs::read(extra).map_err(|e| BackendError::new("read --initrd", e))?,
+            None => Vec::new(),
+        };
+        base.extend_from_slice(&ours);
+        let base = Arc::new(base);
+        *held = Some(Arc::clone(&base));
+        Ok(base)
     }
 
     fn machine(&self, rec: &BoxRecord) -> Machine {

@@ -99,18 +99,12 @@ pub fn kernel_release(kernel: &Path) -> Option<String> {
 }
 
 /// A guest's initramfs: the agent as `/init`, the directories it mounts the
-/// kernel's filesystems on, the virtio modules of kernel `release` (from
-/// `modules_root`/RELEASE), numbered in the order they load, and the host's
-/// files for the guest's root, from the mini-root `files`.
-pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str, files: Option<&Path>) -> std::io::Result<Vec<u8>> {
+/// kernel's filesystems on, and the virtio modules of kernel `release` (from
+/// `modules_root`/RELEASE), numbered in the order they load.
+pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str) -> std::io::Result<Vec<u8>> {
     let mut a = Archive::default();
-    for dir in ["dev", "proc", "sys", "lib", "lib/moat", "lib/moat/modules", "moat"] {
+    for dir in ["dev", "proc", "sys", "lib", "lib/moat", "lib/moat/modules"] {
         a.dir(dir, 0o755);
-    }
-    if let Some(files) = files {
-        let at = moat_agent::GUEST_FILES_DIR.trim_start_matches('/');
-        a.dir(at, 0o755);
-        a.tree(files, at)?;
     }
     a.file("init", 0o755, agent);
     let dir = modules_root.join(release);
@@ -119,6 +113,18 @@ pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str, files: Option
         let path = format!("{}/{i:02}-{base}", moat_agent::GUEST_MODULES_DIR.trim_start_matches('/'));
         a.file(&path, 0o644, &std::fs::read(dir.join(file))?);
     }
+    Ok(a.finish())
+}
+
+/// An archive to unpack after [`initramfs`] (the kernel takes archives one
+/// after another): the host's files for one box's root, from its mini-root
+/// `files`, where the agent looks for them.
+pub fn files_archive(files: &Path) -> std::io::Result<Vec<u8>> {
+    let mut a = Archive::default();
+    let at = moat_agent::GUEST_FILES_DIR.trim_start_matches('/');
+    a.dir(at.split('/').next().unwrap_or(at), 0o755);
+    a.dir(at, 0o755);
+    a.tree(files, at)?;
     Ok(a.finish())
 }
 
@@ -204,7 +210,7 @@ fn exchange(
 }
 
 fn initramfs_bytes(agent: &Path, release: &str) -> std::io::Result<Vec<u8>> {
-    initramfs(&std::fs::read(agent)?, Path::new("/lib/modules"), release, None)
+    initramfs(&std::fs::read(agent)?, Path::new("/lib/modules"), release)
 }
 
 fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {

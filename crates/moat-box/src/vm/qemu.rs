@@ -6,7 +6,7 @@
 //! [`Fds`]), so it can run as a uid of its own that may enter no directory
 //! of moat's.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -285,8 +285,6 @@ impl Qmp {
         serde_json::from_slice(&buf).map_err(io::Error::other)
     }
 }
-
-use std::io::Read as _;
 
 #[cfg(test)]
 mod tests {
