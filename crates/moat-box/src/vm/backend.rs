@@ -140,8 +140,8 @@ impl VmBackend {
     }
 
     /// A new box's directory: its disk a reflink of the image's, as large as
-    /// its disk limit (the guest grows its file system to fill it), and its
-    /// mini-root seeded from the image.
+    /// its disk limit (its file system grown to fill it), and its mini-root
+    /// seeded from the image.
     fn make_box_dir(&self, rec: &BoxRecord, base: &std::fs::File) -> std::io::Result<()> {
         let disk = std::fs::OpenOptions::new().write(true).create_new(true).open(self.disk_path(rec))?;
         crate::sys::reflink(base, &disk)?;
@@ -154,6 +154,8 @@ impl VmBackend {
             )));
         }
         disk.set_len(rec.limits.disk)?;
+        drop(disk);
+        disk::grow(&self.disk_path(rec))?;
         files::seed(&self.files(rec), &self.pool.image_path(&rec.image))
     }
 

@@ -2,9 +2,8 @@
 //!
 //! It mounts the kernel's own filesystems, loads the modules the initramfs
 //! carries (the virtio drivers), brings up its network, makes the first
-//! virtio disk its root (grown to fill the disk, with the host's files for
-//! it written in), says on the console which virtio devices it found, what
-//! its disk holds and which kernel it runs on; then it serves the agent
+//! virtio disk its root (with the host's files for it written in), says on
+//! the console which virtio devices it found, what its disk holds and which kernel it runs on; then it serves the agent
 //! protocol on the virtio-serial port [`AGENT_PORT`] (streams multiplexed
 //! over it) until the host ends the machine, or powers it off if there is
 //! no such port.
@@ -117,24 +116,6 @@ pub fn resumed(unix_ns: u64, entropy: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Grows the ext4 file system mounted at `mount` to fill its disk (the
-/// host sizes a box's disk file to its disk limit; the image's file system
-/// inside is smaller).
-fn grow(mount: &str) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    /// `EXT4_IOC_RESIZE_FS`: `_IOW('f', 16, __u64)`.
-    const EXT4_IOC_RESIZE_FS: libc::Ioctl = 0x4008_6610;
-    let sectors: u64 = std::fs::read_to_string("/sys/block/vda/size")?.trim().parse().map_err(std::io::Error::other)?;
-    let block = nix::sys::statvfs::statvfs(mount)?.block_size();
-    let blocks: u64 = sectors * 512 / block.max(1);
-    let dir = std::fs::File::open(mount)?;
-    // SAFETY: the ioctl reads one u64 we own, on an open directory of the file system.
-    if unsafe { libc::ioctl(dir.as_raw_fd(), EXT4_IOC_RESIZE_FS, &blocks) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// What a box's processes need mounted besides the kernel's own file
 /// systems: terminals, shared memory, `/run` and `/tmp` in memory, and the
 /// `/dev` links programs expect.
@@ -221,12 +202,6 @@ pub fn run(serve: impl Fn(UnixStream) + Send + Sync + 'static) -> ! {
         let _ = writeln!(out, "{} {disk}", moat_agent::GUEST_DISK);
         mount_box_filesystems();
         crate::login::alias_root_as_host_name();
-        // Growing to a 16 GiB disk takes ~1.5 s under TCG: not on the way up.
-        let _ = std::thread::Builder::new().spawn(|| {
-            if let Err(e) = grow("/") {
-                eprintln!("moat-agent: grow the root file system: {e}");
-            }
-        });
     }
     let _ = writeln!(out, "{} {release}", moat_agent::GUEST_UP);
     let _ = out.flush();
