@@ -45,7 +45,7 @@ impl Backend for NoBoxes {
     fn handle(&self, _: &BoxRecord) -> Option<BoxHandle> {
         None
     }
-    fn dup(&self, _: &BoxRecord, _: &BoxRecord) -> Result<(), BackendError> {
+    fn dup(&self, _: &BoxRecord, _: &BoxRecord) -> Result<moat_core::Copied, BackendError> {
         Err(BackendError::msg("no"))
     }
     fn set_environment(&self, _: &BoxRecord, _: &[(String, Option<String>)]) -> Result<(), BackendError> {

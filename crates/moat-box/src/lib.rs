@@ -28,7 +28,8 @@ pub mod trust;
 pub mod vm;
 
 use moat_core::{
-    AccountId, Backend, BackendError, BackendKind, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading, Name,
+    AccountId, Backend, BackendError, BackendKind, BoxHandle, BoxRecord, ChangeSink, Checkpoint, Copied, MeterReading,
+    Name,
 };
 
 /// Every backend moat has, behind one type: each box is run by the one its
@@ -89,7 +90,7 @@ impl Backend for AnyBackend {
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
         self.of(rec).ok()?.handle(rec)
     }
-    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
         self.of(src)?.dup(src, dst)
     }
     fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {

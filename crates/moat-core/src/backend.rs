@@ -144,6 +144,17 @@ impl BackendError {
 /// Reports progress of long work (an image build) to whoever waits for it.
 pub type Progress<'a> = &'a mut (dyn FnMut(&str) + Send);
 
+/// What a copy made by [`Backend::dup`] holds besides its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copied {
+    /// Nothing: it boots afresh, as a new box does.
+    Files,
+    /// Its source's whole machine as of the copy, saved: it is left
+    /// suspended (as a box with no session is), and its first session
+    /// resumes it, its processes where they were.
+    Machine,
+}
+
 /// One isolation technology. Calls block; the manager runs them off the async
 /// threads. Each call must either finish its work or undo what it did.
 pub trait Backend: Send + Sync + 'static {
@@ -175,8 +186,9 @@ pub trait Backend: Send + Sync + 'static {
     /// `/etc/environment`, which every session reads.
     fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError>;
     /// Makes `dst`'s filesystem a copy of `src`'s as of this instant (a running
-    /// `src` is frozen for that instant), with a fresh identity for `dst`.
-    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError>;
+    /// `src` is frozen for that instant), with a fresh identity for `dst`;
+    /// says what else the copy holds.
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError>;
     /// What differs in `b`'s filesystem relative to `a`'s, handed to `out` in
     /// batches as it is found (in tree order); `out` returns false to stop.
     /// The work and memory are bounded whatever the boxes hold.

@@ -19,8 +19,8 @@ pub mod secrets;
 pub mod store;
 
 pub use backend::{
-    AgentAddr, Backend, BackendError, BackendKind, BoxHandle, Change, ChangeKind, ChangeSink, Checkpoint, MeterReading,
-    NetAttach,
+    AgentAddr, Backend, BackendError, BackendKind, BoxHandle, Change, ChangeKind, ChangeSink, Checkpoint, Copied,
+    MeterReading, NetAttach,
 };
 pub use ids::{AccountId, BoxId, Name, NameError};
 pub use limits::{Limits, LimitsError};

@@ -79,11 +79,7 @@ enum Cmd {
     },
     /// (internal) start one VM box's supervisor from a plan on stdin; run by the daemon.
     #[command(hide = true)]
-    BoxVm {
-        /// Be the supervisor (else start one and print its pid once the guest is up).
-        #[arg(long)]
-        supervise: bool,
-    },
+    BoxVm,
 }
 
 #[derive(Subcommand)]
@@ -115,7 +111,7 @@ fn main() {
     let result = match cli.command {
         // The helper must stay single-threaded: no runtime, no logging threads.
         Cmd::BoxSpawn { join } => std::process::exit(moat_box::ns::enforce::helper_main(&join)),
-        Cmd::BoxVm { supervise } => std::process::exit(moat_box::vm::supervise::helper_main(supervise)),
+        Cmd::BoxVm => std::process::exit(moat_box::vm::supervise::helper_main()),
         Cmd::Serve(args) => serve::run(*args),
         Cmd::FrontDoor { id } => front_door::run(id),
         Cmd::Gateway { id, netns } => gateway::run(id, netns),

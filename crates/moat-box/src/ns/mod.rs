@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::backend::Progress;
 use moat_core::{
-    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, ChangeSink, Checkpoint,
+    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxId, BoxRecord, ChangeSink, Checkpoint, Copied,
     MeterReading, Name, NetAttach,
 };
 
@@ -377,7 +377,7 @@ impl Backend for NsBackend {
         }
     }
 
-    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
         // Frozen, the source's processes cannot write during the snapshot, which
         // flushes the subvolume's dirty data: the copy is one instant of it.
         let copied = while_frozen(&self.cgroups, src, || {
@@ -390,7 +390,7 @@ impl Backend for NsBackend {
             return Err(e);
         }
         fault::point("dup-after-snapshot");
-        self.make_own(dst, &self.pool.box_path(&dst.id))
+        self.make_own(dst, &self.pool.box_path(&dst.id)).map(|()| Copied::Files)
     }
 
     fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {

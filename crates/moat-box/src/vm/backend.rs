@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use moat_core::backend::Progress;
 use moat_core::{
-    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, Checkpoint, MeterReading,
-    Name, NetAttach,
+    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, Checkpoint, Copied,
+    MeterReading, Name, NetAttach,
 };
 
 use crate::ns::cgroup::CgroupLayout;
@@ -489,13 +489,15 @@ impl Backend for VmBackend {
         self.push_files(rec, &["etc/environment"])
     }
 
-    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
         let started = std::time::Instant::now();
-        let copied = if self.is_running(src) {
+        let running = self.is_running(src);
+        let copied = if running {
             // The machine is saved with its vCPUs paused and its disk
-            // flushed, then its disk copied: the copy starts as the very
+            // flushed, then its disk copied: the copy resumes as the very
             // machine the source was at that instant, its page cache and
-            // processes included.
+            // processes included (when its first session comes: until then
+            // it is a file, as a parked box is, and costs no CPU or memory).
             let frozen = self.cgroups.is_frozen(&src.id);
             let memory = self.memory_path(&dst.id);
             let copied =
@@ -519,7 +521,19 @@ impl Backend for VmBackend {
                 .map(drop)
                 .map_err(|e| BackendError::new(format!("copy {}", src.name), e))
         };
+        // A source that is itself a saved machine not yet resumed (a copy
+        // before its first session) passes its machine on too.
+        let saved_src = self.memory_path(&src.id);
+        let machine = running || (copied.is_ok() && saved_src.exists());
+        let copied = copied.and_then(|()| {
+            if running || !machine {
+                return Ok(());
+            }
+            clone_file(&saved_src, &self.memory_path(&dst.id))
+                .map_err(|e| BackendError::new(format!("copy {}'s saved machine", src.name), e))
+        });
         if let Err(e) = copied {
+            let _ = std::fs::remove_file(self.memory_path(&dst.id));
             let _ = self.pool.delete_box(&dst.id);
             return Err(e);
         }
@@ -529,7 +543,7 @@ impl Backend for VmBackend {
             let _ = std::fs::remove_file(self.memory_path(&dst.id));
         })?;
         tracing::debug!(box_id = %dst.id, saved = ?saved, made_own = ?started.elapsed() - saved, "vm copied");
-        Ok(())
+        Ok(if machine { Copied::Machine } else { Copied::Files })
     }
 
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
@@ -537,7 +551,7 @@ impl Backend for VmBackend {
         for rec in [a, b] {
             if !self.is_running(rec) {
                 return Err(BackendError::msg(format!(
-                    "{0} is stopped: a VM box's files are listed by the box itself (`start {0}` first)",
+                    "{0} is not running: a VM box's files are listed by the box itself (`start {0}` first)",
                     rec.name
                 )));
             }
@@ -654,4 +668,13 @@ fn forget(saved: &Path) -> Result<(), BackendError> {
 
 fn owner(rec: &BoxRecord) -> crate::checkpoint::Owner<'_> {
     crate::checkpoint::Owner { id: &rec.id, account: &rec.account, disk_limit: rec.limits.disk + DISK_SLACK }
+}
+
+/// Makes `to` a new copy-on-write copy of `from` (both in the pool).
+fn clone_file(from: &Path, to: &Path) -> std::io::Result<()> {
+    let source = std::fs::File::open(from)?;
+    let copy = std::fs::OpenOptions::new().write(true).create_new(true).open(to)?;
+    crate::sys::reflink(&source, &copy).inspect_err(|_| {
+        let _ = std::fs::remove_file(to);
+    })
 }

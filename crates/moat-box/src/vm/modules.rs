@@ -8,7 +8,8 @@ use std::path::Path;
 
 /// What a box's guest loads: the virtio-mmio transport (QEMU's microvm has no
 /// PCI) and the devices a box uses.
-pub const GUEST_MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_console", "virtio_rng", "virtio_net"];
+pub const GUEST_MODULES: &[&str] =
+    &["virtio_mmio", "virtio_blk", "virtio_console", "virtio_rng", "virtio_net", "virtio_balloon"];
 
 /// The files of `wanted` modules and everything they depend on, in an order
 /// they can be loaded in (each after its dependencies), as paths relative to

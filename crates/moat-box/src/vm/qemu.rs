@@ -120,6 +120,11 @@ pub fn args(machine: &Machine) -> Vec<String> {
         "virtio-blk-device,drive=root",
         "-device",
         "virtio-rng-device",
+        // The guest hands back the memory it frees (in 2 MiB blocks, a few
+        // seconds after): the host's pages go, and a saved machine is as
+        // large as what the guest holds, not as all it ever touched.
+        "-device",
+        "virtio-balloon-device,free-page-reporting=on",
         "-device",
         "virtio-serial-device",
         "-chardev",

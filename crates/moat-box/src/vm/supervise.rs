@@ -1,5 +1,5 @@
 //! A VM box's supervisor: the host process that owns its QEMU. Run by the
-//! daemon as `moat box-vm`, which starts it (`box-vm --supervise`), waits for
+//! daemon as `moat box-vm`, which starts it (a fork of itself), waits for
 //! its word that the guest is up, prints its pid and exits; the supervisor
 //! lives as long as the machine, in the box's cgroup, and outlives a restart
 //! of the daemon as a namespace box's PID 1 does.
@@ -85,8 +85,8 @@ pub fn console_log(run_dir: &Path) -> PathBuf {
 /// The most of a guest's console kept: it is the guest's to fill.
 const MAX_CONSOLE: u64 = 1 << 20;
 
-/// `moat box-vm [--supervise]`: the process's exit code.
-pub fn helper_main(supervise: bool) -> i32 {
+/// `moat box-vm`: the process's exit code.
+pub fn helper_main() -> i32 {
     let mut input = Vec::new();
     if let Err(e) = io::stdin().read_to_end(&mut input) {
         eprintln!("box-vm: read plan: {e}");
@@ -99,8 +99,7 @@ pub fn helper_main(supervise: bool) -> i32 {
             return 1;
         }
     };
-    let result = if supervise { supervise_machine(&plan) } else { launch(&input) };
-    match result {
+    match launch(&plan) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("box-vm: {e}");
@@ -110,34 +109,45 @@ pub fn helper_main(supervise: bool) -> i32 {
 }
 
 /// Starts a supervisor, relays its first word (its pid once the guest is
-/// up) and leaves it running.
-fn launch(plan: &[u8]) -> io::Result<()> {
-    let mut child = Command::new("/proc/self/exe")
-        .args(["box-vm", "--supervise"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(plan)?;
-    }
-    let mut word = String::new();
-    if let Some(stdout) = child.stdout.take() {
-        BufReader::new(stdout).take(4096).read_line(&mut word)?;
-    }
-    match word.trim().strip_prefix("up ") {
-        Some(pid) => {
-            println!("{pid}");
-            Ok(())
-        }
-        None => {
-            let _ = child.kill();
-            let mut err = String::new();
-            if let Some(stderr) = child.stderr.take() {
-                let _ = stderr.take(64 << 10).read_to_string(&mut err);
+/// up) and leaves it running. The supervisor is a fork of this helper, which
+/// is single-threaded (running moat again cost each boot ~15 ms).
+#[allow(unsafe_code)]
+fn launch(plan: &VmPlan) -> io::Result<()> {
+    use nix::unistd::ForkResult;
+    let (word_read, word_write) = nix::unistd::pipe()?;
+    let (err_read, err_write) = nix::unistd::pipe()?;
+    // SAFETY: `moat box-vm` starts no thread before this (see main), so
+    // the child may do anything after the fork.
+    match unsafe { nix::unistd::fork() }? {
+        ForkResult::Child => {
+            drop((word_read, err_read));
+            let null = std::fs::File::open("/dev/null")?;
+            for (fd, target) in [(null.as_fd(), 0), (word_write.as_fd(), 1), (err_write.as_fd(), 2)] {
+                sys::dup_onto(fd, target)?;
             }
-            let _ = child.wait();
-            Err(io::Error::other(err.trim().to_string()))
+            drop((null, word_write, err_write));
+            let code = match supervise_machine(plan) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("box-vm: {e}");
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+        ForkResult::Parent { child } => {
+            drop((word_write, err_write));
+            let mut word = String::new();
+            BufReader::new(std::fs::File::from(word_read)).take(4096).read_line(&mut word)?;
+            if let Some(pid) = word.trim().strip_prefix("up ") {
+                println!("{pid}");
+                return Ok(());
+            }
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            let mut err = String::new();
+            let _ = std::fs::File::from(err_read).take(64 << 10).read_to_string(&mut err);
+            let _ = nix::sys::wait::waitpid(child, None);
+            Err(io::Error::other(err.trim().trim_start_matches("box-vm: ").to_string()))
         }
     }
 }

@@ -22,7 +22,7 @@ pub use network::NetworkHooks;
 pub use session::SessionGuard;
 pub use warm::WARM_ACCOUNT;
 
-use crate::backend::{Backend, BackendError, BackendKind, BoxHandle, ChangeSink};
+use crate::backend::{Backend, BackendError, BackendKind, BoxHandle, ChangeSink, Copied};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::{Limits, LimitsError};
 use crate::policy::Policy;
@@ -376,7 +376,7 @@ impl BoxManager {
         let rec = self
             .finish_new(rec, |b, r| {
                 b.create(r)?;
-                b.start(r).inspect_err(|_| {
+                b.start(r).map(Some).inspect_err(|_| {
                     let _ = b.destroy(r);
                 })
             })
@@ -388,11 +388,12 @@ impl BoxManager {
     }
 
     /// Makes and boots a box just inserted in state `creating` (with `make`, which
-    /// undoes its own work on failure), then records it running, or forgets it.
+    /// undoes its own work on failure), then records it running (or suspended,
+    /// if `make` left it so: no handle), or forgets it.
     async fn finish_new(
         self: &Arc<Self>,
         mut rec: BoxRecord,
-        make: impl FnOnce(&dyn Backend, &BoxRecord) -> Result<BoxHandle, BackendError> + Send + 'static,
+        make: impl FnOnce(&dyn Backend, &BoxRecord) -> Result<Option<BoxHandle>, BackendError> + Send + 'static,
     ) -> Result<BoxRecord, ManagerError> {
         let lock = self.lock_for(&rec.id);
         let _guard = lock.lock().await;
@@ -408,6 +409,11 @@ impl BoxManager {
                 return Err(e);
             }
         };
+        let Some(handle) = handle else {
+            self.db(|s| s.set_state(&rec.id, BoxState::Suspended, None))?;
+            rec.state = BoxState::Suspended;
+            return Ok(rec);
+        };
         self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(handle.pid)))?;
         rec.state = BoxState::Running;
         rec.pid = Some(handle.pid);
@@ -416,9 +422,11 @@ impl BoxManager {
         Ok(rec)
     }
 
-    /// Duplicates `src` as `dst`: a copy of its filesystem as of now, booted with
-    /// a fresh process tree and identity. On any failure (or a crash, rolled back
-    /// by `recover`) no `dst` is left and `src` runs on untouched.
+    /// Duplicates `src` as `dst`: a copy of its filesystem as of now, with a
+    /// fresh identity, booted with a fresh process tree; or, where the backend
+    /// copies the whole machine, left suspended for its first session to
+    /// resume. On any failure (or a crash, rolled back by `recover`) no `dst`
+    /// is left and `src` runs on untouched.
     pub async fn dup(self: &Arc<Self>, account: &AccountId, src: &Name, dst: &Name) -> Result<BoxRecord, ManagerError> {
         reserved(dst)?;
         let src = self.get(account, src)?;
@@ -440,10 +448,15 @@ impl BoxManager {
         let s = src.clone();
         let rec = self
             .finish_new(rec, move |b, d| {
-                b.dup(&s, d)?;
-                b.set_environment(d, &vars).and_then(|()| b.start(d)).inspect_err(|_| {
-                    let _ = b.destroy(d);
-                })
+                let copied = b.dup(&s, d)?;
+                b.set_environment(d, &vars)
+                    .and_then(|()| match copied {
+                        Copied::Files => b.start(d).map(Some),
+                        Copied::Machine => Ok(None),
+                    })
+                    .inspect_err(|_| {
+                        let _ = b.destroy(d);
+                    })
             })
             .await?;
         tracing::info!(box_id = %rec.id, name = %rec.name, parent = %src.name, pid = ?rec.pid, "box duplicated");

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::backend::{AgentAddr, BoxHandle, MeterReading, Progress};
+use crate::backend::{AgentAddr, BoxHandle, Copied, MeterReading, Progress};
 
 /// A backend that keeps boxes as entries in a map, and fails the operations
 /// it is told to.
@@ -29,6 +29,9 @@ struct Mem {
     env: HashMap<String, HashMap<String, String>>,
     /// Box id -> its checkpoints.
     checkpoints: HashMap<String, Vec<Saved>>,
+    /// Whether `dup` copies a running source's whole machine (as the VM
+    /// backend does), not its files alone.
+    copies_machines: bool,
 }
 
 /// A checkpoint: (label, host name in its files, environment).
@@ -98,14 +101,14 @@ impl Backend for MemBackend {
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
         self.is_running(rec).then(|| mem_handle(rec, rec.pid.unwrap_or(1)))
     }
-    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
         self.check("dup")?;
         let mut s = self.state.lock().unwrap();
         assert!(s.files.contains_key(src.id.as_str()), "dup of a box with no files");
         s.files.insert(dst.id.as_str().into(), dst.name.to_string());
         let env = s.env.get(src.id.as_str()).cloned().unwrap_or_default();
         s.env.insert(dst.id.as_str().into(), env);
-        Ok(())
+        Ok(if s.copies_machines && s.running.contains(src.id.as_str()) { Copied::Machine } else { Copied::Files })
     }
     fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {
         self.check("set_environment")?;
@@ -263,6 +266,25 @@ async fn a_failed_dup_leaves_the_source_alone() {
     let copy = f.manager.dup(&f.alice, &name("web"), &name("try")).await.unwrap();
     assert_eq!(copy.parent, Some(src.id.clone()));
     assert_eq!(f.names(), ["try", "web"]);
+}
+
+#[tokio::test]
+async fn a_copied_machine_waits_suspended_for_its_first_session() {
+    let f = fixture();
+    f.backend.state.lock().unwrap().copies_machines = true;
+    let net = Arc::new(NetLog::default());
+    f.manager.set_network_hooks(net.clone());
+    f.new_box("web").await.unwrap();
+    net.take();
+    let copy = f.manager.dup(&f.alice, &name("web"), &name("try")).await.unwrap();
+    assert_eq!(copy.state, BoxState::Suspended);
+    assert_eq!(copy.pid, None);
+    assert!(!f.backend.is_running(&copy), "nothing runs until a session comes");
+    assert!(net.take().is_empty(), "no network for a copy not yet running");
+    let (handle, _session) = f.manager.open_session(&f.alice, &name("try")).await.unwrap();
+    assert!(f.backend.is_running(&copy));
+    assert_eq!(f.manager.get(&f.alice, &name("try")).unwrap().pid, Some(handle.pid));
+    assert_eq!(net.take(), ["up try 0", "secrets []"]);
 }
 
 #[tokio::test]

@@ -143,6 +143,12 @@ pub fn box_runs_its_own_kernel_over_ssh(env: &Env) {
     assert!(log.contains("allow http web.test:80 GET /a"), "{log}");
 }
 
+/// How many QEMUs run on the host.
+fn qemus() -> u32 {
+    let out = run(Command::new("pgrep").args(["-c", "-f", "qemu-system-x86_64"])).stdout;
+    out.trim().parse().unwrap_or(0)
+}
+
 pub fn suspend_resume_dup_checkpoint_and_rm(env: &Env) {
     let name = unique("vmlife");
     env.new_box(&name, &["--backend", "vm", "--idle", "2"]);
@@ -165,14 +171,31 @@ pub fn suspend_resume_dup_checkpoint_and_rm(env: &Env) {
     assert!((guest_now - host_now).abs() <= 2, "the resumed guest's clock is {}s off", guest_now - host_now);
     assert_eq!(lines.next().map(str::trim), Some("1"), "the guest's processes survived the pause");
 
-    // A copy: the files as they were, a new machine, the same kind of box.
+    // A copy: the files as they were, a new machine, the same kind of box,
+    // its processes with it. It is left suspended, as saved (no QEMU runs
+    // for it), until its first session resumes it.
     let copy = format!("{name}-copy");
+    let qemus_before = qemus();
     env.alice(None, &["dup", &name, &copy]).ok();
-    let out = env.alice(Some(&copy), &["cat /root/kept; hostname; cat /etc/machine-id; uname -r"]).ok().stdout;
+    assert_eq!(state(env, &copy), "suspended");
+    assert_eq!(qemus(), qemus_before, "a QEMU runs for a copy nobody uses");
+    // A copy of that copy, before it ever ran, gets the machine too.
+    let second = format!("{name}-copy2");
+    env.alice(None, &["dup", &copy, &second]).ok();
+    assert_eq!(state(env, &second), "suspended");
+    let out = env.alice(Some(&second), &["hostname; pgrep -c -x sleep"]).ok().stdout;
+    assert_eq!(out, format!("{second}\n1\n"), "the copy of a copy lost its processes");
+    env.alice(None, &["rm", &second]).ok();
+    let out = env
+        .alice(Some(&copy), &["cat /root/kept; hostname; cat /etc/machine-id; uname -r; pgrep -c -x sleep"])
+        .ok()
+        .stdout;
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[..2], ["kept", copy.as_str()], "{out}");
     assert_ne!(format!("{}\n", lines[2]), machine_id, "the copy kept its parent's machine-id");
     assert_eq!(lines[3], guest_release());
+    assert_eq!(lines[4], "1", "the copy's processes came with it: {out}");
+    assert_eq!(state(env, &copy), "running");
 
     // What the copy changed, as each guest lists its own files.
     env.alice(Some(&copy), &["echo n > /root/new-in-copy; rm /root/kept"]).ok();
@@ -190,10 +213,6 @@ pub fn suspend_resume_dup_checkpoint_and_rm(env: &Env) {
     assert_eq!(out, "kept\n");
 
     // Removing a box ends its QEMU.
-    let qemus = || {
-        let out = run(Command::new("pgrep").args(["-c", "-f", "qemu-system-x86_64"])).stdout;
-        out.trim().parse::<u32>().unwrap_or(0)
-    };
     let before = qemus();
     env.alice(None, &["rm", &copy]).ok();
     env.alice(None, &["rm", &name]).ok();

@@ -171,6 +171,7 @@ fn virtio_devices() -> Vec<String> {
             Ok(2) => "block".to_string(),
             Ok(3) => "console".to_string(),
             Ok(4) => "rng".to_string(),
+            Ok(5) => "balloon".to_string(),
             _ => format!("other({})", id.trim()),
         })
         .collect();
