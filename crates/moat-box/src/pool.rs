@@ -227,6 +227,11 @@ impl Pool {
         self.root.join("vm-bases")
     }
 
+    /// Where the VM guests' kernel is kept unpacked.
+    pub fn vm_kernels_dir(&self) -> PathBuf {
+        self.root.join("vm-kernels")
+    }
+
     /// Makes box `dst`'s root a writable snapshot of box `src`'s root.
     pub fn snapshot_box(&self, src: &BoxId, dst: &BoxId) -> Result<PathBuf, PoolError> {
         let from = self.box_path(src);

@@ -106,7 +106,13 @@ fn microvm(state_dir: &Path) -> (String, Option<Accel>) {
         let image = moat_core::Name::new("busybox").ok();
         image.is_some_and(|i| pool.has_image(&i) && moat_box::vm::disk::ext4_image(&pool.image_path(&i), &disk).is_ok())
     });
-    let guest = Guest { kernel: &kernel, agent: &agent, disk: has_disk.then_some(disk.as_path()), memory_mib: 256 };
+    let guest = Guest {
+        kernel: &kernel,
+        agent: &agent,
+        disk: has_disk.then_some(disk.as_path()),
+        memory_mib: 256,
+        as_box: None,
+    };
     let kvm = if Path::new("/dev/kvm").exists() {
         boot(guest, Accel::Kvm, KVM_BOOT)
     } else {

@@ -104,7 +104,8 @@ pub fn accel_here(state_dir: &Path, kernel: &Path, agent: &Path) -> Accel {
         }
     }
     let kvm = Path::new("/dev/kvm").exists()
-        && probe::boot(Guest { kernel, agent, disk: None, memory_mib: 256 }, Accel::Kvm, KVM_BOOT).is_ok();
+        && probe::boot(Guest { kernel, agent, disk: None, memory_mib: 256, as_box: None }, Accel::Kvm, KVM_BOOT)
+            .is_ok();
     let accel = if kvm { Accel::Kvm } else { Accel::Tcg };
     remember(state_dir, kernel, accel);
     accel

@@ -24,7 +24,7 @@ use crate::pool::Pool;
 use crate::vm::probe::Accel;
 use crate::vm::qemu::{self, Machine};
 use crate::vm::supervise::{self, VmPlan};
-use crate::vm::{disk, files};
+use crate::vm::{disk, files, vmlinux};
 use crate::{identity, image};
 
 /// Where the backend finds its parts.
@@ -69,6 +69,8 @@ pub struct VmBackend {
     pool: Arc<Pool>,
     cgroups: CgroupLayout,
     config: VmConfig,
+    /// The kernel QEMU loads: [`VmConfig::kernel`] unpacked where it can be.
+    boot_kernel: PathBuf,
     /// Held while an image's disk is made.
     bases: Mutex<()>,
     /// The start of every initramfs (see [`VmBackend::initramfs_base`]).
@@ -87,7 +89,14 @@ impl VmBackend {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        Ok(Self { pool, cgroups, config, bases: Mutex::new(()), initramfs: Mutex::default() })
+        let boot_kernel = match vmlinux::unpacked(&config.kernel, &pool.vm_kernels_dir()) {
+            Ok(unpacked) => unpacked,
+            Err(e) => {
+                tracing::warn!(kernel = %config.kernel.display(), error = %e, "guests boot the packed kernel (slower)");
+                config.kernel.clone()
+            }
+        };
+        Ok(Self { pool, cgroups, config, boot_kernel, bases: Mutex::new(()), initramfs: Mutex::default() })
     }
 
     fn box_run_dir(&self, rec: &BoxRecord) -> PathBuf {
@@ -340,7 +349,7 @@ impl VmBackend {
         self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
         let plan = VmPlan {
             qemu: self.config.qemu.clone(),
-            kernel: self.config.kernel.clone(),
+            kernel: self.boot_kernel.clone(),
             initramfs,
             disk: self.disk_path(rec),
             run_dir,

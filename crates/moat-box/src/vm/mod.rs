@@ -9,6 +9,7 @@
 //! - [`files`]: what moat writes into a guest, kept on the host;
 //! - [`listing`]: a guest's files as its agent lists them, for `diff`;
 //! - [`disk`], [`cpio`], [`modules`]: the guest's root disk and initramfs;
+//! - [`vmlinux`]: the guest kernel unpacked, booted through its PVH entry;
 //! - [`probe`]: boots a guest to learn whether KVM can run one here or only
 //!   TCG can (a host may open `/dev/kvm` and still hang every guest: this
 //!   one does).
@@ -23,3 +24,4 @@ pub mod net;
 pub mod probe;
 pub mod qemu;
 pub mod supervise;
+pub mod vmlinux;

@@ -140,6 +140,9 @@ pub struct Guest<'a> {
     pub disk: Option<&'a Path>,
     /// Guest memory.
     pub memory_mib: u64,
+    /// Booted as a box is, when set: this unpacked `kernel` (see
+    /// [`super::vmlinux`]) and moat's boot options on its command line.
+    pub as_box: Option<&'a Path>,
 }
 
 /// Boots `guest` under `accel`, with an entropy device and a serial
@@ -215,6 +218,9 @@ fn initramfs_bytes(agent: &Path, release: &str) -> std::io::Result<Vec<u8>> {
 
 fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> Result<Booted, ProbeError> {
     let mut append = format!("console=ttyS0 quiet panic=-1 {}", moat_agent::PROBE_ARG);
+    if guest.as_box.is_some() {
+        append = format!("{append} {}", super::qemu::BOOT_OPTIONS);
+    }
     if accel == Accel::Tcg {
         if let Some(khz) = host_tsc_khz() {
             append.push_str(&format!(" tsc_early_khz={khz}"));
@@ -230,7 +236,7 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
         .args(["-chardev", &format!("socket,id=agent,path={},server=on,wait=off", port.display())])
         .args(["-device", &format!("virtserialport,chardev=agent,name={}", moat_agent::AGENT_PORT)])
         .arg("-kernel")
-        .arg(guest.kernel)
+        .arg(guest.as_box.unwrap_or(guest.kernel))
         .arg("-initrd")
         .arg(initramfs)
         .args(["-append", &append]);

@@ -69,11 +69,16 @@ const TCG_CACHE_MIB: u64 = 256;
 /// The least memory a guest gets.
 pub const MIN_GUEST_MIB: u64 = 128;
 
+/// What a box's kernel command line adds to speed its boot: no self-tests
+/// of the kernel's crypto (~200 ms of a TCG boot; the guest's crypto is the
+/// guest's own, the host trusts none of it).
+pub const BOOT_OPTIONS: &str = "cryptomgr.notests";
+
 /// The kernel command line of a box's guest: its console, no reboot on
-/// panic, and under TCG the host's TSC rate (calibrating it there hangs a
-/// share of boots).
+/// panic, [`BOOT_OPTIONS`], and under TCG the host's TSC rate (calibrating
+/// it there hangs a share of boots).
 pub fn cmdline(accel: Accel, tsc_khz: Option<u64>) -> String {
-    let mut line = String::from("console=ttyS0 quiet panic=-1 rootfstype=ext4");
+    let mut line = format!("console=ttyS0 quiet panic=-1 rootfstype=ext4 {BOOT_OPTIONS}");
     if let (Accel::Tcg, Some(khz)) = (accel, tsc_khz) {
         line.push_str(&format!(" tsc_early_khz={khz}"));
     }
