@@ -15,6 +15,7 @@ packages=(
   openssl                         # the e2e test internet's CA
   git python3-paramiko python3-asyncssh ansible-core   # client software the e2e suite drives
   qemu-system-x86 linux-image-cloud-amd64 cpio   # microVM guests: QEMU, the guest kernel, initramfs
+  lz4 zstd xz-utils               # to unpack a guest kernel once (its format decides which)
 )
 missing=()
 for p in "${packages[@]}"; do
