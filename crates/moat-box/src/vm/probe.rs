@@ -100,7 +100,8 @@ pub fn kernel_release(kernel: &Path) -> Option<String> {
 
 /// A guest's initramfs: the agent as `/init`, the directories it mounts the
 /// kernel's filesystems on, and the virtio modules of kernel `release` (from
-/// `modules_root`/RELEASE), numbered in the order they load.
+/// `modules_root`/RELEASE, their signatures cut off), numbered in the order
+/// they load.
 pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str) -> std::io::Result<Vec<u8>> {
     let mut a = Archive::default();
     for dir in ["dev", "proc", "sys", "lib", "lib/moat", "lib/moat/modules"] {
@@ -111,7 +112,7 @@ pub fn initramfs(agent: &[u8], modules_root: &Path, release: &str) -> std::io::R
     for (i, file) in crate::vm::modules::load_order(&dir, crate::vm::modules::GUEST_MODULES)?.iter().enumerate() {
         let base = file.rsplit('/').next().unwrap_or(file);
         let path = format!("{}/{i:02}-{base}", moat_agent::GUEST_MODULES_DIR.trim_start_matches('/'));
-        a.file(&path, 0o644, &std::fs::read(dir.join(file))?);
+        a.file(&path, 0o644, crate::vm::modules::unsigned(&std::fs::read(dir.join(file))?));
     }
     Ok(a.finish())
 }
