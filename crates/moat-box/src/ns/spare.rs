@@ -119,10 +119,14 @@ fn discard(cgroups: &CgroupLayout, name: &str, mut child: Child, why: &str) -> B
 }
 
 /// Removes spare cgroups and spare roots left by a daemon that exited (their
-/// helpers end when the daemon does).
+/// helpers end when the daemon does). Another daemon's spares are left
+/// alone: destroying one as its owner hands it to a box would freeze that
+/// box mid-start, its cgroup renamed under the freezer's feet.
 pub fn remove_stale(cgroups: &CgroupLayout, pool: &Pool) {
     for name in cgroups.named_with_prefix(PREFIX) {
-        let _ = cgroups.destroy(name.as_str());
+        if !owner_alive(&name) {
+            let _ = cgroups.destroy(name.as_str());
+        }
     }
     for name in pool.boxes_named_with_prefix(PREFIX) {
         let _ = pool.delete_spare_root(&name);
@@ -148,8 +152,36 @@ impl SpareRoot {
     }
 }
 
+/// `spare-PID-RANDOM`: the cgroups of every daemon on the host share one
+/// parent, so a spare says which daemon owns it.
 fn spare_name() -> String {
     let mut id = [0u8; 6];
     let _ = getrandom::fill(&mut id);
-    format!("{PREFIX}{}", hex::encode(id))
+    format!("{PREFIX}{}-{}", std::process::id(), hex::encode(id))
+}
+
+/// Whether spare `name` belongs to a daemon that still runs (not this one:
+/// it has none when it looks).
+fn owner_alive(name: &str) -> bool {
+    let owner = name.strip_prefix(PREFIX).and_then(|rest| rest.split_once('-')).map(|(pid, _)| pid);
+    match owner.and_then(|pid| pid.parse::<u32>().ok()) {
+        Some(pid) => pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists(),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_spares_of_daemons_gone_are_stale() {
+        assert!(spare_name().starts_with(&format!("{PREFIX}{}-", std::process::id())));
+        assert!(!owner_alive(&spare_name()), "this daemon's own spares are its own to clear");
+        assert!(owner_alive(&format!("{PREFIX}1-00aa")), "PID 1 runs: its spares are not stale");
+        // A pid past the kernel's largest never runs; names of older daemons have none.
+        assert!(!owner_alive(&format!("{PREFIX}4194305-00aa")));
+        assert!(!owner_alive(&format!("{PREFIX}00aa11bb22cc")));
+        assert!(!owner_alive("spare-"));
+    }
 }
