@@ -467,7 +467,7 @@ impl BoxManager {
     /// found. Comparisons take turns ([`DIFFS_AT_ONCE`] at a time): each
     /// holds up to the backend's bound of memory.
     pub async fn diff(
-        &self,
+        self: &Arc<Self>,
         account: &AccountId,
         a: &Name,
         b: &Name,
@@ -488,9 +488,26 @@ impl BoxManager {
                 guards.push(self.lock_for(&id).lock_owned().await);
             }
         }
+        // One whose machine is saved to a file (parked, or a copy not yet
+        // resumed) runs again to do it, and is suspended again when idle.
+        let mut woken = Vec::new();
+        for name in [&a.name, &b.name] {
+            let rec = self.get(account, name)?;
+            if rec.backend != BackendKind::Vm || rec.state != BoxState::Suspended || woken.contains(&rec.id) {
+                continue;
+            }
+            let r = rec.clone();
+            if self.blocking(move |backend| backend.handle(&r)).await?.is_none() {
+                self.bring_up(&rec).await?;
+                woken.push(rec.id);
+            }
+        }
         let (a, b) = (self.get(account, &a.name)?, self.get(account, &b.name)?);
         let compared = self.blocking(move |backend| backend.diff(&a, &b, &mut *out)).await;
         drop(guards);
+        for id in &woken {
+            self.schedule_idle(id);
+        }
         Ok(compared??)
     }
 

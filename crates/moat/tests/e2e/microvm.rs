@@ -183,6 +183,10 @@ pub fn suspend_resume_dup_checkpoint_and_rm(env: &Env) {
     let second = format!("{name}-copy2");
     env.alice(None, &["dup", &copy, &second]).ok();
     assert_eq!(state(env, &second), "suspended");
+    // Each lists its own files, so diff wakes both.
+    let out = env.alice(None, &["diff", &copy, &second]).ok().stdout;
+    assert!(!out.contains("root/kept"), "{out}");
+    assert_eq!((state(env, &copy), state(env, &second)), ("running".into(), "running".into()));
     let out = env.alice(Some(&second), &["hostname; pgrep -c -x sleep"]).ok().stdout;
     assert_eq!(out, format!("{second}\n1\n"), "the copy of a copy lost its processes");
     env.alice(None, &["rm", &second]).ok();
