@@ -92,7 +92,7 @@ impl VmBackend {
         let boot_kernel = match vmlinux::unpacked(&config.kernel, &pool.vm_kernels_dir()) {
             Ok(unpacked) => unpacked,
             Err(e) => {
-                tracing::warn!(kernel = %config.kernel.display(), error = %e, "guests boot the packed kernel (slower)");
+                tracing::warn!(kernel = %config.kernel.display(), error = %e, "the kernel cannot be booted unpacked: guests boot it as it is (slower)");
                 config.kernel.clone()
             }
         };

@@ -32,6 +32,10 @@ pub fn unpacked(bzimage: &Path, cache: &Path) -> io::Result<PathBuf> {
         return Ok(path);
     }
     let image = std::fs::read(bzimage)?;
+    // A kernel given unpacked already (`--kernel vmlinux`) is booted as it is.
+    if has_pvh_entry(&image) {
+        return Ok(bzimage.to_path_buf());
+    }
     let kernel = decompress(payload(&image)?)?;
     if !has_pvh_entry(&kernel) {
         return Err(io::Error::other("the kernel has no PVH entry point"));
@@ -233,6 +237,9 @@ mod tests {
         let cache = dir.path().join("kernels");
         let path = unpacked(&image, &cache).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), kernel);
+        let given = dir.path().join("vmlinux-given");
+        std::fs::write(&given, &kernel).unwrap();
+        assert_eq!(unpacked(&given, &cache).unwrap(), given, "an unpacked kernel is used as it is");
         assert!(path.file_name().unwrap().to_str().unwrap().starts_with("vmlinux-6.1.0-test."));
         std::fs::write(&path, b"kept").unwrap();
         assert_eq!(unpacked(&image, &cache).unwrap(), path, "unpacked again");
