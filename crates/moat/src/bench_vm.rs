@@ -144,7 +144,7 @@ pub async fn samples(
             "VM box: create + first output of `echo x`".into(),
             created,
             format!(
-                "the same raw QEMU booting the kernel as a box does (unpacked, PVH entry, `{}`)",
+                "the same raw QEMU booting the kernel as a box does (unpacked, PVH entry, `{}`, network and balloon devices)",
                 moat_box::vm::qemu::BOOT_OPTIONS
             ),
             Samples::sorted(raw_as_box),

@@ -142,7 +142,8 @@ pub struct Guest<'a> {
     /// Guest memory.
     pub memory_mib: u64,
     /// Booted as a box is, when set: this unpacked `kernel` (see
-    /// [`super::vmlinux`]) and moat's boot options on its command line.
+    /// [`super::vmlinux`]), moat's boot options on its command line, and a
+    /// box's network and balloon devices.
     pub as_box: Option<&'a Path>,
 }
 
@@ -241,6 +242,16 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
         .arg("-initrd")
         .arg(initramfs)
         .args(["-append", &append]);
+    if guest.as_box.is_some() {
+        // A box's other devices: its balloon, and a network device (ending
+        // on an empty hub here: a box's ends in its namespace).
+        qemu.args(["-device", "virtio-balloon-device,free-page-reporting=on"]).args([
+            "-netdev",
+            "hubport,id=net,hubid=0",
+            "-device",
+            "virtio-net-device,netdev=net",
+        ]);
+    }
     if let Some(disk) = guest.disk {
         let mut drive = std::ffi::OsString::from("if=none,id=root,format=raw,file=");
         drive.push(disk);
