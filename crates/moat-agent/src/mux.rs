@@ -50,11 +50,19 @@ struct Inner {
     held: Arc<Hold>,
 }
 
-/// The writer's hold: set by [`Mux::hold`], and whether a frame is being written.
+/// The writer's hold (see [`Mux::hold`]).
 #[derive(Default)]
 struct Hold {
-    state: Mutex<(bool, bool)>,
+    state: Mutex<HoldState>,
     changed: Condvar,
+}
+
+#[derive(Default)]
+struct HoldState {
+    /// Set by [`Mux::hold`]: no frame is to be started.
+    held: bool,
+    /// A frame is being written.
+    writing: bool,
 }
 
 /// What this end keeps of one stream: where the other end's bytes go, and
@@ -155,13 +163,13 @@ impl Mux {
             for frame in queued {
                 {
                     let mut state = held.state.lock().unwrap_or_else(PoisonError::into_inner);
-                    while state.0 {
+                    while state.held {
                         state = held.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
                     }
-                    state.1 = true;
+                    state.writing = true;
                 }
                 let written = writer.write_all(&frame).and_then(|()| writer.flush());
-                held.state.lock().unwrap_or_else(PoisonError::into_inner).1 = false;
+                held.state.lock().unwrap_or_else(PoisonError::into_inner).writing = false;
                 held.changed.notify_all();
                 if written.is_err() {
                     return;
@@ -179,15 +187,15 @@ impl Mux {
     /// the machine at its other end holds only whole frames.
     pub fn hold(&self) {
         let mut state = self.inner.held.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.0 = true;
-        while state.1 {
+        state.held = true;
+        while state.writing {
             state = self.inner.held.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
     /// Writes to the link again after [`Mux::hold`].
     pub fn go(&self) {
-        self.inner.held.state.lock().unwrap_or_else(PoisonError::into_inner).0 = false;
+        self.inner.held.state.lock().unwrap_or_else(PoisonError::into_inner).held = false;
         self.inner.held.changed.notify_all();
     }
 

@@ -227,6 +227,12 @@ impl Pool {
         self.root.join("vm-bases")
     }
 
+    /// Where saved VM machines are kept (outside the boxes' subvolumes: a
+    /// machine's memory is not its box's disk use).
+    pub fn vm_states_dir(&self) -> PathBuf {
+        self.root.join("vm-states")
+    }
+
     /// Where the VM guests' kernel is kept unpacked.
     pub fn vm_kernels_dir(&self) -> PathBuf {
         self.root.join("vm-kernels")

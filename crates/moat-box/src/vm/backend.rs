@@ -83,8 +83,7 @@ impl VmBackend {
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
         // Saves a crash cut short are of no use (a park renames only whole ones).
-        let states = pool.root().join("vm-states");
-        for entry in std::fs::read_dir(&states).into_iter().flatten().filter_map(Result::ok) {
+        for entry in std::fs::read_dir(pool.vm_states_dir()).into_iter().flatten().filter_map(Result::ok) {
             if entry.path().extension().is_some_and(|e| e == "partial") {
                 let _ = std::fs::remove_file(entry.path());
             }
@@ -92,7 +91,7 @@ impl VmBackend {
         let boot_kernel = match vmlinux::unpacked(&config.kernel, &pool.vm_kernels_dir()) {
             Ok(unpacked) => unpacked,
             Err(e) => {
-                tracing::warn!(kernel = %config.kernel.display(), error = %e, "the kernel cannot be booted unpacked: guests boot it as it is (slower)");
+                tracing::warn!(kernel = %config.kernel.display(), error = %e, "guests boot the kernel packed (slower)");
                 config.kernel.clone()
             }
         };
@@ -226,7 +225,7 @@ impl VmBackend {
     /// machine until it first runs (outside the box's subvolume: the
     /// memory is not the box's disk use).
     fn memory_path(&self, id: &moat_core::BoxId) -> PathBuf {
-        self.pool.root().join("vm-states").join(format!("{id}.state"))
+        self.pool.vm_states_dir().join(format!("{id}.state"))
     }
 
     /// Writes the running box's whole machine to `to`, runs `meanwhile`
@@ -500,8 +499,7 @@ impl Backend for VmBackend {
 
     fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
         let started = std::time::Instant::now();
-        let running = self.is_running(src);
-        let copied = if running {
+        let copied = if self.is_running(src) {
             // The machine is saved with its vCPUs paused and its disk
             // flushed, then its disk copied: the copy resumes as the very
             // machine the source was at that instant, its page cache and
@@ -521,26 +519,23 @@ impl Backend for VmBackend {
             if frozen {
                 let _ = self.cgroups.freeze(&src.id);
             }
-            copied.inspect_err(|_| {
-                let _ = std::fs::remove_file(&memory);
-            })
+            copied
         } else {
+            // A source whose machine is saved (parked, or a copy before its
+            // first session) passes that machine on too.
+            let saved = self.memory_path(&src.id);
             self.pool
                 .snapshot_box(&src.id, &dst.id)
                 .map(drop)
                 .map_err(|e| BackendError::new(format!("copy {}", src.name), e))
+                .and_then(|()| {
+                    if !saved.exists() {
+                        return Ok(());
+                    }
+                    clone_file(&saved, &self.memory_path(&dst.id))
+                        .map_err(|e| BackendError::new(format!("copy {}'s saved machine", src.name), e))
+                })
         };
-        // A source that is itself a saved machine not yet resumed (a copy
-        // before its first session) passes its machine on too.
-        let saved_src = self.memory_path(&src.id);
-        let machine = running || (copied.is_ok() && saved_src.exists());
-        let copied = copied.and_then(|()| {
-            if running || !machine {
-                return Ok(());
-            }
-            clone_file(&saved_src, &self.memory_path(&dst.id))
-                .map_err(|e| BackendError::new(format!("copy {}'s saved machine", src.name), e))
-        });
         if let Err(e) = copied {
             let _ = std::fs::remove_file(self.memory_path(&dst.id));
             let _ = self.pool.delete_box(&dst.id);
@@ -552,7 +547,7 @@ impl Backend for VmBackend {
             let _ = std::fs::remove_file(self.memory_path(&dst.id));
         })?;
         tracing::debug!(box_id = %dst.id, saved = ?saved, made_own = ?started.elapsed() - saved, "vm copied");
-        Ok(if machine { Copied::Machine } else { Copied::Files })
+        Ok(if self.memory_path(&dst.id).exists() { Copied::Machine } else { Copied::Files })
     }
 
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {

@@ -245,7 +245,7 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
     if guest.as_box.is_some() {
         // A box's other devices: its balloon, and a network device (ending
         // on an empty hub here: a box's ends in its namespace).
-        qemu.args(["-device", "virtio-balloon-device,free-page-reporting=on"]).args([
+        qemu.args(["-device", super::qemu::BALLOON]).args([
             "-netdev",
             "hubport,id=net,hubid=0",
             "-device",

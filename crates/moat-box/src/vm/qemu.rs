@@ -69,6 +69,11 @@ const TCG_CACHE_MIB: u64 = 256;
 /// The least memory a guest gets.
 pub const MIN_GUEST_MIB: u64 = 128;
 
+/// A box's balloon: the guest hands back the memory it frees (in 2 MiB
+/// blocks, a few seconds after), so the host's pages go and a saved machine
+/// is as large as what the guest holds, not as all it ever touched.
+pub const BALLOON: &str = "virtio-balloon-device,free-page-reporting=on";
+
 /// What a box's kernel command line adds to speed its boot: no self-tests
 /// of the kernel's crypto (~200 ms of a TCG boot; the guest's crypto is the
 /// guest's own, the host trusts none of it).
@@ -125,11 +130,8 @@ pub fn args(machine: &Machine) -> Vec<String> {
         "virtio-blk-device,drive=root",
         "-device",
         "virtio-rng-device",
-        // The guest hands back the memory it frees (in 2 MiB blocks, a few
-        // seconds after): the host's pages go, and a saved machine is as
-        // large as what the guest holds, not as all it ever touched.
         "-device",
-        "virtio-balloon-device,free-page-reporting=on",
+        BALLOON,
         "-device",
         "virtio-serial-device",
         "-chardev",

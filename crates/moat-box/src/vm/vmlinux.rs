@@ -53,15 +53,20 @@ pub fn unpacked(bzimage: &Path, cache: &Path) -> io::Result<PathBuf> {
     Ok(path)
 }
 
+/// The `N` bytes of `bytes` at `at`, if all are there.
+fn bytes_at<const N: usize>(bytes: &[u8], at: usize) -> Option<[u8; N]> {
+    bytes.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
 /// The compressed kernel inside a `bzImage` (boot protocol 2.08 or later,
 /// which says where it lies).
 fn payload(image: &[u8]) -> io::Result<&[u8]> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("not a bzImage: {what}"));
-    let u32_at = |at: usize| image.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    if image.get(0x202..0x206) != Some(b"HdrS") {
+    let u32_at = |at| bytes_at(image, at).map(u32::from_le_bytes);
+    if bytes_at(image, 0x202) != Some(*b"HdrS") {
         return Err(invalid("no setup header"));
     }
-    let version = image.get(0x206..0x208).map(|b| u16::from_le_bytes([b[0], b[1]])).unwrap_or(0);
+    let version = bytes_at(image, 0x206).map_or(0, u16::from_le_bytes);
     if version < 0x0208 {
         return Err(invalid("boot protocol older than 2.08"));
     }
@@ -95,21 +100,21 @@ fn decompress(data: &[u8]) -> io::Result<Vec<u8>> {
         .stderr(Stdio::null())
         .spawn()?;
     let mut stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin"))?;
-    let input = data.to_vec();
-    // Written from a thread of its own: the tool's output fills its pipe
-    // long before all its input is in.
-    let feeder = std::thread::spawn(move || stdin.write_all(&input));
+    let stdout = child.stdout.take().ok_or_else(|| io::Error::other("no stdout"))?;
     let mut out = Vec::new();
-    if let Some(stdout) = child.stdout.take() {
-        stdout.take(MAX_KERNEL).read_to_end(&mut out)?;
-    }
+    // Fed from a thread of its own: the tool's output fills its pipe long
+    // before all its input is in.
+    let read = std::thread::scope(|scope| {
+        scope.spawn(move || stdin.write_all(data));
+        stdout.take(MAX_KERNEL).read_to_end(&mut out)
+    });
     // The kernel's build appends the unpacked size to every format's stream
     // (gzip's own trailer holds it), which some tools call trailing garbage:
     // their exit status says nothing, the size does.
     let _ = child.kill();
     let _ = child.wait();
-    let _ = feeder.join();
-    let size = data.get(data.len().saturating_sub(4)..).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes);
+    read?;
+    let size = bytes_at(data, data.len().saturating_sub(4)).map(u32::from_le_bytes);
     if size != Some(out.len() as u32) {
         return Err(io::Error::other(format!("{} unpacked {} bytes, not the kernel's {size:?}", tool[0], out.len())));
     }
@@ -118,33 +123,39 @@ fn decompress(data: &[u8]) -> io::Result<Vec<u8>> {
 
 /// Whether `elf` is a 64-bit x86 ELF with a PVH entry note.
 fn has_pvh_entry(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| elf.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let u32_at = |at: usize| elf.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    let u64_at = |at: usize| elf.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    let u16_at = |at| bytes_at(elf, at).map(u16::from_le_bytes);
+    let u64_at = |at| bytes_at(elf, at).map(u64::from_le_bytes);
     // ELF64, little-endian, x86-64.
-    if elf.get(..6) != Some(b"\x7fELF\x02\x01") || u16_at(18) != Some(62) {
+    if bytes_at(elf, 0) != Some(*b"\x7fELF\x02\x01") || u16_at(18) != Some(62) {
         return false;
     }
     let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(32), u16_at(54), u16_at(56)) else {
         return false;
     };
+    // PT_NOTE segments: p_type 4, p_offset at +8, p_filesz at +32.
+    let notes = |header: usize| -> Option<&[u8]> {
+        if bytes_at(elf, header).map(u32::from_le_bytes) != Some(4) {
+            return None;
+        }
+        let offset = usize::try_from(u64_at(header.checked_add(8)?)?).ok()?;
+        let size = usize::try_from(u64_at(header.checked_add(32)?)?).ok()?;
+        elf.get(offset..offset.checked_add(size)?)
+    };
     (0..usize::from(phnum)).any(|i| {
-        let header = phoff as usize + i * usize::from(phentsize);
-        // PT_NOTE segments: p_offset at +8, p_filesz at +32.
-        u32_at(header) == Some(4)
-            && u64_at(header + 8)
-                .zip(u64_at(header + 32))
-                .and_then(|(offset, size)| elf.get(offset as usize..offset.checked_add(size)? as usize))
-                .is_some_and(has_phys32_note)
+        usize::try_from(phoff)
+            .ok()
+            .and_then(|phoff| phoff.checked_add(i * usize::from(phentsize)))
+            .and_then(notes)
+            .is_some_and(has_phys32_note)
     })
 }
 
 /// Whether the notes in `notes` include Xen's `PHYS32_ENTRY`.
 fn has_phys32_note(mut notes: &[u8]) -> bool {
     let align4 = |n: usize| n.div_ceil(4) * 4;
+    let word = |notes: &[u8], at| bytes_at(notes, at).map_or(0, |b| u32::from_le_bytes(b) as usize);
     while notes.len() >= 12 {
-        let word = |at: usize| u32::from_le_bytes([notes[at], notes[at + 1], notes[at + 2], notes[at + 3]]) as usize;
-        let (name_size, desc_size, kind) = (word(0), word(4), word(8));
+        let (name_size, desc_size, kind) = (word(notes, 0), word(notes, 4), word(notes, 8));
         let name = notes.get(12..12 + name_size);
         if name == Some(b"Xen\0") && kind == PHYS32_ENTRY as usize {
             return true;
@@ -219,9 +230,11 @@ mod tests {
         for cut in 0..good.len() {
             let _ = has_pvh_entry(&good[..cut]);
         }
-        let mut huge = good.clone();
-        huge[96..104].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(!has_pvh_entry(&huge));
+        for at in [32, 72, 96] {
+            let mut huge = good.clone();
+            huge[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+            assert!(!has_pvh_entry(&huge), "a huge field at {at}");
+        }
         let mut notes = note(b"Xen\0", PHYS32_ENTRY, &[0; 4]);
         notes[..4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(!has_pvh_entry(&elf_with(&notes)));

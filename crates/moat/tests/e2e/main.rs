@@ -150,27 +150,27 @@ const ALONE_LAST: &[(&str, TestFn)] = &[
     ("microvm_dup_while_a_session_streams_in", microvm::dup_while_a_session_streams_in),
 ];
 
-/// Tests of the SSH surface run again, alone, with their boxes VM boxes:
-/// the same experience whatever isolates a box.
-const VM_PASS_TESTS: &[(&str, TestFn)] = &[
-    ("exec_streams_status_and_stderr", exec::streams_status_and_stderr),
-    ("exec_death_by_signal_is_reported_as_openssh", exec::death_by_signal_is_reported_as_openssh),
-    ("pty_shell_resize_and_ctrl_c", pty::shell_resize_and_ctrl_c),
-    ("files_scp_both_ways", files::scp_both_ways),
-    ("files_sftp_batch", files::sftp_batch),
-    ("files_rsync_both_ways", files::rsync_both_ways),
-    ("forward_local_reaches_box_server", forward::local_reaches_box_server),
-    ("clients_unaccepted_env_still_runs_the_command", clients::unaccepted_env_still_runs_the_command),
-    ("egress_methods_and_presets", egress::methods_and_presets),
-    ("egress_deny_by_default_allow_by_name", egress::deny_by_default_allow_by_name),
-    ("exec_processes_outlive_the_session", exec::processes_outlive_the_session),
-    ("clients_git_clone_push_pull_with_defaults", clients::git_clone_push_pull_with_defaults),
-    ("clients_paramiko_and_asyncssh_reuse_one_connection", clients::paramiko_and_asyncssh_reuse_one_connection),
-    ("clients_ansible_playbook_on_two_boxes", clients::ansible_playbook_on_two_boxes),
-    ("storage_diff_lists_changes", storage::diff_lists_changes),
-    ("storage_promote_swaps_parent_and_child", storage::promote_swaps_parent_and_child),
-    ("checkpoints_restore_puts_a_damaged_box_back", checkpoints::restore_puts_a_damaged_box_back),
-    ("secrets_reach_only_their_host_and_header", secrets::reach_only_their_host_and_header),
+/// Tests of [`TESTS`] run again, alone, with their boxes VM boxes (as
+/// `vm_NAME`): the same experience whatever isolates a box.
+const VM_PASS_TESTS: &[&str] = &[
+    "exec_streams_status_and_stderr",
+    "exec_death_by_signal_is_reported_as_openssh",
+    "pty_shell_resize_and_ctrl_c",
+    "files_scp_both_ways",
+    "files_sftp_batch",
+    "files_rsync_both_ways",
+    "forward_local_reaches_box_server",
+    "clients_unaccepted_env_still_runs_the_command",
+    "egress_methods_and_presets",
+    "egress_deny_by_default_allow_by_name",
+    "exec_processes_outlive_the_session",
+    "clients_git_clone_push_pull_with_defaults",
+    "clients_paramiko_and_asyncssh_reuse_one_connection",
+    "clients_ansible_playbook_on_two_boxes",
+    "storage_diff_lists_changes",
+    "storage_promote_swaps_parent_and_child",
+    "checkpoints_restore_puts_a_damaged_box_back",
+    "secrets_reach_only_their_host_and_header",
 ];
 
 /// Removes every box of alice's.
@@ -195,8 +195,14 @@ fn main() {
     let wanted = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
     let selected: Vec<&(&str, TestFn)> = TESTS.iter().filter(|(name, _)| wanted(name)).collect();
     let last: Vec<&(&str, TestFn)> = ALONE_LAST.iter().filter(|(name, _)| wanted(name)).collect();
-    let vm_pass: Vec<&(&str, TestFn)> =
-        VM_PASS_TESTS.iter().filter(|(name, _)| wanted(&format!("vm_{name}"))).collect();
+    let vm_pass: Vec<(String, TestFn)> = VM_PASS_TESTS
+        .iter()
+        .map(|name| {
+            let found = TESTS.iter().find(|(t, _)| t == name);
+            (format!("vm_{name}"), found.unwrap_or_else(|| panic!("VM pass: no test {name}")).1)
+        })
+        .filter(|(name, _)| wanted(name))
+        .collect();
     if !nix::unistd::Uid::effective().is_root() {
         eprintln!("e2e tests need root (namespaces, cgroups, mounts); run scripts/test.sh as root");
         println!("test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s");
@@ -239,11 +245,17 @@ fn main() {
         }
     };
 
+    // Runs one test and records how it went; whether it passed.
+    let run_one = |name: &str, test: TestFn| {
+        let t = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| test(&env)));
+        let ok = result.is_ok();
+        record(name, result, t.elapsed().as_secs_f64());
+        ok
+    };
+
     // First, alone: `new` with no image builds the default image, with progress.
-    let t = Instant::now();
-    let setup = catch_unwind(AssertUnwindSafe(|| control::first_new_builds_default_image(&env)));
-    let setup_ok = setup.is_ok();
-    record("control_first_new_builds_default_image", setup, t.elapsed().as_secs_f64());
+    let setup_ok = run_one("control_first_new_builds_default_image", control::first_new_builds_default_image);
 
     if setup_ok {
         let next = AtomicUsize::new(0);
@@ -254,16 +266,12 @@ fn main() {
                     let Some((name, test)) = selected.get(i) else {
                         break;
                     };
-                    let t = Instant::now();
-                    let result = catch_unwind(AssertUnwindSafe(|| test(&env)));
-                    record(name, result, t.elapsed().as_secs_f64());
+                    run_one(name, *test);
                 });
             }
         });
         for (name, test) in &last {
-            let t = Instant::now();
-            let result = catch_unwind(AssertUnwindSafe(|| test(&env)));
-            record(name, result, t.elapsed().as_secs_f64());
+            run_one(name, *test);
         }
         // The earlier tests' boxes go first: they count against alice's limits.
         if !vm_pass.is_empty() {
@@ -271,9 +279,7 @@ fn main() {
         }
         VM_PASS.store(true, Ordering::Relaxed);
         for (name, test) in &vm_pass {
-            let t = Instant::now();
-            let result = catch_unwind(AssertUnwindSafe(|| test(&env)));
-            record(&format!("vm_{name}"), result, t.elapsed().as_secs_f64());
+            run_one(name, *test);
         }
     }
 

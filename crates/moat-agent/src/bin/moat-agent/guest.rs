@@ -3,10 +3,10 @@
 //! It mounts the kernel's own filesystems, loads the modules the initramfs
 //! carries (the virtio drivers), brings up its network, makes the first
 //! virtio disk its root (with the host's files for it written in), says on
-//! the console which virtio devices it found, what its disk holds and which kernel it runs on; then it serves the agent
-//! protocol on the virtio-serial port [`AGENT_PORT`] (streams multiplexed
-//! over it) until the host ends the machine, or powers it off if there is
-//! no such port.
+//! the console which virtio devices it found, what its disk holds and which
+//! kernel it runs on; then it serves the agent protocol on the virtio-serial
+//! port [`AGENT_PORT`] (streams multiplexed over it) until the host ends the
+//! machine, or powers it off if there is no such port.
 //!
 //! [`AGENT_PORT`]: moat_agent::AGENT_PORT
 
