@@ -1,0 +1,30 @@
+//! The raw kernel calls moat needs that no safe wrapper offers: btrfs subvolume
+//! ioctls, the new mount API (`open_tree`, `mount_setattr`, `move_mount`),
+//! seccomp and interface flags. Each is a thin, typed wrapper; callers never see
+//! a raw pointer.
+//!
+//! One file per kind of call: [`btrfs`], [`mount`], [`seccomp`], [`net`],
+//! [`process`], [`landlock`]; callers use the flat names re-exported here.
+
+mod btrfs;
+mod landlock;
+mod mount;
+mod net;
+mod process;
+mod seccomp;
+
+use std::io;
+
+use nix::errno::Errno;
+
+pub use btrfs::*;
+pub use landlock::landlock;
+pub use mount::*;
+pub use net::*;
+pub use process::*;
+pub use seccomp::*;
+
+/// Turns an errno-style result into `io::Result`.
+pub fn check(r: nix::Result<()>) -> io::Result<()> {
+    r.map_err(|e: Errno| io::Error::from_raw_os_error(e as i32))
+}

@@ -1,0 +1,109 @@
+//! What a process does to itself or its child before running something it
+//! does not trust: descriptors placed and closed, capabilities dropped, and a
+//! child's death signal, no_new_privs, seccomp and Landlock set before exec.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// Duplicates `fd` onto descriptor number `target` (without close-on-exec), for a
+/// program about to be exec'd that expects it there.
+pub fn dup_onto(fd: BorrowedFd<'_>, target: i32) -> io::Result<()> {
+    if fd.as_raw_fd() == target {
+        // dup2 onto itself would keep close-on-exec; the point is to pass it on.
+        return Ok(nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map(drop)?);
+    }
+    // SAFETY: dup2 takes two integers; `fd` is open for the call, and replacing
+    // whatever `target` was is the point (the caller owns the fd table layout).
+    if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Closes every descriptor from `first` up: what a parent leaked stays out.
+pub fn close_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range takes integers and touches only the fd table; the
+    // caller owns every descriptor at or above `first` and holds none of them.
+    if unsafe { libc::close_range(first, u32::MAX, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Drops every capability but `keep` from the bounding set, so that nothing
+/// this thread runs could gain another, and clears the ambient set. Needs
+/// CAP_SETPCAP, so it comes before dropping root.
+pub fn drop_bounding_set(keep: &[u32]) -> io::Result<()> {
+    for cap in (0..=u32::from(u8::MAX)).filter(|c| !keep.contains(c)) {
+        // SAFETY: PR_CAPBSET_DROP takes an integer and changes only this thread's
+        // bounding set.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) } < 0 {
+            // EINVAL: past the kernel's last capability.
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(e);
+        }
+    }
+    // SAFETY: as above; clears the ambient set, no pointers involved.
+    if unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Has `cmd`'s child, before it execs: die with its parent (the thread that
+/// spawned it), never gain privileges, run under seccomp `filter` and the
+/// Landlock `ruleset` (see [`super::landlock`]), and find each `(fd, n)` as
+/// descriptor `n` (each `n` below 64).
+pub fn child_setup(
+    cmd: &mut std::process::Command,
+    fds: &[(BorrowedFd<'_>, i32)],
+    filter: Vec<libc::sock_filter>,
+    ruleset: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let ruleset = ruleset.map(|fd| fd.as_raw_fd());
+    let len = u16::try_from(filter.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let first_free = fds.iter().map(|(_, n)| *n + 1).max().unwrap_or(3).max(3) as u32;
+    use std::os::unix::process::CommandExt;
+    // Copies above every target first, so that no dup2 below overwrites a
+    // descriptor another is still to be copied from. They live in the hook.
+    let high = fds
+        .iter()
+        .map(|(fd, n)| {
+            let copy = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64))?;
+            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
+            Ok((unsafe { OwnedFd::from_raw_fd(copy) }, *n))
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    // SAFETY: the hook runs in the child between fork and exec and calls only
+    // prctl, landlock_restrict_self, dup2 and close_range, which are
+    // async-signal-safe; it allocates nothing (the filter is the hook's own,
+    // alive across the prctl, which copies it; the ruleset is the caller's,
+    // open until the child is spawned).
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = libc::sock_fprog { len, filter: filter.as_ptr().cast_mut() };
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0
+                || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0
+                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) < 0
+                || ruleset.is_some_and(|fd| libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) < 0)
+            {
+                return Err(io::Error::last_os_error());
+            }
+            for (fd, n) in &high {
+                if libc::dup2(fd.as_raw_fd(), *n) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // Whatever else is open stays behind at exec (close-on-exec rather
+            // than closed: std's own error pipe must live until the exec).
+            if libc::syscall(libc::SYS_close_range, first_free, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
