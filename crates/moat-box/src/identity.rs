@@ -40,7 +40,7 @@ pub fn mint(root: &Path, name: &Name) -> io::Result<String> {
             write_in_root(&dir, &format!("{key}.pub"), &public, 0o644)?;
         }
     }
-    let (ca_cert, ca_key) = moat_gateway::ca::mint().map_err(io::Error::other)?;
+    let (ca_cert, ca_key) = moat_core::box_ca::mint().map_err(io::Error::other)?;
     trust::install(&dir, &ca_cert)?;
     Ok(ca_key)
 }

@@ -1,4 +1,4 @@
-//! Puts a box's TLS CA (see `moat_gateway::ca`) where the box's tools look for
+//! Puts a box's TLS CA (see `moat_core::box_ca`) where the box's tools look for
 //! trusted roots: the system bundle (OpenSSL, curl, git, apt), Debian's local
 //! certificate directory (so `update-ca-certificates` keeps it), and, through
 //! `/etc/environment` (which every session reads), the variables with which

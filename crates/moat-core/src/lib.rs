@@ -3,6 +3,7 @@
 //! lifecycle that ties them together.
 
 pub mod backend;
+pub mod box_ca;
 pub mod clock;
 pub mod egress;
 pub mod egress_log;

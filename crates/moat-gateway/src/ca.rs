@@ -1,62 +1,22 @@
-//! A box's TLS CA. The gateway looks inside HTTPS only for hosts whose rules
-//! need it (methods, paths), and shows the box a certificate for the host
-//! signed by the box's own CA, which the box trusts and nothing else does.
-//! The backend mints the CA with the box's identity (so a duplicate gets its
-//! own) and keeps the key on the host; the gateway is handed the key and signs
-//! leaves with it.
+//! Leaf certificates for the hosts the gateway looks inside: each signed by
+//! the box's own CA (see [`moat_core::box_ca`], which the privileged side
+//! mints it with), whose key the gateway is handed; the box trusts that CA and
+//! nothing else does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use moat_core::box_ca;
 use moat_core::policy::HostName;
-use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{CertificateParams, DistinguishedName, DnType, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::crypto::ring::sign::any_ecdsa_type;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
 
-/// The common name of every box CA (the issuer every leaf names).
-const CA_NAME: &str = "moat box CA";
+pub use moat_core::box_ca::CaKey;
+
 /// Most leaves a box's CA keeps signed at once; past it the oldest go.
 const MAX_LEAVES: usize = 4096;
-
-/// A CA's private key (PEM), never shown in logs.
-#[derive(Clone, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
-pub struct CaKey(pub String);
-
-impl std::fmt::Debug for CaKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CaKey(..)")
-    }
-}
-
-/// A new CA, as PEM: (certificate, private key).
-pub fn mint() -> Result<(String, String), rcgen::Error> {
-    let key = KeyPair::generate()?;
-    let mut params = ca_params();
-    let year = this_year();
-    params.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
-    params.not_after = rcgen::date_time_ymd(year + 20, 1, 1);
-    let cert = params.self_signed(&key)?;
-    Ok((cert.pem(), key.serialize_pem()))
-}
-
-fn ca_params() -> CertificateParams {
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, CA_NAME);
-    params.distinguished_name = dn;
-    // It signs leaves only, never another CA.
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params
-}
-
-fn this_year() -> i32 {
-    // Days since the epoch to a year, close enough for validity bounds.
-    let days = moat_core::clock::now_ms() / 86_400_000;
-    1970 + (days * 4 / 1461) as i32
-}
 
 /// Signs leaf certificates for one box, one per host name, kept for reuse.
 pub struct LeafSigner {
@@ -71,11 +31,11 @@ pub struct LeafSigner {
 impl LeafSigner {
     /// A signer for the CA whose private key is `key_pem`.
     pub fn new(key_pem: &str) -> Result<Self, String> {
-        let ca_key = KeyPair::from_pem(key_pem).map_err(|e| format!("box CA key: {e}"))?;
+        let issuer = box_ca::issuer(key_pem).map_err(|e| format!("box CA key: {e}"))?;
         let leaf_key = KeyPair::generate().map_err(|e| e.to_string())?;
         let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
         let signing_key = any_ecdsa_type(&der).map_err(|e| e.to_string())?;
-        Ok(Self { issuer: Issuer::new(ca_params(), ca_key), leaf_key, signing_key, leaves: Mutex::new(HashMap::new()) })
+        Ok(Self { issuer, leaf_key, signing_key, leaves: Mutex::new(HashMap::new()) })
     }
 
     /// The certificate (and key) the box is shown for `name`.
@@ -88,9 +48,7 @@ impl LeafSigner {
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, name.as_str());
         params.distinguished_name = dn;
-        let year = this_year();
-        params.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
-        params.not_after = rcgen::date_time_ymd(year + 2, 1, 1);
+        box_ca::valid_for(&mut params, 2);
         params.use_authority_key_identifier_extension = true;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
@@ -118,7 +76,7 @@ mod tests {
 
     #[test]
     fn leaves_name_the_host_and_chain_to_the_ca() {
-        let (ca_pem, key_pem) = mint().unwrap();
+        let (ca_pem, key_pem) = box_ca::mint().unwrap();
         let signer = LeafSigner::new(&key_pem).unwrap();
         let name = HostName::parse("pypi.org").unwrap();
         let leaf = signer.leaf(&name).unwrap();
@@ -140,7 +98,7 @@ mod tests {
         let other = rustls::pki_types::ServerName::try_from("evil.example").unwrap();
         assert!(verifier.verify_server_cert(&leaf.cert[0], &[], &other, &[], now).is_err());
         // Another box's CA does not vouch for this box's leaves.
-        let (_, other_key) = mint().unwrap();
+        let (_, other_key) = box_ca::mint().unwrap();
         let stranger = LeafSigner::new(&other_key).unwrap().leaf(&name).unwrap();
         assert!(verifier.verify_server_cert(&stranger.cert[0], &[], &server, &[], now).is_err());
     }

@@ -131,7 +131,7 @@ mod tests {
     /// ClientHello read off first as the proxy does.
     #[tokio::test]
     async fn a_box_trusting_its_ca_completes_the_handshake_and_only_over_http_1_1() {
-        let (ca, key) = crate::ca::mint().unwrap();
+        let (ca, key) = moat_core::box_ca::mint().unwrap();
         let server = box_config(LeafSigner::new(&key).unwrap()).unwrap();
         let client_config = |alpn: &[&[u8]]| {
             let mut config = upstream_config(&ca).unwrap().as_ref().clone();

@@ -57,7 +57,7 @@ impl BenchNet {
         let mut net = Self { name, ca: String::new() };
         ip(&["-n", &net.name, "link", "set", "lo", "up"])?;
         ip(&["-n", &net.name, "addr", "add", &format!("{SERVER}/32"), "dev", "lo"])?;
-        let (ca, key) = moat_gateway::ca::mint()?;
+        let (ca, key) = moat_core::box_ca::mint()?;
         let tls =
             intercept::box_config(LeafSigner::new(&key).map_err(anyhow::Error::msg)?).map_err(anyhow::Error::msg)?;
         let (http, https, dns) = in_netns(&net.path(), || {

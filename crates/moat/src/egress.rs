@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use moat_core::box_ca::CaKey;
 use moat_core::egress::{DNS_PORT, PROXY_PORT};
 use moat_core::policy::Policy;
 use moat_core::secrets::BoxSecret;
 use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach};
-use moat_gateway::ca::CaKey;
 use moat_gateway::gateway::MAX_MESSAGE;
 use moat_gateway::{FromGateway, GatewayHello, Role, ToGateway};
 use tokio::sync::mpsc;
