@@ -12,7 +12,7 @@ use moat_core::egress::{Answer, ASK_TIMEOUT};
 use moat_core::policy::{HostName, DEFAULT_PORTS};
 use tokio::sync::{mpsc, watch};
 
-use crate::gateway::FromGateway;
+use crate::messages::FromGateway;
 
 /// Most questions one box may have open at once.
 const MAX_OPEN_PER_BOX: usize = 16;
@@ -108,6 +108,17 @@ impl Asker {
     pub fn withdraw(&self, box_id: &str) {
         self.state().by_id.retain(|_, q| q.box_id != box_id);
     }
+}
+
+/// What the owner of a box in ask mode said about a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    /// The box is not in ask mode (or a deny rule names the name): refuse.
+    NotAsked,
+    /// Let it through, for this reason.
+    Allowed(&'static str),
+    /// Refused, for this reason.
+    Refused(&'static str),
 }
 
 /// What a box's owner said in the last minute: names allowed once (on the

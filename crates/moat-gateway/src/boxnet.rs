@@ -4,23 +4,19 @@
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use moat_core::clock::now_ms;
-use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict};
+use moat_core::egress::{Answer, LogEntry};
 use moat_core::policy::{HostName, Policy};
 use moat_core::secrets::BoxSecret;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
-use crate::ask::{Asker, Recent};
+use crate::ask::{Asked, Asker, Recent};
 use crate::fake::FakeAddrs;
-use crate::inject::{Armed, Meters};
+use crate::log::{LogSink, Logger};
+use crate::secrets::meter::{Armed, Meters};
 use crate::upstream::Upstream;
 
 /// Most connections one box may have open through the gateway at once.
 pub const MAX_CONNECTIONS: usize = 512;
-
-/// Where log entries go: (box id, entry). Bounded; when it is full the entry
-/// is counted as lost rather than stalling the box's traffic.
-pub type LogSink = mpsc::Sender<(String, LogEntry)>;
 
 /// One attached box.
 pub struct BoxNet {
@@ -31,8 +27,7 @@ pub struct BoxNet {
     cut: watch::Sender<u64>,
     /// Open connections.
     pub connections: Arc<Semaphore>,
-    log: LogSink,
-    lost: std::sync::atomic::AtomicU64,
+    logger: Logger,
     /// The way out.
     pub upstream: Arc<Upstream>,
     /// The TLS the box is answered with where the gateway looks inside HTTPS
@@ -55,14 +50,14 @@ impl BoxNet {
         upstream: Arc<Upstream>,
         asker: Arc<Asker>,
     ) -> Arc<Self> {
+        let logger = Logger::new(id.clone(), log);
         Arc::new(Self {
             id,
             policy: RwLock::new(Arc::new(policy)),
             fakes: Mutex::new(FakeAddrs::default()),
             cut: watch::channel(0).0,
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
-            log,
-            lost: std::sync::atomic::AtomicU64::new(0),
+            logger,
             upstream,
             tls,
             asker,
@@ -190,81 +185,11 @@ impl BoxNet {
 
     /// A logger for this box.
     pub fn logger(&self) -> Logger {
-        Logger::new(self.id.clone(), self.log.clone())
+        self.logger.clone()
     }
 
-    /// Records an entry.
+    /// Records an entry; a full backlog loses it.
     pub fn log(&self, entry: LogEntry) {
-        if self.log.try_send((self.id.clone(), entry)).is_err() {
-            // Said once per thousand, or a flooding box would flood our log too.
-            let lost = self.lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if lost.is_multiple_of(1000) {
-                tracing::warn!(box_id = %self.id, lost = lost + 1, "egress log backlog full; entries lost");
-            }
-        }
-    }
-}
-
-/// Records a box's log entries, from tasks that outlive a borrow of its
-/// [`BoxNet`].
-#[derive(Clone)]
-pub struct Logger {
-    /// The box's host-side id.
-    pub box_id: String,
-    sink: LogSink,
-}
-
-impl Logger {
-    /// Entries of box `box_id`, into `sink`.
-    pub fn new(box_id: String, sink: LogSink) -> Self {
-        Self { box_id, sink }
-    }
-
-    /// Records an entry; a full backlog loses it (see [`BoxNet::log`]).
-    pub fn log(&self, entry: LogEntry) {
-        let _ = self.sink.try_send((self.box_id.clone(), entry));
-    }
-
-    /// Records an entry that bills something (a secret's use): with the
-    /// backlog full, it waits its turn rather than be lost.
-    pub fn log_surely(&self, entry: LogEntry) {
-        if let Err(mpsc::error::TrySendError::Full(entry)) = self.sink.try_send((self.box_id.clone(), entry)) {
-            let sink = self.sink.clone();
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = sink.send(entry).await;
-                });
-            }
-        }
-    }
-}
-
-/// What the owner of a box in ask mode said about a name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Asked {
-    /// The box is not in ask mode (or a deny rule names the name): refuse.
-    NotAsked,
-    /// Let it through, for this reason.
-    Allowed(&'static str),
-    /// Refused, for this reason.
-    Refused(&'static str),
-}
-
-/// An entry with the fields every kind has.
-pub fn entry(kind: LogKind, name: impl Into<String>, port: u16, verdict: LogVerdict) -> LogEntry {
-    LogEntry {
-        at_ms: now_ms(),
-        kind,
-        name: name.into(),
-        port,
-        method: None,
-        target: None,
-        verdict,
-        rule: None,
-        reason: None,
-        sent: 0,
-        received: 0,
-        secret: None,
-        tokens: None,
+        self.logger.log(entry);
     }
 }

@@ -13,7 +13,8 @@ use std::time::Duration;
 use moat_core::egress::{LogEntry, LogKind, LogVerdict};
 use tokio::io::unix::AsyncFd;
 
-use crate::boxnet::{entry, BoxNet};
+use crate::boxnet::BoxNet;
+use crate::log::entry;
 
 /// nfnetlink's subsystem of the packet log (its messages' type, high byte).
 pub const NFNL_SUBSYS_ULOG: u16 = 4;

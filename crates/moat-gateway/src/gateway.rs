@@ -1,139 +1,22 @@
-//! The gateway as a whole: the boxes attached to it, and the messages the
-//! privileged side sends it (attach a box with its listeners, change its
-//! policy, cut its connections, detach it) and gets back (log entries).
+//! The gateway as a whole: the boxes attached to it, and what it does with
+//! each message from the privileged side (see [`crate::messages`]).
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use moat_core::egress::{Answer, LogEntry};
-use moat_core::policy::Policy;
-use moat_core::secrets::BoxSecret;
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::ask::Asker;
-use crate::boxnet::{BoxNet, LogSink};
-use crate::ca::{CaKey, LeafSigner};
-use crate::inject::Meters;
-use crate::upstream::{Cidr, Upstream, UpstreamConfig};
-use crate::{dnsd, dropped, intercept, proxy};
-
-/// Largest message either side reads.
-pub const MAX_MESSAGE: usize = 1 << 20;
-
-/// The first message to the gateway: how it reaches the internet.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GatewayHello {
-    /// The resolver it asks.
-    pub upstream_dns: std::net::SocketAddr,
-    /// Ranges it may dial although they are not public (`ADDR/PREFIX`).
-    pub upstream_allow: Vec<String>,
-    /// The roots (PEM) it verifies hosts with where it looks inside HTTPS.
-    pub upstream_roots: String,
-}
-
-impl GatewayHello {
-    /// The upstream configuration it describes.
-    pub fn upstream(&self) -> Result<UpstreamConfig, String> {
-        let allow = self.upstream_allow.iter().map(|c| c.parse::<Cidr>()).collect::<Result<_, _>>()?;
-        let tls = match intercept::upstream_config(&self.upstream_roots) {
-            Ok(tls) => Some(tls),
-            Err(e) => {
-                tracing::warn!(error = %e, "HTTPS the gateway looks inside will fail");
-                None
-            }
-        };
-        Ok(UpstreamConfig { dns: self.upstream_dns, allow, tls })
-    }
-}
-
-/// What a listener handed over with [`ToGateway::Attach`] is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// DNS over UDP (a bound UDP socket).
-    DnsUdp,
-    /// DNS over TCP (a listening socket).
-    DnsTcp,
-    /// Every other TCP connection (a listening socket).
-    Proxy,
-    /// Reports of the UDP and ICMP the box's namespace drops (a netlink log
-    /// socket bound to its group).
-    Dropped,
-}
-
-/// From the privileged side.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum ToGateway {
-    /// Serve a box on the attached sockets, one per role listed, in order.
-    Attach {
-        /// The box's host-side id.
-        box_id: String,
-        /// Its policy.
-        policy: Policy,
-        /// The private key of the TLS CA the box trusts, if it has one.
-        ca_key: Option<CaKey>,
-        /// What each attached socket is.
-        roles: Vec<Role>,
-    },
-    /// A box's new policy; connections open keep the one they started with.
-    Policy {
-        /// The box.
-        box_id: String,
-        /// The policy.
-        policy: Policy,
-    },
-    /// A box's secrets (all it has now), opened.
-    Secrets {
-        /// The box.
-        box_id: String,
-        /// The secrets.
-        secrets: Vec<BoxSecret>,
-    },
-    /// End a box's open connections (it was suspended).
-    Cut {
-        /// The box.
-        box_id: String,
-    },
-    /// Stop serving a box and close its sockets.
-    Detach {
-        /// The box.
-        box_id: String,
-    },
-    /// The owner's answer to question `id` (see [`FromGateway::Ask`]).
-    Answer {
-        /// The question.
-        id: u64,
-        /// The answer.
-        answer: Answer,
-    },
-}
-
-/// To the privileged side.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum FromGateway {
-    /// Audit log entries: (box id, entry).
-    Log {
-        /// The entries, oldest first.
-        entries: Vec<(String, LogEntry)>,
-    },
-    /// A box in ask mode wants a name its policy does not allow: ask its
-    /// owner, and send the answer back with this `id`.
-    Ask {
-        /// The box.
-        box_id: String,
-        /// The question's number.
-        id: u64,
-        /// The name.
-        name: String,
-        /// The port dialled (`None`: a DNS query).
-        port: Option<u16>,
-    },
-}
+use crate::boxnet::BoxNet;
+use crate::log::LogSink;
+use crate::messages::{FromGateway, Role, ToGateway};
+use crate::secrets::meter::Meters;
+use crate::tls::intercept;
+use crate::tls::leaves::LeafSigner;
+use crate::upstream::{Upstream, UpstreamConfig};
+use crate::{dns, dropped, proxy};
 
 struct Attached {
     net: Arc<BoxNet>,
@@ -238,9 +121,9 @@ fn spawn_listener(net: &Arc<BoxNet>, role: Role, fd: OwnedFd) -> std::io::Result
         Role::DnsUdp => {
             let socket = std::net::UdpSocket::from(fd);
             socket.set_nonblocking(true)?;
-            tokio::spawn(dnsd::serve_udp(net, tokio::net::UdpSocket::from_std(socket)?))
+            tokio::spawn(dns::server::serve_udp(net, tokio::net::UdpSocket::from_std(socket)?))
         }
-        Role::DnsTcp => tokio::spawn(dnsd::serve_tcp(net, tcp(fd)?)),
+        Role::DnsTcp => tokio::spawn(dns::server::serve_tcp(net, tcp(fd)?)),
         Role::Proxy => tokio::spawn(proxy::serve(net, tcp(fd)?)),
         Role::Dropped => tokio::spawn(dropped::serve(net, fd)),
     })

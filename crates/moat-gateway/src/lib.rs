@@ -6,22 +6,43 @@
 //! what the connection itself says (TLS SNI, HTTP Host), resolves the name
 //! itself, and splices to the real host. It runs as an unprivileged uid with
 //! no capabilities and never parses anything for the privileged side.
+//!
+//! Layout, by concern:
+//! - [`messages`]: what the privileged side and the gateway say to each
+//!   other; [`gateway`]: the attached boxes and what each message does.
+//! - [`boxnet`]: one attached box (policy, fake addresses, secrets, the cut
+//!   switch); [`log`]: its audit entries; [`ask`]: ask mode's questions.
+//! - [`dns`]: the DNS wire format and the server a box looks names up in;
+//!   [`fake`]: the fake addresses names are given.
+//! - [`proxy`]: every TCP connection, from the dialled address to the
+//!   request loop; [`proxy::judge`] decides each HTTP request, purely;
+//!   [`refusal`]: every reason the gateway refuses or ends something.
+//! - [`http`]: request and response heads and chunked framing; [`tls`]: the
+//!   ClientHello, the box's leaves and TLS the gateway looks inside.
+//! - [`secrets`]: injection into requests, meters and token counts, scrubbing
+//!   of answers.
+//! - [`upstream`]: resolving and dialling real hosts; [`zerocopy`]: splicing
+//!   bytes the gateway never reads; [`dropped`]: the UDP and ICMP a box's
+//!   namespace drops, as log entries.
+//!
+//! Everything here reads bytes a box (or a host) chose, so the crate denies
+//! `unwrap`, `expect`, indexing and `panic!` outside tests.
 
 pub mod ask;
 pub mod boxnet;
-pub mod ca;
 pub mod dns;
-pub mod dnsd;
 pub mod dropped;
 pub mod fake;
 pub mod gateway;
 pub mod http;
-pub mod inject;
-pub mod intercept;
+pub mod log;
+pub mod messages;
 pub mod proxy;
-pub mod scrub;
+pub mod refusal;
+pub mod secrets;
 pub mod tls;
 pub mod upstream;
 pub mod zerocopy;
 
-pub use gateway::{FromGateway, Gateway, GatewayHello, Role, ToGateway};
+pub use gateway::Gateway;
+pub use messages::{FromGateway, GatewayHello, Role, ToGateway, MAX_MESSAGE};

@@ -11,6 +11,8 @@ use moat_core::policy::HostName;
 use tokio::net::{TcpStream, UdpSocket};
 
 use crate::dns;
+use crate::messages::GatewayHello;
+use crate::tls::intercept;
 
 /// How long one upstream DNS attempt may take (two are made).
 const DNS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -21,6 +23,21 @@ const MIN_TTL: u32 = 5;
 const MAX_TTL: u32 = 300;
 /// Most names kept in the cache.
 const CACHE_SIZE: usize = 4096;
+
+impl GatewayHello {
+    /// The upstream configuration it describes.
+    pub fn upstream(&self) -> Result<UpstreamConfig, String> {
+        let allow = self.upstream_allow.iter().map(|c| c.parse::<Cidr>()).collect::<Result<_, _>>()?;
+        let tls = match intercept::upstream_config(&self.upstream_roots) {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTPS the gateway looks inside will fail");
+                None
+            }
+        };
+        Ok(UpstreamConfig { dns: self.upstream_dns, allow, tls })
+    }
+}
 
 /// An address range, `ADDR/PREFIX`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,7 +293,7 @@ impl Upstream {
             return Err(UpstreamError::Tls(name.clone(), "this host has no TLS roots to verify it with".into()));
         };
         let stream = self.dial(name, port).await?;
-        let handshake = crate::intercept::connect(Arc::clone(tls), stream, name);
+        let handshake = crate::tls::intercept::connect(Arc::clone(tls), stream, name);
         match tokio::time::timeout(DIAL_TIMEOUT, handshake).await {
             Ok(Ok(stream)) => Ok(stream),
             Ok(Err(e)) => Err(UpstreamError::Tls(name.clone(), e.to_string())),

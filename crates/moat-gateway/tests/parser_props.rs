@@ -5,7 +5,10 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::indexing_slicing)]
 
 use moat_core::policy::HostName;
-use moat_gateway::{dns, http, tls};
+use moat_gateway::dns;
+use moat_gateway::http::chunked::ChunkedReader;
+use moat_gateway::http::request as http;
+use moat_gateway::tls::hello as tls;
 use proptest::prelude::*;
 
 fn mutate(mut bytes: Vec<u8>, pos: usize, byte: u8, op: u8) -> Vec<u8> {
@@ -81,7 +84,7 @@ proptest! {
     #[test]
     fn http_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
         let _ = http::read_head(&bytes);
-        let _ = http::ChunkedReader::default().feed(&bytes);
+        let _ = ChunkedReader::default().feed(&bytes);
     }
 
     #[test]
@@ -92,7 +95,7 @@ proptest! {
             prop_assert!(r.target.starts_with('/'));
             prop_assert!(r.head_len <= bytes.len());
             prop_assert!(!r.target.split('?').next().unwrap().split('/').any(|s| s == ".."));
-            let mut chunked = http::ChunkedReader::default();
+            let mut chunked = ChunkedReader::default();
             if let Ok(n) = chunked.feed(&bytes[r.head_len..]) {
                 prop_assert!(n <= bytes.len() - r.head_len);
             }

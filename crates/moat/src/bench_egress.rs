@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use moat_core::policy::{HostName, Policy, Rule};
-use moat_gateway::ca::LeafSigner;
-use moat_gateway::{dns, intercept};
+use moat_gateway::dns;
+use moat_gateway::tls::intercept;
+use moat_gateway::tls::leaves::LeafSigner;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::egress::in_netns;

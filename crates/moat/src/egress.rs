@@ -17,8 +17,7 @@ use moat_core::egress::{DNS_PORT, PROXY_PORT};
 use moat_core::policy::Policy;
 use moat_core::secrets::BoxSecret;
 use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach};
-use moat_gateway::gateway::MAX_MESSAGE;
-use moat_gateway::{FromGateway, GatewayHello, Role, ToGateway};
+use moat_gateway::{FromGateway, GatewayHello, Role, ToGateway, MAX_MESSAGE};
 use tokio::sync::mpsc;
 
 /// A message for the gateway and the sockets that go with it.

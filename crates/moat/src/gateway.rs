@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use moat_api::Packets;
-use moat_gateway::gateway::MAX_MESSAGE;
-use moat_gateway::{FromGateway, Gateway, GatewayHello, ToGateway};
+use moat_gateway::{FromGateway, Gateway, GatewayHello, ToGateway, MAX_MESSAGE};
 use tokio::sync::mpsc;
 
 /// Log entries waiting to be sent, at most.

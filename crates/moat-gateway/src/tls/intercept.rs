@@ -1,6 +1,6 @@
 //! Looking inside HTTPS, for hosts whose rules need each request seen. The
 //! box is shown a certificate for the name it dialled, signed by its own CA
-//! (see [`crate::ca`]); the gateway opens its own TLS connection to the real
+//! (see [`super::leaves`]); the gateway opens its own TLS connection to the real
 //! host, verified against the host's roots; in between, requests are read
 //! and checked exactly as plain HTTP is. Both sides speak HTTP/1.1 only (ALPN),
 //! so that every request is one the gateway can parse.
@@ -19,7 +19,7 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::ca::LeafSigner;
+use crate::tls::leaves::LeafSigner;
 
 const HTTP_1_1: &[u8] = b"http/1.1";
 

@@ -1,12 +1,8 @@
-//! Secrets at the gateway, the request side. A box granted a secret holds
-//! only its placeholder; on a request to the secret's one host (always looked
-//! inside), the gateway writes the real value into the secret's one header,
-//! replacing whatever the box put there: its placeholder, or a key of its
-//! own (so nothing the box sends there goes to another account). Another
-//! box's placeholder is refused. Nothing else in the request is touched: a
-//! placeholder in the body, the target or another header stays a
-//! placeholder. The value is counted against the secret's limits first, and a
-//! killed secret is refused outright.
+//! What a secret's use costs, counted at the gateway: each secret's meter
+//! (requests, bytes and tokens, per window, per box and for all boxes, and the
+//! switch that kills it), the entry of each request a secret went into
+//! (finished, metered and logged when its answer is through), and the LLM
+//! tokens hosts report in their answers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,10 +10,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use moat_core::egress::LogEntry;
-use moat_core::secrets::{same_header, BoxSecret, Limit, LimitKind, PLACEHOLDER_PREFIX};
+use moat_core::secrets::{BoxSecret, Limit, LimitKind};
 
-use crate::boxnet::Logger;
-use crate::http;
+use crate::log::Logger;
+use crate::refusal::Refusal;
+use crate::secrets::scrub::find;
 
 /// The counters of every secret in use, shared by the boxes it is granted to.
 #[derive(Default)]
@@ -96,9 +93,9 @@ impl Meter {
     /// flight until [`release`](Self::release)d, or says why not. Checked and
     /// counted under one lock, so that requests racing on several
     /// connections cannot all pass the last free place.
-    pub fn admit(&self, box_id: &str, secret: &BoxSecret) -> Result<(), String> {
+    pub fn admit(&self, box_id: &str, secret: &BoxSecret) -> Result<(), Refusal> {
         if self.is_killed() {
-            return Err(format!("secret {} was killed", secret.name));
+            return Err(Refusal::SecretKilled(secret.name.clone()));
         }
         let now = Instant::now();
         let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
@@ -108,11 +105,7 @@ impl Meter {
         if *flowing >= MAX_METERED_IN_FLIGHT
             && secret.shared_limits.iter().chain(&secret.own_limits).any(after_the_fact)
         {
-            return Err(format!(
-                "secret {}: {MAX_METERED_IN_FLIGHT} requests with it are still being answered (its tokens or bytes \
-                 are limited, and counted as answers finish)",
-                secret.name
-            ));
+            return Err(Refusal::SecretBusy { secret: secret.name.clone(), max: MAX_METERED_IN_FLIGHT });
         }
         let scopes = [
             (None, &secret.shared_limits, &secret.used_by_all),
@@ -129,7 +122,8 @@ impl Meter {
                 };
                 if used >= limit.amount {
                     let whose = if scope.is_some() { "this box's" } else { "all boxes'" };
-                    return Err(format!("secret {}: {whose} limit of {} reached", secret.name, describe(limit)));
+                    let (secret, limit) = (secret.name.clone(), describe(limit));
+                    return Err(Refusal::SecretLimit { secret, whose, limit });
                 }
             }
         }
@@ -169,9 +163,6 @@ fn describe(limit: &Limit) -> String {
         None => format!("{} {}", limit.amount, limit.kind.as_str()),
     }
 }
-
-/// Request headers dropped on the way to a host a secret is bound to.
-const UNCHECKABLE: [&str; 4] = ["accept-encoding", "te", "range", "if-range"];
 
 /// A secret as one box holds it at the gateway.
 #[derive(Clone)]
@@ -240,84 +231,82 @@ impl Drop for Metered {
 /// LLM tokenizers average on English text and code).
 pub const BYTES_PER_TOKEN: u64 = 4;
 
-/// A request the gateway will not send, and what the box is told.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The HTTP status.
-    pub status: u16,
-    /// Why.
-    pub why: String,
+/// Largest token count one field of a response may report; more is read as
+/// this much (a body the box had echoed could say anything).
+const MAX_REPORTED: u64 = 100_000_000;
+
+/// Reads the token counts LLM APIs report in their responses (whole JSON
+/// bodies, and streamed events): `input_tokens`/`output_tokens`
+/// (Anthropic, OpenAI Responses), `prompt_tokens`/`completion_tokens`
+/// (OpenAI chat), `promptTokenCount`/`candidatesTokenCount` (Gemini), and
+/// the totals. Streams report running totals, so the largest of each is
+/// taken; each is capped at [`MAX_REPORTED`]. A total is never taken for
+/// less than its parts (a body can hold any JSON the box asked for).
+#[derive(Default)]
+pub struct TokenCount {
+    tail: Vec<u8>,
+    max: [u64; TOKEN_KEYS.len()],
 }
 
-/// A request head with the secrets for its host written in.
-#[derive(Debug)]
-pub struct Rewritten {
-    /// The head to send.
-    pub head: Vec<u8>,
-    /// The secrets written into it (indexes into the slice given).
-    pub injected: Vec<usize>,
-}
+const TOKEN_KEYS: [&[u8]; 9] = [
+    b"\"input_tokens\"",
+    b"\"prompt_tokens\"",
+    b"\"promptTokenCount\"",
+    b"\"output_tokens\"",
+    b"\"completion_tokens\"",
+    b"\"candidatesTokenCount\"",
+    b"\"total_tokens\"",
+    b"\"totalTokenCount\"",
+    b"\"thoughtsTokenCount\"",
+];
 
-/// Writes `armed` (the box's secrets bound to the request's host) into a
-/// request head, for box `box_id`. Also asks for an unencoded response, so
-/// that the gateway can check it for the values.
-pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, Refusal> {
-    let refuse = |status, why: String| Err(Refusal { status, why });
-    let mut lines =
-        http::head_lines(head).ok_or_else(|| Refusal { status: 400, why: "a head that is not text".into() })?;
-    let name_of = |line: &str| line.split_once(':').map(|(n, _)| n.to_string());
-    // Where each secret goes, every refusal decided before any is counted.
-    let mut found = Vec::new();
-    for (i, a) in armed.iter().enumerate() {
-        let s = &a.secret;
-        let at: Vec<usize> =
-            (1..lines.len()).filter(|&j| name_of(&lines[j]).is_some_and(|n| same_header(&n, &s.header))).collect();
-        let j = match at[..] {
-            [] => continue,
-            [j] => j,
-            _ => return refuse(400, format!("two {} headers", s.header)),
-        };
-        let value = lines[j].split_once(':').map_or("", |(_, v)| v);
-        if !value.contains(&s.placeholder) && value.contains(PLACEHOLDER_PREFIX) {
-            return refuse(403, format!("a placeholder that is not this box's in {}", s.header));
-        }
-        if s.killed {
-            return refuse(403, format!("secret {} was killed", s.name));
-        }
-        found.push((i, j));
-    }
-    let mut injected: Vec<usize> = Vec::new();
-    for (i, j) in found {
-        let (a, s) = (&armed[i], &armed[i].secret);
-        if let Err(why) = a.meter.admit(box_id, s) {
-            for &k in &injected {
-                armed[k].meter.release(box_id);
+impl TokenCount {
+    /// Reads more of the body.
+    pub fn feed(&mut self, data: &[u8]) {
+        let mut window = std::mem::take(&mut self.tail);
+        window.extend_from_slice(data);
+        for (k, key) in TOKEN_KEYS.iter().enumerate() {
+            let mut at = 0;
+            while let Some(i) = find(&window[at..], key) {
+                let mut j = at + i + key.len();
+                while window.get(j).is_some_and(|b| *b == b' ' || *b == b':') {
+                    j += 1;
+                }
+                let digits = window[j..].iter().take_while(|b| b.is_ascii_digit()).count();
+                // A number cut by the end of this read is read whole next time.
+                if digits > 0 && j + digits < window.len() {
+                    let text = std::str::from_utf8(&window[j..j + digits]).unwrap_or("0");
+                    let n = text.parse().unwrap_or(u64::MAX).min(MAX_REPORTED);
+                    self.max[k] = self.max[k].max(n);
+                }
+                at = j;
             }
-            return refuse(429, why);
         }
-        lines[j] = format!("{}: {}", s.header, s.format.replacen("{}", s.value.expose(), 1));
-        injected.push(i);
+        let keep = window.len().saturating_sub(48);
+        self.tail = window.split_off(keep);
     }
-    // Whatever would make the response harder to check for the values
-    // goes: a compressed or transfer-coded body, and a byte range (a value
-    // echoed back in slices would pass the scrubber piece by piece).
-    lines.retain(|l| !name_of(l).is_some_and(|n| UNCHECKABLE.iter().any(|u| n.eq_ignore_ascii_case(u))));
-    lines.push("Accept-Encoding: identity".into());
-    Ok(Rewritten { head: http::join_head(&lines), injected })
+
+    /// The tokens reported.
+    pub fn total(&self) -> u64 {
+        let [input, prompt, gemini_in, output, completion, gemini_out, total, gemini_total, thoughts] = self.max;
+        let parts = input.max(prompt).max(gemini_in).saturating_add(output.max(completion).max(gemini_out));
+        parts.saturating_add(thoughts).max(total).max(gemini_total)
+    }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use moat_core::egress::{LogKind, LogVerdict};
     use moat_core::policy::HostName;
     use moat_core::secrets::{SecretUse, SecretValue};
 
-    const MINE: &str = "moat-placeholder-00000000000000000000000000000000000000aa";
-    const THEIRS: &str = "moat-placeholder-00000000000000000000000000000000000000bb";
+    /// The placeholder of the secret [`armed`] makes.
+    pub const MINE: &str = "moat-placeholder-00000000000000000000000000000000000000aa";
 
-    fn armed(limits: Vec<Limit>, killed: bool) -> Armed {
+    /// The box's secret `llm` for `api.example`, with these limits of its own.
+    pub fn armed(limits: Vec<Limit>, killed: bool) -> Armed {
         let secret = BoxSecret {
             id: 1,
             name: "llm".into(),
@@ -333,75 +322,6 @@ mod tests {
             used_by_box: SecretUse::default(),
         };
         Armed { secret: Arc::new(secret), meter: Arc::new(Meter::default()) }
-    }
-
-    fn head(lines: &[&str]) -> Vec<u8> {
-        let mut h = lines.join("\r\n");
-        h.push_str("\r\n\r\n");
-        h.into_bytes()
-    }
-
-    fn text(r: &Rewritten) -> String {
-        String::from_utf8(r.head.clone()).unwrap()
-    }
-
-    #[test]
-    fn the_value_goes_into_the_one_header_only() {
-        let a = [armed(Vec::new(), false)];
-        let req = head(&[
-            "POST /v1?key=moat-placeholder-00000000000000000000000000000000000000aa HTTP/1.1",
-            "Host: api.example",
-            &format!("authorization: Bearer {MINE}"),
-            &format!("X-Other: {MINE}"),
-            "Accept-Encoding: gzip, br",
-        ]);
-        let r = rewrite(&req, &a, "b1").unwrap();
-        let t = text(&r);
-        assert_eq!(r.injected, [0]);
-        assert!(t.contains("\r\nAuthorization: Bearer sk-REAL-0123456789\r\n"), "{t}");
-        assert_eq!(t.matches("sk-REAL").count(), 1, "{t}");
-        assert!(t.contains(&format!("X-Other: {MINE}")) && t.starts_with("POST /v1?key=moat-placeholder-"));
-        assert!(t.ends_with("Accept-Encoding: identity\r\n\r\n") && !t.contains("gzip"), "{t}");
-    }
-
-    #[test]
-    fn own_keys_are_overwritten_and_absent_headers_stay_absent() {
-        let a = [armed(Vec::new(), false)];
-        let r = rewrite(&head(&["GET / HTTP/1.1", "Host: api.example", "Authorization: Bearer sk-ATTACKER"]), &a, "b1");
-        let t = text(&r.unwrap());
-        assert!(t.contains("Authorization: Bearer sk-REAL") && !t.contains("ATTACKER"), "{t}");
-        let r = rewrite(&head(&["GET / HTTP/1.1", "Host: api.example"]), &a, "b1").unwrap();
-        assert!(r.injected.is_empty() && !text(&r).contains("sk-REAL"));
-    }
-
-    #[test]
-    fn smuggling_and_stolen_placeholders_are_refused() {
-        let a = [armed(Vec::new(), false)];
-        let twice =
-            head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: {MINE}"), "authorization: x"]);
-        assert_eq!(rewrite(&twice, &a, "b1").unwrap_err().status, 400);
-        let spelled =
-            head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: {MINE}"), "AUTHORIZATION: x"]);
-        assert_eq!(rewrite(&spelled, &a, "b1").unwrap_err().status, 400);
-        let stolen = head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: Bearer {THEIRS}")]);
-        assert_eq!(rewrite(&stolen, &a, "b1").unwrap_err().status, 403);
-        let killed = [armed(Vec::new(), true)];
-        let mine = head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: Bearer {MINE}")]);
-        assert!(rewrite(&mine, &killed, "b1").unwrap_err().why.contains("killed"));
-    }
-
-    #[test]
-    fn limits_refuse_with_429_and_windows_reset() {
-        let a = [armed(vec![Limit::new(LimitKind::Requests, 2, Some(3600)).unwrap()], false)];
-        let mine = head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: Bearer {MINE}")]);
-        for _ in 0..2 {
-            rewrite(&mine, &a, "b1").unwrap();
-        }
-        let refused = rewrite(&mine, &a, "b1").unwrap_err();
-        assert_eq!(refused.status, 429);
-        assert!(refused.why.contains("2 requests per 3600 s"), "{}", refused.why);
-        // Another box's own limit is its own.
-        assert!(rewrite(&mine, &a, "b2").is_ok());
     }
 
     #[test]
@@ -423,18 +343,12 @@ mod tests {
     }
 
     #[test]
-    fn header_names_match_as_servers_read_them() {
-        assert!(same_header("X_Api_Key", "x-api-key") && same_header("AUTHORIZATION", "Authorization"));
-        assert!(!same_header("X-Api-Keys", "x-api-key") && !same_header("X.Api.Key", "x-api-key"));
-    }
-
-    #[test]
     fn answers_owed_under_a_tokens_limit_are_capped() {
         let a = armed(vec![Limit::new(LimitKind::Tokens, 1000, None).unwrap()], false);
         for _ in 0..MAX_METERED_IN_FLIGHT {
             a.meter.admit("b1", &a.secret).unwrap();
         }
-        assert!(a.meter.admit("b1", &a.secret).unwrap_err().contains("still being answered"));
+        assert!(a.meter.admit("b1", &a.secret).unwrap_err().to_string().contains("still being answered"));
         assert!(a.meter.admit("b2", &a.secret).is_ok(), "another box has its own");
         a.meter.release("b1");
         assert!(a.meter.admit("b1", &a.secret).is_ok());
@@ -445,11 +359,11 @@ mod tests {
         }
         // A host that reports no usage is charged by the bytes.
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
-        let entry = crate::boxnet::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
+        let entry = crate::log::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
         let mut metered = Metered::new(entry, vec![a.clone()], Logger::new("b1".into(), tx), &Arc::new(400.into()));
         metered.finish(3600, 0, None);
         assert_eq!(rx.try_recv().unwrap().1.tokens, Some(1000));
-        assert!(a.meter.admit("b1", &a.secret).unwrap_err().contains("1000 tokens"));
+        assert!(a.meter.admit("b1", &a.secret).unwrap_err().to_string().contains("1000 tokens"));
     }
 
     #[test]
@@ -470,12 +384,43 @@ mod tests {
     fn a_request_cut_before_its_answer_is_still_metered_and_logged() {
         let a = armed(vec![Limit::new(LimitKind::Bytes, 100, None).unwrap()], false);
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
-        let entry = crate::boxnet::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
+        let entry = crate::log::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
         let metered = Metered::new(entry, vec![a.clone()], Logger::new("b1".into(), tx), &Arc::new(150.into()));
         drop(metered);
         let (_, logged) = rx.try_recv().unwrap();
         assert_eq!((logged.sent, logged.secret.as_deref()), (150, Some("llm")));
         assert!(logged.reason.unwrap().contains("before the response"));
-        assert!(a.meter.admit("b1", &a.secret).unwrap_err().contains("100 bytes"));
+        assert!(a.meter.admit("b1", &a.secret).unwrap_err().to_string().contains("100 bytes"));
+    }
+
+    #[test]
+    fn tokens_from_whole_and_streamed_bodies() {
+        let mut t = TokenCount::default();
+        let body = br#"{"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
+        for piece in body.chunks(5) {
+            t.feed(piece);
+        }
+        assert_eq!(t.total(), 42);
+        let mut t = TokenCount::default();
+        t.feed(b"event: message_start\ndata: {\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}\n\n");
+        t.feed(b"event: message_delta\ndata: {\"usage\":{\"output_tokens\": 15}}\n\n");
+        assert_eq!(t.total(), 40);
+        let mut t = TokenCount::default();
+        t.feed(b"{\"cache_read_input_tokens\":999,\"input_tokens\":3,\"output_tokens\":4}");
+        assert_eq!(t.total(), 7);
+    }
+
+    #[test]
+    fn token_counts_are_capped_and_totals_are_never_less_than_their_parts() {
+        let mut t = TokenCount::default();
+        t.feed(b"{\"input_tokens\":99999999999999999999999999,\"output_tokens\":18446744073709551615}");
+        assert_eq!(t.total(), 2 * MAX_REPORTED);
+        // A total less than its parts (a tool's JSON input, say) is not taken.
+        let mut t = TokenCount::default();
+        t.feed(b"{\"input\":{\"total_tokens\":1},\"usage\":{\"input_tokens\":30,\"output_tokens\":12}}");
+        assert_eq!(t.total(), 42);
+        let mut t = TokenCount::default();
+        t.feed(b"{\"usageMetadata\":{\"promptTokenCount\":7,\"candidatesTokenCount\":5,\"totalTokenCount\":12}}");
+        assert_eq!(t.total(), 12);
     }
 }

@@ -217,91 +217,6 @@ pub fn normalise_target(target: &str) -> Result<String, &'static str> {
     Ok(out)
 }
 
-/// Where a chunked body is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Chunked {
-    /// Reading a chunk-size line.
-    #[default]
-    Size,
-    /// Inside a chunk's data, this many bytes left.
-    Data(u64),
-    /// Expecting the CRLF after a chunk's data (0: CR, 1: LF).
-    DataEnd(u8),
-    /// Reading trailer lines after the last chunk.
-    Trailers,
-    /// The body is over.
-    Done,
-}
-
-/// Follows a chunked body's framing across reads, strictly.
-#[derive(Debug, Default)]
-pub struct ChunkedReader {
-    state: Chunked,
-    line: Vec<u8>,
-}
-
-const MAX_LINE: usize = 4096;
-
-impl ChunkedReader {
-    /// Consumes body bytes from the start of `buf`; returns how many belong to
-    /// the body (all of `buf` unless the body ended inside it).
-    pub fn feed(&mut self, buf: &[u8]) -> Result<usize, &'static str> {
-        let mut i = 0;
-        while i < buf.len() && self.state != Chunked::Done {
-            match self.state {
-                Chunked::Size | Chunked::Trailers => {
-                    let b = buf[i];
-                    i += 1;
-                    if self.line.len() >= MAX_LINE {
-                        return Err("chunk line too long");
-                    }
-                    self.line.push(b);
-                    if b != b'\n' {
-                        continue;
-                    }
-                    let line = self.line.strip_suffix(b"\r\n").ok_or("a bare LF in a chunked body")?.to_vec();
-                    self.line.clear();
-                    self.state = match self.state {
-                        Chunked::Size => {
-                            let size = line.split(|&c| c == b';').next().unwrap_or_default();
-                            let size = std::str::from_utf8(size).map_err(|_| "bad chunk size")?;
-                            if size.is_empty() || size.len() > 15 || !size.bytes().all(|c| c.is_ascii_hexdigit()) {
-                                return Err("bad chunk size");
-                            }
-                            match u64::from_str_radix(size, 16).map_err(|_| "bad chunk size")? {
-                                0 => Chunked::Trailers,
-                                n => Chunked::Data(n),
-                            }
-                        }
-                        _ if line.is_empty() => Chunked::Done,
-                        _ => Chunked::Trailers,
-                    };
-                }
-                Chunked::Data(left) => {
-                    let n = left.min((buf.len() - i) as u64);
-                    i += n as usize;
-                    self.state = if n == left { Chunked::DataEnd(0) } else { Chunked::Data(left - n) };
-                }
-                Chunked::DataEnd(k) => {
-                    let want = if k == 0 { b'\r' } else { b'\n' };
-                    if buf[i] != want {
-                        return Err("chunk data not followed by CRLF");
-                    }
-                    i += 1;
-                    self.state = if k == 0 { Chunked::DataEnd(1) } else { Chunked::Size };
-                }
-                Chunked::Done => {}
-            }
-        }
-        Ok(i)
-    }
-
-    /// Whether the body is over.
-    pub fn done(&self) -> bool {
-        self.state == Chunked::Done
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -373,21 +288,5 @@ mod tests {
         assert!(normalise_target("/a\\b").is_err());
         assert!(normalise_target("/a/./b").is_err());
         assert!(normalise_target("/a?x=/../").is_ok());
-    }
-
-    #[test]
-    fn chunked_framing() {
-        let body = b"5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\nNEXT";
-        for split in 0..body.len() - 4 {
-            let mut r = ChunkedReader::default();
-            let a = r.feed(&body[..split]).unwrap();
-            assert_eq!(a, split);
-            let b = r.feed(&body[split..]).unwrap();
-            assert_eq!(a + b, body.len() - 4, "{split}");
-            assert!(r.done());
-        }
-        for bad in [&b"5\r\nhelloXX"[..], b"zz\r\n", b"5\nhello", b"1234567890123456\r\n"] {
-            assert!(ChunkedReader::default().feed(bad).is_err(), "{bad:?}");
-        }
     }
 }

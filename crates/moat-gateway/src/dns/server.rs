@@ -12,8 +12,9 @@ use moat_core::egress::{LogKind, LogVerdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-use crate::boxnet::{entry, BoxNet};
+use crate::boxnet::BoxNet;
 use crate::dns::{self, Rcode};
+use crate::log::entry;
 
 /// TTL of answers: fake addresses never change for a box.
 const TTL: u32 = 300;

@@ -1,0 +1,200 @@
+//! Chunked transfer coding, both ways. A request body from a box is followed
+//! strictly (every line ends in CRLF, sizes are bare hex): its bytes pass
+//! through as they are, and a body that two servers could end at different
+//! places would smuggle a request past the gateway. A response body from a
+//! host is decoded (its bytes are scrubbed, then re-framed by the gateway), so
+//! it is read as leniently as clients read it.
+
+/// Where a chunked body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Chunked {
+    /// Reading a chunk-size line.
+    #[default]
+    Size,
+    /// Inside a chunk's data, this many bytes left.
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data (0: CR, 1: LF).
+    DataEnd(u8),
+    /// Reading trailer lines after the last chunk.
+    Trailers,
+    /// The body is over.
+    Done,
+}
+
+/// Follows a chunked body's framing across reads, strictly.
+#[derive(Debug, Default)]
+pub struct ChunkedReader {
+    state: Chunked,
+    line: Vec<u8>,
+}
+
+const MAX_LINE: usize = 4096;
+
+impl ChunkedReader {
+    /// Consumes body bytes from the start of `buf`; returns how many belong to
+    /// the body (all of `buf` unless the body ended inside it).
+    pub fn feed(&mut self, buf: &[u8]) -> Result<usize, &'static str> {
+        let mut i = 0;
+        while i < buf.len() && self.state != Chunked::Done {
+            match self.state {
+                Chunked::Size | Chunked::Trailers => {
+                    let b = buf[i];
+                    i += 1;
+                    if self.line.len() >= MAX_LINE {
+                        return Err("chunk line too long");
+                    }
+                    self.line.push(b);
+                    if b != b'\n' {
+                        continue;
+                    }
+                    let line = self.line.strip_suffix(b"\r\n").ok_or("a bare LF in a chunked body")?.to_vec();
+                    self.line.clear();
+                    self.state = match self.state {
+                        Chunked::Size => {
+                            let size = line.split(|&c| c == b';').next().unwrap_or_default();
+                            let size = std::str::from_utf8(size).map_err(|_| "bad chunk size")?;
+                            if size.is_empty() || size.len() > 15 || !size.bytes().all(|c| c.is_ascii_hexdigit()) {
+                                return Err("bad chunk size");
+                            }
+                            match u64::from_str_radix(size, 16).map_err(|_| "bad chunk size")? {
+                                0 => Chunked::Trailers,
+                                n => Chunked::Data(n),
+                            }
+                        }
+                        _ if line.is_empty() => Chunked::Done,
+                        _ => Chunked::Trailers,
+                    };
+                }
+                Chunked::Data(left) => {
+                    let n = left.min((buf.len() - i) as u64);
+                    i += n as usize;
+                    self.state = if n == left { Chunked::DataEnd(0) } else { Chunked::Data(left - n) };
+                }
+                Chunked::DataEnd(k) => {
+                    let want = if k == 0 { b'\r' } else { b'\n' };
+                    if buf[i] != want {
+                        return Err("chunk data not followed by CRLF");
+                    }
+                    i += 1;
+                    self.state = if k == 0 { Chunked::DataEnd(1) } else { Chunked::Size };
+                }
+                Chunked::Done => {}
+            }
+        }
+        Ok(i)
+    }
+
+    /// Whether the body is over.
+    pub fn done(&self) -> bool {
+        self.state == Chunked::Done
+    }
+}
+
+/// Decodes a chunked body.
+#[derive(Default)]
+pub struct Dechunk {
+    state: DechunkState,
+    line: Vec<u8>,
+}
+
+#[derive(Default, PartialEq)]
+enum DechunkState {
+    #[default]
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailer,
+    Done,
+}
+
+impl Dechunk {
+    /// Feeds `input`; decoded bytes go to `out`. Returns bytes consumed
+    /// (less than all only once the body is done).
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, &'static str> {
+        let mut i = 0;
+        while i < input.len() && self.state != DechunkState::Done {
+            match self.state {
+                DechunkState::Data(left) => {
+                    let n = (left.min((input.len() - i) as u64)) as usize;
+                    out.extend_from_slice(&input[i..i + n]);
+                    i += n;
+                    self.state =
+                        if left == n as u64 { DechunkState::DataEnd } else { DechunkState::Data(left - n as u64) };
+                }
+                _ => {
+                    let b = input[i];
+                    i += 1;
+                    if b != b'\n' {
+                        if self.line.len() > 4096 {
+                            return Err("a chunk line too long");
+                        }
+                        self.line.push(b);
+                        continue;
+                    }
+                    let line = std::mem::take(&mut self.line);
+                    let line = line.strip_suffix(b"\r").unwrap_or(&line);
+                    self.state = match self.state {
+                        DechunkState::Size => {
+                            let hex = line.split(|c| *c == b';').next().unwrap_or_default();
+                            let hex = std::str::from_utf8(hex).map_err(|_| "a bad chunk size")?.trim();
+                            match u64::from_str_radix(hex, 16).map_err(|_| "a bad chunk size")? {
+                                0 => DechunkState::Trailer,
+                                n => DechunkState::Data(n),
+                            }
+                        }
+                        DechunkState::DataEnd if line.is_empty() => DechunkState::Size,
+                        DechunkState::DataEnd => return Err("a chunk longer than its size"),
+                        _ if line.is_empty() => DechunkState::Done,
+                        _ => DechunkState::Trailer,
+                    };
+                }
+            }
+        }
+        Ok(i)
+    }
+}
+
+impl Dechunk {
+    /// Whether the body is over.
+    pub fn done(&self) -> bool {
+        self.state == DechunkState::Done
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_framing() {
+        let body = b"5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\nNEXT";
+        for split in 0..body.len() - 4 {
+            let mut r = ChunkedReader::default();
+            let a = r.feed(&body[..split]).unwrap();
+            assert_eq!(a, split);
+            let b = r.feed(&body[split..]).unwrap();
+            assert_eq!(a + b, body.len() - 4, "{split}");
+            assert!(r.done());
+        }
+        for bad in [&b"5\r\nhelloXX"[..], b"zz\r\n", b"5\nhello", b"1234567890123456\r\n"] {
+            assert!(ChunkedReader::default().feed(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_and_stop_at_their_end() {
+        let raw = b"4\r\nWiki\r\n5;ext=1\r\npedia\r\n0\r\nX-Trailer: y\r\n\r\nHTTP/1.1 200";
+        for split in 1..raw.len() {
+            let mut d = Dechunk::default();
+            let mut out = Vec::new();
+            let used = d.feed(&raw[..split], &mut out).unwrap();
+            let used2 = d.feed(&raw[used..], &mut out).unwrap();
+            assert_eq!(out, b"Wikipedia", "{split}");
+            assert_eq!(&raw[used + used2..], b"HTTP/1.1 200", "{split}");
+        }
+        let mut d = Dechunk::default();
+        assert!(d.feed(b"zz\r\n", &mut Vec::new()).is_err());
+        assert!(d.feed(b"2\r\nabc\r\n", &mut Vec::new()).is_err());
+    }
+}

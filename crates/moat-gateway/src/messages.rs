@@ -1,0 +1,112 @@
+//! The messages between the privileged side and the gateway, over the
+//! socket the gateway is started with: the first tells it how to reach the
+//! internet; then boxes are attached (with their listeners), changed, cut and
+//! detached, and the gateway sends back log entries and questions for boxes'
+//! owners. Both sides read them as JSON of at most [`MAX_MESSAGE`] bytes.
+
+use moat_core::box_ca::CaKey;
+use moat_core::egress::{Answer, LogEntry};
+use moat_core::policy::Policy;
+use moat_core::secrets::BoxSecret;
+use serde::{Deserialize, Serialize};
+
+/// Largest message either side reads.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// The first message to the gateway: how it reaches the internet (read by
+/// [`GatewayHello::upstream`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GatewayHello {
+    /// The resolver it asks.
+    pub upstream_dns: std::net::SocketAddr,
+    /// Ranges it may dial although they are not public (`ADDR/PREFIX`).
+    pub upstream_allow: Vec<String>,
+    /// The roots (PEM) it verifies hosts with where it looks inside HTTPS.
+    pub upstream_roots: String,
+}
+
+/// What a listener handed over with [`ToGateway::Attach`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// DNS over UDP (a bound UDP socket).
+    DnsUdp,
+    /// DNS over TCP (a listening socket).
+    DnsTcp,
+    /// Every other TCP connection (a listening socket).
+    Proxy,
+    /// Reports of the UDP and ICMP the box's namespace drops (a netlink log
+    /// socket bound to its group).
+    Dropped,
+}
+
+/// From the privileged side.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ToGateway {
+    /// Serve a box on the attached sockets, one per role listed, in order.
+    Attach {
+        /// The box's host-side id.
+        box_id: String,
+        /// Its policy.
+        policy: Policy,
+        /// The private key of the TLS CA the box trusts, if it has one.
+        ca_key: Option<CaKey>,
+        /// What each attached socket is.
+        roles: Vec<Role>,
+    },
+    /// A box's new policy; connections open keep the one they started with.
+    Policy {
+        /// The box.
+        box_id: String,
+        /// The policy.
+        policy: Policy,
+    },
+    /// A box's secrets (all it has now), opened.
+    Secrets {
+        /// The box.
+        box_id: String,
+        /// The secrets.
+        secrets: Vec<BoxSecret>,
+    },
+    /// End a box's open connections (it was suspended).
+    Cut {
+        /// The box.
+        box_id: String,
+    },
+    /// Stop serving a box and close its sockets.
+    Detach {
+        /// The box.
+        box_id: String,
+    },
+    /// The owner's answer to question `id` (see [`FromGateway::Ask`]).
+    Answer {
+        /// The question.
+        id: u64,
+        /// The answer.
+        answer: Answer,
+    },
+}
+
+/// To the privileged side.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum FromGateway {
+    /// Audit log entries: (box id, entry).
+    Log {
+        /// The entries, oldest first.
+        entries: Vec<(String, LogEntry)>,
+    },
+    /// A box in ask mode wants a name its policy does not allow: ask its
+    /// owner, and send the answer back with this `id`.
+    Ask {
+        /// The box.
+        box_id: String,
+        /// The question's number.
+        id: u64,
+        /// The name.
+        name: String,
+        /// The port dialled (`None`: a DNS query).
+        port: Option<u16>,
+    },
+}

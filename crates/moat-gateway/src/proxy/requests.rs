@@ -1,0 +1,470 @@
+//! HTTP on a box's connection, plain or inside TLS the gateway looks inside:
+//! every request is read and judged (see [`super::judge`]) before it goes,
+//! so that a kept-alive connection cannot change hosts or methods after the
+//! first request. On a host one of the box's secrets is bound to, the secret
+//! is written into each request and every answer is relayed through the
+//! scrubber (see [`crate::secrets`]); elsewhere answers are copied as they
+//! come.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use moat_core::egress::{LogEntry, LogKind, LogVerdict};
+use moat_core::policy::{HostName, Policy, Verdict};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+
+use super::judge::judge;
+use super::SECRET_PORT;
+use crate::boxnet::BoxNet;
+use crate::http::chunked::ChunkedReader;
+use crate::http::request::{self, Body, Head, Request};
+use crate::log::entry;
+use crate::refusal::Refusal;
+use crate::secrets::inject;
+use crate::secrets::meter::{Armed, Metered};
+use crate::secrets::relay::{self, Expect, InFlight};
+use crate::zerocopy;
+
+/// A connection requests are read from or forwarded to: plain TCP, or TLS
+/// the gateway looks inside.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+/// A connection of either kind.
+pub type Stream = Box<dyn Io>;
+type StreamReader = ReadHalf<Stream>;
+type StreamWriter = WriteHalf<Stream>;
+
+/// How long a request head may take to arrive on a kept-alive connection.
+const NEXT_REQUEST: Duration = Duration::from_secs(120);
+/// Requests a box may have sent ahead of their answers on a connection a
+/// secret is bound to.
+const MAX_PIPELINED: usize = 32;
+/// How long the answers to requests before a refused one may take.
+const REFUSED_DRAIN: Duration = Duration::from_secs(10);
+/// Buffer for each direction of a splice.
+const SPLICE_BUFFER: usize = 64 << 10;
+
+/// What one box connection is, for the HTTP code.
+#[derive(Clone, Copy)]
+pub struct Conn<'a> {
+    /// The box.
+    pub net: &'a BoxNet,
+    /// The name it dialled.
+    pub name: &'a HostName,
+    /// The port it dialled.
+    pub port: u16,
+    /// Its policy when the connection opened.
+    pub policy: &'a Policy,
+    /// That policy's verdict on the connection.
+    pub verdict: &'a Verdict,
+    /// Looked inside (TLS to the box and to the host).
+    pub tls: bool,
+}
+
+/// HTTP, plain or inside TLS (`tls`: then to the host over TLS too): every
+/// request on the connection is read and checked (Host, and the policy's
+/// method and target rules), so that a kept-alive connection cannot change
+/// hosts or methods after the first request.
+pub async fn http_connection(
+    conn: Conn<'_>,
+    stream: Stream,
+    plain: Option<TcpStream>,
+    log: &mut LogEntry,
+) -> Result<(), Refusal> {
+    let Conn { net, name, port, tls, .. } = conn;
+    // A host one of the box's secrets is bound to, over HTTPS on 443 (looked
+    // inside always): the secret goes into requests, every response is
+    // scrubbed, and killing a secret bound there ends the connection. (A
+    // secret killed already is refused per request, with a reason.)
+    if !(tls && port == SECRET_PORT) || net.secrets_for(name).is_empty() {
+        return requests(conn, stream, plain, log, false).await;
+    }
+    tokio::select! {
+        r = requests(conn, stream, plain, log, true) => r,
+        () = net.on_secret_killed(name) => Err(Refusal::SecretKilledMidway),
+    }
+}
+
+/// The request loop of [`http_connection`]; `plain`: the box's socket
+/// itself, for plain HTTP (responses are spliced to it); `bound`: the box
+/// has secrets for this host (written into requests, cut from responses).
+async fn requests(
+    conn: Conn<'_>,
+    stream: Stream,
+    plain: Option<TcpStream>,
+    log: &mut LogEntry,
+    bound: bool,
+) -> Result<(), Refusal> {
+    let Conn { net, name, port, policy, verdict, tls } = conn;
+    let (mut from_box, to_box) = tokio::io::split(stream);
+    let to_box = Arc::new(tokio::sync::Mutex::new(to_box));
+    let received = Arc::new(AtomicU64::new(0));
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut up: Option<(StreamWriter, AbortOnDrop)> = None;
+    // Where a bound connection's relay learns what each response answers
+    // (bounded: a box pipelining requests waits for their answers).
+    let (expect_tx, expect_rx) = tokio::sync::mpsc::channel::<Expect>(MAX_PIPELINED);
+    let mut expect_rx = Some(expect_rx);
+    let mut buf: Vec<u8> = Vec::with_capacity(8192);
+    // The box asked for the end after the request sent last.
+    let mut last_request = false;
+    let activity = Activity { received: &received, in_flight: &in_flight };
+    let result = loop {
+        let request = match read_request(&mut from_box, &mut buf, activity).await {
+            Ok(Some(r)) => r,
+            Ok(None) => break Ok(()),
+            Err(why) => {
+                if up.is_none() {
+                    refuse(&to_box, &why).await;
+                }
+                break Err(why);
+            }
+        };
+        let mut req_log = entry(LogKind::Http, name.as_str(), port, LogVerdict::Deny);
+        req_log.method = Some(request.method.clone());
+        req_log.target = Some(request.target.clone());
+        let rule = match judge(&request, name, port, policy, verdict) {
+            Ok(rule) => rule,
+            Err(why) => {
+                req_log.rule = why.rule().map(ToString::to_string);
+                req_log.reason = Some(why.to_string());
+                net.log(req_log);
+                // With requests before it in flight, their responses go
+                // first (the cleanup below lets them finish).
+                if up.is_none() {
+                    refuse(&to_box, &why).await;
+                }
+                break Err(why);
+            }
+        };
+        req_log.rule = Some(rule.to_string());
+        log.rule.get_or_insert_with(|| rule.to_string());
+        let Outgoing { head, mut injected, values } = match outgoing(net, name, &mut buf, &request, bound) {
+            Ok(out) => out,
+            Err(refusal) => {
+                req_log.reason = Some(refusal.to_string());
+                net.log(req_log);
+                // In its turn, after the responses before it.
+                if up.is_none() {
+                    refuse(&to_box, &refusal).await;
+                } else if bound {
+                    let _ = expect_tx.send(Expect::refused(refusal.clone())).await;
+                }
+                break Err(refusal);
+            }
+        };
+        if up.is_none() {
+            match dial(net, name, port, tls).await {
+                Ok((stream, up_socket)) => {
+                    let (up_read, up_write) = tokio::io::split(stream);
+                    let (to_box, received) = (Arc::clone(&to_box), Arc::clone(&received));
+                    let box_socket = plain.as_ref().map(dup).transpose().ok().flatten();
+                    let copier = match (bound, expect_rx.take(), up_socket, box_socket) {
+                        (true, Some(rx), _, _) => tokio::spawn(relay::relay(up_read, to_box, rx, received)),
+                        (_, _, Some(from), Some(to)) => tokio::spawn(async move {
+                            let _ = zerocopy::copy(&from, &to, &received).await;
+                        }),
+                        _ => tokio::spawn(copy_responses(up_read, to_box, received)),
+                    };
+                    up = Some((up_write, AbortOnDrop(copier)));
+                }
+                Err(e) => {
+                    // Admitted, never sent: not in flight.
+                    injected.iter().for_each(|a| a.meter.release(&net.id));
+                    req_log.verdict = LogVerdict::Error;
+                    req_log.reason = Some(e.to_string());
+                    net.log(req_log);
+                    log.verdict = LogVerdict::Error;
+                    refuse(&to_box, &e).await;
+                    break Err(e);
+                }
+            }
+        }
+        req_log.verdict = LogVerdict::Allow;
+        log.verdict = LogVerdict::Allow;
+        let Some((up_write, _)) = up.as_mut() else {
+            injected.iter().for_each(|a| a.meter.release(&net.id));
+            break Err(Refusal::NoUpstream);
+        };
+        // Counted as it goes (an answer may come before the body is all sent).
+        let request_bytes = Arc::new(AtomicU64::new(0));
+        if let Err(e) = write_counted(up_write, &head, &request_bytes).await {
+            injected.iter().for_each(|a| a.meter.release(&net.id));
+            break Err(e.into());
+        }
+        log.sent += head.len() as u64;
+        // On a bound connection the relay hears of the request before its
+        // body goes (a client waiting for 100 Continue gets it); the entry of
+        // a request with a secret in it is finished (bytes, tokens) and logged
+        // with its response.
+        let mut plain_log = Some(req_log);
+        if bound {
+            let mut expect = Expect::response(request.method == "HEAD", request.http10, request.close, values.into());
+            if !injected.is_empty() {
+                if let Some(entry) = plain_log.take() {
+                    let metered = Metered::new(entry, std::mem::take(&mut injected), net.logger(), &request_bytes);
+                    expect.metered = Some(metered);
+                }
+            }
+            expect.in_flight = Some(InFlight::new(&in_flight));
+            if expect_tx.send(expect).await.is_err() {
+                break Err(Refusal::AnswersEnded);
+            }
+        }
+        match forward_body(&mut from_box, up_write, &mut buf, request.body, &request_bytes).await {
+            Ok(n) => {
+                log.sent += n;
+                if let Some(mut entry) = plain_log {
+                    entry.sent = request_bytes.load(Ordering::Relaxed);
+                    net.log(entry);
+                }
+            }
+            Err(why) => break Err(why),
+        }
+        // The box asked for the end (and on a bound connection HTTP/1.0
+        // answers are framed by the close): nothing after this request is
+        // read as one.
+        if request.close || (bound && request.http10) {
+            last_request = true;
+            break Ok(());
+        }
+    };
+    drop(expect_tx);
+    if let Some((mut up_write, mut copier)) = up {
+        // No more requests: the host finishes the ones it has, its answers
+        // reach the box, then both ends close. (After a last request the
+        // host closes by itself.)
+        if !last_request {
+            let _ = up_write.shutdown().await;
+        }
+        let wait = if result.is_ok() { NEXT_REQUEST } else { REFUSED_DRAIN };
+        if !activity.until_idle(&mut copier.0, wait).await {
+            // The copier may hold the box's side while it waits to write.
+            copier.0.abort();
+            let _ = (&mut copier.0).await;
+        }
+        let _ = to_box.lock().await.shutdown().await;
+    }
+    log.received = received.load(Ordering::Relaxed);
+    result
+}
+
+/// A request's head as it goes out.
+struct Outgoing {
+    /// The head, every line ended by CRLF, secrets written in.
+    head: Vec<u8>,
+    /// The secrets written in.
+    injected: Vec<Armed>,
+    /// The values its answer is cut of: the box's, as the request goes out
+    /// (those written into it among them).
+    values: Vec<String>,
+}
+
+/// Takes `request`'s head off `buf` as it goes out: with the box's secrets
+/// for this host written in where `bound` (read again per request: a revoked
+/// or killed secret stops at the next one).
+fn outgoing(
+    net: &BoxNet,
+    name: &HostName,
+    buf: &mut Vec<u8>,
+    request: &Request,
+    bound: bool,
+) -> Result<Outgoing, Refusal> {
+    let raw: Vec<u8> = buf.drain(..request.head_len.min(buf.len())).collect();
+    if !bound {
+        let head = request::with_crlf(&raw).ok_or(Refusal::NotText)?;
+        return Ok(Outgoing { head, injected: Vec::new(), values: Vec::new() });
+    }
+    let armed = net.secrets_for(name);
+    let mut values = net.secret_values();
+    values.extend(armed.iter().map(|a| a.secret.value.expose().to_string()));
+    let rewritten = inject::rewrite(&raw, &armed, &net.id)?;
+    let injected = rewritten.injected.iter().filter_map(|&i| armed.get(i).cloned()).collect();
+    Ok(Outgoing { head: rewritten.head, injected, values })
+}
+
+/// Dials the host (over TLS where the box's side is looked inside). Plain
+/// HTTP responses are spliced socket to socket: then also a second handle
+/// on the upstream socket, to read.
+async fn dial(net: &BoxNet, name: &HostName, port: u16, tls: bool) -> Result<(Stream, Option<TcpStream>), Refusal> {
+    let unreachable = |e: &dyn std::fmt::Display| Refusal::Unreachable(e.to_string());
+    if tls {
+        let stream = net.upstream.dial_tls(name, port).await.map_err(|e| unreachable(&e))?;
+        return Ok((Box::new(stream), None));
+    }
+    let stream = net.upstream.dial(name, port).await.map_err(|e| unreachable(&e))?;
+    let copy = dup(&stream).map_err(|e| unreachable(&e))?;
+    Ok((Box::new(stream), Some(copy)))
+}
+
+/// A second handle on a socket (for the side the splicer reads or writes).
+pub fn dup(stream: &TcpStream) -> std::io::Result<TcpStream> {
+    use std::os::fd::AsFd;
+    let socket = std::net::TcpStream::from(stream.as_fd().try_clone_to_owned()?);
+    socket.set_nonblocking(true)?;
+    TcpStream::from_std(socket)
+}
+
+/// Ends a task when dropped (a connection cut mid-way leaves no copier behind).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What tells a quiet connection from an idle one: bytes still coming from
+/// the host, or answers it still owes.
+#[derive(Clone, Copy)]
+struct Activity<'a> {
+    received: &'a AtomicU64,
+    in_flight: &'a AtomicUsize,
+}
+
+impl Activity<'_> {
+    /// A mark to tell later whether anything happened since.
+    fn mark(self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Whether the connection was idle since `mark`.
+    fn idle_since(self, mark: u64) -> bool {
+        self.received.load(Ordering::Relaxed) == mark && self.in_flight.load(Ordering::Relaxed) == 0
+    }
+
+    /// Waits for `task` to end (`true`), or for the connection to be idle
+    /// for `idle` (`false`).
+    async fn until_idle(self, task: &mut tokio::task::JoinHandle<()>, idle: Duration) -> bool {
+        loop {
+            let mark = self.mark();
+            if tokio::time::timeout(idle, &mut *task).await.is_ok() {
+                return true;
+            }
+            if self.idle_since(mark) {
+                return false;
+            }
+        }
+    }
+}
+
+/// Reads the next request head into `buf` (`None`: the box closed cleanly
+/// between requests, or left the connection idle).
+async fn read_request(
+    from_box: &mut StreamReader,
+    buf: &mut Vec<u8>,
+    activity: Activity<'_>,
+) -> Result<Option<Request>, Refusal> {
+    loop {
+        match request::read_head(buf) {
+            Head::Request(r) => return Ok(Some(r)),
+            Head::Refused(why) => return Err(Refusal::BadRequest(why)),
+            Head::Incomplete => {}
+        }
+        let mut chunk = [0u8; 8192];
+        let mark = activity.mark();
+        match tokio::time::timeout(NEXT_REQUEST, from_box.read(&mut chunk)).await {
+            Ok(Ok(0)) if buf.is_empty() => return Ok(None),
+            Ok(Ok(0)) => return Err(Refusal::ClosedInHead),
+            Ok(Ok(n)) => buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+            Ok(Err(e)) => return Err(e.into()),
+            // A box waiting on a long answer is not idle.
+            Err(_) if buf.is_empty() => {
+                if activity.idle_since(mark) {
+                    return Ok(None);
+                }
+            }
+            Err(_) => return Err(Refusal::SlowHead),
+        }
+    }
+}
+
+/// Writes `data` to the host, adding it to `sent`.
+async fn write_counted(up: &mut StreamWriter, data: &[u8], sent: &AtomicU64) -> std::io::Result<()> {
+    up.write_all(data).await?;
+    sent.fetch_add(data.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Sends the body of the current request (first what `buf` holds of it),
+/// adding what is sent to `counted` as it goes; leaves in `buf` whatever
+/// follows it. Returns the bytes sent.
+async fn forward_body(
+    from_box: &mut StreamReader,
+    up: &mut StreamWriter,
+    buf: &mut Vec<u8>,
+    body: Body,
+    counted: &AtomicU64,
+) -> Result<u64, Refusal> {
+    let mut sent = 0u64;
+    let mut chunk = vec![0u8; SPLICE_BUFFER];
+    match body {
+        Body::Length(mut left) => {
+            let now = (buf.len() as u64).min(left) as usize;
+            write_counted(up, buf.get(..now).unwrap_or_default(), counted).await?;
+            buf.drain(..now);
+            left -= now as u64;
+            sent += now as u64;
+            while left > 0 {
+                let want = (chunk.len() as u64).min(left) as usize;
+                let n = from_box.read(chunk.get_mut(..want).unwrap_or_default()).await?;
+                if n == 0 {
+                    return Err(Refusal::ClosedInBody);
+                }
+                write_counted(up, chunk.get(..n).unwrap_or_default(), counted).await?;
+                left -= n as u64;
+                sent += n as u64;
+            }
+        }
+        Body::Chunked => {
+            let mut reader = ChunkedReader::default();
+            let n = reader.feed(buf).map_err(Refusal::BadChunk)?;
+            write_counted(up, buf.get(..n).unwrap_or_default(), counted).await?;
+            buf.drain(..n);
+            sent += n as u64;
+            while !reader.done() {
+                let got = from_box.read(&mut chunk).await?;
+                if got == 0 {
+                    return Err(Refusal::ClosedInChunkedBody);
+                }
+                let read = chunk.get(..got).unwrap_or_default();
+                let n = reader.feed(read).map_err(Refusal::BadChunk)?;
+                let (body, after) = read.split_at(n.min(read.len()));
+                write_counted(up, body, counted).await?;
+                sent += n as u64;
+                // Bytes after the body are the next request's.
+                buf.extend_from_slice(after);
+            }
+        }
+    }
+    Ok(sent)
+}
+
+async fn copy_responses(
+    mut up_read: StreamReader,
+    to_box: Arc<tokio::sync::Mutex<StreamWriter>>,
+    received: Arc<AtomicU64>,
+) {
+    let mut chunk = vec![0u8; SPLICE_BUFFER];
+    loop {
+        let n = match up_read.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to_box.lock().await.write_all(chunk.get(..n).unwrap_or_default()).await.is_err() {
+            break;
+        }
+        received.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    let _ = to_box.lock().await.shutdown().await;
+}
+
+/// Answers the box with an error of the gateway's own (only where no answer
+/// from upstream may be on its way: the two would interleave), and closes.
+async fn refuse(to_box: &tokio::sync::Mutex<StreamWriter>, why: &Refusal) {
+    let mut w = to_box.lock().await;
+    why.answer(&mut *w).await;
+    let _ = w.shutdown().await;
+}
