@@ -75,9 +75,16 @@ impl fmt::Display for AccountId {
 }
 
 /// A box's host-side identity: random, never reused, never chosen by a user, so it
-/// is what paths, cgroups and logs are keyed by.
+/// is what paths, cgroups and logs are keyed by. Read from bytes (the store, the
+/// gateway's messages) only through [`BoxId::parse`]: deserializing checks it too.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct BoxId(String);
+
+/// Why a string is not a [`BoxId`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a box id (1 to 32 hex digits)")]
+pub struct BoxIdError(String);
 
 impl BoxId {
     /// A fresh random id (16 hex digits).
@@ -98,6 +105,19 @@ impl BoxId {
     /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl TryFrom<String> for BoxId {
+    type Error = BoxIdError;
+    fn try_from(s: String) -> Result<Self, BoxIdError> {
+        Self::parse(&s).ok_or(BoxIdError(s))
+    }
+}
+
+impl From<BoxId> for String {
+    fn from(id: BoxId) -> String {
+        id.0
     }
 }
 
@@ -131,7 +151,14 @@ mod tests {
     fn box_ids_are_hex_and_distinct() {
         let (a, b) = (BoxId::random(), BoxId::random());
         assert_ne!(a, b);
-        assert_eq!(BoxId::parse(a.as_str()), Some(a));
+        assert_eq!(BoxId::parse(a.as_str()), Some(a.clone()));
         assert_eq!(BoxId::parse("../etc"), None);
+        // Read from JSON as it is checked when parsed.
+        let json = serde_json::to_string(&a).unwrap();
+        assert_eq!(json, format!("\"{a}\""));
+        assert_eq!(serde_json::from_str::<BoxId>(&json).unwrap(), a);
+        for bad in ["\"../etc\"", "\"\"", "\"0123456789abcdef0123456789abcdef0\"", "7"] {
+            assert!(serde_json::from_str::<BoxId>(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -23,7 +23,7 @@ pub use backend::{
     AgentAddr, Backend, BackendError, BackendKind, BoxHandle, Change, ChangeKind, ChangeSink, Checkpoint, Copied,
     MeterReading, NetAttach,
 };
-pub use ids::{AccountId, BoxId, Name, NameError};
+pub use ids::{AccountId, BoxId, BoxIdError, Name, NameError};
 pub use limits::{Limits, LimitsError};
 pub use manager::{
     BoxManager, BoxSpec, ManagerConfig, ManagerError, NetworkHooks, ProgressSink, SessionGuard, UsageReport,

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use moat_core::egress::{Answer, ASK_TIMEOUT};
 use moat_core::policy::{HostName, DEFAULT_PORTS};
+use moat_core::BoxId;
 use tokio::sync::{mpsc, watch};
 
 use crate::messages::FromGateway;
@@ -34,15 +35,15 @@ struct State {
 
 /// One open question: box `box_id` dialled `name` on `port`.
 struct Question {
-    box_id: String,
+    box_id: BoxId,
     name: HostName,
     port: u16,
     answer: watch::Sender<Option<Answer>>,
 }
 
 impl Question {
-    fn is(&self, box_id: &str, name: &HostName, port: u16) -> bool {
-        self.box_id == box_id && self.name == *name && self.port == port
+    fn is(&self, box_id: &BoxId, name: &HostName, port: u16) -> bool {
+        self.box_id == *box_id && self.name == *name && self.port == port
     }
 }
 
@@ -58,7 +59,7 @@ impl Asker {
 
     /// Asks whether box `box_id` may reach `name` (dialling `port`), and waits
     /// for the answer.
-    pub async fn ask(&self, box_id: &str, name: &HostName, port: u16) -> Result<Answer, &'static str> {
+    pub async fn ask(&self, box_id: &BoxId, name: &HostName, port: u16) -> Result<Answer, &'static str> {
         let mut answer = {
             let mut state = self.state();
             // The same name on another port is another question: an answer
@@ -67,16 +68,15 @@ impl Asker {
             match same {
                 Some(q) => q.answer.subscribe(),
                 None => {
-                    if state.by_id.values().filter(|q| q.box_id == box_id).count() >= MAX_OPEN_PER_BOX {
+                    if state.by_id.values().filter(|q| q.box_id == *box_id).count() >= MAX_OPEN_PER_BOX {
                         return Err("too many questions open for this box");
                     }
                     state.next += 1;
                     let id = state.next;
                     let (tx, rx) = watch::channel(None);
-                    let question = Question { box_id: box_id.to_string(), name: name.clone(), port, answer: tx };
+                    let question = Question { box_id: box_id.clone(), name: name.clone(), port, answer: tx };
                     state.by_id.insert(id, question);
-                    let ask =
-                        FromGateway::Ask { box_id: box_id.to_string(), id, name: name.to_string(), port: Some(port) };
+                    let ask = FromGateway::Ask { box_id: box_id.clone(), id, name: name.to_string(), port: Some(port) };
                     if self.out.send(ask).is_err() {
                         state.by_id.remove(&id);
                         return Err("the owner cannot be asked");
@@ -105,8 +105,8 @@ impl Asker {
     }
 
     /// Withdraws box `box_id`'s questions (it was detached): they are refused.
-    pub fn withdraw(&self, box_id: &str) {
-        self.state().by_id.retain(|_, q| q.box_id != box_id);
+    pub fn withdraw(&self, box_id: &BoxId) {
+        self.state().by_id.retain(|_, q| q.box_id != *box_id);
     }
 }
 
@@ -170,6 +170,11 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// The id of the box that asks.
+    fn b1() -> BoxId {
+        BoxId::parse("b1").unwrap()
+    }
+
     #[tokio::test]
     async fn one_question_per_name_and_its_answer_reaches_every_waiter() {
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -178,7 +183,7 @@ mod tests {
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let (asker, name) = (Arc::clone(&asker), name.clone());
-                tokio::spawn(async move { asker.ask("b1", &name, 443).await })
+                tokio::spawn(async move { asker.ask(&b1(), &name, 443).await })
             })
             .collect();
         let Some(FromGateway::Ask { id, box_id, port, .. }) = rx.recv().await else { panic!("no question") };
@@ -191,9 +196,9 @@ mod tests {
         }
         // The same name on another port is a question of its own.
         let (asker3, name3) = (Arc::clone(&asker), name.clone());
-        let on_22 = tokio::spawn(async move { asker3.ask("b1", &name3, 22).await });
+        let on_22 = tokio::spawn(async move { asker3.ask(&b1(), &name3, 22).await });
         let (asker4, name4) = (Arc::clone(&asker), name.clone());
-        let on_443 = tokio::spawn(async move { asker4.ask("b1", &name4, 443).await });
+        let on_443 = tokio::spawn(async move { asker4.ask(&b1(), &name4, 443).await });
         let mut asked = Vec::new();
         for _ in 0..2 {
             let Some(FromGateway::Ask { id, port, .. }) = rx.recv().await else { panic!("no question") };
@@ -207,9 +212,9 @@ mod tests {
         assert_eq!(on_22.await.unwrap(), Ok(Answer::Deny));
         // Withdrawn questions are refusals.
         let (asker2, name2) = (Arc::clone(&asker), name.clone());
-        let waiting = tokio::spawn(async move { asker2.ask("b1", &name2, 443).await });
+        let waiting = tokio::spawn(async move { asker2.ask(&b1(), &name2, 443).await });
         let _ = rx.recv().await;
-        asker.withdraw("b1");
+        asker.withdraw(&b1());
         assert!(waiting.await.unwrap().is_err());
     }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use moat_core::egress::{Answer, LogEntry};
 use moat_core::policy::{HostName, Policy};
 use moat_core::secrets::BoxSecret;
+use moat_core::BoxId;
 use tokio::sync::{watch, Semaphore};
 
 use crate::ask::{Asked, Asker, Recent};
@@ -21,7 +22,7 @@ pub const MAX_CONNECTIONS: usize = 512;
 /// One attached box.
 pub struct BoxNet {
     /// The box's host-side id.
-    pub id: String,
+    pub id: BoxId,
     policy: RwLock<Arc<Policy>>,
     fakes: Mutex<FakeAddrs>,
     cut: watch::Sender<u64>,
@@ -43,7 +44,7 @@ pub struct BoxNet {
 impl BoxNet {
     /// A box with `policy`.
     pub fn new(
-        id: String,
+        id: BoxId,
         policy: Policy,
         tls: Option<Arc<rustls::ServerConfig>>,
         log: LogSink,

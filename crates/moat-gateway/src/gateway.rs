@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use moat_core::BoxId;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -34,7 +35,7 @@ impl Drop for Attached {
 
 /// The boxes being served.
 pub struct Gateway {
-    boxes: Mutex<HashMap<String, Attached>>,
+    boxes: Mutex<HashMap<BoxId, Attached>>,
     upstream: Arc<Upstream>,
     log: LogSink,
     asker: Arc<Asker>,
@@ -67,7 +68,7 @@ impl Gateway {
                 // whose rules need HTTPS looked inside.
                 let tls = ca_key.map(|key| LeafSigner::new(&key.0).and_then(intercept::box_config)).transpose();
                 let tls = tls.unwrap_or_else(|e| {
-                    tracing::error!(box_id, error = %e, "cannot use the box's CA");
+                    tracing::error!(box_id = %box_id, error = %e, "cannot use the box's CA");
                     None
                 });
                 let net = BoxNet::new(

@@ -8,18 +8,19 @@ use std::sync::Arc;
 
 use moat_core::clock::now_ms;
 use moat_core::egress::{LogEntry, LogKind, LogVerdict};
+use moat_core::BoxId;
 use tokio::sync::mpsc;
 
 /// Where log entries go: (box id, entry). Bounded; when it is full the entry
 /// is counted as lost rather than stalling the box's traffic.
-pub type LogSink = mpsc::Sender<(String, LogEntry)>;
+pub type LogSink = mpsc::Sender<(BoxId, LogEntry)>;
 
 /// Records one box's log entries; cloned into tasks that outlive a borrow of
 /// its [`BoxNet`](crate::boxnet::BoxNet).
 #[derive(Clone)]
 pub struct Logger {
     /// The box's host-side id.
-    pub box_id: String,
+    pub box_id: BoxId,
     sink: LogSink,
     /// Entries lost to a full backlog.
     lost: Arc<AtomicU64>,
@@ -27,7 +28,7 @@ pub struct Logger {
 
 impl Logger {
     /// Entries of box `box_id`, into `sink`.
-    pub fn new(box_id: String, sink: LogSink) -> Self {
+    pub fn new(box_id: BoxId, sink: LogSink) -> Self {
         Self { box_id, sink, lost: Arc::default() }
     }
 

@@ -2,12 +2,14 @@
 //! socket the gateway is started with: the first tells it how to reach the
 //! internet; then boxes are attached (with their listeners), changed, cut and
 //! detached, and the gateway sends back log entries and questions for boxes'
-//! owners. Both sides read them as JSON of at most [`MAX_MESSAGE`] bytes.
+//! owners. Both sides read them as JSON of at most [`MAX_MESSAGE`] bytes; a
+//! box id in them is a [`BoxId`], checked as it is read.
 
 use moat_core::box_ca::CaKey;
 use moat_core::egress::{Answer, LogEntry};
 use moat_core::policy::Policy;
 use moat_core::secrets::BoxSecret;
+use moat_core::BoxId;
 use serde::{Deserialize, Serialize};
 
 /// Largest message either side reads.
@@ -47,7 +49,7 @@ pub enum ToGateway {
     /// Serve a box on the attached sockets, one per role listed, in order.
     Attach {
         /// The box's host-side id.
-        box_id: String,
+        box_id: BoxId,
         /// Its policy.
         policy: Policy,
         /// The private key of the TLS CA the box trusts, if it has one.
@@ -58,26 +60,26 @@ pub enum ToGateway {
     /// A box's new policy; connections open keep the one they started with.
     Policy {
         /// The box.
-        box_id: String,
+        box_id: BoxId,
         /// The policy.
         policy: Policy,
     },
     /// A box's secrets (all it has now), opened.
     Secrets {
         /// The box.
-        box_id: String,
+        box_id: BoxId,
         /// The secrets.
         secrets: Vec<BoxSecret>,
     },
     /// End a box's open connections (it was suspended).
     Cut {
         /// The box.
-        box_id: String,
+        box_id: BoxId,
     },
     /// Stop serving a box and close its sockets.
     Detach {
         /// The box.
-        box_id: String,
+        box_id: BoxId,
     },
     /// The owner's answer to question `id` (see [`FromGateway::Ask`]).
     Answer {
@@ -95,13 +97,13 @@ pub enum FromGateway {
     /// Audit log entries: (box id, entry).
     Log {
         /// The entries, oldest first.
-        entries: Vec<(String, LogEntry)>,
+        entries: Vec<(BoxId, LogEntry)>,
     },
     /// A box in ask mode wants a name its policy does not allow: ask its
     /// owner, and send the answer back with this `id`.
     Ask {
         /// The box.
-        box_id: String,
+        box_id: BoxId,
         /// The question's number.
         id: u64,
         /// The name.

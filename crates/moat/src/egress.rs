@@ -37,7 +37,7 @@ impl Attachment {
     /// Everything the gateway needs to serve the box, in order.
     fn messages(&self, id: &BoxId) -> Vec<Outgoing> {
         let Some(attach) = self.message(id) else { return Vec::new() };
-        let secrets = ToGateway::Secrets { box_id: id.to_string(), secrets: self.secrets.clone() };
+        let secrets = ToGateway::Secrets { box_id: id.clone(), secrets: self.secrets.clone() };
         vec![attach, (secrets, Vec::new())]
     }
 
@@ -45,12 +45,8 @@ impl Attachment {
         let fds: std::io::Result<Vec<OwnedFd>> = self.sockets.iter().map(|(_, fd)| fd.try_clone()).collect();
         let fds = fds.inspect_err(|e| tracing::error!(box_id = %id, error = %e, "cannot pass a box's sockets")).ok()?;
         let roles = self.sockets.iter().map(|(role, _)| *role).collect();
-        let attach = ToGateway::Attach {
-            box_id: id.to_string(),
-            policy: self.policy.clone(),
-            ca_key: self.ca_key.clone(),
-            roles,
-        };
+        let attach =
+            ToGateway::Attach { box_id: id.clone(), policy: self.policy.clone(), ca_key: self.ca_key.clone(), roles };
         Some((attach, fds))
     }
 }
@@ -110,13 +106,13 @@ impl moat_core::NetworkHooks for Egress {
     }
 
     fn suspended(&self, id: &BoxId) {
-        Self::tell(&self.state(), (ToGateway::Cut { box_id: id.to_string() }, Vec::new()));
+        Self::tell(&self.state(), (ToGateway::Cut { box_id: id.clone() }, Vec::new()));
     }
 
     fn down(&self, id: &BoxId) {
         let mut state = self.state();
         state.boxes.remove(id);
-        Self::tell(&state, (ToGateway::Detach { box_id: id.to_string() }, Vec::new()));
+        Self::tell(&state, (ToGateway::Detach { box_id: id.clone() }, Vec::new()));
     }
 
     fn policy_changed(&self, id: &BoxId, policy: &Policy) {
@@ -124,14 +120,14 @@ impl moat_core::NetworkHooks for Egress {
         if let Some(a) = state.boxes.get_mut(id) {
             a.policy = policy.clone();
         }
-        Self::tell(&state, (ToGateway::Policy { box_id: id.to_string(), policy: policy.clone() }, Vec::new()));
+        Self::tell(&state, (ToGateway::Policy { box_id: id.clone(), policy: policy.clone() }, Vec::new()));
     }
 
     fn secrets_changed(&self, id: &BoxId, secrets: &[BoxSecret]) {
         let mut state = self.state();
         let Some(a) = state.boxes.get_mut(id) else { return };
         a.secrets = secrets.to_vec();
-        Self::tell(&state, (ToGateway::Secrets { box_id: id.to_string(), secrets: secrets.to_vec() }, Vec::new()));
+        Self::tell(&state, (ToGateway::Secrets { box_id: id.clone(), secrets: secrets.to_vec() }, Vec::new()));
     }
 
     fn answered(&self, _id: &BoxId, question: u64, answer: moat_core::egress::Answer) {
@@ -146,7 +142,6 @@ impl Egress {
         match news {
             FromGateway::Log { entries } => manager.record_egress(entries),
             FromGateway::Ask { box_id, id, name, port } => {
-                let Some(box_id) = BoxId::parse(&box_id) else { return };
                 let pid = self.state().boxes.get(&box_id).map(|a| a.pid);
                 let running = pid.map(crate::procs::newest_descendants).unwrap_or_default();
                 // A question that cannot be put is refused at once.

@@ -57,7 +57,7 @@ async fn serve(link: std::os::fd::OwnedFd) -> Result<()> {
 }
 
 /// Sends log entries back in batches as they come.
-async fn send_logs(link: Arc<Packets>, mut rx: mpsc::Receiver<(String, moat_core::egress::LogEntry)>) {
+async fn send_logs(link: Arc<Packets>, mut rx: mpsc::Receiver<(moat_core::BoxId, moat_core::egress::LogEntry)>) {
     while let Some(first) = rx.recv().await {
         let mut entries = vec![first];
         // A moment for more to gather, so that a busy box costs few messages.

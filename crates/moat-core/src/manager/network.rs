@@ -85,11 +85,9 @@ impl BoxManager {
         Ok(Ok(policy))
     }
 
-    /// Records what the gateway reported, and hands it to followers. Entries
-    /// for ids that are no box are dropped.
-    pub fn record_egress(&self, entries: Vec<(String, LogEntry)>) {
-        let entries: Vec<(BoxId, LogEntry)> =
-            entries.into_iter().filter_map(|(id, e)| Some((BoxId::parse(&id)?, e))).collect();
+    /// Records what the gateway reported (its box ids were checked as its
+    /// message was read), and hands it to followers.
+    pub fn record_egress(&self, entries: Vec<(BoxId, LogEntry)>) {
         if entries.is_empty() {
             return;
         }

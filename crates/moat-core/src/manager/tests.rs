@@ -569,7 +569,7 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
         secret: Some("llm".into()),
         tokens: Some(7),
     };
-    f.manager.record_egress(vec![(copy.id.to_string(), entry)]);
+    f.manager.record_egress(vec![(copy.id.clone(), entry)]);
     let used = f.manager.secrets(&f.alice).unwrap()[0].used.clone();
     assert_eq!(used, [("copy".to_string(), crate::secrets::SecretUse { requests: 1, tokens: 7, bytes: 30 })]);
     f.manager.remove_secret(&f.alice, &name("llm")).await.unwrap();

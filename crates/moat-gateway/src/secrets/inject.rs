@@ -9,6 +9,7 @@
 //! killed secret is refused outright.
 
 use moat_core::secrets::{same_header, PLACEHOLDER_PREFIX};
+use moat_core::BoxId;
 
 use crate::http;
 use crate::refusal::Refusal;
@@ -29,7 +30,7 @@ pub struct Rewritten {
 /// Writes `armed` (the box's secrets bound to the request's host) into a
 /// request head, for box `box_id`. Also asks for an unencoded response, so
 /// that the gateway can check it for the values.
-pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, Refusal> {
+pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &BoxId) -> Result<Rewritten, Refusal> {
     let mut lines = http::request::head_lines(head).ok_or(Refusal::NotText)?;
     let name_of = |line: &str| line.split_once(':').map(|(n, _)| n.to_string());
     // Where each secret goes, every refusal decided before any is counted.
@@ -76,7 +77,7 @@ pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &str) -> Result<Rewritten, 
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::secrets::meter::tests::{armed, MINE};
+    use crate::secrets::meter::tests::{armed, id, MINE};
     use moat_core::secrets::{Limit, LimitKind};
 
     const THEIRS: &str = "moat-placeholder-00000000000000000000000000000000000000bb";
@@ -101,7 +102,7 @@ mod tests {
             &format!("X-Other: {MINE}"),
             "Accept-Encoding: gzip, br",
         ]);
-        let r = rewrite(&req, &a, "b1").unwrap();
+        let r = rewrite(&req, &a, &id("b1")).unwrap();
         let t = text(&r);
         assert_eq!(r.injected, [0]);
         assert!(t.contains("\r\nAuthorization: Bearer sk-REAL-0123456789\r\n"), "{t}");
@@ -113,10 +114,14 @@ mod tests {
     #[test]
     fn own_keys_are_overwritten_and_absent_headers_stay_absent() {
         let a = [armed(Vec::new(), false)];
-        let r = rewrite(&head(&["GET / HTTP/1.1", "Host: api.example", "Authorization: Bearer sk-ATTACKER"]), &a, "b1");
+        let r = rewrite(
+            &head(&["GET / HTTP/1.1", "Host: api.example", "Authorization: Bearer sk-ATTACKER"]),
+            &a,
+            &id("b1"),
+        );
         let t = text(&r.unwrap());
         assert!(t.contains("Authorization: Bearer sk-REAL") && !t.contains("ATTACKER"), "{t}");
-        let r = rewrite(&head(&["GET / HTTP/1.1", "Host: api.example"]), &a, "b1").unwrap();
+        let r = rewrite(&head(&["GET / HTTP/1.1", "Host: api.example"]), &a, &id("b1")).unwrap();
         assert!(r.injected.is_empty() && !text(&r).contains("sk-REAL"));
     }
 
@@ -125,15 +130,15 @@ mod tests {
         let a = [armed(Vec::new(), false)];
         let twice =
             head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: {MINE}"), "authorization: x"]);
-        assert_eq!(rewrite(&twice, &a, "b1").unwrap_err().status(), 400);
+        assert_eq!(rewrite(&twice, &a, &id("b1")).unwrap_err().status(), 400);
         let spelled =
             head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: {MINE}"), "AUTHORIZATION: x"]);
-        assert_eq!(rewrite(&spelled, &a, "b1").unwrap_err().status(), 400);
+        assert_eq!(rewrite(&spelled, &a, &id("b1")).unwrap_err().status(), 400);
         let stolen = head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: Bearer {THEIRS}")]);
-        assert_eq!(rewrite(&stolen, &a, "b1").unwrap_err().status(), 403);
+        assert_eq!(rewrite(&stolen, &a, &id("b1")).unwrap_err().status(), 403);
         let killed = [armed(Vec::new(), true)];
         let mine = head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: Bearer {MINE}")]);
-        assert_eq!(rewrite(&mine, &killed, "b1").unwrap_err(), Refusal::SecretKilled("llm".into()));
+        assert_eq!(rewrite(&mine, &killed, &id("b1")).unwrap_err(), Refusal::SecretKilled("llm".into()));
     }
 
     #[test]
@@ -141,13 +146,13 @@ mod tests {
         let a = [armed(vec![Limit::new(LimitKind::Requests, 2, Some(3600)).unwrap()], false)];
         let mine = head(&["GET / HTTP/1.1", "Host: api.example", &format!("Authorization: Bearer {MINE}")]);
         for _ in 0..2 {
-            rewrite(&mine, &a, "b1").unwrap();
+            rewrite(&mine, &a, &id("b1")).unwrap();
         }
-        let refused = rewrite(&mine, &a, "b1").unwrap_err();
+        let refused = rewrite(&mine, &a, &id("b1")).unwrap_err();
         assert_eq!(refused.status(), 429);
         assert!(refused.to_string().contains("2 requests per 3600 s"), "{refused}");
         // Another box's own limit is its own.
-        assert!(rewrite(&mine, &a, "b2").is_ok());
+        assert!(rewrite(&mine, &a, &id("b2")).is_ok());
     }
 
     #[test]

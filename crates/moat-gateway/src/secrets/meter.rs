@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use moat_core::egress::LogEntry;
 use moat_core::secrets::{BoxSecret, Limit, LimitKind};
+use moat_core::BoxId;
 
 use crate::log::Logger;
 use crate::refusal::Refusal;
@@ -41,8 +42,8 @@ pub struct Meter {
 /// answered.
 #[derive(Default)]
 struct Counts {
-    used: HashMap<(Option<String>, LimitKind), Count>,
-    in_flight: HashMap<String, usize>,
+    used: HashMap<(Option<BoxId>, LimitKind), Count>,
+    in_flight: HashMap<BoxId, usize>,
 }
 
 /// Requests one box may have in flight with a secret whose tokens or bytes
@@ -93,14 +94,14 @@ impl Meter {
     /// flight until [`release`](Self::release)d, or says why not. Checked and
     /// counted under one lock, so that requests racing on several
     /// connections cannot all pass the last free place.
-    pub fn admit(&self, box_id: &str, secret: &BoxSecret) -> Result<(), Refusal> {
+    pub fn admit(&self, box_id: &BoxId, secret: &BoxSecret) -> Result<(), Refusal> {
         if self.is_killed() {
             return Err(Refusal::SecretKilled(secret.name.clone()));
         }
         let now = Instant::now();
         let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let Counts { used: counts, in_flight } = &mut *guard;
-        let flowing = in_flight.entry(box_id.to_string()).or_default();
+        let flowing = in_flight.entry(box_id.clone()).or_default();
         let after_the_fact = |l: &Limit| l.kind != LimitKind::Requests;
         if *flowing >= MAX_METERED_IN_FLIGHT
             && secret.shared_limits.iter().chain(&secret.own_limits).any(after_the_fact)
@@ -113,7 +114,7 @@ impl Meter {
         ];
         for (scope, limits, before) in scopes {
             for limit in limits.iter() {
-                let count = counts.entry((scope.map(str::to_string), limit.kind)).or_insert(Count::new(now));
+                let count = counts.entry((scope.cloned(), limit.kind)).or_insert(Count::new(now));
                 count.per = limit.per_secs.map(Duration::from_secs);
                 count.roll(now);
                 let used = match count.per {
@@ -128,13 +129,13 @@ impl Meter {
             }
         }
         add(counts, box_id, LimitKind::Requests, 1, now);
-        *in_flight.entry(box_id.to_string()).or_default() += 1;
+        *in_flight.entry(box_id.clone()).or_default() += 1;
         Ok(())
     }
 
     /// A request [`admit`](Self::admit)ted for box `box_id` is answered (or
     /// was never sent).
-    pub fn release(&self, box_id: &str) {
+    pub fn release(&self, box_id: &BoxId) {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(n) = counts.in_flight.get_mut(box_id) {
             *n = n.saturating_sub(1);
@@ -142,15 +143,15 @@ impl Meter {
     }
 
     /// Counts `n` of `kind` used by box `box_id`.
-    pub fn count(&self, box_id: &str, kind: LimitKind, n: u64) {
+    pub fn count(&self, box_id: &BoxId, kind: LimitKind, n: u64) {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         add(&mut counts.used, box_id, kind, n, Instant::now());
     }
 }
 
 /// Adds `n` of `kind` to box `box_id`'s count and to the count of all boxes.
-fn add(counts: &mut HashMap<(Option<String>, LimitKind), Count>, box_id: &str, kind: LimitKind, n: u64, now: Instant) {
-    for scope in [None, Some(box_id.to_string())] {
+fn add(counts: &mut HashMap<(Option<BoxId>, LimitKind), Count>, box_id: &BoxId, kind: LimitKind, n: u64, now: Instant) {
+    for scope in [None, Some(box_id.clone())] {
         let count = counts.entry((scope, kind)).or_insert(Count::new(now));
         count.roll(now);
         count.add(n);
@@ -302,6 +303,11 @@ pub(crate) mod tests {
     use moat_core::policy::HostName;
     use moat_core::secrets::{SecretUse, SecretValue};
 
+    /// Box `s`'s id.
+    pub fn id(s: &str) -> BoxId {
+        BoxId::parse(s).unwrap()
+    }
+
     /// The placeholder of the secret [`armed`] makes.
     pub const MINE: &str = "moat-placeholder-00000000000000000000000000000000000000aa";
 
@@ -332,7 +338,7 @@ pub(crate) mod tests {
             for _ in 0..8 {
                 s.spawn(|| {
                     for _ in 0..20 {
-                        if a.meter.admit("b1", &a.secret).is_ok() {
+                        if a.meter.admit(&id("b1"), &a.secret).is_ok() {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -346,24 +352,24 @@ pub(crate) mod tests {
     fn answers_owed_under_a_tokens_limit_are_capped() {
         let a = armed(vec![Limit::new(LimitKind::Tokens, 1000, None).unwrap()], false);
         for _ in 0..MAX_METERED_IN_FLIGHT {
-            a.meter.admit("b1", &a.secret).unwrap();
+            a.meter.admit(&id("b1"), &a.secret).unwrap();
         }
-        assert!(a.meter.admit("b1", &a.secret).unwrap_err().to_string().contains("still being answered"));
-        assert!(a.meter.admit("b2", &a.secret).is_ok(), "another box has its own");
-        a.meter.release("b1");
-        assert!(a.meter.admit("b1", &a.secret).is_ok());
+        assert!(a.meter.admit(&id("b1"), &a.secret).unwrap_err().to_string().contains("still being answered"));
+        assert!(a.meter.admit(&id("b2"), &a.secret).is_ok(), "another box has its own");
+        a.meter.release(&id("b1"));
+        assert!(a.meter.admit(&id("b1"), &a.secret).is_ok());
         // Without such a limit there is no cap.
         let free = armed(Vec::new(), false);
         for _ in 0..2 * MAX_METERED_IN_FLIGHT {
-            free.meter.admit("b1", &free.secret).unwrap();
+            free.meter.admit(&id("b1"), &free.secret).unwrap();
         }
         // A host that reports no usage is charged by the bytes.
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
         let entry = crate::log::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
-        let mut metered = Metered::new(entry, vec![a.clone()], Logger::new("b1".into(), tx), &Arc::new(400.into()));
+        let mut metered = Metered::new(entry, vec![a.clone()], Logger::new(id("b1"), tx), &Arc::new(400.into()));
         metered.finish(3600, 0, None);
         assert_eq!(rx.try_recv().unwrap().1.tokens, Some(1000));
-        assert!(a.meter.admit("b1", &a.secret).unwrap_err().to_string().contains("1000 tokens"));
+        assert!(a.meter.admit(&id("b1"), &a.secret).unwrap_err().to_string().contains("1000 tokens"));
     }
 
     #[test]
@@ -385,12 +391,12 @@ pub(crate) mod tests {
         let a = armed(vec![Limit::new(LimitKind::Bytes, 100, None).unwrap()], false);
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
         let entry = crate::log::entry(LogKind::Http, "api.example", 443, LogVerdict::Allow);
-        let metered = Metered::new(entry, vec![a.clone()], Logger::new("b1".into(), tx), &Arc::new(150.into()));
+        let metered = Metered::new(entry, vec![a.clone()], Logger::new(id("b1"), tx), &Arc::new(150.into()));
         drop(metered);
         let (_, logged) = rx.try_recv().unwrap();
         assert_eq!((logged.sent, logged.secret.as_deref()), (150, Some("llm")));
         assert!(logged.reason.unwrap().contains("before the response"));
-        assert!(a.meter.admit("b1", &a.secret).unwrap_err().to_string().contains("100 bytes"));
+        assert!(a.meter.admit(&id("b1"), &a.secret).unwrap_err().to_string().contains("100 bytes"));
     }
 
     #[test]
