@@ -41,7 +41,7 @@ pub async fn serve(net: Arc<BoxNet>, fd: OwnedFd) {
     loop {
         let Ok(mut ready) = fd.readable().await else { return };
         let got = ready.try_io(|fd| {
-            rustix::net::recv(fd.get_ref(), &mut buf[..], rustix::net::RecvFlags::DONTWAIT)
+            rustix::net::recv(fd.get_ref(), buf.as_mut_slice(), rustix::net::RecvFlags::DONTWAIT)
                 .map(|(n, _)| n)
                 .map_err(std::io::Error::from)
         });
@@ -64,19 +64,27 @@ pub async fn serve(net: Arc<BoxNet>, fd: OwnedFd) {
 pub fn entries(mut msgs: &[u8]) -> Vec<LogEntry> {
     let mut out = Vec::new();
     while msgs.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes([msgs[0], msgs[1], msgs[2], msgs[3]]) as usize;
-        let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
-        if len < NLMSG_HDRLEN || len > msgs.len() {
-            break;
-        }
+        let (Some(len), Some(kind)) = (ne_u32(msgs, 0), ne_u16(msgs, 4)) else { break };
+        let len = len as usize;
+        let Some(body) = msgs.get(NLMSG_HDRLEN..len) else { break };
         if kind == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET {
-            if let Some(packet) = payload(&msgs[NLMSG_HDRLEN..len]) {
+            if let Some(packet) = payload(body) {
                 out.extend(describe(packet));
             }
         }
         msgs = msgs.get(align(len)..).unwrap_or_default();
     }
     out
+}
+
+/// The `u32` in host order at `at`, if `bytes` holds it.
+fn ne_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(bytes.get(at..at.checked_add(4)?)?.try_into().ok()?))
+}
+
+/// The `u16` in host order at `at`, if `bytes` holds it.
+fn ne_u16(bytes: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(bytes.get(at..at.checked_add(2)?)?.try_into().ok()?))
 }
 
 fn align(n: usize) -> usize {
@@ -87,8 +95,8 @@ fn align(n: usize) -> usize {
 fn payload(msg: &[u8]) -> Option<&[u8]> {
     let mut attrs = msg.get(NFGENMSG_LEN..)?;
     while attrs.len() >= 4 {
-        let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
-        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
+        let len = usize::from(ne_u16(attrs, 0)?);
+        let kind = ne_u16(attrs, 2)? & 0x3fff;
         if len < 4 || len > attrs.len() {
             return None;
         }
@@ -139,7 +147,7 @@ fn icmp_name(proto: u8, kind: u8) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -28,6 +28,8 @@
 //! Everything here reads bytes a box (or a host) chose, so the crate denies
 //! `unwrap`, `expect`, indexing and `panic!` outside tests.
 
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+
 pub mod ask;
 pub mod boxnet;
 pub mod dns;

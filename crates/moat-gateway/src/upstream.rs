@@ -74,10 +74,11 @@ impl Cidr {
 
 fn prefix_eq(a: &[u8], b: &[u8], bits: u8) -> bool {
     let (whole, rest) = (usize::from(bits / 8), bits % 8);
-    if a[..whole] != b[..whole] {
-        return false;
+    match (a.get(..whole), b.get(..whole)) {
+        (Some(a), Some(b)) if a == b => {}
+        _ => return false,
     }
-    rest == 0 || (a[whole] ^ b[whole]) >> (8 - rest) == 0
+    rest == 0 || matches!((a.get(whole), b.get(whole)), (Some(x), Some(y)) if (x ^ y) >> (8 - rest) == 0)
 }
 
 /// Whether `ip` is an address on the public internet: not loopback, private,
@@ -113,11 +114,11 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {
-    let s = ip.segments();
+    let [s0, s1, ..] = ip.segments();
     // Only global unicast (2000::/3) is public; within it, documentation,
     // Teredo, 6to4 and ORCHID-style special ranges are not.
-    let global = s[0] & 0xe000 == 0x2000;
-    let special = s[0] == 0x2001 && (s[1] < 0x0200 || s[1] == 0x0db8) || s[0] == 0x2002 || s[0] == 0x3fff;
+    let global = s0 & 0xe000 == 0x2000;
+    let special = s0 == 0x2001 && (s1 < 0x0200 || s1 == 0x0db8) || s0 == 0x2002 || s0 == 0x3fff;
     global && !special
 }
 
@@ -238,7 +239,7 @@ impl Upstream {
         loop {
             let n = socket.recv(&mut buf).await?;
             // Anything not our answer (a stray, a spoof) is skipped.
-            if let Ok(r) = dns::parse_upstream(&buf[..n], id, name) {
+            if let Ok(r) = dns::parse_upstream(buf.get(..n).unwrap_or_default(), id, name) {
                 return Ok(r);
             }
         }
@@ -317,7 +318,7 @@ fn random_id() -> u16 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -53,7 +53,7 @@ pub async fn bidirectional(a: &TcpStream, b: &TcpStream) -> io::Result<(u64, u64
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -98,7 +98,7 @@ pub async fn serve_udp(net: Arc<BoxNet>, socket: UdpSocket) {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        if let Some(reply) = answer(&net, &buf[..n]) {
+        if let Some(reply) = answer(&net, buf.get(..n).unwrap_or_default()) {
             let _ = socket.send_to(&reply, peer).await;
         }
     }

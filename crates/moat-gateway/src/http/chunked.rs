@@ -35,10 +35,10 @@ impl ChunkedReader {
     /// the body (all of `buf` unless the body ended inside it).
     pub fn feed(&mut self, buf: &[u8]) -> Result<usize, &'static str> {
         let mut i = 0;
-        while i < buf.len() && self.state != Chunked::Done {
+        while self.state != Chunked::Done {
+            let Some(&b) = buf.get(i) else { break };
             match self.state {
                 Chunked::Size | Chunked::Trailers => {
-                    let b = buf[i];
                     i += 1;
                     if self.line.len() >= MAX_LINE {
                         return Err("chunk line too long");
@@ -72,7 +72,7 @@ impl ChunkedReader {
                 }
                 Chunked::DataEnd(k) => {
                     let want = if k == 0 { b'\r' } else { b'\n' };
-                    if buf[i] != want {
+                    if b != want {
                         return Err("chunk data not followed by CRLF");
                     }
                     i += 1;
@@ -112,17 +112,17 @@ impl Dechunk {
     /// (less than all only once the body is done).
     pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, &'static str> {
         let mut i = 0;
-        while i < input.len() && self.state != DechunkState::Done {
+        while self.state != DechunkState::Done {
+            let Some(&b) = input.get(i) else { break };
             match self.state {
                 DechunkState::Data(left) => {
                     let n = (left.min((input.len() - i) as u64)) as usize;
-                    out.extend_from_slice(&input[i..i + n]);
+                    out.extend_from_slice(input.get(i..i + n).unwrap_or_default());
                     i += n;
                     self.state =
                         if left == n as u64 { DechunkState::DataEnd } else { DechunkState::Data(left - n as u64) };
                 }
                 _ => {
-                    let b = input[i];
                     i += 1;
                     if b != b'\n' {
                         if self.line.len() > 4096 {
@@ -152,9 +152,7 @@ impl Dechunk {
         }
         Ok(i)
     }
-}
 
-impl Dechunk {
     /// Whether the body is over.
     pub fn done(&self) -> bool {
         self.state == DechunkState::Done
@@ -162,7 +160,7 @@ impl Dechunk {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -186,8 +186,7 @@ pub fn normalise_target(target: &str) -> Result<String, &'static str> {
     let bytes = target.as_bytes();
     let mut out = String::with_capacity(target.len());
     let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
+    while let Some(&b) = bytes.get(i) {
         if b == b'%' {
             let hex = |c: u8| (c as char).to_digit(16);
             let (Some(hi), Some(lo)) =
@@ -218,7 +217,7 @@ pub fn normalise_target(target: &str) -> Result<String, &'static str> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
 

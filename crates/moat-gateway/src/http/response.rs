@@ -51,7 +51,7 @@ pub async fn read_head<R: AsyncRead + Unpin>(
             Ok(0) | Err(_) => return Err("closed inside a response head"),
             Ok(n) => {
                 received.fetch_add(n as u64, Ordering::Relaxed);
-                buf.extend_from_slice(&chunk[..n]);
+                buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
             }
         }
     }

@@ -37,32 +37,35 @@ pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &BoxId) -> Result<Rewritten
     let mut found = Vec::new();
     for (i, a) in armed.iter().enumerate() {
         let s = &a.secret;
-        let at: Vec<usize> =
-            (1..lines.len()).filter(|&j| name_of(&lines[j]).is_some_and(|n| same_header(&n, &s.header))).collect();
-        let j = match at[..] {
+        let at: Vec<(usize, &String)> = (lines.iter().enumerate().skip(1))
+            .filter(|(_, line)| name_of(line).is_some_and(|n| same_header(&n, &s.header)))
+            .collect();
+        let (j, line) = match at[..] {
             [] => continue,
-            [j] => j,
+            [one] => one,
             _ => return Err(Refusal::TwoHeaders(s.header.clone())),
         };
-        let value = lines[j].split_once(':').map_or("", |(_, v)| v);
+        let value = line.split_once(':').map_or("", |(_, v)| v);
         if !value.contains(&s.placeholder) && value.contains(PLACEHOLDER_PREFIX) {
             return Err(Refusal::OthersPlaceholder(s.header.clone()));
         }
         if s.killed {
             return Err(Refusal::SecretKilled(s.name.clone()));
         }
-        found.push((i, j));
+        found.push((i, a, j));
     }
     let mut injected: Vec<usize> = Vec::new();
-    for (i, j) in found {
-        let (a, s) = (&armed[i], &armed[i].secret);
+    for (i, a, j) in found {
+        let s = &a.secret;
         if let Err(refusal) = a.meter.admit(box_id, s) {
-            for &k in &injected {
-                armed[k].meter.release(box_id);
+            for admitted in injected.iter().filter_map(|&k| armed.get(k)) {
+                admitted.meter.release(box_id);
             }
             return Err(refusal);
         }
-        lines[j] = format!("{}: {}", s.header, s.format.replacen("{}", s.value.expose(), 1));
+        if let Some(line) = lines.get_mut(j) {
+            *line = format!("{}: {}", s.header, s.format.replacen("{}", s.value.expose(), 1));
+        }
         injected.push(i);
     }
     // Whatever would make the response harder to check for the values
@@ -74,7 +77,7 @@ pub fn rewrite(head: &[u8], armed: &[Armed], box_id: &BoxId) -> Result<Rewritten
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
     use crate::secrets::meter::tests::{armed, id, MINE};

@@ -266,19 +266,20 @@ impl TokenCount {
     pub fn feed(&mut self, data: &[u8]) {
         let mut window = std::mem::take(&mut self.tail);
         window.extend_from_slice(data);
-        for (k, key) in TOKEN_KEYS.iter().enumerate() {
+        for (max, key) in self.max.iter_mut().zip(TOKEN_KEYS) {
             let mut at = 0;
-            while let Some(i) = find(&window[at..], key) {
+            while let Some(i) = window.get(at..).and_then(|w| find(w, key)) {
                 let mut j = at + i + key.len();
                 while window.get(j).is_some_and(|b| *b == b' ' || *b == b':') {
                     j += 1;
                 }
-                let digits = window[j..].iter().take_while(|b| b.is_ascii_digit()).count();
+                let number = window.get(j..).unwrap_or_default();
+                let digits = number.iter().take_while(|b| b.is_ascii_digit()).count();
                 // A number cut by the end of this read is read whole next time.
                 if digits > 0 && j + digits < window.len() {
-                    let text = std::str::from_utf8(&window[j..j + digits]).unwrap_or("0");
+                    let text = std::str::from_utf8(number.get(..digits).unwrap_or_default()).unwrap_or("0");
                     let n = text.parse().unwrap_or(u64::MAX).min(MAX_REPORTED);
-                    self.max[k] = self.max[k].max(n);
+                    *max = (*max).max(n);
                 }
                 at = j;
             }
@@ -296,7 +297,7 @@ impl TokenCount {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 pub(crate) mod tests {
     use super::*;
     use moat_core::egress::{LogKind, LogVerdict};

@@ -29,28 +29,27 @@ pub fn read_hello(buf: &[u8]) -> Hello {
     let mut handshake = Vec::new();
     let mut at = 0;
     loop {
-        let Some(header) = buf.get(at..at + 5) else { return more_or_too_big(buf) };
-        if header[0] != 0x16 || header[1] != 3 {
+        let Some(&[kind, major, _minor, len_hi, len_lo]) = buf.get(at..at + 5) else { return more_or_too_big(buf) };
+        if kind != 0x16 || major != 3 {
             return Hello::Refused("not a TLS handshake");
         }
-        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        let len = usize::from(u16::from_be_bytes([len_hi, len_lo]));
         if len == 0 || len > 1 << 14 {
             return Hello::Refused("bad TLS record length");
         }
         let Some(body) = buf.get(at + 5..at + 5 + len) else { return more_or_too_big(buf) };
         handshake.extend_from_slice(body);
         at += 5 + len;
-        if handshake.len() >= 4 {
-            if handshake[0] != 1 {
+        if let Some(&[kind, l1, l2, l3]) = handshake.get(..4) {
+            if kind != 1 {
                 return Hello::Refused("first handshake message is not a ClientHello");
             }
-            let want =
-                4 + (usize::from(handshake[1]) << 16 | usize::from(handshake[2]) << 8 | usize::from(handshake[3]));
+            let want = 4 + (usize::from(l1) << 16 | usize::from(l2) << 8 | usize::from(l3));
             if want > MAX_HELLO {
                 return Hello::Refused("ClientHello too large");
             }
-            if handshake.len() >= want {
-                return match server_name(&handshake[4..want]) {
+            if let Some(body) = handshake.get(4..want) {
+                return match server_name(body) {
                     Ok(name) => Hello::Name(name),
                     Err(why) => Hello::Refused(why),
                 };
@@ -77,21 +76,19 @@ struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
-        if self.0.len() < n {
-            return Err("truncated ClientHello");
-        }
-        let (head, rest) = self.0.split_at(n);
+        let (head, rest) = self.0.split_at_checked(n).ok_or("truncated ClientHello")?;
         self.0 = rest;
         Ok(head)
     }
 
     fn u8(&mut self) -> Result<usize, &'static str> {
-        Ok(usize::from(self.take(1)?[0]))
+        let &[b] = self.take(1)? else { return Err("truncated ClientHello") };
+        Ok(usize::from(b))
     }
 
     fn u16(&mut self) -> Result<usize, &'static str> {
-        let b = self.take(2)?;
-        Ok(usize::from(u16::from_be_bytes([b[0], b[1]])))
+        let &[hi, lo] = self.take(2)? else { return Err("truncated ClientHello") };
+        Ok(usize::from(u16::from_be_bytes([hi, lo])))
     }
 
     fn vec8(&mut self) -> Result<&'a [u8], &'static str> {
@@ -152,7 +149,7 @@ fn server_name(body: &[u8]) -> Result<HostName, &'static str> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 pub(crate) mod tests {
     use super::*;
 

@@ -99,9 +99,9 @@ pub struct Rewind<S> {
 
 impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if self.at < self.early.len() {
-            let n = buf.remaining().min(self.early.len() - self.at);
-            buf.put_slice(&self.early[self.at..self.at + n]);
+        if let Some(early) = self.early.get(self.at..).filter(|e| !e.is_empty()) {
+            let n = buf.remaining().min(early.len());
+            buf.put_slice(early.get(..n).unwrap_or_default());
             self.at += n;
             return Poll::Ready(Ok(()));
         }
@@ -122,7 +122,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
