@@ -14,6 +14,7 @@ use moat_core::BoxId;
 use tokio::sync::{mpsc, watch};
 
 use crate::messages::FromGateway;
+use crate::refusal::Refusal;
 
 /// Most questions one box may have open at once.
 const MAX_OPEN_PER_BOX: usize = 16;
@@ -59,7 +60,7 @@ impl Asker {
 
     /// Asks whether box `box_id` may reach `name` (dialling `port`), and waits
     /// for the answer.
-    pub async fn ask(&self, box_id: &BoxId, name: &HostName, port: u16) -> Result<Answer, &'static str> {
+    pub async fn ask(&self, box_id: &BoxId, name: &HostName, port: u16) -> Result<Answer, Refusal> {
         let mut answer = {
             let mut state = self.state();
             // The same name on another port is another question: an answer
@@ -69,7 +70,7 @@ impl Asker {
                 Some(q) => q.answer.subscribe(),
                 None => {
                     if state.by_id.values().filter(|q| q.box_id == *box_id).count() >= MAX_OPEN_PER_BOX {
-                        return Err("too many questions open for this box");
+                        return Err(Refusal::TooManyQuestions);
                     }
                     state.next += 1;
                     let id = state.next;
@@ -79,7 +80,7 @@ impl Asker {
                     let ask = FromGateway::Ask { box_id: box_id.clone(), id, name: name.to_string(), port: Some(port) };
                     if self.out.send(ask).is_err() {
                         state.by_id.remove(&id);
-                        return Err("the owner cannot be asked");
+                        return Err(Refusal::CannotAsk);
                     }
                     rx
                 }
@@ -88,11 +89,11 @@ impl Asker {
         let waited = tokio::time::timeout(ASK_TIMEOUT, answer.wait_for(Option::is_some)).await;
         match waited {
             Ok(Ok(answer)) => Ok(answer.unwrap_or(Answer::Deny)),
-            Ok(Err(_)) => Err("the question was withdrawn"),
+            Ok(Err(_)) => Err(Refusal::Withdrawn),
             Err(_) => {
                 // Lapsed: whoever asks next asks anew.
                 self.state().by_id.retain(|_, q| !q.is(box_id, name, port));
-                Err("the owner did not answer in time")
+                Err(Refusal::NoAnswer)
             }
         }
     }
@@ -111,14 +112,14 @@ impl Asker {
 }
 
 /// What the owner of a box in ask mode said about a name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Asked {
     /// The box is not in ask mode (or a deny rule names the name): refuse.
     NotAsked,
     /// Let it through, for this reason.
     Allowed(&'static str),
     /// Refused, for this reason.
-    Refused(&'static str),
+    Refused(Refusal),
 }
 
 /// What a box's owner said in the last minute: names allowed once (on the
@@ -215,7 +216,7 @@ mod tests {
         let waiting = tokio::spawn(async move { asker2.ask(&b1(), &name2, 443).await });
         let _ = rx.recv().await;
         asker.withdraw(&b1());
-        assert!(waiting.await.unwrap().is_err());
+        assert_eq!(waiting.await.unwrap(), Err(Refusal::Withdrawn));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::ask::{Asked, Asker, Recent};
 use crate::fake::FakeAddrs;
 use crate::log::{LogSink, Logger};
+use crate::refusal::Refusal;
 use crate::secrets::meter::{Armed, Meters};
 use crate::upstream::Upstream;
 
@@ -151,7 +152,7 @@ impl BoxNet {
     pub async fn asked(&self, policy: &Policy, name: &HostName, port: u16) -> Asked {
         match self.recent.said(name, Some(port)) {
             Some(true) => return Asked::Allowed("allowed once by the owner"),
-            Some(false) => return Asked::Refused("the owner said no (a minute ago)"),
+            Some(false) => return Asked::Refused(Refusal::OwnerSaidNoLately),
             None => {}
         }
         if !self.may_ask(policy, name) {
@@ -165,7 +166,7 @@ impl BoxNet {
             Ok(Answer::Always) => Asked::Allowed("allowed by the owner (added to the policy)"),
             Ok(Answer::Deny) => {
                 self.recent.refuse(name);
-                Asked::Refused("the owner said no")
+                Asked::Refused(Refusal::OwnerSaidNo)
             }
             Err(why) => Asked::Refused(why),
         }

@@ -23,9 +23,25 @@ pub enum Refusal {
     /// An address that is not fake (the box did not look the name up here).
     #[error("a raw address (only names the policy allows are reachable)")]
     RawAddress,
-    /// Ask mode: the owner refused, or could not be asked.
-    #[error("{0}")]
-    Owner(&'static str),
+    /// Ask mode: the owner said no.
+    #[error("the owner said no")]
+    OwnerSaidNo,
+    /// Ask mode: the owner said no to the name a minute ago, and is not
+    /// asked again yet.
+    #[error("the owner said no (a minute ago)")]
+    OwnerSaidNoLately,
+    /// Ask mode: the box has as many questions open as it may.
+    #[error("too many questions open for this box")]
+    TooManyQuestions,
+    /// Ask mode: the question cannot reach the privileged side.
+    #[error("the owner cannot be asked")]
+    CannotAsk,
+    /// Ask mode: the question was withdrawn (the box was detached).
+    #[error("the question was withdrawn")]
+    Withdrawn,
+    /// Ask mode: no answer in time.
+    #[error("the owner did not answer in time")]
+    NoAnswer,
 
     // What the connection says of itself.
     /// Closed before its first byte.
@@ -198,6 +214,8 @@ mod tests {
             (Refusal::HostDiffers(host), "Host other.test differs from the dialled name", 403),
             (Refusal::ByRule(rule.clone()), "refused by rule", 403),
             (Refusal::NoRule, "no rule allows this request", 403),
+            (Refusal::OwnerSaidNo, "the owner said no", 403),
+            (Refusal::OwnerSaidNoLately, "the owner said no (a minute ago)", 403),
             (Refusal::BadRequest("two Host headers"), "two Host headers", 400),
             (Refusal::TwoHeaders("Authorization".into()), "two Authorization headers", 400),
             (Refusal::SecretKilled("llm".into()), "secret llm was killed", 403),

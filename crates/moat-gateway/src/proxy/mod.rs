@@ -95,7 +95,7 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
         };
         match asked {
             Asked::NotAsked => {}
-            Asked::Refused(why) => log.reason = Some(Refusal::Owner(why).to_string()),
+            Asked::Refused(why) => log.reason = Some(why.to_string()),
             Asked::Allowed(why) => {
                 // "Always" is in the policy now; "once" is for this name alone.
                 policy = net.policy();
