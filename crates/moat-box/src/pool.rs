@@ -233,6 +233,25 @@ impl Pool {
         self.root.join("vm-states")
     }
 
+    /// Where box `id`'s whole machine is kept while it is saved (a parked VM
+    /// box, or a copy of a running one until its first session): it belongs
+    /// to the disk it was saved with, and goes with it.
+    pub fn saved_machine(&self, id: &BoxId) -> PathBuf {
+        self.vm_states_dir().join(format!("{id}.state"))
+    }
+
+    /// Removes box `id`'s saved machine and any save of it cut short.
+    pub fn forget_saved_machine(&self, id: &BoxId) -> std::io::Result<()> {
+        let saved = self.saved_machine(id);
+        for path in [saved.with_extension("partial"), saved] {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Where the VM guests' kernel is kept unpacked.
     pub fn vm_kernels_dir(&self) -> PathBuf {
         self.root.join("vm-kernels")

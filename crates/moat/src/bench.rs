@@ -21,7 +21,6 @@ use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg};
 use moat_api::server::Privileged;
 use moat_api::Hello;
-use moat_box::AnyBackend;
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
 
@@ -107,16 +106,15 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     }
     drop(pool);
     let agent = crate::agent::resolve(args.agent.as_deref(), dir)?;
-    let ns = paths::ns_backend(dir, agent.clone(), u64::MAX)?;
     let vm_args = crate::microvm::VmArgs {
         backend: Some(moat_core::BackendKind::Ns),
         kernel: None,
         initrd: None,
         vm_accel: "auto".into(),
     };
-    let (vm, _) = crate::microvm::backend(dir, ns.shared(), &agent, u64::MAX, &vm_args);
+    let (backend, _) = paths::backend(dir, agent.clone(), u64::MAX, &vm_args)?;
     let (store, _uid_block) = crate::paths::open_store(dir)?;
-    let manager = BoxManager::new(store, Arc::new(AnyBackend { ns, vm }), ManagerConfig::default());
+    let manager = BoxManager::new(store, Arc::new(backend), ManagerConfig::default());
     // Every box gets its gateway, as under `moat serve`; it reaches a test
     // internet of the bench's own.
     let net = BenchNet::start()?;

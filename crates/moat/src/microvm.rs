@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use moat_box::vm::backend::{VmBackend, VmConfig};
 use moat_box::vm::probe::{self, Accel, Guest};
+use moat_box::vm::{VmConfig, VmMachine};
+use moat_box::Host;
 use moat_core::BackendKind;
 
 /// The operator's microVM settings.
@@ -41,15 +42,9 @@ fn parse_backend(s: &str) -> Result<BackendKind, String> {
 /// where KVM works; here it hangs).
 pub const KVM_BOOT: Duration = Duration::from_secs(5);
 
-/// The VM backend as configured, or why there is none; and the default backend.
-pub fn backend(
-    state_dir: &Path,
-    shared: (std::sync::Arc<moat_box::pool::Pool>, moat_box::ns::cgroup::CgroupLayout),
-    agent: &Path,
-    account_disk: u64,
-    args: &VmArgs,
-) -> (Result<VmBackend, String>, BackendKind) {
-    let made = (|| -> Result<(VmBackend, Accel)> {
+/// The VM machine as configured, or why there is none; and the default backend.
+pub fn machine(state_dir: &Path, host: &Host, args: &VmArgs) -> (Result<VmMachine, String>, BackendKind) {
+    let made = (|| -> Result<(VmMachine, Accel)> {
         let kernel = match &args.kernel {
             Some(k) => k.clone(),
             None => probe::distribution_kernel()
@@ -60,19 +55,10 @@ pub fn backend(
         let accel = match args.vm_accel.as_str() {
             "kvm" => Accel::Kvm,
             "tcg" => Accel::Tcg,
-            _ => accel_here(state_dir, &kernel, agent),
+            _ => accel_here(state_dir, &kernel, &host.config.agent),
         };
-        let config = VmConfig {
-            run_dir: state_dir.join("run"),
-            helper: std::env::current_exe().context("find this executable")?,
-            agent: agent.to_path_buf(),
-            kernel,
-            initrd: args.initrd.clone(),
-            qemu,
-            accel,
-            account_disk,
-        };
-        Ok((VmBackend::new(shared.0, shared.1, config)?, accel))
+        let config = VmConfig { kernel, initrd: args.initrd.clone(), qemu, accel };
+        Ok((VmMachine::new(host.clone(), config)?, accel))
     })();
     match made {
         Ok((vm, accel)) => {

@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use moat_box::ns::hostview::HostView;
-use moat_box::ns::{NsBackend, NsConfig};
+use moat_box::ns::{NsConfig, NsMachine};
 use moat_box::pool::Pool;
+use moat_box::{Host, HostBackend, HostConfig};
 use moat_core::Store;
 
 /// The state directory unless told otherwise.
@@ -34,15 +35,27 @@ pub fn host_view_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("lxcfs")
 }
 
-/// The namespace backend over the state dir's pool, as `serve` and `bench`
-/// run it: this executable as the spawn helper, `agent` in every box, and
-/// per-box /proc totals where LXCFS runs.
-pub fn ns_backend(state_dir: &Path, agent: PathBuf, account_disk: u64) -> Result<NsBackend> {
+/// The host's machinery over the state dir's pool: this executable as the
+/// helper boxes start through, `agent` in every box.
+pub fn host(state_dir: &Path, agent: PathBuf, account_disk: u64) -> Result<Host> {
     let pool = open_pool(state_dir)?;
     let helper = std::env::current_exe().context("find this executable")?;
-    let host_view = HostView::ensure(&host_view_dir(state_dir));
-    let config = NsConfig { run_dir: state_dir.join("run"), helper, agent, host_view, account_disk };
-    Ok(NsBackend::new(pool, config)?)
+    Ok(Host::open(pool, HostConfig { run_dir: state_dir.join("run"), helper, agent, account_disk })?)
+}
+
+/// The backend as `serve` and `bench` run it: namespace boxes with per-box
+/// /proc totals where LXCFS runs, and VM boxes where this host has what they
+/// need; and the kind a box is when `new` does not say.
+pub fn backend(
+    state_dir: &Path,
+    agent: PathBuf,
+    account_disk: u64,
+    vm: &crate::microvm::VmArgs,
+) -> Result<(HostBackend, moat_core::BackendKind)> {
+    let host = host(state_dir, agent, account_disk)?;
+    let ns = NsMachine::new(host.clone(), NsConfig { host_view: HostView::ensure(&host_view_dir(state_dir)) });
+    let (vm, default) = crate::microvm::machine(state_dir, &host, vm);
+    Ok((HostBackend::new(host, ns, vm), default))
 }
 
 /// The state dir's database, handing out host uids from the block of them

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use moat_box::ns::hostview::HostView;
-use moat_box::ns::{NsBackend, NsConfig};
+use moat_box::ns::{NsConfig, NsMachine};
+use moat_box::{Host, HostBackend, HostConfig};
 use moat_core::{Backend, Store};
 
 use crate::paths;
@@ -17,16 +18,16 @@ pub fn run(state_dir: &Path) -> Result<()> {
         return Ok(());
     }
     let pool = paths::open_pool(state_dir)?;
-    let backend = Arc::new(NsBackend::new(
-        pool,
-        NsConfig {
-            run_dir: state_dir.join("run"),
-            helper: "/nonexistent".into(),
-            agent: "/nonexistent".into(),
-            host_view: None,
-            account_disk: u64::MAX,
-        },
-    )?);
+    let config = HostConfig {
+        run_dir: state_dir.join("run"),
+        helper: "/nonexistent".into(),
+        agent: "/nonexistent".into(),
+        account_disk: u64::MAX,
+    };
+    let host = Host::open(pool, config)?;
+    // Removal needs no machine: a VM box goes as a namespace box does.
+    let ns = NsMachine::new(host.clone(), NsConfig::default());
+    let backend = Arc::new(HostBackend::new(host, ns, Err("purging".into())));
     let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
     for rec in store.list(None)? {
         eprintln!("removing box {} ({})", rec.name, rec.id);
@@ -35,7 +36,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
     }
     drop(store);
     let backend = Arc::into_inner(backend).context("backend still shared")?;
-    backend.cgroups().remove_parents();
+    backend.host().cgroups.remove_parents();
     let pool = backend.into_pool().context("the pool is still in use")?;
     pool.unmount()?;
     HostView::stop(&paths::host_view_dir(state_dir));

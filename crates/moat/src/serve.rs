@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use moat_api::server::Privileged;
 use moat_api::Hello;
-use moat_box::AnyBackend;
 use moat_core::{BoxManager, ManagerConfig};
 use moat_sshd::auth::{load_or_create_host_key, AuthorizedKeys};
 
@@ -141,10 +140,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     paths::private_dir(&state_dir)?;
     let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;
     let max_disk_per_account = args.max_disk_per_account.unwrap_or(args.max_disk);
-    let ns = paths::ns_backend(&state_dir, agent.clone(), max_disk_per_account)?;
-    let (vm, default_backend) =
-        crate::microvm::backend(&state_dir, ns.shared(), &agent, max_disk_per_account, &args.vm);
-    let backend = AnyBackend { ns, vm };
+    let (backend, default_backend) = paths::backend(&state_dir, agent.clone(), max_disk_per_account, &args.vm)?;
     let (store, _uid_block) = paths::open_store(&state_dir)?;
     // Never below the per-box defaults, or a plain `new` would be refused.
     let (host_cpus, host_memory) = host_capacity();

@@ -5,9 +5,7 @@
 //! the box cannot change its routes or rules. A box whose gateway is not
 //! there reaches nothing.
 
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::io;
 
 use moat_core::egress::{BOX_SOURCE, DNS_PORT, DROPPED_GROUP, PROXY_PORT};
 
@@ -56,32 +54,5 @@ pub fn prepare() -> io::Result<()> {
     // the host-owned namespace would otherwise deny it.
     std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
     std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")?;
-    run(&tool("ip")?, &["-batch", "-"], &routes())?;
-    run(&tool("nft")?, &["-f", "-"], &rules())
-}
-
-/// Where a system tool is.
-pub(crate) fn tool(name: &str) -> io::Result<PathBuf> {
-    crate::image::which(name)
-        .ok_or_else(|| io::Error::other(format!("{name} not found: install iproute2 and nftables")))
-}
-
-pub(crate) fn run(tool: &Path, args: &[&str], input: &str) -> io::Result<()> {
-    let mut child = Command::new(tool)
-        .args(args)
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| io::Error::other(format!("run {}: {e}", tool.display())))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(io::Error::other(format!("{}: {}", tool.display(), err.trim())));
-    }
-    Ok(())
+    crate::host::netns::configure(&routes(), &rules())
 }

@@ -11,6 +11,7 @@
 use libc::sock_filter;
 
 use crate::bpf::*;
+use crate::host::ALLOWED_SOCKET_FAMILIES;
 
 /// Refused with EPERM, whatever the arguments.
 const DENIED: &[libc::c_long] = &[
@@ -119,12 +120,6 @@ fn denied_ioctls() -> Vec<u32> {
     reqs.extend(crate::sys::BTRFS_SUBVOLUME_IOCTLS.iter().map(|r| *r as u32));
     reqs
 }
-
-/// The socket families a box may use: its own loopback, and the egress
-/// gateway's listeners on it, need no more. AF_VSOCK, in particular, reaches the hypervisor
-/// when moat runs in a VM, without passing the box's network namespace.
-pub(crate) const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
-    [libc::AF_UNIX as u32, libc::AF_INET as u32, libc::AF_INET6 as u32, libc::AF_NETLINK as u32];
 
 /// Compiles the filter.
 pub fn filter() -> Vec<sock_filter> {

@@ -15,8 +15,8 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 
 use moat_core::{BackendError, BoxId, Limits, Name};
 
-use super::cgroup::CgroupLayout;
 use super::plan::SpawnPlan;
+use crate::host::cgroup::CgroupLayout;
 use crate::pool::Pool;
 
 /// Names of spare cgroups start with this (box ids are hex, so never do).

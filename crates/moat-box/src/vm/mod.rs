@@ -1,7 +1,7 @@
 //! The microVM backend: each box a guest with a kernel of its own on QEMU's
 //! `microvm` machine.
 //!
-//! - [`backend`]: the [`moat_core::Backend`] over the shared pool and cgroups;
+//! - [`machine`]: the [`crate::machine::Machine`] that runs VM boxes;
 //! - [`supervise`]: the host process that owns a box's QEMU and is the host
 //!   end of its agent's port;
 //! - [`qemu`]: QEMU's command line and QMP;
@@ -14,14 +14,16 @@
 //!   TCG can (a host may open `/dev/kvm` and still hang every guest: this
 //!   one does).
 
-pub mod backend;
 pub mod cpio;
 pub mod disk;
 pub mod files;
 pub mod listing;
+pub mod machine;
 pub mod modules;
 pub mod net;
 pub mod probe;
 pub mod qemu;
 pub mod supervise;
 pub mod vmlinux;
+
+pub use machine::{VmConfig, VmMachine};

@@ -71,8 +71,7 @@ pub fn prepare() -> io::Result<OwnedFd> {
     // there only if the tap may carry loopback addresses.
     std::fs::write(format!("/proc/sys/net/ipv4/conf/{TAP}/route_localnet"), "1")?;
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{TAP}/disable_ipv6"), "1");
-    crate::ns::netns::run(&crate::ns::netns::tool("ip")?, &["-batch", "-"], &routes())?;
-    crate::ns::netns::run(&crate::ns::netns::tool("nft")?, &["-f", "-"], &rules())?;
+    crate::host::netns::configure(&routes(), &rules())?;
     Ok(tap)
 }
 

@@ -40,7 +40,7 @@ impl Fds {
 
 /// What a box's machine is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Machine {
+pub struct MachineSpec {
     /// How its CPUs run.
     pub accel: Accel,
     /// Guest memory.
@@ -91,7 +91,7 @@ pub fn cmdline(accel: Accel, tsc_khz: Option<u64>) -> String {
 }
 
 /// QEMU's arguments for `machine`, its files and sockets at [`Fds`].
-pub fn args(machine: &Machine) -> Vec<String> {
+pub fn args(machine: &MachineSpec) -> Vec<String> {
     let accel = match machine.accel {
         Accel::Kvm => "kvm".to_string(),
         Accel::Tcg => format!("tcg,tb-size={TCG_CACHE_MIB}"),
@@ -163,7 +163,7 @@ pub fn args(machine: &Machine) -> Vec<String> {
 pub fn socket_filter() -> Vec<libc::sock_filter> {
     use crate::bpf::{arg0_one_of, if_syscall, prologue, stmt, BPF_RET_K, SECCOMP_RET_ALLOW};
     let mut prog = prologue();
-    let families = arg0_one_of(&crate::ns::seccomp::ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT);
+    let families = arg0_one_of(&crate::host::ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT);
     if_syscall(&mut prog, libc::SYS_socket, &families);
     if_syscall(&mut prog, libc::SYS_socketpair, &families);
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
@@ -325,7 +325,7 @@ mod tests {
 
     #[test]
     fn a_machine_opens_nothing_by_a_path_of_the_host() {
-        let m = Machine {
+        let m = MachineSpec {
             accel: Accel::Tcg,
             memory_mib: 256,
             cpus: 1,

@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::sys;
-use crate::vm::qemu::{self, Fds, Machine};
+use crate::vm::qemu::{self, Fds, MachineSpec};
 
 /// What a supervisor is told.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,7 +40,7 @@ pub struct VmPlan {
     /// Where its sockets and console log go.
     pub run_dir: PathBuf,
     /// The machine.
-    pub machine: Machine,
+    pub machine: MachineSpec,
     /// The host uid and gid QEMU runs as.
     pub uid: u32,
     /// The cgroup.procs files the supervisor joins (with QEMU after it).

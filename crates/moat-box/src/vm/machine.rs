@@ -2,8 +2,8 @@
 //! a kernel of its own, its root an ext4 disk file in the box's subvolume
 //! (a reflink of its image's disk: copy-on-write, like a namespace box's
 //! snapshot), reached over virtio-serial through its supervisor
-//! ([`super::supervise`]). The pool, quotas, cgroups, checkpoints and
-//! freezing are the namespace backend's; only what runs differs.
+//! ([`super::supervise`]). The pool, quotas, cgroups and checkpoints are
+//! the host's ([`crate::backend`]); this is only what runs a box.
 //!
 //! The host never mounts a guest's disk (a file system a guest wrote is
 //! hostile input to the host's kernel): what moat writes into a box goes
@@ -13,29 +13,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use moat_core::backend::Progress;
-use moat_core::{
-    fault, AccountId, AgentAddr, Backend, BackendError, BoxHandle, BoxRecord, ChangeSink, Checkpoint, Copied,
-    MeterReading, Name, NetAttach,
-};
+use moat_core::{fault, BackendError, BoxRecord, ChangeSink, Copied, Name};
 
-use crate::ns::cgroup::CgroupLayout;
-use crate::pool::Pool;
+use crate::host::{helper, Host};
+use crate::machine::{Machine, StillWork};
 use crate::vm::probe::Accel;
-use crate::vm::qemu::{self, Machine};
+use crate::vm::qemu::{self, MachineSpec};
 use crate::vm::supervise::{self, VmPlan};
 use crate::vm::{disk, files, vmlinux};
-use crate::{identity, image};
 
-/// Where the backend finds its parts.
+/// What only the VM machine needs (the helper it runs as `<helper>
+/// box-vm`, and the agent that is each guest's `/init`, are the host's).
 #[derive(Debug, Clone)]
 pub struct VmConfig {
-    /// Per-box run directories (sockets, console logs, initramfs) live here.
-    pub run_dir: PathBuf,
-    /// The program run as `<helper> box-vm` (the moat binary).
-    pub helper: PathBuf,
-    /// The static moat-agent binary, the guest's `/init`.
-    pub agent: PathBuf,
     /// The guest kernel (`vmlinuz-RELEASE`; modules from /lib/modules/RELEASE).
     pub kernel: PathBuf,
     /// An initramfs unpacked before moat's (modules, firmware), if any.
@@ -44,8 +34,6 @@ pub struct VmConfig {
     pub qemu: PathBuf,
     /// How guests' CPUs run here.
     pub accel: Accel,
-    /// Most bytes one account's boxes may write, together.
-    pub account_disk: u64,
 }
 
 /// A guest gets this long to come up (TCG boots here take ~2 s; a loaded
@@ -64,24 +52,22 @@ const DISK_SLACK: u64 = 64 << 20;
 /// The files a running guest is handed again when they may have changed.
 const LIVE_FILES: &[&str] = &["etc/hostname", "etc/hosts", "etc/environment"];
 
-/// The microVM backend.
-pub struct VmBackend {
-    pool: Arc<Pool>,
-    cgroups: CgroupLayout,
+/// The microVM machine.
+pub struct VmMachine {
+    host: Host,
     config: VmConfig,
     /// The kernel QEMU loads: [`VmConfig::kernel`] unpacked where it can be.
     boot_kernel: PathBuf,
     /// Held while an image's disk is made.
     bases: Mutex<()>,
-    /// The start of every initramfs (see [`VmBackend::initramfs_base`]).
+    /// The start of every initramfs (see [`VmMachine::initramfs_base`]).
     initramfs: Mutex<Option<Arc<Vec<u8>>>>,
 }
 
-impl VmBackend {
-    /// A backend sharing the namespace backend's pool and cgroups.
-    pub fn new(pool: Arc<Pool>, cgroups: CgroupLayout, config: VmConfig) -> Result<Self, BackendError> {
-        std::fs::create_dir_all(&config.run_dir)
-            .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
+impl VmMachine {
+    /// The VM machine of `host`.
+    pub fn new(host: Host, config: VmConfig) -> Result<Self, BackendError> {
+        let pool = &host.pool;
         // Saves a crash cut short are of no use (a park renames only whole ones).
         for entry in std::fs::read_dir(pool.vm_states_dir()).into_iter().flatten().filter_map(Result::ok) {
             if entry.path().extension().is_some_and(|e| e == "partial") {
@@ -95,34 +81,30 @@ impl VmBackend {
                 config.kernel.clone()
             }
         };
-        Ok(Self { pool, cgroups, config, boot_kernel, bases: Mutex::new(()), initramfs: Mutex::default() })
+        Ok(Self { host, config, boot_kernel, bases: Mutex::new(()), initramfs: Mutex::default() })
     }
 
     fn box_run_dir(&self, rec: &BoxRecord) -> PathBuf {
-        self.config.run_dir.join(rec.id.as_str())
+        self.host.run_dir(&rec.id)
     }
 
     fn disk_path(&self, rec: &BoxRecord) -> PathBuf {
-        self.pool.box_path(&rec.id).join("disk.raw")
-    }
-
-    fn files(&self, rec: &BoxRecord) -> PathBuf {
-        files::dir(&self.pool.box_path(&rec.id))
+        self.host.pool.box_path(&rec.id).join("disk.raw")
     }
 
     /// The disk of this build of `image` (made from its tree the first
     /// time), open: keyed by the image's subvolume id, which btrfs never
     /// hands out twice.
     fn base(&self, image: &Name) -> Result<std::fs::File, BackendError> {
-        let tree = self.pool.image_path(image);
+        let tree = self.host.pool.image_path(image);
         let build =
             crate::sys::subvolume_id(&tree).map_err(|e| BackendError::new(format!("image {image} is not built"), e))?;
-        let base = self.pool.vm_bases_dir().join(format!("{image}.{build}.raw"));
+        let base = self.host.pool.vm_bases_dir().join(format!("{image}.{build}.raw"));
         let _held = self.bases.lock().unwrap_or_else(PoisonError::into_inner);
         if let Ok(file) = std::fs::File::open(&base) {
             return Ok(file);
         }
-        let dir = self.pool.vm_bases_dir();
+        let dir = self.host.pool.vm_bases_dir();
         std::fs::create_dir_all(&dir).map_err(|e| BackendError::new(format!("create {}", dir.display()), e))?;
         // Disks of older builds of this image go (boxes made from them keep
         // their reflinks); only names of the form IMAGE.ID.raw are its.
@@ -138,13 +120,6 @@ impl VmBackend {
             .and_then(|()| std::fs::rename(&partial, &base))
             .and_then(|()| std::fs::File::open(&base))
             .map_err(|e| BackendError::new(format!("make a disk of image {image}"), e))
-    }
-
-    /// Gives a box directory (new, or a copy) its disk limits and a fresh
-    /// identity in its mini-root; on failure the directory is deleted again.
-    fn make_own(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        let limit = rec.limits.disk + DISK_SLACK;
-        crate::ns::make_own(&self.pool, rec, &self.files(rec), limit, self.config.account_disk)
     }
 
     /// A new box's directory: its disk a reflink of the image's, as large as
@@ -164,7 +139,7 @@ impl VmBackend {
         disk.set_len(rec.limits.disk)?;
         drop(disk);
         disk::grow(&self.disk_path(rec))?;
-        files::seed(&self.files(rec), &self.pool.image_path(&rec.image))
+        files::seed(&self.files(rec), &self.host.pool.image_path(&rec.image))
     }
 
     /// The box's initramfs, written to its run directory for QEMU (running as
@@ -195,7 +170,7 @@ impl VmBackend {
             return Ok(Arc::clone(base));
         }
         let release = crate::vm::probe::kernel_release(&self.config.kernel).unwrap_or_default();
-        let agent = std::fs::read(&self.config.agent).map_err(|e| BackendError::new("read the agent", e))?;
+        let agent = std::fs::read(&self.host.config.agent).map_err(|e| BackendError::new("read the agent", e))?;
         let ours = crate::vm::probe::initramfs(&agent, Path::new("/lib/modules"), &release)
             .map_err(|e| BackendError::new("make the initramfs", e))?;
         let mut base = match &self.config.initrd {
@@ -208,10 +183,10 @@ impl VmBackend {
         Ok(base)
     }
 
-    fn machine(&self, rec: &BoxRecord) -> Machine {
+    fn spec(&self, rec: &BoxRecord) -> MachineSpec {
         let overhead = qemu::overhead_mib(self.config.accel);
         let memory_mib = (rec.limits.memory >> 20).saturating_sub(overhead).max(qemu::MIN_GUEST_MIB);
-        Machine {
+        MachineSpec {
             accel: self.config.accel,
             memory_mib,
             cpus: rec.limits.cpus.max(1),
@@ -225,7 +200,7 @@ impl VmBackend {
     /// machine until it first runs (outside the box's subvolume: the
     /// memory is not the box's disk use).
     fn memory_path(&self, id: &moat_core::BoxId) -> PathBuf {
-        self.pool.vm_states_dir().join(format!("{id}.state"))
+        self.host.pool.saved_machine(id)
     }
 
     /// Writes the running box's whole machine to `to`, runs `meanwhile`
@@ -284,8 +259,8 @@ impl VmBackend {
         work: impl FnOnce() -> Result<(), crate::pool::PoolError>,
     ) -> Result<(), BackendError> {
         let fail = |e: std::io::Error| BackendError::new(format!("quiesce {}", rec.name), e);
-        let frozen = self.cgroups.is_frozen(&rec.id);
-        self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
+        let frozen = self.host.cgroups.is_frozen(&rec.id);
+        self.host.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
         let result = (|| {
             let mut qmp =
                 qemu::Qmp::connect(&supervise::qmp_socket(&self.box_run_dir(rec)), QMP_TIMEOUT).map_err(fail)?;
@@ -303,7 +278,7 @@ impl VmBackend {
             done.and(back.map_err(fail))
         })();
         if frozen {
-            let _ = self.cgroups.freeze(&rec.id);
+            let _ = self.host.cgroups.freeze(&rec.id);
         }
         result
     }
@@ -311,10 +286,10 @@ impl VmBackend {
     /// Runs `work` with the box's guest running (a suspended one is woken for
     /// it, and suspended again after).
     fn awake<T>(&self, rec: &BoxRecord, work: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
-        if !self.cgroups.is_frozen(&rec.id) {
+        if !self.host.cgroups.is_frozen(&rec.id) {
             return work();
         }
-        self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
+        self.host.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
         let woken = self.qmp(rec, "cont").map_err(|e| BackendError::new(format!("resume {}", rec.name), e));
         let result = woken.and_then(|()| work());
         let _ = self.suspend(rec);
@@ -341,39 +316,30 @@ impl VmBackend {
     fn boot(&self, rec: &BoxRecord, saved: Option<&Path>) -> Result<u32, BackendError> {
         let run_dir = self.box_run_dir(rec);
         std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
+        self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
         let started = std::time::Instant::now();
         let initramfs = self.write_initramfs(rec, &run_dir)?;
         tracing::debug!(box_id = %rec.id, took = ?started.elapsed(), "vm initramfs written");
-        self.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
+        self.host.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
         let plan = VmPlan {
             qemu: self.config.qemu.clone(),
             kernel: self.boot_kernel.clone(),
             initramfs,
             disk: self.disk_path(rec),
             run_dir,
-            machine: Machine { incoming: saved.is_some(), ..self.machine(rec) },
+            machine: MachineSpec { incoming: saved.is_some(), ..self.spec(rec) },
             uid: rec.uid_base(),
-            cgroup_procs: self.cgroups.procs_files(&rec.id),
+            cgroup_procs: self.host.cgroups.procs_files(&rec.id),
             incoming: saved.map(Path::to_path_buf),
             boot_timeout_ms: BOOT_TIMEOUT.as_millis() as u64,
         };
         let json = serde_json::to_vec(&plan).map_err(|e| BackendError::new("encode the plan", e))?;
         let helper = std::time::Instant::now();
-        let pid = crate::ns::run_helper(&self.config.helper, "box-vm", &json).inspect_err(|_| {
-            let _ = self.cgroups.destroy(&rec.id);
+        let pid = helper::run(&self.host.config.helper, "box-vm", &json).inspect_err(|_| {
+            let _ = self.host.cgroups.destroy(&rec.id);
         })?;
         tracing::debug!(box_id = %rec.id, prepared = ?helper - started, up = ?helper.elapsed(), "vm booted");
         Ok(pid)
-    }
-
-    fn handle_for(&self, rec: &BoxRecord, pid: u32) -> BoxHandle {
-        BoxHandle {
-            pid,
-            agent: AgentAddr::Unix(supervise::agent_socket(&self.box_run_dir(rec))),
-            network: NetAttach::Netns(format!("/proc/{pid}/ns/net").into()),
-            ca_key: Some(self.pool.ca_key_path(&rec.id)).filter(|p| p.exists()),
-        }
     }
 
     /// Runs QMP `command` (no arguments) on the box's machine.
@@ -385,7 +351,7 @@ impl VmBackend {
     /// Hands a running, unfrozen guest the files of its mini-root that may
     /// have changed; a box not running gets them at its next boot.
     fn push_files(&self, rec: &BoxRecord, paths: &[&str]) -> Result<(), BackendError> {
-        if !self.is_running(rec) || self.cgroups.is_frozen(&rec.id) {
+        if !self.is_running(rec) || self.host.cgroups.is_frozen(&rec.id) {
             return Ok(());
         }
         files::push(&supervise::agent_socket(&self.box_run_dir(rec)), &self.files(rec), paths, PUT_TIMEOUT)
@@ -393,30 +359,34 @@ impl VmBackend {
     }
 }
 
-impl Backend for VmBackend {
-    fn has_image(&self, image: &Name) -> bool {
-        self.pool.has_image(image)
+impl VmMachine {
+    fn is_running(&self, rec: &BoxRecord) -> bool {
+        !self.host.cgroups.pids(&rec.id).is_empty()
     }
+}
 
-    fn build_image(&self, name: &Name, progress: Progress<'_>) -> Result<(), BackendError> {
-        image::build(&self.pool, name, progress).map_err(|e| BackendError::new(format!("build image {name}"), e))
-    }
-
-    fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+impl Machine for VmMachine {
+    fn lay_out(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         let started = std::time::Instant::now();
         let base = self.base(&rec.image)?;
-        self.pool.create_box(&rec.id).map_err(|e| BackendError::new("create the box's subvolume", e))?;
+        self.host.pool.create_box(&rec.id).map_err(|e| BackendError::new("create the box's subvolume", e))?;
         if let Err(e) = self.make_box_dir(rec, &base) {
-            let _ = self.pool.delete_box(&rec.id);
+            let _ = self.host.pool.delete_box(&rec.id);
             return Err(BackendError::new("make the box's disk", e));
         }
-        self.make_own(rec)?;
-        tracing::debug!(box_id = %rec.id, took = ?started.elapsed(), "vm box made");
+        tracing::debug!(box_id = %rec.id, took = ?started.elapsed(), "vm box laid out");
         Ok(())
     }
 
-    fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
-        self.pool.finish_restore_of(&rec.id).map_err(|e| BackendError::new("finish the box's restore", e))?;
+    fn files(&self, rec: &BoxRecord) -> PathBuf {
+        files::dir(&self.host.pool.box_path(&rec.id))
+    }
+
+    fn disk_slack(&self) -> u64 {
+        DISK_SLACK
+    }
+
+    fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
         let saved = self.memory_path(&rec.id);
         if saved.exists() {
             let started = std::time::Instant::now();
@@ -427,31 +397,25 @@ impl Backend for VmBackend {
                     let loaded = started.elapsed();
                     self.after_resume(rec, None);
                     tracing::debug!(box_id = %rec.id, loaded = ?loaded, told = ?started.elapsed() - loaded, "vm resumed");
-                    return Ok(self.handle_for(rec, pid));
+                    return Ok(pid);
                 }
                 // Booted afresh instead, on a disk as a power cut leaves it.
                 Err(e) => tracing::warn!(box_id = %rec.id, error = %e, "a saved machine did not load"),
             }
         }
-        let pid = self.boot(rec, None)?;
-        Ok(self.handle_for(rec, pid))
+        self.boot(rec, None)
     }
 
-    fn is_running(&self, rec: &BoxRecord) -> bool {
-        !self.cgroups.pids(&rec.id).is_empty()
-    }
-
-    fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
-        self.cgroups.first_pid(&rec.id, rec.pid).map(|pid| self.handle_for(rec, pid))
+    fn agent_socket(&self, rec: &BoxRecord) -> PathBuf {
+        supervise::agent_socket(&self.box_run_dir(rec))
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         // What the guest wrote reaches its disk first, if it is awake to do it.
-        if self.is_running(rec) && !self.cgroups.is_frozen(&rec.id) {
+        if self.is_running(rec) && !self.host.cgroups.is_frozen(&rec.id) {
             let _ = files::sync(&supervise::agent_socket(&self.box_run_dir(rec)), SYNC_ON_STOP);
         }
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
-        forget(&self.memory_path(&rec.id))
+        self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
     }
 
     fn park(&self, rec: &BoxRecord) -> Result<(), BackendError> {
@@ -461,13 +425,13 @@ impl Backend for VmBackend {
         if self.is_running(rec) {
             // QEMU answers QMP only when not frozen; its vCPUs stay paused,
             // and after the save it never runs them or writes its disk again.
-            self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
+            self.host.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
             match self.save_memory(rec, &partial, false, || Ok(())) {
                 Ok(()) => kept = true,
                 Err(e) => tracing::warn!(box_id = %rec.id, error = %e, "could not save a parked machine"),
             }
         }
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
         // Only a machine whose QEMU is gone is one to resume (a crash before
         // this leaves a partial file the next park or removal replaces).
         if kept {
@@ -476,78 +440,75 @@ impl Backend for VmBackend {
         Ok(())
     }
 
-    fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
-        forget(&self.memory_path(&rec.id))?;
-        forget(&self.memory_path(&rec.id).with_extension("partial"))?;
-        self.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box files", e))?;
-        match std::fs::remove_dir_all(self.box_run_dir(rec)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
-            _ => Ok(()),
+    fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        // Paused by QEMU, the guest's clocks stop with it (frozen alone, it
+        // would find its clock source jumped on resume); frozen, QEMU's own
+        // threads use nothing either.
+        if let Err(e) = self.qmp(rec, "stop") {
+            tracing::warn!(box_id = %rec.id, error = %e, "could not pause a guest's vCPUs; freezing it alone");
         }
+        self.host.cgroups.freeze(&rec.id).map(drop).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))
     }
 
-    fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {
-        if vars.is_empty() {
+    fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let frozen = self.host.cgroups.is_frozen(&rec.id);
+        self.host.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
+        if !self.is_running(rec) {
             return Ok(());
         }
-        let dir: std::os::fd::OwnedFd =
-            std::fs::File::open(self.files(rec)).map_err(|e| BackendError::new("open the box's files", e))?.into();
-        crate::environment::update(&dir, vars).map_err(|e| BackendError::new("write the box's /etc/environment", e))?;
-        self.push_files(rec, &["etc/environment"])
+        let fail = |e: std::io::Error| BackendError::new(format!("resume {}'s vCPUs", rec.name), e);
+        let mut qmp = qemu::Qmp::connect(&supervise::qmp_socket(&self.box_run_dir(rec)), QMP_TIMEOUT).map_err(fail)?;
+        let paused = !qmp.running().map_err(fail)?;
+        if paused {
+            qmp.execute("cont", serde_json::Value::Null).map_err(fail)?;
+        }
+        // Its clock stood while it was paused; and what changed meanwhile. A
+        // guest that was neither (a start after a daemon restart) is not asked.
+        if frozen || paused {
+            self.after_resume(rec, Some(LIVE_FILES));
+        }
+        Ok(())
     }
 
-    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
-        let started = std::time::Instant::now();
-        let copied = if self.is_running(src) {
+    fn copy(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
+        let memory = self.memory_path(&dst.id);
+        if self.is_running(src) {
             // The machine is saved with its vCPUs paused and its disk
             // flushed, then its disk copied: the copy resumes as the very
             // machine the source was at that instant, its page cache and
             // processes included (when its first session comes: until then
             // it is a file, as a parked box is, and costs no CPU or memory).
-            let frozen = self.cgroups.is_frozen(&src.id);
-            let memory = self.memory_path(&dst.id);
-            let copied =
-                self.cgroups.thaw(&src.id).map_err(|e| BackendError::new(format!("thaw {}", src.name), e)).and_then(
-                    |()| {
-                        self.save_memory(src, &memory, true, || {
-                            fault::point("dup-while-frozen");
-                            self.pool.snapshot_box(&src.id, &dst.id).map(drop)
-                        })
-                    },
-                );
-            if frozen {
-                let _ = self.cgroups.freeze(&src.id);
-            }
-            copied
-        } else {
-            // A source whose machine is saved (parked, or a copy before its
-            // first session) passes that machine on too.
-            let saved = self.memory_path(&src.id);
-            self.pool
-                .snapshot_box(&src.id, &dst.id)
-                .map(drop)
-                .map_err(|e| BackendError::new(format!("copy {}", src.name), e))
-                .and_then(|()| {
-                    if !saved.exists() {
-                        return Ok(());
-                    }
-                    clone_file(&saved, &self.memory_path(&dst.id))
-                        .map_err(|e| BackendError::new(format!("copy {}'s saved machine", src.name), e))
+            let cgroups = &self.host.cgroups;
+            let frozen = cgroups.is_frozen(&src.id);
+            let copied = cgroups.thaw(&src.id).map_err(|e| BackendError::new(format!("thaw {}", src.name), e));
+            let copied = copied.and_then(|()| {
+                self.save_memory(src, &memory, true, || {
+                    fault::point("dup-while-frozen");
+                    self.host.pool.snapshot_box(&src.id, &dst.id).map(drop)
                 })
-        };
-        if let Err(e) = copied {
-            let _ = std::fs::remove_file(self.memory_path(&dst.id));
-            let _ = self.pool.delete_box(&dst.id);
-            return Err(e);
+            });
+            if frozen {
+                let _ = cgroups.freeze(&src.id);
+            }
+            return copied.map(|()| Copied::Machine);
         }
-        fault::point("dup-after-snapshot");
-        let saved = started.elapsed();
-        self.make_own(dst).inspect_err(|_| {
-            let _ = std::fs::remove_file(self.memory_path(&dst.id));
-        })?;
-        tracing::debug!(box_id = %dst.id, saved = ?saved, made_own = ?started.elapsed() - saved, "vm copied");
-        Ok(if self.memory_path(&dst.id).exists() { Copied::Machine } else { Copied::Files })
+        // A source whose machine is saved (parked, or a copy before its
+        // first session) passes that machine on too.
+        let pool = &self.host.pool;
+        pool.snapshot_box(&src.id, &dst.id).map_err(|e| BackendError::new(format!("copy {}", src.name), e))?;
+        let saved = self.memory_path(&src.id);
+        if !saved.exists() {
+            return Ok(Copied::Files);
+        }
+        clone_file(&saved, &memory).map_err(|e| BackendError::new(format!("copy {}'s saved machine", src.name), e))?;
+        Ok(Copied::Machine)
+    }
+
+    fn quiesce(&self, rec: &BoxRecord, work: &mut StillWork<'_>) -> Result<(), BackendError> {
+        if !self.is_running(rec) {
+            return work().map_err(|e| BackendError::new(format!("checkpoint {}", rec.name), e));
+        }
+        self.flushed_and_paused(rec, work)
     }
 
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
@@ -573,105 +534,14 @@ impl Backend for VmBackend {
         })
     }
 
-    fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
-        if !self.is_running(rec) {
-            return self
-                .pool
-                .save_checkpoint(&owner(rec), label.as_str())
-                .map_err(|e| BackendError::new(format!("checkpoint {}", rec.name), e));
-        }
-        self.flushed_and_paused(rec, || {
-            fault::point("checkpoint-while-frozen");
-            self.pool.save_checkpoint(&owner(rec), label.as_str())
-        })
+    fn files_changed(&self, rec: &BoxRecord, paths: &[&str]) -> Result<(), BackendError> {
+        // Its files say so at once, as a namespace box's do.
+        self.push_files(rec, paths)
     }
 
-    fn checkpoints(&self, rec: &BoxRecord, held: bool) -> Vec<Checkpoint> {
-        self.pool.checkpoints(&rec.id, held)
-    }
-
-    fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
-        // A saved machine belongs to the disk it was saved with.
-        forget(&self.memory_path(&rec.id))?;
-        self.pool
-            .restore_checkpoint(&owner(rec), label.as_str(), before.as_str())
-            .map_err(|e| BackendError::new(format!("restore {} to {label}", rec.name), e))?;
-        identity::rename_if_changed(&self.files(rec), &rec.name).map_err(|e| BackendError::new("rename box", e))
-    }
-
-    fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
-        self.pool
-            .delete_checkpoint(&rec.id, label.as_str())
-            .map_err(|e| BackendError::new(format!("delete checkpoint {label} of {}", rec.name), e))
-    }
-
-    fn adopt(&self, rec: &BoxRecord, from: &AccountId) -> Result<(), BackendError> {
-        self.pool
-            .move_charge(&rec.id, from, &rec.account, self.config.account_disk)
-            .map_err(|e| BackendError::new("charge the box's disk use to its owner", e))?;
-        identity::rename(&self.files(rec), &rec.name).map_err(|e| BackendError::new("name the box", e))?;
+    fn adopted(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.push_files(rec, LIVE_FILES)
     }
-
-    fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
-        identity::rename(&self.files(rec), name).map_err(|e| BackendError::new("rename box", e))?;
-        // Its files say so at once, as a namespace box's do.
-        self.push_files(rec, &["etc/hostname", "etc/hosts"])
-    }
-
-    fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        let frozen = self.cgroups.is_frozen(&rec.id);
-        self.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
-        if !self.is_running(rec) {
-            return Ok(());
-        }
-        let fail = |e: std::io::Error| BackendError::new(format!("resume {}'s vCPUs", rec.name), e);
-        let mut qmp = qemu::Qmp::connect(&supervise::qmp_socket(&self.box_run_dir(rec)), QMP_TIMEOUT).map_err(fail)?;
-        let paused = !qmp.running().map_err(fail)?;
-        if paused {
-            qmp.execute("cont", serde_json::Value::Null).map_err(fail)?;
-        }
-        // Its clock stood while it was paused; and what changed meanwhile. A
-        // guest that was neither (a start after a daemon restart) is not asked.
-        if frozen || paused {
-            self.after_resume(rec, Some(LIVE_FILES));
-        }
-        Ok(())
-    }
-
-    fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        // Paused by QEMU, the guest's clocks stop with it (frozen alone, it
-        // would find its clock source jumped on resume); frozen, QEMU's own
-        // threads use nothing either.
-        if let Err(e) = self.qmp(rec, "stop") {
-            tracing::warn!(box_id = %rec.id, error = %e, "could not pause a guest's vCPUs; freezing it alone");
-        }
-        self.cgroups.freeze(&rec.id).map(|_| ()).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))
-    }
-
-    fn meter(&self, rec: &BoxRecord) -> Option<MeterReading> {
-        self.cgroups.meter(&rec.id)
-    }
-
-    fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
-        self.pool.exclusive_bytes(&rec.id)
-    }
-
-    fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
-        self.pool.account_bytes(account)
-    }
-}
-
-/// Removes a saved machine, if there is one.
-fn forget(saved: &Path) -> Result<(), BackendError> {
-    match std::fs::remove_file(saved) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove a saved machine", e)),
-        _ => Ok(()),
-    }
-}
-
-fn owner(rec: &BoxRecord) -> crate::checkpoint::Owner<'_> {
-    crate::checkpoint::Owner { id: &rec.id, account: &rec.account, disk_limit: rec.limits.disk + DISK_SLACK }
 }
 
 /// Makes `to` a new copy-on-write copy of `from` (both in the pool).

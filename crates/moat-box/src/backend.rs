@@ -1,0 +1,263 @@
+//! The host's one [`Backend`]: what every box needs of storage (images,
+//! checkpoints, quotas and charges, identity, removal) done once over the
+//! pool, and what only its kind of machine can do (boot, freeze, copy while
+//! running, list its files) asked of the [`Machine`] its record names.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use moat_core::backend::Progress;
+use moat_core::{
+    fault, AccountId, AgentAddr, Backend, BackendError, BackendKind, BoxHandle, BoxRecord, BoxState, ChangeSink,
+    Checkpoint, Copied, MeterReading, Name, NetAttach,
+};
+
+use crate::checkpoint::Owner;
+use crate::host::{own, Host};
+use crate::machine::Machine;
+use crate::ns::NsMachine;
+use crate::pool::Pool;
+use crate::vm::VmMachine;
+use crate::{identity, image};
+
+/// Every box of this host, whichever machine runs it.
+pub struct HostBackend {
+    host: Host,
+    ns: NsMachine,
+    /// MicroVMs, or why this server runs none.
+    vm: Result<VmMachine, String>,
+}
+
+impl HostBackend {
+    /// The host's boxes, run by `ns` and, where this server has them, `vm`.
+    pub fn new(host: Host, ns: NsMachine, vm: Result<VmMachine, String>) -> Self {
+        Self { host, ns, vm }
+    }
+
+    /// The host's shared parts.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// Gives the pool back, e.g. to unmount it, once background work (a
+    /// spare's refill, a trim) lets go of it; `None` if that takes over 10 s.
+    pub fn into_pool(self) -> Option<Pool> {
+        let Self { host, ns, vm } = self;
+        ns.discard_spares();
+        drop((ns, vm));
+        let mut pool = host.pool;
+        for _ in 0..1000 {
+            match Arc::try_unwrap(pool) {
+                Ok(pool) => return Some(pool),
+                Err(shared) => pool = shared,
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        None
+    }
+
+    fn machine(&self, kind: BackendKind) -> Result<&dyn Machine, BackendError> {
+        match kind {
+            BackendKind::Ns => Ok(&self.ns),
+            BackendKind::Vm => match &self.vm {
+                Ok(vm) => Ok(vm),
+                Err(why) => Err(BackendError::msg(format!("this server runs no microVM boxes: {why}"))),
+            },
+        }
+    }
+
+    fn handle_for(&self, machine: &dyn Machine, rec: &BoxRecord, pid: u32) -> BoxHandle {
+        BoxHandle {
+            pid,
+            agent: AgentAddr::Unix(machine.agent_socket(rec)),
+            network: NetAttach::Netns(format!("/proc/{pid}/ns/net").into()),
+            ca_key: Some(self.host.pool.ca_key_path(&rec.id)).filter(|p| p.exists()),
+        }
+    }
+
+    /// Gives a box's new subvolume (laid out, or copied) its disk limit,
+    /// account charge and a fresh identity; on failure it is deleted.
+    fn make_own(&self, machine: &dyn Machine, rec: &BoxRecord) -> Result<(), BackendError> {
+        let limit = rec.limits.disk + machine.disk_slack();
+        own::make_own(&self.host.pool, rec, &machine.files(rec), limit, self.host.config.account_disk)
+    }
+
+    /// What the box's subvolumes are charged to and limited by.
+    fn owner<'a>(machine: &dyn Machine, rec: &'a BoxRecord) -> Owner<'a> {
+        Owner { id: &rec.id, account: &rec.account, disk_limit: rec.limits.disk + machine.disk_slack() }
+    }
+
+    fn run_dir(&self, rec: &BoxRecord) -> PathBuf {
+        self.host.run_dir(&rec.id)
+    }
+}
+
+impl Backend for HostBackend {
+    fn has_image(&self, image: &Name) -> bool {
+        self.host.pool.has_image(image)
+    }
+
+    fn build_image(&self, name: &Name, progress: Progress<'_>) -> Result<(), BackendError> {
+        image::build(&self.host.pool, name, progress).map_err(|e| BackendError::new(format!("build image {name}"), e))
+    }
+
+    fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let machine = self.machine(rec.backend)?;
+        machine.lay_out(rec)?;
+        self.make_own(machine, rec)
+    }
+
+    fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
+        let machine = self.machine(rec.backend)?;
+        // A restore left unfinished is finished before the box runs on its root.
+        self.host.pool.finish_restore_of(&rec.id).map_err(|e| BackendError::new("finish the box's restore", e))?;
+        let pid = machine.start(rec)?;
+        Ok(self.handle_for(machine, rec, pid))
+    }
+
+    fn is_running(&self, rec: &BoxRecord) -> bool {
+        // Judged from the host, not by asking the box: its first process lives
+        // exactly as long as its cgroup holds processes (PID 1's death ends
+        // the namespace; the supervisor's, the VM).
+        !self.host.cgroups.pids(&rec.id).is_empty()
+    }
+
+    fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
+        let machine = self.machine(rec.backend).ok()?;
+        self.host.cgroups.first_pid(&rec.id, rec.pid).map(|pid| self.handle_for(machine, rec, pid))
+    }
+
+    fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.machine(rec.backend)?.stop(rec)?;
+        // A saved machine is of the processes that just ended.
+        self.host.pool.forget_saved_machine(&rec.id).map_err(|e| BackendError::new("remove a saved machine", e))
+    }
+
+    fn park(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.machine(rec.backend)?.park(rec)
+    }
+
+    fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        // Needs no machine: a box of a kind this server does not run goes too.
+        self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        self.host.pool.forget_saved_machine(&rec.id).map_err(|e| BackendError::new("remove a saved machine", e))?;
+        self.host.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box filesystem", e))?;
+        match std::fs::remove_dir_all(self.run_dir(rec)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {
+        if vars.is_empty() {
+            return Ok(());
+        }
+        let machine = self.machine(rec.backend)?;
+        let dir: std::os::fd::OwnedFd =
+            std::fs::File::open(machine.files(rec)).map_err(|e| BackendError::new("open the box's files", e))?.into();
+        crate::environment::update(&dir, vars).map_err(|e| BackendError::new("write the box's /etc/environment", e))?;
+        machine.files_changed(rec, &["etc/environment"])
+    }
+
+    fn dup(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
+        let machine = self.machine(src.backend)?;
+        let started = std::time::Instant::now();
+        let pool = &self.host.pool;
+        let copied = machine.copy(src, dst).inspect_err(|_| {
+            // Nothing of a copy that failed is left behind.
+            let _ = pool.forget_saved_machine(&dst.id);
+            let _ = pool.delete_box(&dst.id);
+        })?;
+        fault::point("dup-after-snapshot");
+        let snapshot = started.elapsed();
+        self.make_own(machine, dst).inspect_err(|_| {
+            let _ = pool.forget_saved_machine(&dst.id);
+        })?;
+        tracing::debug!(box_id = %dst.id, snapshot = ?snapshot, made_own = ?started.elapsed() - snapshot, "copied");
+        Ok(copied)
+    }
+
+    fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
+        if a.backend != b.backend {
+            return Err(BackendError::msg(format!(
+                "{} is a {} box and {} a {} box: only boxes of one backend are compared",
+                a.name, a.backend, b.name, b.backend
+            )));
+        }
+        self.machine(a.backend)?.diff(a, b, out)
+    }
+
+    fn checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        let machine = self.machine(rec.backend)?;
+        let owner = Self::owner(machine, rec);
+        // Held still: the checkpoint is one instant of the box.
+        machine.quiesce(rec, &mut || {
+            fault::point("checkpoint-while-frozen");
+            self.host.pool.save_checkpoint(&owner, label.as_str())
+        })
+    }
+
+    fn checkpoints(&self, rec: &BoxRecord, held: bool) -> Vec<Checkpoint> {
+        self.host.pool.checkpoints(&rec.id, held)
+    }
+
+    fn restore(&self, rec: &BoxRecord, label: &Name, before: &Name) -> Result<(), BackendError> {
+        let machine = self.machine(rec.backend)?;
+        // A saved machine belongs to the files it was saved with.
+        self.host.pool.forget_saved_machine(&rec.id).map_err(|e| BackendError::new("remove a saved machine", e))?;
+        self.host
+            .pool
+            .restore_checkpoint(&Self::owner(machine, rec), label.as_str(), before.as_str())
+            .map_err(|e| BackendError::new(format!("restore {} to {label}", rec.name), e))?;
+        // The same machine, under the name it has now (a promote since the
+        // checkpoint renamed it).
+        identity::rename_if_changed(&machine.files(rec), &rec.name).map_err(|e| BackendError::new("rename box", e))
+    }
+
+    fn delete_checkpoint(&self, rec: &BoxRecord, label: &Name) -> Result<(), BackendError> {
+        self.host
+            .pool
+            .delete_checkpoint(&rec.id, label.as_str())
+            .map_err(|e| BackendError::new(format!("delete checkpoint {label} of {}", rec.name), e))
+    }
+
+    fn adopt(&self, rec: &BoxRecord, from: &AccountId) -> Result<(), BackendError> {
+        let machine = self.machine(rec.backend)?;
+        self.host
+            .pool
+            .move_charge(&rec.id, from, &rec.account, self.host.config.account_disk)
+            .map_err(|e| BackendError::new("charge the box's disk use to its owner", e))?;
+        identity::rename(&machine.files(rec), &rec.name).map_err(|e| BackendError::new("name the box", e))?;
+        machine.adopted(rec)
+    }
+
+    fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
+        let machine = self.machine(rec.backend)?;
+        identity::rename(&machine.files(rec), name).map_err(|e| BackendError::new("rename box", e))?;
+        machine.files_changed(rec, &["etc/hostname", "etc/hosts"])
+    }
+
+    fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.machine(rec.backend)?.thaw(rec)
+    }
+
+    fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.machine(rec.backend)?.suspend(rec)
+    }
+
+    fn meter(&self, rec: &BoxRecord) -> Option<MeterReading> {
+        let machine = self.machine(rec.backend).ok()?;
+        if rec.state == BoxState::Running {
+            machine.tell_disk(rec);
+        }
+        self.host.cgroups.meter(&rec.id)
+    }
+
+    fn disk_usage(&self, rec: &BoxRecord) -> Option<u64> {
+        self.host.pool.exclusive_bytes(&rec.id)
+    }
+
+    fn account_disk_usage(&self, account: &AccountId) -> Option<u64> {
+        self.host.pool.account_bytes(account)
+    }
+}

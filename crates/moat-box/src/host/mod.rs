@@ -1,0 +1,94 @@
+//! The host's machinery that every kind of machine uses: cgroups, the helper
+//! a box is started through, a new box's ownership (quota, charge, identity),
+//! network namespace tooling, and the socket families any process of a box
+//! may open. Beside it, `ns/` and `vm/` hold only what differs between
+//! running a box on the host's kernel and in a guest of its own, and
+//! [`crate::backend`] the storage both keep in the one pool.
+
+pub mod cgroup;
+pub mod helper;
+pub mod netns;
+pub mod own;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use moat_core::{BackendError, BoxId};
+
+use crate::pool::{Pool, PoolKind};
+use cgroup::CgroupLayout;
+
+/// What every machine of a host shares, whichever kind it is.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Per-box run directories (agent sockets, a VM's QMP socket, console
+    /// log and initramfs) live under here.
+    pub run_dir: PathBuf,
+    /// The program run as `<helper> box-spawn` or `<helper> box-vm` to start
+    /// a box (the moat binary).
+    pub helper: PathBuf,
+    /// The static moat-agent binary, every box's PID 1.
+    pub agent: PathBuf,
+    /// Most bytes one account's boxes may write, together (see
+    /// [`Pool::charge_account`]).
+    pub account_disk: u64,
+}
+
+/// The host's shared parts, handed to each machine (cheap to clone).
+#[derive(Clone)]
+pub struct Host {
+    /// The storage pool every box's files live in.
+    pub pool: Arc<Pool>,
+    /// Where boxes' processes are counted, limited, frozen and killed.
+    pub cgroups: CgroupLayout,
+    /// Paths and limits.
+    pub config: HostConfig,
+}
+
+impl Host {
+    /// Opens the host's machinery over `pool`: the cgroup layout found here,
+    /// restores a crash cut short finished or undone, the run directory, and
+    /// a loop pool trimmed in the background.
+    pub fn open(pool: Pool, config: HostConfig) -> Result<Self, BackendError> {
+        let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
+        pool.finish_restores();
+        std::fs::create_dir_all(&config.run_dir)
+            .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
+        let pool = Arc::new(pool);
+        if let PoolKind::Loop { .. } = pool.kind() {
+            spawn_trimmer(Arc::downgrade(&pool));
+        }
+        Ok(Self { pool, cgroups, config })
+    }
+
+    /// Box `id`'s run directory.
+    pub fn run_dir(&self, id: &BoxId) -> PathBuf {
+        self.config.run_dir.join(id.as_str())
+    }
+}
+
+/// How often the pool's free space is given back to the host.
+const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Trims a loop pool now and every [`TRIM_INTERVAL`] while it is open (a trim
+/// of space already trimmed costs ~50 ms of kernel time here).
+fn spawn_trimmer(pool: std::sync::Weak<Pool>) {
+    let _ = std::thread::Builder::new().name("pool-trim".into()).spawn(move || {
+        while let Some(pool) = pool.upgrade() {
+            if let Err(e) = pool.trim() {
+                tracing::warn!(error = %e, "trimming the pool failed");
+                return;
+            }
+            drop(pool);
+            std::thread::sleep(TRIM_INTERVAL);
+        }
+    });
+}
+
+/// The socket families a box may use, in both machines (a box's processes,
+/// and the VMM of a VM box): its own loopback, and the egress gateway's
+/// listeners on it, need no more. AF_VSOCK, in particular, reaches the
+/// hypervisor when moat runs in a VM, without passing the box's network
+/// namespace.
+pub(crate) const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
+    [libc::AF_UNIX as u32, libc::AF_INET as u32, libc::AF_INET6 as u32, libc::AF_NETLINK as u32];
