@@ -27,6 +27,26 @@ pub const BOX_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// UDP and ICMP packets it drops to, for the gateway to log.
 pub const DROPPED_GROUP: u16 = 1;
 
+/// nfnetlink's subsystem of the packet log (its messages' type, high byte):
+/// the privileged side binds the group with it, the gateway reads packets.
+pub const NFNL_SUBSYS_ULOG: u16 = 4;
+
+/// What a socket the privileged side makes in a box's namespace and hands
+/// to the gateway is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// DNS over UDP (a bound UDP socket).
+    DnsUdp,
+    /// DNS over TCP (a listening socket).
+    DnsTcp,
+    /// Every other TCP connection (a listening socket).
+    Proxy,
+    /// Reports of the UDP and ICMP the box's namespace drops (a netlink log
+    /// socket bound to its group).
+    Dropped,
+}
+
 /// What an entry is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

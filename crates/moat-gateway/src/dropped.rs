@@ -10,14 +10,12 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use moat_core::egress::{LogEntry, LogKind, LogVerdict};
+use moat_core::egress::{LogEntry, LogKind, LogVerdict, NFNL_SUBSYS_ULOG};
 use tokio::io::unix::AsyncFd;
 
 use crate::boxnet::BoxNet;
 use crate::log::entry;
 
-/// nfnetlink's subsystem of the packet log (its messages' type, high byte).
-pub const NFNL_SUBSYS_ULOG: u16 = 4;
 /// Its packet message.
 const NFULNL_MSG_PACKET: u16 = 0;
 /// The attribute holding the packet.

@@ -27,20 +27,9 @@ pub struct GatewayHello {
     pub upstream_roots: String,
 }
 
-/// What a listener handed over with [`ToGateway::Attach`] is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// DNS over UDP (a bound UDP socket).
-    DnsUdp,
-    /// DNS over TCP (a listening socket).
-    DnsTcp,
-    /// Every other TCP connection (a listening socket).
-    Proxy,
-    /// Reports of the UDP and ICMP the box's namespace drops (a netlink log
-    /// socket bound to its group).
-    Dropped,
-}
+/// What a listener handed over with [`ToGateway::Attach`] is for (both
+/// sides of the trust line agree on it: see `moat_core::egress`).
+pub use moat_core::egress::Role;
 
 /// From the privileged side.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -26,7 +26,7 @@ use moat_gateway::tls::intercept;
 use moat_gateway::tls::leaves::LeafSigner;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::egress::in_netns;
+use moat_box::host::egress::in_netns;
 
 /// The test internet's one address.
 const SERVER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
@@ -61,7 +61,7 @@ impl BenchNet {
         let (ca, key) = moat_core::box_ca::mint()?;
         let tls =
             intercept::box_config(LeafSigner::new(&key).map_err(anyhow::Error::msg)?).map_err(anyhow::Error::msg)?;
-        let (http, https, dns) = in_netns(&net.path(), || {
+        let (http, https, dns) = in_netns(&net.path(), || -> Result<_> {
             Ok((
                 std::net::TcpListener::bind((SERVER, 80))?,
                 std::net::TcpListener::bind((SERVER, 443))?,

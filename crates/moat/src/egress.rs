@@ -7,13 +7,13 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
+use moat_box::host::egress::listeners_when_free;
 use moat_core::box_ca::CaKey;
-use moat_core::egress::{DNS_PORT, PROXY_PORT};
 use moat_core::policy::Policy;
 use moat_core::secrets::BoxSecret;
 use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach};
@@ -82,7 +82,7 @@ impl moat_core::NetworkHooks for Egress {
         let sockets = match listeners_when_free(netns) {
             Ok(sockets) => sockets,
             Err(e) => {
-                tracing::error!(box_id = %rec.id, error = %format!("{e:#}"), "no gateway for this box: it reaches nothing");
+                tracing::error!(box_id = %rec.id, error = %e, "no gateway for this box: it reaches nothing");
                 return;
             }
         };
@@ -152,68 +152,6 @@ impl Egress {
             }
         }
     }
-}
-
-/// As [`listeners_in`], waiting up to a second for a gateway of a daemon
-/// that just exited to let go of the ports.
-fn listeners_when_free(netns: &Path) -> Result<Vec<(Role, OwnedFd)>> {
-    let in_use = |e: &anyhow::Error| {
-        e.chain()
-            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse))
-    };
-    for _ in 0..20 {
-        match listeners_in(netns) {
-            Err(e) if in_use(&e) => std::thread::sleep(Duration::from_millis(50)),
-            other => return other,
-        }
-    }
-    listeners_in(netns)
-}
-
-/// The gateway's listeners, made inside the box's network namespace at
-/// `netns` (a socket belongs to the namespace it was made in, wherever it is
-/// used later).
-fn listeners_in(netns: &Path) -> Result<Vec<(Role, OwnedFd)>> {
-    in_netns(netns, || {
-        let mut out = Vec::new();
-        for (host, required) in [("127.0.0.1", true), ("::1", false)] {
-            let made = (|| -> std::io::Result<[(Role, OwnedFd); 3]> {
-                let ip: std::net::IpAddr = host.parse().map_err(std::io::Error::other)?;
-                Ok([
-                    (Role::DnsUdp, std::net::UdpSocket::bind((ip, DNS_PORT))?.into()),
-                    (Role::DnsTcp, std::net::TcpListener::bind((ip, DNS_PORT))?.into()),
-                    (Role::Proxy, std::net::TcpListener::bind((ip, PROXY_PORT))?.into()),
-                ])
-            })();
-            match made {
-                Ok(sockets) => out.extend(sockets),
-                // A namespace without IPv6 has no IPv6 to serve.
-                Err(_) if !required => {}
-                Err(e) => return Err(anyhow::Error::from(e).context(format!("listen on {host} in the box"))),
-            }
-        }
-        // Without it, dropped UDP and ICMP are still dropped, just not logged.
-        match crate::nflog::dropped_packets() {
-            Ok(fd) => out.push((Role::Dropped, fd)),
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "dropped UDP and ICMP will not be logged"),
-        }
-        Ok(out)
-    })
-}
-
-/// Runs `work` on a thread of its own that has entered the network namespace
-/// at `netns` (this thread stays where it is).
-pub fn in_netns<T: Send>(netns: &Path, work: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    let ns = std::fs::File::open(netns).with_context(|| format!("open {}", netns.display()))?;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                .with_context(|| format!("enter {}", netns.display()))?;
-            work()
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("a thread in {} panicked", netns.display()))?
-    })
 }
 
 /// How to run the gateway process.

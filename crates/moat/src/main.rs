@@ -9,7 +9,6 @@ mod egress;
 mod front_door;
 mod gateway;
 mod microvm;
-mod nflog;
 mod paths;
 mod privsep;
 mod procs;

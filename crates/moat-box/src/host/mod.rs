@@ -1,13 +1,16 @@
 //! The host's machinery that every kind of machine uses: cgroups, the helper
 //! a box is started through, a new box's ownership (quota, charge, identity),
-//! network namespace tooling, and the socket families any process of a box
-//! may open. Beside it, `ns/` and `vm/` hold only what differs between
+//! network namespace tooling, the gateway's sockets made inside a box's
+//! namespace (the privileged half of egress), and the socket families any
+//! process of a box may open. Beside it, `ns/` and `vm/` hold only what differs between
 //! running a box on the host's kernel and in a guest of its own, and
 //! [`crate::backend`] the storage both keep in the one pool.
 
 pub mod cgroup;
+pub mod egress;
 pub mod helper;
 pub mod netns;
+pub mod nflog;
 pub mod own;
 
 use std::path::PathBuf;

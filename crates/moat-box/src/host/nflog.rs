@@ -5,9 +5,9 @@
 
 use std::os::fd::OwnedFd;
 
-use anyhow::{bail, Context, Result};
-use moat_core::egress::DROPPED_GROUP;
-use moat_gateway::dropped::NFNL_SUBSYS_ULOG;
+use std::io;
+
+use moat_core::egress::{DROPPED_GROUP, NFNL_SUBSYS_ULOG};
 use nix::sys::socket::{
     bind, recv, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,
     SockType,
@@ -26,22 +26,22 @@ const COPY_RANGE: u32 = 96;
 
 /// A netlink socket, in the calling thread's network namespace, that
 /// receives the packets logged to [`DROPPED_GROUP`] there.
-pub fn dropped_packets() -> Result<OwnedFd> {
+pub fn dropped_packets() -> io::Result<OwnedFd> {
     let fd = socket(AddressFamily::Netlink, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::NetlinkNetFilter)
-        .context("netlink socket")?;
-    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &NetlinkAddr::new(0, 0)).context("bind netlink socket")?;
-    setsockopt(&fd, sockopt::RcvBuf, &(1 << 20)).context("netlink buffer")?;
+        .map_err(context("netlink socket"))?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &NetlinkAddr::new(0, 0)).map_err(context("bind netlink socket"))?;
+    setsockopt(&fd, sockopt::RcvBuf, &(1 << 20)).map_err(context("netlink buffer"))?;
     // A reply never waits long; a kernel that does not answer is an error.
     setsockopt(&fd, sockopt::ReceiveTimeout, &nix::sys::time::TimeVal::new(1, 0))?;
-    configure(&fd, 1, NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]).context("bind the log group")?;
+    configure(&fd, 1, NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]).map_err(context("bind the log group"))?;
     let mut mode = COPY_RANGE.to_be_bytes().to_vec();
     mode.extend([NFULNL_COPY_PACKET, 0]);
-    configure(&fd, 2, NFULA_CFG_MODE, &mode).context("set the copy mode")?;
+    configure(&fd, 2, NFULA_CFG_MODE, &mode).map_err(context("set the copy mode"))?;
     Ok(fd)
 }
 
 /// Sends one configuration message for the group and waits for its ack.
-fn configure(fd: &OwnedFd, seq: u32, attr: u16, value: &[u8]) -> Result<()> {
+fn configure(fd: &OwnedFd, seq: u32, attr: u16, value: &[u8]) -> io::Result<()> {
     let attr_len = 4 + value.len();
     let padded = (attr_len + 3) & !3;
     let len = 16 + 4 + padded;
@@ -59,14 +59,22 @@ fn configure(fd: &OwnedFd, seq: u32, attr: u16, value: &[u8]) -> Result<()> {
     msg.extend(value);
     msg.resize(len, 0);
     let raw = std::os::fd::AsRawFd::as_raw_fd(fd);
-    send(raw, &msg, MsgFlags::empty()).context("send")?;
+    send(raw, &msg, MsgFlags::empty()).map_err(context("send"))?;
     let mut reply = [0u8; 256];
-    let n = recv(raw, &mut reply, MsgFlags::empty()).context("no answer")?;
+    let n = recv(raw, &mut reply, MsgFlags::empty()).map_err(context("no answer"))?;
     let kind = reply.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]));
     let error = reply.get(16..20).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
     match (n >= 20, kind, error) {
         (true, Some(NLMSG_ERROR), Some(0)) => Ok(()),
-        (true, Some(NLMSG_ERROR), Some(e)) => bail!("{}", std::io::Error::from_raw_os_error(-e)),
-        _ => bail!("unexpected reply"),
+        (true, Some(NLMSG_ERROR), Some(e)) => Err(io::Error::from_raw_os_error(-e)),
+        _ => Err(io::Error::other("unexpected reply")),
+    }
+}
+
+/// Names what failed, keeping the kernel's error.
+fn context<E: Into<io::Error> + std::fmt::Display>(what: &'static str) -> impl Fn(E) -> io::Error {
+    move |e| {
+        let message = format!("{what}: {e}");
+        io::Error::new(e.into().kind(), message)
     }
 }

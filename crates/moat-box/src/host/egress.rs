@@ -1,0 +1,72 @@
+//! The privileged half of a box's egress: the gateway's sockets, made inside
+//! the box's network namespace (a socket belongs to the namespace it was made
+//! in, wherever it is used later) and handed to the unprivileged gateway,
+//! which could not make them there itself.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::Duration;
+
+use moat_core::egress::{Role, DNS_PORT, PROXY_PORT};
+
+/// As [`listeners_in`], waiting up to a second for a gateway of a daemon
+/// that just exited to let go of the ports.
+pub fn listeners_when_free(netns: &Path) -> io::Result<Vec<(Role, OwnedFd)>> {
+    for _ in 0..20 {
+        match listeners_in(netns) {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => std::thread::sleep(Duration::from_millis(50)),
+            other => return other,
+        }
+    }
+    listeners_in(netns)
+}
+
+/// The gateway's listeners in the box's network namespace at `netns`: DNS
+/// over UDP and TCP and the proxy, on `127.0.0.1` and (where the namespace
+/// has IPv6) `::1`, and the netlink socket its dropped packets are logged to.
+pub fn listeners_in(netns: &Path) -> io::Result<Vec<(Role, OwnedFd)>> {
+    in_netns(netns, || {
+        let mut out = Vec::new();
+        for (host, required) in [("127.0.0.1", true), ("::1", false)] {
+            let made = (|| -> io::Result<[(Role, OwnedFd); 3]> {
+                let ip: std::net::IpAddr = host.parse().map_err(io::Error::other)?;
+                Ok([
+                    (Role::DnsUdp, std::net::UdpSocket::bind((ip, DNS_PORT))?.into()),
+                    (Role::DnsTcp, std::net::TcpListener::bind((ip, DNS_PORT))?.into()),
+                    (Role::Proxy, std::net::TcpListener::bind((ip, PROXY_PORT))?.into()),
+                ])
+            })();
+            match made {
+                Ok(sockets) => out.extend(sockets),
+                // A namespace without IPv6 has no IPv6 to serve.
+                Err(_) if !required => {}
+                Err(e) => return Err(io::Error::new(e.kind(), format!("listen on {host} in the box: {e}"))),
+            }
+        }
+        // Without it, dropped UDP and ICMP are still dropped, just not logged.
+        match super::nflog::dropped_packets() {
+            Ok(fd) => out.push((Role::Dropped, fd)),
+            Err(e) => tracing::warn!(error = %e, "dropped UDP and ICMP will not be logged"),
+        }
+        Ok(out)
+    })
+}
+
+/// Runs `work` on a thread of its own that has entered the network namespace
+/// at `netns` (this thread stays where it is).
+pub fn in_netns<T: Send, E: From<io::Error> + Send>(
+    netns: &Path,
+    work: impl FnOnce() -> Result<T, E> + Send,
+) -> Result<T, E> {
+    let fail = |what: &str, e: io::Error| E::from(io::Error::new(e.kind(), format!("{what} {}: {e}", netns.display())));
+    let ns = std::fs::File::open(netns).map_err(|e| fail("open", e))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| fail("enter", e.into()))?;
+            work()
+        })
+        .join()
+        .map_err(|_| fail("a thread in", io::Error::other("panicked")))?
+    })
+}
