@@ -22,7 +22,7 @@ use std::process::Command;
 
 use moat_core::{fault, AccountId, BoxId, Checkpoint};
 
-use crate::pool::{account_qgroup, io_err, level1_qgroup, Pool, PoolError};
+use crate::pool::{account_qgroup, box_qgroup, io_err, Pool, PoolError};
 use crate::sys;
 
 /// Where a restore in progress is written down, in the box's checkpoint directory.
@@ -37,11 +37,6 @@ pub struct Owner<'a> {
     pub account: &'a AccountId,
     /// The box's disk limit.
     pub disk_limit: u64,
-}
-
-/// The level-1 qgroup holding every root box `id` has had.
-pub fn box_qgroup(id: &BoxId) -> u64 {
-    level1_qgroup("box", id.as_str())
 }
 
 impl Pool {

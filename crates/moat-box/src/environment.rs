@@ -7,7 +7,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 
-use crate::identity::{read_in_root, write_in_root};
+use crate::in_root::{read_in_root, write_in_root};
 
 const ENVIRONMENT: &str = "etc/environment";
 /// A larger file than this in a box's root is not read.

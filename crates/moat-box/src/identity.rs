@@ -6,17 +6,14 @@
 //! resolved with `RESOLVE_IN_ROOT`: a symlink planted in the box cannot make the
 //! host write outside it.
 
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use moat_core::Name;
 
+use crate::in_root::{exists_in_root, read_in_root, write_in_root};
 use crate::trust;
-use nix::errno::Errno;
-use nix::fcntl::{openat, openat2, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::Mode;
-use nix::unistd::{unlinkat, UnlinkatFlags};
 
 /// SSH host key types an image may carry, by their file names' middle part.
 const HOST_KEY_TYPES: &[&str] = &["rsa", "ecdsa", "ed25519"];
@@ -99,80 +96,11 @@ fn generate_host_key(kind: &str, name: &Name) -> io::Result<(Vec<u8>, Vec<u8>)> 
     result
 }
 
-/// Whether `rel` names something (not following a final symlink) inside `root`.
-fn exists_in_root(root: &OwnedFd, rel: &str) -> bool {
-    let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    openat2(root, rel, how).is_ok()
-}
-
 fn random<const N: usize>() -> [u8; N] {
     let mut out = [0u8; N];
     // getrandom only fails before the kernel's pool is initialised, long past here.
     let _ = getrandom::fill(&mut out);
     out
-}
-
-/// Replaces `rel` (relative to `root`) with a new file holding `data`, never
-/// leaving `root`: the parent is resolved inside the root, and whatever stood at
-/// `rel` (a symlink included) is unlinked, not followed.
-pub(crate) fn write_in_root(root: &OwnedFd, rel: &str, data: &[u8], mode: u32) -> io::Result<()> {
-    let (parent, file) = rel.rsplit_once('/').unwrap_or((".", rel));
-    let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
-        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    let context = |e: nix::Error| io::Error::new(io::Error::from(e).kind(), format!("{rel}: {e}"));
-    let dir = openat2(root, parent, how).map_err(context)?;
-    match unlinkat(&dir, file, UnlinkatFlags::NoRemoveDir) {
-        Ok(()) | Err(Errno::ENOENT) => {}
-        Err(e) => return Err(context(e)),
-    }
-    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = openat(&dir, file, flags, Mode::from_bits_truncate(mode)).map_err(context)?;
-    std::fs::File::from(fd).write_all(data)
-}
-
-/// Makes the directory `rel` inside `root` if it is not there.
-pub(crate) fn dir_in_root(root: &OwnedFd, rel: &str) -> io::Result<()> {
-    let (parent, name) = rel.rsplit_once('/').unwrap_or((".", rel));
-    let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
-        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    let context = |e: nix::Error| io::Error::new(io::Error::from(e).kind(), format!("{rel}: {e}"));
-    let dir = openat2(root, parent, how).map_err(context)?;
-    match nix::sys::stat::mkdirat(&dir, name, Mode::from_bits_truncate(0o755)) {
-        Ok(()) | Err(Errno::EEXIST) => Ok(()),
-        Err(e) => Err(context(e)),
-    }
-}
-
-/// What `rel` (resolved inside `root`, symlinks included) holds, if it is a
-/// regular file; larger than `max` bytes is an error.
-pub(crate) fn read_in_root(root: &OwnedFd, rel: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
-    // Non-blocking, so that a FIFO planted there cannot stall the host.
-    let how = OpenHow::new()
-        .flags(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)
-        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    let fd = match openat2(root, rel, how) {
-        Ok(fd) => fd,
-        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
-        Err(e) => return Err(io::Error::new(io::Error::from(e).kind(), format!("{rel}: {e}"))),
-    };
-    let file = std::fs::File::from(fd);
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Ok(None);
-    }
-    if meta.len() > max {
-        return Err(io::Error::other(format!("{rel}: larger than {max} bytes")));
-    }
-    let mut data = Vec::with_capacity(meta.len() as usize);
-    io::Read::read_to_end(&mut io::Read::take(file, max + 1), &mut data)?;
-    if data.len() as u64 > max {
-        return Err(io::Error::other(format!("{rel}: larger than {max} bytes")));
-    }
-    Ok(Some(data))
 }
 
 #[cfg(test)]

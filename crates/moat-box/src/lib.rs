@@ -19,7 +19,8 @@
 //! - [`pool`]: the copy-on-write storage pool (btrfs, loop-backed where needed);
 //! - [`checkpoint`]: a box's root saved by label, and restored in place;
 //! - [`image`]: building the read-only images boxes start from;
-//! - [`identity`], [`trust`], [`environment`]: what moat writes into a box;
+//! - [`identity`], [`trust`], [`environment`]: what moat writes into a box
+//!   (through `in_root`, which never leaves the box's tree);
 //! - [`diff`]: what changed between two boxes' filesystems;
 //! - [`confine`]: the confinement of moat's own unprivileged processes;
 //! - [`bpf`]: a small assembler for seccomp filters.
@@ -33,6 +34,7 @@ pub mod environment;
 pub mod host;
 pub mod identity;
 pub mod image;
+mod in_root;
 pub mod machine;
 pub mod ns;
 pub mod pool;

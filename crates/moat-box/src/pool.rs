@@ -274,7 +274,7 @@ impl Pool {
     /// Bytes box `id` holds that no other subvolume shares (what it wrote,
     /// including what only its checkpoints still hold).
     pub fn exclusive_bytes(&self, id: &BoxId) -> Option<u64> {
-        let of_box = self.qgroup_exclusive(crate::checkpoint::box_qgroup(id));
+        let of_box = self.qgroup_exclusive(box_qgroup(id));
         of_box.or_else(|| self.qgroup_exclusive(sys::subvolume_id(&self.box_path(id)).ok()?))
     }
 
@@ -376,6 +376,11 @@ impl Pool {
 /// Loop pools: boxes get nosuid and nodev on their own mounts (debootstrap
 /// makes device nodes here); space a box frees goes back to the host's disk.
 const MOUNT_OPTIONS: &str = "loop,nosuid,discard=async";
+
+/// The level-1 qgroup holding every root box `id` has had.
+pub fn box_qgroup(id: &BoxId) -> u64 {
+    level1_qgroup("box", id.as_str())
+}
 
 /// The level-1 qgroup of `account`: a stable 48-bit hash of its name (FNV-1a;
 /// two accounts sharing one would share a budget, at odds of 2^-48 a pair).

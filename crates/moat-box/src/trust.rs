@@ -11,7 +11,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 
-use crate::identity::{dir_in_root, read_in_root, write_in_root};
+use crate::in_root::{dir_in_root, read_in_root, write_in_root};
 
 /// The box's CA alone.
 pub const CA_FILE: &str = "etc/moat/ca.pem";

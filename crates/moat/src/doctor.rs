@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::Result;
 use moat_box::host::cgroup::CgroupLayout;
 use moat_box::pool::PoolKind;
-use moat_box::vm::probe::Accel;
+use moat_box::vm::Accel;
 
 use crate::paths;
 

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use moat_box::vm::probe::{self, Accel, Guest};
+use moat_box::vm::probe::{self, Guest};
+use moat_box::vm::Accel;
 use moat_box::vm::{VmConfig, VmMachine};
 use moat_box::Host;
 use moat_core::BackendKind;

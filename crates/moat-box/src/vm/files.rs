@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use moat_agent::protocol::{AgentMsg, HostMsg};
 
-use crate::identity::{dir_in_root, read_in_root, write_in_root};
+use crate::in_root::{dir_in_root, read_in_root, write_in_root};
 
 /// The files of an image a box's mini-root starts from: those that moat
 /// edits rather than writes whole.

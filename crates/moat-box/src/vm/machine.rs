@@ -17,9 +17,9 @@ use moat_core::{fault, BackendError, BoxRecord, ChangeSink, Copied, Name};
 
 use crate::host::{helper, Host};
 use crate::machine::{Machine, StillWork};
-use crate::vm::probe::Accel;
 use crate::vm::qemu::{self, MachineSpec};
 use crate::vm::supervise::{self, VmPlan};
+use crate::vm::Accel;
 use crate::vm::{disk, files, vmlinux};
 
 /// What only the VM machine needs (the helper it runs as `<helper>
@@ -151,7 +151,7 @@ impl VmMachine {
             move |e: std::io::Error| BackendError::new(what, e)
         };
         let base = self.initramfs_base()?;
-        let files = crate::vm::probe::files_archive(&self.files(rec)).map_err(fail("make the initramfs"))?;
+        let files = crate::vm::initramfs::files_archive(&self.files(rec)).map_err(fail("make the initramfs"))?;
         let path = run_dir.join("initramfs.cpio");
         let _ = std::fs::remove_file(&path);
         std::fs::write(&path, [base.as_slice(), &files].concat()).map_err(fail("write the initramfs"))?;
@@ -171,7 +171,7 @@ impl VmMachine {
         }
         let release = crate::vm::probe::kernel_release(&self.config.kernel).unwrap_or_default();
         let agent = std::fs::read(&self.host.config.agent).map_err(|e| BackendError::new("read the agent", e))?;
-        let ours = crate::vm::probe::initramfs(&agent, Path::new("/lib/modules"), &release)
+        let ours = crate::vm::initramfs::initramfs(&agent, Path::new("/lib/modules"), &release)
             .map_err(|e| BackendError::new("make the initramfs", e))?;
         let mut base = match &self.config.initrd {
             Some(extra) => std::fs::read(extra).map_err(|e| BackendError::new("read --initrd", e))?,

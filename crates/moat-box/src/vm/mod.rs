@@ -8,7 +8,8 @@
 //! - [`net`]: the box's network namespace, where the guest's link ends;
 //! - [`files`]: what moat writes into a guest, kept on the host;
 //! - [`listing`]: a guest's files as its agent lists them, for `diff`;
-//! - [`disk`], [`cpio`], [`modules`]: the guest's root disk and initramfs;
+//! - [`disk`]: the guest's root disk;
+//! - [`initramfs`], [`cpio`], [`modules`]: what the guest's kernel unpacks first;
 //! - [`vmlinux`]: the guest kernel unpacked, booted through its PVH entry;
 //! - [`probe`]: boots a guest to learn whether KVM can run one here or only
 //!   TCG can (a host may open `/dev/kvm` and still hang every guest: this
@@ -17,6 +18,7 @@
 pub mod cpio;
 pub mod disk;
 pub mod files;
+pub mod initramfs;
 pub mod listing;
 pub mod machine;
 pub mod modules;
@@ -27,3 +29,4 @@ pub mod supervise;
 pub mod vmlinux;
 
 pub use machine::{VmConfig, VmMachine};
+pub use qemu::Accel;

@@ -13,7 +13,25 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::vm::probe::Accel;
+/// How a guest's CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// QEMU's own translator: any host, 7-30x slower.
+    Tcg,
+}
+
+impl Accel {
+    /// Its name, as QEMU's `-accel` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Tcg => "tcg",
+        }
+    }
+}
 
 /// Where QEMU finds what its supervisor hands it.
 pub struct Fds;
