@@ -1,8 +1,8 @@
-//! Confines the calling process for facing hostile bytes: the front door
-//! drops to an unprivileged uid of its own, keeps no capability, can gain none
-//! (no_new_privs), and may make only the system calls a network server that
-//! was handed its sockets needs. It opens no files and creates no network
-//! sockets.
+//! Confines the calling process for facing hostile bytes: the front door,
+//! the gateway and a VM box's supervisor drop to an unprivileged uid, keep no
+//! capability, can gain none (no_new_privs), and may make only the system
+//! calls a server that was handed its sockets needs. They open no files and
+//! (but the gateway, which dials the internet) create no sockets.
 //!
 //! Call it before any thread exists: the filter is per thread, and threads
 //! made later inherit it.
@@ -117,8 +117,26 @@ pub fn gateway_filter() -> Vec<sock_filter> {
     parser_filter(true)
 }
 
-fn parser_filter(dials: bool) -> Vec<sock_filter> {
+/// A VM box's supervisor's allow list, once QEMU runs: the front door's,
+/// and it may also wait for QEMU to end, read its logs back, and ask how
+/// much of what it wrote to the guest's link QEMU has not taken yet
+/// (`SIOCOUTQ`).
+pub fn supervisor_filter() -> Vec<sock_filter> {
     let mut prog = prologue();
+    if_syscall(&mut prog, libc::SYS_wait4, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
+    // The tail of a log it holds open, to explain a failed boot.
+    if_syscall(&mut prog, libc::SYS_pread64, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
+    let [nonblocking, cloexec] = IOCTL_REQUESTS;
+    parser_rules(prog, false, &[nonblocking, cloexec, libc::TIOCOUTQ as u32])
+}
+
+fn parser_filter(dials: bool) -> Vec<sock_filter> {
+    parser_rules(prologue(), dials, &IOCTL_REQUESTS)
+}
+
+/// The rules every process facing hostile bytes shares, after `prog`: the
+/// gateway's dialling if it `dials`, and `ioctls` the requests it may make.
+fn parser_rules(mut prog: Vec<sock_filter>, dials: bool, ioctls: &[u32]) -> Vec<sock_filter> {
     if dials {
         if_syscall(&mut prog, libc::SYS_socket, &arg_one_of(0, &[libc::AF_INET as u32, libc::AF_INET6 as u32]));
         if_syscall(&mut prog, libc::SYS_connect, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
@@ -151,7 +169,7 @@ fn parser_filter(dials: bool) -> Vec<sock_filter> {
     // tokio's runtime makes one unix socket pair (its signal driver's).
     if_syscall(&mut prog, libc::SYS_socketpair, &arg_one_of(0, &[libc::AF_UNIX as u32]));
     if_syscall(&mut prog, libc::SYS_fcntl, &arg_one_of(1, &FCNTL_COMMANDS));
-    if_syscall(&mut prog, libc::SYS_ioctl, &arg_one_of(1, &IOCTL_REQUESTS));
+    if_syscall(&mut prog, libc::SYS_ioctl, &arg_one_of(1, ioctls));
     if_syscall(&mut prog, libc::SYS_prctl, &arg_one_of(0, &PRCTL_OPTIONS));
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS));
     prog
@@ -170,7 +188,30 @@ pub fn gateway(uid: u32, gid: u32) -> io::Result<()> {
     drop_to(uid, gid, &gateway_filter())
 }
 
+/// As [`front_door`], under [`supervisor_filter`], for a VM box's
+/// supervisor once it has handed QEMU everything: it then reads only the
+/// guest's link and console and QEMU's answers, all hostile once a guest owns
+/// its kernel or QEMU. Unlike the front door it outlives its parent (the
+/// helper that started it exits once the guest is up). Threads made before
+/// this call keep their privileges: call it before any.
+pub fn supervisor(uid: u32, gid: u32) -> io::Result<()> {
+    drop_ids(uid, gid)?;
+    nix::sys::prctl::set_no_new_privs()?;
+    crate::sys::install_seccomp(&supervisor_filter())
+}
+
 fn drop_to(uid: u32, gid: u32, filter: &[sock_filter]) -> io::Result<()> {
+    drop_ids(uid, gid)?;
+    // Changing ids resets it; set it after.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    nix::sys::prctl::set_no_new_privs()?;
+    crate::sys::install_seccomp(filter)
+}
+
+/// Becomes `uid`:`gid` with no supplementary groups and no capability
+/// (bounding set included), not dumpable (so another process of that uid
+/// cannot ptrace it), in `/`.
+fn drop_ids(uid: u32, gid: u32) -> io::Result<()> {
     if uid == 0 || gid == 0 {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "a process facing hostile bytes may not run as root"));
     }
@@ -181,12 +222,9 @@ fn drop_to(uid: u32, gid: u32, filter: &[sock_filter]) -> io::Result<()> {
     // From root to a non-zero uid with every id changed, the kernel clears the
     // permitted, effective and ambient capability sets.
     nix::unistd::setresuid(uid, uid, uid)?;
-    // Changing ids resets both; set them after.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    // Changing ids resets it; set it after.
     nix::sys::prctl::set_dumpable(false)?;
-    nix::unistd::chdir("/")?;
-    nix::sys::prctl::set_no_new_privs()?;
-    crate::sys::install_seccomp(filter)
+    Ok(nix::unistd::chdir("/")?)
 }
 
 #[cfg(test)]
@@ -240,6 +278,32 @@ mod tests {
         assert_eq!(call(libc::SYS_prctl, libc::PR_SET_NAME as u64, 0), SECCOMP_RET_ALLOW);
         assert_eq!(call(libc::SYS_prctl, libc::PR_SET_DUMPABLE as u64, 1), EPERM);
         assert!(prog.len() < 4096);
+    }
+
+    #[test]
+    fn the_supervisor_waits_for_qemu_and_nothing_more() {
+        let prog = supervisor_filter();
+        let call = |n: libc::c_long, a0: u64, a1: u64| run(&prog, n as u32, [a0, a1, 0, 0, 0, 0]);
+        assert_eq!(call(libc::SYS_wait4, 0, 0), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_ioctl, 3, libc::TIOCOUTQ), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_ioctl, 3, libc::FIONBIO), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_ioctl, 3, libc::TIOCSTI), EPERM);
+        assert_eq!(call(libc::SYS_accept4, 3, 0), SECCOMP_RET_ALLOW);
+        // What a supervisor a guest took over would want: never there.
+        for kill in [
+            libc::SYS_execve,
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_ptrace,
+            libc::SYS_kill,
+            libc::SYS_setuid,
+            libc::SYS_unlink,
+            libc::SYS_mount,
+        ] {
+            assert_eq!(call(kill, libc::AF_VSOCK as u64, 0), SECCOMP_RET_KILL_PROCESS, "{kill}");
+        }
+        assert_eq!(call(libc::SYS_openat, 0, 0), SECCOMP_RET_ERRNO | libc::EACCES as u32);
+        assert_eq!(run(&front_door_filter(), libc::SYS_wait4 as u32, [0; 6]), SECCOMP_RET_KILL_PROCESS);
     }
 
     #[test]

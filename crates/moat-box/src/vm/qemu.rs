@@ -213,7 +213,12 @@ const MAX_LINE: usize = 1 << 20;
 impl Qmp {
     /// Connects and negotiates capabilities; every read waits at most `timeout`.
     pub fn connect(path: &Path, timeout: Duration) -> io::Result<Self> {
-        let stream = UnixStream::connect(path)?;
+        Self::on(UnixStream::connect(path)?, timeout)
+    }
+
+    /// Negotiates capabilities on a connection made already (it may wait in
+    /// QEMU's backlog until QEMU runs); every read waits at most `timeout`.
+    pub fn on(stream: UnixStream, timeout: Duration) -> io::Result<Self> {
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         let mut qmp = Self { writer: stream.try_clone()?, reader: BufReader::new(stream) };

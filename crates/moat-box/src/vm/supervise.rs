@@ -7,7 +7,12 @@
 //! It makes the box's network namespace and enters it (the gateway attaches
 //! there, see [`crate::vm::net`]), opens every file QEMU needs and hands the
 //! descriptors to QEMU, run as the box's own host uid with no privilege to
-//! gain. It is the host end of the guest agent's virtio-serial port: each
+//! gain; then, before it reads a byte the guest or QEMU sends, it drops to
+//! that uid itself, with no capability, no_new_privs and a seccomp allow
+//! list ([`crate::confine::supervisor`]): what it does as root (join the
+//! cgroup, make the namespace, open files, bind its sockets) is done by then,
+//! and what root still does to a VM (freeze, save) the daemon does itself,
+//! never on the supervisor's word. It is the host end of the guest agent's virtio-serial port: each
 //! connection to `agent.sock` in its run directory becomes a stream over the
 //! port ([`moat_agent::mux`]), so the rest of moat reaches a VM's agent
 //! exactly as a namespace box's. QMP is `qmp.sock` beside it.
@@ -51,14 +56,14 @@ pub struct VmPlan {
     pub boot_timeout_ms: u64,
 }
 
-/// The last 4 KiB of a log, as text.
-fn tail_of(path: &Path) -> String {
-    use std::io::Seek;
-    let Ok(mut file) = std::fs::File::open(path) else { return String::new() };
+/// The last 4 KiB of a log (open before the supervisor gave up opening
+/// files), as text.
+fn tail_of(file: &std::fs::File) -> String {
+    use std::os::unix::fs::FileExt;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = file.seek(io::SeekFrom::Start(len.saturating_sub(4096)));
-    let mut bytes = Vec::new();
-    let _ = file.take(4096).read_to_end(&mut bytes);
+    let mut bytes = vec![0; 4096.min(len) as usize];
+    let read = file.read_at(&mut bytes, len.saturating_sub(4096)).unwrap_or(0);
+    bytes.truncate(read);
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -172,9 +177,15 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
         plan.incoming.as_ref().map(std::fs::File::open).transpose().map_err(context("open saved machine"))?;
     let (agent_link, qemu_agent) = UnixStream::pair()?;
     let qmp_path = qmp_socket(&plan.run_dir);
-    let _ = std::fs::remove_file(&qmp_path);
-    let qmp = UnixListener::bind(&qmp_path).map_err(context("listen for QMP"))?;
-    std::fs::set_permissions(&qmp_path, std::fs::Permissions::from_mode(0o600))?;
+    let qmp = listen(&qmp_path).map_err(context("listen for QMP"))?;
+    // Made now: once confined the supervisor makes no socket and opens no file.
+    let resume_qmp = plan.incoming.as_ref().map(|_| UnixStream::connect(&qmp_path)).transpose()?;
+    let control = listen(&control_socket(&plan.run_dir)).map_err(context("listen for control"))?;
+    let listener = listen(&agent_socket(&plan.run_dir)).map_err(context("listen for the host"))?;
+    let logs = [console_log(&plan.run_dir), plan.run_dir.join("qemu.log")]
+        .map(|path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path));
+    let [console_file, errors_file] = logs;
+    let (console_file, errors_file) = (console_file?, errors_file?);
 
     let mut cmd = Command::new(&plan.qemu);
     cmd.args(qemu::args(&plan.machine))
@@ -212,37 +223,33 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     let mut child = cmd.spawn().map_err(context("run qemu"))?;
     drop(cmd);
     drop((kernel, initramfs, disk, disk_read, qemu_agent, tap, qmp, incoming, ruleset));
+    // From here on everything it reads is hostile: no privilege left to lose.
+    crate::confine::supervisor(plan.uid, plan.uid).map_err(context("confine the supervisor"))?;
 
     let (up_tx, up) = mpsc::channel();
+    let logs = (console_file.try_clone()?, errors_file.try_clone()?);
     let console = child.stdout.take();
-    let console_path = console_log(&plan.run_dir);
-    std::thread::spawn(move || keep_console(console, &console_path, Some(up_tx)));
+    std::thread::spawn(move || keep_console(console, logs.0, Some(up_tx)));
     // QEMU's own complaints, which a guest can provoke at will: capped too.
     let errors = child.stderr.take();
-    let errors_path = plan.run_dir.join("qemu.log");
-    std::thread::spawn(move || keep_console(errors, &errors_path, None));
+    std::thread::spawn(move || keep_console(errors, logs.1, None));
     let timeout = Duration::from_millis(plan.boot_timeout_ms);
-    let came_up = if plan.incoming.is_some() { resumed(&qmp_path, timeout) } else { booted(&up, timeout) };
+    let came_up = match resume_qmp {
+        Some(qmp) => resumed(qmp, timeout),
+        None => booted(&up, timeout),
+    };
     if let Err(e) = came_up {
         let _ = child.kill();
         let _ = child.wait();
-        let tail = console_tail(&plan.run_dir);
+        let tail = console_tail(&console_file, &errors_file);
         return Err(io::Error::other(format!("{e}{tail}")));
     }
 
     let reader = agent_link.try_clone()?;
     let watched = agent_link.try_clone()?;
     let mux = moat_agent::mux::Mux::start(Box::new(reader), Box::new(agent_link), None)?;
-    let control_path = control_socket(&plan.run_dir);
-    let _ = std::fs::remove_file(&control_path);
-    let control = UnixListener::bind(&control_path).map_err(context("listen for control"))?;
-    std::fs::set_permissions(&control_path, std::fs::Permissions::from_mode(0o600))?;
     let held = mux.clone();
     std::thread::spawn(move || serve_control(&control, &held, &watched));
-    let socket = agent_socket(&plan.run_dir);
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket).map_err(context("listen for the host"))?;
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             match conn {
@@ -256,11 +263,19 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     });
     println!("up {}", std::process::id());
     let _ = io::stdout().flush();
+    // Its sockets stay behind (it may unlink nothing now): the next boot
+    // replaces them, and removing the box removes its run directory.
     let _ = child.wait();
-    let _ = std::fs::remove_file(&socket);
-    let _ = std::fs::remove_file(&qmp_path);
-    let _ = std::fs::remove_file(&control_path);
     Ok(())
+}
+
+/// A listening socket at `path` (replacing what was there), for root alone
+/// to connect to.
+fn listen(path: &Path) -> io::Result<UnixListener> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
 }
 
 /// How long `hold` waits for QEMU to take what was written to the link.
@@ -310,9 +325,9 @@ pub fn control(run_dir: &Path, word: &str) -> io::Result<()> {
 /// Copies what QEMU writes (the guest's console, or its own stderr) to a
 /// log of at most [`MAX_CONSOLE`] bytes, and says once when the agent
 /// reports the guest up.
-fn keep_console(console: Option<impl Read>, path: &Path, mut up: Option<mpsc::Sender<()>>) {
+fn keep_console(console: Option<impl Read>, log: std::fs::File, mut up: Option<mpsc::Sender<()>>) {
     let Some(console) = console else { return };
-    let mut log = std::fs::File::create(path).ok();
+    let mut log = Some(log);
     let mut written = 0u64;
     let mut reader = BufReader::new(console);
     let mut line = Vec::new();
@@ -346,16 +361,11 @@ fn booted(up: &mpsc::Receiver<()>, timeout: Duration) -> io::Result<()> {
     })
 }
 
-/// Waits until QEMU, loading a saved machine, runs it.
-fn resumed(qmp: &Path, timeout: Duration) -> io::Result<()> {
+/// Waits until QEMU, loading a saved machine, runs it (`qmp`: a connection
+/// to its QMP socket made before it ran).
+fn resumed(qmp: UnixStream, timeout: Duration) -> io::Result<()> {
     let deadline = std::time::Instant::now() + timeout;
-    let mut conn = loop {
-        match qemu::Qmp::connect(qmp, timeout) {
-            Ok(conn) => break conn,
-            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(e),
-        }
-    };
+    let mut conn = qemu::Qmp::on(qmp, timeout)?;
     while std::time::Instant::now() < deadline {
         let status = conn.execute("query-status", serde_json::Value::Null)?;
         match status.get("status").and_then(|s| s.as_str()) {
@@ -371,10 +381,10 @@ fn resumed(qmp: &Path, timeout: Duration) -> io::Result<()> {
     Err(io::Error::other(format!("the saved machine was not running in {timeout:?}")))
 }
 
-/// The last lines of the console log, to explain a failed boot.
-fn console_tail(run_dir: &Path) -> String {
-    let text = tail_of(&console_log(run_dir));
-    let qemu = tail_of(&run_dir.join("qemu.log"));
+/// The last lines of the console log and QEMU's, to explain a failed boot.
+fn console_tail(console: &std::fs::File, errors: &std::fs::File) -> String {
+    let text = tail_of(console);
+    let qemu = tail_of(errors);
     let lines: Vec<&str> = text.lines().chain(qemu.lines()).filter(|l| !l.trim().is_empty()).collect();
     let tail = lines[lines.len().saturating_sub(8)..].join(" | ");
     if tail.is_empty() {

@@ -75,6 +75,24 @@ pub fn box_runs_its_own_kernel_over_ssh(env: &Env) {
         assert_ne!(field("Uid:").as_deref(), Some("0"), "QEMU runs as root:\n{status}");
         assert_eq!(field("NoNewPrivs:").as_deref(), Some("1"), "{status}");
         assert_eq!(field("Seccomp:").as_deref(), Some("2"), "{status}");
+        // Its supervisor, which reads the guest's link and QEMU's answers,
+        // holds no more than QEMU does: the box's uid, no capability, no
+        // privilege to gain, its own seccomp filter.
+        let parent = field("PPid:").unwrap_or_default();
+        let supervisor = std::fs::read_to_string(format!("/proc/{parent}/status")).unwrap_or_default();
+        let of = |name: &str| {
+            supervisor
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+        };
+        assert!(std::fs::read_to_string(format!("/proc/{parent}/cmdline")).unwrap_or_default().contains("box-vm"));
+        assert_eq!(of("Uid:"), field("Uid:"), "the supervisor is not QEMU's uid:\n{supervisor}");
+        for caps in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+            assert_eq!(of(caps).as_deref(), Some("0000000000000000"), "{caps}\n{supervisor}");
+        }
+        assert_eq!(of("NoNewPrivs:").as_deref(), Some("1"), "{supervisor}");
+        assert_eq!(of("Seccomp:").as_deref(), Some("2"), "{supervisor}");
     }
 
     // Status, stdout and stderr apart, stdin streamed.
