@@ -8,6 +8,9 @@
 //! owner, size, modification time, device or link target differ; content is not
 //! read (a write that restores size and mtime is not seen).
 
+// Reads what a box or its QEMU sends, as root: it cannot panic.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::string_slice, clippy::panic)]
+
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, OsString};
 use std::io;
@@ -193,7 +196,7 @@ impl Walk<'_, '_> {
             if path.len() > MAX_PATH {
                 return Err(io::Error::other(format!(
                     "a path is longer than {MAX_PATH} bytes: {}...",
-                    &prefix[..64.min(prefix.len())]
+                    prefix.chars().take(64).collect::<String>()
                 )));
             }
             let (l, r) = (left.get(name), right.get(name));
@@ -335,6 +338,7 @@ fn list(dir: &OwnedFd, admit: &mut dyn FnMut(&CStr) -> io::Result<()>) -> io::Re
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::string_slice, clippy::panic)]
 mod tests {
     use super::*;
 
@@ -446,6 +450,17 @@ mod tests {
         let mut dir: OwnedFd = std::fs::File::open(b.path()).unwrap().into();
         for i in 0..20 {
             let name = format!("{i:0>250}");
+            nix::sys::stat::mkdirat(&dir, name.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
+            dir = openat(&dir, name.as_str(), OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
+        }
+        let err = collect(a.path(), b.path()).unwrap_err();
+        assert!(err.to_string().contains("longer than 4096 bytes"), "{err}");
+        // The same with names of 2-byte characters, so that the message's
+        // cut at 64 falls inside one (it panicked the daemon's diff).
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut dir: OwnedFd = std::fs::File::open(b.path()).unwrap().into();
+        for i in 0..20 {
+            let name = format!("{i:02}{}", "é".repeat(120));
             nix::sys::stat::mkdirat(&dir, name.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
             dir = openat(&dir, name.as_str(), OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
         }

@@ -4,6 +4,9 @@
 //! block on a FIFO. A box's root is hostile: it may be full of links aimed at
 //! the host.
 
+// Reads what a box or its QEMU sends, as root: it cannot panic.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::string_slice, clippy::panic)]
+
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 
