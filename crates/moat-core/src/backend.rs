@@ -8,41 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{AccountId, Name};
 use crate::record::BoxRecord;
 
-/// Which isolation technology runs a box.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    /// Linux namespaces, seccomp and cgroups on the host's kernel.
-    #[default]
-    Ns,
-    /// A microVM with a kernel of its own (QEMU's `microvm` machine).
-    Vm,
-}
-
-impl BackendKind {
-    /// The name as stored, shown and typed.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ns => "ns",
-            Self::Vm => "vm",
-        }
-    }
-
-    /// Parses a name as typed (`ns` or `vm`).
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "ns" => Some(Self::Ns),
-            "vm" => Some(Self::Vm),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+pub use crate::record::BackendKind;
 
 /// Where a box's agent listens for the host.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,15 +7,6 @@ use crate::egress::LogEntry;
 use crate::ids::BoxId;
 use crate::store::{Store, StoreError};
 
-pub(crate) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS egress_log (
-    box_id  TEXT NOT NULL,
-    at_ms   INTEGER NOT NULL,
-    entry   TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS egress_by_box ON egress_log (box_id, at_ms);
-";
-
 /// Most entries kept (all boxes together).
 pub const MAX_ENTRIES: i64 = 1_000_000;
 

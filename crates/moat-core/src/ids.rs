@@ -133,6 +133,10 @@ impl fmt::Display for BoxId {
     }
 }
 
+/// The account warm boxes belong to until `new` takes one (no SSH key's
+/// account id looks like it).
+pub const WARM_ACCOUNT: &str = "moat:warm";
+
 #[cfg(test)]
 mod tests {
     use super::*;

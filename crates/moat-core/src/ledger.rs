@@ -11,31 +11,6 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::store::{Store, StoreError};
 
-pub(crate) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS usage_samples (
-    at           INTEGER NOT NULL,
-    box_id       TEXT NOT NULL,
-    account      TEXT NOT NULL,
-    name         TEXT NOT NULL,
-    cpu_ns       INTEGER NOT NULL,
-    mem_byte_ms  REAL NOT NULL,
-    running_ms   INTEGER NOT NULL,
-    suspended_ms INTEGER NOT NULL,
-    egress_sent     INTEGER NOT NULL DEFAULT 0,
-    egress_received INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS usage_by_account ON usage_samples (account, at);
-CREATE TABLE IF NOT EXISTS meter_state (
-    box_id      TEXT PRIMARY KEY,
-    last_cpu_ns INTEGER NOT NULL,
-    last_at_ms  INTEGER NOT NULL
-);
-";
-
-/// Columns added to `usage_samples` after its first schema.
-pub(crate) const ADDED_COLUMNS: &[(&str, &str)] =
-    &[("egress_sent", "INTEGER NOT NULL DEFAULT 0"), ("egress_received", "INTEGER NOT NULL DEFAULT 0")];
-
 /// One interval of one box's consumption.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {

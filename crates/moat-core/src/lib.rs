@@ -15,6 +15,7 @@ pub mod limits;
 pub mod manager;
 pub mod policy;
 pub mod record;
+mod schema;
 pub mod secret_store;
 pub mod secrets;
 pub mod store;

@@ -9,47 +9,6 @@ use crate::policy::HostName;
 use crate::secrets::{Limit, LimitKind, SecretSpec, SecretUse};
 use crate::store::{Store, StoreError};
 
-pub(crate) const SCHEMA: &str = "
--- AUTOINCREMENT: a removed secret's number is never given to another, whose
--- use would then include the old one's.
-CREATE TABLE IF NOT EXISTS secrets (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    account     TEXT NOT NULL,
-    name        TEXT NOT NULL,
-    host        TEXT NOT NULL,
-    header      TEXT NOT NULL,
-    format      TEXT NOT NULL,
-    env         TEXT NOT NULL,
-    sealed      BLOB NOT NULL,
-    killed      INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (account, name)
-);
-CREATE TABLE IF NOT EXISTS secret_grants (
-    secret_id   INTEGER NOT NULL,
-    box_id      TEXT NOT NULL,
-    placeholder TEXT NOT NULL UNIQUE,
-    PRIMARY KEY (secret_id, box_id)
-);
--- box_id '' is a limit on every box's use together.
-CREATE TABLE IF NOT EXISTS secret_limits (
-    secret_id   INTEGER NOT NULL,
-    box_id      TEXT NOT NULL,
-    kind        TEXT NOT NULL,
-    amount      INTEGER NOT NULL,
-    per_secs    INTEGER,
-    PRIMARY KEY (secret_id, box_id, kind)
-);
-CREATE TABLE IF NOT EXISTS secret_usage (
-    secret_id   INTEGER NOT NULL,
-    box_id      TEXT NOT NULL,
-    box_name    TEXT NOT NULL,
-    requests    INTEGER NOT NULL DEFAULT 0,
-    tokens      INTEGER NOT NULL DEFAULT 0,
-    bytes       INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (secret_id, box_id)
-);
-";
-
 /// A stored secret, sealed.
 #[derive(Debug, Clone)]
 pub struct StoredSecret {

@@ -38,47 +38,6 @@ pub struct Store {
     slots: std::ops::Range<u32>,
 }
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS boxes (
-    id          TEXT PRIMARY KEY,
-    account     TEXT NOT NULL,
-    name        TEXT NOT NULL,
-    image       TEXT NOT NULL,
-    cpus        INTEGER NOT NULL,
-    memory      INTEGER NOT NULL,
-    pids        INTEGER NOT NULL,
-    slot        INTEGER NOT NULL UNIQUE,
-    state       TEXT NOT NULL,
-    pid         INTEGER,
-    created_at  INTEGER NOT NULL,
-    UNIQUE (account, name)
-);
--- Names an account's boxes had and no longer have (removed, or renamed by
--- promote): an SSH user name that meant a box must never fall through to
--- the control plane.
--- Each box's egress policy (JSON); a box without a row reaches nothing.
-CREATE TABLE IF NOT EXISTS policies (
-    box_id      TEXT PRIMARY KEY,
-    policy      TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS retired_names (
-    account     TEXT NOT NULL,
-    name        TEXT NOT NULL,
-    PRIMARY KEY (account, name)
-);
-";
-
-/// Columns added after the first schema: (name, type). Added to old databases
-/// on open, so a daemon upgrade finds every box.
-const ADDED_COLUMNS: &[(&str, &str)] = &[
-    ("disk", "INTEGER NOT NULL DEFAULT 17179869184"),
-    ("parent", "TEXT"),
-    ("idle", "INTEGER"),
-    ("keep_running", "INTEGER NOT NULL DEFAULT 0"),
-    ("state_since", "INTEGER NOT NULL DEFAULT 0"),
-    ("backend", "TEXT NOT NULL DEFAULT 'ns'"),
-];
-
 const COLUMNS: &str = "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pids, b.slot, b.state, b.pid, \
                        b.created_at, b.disk, b.parent, p.name, b.idle, b.keep_running, b.state_since, b.backend";
 
@@ -92,12 +51,7 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.execute_batch(SCHEMA)?;
-        conn.execute_batch(crate::ledger::SCHEMA)?;
-        conn.execute_batch(crate::egress_log::SCHEMA)?;
-        conn.execute_batch(crate::secret_store::SCHEMA)?;
-        add_missing_columns(&conn, "boxes", ADDED_COLUMNS)?;
-        add_missing_columns(&conn, "usage_samples", crate::ledger::ADDED_COLUMNS)?;
+        crate::schema::apply(&conn)?;
         Ok(Self { conn: Mutex::new(conn), slots: 0..SLOTS_PER_BLOCK })
     }
 
@@ -268,7 +222,7 @@ impl Store {
                     BoxState::Running.as_str(),
                     pid,
                     BoxState::Creating.as_str(),
-                    crate::manager::WARM_ACCOUNT
+                    crate::ids::WARM_ACCOUNT
                 ],
             )?;
             if changed != 1 {
@@ -396,20 +350,6 @@ impl Store {
         tx.commit()?;
         Ok(())
     }
-}
-
-/// Adds to `table` the columns a database made by an older moat lacks.
-fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
-    let existing: Vec<String> = conn
-        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    for (column, ty) in columns {
-        if !existing.iter().any(|c| c == column) {
-            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ty}"))?;
-        }
-    }
-    Ok(())
 }
 
 /// Refuses `name` if `account` has a box by it already.
@@ -590,7 +530,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(SCHEMA).unwrap();
+        conn.execute_batch(crate::schema::BOXES).unwrap();
         conn.execute(
             "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at) \
              VALUES ('00ff', 'a', 'old', 'debian', 1, 1073741824, 100, 0, 'stopped', NULL, 5)",

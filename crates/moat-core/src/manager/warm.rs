@@ -15,9 +15,7 @@ use crate::limits::Limits;
 use crate::policy::Policy;
 use crate::record::{BoxRecord, BoxState};
 
-/// The account warm boxes belong to until `new` takes one (no SSH key's
-/// account id looks like it).
-pub const WARM_ACCOUNT: &str = "moat:warm";
+pub use crate::ids::WARM_ACCOUNT;
 
 /// How long after a `new` its image's warm box starts being made: a script's
 /// `new`s back to back are not slowed by one being made beside them.
