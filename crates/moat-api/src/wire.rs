@@ -53,13 +53,8 @@ impl Packets {
     }
 
     /// Wraps a packet socket (it is made non-blocking). Needs a tokio runtime.
-    #[allow(unsafe_code)]
     pub fn new(fd: OwnedFd) -> io::Result<Self> {
-        rustix::io::ioctl_fionbio(&fd, true)?;
-        // SAFETY: an `OwnedFd` is open, and stays the same descriptor, until it
-        // is dropped, which happens only when the `AsyncFd` is.
-        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::WRITABLE) };
-        Ok(Self { fd: fd.map_err(io::Error::from)? })
+        Ok(Self { fd: moat_core::async_fd::register(fd, Interest::READABLE | Interest::WRITABLE)? })
     }
 
     /// Sends one message, `fds` attached. Messages from concurrent senders on

@@ -2,6 +2,7 @@
 //! resource limits), the SQLite state store, the backend trait, and the box
 //! lifecycle that ties them together.
 
+pub mod async_fd;
 pub mod backend;
 pub mod box_ca;
 pub mod clock;

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moat_core::egress::{LogEntry, LogKind, LogVerdict, NFNL_SUBSYS_ULOG};
-use tokio::io::unix::AsyncFd;
 
 use crate::boxnet::BoxNet;
 use crate::log::entry;
@@ -28,11 +27,7 @@ const PROTO_ICMPV6: u8 = 58;
 
 /// Reads the box's dropped-packet reports on `fd` until the task is dropped.
 pub async fn serve(net: Arc<BoxNet>, fd: OwnedFd) {
-    // `new` is deprecated because a borrowed descriptor could be closed
-    // while registered; this one is owned by the `AsyncFd` for its whole
-    // life, and this crate forbids the unsafe `register`.
-    #[allow(deprecated)]
-    let Ok(fd) = AsyncFd::new(fd) else {
+    let Ok(fd) = moat_core::async_fd::register(fd, tokio::io::Interest::READABLE) else {
         return;
     };
     let mut buf = vec![0u8; 64 << 10];
