@@ -8,7 +8,7 @@ use std::sync::Arc;
 use moat_core::{AccountId, Name};
 use tokio::sync::{mpsc, Mutex};
 
-use crate::proto::{ApiError, Event, Reply, Request, MAX_EVENT};
+use crate::proto::{ApiError, Event, Op, Reply, Request, MAX_EVENT};
 use crate::wire::Packets;
 
 /// Byte the front door sends on the dialer to ask for a connection.
@@ -86,7 +86,7 @@ impl ApiClient {
     /// Opens a session on a box (resuming or booting it): a stream connected
     /// to its agent, and the lease that keeps the box up.
     pub async fn open_session(&self, account: &AccountId, name: &Name) -> Result<(OwnedFd, Lease), ApiError> {
-        let req = Request::OpenSession { account: account.clone(), name: name.clone() };
+        let req = Request::Act { account: account.clone(), op: Op::OpenSession { name: name.clone() } };
         match self.exchange(&req, None).await? {
             (Reply::Session, Some(fd), conn) => Ok((fd, Lease { _conn: conn })),
             (reply, _, _) => Err(ApiError::unexpected(&reply)),

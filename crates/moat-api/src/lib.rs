@@ -16,5 +16,5 @@ pub mod server;
 pub mod wire;
 
 pub use client::{ApiClient, Lease};
-pub use proto::{ApiError, BoxInfo, Event, Hello, PolicyChange, Reply, Request, Route};
+pub use proto::{AccountLimits, ApiError, BoxInfo, Event, Hello, Op, Reply, Request, Route, Whoami};
 pub use wire::Packets;

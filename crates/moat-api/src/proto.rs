@@ -7,9 +7,9 @@
 //! like no box, and every limit is checked again.
 
 use moat_core::egress::{Answer, LogEntry, Question};
-use moat_core::policy::Policy;
+use moat_core::policy::{Policy, PolicyChange, Preset};
 use moat_core::secrets::{Limit, SecretInfo, SecretSpec, SecretValue};
-use moat_core::{AccountId, BoxRecord, Change, Limits, Name, UsageReport};
+use moat_core::{AccountId, BoxRecord, Change, Limits, ManagerConfig, Name, UsageReport};
 use serde::{Deserialize, Serialize};
 
 /// Largest request the privileged side reads (requests are a few hundred bytes).
@@ -33,34 +33,42 @@ pub struct Hello {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// Which account a public key (OpenSSH `TYPE BASE64`) is, if it is listed.
+    /// Which account a public key (OpenSSH `TYPE BASE64`) is, if it is listed:
+    /// the one question asked before an account is known.
     Authorize {
         /// The key.
         key: String,
     },
+    /// An operation for an account (the envelope every other request is).
+    Act {
+        /// The account it acts for.
+        account: AccountId,
+        /// What it does.
+        op: Op,
+    },
+}
+
+/// What the front door may ask for an account: one variant per operation of
+/// the core. The control grammar yields these directly; the core checks
+/// everything in them again (names and rules on decode, limits and
+/// ownership in the manager).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Op {
     /// What an SSH user name is for this account: a box, a former box, or neither.
     Route {
-        /// The account.
-        account: AccountId,
         /// The name (already a valid box name).
         name: Name,
     },
     /// The account's boxes.
-    List {
-        /// The account.
-        account: AccountId,
-    },
+    List,
     /// One box.
     Get {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
     },
     /// Makes a box (building its image first if needed; progress streams back).
     Create {
-        /// The account.
-        account: AccountId,
         /// The box's name.
         name: Name,
         /// Its image.
@@ -71,7 +79,7 @@ pub enum Request {
         idle: Option<u32>,
         /// The preset its egress policy starts from, if not the operator's default.
         #[serde(default)]
-        policy: Option<String>,
+        policy: Option<Preset>,
         /// Ask mode from the start.
         #[serde(default)]
         ask: bool,
@@ -81,15 +89,11 @@ pub enum Request {
     },
     /// Removes a box.
     Remove {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
     },
     /// Copies `src` as `dst`.
     Dup {
-        /// The account.
-        account: AccountId,
         /// The box copied.
         src: Name,
         /// The copy's name.
@@ -97,8 +101,6 @@ pub enum Request {
     },
     /// What differs in `b` relative to `a`.
     Diff {
-        /// The account.
-        account: AccountId,
         /// The reference.
         a: Name,
         /// The box compared.
@@ -106,8 +108,6 @@ pub enum Request {
     },
     /// Saves a box as a checkpoint.
     Checkpoint {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
         /// The label, if not the next `cN`.
@@ -115,15 +115,11 @@ pub enum Request {
     },
     /// A box's checkpoints.
     Checkpoints {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
     },
     /// Puts a box back to a checkpoint.
     Restore {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
         /// The checkpoint.
@@ -131,8 +127,6 @@ pub enum Request {
     },
     /// Deletes a checkpoint.
     CheckpointRemove {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
         /// The checkpoint.
@@ -140,36 +134,26 @@ pub enum Request {
     },
     /// `child` takes its parent's name.
     Promote {
-        /// The account.
-        account: AccountId,
         /// The duplicate.
         child: Name,
     },
     /// Ends a box's processes.
     Stop {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
     },
     /// Boots a box.
     Start {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
     },
     /// Freezes a box.
     Suspend {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
     },
     /// Sets a box's idle grace.
     SetIdle {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
         /// Seconds.
@@ -177,8 +161,6 @@ pub enum Request {
     },
     /// Keeps a box running without sessions, or not.
     SetKeepRunning {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
         /// On or off.
@@ -186,8 +168,6 @@ pub enum Request {
     },
     /// Usage since `since` (seconds since the epoch), of one box or all.
     Usage {
-        /// The account.
-        account: AccountId,
         /// Start of the period.
         since: u64,
         /// One box, or every box.
@@ -195,15 +175,11 @@ pub enum Request {
     },
     /// A box's egress policy.
     Policy {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
     },
     /// Changes a box's egress policy; applies to its next connection.
     ChangePolicy {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
         /// The change.
@@ -212,8 +188,6 @@ pub enum Request {
     /// A box's egress log since `since_ms`, in batches; with `follow`, then
     /// every new entry until the connection closes.
     Log {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
         /// Milliseconds since the epoch.
@@ -226,29 +200,20 @@ pub enum Request {
     },
     /// Adds a secret (its value travels only in this request).
     SecretAdd {
-        /// The account.
-        account: AccountId,
         /// What it is.
         spec: SecretSpec,
         /// Its value.
         value: SecretValue,
     },
     /// The account's secrets (never their values).
-    SecretList {
-        /// The account.
-        account: AccountId,
-    },
+    SecretList,
     /// Removes a secret (revoked from every box first).
     SecretRemove {
-        /// The account.
-        account: AccountId,
         /// The secret.
         name: Name,
     },
     /// Grants a secret to a box.
     SecretGrant {
-        /// The account.
-        account: AccountId,
         /// The secret.
         name: Name,
         /// The box.
@@ -256,8 +221,6 @@ pub enum Request {
     },
     /// Revokes a secret from a box.
     SecretRevoke {
-        /// The account.
-        account: AccountId,
         /// The secret.
         name: Name,
         /// The box.
@@ -265,8 +228,6 @@ pub enum Request {
     },
     /// Limits a secret's use, by one box or by all together.
     SecretLimit {
-        /// The account.
-        account: AccountId,
         /// The secret.
         name: Name,
         /// The box (`None`: all together).
@@ -276,53 +237,41 @@ pub enum Request {
     },
     /// Stops every use of a secret at once.
     SecretKill {
-        /// The account.
-        account: AccountId,
         /// The secret.
         name: Name,
     },
     /// The account's open questions (ask mode); with `follow`, then every
     /// new one until the connection closes.
     Questions {
-        /// The account.
-        account: AccountId,
         /// Keep sending new questions.
         follow: bool,
     },
     /// The owner's answer to a question.
     Answer {
-        /// The account.
-        account: AccountId,
         /// The question.
         id: u64,
         /// The answer.
         answer: Answer,
     },
+    /// Who the account is and what it may use (`whoami`).
+    Whoami,
     /// A session on a box: the answer carries a stream connected to its agent,
     /// and the box stays up until this request's connection closes.
     OpenSession {
-        /// The account.
-        account: AccountId,
         /// The box.
         name: Name,
     },
 }
 
-/// A change to a policy. Rules travel as the words the user typed and are
-/// parsed by the privileged side.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PolicyChange {
-    /// Add an allow rule.
-    Allow(Vec<String>),
-    /// Add a deny rule.
-    Deny(Vec<String>),
-    /// Remove a rule (allow or deny) equal to this one.
-    Remove(Vec<String>),
-    /// Replace the policy's rules with a preset's (ask mode stays as it was).
-    Preset(String),
-    /// Turn ask mode on or off.
-    Ask(bool),
+impl Op {
+    /// The name of the box this operation would create, if it creates one.
+    pub fn creates(&self) -> Option<&Name> {
+        match self {
+            Op::Create { name, .. } => Some(name),
+            Op::Dup { dst, .. } => Some(dst),
+            _ => None,
+        }
+    }
 }
 
 /// What a user name is, for one account.
@@ -388,6 +337,48 @@ impl From<&BoxRecord> for BoxInfo {
     }
 }
 
+/// Who an account is and what the operator lets it use: `whoami`. Its JSON
+/// is what `whoami --json` prints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Whoami {
+    /// The account.
+    pub account: AccountId,
+    /// Its key's SHA-256 fingerprint, as `ssh-keygen -l` shows it (an
+    /// account is its key, so today this is the account's id too).
+    pub fingerprint: String,
+    /// How many boxes it has.
+    pub boxes: usize,
+    /// The operator's caps (`moat serve --max-boxes` and the like).
+    pub limits: AccountLimits,
+}
+
+/// The operator's caps on one account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountLimits {
+    /// Most boxes (`--max-boxes`).
+    pub max_boxes: usize,
+    /// The largest limits one box may ask for (`--max-cpus`, `--max-memory`, `--max-disk`).
+    pub per_box: Limits,
+    /// Most memory the limits of its boxes may add up to (`--max-memory-per-account`).
+    pub max_memory: u64,
+    /// Most disk its boxes may hold together (`--max-disk-per-account`).
+    pub max_disk: u64,
+    /// Most checkpoints per box (`--max-checkpoints`).
+    pub max_checkpoints: usize,
+}
+
+impl From<&ManagerConfig> for AccountLimits {
+    fn from(c: &ManagerConfig) -> Self {
+        Self {
+            max_boxes: c.max_boxes,
+            per_box: c.max_limits,
+            max_memory: c.max_memory_per_account,
+            max_disk: c.max_disk_per_account,
+            max_checkpoints: c.max_checkpoints,
+        }
+    }
+}
+
 /// A successful answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -413,6 +404,8 @@ pub enum Reply {
     Question(Question),
     /// To `SecretList`.
     Secrets(Vec<SecretInfo>),
+    /// To `Whoami`.
+    Whoami(Whoami),
     /// To `OpenSession`: the stream to the agent is attached.
     Session,
     /// Done, nothing to say.
@@ -458,6 +451,7 @@ pub enum Event {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use moat_core::policy::Rule;
     use proptest::prelude::*;
 
     proptest! {
@@ -467,8 +461,10 @@ mod tests {
         /// name that decodes is a valid one.
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            if let Ok(Request::Route { name, .. }) = serde_json::from_slice::<Request>(&bytes) {
-                prop_assert!(Name::new(name.as_str()).is_ok());
+            match serde_json::from_slice::<Request>(&bytes) {
+                Ok(Request::Act { op: Op::Route { name }, .. }) => prop_assert!(Name::new(name.as_str()).is_ok()),
+                Ok(Request::Act { op: Op::ChangePolicy { change, .. }, .. }) => prop_assert!(rule_is_parsed(&change)),
+                _ => {}
             }
         }
 
@@ -476,16 +472,16 @@ mod tests {
         /// decode or fail cleanly; names stay valid whatever gets through.
         #[test]
         fn mutated_requests_stay_valid(pos in 0usize..200, byte in any::<u8>(), op in 0u8..3) {
-            let req = Request::Create {
-                account: AccountId("SHA256:abc".into()),
+            let create = Op::Create {
                 name: Name::new("web").unwrap(),
                 image: Name::new("debian").unwrap(),
                 limits: Limits::default(),
                 idle: Some(5),
-                policy: None,
+                policy: Some(Preset::GithubRead),
                 ask: false,
                 backend: Some(moat_core::BackendKind::Vm),
             };
+            let req = Request::Act { account: AccountId("SHA256:abc".into()), op: create };
             let mut bytes = serde_json::to_vec(&req).unwrap();
             let pos = pos % bytes.len();
             match op {
@@ -493,18 +489,49 @@ mod tests {
                 1 => bytes.insert(pos, byte),
                 _ => { bytes.truncate(pos); }
             }
-            if let Ok(Request::Create { name, image, .. }) = serde_json::from_slice::<Request>(&bytes) {
+            if let Ok(Request::Act { op: Op::Create { name, image, .. }, .. }) = serde_json::from_slice::<Request>(&bytes) {
                 prop_assert!(Name::new(name.as_str()).is_ok());
                 prop_assert!(Name::new(image.as_str()).is_ok());
             }
+        }
+
+        /// Mutations of a rule change decode only to rules the parser could
+        /// have made: the core applies what it decodes without parsing again.
+        #[test]
+        fn mutated_rules_stay_parsed(pos in 0usize..200, byte in any::<u8>(), op in 0u8..3, which in 0usize..4) {
+            let text = ["GET,HEAD deb.debian.org/debian/", "*.example.com:443", "x.org:*", "github.com/*git-receive-pack"][which];
+            let rule = Rule::parse(&text.split(' ').collect::<Vec<_>>()).unwrap();
+            let change = Op::ChangePolicy { name: Name::new("web").unwrap(), change: PolicyChange::Deny(rule) };
+            let req = Request::Act { account: AccountId("SHA256:abc".into()), op: change };
+            let mut bytes = serde_json::to_vec(&req).unwrap();
+            let pos = pos % bytes.len();
+            match op {
+                0 => bytes[pos] = byte,
+                1 => bytes.insert(pos, byte),
+                _ => { bytes.truncate(pos); }
+            }
+            if let Ok(Request::Act { op: Op::ChangePolicy { change, .. }, .. }) = serde_json::from_slice::<Request>(&bytes) {
+                prop_assert!(rule_is_parsed(&change));
+            }
+        }
+    }
+
+    /// Whether the rule in a change is one `Rule::parse` makes from its text.
+    fn rule_is_parsed(change: &PolicyChange) -> bool {
+        match change {
+            PolicyChange::Allow(rule) | PolicyChange::Deny(rule) | PolicyChange::Remove(rule) => {
+                let text = rule.to_string();
+                Rule::parse(&text.split(' ').collect::<Vec<_>>()).as_ref() == Ok(rule)
+            }
+            PolicyChange::Preset(_) | PolicyChange::Ask(_) => true,
         }
     }
 
     #[test]
     fn invalid_names_do_not_decode() {
-        let bad = r#"{"route":{"account":"SHA256:x","name":"../etc"}}"#;
+        let bad = r#"{"act":{"account":"SHA256:x","op":{"route":{"name":"../etc"}}}}"#;
         assert!(serde_json::from_str::<Request>(bad).is_err());
-        let good = r#"{"route":{"account":"SHA256:x","name":"web"}}"#;
+        let good = r#"{"act":{"account":"SHA256:x","op":{"route":{"name":"web"}}}}"#;
         assert!(serde_json::from_str::<Request>(good).is_ok());
     }
 }

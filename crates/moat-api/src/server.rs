@@ -7,12 +7,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use moat_core::egress::Question;
-use moat_core::policy::{HostName, Policy, PolicyError, Rule};
+use moat_core::policy::{HostName, Policy};
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Change, ChangeSink, ManagerError};
 use tokio::sync::Semaphore;
 
 use crate::client::DIAL;
-use crate::proto::{ApiError, BoxInfo, Event, PolicyChange, Reply, Request, Route, MAX_REQUEST};
+use crate::proto::{AccountLimits, ApiError, BoxInfo, Event, Op, Reply, Request, Route, Whoami, MAX_REQUEST};
 use crate::wire::Packets;
 
 /// Most request connections open at once: every box session holds one, so
@@ -34,33 +34,6 @@ pub struct Privileged {
     pub default_policy: Policy,
     /// The registry hosts of the `registries` preset.
     pub registries: Vec<HostName>,
-}
-
-impl Privileged {
-    fn preset(&self, name: &str) -> Result<Policy, PolicyError> {
-        moat_core::policy::preset(name, &self.registries)
-    }
-
-    /// Applies a change to `policy`.
-    fn apply(&self, policy: &mut Policy, change: PolicyChange) -> Result<(), PolicyError> {
-        let rule = |words: &[String]| Rule::parse(&words.iter().map(String::as_str).collect::<Vec<_>>());
-        match change {
-            PolicyChange::Allow(words) => policy.allow(rule(&words)?),
-            PolicyChange::Deny(words) => policy.deny(rule(&words)?),
-            PolicyChange::Remove(words) => {
-                let rule = rule(&words)?;
-                policy.allow.retain(|r| *r != rule);
-                policy.deny.retain(|r| *r != rule);
-            }
-            PolicyChange::Preset(name) => {
-                let ask = policy.ask;
-                *policy = self.preset(&name)?;
-                policy.ask = ask;
-            }
-            PolicyChange::Ask(on) => policy.ask = on,
-        }
-        Ok(())
-    }
 }
 
 /// Answers dials on `dialer` until the front door closes it.
@@ -105,7 +78,13 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
             return send(conn, &Event::Outcome(Err(err)), None).await;
         }
     };
-    if let Request::OpenSession { account, name } = req {
+    let (account, op) = match req {
+        Request::Authorize { key } => {
+            return send(conn, &Event::Outcome(Ok(Reply::Account((ctx.authorize)(&key)))), None).await
+        }
+        Request::Act { account, op } => (account, op),
+    };
+    if let Op::OpenSession { name } = op {
         let (fd, guard) = match open_session(&ctx.manager, &account, &name).await {
             Ok(opened) => opened,
             Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
@@ -117,11 +96,11 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         drop(guard);
         return Ok(());
     }
-    if let Request::Log { account, name, since_ms, follow, ask } = req {
+    if let Op::Log { name, since_ms, follow, ask } = op {
         let outcome = send_log(conn, &ctx.manager, &account, &name, since_ms, follow, ask).await?;
         return send(conn, &Event::Outcome(outcome), None).await;
     }
-    if let Request::Questions { account, follow } = req {
+    if let Op::Questions { follow } = op {
         send_questions(conn, &ctx.manager, &account, follow).await?;
         return send(conn, &Event::Outcome(Ok(Reply::Done)), None).await;
     }
@@ -137,7 +116,7 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
     let (changes_tx, mut changes_rx) = tokio::sync::mpsc::channel::<Vec<Change>>(4);
     let changes: Box<ChangeSink<'static>> = Box::new(move |batch| changes_tx.blocking_send(batch).is_ok());
     let ctx = Arc::clone(ctx);
-    let mut work = tokio::spawn(async move { run(req, &ctx, progress, changes).await });
+    let mut work = tokio::spawn(async move { run(&account, op, &ctx, progress, changes).await });
     let outcome = loop {
         tokio::select! {
             Some(line) = progress_rx.recv() => send(conn, &Event::Progress(line), None).await?,
@@ -332,79 +311,81 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
+/// Carries out one operation for `account`: each arm the core-side half of
+/// a control verb (the front door's half is its file in `control/verbs/`).
 async fn run(
-    req: Request,
+    account: &AccountId,
+    op: Op,
     ctx: &Privileged,
     progress: moat_core::ProgressSink,
     changes: Box<ChangeSink<'static>>,
 ) -> Result<Reply, ManagerError> {
     let m = &ctx.manager;
-    Ok(match req {
-        Request::Authorize { key } => Reply::Account((ctx.authorize)(&key)),
-        Request::Route { account, name } => Reply::Route(if m.get(&account, &name).is_ok() {
+    Ok(match op {
+        Op::Route { name } => Reply::Route(if m.get(account, &name).is_ok() {
             Route::Box
-        } else if m.was_box(&account, &name).unwrap_or(true) {
+        } else if m.was_box(account, &name).unwrap_or(true) {
             // A store error must not route a box's command to the control plane.
             Route::Gone
         } else {
             Route::None
         }),
-        Request::List { account } => Reply::Boxes(m.list(&account)?.iter().map(BoxInfo::from).collect()),
-        Request::Get { account, name } => Reply::Box(BoxInfo::from(&m.get(&account, &name)?)),
-        Request::Create { account, name, image, limits, idle, policy, ask, backend } => {
+        Op::List => Reply::Boxes(m.list(account)?.iter().map(BoxInfo::from).collect()),
+        Op::Get { name } => Reply::Box(BoxInfo::from(&m.get(account, &name)?)),
+        Op::Create { name, image, limits, idle, policy, ask, backend } => {
             let mut policy = match policy {
-                Some(preset) => ctx.preset(&preset)?,
+                Some(preset) => preset.policy(&ctx.registries)?,
                 None => ctx.default_policy.clone(),
             };
             policy.ask |= ask;
-            let rec = m.create(&account, BoxSpec { name, image, limits, policy, backend }, progress).await?;
+            let rec = m.create(account, BoxSpec { name, image, limits, policy, backend }, progress).await?;
             if let Some(seconds) = idle {
-                m.set_idle(&account, &rec.name, seconds).await?;
+                m.set_idle(account, &rec.name, seconds).await?;
             }
-            Reply::Box(BoxInfo::from(&m.get(&account, &rec.name)?))
+            Reply::Box(BoxInfo::from(&m.get(account, &rec.name)?))
         }
-        Request::Remove { account, name } => m.remove(&account, &name).await.map(|()| Reply::Done)?,
-        Request::Dup { account, src, dst } => Reply::Box(BoxInfo::from(&m.dup(&account, &src, &dst).await?)),
-        Request::Diff { account, a, b } => m.diff(&account, &a, &b, changes).await.map(|()| Reply::Done)?,
-        Request::Promote { account, child } => Reply::Name(m.promote(&account, &child).await?),
-        Request::Checkpoint { account, name, label } => Reply::Name(m.checkpoint(&account, &name, label).await?),
-        Request::Checkpoints { account, name } => Reply::Checkpoints(m.checkpoints(&account, &name).await?),
-        Request::Restore { account, name, label } => Reply::Name(m.restore(&account, &name, &label).await?),
-        Request::CheckpointRemove { account, name, label } => {
-            m.remove_checkpoint(&account, &name, &label).await.map(|()| Reply::Done)?
+        Op::Remove { name } => m.remove(account, &name).await.map(|()| Reply::Done)?,
+        Op::Dup { src, dst } => Reply::Box(BoxInfo::from(&m.dup(account, &src, &dst).await?)),
+        Op::Diff { a, b } => m.diff(account, &a, &b, changes).await.map(|()| Reply::Done)?,
+        Op::Promote { child } => Reply::Name(m.promote(account, &child).await?),
+        Op::Checkpoint { name, label } => Reply::Name(m.checkpoint(account, &name, label).await?),
+        Op::Checkpoints { name } => Reply::Checkpoints(m.checkpoints(account, &name).await?),
+        Op::Restore { name, label } => Reply::Name(m.restore(account, &name, &label).await?),
+        Op::CheckpointRemove { name, label } => {
+            m.remove_checkpoint(account, &name, &label).await.map(|()| Reply::Done)?
         }
-        Request::Stop { account, name } => m.stop(&account, &name).await.map(|()| Reply::Done)?,
-        Request::Start { account, name } => m.start(&account, &name).await.map(|()| Reply::Done)?,
-        Request::Suspend { account, name } => m.suspend(&account, &name).await.map(|()| Reply::Done)?,
-        Request::SetIdle { account, name, seconds } => {
-            m.set_idle(&account, &name, seconds).await.map(|()| Reply::Done)?
+        Op::Stop { name } => m.stop(account, &name).await.map(|()| Reply::Done)?,
+        Op::Start { name } => m.start(account, &name).await.map(|()| Reply::Done)?,
+        Op::Suspend { name } => m.suspend(account, &name).await.map(|()| Reply::Done)?,
+        Op::SetIdle { name, seconds } => m.set_idle(account, &name, seconds).await.map(|()| Reply::Done)?,
+        Op::SetKeepRunning { name, on } => m.set_keep_running(account, &name, on).await.map(|()| Reply::Done)?,
+        Op::Usage { since, name } => Reply::Usage(m.usage(account, since, name.as_ref()).await?),
+        Op::Policy { name } => Reply::Policy(m.policy(account, &name)?),
+        Op::ChangePolicy { name, change } => {
+            Reply::Policy(m.change_policy(account, &name, |p| p.apply(change, &ctx.registries)).await??)
         }
-        Request::SetKeepRunning { account, name, on } => {
-            m.set_keep_running(&account, &name, on).await.map(|()| Reply::Done)?
+        Op::Answer { id, answer } => Reply::Question(m.answer(account, id, answer).await?),
+        Op::SecretAdd { spec, value } => m.add_secret(account, spec, &value).map(|()| Reply::Done)?,
+        Op::SecretList => Reply::Secrets(m.secrets(account)?),
+        Op::SecretRemove { name } => m.remove_secret(account, &name).await.map(|()| Reply::Done)?,
+        Op::SecretGrant { name, box_name } => m.grant_secret(account, &name, &box_name).await.map(|()| Reply::Done)?,
+        Op::SecretRevoke { name, box_name } => {
+            m.revoke_secret(account, &name, &box_name).await.map(|()| Reply::Done)?
         }
-        Request::Usage { account, since, name } => Reply::Usage(m.usage(&account, since, name.as_ref()).await?),
-        Request::Policy { account, name } => Reply::Policy(m.policy(&account, &name)?),
-        Request::ChangePolicy { account, name, change } => {
-            Reply::Policy(m.change_policy(&account, &name, |p| ctx.apply(p, change)).await??)
-        }
-        Request::Answer { account, id, answer } => Reply::Question(m.answer(&account, id, answer).await?),
-        Request::SecretAdd { account, spec, value } => m.add_secret(&account, spec, &value).map(|()| Reply::Done)?,
-        Request::SecretList { account } => Reply::Secrets(m.secrets(&account)?),
-        Request::SecretRemove { account, name } => m.remove_secret(&account, &name).await.map(|()| Reply::Done)?,
-        Request::SecretGrant { account, name, box_name } => {
-            m.grant_secret(&account, &name, &box_name).await.map(|()| Reply::Done)?
-        }
-        Request::SecretRevoke { account, name, box_name } => {
-            m.revoke_secret(&account, &name, &box_name).await.map(|()| Reply::Done)?
-        }
-        Request::SecretLimit { account, name, box_name, limits } => {
+        Op::SecretLimit { name, box_name, limits } => {
             for limit in limits {
-                m.limit_secret(&account, &name, box_name.as_ref(), limit).await?;
+                m.limit_secret(account, &name, box_name.as_ref(), limit).await?;
             }
             Reply::Done
         }
-        Request::SecretKill { account, name } => m.kill_secret(&account, &name).await.map(|()| Reply::Done)?,
+        Op::SecretKill { name } => m.kill_secret(account, &name).await.map(|()| Reply::Done)?,
+        Op::Whoami => Reply::Whoami(Whoami {
+            account: account.clone(),
+            fingerprint: account.0.clone(),
+            boxes: m.list(account)?.len(),
+            limits: AccountLimits::from(m.config()),
+        }),
         // Answered by `answer`, which keeps their connections.
-        Request::OpenSession { .. } | Request::Log { .. } | Request::Questions { .. } => Reply::Done,
+        Op::OpenSession { .. } | Op::Log { .. } | Op::Questions { .. } => Reply::Done,
     })
 }

@@ -8,7 +8,7 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use moat_api::proto::{Event, Reply, Request};
+use moat_api::proto::{Event, Op, Reply, Request};
 use moat_api::server::{serve, Privileged};
 use moat_api::Packets;
 use moat_core::backend::Progress;
@@ -126,8 +126,28 @@ async fn bad_requests_get_errors_or_a_closed_connection() {
 
     // An invalid name is refused at decoding, before the manager sees it.
     let conn = dial(&dialer).await;
-    conn.send(br#"{"get":{"account":"SHA256:ok","name":"../../etc"}}"#, &[]).await.unwrap();
+    conn.send(br#"{"act":{"account":"SHA256:ok","op":{"get":{"name":"../../etc"}}}}"#, &[]).await.unwrap();
     assert!(matches!(outcome(&conn).await, Some(Event::Outcome(Err(_)))));
+    // So is a rule the front door's parser would not have made (the core
+    // applies rules as they decode), a secret value that would break out of
+    // its header, and a limit of nothing.
+    for bad in [
+        r#"{"change_policy":{"name":"web","change":{"allow":{"host":{"exact":"x.org"},"ports":[0]}}}}"#,
+        r#"{"change_policy":{"name":"web","change":{"deny":{"host":{"exact":"x.org"},"ports":null,"path":"/a/../b"}}}}"#,
+        r#"{"change_policy":{"name":"web","change":{"allow":{"host":{"exact":"x.org"},"ports":null,"methods":["get"]}}}}"#,
+        r#"{"change_policy":{"name":"web","change":{"preset":"everything"}}}"#,
+        r#"{"secret_add":{"spec":{"name":"k","host":"x.org","header":"x-k","format":"{}","env":"K"},"value":"0123456789abcdef
+x-evil: 1"}}"#,
+        r#"{"secret_limit":{"name":"k","box_name":null,"limits":[{"kind":"requests","amount":0,"per_secs":60}]}}"#,
+    ] {
+        let conn = dial(&dialer).await;
+        let req = format!(r#"{{"act":{{"account":"SHA256:ok","op":{bad}}}}}"#);
+        conn.send(req.as_bytes(), &[]).await.unwrap();
+        match outcome(&conn).await {
+            Some(Event::Outcome(Err(e))) => assert!(e.message.contains("malformed request"), "{bad}: {e:?}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
 
     // Too big, or carrying a descriptor: no answer, the connection is dropped.
     let conn = dial(&dialer).await;
@@ -135,20 +155,34 @@ async fn bad_requests_get_errors_or_a_closed_connection() {
     assert!(outcome(&conn).await.is_none());
     let conn = dial(&dialer).await;
     let (a, _b) = Packets::pair().unwrap();
-    conn.send(br#"{"list":{"account":"SHA256:ok"}}"#, &[a.as_fd()]).await.unwrap();
+    conn.send(br#"{"act":{"account":"SHA256:ok","op":"list"}}"#, &[a.as_fd()]).await.unwrap();
     assert!(outcome(&conn).await.is_none());
 
     // Good requests still work on the same dialer.
     let conn = dial(&dialer).await;
-    let list = serde_json::to_vec(&Request::List { account: AccountId("SHA256:ok".into()) }).unwrap();
+    let list = serde_json::to_vec(&Request::Act { account: AccountId("SHA256:ok".into()), op: Op::List }).unwrap();
     conn.send(&list, &[]).await.unwrap();
     assert!(matches!(outcome(&conn).await, Some(Event::Outcome(Ok(Reply::Boxes(b)))) if b.is_empty()));
     let conn = dial(&dialer).await;
     conn.send(&serde_json::to_vec(&Request::Authorize { key: "ssh-rsa AAAA".into() }).unwrap(), &[]).await.unwrap();
     assert!(matches!(outcome(&conn).await, Some(Event::Outcome(Ok(Reply::Account(None))))));
+    // `whoami` answers with the operator's caps.
+    let conn = dial(&dialer).await;
+    let whoami = Request::Act { account: AccountId("SHA256:ok".into()), op: Op::Whoami };
+    conn.send(&serde_json::to_vec(&whoami).unwrap(), &[]).await.unwrap();
+    match outcome(&conn).await {
+        Some(Event::Outcome(Ok(Reply::Whoami(me)))) => {
+            assert_eq!((me.account.0.as_str(), me.fingerprint.as_str(), me.boxes), ("SHA256:ok", "SHA256:ok", 0));
+            assert_eq!(me.limits.max_boxes, ManagerConfig::default().max_boxes);
+        }
+        other => panic!("{other:?}"),
+    }
     // A session on a box that does not exist is an error, with no descriptor.
     let conn = dial(&dialer).await;
-    let open = Request::OpenSession { account: AccountId("SHA256:ok".into()), name: Name::new("web").unwrap() };
+    let open = Request::Act {
+        account: AccountId("SHA256:ok".into()),
+        op: Op::OpenSession { name: Name::new("web").unwrap() },
+    };
     conn.send(&serde_json::to_vec(&open).unwrap(), &[]).await.unwrap();
     let msg = conn.recv(1 << 20).await.unwrap().unwrap();
     assert!(msg.fds.is_empty());

@@ -40,7 +40,7 @@ pub enum PolicyError {
     #[error("{0:?} is not a path pattern (it starts with '/', holds printable ASCII, '*' for any run)")]
     BadPath(String),
     /// No such preset.
-    #[error("no preset named {0:?} (presets: {presets})", presets = PRESETS.join(", "))]
+    #[error("no preset named {0:?} (presets: {presets})", presets = Preset::names())]
     NoPreset(String),
 }
 
@@ -132,7 +132,12 @@ impl HostPattern {
 
 /// One rule: `[METHODS ]HOST[:PORTS][/PATH]`, e.g. `pypi.org`,
 /// `*.githubusercontent.com:443`, `GET,HEAD deb.debian.org/debian/`.
+///
+/// A rule is parsed once, where a person typed it; what decodes from JSON
+/// (the front door's requests, the store) is checked as strictly as
+/// [`Rule::parse`] checks text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RuleFields")]
 pub struct Rule {
     /// The hosts.
     pub host: HostPattern,
@@ -145,6 +150,40 @@ pub struct Rule {
     /// for any run of characters. `None` is any target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+}
+
+/// A rule's fields as they decode, before they are checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleFields {
+    host: HostPattern,
+    ports: Option<Vec<u16>>,
+    #[serde(default)]
+    methods: Vec<String>,
+    #[serde(default)]
+    path: Option<String>,
+}
+
+impl TryFrom<RuleFields> for Rule {
+    type Error = PolicyError;
+    fn try_from(f: RuleFields) -> Result<Self, PolicyError> {
+        if !f.methods.iter().all(|m| is_method(m)) {
+            return Err(PolicyError::BadMethods(f.methods.join(",")));
+        }
+        if let Some(ports) = &f.ports {
+            if ports.is_empty() || ports.contains(&0) {
+                let shown: Vec<String> = ports.iter().map(u16::to_string).collect();
+                return Err(PolicyError::BadPorts(shown.join(",")));
+            }
+        }
+        if let Some(path) = &f.path {
+            if !path.starts_with('/') {
+                return Err(PolicyError::BadPath(path.clone()));
+            }
+            parse_path(path)?;
+        }
+        Ok(Self { host: f.host, ports: f.ports, methods: f.methods, path: f.path })
+    }
 }
 
 impl Rule {
@@ -219,10 +258,14 @@ fn glob_prefix(pattern: &[u8], text: &[u8]) -> bool {
     true
 }
 
+/// An HTTP method as rules name it: 1-16 upper-case letters.
+fn is_method(m: &str) -> bool {
+    !m.is_empty() && m.len() <= 16 && m.bytes().all(|b| b.is_ascii_uppercase())
+}
+
 fn parse_methods(s: &str) -> Result<Vec<String>, PolicyError> {
     let methods: Vec<String> = s.split(',').map(str::to_string).collect();
-    let token = |m: &String| !m.is_empty() && m.len() <= 16 && m.bytes().all(|b| b.is_ascii_uppercase());
-    if methods.iter().all(token) {
+    if methods.iter().all(|m| is_method(m)) {
         Ok(methods)
     } else {
         Err(PolicyError::BadMethods(s.to_string()))
@@ -361,10 +404,114 @@ impl Policy {
             self.deny.push(rule);
         }
     }
+
+    /// Removes a rule equal to `rule`, allow or deny.
+    pub fn remove(&mut self, rule: &Rule) {
+        self.allow.retain(|r| r != rule);
+        self.deny.retain(|r| r != rule);
+    }
+
+    /// Applies an owner's change: a preset replaces the rules (ask mode stays
+    /// as it was); the registry hosts are those of the `registries` preset.
+    pub fn apply(&mut self, change: PolicyChange, registries: &[HostName]) -> Result<(), PolicyError> {
+        match change {
+            PolicyChange::Allow(rule) => self.allow(rule),
+            PolicyChange::Deny(rule) => self.deny(rule),
+            PolicyChange::Remove(rule) => self.remove(&rule),
+            PolicyChange::Preset(preset) => {
+                let ask = self.ask;
+                *self = preset.policy(registries)?;
+                self.ask = ask;
+            }
+            PolicyChange::Ask(on) => self.ask = on,
+        }
+        Ok(())
+    }
 }
 
-/// The presets moat ships, by name.
-pub const PRESETS: &[&str] = &["none", "registries", "github-read"];
+/// A change to a box's policy, as its owner asks for it (rules already
+/// parsed: the front door parses the words, the core applies the rule).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyChange {
+    /// Add an allow rule.
+    Allow(Rule),
+    /// Add a deny rule.
+    Deny(Rule),
+    /// Remove a rule (allow or deny) equal to this one.
+    Remove(Rule),
+    /// Replace the policy's rules with a preset's (ask mode stays as it was).
+    Preset(Preset),
+    /// Turn ask mode on or off.
+    Ask(bool),
+}
+
+/// The presets moat ships.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    /// Nothing at all.
+    None,
+    /// Read-only access (GET and HEAD) to the host's package registries.
+    Registries,
+    /// Clone and fetch from GitHub over HTTPS, never push.
+    GithubRead,
+}
+
+impl Preset {
+    /// Every preset, in the order `help` names them.
+    pub const ALL: [Preset; 3] = [Preset::None, Preset::Registries, Preset::GithubRead];
+
+    /// Its name, as users type it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::None => "none",
+            Preset::Registries => "registries",
+            Preset::GithubRead => "github-read",
+        }
+    }
+
+    /// Every preset's name, for messages: `none, registries, github-read`.
+    pub fn names() -> String {
+        Self::ALL.map(Preset::name).join(", ")
+    }
+
+    /// The preset named `name`.
+    pub fn parse(name: &str) -> Result<Self, PolicyError> {
+        Self::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| PolicyError::NoPreset(name.to_string()))
+    }
+
+    /// Its policy. `registries` is read-only access (GET and HEAD) to the
+    /// given registry hosts.
+    pub fn policy(self, registries: &[HostName]) -> Result<Policy, PolicyError> {
+        let rule = |text: &str| {
+            let words: Vec<&str> = text.split(' ').collect();
+            Rule::parse(&words)
+        };
+        let mut policy = Policy::default();
+        match self {
+            Preset::None => {}
+            Preset::Registries => {
+                for host in registries {
+                    policy.allow(Rule { methods: vec!["GET".into(), "HEAD".into()], ..rule(host.as_str())? });
+                }
+            }
+            Preset::GithubRead => {
+                for text in GITHUB_READ {
+                    policy.allow(rule(text)?);
+                }
+                policy.deny(rule("github.com/*git-receive-pack")?);
+            }
+        }
+        Ok(policy)
+    }
+}
+
+impl fmt::Display for Preset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// The hosts of the `github-read` preset and what they allow: clone and fetch
 /// over HTTPS (the smart protocol's ref advertisement and `git-upload-pack`),
@@ -391,32 +538,9 @@ pub const DEFAULT_REGISTRIES: &[&str] = &[
     "crates.io",
 ];
 
-/// A preset's policy. `registries` is read-only access (GET and HEAD) to the
-/// given registry hosts.
+/// The policy of the preset named `name` (see [`Preset::policy`]).
 pub fn preset(name: &str, registries: &[HostName]) -> Result<Policy, PolicyError> {
-    let rule = |text: &str| {
-        let words: Vec<&str> = text.split(' ').collect();
-        Rule::parse(&words)
-    };
-    match name {
-        "none" => Ok(Policy::default()),
-        "registries" => {
-            let mut policy = Policy::default();
-            for host in registries {
-                policy.allow(Rule { methods: vec!["GET".into(), "HEAD".into()], ..rule(host.as_str())? });
-            }
-            Ok(policy)
-        }
-        "github-read" => {
-            let mut policy = Policy::default();
-            for text in GITHUB_READ {
-                policy.allow(rule(text)?);
-            }
-            policy.deny(rule("github.com/*git-receive-pack")?);
-            Ok(policy)
-        }
-        other => Err(PolicyError::NoPreset(other.to_string())),
-    }
+    Preset::parse(name)?.policy(registries)
 }
 
 #[cfg(test)]
@@ -511,5 +635,52 @@ mod tests {
         assert!(g.decide_request(&gh, 443, "GET", "/o/r.git/info/refs?service=git-receive-pack").is_err());
         assert!(g.decide_request(&gh, 443, "POST", "/o/r.git/info/lfs").is_err());
         assert!(g.decide_request(&host("api.github.com"), 443, "POST", "/repos").is_err());
+    }
+
+    #[test]
+    fn decoded_rules_are_checked_as_parsed_ones() {
+        for text in ["pypi.org", "*.example.com:443", "x.org:*", "GET,HEAD deb.debian.org/debian/", "a.b:22,2222"] {
+            let json = serde_json::to_string(&rule(text)).unwrap();
+            assert_eq!(serde_json::from_str::<Rule>(&json).unwrap(), rule(text));
+        }
+        for bad in [
+            r#"{"host":{"exact":"x.org"},"ports":[]}"#,
+            r#"{"host":{"exact":"x.org"},"ports":[0]}"#,
+            r#"{"host":{"exact":"x.org"},"ports":null,"methods":["get"]}"#,
+            r#"{"host":{"exact":"x.org"},"ports":null,"methods":[""]}"#,
+            r#"{"host":{"exact":"x.org"},"ports":null,"path":"a/b"}"#,
+            r#"{"host":{"exact":"x.org"},"ports":null,"path":"/a/../b"}"#,
+            r#"{"host":{"exact":"x.org"},"ports":null,"path":"/a b"}"#,
+            r#"{"host":{"exact":"1.2.3.4"},"ports":null}"#,
+            r#"{"host":{"below":"x.org"},"ports":null,"extra":1}"#,
+        ] {
+            assert!(serde_json::from_str::<Rule>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn changes_apply_the_policys_own_rules() {
+        let mut p = Policy { ask: true, ..Policy::default() };
+        p.apply(PolicyChange::Allow(rule("x.org")), &[]).unwrap();
+        p.apply(PolicyChange::Allow(rule("x.org")), &[]).unwrap();
+        assert_eq!(p.allow, [rule("x.org")]);
+        // A deny drops the allow rule it equals.
+        p.apply(PolicyChange::Deny(rule("x.org")), &[]).unwrap();
+        assert_eq!((p.allow.len(), p.deny.len()), (0, 1));
+        p.apply(PolicyChange::Remove(rule("x.org")), &[]).unwrap();
+        assert_eq!(p, Policy { ask: true, ..Policy::default() });
+        // A preset replaces the rules and keeps ask mode.
+        p.apply(PolicyChange::Allow(rule("y.org")), &[]).unwrap();
+        p.apply(PolicyChange::Preset(Preset::Registries), &[host("pypi.org")]).unwrap();
+        assert_eq!(p.allow, [rule("GET,HEAD pypi.org")]);
+        assert!(p.ask);
+        p.apply(PolicyChange::Ask(false), &[]).unwrap();
+        assert!(!p.ask);
+        for preset in Preset::ALL {
+            assert_eq!(Preset::parse(preset.name()), Ok(preset));
+            assert_eq!(serde_json::to_string(&preset).unwrap(), format!("{:?}", preset.name()));
+            assert!(preset.policy(&[host("pypi.org")]).is_ok());
+        }
+        assert_eq!(Preset::parse("all"), Err(PolicyError::NoPreset("all".into())));
     }
 }

@@ -32,10 +32,24 @@ pub fn same_header(a: &str, b: &str) -> bool {
         })
 }
 
-/// A secret's value: never printed, never logged.
+/// A secret's value: never printed, never logged. A value that decodes is
+/// checked as [`SecretValue::new`] checks one (it goes into HTTP headers).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(try_from = "String", into = "String")]
 pub struct SecretValue(String);
+
+impl TryFrom<String> for SecretValue {
+    type Error = SecretError;
+    fn try_from(s: String) -> Result<Self, SecretError> {
+        Self::new(&s)
+    }
+}
+
+impl From<SecretValue> for String {
+    fn from(v: SecretValue) -> String {
+        v.0
+    }
+}
 
 impl SecretValue {
     /// A value, checked: [`MIN_VALUE`] to [`MAX_VALUE`] bytes of printable
@@ -149,7 +163,9 @@ impl LimitKind {
 }
 
 /// One limit: at most `amount` of `kind` per `per_secs` (ever, without).
+/// One that decodes is checked as [`Limit::new`] checks one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "LimitFields")]
 pub struct Limit {
     /// What it counts.
     pub kind: LimitKind,
@@ -157,6 +173,21 @@ pub struct Limit {
     pub amount: u64,
     /// Over how long a window, in seconds (`None`: in all).
     pub per_secs: Option<u64>,
+}
+
+/// A limit's fields as they decode, before they are checked.
+#[derive(Deserialize)]
+struct LimitFields {
+    kind: LimitKind,
+    amount: u64,
+    per_secs: Option<u64>,
+}
+
+impl TryFrom<LimitFields> for Limit {
+    type Error = SecretError;
+    fn try_from(f: LimitFields) -> Result<Self, SecretError> {
+        Self::new(f.kind, f.amount, f.per_secs)
+    }
 }
 
 impl Limit {
@@ -354,5 +385,21 @@ mod tests {
         assert!(
             p.starts_with(PLACEHOLDER_PREFIX) && p.len() == PLACEHOLDER_PREFIX.len() + 40 && p != new_placeholder()
         );
+    }
+
+    #[test]
+    fn values_and_limits_that_decode_are_checked() {
+        let value = SecretValue::new("sk-REAL-0123456789").unwrap();
+        let json = serde_json::to_string(&value).unwrap();
+        assert_eq!(serde_json::from_str::<SecretValue>(&json).unwrap(), value);
+        for bad in [r#""short""#, r#""sk-REAL-0123456789\r\nx-evil: 1""#, r#""""#] {
+            assert!(serde_json::from_str::<SecretValue>(bad).is_err(), "{bad}");
+        }
+        let limit = Limit::new(LimitKind::Requests, 10, Some(60)).unwrap();
+        let json = serde_json::to_string(&limit).unwrap();
+        assert_eq!(serde_json::from_str::<Limit>(&json).unwrap(), limit);
+        for bad in [r#"{"kind":"requests","amount":0,"per_secs":60}"#, r#"{"kind":"tokens","amount":5,"per_secs":0}"#] {
+            assert!(serde_json::from_str::<Limit>(bad).is_err(), "{bad}");
+        }
     }
 }

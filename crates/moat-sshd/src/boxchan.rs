@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
-use moat_api::{ApiClient, ApiError, Lease, Reply, Request, Route};
+use moat_api::{ApiClient, ApiError, Lease, Op, Reply, Request, Route};
 use moat_core::ids::CONTROL_USER;
 use moat_core::{AccountId, Name};
 use russh::server::{Handle, Msg};
@@ -65,7 +65,8 @@ impl ChannelCtx {
         let Ok(name) = Name::new(&self.user) else {
             return Target::Other(self.user.clone());
         };
-        let route = self.api.call(&Request::Route { account: self.account.clone(), name: name.clone() }).await;
+        let route = Request::Act { account: self.account.clone(), op: Op::Route { name: name.clone() } };
+        let route = self.api.call(&route).await;
         match route {
             Ok(Reply::Route(Route::Box)) => Target::Box(name),
             Ok(Reply::Route(Route::None)) => Target::Other(self.user.clone()),
@@ -158,7 +159,7 @@ async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWrit
             if ctx.user != CONTROL_USER && Name::new(&ctx.user).is_ok() {
                 text.push_str(&format!("moat: you have no box named {:?}; this is the control plane.\n\n", ctx.user));
             }
-            text.push_str(control::HELP);
+            text.push_str(&control::help());
             let _ = tx.data(text.as_bytes()).await;
             return finish(tx, 0).await;
         }
@@ -168,12 +169,12 @@ async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWrit
         Ok(words) => words,
         Err(e) => return fail(tx, &e.to_string(), 2).await,
     };
-    let cmd = match control::parse(&words) {
-        Ok(cmd) => cmd,
+    let plan = match control::parse(&words) {
+        Ok(plan) => plan,
         Err(e) => return fail(tx, &e.to_string(), 2).await,
     };
     // (`moat` itself the manager refuses, for every way in.)
-    if let Some(name) = cmd.creates().filter(|name| name.as_str() == ctx.user && ctx.user != CONTROL_USER) {
+    if let Some(name) = plan.creates().filter(|name| name.as_str() == ctx.user && ctx.user != CONTROL_USER) {
         let msg = format!(
             "you are connected as \"{name}\": a box by that name would take that user name from the control \
              plane; create it through the control plane's own name: ssh {CONTROL_USER}@HOST ..."
@@ -197,7 +198,7 @@ async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWrit
     });
     let api = ctx.api.clone();
     let account = ctx.account.clone();
-    let mut work = tokio::spawn(async move { control::run(cmd, &account, &api, &out_tx, in_rx).await });
+    let mut work = tokio::spawn(async move { control::run(plan, &account, &api, &out_tx, in_rx).await });
     let _stdin = AbortOnDrop(stdin);
     while let Some(output) = out_rx.recv().await {
         let sent = match output {

@@ -241,6 +241,11 @@ impl BoxManager {
         })
     }
 
+    /// The operator's settings, limits included (what `whoami` shows).
+    pub fn config(&self) -> &ManagerConfig {
+        &self.config
+    }
+
     /// The account's box `name`, read again under its lock (which the caller
     /// holds while it keeps the guard). A box still being created, or replaced
     /// by another of the same name meanwhile, is busy.

@@ -1,10 +1,13 @@
-//! The control plane: commands run as `ssh HOST COMMAND`. The grammar says
-//! what a line means, `run` asks the privileged side to do it, and `render`
-//! turns the answer into what the user reads.
+//! The control plane: commands run as `ssh HOST COMMAND`. Each verb is a
+//! file in `verbs/` (its help, its parse into an operation of the core, its
+//! rendering), listed in one table; `run` asks the privileged side to do it,
+//! the same way for every verb.
 
-mod grammar;
+mod args;
 mod render;
 mod run;
+mod verbs;
 
-pub use grammar::{is_control_command, parse, Command, UsageError, HELP};
+pub use args::UsageError;
 pub use run::{run, Output};
+pub use verbs::{help, is_control_command, parse, Call, Plan, Render, Verb, VERBS};

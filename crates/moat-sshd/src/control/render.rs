@@ -1,68 +1,13 @@
-//! What the user reads: tables for people, `--json` for scripts.
+//! What the user reads, shared by verbs: what streams before an answer
+//! (a diff's changes, log entries, questions) and how times and JSON print.
+//! Each verb's own answer reads as its file in `verbs/` says.
 
 use std::fmt::Write as _;
 
-use moat_api::BoxInfo;
 use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict, Question};
-use moat_core::limits::{format_measured, format_size};
-use moat_core::policy::Policy;
-use moat_core::secrets::SecretInfo;
-use moat_core::{Change, ChangeKind, Checkpoint, UsageReport};
+use moat_core::limits::format_measured;
+use moat_core::{Change, ChangeKind};
 use serde::Serialize;
-
-/// `ls`.
-pub fn boxes(boxes: &[BoxInfo], json: bool) -> String {
-    if json {
-        return to_json(&boxes);
-    }
-    let mut out = format!(
-        "{:<24} {:<9} {:<10} {:<7} {:>4} {:>8} {:>6}  {}\n",
-        "NAME", "STATE", "IMAGE", "BACKEND", "CPUS", "MEMORY", "PIDS", "PARENT"
-    );
-    for b in boxes {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<9} {:<10} {:<7} {:>4} {:>8} {:>6}  {}",
-            b.name,
-            b.state,
-            b.image,
-            b.backend,
-            b.limits.cpus,
-            format_size(b.limits.memory),
-            b.limits.pids,
-            b.parent.as_ref().map_or("-", |p| p.as_str())
-        );
-    }
-    out
-}
-
-/// `info`.
-pub fn info(b: &BoxInfo, json: bool) -> String {
-    if json {
-        return to_json(b);
-    }
-    let parent = match (&b.parent, b.duplicated) {
-        (Some(name), _) => format!("{name} (duplicated at {})", b.created_at),
-        (None, true) => format!("a removed box (duplicated at {})", b.created_at),
-        (None, false) => "-".to_string(),
-    };
-    format!(
-        "name:     {}\nid:       {}\nstate:    {} (since {})\nidle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
-        b.name,
-        b.id,
-        b.state,
-        b.state_since,
-        idle_rule(b),
-        b.image,
-        b.backend,
-        b.limits.cpus,
-        format_size(b.limits.memory),
-        b.limits.pids,
-        format_size(b.limits.disk),
-        b.created_at,
-        parent
-    )
-}
 
 /// `diff`, batch by batch as the comparison finds them: lines for people, or
 /// one JSON array for scripts.
@@ -97,6 +42,11 @@ impl ChangeStream {
         out
     }
 
+    /// Whether any change has been shown.
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
     /// What closes the output once every batch has come.
     pub fn end(&self) -> String {
         match (self.json, self.started) {
@@ -105,120 +55,6 @@ impl ChangeStream {
             (true, true) => "\n]\n".into(),
         }
     }
-}
-
-/// `usage`.
-pub fn usage(report: &UsageReport, json: bool) -> String {
-    if json {
-        return to_json(report);
-    }
-    let mut out = format!(
-        "{:<24} {:>10} {:>12} {:>10} {:>10} {:>8} {:>9} {:>9}\n",
-        "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK", "NET-OUT", "NET-IN"
-    );
-    let line = |out: &mut String, u: &moat_core::ledger::Usage, disk: String| {
-        let _ = writeln!(
-            out,
-            "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8} {:>9} {:>9}",
-            u.name,
-            u.cpu_seconds,
-            u.memory_gib_seconds,
-            u.running_seconds,
-            u.suspended_seconds,
-            disk,
-            format_measured(u.egress_sent_bytes),
-            format_measured(u.egress_received_bytes)
-        );
-    };
-    for b in &report.boxes {
-        line(&mut out, &b.usage, b.disk_bytes.map_or("-".into(), format_measured));
-    }
-    line(&mut out, &report.total, report.disk_bytes.map_or(String::new(), format_measured));
-    if !report.secrets.is_empty() {
-        let _ = writeln!(out, "\n{:<24} {:<24} {:>10} {:>10} {:>9}", "SECRET", "BOX", "REQUESTS", "TOKENS", "BYTES");
-        for s in &report.secrets {
-            let _ = writeln!(
-                out,
-                "{:<24} {:<24} {:>10} {:>10} {:>9}",
-                s.secret,
-                s.box_name,
-                s.used.requests,
-                s.used.tokens,
-                format_measured(s.used.bytes)
-            );
-        }
-    }
-    out
-}
-
-/// `policy NAME`.
-pub fn policy(policy: &Policy, json: bool) -> String {
-    if json {
-        return to_json(policy);
-    }
-    let mut out = String::new();
-    if policy.allow.is_empty() {
-        out.push_str("no allow rules: this box reaches nothing\n");
-    }
-    for rule in &policy.allow {
-        let _ = writeln!(out, "allow {rule}");
-    }
-    for rule in &policy.deny {
-        let _ = writeln!(out, "deny  {rule}");
-    }
-    if policy.ask {
-        out.push_str("ask mode: names no rule allows or denies are put to you first (ssh HOST ask)\n");
-    }
-    out
-}
-
-/// `checkpoints`: label, when, and the bytes only that checkpoint holds.
-pub fn checkpoints(saved: &[Checkpoint], json: bool) -> String {
-    if json {
-        return to_json(&saved);
-    }
-    if saved.is_empty() {
-        return "no checkpoints (checkpoint NAME [LABEL] saves one)\n".into();
-    }
-    let mut out = format!("{:<24} {:<24} {:>10}\n", "LABEL", "CREATED", "HELD");
-    for c in saved {
-        let held = c.held_bytes.map_or("-".to_string(), format_measured);
-        let _ = writeln!(out, "{:<24} {:<24} {:>10}", c.label, utc(c.created_ms), held);
-    }
-    out
-}
-
-/// `secret ls`: what each secret is for, where it is granted, its limits
-/// and use; never a value.
-pub fn secrets(secrets: &[SecretInfo], json: bool) -> String {
-    if json {
-        return to_json(&secrets);
-    }
-    if secrets.is_empty() {
-        return "no secrets (secret add NAME --host H --header X < value)\n".into();
-    }
-    let mut out = String::new();
-    for s in secrets {
-        let spec = &s.spec;
-        let state = if s.killed { "  KILLED" } else { "" };
-        let _ = writeln!(out, "{}: {} {}: {} in ${}{state}", spec.name, spec.host, spec.header, spec.format, spec.env);
-        let boxes: Vec<&str> = s.boxes.iter().map(|b| b.as_str()).collect();
-        let _ = writeln!(out, "  granted to: {}", if boxes.is_empty() { "-".into() } else { boxes.join(", ") });
-        for l in &s.limits {
-            let whose = l.box_name.as_ref().map_or("all boxes".to_string(), |b| format!("box {b}"));
-            let _ = writeln!(out, "  limit: {} ({whose})", l.limit);
-        }
-        for (name, used) in &s.used {
-            let _ = writeln!(
-                out,
-                "  used by {name}: {} requests, {} tokens, {}",
-                used.requests,
-                used.tokens,
-                format_measured(used.bytes)
-            );
-        }
-    }
-    out
 }
 
 /// A question of ask mode, as it arrives (a JSON object with `--json`).
@@ -301,7 +137,7 @@ fn printable(s: &str) -> String {
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
-fn utc(ms: u64) -> String {
+pub fn utc(ms: u64) -> String {
     let (secs, ms) = (ms / 1000, ms % 1000);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Days to a civil date (Howard Hinnant's algorithm).
@@ -317,16 +153,8 @@ fn utc(ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-/// How the idle rule applies to a box, for `info`.
-fn idle_rule(b: &BoxInfo) -> String {
-    match (b.keep_running, b.idle) {
-        (true, _) => "keep-running (billed while idle)".into(),
-        (false, Some(s)) => format!("suspend after {s}s without a session"),
-        (false, None) => "suspend after the default grace without a session".into(),
-    }
-}
-
-fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
+/// Pretty JSON and a newline: what `--json` prints.
+pub fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
     let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".into());
     s.push('\n');
     s

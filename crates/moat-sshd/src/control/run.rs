@@ -1,13 +1,15 @@
-//! Carries out a parsed command through the privileged side's API.
+//! Carries out a parsed command through the privileged side's API: the
+//! same for every verb (stdin, streamed events, the answer), which differ
+//! only in the operation they ask and how they show the answer.
 
-use moat_api::{ApiClient, ApiError, Event, Reply, Request};
+use moat_api::{ApiClient, ApiError, Event, Op, Reply, Request};
 use moat_core::egress::Answer;
 use moat_core::secrets::{SecretValue, MAX_VALUE};
 use moat_core::AccountId;
 use tokio::sync::mpsc;
 
-use super::grammar::{Command, HELP};
 use super::render;
+use super::verbs::{Call, Plan};
 
 /// What a command prints, in order, as it goes.
 #[derive(Debug)]
@@ -20,72 +22,21 @@ pub enum Output {
 
 /// Runs a command for `account`, sending what it prints to `out` as it is
 /// known (waiting for room there, so a slow reader slows the work). `input`
-/// is the client's stdin (answers to questions, for `ask` and `log --ask`).
+/// is the client's stdin (a secret's value, or answers to questions).
 pub async fn run(
-    cmd: Command,
+    plan: Plan,
     account: &AccountId,
     api: &ApiClient,
     out: &mpsc::Sender<Output>,
     mut input: mpsc::Receiver<Vec<u8>>,
 ) -> Result<(), ApiError> {
-    let owner = account;
-    let account = account.clone();
-    let mut answers = false;
-    let mut answered = None;
-    let (request, json) = match cmd {
-        Command::Help => return print(out, HELP.to_string()).await,
-        Command::New { name, image, limits, idle, policy, ask, backend } => {
-            (Request::Create { account, name, image, limits, idle, policy, ask, backend }, false)
-        }
-        Command::Ask { json } => {
-            answers = true;
-            (Request::Questions { account, follow: true }, json)
-        }
-        Command::SecretAdd { spec } => {
-            let value = read_value(&mut input).await?;
-            (Request::SecretAdd { account, spec, value }, false)
-        }
-        Command::SecretLs { json } => (Request::SecretList { account }, json),
-        Command::SecretRm { name } => (Request::SecretRemove { account, name }, false),
-        Command::SecretGrant { name, box_name, grant: true } => {
-            (Request::SecretGrant { account, name, box_name }, false)
-        }
-        Command::SecretGrant { name, box_name, grant: false } => {
-            (Request::SecretRevoke { account, name, box_name }, false)
-        }
-        Command::SecretLimit { name, box_name, limits } => {
-            (Request::SecretLimit { account, name, box_name, limits }, false)
-        }
-        Command::SecretKill { name } => (Request::SecretKill { account, name }, false),
-        Command::Answer { id, answer } => {
-            answered = Some(answer);
-            (Request::Answer { account, id, answer }, false)
-        }
-        Command::Policy { name, json } => (Request::Policy { account, name }, json),
-        Command::ChangePolicy { name, change } => (Request::ChangePolicy { account, name, change }, false),
-        Command::Log { name, follow, ask, since, json } => {
-            answers = ask;
-            let since_ms = since.unwrap_or(0).saturating_mul(1000);
-            (Request::Log { account, name, since_ms, follow, ask }, json)
-        }
-        Command::Ls { json } => (Request::List { account }, json),
-        Command::Info { name, json } => (Request::Get { account, name }, json),
-        Command::Rm { name } => (Request::Remove { account, name }, false),
-        Command::Dup { src, dst } => (Request::Dup { account, src, dst }, false),
-        Command::Diff { a, b, json } => (Request::Diff { account, a, b }, json),
-        Command::Promote { child } => (Request::Promote { account, child }, false),
-        Command::Checkpoint { name, label } => (Request::Checkpoint { account, name, label }, false),
-        Command::Checkpoints { name, json } => (Request::Checkpoints { account, name }, json),
-        Command::Restore { name, label } => (Request::Restore { account, name, label }, false),
-        Command::CheckpointRm { name, label } => (Request::CheckpointRemove { account, name, label }, false),
-        Command::Stop { name } => (Request::Stop { account, name }, false),
-        Command::Start { name } => (Request::Start { account, name }, false),
-        Command::Suspend { name } => (Request::Suspend { account, name }, false),
-        Command::SetIdle { name, seconds } => (Request::SetIdle { account, name, seconds }, false),
-        Command::SetKeepRunning { name, on } => (Request::SetKeepRunning { account, name, on }, false),
-        Command::Usage { name, since, json } => (Request::Usage { account, since: since.unwrap_or(0), name }, json),
+    let Call { op, json, answers, render } = match plan {
+        Plan::Print(text) => return print(out, text).await,
+        Plan::Call(call) => call,
+        Plan::ReadSecret(call) => call(read_value(&mut input).await?),
     };
-    let (diff, info) = (matches!(request, Request::Diff { .. }), matches!(request, Request::Get { .. }));
+    // (The answer is shown with the operation in hand: `ask ID ANSWER` says what it answered.)
+    let request = Request::Act { account: account.clone(), op: op.clone() };
     let mut changes = render::ChangeStream::new(json);
     let (updates, mut arriving) = mpsc::channel::<Event>(4);
     // The newest question shown: what a bare answer on stdin is for.
@@ -93,11 +44,12 @@ pub async fn run(
     let reply = {
         let answering = async {
             if answers {
-                answer_from(input, owner, api, out, &newest).await;
+                answer_from(input, account, api, out, &newest).await;
             }
             // Stdin closed (or not read): keep showing until the client goes.
             std::future::pending::<()>().await
         };
+        // (It owns `updates`: when it ends, the stream of updates ends.)
         let call = async move { api.call_streaming(&request, &updates).await };
         // Returns whether the client went away (the only way `log --follow` ends).
         let shown = async {
@@ -139,20 +91,11 @@ pub async fn run(
             }
         }
     };
-    let text = match reply? {
-        Reply::Boxes(boxes) => render::boxes(&boxes, json),
-        Reply::Box(b) if info => render::info(&b, json),
-        // `new` and `dup` print the name made, for scripts.
-        Reply::Box(b) => format!("{}\n", b.name),
-        Reply::Name(name) => format!("{name}\n"),
-        Reply::Usage(report) => render::usage(&report, json),
-        Reply::Policy(policy) => render::policy(&policy, json),
-        Reply::Secrets(secrets) => render::secrets(&secrets, json),
-        Reply::Checkpoints(saved) => render::checkpoints(&saved, json),
-        Reply::Question(q) => render::answered(&q, answered.unwrap_or(moat_core::egress::Answer::Deny)),
-        Reply::Done if diff => changes.end(),
-        Reply::Done => String::new(),
-        other @ (Reply::Account(_) | Reply::Route(_) | Reply::Session) => return Err(ApiError::unexpected(&other)),
+    let reply = reply?;
+    // An answer that came after changes closes them; any other is the verb's to show.
+    let text = match changes.started() {
+        true => changes.end(),
+        false => render(reply, &op, json)?,
     };
     print(out, text).await
 }
@@ -203,11 +146,13 @@ async fn answer_from(
             }
             let newest = *newest.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let said = match parse_answer(line, newest) {
-                Ok((id, answer)) => match api.call(&Request::Answer { account: account.clone(), id, answer }).await {
-                    Ok(Reply::Question(q)) => Output::Stdout(render::answered(&q, answer)),
-                    Ok(other) => Output::Stderr(format!("moat: {}\n", ApiError::unexpected(&other))),
-                    Err(e) => Output::Stderr(format!("moat: {e}\n")),
-                },
+                Ok((id, answer)) => {
+                    match api.call(&Request::Act { account: account.clone(), op: Op::Answer { id, answer } }).await {
+                        Ok(Reply::Question(q)) => Output::Stdout(render::answered(&q, answer)),
+                        Ok(other) => Output::Stderr(format!("moat: {}\n", ApiError::unexpected(&other))),
+                        Err(e) => Output::Stderr(format!("moat: {e}\n")),
+                    }
+                }
                 Err(e) => Output::Stderr(format!("moat: {e}\n")),
             };
             if out.send(said).await.is_err() {

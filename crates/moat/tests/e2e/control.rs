@@ -1,6 +1,6 @@
 //! The control plane through `ssh HOST COMMAND`.
 
-use crate::fixture::unique;
+use crate::fixture::{run, unique};
 use crate::Env;
 
 /// `new` without `--image` builds `debian` on first use, showing progress.
@@ -100,4 +100,45 @@ pub fn help_and_control_shell(env: &Env) {
     let mut cmd = env.daemon.ssh_with(&env.alice, Some("moat"), &["-T"], &[]);
     let shell = crate::fixture::run(&mut cmd).ok();
     assert!(shell.stdout.contains("commands:"), "{}", shell.stdout);
+}
+
+/// `whoami`: the account, its key's fingerprint as `ssh-keygen -l` shows it,
+/// and the operator's caps (the suite's daemon runs with `--max-boxes 1000`).
+pub fn whoami_shows_the_key_and_its_limits(env: &Env) {
+    for key in [&env.alice, &env.bob] {
+        let listed = std::process::Command::new("ssh-keygen")
+            .arg("-lf")
+            .arg(key.path.with_extension("pub"))
+            .output()
+            .expect("run ssh-keygen -lf");
+        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+        let fingerprint = listed.split_whitespace().nth(1).expect("ssh-keygen -l prints a fingerprint");
+        assert!(fingerprint.starts_with("SHA256:"), "{listed}");
+
+        let text = run(&mut env.daemon.ssh(key, None, &["whoami"])).ok().stdout;
+        assert!(text.starts_with(&format!("account:      {fingerprint}\n")), "{text}");
+        assert!(text.contains(&format!("\nfingerprint:  {fingerprint} ")), "{text}");
+        assert!(text.contains(" of at most 1000\n"), "{text}");
+        assert!(text.contains(", 256G disk, 32 checkpoints\n"), "{text}");
+        assert!(
+            text.contains("\nall boxes:    at most ") && text.contains(" memory and 256G disk together\n"),
+            "{text}"
+        );
+
+        let json = run(&mut env.daemon.ssh(key, Some("moat"), &["whoami", "--json"])).ok().stdout;
+        let me: serde_json::Value = serde_json::from_str(&json).expect("whoami --json is JSON");
+        assert_eq!(me["account"], fingerprint);
+        assert_eq!(me["fingerprint"], fingerprint);
+        assert!(me["boxes"].is_u64(), "{json}");
+        assert_eq!(me["limits"]["max_boxes"], 1000);
+        assert_eq!(me["limits"]["per_box"]["disk"], 256u64 << 30);
+        assert_eq!(me["limits"]["max_disk"], 256u64 << 30);
+        assert_eq!(me["limits"]["max_checkpoints"], 32);
+        assert!(me["limits"]["per_box"]["cpus"].as_u64().is_some_and(|n| n >= 1), "{json}");
+    }
+    let bad = env.alice(Some("moat"), &["whoami", "--yaml"]);
+    assert_eq!(bad.status, Some(2));
+    assert_eq!(bad.stderr, "moat: whoami: unexpected argument \"--yaml\"\n");
+    let help = env.alice(None, &["help"]).ok().stdout;
+    assert!(help.contains("\n  whoami [--json]  "), "{help}");
 }

@@ -1,0 +1,52 @@
+//! `info NAME [--json]`: one box.
+
+use moat_api::{ApiError, BoxInfo, Op, Reply};
+use moat_core::limits::format_size;
+
+use super::{Call, Plan, Verb};
+use crate::control::args::{name_and_json, UsageError};
+use crate::control::render::to_json;
+
+pub const VERB: Verb = Verb { names: &["info"], help: "  info NAME [--json]  show one box\n", parse };
+
+fn parse(args: &[String]) -> Result<Plan, UsageError> {
+    let (name, json) = name_and_json("info", args)?;
+    Ok(Plan::Call(Call::new(Op::Get { name }, render).json(json)))
+}
+
+fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
+    let Reply::Box(b) = reply else { return Err(ApiError::unexpected(&reply)) };
+    if json {
+        return Ok(to_json(&b));
+    }
+    let parent = match (&b.parent, b.duplicated) {
+        (Some(name), _) => format!("{name} (duplicated at {})", b.created_at),
+        (None, true) => format!("a removed box (duplicated at {})", b.created_at),
+        (None, false) => "-".to_string(),
+    };
+    Ok(format!(
+        "name:     {}\nid:       {}\nstate:    {} (since {})\nidle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
+        b.name,
+        b.id,
+        b.state,
+        b.state_since,
+        idle_rule(&b),
+        b.image,
+        b.backend,
+        b.limits.cpus,
+        format_size(b.limits.memory),
+        b.limits.pids,
+        format_size(b.limits.disk),
+        b.created_at,
+        parent
+    ))
+}
+
+/// How the idle rule applies to a box.
+fn idle_rule(b: &BoxInfo) -> String {
+    match (b.keep_running, b.idle) {
+        (true, _) => "keep-running (billed while idle)".into(),
+        (false, Some(s)) => format!("suspend after {s}s without a session"),
+        (false, None) => "suspend after the default grace without a session".into(),
+    }
+}

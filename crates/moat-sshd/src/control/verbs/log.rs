@@ -1,0 +1,40 @@
+//! `log NAME [--follow [--ask]] [--since T] [--json]`: a box's egress log
+//! (its entries stream; see `render::log`).
+
+use moat_api::Op;
+
+use super::{Call, Plan, Verb};
+use crate::control::args::{name_arg, parse_since, rest, usage, UsageError};
+
+pub const VERB: Verb = Verb {
+    names: &["log"],
+    help: "  \
+  log NAME [--follow [--ask]] [--since T] [--json]
+                      every DNS query, connection and HTTP request NAME made, and the verdict;
+                      with --ask, NAME's questions too, answered as with 'ask'
+",
+    parse,
+};
+
+fn parse(args: &[String]) -> Result<Plan, UsageError> {
+    let name = name_arg("log", args.first())?;
+    let (mut follow, mut ask, mut since, mut json) = (false, false, None, false);
+    let mut rest = rest(args, 1).iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--follow" | "-f" => follow = true,
+            "--ask" => ask = true,
+            "--json" => json = true,
+            "--since" => {
+                let value = rest.next().ok_or_else(|| usage("log: --since needs a value"))?;
+                since = Some(parse_since(value, moat_core::clock::now())?);
+            }
+            other => return Err(usage(format!("log: unexpected argument {other:?}"))),
+        }
+    }
+    if ask && !follow {
+        return Err(usage("log: --ask needs --follow"));
+    }
+    let since_ms = since.unwrap_or(0).saturating_mul(1000);
+    Ok(Plan::Call(Call::new(Op::Log { name, since_ms, follow, ask }, super::nothing).json(json).answers(ask)))
+}

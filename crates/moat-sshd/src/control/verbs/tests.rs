@@ -1,0 +1,249 @@
+//! The grammar, verb by verb: what each line asks of the core, and that bad
+//! lines are one line of usage.
+
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
+use moat_api::{Op, Reply};
+use moat_core::egress::Answer;
+use moat_core::policy::{PolicyChange, Preset, Rule};
+use moat_core::secrets::SecretValue;
+use moat_core::{BackendKind, Limits, Name};
+
+use super::*;
+
+fn plan(line: &str) -> Result<Plan, UsageError> {
+    parse(&crate::words::split(line).unwrap())
+}
+
+/// The call a line makes (its operation and `--json`).
+fn p(line: &str) -> Result<(Op, bool), UsageError> {
+    match plan(line)? {
+        Plan::Call(call) => Ok((call.op, call.json)),
+        other => panic!("{line}: {other:?}"),
+    }
+}
+
+fn op(line: &str) -> Op {
+    p(line).unwrap().0
+}
+
+fn n(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+fn rule(s: &str) -> Rule {
+    Rule::parse(&s.split(' ').collect::<Vec<_>>()).unwrap()
+}
+
+#[test]
+fn parses_commands() {
+    assert!(matches!(plan("").unwrap(), Plan::Print(text) if text.contains("commands:")));
+    assert!(matches!(plan("help").unwrap(), Plan::Print(_)));
+    assert_eq!(p("ls --json").unwrap(), (Op::List, true));
+    assert_eq!(op("rm web"), Op::Remove { name: n("web") });
+    let Op::Create { name, image, limits, .. } = op("new web --image busybox --cpus 1 --memory=512M --pids 64") else {
+        panic!("not new")
+    };
+    assert_eq!((name.as_str(), image.as_str()), ("web", "busybox"));
+    assert_eq!(limits, Limits { cpus: 1, memory: 512 << 20, pids: 64, ..Limits::default() });
+    assert_eq!(
+        op("new web"),
+        Op::Create {
+            name: n("web"),
+            image: n("debian"),
+            limits: Limits::default(),
+            idle: None,
+            policy: None,
+            ask: false,
+            backend: None,
+        }
+    );
+    let Op::Create { backend, .. } = op("new web --backend vm") else { panic!("not new") };
+    assert_eq!(backend, Some(BackendKind::Vm));
+    assert!(p("new web --backend kvm").is_err());
+    assert_eq!(p("whoami").unwrap(), (Op::Whoami, false));
+    assert_eq!(p("whoami --json").unwrap(), (Op::Whoami, true));
+    assert!(p("whoami alice").is_err());
+}
+
+#[test]
+fn parses_egress_commands() {
+    assert_eq!(p("policy web").unwrap(), (Op::Policy { name: n("web") }, false));
+    assert_eq!(p("policy web --json").unwrap(), (Op::Policy { name: n("web") }, true));
+    // The rule travels parsed, not as the words typed.
+    assert_eq!(
+        op("policy web allow GET,HEAD deb.debian.org/debian/"),
+        Op::ChangePolicy { name: n("web"), change: PolicyChange::Allow(rule("GET,HEAD deb.debian.org/debian/")) }
+    );
+    assert_eq!(
+        op("policy web rm *.Example.COM:443"),
+        Op::ChangePolicy { name: n("web"), change: PolicyChange::Remove(rule("*.example.com:443")) }
+    );
+    assert_eq!(
+        op("policy web preset registries"),
+        Op::ChangePolicy { name: n("web"), change: PolicyChange::Preset(Preset::Registries) }
+    );
+    for bad in [
+        "policy web allow",
+        "policy web allow 1.2.3.4",
+        "policy web preset nope",
+        "policy web open x.org",
+        "policy web allow x.org:0",
+        "log",
+        "log web --tail",
+        "new web --policy everything",
+        "log web --ask",
+        "ask 3",
+        "ask x once",
+        "ask 3 maybe",
+        "ask --json 3",
+        "set web ask maybe",
+    ] {
+        assert!(plan(bad).is_err(), "{bad}");
+    }
+    let Plan::Call(call) = plan("log web -f --json").unwrap() else { panic!("not a call") };
+    assert_eq!(call.op, Op::Log { name: n("web"), since_ms: 0, follow: true, ask: false });
+    assert!(call.json && !call.answers);
+    let Plan::Call(call) = plan("log web -f --ask").unwrap() else { panic!("not a call") };
+    assert_eq!(call.op, Op::Log { name: n("web"), since_ms: 0, follow: true, ask: true });
+    assert!(!call.json && call.answers);
+    let Op::Create { policy, ask, .. } = op("new web --policy github-read --ask") else { panic!("not new") };
+    assert_eq!((policy, ask), (Some(Preset::GithubRead), true));
+    let Plan::Call(call) = plan("ask").unwrap() else { panic!("not a call") };
+    assert_eq!((call.op, call.answers), (Op::Questions { follow: true }, true));
+    assert_eq!(op("ask 12 always"), Op::Answer { id: 12, answer: Answer::Always });
+    assert_eq!(op("set web ask on"), Op::ChangePolicy { name: n("web"), change: PolicyChange::Ask(true) });
+}
+
+#[test]
+fn parses_secret_commands() {
+    // The value is read from stdin, then completes the operation.
+    let Plan::ReadSecret(then) = plan("secret add llm --host API.example --header x-api-key").unwrap() else {
+        panic!("not secret add")
+    };
+    let value = SecretValue::new("sk-REAL-0123456789").unwrap();
+    let Op::SecretAdd { spec, value: sent } = then(value.clone()).op else { panic!("not secret add") };
+    assert_eq!((spec.host.as_str(), spec.env.as_str(), spec.format.as_str()), ("api.example", "LLM", "{}"));
+    assert_eq!(sent, value);
+    let limit = op("secret limit llm --box web --requests 10 --per 1m --tokens 500 --per 1d --bytes 1000");
+    let Op::SecretLimit { box_name, limits, .. } = limit else { panic!("not a limit") };
+    assert_eq!(box_name, Some(n("web")));
+    let shown: Vec<String> = limits.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["10 requests per 60s", "500 tokens per 86400s", "1000 bytes"]);
+    assert_eq!(op("secret revoke llm web"), Op::SecretRevoke { name: n("llm"), box_name: n("web") });
+    assert_eq!(p("secret ls --json").unwrap(), (Op::SecretList, true));
+    for bad in [
+        "secret",
+        "secret add llm --host api.example",
+        "secret add llm --host api.example --header 'x y'",
+        "secret add llm --host api.example --header x --format nothing",
+        "secret add llm --host 10.0.0.1 --header x",
+        "secret add llm --host api.example --header x --env PATH",
+        "secret limit llm --requests 10",
+        "secret limit llm --bytes 10 --per 1h",
+        "secret limit llm --requests 0 --per 1h",
+        "secret limit llm",
+        "secret grant llm",
+        "secret ls --yaml",
+    ] {
+        assert!(plan(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn parses_storage_commands() {
+    assert_eq!(op("dup web web-try"), Op::Dup { src: n("web"), dst: n("web-try") });
+    assert_eq!(p("diff web web-try --json").unwrap(), (Op::Diff { a: n("web"), b: n("web-try") }, true));
+    assert_eq!(op("promote web-try"), Op::Promote { child: n("web-try") });
+    assert_eq!(op("checkpoint web"), Op::Checkpoint { name: n("web"), label: None });
+    assert_eq!(op("checkpoint web pre-pip"), Op::Checkpoint { name: n("web"), label: Some(n("pre-pip")) });
+    // A box called rm is checkpointed as any other; three words remove.
+    assert_eq!(op("checkpoint rm c1"), Op::Checkpoint { name: n("rm"), label: Some(n("c1")) });
+    assert_eq!(op("checkpoint rm web c1"), Op::CheckpointRemove { name: n("web"), label: n("c1") });
+    assert_eq!(p("checkpoints web --json").unwrap(), (Op::Checkpoints { name: n("web") }, true));
+    assert_eq!(op("restore web c1"), Op::Restore { name: n("web"), label: n("c1") });
+    for bad in ["restore web", "restore web c1 c2", "checkpoint", "checkpoint web A_B", "checkpoints web --all"] {
+        assert!(plan(bad).is_err(), "{bad}");
+    }
+    let Op::Create { limits, .. } = op("new x --disk 1G") else { panic!("not new") };
+    assert_eq!(limits.disk, 1 << 30);
+    for bad in [
+        "dup web",
+        "dup web Web",
+        "dup a b c",
+        "diff a",
+        "diff a b --long",
+        "promote",
+        "promote a b",
+        "new x --disk 1K",
+    ] {
+        assert!(plan(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn rejects_bad_input_with_one_line() {
+    for bad in [
+        "frobnicate",
+        "new",
+        "new Web",
+        "new web --cpus",
+        "new web --cpus x",
+        "new web --bogus 1",
+        "new web --memory 1Q",
+        "new web --cpus 0",
+        "rm",
+        "rm a b",
+        "ls -l",
+        "info",
+        "new ../etc",
+        "whoami --yaml",
+    ] {
+        let e = plan(bad).unwrap_err();
+        assert!(!e.0.contains('\n'), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn the_table_is_the_grammar_and_the_help() {
+    for line in ["ls", "new web --cpus 1", "rm", "help", "", "  ", "whoami"] {
+        assert!(is_control_command(line), "{line:?}");
+    }
+    for line in ["make test", "git-upload-pack '/root/repo.git'", "echo 'unterminated", "lsof"] {
+        assert!(!is_control_command(line), "{line:?}");
+    }
+    let text = help();
+    let mut seen = Vec::new();
+    for verb in VERBS {
+        // Every verb's help lines name it, and every name reaches its parse.
+        assert!(verb.help.starts_with(&format!("  {} ", verb.names[0])), "{}", verb.help);
+        assert!(verb.help.ends_with('\n') && text.contains(verb.help), "{}", verb.names[0]);
+        for name in verb.names {
+            assert!(!seen.contains(name), "{name} names two verbs");
+            seen.push(name);
+            let e = plan(name).err().map(|e| e.0).unwrap_or_default();
+            assert!(!e.contains("unknown command"), "{name} is in VERBS but parse does not know it");
+        }
+    }
+}
+
+#[test]
+fn answers_render_as_their_verb_says() {
+    let Plan::Call(call) = plan("whoami").unwrap() else { panic!("not a call") };
+    let me = moat_api::Whoami {
+        account: moat_core::AccountId("SHA256:abc".into()),
+        fingerprint: "SHA256:abc".into(),
+        boxes: 2,
+        limits: moat_api::AccountLimits::from(&moat_core::ManagerConfig::default()),
+    };
+    let text = (call.render)(Reply::Whoami(me.clone()), &call.op, false).unwrap();
+    assert!(text.starts_with("account:      SHA256:abc\nfingerprint:  SHA256:abc "), "{text}");
+    assert!(text.contains("boxes:        2 of at most 32\n"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&(call.render)(Reply::Whoami(me), &call.op, true).unwrap()).unwrap();
+    assert_eq!(json["limits"]["max_boxes"], 32);
+    // An answer the verb does not expect is handed back, not shown.
+    assert!((call.render)(Reply::Done, &call.op, false).is_err());
+    let Plan::Call(diff) = plan("diff a b --json").unwrap() else { panic!("not a call") };
+    assert_eq!((diff.render)(Reply::Done, &diff.op, true).unwrap(), "[]\n");
+}
