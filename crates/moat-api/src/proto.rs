@@ -481,14 +481,7 @@ mod tests {
                 ask: false,
                 backend: Some(moat_core::BackendKind::Vm),
             };
-            let req = Request::Act { account: AccountId("SHA256:abc".into()), op: create };
-            let mut bytes = serde_json::to_vec(&req).unwrap();
-            let pos = pos % bytes.len();
-            match op {
-                0 => bytes[pos] = byte,
-                1 => bytes.insert(pos, byte),
-                _ => { bytes.truncate(pos); }
-            }
+            let bytes = mutated(create, pos, byte, op);
             if let Ok(Request::Act { op: Op::Create { name, image, .. }, .. }) = serde_json::from_slice::<Request>(&bytes) {
                 prop_assert!(Name::new(name.as_str()).is_ok());
                 prop_assert!(Name::new(image.as_str()).is_ok());
@@ -502,18 +495,24 @@ mod tests {
             let text = ["GET,HEAD deb.debian.org/debian/", "*.example.com:443", "x.org:*", "github.com/*git-receive-pack"][which];
             let rule = Rule::parse(&text.split(' ').collect::<Vec<_>>()).unwrap();
             let change = Op::ChangePolicy { name: Name::new("web").unwrap(), change: PolicyChange::Deny(rule) };
-            let req = Request::Act { account: AccountId("SHA256:abc".into()), op: change };
-            let mut bytes = serde_json::to_vec(&req).unwrap();
-            let pos = pos % bytes.len();
-            match op {
-                0 => bytes[pos] = byte,
-                1 => bytes.insert(pos, byte),
-                _ => { bytes.truncate(pos); }
-            }
+            let bytes = mutated(change, pos, byte, op);
             if let Ok(Request::Act { op: Op::ChangePolicy { change, .. }, .. }) = serde_json::from_slice::<Request>(&bytes) {
                 prop_assert!(rule_is_parsed(&change));
             }
         }
+    }
+
+    /// The request of `op`, one byte changed (`how` 0), inserted (1) or the
+    /// rest cut (2) at `pos`.
+    fn mutated(op: Op, pos: usize, byte: u8, how: u8) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec(&Request::Act { account: AccountId("SHA256:abc".into()), op }).unwrap();
+        let pos = pos % bytes.len();
+        match how {
+            0 => bytes[pos] = byte,
+            1 => bytes.insert(pos, byte),
+            _ => bytes.truncate(pos),
+        }
+        bytes
     }
 
     /// Whether the rule in a change is one `Rule::parse` makes from its text.
