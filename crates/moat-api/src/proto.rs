@@ -275,14 +275,16 @@ impl Op {
 }
 
 /// What a user name is, for one account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Route {
     /// One of the account's boxes.
     Box,
     /// A name that was one of the account's boxes (removed or renamed).
     Gone,
-    /// Neither.
+    /// Not a box, but close to this one of the account's boxes: a typo.
+    Near(Name),
+    /// None of these.
     None,
 }
 

@@ -311,6 +311,23 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
+/// What `name` is to `account`. A store error must not route a box's
+/// command to the control plane: it is taken for a former box.
+fn route(m: &BoxManager, account: &AccountId, name: &moat_core::Name) -> Route {
+    if m.get(account, name).is_ok() {
+        return Route::Box;
+    }
+    if m.was_box(account, name).unwrap_or(true) {
+        return Route::Gone;
+    }
+    let Ok(boxes) = m.list(account) else { return Route::Gone };
+    let near = moat_core::near::closest(name.as_str(), boxes.iter().map(|b| b.name.as_str()));
+    match near.and_then(|n| boxes.iter().find(|b| b.name.as_str() == n)) {
+        Some(b) => Route::Near(b.name.clone()),
+        None => Route::None,
+    }
+}
+
 /// Carries out one operation for `account`: each arm the core-side half of
 /// a control verb (the front door's half is its file in `control/verbs/`).
 async fn run(
@@ -322,14 +339,7 @@ async fn run(
 ) -> Result<Reply, ManagerError> {
     let m = &ctx.manager;
     Ok(match op {
-        Op::Route { name } => Reply::Route(if m.get(account, &name).is_ok() {
-            Route::Box
-        } else if m.was_box(account, &name).unwrap_or(true) {
-            // A store error must not route a box's command to the control plane.
-            Route::Gone
-        } else {
-            Route::None
-        }),
+        Op::Route { name } => Reply::Route(route(m, account, &name)),
         Op::List => Reply::Boxes(m.list(account)?.iter().map(BoxInfo::from).collect()),
         Op::Get { name } => Reply::Box(BoxInfo::from(&m.get(account, &name)?)),
         Op::Create { name, image, limits, idle, policy, ask, backend } => {

@@ -14,6 +14,7 @@ pub mod images;
 pub mod ledger;
 pub mod limits;
 pub mod manager;
+pub mod near;
 pub mod policy;
 pub mod record;
 mod schema;

@@ -50,6 +50,9 @@ pub enum Target {
     /// A name that was one of the account's boxes (removed, or renamed by
     /// `promote`): nothing runs, whatever the command.
     Gone(String),
+    /// A name close to one of the account's boxes (`b11` when `b1` is one):
+    /// a mistyped box, told as one; nothing runs, control commands included.
+    Near(String, Name),
     /// Any other name (the client's local user, as in `ssh HOST ls`): control
     /// commands run, anything else is taken for a mistyped box.
     Other(String),
@@ -69,6 +72,7 @@ impl ChannelCtx {
         let route = self.api.call(&route).await;
         match route {
             Ok(Reply::Route(Route::Box)) => Target::Box(name),
+            Ok(Reply::Route(Route::Near(meant))) => Target::Near(self.user.clone(), meant),
             Ok(Reply::Route(Route::None)) => Target::Other(self.user.clone()),
             // A failure must not route a box's command to the control plane.
             _ => Target::Gone(self.user.clone()),
@@ -89,6 +93,20 @@ impl ChannelCtx {
 /// What a command through a user name that is not a box hears.
 fn no_box(user: &str) -> String {
     format!("no box named {user:?} (`ssh HOST ls` lists yours; `ssh {CONTROL_USER}@HOST help` for commands)")
+}
+
+/// What a command that is no control command hears through a user name that
+/// is no box: when its first word is close to a verb (`lst`), that it is a
+/// mistyped command as well.
+fn no_box_nor_command(user: &str, command: &[u8]) -> String {
+    let line = String::from_utf8_lossy(command);
+    let first = crate::words::split(&line).ok().and_then(|words| words.into_iter().next());
+    match first.as_deref().and_then(|word| Some((word, control::closest_verb(word)?))) {
+        Some((word, verb)) => {
+            format!("no box named {user:?}, and {word:?} is not a moat command (did you mean {verb:?}?)")
+        }
+        None => no_box(user),
+    }
 }
 
 enum Program {
@@ -124,12 +142,17 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx, setup: Arc<ChannelSet
         Target::Control => run_control(program, rx, &tx, &ctx).await,
         Target::Box(name) => run_in_box(&name, program, pty, env, rx, tx, &ctx).await,
         Target::Gone(user) => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
+        Target::Near(user, meant) => {
+            let msg = format!("no box named {user:?} (did you mean {:?}?)", meant.as_str());
+            fail(&tx, &msg, EXIT_MOAT_FAILED).await
+        }
         Target::Other(user) => match &program {
             Program::Exec(cmd) if control::is_control_command(&String::from_utf8_lossy(cmd)) => {
                 run_control(program, rx, &tx, &ctx).await
             }
             Program::Shell => run_control(program, rx, &tx, &ctx).await,
-            Program::Exec(_) | Program::Sftp => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
+            Program::Exec(cmd) => fail(&tx, &no_box_nor_command(&user, cmd), EXIT_MOAT_FAILED).await,
+            Program::Sftp => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
         },
     }
 }
@@ -395,6 +418,15 @@ mod libc_sig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mistyped_commands_are_told_as_such() {
+        let told = no_box_nor_command("root", b"lst --json");
+        assert_eq!(told, "no box named \"root\", and \"lst\" is not a moat command (did you mean \"ls\"?)");
+        for other in [&b"make test"[..], b"", b"'unterminated", &[0xff, b' ', b'x']] {
+            assert_eq!(no_box_nor_command("root", other), no_box("root"), "{other:?}");
+        }
+    }
 
     #[test]
     fn signals_map_both_ways() {

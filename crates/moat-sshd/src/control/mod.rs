@@ -10,4 +10,4 @@ mod verbs;
 
 pub use args::UsageError;
 pub use run::{run, Output};
-pub use verbs::{help, is_control_command, parse, Call, Plan, Render, Verb, VERBS};
+pub use verbs::{closest_verb, help, is_control_command, parse, Call, Plan, Render, Verb, VERBS};

@@ -142,3 +142,32 @@ pub fn whoami_shows_the_key_and_its_limits(env: &Env) {
     let help = env.alice(None, &["help"]).ok().stdout;
     assert!(help.contains("\n  whoami [--json]  "), "{help}");
 }
+
+/// A user name close to one of the account's boxes is a mistyped box, for
+/// control words too (`ssh b11@HOST ls` must not list boxes as if they were
+/// files); a mistyped command names the command it is closest to.
+pub fn mistyped_boxes_and_commands_are_told_as_such(env: &Env) {
+    let name = unique("typo");
+    env.new_box(&name, &["--image", "busybox"]);
+    for typed in [format!("{name}1"), name.replacen("typo", "tpyo", 1), name.replacen("typo", "typ", 1)] {
+        for command in [&["ls"][..], &["make", "test"]] {
+            let out = env.alice(Some(&typed), command);
+            assert_eq!(out.status, Some(255), "{typed} {command:?}: {}", out.stderr);
+            assert_eq!(out.stdout, "", "{typed} {command:?}");
+            assert_eq!(out.stderr, format!("moat: no box named \"{typed}\" (did you mean \"{name}\"?)\n"));
+        }
+    }
+    // A name near no box still reaches the control plane.
+    assert!(env.alice(Some("nosuchbox"), &["ls"]).ok().stdout.contains(&name));
+    // A mistyped command: not a box, and not a command either.
+    let out = env.alice(Some("nosuchbox"), &["lst", "--json"]);
+    assert_eq!(out.status, Some(255), "{}", out.stderr);
+    assert_eq!(
+        out.stderr,
+        "moat: no box named \"nosuchbox\", and \"lst\" is not a moat command (did you mean \"ls\"?)\n"
+    );
+    let out = env.alice(Some("moat"), &["chekpoint", &name]);
+    assert_eq!(out.status, Some(2), "{}", out.stderr);
+    assert_eq!(out.stderr, "moat: unknown command \"chekpoint\" (did you mean \"checkpoint\"? see 'help')\n");
+    env.alice(None, &["rm", &name]).ok();
+}

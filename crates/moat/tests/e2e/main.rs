@@ -70,6 +70,7 @@ const TESTS: &[(&str, TestFn)] = &[
     ("control_bad_input_is_one_line_and_leaves_nothing", control::bad_input_is_one_line_and_leaves_nothing),
     ("control_help_and_control_shell", control::help_and_control_shell),
     ("control_whoami_shows_the_key_and_its_limits", control::whoami_shows_the_key_and_its_limits),
+    ("control_mistyped_boxes_and_commands_are_told_as_such", control::mistyped_boxes_and_commands_are_told_as_such),
     ("clients_git_clone_push_pull_with_defaults", clients::git_clone_push_pull_with_defaults),
     ("clients_unaccepted_env_still_runs_the_command", clients::unaccepted_env_still_runs_the_command),
     ("clients_controlmaster_100_commands_then_idle_suspends", clients::controlmaster_100_commands_then_idle_suspends),

@@ -175,8 +175,15 @@ pub fn parse(words: &[String]) -> Result<Plan, UsageError> {
     let Some((word, args)) = words.split_first() else {
         return Ok(Plan::Print(help()));
     };
-    match verb(word) {
-        Some(verb) => (verb.parse)(args),
-        None => Err(usage(format!("unknown command {word:?} (see 'help')"))),
+    match (verb(word), closest_verb(word)) {
+        (Some(verb), _) => (verb.parse)(args),
+        (None, Some(meant)) => Err(usage(format!("unknown command {word:?} (did you mean {meant:?}? see 'help')"))),
+        (None, None) => Err(usage(format!("unknown command {word:?} (see 'help')"))),
     }
+}
+
+/// The verb a word that is none is most likely a typo of (`lst`: `ls`).
+pub fn closest_verb(word: &str) -> Option<&'static str> {
+    let names = VERBS.iter().flat_map(|v| v.names.iter().copied()).filter(|n| !n.starts_with('-'));
+    moat_core::near::closest(word, names)
 }

@@ -212,6 +212,11 @@ fn the_table_is_the_grammar_and_the_help() {
     for line in ["make test", "git-upload-pack '/root/repo.git'", "echo 'unterminated", "lsof"] {
         assert!(!is_control_command(line), "{line:?}");
     }
+    // A word that is no verb but close to one is told which.
+    assert_eq!(plan("lst").unwrap_err().0, "unknown command \"lst\" (did you mean \"ls\"? see 'help')");
+    assert_eq!(closest_verb("whoamii"), Some("whoami"));
+    assert_eq!(closest_verb("make"), None);
+    assert_eq!(plan("frobnicate").unwrap_err().0, "unknown command \"frobnicate\" (see 'help')");
     let text = help();
     let mut seen = Vec::new();
     for verb in VERBS {
