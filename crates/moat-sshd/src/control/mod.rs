@@ -6,6 +6,7 @@
 mod args;
 mod render;
 mod run;
+mod time;
 mod verbs;
 
 pub use args::UsageError;

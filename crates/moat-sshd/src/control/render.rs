@@ -9,6 +9,8 @@ use moat_core::limits::format_measured;
 use moat_core::{Change, ChangeKind};
 use serde::Serialize;
 
+use super::time::{add_times, utc_ms};
+
 /// `diff`, batch by batch as the comparison finds them: lines for people, or
 /// one JSON array for scripts.
 pub struct ChangeStream {
@@ -63,7 +65,7 @@ pub fn question(q: &Question, json: bool) -> String {
         return to_json(&serde_json::json!({ "question": q }));
     }
     let port = q.port.map_or_else(|| " (a DNS lookup)".to_string(), |p| format!(":{p}"));
-    let mut out = format!("{} ? {}  box {} wants {}{port}\n", utc(q.asked_ms), q.id, q.box_name, printable(&q.name));
+    let mut out = format!("{} ? {}  box {} wants {}{port}\n", utc_ms(q.asked_ms), q.id, q.box_name, printable(&q.name));
     for command in &q.running {
         let _ = writeln!(out, "      running: {}", printable(command));
     }
@@ -86,7 +88,7 @@ pub fn log(entries: &[LogEntry], json: bool) -> String {
     let mut out = String::new();
     for e in entries {
         if json {
-            out.push_str(&serde_json::to_string(e).unwrap_or_default());
+            out.push_str(&json_value(e).map(|v| v.to_string()).unwrap_or_default());
             out.push('\n');
             continue;
         }
@@ -102,7 +104,7 @@ pub fn log(entries: &[LogEntry], json: bool) -> String {
             LogKind::Udp => "udp ",
             LogKind::Icmp => "icmp",
         };
-        let _ = write!(out, "{} {verdict} {kind} {}", utc(e.at_ms), printable(&e.name));
+        let _ = write!(out, "{} {verdict} {kind} {}", utc_ms(e.at_ms), printable(&e.name));
         if e.port != 0 {
             let _ = write!(out, ":{}", e.port);
         }
@@ -136,28 +138,19 @@ fn printable(s: &str) -> String {
     out
 }
 
-/// Milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
-pub fn utc(ms: u64) -> String {
-    let (secs, ms) = (ms / 1000, ms % 1000);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
-/// Pretty JSON and a newline: what `--json` prints.
+/// Pretty JSON and a newline: what `--json` prints (times also as strings).
 pub fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
-    let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".into());
+    let mut s =
+        json_value(value).map_or_else(|| "null".into(), |v| serde_json::to_string_pretty(&v).unwrap_or_default());
     s.push('\n');
     s
+}
+
+/// `value` as JSON, each time in it also as an RFC 3339 string.
+fn json_value<T: Serialize + ?Sized>(value: &T) -> Option<serde_json::Value> {
+    let mut value = serde_json::to_value(value).ok()?;
+    add_times(&mut value);
+    Some(value)
 }
 
 #[cfg(test)]
@@ -169,12 +162,5 @@ mod tests {
         assert_eq!(format_measured(10_788_864), "10.3M");
         assert_eq!(format_measured(3 << 30), "3.0G");
         assert_eq!(format_measured(512), "512");
-    }
-
-    #[test]
-    fn times_print_in_utc() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(utc(1_796_080_000_123), "2026-11-30T23:06:40.123Z");
-        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
     }
 }

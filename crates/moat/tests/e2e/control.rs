@@ -43,6 +43,13 @@ pub fn new_ls_info_rm(env: &Env) {
     assert_eq!(info["image"], "busybox");
     let plain = env.alice(None, &["info", &name]).ok().stdout;
     assert!(plain.contains(&format!("name:     {name}")), "{plain}");
+    // Times for people are ISO 8601 UTC; JSON keeps the number and adds RFC 3339.
+    let created = plain.lines().find_map(|l| l.strip_prefix("created:  ")).expect("a created line");
+    assert!(is_iso_utc(created), "{plain}");
+    assert!(plain.contains("state:    running (since 20"), "{plain}");
+    let stamp = info["created_at_utc"].as_str().expect("created_at_utc");
+    assert_eq!(stamp.get(..19), created.get(..19), "{info}");
+    assert!(info["created_at"].is_u64(), "{info}");
 
     env.alice(None, &["rm", &name]).ok();
     assert!(!names(&ls_json(env)).contains(&name));
@@ -170,4 +177,11 @@ pub fn mistyped_boxes_and_commands_are_told_as_such(env: &Env) {
     assert_eq!(out.status, Some(2), "{}", out.stderr);
     assert_eq!(out.stderr, "moat: unknown command \"chekpoint\" (did you mean \"checkpoint\"? see 'help')\n");
     env.alice(None, &["rm", &name]).ok();
+}
+
+/// Whether `s` is `YYYY-MM-DDTHH:MM:SSZ`.
+fn is_iso_utc(s: &str) -> bool {
+    let shape = "dddd-dd-ddTdd:dd:ddZ";
+    s.len() == shape.len()
+        && s.bytes().zip(shape.bytes()).all(|(c, want)| if want == b'd' { c.is_ascii_digit() } else { c == want })
 }

@@ -8,7 +8,8 @@ use moat_core::limits::format_measured;
 
 use super::{Call, Plan, Verb};
 use crate::control::args::{name_and_json, UsageError};
-use crate::control::render::{to_json, utc};
+use crate::control::render::to_json;
+use crate::control::time::{age, utc_ms};
 
 pub const VERB: Verb = Verb {
     names: &["checkpoints"],
@@ -29,10 +30,12 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     if saved.is_empty() {
         return Ok("no checkpoints (checkpoint NAME [LABEL] saves one)\n".into());
     }
-    let mut out = format!("{:<24} {:<24} {:>10}\n", "LABEL", "CREATED", "HELD");
+    let now = moat_core::clock::now();
+    let mut out = format!("{:<24} {:<20} {:<9} {:>10}\n", "LABEL", "CREATED", "AGE", "HELD");
     for c in &saved {
         let held = c.held_bytes.map_or("-".to_string(), format_measured);
-        let _ = writeln!(out, "{:<24} {:<24} {:>10}", c.label, utc(c.created_ms), held);
+        let created = utc_ms(c.created_ms);
+        let _ = writeln!(out, "{:<24} {created:<20} {:<9} {held:>10}", c.label, age(c.created_ms / 1000, now));
     }
     Ok(out)
 }

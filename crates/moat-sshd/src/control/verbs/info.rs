@@ -6,6 +6,7 @@ use moat_core::limits::format_size;
 use super::{Call, Plan, Verb};
 use crate::control::args::{name_and_json, UsageError};
 use crate::control::render::to_json;
+use crate::control::time::utc;
 
 pub const VERB: Verb = Verb { names: &["info"], help: "  info NAME [--json]  show one box\n", parse };
 
@@ -20,8 +21,8 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         return Ok(to_json(&b));
     }
     let parent = match (&b.parent, b.duplicated) {
-        (Some(name), _) => format!("{name} (duplicated at {})", b.created_at),
-        (None, true) => format!("a removed box (duplicated at {})", b.created_at),
+        (Some(name), _) => format!("{name} (duplicated at {})", utc(b.created_at)),
+        (None, true) => format!("a removed box (duplicated at {})", utc(b.created_at)),
         (None, false) => "-".to_string(),
     };
     Ok(format!(
@@ -29,7 +30,7 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         b.name,
         b.id,
         b.state,
-        b.state_since,
+        utc(b.state_since),
         idle_rule(&b),
         b.image,
         b.backend,
@@ -37,7 +38,7 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         format_size(b.limits.memory),
         b.limits.pids,
         format_size(b.limits.disk),
-        b.created_at,
+        utc(b.created_at),
         parent
     ))
 }

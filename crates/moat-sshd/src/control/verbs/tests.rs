@@ -252,3 +252,42 @@ fn answers_render_as_their_verb_says() {
     let Plan::Call(diff) = plan("diff a b --json").unwrap() else { panic!("not a call") };
     assert_eq!((diff.render)(Reply::Done, &diff.op, true).unwrap(), "[]\n");
 }
+
+#[test]
+fn times_read_one_way_and_json_adds_strings() {
+    let b = moat_api::BoxInfo {
+        id: "00ff".into(),
+        name: n("web"),
+        image: n("debian"),
+        limits: Limits::default(),
+        state: "running".into(),
+        created_at: 1_796_080_000,
+        parent: Some(n("base")),
+        duplicated: true,
+        idle: None,
+        keep_running: false,
+        state_since: 1_796_080_060,
+        backend: BackendKind::Ns,
+    };
+    let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
+    let text = (info.render)(Reply::Box(b.clone()), &info.op, false).unwrap();
+    assert!(text.contains("\nstate:    running (since 2026-11-30T23:07:40Z)\n"), "{text}");
+    assert!(text.contains("\ncreated:  2026-11-30T23:06:40Z\n"), "{text}");
+    assert!(text.contains("\nparent:   base (duplicated at 2026-11-30T23:06:40Z)\n"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&(info.render)(Reply::Box(b), &info.op, true).unwrap()).unwrap();
+    assert_eq!(
+        (json["created_at"].as_u64(), json["created_at_utc"].as_str()),
+        (Some(1_796_080_000), Some("2026-11-30T23:06:40.000Z"))
+    );
+    assert_eq!(json["state_since_utc"], "2026-11-30T23:07:40.000Z");
+
+    let Plan::Call(list) = plan("checkpoints web").unwrap() else { panic!("not a call") };
+    let now_ms = moat_core::clock::now() * 1000;
+    let saved =
+        vec![moat_core::Checkpoint { label: "c1".into(), created_ms: now_ms - 180_000, held_bytes: Some(4096) }];
+    let text = (list.render)(Reply::Checkpoints(saved.clone()), &list.op, false).unwrap();
+    let row = text.lines().nth(1).unwrap();
+    assert!(row.starts_with("c1 ") && row.contains("Z ") && row.contains(" 3m ago "), "{text}");
+    let json = (list.render)(Reply::Checkpoints(saved), &list.op, true).unwrap();
+    assert!(json.contains("\"created_ms\"") && json.contains("\"created_utc\""), "{json}");
+}
