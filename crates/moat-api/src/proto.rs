@@ -504,6 +504,27 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Rules built field by field (methods of any letters, ports with 0
+        /// or none, paths with spaces, escapes and dot segments) decode only
+        /// if they are rules the parser makes.
+        #[test]
+        fn decoded_rules_are_ones_the_parser_makes(
+            methods in proptest::collection::vec("[A-Za-z]{0,3}", 0..3),
+            ports in proptest::option::of(proptest::collection::vec(0u16..3, 0..3)),
+            path in proptest::option::of("[/a. %#*]{0,6}"),
+            below in any::<bool>(),
+        ) {
+            let host = if below { serde_json::json!({ "below": "x.org" }) } else { serde_json::json!({ "exact": "x.org" }) };
+            let rule = serde_json::json!({ "host": host, "ports": ports, "methods": methods, "path": path });
+            let change = serde_json::json!({ "change_policy": { "name": "web", "change": { "deny": rule } } });
+            let req = serde_json::json!({ "act": { "account": "SHA256:abc", "op": change } });
+            if let Ok(Request::Act { op: Op::ChangePolicy { change, .. }, .. }) = serde_json::from_value::<Request>(req) {
+                prop_assert!(rule_is_parsed(&change), "{change:?}");
+            }
+        }
+    }
+
     /// The request of `op`, one byte changed (`how` 0), inserted (1) or the
     /// rest cut (2) at `pos`.
     fn mutated(op: Op, pos: usize, byte: u8, how: u8) -> Vec<u8> {
