@@ -111,6 +111,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         kernel: None,
         initrd: None,
         vm_accel: "auto".into(),
+        allow_vm_without_landlock: false,
     };
     let (backend, _) = paths::backend(dir, agent.clone(), u64::MAX, &vm_args)?;
     let (store, _uid_block) = crate::paths::open_store(dir)?;

@@ -65,8 +65,19 @@ pub fn run(state_dir: &Path) -> Result<()> {
                 .ok_or_else(|| format!("missing (apt-get install {package}); needed for {need}")),
         );
     }
+    // Not a failure (namespace boxes do not need it), but loud: VM boxes are
+    // refused without it.
+    let landlock = moat_box::sys::landlock_abi();
+    match landlock {
+        Some(abi) => println!("ok    landlock: ABI {abi} (confines QEMU of VM boxes)"),
+        None => println!(
+            "--    landlock: {}",
+            crate::microvm::landlock_refusal(None, false).unwrap_or("none in this kernel")
+        ),
+    }
     let (line, accel) = microvm(state_dir);
     println!("{line}");
+    let accel = accel.filter(|_| landlock.is_some());
     if ok {
         match accel {
             Some(Accel::Kvm) => println!("backend: vm by default (a kernel of its own per box, KVM); `new --backend ns` for namespaces"),

@@ -33,6 +33,22 @@ pub struct VmArgs {
     /// it here, else tcg).
     #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
     pub vm_accel: String,
+    /// Run VM boxes even where the kernel has no Landlock, with QEMU (which
+    /// parses what a guest sends) free to open any file its uid can.
+    #[arg(long)]
+    pub allow_vm_without_landlock: bool,
+}
+
+/// Why VM boxes are refused here for want of Landlock, if they are; with
+/// the kernel's Landlock ABI (`None`: no Landlock) and the operator's flag.
+pub fn landlock_refusal(abi: Option<u32>, allowed: bool) -> Option<&'static str> {
+    match (abi, allowed) {
+        (None, false) => Some(
+            "this kernel has no Landlock, so QEMU would run without file confinement \
+             (moat serve --allow-vm-without-landlock accepts that risk)",
+        ),
+        _ => None,
+    }
 }
 
 fn parse_backend(s: &str) -> Result<BackendKind, String> {
@@ -53,6 +69,13 @@ pub fn machine(state_dir: &Path, host: &Host, args: &VmArgs) -> (Result<VmMachin
         };
         let qemu = moat_box::image::which("qemu-system-x86_64")
             .context("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")?;
+        let landlock = moat_box::sys::landlock_abi();
+        if let Some(refusal) = landlock_refusal(landlock, args.allow_vm_without_landlock) {
+            anyhow::bail!("{refusal}");
+        }
+        if landlock.is_none() {
+            tracing::warn!("no Landlock in this kernel: VM boxes run QEMU without file confinement, as asked");
+        }
         let accel = match args.vm_accel.as_str() {
             "kvm" => Accel::Kvm,
             "tcg" => Accel::Tcg,
@@ -101,4 +124,16 @@ pub fn accel_here(state_dir: &Path, kernel: &Path, agent: &Path) -> Accel {
 /// Keeps what a probe learnt about `kernel`.
 pub fn remember(state_dir: &Path, kernel: &Path, accel: Accel) {
     let _ = std::fs::write(remembered(state_dir), format!("{} {}\n", accel.as_str(), kernel.display()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_boxes_need_landlock_unless_the_operator_accepts_the_risk() {
+        assert!(landlock_refusal(None, false).is_some_and(|r| r.contains("--allow-vm-without-landlock")));
+        assert_eq!(landlock_refusal(None, true), None);
+        assert_eq!(landlock_refusal(Some(1), false), None);
+    }
 }
