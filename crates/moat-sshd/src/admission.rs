@@ -6,7 +6,11 @@
 //!
 //! 1. **Pending**: every accepted connection that has not authenticated.
 //!    Cheap (a socket and a parked task), bounded generously per source and in
-//!    total; only past those bounds is a connection dropped at once.
+//!    total. A source at its bound makes room by closing its own oldest
+//!    connection that has not finished its key exchange (idle sockets of a
+//!    NAT or a CI runner must not lock out the honest client beside them);
+//!    only when every one of them is past its key exchange, or the total is
+//!    reached, is the new connection dropped at once.
 //! 2. **Active**: a connection that has sent bytes takes a handshake slot (per
 //!    source and in total) before the server reads them; a full stage makes it
 //!    *wait* for a slot, never reset. Sockets that send nothing never hold a
@@ -15,7 +19,7 @@
 //! Both are given back when the connection authenticates or ends. Sources
 //! that misbehave share a few slots instead (see [`crate::penalty`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
@@ -25,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::penalty::{Offence, Penalties, PENALIZED_SLOTS};
 use crate::quickack::QuickAck;
@@ -48,9 +52,16 @@ struct Inner {
     penalties: Penalties,
     /// The few handshake slots a penalized source has.
     penalized_by_source: PerSource,
-    pending: Mutex<HashMap<IpAddr, usize>>,
+    pending: Mutex<PendingQueues>,
     active: Arc<Semaphore>,
     active_by_source: PerSource,
+}
+
+/// The pending stage: each source's unauthenticated connections, oldest first.
+#[derive(Default)]
+struct PendingQueues {
+    by_source: HashMap<IpAddr, VecDeque<Arc<SlotHolder>>>,
+    total: usize,
 }
 
 /// The listener's admission state.
@@ -70,20 +81,28 @@ impl Admission {
         }))
     }
 
-    /// A pending place for a new connection from `source`, or `None` if the
-    /// pending stage is full (for that source or in all).
-    pub fn pending(&self, source: IpAddr) -> Option<Pending> {
+    /// A pending place for a new connection from `source` (whose state is
+    /// `holder`), or `None` if the pending stage is full. A source at its own
+    /// bound gets the place of its oldest connection that has not finished
+    /// its key exchange, which is told to close ([`SlotHolder::evicted`]).
+    pub fn pending(&self, source: IpAddr, holder: &Arc<SlotHolder>) -> Option<Pending> {
         let mut pending = self.0.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let total: usize = pending.values().sum();
-        let mine = pending.entry(source).or_insert(0);
-        if *mine >= self.0.limits.pending_per_source || total >= self.0.limits.pending_total {
-            if *mine == 0 {
-                pending.remove(&source);
+        let PendingQueues { by_source, total } = &mut *pending;
+        let mine = by_source.entry(source).or_default();
+        if mine.len() >= self.0.limits.pending_per_source {
+            let oldest = mine.iter().position(|h| !h.kex_done.load(Ordering::Acquire));
+            let evicted = oldest.and_then(|i| mine.remove(i))?;
+            evicted.evicted.notify_one();
+        } else if *total >= self.0.limits.pending_total {
+            if mine.is_empty() {
+                by_source.remove(&source);
             }
             return None;
+        } else {
+            *total += 1;
         }
-        *mine += 1;
-        Some(Pending { admission: self.clone(), source })
+        mine.push_back(Arc::clone(holder));
+        Some(Pending { admission: self.clone(), source, holder: Arc::clone(holder) })
     }
 
     /// Every source's penalty.
@@ -108,24 +127,30 @@ impl Admission {
     /// Connections pending from `source`.
     #[cfg(test)]
     fn pending_from(&self, source: IpAddr) -> usize {
-        self.0.pending.lock().unwrap_or_else(PoisonError::into_inner).get(&source).copied().unwrap_or(0)
+        let pending = self.0.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.by_source.get(&source).map_or(0, VecDeque::len)
     }
 }
 
-/// A place in the pending stage; given back on drop.
+/// A place in the pending stage; given back on drop (unless it was given
+/// to a newer connection already).
 pub struct Pending {
     admission: Admission,
     source: IpAddr,
+    holder: Arc<SlotHolder>,
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
         let mut pending = self.admission.0.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = pending.get_mut(&self.source) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                pending.remove(&self.source);
-            }
+        let PendingQueues { by_source, total } = &mut *pending;
+        let Some(mine) = by_source.get_mut(&self.source) else { return };
+        if let Some(i) = mine.iter().position(|h| Arc::ptr_eq(h, &self.holder)) {
+            mine.remove(i);
+            *total = total.saturating_sub(1);
+        }
+        if mine.is_empty() {
+            by_source.remove(&self.source);
         }
     }
 }
@@ -180,12 +205,15 @@ impl Drop for SourcePermit {
     }
 }
 
-/// Where a connection's handshake slot is kept until it authenticates.
+/// Where a connection's handshake slot is kept until it authenticates, and
+/// how far it got.
 #[derive(Default)]
 pub struct SlotHolder {
     slot: Mutex<Option<Active>>,
     spoke: AtomicBool,
     refused: AtomicBool,
+    kex_done: AtomicBool,
+    evicted: Notify,
 }
 
 impl SlotHolder {
@@ -197,6 +225,18 @@ impl SlotHolder {
     /// Whether the client has sent anything yet.
     pub fn spoke(&self) -> bool {
         self.spoke.load(Ordering::Acquire)
+    }
+
+    /// Notes that the key exchange is over (the client asked to authenticate):
+    /// the connection is no longer one its source's newer ones may replace.
+    pub fn kex_done(&self) {
+        self.kex_done.store(true, Ordering::Release);
+    }
+
+    /// Resolves when a newer connection from the same source took this one's
+    /// pending place: the connection must close.
+    pub async fn evicted(&self) {
+        self.evicted.notified().await;
     }
 
     /// Notes that a key the client tried was refused.
@@ -291,18 +331,54 @@ mod tests {
         AdmissionLimits { pending_per_source: 3, pending_total: 5, active_per_source: 2, active_total: 3 }
     }
 
+    fn holder() -> Arc<SlotHolder> {
+        Arc::default()
+    }
+
+    /// Whether `holder` was told to close (without waiting).
+    fn was_evicted(holder: &SlotHolder) -> bool {
+        let evicted = std::pin::pin!(holder.evicted());
+        evicted.poll(&mut Context::from_waker(std::task::Waker::noop())).is_ready()
+    }
+
     #[test]
-    fn pending_is_bounded_per_source_and_in_total_and_given_back() {
+    fn pending_is_bounded_in_total_and_given_back() {
         let a = Admission::new(limits());
         let (x, y): (IpAddr, IpAddr) = ("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap());
-        let held: Vec<Pending> = (0..3).map(|_| a.pending(x).unwrap()).collect();
-        assert!(a.pending(x).is_none(), "per source");
-        let more: Vec<Pending> = (0..2).map(|_| a.pending(y).unwrap()).collect();
-        assert!(a.pending(y).is_none(), "in total");
+        let held: Vec<(Arc<SlotHolder>, Pending)> =
+            (0..3).map(|_| holder()).map(|h| (Arc::clone(&h), a.pending(x, &h).unwrap())).collect();
+        let more: Vec<Pending> = (0..2).map(|_| a.pending(y, &holder()).unwrap()).collect();
+        assert!(a.pending(y, &holder()).is_none(), "in total");
+        assert!(held.iter().all(|(h, _)| !was_evicted(h)), "another source's connection was closed");
         drop(held);
         assert_eq!(a.pending_from(x), 0);
-        assert!(a.pending(x).is_some());
+        assert!(a.pending(x, &holder()).is_some());
         drop(more);
+    }
+
+    #[test]
+    fn a_full_source_closes_its_oldest_connection_still_in_key_exchange() {
+        let a = Admission::new(limits());
+        let x: IpAddr = "127.0.0.2".parse().unwrap();
+        let [first, second, third] = [holder(), holder(), holder()];
+        let mut held: Vec<Pending> = [&first, &second, &third].map(|h| a.pending(x, h).unwrap()).into();
+        // The oldest has finished its key exchange: the second goes.
+        first.kex_done();
+        let newest = holder();
+        held.push(a.pending(x, &newest).expect("a full source makes room"));
+        let evicted = [&first, &second, &third].map(|h| was_evicted(h));
+        assert_eq!(evicted, [false, true, false]);
+        assert_eq!(a.pending_from(x), 3);
+        // The closed one's place is not given back twice when it ends.
+        drop(held.remove(1));
+        assert_eq!(a.pending_from(x), 3);
+        // Every one past its key exchange: the newest is refused.
+        third.kex_done();
+        newest.kex_done();
+        assert!(a.pending(x, &holder()).is_none());
+        drop(held);
+        assert_eq!(a.pending_from(x), 0);
+        assert_eq!(a.0.pending.lock().unwrap().total, 0);
     }
 
     #[tokio::test]

@@ -135,6 +135,14 @@ impl ConnHandler {
 impl russh::server::Handler for ConnHandler {
     type Error = russh::Error;
 
+    /// The client asks to authenticate: its key exchange is over.
+    async fn authentication_banner(&mut self) -> Result<Option<String>, Self::Error> {
+        if let Some(slot) = &self.slot {
+            slot.kex_done();
+        }
+        Ok(None)
+    }
+
     async fn auth_publickey_offered(&mut self, _user: &str, offer: PublicKeyOffer<'_>) -> Result<Auth, Self::Error> {
         // Refuse unknown keys before the client bothers to sign with them.
         Ok(match self.account_for(offer.public_key).await {

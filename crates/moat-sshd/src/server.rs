@@ -80,23 +80,59 @@ impl UnauthSlot {
     pub fn key_refused(&self) {
         self.holder.key_refused();
     }
+
+    /// Notes that the key exchange is over (see [`Admission::pending`]).
+    pub fn kex_done(&self) {
+        self.holder.kex_done();
+    }
+}
+
+/// Why an unauthenticated connection is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// It sent nothing before its grace ran out.
+    Silent,
+    /// It did not authenticate in time.
+    AuthTimeout,
+    /// A newer connection from its source took its pending place.
+    Evicted,
+}
+
+impl Cut {
+    fn as_str(self) -> &'static str {
+        match self {
+            Cut::Silent => "no version string",
+            Cut::AuthTimeout => "authentication timeout",
+            Cut::Evicted => "its source opened too many connections",
+        }
+    }
 }
 
 /// Resolves when an unauthenticated connection must be cut, with why: at
 /// `grace` if it has sent nothing (it holds no handshake slot, but a pending
-/// place and an fd), else at `auth_timeout`.
-async fn unauthenticated_deadline(holder: &SlotHolder, grace: Duration, auth_timeout: Duration) -> &'static str {
-    tokio::time::sleep(grace).await;
-    if !holder.spoke() {
-        return "no version string";
+/// place and an fd), else at `auth_timeout`; or as soon as it is evicted.
+async fn unauthenticated_deadline(holder: &SlotHolder, grace: Duration, auth_timeout: Duration) -> Cut {
+    let deadline = async {
+        tokio::time::sleep(grace).await;
+        if !holder.spoke() {
+            return Cut::Silent;
+        }
+        tokio::time::sleep(auth_timeout.saturating_sub(grace)).await;
+        Cut::AuthTimeout
+    };
+    tokio::select! {
+        why = deadline => why,
+        () = holder.evicted() => Cut::Evicted,
     }
-    tokio::time::sleep(auth_timeout.saturating_sub(grace)).await;
-    "authentication timeout"
 }
 
-/// A connection cut at its deadline: logged (rate-limited) and held against its source.
-fn cut(penalties: &Penalties, peer: std::net::SocketAddr, why: &str) {
-    penalties.record(peer.ip(), Offence::Deadline);
+/// A connection cut: logged (rate-limited) and, if it missed its deadline,
+/// held against its source (an evicted one was merely the oldest).
+fn cut(penalties: &Penalties, peer: std::net::SocketAddr, why: Cut) {
+    if why != Cut::Evicted {
+        penalties.record(peer.ip(), Offence::Deadline);
+    }
+    let why = why.as_str();
     static LIMIT: LogLimit = LogLimit::every(1000);
     if let Some(dropped) = LIMIT.allow() {
         tracing::info!(%peer, dropped, why, "unauthenticated connection closed");
@@ -135,13 +171,13 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
                 continue;
             }
         };
-        let Some(pending) = admission.pending(peer.ip()) else {
+        let holder = Arc::new(SlotHolder::default());
+        let Some(pending) = admission.pending(peer.ip(), &holder) else {
             tracing::debug!(%peer, "too many unauthenticated connections; dropped");
             continue;
         };
         let penalties = admission.penalties();
         let grace = if penalties.is_penalized(peer.ip()) { grace.min(PENALIZED_GRACE) } else { grace };
-        let holder = Arc::new(SlotHolder::default());
         let slot = UnauthSlot { _pending: pending, holder: Arc::clone(&holder) };
         let authenticated = Arc::new(AtomicBool::new(false));
         let handler = ConnHandler::new(Arc::clone(&shared), Some(peer), slot, Arc::clone(&authenticated));
@@ -179,7 +215,7 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
                 return;
             }
             cut(penalties, peer, why);
-            let _ = handle.disconnect(Disconnect::ByApplication, why.into(), "en".into()).await;
+            let _ = handle.disconnect(Disconnect::ByApplication, why.as_str().into(), "en".into()).await;
         });
     }
 }
