@@ -405,6 +405,7 @@ impl Mux {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
     use std::time::Duration;
 
     /// A host end and a guest end over a socket pair; the guest's streams echo.
@@ -476,21 +477,35 @@ mod tests {
         // The other end never reads the link: once the socket and the queue
         // are full, opening another stream fails at once instead of waiting.
         let (a, _unread) = UnixStream::pair().unwrap();
+        let probe = a.try_clone().unwrap();
         let host = Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), None).unwrap();
         let mut busy = host.open().unwrap();
         std::thread::spawn(move || {
             let chunk = vec![7u8; 64 << 10];
             while busy.write_all(&chunk).is_ok() {}
         });
-        std::thread::sleep(Duration::from_millis(300));
-        let (done, opened) = mpsc::channel();
+        // Full when a byte more would block (the bytes go nowhere: nobody
+        // reads), waited for rather than guessed with a sleep.
+        let full = |_: &usize| {
+            let sent = nix::sys::socket::send(probe.as_raw_fd(), &[0], nix::sys::socket::MsgFlags::MSG_DONTWAIT);
+            sent == Err(nix::errno::Errno::EAGAIN)
+        };
+        assert!((0..10_000_000).find(full).is_some(), "the link never filled");
+        let (done, refused) = mpsc::channel();
         std::thread::spawn(move || {
-            for _ in 0..(2 * OUTBOX) {
-                let _ = host.open();
-            }
-            let _ = done.send(());
+            let mut held = Vec::new();
+            let refused = loop {
+                match host.open() {
+                    Ok(stream) => held.push(stream),
+                    Err(e) => break e.kind(),
+                }
+            };
+            let _ = done.send((held.len(), refused));
         });
-        assert!(opened.recv_timeout(Duration::from_secs(5)).is_ok(), "opening a stream waited on the link");
+        let (opened, why) = refused.recv_timeout(Duration::from_secs(5)).expect("opening a stream waited on the link");
+        assert_eq!(why, io::ErrorKind::WouldBlock);
+        // The queue's worth, and the frame its writer holds.
+        assert!(opened <= OUTBOX + 1, "{opened} streams opened on a full link");
     }
 
     #[test]

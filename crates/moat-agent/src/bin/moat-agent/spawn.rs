@@ -28,13 +28,29 @@ pub struct ChildIo<'a> {
     pub controlling_tty: bool,
 }
 
+/// The kernel's signals: 1 to 64, as many as its signal sets have bits.
+const SIGNALS: libc::c_int = 64;
+/// The size of the kernel's signal set (not libc's `sigset_t`, which is larger).
+const SIGSET_BYTES: usize = std::mem::size_of::<u64>();
+
+/// `struct sigaction` as the kernel's `rt_sigaction` takes it (x86-64 and
+/// arm64), not libc's: no restorer is needed to set the default.
+#[repr(C)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
 /// Forks and execs `program` in a new session; returns once the exec succeeded.
 pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
     let argv: Vec<*const libc::c_char> = program.argv.iter().map(|a| a.as_ptr()).chain([ptr::null()]).collect();
     let envp: Vec<*const libc::c_char> = program.envp.iter().map(|e| e.as_ptr()).chain([ptr::null()]).collect();
     let (err_read, err_write) = pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let fds = [io.stdin.as_raw_fd(), io.stdout.as_raw_fd(), io.stderr.as_raw_fd()];
-    let last_signal = libc::SIGRTMAX();
+    let default = KernelSigaction { handler: libc::SIG_DFL, flags: 0, restorer: 0, mask: 0 };
+    let unblocked: u64 = 0;
 
     // SAFETY: after fork the child runs only async-signal-safe libc calls on
     // memory prepared above (argv/envp arrays and C strings that outlive the call
@@ -57,9 +73,17 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
             // and none blocked, whatever the agent (Rust ignores SIGPIPE) or the
             // daemon that started the box (`moat serve &` ignores SIGINT and
             // SIGQUIT; nohup, SIGHUP) left behind. Ignored dispositions survive
-            // exec, so without this Ctrl-C would reach no job in the box.
-            for signo in 1..=last_signal {
-                libc::signal(signo, libc::SIG_DFL);
+            // exec, so without this Ctrl-C would reach no job in the box. The
+            // raw calls, because libc's refuse the signals it reserves for
+            // itself (32 to 34), which would stay ignored.
+            for signo in (1..=SIGNALS).filter(|s| *s != libc::SIGKILL && *s != libc::SIGSTOP) {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    signo,
+                    &default,
+                    ptr::null_mut::<KernelSigaction>(),
+                    SIGSET_BYTES,
+                );
             }
             // The OOM killer must pick what the box runs before PID 1 (whose
             // death restarts the box). Raising the score needs no privilege, so
@@ -69,9 +93,13 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
                 libc::write(adj, c"500".as_ptr().cast(), 3);
                 libc::close(adj);
             }
-            let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut none);
-            libc::sigprocmask(libc::SIG_SETMASK, &none, ptr::null_mut());
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &unblocked,
+                ptr::null_mut::<u64>(),
+                SIGSET_BYTES,
+            );
             if libc::chdir(program.cwd.as_ptr()) != 0 {
                 libc::chdir(c"/".as_ptr());
             }
