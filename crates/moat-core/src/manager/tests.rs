@@ -633,15 +633,17 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
         policy: Policy::default(),
         backend: None,
     };
-    // At start, a box of an image not built is not made; of a built one, it is.
+    // At start, a box of an image not built is not made; of a built one, it
+    // is. (Had the first taken the pool's one place, the second would wait
+    // for it forever.)
     warm.prepare_warm(&name("nope"));
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
-    assert_eq!(f.backend.box_count(), 0);
     warm.prepare_warm(&name("busybox"));
-    eventually("a warm box made at start", || f.backend.box_count() >= 1).await;
+    eventually("a warm box made at start", || warm.warm_ready(&name("busybox"))).await;
+    assert_eq!(f.backend.box_count(), 1);
     let first = warm.create(&f.alice, spec("first"), Box::new(|_: &str| {})).await.unwrap();
     // One is made in the background for the next `new`, and no account sees it.
-    eventually("a warm box made after a new", || f.backend.box_count() >= 2).await;
+    eventually("a warm box made after a new", || warm.warm_ready(&name("busybox"))).await;
+    assert_eq!(f.backend.box_count(), 2);
     let ready = warm.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap();
     assert_eq!(warm.list(&f.alice).unwrap().len(), 1);
     let second = warm.create(&f.alice, spec("second"), Box::new(|_: &str| {})).await.unwrap();
@@ -667,12 +669,23 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
     // A warm box that cannot be given is removed, and `new` makes one anew.
     let w2 = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), ManagerConfig::default());
     w2.create(&f.alice, spec("third"), Box::new(|_: &str| {})).await.unwrap();
-    let booted = || w2.store.list(None).unwrap().iter().any(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some());
-    eventually("a booted warm box", booted).await;
+    // (The store is shared with the first manager, whose warm box may be
+    // there too: the one refused is the one of them that goes.)
+    let booted = || -> Vec<BoxId> {
+        let all = w2.store.list(None).unwrap().into_iter();
+        all.filter(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some()).map(|b| b.id).collect()
+    };
+    eventually("a booted warm box", || w2.warm_ready(&name("busybox"))).await;
+    let before = booted();
     f.backend.fail("adopt");
     let fourth = w2.create(&f.alice, spec("fourth"), Box::new(|_: &str| {})).await;
     f.backend.heal();
-    assert!(fourth.is_ok(), "{fourth:?}");
+    let fourth = fourth.unwrap();
+    assert!(!before.contains(&fourth.id), "the warm box that could not be given was given");
+    assert_eq!(fourth.state, BoxState::Running);
+    let gone: Vec<&BoxId> = before.iter().filter(|id| w2.store.get_by_id(id).unwrap().is_none()).collect();
+    assert_eq!(gone.len(), 1, "the warm box that could not be given is kept: {before:?}");
+    assert!(gone.iter().all(|id| f.backend.host_name(id).is_none()), "the warm box that could not be given still runs");
 
     // Another image asked for takes the pool's place.
     let warm_images = |m: &BoxManager| -> Vec<String> {

@@ -156,6 +156,12 @@ mod tests {
         assert!(refused.to_string().contains("2 requests per 3600 s"), "{refused}");
         // Another box's own limit is its own.
         assert!(rewrite(&mine, &a, &id("b2")).is_ok());
+        // Once its window is over, a box may use the secret again.
+        let short = [armed(vec![Limit::new(LimitKind::Requests, 1, Some(1)).unwrap()], false)];
+        rewrite(&mine, &short, &id("b1")).unwrap();
+        assert_eq!(rewrite(&mine, &short, &id("b1")).unwrap_err().status(), 429);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(rewrite(&mine, &short, &id("b1")).is_ok(), "the window did not reset");
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub fn restore_puts_a_damaged_box_back(env: &Env) {
 
 /// Data only a checkpoint still holds counts against the box's disk limit
 /// (and shows in `usage`), before and after a restore.
-pub fn checkpoints_count_against_the_disk_limit(env: &Env) {
+pub fn count_against_the_disk_limit(env: &Env) {
     let name = unique("ckq");
     env.new_box(&name, &["--image", "busybox", "--disk", "64M"]);
     let box_sh = |script: &str| env.alice(Some(&name), &[script]);

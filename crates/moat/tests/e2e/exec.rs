@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::Stdio;
 
-use crate::fixture::{run, unique};
+use crate::fixture::{run, unique, BLOCKED_BY_THE_DAEMON, IGNORED_BY_THE_DAEMON};
 use crate::Env;
 
 pub fn streams_status_and_stderr(env: &Env) {
@@ -29,6 +29,40 @@ pub fn death_by_signal_is_reported_as_openssh(env: &Env) {
     // A signal that kills a child, caught by the shell, is just a status.
     let out = env.alice(Some(&name), &["sh -c 'kill -9 $$'; echo status=$?"]).ok();
     assert_eq!(out.stdout, "status=137\n");
+}
+
+/// Whatever the daemon was started with (see `fixture::signals_left_behind`),
+/// a program in a box starts with every signal at its default and none
+/// blocked, as under sshd.
+pub fn programs_start_with_default_signals(env: &Env) {
+    // The daemon was started so: else this test would prove nothing.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", env.daemon.pid())).unwrap();
+    let mask = |field: &str, text: &str| {
+        let line = text.lines().find_map(|l| l.strip_prefix(field)).unwrap_or_else(|| panic!("no {field}: {text}"));
+        u64::from_str_radix(line.trim(), 16).unwrap()
+    };
+    let bits = |signals: &[u32]| signals.iter().fold(0u64, |m, s| m | 1 << (s - 1));
+    let (ignored, blocked) = (bits(IGNORED_BY_THE_DAEMON), bits(BLOCKED_BY_THE_DAEMON));
+    assert_eq!(mask("SigIgn:", &status) & ignored, ignored, "{status}");
+    assert_eq!(mask("SigBlk:", &status) & blocked, blocked, "{status}");
+
+    // The default image: busybox's ash leaves SIGQUIT ignored in a program
+    // it execs in its own place (`sh -c 'cat ...'`), whatever it was given.
+    let name = unique("signals");
+    env.new_box(&name, &[]);
+    // A command, a program it starts, and a login shell's.
+    for command in ["cat /proc/self/status", "sh -c 'cat /proc/self/status'"] {
+        let out = env.alice(Some(&name), &[command]).ok();
+        assert_eq!((mask("SigIgn:", &out.stdout), mask("SigBlk:", &out.stdout)), (0, 0), "{command}: {}", out.stdout);
+    }
+    let mut shell = env.daemon.ssh_with(&env.alice, Some(&name), &["-tt"], &[]);
+    shell.stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut shell = shell.spawn().unwrap();
+    shell.stdin.take().unwrap().write_all(b"cat /proc/self/status; exit\n").unwrap();
+    let out = shell.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert_eq!((mask("SigIgn:", &text), mask("SigBlk:", &text)), (0, 0), "{text}");
+    env.alice(None, &["rm", &name]).ok();
 }
 
 pub fn tar_100mb_through_stdin(env: &Env) {

@@ -35,6 +35,37 @@ impl Key {
     }
 }
 
+/// Signals the test daemons start with ignored: what nohup and `&` ignore
+/// (1 to 3), SIGPIPE, and 32, 34 and 64 (libc's `signal()` cannot reset 32
+/// to 34; 33 the daemon's libc takes over for itself). Not SIGCHLD or
+/// SIGTERM, which the daemon itself relies on.
+pub const IGNORED_BY_THE_DAEMON: &[u32] = &[1, 2, 3, 13, 32, 34, 64];
+/// Signals the test daemons start with blocked (none the daemon waits for).
+pub const BLOCKED_BY_THE_DAEMON: &[u32] = &[34, 64];
+
+/// A Python program that execs its arguments with the signals above ignored
+/// and blocked, as a careless parent leaves them. Raw system calls, as libc
+/// refuses 32 to 34. (nohup ignores SIGHUP alone: this is a superset.)
+fn signals_left_behind() -> String {
+    format!(
+        r#"
+IGNORED, BLOCKED = {IGNORED_BY_THE_DAEMON:?}, {BLOCKED_BY_THE_DAEMON:?}
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def raw(*args):
+    return libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+SYS_rt_sigaction, SYS_rt_sigprocmask, SIG_IGN, SIG_BLOCK = 13, 14, 1, 0
+for signo in IGNORED:
+    if raw(SYS_rt_sigaction, signo, struct.pack("QQQQ", SIG_IGN, 0, 0, 0), None, 8) != 0:
+        sys.exit(f"ignore {{signo}}: {{os.strerror(ctypes.get_errno())}}")
+mask = struct.pack("Q", sum(1 << (signo - 1) for signo in BLOCKED))
+if raw(SYS_rt_sigprocmask, SIG_BLOCK, mask, None, 8) != 0:
+    sys.exit(f"block: {{os.strerror(ctypes.get_errno())}}")
+os.execv(sys.argv[1], sys.argv[1:])
+"#
+    )
+}
+
 /// A running `moat serve`.
 pub struct Daemon {
     pub state_dir: PathBuf,
@@ -70,11 +101,14 @@ impl Daemon {
     pub fn restart(&mut self) {
         self.kill();
         let log = std::fs::File::create(self.state_dir.with_extension("log")).expect("daemon log");
-        // Started as `moat serve &` from a script or under nohup starts it:
-        // SIGINT, SIGQUIT and SIGHUP ignored. Boxes must not inherit that
-        // (pty_shell_resize_and_ctrl_c types Ctrl-C).
-        let mut child = Command::new("sh")
-            .args(["-c", "trap '' INT QUIT HUP; exec \"$0\" \"$@\""])
+        // Started as `moat serve &` from a script or under nohup starts it
+        // (SIGINT, SIGQUIT and SIGHUP ignored), and worse: see
+        // [`signals_left_behind`]. Boxes must not inherit any of it
+        // (pty_shell_resize_and_ctrl_c types Ctrl-C;
+        // exec_programs_start_with_default_signals reads the rest).
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(signals_left_behind())
             .arg(moat_bin())
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--state-dir"])

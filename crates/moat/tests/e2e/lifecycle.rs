@@ -77,7 +77,7 @@ impl Lifecycle<'_> {
 
 /// All lifecycle checks on one daemon (idle grace 1 s, meter every second,
 /// parking after 4 s suspended), run in sequence.
-pub fn lifecycle(env: &Env) {
+pub fn suspend_resume_stop_park_and_ledger(env: &Env) {
     let daemon = Daemon::start(
         env.dir.join("lifecycle-state"),
         env.daemon.keys_file.clone(),
@@ -126,7 +126,10 @@ fn suspends_when_idle_and_resumes_where_it_was(t: &Lifecycle) {
 fn keep_running_is_never_suspended(t: &Lifecycle) {
     t.ssh(None, &["new", "server", "--image", "busybox"]).ok();
     t.ssh(None, &["set", "server", "keep-running", "on"]).ok();
-    std::thread::sleep(Duration::from_secs(3));
+    // Not suspended while a box made after it, idle as long, is.
+    t.ssh(None, &["new", "idler", "--image", "busybox"]).ok();
+    t.wait_state("idler", "suspended");
+    t.ssh(None, &["rm", "idler"]).ok();
     assert_eq!(t.info("server")["state"], "running");
     assert!(!t.frozen("server"));
     assert!(t.ssh(None, &["info", "server"]).ok().stdout.contains("keep-running (billed while idle)"));

@@ -65,114 +65,121 @@ impl Env {
 
 type TestFn = fn(&Env);
 
-const TESTS: &[(&str, TestFn)] = &[
-    ("control_new_ls_info_rm", control::new_ls_info_rm),
-    ("control_bad_input_is_one_line_and_leaves_nothing", control::bad_input_is_one_line_and_leaves_nothing),
-    ("control_help_and_control_shell", control::help_and_control_shell),
-    ("control_whoami_shows_the_key_and_its_limits", control::whoami_shows_the_key_and_its_limits),
-    ("control_mistyped_boxes_and_commands_are_told_as_such", control::mistyped_boxes_and_commands_are_told_as_such),
-    ("clients_git_clone_push_pull_with_defaults", clients::git_clone_push_pull_with_defaults),
-    ("clients_unaccepted_env_still_runs_the_command", clients::unaccepted_env_still_runs_the_command),
-    ("clients_controlmaster_100_commands_then_idle_suspends", clients::controlmaster_100_commands_then_idle_suspends),
-    ("clients_paramiko_and_asyncssh_reuse_one_connection", clients::paramiko_and_asyncssh_reuse_one_connection),
-    ("clients_ansible_playbook_on_two_boxes", clients::ansible_playbook_on_two_boxes),
-    ("clients_user_names_never_misroute", clients::user_names_never_misroute),
-    ("clients_box_sees_its_own_totals", clients::box_sees_its_own_totals),
-    ("exec_streams_status_and_stderr", exec::streams_status_and_stderr),
-    ("exec_death_by_signal_is_reported_as_openssh", exec::death_by_signal_is_reported_as_openssh),
-    ("exec_tar_100mb_through_stdin", exec::tar_100mb_through_stdin),
-    ("exec_processes_outlive_the_session", exec::processes_outlive_the_session),
-    ("pty_shell_resize_and_ctrl_c", pty::shell_resize_and_ctrl_c),
-    ("files_scp_both_ways", files::scp_both_ways),
-    ("files_sftp_batch", files::sftp_batch),
-    ("files_rsync_both_ways", files::rsync_both_ways),
-    ("forward_local_reaches_box_server", forward::local_reaches_box_server),
-    ("forward_outside_targets_and_other_forwards_refused", forward::outside_targets_and_other_forwards_refused),
-    ("isolation_cannot_see_host", isolation::cannot_see_host),
-    ("isolation_cannot_mount_load_modules_or_unshare", isolation::cannot_mount_load_modules_or_unshare),
-    ("isolation_no_ptrace_or_signal_outside", isolation::no_ptrace_or_signal_outside),
-    ("isolation_root_is_not_host_root", isolation::root_is_not_host_root),
-    ("isolation_boxes_cannot_reach_each_other", isolation::boxes_cannot_reach_each_other),
-    ("isolation_fork_bomb_contained", isolation::fork_bomb_contained),
-    ("isolation_two_servers_never_share_host_uids", isolation::two_servers_never_share_host_uids),
-    ("isolation_no_vsock_fd_theft_or_pty_exhaustion", isolation::no_vsock_fd_theft_or_pty_exhaustion),
-    ("isolation_host_details_masked_and_agent_outlives_oom", isolation::host_details_masked_and_agent_outlives_oom),
-    ("isolation_memory_hog_contained", isolation::memory_hog_contained),
-    ("hygiene_keys_are_accounts", hygiene::keys_are_accounts),
-    ("hygiene_only_public_keys", hygiene::only_public_keys),
-    ("hygiene_banner_and_key_exchanges", hygiene::banner_and_key_exchanges),
-    ("hygiene_bursts_wait_and_silent_sockets_lock_nobody_out", hygiene::bursts_wait_and_silent_sockets_lock_nobody_out),
-    ("hygiene_operator_limits_are_enforced", hygiene::operator_limits_are_enforced),
-    (
-        "hygiene_penalized_sources_wait_their_turn_but_are_never_refused",
-        hygiene::penalized_sources_wait_their_turn_but_are_never_refused,
-    ),
-    ("hygiene_unauthenticated_flood_does_not_lock_out", hygiene::unauthenticated_flood_does_not_lock_out),
-    ("restart_loses_nothing", restart::restart_loses_nothing),
-    (
-        "restart_warm_boxes_are_named_when_taken_and_never_outlive_a_restart",
-        restart::warm_boxes_are_named_when_taken_and_never_outlive_a_restart,
-    ),
-    ("privsep_front_door_is_unprivileged_and_restarts", privsep::front_door_is_unprivileged_and_restarts),
-    ("lifecycle_suspend_resume_stop_park_and_ledger", lifecycle::lifecycle),
-    ("storage_dup_copies_and_makes_a_new_machine", storage::dup_copies_and_makes_a_new_machine),
-    ("storage_dup_of_a_box_whose_processes_died", storage::dup_of_a_box_whose_processes_died),
-    ("storage_diff_lists_changes", storage::diff_lists_changes),
-    ("storage_diff_streams_and_is_bounded", storage::diff_streams_and_is_bounded),
-    ("storage_promote_swaps_parent_and_child", storage::promote_swaps_parent_and_child),
-    ("storage_bad_dups_create_nothing", storage::bad_dups_create_nothing),
-    ("storage_disk_limit_is_enforced_and_rm_frees", storage::disk_limit_is_enforced_and_rm_frees),
-    ("storage_dup_interrupted_leaves_nothing", storage::dup_interrupted_leaves_nothing),
-    ("checkpoints_restore_puts_a_damaged_box_back", checkpoints::restore_puts_a_damaged_box_back),
-    ("checkpoints_count_against_the_disk_limit", checkpoints::checkpoints_count_against_the_disk_limit),
-    (
-        "checkpoints_interrupted_checkpoints_and_restores_finish_or_undo",
-        checkpoints::interrupted_checkpoints_and_restores_finish_or_undo,
-    ),
-    ("storage_account_budgets_hold_across_dup_and_rm", storage::account_budgets_hold_across_dup_and_rm),
-    ("egress_deny_by_default_allow_by_name", egress::deny_by_default_allow_by_name),
-    ("egress_nothing_leaks_around_the_names", egress::nothing_leaks_around_the_names),
-    ("egress_methods_and_presets", egress::methods_and_presets),
-    ("egress_https_looked_inside_only_where_rules_need_it", egress::https_looked_inside_only_where_rules_need_it),
-    ("egress_ask_mode_puts_names_to_the_owner", egress::ask_mode_puts_names_to_the_owner),
-    ("egress_log_follow_streams", egress::log_follow_streams),
-    ("secrets_reach_only_their_host_and_header", secrets::reach_only_their_host_and_header),
-    ("secrets_limits_kill_and_usage", secrets::limits_kill_and_usage),
-    ("egress_gateway_is_unprivileged_and_fails_closed", egress::gateway_is_unprivileged_and_fails_closed),
+/// A table of tests, each named after its module and function
+/// (`control::new_ls_info_rm` runs as `control_new_ls_info_rm`), so that a
+/// name cannot drift from what it runs.
+macro_rules! tests {
+    ($($module:ident::$test:ident),* $(,)?) => {
+        &[$((concat!(stringify!($module), "_", stringify!($test)), $module::$test as TestFn)),*]
+    };
+}
+
+/// Run first, alone: the rest need the image it builds.
+const FIRST: &[(&str, TestFn)] = tests![control::first_new_builds_default_image];
+
+/// The rest, [`WORKERS`] at once.
+const TESTS: &[(&str, TestFn)] = tests![
+    control::new_ls_info_rm,
+    control::bad_input_is_one_line_and_leaves_nothing,
+    control::help_and_control_shell,
+    control::whoami_shows_the_key_and_its_limits,
+    control::mistyped_boxes_and_commands_are_told_as_such,
+    clients::git_clone_push_pull_with_defaults,
+    clients::unaccepted_env_still_runs_the_command,
+    clients::controlmaster_100_commands_then_idle_suspends,
+    clients::paramiko_and_asyncssh_reuse_one_connection,
+    clients::ansible_playbook_on_two_boxes,
+    clients::user_names_never_misroute,
+    clients::box_sees_its_own_totals,
+    exec::streams_status_and_stderr,
+    exec::death_by_signal_is_reported_as_openssh,
+    exec::programs_start_with_default_signals,
+    exec::tar_100mb_through_stdin,
+    exec::processes_outlive_the_session,
+    pty::shell_resize_and_ctrl_c,
+    files::scp_both_ways,
+    files::sftp_batch,
+    files::rsync_both_ways,
+    forward::local_reaches_box_server,
+    forward::outside_targets_and_other_forwards_refused,
+    isolation::cannot_see_host,
+    isolation::cannot_mount_load_modules_or_unshare,
+    isolation::no_ptrace_or_signal_outside,
+    isolation::root_is_not_host_root,
+    isolation::boxes_cannot_reach_each_other,
+    isolation::fork_bomb_contained,
+    isolation::two_servers_never_share_host_uids,
+    isolation::no_vsock_fd_theft_or_pty_exhaustion,
+    isolation::host_details_masked_and_agent_outlives_oom,
+    isolation::memory_hog_contained,
+    hygiene::keys_are_accounts,
+    hygiene::only_public_keys,
+    hygiene::banner_and_key_exchanges,
+    hygiene::bursts_wait_and_silent_sockets_lock_nobody_out,
+    hygiene::operator_limits_are_enforced,
+    hygiene::penalized_sources_wait_their_turn_but_are_never_refused,
+    hygiene::unauthenticated_flood_does_not_lock_out,
+    hygiene::one_source_cannot_lock_itself_out,
+    restart::loses_nothing,
+    restart::warm_boxes_are_named_when_taken_and_never_outlive_a_restart,
+    privsep::front_door_is_unprivileged_and_restarts,
+    lifecycle::suspend_resume_stop_park_and_ledger,
+    storage::dup_copies_and_makes_a_new_machine,
+    storage::dup_of_a_box_whose_processes_died,
+    storage::diff_lists_changes,
+    storage::diff_streams_and_is_bounded,
+    storage::promote_swaps_parent_and_child,
+    storage::bad_dups_create_nothing,
+    storage::disk_limit_is_enforced_and_rm_frees,
+    storage::dup_interrupted_leaves_nothing,
+    checkpoints::restore_puts_a_damaged_box_back,
+    checkpoints::count_against_the_disk_limit,
+    checkpoints::interrupted_checkpoints_and_restores_finish_or_undo,
+    storage::account_budgets_hold_across_dup_and_rm,
+    egress::deny_by_default_allow_by_name,
+    egress::nothing_leaks_around_the_names,
+    egress::methods_and_presets,
+    egress::https_looked_inside_only_where_rules_need_it,
+    egress::ask_mode_puts_names_to_the_owner,
+    egress::log_follow_streams,
+    secrets::reach_only_their_host_and_header,
+    secrets::limits_kill_and_usage,
+    egress::gateway_is_unprivileged_and_fails_closed,
 ];
 
 /// Tests run alone after the rest: a TCG guest takes a whole core for
 /// seconds, which would starve the timing-sensitive tests beside it.
-const ALONE_LAST: &[(&str, TestFn)] = &[
-    ("hygiene_doctor_boots_a_guest", hygiene::doctor_boots_a_guest),
-    ("microvm_box_runs_its_own_kernel_over_ssh", microvm::box_runs_its_own_kernel_over_ssh),
-    ("microvm_suspend_resume_dup_checkpoint_and_rm", microvm::suspend_resume_dup_checkpoint_and_rm),
-    ("microvm_restart_and_park_keep_the_guest_running", microvm::restart_and_park_keep_the_guest_running),
-    ("microvm_secrets_reach_their_host_from_a_guest", microvm::secrets_reach_their_host_from_a_guest),
-    ("microvm_dup_while_a_session_streams_in", microvm::dup_while_a_session_streams_in),
+const ALONE_LAST: &[(&str, TestFn)] = tests![
+    hygiene::doctor_boots_a_guest,
+    microvm::box_runs_its_own_kernel_over_ssh,
+    microvm::suspend_resume_dup_checkpoint_and_rm,
+    microvm::restart_and_park_keep_the_guest_running,
+    microvm::secrets_reach_their_host_from_a_guest,
+    microvm::dup_while_a_session_streams_in,
 ];
 
 /// Tests of [`TESTS`] run again, alone, with their boxes VM boxes (as
 /// `vm_NAME`): the same experience whatever isolates a box.
-const VM_PASS_TESTS: &[&str] = &[
-    "exec_streams_status_and_stderr",
-    "exec_death_by_signal_is_reported_as_openssh",
-    "pty_shell_resize_and_ctrl_c",
-    "files_scp_both_ways",
-    "files_sftp_batch",
-    "files_rsync_both_ways",
-    "forward_local_reaches_box_server",
-    "clients_unaccepted_env_still_runs_the_command",
-    "egress_methods_and_presets",
-    "egress_deny_by_default_allow_by_name",
-    "exec_processes_outlive_the_session",
-    "clients_git_clone_push_pull_with_defaults",
-    "clients_paramiko_and_asyncssh_reuse_one_connection",
-    "clients_ansible_playbook_on_two_boxes",
-    "storage_diff_lists_changes",
-    "storage_promote_swaps_parent_and_child",
-    "checkpoints_restore_puts_a_damaged_box_back",
-    "secrets_reach_only_their_host_and_header",
+const VM_PASS_TESTS: &[(&str, TestFn)] = tests![
+    exec::streams_status_and_stderr,
+    exec::death_by_signal_is_reported_as_openssh,
+    exec::programs_start_with_default_signals,
+    pty::shell_resize_and_ctrl_c,
+    files::scp_both_ways,
+    files::sftp_batch,
+    files::rsync_both_ways,
+    forward::local_reaches_box_server,
+    clients::unaccepted_env_still_runs_the_command,
+    egress::methods_and_presets,
+    egress::deny_by_default_allow_by_name,
+    exec::processes_outlive_the_session,
+    clients::git_clone_push_pull_with_defaults,
+    clients::paramiko_and_asyncssh_reuse_one_connection,
+    clients::ansible_playbook_on_two_boxes,
+    storage::diff_lists_changes,
+    storage::promote_swaps_parent_and_child,
+    checkpoints::restore_puts_a_damaged_box_back,
+    secrets::reach_only_their_host_and_header,
 ];
 
 /// Removes every box of alice's.
@@ -199,10 +206,7 @@ fn main() {
     let last: Vec<&(&str, TestFn)> = ALONE_LAST.iter().filter(|(name, _)| wanted(name)).collect();
     let vm_pass: Vec<(String, TestFn)> = VM_PASS_TESTS
         .iter()
-        .map(|name| {
-            let found = TESTS.iter().find(|(t, _)| t == name);
-            (format!("vm_{name}"), found.unwrap_or_else(|| panic!("VM pass: no test {name}")).1)
-        })
+        .map(|(name, test)| (format!("vm_{name}"), *test))
         .filter(|(name, _)| wanted(name))
         .collect();
     if !nix::unistd::Uid::effective().is_root() {
@@ -211,7 +215,7 @@ fn main() {
         std::process::exit(1);
     }
     let started = Instant::now();
-    println!("\nrunning {} tests", selected.len() + last.len() + vm_pass.len() + 1);
+    println!("\nrunning {} tests", selected.len() + last.len() + vm_pass.len() + FIRST.len());
 
     let dir = fixture::scratch_root();
     let _ = std::fs::remove_dir_all(&dir);
@@ -257,7 +261,7 @@ fn main() {
     };
 
     // First, alone: `new` with no image builds the default image, with progress.
-    let setup_ok = run_one("control_first_new_builds_default_image", control::first_new_builds_default_image);
+    let setup_ok = FIRST.iter().all(|(name, test)| run_one(name, *test));
 
     if setup_ok {
         let next = AtomicUsize::new(0);

@@ -72,14 +72,17 @@ pub fn shell_resize_and_ctrl_c(env: &Env) {
     let at = screen.wait_for(0, "TTY=/dev/pts/");
     let at = screen.wait_for(at, "SIZE=24 80");
 
+    // The box's shell waits for the new size itself (no sleep guessing
+    // how long the window change takes to arrive).
     tcsetwinsize(&master, size(50, 132)).unwrap();
     kill(ssh_pid(), Signal::SIGWINCH).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    master.write_all(b"echo SIZE=$(stty size)\n").unwrap();
+    master.write_all(b"until [ \"$(stty size)\" = '50 132' ]; do sleep 0.1; done; echo SIZE=$(stty size)\n").unwrap();
     let at = screen.wait_for(at, "SIZE=50 132");
 
-    master.write_all(b"sleep 100; echo after-sleep\n").unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Ctrl-C once the job runs (it says so first; as its name is typed,
+    // `START$((1+1))`, only its output reads START2).
+    master.write_all(b"sh -c 'echo START$((1+1)); exec sleep 100'; echo after-sleep\n").unwrap();
+    let at = screen.wait_for(at, "START2");
     master.write_all(b"\x03").unwrap();
     master.write_all(b"echo RC=$?\n").unwrap();
     let at = screen.wait_for(at, "RC=130");

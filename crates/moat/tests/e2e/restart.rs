@@ -3,7 +3,7 @@
 use crate::fixture::{run, Daemon};
 use crate::Env;
 
-pub fn restart_loses_nothing(env: &Env) {
+pub fn loses_nothing(env: &Env) {
     let mut daemon = Daemon::start(env.dir.join("restart-state"), env.daemon.keys_file.clone(), &[]);
     let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
     ssh(&daemon, None, &["new", "keeper", "--image", "busybox"]).ok();

@@ -193,8 +193,13 @@ pub fn reach_only_their_host_and_header(env: &Env) {
     let (_, copied) = sh(env, &copy, "echo $LLM_KEY");
     assert!(copied.starts_with("moat-placeholder-") && copied.trim() != placeholder, "{copied}");
     for name in [&a, &copy] {
-        let (status, found) = sh(env, name, &format!("grep -rl {value} /etc /root /tmp /var /home 2>/dev/null"));
-        assert_ne!(status, Some(0), "the value is in {name}'s files: {found}");
+        // Judged by what grep prints, not its status (which an unreadable
+        // file makes 2 whether or not the value is found); the last line
+        // shows that grep runs and finds what is there (the placeholder).
+        let script =
+            format!("grep -rl {value} /etc /root /tmp /var /home 2>/dev/null; grep -l LLM_KEY /etc/environment");
+        let (_, found) = sh(env, name, &script);
+        assert_eq!(found, "/etc/environment\n", "the value is in {name}'s files: {found}");
     }
     // Nor in what the owner reads of the box.
     let log = env.alice(None, &["log", &a, "--json"]).ok().stdout;
@@ -243,14 +248,19 @@ pub fn limits_kill_and_usage(env: &Env) {
     }
 
     // Kill: a kept-alive connection that used the secret is ended at once.
+    // The box waits on it after the kill: it must end (nothing else would end
+    // it in 30 s: the gateway waits 120 s for a next request, the test
+    // server forever).
     env.alice(None, &["secret", "limit", &secret, "--box", &a, "--requests", "100", "--per", "1h"]).ok();
-    let script = "import http.client, os, sys\n\
+    let script = "import http.client, os, socket, sys\n\
                   c = http.client.HTTPSConnection(\"llm.test\", timeout=10)\n\
                   h = {\"Authorization\": \"Bearer \" + os.environ[\"LLM_KEY\"]}\n\
                   c.request(\"GET\", \"/echo\", headers=h); r = c.getresponse(); r.read(); print(r.status, flush=True)\n\
                   sys.stdin.readline()\n\
-                  try:\n    c.request(\"GET\", \"/echo\", headers=h); r = c.getresponse(); r.read(); print(r.status, flush=True)\n\
-                  except Exception as e:\n    print(\"closed\", type(e).__name__, flush=True)\n";
+                  c.sock.settimeout(30)\n\
+                  try:\n    print(\"closed\" if c.sock.recv(1) == b\"\" else \"data\", flush=True)\n\
+                  except socket.timeout:\n    print(\"open\", flush=True)\n\
+                  except OSError as e:\n    print(\"closed\", type(e).__name__, flush=True)\n";
     let mut py =
         env.daemon.ssh(&env.alice, Some(&a), &["python3", "-c", &format!("'{}'", script.replace('\'', "'\\''"))]);
     py.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
@@ -258,10 +268,9 @@ pub fn limits_kill_and_usage(env: &Env) {
     let mut lines = BufReader::new(py.stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "200");
     env.alice(None, &["secret", "kill", &secret]).ok();
-    std::thread::sleep(std::time::Duration::from_millis(300));
     writeln!(py.stdin.take().unwrap()).unwrap();
-    let second = lines.next().unwrap().unwrap();
-    assert!(second.starts_with("closed") || second == "403", "a killed secret was used again: {second}");
+    let after = lines.next().unwrap().unwrap();
+    assert!(after.starts_with("closed"), "a connection that used a killed secret was not closed: {after}");
     let _ = py.wait();
     let (_, out) = sh(env, &a, call);
     assert!(out.contains("was killed") && !out.contains(&value), "{out}");
