@@ -219,6 +219,53 @@ mod tests {
         assert_eq!(waiting.await.unwrap(), Err(Refusal::Withdrawn));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_question_unanswered_for_a_minute_is_refused_and_asked_anew() {
+        assert_eq!(ASK_TIMEOUT, std::time::Duration::from_secs(60), "the README says a minute");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let asker = Arc::new(Asker::new(tx));
+        let ask = || {
+            let asker = Arc::clone(&asker);
+            tokio::spawn(async move { asker.ask(&b1(), &HostName::parse("pypi.org").unwrap(), 443).await })
+        };
+        let waiting = ask();
+        assert!(matches!(rx.recv().await, Some(FromGateway::Ask { .. })));
+        tokio::time::advance(ASK_TIMEOUT - std::time::Duration::from_millis(1)).await;
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "refused before its minute was up");
+        tokio::time::advance(std::time::Duration::from_millis(2)).await;
+        assert_eq!(waiting.await.unwrap(), Err(Refusal::NoAnswer));
+        let again = ask();
+        assert!(matches!(rx.recv().await, Some(FromGateway::Ask { .. })), "not asked anew");
+        asker.withdraw(&b1());
+        assert!(again.await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn at_most_16_questions_are_open_per_box() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let asker = Arc::new(Asker::new(tx));
+        let ask = |n: usize, box_id: &str| {
+            let (asker, box_id) = (Arc::clone(&asker), BoxId::parse(box_id).unwrap());
+            let name = HostName::parse(&format!("n{n}.example")).unwrap();
+            tokio::spawn(async move { asker.ask(&box_id, &name, 443).await })
+        };
+        let open: Vec<_> = (0..16).map(|n| ask(n, "b1")).collect();
+        for _ in 0..16 {
+            assert!(matches!(rx.recv().await, Some(FromGateway::Ask { .. })));
+        }
+        // The 17th is refused at once, without asking; another box's is asked.
+        assert_eq!(ask(16, "b1").await.unwrap(), Err(Refusal::TooManyQuestions));
+        assert!(rx.try_recv().is_err(), "a 17th question went out");
+        let other = ask(16, "b2");
+        assert!(matches!(rx.recv().await, Some(FromGateway::Ask { .. })));
+        asker.withdraw(&b1());
+        asker.withdraw(&BoxId::parse("b2").unwrap());
+        for q in open.into_iter().chain([other]) {
+            assert!(q.await.unwrap().is_err());
+        }
+    }
+
     #[test]
     fn once_covers_the_name_on_the_usual_ports_and_the_one_dialled() {
         let recent = Recent::default();
