@@ -77,7 +77,7 @@ impl Asker {
                     let (tx, rx) = watch::channel(None);
                     let question = Question { box_id: box_id.clone(), name: name.clone(), port, answer: tx };
                     state.by_id.insert(id, question);
-                    let ask = FromGateway::Ask { box_id: box_id.clone(), id, name: name.to_string(), port: Some(port) };
+                    let ask = FromGateway::Ask { box_id: box_id.clone(), id, name: name.clone(), port: Some(port) };
                     if self.out.send(ask).is_err() {
                         state.by_id.remove(&id);
                         return Err(Refusal::CannotAsk);

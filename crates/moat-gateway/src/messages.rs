@@ -7,7 +7,7 @@
 
 use moat_core::box_ca::CaKey;
 use moat_core::egress::{Answer, LogEntry};
-use moat_core::policy::Policy;
+use moat_core::policy::{HostName, Policy};
 use moat_core::secrets::BoxSecret;
 use moat_core::BoxId;
 use serde::{Deserialize, Serialize};
@@ -95,9 +95,42 @@ pub enum FromGateway {
         box_id: BoxId,
         /// The question's number.
         id: u64,
-        /// The name.
-        name: String,
+        /// The name (checked as it is read: the owner is shown it).
+        name: HostName,
         /// The port dialled (`None`: a DNS query).
         port: Option<u16>,
     },
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use super::*;
+    use moat_core::egress::{LogKind, LogVerdict};
+
+    #[test]
+    fn box_ids_and_names_are_checked_as_a_message_is_read() {
+        let ask = FromGateway::Ask {
+            box_id: BoxId::parse("0123abcd").unwrap(),
+            id: 7,
+            name: HostName::parse("pypi.org").unwrap(),
+            port: Some(443),
+        };
+        let json = serde_json::to_string(&ask).unwrap();
+        assert_eq!(json, r#"{"ask":{"box_id":"0123abcd","id":7,"name":"pypi.org","port":443}}"#);
+        assert!(matches!(serde_json::from_str(&json).unwrap(), FromGateway::Ask { id: 7, .. }));
+        let entry = crate::log::entry(LogKind::Tcp, "pypi.org", 443, LogVerdict::Allow);
+        let log = FromGateway::Log { entries: vec![(BoxId::parse("0123abcd").unwrap(), entry)] };
+        let log = serde_json::to_string(&log).unwrap();
+        assert!(serde_json::from_str::<FromGateway>(&log).is_ok());
+        for bad in [
+            json.replace("0123abcd", "../etc"),
+            json.replace("pypi.org", "\\u001b]0;owned\\u0007"),
+            log.replace("0123abcd", "b1 ; rm"),
+        ] {
+            assert!(serde_json::from_str::<FromGateway>(&bad).is_err(), "{bad}");
+        }
+        assert!(serde_json::from_str::<ToGateway>(r#"{"cut":{"box_id":"0123abcd"}}"#).is_ok());
+        assert!(serde_json::from_str::<ToGateway>(r#"{"cut":{"box_id":"not hex"}}"#).is_err());
+    }
 }

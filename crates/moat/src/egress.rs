@@ -145,7 +145,7 @@ impl Egress {
                 let pid = self.state().boxes.get(&box_id).map(|a| a.pid);
                 let running = pid.map(crate::procs::newest_descendants).unwrap_or_default();
                 // A question that cannot be put is refused at once.
-                if !manager.ask(&box_id, id, name, port, running) {
+                if !manager.ask(&box_id, id, name.to_string(), port, running) {
                     let deny = ToGateway::Answer { id, answer: moat_core::egress::Answer::Deny };
                     Self::tell(&self.state(), (deny, Vec::new()));
                 }
