@@ -1,5 +1,7 @@
 //! One box as the gateway sees it: its policy, the fake addresses it was
-//! given, its listeners' tasks, and the switch that cuts its connections.
+//! given, its secrets, what its owner said lately in ask mode, its logger, and
+//! the switch that cuts its connections. (Its listeners' tasks are the
+//! gateway's, in [`crate::gateway`].)
 
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
