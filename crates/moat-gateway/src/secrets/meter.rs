@@ -241,7 +241,7 @@ const MAX_REPORTED: u64 = 100_000_000;
 /// (Anthropic, OpenAI Responses), `prompt_tokens`/`completion_tokens`
 /// (OpenAI chat), `promptTokenCount`/`candidatesTokenCount` (Gemini), and
 /// the totals. Streams report running totals, so the largest of each is
-/// taken; each is capped at [`MAX_REPORTED`]. A total is never taken for
+/// taken; each is capped at `MAX_REPORTED`. A total is never taken for
 /// less than its parts (a body can hold any JSON the box asked for).
 #[derive(Default)]
 pub struct TokenCount {
