@@ -171,6 +171,47 @@ pub fn nothing_leaks_around_the_names(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
+/// UDP goes nowhere and is logged, at most 50 a second (a burst of 100):
+/// a box sending a thousand datagrams cannot flood its owner's log.
+pub fn udp_is_logged_at_most_50_a_second(env: &Env) {
+    let name = unique("udp");
+    env.new_box(&name, &[]);
+    let flood = format!(
+        "import socket, time\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         t = time.monotonic()\n\
+         for port in range(20000, 21000): s.sendto(b'x', ('{web}', port))\n\
+         print(time.monotonic() - t)\n\
+         time.sleep(2.5)\n\
+         s.sendto(b'x', ('{web}', 9))\n",
+        web = crate::testnet::WEB
+    );
+    let (status, took) = sh(env, &name, &format!("python3 -c \"{flood}\""));
+    assert_eq!(status, Some(0), "{took}");
+    let took: f64 = took.trim().parse().unwrap();
+    // The last datagram, sent once the limit had room again, is logged: the
+    // log has caught up.
+    let prefix = format!("DENY  udp  {}:", crate::testnet::WEB);
+    let ports = |text: &str| -> Vec<u32> {
+        let after = text.lines().filter_map(|l| Some(l.split_once(&prefix)?.1));
+        after.filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()).collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = log(env, &name);
+        if ports(&text).contains(&9) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the last datagram was not logged:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let logged = ports(&text).iter().filter(|p| (20000..21000).contains(*p)).count();
+    let most = 100 + (50.0 * (took + 1.0)) as usize;
+    assert!((50..=most).contains(&logged), "{logged} of 1000 datagrams logged in {took:.2} s");
+    assert!(env.net.udp_received().is_empty(), "UDP left the box");
+    env.alice(None, &["rm", &name]).ok();
+}
+
 pub fn methods_and_presets(env: &Env) {
     let name = unique("net");
     env.new_box(&name, &["--policy", "github-read"]);
@@ -413,12 +454,23 @@ pub fn gateway_is_unprivileged_and_fails_closed(env: &Env) {
         let line = status.lines().find(|l| l.starts_with(field)).unwrap();
         assert!(line.contains(want), "{line}");
     }
-    // Stopped, it answers nothing: no connection and no name gets out.
+    // Stopped, it answers nothing, and nothing gets out around it: not a
+    // connection to the test internet's own address (which needs no name),
+    // not a name to its resolver (a stopped gateway alone would fail the
+    // fetch by name: what arrives is what tells).
     let pid = nix::unistd::Pid::from_raw(gateway as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let stopped = fetch(&daemon);
+    let mark = crate::fixture::unique("stopped");
+    let around = format!("timeout 3 wget -q -O- http://{}/{mark}", crate::testnet::WEB);
+    let by_address = ssh(&daemon, Some("gw"), &[&around]);
+    let by_name = ssh(&daemon, Some("gw"), &[&format!("timeout 3 wget -q -O- http://{mark}.web.test/")]);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
     assert_ne!(stopped.status, Some(0), "a box got out while its gateway was stopped");
+    assert_ne!(by_address.status, Some(0), "the test internet answered while the gateway was stopped");
+    assert_ne!(by_name.status, Some(0), "a name resolved while the gateway was stopped");
+    assert!(crate::secrets::arrived(env, &mark).is_empty(), "a request got out while the gateway was stopped");
+    assert!(!env.net.dns_queries().contains(&mark), "a name got out while the gateway was stopped");
     // Restarted, the same box gets out again within seconds.
     wait_for_egress(|| fetch(&daemon).status == Some(0));
     assert_ne!(gateway_pid(&daemon), gateway);

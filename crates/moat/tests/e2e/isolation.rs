@@ -204,6 +204,33 @@ pub fn memory_hog_contained(env: &Env) {
     env.alice(Some(&neighbour), &["true"]).ok();
 }
 
+/// A 32-bit system call (`int 0x80`, getpid) kills the caller: run by the
+/// kernel's filter, not an interpreter fixed to x86-64. The same code run
+/// on the host (no filter) answers, which shows it makes the call.
+pub fn i386_calls_kill_the_caller(env: &Env) {
+    let script = "import ctypes, mmap
+code = bytes([0xb8, 0x14, 0, 0, 0, 0xcd, 0x80, 0xc3])  # mov eax, 20; int 0x80; ret
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(code)
+print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())
+";
+    let mut host = std::process::Command::new("python3");
+    host.args(["-c", script]);
+    let on_host = run(&mut host);
+    assert_eq!(on_host.status, Some(0), "the 32-bit call failed on the host: {}", on_host.stderr);
+    assert!(on_host.stdout.trim().parse::<u32>().is_ok(), "{}", on_host.stdout);
+    let name = unique("i386");
+    env.new_box(&name, &[]);
+    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["python3 -; echo status=$?"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), script.as_bytes()).unwrap();
+    let out: crate::fixture::Ran = child.wait_with_output().unwrap().into();
+    // Killed by SIGSYS: the shell's 128 + 31, and nothing printed.
+    assert_eq!(out.ok().stdout, "status=159\n");
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// Runs a python3 script (sent on stdin) in the box with `args`.
 fn box_python(env: &Env, name: &str, script: &str, args: &[&str]) -> crate::fixture::Ran {
     use std::io::Write;

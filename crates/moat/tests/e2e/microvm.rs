@@ -14,6 +14,18 @@ fn state(env: &Env, name: &str) -> String {
     info["state"].as_str().unwrap_or_default().to_string()
 }
 
+/// The QEMU of box `id`: the one in its cgroup.
+fn qemu_of(id: &str) -> u32 {
+    let qemus = run(Command::new("pgrep").args(["-f", "qemu-system-x86_64 -M microvm,"])).stdout;
+    let in_box = |pid: &&str| {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        cgroups.lines().any(|l| l.ends_with(&format!("/moat/{id}")) || l.contains(&format!("/moat/{id}/")))
+    };
+    let found: Vec<&str> = qemus.lines().map(str::trim).filter(in_box).collect();
+    assert_eq!(found.len(), 1, "QEMUs in the box's cgroup: {found:?} (of {qemus:?})");
+    found[0].parse().unwrap()
+}
+
 fn host_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap().trim().to_string()
 }
@@ -58,42 +70,69 @@ pub fn box_runs_its_own_kernel_over_ssh(env: &Env) {
         std::thread::sleep(Duration::from_millis(500));
     }
 
-    // Its QEMU: not root, no privilege to gain, under seccomp, and no vsock.
-    let qemus = run(Command::new("pgrep").args(["-f", "qemu-system-x86_64 -M microvm,"])).stdout;
-    assert!(!qemus.trim().is_empty(), "no QEMU runs");
-    for pid in qemus.lines() {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
-        };
-        if status.is_empty() {
+    // Its QEMU: not root but the box's own uid, no privilege to gain, under
+    // seccomp, in the box's cgroup and a network namespace not the host's,
+    // holding no descriptor but its own and the ones handed to it.
+    let id = {
+        let info: serde_json::Value =
+            serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout).unwrap();
+        info["id"].as_str().unwrap().to_string()
+    };
+    let qemu = qemu_of(&id);
+    let status = std::fs::read_to_string(format!("/proc/{qemu}/status")).unwrap();
+    let field = |name: &str| {
+        let value = status.lines().find_map(|l| l.strip_prefix(name)).unwrap_or_default();
+        value.split_whitespace().next().unwrap_or_default().to_string()
+    };
+    assert_ne!(field("Uid:"), "0", "QEMU runs as root:\n{status}");
+    assert_eq!((field("NoNewPrivs:").as_str(), field("Seccomp:").as_str()), ("1", "2"), "{status}");
+    let cgroups = std::fs::read_to_string(format!("/proc/{qemu}/cgroup")).unwrap();
+    let box_cgroup = format!("/moat/{id}");
+    for controller in ["pids", "memory", "cpu"] {
+        let line = cgroups.lines().find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == controller)));
+        // On a cgroup v2 host, one line (`0::PATH`) says it for all.
+        let line = line.or_else(|| cgroups.lines().find(|l| l.starts_with("0::")));
+        assert!(
+            line.is_some_and(|l| l.contains(&box_cgroup)),
+            "QEMU is not in the box's {controller} cgroup:\n{cgroups}"
+        );
+    }
+    let netns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    assert_ne!(netns(&qemu.to_string()), netns("self"), "QEMU is in the host's network namespace");
+    let mut handed_files = 0;
+    for fd in std::fs::read_dir(format!("/proc/{qemu}/fd")).unwrap() {
+        let fd = fd.unwrap().path();
+        let target = std::fs::read_link(&fd).unwrap().display().to_string();
+        let own = ["/dev/null", "/dev/net/tun", "/dev/kvm", "/dev/urandom", "anon_inode:", "pipe:", "socket:"];
+        if own.iter().any(|o| target.starts_with(o)) {
             continue;
         }
-        assert_ne!(field("Uid:").as_deref(), Some("0"), "QEMU runs as root:\n{status}");
-        assert_eq!(field("NoNewPrivs:").as_deref(), Some("1"), "{status}");
-        assert_eq!(field("Seccomp:").as_deref(), Some("2"), "{status}");
-        // Its supervisor, which reads the guest's link and QEMU's answers,
-        // holds no more than QEMU does: the box's uid, no capability, no
-        // privilege to gain, its own seccomp filter.
-        let parent = field("PPid:").unwrap_or_default();
-        let supervisor = std::fs::read_to_string(format!("/proc/{parent}/status")).unwrap_or_default();
-        let of = |name: &str| {
-            supervisor
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
-        };
-        assert!(std::fs::read_to_string(format!("/proc/{parent}/cmdline")).unwrap_or_default().contains("box-vm"));
-        assert_eq!(of("Uid:"), field("Uid:"), "the supervisor is not QEMU's uid:\n{supervisor}");
-        for caps in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
-            assert_eq!(of(caps).as_deref(), Some("0000000000000000"), "{caps}\n{supervisor}");
+        // Files: this box's own (its disk, its initramfs, owned by the uid
+        // QEMU runs as) and the guest kernel; nothing else of moat's.
+        let ours = target.contains(&format!("/{id}/")) || target.contains("/pool/vm-kernels/");
+        assert!(ours && !std::fs::metadata(&fd).unwrap().is_dir(), "QEMU holds {target} (fd {})", fd.display());
+        if target.ends_with("initramfs.cpio") {
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(std::fs::metadata(&fd).unwrap().uid().to_string(), field("Uid:"), "QEMU's uid is not the box's");
         }
-        assert_eq!(of("NoNewPrivs:").as_deref(), Some("1"), "{supervisor}");
-        assert_eq!(of("Seccomp:").as_deref(), Some("2"), "{supervisor}");
+        handed_files += 1;
     }
+    assert!(handed_files >= 3, "QEMU holds no kernel, initramfs or disk");
+    // Its supervisor, which reads the guest's link and QEMU's answers, holds
+    // no more than QEMU does: the box's uid, no capability, no privilege to
+    // gain, its own seccomp filter.
+    let parent = field("PPid:");
+    let supervisor = std::fs::read_to_string(format!("/proc/{parent}/status")).unwrap_or_default();
+    let of = |name: &str| {
+        let value = supervisor.lines().find_map(|l| l.strip_prefix(name)).unwrap_or_default();
+        value.split_whitespace().next().unwrap_or_default().to_string()
+    };
+    assert!(std::fs::read_to_string(format!("/proc/{parent}/cmdline")).unwrap_or_default().contains("box-vm"));
+    assert_eq!(of("Uid:"), field("Uid:"), "the supervisor is not QEMU's uid:\n{supervisor}");
+    for caps in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(of(caps), "0000000000000000", "{caps}\n{supervisor}");
+    }
+    assert_eq!((of("NoNewPrivs:").as_str(), of("Seccomp:").as_str()), ("1", "2"), "{supervisor}");
 
     // Status, stdout and stderr apart, stdin streamed.
     let ran = env.alice(Some(&name), &["echo out; echo err >&2; exit 7"]);

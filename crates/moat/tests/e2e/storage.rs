@@ -6,7 +6,8 @@ use crate::Env;
 
 /// What makes a machine itself, read from inside a box.
 const IDENTITY: &str = "cat /etc/machine-id; hostname; cat /etc/hostname; \
-    sha256sum /var/lib/systemd/random-seed | cut -c1-16; ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub | cut -d' ' -f2";
+    sha256sum /var/lib/systemd/random-seed | cut -c1-16; ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub | cut -d' ' -f2; \
+    sha256sum /etc/moat/ca.pem | cut -c1-16";
 
 fn json(env: &Env, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&env.alice(None, args).ok().stdout).expect("json")
@@ -30,12 +31,27 @@ pub fn dup_copies_and_makes_a_new_machine(env: &Env) {
     let a = env.alice(Some(&src), &[IDENTITY]).ok().stdout;
     let b = env.alice(Some(&dst), &[IDENTITY]).ok().stdout;
     let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
-    assert_eq!(a.len(), 5, "{a:?}");
-    assert_eq!(b.len(), 5, "{b:?}");
-    for (i, what) in ["machine-id", "hostname", "/etc/hostname", "random seed", "ssh host key"].iter().enumerate() {
+    assert_eq!(a.len(), 6, "{a:?}");
+    assert_eq!(b.len(), 6, "{b:?}");
+    for (i, what) in
+        ["machine-id", "hostname", "/etc/hostname", "random seed", "ssh host key", "TLS CA"].iter().enumerate()
+    {
         assert_ne!(a[i], b[i], "{what} was copied, not re-minted");
     }
     assert_eq!(b[1], dst);
+
+    // Each box's CA key stays on the host: it is in no file of the box (the
+    // CA's certificate is, which shows the search works).
+    for name in [&src, &dst] {
+        let id = json(env, &["info", name, "--json"])["id"].as_str().unwrap().to_string();
+        let key = std::fs::read_to_string(env.daemon.state_dir.join("pool/keys").join(format!("{id}.ca.pem"))).unwrap();
+        let mut lines = key.lines().skip_while(|l| !l.contains("PRIVATE KEY"));
+        let body = lines.nth(1).unwrap_or_else(|| panic!("no private key in the host's file of {name}"));
+        let search =
+            format!("grep -rlF -- '{body}' /etc /root /tmp /var /usr/local /home 2>/dev/null; ls /etc/moat/ca.pem");
+        let found = env.alice(Some(name), &[&search]).stdout;
+        assert_eq!(found, "/etc/moat/ca.pem\n", "{name}'s CA key is in its files");
+    }
 
     // The source kept running (its process survived the freeze); the copy has
     // a fresh process tree.
@@ -340,11 +356,13 @@ pub fn dup_interrupted_leaves_nothing(env: &Env) {
         assert_eq!(names[0]["name"], "src");
         let subvolumes = std::fs::read_dir(daemon.state_dir.join("pool/boxes")).unwrap().count();
         assert_eq!(subvolumes, 1, "{point}: a half-made copy's filesystem is left");
-        // The source is untouched and running: its loop still ticks.
+        // The source is untouched and running: its loop ticks on (waited for).
         let tick = |d: &Daemon| ssh(d, Some("src"), &["wc -l < /root/tick"]).ok().stdout;
         let t1 = tick(&daemon);
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        assert_ne!(tick(&daemon), t1, "{point}: the source is still frozen");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while tick(&daemon) == t1 {
+            assert!(std::time::Instant::now() < deadline, "{point}: the source is still frozen");
+        }
         assert_eq!(ssh(&daemon, Some("src"), &["cat /root/f"]).ok().stdout, "before\n");
         // And the same dup now works.
         ssh(&daemon, None, &["dup", "src", "dst"]).ok();
