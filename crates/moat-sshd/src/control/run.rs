@@ -176,8 +176,61 @@ fn parse_answer(line: &str, newest: Option<u64>) -> Result<(u64, Answer), String
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
 mod tests {
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+
+    use moat_api::{AccountLimits, Packets, Whoami};
+    use moat_core::ManagerConfig;
+
     use super::*;
+
+    /// A stand-in for the core: answers one dial, reads one request, sends
+    /// `events`, and keeps the connection open until the front door closes it.
+    async fn core(dialer: Packets, events: Vec<Event>) -> Request {
+        let dial = dialer.recv(1).await.unwrap().unwrap();
+        let (ours, theirs) = Packets::pair().unwrap();
+        dialer.send(&dial.bytes, &[theirs.as_fd()]).await.unwrap();
+        drop(theirs);
+        let conn = Packets::new(ours).unwrap();
+        let request = conn.recv(1 << 16).await.unwrap().unwrap();
+        for event in events {
+            conn.send(&serde_json::to_vec(&event).unwrap(), &[]).await.unwrap();
+        }
+        while conn.recv(1).await.is_ok_and(|m| m.is_some()) {}
+        serde_json::from_slice(&request.bytes).unwrap()
+    }
+
+    /// A call ends with its outcome: what streamed before it is shown, then
+    /// the verb's rendering of the answer, and `run` returns (it once waited
+    /// for a stream of updates that nothing closed).
+    #[tokio::test]
+    async fn a_call_ends_with_its_outcome() {
+        let (ours, theirs) = Packets::pair().unwrap();
+        let api = ApiClient::new(Packets::new(ours).unwrap());
+        let me = Whoami {
+            account: AccountId("SHA256:abc".into()),
+            fingerprint: "SHA256:abc".into(),
+            boxes: 1,
+            limits: AccountLimits::from(&ManagerConfig::default()),
+        };
+        let events = vec![Event::Progress("working".into()), Event::Outcome(Ok(Reply::Whoami(me)))];
+        let core = tokio::spawn(core(Packets::new(theirs).unwrap(), events));
+        let plan = super::super::parse(&["whoami".to_string(), "--json".to_string()]).unwrap();
+        let (out, mut shown) = mpsc::channel(16);
+        let (_stdin, input) = mpsc::channel(1);
+        let account = AccountId("SHA256:abc".into());
+        let ran = tokio::time::timeout(Duration::from_secs(10), run(plan, &account, &api, &out, input)).await;
+        assert!(matches!(ran, Ok(Ok(()))), "{ran:?}");
+        drop((out, api));
+        assert_eq!(core.await.unwrap(), Request::Act { account, op: Op::Whoami });
+        let Some(Output::Stderr(progress)) = shown.recv().await else { panic!("no progress") };
+        assert_eq!(progress, "working\n");
+        let Some(Output::Stdout(json)) = shown.recv().await else { panic!("no answer") };
+        assert!(json.contains("\"fingerprint\": \"SHA256:abc\""), "{json}");
+        assert!(shown.recv().await.is_none());
+    }
 
     #[test]
     fn answer_lines() {
