@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::backend::{AgentAddr, BoxHandle, Copied, MeterReading, Progress};
+use crate::backend::{AgentAddr, BoxHandle, ChangeSink, Copied, MeterReading, Progress};
 
 /// A backend that keeps boxes as entries in a map, and fails the operations
 /// it is told to.
