@@ -16,7 +16,10 @@ use moat_core::Name;
 use crate::pool::{Pool, PoolError};
 use crate::sys;
 
-/// Packages the `debian` image adds to a minimal bookworm.
+/// Packages the `debian` image adds to a minimal bookworm: what a coding
+/// agent reaches for first (a Python with pip and venv, Node with npm, a C
+/// toolchain for native extensions, git, curl, ripgrep), and what moat's own
+/// sessions use (sftp, rsync).
 pub const DEBIAN_PACKAGES: &[&str] = &[
     "bash",
     "coreutils",
@@ -25,11 +28,30 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     "ca-certificates",
     "python3",
     "python3-pip",
+    "python3-venv",
+    "nodejs",
+    "build-essential",
+    "ripgrep",
     "rsync",
     "procps",
     "openssh-sftp-server",
     "less",
     "xz-utils",
+];
+
+/// Packages installed with apt inside the new root once debootstrap is done:
+/// debootstrap cannot resolve npm's dependencies (virtual packages provided
+/// by packages it does not pick), and leaves it unconfigured.
+pub const DEBIAN_APT_PACKAGES: &[&str] = &["npm"];
+
+/// Package tools' settings for a box, where the tools look for them. A box is
+/// a machine of its own, so pip may install into its Python (Debian refuses
+/// that by default: PEP 668), as its root (without a warning); npm does not post audits or ask for funding
+/// (the `registries` preset is read-only, so each would be a refusal in the
+/// log and a warning on screen).
+const TOOL_SETTINGS: &[(&str, &str)] = &[
+    ("etc/pip.conf", "[global]\nbreak-system-packages = true\nroot-user-action = ignore\n"),
+    ("etc/npmrc", "audit=false\nfund=false\nupdate-notifier=false\n"),
 ];
 
 /// The mirror `debootstrap` uses unless `MOAT_DEBIAN_MIRROR` says otherwise.
@@ -157,7 +179,7 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
         return Err(DebianError::Image(ImageError::MissingTool("debootstrap", "debootstrap")));
     }
     let mirror = std::env::var("MOAT_DEBIAN_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.to_string());
-    progress(&format!("image debian: debootstrap bookworm from {mirror} (about a minute)"));
+    progress(&format!("image debian: debootstrap bookworm from {mirror} (a few minutes)"));
     let mut child = Command::new("debootstrap")
         .arg("--variant=minbase")
         .arg(format!("--include={}", DEBIAN_PACKAGES.join(",")))
@@ -192,15 +214,39 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
         }
         .into());
     }
+    progress(&format!("image debian: apt-get install {}", DEBIAN_APT_PACKAGES.join(" ")));
+    apt_install(root, DEBIAN_APT_PACKAGES)?;
     progress("image debian: cleaning up");
     for dir in ["var/cache/apt/archives", "var/lib/apt/lists"] {
         clear_dir_files(&root.join(dir))?;
+    }
+    for (path, text) in TOOL_SETTINGS {
+        fs::write(root.join(path), text)?;
     }
     // Identity is minted per box; the image carries none.
     fs::write(root.join("etc/machine-id"), "")?;
     let _ = fs::remove_file(root.join("etc/hostname"));
     skeleton(root)?;
     Ok(())
+}
+
+/// Installs `packages` with apt-get run inside `root` (from the mirror
+/// debootstrap wrote into its sources).
+fn apt_install(root: &Path, packages: &[&str]) -> Result<(), PoolError> {
+    let script = format!("apt-get update -qq && apt-get install -y -qq --no-install-recommends {}", packages.join(" "));
+    let out = Command::new("chroot")
+        .arg(root)
+        .args(["/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive"])
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| PoolError::Tool { tool: "apt-get", stderr: e.to_string() })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+    Err(PoolError::Tool { tool: "apt-get", stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n") })
 }
 
 /// Whether a debootstrap info line starts a phase, rather than naming one of

@@ -320,6 +320,44 @@ pub fn https_looked_inside_only_where_rules_need_it(env: &Env) {
     env.alice(None, &["rm", &copy]).ok();
 }
 
+/// A box of the default image installs packages the way an agent types it,
+/// through the `registries` preset, with no flag or workaround: pip into the
+/// system Python and into a venv, npm into a project; the toolchain an agent
+/// reaches for is there (the stand-in registries answer for the real names).
+pub fn packages_install_through_the_registries_preset(env: &Env) {
+    let name = unique("pkg");
+    env.new_box(&name, &["--policy", "registries"]);
+    let (status, out) =
+        sh(env, &name, "pip install -q moatdemo 2>&1 && python3 -c 'import moatdemo; print(moatdemo.VALUE)'");
+    assert_eq!((status, out.trim()), (Some(0), "1"), "pip install");
+    let (status, out) = sh(
+        env,
+        &name,
+        "python3 -m venv /tmp/venv && /tmp/venv/bin/pip install -q moatdemo 2>&1 && /tmp/venv/bin/python -c 'import moatdemo; print(moatdemo.VALUE)'",
+    );
+    assert_eq!((status, out.trim()), (Some(0), "1"), "pip install in a venv");
+    let (status, out) = sh(
+        env,
+        &name,
+        "mkdir -p /tmp/app && cd /tmp/app && npm install moatdemo 2>&1 && node -e 'console.log(require(\"moatdemo\").value)'",
+    );
+    assert_eq!((status, out.lines().last()), (Some(0), Some("1")), "npm install:\n{out}");
+    let (status, out) =
+        sh(env, &name, "cc --version >/dev/null && make --version >/dev/null && rg --version | head -1");
+    assert!(status == Some(0) && out.starts_with("ripgrep"), "toolchain: {out}");
+    let log = log(env, &name);
+    for want in [
+        "allow http pypi.org:443 GET /simple/moatdemo/",
+        "allow http registry.npmjs.org:443 GET /moatdemo",
+        "allow http registry.npmjs.org:443 GET /moatdemo/-/moatdemo-1.0.0.tgz",
+    ] {
+        assert!(log.contains(want), "log lacks {want:?}:\n{log}");
+    }
+    // Nothing was refused on the way (an audit or a publish would be).
+    assert!(!log.contains("DENY"), "{log}");
+    env.alice(None, &["rm", &name]).ok();
+}
+
 pub fn ask_mode_puts_names_to_the_owner(env: &Env) {
     let name = unique("net");
     env.new_box(&name, &["--ask"]);

@@ -185,10 +185,12 @@ impl Daemon {
         self.ssh_with(key, user, &[], args)
     }
 
-    /// `ssh OPTS -p PORT [user@]127.0.0.1 ARGS...` (ssh takes options only before the command).
+    /// `ssh OPTS -p PORT [user@]127.0.0.1 ARGS...` (ssh takes options only before the command),
+    /// cut off after 15 minutes: a guard against a hang, not a bound on time (the first
+    /// `new` builds the debian image, several minutes on a loaded machine).
     pub fn ssh_with(&self, key: &Key, user: Option<&str>, opts: &[&str], args: &[&str]) -> Command {
         let mut cmd = Command::new("timeout");
-        cmd.arg("300").arg("ssh").args(self.ssh_opts(key)).args(opts).arg("-p").arg(self.port.to_string());
+        cmd.arg("900").arg("ssh").args(self.ssh_opts(key)).args(opts).arg("-p").arg(self.port.to_string());
         cmd.arg(match user {
             Some(u) => format!("{u}@127.0.0.1"),
             None => "127.0.0.1".into(),

@@ -142,6 +142,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     egress::udp_is_logged_at_most_50_a_second,
     egress::methods_and_presets,
     egress::https_looked_inside_only_where_rules_need_it,
+    egress::packages_install_through_the_registries_preset,
     egress::ask_mode_puts_names_to_the_owner,
     egress::log_follow_streams,
     secrets::reach_only_their_host_and_header,

@@ -21,12 +21,16 @@ pub const NAMES: &[(&str, &str)] = &[
     // tested (the gateway asks this test DNS server only).
     ("github.com", WEB),
     ("pypi.org", WEB),
+    ("registry.npmjs.org", WEB),
     ("private.test", "10.1.2.3"),
     ("loop.test", "127.0.0.1"),
 ];
 
 /// The package on the test index (`pip download moatdemo`).
 pub const PACKAGE: &str = "moatdemo-1.0-py3-none-any.whl";
+
+/// The package on the test npm registry (`npm install moatdemo`).
+pub const NPM_PACKAGE: &str = "moatdemo-1.0.0.tgz";
 
 pub struct TestNet {
     pub name: String,
@@ -113,7 +117,7 @@ impl TestNet {
         ]);
         std::fs::write(
             d.join("ext"),
-            "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org,DNS:llm.test\n",
+            "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org,DNS:registry.npmjs.org,DNS:llm.test\n",
         )
         .expect("ext");
         openssl(&[
@@ -135,8 +139,8 @@ impl TestNet {
         ]);
     }
 
-    /// A bare git repository with one commit (`github.com/moat/repo.git`), and a
-    /// wheel on the package index.
+    /// A bare git repository with one commit (`github.com/moat/repo.git`), a
+    /// wheel on the package index, and a package on the npm registry.
     fn make_content(&self) {
         let data = self.dir.join("data");
         let work = self.dir.join("work");
@@ -163,6 +167,17 @@ impl TestNet {
             z.writestr('moatdemo-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
             z.writestr('moatdemo-1.0.dist-info/RECORD', '')\n";
         sh(Command::new("python3").args(["-c", script]).arg(&wheel));
+        std::fs::create_dir_all(data.join("npm")).expect("npm dir");
+        let tarball = data.join("npm").join(NPM_PACKAGE);
+        let script = "import io, sys, tarfile\n\
+            files = {'package/package.json': '{\"name\": \"moatdemo\", \"version\": \"1.0.0\", \"main\": \"index.js\"}',\n\
+                     'package/index.js': 'module.exports = { value: 1 };'}\n\
+            t = tarfile.open(sys.argv[1], 'w:gz')\n\
+            infos = [tarfile.TarInfo(n) for n in files]\n\
+            [setattr(i, 'size', len(files[i.name].encode())) or setattr(i, 'mode', 0o644) for i in infos]\n\
+            [t.addfile(i, io.BytesIO(files[i.name].encode())) for i in infos]\n\
+            t.close()\n";
+        sh(Command::new("python3").args(["-c", script]).arg(&tarball));
     }
 
     /// The commits on `main` of the test git server's repository.

@@ -2,12 +2,13 @@
 (certificate argv[2], key argv[3]); a UDP sink on 9999 logs datagrams to
 argv[4]. By Host: github.com serves the bare repositories under argv[5]/git
 (git http-backend, pushes enabled, so that only the gateway can stop one);
-pypi.org is a package index (PEP 503) of the files in argv[5]/pypi; any
+pypi.org is a package index (PEP 503) of the files in argv[5]/pypi;
+registry.npmjs.org an npm registry of the tarballs in argv[5]/npm; any
 other host answers with what it received (method, path, Host, body size).
 llm.test stands in for an LLM API: /echo answers with the request's headers
 and a usage object, /gzip the same gzip-compressed whatever was asked, /stream
 as server-sent events. Every request is appended to argv[5]/received.log."""
-import gzip, http.server, json, os, socket, ssl, subprocess, sys, threading
+import base64, gzip, hashlib, http.server, json, os, socket, ssl, subprocess, sys, threading
 
 addr, cert, key, udp_log, data = sys.argv[1:6]
 
@@ -47,6 +48,8 @@ class Server(http.server.BaseHTTPRequestHandler):
             return self.git(body)
         if host == "pypi.org":
             return self.pypi()
+        if host == "registry.npmjs.org":
+            return self.npm()
         text = f"{self.command} {self.path} host={self.headers.get('Host')} body={len(body)}\n".encode()
         if self.path.startswith("/big/"):
             text = b"x" * int(self.path[5:])
@@ -103,6 +106,34 @@ class Server(http.server.BaseHTTPRequestHandler):
             with open(os.path.join(data, "pypi", parts[1]), "rb") as f:
                 return self.reply(200, f.read(), [("Content-Type", "application/octet-stream")])
         self.reply(404, b"not found\n")
+
+    def npm(self):
+        # A package document per name, listing each version's tarball with
+        # the hashes npm checks; the tarballs themselves.
+        tarballs = sorted(os.listdir(os.path.join(data, "npm")))
+        parts = [p for p in self.path.split("/") if p]
+        if len(parts) == 3 and parts[1] == "-" and parts[2] in tarballs:
+            with open(os.path.join(data, "npm", parts[2]), "rb") as f:
+                return self.reply(200, f.read(), [("Content-Type", "application/octet-stream")])
+        if len(parts) != 1:
+            return self.reply(404, b'{"error":"not found"}')
+        name, versions = parts[0], {}
+        for tarball in tarballs:
+            if not tarball.startswith(name + "-"):
+                continue
+            version = tarball[len(name) + 1:-len(".tgz")]
+            with open(os.path.join(data, "npm", tarball), "rb") as f:
+                raw = f.read()
+            versions[version] = {
+                "name": name, "version": version,
+                "dist": {"tarball": f"https://registry.npmjs.org/{name}/-/{tarball}",
+                         "shasum": hashlib.sha1(raw).hexdigest(),
+                         "integrity": "sha512-" + base64.b64encode(hashlib.sha512(raw).digest()).decode()},
+            }
+        if not versions:
+            return self.reply(404, b'{"error":"not found"}')
+        doc = {"name": name, "dist-tags": {"latest": max(versions)}, "versions": versions}
+        self.reply(200, json.dumps(doc).encode(), [("Content-Type", "application/json")])
 
     do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = answer
 
