@@ -117,13 +117,27 @@ pub fn gateway_filter() -> Vec<sock_filter> {
     parser_filter(true)
 }
 
-/// A VM box's supervisor's allow list, once QEMU runs: the front door's,
-/// and it may also wait for QEMU to end, read its logs back, and ask how
-/// much of what it wrote to the guest's link QEMU has not taken yet
-/// (`SIOCOUTQ`).
-pub fn supervisor_filter() -> Vec<sock_filter> {
+/// A VM box's supervisor's allow list, once QEMU (pid `qemu`) runs: the
+/// front door's, and it may also wait for QEMU to end, kill it (a boot that
+/// failed), read its logs back, and ask how much of what it wrote to the
+/// guest's link QEMU has not taken yet (`SIOCOUTQ`).
+pub fn supervisor_filter(qemu: u32) -> Vec<sock_filter> {
     let mut prog = prologue();
     if_syscall(&mut prog, libc::SYS_wait4, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
+    // SIGKILL to its own QEMU alone (a hijacked supervisor gains nothing: its
+    // death kills QEMU too); any other kill is the process's end.
+    if_syscall(
+        &mut prog,
+        libc::SYS_kill,
+        &[
+            stmt(BPF_LD_W_ABS, off_arg(0)),
+            jump(BPF_JEQ_K, qemu, 0, 3),
+            stmt(BPF_LD_W_ABS, off_arg(1)),
+            jump(BPF_JEQ_K, libc::SIGKILL as u32, 0, 1),
+            stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+            stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS),
+        ],
+    );
     // The tail of a log it holds open, to explain a failed boot.
     if_syscall(&mut prog, libc::SYS_pread64, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
     let [nonblocking, cloexec] = IOCTL_REQUESTS;
@@ -189,15 +203,15 @@ pub fn gateway(uid: u32, gid: u32) -> io::Result<()> {
 }
 
 /// As [`front_door`], under [`supervisor_filter`], for a VM box's
-/// supervisor once it has handed QEMU everything: it then reads only the
+/// supervisor once it has handed QEMU (pid `qemu`) everything: it then reads only the
 /// guest's link and console and QEMU's answers, all hostile once a guest owns
 /// its kernel or QEMU. Unlike the front door it outlives its parent (the
 /// helper that started it exits once the guest is up). Threads made before
 /// this call keep their privileges: call it before any.
-pub fn supervisor(uid: u32, gid: u32) -> io::Result<()> {
+pub fn supervisor(uid: u32, gid: u32, qemu: u32) -> io::Result<()> {
     drop_ids(uid, gid)?;
     nix::sys::prctl::set_no_new_privs()?;
-    crate::sys::install_seccomp(&supervisor_filter())
+    crate::sys::install_seccomp(&supervisor_filter(qemu))
 }
 
 fn drop_to(uid: u32, gid: u32, filter: &[sock_filter]) -> io::Result<()> {
@@ -282,9 +296,14 @@ mod tests {
 
     #[test]
     fn the_supervisor_waits_for_qemu_and_nothing_more() {
-        let prog = supervisor_filter();
+        let prog = supervisor_filter(4242);
         let call = |n: libc::c_long, a0: u64, a1: u64| run(&prog, n as u32, [a0, a1, 0, 0, 0, 0]);
         assert_eq!(call(libc::SYS_wait4, 0, 0), SECCOMP_RET_ALLOW);
+        // A boot that failed ends its QEMU (std's Child::kill), and only it.
+        assert_eq!(call(libc::SYS_kill, 4242, libc::SIGKILL as u64), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_kill, 4243, libc::SIGKILL as u64), SECCOMP_RET_KILL_PROCESS);
+        assert_eq!(call(libc::SYS_kill, 4242, libc::SIGSTOP as u64), SECCOMP_RET_KILL_PROCESS);
+        assert_eq!(call(libc::SYS_kill, u64::MAX, libc::SIGKILL as u64), SECCOMP_RET_KILL_PROCESS);
         assert_eq!(call(libc::SYS_ioctl, 3, libc::TIOCOUTQ), SECCOMP_RET_ALLOW);
         assert_eq!(call(libc::SYS_ioctl, 3, libc::FIONBIO), SECCOMP_RET_ALLOW);
         assert_eq!(call(libc::SYS_ioctl, 3, libc::TIOCSTI), EPERM);

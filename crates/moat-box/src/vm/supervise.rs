@@ -131,6 +131,9 @@ fn launch(plan: &VmPlan) -> io::Result<()> {
                 sys::dup_onto(fd, target)?;
             }
             drop((null, word_write, err_write));
+            // What its starter left open without close-on-exec is not the
+            // supervisor's to hold: a guest that took it over would.
+            sys::close_from(3)?;
             let code = match supervise_machine(plan) {
                 Ok(()) => 0,
                 Err(e) => {
@@ -224,7 +227,7 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     drop(cmd);
     drop((kernel, initramfs, disk, disk_read, qemu_agent, tap, qmp, incoming, ruleset));
     // From here on everything it reads is hostile: no privilege left to lose.
-    crate::confine::supervisor(plan.uid, plan.uid).map_err(context("confine the supervisor"))?;
+    crate::confine::supervisor(plan.uid, plan.uid, child.id()).map_err(context("confine the supervisor"))?;
 
     let (up_tx, up) = mpsc::channel();
     let logs = (console_file.try_clone()?, errors_file.try_clone()?);

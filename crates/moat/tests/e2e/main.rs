@@ -124,6 +124,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     restart::loses_nothing,
     restart::warm_boxes_are_named_when_taken_and_never_outlive_a_restart,
     privsep::front_door_is_unprivileged_and_restarts,
+    microvm::supervisor_explains_a_qemu_that_ended,
+    microvm::supervisor_holds_nothing_left_open,
     lifecycle::suspend_resume_stop_park_and_ledger,
     storage::dup_copies_and_makes_a_new_machine,
     storage::dup_of_a_box_whose_processes_died,

@@ -396,3 +396,89 @@ pub fn dup_while_a_session_streams_in(env: &Env) {
     let _ = child.wait();
     env.alice(None, &["rm", &name]).ok();
 }
+
+/// Runs `moat box-vm` (a supervisor) on a plan whose "QEMU" is `qemu`, a
+/// script (the plan's kernel, so that QEMU's Landlock lets it run), in a
+/// directory of its own; the helper, still waiting for the guest, and that
+/// directory.
+fn fake_supervisor(qemu: &str, timeout_ms: u64) -> (std::process::Child, std::path::PathBuf) {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("moat-e2e-{}-{}", std::process::id(), unique("fakeqemu")));
+    let run_dir = dir.join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::write(dir.join("kernel"), format!("#!/bin/sh\n{qemu}\n")).unwrap();
+    std::fs::set_permissions(dir.join("kernel"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for file in ["initramfs", "disk"] {
+        std::fs::write(dir.join(file), b"x").unwrap();
+    }
+    let plan = serde_json::json!({
+        "qemu": dir.join("kernel"),
+        "kernel": dir.join("kernel"),
+        "initramfs": dir.join("initramfs"),
+        "disk": dir.join("disk"),
+        "run_dir": run_dir,
+        "machine": { "accel": "tcg", "memory_mib": 128, "cpus": 1, "cmdline": "", "mac": "52:54:00:00:00:01", "incoming": false },
+        "uid": 3_999_999_000u32,
+        "cgroup_procs": [],
+        "incoming": null,
+        "boot_timeout_ms": timeout_ms,
+    });
+    let mut child = Command::new(crate::fixture::moat_bin())
+        .arg("box-vm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(plan.to_string().as_bytes()).unwrap();
+    (child, dir)
+}
+
+/// A QEMU that ends before its guest is up is reported by the supervisor,
+/// already confined by then (it kills what is left of its QEMU and says why,
+/// rather than dying of its seccomp filter with nothing said).
+pub fn supervisor_explains_a_qemu_that_ended(_env: &Env) {
+    let (child, dir) = fake_supervisor("exit 0", 20_000);
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("qemu ended before the guest was up"), "{stderr:?}");
+}
+
+/// The supervisor holds no descriptor its starter left open by mistake
+/// (without close-on-exec): what it holds, a guest that took it over holds.
+pub fn supervisor_holds_nothing_left_open(_env: &Env) {
+    use std::os::fd::AsRawFd;
+    // Inherited by `moat box-vm`, as a daemon's stray descriptor would be.
+    let (stray, _write) = nix::unistd::pipe().unwrap();
+    let stray_link = std::fs::read_link(format!("/proc/self/fd/{}", stray.as_raw_fd())).unwrap();
+    let (mut child, dir) = fake_supervisor("exec sleep 30", 30_000);
+    // The supervisor: the helper's child, once it runs as the box's uid.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let supervisor = loop {
+        let found = std::fs::read_dir("/proc").unwrap().filter_map(Result::ok).find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse::<u32>().ok()?;
+            let uid = status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().next()?.to_string();
+            (ppid == child.id() && uid == "3999999000").then_some(pid)
+        });
+        if let Some(pid) = found {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no confined supervisor");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let held: Vec<_> = std::fs::read_dir(format!("/proc/{supervisor}/fd"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .collect();
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(supervisor as i32), nix::sys::signal::Signal::SIGKILL);
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!held.is_empty());
+    assert!(!held.contains(&stray_link), "{stray_link:?} in {held:?}");
+}
