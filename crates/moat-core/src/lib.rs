@@ -7,18 +7,14 @@ pub mod backend;
 pub mod box_ca;
 pub mod clock;
 pub mod egress;
-pub mod egress_log;
 pub mod fault;
 pub mod ids;
 pub mod images;
-pub mod ledger;
 pub mod limits;
 pub mod manager;
 pub mod near;
 pub mod policy;
 pub mod record;
-mod schema;
-pub mod secret_store;
 pub mod secrets;
 pub mod store;
 

@@ -119,16 +119,16 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     // Every box gets its gateway, as under `moat serve`; it reaches a test
     // internet of the bench's own.
     let net = BenchNet::start()?;
-    let egress = Arc::new(crate::egress::Egress::default());
+    let egress = Arc::new(crate::gateway_supervisor::Egress::default());
     manager.set_network_hooks(egress.clone());
-    let gateway = crate::egress::GatewayConfig {
+    let gateway = crate::gateway_supervisor::GatewayConfig {
         id: moat_core::record::GATEWAY_ID,
         netns: Some(net.path()),
         hello: net.gateway_hello(),
     };
     // Polled by this thread (see `serve`: the gateway dies with the thread
     // that started it).
-    let gateway = crate::egress::supervise(egress, gateway, Arc::clone(&manager));
+    let gateway = crate::gateway_supervisor::supervise(egress, gateway, Arc::clone(&manager));
     tokio::select! {
         r = measure(args, &manager, &net) => r,
         () = gateway => bail!("the gateway supervisor ended"),

@@ -169,7 +169,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     for cidr in &args.upstream_allow {
         cidr.parse::<moat_gateway::upstream::Cidr>().map_err(|e| anyhow::anyhow!("--upstream-allow: {e}"))?;
     }
-    let upstream_dns = match args.upstream_dns.or_else(crate::egress::host_resolver) {
+    let upstream_dns = match args.upstream_dns.or_else(crate::gateway_supervisor::host_resolver) {
         Some(addr) => addr,
         None => anyhow::bail!("no nameserver in /etc/resolv.conf: give the gateway one with --upstream-dns"),
     };
@@ -177,25 +177,25 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let key = paths::secrets_key(&args.secrets_key.unwrap_or_else(|| state_dir.join("secrets.key")))?;
     manager.set_sealer(moat_core::secrets::Sealer::new(&key).map_err(anyhow::Error::msg)?);
     // Before any box is recovered or made, so that every box gets its gateway.
-    let egress = Arc::new(crate::egress::Egress::default());
+    let egress = Arc::new(crate::gateway_supervisor::Egress::default());
     manager.set_network_hooks(egress.clone());
     manager.recover().await.context("recover boxes")?;
     // The first `new` after a start finds a box of the default image ready
     // (if that image is built; none is built for it).
     manager.prepare_warm(&moat_core::Name::new(moat_core::images::DEFAULT)?);
-    let gateway = crate::egress::GatewayConfig {
+    let gateway = crate::gateway_supervisor::GatewayConfig {
         id: args.gateway_id,
         netns: args.upstream_netns,
         hello: moat_gateway::GatewayHello {
             upstream_dns,
             upstream_allow: args.upstream_allow,
-            upstream_roots: crate::egress::upstream_roots(&args.upstream_ca)?,
+            upstream_roots: crate::gateway_supervisor::upstream_roots(&args.upstream_ca)?,
         },
     };
     // Polled by this (main) thread, never a runtime worker: the children die
     // with the thread that started them (PR_SET_PDEATHSIG), and a worker may
     // become a blocking thread that exits when idle.
-    let gateway = crate::egress::supervise(egress, gateway, Arc::clone(&manager));
+    let gateway = crate::gateway_supervisor::supervise(egress, gateway, Arc::clone(&manager));
     manager.spawn_meter();
 
     let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use super::{BoxManager, ManagerError};
 use crate::clock;
 use crate::ids::{AccountId, Name};
-use crate::ledger::{MeterState, Sample, Usage};
 use crate::record::{BoxRecord, BoxState};
+use crate::store::ledger::{MeterState, Sample, Usage};
 
 /// `usage`: per box, and the account's total.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,10 +7,10 @@ use super::{BoxManager, ManagerError};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::policy::Rule;
 use crate::record::BoxRecord;
-use crate::secret_store::StoredSecret;
 use crate::secrets::{
     new_placeholder, BoxSecret, Limit, ScopedLimit, Sealer, SecretInfo, SecretSpec, SecretUse, SecretValue,
 };
+use crate::store::secrets::StoredSecret;
 
 impl BoxManager {
     /// Sets the key secrets are sealed with (once, at start); without one,

@@ -47,7 +47,7 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         "{:<24} {:>10} {:>12} {:>10} {:>10} {:>8} {:>9} {:>9}\n",
         "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK", "NET-OUT", "NET-IN"
     );
-    let line = |out: &mut String, u: &moat_core::ledger::Usage, disk: String| {
+    let line = |out: &mut String, u: &moat_core::store::ledger::Usage, disk: String| {
         let _ = writeln!(
             out,
             "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8} {:>9} {:>9}",

@@ -3,9 +3,9 @@
 
 use rusqlite::params;
 
+use super::{Store, StoreError};
 use crate::egress::LogEntry;
 use crate::ids::BoxId;
-use crate::store::{Store, StoreError};
 
 /// Most entries kept (all boxes together).
 pub const MAX_ENTRIES: i64 = 1_000_000;

@@ -1,7 +1,14 @@
-//! The state store: one SQLite database under the state dir.
+//! The state store: one SQLite database under the state dir. Its tables
+//! are in [`schema`]; beside the boxes kept here, the usage [`ledger`], the
+//! [`egress_log`] and sealed [`secrets`] are stores of their own.
 //!
 //! Every change is one transaction, so a crash leaves either the old or the new
 //! row; the manager rolls back boxes left in `creating`.
+
+pub mod egress_log;
+pub mod ledger;
+mod schema;
+pub mod secrets;
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -51,7 +58,7 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        crate::schema::apply(&conn)?;
+        schema::apply(&conn)?;
         Ok(Self { conn: Mutex::new(conn), slots: 0..SLOTS_PER_BLOCK })
     }
 
@@ -530,7 +537,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(crate::schema::BOXES).unwrap();
+        conn.execute_batch(schema::BOXES).unwrap();
         conn.execute(
             "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at) \
              VALUES ('00ff', 'a', 'old', 'debian', 1, 1073741824, 100, 0, 'stopped', NULL, 5)",

@@ -1,8 +1,8 @@
-//! The privileged side of egress: makes each running box's gateway
-//! listeners inside its network namespace, keeps them (so a restarted
-//! gateway gets the same sockets, and connections waiting in their backlogs
-//! survive), and runs the gateway process, confined like the front door, to
-//! serve them. While the gateway is down a box's connections wait unanswered
+//! The gateway's supervisor, on the privileged side: has each running box's
+//! gateway listeners made inside its network namespace
+//! ([`moat_box::host::egress`]), keeps them (so a restarted gateway gets the
+//! same sockets, and connections waiting in their backlogs survive), and runs
+//! the gateway process, confined like the front door, to serve them. While the gateway is down a box's connections wait unanswered
 //! and its DNS queries go unanswered: nothing gets out (fail closed).
 
 use std::collections::HashMap;

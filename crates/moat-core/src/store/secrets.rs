@@ -4,10 +4,10 @@
 
 use rusqlite::{params, OptionalExtension};
 
+use super::{Store, StoreError};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::policy::HostName;
 use crate::secrets::{Limit, LimitKind, SecretSpec, SecretUse};
-use crate::store::{Store, StoreError};
 
 /// A stored secret, sealed.
 #[derive(Debug, Clone)]

@@ -8,8 +8,8 @@
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
+use super::{Store, StoreError};
 use crate::ids::{AccountId, BoxId, Name};
-use crate::store::{Store, StoreError};
 
 /// One interval of one box's consumption.
 #[derive(Debug, Clone, PartialEq)]
