@@ -13,6 +13,15 @@ const SLACK: u64 = 64 << 20;
 /// Bytes of disk per inode, as mke2fs's defaults for a disk of some size.
 const BYTES_PER_INODE: u64 = 16 << 10;
 
+/// The file system's block: every file and directory takes whole ones.
+const BLOCK: u64 = 4096;
+
+/// The size of an inode (`-I`): the inode tables take this per inode.
+const INODE: u64 = 256;
+
+/// The journal mke2fs makes for a file system below 16 GiB, at most.
+const JOURNAL: u64 = 64 << 20;
+
 /// Writes `tree` as an ext4 file system into the raw file `out`.
 ///
 /// The file system is laid out as for a large disk (4 KiB blocks, 256-byte
@@ -22,8 +31,11 @@ const BYTES_PER_INODE: u64 = 16 << 10;
 /// (growing adds more in proportion).
 pub fn ext4_image(tree: &Path, out: &Path) -> io::Result<()> {
     let (bytes, entries) = tree_size(tree)?;
-    let size = bytes + SLACK;
-    let inodes = (size / BYTES_PER_INODE).max(entries * 2 + 4096);
+    let inodes = ((bytes + SLACK) / BYTES_PER_INODE).max(entries * 2 + 4096);
+    // The tree in whole blocks, the inode tables, the journal, and the
+    // groups' bitmaps and descriptors (well under 1/32 of the rest).
+    let size = bytes + inodes * INODE + JOURNAL + SLACK;
+    let size = size + size / 32;
     let _ = std::fs::remove_file(out);
     let made = Command::new("mkfs.ext4")
         .args(["-q", "-F", "-T", "default", "-b", "4096", "-I", "256", "-L", "moat-root"])
@@ -55,8 +67,8 @@ fn finished(program: &str, output: io::Result<std::process::Output>) -> io::Resu
     }
 }
 
-/// The bytes the regular files under `tree` hold (links not followed), and
-/// how many entries it has.
+/// The bytes the entries under `tree` take on the guest's disk, each in
+/// whole blocks (links not followed), and how many entries it has.
 fn tree_size(tree: &Path) -> io::Result<(u64, u64)> {
     let (mut bytes, mut entries) = (0u64, 0u64);
     let mut dirs = vec![tree.to_path_buf()];
@@ -67,10 +79,36 @@ fn tree_size(tree: &Path) -> io::Result<(u64, u64)> {
             entries += 1;
             if meta.is_dir() {
                 dirs.push(entry.path());
-            } else {
-                bytes = bytes.saturating_add(meta.len());
             }
+            // A directory's entries, a symlink's target (inline if short) and
+            // a file's bytes, rounded up: a tree of many small files takes
+            // many times its bytes.
+            bytes = bytes.saturating_add(meta.len().div_ceil(BLOCK).max(1).saturating_mul(BLOCK));
         }
     }
     Ok((bytes, entries))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_of_many_small_files_fits() {
+        // 30000 one-byte files hold 30 KB and take 117 MiB of 4 KiB blocks,
+        // beyond what their bytes and the slack would make room for.
+        let tree = tempfile::tempdir().unwrap();
+        for d in 0..30 {
+            let dir = tree.path().join(format!("d{d}"));
+            std::fs::create_dir(&dir).unwrap();
+            for f in 0..1000 {
+                std::fs::write(dir.join(format!("f{f}")), b"x").unwrap();
+            }
+        }
+        let out = tempfile::tempdir().unwrap();
+        let disk = out.path().join("disk.raw");
+        ext4_image(tree.path(), &disk).unwrap();
+        assert!(disk.metadata().unwrap().len() > 117 << 20);
+    }
 }
