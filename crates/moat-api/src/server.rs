@@ -311,21 +311,23 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
-/// What `name` is to `account`. A store error must not route a box's
-/// command to the control plane: it is taken for a former box.
+/// What `name` is to `account`: a box; else close to one (a typo, or a name
+/// `promote` took away: `web-try` once it is `web`); else a former box; else
+/// nothing. A store error must not route a box's command to the control
+/// plane: it is taken for a former box.
 fn route(m: &BoxManager, account: &AccountId, name: &moat_core::Name) -> Route {
     if m.get(account, name).is_ok() {
         return Route::Box;
     }
+    let Ok(boxes) = m.list(account) else { return Route::Gone };
+    let near = moat_core::near::closest(name.as_str(), boxes.iter().map(|b| b.name.as_str()));
+    if let Some(b) = near.and_then(|n| boxes.iter().find(|b| b.name.as_str() == n)) {
+        return Route::Near(b.name.clone());
+    }
     if m.was_box(account, name).unwrap_or(true) {
         return Route::Gone;
     }
-    let Ok(boxes) = m.list(account) else { return Route::Gone };
-    let near = moat_core::near::closest(name.as_str(), boxes.iter().map(|b| b.name.as_str()));
-    match near.and_then(|n| boxes.iter().find(|b| b.name.as_str() == n)) {
-        Some(b) => Route::Near(b.name.clone()),
-        None => Route::None,
-    }
+    Route::None
 }
 
 /// Carries out one operation for `account`: each arm the core-side half of

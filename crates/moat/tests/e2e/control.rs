@@ -176,7 +176,15 @@ pub fn mistyped_boxes_and_commands_are_told_as_such(env: &Env) {
     let out = env.alice(Some("moat"), &["chekpoint", &name]);
     assert_eq!(out.status, Some(2), "{}", out.stderr);
     assert_eq!(out.stderr, "moat: unknown command \"chekpoint\" (did you mean \"checkpoint\"? see 'help')\n");
+    // A name `promote` took away is told with the name it has now.
+    let child = format!("{name}-try");
+    env.alice(None, &["dup", &name, &child]).ok();
+    env.alice(None, &["promote", &child]).ok();
+    let out = env.alice(Some(&child), &["ls"]);
+    assert_eq!(out.status, Some(255), "{}", out.stderr);
+    assert_eq!(out.stderr, format!("moat: no box named \"{child}\" (did you mean \"{name}\"?)\n"));
     env.alice(None, &["rm", &name]).ok();
+    env.alice(None, &["rm", &format!("{name}-prev")]).ok();
 }
 
 /// Whether `s` is `YYYY-MM-DDTHH:MM:SSZ`.
