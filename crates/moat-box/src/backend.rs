@@ -116,10 +116,7 @@ impl Backend for HostBackend {
     }
 
     fn is_running(&self, rec: &BoxRecord) -> bool {
-        // Judged from the host, not by asking the box: its first process lives
-        // exactly as long as its cgroup holds processes (PID 1's death ends
-        // the namespace; the supervisor's, the VM).
-        !self.host.cgroups.pids(&rec.id).is_empty()
+        self.host.runs(&rec.id)
     }
 
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {

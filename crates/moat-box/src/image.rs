@@ -207,12 +207,7 @@ fn debian(root: &Path, progress: Progress<'_>) -> Result<(), DebianError> {
     let status = child.wait().map_err(|e| PoolError::Tool { tool: "debootstrap", stderr: e.to_string() })?;
     let stderr = errors.join().unwrap_or_default();
     if !status.success() {
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        return Err(PoolError::Tool {
-            tool: "debootstrap",
-            stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-        }
-        .into());
+        return Err(PoolError::Tool { tool: "debootstrap", stderr: last_lines(&stderr, 5) }.into());
     }
     progress(&format!("image debian: apt-get install {}", DEBIAN_APT_PACKAGES.join(" ")));
     apt_install(root, DEBIAN_APT_PACKAGES)?;
@@ -244,9 +239,13 @@ fn apt_install(root: &Path, packages: &[&str]) -> Result<(), PoolError> {
     if out.status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-    Err(PoolError::Tool { tool: "apt-get", stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n") })
+    Err(PoolError::Tool { tool: "apt-get", stderr: last_lines(&String::from_utf8_lossy(&out.stderr), 5) })
+}
+
+/// The last `n` lines of a tool's `stderr`: why it failed.
+fn last_lines(stderr: &str, n: usize) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Whether a debootstrap info line starts a phase, rather than naming one of

@@ -64,6 +64,13 @@ impl Host {
         Ok(Self { pool, cgroups, config })
     }
 
+    /// Whether box `id` runs, judged from the host, never by asking the box:
+    /// its first process lives exactly as long as its cgroup holds processes
+    /// (PID 1's death ends the namespace; the supervisor's, the VM).
+    pub fn runs(&self, id: &BoxId) -> bool {
+        !self.cgroups.pids(id).is_empty()
+    }
+
     /// Box `id`'s run directory.
     pub fn run_dir(&self, id: &BoxId) -> PathBuf {
         self.config.run_dir.join(id.as_str())

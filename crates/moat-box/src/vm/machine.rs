@@ -351,17 +351,11 @@ impl VmMachine {
     /// Hands a running, unfrozen guest the files of its mini-root that may
     /// have changed; a box not running gets them at its next boot.
     fn push_files(&self, rec: &BoxRecord, paths: &[&str]) -> Result<(), BackendError> {
-        if !self.is_running(rec) || self.host.cgroups.is_frozen(&rec.id) {
+        if !self.host.runs(&rec.id) || self.host.cgroups.is_frozen(&rec.id) {
             return Ok(());
         }
         files::push(&supervise::agent_socket(&self.box_run_dir(rec)), &self.files(rec), paths, PUT_TIMEOUT)
             .map_err(|e| BackendError::new(format!("hand {} its files", rec.name), e))
-    }
-}
-
-impl VmMachine {
-    fn is_running(&self, rec: &BoxRecord) -> bool {
-        !self.host.cgroups.pids(&rec.id).is_empty()
     }
 }
 
@@ -412,7 +406,7 @@ impl Machine for VmMachine {
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         // What the guest wrote reaches its disk first, if it is awake to do it.
-        if self.is_running(rec) && !self.host.cgroups.is_frozen(&rec.id) {
+        if self.host.runs(&rec.id) && !self.host.cgroups.is_frozen(&rec.id) {
             let _ = files::sync(&supervise::agent_socket(&self.box_run_dir(rec)), SYNC_ON_STOP);
         }
         self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
@@ -422,7 +416,7 @@ impl Machine for VmMachine {
         let saved = self.memory_path(&rec.id);
         let partial = saved.with_extension("partial");
         let mut kept = false;
-        if self.is_running(rec) {
+        if self.host.runs(&rec.id) {
             // QEMU answers QMP only when not frozen; its vCPUs stay paused,
             // and after the save it never runs them or writes its disk again.
             self.host.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
@@ -453,7 +447,7 @@ impl Machine for VmMachine {
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         let frozen = self.host.cgroups.is_frozen(&rec.id);
         self.host.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
-        if !self.is_running(rec) {
+        if !self.host.runs(&rec.id) {
             return Ok(());
         }
         let fail = |e: std::io::Error| BackendError::new(format!("resume {}'s vCPUs", rec.name), e);
@@ -472,7 +466,7 @@ impl Machine for VmMachine {
 
     fn copy(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
         let memory = self.memory_path(&dst.id);
-        if self.is_running(src) {
+        if self.host.runs(&src.id) {
             // The machine is saved with its vCPUs paused and its disk
             // flushed, then its disk copied: the copy resumes as the very
             // machine the source was at that instant, its page cache and
@@ -505,7 +499,7 @@ impl Machine for VmMachine {
     }
 
     fn quiesce(&self, rec: &BoxRecord, work: &mut StillWork<'_>) -> Result<(), BackendError> {
-        if !self.is_running(rec) {
+        if !self.host.runs(&rec.id) {
             return work().map_err(|e| BackendError::new(format!("checkpoint {}", rec.name), e));
         }
         self.flushed_and_paused(rec, work)
@@ -514,7 +508,7 @@ impl Machine for VmMachine {
     fn diff(&self, a: &BoxRecord, b: &BoxRecord, out: &mut ChangeSink<'_>) -> Result<(), BackendError> {
         // The host never reads a guest's disk: each guest lists its own files.
         for rec in [a, b] {
-            if !self.is_running(rec) {
+            if !self.host.runs(&rec.id) {
                 return Err(BackendError::msg(format!(
                     "{0} is not running: a VM box's files are listed by the box itself (`start {0}` first)",
                     rec.name
