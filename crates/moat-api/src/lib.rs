@@ -7,6 +7,9 @@
 //! session lasts until the front door closes it, and every session of a front
 //! door that dies ends with it. A session's answer carries a stream already
 //! connected to the box's agent, so box traffic never takes an extra hop.
+//! Whatever answers the dials implements [`server::Answer`]: the privileged
+//! side on one host, or a fleet's router (moat-fleet), which forwards each
+//! connection to the node holding the box.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 

@@ -36,8 +36,22 @@ pub struct Privileged {
     pub registries: Vec<HostName>,
 }
 
-/// Answers dials on `dialer` until the front door closes it.
-pub async fn serve(dialer: Packets, ctx: Arc<Privileged>) -> io::Result<()> {
+/// Something that answers the connections a front door dials: the
+/// privileged side on one host, a fleet's router in front of many.
+pub trait Answer: Send + Sync + 'static {
+    /// Reads one request on `conn` and answers it; the request's life is the
+    /// connection's (a session lasts until the front door closes it).
+    fn answer(self: Arc<Self>, conn: Packets) -> impl std::future::Future<Output = io::Result<()>> + Send;
+}
+
+impl Answer for Privileged {
+    async fn answer(self: Arc<Self>, conn: Packets) -> io::Result<()> {
+        answer(&conn, &self).await
+    }
+}
+
+/// Answers dials on `dialer` with `answerer` until the front door closes it.
+pub async fn serve<A: Answer>(dialer: Packets, answerer: Arc<A>) -> io::Result<()> {
     let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = Arc::clone(&open).acquire_owned().await.map_err(io::Error::other)?;
@@ -49,9 +63,9 @@ pub async fn serve(dialer: Packets, ctx: Arc<Privileged>) -> io::Result<()> {
         dialer.send(&[DIAL], &[theirs.as_fd()]).await?;
         drop(theirs);
         let conn = Packets::new(ours)?;
-        let ctx = Arc::clone(&ctx);
+        let answerer = Arc::clone(&answerer);
         tokio::spawn(async move {
-            if let Err(e) = answer(&conn, &ctx).await {
+            if let Err(e) = answerer.answer(conn).await {
                 tracing::debug!(error = %e, "api connection failed");
             }
             drop(permit);

@@ -1,0 +1,139 @@
+//! The node's side of the fleet connection: a TCP listener whose every
+//! connection, once its TLS handshake proves a front door of this fleet,
+//! carries one request to the node's own request handling.
+//!
+//! The connection is bridged to a unix packet pair whose other end is
+//! answered exactly as a local front door's dial is (`moat_api::server`'s
+//! [`Answer`]), so there is one copy of that logic. Each message the answer
+//! sends goes back as a frame; the one carrying a descriptor (a session's
+//! stream to the box's agent) goes as a session frame, and the connection
+//! then carries the session's bytes until either side ends it.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use moat_api::proto::{MAX_EVENT, MAX_REQUEST};
+use moat_api::server::Answer;
+use moat_api::Packets;
+use tokio::io::{AsyncReadExt, ReadHalf, WriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::frame::{self, Kind};
+use crate::peer::Peers;
+use crate::pki::Role;
+
+/// Most fleet connections open at once (every session through a front door holds one).
+const MAX_CONNECTIONS: usize = 16 << 10;
+
+/// What a node answers fleet connections with.
+pub struct NodeListener<A> {
+    /// Its TLS setup ([`crate::tls::Identity::server_config`]).
+    pub tls: Arc<rustls::ServerConfig>,
+    /// Who may connect (front doors of the fleet).
+    pub peers: Arc<Peers>,
+    /// The node's request handling.
+    pub answerer: Arc<A>,
+    /// How long a peer has for its handshake and its request.
+    pub handshake_timeout: Duration,
+}
+
+impl<A: Answer> NodeListener<A> {
+    /// Answers connections on `listener` until it fails.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) -> io::Result<()> {
+        let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        loop {
+            let permit = Arc::clone(&open).acquire_owned().await.map_err(io::Error::other)?;
+            let (tcp, from) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                // Out of descriptors, a connection reset before accept: not the listener's end.
+                Err(e) => {
+                    tracing::warn!(error = %e, "fleet listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let node = Arc::clone(&self);
+            tokio::spawn(async move {
+                if let Err(e) = node.connection(tcp).await {
+                    tracing::debug!(%from, error = %e, "fleet connection refused or failed");
+                }
+                drop(permit);
+            });
+        }
+    }
+
+    async fn connection(&self, tcp: TcpStream) -> io::Result<()> {
+        tcp.set_nodelay(true)?;
+        let acceptor = TlsAcceptor::from(Arc::clone(&self.tls));
+        let (tls, request) = tokio::time::timeout(self.handshake_timeout, async {
+            let mut tls = acceptor.accept(tcp).await?;
+            let (_, session) = tls.get_ref();
+            if session.alpn_protocol() != Some(crate::tls::ALPN) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer speaks another protocol"));
+            }
+            self.peers.admit(session.peer_certificates(), Role::Front, None).await.map_err(io::Error::other)?;
+            let request = frame::read(&mut tls, MAX_REQUEST).await?;
+            Ok((tls, request))
+        })
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the peer took too long to ask"))??;
+        let Some((Kind::Message, request)) = request else {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "no request"));
+        };
+        let (ours, theirs) = Packets::pair()?;
+        let (ours, theirs) = (Packets::new(ours)?, Packets::new(theirs)?);
+        let answerer = Arc::clone(&self.answerer);
+        tokio::spawn(async move {
+            if let Err(e) = answerer.answer(theirs).await {
+                tracing::debug!(error = %e, "api connection failed");
+            }
+        });
+        ours.send(&request, &[]).await?;
+        let (mut reader, mut writer) = tokio::io::split(tls);
+        // Until the answer ends or hands over a session, or the peer goes
+        // (which the answer learns from `ours` closing, as from a front door).
+        let session = tokio::select! {
+            back = send_back(&ours, &mut writer) => back?,
+            () = peer_gone(&mut reader) => None,
+        };
+        if let Some(agent) = session {
+            crate::relay::relay(crate::relay::unix_stream(agent)?, &mut reader, &mut writer).await;
+        }
+        drop(ours);
+        Ok(())
+    }
+}
+
+/// Sends the answer's messages back as frames until it ends (`None`) or
+/// sends a session's stream (returned).
+async fn send_back(ours: &Packets, writer: &mut WriteHalf<TlsStream<TcpStream>>) -> io::Result<Option<OwnedFd>> {
+    use tokio::io::AsyncWriteExt;
+    loop {
+        let Some(msg) = ours.recv(MAX_EVENT).await? else {
+            let _ = writer.shutdown().await;
+            return Ok(None);
+        };
+        let mut fds = msg.fds.into_iter();
+        match (fds.next(), fds.next()) {
+            (None, _) => frame::write(writer, Kind::Message, &msg.bytes).await?,
+            (Some(fd), None) => {
+                frame::write(writer, Kind::Session, &msg.bytes).await?;
+                return Ok(Some(fd));
+            }
+            (Some(_), Some(_)) => {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "an answer carried several descriptors"))
+            }
+        }
+    }
+}
+
+/// Returns when the peer closes or sends anything more: after its one
+/// request a peer says nothing until a session starts.
+async fn peer_gone(reader: &mut ReadHalf<TlsStream<TcpStream>>) {
+    let _ = reader.read(&mut [0u8; 1]).await;
+}
