@@ -414,6 +414,13 @@ pub enum Reply {
     Done,
 }
 
+/// The status of a failure that means "not on this node": the box named is
+/// another node's (it moved, or its epoch is not this node's), or this node
+/// has no room for a new box. A fleet's router then asks the store again or
+/// tries another node; it never reaches a user as such. One host never
+/// answers with it.
+pub const ELSEWHERE: u32 = 3;
+
 /// A failed request, as the user should read it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]

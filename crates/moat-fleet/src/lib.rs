@@ -11,6 +11,7 @@
 //! - [`listen`]: the node's listener, bridging into moat-api's own answering;
 //! - [`dial`]: the router's dialing and forwarding, sessions included;
 //! - [`relay`]: a session's bytes between a local stream and a fleet connection;
+//! - [`router`]: which node answers a front door's request ([`store`]: what it asks the store);
 //! - [`pki`], [`tls`], [`serial`], [`peer`]: who is a member, and proving it.
 
 pub mod dial;
@@ -19,5 +20,7 @@ pub mod listen;
 pub mod peer;
 pub mod pki;
 pub mod relay;
+pub mod router;
 pub mod serial;
+pub mod store;
 pub mod tls;

@@ -1,0 +1,307 @@
+//! The router: what answers a front door's dials in a fleet. It reads each
+//! request (small, bounded, decoded as the core decodes it), picks the node
+//! that should answer it, and forwards the connection there:
+//!
+//! - `Authorize` is answered here, from the keys imported into the store;
+//! - a request naming a box goes to that box's node (looked up in the store
+//!   and remembered; forgotten when the node declines it, as it does for a
+//!   box that is no longer its own);
+//! - `Create` goes to the live, uncordoned node with the most room, then the
+//!   next when a node answers that it is full;
+//! - anything else (the account's list, usage, secrets, whoami) to any live node.
+//!
+//! A lost node or an unreachable store is one line to the user.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use moat_api::proto::{ApiError, Event, Op, Reply, Request, ELSEWHERE, MAX_REQUEST};
+use moat_api::server::Answer;
+use moat_api::Packets;
+use moat_core::{AccountId, Name};
+
+use crate::dial::{Dialer, Forwarded};
+use crate::store::{FleetStore, NodeState, Place, StoreFailure};
+
+/// How long a box's place is believed without asking the store (a node
+/// declines a box that moved, which makes the router ask at once).
+const PLACE_FRESH: Duration = Duration::from_secs(10);
+/// How long the list of nodes and their leases is believed.
+const NODES_FRESH: Duration = Duration::from_secs(1);
+
+/// Routes a front door's requests to the fleet's nodes.
+pub struct Router<S> {
+    store: Arc<S>,
+    dialer: Dialer,
+    places: Mutex<HashMap<(AccountId, Name), (Instant, Place)>>,
+    nodes: Mutex<Option<(Instant, Arc<Vec<NodeState>>)>>,
+    turn: AtomicUsize,
+}
+
+/// Why a request could not be routed: one line for the user.
+#[derive(Debug, thiserror::Error)]
+enum RouteError {
+    #[error("{0}")]
+    Store(#[from] StoreFailure),
+    #[error("box {name} is on node {node}, which is not answering ({why})")]
+    Lost { name: Name, node: String, why: String },
+    #[error("box {name} is on node {node}, which is not in the fleet")]
+    UnknownNode { name: Name, node: String },
+    #[error("diff compares boxes on one node: {a} is on node {a_node}, {b} on node {b_node}")]
+    Apart { a: Name, a_node: String, b: Name, b_node: String },
+    #[error("box {0} moved while it was asked for; try again")]
+    Moving(Name),
+    #[error("node {node} stopped answering ({why})")]
+    Failed { node: String, why: String },
+    #[error("no node of the fleet is answering")]
+    NoNode,
+    #[error("no node can take a new box now ({0})")]
+    NoRoom(String),
+}
+
+fn now_ms() -> u64 {
+    moat_core::clock::now_ms()
+}
+
+impl<S: FleetStore> Router<S> {
+    /// Routes with `store`, dialing with `dialer`.
+    pub fn new(store: Arc<S>, dialer: Dialer) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            dialer,
+            places: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(None),
+            turn: AtomicUsize::new(0),
+        })
+    }
+
+    /// Runs a store call off the async workers.
+    async fn ask<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&S) -> Result<T, StoreFailure> + Send + 'static,
+    ) -> Result<T, StoreFailure> {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || call(&store))
+            .await
+            .unwrap_or_else(|e| Err(StoreFailure(format!("internal error: {e}"))))
+    }
+
+    async fn nodes(&self, fresh: bool) -> Result<Arc<Vec<NodeState>>, StoreFailure> {
+        if !fresh {
+            if let Some((at, nodes)) = self.nodes.lock().ok().and_then(|n| n.clone()) {
+                if at.elapsed() < NODES_FRESH {
+                    return Ok(nodes);
+                }
+            }
+        }
+        let nodes = Arc::new(self.ask(|s| s.nodes()).await?);
+        if let Ok(mut cached) = self.nodes.lock() {
+            *cached = Some((Instant::now(), Arc::clone(&nodes)));
+        }
+        Ok(nodes)
+    }
+
+    async fn place(&self, account: &AccountId, name: &Name) -> Result<Option<Place>, StoreFailure> {
+        let key = (account.clone(), name.clone());
+        if let Some((at, place)) = self.places.lock().ok().and_then(|p| p.get(&key).cloned()) {
+            if at.elapsed() < PLACE_FRESH {
+                return Ok(Some(place));
+            }
+        }
+        let (account, asked) = key.clone();
+        let place = self.ask(move |s| s.place(&account, &asked)).await?;
+        if let (Some(place), Ok(mut places)) = (&place, self.places.lock()) {
+            places.insert(key, (Instant::now(), place.clone()));
+        }
+        Ok(place)
+    }
+
+    fn forget(&self, account: &AccountId, name: &Name) {
+        if let Ok(mut places) = self.places.lock() {
+            places.remove(&(account.clone(), name.clone()));
+        }
+    }
+
+    /// Live nodes, starting at the next in turn (so requests spread).
+    async fn live(&self) -> Result<Vec<NodeState>, StoreFailure> {
+        let now = now_ms();
+        let mut live: Vec<NodeState> = self.nodes(false).await?.iter().filter(|n| n.live(now)).cloned().collect();
+        if !live.is_empty() {
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed) % live.len();
+            live.rotate_left(turn);
+        }
+        Ok(live)
+    }
+
+    async fn act(&self, conn: &Packets, request: &[u8], account: &AccountId, op: &Op) -> Result<(), RouteError> {
+        if let Op::Create { .. } = op {
+            return self.create(conn, request).await;
+        }
+        let Some(name) = named_box(op) else { return self.to_any(conn, request).await };
+        // Twice at most: a node that declines the box makes us ask the store again.
+        for _ in 0..2 {
+            let Some(place) = self.place(account, name).await? else {
+                // No such box: any node says so as its own node would.
+                return self.to_any(conn, request).await;
+            };
+            if let Op::Diff { a, b } = op {
+                if let Some(other) = self.place(account, b).await?.filter(|p| p.node != place.node) {
+                    let (a, b) = (a.clone(), b.clone());
+                    return Err(RouteError::Apart { a, a_node: place.node, b, b_node: other.node });
+                }
+            }
+            let nodes = self.nodes(false).await?;
+            let Some(node) = nodes.iter().find(|n| n.name == place.node) else {
+                self.forget(account, name);
+                return Err(RouteError::UnknownNode { name: name.clone(), node: place.node });
+            };
+            let now = now_ms();
+            if !node.live(now) {
+                // Perhaps it moved since: ask the store once more before saying so.
+                let fresh = self.nodes(true).await?;
+                if fresh.iter().find(|n| n.name == place.node).is_none_or(|n| !n.live(now_ms())) {
+                    self.forget(account, name);
+                    let lapsed = now.saturating_sub(node.lease_until_ms) / 1000;
+                    let why = format!("its lease lapsed {lapsed} s ago");
+                    return Err(RouteError::Lost { name: name.clone(), node: place.node, why });
+                }
+            }
+            let link = match self.dial(node).await {
+                Ok(link) => link,
+                Err(why) => {
+                    self.forget(account, name);
+                    return Err(RouteError::Lost { name: name.clone(), node: place.node, why });
+                }
+            };
+            match link.forward(conn, request, |e| e.status == ELSEWHERE).await {
+                Ok(Forwarded::Answered) => {
+                    if matches!(op, Op::Remove { .. } | Op::Promote { .. }) {
+                        self.forget(account, name);
+                    }
+                    return Ok(());
+                }
+                Ok(Forwarded::Declined(_)) => self.forget(account, name),
+                Err(e) => {
+                    self.forget(account, name);
+                    let why = e.to_string();
+                    return Err(RouteError::Lost { name: name.clone(), node: place.node, why });
+                }
+            }
+        }
+        Err(RouteError::Moving(name.clone()))
+    }
+
+    async fn dial(&self, node: &NodeState) -> Result<crate::dial::Link, String> {
+        let addr: SocketAddr =
+            node.address.parse().map_err(|_| format!("its address {:?} is not IP:PORT", node.address))?;
+        self.dialer.dial(&node.name, addr).await.map_err(|e| e.to_string())
+    }
+
+    /// A new box: the nodes with the most room first, the next when one is full.
+    async fn create(&self, conn: &Packets, request: &[u8]) -> Result<(), RouteError> {
+        let now = now_ms();
+        let mut candidates: Vec<NodeState> = self
+            .nodes(true)
+            .await?
+            .iter()
+            .filter(|n| n.live(now) && !n.cordoned && n.free_boxes > 0)
+            .cloned()
+            .collect();
+        candidates.sort_by_key(|n| std::cmp::Reverse((n.free_memory, n.free_cpus)));
+        let mut refusals = Vec::new();
+        for node in &candidates {
+            let link = match self.dial(node).await {
+                Ok(link) => link,
+                Err(why) => {
+                    refusals.push(format!("{}: {why}", node.name));
+                    continue;
+                }
+            };
+            match link.forward(conn, request, |e| e.status == ELSEWHERE).await {
+                Ok(Forwarded::Answered) => return Ok(()),
+                Ok(Forwarded::Declined(e)) => refusals.push(format!("{}: {}", node.name, e.message)),
+                Err(e) => refusals.push(format!("{}: {e}", node.name)),
+            }
+        }
+        if refusals.is_empty() {
+            refusals.push("no live node has room".into());
+        }
+        Err(RouteError::NoRoom(refusals.join("; ")))
+    }
+
+    /// A request any node answers alike.
+    async fn to_any(&self, conn: &Packets, request: &[u8]) -> Result<(), RouteError> {
+        for node in self.live().await? {
+            if let Ok(link) = self.dial(&node).await {
+                return match link.forward(conn, request, |_| false).await {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(RouteError::Failed { node: node.name, why: e.to_string() }),
+                };
+            }
+        }
+        Err(RouteError::NoNode)
+    }
+}
+
+impl<S: FleetStore> Answer for Router<S> {
+    async fn answer(self: Arc<Self>, conn: Packets) -> io::Result<()> {
+        let Some(msg) = conn.recv(MAX_REQUEST).await? else { return Ok(()) };
+        if !msg.fds.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "request carried descriptors"));
+        }
+        let outcome = match serde_json::from_slice::<Request>(&msg.bytes) {
+            Err(e) => Err(ApiError { status: 255, message: format!("malformed request: {e}") }),
+            Ok(Request::Authorize { key }) => match self.ask(move |s| s.account_for_key(&key)).await {
+                Ok(account) => Ok(Reply::Account(account)),
+                Err(e) => Err(ApiError { status: 255, message: e.0 }),
+            },
+            Ok(Request::Act { account, op }) => match self.act(&conn, &msg.bytes, &account, &op).await {
+                Ok(()) => return Ok(()),
+                Err(e) => Err(ApiError { status: 1, message: e.to_string() }),
+            },
+        };
+        let bytes = serde_json::to_vec(&Event::Outcome(outcome)).map_err(io::Error::other)?;
+        conn.send(&bytes, &[]).await
+    }
+}
+
+/// The box a request acts on, if it names one: the node holding it answers.
+fn named_box(op: &Op) -> Option<&Name> {
+    match op {
+        Op::Route { name }
+        | Op::Get { name }
+        | Op::Remove { name }
+        | Op::Checkpoint { name, .. }
+        | Op::Checkpoints { name }
+        | Op::Restore { name, .. }
+        | Op::CheckpointRemove { name, .. }
+        | Op::Stop { name }
+        | Op::Start { name }
+        | Op::Suspend { name }
+        | Op::SetIdle { name, .. }
+        | Op::SetKeepRunning { name, .. }
+        | Op::Policy { name }
+        | Op::ChangePolicy { name, .. }
+        | Op::Log { name, .. }
+        | Op::OpenSession { name } => Some(name),
+        Op::Dup { src, .. } => Some(src),
+        Op::Diff { a, .. } => Some(a),
+        Op::Promote { child } => Some(child),
+        Op::Usage { name, .. } => name.as_ref(),
+        Op::SecretGrant { box_name, .. } | Op::SecretRevoke { box_name, .. } => Some(box_name),
+        Op::SecretLimit { box_name, .. } => box_name.as_ref(),
+        Op::List
+        | Op::Create { .. }
+        | Op::SecretAdd { .. }
+        | Op::SecretList
+        | Op::SecretRemove { .. }
+        | Op::SecretKill { .. }
+        | Op::Questions { .. }
+        | Op::Answer { .. }
+        | Op::Whoami => None,
+    }
+}

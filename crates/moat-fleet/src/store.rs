@@ -1,0 +1,83 @@
+//! What a router asks of the state store, as a trait: moat-core's `Store`
+//! (on PostgreSQL) answers it in a fleet, and the router's tests answer it
+//! from memory. Every call may block on the network: callers run them off
+//! the async workers.
+
+use moat_core::{AccountId, Name};
+
+use crate::peer::Member;
+
+/// A store call that failed, as the user should read it (for an outage:
+/// "the state store (PostgreSQL at HOST:PORT) is unreachable: ...").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreFailure(pub String);
+
+impl From<moat_core::store::StoreError> for StoreFailure {
+    fn from(e: moat_core::store::StoreError) -> Self {
+        let mut msg = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            source = s.source();
+        }
+        Self(msg)
+    }
+}
+
+/// Where a box lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// Its node.
+    pub node: String,
+    /// Its epoch (changes whenever its node does).
+    pub epoch: u64,
+}
+
+/// A node as the store knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    /// Its name.
+    pub name: String,
+    /// Where its fleet listener is (`IP:PORT`).
+    pub address: String,
+    /// When its lease lapses, milliseconds since the epoch.
+    pub lease_until_ms: u64,
+    /// Taking no new boxes.
+    pub cordoned: bool,
+    /// Memory its boxes' limits leave free, in bytes.
+    pub free_memory: u64,
+    /// CPUs its boxes' limits leave free.
+    pub free_cpus: u64,
+    /// Boxes it may still take.
+    pub free_boxes: u64,
+}
+
+impl NodeState {
+    /// Whether its lease holds at `now_ms`.
+    pub fn live(&self, now_ms: u64) -> bool {
+        self.lease_until_ms > now_ms
+    }
+}
+
+/// The store, as a router uses it.
+pub trait FleetStore: Send + Sync + 'static {
+    /// The account of an imported key (`TYPE BASE64`), if it is one.
+    fn account_for_key(&self, key: &str) -> Result<Option<AccountId>, StoreFailure>;
+    /// Where `account`'s box `name` lives, if it exists.
+    fn place(&self, account: &AccountId, name: &Name) -> Result<Option<Place>, StoreFailure>;
+    /// Every node.
+    fn nodes(&self) -> Result<Vec<NodeState>, StoreFailure>;
+    /// The member whose certificate has `serial`, unless revoked.
+    fn member(&self, serial: &str) -> Result<Option<Member>, StoreFailure>;
+}
+
+/// A store's members, for [`crate::peer::Peers`].
+pub struct StoreMembers<S>(pub std::sync::Arc<S>);
+
+impl<S: FleetStore> crate::peer::Membership for StoreMembers<S> {
+    fn member(&self, serial: &str) -> Result<Option<Member>, String> {
+        self.0.member(serial).map_err(|e| e.0)
+    }
+}

@@ -1,0 +1,262 @@
+//! The router in front of two nodes (real TLS on loopback, stand-in cores,
+//! the store in memory): requests naming a box reach its node, a new box the
+//! node with room, a moved box is found again, and a lost node or an
+//! unreachable store is one line to the user.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moat_api::proto::{ApiError, Event, Op, Reply, Request, ELSEWHERE, MAX_REQUEST};
+use moat_api::server::Answer;
+use moat_api::{ApiClient, Packets};
+use moat_core::{AccountId, Limits, Name};
+use moat_fleet::dial::Dialer;
+use moat_fleet::listen::NodeListener;
+use moat_fleet::peer::{Member, Peers};
+use moat_fleet::pki::{Ca, Role};
+use moat_fleet::router::Router;
+use moat_fleet::store::{FleetStore, NodeState, Place, StoreFailure, StoreMembers};
+use moat_fleet::tls::Identity;
+
+/// The store in memory; `down` makes every call fail as an outage does.
+#[derive(Default)]
+struct Store {
+    keys: HashMap<String, AccountId>,
+    places: Mutex<HashMap<Name, Place>>,
+    nodes: Mutex<Vec<NodeState>>,
+    members: Mutex<HashMap<String, Member>>,
+    down: Mutex<bool>,
+}
+
+impl Store {
+    fn up(&self) -> Result<(), StoreFailure> {
+        match *self.down.lock().unwrap() {
+            true => Err(StoreFailure("the state store (PostgreSQL at 127.0.0.1:5999) is unreachable: refused".into())),
+            false => Ok(()),
+        }
+    }
+}
+
+impl FleetStore for Store {
+    fn account_for_key(&self, key: &str) -> Result<Option<AccountId>, StoreFailure> {
+        self.up()?;
+        Ok(self.keys.get(key).cloned())
+    }
+    fn place(&self, _: &AccountId, name: &Name) -> Result<Option<Place>, StoreFailure> {
+        self.up()?;
+        Ok(self.places.lock().unwrap().get(name).cloned())
+    }
+    fn nodes(&self) -> Result<Vec<NodeState>, StoreFailure> {
+        self.up()?;
+        Ok(self.nodes.lock().unwrap().clone())
+    }
+    fn member(&self, serial: &str) -> Result<Option<Member>, StoreFailure> {
+        self.up()?;
+        Ok(self.members.lock().unwrap().get(serial).cloned())
+    }
+}
+
+/// A node's stand-in core: answers with its own name for the boxes it
+/// holds and for account-wide requests, declines others' boxes, and
+/// declines new boxes when full.
+struct Core {
+    node: &'static str,
+    boxes: Mutex<HashSet<Name>>,
+    full: Mutex<bool>,
+}
+
+impl Answer for Core {
+    async fn answer(self: Arc<Self>, conn: Packets) -> io::Result<()> {
+        let Some(msg) = conn.recv(MAX_REQUEST).await? else { return Ok(()) };
+        let Request::Act { op, .. } = serde_json::from_slice(&msg.bytes).unwrap() else {
+            panic!("authorize reached a node")
+        };
+        let elsewhere = |what: String| Err(ApiError { status: ELSEWHERE, message: what });
+        let outcome = match op {
+            Op::Create { name, .. } if *self.full.lock().unwrap() => {
+                elsewhere(format!("node {} is full ({name})", self.node))
+            }
+            Op::Create { name, .. } => {
+                self.boxes.lock().unwrap().insert(name);
+                Ok(Reply::Name(Name::new(self.node).unwrap()))
+            }
+            Op::Get { name } | Op::Stop { name } if !self.boxes.lock().unwrap().contains(&name) => {
+                elsewhere(format!("box {name} is not on node {}", self.node))
+            }
+            _ => Ok(Reply::Name(Name::new(self.node).unwrap())),
+        };
+        conn.send(&serde_json::to_vec(&Event::Outcome(outcome)).unwrap(), &[]).await
+    }
+}
+
+struct Fleet {
+    store: Arc<Store>,
+    cores: Vec<Arc<Core>>,
+    client: ApiClient,
+}
+
+fn node_state(name: &str, address: String, free_memory: u64) -> NodeState {
+    NodeState {
+        name: name.into(),
+        address,
+        lease_until_ms: moat_core::clock::now_ms() + 10_000,
+        cordoned: false,
+        free_memory,
+        free_cpus: 4,
+        free_boxes: 8,
+    }
+}
+
+async fn fleet() -> Fleet {
+    let ca = Ca::mint().unwrap();
+    let mut store = Store::default();
+    store.keys.insert("ssh-ed25519 AAAA".into(), AccountId("SHA256:ok".into()));
+    let store = Arc::new(store);
+    let front = ca.issue(Role::Front, "f1").unwrap();
+    store.members.lock().unwrap().insert(front.serial.clone(), Member { name: "f1".into(), role: Role::Front });
+    let peers = Peers::new(Arc::new(StoreMembers(Arc::clone(&store))));
+    let mut cores = Vec::new();
+    for (name, memory) in [("n1", 8 << 30), ("n2", 4 << 30)] {
+        let leaf = ca.issue(Role::Node, name).unwrap();
+        store.members.lock().unwrap().insert(leaf.serial.clone(), Member { name: name.into(), role: Role::Node });
+        let identity = Identity::from_pem(ca.cert_pem(), &leaf.cert.pem(), &leaf.key.serialize_pem()).unwrap();
+        let core = Arc::new(Core { node: name, boxes: Mutex::default(), full: Mutex::new(false) });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        store.nodes.lock().unwrap().push(node_state(name, listener.local_addr().unwrap().to_string(), memory));
+        let node = Arc::new(NodeListener {
+            tls: identity.server_config().unwrap(),
+            peers: Arc::clone(&peers),
+            answerer: Arc::clone(&core),
+            handshake_timeout: Duration::from_secs(2),
+        });
+        tokio::spawn(node.serve(listener));
+        cores.push(core);
+    }
+    let identity = Identity::from_pem(ca.cert_pem(), &front.cert.pem(), &front.key.serialize_pem()).unwrap();
+    let router = Router::new(Arc::clone(&store), Dialer::new(identity.client_config().unwrap(), peers));
+    let (ours, theirs) = Packets::pair().unwrap();
+    tokio::spawn(moat_api::server::serve(Packets::new(ours).unwrap(), router));
+    Fleet { store, cores, client: ApiClient::new(Packets::new(theirs).unwrap()) }
+}
+
+fn act(op: Op) -> Request {
+    Request::Act { account: AccountId("SHA256:ok".into()), op }
+}
+
+fn name(s: &str) -> Name {
+    Name::new(s).unwrap()
+}
+
+fn create(box_name: &str) -> Request {
+    act(Op::Create {
+        name: name(box_name),
+        image: name("debian"),
+        limits: Limits::default(),
+        idle: None,
+        policy: None,
+        ask: false,
+        backend: None,
+    })
+}
+
+impl Fleet {
+    /// Makes `box_name` live on node `node` (index), as a placement would.
+    fn place(&self, box_name: &str, node: usize) {
+        self.cores[node].boxes.lock().unwrap().insert(name(box_name));
+        let place = Place { node: self.cores[node].node.into(), epoch: 1 };
+        self.store.places.lock().unwrap().insert(name(box_name), place);
+    }
+
+    async fn answered_by(&self, req: &Request) -> Result<String, ApiError> {
+        match self.client.call(req).await? {
+            Reply::Name(n) => Ok(n.to_string()),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn requests_reach_the_node_that_should_answer() {
+    let f = fleet().await;
+    assert_eq!(f.client.authorize("ssh-ed25519 AAAA").await.unwrap(), Some(AccountId("SHA256:ok".into())));
+    assert_eq!(f.client.authorize("ssh-ed25519 BBBB").await.unwrap(), None);
+    f.place("web", 1);
+    f.place("db", 0);
+    for _ in 0..3 {
+        assert_eq!(f.answered_by(&act(Op::Get { name: name("web") })).await.unwrap(), "n2");
+        assert_eq!(f.answered_by(&act(Op::Get { name: name("db") })).await.unwrap(), "n1");
+    }
+    // Account-wide requests go to either live node, in turn.
+    let mut seen = HashSet::new();
+    for _ in 0..4 {
+        seen.insert(f.answered_by(&act(Op::List)).await.unwrap());
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    // A diff of boxes on two nodes is refused with both named.
+    let diff = f.client.call(&act(Op::Diff { a: name("web"), b: name("db") })).await.unwrap_err();
+    assert_eq!(diff.message, "diff compares boxes on one node: web is on node n2, db on node n1");
+}
+
+#[tokio::test]
+async fn a_new_box_goes_to_the_node_with_room_and_past_a_full_one() {
+    let f = fleet().await;
+    assert_eq!(f.answered_by(&create("a")).await.unwrap(), "n1");
+    *f.cores[0].full.lock().unwrap() = true;
+    assert_eq!(f.answered_by(&create("b")).await.unwrap(), "n2");
+    *f.cores[1].full.lock().unwrap() = true;
+    let none = f.client.call(&create("c")).await.unwrap_err();
+    assert_eq!(none.message, "no node can take a new box now (n1: node n1 is full (c); n2: node n2 is full (c))");
+    // A cordoned node is not asked.
+    *f.cores[1].full.lock().unwrap() = false;
+    f.store.nodes.lock().unwrap()[1].cordoned = true;
+    assert!(f.client.call(&create("d")).await.unwrap_err().message.starts_with("no node can take a new box now"));
+}
+
+#[tokio::test]
+async fn a_moved_box_is_found_again() {
+    let f = fleet().await;
+    f.place("web", 0);
+    assert_eq!(f.answered_by(&act(Op::Get { name: name("web") })).await.unwrap(), "n1");
+    // It moves to n2: n1 declines it, and the router asks the store again.
+    f.cores[0].boxes.lock().unwrap().clear();
+    f.place("web", 1);
+    assert_eq!(f.answered_by(&act(Op::Stop { name: name("web") })).await.unwrap(), "n2");
+}
+
+#[tokio::test]
+async fn a_lost_node_and_an_unreachable_store_are_one_line() {
+    let f = fleet().await;
+    f.place("web", 1);
+    f.place("db", 0);
+    // Its lease lapsed 14 s ago.
+    f.store.nodes.lock().unwrap()[1].lease_until_ms = moat_core::clock::now_ms() - 14_200;
+    let lost = f.client.call(&act(Op::Get { name: name("web") })).await.unwrap_err();
+    assert_eq!(lost.message, "box web is on node n2, which is not answering (its lease lapsed 14 s ago)");
+    // Account-wide requests go to the live one only.
+    for _ in 0..3 {
+        assert_eq!(f.answered_by(&act(Op::List)).await.unwrap(), "n1");
+    }
+    // Its lease holds but nothing listens there.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    {
+        let mut nodes = f.store.nodes.lock().unwrap();
+        nodes[1] = node_state("n2", closed.to_string(), 1);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let lost = f.client.call(&act(Op::Get { name: name("web") })).await.unwrap_err();
+    assert!(lost.message.starts_with("box web is on node n2, which is not answering (node n2"), "{}", lost.message);
+    assert!(!lost.message.contains('\n'));
+
+    // The store goes away: one line saying so; back, and all is well.
+    *f.store.down.lock().unwrap() = true;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let down = f.client.call(&create("x")).await.unwrap_err();
+    assert_eq!(down.message, "the state store (PostgreSQL at 127.0.0.1:5999) is unreachable: refused");
+    assert!(f.client.authorize("ssh-ed25519 AAAA").await.is_err());
+    *f.store.down.lock().unwrap() = false;
+    assert_eq!(f.answered_by(&act(Op::Get { name: name("db") })).await.unwrap(), "n1");
+}
