@@ -12,10 +12,12 @@
 //! - [`dial`]: the router's dialing and forwarding, sessions included;
 //! - [`relay`]: a session's bytes between a local stream and a fleet connection;
 //! - [`router`]: which node answers a front door's request ([`store`]: what it asks the store);
-//! - [`pki`], [`tls`], [`serial`], [`peer`]: who is a member, and proving it.
+//! - [`pki`], [`tls`], [`serial`], [`peer`]: who is a member, and proving it;
+//! - [`join`]: `moat fleet init|token|join`, and a member's state dir.
 
 pub mod dial;
 pub mod frame;
+pub mod join;
 pub mod listen;
 pub mod peer;
 pub mod pki;

@@ -6,6 +6,7 @@
 use moat_core::{AccountId, Name};
 
 use crate::peer::Member;
+use crate::pki::Role;
 
 /// A store call that failed, as the user should read it (for an outage:
 /// "the state store (PostgreSQL at HOST:PORT) is unreachable: ...").
@@ -80,4 +81,17 @@ impl<S: FleetStore> crate::peer::Membership for StoreMembers<S> {
     fn member(&self, serial: &str) -> Result<Option<Member>, String> {
         self.0.member(serial).map_err(|e| e.0)
     }
+}
+
+/// The store, as `moat fleet init|token|join` use it.
+pub trait FleetAdmin {
+    /// A fleet-wide setting (the CA's certificate, the sealed host key).
+    fn setting(&self, name: &str) -> Result<Option<Vec<u8>>, StoreFailure>;
+    /// Sets a fleet-wide setting.
+    fn set_setting(&self, name: &str, value: &[u8]) -> Result<(), StoreFailure>;
+    /// Registers an issued certificate's serial as member `name` of `role`.
+    fn register_member(&self, serial: &str, role: Role, name: &str) -> Result<(), StoreFailure>;
+    /// Marks the member `serial` as joined; fails if it already has (a
+    /// token is good once) or was never issued.
+    fn claim_member(&self, serial: &str) -> Result<(), StoreFailure>;
 }
