@@ -8,7 +8,6 @@
 //! the connection, so the front door cannot tell the two apart.
 
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +31,7 @@ pub enum DialError {
         /// The node.
         node: String,
         /// Its address.
-        addr: SocketAddr,
+        addr: String,
         /// Why.
         source: io::Error,
     },
@@ -42,7 +41,7 @@ pub enum DialError {
         /// The node.
         node: String,
         /// Its address.
-        addr: SocketAddr,
+        addr: String,
         /// Why.
         detail: String,
     },
@@ -52,10 +51,21 @@ pub enum DialError {
         /// The node.
         node: String,
         /// Its address.
-        addr: SocketAddr,
+        addr: String,
         /// Why.
         source: PeerError,
     },
+}
+
+impl DialError {
+    /// Why, without which node (for a message that names it already).
+    pub fn reason(&self) -> String {
+        match self {
+            DialError::Connect { addr, source, .. } => format!("{addr}: {source}"),
+            DialError::Handshake { detail, .. } => format!("fleet handshake failed: {detail}"),
+            DialError::Peer { source, .. } => source.to_string(),
+        }
+    }
 }
 
 /// Dials nodes as a member of the fleet.
@@ -88,17 +98,15 @@ impl Dialer {
         Self { tls: TlsConnector::from(tls), peers, timeout: Duration::from_secs(2) }
     }
 
-    /// A connection to node `node` at `addr`.
-    pub async fn dial(&self, node: &str, addr: SocketAddr) -> Result<Link, DialError> {
-        let handshake = |detail: String| DialError::Handshake { node: node.to_string(), addr, detail };
+    /// A connection to node `node` at `addr` (`HOST:PORT`).
+    pub async fn dial(&self, node: &str, addr: &str) -> Result<Link, DialError> {
+        let at = || addr.to_string();
+        let handshake = |detail: String| DialError::Handshake { node: node.to_string(), addr: at(), detail };
         let name = ServerName::try_from(node.to_string()).map_err(|e| handshake(e.to_string()))?;
+        let refused = |source| DialError::Connect { node: node.to_string(), addr: at(), source };
         let connect = async {
-            let tcp = TcpStream::connect(addr).await.map_err(|source| DialError::Connect {
-                node: node.to_string(),
-                addr,
-                source,
-            })?;
-            tcp.set_nodelay(true).map_err(|source| DialError::Connect { node: node.to_string(), addr, source })?;
+            let tcp = TcpStream::connect(addr).await.map_err(refused)?;
+            tcp.set_nodelay(true).map_err(refused)?;
             let tls = self.tls.connect(name, tcp).await.map_err(|e| handshake(e.to_string()))?;
             let (_, session) = tls.get_ref();
             if session.alpn_protocol() != Some(crate::tls::ALPN) {
@@ -107,15 +115,11 @@ impl Dialer {
             self.peers
                 .admit(session.peer_certificates(), Role::Node, Some(node))
                 .await
-                .map_err(|source| DialError::Peer { node: node.to_string(), addr, source })?;
+                .map_err(|source| DialError::Peer { node: node.to_string(), addr: at(), source })?;
             Ok(Link { tls })
         };
         let timed_out = io::Error::new(io::ErrorKind::TimedOut, "timed out");
-        tokio::time::timeout(self.timeout, connect).await.map_err(|_| DialError::Connect {
-            node: node.to_string(),
-            addr,
-            source: timed_out,
-        })?
+        tokio::time::timeout(self.timeout, connect).await.map_err(|_| refused(timed_out))?
     }
 }
 

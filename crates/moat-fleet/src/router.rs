@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -196,9 +195,7 @@ impl<S: FleetStore> Router<S> {
     }
 
     async fn dial(&self, node: &NodeState) -> Result<crate::dial::Link, String> {
-        let addr: SocketAddr =
-            node.address.parse().map_err(|_| format!("its address {:?} is not IP:PORT", node.address))?;
-        self.dialer.dial(&node.name, addr).await.map_err(|e| e.to_string())
+        self.dialer.dial(&node.name, &node.address).await.map_err(|e| e.reason())
     }
 
     /// A new box: the nodes with the most room first, the next when one is full.

@@ -41,7 +41,7 @@ pub struct Place {
 pub struct NodeState {
     /// Its name.
     pub name: String,
-    /// Where its fleet listener is (`IP:PORT`).
+    /// Where its fleet listener is (`HOST:PORT`).
     pub address: String,
     /// When its lease lapses, milliseconds since the epoch.
     pub lease_until_ms: u64,

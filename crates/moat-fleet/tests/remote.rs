@@ -113,7 +113,7 @@ struct Router {
 impl Answer for Router {
     async fn answer(self: Arc<Self>, conn: Packets) -> io::Result<()> {
         let Some(msg) = conn.recv(MAX_REQUEST).await? else { return Ok(()) };
-        let link = self.dialer.dial("n1", self.node).await.map_err(io::Error::other)?;
+        let link = self.dialer.dial("n1", &self.node.to_string()).await.map_err(io::Error::other)?;
         if let Forwarded::Declined(err) = link.forward(&conn, &msg.bytes, |e| e.status == 3).await? {
             self.declined.send(err).unwrap();
         }
@@ -261,11 +261,11 @@ async fn only_members_of_the_right_role_are_answered() {
     // The router refuses a node whose certificate is not the node it dialed,
     // or not a member's.
     let dialer = Dialer::new(f.front.client_config().unwrap(), Peers::new(f.members.clone()));
-    assert!(matches!(dialer.dial("n2", f.node).await, Err(DialError::Handshake { .. })));
+    assert!(matches!(dialer.dial("n2", &f.node.to_string()).await, Err(DialError::Handshake { .. })));
     let mut revoked = f.members.0.lock().unwrap().clone();
     revoked.retain(|_, m| m.role != Role::Node);
     let dialer = Dialer::new(f.front.client_config().unwrap(), Peers::new(Arc::new(Members(Mutex::new(revoked)))));
-    match dialer.dial("n1", f.node).await {
+    match dialer.dial("n1", &f.node.to_string()).await {
         Err(DialError::Peer { source: PeerError::NotMember(_), .. }) => {}
         other => panic!("{:?}", other.err()),
     }
