@@ -5,7 +5,9 @@
 //! - `Authorize` is answered here, from the keys imported into the store;
 //! - a request naming a box goes to that box's node (looked up in the store
 //!   and remembered; forgotten when the node declines it, as it does for a
-//!   box that is no longer its own);
+//!   box that is no longer its own); when that node is lost, what the store
+//!   alone answers (`info`, the route of a user name, usage) goes to any
+//!   live node, and the rest is refused naming the node;
 //! - `Create` goes to the live, uncordoned node with the most room, then the
 //!   next when a node answers that it is full;
 //! - anything else (the account's list, usage, secrets, whoami) to any live node.
@@ -164,6 +166,10 @@ impl<S: FleetStore> Router<S> {
                 let fresh = self.nodes(true).await?;
                 if fresh.iter().find(|n| n.name == place.node).is_none_or(|n| !n.live(now_ms())) {
                     self.forget(account, name);
+                    // What the store knows of it any node tells (`info` shows it node-lost).
+                    if reads_store(op) {
+                        return self.to_any(conn, request).await;
+                    }
                     let lapsed = now.saturating_sub(node.lease_until_ms) / 1000;
                     let why = format!("its lease lapsed {lapsed} s ago");
                     return Err(RouteError::Lost { name: name.clone(), node: place.node, why });
@@ -264,6 +270,12 @@ impl<S: FleetStore> Answer for Router<S> {
         let bytes = serde_json::to_vec(&Event::Outcome(outcome)).map_err(io::Error::other)?;
         conn.send(&bytes, &[]).await
     }
+}
+
+/// Whether a request about a box is answered from the store alone, so that
+/// any node answers it when the box's node is lost.
+fn reads_store(op: &Op) -> bool {
+    matches!(op, Op::Route { .. } | Op::Get { .. } | Op::Usage { .. })
 }
 
 /// The box a request acts on, if it names one: the node holding it answers.

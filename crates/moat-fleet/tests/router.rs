@@ -84,7 +84,8 @@ impl Answer for Core {
                 self.boxes.lock().unwrap().insert(name);
                 Ok(Reply::Name(Name::new(self.node).unwrap()))
             }
-            Op::Get { name } | Op::Stop { name } if !self.boxes.lock().unwrap().contains(&name) => {
+            // (`Get` reads the store: any node answers it.)
+            Op::Stop { name } if !self.boxes.lock().unwrap().contains(&name) => {
                 elsewhere(format!("box {name} is not on node {}", self.node))
             }
             _ => Ok(Reply::Name(Name::new(self.node).unwrap())),
@@ -234,8 +235,10 @@ async fn a_lost_node_and_an_unreachable_store_are_one_line() {
     f.place("db", 0);
     // Its lease lapsed 14 s ago.
     f.store.nodes.lock().unwrap()[1].lease_until_ms = moat_core::clock::now_ms() - 14_200;
-    let lost = f.client.call(&act(Op::Get { name: name("web") })).await.unwrap_err();
+    let lost = f.client.call(&act(Op::Stop { name: name("web") })).await.unwrap_err();
     assert_eq!(lost.message, "box web is on node n2, which is not answering (its lease lapsed 14 s ago)");
+    // What the store says of it (node-lost) any live node tells.
+    assert_eq!(f.answered_by(&act(Op::Get { name: name("web") })).await.unwrap(), "n1");
     // Account-wide requests go to the live one only.
     for _ in 0..3 {
         assert_eq!(f.answered_by(&act(Op::List)).await.unwrap(), "n1");
@@ -247,7 +250,7 @@ async fn a_lost_node_and_an_unreachable_store_are_one_line() {
         nodes[1] = node_state("n2", closed.to_string(), 1);
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let lost = f.client.call(&act(Op::Get { name: name("web") })).await.unwrap_err();
+    let lost = f.client.call(&act(Op::Stop { name: name("web") })).await.unwrap_err();
     let refused =
         format!("box web is on node n2, which is not answering ({closed}: Connection refused (os error 111))");
     assert_eq!(lost.message, refused);
