@@ -16,6 +16,7 @@ packages=(
   git python3-paramiko python3-asyncssh ansible-core   # client software the e2e suite drives
   qemu-system-x86 linux-image-cloud-amd64 cpio   # microVM guests: QEMU, the guest kernel, initramfs
   lz4 zstd xz-utils               # to unpack a guest kernel once (its format decides which)
+  postgresql                      # PostgreSQL 15: the store's tests on its second engine (a private cluster, no service)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,8 +1,7 @@
 //! The egress audit log, kept by the privileged side: what the gateway saw
 //! each box try, and what it decided. Bounded: the oldest entries go first.
 
-use rusqlite::params;
-
+use super::sql::args;
 use super::{Store, StoreError};
 use crate::egress::LogEntry;
 use crate::ids::BoxId;
@@ -16,30 +15,31 @@ pub const MAX_READ: usize = 10_000;
 impl Store {
     /// Appends entries, dropping the oldest beyond [`MAX_ENTRIES`].
     pub fn append_egress(&self, entries: &[(BoxId, LogEntry)]) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        {
-            let mut insert = tx.prepare_cached("INSERT INTO egress_log (box_id, at_ms, entry) VALUES (?1, ?2, ?3)")?;
+        self.transaction(|tx| {
             for (id, entry) in entries {
                 let text = serde_json::to_string(entry).map_err(|_| StoreError::Corrupt(id.to_string()))?;
-                insert.execute(params![id.as_str(), entry.at_ms as i64, text])?;
+                tx.execute(
+                    "INSERT INTO egress_log (box_id, at_ms, entry) VALUES (?1, ?2, ?3)",
+                    &args![id.as_str(), entry.at_ms, text],
+                )?;
             }
-        }
-        tx.execute("DELETE FROM egress_log WHERE rowid <= (SELECT MAX(rowid) FROM egress_log) - ?1", [MAX_ENTRIES])?;
-        tx.commit()?;
-        Ok(())
+            tx.execute(
+                "DELETE FROM egress_log WHERE rowid <= (SELECT MAX(rowid) FROM egress_log) - ?1",
+                &args![MAX_ENTRIES],
+            )?;
+            Ok(())
+        })
     }
 
     /// A box's entries since `since_ms`, oldest first (at most [`MAX_READ`], the newest).
     pub fn egress_since(&self, id: &BoxId, since_ms: u64) -> Result<Vec<LogEntry>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
+        let rows = self.query(
             "SELECT entry FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 ORDER BY rowid DESC LIMIT ?3",
+            &args![id.as_str(), since_ms, MAX_READ as u64],
         )?;
-        let rows = stmt.query_map(params![id.as_str(), since_ms as i64, MAX_READ as i64], |r| r.get::<_, String>(0))?;
         let mut out = Vec::new();
-        for text in rows {
-            if let Ok(entry) = serde_json::from_str(&text?) {
+        for row in rows {
+            if let Ok(entry) = serde_json::from_str(&row.get::<String>(0)?) {
                 out.push(entry);
             }
         }
@@ -49,7 +49,44 @@ impl Store {
 
     /// Forgets a removed box's entries.
     pub fn forget_egress(&self, id: &BoxId) -> Result<(), StoreError> {
-        self.conn().execute("DELETE FROM egress_log WHERE box_id = ?1", [id.as_str()])?;
+        self.execute("DELETE FROM egress_log WHERE box_id = ?1", &args![id.as_str()])?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egress::{LogKind, LogVerdict};
+    use crate::store::testing::{on_both_engines, TestDb};
+
+    on_both_engines!(entries_read_back_per_box_oldest_first);
+
+    fn entries_read_back_per_box_oldest_first(db: &TestDb) {
+        let store = db.open();
+        let entry = |at_ms, name: &str| LogEntry {
+            at_ms,
+            kind: LogKind::Dns,
+            name: name.into(),
+            port: 0,
+            method: None,
+            target: None,
+            verdict: LogVerdict::Allow,
+            rule: None,
+            reason: None,
+            sent: 0,
+            received: 0,
+            secret: None,
+            tokens: None,
+        };
+        let (a, b) = (BoxId::random(), BoxId::random());
+        store.append_egress(&[(a.clone(), entry(1, "one")), (b.clone(), entry(2, "other"))]).unwrap();
+        store.append_egress(&[(a.clone(), entry(3, "three"))]).unwrap();
+        let names = |got: Vec<LogEntry>| got.into_iter().map(|e| e.name).collect::<Vec<_>>();
+        assert_eq!(names(store.egress_since(&a, 0).unwrap()), ["one", "three"]);
+        assert_eq!(names(store.egress_since(&a, 2).unwrap()), ["three"]);
+        store.forget_egress(&a).unwrap();
+        assert!(store.egress_since(&a, 0).unwrap().is_empty());
+        assert_eq!(names(store.egress_since(&b, 0).unwrap()), ["other"]);
     }
 }

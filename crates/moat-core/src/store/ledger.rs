@@ -5,9 +5,9 @@
 //! the meter last saw are kept too, so a daemon restart neither loses nor
 //! double-counts anything, and totals never run backwards.
 
-use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
+use super::sql::args;
 use super::{Store, StoreError};
 use crate::ids::{AccountId, BoxId, Name};
 
@@ -59,12 +59,9 @@ pub struct Usage {
 impl Store {
     /// What the meter last read for box `id`.
     pub fn meter_state(&self, id: &BoxId) -> Result<Option<MeterState>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row("SELECT last_cpu_ns, last_at_ms FROM meter_state WHERE box_id = ?1", params![id.as_str()], |r| {
-                Ok(MeterState { last_cpu_ns: r.get::<_, i64>(0)? as u64, last_at_ms: r.get::<_, i64>(1)? as u64 })
-            })
-            .optional()?)
+        let sql = "SELECT last_cpu_ns, last_at_ms FROM meter_state WHERE box_id = ?1";
+        let row = self.query_row(sql, &args![id.as_str()])?;
+        row.map(|r| Ok(MeterState { last_cpu_ns: r.get(0)?, last_at_ms: r.get(1)? })).transpose()
     }
 
     /// Records a sample and the new meter state, in one transaction.
@@ -76,29 +73,28 @@ impl Store {
         sample: &Sample,
         state: MeterState,
     ) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![
-                (sample.at_ms / 1000) as i64,
-                id.as_str(),
-                account.0,
-                name.as_str(),
-                sample.cpu_ns as i64,
-                sample.mem_byte_ms,
-                sample.running_ms as i64,
-                sample.suspended_ms as i64
-            ],
-        )?;
-        tx.execute(
-            "INSERT INTO meter_state (box_id, last_cpu_ns, last_at_ms) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (box_id) DO UPDATE SET last_cpu_ns = ?2, last_at_ms = ?3",
-            params![id.as_str(), state.last_cpu_ns as i64, state.last_at_ms as i64],
-        )?;
-        tx.commit()?;
-        Ok(())
+        self.transaction(|tx| {
+            tx.execute(
+                "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                &args![
+                    sample.at_ms / 1000,
+                    id.as_str(),
+                    &account.0,
+                    name.as_str(),
+                    sample.cpu_ns,
+                    sample.mem_byte_ms,
+                    sample.running_ms,
+                    sample.suspended_ms
+                ],
+            )?;
+            tx.execute(
+                "INSERT INTO meter_state (box_id, last_cpu_ns, last_at_ms) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (box_id) DO UPDATE SET last_cpu_ns = ?2, last_at_ms = ?3",
+                &args![id.as_str(), state.last_cpu_ns, state.last_at_ms],
+            )?;
+            Ok(())
+        })
     }
 
     /// Bills bytes a box moved through the egress gateway (a row of their own,
@@ -112,10 +108,10 @@ impl Store {
         sent: u64,
         received: u64,
     ) -> Result<(), StoreError> {
-        self.conn().execute(
+        self.execute(
             "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms, \
              egress_sent, egress_received) VALUES (?1, ?2, ?3, ?4, 0, 0, 0, 0, ?5, ?6)",
-            params![(at_ms / 1000) as i64, id.as_str(), account.0, name.as_str(), sent as i64, received as i64],
+            &args![at_ms / 1000, id.as_str(), &account.0, name.as_str(), sent, received],
         )?;
         Ok(())
     }
@@ -123,31 +119,25 @@ impl Store {
     /// The account's usage per box since `since` (seconds since the epoch),
     /// optionally for one box name only, ordered by name.
     pub fn usage(&self, account: &AccountId, since: u64, name: Option<&Name>) -> Result<Vec<Usage>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
-            "SELECT (SELECT s2.name FROM usage_samples s2 WHERE s2.box_id = s.box_id ORDER BY s2.at DESC, s2.rowid DESC LIMIT 1), \
-                    SUM(cpu_ns), SUM(mem_byte_ms), SUM(running_ms), SUM(suspended_ms), \
-                    SUM(egress_sent), SUM(egress_received) \
+        // Sums of integers are cast back to integers: PostgreSQL makes them `numeric`.
+        let rows = self.query(
+            "SELECT (SELECT s2.name FROM usage_samples s2 WHERE s2.box_id = s.box_id \
+                     ORDER BY s2.at DESC, s2.rowid DESC LIMIT 1), \
+                    CAST(SUM(cpu_ns) AS BIGINT), SUM(mem_byte_ms), CAST(SUM(running_ms) AS BIGINT), \
+                    CAST(SUM(suspended_ms) AS BIGINT), CAST(SUM(egress_sent) AS BIGINT), \
+                    CAST(SUM(egress_received) AS BIGINT) \
              FROM usage_samples s WHERE account = ?1 AND at >= ?2 GROUP BY box_id",
+            &args![&account.0, since],
         )?;
-        let rows = stmt.query_map(params![account.0, since as i64], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, f64>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, i64>(4)?,
-                r.get::<_, i64>(5)?,
-                r.get::<_, i64>(6)?,
-            ))
-        })?;
         let mut out = Vec::new();
         for row in rows {
-            let (box_name, cpu, mem, running, suspended, sent, received) = row?;
-            let Ok(box_name) = Name::new(&box_name) else { continue };
+            let Ok(box_name) = Name::new(&row.get::<String>(0)?) else { continue };
             if name.is_some_and(|n| *n != box_name) {
                 continue;
             }
+            let (cpu, mem, running, suspended): (i64, f64, i64, i64) =
+                (row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?);
+            let (sent, received): (i64, i64) = (row.get(5)?, row.get(6)?);
             out.push(Usage {
                 name: box_name,
                 cpu_seconds: cpu as f64 / 1e9,
@@ -164,13 +154,13 @@ impl Store {
 
     /// Notes that box `id`'s CPU counter restarted from zero (it rebooted).
     pub fn reset_meter_cpu(&self, id: &BoxId) -> Result<(), StoreError> {
-        self.conn().execute("UPDATE meter_state SET last_cpu_ns = 0 WHERE box_id = ?1", params![id.as_str()])?;
+        self.execute("UPDATE meter_state SET last_cpu_ns = 0 WHERE box_id = ?1", &args![id.as_str()])?;
         Ok(())
     }
 
     /// Forgets the meter's last reading of a removed box (its samples stay).
     pub fn forget_meter(&self, id: &BoxId) -> Result<(), StoreError> {
-        self.conn().execute("DELETE FROM meter_state WHERE box_id = ?1", params![id.as_str()])?;
+        self.execute("DELETE FROM meter_state WHERE box_id = ?1", &args![id.as_str()])?;
         Ok(())
     }
 }
@@ -178,16 +168,16 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::testing::{on_both_engines, TestDb};
 
-    #[test]
-    fn samples_add_up_per_box_and_survive_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.db");
+    on_both_engines!(samples_add_up_per_box_and_survive_reopen);
+
+    fn samples_add_up_per_box_and_survive_reopen(db: &TestDb) {
         let a = AccountId("a".into());
-        let (web, db) = (Name::new("web").unwrap(), Name::new("db").unwrap());
+        let (web, data) = (Name::new("web").unwrap(), Name::new("db").unwrap());
         let (w, d) = (BoxId::random(), BoxId::random());
         {
-            let store = Store::open(&path).unwrap();
+            let store = db.open();
             let s = |at_ms, cpu_ns, running_ms, suspended_ms| Sample {
                 at_ms,
                 cpu_ns,
@@ -198,10 +188,10 @@ mod tests {
             let st = MeterState { last_cpu_ns: 0, last_at_ms: 0 };
             store.record_usage(&w, &a, &web, &s(1_000_000, 2_000_000_000, 10_000, 0), st).unwrap();
             store.record_usage(&w, &a, &web, &s(2_000_000, 1_000_000_000, 0, 5_000), st).unwrap();
-            store.record_usage(&d, &a, &db, &s(3_000_000, 500_000_000, 1_000, 0), st).unwrap();
-            store.record_usage(&d, &AccountId("b".into()), &db, &s(3_000_000, 9, 9, 9), st).unwrap();
+            store.record_usage(&d, &a, &data, &s(3_000_000, 500_000_000, 1_000, 0), st).unwrap();
+            store.record_usage(&d, &AccountId("b".into()), &data, &s(3_000_000, 9, 9, 9), st).unwrap();
         }
-        let store = Store::open(&path).unwrap();
+        let store = db.open();
         let all = store.usage(&a, 0, None).unwrap();
         assert_eq!(all.len(), 2);
         assert_eq!(all[1].name, web);

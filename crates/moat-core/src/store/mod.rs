@@ -1,6 +1,8 @@
-//! The state store: one SQLite database under the state dir. Its tables
-//! are in [`schema`]; beside the boxes kept here, the usage [`ledger`], the
-//! [`egress_log`] and sealed [`secrets`] are stores of their own.
+//! The state store: one database, SQLite under the state dir on a single
+//! host or PostgreSQL shared by a fleet, reached through [`sql`], the one
+//! data-access layer both engines sit behind. Its tables are in [`schema`];
+//! beside the boxes kept here, the usage [`ledger`], the [`egress_log`] and
+//! sealed [`secrets`] are stores of their own.
 //!
 //! Every change is one transaction, so a crash leaves either the old or the new
 //! row; the manager rolls back boxes left in `creating`.
@@ -9,12 +11,14 @@ pub mod egress_log;
 pub mod ledger;
 mod schema;
 pub mod secrets;
+mod sql;
+#[cfg(test)]
+mod testing;
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
-
+use self::sql::{args, Db, Engine, Exec, Row, Value};
 use crate::backend::BackendKind;
 use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::Limits;
@@ -24,9 +28,30 @@ use crate::record::{BoxRecord, BoxState, MAX_SLOTS, SLOTS_PER_BLOCK};
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database itself failed.
+    /// The SQLite database itself failed.
     #[error("state database")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL refused a statement.
+    #[error("state store (PostgreSQL)")]
+    Postgres(#[source] postgres::Error),
+    /// PostgreSQL cannot be reached; the message names the server (never its
+    /// password). The next call tries again.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The store's address does not parse.
+    #[error("state store address: {0}")]
+    Dsn(String),
+    /// A column holds something the store never writes there.
+    #[error("state database: {0}")]
+    Column(String),
+    /// The database was last opened by a newer moat.
+    #[error("the state database is from a newer moat (schema version {found}; this moat knows up to {known})")]
+    Newer {
+        /// The database's version.
+        found: u32,
+        /// This moat's.
+        known: u32,
+    },
     /// The account already has a box by this name.
     #[error("a box named {0} already exists")]
     NameTaken(Name),
@@ -38,9 +63,9 @@ pub enum StoreError {
     Corrupt(String),
 }
 
-/// The SQLite-backed store. Calls are short; a mutex serializes them.
+/// The state store, on either engine.
 pub struct Store {
-    conn: Mutex<Connection>,
+    db: Db,
     /// The uid slots this server may hand out (see [`SLOTS_PER_BLOCK`]).
     slots: std::ops::Range<u32>,
 }
@@ -51,20 +76,60 @@ const COLUMNS: &str = "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pid
 /// `boxes` as `b`, with each box's parent (if it still exists) as `p`.
 const FROM: &str = "boxes b LEFT JOIN boxes p ON p.id = b.parent";
 
+/// Any number, the same in every moat: held (PostgreSQL) while a box is
+/// added, so that two nodes never pick the same slot or overfill a node.
+const INSERT_LOCK: i64 = 0x6d6f_6174_0002;
+
 impl Store {
-    /// Opens (creating if needed) the database at `path`.
+    /// Opens (creating if needed) the SQLite database at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)?;
+        let conn = rusqlite::Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        schema::apply(&conn)?;
-        Ok(Self { conn: Mutex::new(conn), slots: 0..SLOTS_PER_BLOCK })
+        Self::on(Db::Sqlite(Mutex::new(conn)))
+    }
+
+    /// Connects to the PostgreSQL database at `dsn`
+    /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`), bringing its
+    /// tables up to date. Fails with [`StoreError::Unreachable`] if it cannot
+    /// be reached within about two seconds.
+    pub fn connect(dsn: &str) -> Result<Self, StoreError> {
+        Self::on(Db::Postgres(sql::Postgres::new(dsn)?))
+    }
+
+    fn on(db: Db) -> Result<Self, StoreError> {
+        schema::migrate(&db)?;
+        Ok(Self { db, slots: 0..SLOTS_PER_BLOCK })
+    }
+
+    /// Runs one statement; how many rows it changed.
+    pub(crate) fn execute(&self, sql: &str, args: &[Value]) -> Result<u64, StoreError> {
+        self.db.with(|c| c.execute(sql, args))
+    }
+
+    /// Runs one query; every row it returns.
+    pub(crate) fn query(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
+        self.db.with(|c| c.query(sql, args))
+    }
+
+    /// The first row a query returns, if any.
+    pub(crate) fn query_row(&self, sql: &str, args: &[Value]) -> Result<Option<Row>, StoreError> {
+        self.db.with(|c| c.query_row(sql, args))
+    }
+
+    /// Runs `f` in one transaction: committed if it returns `Ok`, rolled back if not.
+    pub(crate) fn transaction<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Exec) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.db.transaction(f)
     }
 
     /// The block of uid slots the boxes already here use, if any.
     pub fn slot_block_in_use(&self) -> Result<Option<u32>, StoreError> {
-        let lowest: Option<u32> = self.conn().query_row("SELECT MIN(slot) FROM boxes", [], |r| r.get(0))?;
+        let lowest = self.query_row("SELECT MIN(slot) FROM boxes", &[])?;
+        let lowest: Option<u32> = lowest.map(|r| r.get(0)).transpose()?.flatten();
         Ok(lowest.map(|slot| slot / SLOTS_PER_BLOCK))
     }
 
@@ -74,16 +139,12 @@ impl Store {
     /// files on disk do not depend on it (they are mapped at mount time).
     pub fn use_slot_block(&mut self, block: u32) -> Result<(), StoreError> {
         let slots = block * SLOTS_PER_BLOCK..(block + 1) * SLOTS_PER_BLOCK;
-        self.conn().execute(
+        self.execute(
             "UPDATE boxes SET slot = ?1 + slot % ?3 WHERE slot < ?1 OR slot >= ?2",
-            params![slots.start, slots.end, SLOTS_PER_BLOCK],
+            &args![slots.start, slots.end, SLOTS_PER_BLOCK],
         )?;
         self.slots = slots;
         Ok(())
-    }
-
-    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds a box in state `creating`, giving it the lowest free uid slot.
@@ -107,11 +168,8 @@ impl Store {
 
     /// A box's egress policy (none stored: reaches nothing).
     pub fn policy(&self, id: &BoxId) -> Result<Policy, StoreError> {
-        let text: Option<String> = self
-            .conn()
-            .query_row("SELECT policy FROM policies WHERE box_id = ?1", params![id.as_str()], |r| r.get(0))
-            .optional()?;
-        match text {
+        let row = self.query_row("SELECT policy FROM policies WHERE box_id = ?1", &args![id.as_str()])?;
+        match row.map(|r| r.get::<String>(0)).transpose()? {
             None => Ok(Policy::default()),
             Some(text) => serde_json::from_str(&text).map_err(|_| StoreError::Corrupt(id.to_string())),
         }
@@ -120,11 +178,7 @@ impl Store {
     /// Sets a box's egress policy.
     pub fn set_policy(&self, id: &BoxId, policy: &Policy) -> Result<(), StoreError> {
         let text = serde_json::to_string(policy).map_err(|_| StoreError::Corrupt(id.to_string()))?;
-        self.conn().execute(
-            "INSERT INTO policies (box_id, policy) VALUES (?1, ?2) \
-             ON CONFLICT (box_id) DO UPDATE SET policy = excluded.policy",
-            params![id.as_str(), text],
-        )?;
+        self.execute(SET_POLICY, &args![id.as_str(), text])?;
         Ok(())
     }
 
@@ -138,67 +192,62 @@ impl Store {
         policy: &Policy,
     ) -> Result<BoxRecord, StoreError> {
         let policy = serde_json::to_string(policy).map_err(|_| StoreError::Corrupt(name.to_string()))?;
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        refuse_taken(&tx, account, name)?;
-        let slot = {
-            let mut stmt = tx.prepare("SELECT slot FROM boxes WHERE slot >= ?1 ORDER BY slot")?;
-            let used = stmt.query_map([self.slots.start], |r| r.get::<_, u32>(0))?;
-            let mut next = self.slots.start;
-            for s in used {
-                if s? != next {
+        self.transaction(|tx| {
+            if tx.engine() == Engine::Postgres {
+                tx.execute("SELECT pg_advisory_xact_lock(?1)", &args![INSERT_LOCK])?;
+            }
+            refuse_taken(tx, account, name)?;
+            let used = tx.query("SELECT slot FROM boxes WHERE slot >= ?1 ORDER BY slot", &args![self.slots.start])?;
+            let mut slot = self.slots.start;
+            for row in used {
+                if row.get::<u32>(0)? != slot {
                     break;
                 }
-                next += 1;
+                slot += 1;
             }
-            next
-        };
-        if slot >= self.slots.end.min(MAX_SLOTS) {
-            return Err(StoreError::NoSlot);
-        }
-        let rec = BoxRecord {
-            id: BoxId::random(),
-            account: account.clone(),
-            name: name.clone(),
-            image: image.clone(),
-            limits,
-            backend,
-            slot,
-            state: BoxState::Creating,
-            pid: None,
-            created_at,
-            parent: parent.map(|p| p.id.clone()),
-            parent_name: parent.map(|p| p.name.clone()),
-            idle: None,
-            keep_running: false,
-            state_since: created_at,
-        };
-        tx.execute(
-            "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, parent, \
-             state_since, backend) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11, ?14)",
-            params![
-                rec.id.as_str(),
-                account.0,
-                name.as_str(),
-                image.as_str(),
-                limits.cpus,
-                limits.memory as i64,
-                limits.pids,
+            if slot >= self.slots.end.min(MAX_SLOTS) {
+                return Err(StoreError::NoSlot);
+            }
+            let rec = BoxRecord {
+                id: BoxId::random(),
+                account: account.clone(),
+                name: name.clone(),
+                image: image.clone(),
+                limits,
+                backend,
                 slot,
-                rec.state.as_str(),
-                None::<u32>,
-                created_at as i64,
-                limits.disk as i64,
-                rec.parent.as_ref().map(BoxId::as_str),
-                backend.as_str(),
-            ],
-        )?;
-        tx.execute(
-            "INSERT OR REPLACE INTO policies (box_id, policy) VALUES (?1, ?2)",
-            params![rec.id.as_str(), policy],
-        )?;
-        tx.commit()?;
-        Ok(rec)
+                state: BoxState::Creating,
+                pid: None,
+                created_at,
+                parent: parent.map(|p| p.id.clone()),
+                parent_name: parent.map(|p| p.name.clone()),
+                idle: None,
+                keep_running: false,
+                state_since: created_at,
+            };
+            tx.execute(
+                "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, \
+                 parent, state_since, backend) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11, ?14)",
+                &args![
+                    rec.id.as_str(),
+                    &account.0,
+                    name.as_str(),
+                    image.as_str(),
+                    limits.cpus,
+                    limits.memory,
+                    limits.pids,
+                    slot,
+                    rec.state.as_str(),
+                    None::<u32>,
+                    created_at,
+                    limits.disk,
+                    rec.parent.as_ref().map(BoxId::as_str),
+                    backend.as_str(),
+                ],
+            )?;
+            tx.execute(SET_POLICY, &args![rec.id.as_str(), policy])?;
+            Ok(rec)
+        })
     }
 
     /// Gives box `id`, booted ahead of demand (still `creating`, under the
@@ -214,18 +263,16 @@ impl Store {
         pid: Option<u32>,
     ) -> Result<BoxRecord, StoreError> {
         let policy_text = serde_json::to_string(policy).map_err(|_| StoreError::Corrupt(name.to_string()))?;
-        {
-            let mut conn = self.conn();
-            let tx = conn.transaction()?;
-            refuse_taken(&tx, account, name)?;
+        self.transaction(|tx| {
+            refuse_taken(tx, account, name)?;
             let changed = tx.execute(
                 "UPDATE boxes SET account = ?2, name = ?3, created_at = ?4, state_since = ?4, state = ?5, pid = ?6 \
                  WHERE id = ?1 AND state = ?7 AND account = ?8",
-                params![
+                &args![
                     id.as_str(),
-                    account.0,
+                    &account.0,
                     name.as_str(),
-                    created_at as i64,
+                    created_at,
                     BoxState::Running.as_str(),
                     pid,
                     BoxState::Creating.as_str(),
@@ -235,190 +282,153 @@ impl Store {
             if changed != 1 {
                 return Err(StoreError::Corrupt(id.to_string()));
             }
-            tx.execute(
-                "INSERT OR REPLACE INTO policies (box_id, policy) VALUES (?1, ?2)",
-                params![id.as_str(), policy_text],
-            )?;
-            tx.commit()?;
-        }
+            tx.execute(SET_POLICY, &args![id.as_str(), policy_text])?;
+            Ok(())
+        })?;
         self.get_by_id(id)?.ok_or_else(|| StoreError::Corrupt(id.to_string()))
     }
 
     /// The account's box called `name`.
     pub fn get(&self, account: &AccountId, name: &Name) -> Result<Option<BoxRecord>, StoreError> {
-        let conn = self.conn();
-        let row = conn
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM {FROM} WHERE b.account = ?1 AND b.name = ?2"),
-                params![account.0, name.as_str()],
-                |r| Ok(from_row(r)),
-            )
-            .optional()?;
-        row.transpose()
+        let sql = format!("SELECT {COLUMNS} FROM {FROM} WHERE b.account = ?1 AND b.name = ?2");
+        self.query_row(&sql, &args![&account.0, name.as_str()])?.map(|r| from_row(&r)).transpose()
     }
 
     /// The account's boxes, by name; every box when `account` is `None`.
     pub fn list(&self, account: Option<&AccountId>) -> Result<Vec<BoxRecord>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {COLUMNS} FROM {FROM} WHERE ?1 IS NULL OR b.account = ?1 ORDER BY b.name, b.account"
-        ))?;
-        let rows = stmt.query_map(params![account.map(|a| a.0.as_str())], |r| Ok(from_row(r)))?;
-        rows.map(|r| r?).collect()
+        let sql = format!(
+            "SELECT {COLUMNS} FROM {FROM} WHERE b.account = COALESCE(?1, b.account) ORDER BY b.name, b.account"
+        );
+        self.query(&sql, &args![account.map(|a| a.0.as_str())])?.iter().map(from_row).collect()
     }
 
     /// Records a state change, with the PID 1 of a running box.
     pub fn set_state(&self, id: &BoxId, state: BoxState, pid: Option<u32>) -> Result<(), StoreError> {
-        self.conn().execute(
+        self.execute(
             "UPDATE boxes SET state = ?2, pid = ?3, state_since = ?4 WHERE id = ?1",
-            params![id.as_str(), state.as_str(), pid, crate::clock::now() as i64],
+            &args![id.as_str(), state.as_str(), pid, crate::clock::now()],
         )?;
         Ok(())
     }
 
     /// Sets a box's idle grace (`None`: the daemon's default).
     pub fn set_idle(&self, id: &BoxId, idle: Option<u32>) -> Result<(), StoreError> {
-        self.conn().execute("UPDATE boxes SET idle = ?2 WHERE id = ?1", params![id.as_str(), idle])?;
+        self.execute("UPDATE boxes SET idle = ?2 WHERE id = ?1", &args![id.as_str(), idle])?;
         Ok(())
     }
 
     /// Exempts a box from suspension, or not.
     pub fn set_keep_running(&self, id: &BoxId, on: bool) -> Result<(), StoreError> {
-        self.conn().execute("UPDATE boxes SET keep_running = ?2 WHERE id = ?1", params![id.as_str(), on])?;
+        self.execute("UPDATE boxes SET keep_running = ?2 WHERE id = ?1", &args![id.as_str(), on])?;
         Ok(())
     }
 
     /// The box with host id `id`.
     pub fn get_by_id(&self, id: &BoxId) -> Result<Option<BoxRecord>, StoreError> {
-        let conn = self.conn();
-        let row = conn
-            .query_row(&format!("SELECT {COLUMNS} FROM {FROM} WHERE b.id = ?1"), params![id.as_str()], |r| {
-                Ok(from_row(r))
-            })
-            .optional()?;
-        row.transpose()
+        let sql = format!("SELECT {COLUMNS} FROM {FROM} WHERE b.id = ?1");
+        self.query_row(&sql, &args![id.as_str()])?.map(|r| from_row(&r)).transpose()
     }
 
     /// Promotes `child` over `parent`: in one transaction, the parent takes the
     /// name `parent_new_name` and the child takes the parent's name.
     pub fn promote(&self, child: &BoxRecord, parent: &BoxRecord, parent_new_name: &Name) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let taken = tx
-            .query_row(
-                "SELECT 1 FROM boxes WHERE account = ?1 AND name = ?2",
-                params![parent.account.0, parent_new_name.as_str()],
-                |_| Ok(()),
-            )
-            .optional()?;
-        if taken.is_some() {
-            return Err(StoreError::NameTaken(parent_new_name.clone()));
-        }
-        tx.execute("UPDATE boxes SET name = ?2 WHERE id = ?1", params![parent.id.as_str(), parent_new_name.as_str()])?;
-        tx.execute("UPDATE boxes SET name = ?2 WHERE id = ?1", params![child.id.as_str(), parent.name.as_str()])?;
-        tx.execute(
-            "INSERT OR IGNORE INTO retired_names (account, name) VALUES (?1, ?2)",
-            params![child.account.0, child.name.as_str()],
-        )?;
-        tx.commit()?;
-        Ok(())
+        self.transaction(|tx| {
+            refuse_taken(tx, &parent.account, parent_new_name)?;
+            let rename = "UPDATE boxes SET name = ?2 WHERE id = ?1";
+            tx.execute(rename, &args![parent.id.as_str(), parent_new_name.as_str()])?;
+            tx.execute(rename, &args![child.id.as_str(), parent.name.as_str()])?;
+            tx.execute(RETIRE_NAME, &args![&child.account.0, child.name.as_str()])?;
+            Ok(())
+        })
     }
 
     /// Notes that the account's box `name` is gone.
     pub fn retire_name(&self, account: &AccountId, name: &Name) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT OR IGNORE INTO retired_names (account, name) VALUES (?1, ?2)",
-            params![account.0, name.as_str()],
-        )?;
+        self.execute(RETIRE_NAME, &args![&account.0, name.as_str()])?;
         Ok(())
     }
 
     /// Whether the account's box `name` once existed (it may exist again).
     pub fn is_retired(&self, account: &AccountId, name: &Name) -> Result<bool, StoreError> {
-        let found = self
-            .conn()
-            .query_row(
-                "SELECT 1 FROM retired_names WHERE account = ?1 AND name = ?2",
-                params![account.0, name.as_str()],
-                |_| Ok(()),
-            )
-            .optional()?;
-        Ok(found.is_some())
+        let sql = "SELECT 1 FROM retired_names WHERE account = ?1 AND name = ?2";
+        Ok(self.query_row(sql, &args![&account.0, name.as_str()])?.is_some())
     }
 
     /// Forgets a box.
     pub fn delete(&self, id: &BoxId) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute("DELETE FROM boxes WHERE id = ?1", params![id.as_str()])?;
-        tx.execute("DELETE FROM policies WHERE box_id = ?1", params![id.as_str()])?;
-        tx.execute("DELETE FROM secret_grants WHERE box_id = ?1", params![id.as_str()])?;
-        tx.execute("DELETE FROM secret_limits WHERE box_id = ?1", params![id.as_str()])?;
-        tx.commit()?;
-        Ok(())
+        self.transaction(|tx| {
+            for table in
+                ["boxes WHERE id", "policies WHERE box_id", "secret_grants WHERE box_id", "secret_limits WHERE box_id"]
+            {
+                tx.execute(&format!("DELETE FROM {table} = ?1"), &args![id.as_str()])?;
+            }
+            Ok(())
+        })
     }
 }
 
+/// Sets a box's policy, whether or not it had one.
+const SET_POLICY: &str = "INSERT INTO policies (box_id, policy) VALUES (?1, ?2) \
+                          ON CONFLICT (box_id) DO UPDATE SET policy = excluded.policy";
+
+/// Notes a name an account's box no longer has.
+const RETIRE_NAME: &str = "INSERT INTO retired_names (account, name) VALUES (?1, ?2) ON CONFLICT DO NOTHING";
+
 /// Refuses `name` if `account` has a box by it already.
-fn refuse_taken(tx: &rusqlite::Transaction<'_>, account: &AccountId, name: &Name) -> Result<(), StoreError> {
-    let taken = tx
-        .query_row("SELECT 1 FROM boxes WHERE account = ?1 AND name = ?2", params![account.0, name.as_str()], |_| {
-            Ok(true)
-        })
-        .optional()?
-        .unwrap_or(false);
-    if taken {
+fn refuse_taken(tx: &mut dyn Exec, account: &AccountId, name: &Name) -> Result<(), StoreError> {
+    let sql = "SELECT 1 FROM boxes WHERE account = ?1 AND name = ?2";
+    if tx.query_row(sql, &args![&account.0, name.as_str()])?.is_some() {
         return Err(StoreError::NameTaken(name.clone()));
     }
     Ok(())
 }
 
-fn from_row(r: &Row<'_>) -> Result<BoxRecord, StoreError> {
+fn from_row(r: &Row) -> Result<BoxRecord, StoreError> {
     let id: String = r.get(0)?;
     let corrupt = || StoreError::Corrupt(id.clone());
     Ok(BoxRecord {
         id: BoxId::parse(&id).ok_or_else(corrupt)?,
         account: AccountId(r.get(1)?),
-        name: Name::new(&r.get::<_, String>(2)?).map_err(|_| corrupt())?,
-        image: Name::new(&r.get::<_, String>(3)?).map_err(|_| corrupt())?,
-        limits: Limits {
-            cpus: r.get(4)?,
-            memory: r.get::<_, i64>(5)? as u64,
-            pids: r.get(6)?,
-            disk: r.get::<_, i64>(11)? as u64,
-        },
+        name: Name::new(&r.get::<String>(2)?).map_err(|_| corrupt())?,
+        image: Name::new(&r.get::<String>(3)?).map_err(|_| corrupt())?,
+        limits: Limits { cpus: r.get(4)?, memory: r.get(5)?, pids: r.get(6)?, disk: r.get(11)? },
         slot: r.get(7)?,
-        state: BoxState::parse(&r.get::<_, String>(8)?).ok_or_else(corrupt)?,
+        state: BoxState::parse(&r.get::<String>(8)?).ok_or_else(corrupt)?,
         pid: r.get(9)?,
-        created_at: r.get::<_, i64>(10)? as u64,
-        parent: match r.get::<_, Option<String>>(12)? {
+        created_at: r.get(10)?,
+        parent: match r.get::<Option<String>>(12)? {
             Some(p) => Some(BoxId::parse(&p).ok_or_else(corrupt)?),
             None => None,
         },
-        parent_name: r.get::<_, Option<String>>(13)?.and_then(|n| Name::new(&n).ok()),
+        parent_name: r.get::<Option<String>>(13)?.and_then(|n| Name::new(&n).ok()),
         idle: r.get(14)?,
         keep_running: r.get(15)?,
-        state_since: r.get::<_, i64>(16)? as u64,
-        backend: BackendKind::parse(&r.get::<_, String>(17)?).ok_or_else(corrupt)?,
+        state_since: r.get(16)?,
+        backend: BackendKind::parse(&r.get::<String>(17)?).ok_or_else(corrupt)?,
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::testing::{on_both_engines, TestDb};
     use super::*;
+
+    on_both_engines!(
+        insert_get_list_delete_survive_reopen,
+        dup_records_lineage_and_promote_swaps_names,
+        slots_come_from_the_servers_block_only,
+        freed_slots_are_reused_lowest_first,
+    );
 
     fn names(s: &str) -> Name {
         Name::new(s).unwrap()
     }
 
-    #[test]
-    fn insert_get_list_delete_survive_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.db");
+    fn insert_get_list_delete_survive_reopen(db: &TestDb) {
         let alice = AccountId("SHA256:alice".into());
         let bob = AccountId("SHA256:bob".into());
         let web = {
-            let store = Store::open(&path).unwrap();
+            let store = db.open();
             let web = store
                 .insert_new(
                     &alice,
@@ -461,7 +471,7 @@ mod tests {
             store.set_state(&web.id, BoxState::Running, Some(42)).unwrap();
             web
         };
-        let store = Store::open(&path).unwrap();
+        let store = db.open();
         let got = store.get(&alice, &names("web")).unwrap().unwrap();
         assert_eq!((got.id, got.state, got.pid), (web.id.clone(), BoxState::Running, Some(42)));
         assert_eq!(store.list(Some(&alice)).unwrap().len(), 2);
@@ -470,10 +480,8 @@ mod tests {
         assert!(store.get(&alice, &names("web")).unwrap().is_none());
     }
 
-    #[test]
-    fn dup_records_lineage_and_promote_swaps_names() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("s.db")).unwrap();
+    fn dup_records_lineage_and_promote_swaps_names(db: &TestDb) {
+        let store = db.open();
         let a = AccountId("a".into());
         let web = store
             .insert_new(
@@ -501,10 +509,8 @@ mod tests {
         assert_eq!(store.get(&a, &names("web-prev")).unwrap().unwrap().id, web.id);
     }
 
-    #[test]
-    fn slots_come_from_the_servers_block_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("s.db")).unwrap();
+    fn slots_come_from_the_servers_block_only(db: &TestDb) {
+        let mut store = db.open();
         store.use_slot_block(3).unwrap();
         let a = AccountId("a".into());
         let first = store
@@ -536,7 +542,7 @@ mod tests {
     fn old_databases_gain_new_columns() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
-        let conn = Connection::open(&path).unwrap();
+        let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(schema::BOXES).unwrap();
         conn.execute(
             "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at) \
@@ -551,10 +557,8 @@ mod tests {
         assert_eq!(old.parent, None);
     }
 
-    #[test]
-    fn freed_slots_are_reused_lowest_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("s.db")).unwrap();
+    fn freed_slots_are_reused_lowest_first(db: &TestDb) {
+        let store = db.open();
         let a = AccountId("a".into());
         let b0 = store
             .insert_new(&a, &names("b0"), (&names("i"), Limits::default(), BackendKind::Ns), 0, &Policy::default())

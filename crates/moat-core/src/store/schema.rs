@@ -1,9 +1,12 @@
 //! The state database's tables, in one place: every table each part of the
 //! store keeps (boxes and their policies, the usage ledger, the egress log,
-//! sealed secrets), and the columns added to them since, which an older
-//! database gets when it is opened, so that a daemon upgrade finds every row.
+//! sealed secrets), and the numbered versions of the schema since, applied
+//! in order when a database is opened (the version reached is kept in
+//! `schema_version`), so that a daemon upgrade finds every row.
 
-use rusqlite::Connection;
+use super::sql::dialect::ddl_for_postgres;
+use super::sql::{args, Db, Engine, Exec};
+use super::StoreError;
 
 /// Boxes, their policies, and the names they no longer have.
 pub(crate) const BOXES: &str = "
@@ -124,26 +127,170 @@ CREATE TABLE IF NOT EXISTS secret_usage (
 );
 ";
 
-/// Makes every table that is missing, and adds every column an older
-/// database lacks.
-pub(crate) fn apply(conn: &Connection) -> rusqlite::Result<()> {
-    for tables in [BOXES, LEDGER, EGRESS_LOG, SECRETS] {
-        conn.execute_batch(tables)?;
+/// The versions of the schema, oldest first: each brings a database at the
+/// version before it to its own. Never edit one that has shipped: add another.
+const MIGRATIONS: &[(u32, Migration)] = &[(1, tables)];
+
+/// What brings a database from the version before to the next.
+type Migration = fn(&mut dyn Exec) -> Result<(), StoreError>;
+
+/// The version this moat brings every database to.
+pub(crate) const LATEST: u32 = 1;
+
+/// Any number, the same in every moat: held while a database is migrated,
+/// so that nodes starting together migrate it once.
+const MIGRATION_LOCK: i64 = 0x6d6f_6174_0001;
+
+/// Brings the database to [`LATEST`], in one transaction.
+pub(crate) fn migrate(db: &Db) -> Result<(), StoreError> {
+    db.transaction(|tx| {
+        if tx.engine() == Engine::Postgres {
+            tx.execute("SELECT pg_advisory_xact_lock(?1)", &args![MIGRATION_LOCK])?;
+        }
+        create(tx, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
+        let found = match tx.query_row("SELECT MAX(version) FROM schema_version", &[])? {
+            Some(row) => row.get::<Option<u32>>(0)?.unwrap_or(0),
+            None => 0,
+        };
+        if found > LATEST {
+            return Err(StoreError::Newer { found, known: LATEST });
+        }
+        for (version, apply) in MIGRATIONS {
+            if *version > found {
+                apply(tx)?;
+            }
+        }
+        if found < LATEST {
+            tx.execute("DELETE FROM schema_version", &[])?;
+            tx.execute("INSERT INTO schema_version (version) VALUES (?1)", &args![LATEST])?;
+        }
+        Ok(())
+    })
+}
+
+/// Runs table definitions, spelled for the engine.
+fn create(tx: &mut dyn Exec, ddl: &str) -> Result<(), StoreError> {
+    match tx.engine() {
+        Engine::Sqlite => tx.batch(ddl),
+        Engine::Postgres => tx.batch(&ddl_for_postgres(ddl)),
     }
-    add_missing_columns(conn, "boxes", BOXES_ADDED)?;
-    add_missing_columns(conn, "usage_samples", LEDGER_ADDED)
+}
+
+/// Version 1: every table moat kept before versions were counted. On SQLite
+/// that is also every older moat's database, which gains the columns it lacks.
+fn tables(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    for tables in [BOXES, LEDGER, EGRESS_LOG, SECRETS] {
+        create(tx, tables)?;
+    }
+    add_missing_columns(tx, "boxes", BOXES_ADDED)?;
+    add_missing_columns(tx, "usage_samples", LEDGER_ADDED)?;
+    match tx.engine() {
+        Engine::Sqlite => Ok(()),
+        // The order rows were added in, which SQLite keeps as `rowid`.
+        Engine::Postgres => tx.batch(
+            "ALTER TABLE usage_samples ADD COLUMN rowid BIGSERIAL; \
+             ALTER TABLE egress_log ADD COLUMN rowid BIGSERIAL PRIMARY KEY",
+        ),
+    }
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.
-fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> rusqlite::Result<()> {
-    let existing: Vec<String> = conn
-        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+fn add_missing_columns(tx: &mut dyn Exec, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
+    let existing = match tx.engine() {
+        Engine::Sqlite => tx.query(&format!("SELECT name FROM pragma_table_info('{table}')"), &[])?,
+        Engine::Postgres => tx.query(
+            "SELECT CAST(column_name AS TEXT) FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = ?1",
+            &args![table],
+        )?,
+    };
+    let existing: Vec<String> = existing.iter().map(|r| r.get(0)).collect::<Result<_, _>>()?;
     for (column, ty) in columns {
         if !existing.iter().any(|c| c == column) {
-            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ty}"))?;
+            create(tx, &format!("ALTER TABLE {table} ADD COLUMN {column} {ty}"))?;
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{AccountId, BoxId, Name};
+    use crate::store::testing::{on_both_engines, TestDb};
+    use crate::store::Store;
+
+    on_both_engines!(versions_apply_once_and_a_newer_database_is_refused);
+
+    fn versions_apply_once_and_a_newer_database_is_refused(db: &TestDb) {
+        let store = db.open();
+        let version =
+            |s: &Store| s.query_row("SELECT version FROM schema_version", &[]).unwrap().unwrap().get::<u32>(0);
+        assert_eq!(version(&store).unwrap(), LATEST);
+        drop(store);
+        let store = db.open();
+        assert_eq!(store.query("SELECT version FROM schema_version", &[]).unwrap().len(), 1);
+        store.execute("UPDATE schema_version SET version = ?1", &args![LATEST + 1]).unwrap();
+        drop(store);
+        let refused = match db {
+            TestDb::Sqlite(dir) => Store::open(&dir.path().join("state.db")).err(),
+            TestDb::Postgres { dsn, .. } => Store::connect(dsn).err(),
+        };
+        assert!(matches!(refused, Some(StoreError::Newer { found, known: LATEST }) if found == LATEST + 1));
+    }
+
+    /// A database as the last moat without schema versions made it (its
+    /// tables, then its added columns), with a row in every table.
+    #[test]
+    fn a_database_made_before_versions_keeps_every_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("moat.db");
+        let old = rusqlite::Connection::open(&path).unwrap();
+        for tables in [BOXES, LEDGER, EGRESS_LOG, SECRETS] {
+            old.execute_batch(tables).unwrap();
+        }
+        for (column, ty) in BOXES_ADDED {
+            old.execute_batch(&format!("ALTER TABLE boxes ADD COLUMN {column} {ty}")).unwrap();
+        }
+        let id = BoxId::random();
+        let id = id.as_str();
+        old.execute_batch(&format!(
+            "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, \
+                 parent, idle, keep_running, state_since, backend) \
+                 VALUES ('{id}', 'a', 'web', 'debian', 2, 1024, 100, 7, 'running', 42, 5, 4096, NULL, 60, 1, 6, 'vm');
+             INSERT INTO policies VALUES ('{id}', '{{\"allow\":[],\"deny\":[]}}');
+             INSERT INTO retired_names VALUES ('a', 'gone');
+             INSERT INTO usage_samples VALUES (10, '{id}', 'a', 'web', 3000000000, 0.5, 1000, 2000, 30, 40);
+             INSERT INTO meter_state VALUES ('{id}', 77, 88);
+             INSERT INTO egress_log VALUES ('{id}', 9, '{{\"at_ms\":9,\"kind\":\"dns\",\"name\":\"x.org\",\"port\":0,\"verdict\":\"allow\"}}');
+             INSERT INTO secrets (account, name, host, header, format, env, sealed, killed) \
+                 VALUES ('a', 'key', 'api.example.com', 'Authorization', 'Bearer {{}}', 'KEY', x'0102', 0);
+             INSERT INTO secret_grants VALUES (1, '{id}', 'ph');
+             INSERT INTO secret_limits VALUES (1, '', 'requests', 5, NULL);
+             INSERT INTO secret_usage VALUES (1, '{id}', 'web', 1, 2, 3);"
+        ))
+        .unwrap();
+        drop(old);
+
+        let store = Store::open(&path).unwrap();
+        let a = AccountId("a".into());
+        let web = store.get(&a, &Name::new("web").unwrap()).unwrap().unwrap();
+        assert_eq!((web.slot, web.pid, web.idle, web.keep_running), (7, Some(42), Some(60), true));
+        assert_eq!((web.limits.cpus, web.limits.memory, web.limits.disk, web.backend.as_str()), (2, 1024, 4096, "vm"));
+        let id = web.id;
+        assert_eq!(store.policy(&id).unwrap(), Default::default());
+        assert!(store.is_retired(&a, &Name::new("gone").unwrap()).unwrap());
+        let usage = store.usage(&a, 0, None).unwrap();
+        assert_eq!((usage[0].cpu_seconds, usage[0].egress_received_bytes), (3.0, 40));
+        assert_eq!(store.meter_state(&id).unwrap().map(|m| (m.last_cpu_ns, m.last_at_ms)), Some((77, 88)));
+        assert_eq!(store.egress_since(&id, 0).unwrap()[0].name, "x.org");
+        let secret = store.secret(&a, &Name::new("key").unwrap()).unwrap().unwrap();
+        assert_eq!((secret.id, secret.sealed), (1, vec![1, 2]));
+        assert_eq!(store.grants_of(1).unwrap(), vec![id.clone()]);
+        assert_eq!(store.secret_limits(1).unwrap().len(), 1);
+        assert_eq!(store.secret_uses(1).unwrap()[0].2.bytes, 3);
+        drop(store);
+        let again = Store::open(&path).unwrap();
+        assert_eq!(again.list(None).unwrap().len(), 1, "and opens again");
+    }
 }
