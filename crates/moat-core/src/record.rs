@@ -125,6 +125,13 @@ pub struct BoxRecord {
     pub keep_running: bool,
     /// When the box entered its current state, seconds since the Unix epoch.
     pub state_since: u64,
+    /// The fleet node that holds it (`""` on a single host).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub node: String,
+    /// Changes whenever the box's owner node does: a node acts on a box only
+    /// while the epoch it holds is the box's.
+    #[serde(skip)]
+    pub epoch: u64,
 }
 
 impl BoxRecord {

@@ -139,6 +139,8 @@ mod tests {
             idle: None,
             keep_running: false,
             state_since: 0,
+            node: String::new(),
+            epoch: 0,
         }
     }
 

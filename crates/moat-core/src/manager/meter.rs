@@ -85,7 +85,7 @@ impl BoxManager {
     /// Samples every box, and parks boxes suspended past the operator's limit.
     /// A box that fails is logged and skipped; the others are still served.
     pub async fn meter_all(self: &Arc<Self>) -> Result<(), ManagerError> {
-        for rec in self.db(|s| s.list(None))? {
+        for rec in self.db(crate::store::Store::list_here)? {
             if rec.state == BoxState::Creating {
                 continue;
             }

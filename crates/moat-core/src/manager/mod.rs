@@ -453,7 +453,7 @@ impl BoxManager {
     /// which boxes are still running, and starts the idle rule for them (no
     /// session survives a restart). Suspended boxes stay suspended.
     pub async fn recover(self: &Arc<Self>) -> Result<(), ManagerError> {
-        for rec in self.db(|s| s.list(None))? {
+        for rec in self.db(Store::list_here)? {
             let r = rec.clone();
             match rec.state {
                 BoxState::Creating => {

@@ -8,7 +8,9 @@
 //! row; the manager rolls back boxes left in `creating`.
 
 pub mod egress_log;
+pub mod fleet;
 pub mod ledger;
+pub mod nodes;
 mod schema;
 pub mod secrets;
 mod sql;
@@ -61,6 +63,23 @@ pub enum StoreError {
     /// A row that does not parse (the database was edited by hand).
     #[error("corrupt row for box {0}")]
     Corrupt(String),
+    /// This node has no room for the box.
+    #[error("node {node} is full ({what})")]
+    NodeFull {
+        /// The node.
+        node: String,
+        /// What it lacks.
+        what: nodes::Resource,
+    },
+    /// This node takes no new boxes: it is unknown, cordoned, or its lease lapsed.
+    #[error("node {0} is not taking new boxes (unknown, cordoned, or its lease has lapsed)")]
+    NodeUnavailable(String),
+    /// A fleet member's join token was used already.
+    #[error("fleet member {0} has joined already (a join token works once)")]
+    AlreadyJoined(String),
+    /// No fleet member has this serial, or it was revoked.
+    #[error("no fleet member {0} (never issued, or revoked)")]
+    NoMember(String),
 }
 
 /// The state store, on either engine.
@@ -68,10 +87,13 @@ pub struct Store {
     db: Db,
     /// The uid slots this server may hand out (see [`SLOTS_PER_BLOCK`]).
     slots: std::ops::Range<u32>,
+    /// The fleet node this process is (`""`: a single host).
+    node: String,
 }
 
 const COLUMNS: &str = "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pids, b.slot, b.state, b.pid, \
-                       b.created_at, b.disk, b.parent, p.name, b.idle, b.keep_running, b.state_since, b.backend";
+                       b.created_at, b.disk, b.parent, p.name, b.idle, b.keep_running, b.state_since, b.backend, \
+                       b.node, b.epoch";
 
 /// `boxes` as `b`, with each box's parent (if it still exists) as `p`.
 const FROM: &str = "boxes b LEFT JOIN boxes p ON p.id = b.parent";
@@ -93,14 +115,27 @@ impl Store {
     /// Connects to the PostgreSQL database at `dsn`
     /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`), bringing its
     /// tables up to date. Fails with [`StoreError::Unreachable`] if it cannot
-    /// be reached within about two seconds.
+    /// be reached within about two seconds. No TLS: the server is reached
+    /// over loopback or a unix socket (`host=/run/postgresql`) this round.
     pub fn connect(dsn: &str) -> Result<Self, StoreError> {
         Self::on(Db::Postgres(sql::Postgres::new(dsn)?))
     }
 
     fn on(db: Db) -> Result<Self, StoreError> {
         schema::migrate(&db)?;
-        Ok(Self { db, slots: 0..SLOTS_PER_BLOCK })
+        Ok(Self { db, slots: 0..SLOTS_PER_BLOCK, node: String::new() })
+    }
+
+    /// The same store, as fleet node `name`: boxes it adds are on `name`, and
+    /// must fit there (see [`Store::renew_lease`]).
+    pub fn for_node(mut self, name: &str) -> Self {
+        self.node = name.to_owned();
+        self
+    }
+
+    /// The fleet node this process is (`""`: a single host).
+    pub fn node_name(&self) -> &str {
+        &self.node
     }
 
     /// Runs one statement; how many rows it changed.
@@ -128,7 +163,7 @@ impl Store {
 
     /// The block of uid slots the boxes already here use, if any.
     pub fn slot_block_in_use(&self) -> Result<Option<u32>, StoreError> {
-        let lowest = self.query_row("SELECT MIN(slot) FROM boxes", &[])?;
+        let lowest = self.query_row("SELECT MIN(slot) FROM boxes WHERE node = ?1", &args![&self.node])?;
         let lowest: Option<u32> = lowest.map(|r| r.get(0)).transpose()?.flatten();
         Ok(lowest.map(|slot| slot / SLOTS_PER_BLOCK))
     }
@@ -140,14 +175,16 @@ impl Store {
     pub fn use_slot_block(&mut self, block: u32) -> Result<(), StoreError> {
         let slots = block * SLOTS_PER_BLOCK..(block + 1) * SLOTS_PER_BLOCK;
         self.execute(
-            "UPDATE boxes SET slot = ?1 + slot % ?3 WHERE slot < ?1 OR slot >= ?2",
-            &args![slots.start, slots.end, SLOTS_PER_BLOCK],
+            "UPDATE boxes SET slot = ?1 + slot % ?3 WHERE node = ?4 AND (slot < ?1 OR slot >= ?2)",
+            &args![slots.start, slots.end, SLOTS_PER_BLOCK, &self.node],
         )?;
         self.slots = slots;
         Ok(())
     }
 
     /// Adds a box in state `creating`, giving it the lowest free uid slot.
+    /// On a fleet node, only if the node is live, not cordoned, and has room
+    /// ([`StoreError::NodeUnavailable`], [`StoreError::NodeFull`]).
     pub fn insert_new(
         &self,
         account: &AccountId,
@@ -159,7 +196,8 @@ impl Store {
         self.insert(account, name, (image, limits, backend), created_at, None, policy)
     }
 
-    /// Adds a box in state `creating` as a duplicate of `parent` (its policy too).
+    /// Adds a box in state `creating` as a duplicate of `parent` (its policy
+    /// too), on this node, if it fits (as [`Store::insert_new`]).
     pub fn insert_dup(&self, parent: &BoxRecord, name: &Name, created_at: u64) -> Result<BoxRecord, StoreError> {
         let policy = self.policy(&parent.id)?;
         let made = (&parent.image, parent.limits, parent.backend);
@@ -197,7 +235,13 @@ impl Store {
                 tx.execute("SELECT pg_advisory_xact_lock(?1)", &args![INSERT_LOCK])?;
             }
             refuse_taken(tx, account, name)?;
-            let used = tx.query("SELECT slot FROM boxes WHERE slot >= ?1 ORDER BY slot", &args![self.slots.start])?;
+            if !self.node.is_empty() {
+                nodes::check_room(tx, &self.node, &limits, crate::clock::now_ms())?;
+            }
+            let used = tx.query(
+                "SELECT slot FROM boxes WHERE node = ?2 AND slot >= ?1 ORDER BY slot",
+                &args![self.slots.start, &self.node],
+            )?;
             let mut slot = self.slots.start;
             for row in used {
                 if row.get::<u32>(0)? != slot {
@@ -224,10 +268,13 @@ impl Store {
                 idle: None,
                 keep_running: false,
                 state_since: created_at,
+                node: self.node.clone(),
+                epoch: 0,
             };
             tx.execute(
                 "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, \
-                 parent, state_since, backend) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11, ?14)",
+                 parent, state_since, backend, node, epoch) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11, ?14, ?15, ?16)",
                 &args![
                     rec.id.as_str(),
                     &account.0,
@@ -243,6 +290,8 @@ impl Store {
                     limits.disk,
                     rec.parent.as_ref().map(BoxId::as_str),
                     backend.as_str(),
+                    &rec.node,
+                    rec.epoch,
                 ],
             )?;
             tx.execute(SET_POLICY, &args![rec.id.as_str(), policy])?;
@@ -295,11 +344,18 @@ impl Store {
     }
 
     /// The account's boxes, by name; every box when `account` is `None`.
+    /// On every node of a fleet.
     pub fn list(&self, account: Option<&AccountId>) -> Result<Vec<BoxRecord>, StoreError> {
         let sql = format!(
             "SELECT {COLUMNS} FROM {FROM} WHERE b.account = COALESCE(?1, b.account) ORDER BY b.name, b.account"
         );
         self.query(&sql, &args![account.map(|a| a.0.as_str())])?.iter().map(from_row).collect()
+    }
+
+    /// Every account's boxes on this node (all of them on a single host), by name.
+    pub fn list_here(&self) -> Result<Vec<BoxRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM {FROM} WHERE b.node = ?1 ORDER BY b.name, b.account");
+        self.query(&sql, &args![&self.node])?.iter().map(from_row).collect()
     }
 
     /// Records a state change, with the PID 1 of a running box.
@@ -405,6 +461,8 @@ fn from_row(r: &Row) -> Result<BoxRecord, StoreError> {
         keep_running: r.get(15)?,
         state_since: r.get(16)?,
         backend: BackendKind::parse(&r.get::<String>(17)?).ok_or_else(corrupt)?,
+        node: r.get(18)?,
+        epoch: r.get(19)?,
     })
 }
 

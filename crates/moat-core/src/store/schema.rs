@@ -127,15 +127,51 @@ CREATE TABLE IF NOT EXISTS secret_usage (
 );
 ";
 
+/// The fleet's tables: its nodes and what each offers, the account keys its
+/// front doors accept, the members its join tokens admitted, and settings
+/// (the sealed host key, the CA certificate).
+pub(crate) const FLEET: &str = "
+CREATE TABLE IF NOT EXISTS nodes (
+    name            TEXT PRIMARY KEY,
+    address         TEXT NOT NULL,
+    cpus            INTEGER NOT NULL,
+    memory          INTEGER NOT NULL,
+    disk            INTEGER NOT NULL,
+    max_boxes       INTEGER NOT NULL,
+    cordoned        INTEGER NOT NULL DEFAULT 0,
+    lease_until_ms  INTEGER NOT NULL,
+    renewed_at_ms   INTEGER NOT NULL
+);
+-- An SSH public key (its type and base64) and the account it logs in to.
+CREATE TABLE IF NOT EXISTS fleet_keys (
+    key         TEXT PRIMARY KEY,
+    account     TEXT NOT NULL,
+    added_at    INTEGER NOT NULL
+);
+-- Certificates issued to nodes and front doors; joined once, by a token.
+CREATE TABLE IF NOT EXISTS fleet_members (
+    serial        TEXT PRIMARY KEY,
+    role          TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    issued_at_ms  INTEGER NOT NULL,
+    joined_at_ms  INTEGER,
+    revoked       INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS fleet_settings (
+    name    TEXT PRIMARY KEY,
+    value   BLOB NOT NULL
+);
+";
+
 /// The versions of the schema, oldest first: each brings a database at the
 /// version before it to its own. Never edit one that has shipped: add another.
-const MIGRATIONS: &[(u32, Migration)] = &[(1, tables)];
+const MIGRATIONS: &[(u32, Migration)] = &[(1, tables), (2, fleet)];
 
 /// What brings a database from the version before to the next.
 type Migration = fn(&mut dyn Exec) -> Result<(), StoreError>;
 
 /// The version this moat brings every database to.
-pub(crate) const LATEST: u32 = 1;
+pub(crate) const LATEST: u32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// Any number, the same in every moat: held while a database is migrated,
 /// so that nodes starting together migrate it once.
@@ -192,6 +228,24 @@ fn tables(tx: &mut dyn Exec) -> Result<(), StoreError> {
              ALTER TABLE egress_log ADD COLUMN rowid BIGSERIAL PRIMARY KEY",
         ),
     }
+}
+
+/// Version 2: the fleet. Each box is on a node (`''` on a single host) and
+/// has an epoch; uid slots are per node (SQLite, one node, keeps its
+/// table-wide unique slot: changing a constraint there means a new table).
+fn fleet(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(
+        tx,
+        "ALTER TABLE boxes ADD COLUMN node TEXT NOT NULL DEFAULT ''; \
+         ALTER TABLE boxes ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",
+    )?;
+    if tx.engine() == Engine::Postgres {
+        tx.batch(
+            "ALTER TABLE boxes DROP CONSTRAINT boxes_slot_key; \
+             ALTER TABLE boxes ADD CONSTRAINT boxes_node_slot_key UNIQUE (node, slot)",
+        )?;
+    }
+    create(tx, FLEET)
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.
@@ -277,6 +331,7 @@ mod tests {
         let web = store.get(&a, &Name::new("web").unwrap()).unwrap().unwrap();
         assert_eq!((web.slot, web.pid, web.idle, web.keep_running), (7, Some(42), Some(60), true));
         assert_eq!((web.limits.cpus, web.limits.memory, web.limits.disk, web.backend.as_str()), (2, 1024, 4096, "vm"));
+        assert_eq!((web.node.as_str(), web.epoch), ("", 0), "a single host's box, on no node");
         let id = web.id;
         assert_eq!(store.policy(&id).unwrap(), Default::default());
         assert!(store.is_retired(&a, &Name::new("gone").unwrap()).unwrap());
