@@ -81,6 +81,11 @@ impl Postgres {
         self.port
     }
 
+    /// The directory of its unix socket (`.s.PGSQL.PORT`).
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// Stops the server (fast: clients are disconnected), keeping its data.
     pub fn stop(&self) {
         run(self.pg_ctl().args(["-m", "fast", "-w", "stop"]));

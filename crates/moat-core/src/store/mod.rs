@@ -412,12 +412,12 @@ impl Store {
 
     /// Forgets a box.
     pub fn delete(&self, id: &BoxId) -> Result<(), StoreError> {
+        let id = args![id.as_str()];
         self.transaction(|tx| {
-            for table in
-                ["boxes WHERE id", "policies WHERE box_id", "secret_grants WHERE box_id", "secret_limits WHERE box_id"]
-            {
-                tx.execute(&format!("DELETE FROM {table} = ?1"), &args![id.as_str()])?;
-            }
+            tx.execute("DELETE FROM boxes WHERE id = ?1", &id)?;
+            tx.execute("DELETE FROM policies WHERE box_id = ?1", &id)?;
+            tx.execute("DELETE FROM secret_grants WHERE box_id = ?1", &id)?;
+            tx.execute("DELETE FROM secret_limits WHERE box_id = ?1", &id)?;
             Ok(())
         })
     }

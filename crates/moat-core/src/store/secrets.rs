@@ -126,10 +126,11 @@ impl Store {
 
     /// Deletes a secret, its grants and limits (its use stays on record).
     pub fn delete_secret(&self, secret_id: i64) -> Result<(), StoreError> {
+        let id = args![secret_id];
         self.transaction(|tx| {
-            for table in ["secret_grants WHERE secret_id", "secret_limits WHERE secret_id", "secrets WHERE id"] {
-                tx.execute(&format!("DELETE FROM {table} = ?1"), &args![secret_id])?;
-            }
+            tx.execute("DELETE FROM secret_grants WHERE secret_id = ?1", &id)?;
+            tx.execute("DELETE FROM secret_limits WHERE secret_id = ?1", &id)?;
+            tx.execute("DELETE FROM secrets WHERE id = ?1", &id)?;
             Ok(())
         })
     }

@@ -381,6 +381,35 @@ mod tests {
     }
 
     #[test]
+    fn a_unix_socket_is_a_host_too() {
+        let pg = moat_testkit::Postgres::shared();
+        let name = pg.create_db().rsplit('/').next().unwrap().to_owned();
+        let dir = pg.socket_dir().display().to_string();
+        let store = Store::connect(&format!("host={dir} port={} user=postgres dbname={name}", pg.port())).unwrap();
+        assert!(store.list(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn nodes_starting_together_migrate_once() {
+        let pg = moat_testkit::Postgres::shared();
+        let dsn = pg.create_db();
+        let start = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            let opened: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        Store::connect(&dsn).map(drop)
+                    })
+                })
+                .collect();
+            for store in opened {
+                store.join().unwrap().unwrap();
+            }
+        });
+    }
+
+    #[test]
     fn calls_work_inside_either_tokio_runtime() {
         let pg = moat_testkit::Postgres::shared();
         let store = Store::connect(&pg.create_db()).unwrap();
