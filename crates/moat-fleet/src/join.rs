@@ -284,7 +284,7 @@ pub fn join(store: &impl FleetAdmin, token: &Token, dir: &Path) -> Result<(), Jo
         }
     }
     store.claim_member(&token.member.serial).map_err(|e| {
-        JoinError::Already(format!("this token cannot join {} {} ({e})", token.member.role, token.member.name))
+        JoinError::Already(format!("this token cannot join {} {} ({e})", token.member.role.as_str(), token.member.name))
     })?;
     let config = FleetConfig { store: token.store.clone(), member: Some(token.member.clone()) };
     let config = serde_json::to_vec_pretty(&config).map_err(|e| JoinError::Token(e.to_string()))?;
@@ -304,6 +304,24 @@ pub fn join(store: &impl FleetAdmin, token: &Token, dir: &Path) -> Result<(), Jo
     write_new(dir, "fleet.json", &config, 0o600)
 }
 
+/// A joined member's state dir as one message (what a token carried): how
+/// `moat front` hands it to its router, which opens no files.
+pub fn read_member(dir: &Path) -> Result<Token, JoinError> {
+    let config: FleetConfig = json(dir, "fleet.json")?;
+    let member = config.member.ok_or_else(|| JoinError::Corrupt {
+        path: dir.join("fleet.json"),
+        detail: "no member: run `moat fleet join TOKEN --state-dir DIR` first".into(),
+    })?;
+    Ok(Token {
+        store: config.store,
+        member,
+        ca: read_text(dir, "fleet-ca.pem")?,
+        cert: read_text(dir, "fleet.pem")?,
+        key: read_text(dir, "fleet-key.pem")?,
+        fleet_key: hex::encode(fleet_key(dir)?.0),
+    })
+}
+
 /// A joined member's state dir, read.
 #[derive(Debug)]
 pub struct FleetDir {
@@ -320,17 +338,17 @@ pub struct FleetDir {
 impl FleetDir {
     /// Reads the member state dir `dir` (made by [`join`]).
     pub fn load(dir: &Path) -> Result<Self, JoinError> {
-        let config: FleetConfig = json(dir, "fleet.json")?;
-        let member = config.member.clone().ok_or_else(|| JoinError::Corrupt {
-            path: dir.join("fleet.json"),
-            detail: "no member: run `moat fleet join TOKEN --state-dir DIR` first".into(),
-        })?;
-        let identity = Identity::from_pem(
-            &read_text(dir, "fleet-ca.pem")?,
-            &read_text(dir, "fleet.pem")?,
-            &read_text(dir, "fleet-key.pem")?,
-        )?;
-        Ok(Self { config, member, identity, fleet_key: fleet_key(dir)? })
+        Self::from_token(&read_member(dir)?)
+    }
+
+    /// The member a token (or [`read_member`]) describes.
+    pub fn from_token(token: &Token) -> Result<Self, JoinError> {
+        Ok(Self {
+            config: FleetConfig { store: token.store.clone(), member: Some(token.member.clone()) },
+            member: token.member.clone(),
+            identity: Identity::from_pem(&token.ca, &token.cert, &token.key)?,
+            fleet_key: token.fleet_key()?,
+        })
     }
 
     /// The fleet's SSH host key (OpenSSH text), unsealed from the store.

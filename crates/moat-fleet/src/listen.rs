@@ -10,6 +10,7 @@
 //! then carries the session's bytes until either side ends it.
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +25,13 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::frame::{self, Kind};
+use crate::join::FleetDir;
 use crate::peer::Peers;
 use crate::pki::Role;
+use crate::store::{StoreFailure, StoreMembers};
+
+/// How long a peer has for its handshake and its request, on a node.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most fleet connections open at once (every session through a front door holds one).
 const MAX_CONNECTIONS: usize = 16 << 10;
@@ -40,6 +46,59 @@ pub struct NodeListener<A> {
     pub answerer: Arc<A>,
     /// How long a peer has for its handshake and its request.
     pub handshake_timeout: Duration,
+}
+
+/// Why a node could not answer the fleet.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The state dir is not a node's.
+    #[error("this state dir is {} {name}, not a node", role.as_str())]
+    NotNode {
+        /// What it is.
+        role: Role,
+        /// Its name.
+        name: String,
+    },
+    /// The store did not answer.
+    #[error(transparent)]
+    Store(#[from] StoreFailure),
+    /// Its TLS setup.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// The listener.
+    #[error("listen for the fleet on {addr}: {source}")]
+    Listen {
+        /// Where.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// A node's side of the fleet, for `moat serve` on a node: answers front
+/// doors' routers on `addr` as the member `dir` holds (a node), with
+/// `answerer` (the daemon's `Privileged`), until the listener fails. Peers
+/// are checked with a store connection of its own.
+pub async fn serve_node<A: Answer>(dir: &FleetDir, addr: SocketAddr, answerer: Arc<A>) -> Result<(), NodeError> {
+    if dir.member.role != Role::Node {
+        return Err(NodeError::NotNode { role: dir.member.role, name: dir.member.name.clone() });
+    }
+    let dsn = dir.config.store.clone();
+    let store = tokio::task::spawn_blocking(move || moat_core::Store::connect(&dsn))
+        .await
+        .map_err(|e| StoreFailure(e.to_string()))?
+        .map_err(StoreFailure::from)?;
+    let peers = Peers::new(Arc::new(StoreMembers(Arc::new(store))));
+    let listen = |source| NodeError::Listen { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(listen)?;
+    let node = Arc::new(NodeListener {
+        tls: dir.identity.server_config()?,
+        peers,
+        answerer,
+        handshake_timeout: HANDSHAKE_TIMEOUT,
+    });
+    tracing::info!(%addr, node = %dir.member.name, "answering the fleet");
+    node.serve(listener).await.map_err(listen)
 }
 
 impl<A: Answer> NodeListener<A> {

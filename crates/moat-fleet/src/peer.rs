@@ -41,7 +41,7 @@ pub enum PeerError {
     #[error("certificate {0} is not a member of this fleet (revoked, or never joined)")]
     NotMember(String),
     /// A member, of another role or name than expected.
-    #[error("certificate {serial} is {role} {name}, not {expected}")]
+    #[error("certificate {serial} is {} {name}, not {expected}", role.as_str())]
     Unexpected {
         /// Its serial.
         serial: String,
@@ -97,8 +97,8 @@ impl Peers {
         };
         if member.role != role || name.is_some_and(|n| n != member.name) {
             let expected = match name {
-                Some(n) => format!("{role} {n}"),
-                None => role.to_string(),
+                Some(n) => format!("{} {n}", role.as_str()),
+                None => role.as_str().to_string(),
             };
             return Err(PeerError::Unexpected { serial, role: member.role, name: member.name, expected });
         }

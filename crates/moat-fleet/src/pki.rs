@@ -10,46 +10,17 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType, SerialNumber,
 };
-use serde::{Deserialize, Serialize};
 
 /// The common name of the fleet's CA (the issuer every leaf names).
 const CA_NAME: &str = "moat fleet CA";
 
-/// What a member of the fleet is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// A node: the privileged core of one host, answering the core API.
-    Node,
-    /// A front door's router: dials nodes for the SSH front door beside it.
-    Front,
-}
+/// What a member of the fleet is: a node or a front door (as the store
+/// keeps it).
+pub use moat_core::store::fleet::MemberRole as Role;
 
-impl Role {
-    /// As stored and typed: `node`, `front`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Node => "node",
-            Role::Front => "front",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Role {
-    type Err = PkiError;
-    fn from_str(s: &str) -> Result<Self, PkiError> {
-        match s {
-            "node" => Ok(Role::Node),
-            "front" => Ok(Role::Front),
-            _ => Err(PkiError::Role(s.to_string())),
-        }
-    }
+/// A role as typed (`node`, `front`).
+pub fn parse_role(s: &str) -> Result<Role, PkiError> {
+    Role::parse(s).ok_or_else(|| PkiError::Role(s.to_string()))
 }
 
 /// A failure making or reading certificates.
@@ -140,7 +111,7 @@ impl Ca {
         let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, format!("moat {role} {name}"));
+        dn.push(DnType::CommonName, format!("moat {} {name}", role.as_str()));
         params.distinguished_name = dn;
         params.subject_alt_names = vec![SanType::DnsName(name.try_into()?)];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];

@@ -95,3 +95,53 @@ pub trait FleetAdmin {
     /// token is good once) or was never issued.
     fn claim_member(&self, serial: &str) -> Result<(), StoreFailure>;
 }
+
+impl FleetStore for moat_core::Store {
+    fn account_for_key(&self, key: &str) -> Result<Option<AccountId>, StoreFailure> {
+        Ok(self.account_for_fleet_key(key)?)
+    }
+
+    fn place(&self, account: &AccountId, name: &Name) -> Result<Option<Place>, StoreFailure> {
+        Ok(self.get(account, name)?.map(|b| Place { node: b.node, epoch: b.epoch }))
+    }
+
+    fn nodes(&self) -> Result<Vec<NodeState>, StoreFailure> {
+        let rows = moat_core::Store::nodes(self)?;
+        Ok(rows
+            .into_iter()
+            .map(|n| NodeState {
+                free_memory: n.offer.memory.saturating_sub(n.memory_used),
+                free_cpus: u64::from(n.offer.cpus).saturating_sub(n.cpus_used),
+                free_boxes: u64::from(n.offer.max_boxes.saturating_sub(n.boxes)),
+                name: n.offer.name,
+                address: n.offer.address,
+                lease_until_ms: n.lease_until_ms,
+                cordoned: n.cordoned,
+            })
+            .collect())
+    }
+
+    fn member(&self, serial: &str) -> Result<Option<Member>, StoreFailure> {
+        let member = moat_core::Store::member(self, serial)?.filter(|m| !m.revoked);
+        Ok(member.map(|m| Member { name: m.name, role: m.role }))
+    }
+}
+
+impl FleetAdmin for moat_core::Store {
+    fn setting(&self, name: &str) -> Result<Option<Vec<u8>>, StoreFailure> {
+        Ok(moat_core::Store::setting(self, name)?)
+    }
+
+    fn set_setting(&self, name: &str, value: &[u8]) -> Result<(), StoreFailure> {
+        Ok(moat_core::Store::set_setting(self, name, value)?)
+    }
+
+    fn register_member(&self, serial: &str, role: Role, name: &str) -> Result<(), StoreFailure> {
+        Ok(moat_core::Store::register_member(self, serial, role, name)?)
+    }
+
+    fn claim_member(&self, serial: &str) -> Result<(), StoreFailure> {
+        moat_core::Store::claim_member(self, serial)?;
+        Ok(())
+    }
+}
