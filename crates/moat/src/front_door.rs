@@ -1,5 +1,5 @@
 //! `moat front-door` (internal): the unprivileged process that speaks SSH.
-//! Started by `moat serve` with the dialer socket as stdin; confines itself
+//! Started by `moat serve` (or `moat front`) with the dialer socket as stdin; confines itself
 //! before anything else, then waits for its configuration and listening
 //! socket, and serves.
 
@@ -18,7 +18,7 @@ pub fn run(id: u32) -> Result<()> {
     let dialer = start.link;
     runtime.block_on(async {
         let dialer = Packets::new(dialer)?;
-        let Some(hello) = dialer.recv(64 << 10).await? else { bail!("moat serve went away") };
+        let Some(hello) = dialer.recv(64 << 10).await? else { bail!("moat serve (or moat front) went away") };
         let listener = hello.fds.into_iter().next().context("no listening socket came")?;
         let hello: Hello = serde_json::from_slice(&hello.bytes).context("read the configuration")?;
         let listener = std::net::TcpListener::from(listener);

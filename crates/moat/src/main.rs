@@ -5,7 +5,10 @@ mod bench;
 mod bench_egress;
 mod bench_vm;
 mod doctor;
+mod fleet;
+mod front;
 mod front_door;
+mod front_router;
 mod gateway;
 mod gateway_supervisor;
 mod microvm;
@@ -51,6 +54,21 @@ enum Cmd {
         /// State directory.
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+    },
+    /// Make a fleet, its members, and its accounts' keys.
+    Fleet {
+        #[command(subcommand)]
+        command: fleet::FleetCmd,
+    },
+    /// Run a fleet's front door: SSH for the whole fleet, routed to its nodes
+    /// (the state dir is one `moat fleet join` made for a front door).
+    Front(front::FrontArgs),
+    /// (internal) the router of a fleet's front door; run by `moat front`.
+    #[command(hide = true)]
+    FrontRouter {
+        /// Its uid and gid.
+        #[arg(long)]
+        id: u32,
     },
     /// (internal) the SSH-facing process; run by `moat serve`.
     #[command(hide = true)]
@@ -113,6 +131,9 @@ fn main() {
         Cmd::BoxVm => std::process::exit(moat_box::vm::supervise::helper_main()),
         Cmd::Serve(args) => serve::run(*args),
         Cmd::FrontDoor { id } => front_door::run(id),
+        Cmd::Front(args) => front::run(args),
+        Cmd::Fleet { command } => fleet::run(command),
+        Cmd::FrontRouter { id } => front_router::run(id),
         Cmd::Gateway { id, netns } => gateway::run(id, netns),
         Cmd::Image { command } => image(command),
         Cmd::Doctor { state_dir } => doctor::run(&state_dir),

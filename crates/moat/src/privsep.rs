@@ -2,7 +2,8 @@
 //! backends, store) runs the front door, which parses everything from the
 //! network, as a child of its own under an unprivileged uid, confined by
 //! `moat_box::confine`, and answers its requests over `moat_api`. A front door
-//! that dies is started again; boxes never notice.
+//! that dies is started again; boxes never notice. `moat front` runs the same
+//! front door, its requests answered by a fleet's router instead.
 
 use std::net::TcpListener;
 use std::os::fd::{AsFd, OwnedFd};
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use moat_api::server::Privileged;
+use moat_api::server::Answer;
 use moat_api::{Hello, Packets};
 
 /// Who the front door runs as, and what it is told.
@@ -22,11 +23,11 @@ pub struct FrontDoor {
     pub hello: Hello,
 }
 
-/// Runs the front door on `listener` until this process ends, restarting it
-/// whenever it dies. The front door holds the only copy of the listening
+/// Runs the front door on `listener`, its requests answered by `answerer`,
+/// until this process ends, restarting it whenever it dies. The front door holds the only copy of the listening
 /// socket (so the process on the SSH port is the unprivileged one); a restart
 /// binds the same address again.
-pub async fn supervise(listener: TcpListener, front: FrontDoor, privileged: Arc<Privileged>) -> Result<()> {
+pub async fn supervise<A: Answer>(listener: TcpListener, front: FrontDoor, answerer: Arc<A>) -> Result<()> {
     // (std sets SO_REUSEADDR: the address binds again while old connections linger.)
     let addr = listener.local_addr()?;
     let mut listener = Some(listener);
@@ -44,7 +45,7 @@ pub async fn supervise(listener: TcpListener, front: FrontDoor, privileged: Arc<
             },
         };
         let started = Instant::now();
-        match run_once(socket, &front, Arc::clone(&privileged)).await {
+        match run_once(socket, &front, Arc::clone(&answerer)).await {
             Ok(status) => tracing::warn!(%status, "front door exited; starting it again"),
             Err(e) => tracing::error!(error = %format!("{e:#}"), "front door failed; starting it again"),
         }
@@ -99,10 +100,10 @@ pub fn spawn_child(arg0: &str, args: &[&std::ffi::OsStr]) -> Result<(tokio::proc
 }
 
 /// Starts one front door and serves its requests until it exits.
-async fn run_once(
+async fn run_once<A: Answer>(
     listener: TcpListener,
     front: &FrontDoor,
-    privileged: Arc<Privileged>,
+    answerer: Arc<A>,
 ) -> Result<std::process::ExitStatus> {
     let id = front.id.to_string();
     let (mut child, dialer) = spawn_child("moat-front-door", &["front-door".as_ref(), "--id".as_ref(), id.as_ref()])?;
@@ -113,7 +114,7 @@ async fn run_once(
     tracing::info!(pid = child.id(), "front door started");
     tokio::select! {
         status = child.wait() => Ok(status?),
-        served = moat_api::server::serve(dialer, privileged) => {
+        served = moat_api::server::serve(dialer, answerer) => {
             // It closed its end without exiting, or spoke out of turn: either
             // way it is no longer one we trust to run.
             if let Err(e) = served {
