@@ -40,6 +40,9 @@ pub struct Router<S> {
     dialer: Dialer,
     places: Mutex<HashMap<(AccountId, Name), (Instant, Place)>>,
     nodes: Mutex<Option<(Instant, Arc<Vec<NodeState>>)>>,
+    /// The accounts of keys that logged in, for when the store is away (only
+    /// keys that are accounts: the front door asks about any key a client shows).
+    accounts: Mutex<HashMap<String, AccountId>>,
     turn: AtomicUsize,
 }
 
@@ -76,17 +79,20 @@ impl<S: FleetStore> Router<S> {
             dialer,
             places: Mutex::new(HashMap::new()),
             nodes: Mutex::new(None),
+            accounts: Mutex::new(HashMap::new()),
             turn: AtomicUsize::new(0),
         })
     }
 
-    /// Runs a store call off the async workers.
+    /// Runs a store call (a read) off the async workers, twice if it fails:
+    /// the first call after PostgreSQL restarts finds its connection gone,
+    /// and the next reconnects.
     async fn ask<T: Send + 'static>(
         &self,
-        call: impl FnOnce(&S) -> Result<T, StoreFailure> + Send + 'static,
+        call: impl Fn(&S) -> Result<T, StoreFailure> + Send + 'static,
     ) -> Result<T, StoreFailure> {
         let store = Arc::clone(&self.store);
-        tokio::task::spawn_blocking(move || call(&store))
+        tokio::task::spawn_blocking(move || call(&store).or_else(|_| call(&store)))
             .await
             .unwrap_or_else(|e| Err(StoreFailure(format!("internal error: {e}"))))
     }
@@ -119,6 +125,29 @@ impl<S: FleetStore> Router<S> {
             places.insert(key, (Instant::now(), place.clone()));
         }
         Ok(place)
+    }
+
+    /// The account of `key`; when the store is away, the one it last had,
+    /// so that its user logs in and hears from its requests what is wrong.
+    async fn authorize(&self, key: String) -> Result<Option<AccountId>, StoreFailure> {
+        let asked = key.clone();
+        let answer = self.ask(move |s| s.account_for_key(&asked)).await;
+        let Ok(mut accounts) = self.accounts.lock() else { return answer };
+        match &answer {
+            Ok(Some(account)) => {
+                accounts.insert(key, account.clone());
+            }
+            Ok(None) => {
+                accounts.remove(&key);
+            }
+            Err(e) => {
+                if let Some(account) = accounts.get(&key) {
+                    tracing::warn!(error = %e, "the store is away: a key is taken for the account it last was");
+                    return Ok(Some(account.clone()));
+                }
+            }
+        }
+        answer
     }
 
     fn forget(&self, account: &AccountId, name: &Name) {
@@ -258,7 +287,7 @@ impl<S: FleetStore> Answer for Router<S> {
         }
         let outcome = match serde_json::from_slice::<Request>(&msg.bytes) {
             Err(e) => Err(ApiError { status: 255, message: format!("malformed request: {e}") }),
-            Ok(Request::Authorize { key }) => match self.ask(move |s| s.account_for_key(&key)).await {
+            Ok(Request::Authorize { key }) => match self.authorize(key).await {
                 Ok(account) => Ok(Reply::Account(account)),
                 Err(e) => Err(ApiError { status: 255, message: e.0 }),
             },
