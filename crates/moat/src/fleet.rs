@@ -46,6 +46,14 @@ pub enum FleetCmd {
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
+    /// Revoke a member's certificate (`join` and `token` print its serial):
+    /// every peer refuses it within seconds.
+    Revoke {
+        /// The certificate's serial (hex).
+        serial: String,
+        #[command(flatten)]
+        at: StoreAt,
+    },
     /// The SSH keys that are accounts, fleet-wide.
     Keys {
         #[command(subcommand)]
@@ -117,7 +125,16 @@ pub fn run(cmd: FleetCmd) -> Result<()> {
         }
         FleetCmd::Token { role, name, state_dir } => {
             let db = connect(&join::admin_store(&state_dir)?)?;
-            println!("{}", join::token(&db, &state_dir, role, &name)?);
+            let token = join::token(&db, &state_dir, role, &name)?;
+            eprintln!("issued {} {name}, certificate {}", role.as_str(), Token::decode(&token)?.member.serial);
+            println!("{token}");
+            Ok(())
+        }
+        FleetCmd::Revoke { serial, at } => {
+            if !connect(&at.dsn()?)?.revoke_member(serial.trim())? {
+                bail!("no member has certificate {serial}");
+            }
+            println!("revoked {serial}; peers refuse it within 5 s");
             Ok(())
         }
         FleetCmd::Join { token, state_dir } => {
@@ -129,7 +146,13 @@ pub fn run(cmd: FleetCmd) -> Result<()> {
                 Role::Node => "moat serve --state-dir DIR --advertise ADDR",
                 Role::Front => "moat front --state-dir DIR --listen ADDR",
             };
-            println!("joined as {} {}; next: {next}", token.member.role.as_str(), token.member.name);
+            let member = &token.member;
+            println!(
+                "joined as {} {} (certificate {}); next: {next}",
+                member.role.as_str(),
+                member.name,
+                member.serial
+            );
             Ok(())
         }
         FleetCmd::Keys { command } => keys(command),
