@@ -114,6 +114,14 @@ pub enum HostMsg {
     /// A microVM guest: list the root file system (`Stdout` frames of
     /// [`crate::walk`] records, then `Exit`).
     Walk,
+    /// A microVM guest: which of these paths (below `/`, without a leading
+    /// `/`) are regular files in its root? (A copy's identity files the
+    /// guest made itself, which the host must replace.) Answered with
+    /// [`AgentMsg::Present`].
+    Present {
+        /// The paths asked about.
+        paths: Vec<String>,
+    },
     /// Bytes for the process's stdin.
     Stdin(Vec<u8>),
     /// The client will send no more stdin.
@@ -144,6 +152,9 @@ pub enum AgentMsg {
     Connected,
     /// Answer to `Ping`.
     Pong,
+    /// Answer to [`HostMsg::Present`]: for each path asked about, in order,
+    /// whether it is a regular file.
+    Present(Vec<bool>),
 }
 
 /// A frame that cannot be decoded.
@@ -188,6 +199,7 @@ mod tag {
     pub const RESUMED: u8 = 0x0a;
     pub const SYNC: u8 = 0x0b;
     pub const WALK: u8 = 0x0c;
+    pub const PRESENT: u8 = 0x0d;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -196,6 +208,7 @@ mod tag {
     pub const ERROR: u8 = 0x85;
     pub const CONNECTED: u8 = 0x86;
     pub const PONG: u8 = 0x87;
+    pub const PRESENT_ANSWER: u8 = 0x88;
 }
 
 /// Appends frames to a buffer.
@@ -368,6 +381,14 @@ impl HostMsg {
             }
             Self::Sync => Writer::new(tag::SYNC).finish(),
             Self::Walk => Writer::new(tag::WALK).finish(),
+            Self::Present { paths } => {
+                let mut w = Writer::new(tag::PRESENT);
+                w.u32(u32::try_from(paths.len()).unwrap_or(0));
+                for path in paths {
+                    w.bytes(path.as_bytes());
+                }
+                w.finish()
+            }
             Self::Stdin(data) => {
                 let mut w = Writer::new(tag::STDIN);
                 w.bytes(data);
@@ -421,6 +442,18 @@ impl HostMsg {
             tag::RESUMED => Self::Resumed { unix_ns: r.u64()?, entropy: r.bytes()? },
             tag::SYNC => Self::Sync,
             tag::WALK => Self::Walk,
+            tag::PRESENT => {
+                let n = r.u32()? as usize;
+                // Each path takes at least 4 bytes; refuse counts the body cannot hold.
+                if n > r.rest.len() / 4 {
+                    return Err(ProtocolError::Truncated);
+                }
+                let mut paths = Vec::with_capacity(n);
+                for _ in 0..n {
+                    paths.push(r.string()?);
+                }
+                Self::Present { paths }
+            }
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
@@ -466,6 +499,11 @@ impl AgentMsg {
             }
             Self::Connected => Writer::new(tag::CONNECTED).finish(),
             Self::Pong => Writer::new(tag::PONG).finish(),
+            Self::Present(present) => {
+                let mut w = Writer::new(tag::PRESENT_ANSWER);
+                w.bytes(&present.iter().map(|p| u8::from(*p)).collect::<Vec<u8>>());
+                w.finish()
+            }
         }
     }
 
@@ -487,6 +525,7 @@ impl AgentMsg {
             tag::ERROR => Self::Error(String::from_utf8_lossy(&r.bytes()?).into_owned()),
             tag::CONNECTED => Self::Connected,
             tag::PONG => Self::Pong,
+            tag::PRESENT_ANSWER => Self::Present(r.bytes()?.iter().map(|b| *b != 0).collect()),
             other => return Err(ProtocolError::UnknownTag(other)),
         };
         r.end()?;
@@ -532,6 +571,8 @@ mod tests {
         host_roundtrip(HostMsg::Resumed { unix_ns: 1_796_000_000_000_000_000, entropy: vec![7; 32] });
         host_roundtrip(HostMsg::Sync);
         host_roundtrip(HostMsg::Walk);
+        host_roundtrip(HostMsg::Present { paths: vec!["etc/ssh/ssh_host_rsa_key".into(), String::new()] });
+        host_roundtrip(HostMsg::Present { paths: vec![] });
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));
@@ -548,6 +589,7 @@ mod tests {
         agent_roundtrip(AgentMsg::Error("no such file".into()));
         agent_roundtrip(AgentMsg::Connected);
         agent_roundtrip(AgentMsg::Pong);
+        agent_roundtrip(AgentMsg::Present(vec![true, false, true]));
     }
 
     #[test]

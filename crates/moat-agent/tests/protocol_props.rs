@@ -39,6 +39,9 @@ fn samples() -> Vec<Vec<u8>> {
         AgentMsg::Stdout(b"out".to_vec()).encode(),
         AgentMsg::Exit(ExitStatus::Signal { signo: 9, core_dumped: false }).encode(),
         AgentMsg::Error("no such program".into()).encode(),
+        HostMsg::Present { paths: vec!["etc/ssh/ssh_host_rsa_key".into(), "var/lib/systemd/random-seed".into()] }
+            .encode(),
+        AgentMsg::Present(vec![true, false]).encode(),
     ]
 }
 
@@ -52,7 +55,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_frames(which in 0usize..7, pos in 0usize..512, byte in any::<u8>(), op in 0u8..3) {
+    fn mutated_frames(which in 0usize..9, pos in 0usize..512, byte in any::<u8>(), op in 0u8..3) {
         let mut bytes = samples()[which].clone();
         let pos = pos % bytes.len();
         match op {

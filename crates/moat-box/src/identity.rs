@@ -12,11 +12,21 @@ use std::path::Path;
 
 use moat_core::Name;
 
-use crate::in_root::{exists_in_root, read_in_root, write_in_root};
+use crate::in_root::{exists_in_root, parents_in_root, read_in_root, write_in_root};
 use crate::trust;
 
 /// SSH host key types an image may carry, by their file names' middle part.
 const HOST_KEY_TYPES: &[&str] = &["rsa", "ecdsa", "ed25519"];
+
+/// Where a box keeps its random seed, if it has systemd.
+const RANDOM_SEED: &str = "var/lib/systemd/random-seed";
+
+/// The identity files a box may make itself (systemd writes a random seed,
+/// `ssh-keygen -A` host keys): [`mint`] replaces those in the root it is
+/// given, but a VM box's are on its disk, which the host never reads, so a
+/// copy's guest is asked which it holds ([`mint_held`]).
+pub const BOX_MADE: &[&str] =
+    &[RANDOM_SEED, "etc/ssh/ssh_host_rsa_key", "etc/ssh/ssh_host_ecdsa_key", "etc/ssh/ssh_host_ed25519_key"];
 
 /// Writes a fresh identity for a box called `name` into `root`: host name,
 /// machine-id, random seed, new SSH host keys for each kind the image has, and
@@ -28,18 +38,51 @@ pub fn mint(root: &Path, name: &Name) -> io::Result<String> {
     let machine_id = format!("{}\n", hex::encode(random::<16>()));
     write_in_root(&dir, "etc/machine-id", machine_id.as_bytes(), 0o444)?;
     // Only images with systemd have a seed to replace.
-    if_present(write_in_root(&dir, "var/lib/systemd/random-seed", &random::<512>(), 0o600))?;
-    for kind in HOST_KEY_TYPES {
-        let key = format!("etc/ssh/ssh_host_{kind}_key");
-        if exists_in_root(&dir, &key) {
-            let (private, public) = generate_host_key(kind, name)?;
-            write_in_root(&dir, &key, &private, 0o600)?;
-            write_in_root(&dir, &format!("{key}.pub"), &public, 0o644)?;
+    if_present(mint_file(&dir, RANDOM_SEED, name).map(drop))?;
+    for key in BOX_MADE.iter().filter(|rel| **rel != RANDOM_SEED) {
+        if exists_in_root(&dir, key) {
+            mint_file(&dir, key, name)?;
         }
     }
     let (ca_cert, ca_key) = moat_core::box_ca::mint().map_err(io::Error::other)?;
     trust::install(&dir, &ca_cert)?;
     Ok(ca_key)
+}
+
+/// Writes into `root` new identity files for those of `held` (paths of
+/// [`BOX_MADE`] a box holds in files the host cannot reach) that `root`
+/// lacks (what it has, [`mint`] made new already). Returns every path
+/// written (a host key's `.pub` beside it).
+pub fn mint_held(root: &Path, name: &Name, held: &[&str]) -> io::Result<Vec<String>> {
+    let dir: OwnedFd = std::fs::File::open(root)?.into();
+    let mut written = Vec::new();
+    for rel in held.iter().filter(|rel| BOX_MADE.contains(rel)) {
+        if exists_in_root(&dir, rel) {
+            continue;
+        }
+        parents_in_root(&dir, rel)?;
+        written.extend(mint_file(&dir, rel, name)?);
+    }
+    Ok(written)
+}
+
+/// Writes a new `rel` (the random seed, or an SSH host key with its `.pub`)
+/// into `dir`; the paths written.
+fn mint_file(dir: &OwnedFd, rel: &str, name: &Name) -> io::Result<Vec<String>> {
+    let kind = rel.strip_prefix("etc/ssh/ssh_host_").and_then(|k| k.strip_suffix("_key"));
+    match kind.filter(|kind| HOST_KEY_TYPES.contains(kind)) {
+        Some(kind) => {
+            let (private, public) = generate_host_key(kind, name)?;
+            let public_rel = format!("{rel}.pub");
+            write_in_root(dir, rel, &private, 0o600)?;
+            write_in_root(dir, &public_rel, &public, 0o644)?;
+            Ok(vec![rel.to_string(), public_rel])
+        }
+        None => {
+            write_in_root(dir, rel, &random::<512>(), 0o600)?;
+            Ok(vec![rel.to_string()])
+        }
+    }
 }
 
 /// Gives the box in `root` a new host name (after a promote).
@@ -142,5 +185,25 @@ mod tests {
             .unwrap()
             .contains("root@web"));
         assert!(!root.path().join("etc/ssh/ssh_host_rsa_key").exists());
+    }
+
+    #[test]
+    fn mint_held_writes_what_the_box_made_and_the_root_lacks() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("etc/ssh")).unwrap();
+        std::fs::write(root.path().join("etc/ssh/ssh_host_rsa_key"), "minted at dup").unwrap();
+        let name = Name::new("copy").unwrap();
+        let held = ["etc/ssh/ssh_host_rsa_key", "etc/ssh/ssh_host_ed25519_key", RANDOM_SEED, "etc/passwd"];
+        let written = mint_held(root.path(), &name, &held).unwrap();
+        assert_eq!(
+            written,
+            ["etc/ssh/ssh_host_ed25519_key", "etc/ssh/ssh_host_ed25519_key.pub", RANDOM_SEED],
+            "only what the root lacks, of the box's own identity files"
+        );
+        assert_eq!(std::fs::read_to_string(root.path().join("etc/ssh/ssh_host_rsa_key")).unwrap(), "minted at dup");
+        let key = std::fs::read_to_string(root.path().join("etc/ssh/ssh_host_ed25519_key")).unwrap();
+        assert!(key.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----"), "{key}");
+        assert_eq!(std::fs::read(root.path().join(RANDOM_SEED)).unwrap().len(), 512);
+        assert!(!root.path().join("etc/passwd").exists());
     }
 }

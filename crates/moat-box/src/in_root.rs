@@ -62,6 +62,17 @@ pub(crate) fn dir_in_root(root: &OwnedFd, rel: &str) -> io::Result<()> {
     }
 }
 
+/// Makes every directory above `rel` inside `root` that is not there.
+pub(crate) fn parents_in_root(root: &OwnedFd, rel: &str) -> io::Result<()> {
+    let mut at = 0;
+    while let Some(slash) = rel.get(at..).and_then(|rest| rest.find('/')) {
+        at += slash;
+        dir_in_root(root, rel.get(..at).unwrap_or_default())?;
+        at += 1;
+    }
+    Ok(())
+}
+
 /// What `rel` (resolved inside `root`, symlinks included) holds, if it is a
 /// regular file; larger than `max` bytes is an error.
 pub(crate) fn read_in_root(root: &OwnedFd, rel: &str, max: u64) -> io::Result<Option<Vec<u8>>> {

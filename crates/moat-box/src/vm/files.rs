@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use moat_agent::protocol::{AgentMsg, HostMsg};
 
-use crate::in_root::{dir_in_root, read_in_root, write_in_root};
+use crate::in_root::{dir_in_root, parents_in_root, read_in_root, write_in_root};
 
 /// The files of an image a box's mini-root starts from: those that moat
 /// edits rather than writes whole.
@@ -46,11 +46,7 @@ pub fn seed(files: &Path, image: &Path) -> io::Result<()> {
     let to: OwnedFd = std::fs::File::open(files)?.into();
     for rel in SEEDED {
         let Some(data) = read_in_root(&from, rel, MAX_SEED)? else { continue };
-        let mut parent = String::new();
-        for part in rel.split('/').collect::<Vec<_>>().split_last().map(|(_, dirs)| dirs.to_vec()).unwrap_or_default() {
-            parent = if parent.is_empty() { part.to_string() } else { format!("{parent}/{part}") };
-            dir_in_root(&to, &parent)?;
-        }
+        parents_in_root(&to, rel)?;
         let mode = if rel.ends_with("_key") || rel.ends_with("random-seed") { 0o600 } else { 0o644 };
         write_in_root(&to, rel, &data, mode)?;
     }
@@ -120,6 +116,20 @@ pub fn sync(socket: &Path, timeout: Duration) -> io::Result<()> {
     ask(socket, &HostMsg::Sync, timeout)
 }
 
+/// Which of `paths` (relative to the root) are regular files in the
+/// running guest's root, as its agent says (a guest may lie: what it says
+/// decides only which of its own files the host replaces).
+pub fn present(socket: &Path, paths: &[&str], timeout: Duration) -> io::Result<Vec<bool>> {
+    let deadline = Instant::now() + timeout;
+    let mut conn = connect(socket, timeout)?;
+    conn.write_all(&HostMsg::Present { paths: paths.iter().map(|p| p.to_string()).collect() }.encode())?;
+    match Answers::default().next(&mut conn, deadline)? {
+        AgentMsg::Present(present) if present.len() == paths.len() => Ok(present),
+        AgentMsg::Error(e) => Err(io::Error::other(e)),
+        other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+    }
+}
+
 /// Sends `msg` as a connection of its own and waits at most `timeout` in
 /// all for its `Pong` (a guest that answers a byte at a time is cut off).
 fn ask(socket: &Path, msg: &HostMsg, timeout: Duration) -> io::Result<()> {
@@ -145,6 +155,15 @@ struct Answers {
 impl Answers {
     /// The next answer, which must be `Pong`, by `deadline`.
     fn pong(&mut self, conn: &mut std::os::unix::net::UnixStream, deadline: Instant) -> io::Result<()> {
+        match self.next(conn, deadline)? {
+            AgentMsg::Pong => Ok(()),
+            AgentMsg::Error(e) => Err(io::Error::other(e)),
+            other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// The next answer, by `deadline`.
+    fn next(&mut self, conn: &mut std::os::unix::net::UnixStream, deadline: Instant) -> io::Result<AgentMsg> {
         let mut chunk = [0u8; 4096];
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -154,11 +173,7 @@ impl Answers {
             conn.set_read_timeout(Some(left))?;
             if let Some((msg, used)) = AgentMsg::decode(&self.buf).map_err(io::Error::other)? {
                 self.buf.drain(..used);
-                return match msg {
-                    AgentMsg::Pong => Ok(()),
-                    AgentMsg::Error(e) => Err(io::Error::other(e)),
-                    other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
-                };
+                return Ok(msg);
             }
             let n = conn.read(&mut chunk)?;
             if n == 0 || self.buf.len() > 64 << 10 {

@@ -20,7 +20,7 @@ use crate::machine::{Machine, StillWork};
 use crate::vm::qemu::{self, MachineSpec};
 use crate::vm::supervise::{self, VmPlan};
 use crate::vm::Accel;
-use crate::vm::{disk, files, vmlinux};
+use crate::vm::{disk, files, rekey, vmlinux};
 
 /// What only the VM machine needs (the helper it runs as `<helper>
 /// box-vm`, and the agent that is each guest's `/init`, are the host's).
@@ -224,13 +224,18 @@ impl VmMachine {
         let run_dir = self.box_run_dir(rec);
         let mut qmp = qemu::Qmp::connect(&supervise::qmp_socket(&run_dir), QMP_TIMEOUT).map_err(fail)?;
         let was_running = qmp.running().map_err(fail)?;
-        // Whole frames only on the guest's side of its link, as saved.
-        if let Err(e) = supervise::control(&run_dir, "hold") {
-            tracing::warn!(box_id = %rec.id, error = %e, "could not hold the agent's link for a save");
-        }
+        // Whole frames only on the guest's side of its link, as saved (held
+        // while `hold` lives: a crash meanwhile lets the link go with it).
+        let hold = supervise::Hold::take(&run_dir).inspect_err(
+            |e| tracing::warn!(box_id = %rec.id, error = %e, "could not hold the agent's link for a save"),
+        );
         let saved = qmp.save(&file).map_err(fail);
         let done = saved.and_then(|()| meanwhile().map_err(|e| BackendError::new(format!("copy {}", rec.name), e)));
-        let _ = supervise::control(&run_dir, "go");
+        if let Ok(hold) = hold {
+            if let Err(e) = hold.release() {
+                tracing::warn!(box_id = %rec.id, error = %e, "could not let the agent's link go after a save");
+            }
+        }
         if !go_on {
             if done.is_err() {
                 let _ = std::fs::remove_file(to);
@@ -298,19 +303,28 @@ impl VmMachine {
 
     /// Tells a guest that runs again what it missed: the time, fresh
     /// randomness, and its files (all of them for a copy: its identity).
-    fn after_resume(&self, rec: &BoxRecord, paths: Option<&[&str]>) {
+    fn after_resume(&self, rec: &BoxRecord, paths: Option<&[&str]>) -> Result<(), BackendError> {
         let socket = supervise::agent_socket(&self.box_run_dir(rec));
-        if let Err(e) = files::resumed(&socket, PUT_TIMEOUT) {
-            tracing::warn!(box_id = %rec.id, error = %e, "could not set a resumed guest's clock and randomness");
-        }
+        let reseeded = files::resumed(&socket, PUT_TIMEOUT)
+            .map_err(|e| BackendError::new(format!("set {}'s clock and randomness", rec.name), e));
         let pushed = match paths {
             Some(paths) => self.push_files(rec, paths),
             None => files::push_all(&socket, &self.files(rec), PUT_TIMEOUT)
                 .map_err(|e| BackendError::new(format!("hand {} its files", rec.name), e)),
         };
-        if let Err(e) = pushed {
-            tracing::warn!(box_id = %rec.id, error = ?e, "could not hand a resumed guest its files");
+        reseeded.and(pushed)
+    }
+
+    /// A copy's first run, before its first session: its guest's own
+    /// identity files made new too (see [`crate::vm::rekey`]).
+    fn rekey(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        let dir = self.host.pool.box_path(&rec.id);
+        if !rekey::pending(&dir) {
+            return Ok(());
         }
+        let socket = supervise::agent_socket(&self.box_run_dir(rec));
+        rekey::finish(&dir, &socket, &self.files(rec), &rec.name, PUT_TIMEOUT)
+            .map_err(|e| BackendError::new(format!("give {} an identity of its own", rec.name), e))
     }
 
     fn boot(&self, rec: &BoxRecord, saved: Option<&Path>) -> Result<u32, BackendError> {
@@ -340,6 +354,12 @@ impl VmMachine {
         })?;
         tracing::debug!(box_id = %rec.id, prepared = ?helper - started, up = ?helper.elapsed(), "vm booted");
         Ok(pid)
+    }
+
+    /// Marks `rec`, just copied, for its guest to be re-keyed on its first run.
+    fn mark_copy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        rekey::mark_copy(&self.host.pool.box_path(&rec.id))
+            .map_err(|e| BackendError::new(format!("mark {}", rec.name), e))
     }
 
     /// Runs QMP `command` (no arguments) on the box's machine.
@@ -389,15 +409,33 @@ impl Machine for VmMachine {
             match resumed {
                 Ok(pid) => {
                     let loaded = started.elapsed();
-                    self.after_resume(rec, None);
-                    tracing::debug!(box_id = %rec.id, loaded = ?loaded, told = ?started.elapsed() - loaded, "vm resumed");
-                    return Ok(pid);
+                    let copy = rekey::pending(&self.host.pool.box_path(&rec.id));
+                    match self.after_resume(rec, None).and_then(|()| self.rekey(rec)) {
+                        Ok(()) => {
+                            tracing::debug!(box_id = %rec.id, loaded = ?loaded, told = ?started.elapsed() - loaded, "vm resumed");
+                            return Ok(pid);
+                        }
+                        Err(e) if !copy => {
+                            tracing::warn!(box_id = %rec.id, error = ?e, "could not tell a resumed guest what it missed");
+                            return Ok(pid);
+                        }
+                        // A copy that cannot be made a machine of its own
+                        // does not run as its parent: booted afresh instead.
+                        Err(e) => {
+                            tracing::warn!(box_id = %rec.id, error = ?e, "a resumed copy was not re-keyed");
+                            self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+                        }
+                    }
                 }
                 // Booted afresh instead, on a disk as a power cut leaves it.
                 Err(e) => tracing::warn!(box_id = %rec.id, error = %e, "a saved machine did not load"),
             }
         }
-        self.boot(rec, None)
+        let pid = self.boot(rec, None)?;
+        self.rekey(rec).inspect_err(|_| {
+            let _ = self.host.cgroups.destroy(&rec.id);
+        })?;
+        Ok(pid)
     }
 
     fn agent_socket(&self, rec: &BoxRecord) -> PathBuf {
@@ -459,7 +497,9 @@ impl Machine for VmMachine {
         // Its clock stood while it was paused; and what changed meanwhile. A
         // guest that was neither (a start after a daemon restart) is not asked.
         if frozen || paused {
-            self.after_resume(rec, Some(LIVE_FILES));
+            if let Err(e) = self.after_resume(rec, Some(LIVE_FILES)) {
+                tracing::warn!(box_id = %rec.id, error = ?e, "could not tell a resumed guest what it missed");
+            }
         }
         Ok(())
     }
@@ -484,12 +524,13 @@ impl Machine for VmMachine {
             if frozen {
                 let _ = cgroups.freeze(&src.id);
             }
-            return copied.map(|()| Copied::Machine);
+            return copied.and_then(|()| self.mark_copy(dst)).map(|()| Copied::Machine);
         }
         // A source whose machine is saved (parked, or a copy before its
         // first session) passes that machine on too.
         let pool = &self.host.pool;
         pool.snapshot_box(&src.id, &dst.id).map_err(|e| BackendError::new(format!("copy {}", src.name), e))?;
+        self.mark_copy(dst)?;
         let saved = self.memory_path(&src.id);
         if !saved.exists() {
             return Ok(Copied::Files);

@@ -8,6 +8,7 @@
 //! - [`net`]: the box's network namespace, where the guest's link ends;
 //! - [`files`]: what moat writes into a guest, kept on the host;
 //! - [`listing`]: a guest's files as its agent lists them, for `diff`;
+//! - [`rekey`]: a copy's own identity in its guest, on its first run;
 //! - [`disk`]: the guest's root disk;
 //! - [`initramfs`], [`cpio`], [`modules`]: what the guest's kernel unpacks first;
 //! - [`vmlinux`]: the guest kernel unpacked, booted through its PVH entry;
@@ -25,6 +26,7 @@ pub mod modules;
 pub mod net;
 pub mod probe;
 pub mod qemu;
+pub mod rekey;
 pub mod supervise;
 pub mod vmlinux;
 

@@ -72,7 +72,7 @@ pub fn agent_socket(run_dir: &Path) -> PathBuf {
     run_dir.join("agent.sock")
 }
 
-/// The supervisor's control socket in a run directory (`hold`, `go`).
+/// The supervisor's control socket in a run directory (`hold`, `go`: see [`Hold`]).
 pub fn control_socket(run_dir: &Path) -> PathBuf {
     run_dir.join("ctl.sock")
 }
@@ -286,21 +286,31 @@ const DRAIN: Duration = Duration::from_secs(2);
 
 /// Answers the daemon's `hold` (before the machine is saved: no frame to the
 /// guest half written, and every byte written taken by QEMU, so that the
-/// saved guest holds whole frames only) and `go` (after).
+/// saved guest holds whole frames only). A hold lasts as long as the
+/// connection that asked for it, until `go` on it or its end: a daemon
+/// killed in the middle of a save (its end closed by the kernel) leaves no
+/// box whose link stays held. A `go` on a connection of its own is
+/// answered too (what daemons before this one sent).
 fn serve_control(control: &UnixListener, mux: &moat_agent::mux::Mux, link: &UnixStream) {
     for conn in control.incoming() {
         let Ok(mut conn) = conn else { continue };
         let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-        let mut word = String::new();
-        let _ = BufReader::new(&conn).take(16).read_line(&mut word);
-        let answer = match word.trim() {
+        let answer = match read_word(&conn).as_str() {
             "hold" => {
                 mux.hold();
                 let deadline = std::time::Instant::now() + DRAIN;
                 while sys::unread_by_peer(link.as_fd()).is_ok_and(|n| n > 0) && std::time::Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                "held\n"
+                // Held until the holder says `go` or is gone, however long
+                // its save takes.
+                let told = conn.write_all(b"held\n").and_then(|()| conn.set_read_timeout(None));
+                let word = if told.is_ok() { read_word(&conn) } else { String::new() };
+                mux.go();
+                if word != "go" {
+                    continue;
+                }
+                "going\n"
             }
             "go" => {
                 mux.go();
@@ -312,15 +322,58 @@ fn serve_control(control: &UnixListener, mux: &moat_agent::mux::Mux, link: &Unix
     }
 }
 
-/// Asks the supervisor in `run_dir` to `hold` or `go` (see [`serve_control`]).
-pub fn control(run_dir: &Path, word: &str) -> io::Result<()> {
-    let mut conn = UnixStream::connect(control_socket(run_dir))?;
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+/// The next word on a control connection (empty at its end or on an error).
+/// Each side waits for the other's answer before it says more, so no word
+/// is read ahead and lost with the buffer.
+fn read_word(conn: &UnixStream) -> String {
+    let mut word = String::new();
+    let _ = BufReader::new(conn).take(16).read_line(&mut word);
+    word.trim().to_string()
+}
+
+/// The supervisor's link to its guest held between frames (see
+/// [`serve_control`]) while this lives; [`Hold::release`] lets it go, as
+/// does the holder's end (a crash included).
+pub struct Hold {
+    conn: UnixStream,
+    run_dir: PathBuf,
+}
+
+impl Hold {
+    /// Asks the supervisor in `run_dir` to hold its guest's link.
+    pub fn take(run_dir: &Path) -> io::Result<Hold> {
+        let conn = UnixStream::connect(control_socket(run_dir))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        conn.set_write_timeout(Some(Duration::from_secs(5)))?;
+        let hold = Hold { conn, run_dir: run_dir.to_path_buf() };
+        hold.say("hold", "held")?;
+        Ok(hold)
+    }
+
+    /// Lets the link go and waits until the supervisor has.
+    pub fn release(self) -> io::Result<()> {
+        // A supervisor started before holds lasted a connection answered
+        // `held` and closed it: it is told `go` on a connection of its own.
+        self.say("go", "going").or_else(|_| Hold::word(&self.run_dir, "go", "going"))
+    }
+
+    fn say(&self, word: &str, answer: &str) -> io::Result<()> {
+        say(&self.conn, word, answer)
+    }
+
+    /// Says `word` on a connection of its own and expects `answer`.
+    fn word(run_dir: &Path, word: &str, answer: &str) -> io::Result<()> {
+        let conn = UnixStream::connect(control_socket(run_dir))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        say(&conn, word, answer)
+    }
+}
+
+/// Says `word` on `conn` and expects `answer`.
+fn say(mut conn: &UnixStream, word: &str, answer: &str) -> io::Result<()> {
     conn.write_all(format!("{word}\n").as_bytes())?;
-    let mut answer = String::new();
-    BufReader::new(&conn).take(16).read_line(&mut answer)?;
-    match answer.trim() {
-        "held" | "going" => Ok(()),
+    match read_word(conn) {
+        got if got == answer => Ok(()),
         other => Err(io::Error::other(format!("the supervisor answered {other:?} to {word}"))),
     }
 }

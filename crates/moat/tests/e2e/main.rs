@@ -55,12 +55,27 @@ impl Env {
     pub fn new_box(&self, name: &str, args: &[&str]) {
         let mut all = vec!["new", name];
         all.extend_from_slice(args);
-        if VM_PASS.load(Ordering::Relaxed) && !args.contains(&"--backend") {
-            all.extend_from_slice(&["--backend", "vm"]);
+        if !args.contains(&"--backend") {
+            all.extend_from_slice(pass_backend());
         }
         let out = self.alice(None, &all).ok();
         assert_eq!(out.stdout.trim(), name);
     }
+}
+
+/// The flags that make a box of this pass's kind (`--backend vm` during the
+/// VM pass), for tests that make boxes on a daemon of their own.
+pub fn pass_backend() -> &'static [&'static str] {
+    if in_vm_pass() {
+        &["--backend", "vm"]
+    } else {
+        &[]
+    }
+}
+
+/// Whether the VM pass runs (see [`VM_PASS_TESTS`]).
+pub fn in_vm_pass() -> bool {
+    VM_PASS.load(Ordering::Relaxed)
 }
 
 type TestFn = fn(&Env);
@@ -183,6 +198,8 @@ const VM_PASS_TESTS: &[(&str, TestFn)] = tests![
     clients::ansible_playbook_on_two_boxes,
     storage::diff_lists_changes,
     storage::promote_swaps_parent_and_child,
+    storage::dup_copies_and_makes_a_new_machine,
+    storage::dup_interrupted_leaves_nothing,
     checkpoints::restore_puts_a_damaged_box_back,
     secrets::reach_only_their_host_and_header,
 ];

@@ -65,7 +65,7 @@ pub fn put_tree(tree: &Path, root: &Path) {
 /// exactly this there last time.
 pub fn put(root: &Path, rel: &str, mode: u32, data: &[u8]) -> io::Result<()> {
     let rel_path = Path::new(rel);
-    if rel.is_empty() || !rel_path.components().all(|c| matches!(c, Component::Normal(_))) {
+    if !plain(rel) {
         return Err(io::Error::other(format!("{rel:?} is not a plain relative path")));
     }
     if data.len() > MAX_FILE {
@@ -87,6 +87,20 @@ pub fn put(root: &Path, rel: &str, mode: u32, data: &[u8]) -> io::Result<()> {
         nix::unistd::sethostname(name.trim()).map_err(io::Error::from)?;
     }
     Ok(())
+}
+
+/// For each of `paths` below `root`, whether it is a regular file (not
+/// through a symlink at its end; a path that is not plain relative is not).
+pub fn present(root: &Path, paths: &[String]) -> Vec<bool> {
+    paths
+        .iter()
+        .map(|rel| plain(rel) && std::fs::symlink_metadata(root.join(rel)).is_ok_and(|meta| meta.file_type().is_file()))
+        .collect()
+}
+
+/// Whether `rel` is a plain relative path (no `..`, no leading `/`).
+fn plain(rel: &str) -> bool {
+    !rel.is_empty() && Path::new(rel).components().all(|c| matches!(c, Component::Normal(_)))
 }
 
 /// The record of what the host wrote (empty if missing or unreadable).
@@ -133,6 +147,26 @@ mod tests {
         assert_eq!(std::fs::read(root.join("etc/environment")).unwrap(), b"A=2\n");
         assert!(put(&root, "../escape", 0o644, b"x").is_err());
         assert!(put(&root, "/etc/passwd", 0o644, b"x").is_err());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn present_tells_regular_files_only() {
+        let root = std::env::temp_dir().join(format!("moat-present-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("etc/ssh")).unwrap();
+        std::fs::write(root.join("etc/ssh/ssh_host_rsa_key"), "k").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("etc/ssh/ssh_host_ed25519_key")).unwrap();
+        let asked: Vec<String> = [
+            "etc/ssh/ssh_host_rsa_key",
+            "etc/ssh/ssh_host_ed25519_key",
+            "etc/ssh",
+            "etc/none",
+            "../present/etc/ssh/ssh_host_rsa_key",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(present(&root, &asked), [true, false, false, false, false]);
         let _ = std::fs::remove_dir_all(&root);
     }
 

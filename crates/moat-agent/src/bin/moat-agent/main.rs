@@ -88,6 +88,9 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
             frames::send(&stream, &AgentMsg::Pong)
         }
         Ok(Some(first @ HostMsg::PutFile { .. })) => host_files::serve(first, &mut reader, &stream),
+        Ok(Some(HostMsg::Present { paths })) => {
+            frames::send(&stream, &AgentMsg::Present(host_files::present(std::path::Path::new("/"), &paths)))
+        }
         Ok(Some(HostMsg::Resumed { unix_ns, entropy })) => match guest::resumed(unix_ns, &entropy) {
             Ok(()) => frames::send(&stream, &AgentMsg::Pong),
             Err(e) => frames::send(&stream, &AgentMsg::Error(e.to_string())),
