@@ -160,11 +160,21 @@ impl Backend for HostBackend {
         let machine = self.machine(src.backend)?;
         let started = std::time::Instant::now();
         let pool = &self.host.pool;
-        let copied = machine.copy(src, dst).inspect_err(|_| {
-            // Nothing of a copy that failed is left behind.
-            let _ = pool.forget_saved_machine(&dst.id);
-            let _ = pool.delete_box(&dst.id);
-        })?;
+        let copied = machine
+            .copy(src, dst)
+            // A VM box's disk is a file no larger than its limit (see `lineage`).
+            .and_then(|copied| match src.backend {
+                BackendKind::Ns => pool
+                    .note_copy(&src.id, &dst.id)
+                    .map(|()| copied)
+                    .map_err(|e| BackendError::new(format!("note {}'s parent", dst.name), e)),
+                BackendKind::Vm => Ok(copied),
+            })
+            .inspect_err(|_| {
+                // Nothing of a copy that failed is left behind.
+                let _ = pool.forget_saved_machine(&dst.id);
+                let _ = pool.delete_box(&dst.id);
+            })?;
         fault::point("dup-after-snapshot");
         let snapshot = started.elapsed();
         self.make_own(machine, dst).inspect_err(|_| {

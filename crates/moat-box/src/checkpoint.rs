@@ -97,7 +97,7 @@ impl Pool {
                  counted against the box's disk limit",
             ));
         }
-        self.own_box_qgroup(owner)?;
+        self.own_box_qgroup(owner.id, owner.disk_limit)?;
         let dir = self.checkpoints_dir(owner.id);
         fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
         let root = self.box_path(owner.id);
@@ -193,16 +193,16 @@ impl Pool {
         sys::qgroup_assign(pool, subvolume, box_qgroup(owner.id)).map_err(io_err("charge box for", &root))
     }
 
-    /// Gives box `id` its own qgroup, limited to its disk limit and holding
+    /// Gives box `id` its own qgroup, limited to `disk_limit` and holding
     /// its root. Every step is repeated each time (each is idempotent): one
     /// cut short before must not leave a group that limits nothing.
-    fn own_box_qgroup(&self, owner: &Owner<'_>) -> Result<(), PoolError> {
-        let group = box_qgroup(owner.id);
+    pub(crate) fn own_box_qgroup(&self, id: &BoxId, disk_limit: u64) -> Result<(), PoolError> {
+        let group = box_qgroup(id);
         let pool = self.root();
-        let root = self.box_path(owner.id);
+        let root = self.box_path(id);
         let subvolume = sys::subvolume_id(&root).map_err(io_err("look up subvolume", &root))?;
         sys::qgroup_create(pool, group).map_err(io_err("create box qgroup on", pool))?;
-        sys::qgroup_limit_exclusive(pool, group, owner.disk_limit).map_err(io_err("limit box qgroup on", pool))?;
+        sys::qgroup_limit_exclusive(pool, group, disk_limit).map_err(io_err("limit box qgroup on", pool))?;
         sys::qgroup_assign(pool, subvolume, group).map_err(io_err("charge box for", &root))
     }
 

@@ -8,7 +8,7 @@
 //!    │     └── vm/     a QEMU microVM with a kernel of its own
 //!    ├── host/     what both machines use: cgroups, the start helper, a new
 //!    │             box's ownership, network namespace tooling
-//!    └── pool, checkpoint, image, identity, trust, environment, diff
+//!    └── pool, checkpoint, lineage, image, identity, trust, environment, diff
 //! sys/      the raw kernel calls (btrfs, mount, seccomp, Landlock, tap, process
 //!           setup): with ns/enforce.rs, the crate's only `unsafe`
 //! ```
@@ -18,6 +18,7 @@
 //! - [`host`]: the host machinery both machines share;
 //! - [`pool`]: the copy-on-write storage pool (btrfs, loop-backed where needed);
 //! - [`checkpoint`]: a box's root saved by label, and restored in place;
+//! - [`lineage`]: a copy charged for what it keeps alive of removed parents;
 //! - [`image`]: building the read-only images boxes start from;
 //! - [`identity`], [`trust`], [`environment`]: what moat writes into a box
 //!   (through `in_root`, which never leaves the box's tree);
@@ -35,6 +36,7 @@ pub mod host;
 pub mod identity;
 pub mod image;
 mod in_root;
+pub mod lineage;
 pub mod machine;
 pub mod ns;
 pub mod pool;

@@ -323,8 +323,18 @@ impl Pool {
     /// The exclusive bytes of qgroup `qgroupid` (level in the top 16 bits; a
     /// bare subvolume id is level 0), from sysfs.
     pub(crate) fn qgroup_exclusive(&self, qgroupid: u64) -> Option<u64> {
+        self.qgroup_number(qgroupid, "exclusive")
+    }
+
+    /// The exclusive bytes qgroup `qgroupid` may count, if it exists and is
+    /// limited.
+    pub(crate) fn qgroup_limit(&self, qgroupid: u64) -> Option<u64> {
+        self.qgroup_number(qgroupid, "max_exclusive").filter(|limit| *limit > 0)
+    }
+
+    fn qgroup_number(&self, qgroupid: u64, field: &str) -> Option<u64> {
         let (level, id) = (qgroupid >> 48, qgroupid & ((1 << 48) - 1));
-        self.qgroup_file(&format!("{level}_{id}/exclusive"))?.trim().parse().ok()
+        self.qgroup_file(&format!("{level}_{id}/{field}"))?.trim().parse().ok()
     }
 
     /// Gives the pool's free space back to the host's disk now (a loop pool's
@@ -361,15 +371,20 @@ impl Pool {
         write.map_err(io_err("store CA key", &path))
     }
 
-    /// Deletes box `id`'s root, checkpoints and CA key, if they exist.
+    /// Deletes box `id`'s root, checkpoints and CA key, if they exist; what
+    /// they hold that copies of it keep alive is charged to those copies
+    /// ([`crate::lineage`]).
     pub fn delete_box(&self, id: &BoxId) -> Result<(), PoolError> {
+        let path = self.box_path(id);
+        if path.exists() {
+            self.bequeath(id)?;
+        }
         self.delete_checkpoints(id)?;
         let _ = fs::remove_file(self.ca_key_path(id));
-        let path = self.box_path(id);
-        if !path.exists() {
-            return Ok(());
+        if path.exists() {
+            sys::subvolume_delete(&self.boxes_dir(), id.as_str()).map_err(io_err("delete subvolume", &path))?;
         }
-        sys::subvolume_delete(&self.boxes_dir(), id.as_str()).map_err(io_err("delete subvolume", &path))
+        self.forget_copy(id)
     }
 }
 
@@ -423,7 +438,11 @@ fn format_image(image: &Path, size: u64) -> Result<(), PoolError> {
     let file = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
     file.set_len(size).map_err(io_err("size", &tmp))?;
     drop(file);
-    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&tmp), "mkfs.btrfs")?;
+    // One copy of metadata, as of data: quotas charge a tree block once, so
+    // with two (mkfs's default) a box that fills its limit with empty files
+    // costs the host twice its limit (and both copies are on the one host
+    // disk the loop image is on, which they would not survive the loss of).
+    run(Command::new("mkfs.btrfs").args(["-q", "-f", "-m", "single"]).arg(&tmp), "mkfs.btrfs")?;
     // Only a fully formatted image gets the real name.
     fs::rename(&tmp, image).map_err(io_err("rename", &tmp))
 }

@@ -154,6 +154,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     checkpoints::count_against_the_disk_limit,
     checkpoints::interrupted_checkpoints_and_restores_finish_or_undo,
     storage::account_budgets_hold_across_dup_and_rm,
+    storage::copies_are_charged_for_what_removed_parents_left,
     egress::deny_by_default_allow_by_name,
     egress::nothing_leaks_around_the_names,
     egress::udp_is_logged_at_most_50_a_second,

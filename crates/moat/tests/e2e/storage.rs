@@ -266,7 +266,8 @@ pub fn account_budgets_hold_across_dup_and_rm(env: &Env) {
     let extra = ["--max-disk-per-account", "160M", "--max-memory-per-account", "1G"];
     let mut daemon = Daemon::start(state.clone(), env.daemon.keys_file.clone(), &extra);
     let ssh = |user: Option<&str>, args: &[&str]| run(&mut daemon.ssh(&env.alice, user, args));
-    ssh(None, &["new", "b0", "--image", "busybox", "--disk", "64M", "--memory", "512M"]).ok();
+    // Its own limit above the budget: the budget is what binds here.
+    ssh(None, &["new", "b0", "--image", "busybox", "--disk", "200M", "--memory", "512M"]).ok();
     ssh(None, &["new", "other", "--image", "busybox", "--memory", "512M"]).ok();
     let out = ssh(None, &["new", "third", "--image", "busybox", "--memory", "256M"]);
     assert_eq!(
@@ -309,11 +310,24 @@ pub fn account_budgets_hold_across_dup_and_rm(env: &Env) {
     let out = ssh(None, &["new", "more", "--image", "busybox", "--memory", "256M"]);
     assert!(out.stderr.contains("all this server allows per account (160M)"), "{}", out.stderr);
 
-    // Files are metadata, and metadata is charged: a 64M box cannot make 300,000.
+    // Files are metadata, and metadata is charged: a 64M box cannot make
+    // 300,000, and what it makes costs the pool at most 1.25 times its limit
+    // (the bytes the pool holds, every copy of its metadata counted; before
+    // pools kept one copy of metadata, empty files cost it twice the limit).
     ssh(None, &["rm", &current]).ok();
     wait_for("the removed boxes' space", || {
         ssh(None, &["new", "files", "--image", "busybox", "--disk", "64M", "--memory", "256M"]).status == Some(0)
     });
+    let pool_used = || -> u64 {
+        let usage =
+            run(std::process::Command::new("btrfs").args(["filesystem", "usage", "-b"]).arg(state.join("pool")));
+        let line = usage.stdout.lines().find(|l| l.trim_start().starts_with("Used:")).unwrap_or_default().to_string();
+        line.split_whitespace().nth(1).unwrap_or_default().parse().unwrap_or_else(|_| panic!("{}", usage.stdout))
+    };
+    // The removed boxes' subvolumes cleaned first: their space going back
+    // meanwhile would hide what the files take.
+    run(std::process::Command::new("btrfs").args(["subvolume", "sync"]).arg(state.join("pool")));
+    let used_before = pool_used();
     let made: u64 = ssh(
         Some("files"),
         &["mkdir /m; i=0; while [ $i -lt 300000 ] && true > /m/$i 2>/dev/null; do i=$((i+1)); done; echo $i"],
@@ -324,6 +338,9 @@ pub fn account_budgets_hold_across_dup_and_rm(env: &Env) {
     .parse()
     .unwrap();
     assert!(made < 300_000, "a 64M box made {made} empty files");
+    run(std::process::Command::new("btrfs").args(["filesystem", "sync"]).arg(state.join("pool")));
+    let grew = pool_used().saturating_sub(used_before) >> 20;
+    assert!(grew <= 80, "{made} empty files under a 64M limit take {grew} MiB of the pool");
 
     // Space a box frees is given back to the host's disk (the loop image shrinks).
     let allocated = || {
@@ -336,6 +353,34 @@ pub fn account_budgets_hold_across_dup_and_rm(env: &Env) {
     ssh(Some("big"), &["rm /big; sync"]).ok();
     wait_for(&format!("the pool image to shrink from {before} MiB"), || allocated() + 100 <= before);
     daemon.purge();
+}
+
+/// `dup` then `rm` of the parent, repeated, cannot shed a box's own disk
+/// limit: what a copy keeps alive of removed parents counts against it, and
+/// stops counting once the copy frees it.
+pub fn copies_are_charged_for_what_removed_parents_left(env: &Env) {
+    let mut current = unique("line");
+    env.new_box(&current, &["--image", "busybox", "--disk", "64M"]);
+    for round in 1..=3 {
+        env.alice(Some(&current), &[&format!("dd if=/dev/urandom of=/f{round} bs=1M count=40 2>/dev/null; sync")]);
+        let next = unique("line");
+        env.alice(None, &["dup", &current, &next]).ok();
+        env.alice(None, &["rm", &current]).ok();
+        current = next;
+    }
+    let held = |name: &str| -> u64 {
+        let out = env.alice(Some(name), &["du -sm / 2>/dev/null | tail -1"]).ok().stdout;
+        out.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let kept = held(&current);
+    assert!(kept <= 64 + 8, "a --disk 64M box holds {kept} MiB after three rounds of dup, rm and 40 MiB written");
+    // What it frees of its parents' data stops counting: it writes again.
+    env.alice(Some(&current), &["rm -f /f1 /f2 /f3; sync"]).ok();
+    wait_for("the freed space to count", || {
+        env.alice(Some(&current), &["dd if=/dev/urandom of=/again bs=1M count=40 2>/dev/null && sync"]).status
+            == Some(0)
+    });
+    env.alice(None, &["rm", &current]).ok();
 }
 
 /// Polls `done` for up to 60 s.
