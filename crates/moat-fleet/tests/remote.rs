@@ -318,6 +318,49 @@ async fn hostile_peers_are_refused_without_a_panic_or_a_hang() {
     assert_eq!(f.client.authorize("ssh-ed25519 AAAA").await.unwrap(), Some(account()));
 }
 
+/// A node that answers with what no node sends: the front door hears an
+/// error, at once, and the router goes on.
+#[tokio::test]
+async fn a_hostile_node_is_an_error_not_a_panic_or_a_hang() {
+    let f = fleet().await;
+    let n1 = f.ca.issue(Role::Node, "n1").unwrap();
+    f.members.add(&n1, Role::Node, "n1");
+    let acceptor = tokio_rustls::TlsAcceptor::from(identity(&f.ca, &n1).server_config().unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hostile = listener.local_addr().unwrap();
+    let answers: [&[u8]; 4] = [
+        &[b'm', 0xff, 0xff, 0xff, 0xff, b'{'],
+        &[b'z', 0, 0, 0, 2, b'{', b'}'],
+        &[b'm', 0, 0, 0, 9, b'{'],
+        &[b'm', 0, 0, 0, 5, b'h', b'e', b'l', b'l', b'o'],
+    ];
+    tokio::spawn(async move {
+        for answer in answers {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(tcp).await.unwrap();
+            frame::read(&mut tls, MAX_REQUEST).await.unwrap();
+            tls.write_all(answer).await.unwrap();
+            tls.flush().await.unwrap();
+            // Then the connection ends (cut frames end here).
+        }
+    });
+    let (declined, _) = mpsc::unbounded_channel();
+    let router = Arc::new(Router {
+        dialer: Dialer::new(f.front.client_config().unwrap(), Peers::new(f.members.clone())),
+        node: hostile,
+        declined,
+    });
+    let (ours, theirs) = Packets::pair().unwrap();
+    tokio::spawn(moat_api::server::serve(Packets::new(ours).unwrap(), router));
+    let client = ApiClient::new(Packets::new(theirs).unwrap());
+    for _ in 0..4 {
+        let heard = tokio::time::timeout(Duration::from_secs(5), client.authorize("ssh-ed25519 AAAA")).await;
+        assert!(heard.expect("the router hung").is_err());
+    }
+    // The router and the fleet still work.
+    assert_eq!(f.client.authorize("ssh-ed25519 AAAA").await.unwrap(), Some(account()));
+}
+
 /// The added latency of one request through router and node over TLS,
 /// against the same request on a unix dialer: `cargo test --release -p
 /// moat-fleet --test remote -- --ignored --nocapture latency`.
