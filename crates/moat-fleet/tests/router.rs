@@ -238,6 +238,10 @@ async fn a_lost_node_and_an_unreachable_store_are_one_line() {
     f.store.nodes.lock().unwrap()[1].lease_until_ms = moat_core::clock::now_ms() - 14_200;
     let lost = f.client.call(&act(Op::Stop { name: name("web") })).await.unwrap_err();
     assert_eq!(lost.message, "box web is on node n2, which is not answering (its lease lapsed 14 s ago)");
+    // A user name that is a box routes to it from the store alone (then the
+    // session is refused naming the node).
+    let route = f.client.call(&act(Op::Route { name: name("web") })).await.unwrap();
+    assert_eq!(route, Reply::Route(moat_api::Route::Box));
     // What the store says of it (node-lost) any live node tells.
     assert_eq!(f.answered_by(&act(Op::Get { name: name("web") })).await.unwrap(), "n1");
     // Account-wide requests go to the live one only.
