@@ -47,6 +47,7 @@ struct Link {
 }
 
 /// What the connection thread is asked to do.
+#[derive(Clone)]
 enum Op {
     Execute(String, Vec<Value>),
     Query(String, Vec<Value>),
@@ -77,7 +78,8 @@ impl Postgres {
         let target = target_of(&config);
         let (ops, from_callers) = channel();
         let (to_callers, answers) = channel();
-        let conn = Connection { config, target, client: None, statements: HashMap::new(), in_tx: false };
+        let conn =
+            Connection { config, target, client: None, statements: HashMap::new(), in_tx: false, server_ended: false };
         std::thread::Builder::new()
             .name("moat-postgres".into())
             .spawn(move || conn.serve(&from_callers, &to_callers))
@@ -166,16 +168,36 @@ struct Connection {
     statements: HashMap<String, Statement>,
     /// Whether `client` is (or was, if it is gone) inside a transaction.
     in_tx: bool,
+    /// Whether the last failure was the server ending the session before
+    /// the call (see [`Connection::answer_once_more`]).
+    server_ended: bool,
 }
 
 impl Connection {
     /// Answers ops until every caller's end is dropped.
     fn serve(mut self, ops: &Receiver<Op>, answers: &Sender<Result<Answer, StoreError>>) {
         for op in ops {
-            if answers.send(self.answer(op)).is_err() {
+            if answers.send(self.answer_once_more(op)).is_err() {
                 break;
             }
         }
+    }
+
+    /// Answers `op`, and once more on a new connection if the old one turned
+    /// out to be gone (a restarted server: every first call after it would
+    /// fail otherwise) when that cannot run it twice: a read, or a statement
+    /// the server never ran (it had ended the session before it came).
+    fn answer_once_more(&mut self, op: Op) -> Result<Answer, StoreError> {
+        let had_client = self.client.is_some();
+        self.server_ended = false;
+        let again = matches!(op, Op::Query(..) | Op::Execute(..)) && !self.in_tx;
+        let first = self.answer(op.clone());
+        let lost = matches!(first, Err(StoreError::Unreachable(_))) && had_client && self.client.is_none();
+        let harmless = matches!(op, Op::Query(..)) || self.server_ended;
+        if again && lost && harmless {
+            return self.answer(op);
+        }
+        first
     }
 
     fn answer(&mut self, op: Op) -> Result<Answer, StoreError> {
@@ -257,6 +279,9 @@ impl Connection {
         if !lost {
             return StoreError::Postgres(e);
         }
+        // The server said it ended the session (shutdown, restart), or the
+        // client knew the connection closed: nothing of this call ran.
+        self.server_ended = e.is_closed() || e.as_db_error().is_some_and(is_outage);
         self.client = None;
         self.statements.clear();
         self.unreachable(&e.to_string())
@@ -378,6 +403,22 @@ mod tests {
         pg.start_again();
         assert!(store.list(None).unwrap().is_empty(), "the next call connects again");
         store.set_policy(&crate::ids::BoxId::random(), &Default::default()).unwrap();
+    }
+
+    #[test]
+    fn the_first_call_after_a_restart_succeeds() {
+        let pg = moat_testkit::Postgres::start();
+        let store = Store::connect(&pg.create_db()).unwrap();
+        let id = crate::ids::BoxId::random();
+        store.set_policy(&id, &Default::default()).unwrap();
+        // A restart between two calls, none during it: the connection the
+        // store holds is gone, and neither a read nor a write may fail for it.
+        pg.stop();
+        pg.start_again();
+        assert!(store.list(None).unwrap().is_empty());
+        pg.stop();
+        pg.start_again();
+        store.set_policy(&id, &Default::default()).unwrap();
     }
 
     #[test]
