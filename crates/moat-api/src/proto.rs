@@ -86,6 +86,9 @@ pub enum Op {
         /// What isolates it, if not the operator's default.
         #[serde(default)]
         backend: Option<moat_core::BackendKind>,
+        /// The fleet node to make it on, if not where placement puts it.
+        #[serde(default)]
+        node: Option<String>,
     },
     /// Removes a box.
     Remove {
@@ -318,6 +321,9 @@ pub struct BoxInfo {
     /// What isolates it (`ns` or `vm`).
     #[serde(default)]
     pub backend: moat_core::BackendKind,
+    /// The fleet node that holds it (none on a single host).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
 }
 
 impl From<&BoxRecord> for BoxInfo {
@@ -335,9 +341,22 @@ impl From<&BoxRecord> for BoxInfo {
             keep_running: r.keep_running,
             state_since: r.state_since,
             backend: r.backend,
+            node: r.node.clone(),
         }
     }
 }
+
+impl BoxInfo {
+    /// The box as `ls` and `info` show it when its node's lease lapsed: its
+    /// last known state no longer holds.
+    pub fn on_lost_node(mut self) -> Self {
+        self.state = NODE_LOST.to_string();
+        self
+    }
+}
+
+/// The state shown for a box whose node stopped renewing its lease.
+pub const NODE_LOST: &str = "node-lost";
 
 /// Who an account is and what the operator lets it use: `whoami`. Its JSON
 /// is what `whoami --json` prints.
@@ -489,6 +508,7 @@ mod tests {
                 policy: Some(Preset::GithubRead),
                 ask: false,
                 backend: Some(moat_core::BackendKind::Vm),
+                node: Some("n1".into()),
             };
             let bytes = mutated(create, pos, byte, op);
             if let Ok(Request::Act { op: Op::Create { name, image, .. }, .. }) = serde_json::from_slice::<Request>(&bytes) {

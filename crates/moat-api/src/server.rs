@@ -308,6 +308,10 @@ async fn open_session(
 fn api_error(e: ManagerError) -> ApiError {
     let status = match e {
         ManagerError::Limits(_) | ManagerError::Policy(_) | ManagerError::Secret(_) => 2,
+        // Not this node's to do: a fleet's router asks the right one.
+        ManagerError::OnOtherNode { .. } | ManagerError::NoRoomHere(_) | ManagerError::NoSuchNode(_) => {
+            crate::proto::ELSEWHERE
+        }
         _ => 1,
     };
     ApiError { status, message: error_chain(&e) }
@@ -327,21 +331,42 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// What `name` is to `account`: a box; else close to one (a typo, or a name
 /// `promote` took away: `web-try` once it is `web`); else a former box; else
-/// nothing. A store error must not route a box's command to the control
-/// plane: it is taken for a former box.
-fn route(m: &BoxManager, account: &AccountId, name: &moat_core::Name) -> Route {
-    if m.get(account, name).is_ok() {
-        return Route::Box;
+/// nothing. A store that cannot be read is an error (the front door tells
+/// it): never a route to the control plane for a box's command.
+fn route(m: &BoxManager, account: &AccountId, name: &moat_core::Name) -> Result<Route, ManagerError> {
+    match m.get(account, name) {
+        Ok(_) => return Ok(Route::Box),
+        Err(ManagerError::NoSuchBox(_)) => {}
+        Err(e) => return Err(e),
     }
-    let Ok(boxes) = m.list(account) else { return Route::Gone };
+    let boxes = m.list(account)?;
     let near = moat_core::near::closest(name.as_str(), boxes.iter().map(|b| b.name.as_str()));
     if let Some(b) = near.and_then(|n| boxes.iter().find(|b| b.name.as_str() == n)) {
-        return Route::Near(b.name.clone());
+        return Ok(Route::Near(b.name.clone()));
     }
-    if m.was_box(account, name).unwrap_or(true) {
-        return Route::Gone;
+    if m.was_box(account, name)? {
+        return Ok(Route::Gone);
     }
-    Route::None
+    Ok(Route::None)
+}
+
+/// The nodes among `boxes`' whose lease lapsed (read only in a fleet, and
+/// only when a box is on another node).
+fn lost_nodes(m: &BoxManager, boxes: &[moat_core::BoxRecord]) -> Vec<String> {
+    if boxes.iter().all(|b| b.node == m.node()) {
+        return Vec::new();
+    }
+    m.lost_nodes().unwrap_or_default()
+}
+
+/// A box as `ls` and `info` show it: `node-lost` when its node is.
+fn shown(b: &moat_core::BoxRecord, lost: &[String]) -> BoxInfo {
+    let info = BoxInfo::from(b);
+    if lost.contains(&b.node) {
+        info.on_lost_node()
+    } else {
+        info
+    }
 }
 
 /// Carries out one operation for `account`: each arm the core-side half of
@@ -355,10 +380,21 @@ async fn run(
 ) -> Result<Reply, ManagerError> {
     let m = &ctx.manager;
     Ok(match op {
-        Op::Route { name } => Reply::Route(route(m, account, &name)),
-        Op::List => Reply::Boxes(m.list(account)?.iter().map(BoxInfo::from).collect()),
-        Op::Get { name } => Reply::Box(BoxInfo::from(&m.get(account, &name)?)),
-        Op::Create { name, image, limits, idle, policy, ask, backend } => {
+        Op::Route { name } => Reply::Route(route(m, account, &name)?),
+        Op::List => {
+            let boxes = m.list(account)?;
+            let lost = lost_nodes(m, &boxes);
+            Reply::Boxes(boxes.iter().map(|b| shown(b, &lost)).collect())
+        }
+        Op::Get { name } => {
+            let b = m.get(account, &name)?;
+            Reply::Box(shown(&b, &lost_nodes(m, std::slice::from_ref(&b))))
+        }
+        Op::Create { name, image, limits, idle, policy, ask, backend, node } => {
+            // The router sends `new --node N` to N; anywhere else it is a mistake.
+            if let Some(node) = node.filter(|n| n != m.node()) {
+                return Err(ManagerError::NoSuchNode(node));
+            }
             let mut policy = match policy {
                 Some(preset) => preset.policy(&ctx.registries)?,
                 None => ctx.default_policy.clone(),

@@ -76,10 +76,11 @@ pub enum NodeError {
 }
 
 /// A node's side of the fleet, for `moat serve` on a node: answers front
-/// doors' routers on `addr` as the member `dir` holds (a node), with
+/// doors' routers on `listener` (bound by the caller, so that the lease it
+/// renews names the port bound) as the member `dir` holds (a node), with
 /// `answerer` (the daemon's `Privileged`), until the listener fails. Peers
 /// are checked with a store connection of its own.
-pub async fn serve_node<A: Answer>(dir: &FleetDir, addr: SocketAddr, answerer: Arc<A>) -> Result<(), NodeError> {
+pub async fn serve_node<A: Answer>(dir: &FleetDir, listener: TcpListener, answerer: Arc<A>) -> Result<(), NodeError> {
     if dir.member.role != Role::Node {
         return Err(NodeError::NotNode { role: dir.member.role, name: dir.member.name.clone() });
     }
@@ -89,8 +90,8 @@ pub async fn serve_node<A: Answer>(dir: &FleetDir, addr: SocketAddr, answerer: A
         .map_err(|e| StoreFailure(e.to_string()))?
         .map_err(StoreFailure::from)?;
     let peers = Peers::new(Arc::new(StoreMembers(Arc::new(store))));
+    let addr = listener.local_addr().map_err(|source| NodeError::Listen { addr: ([0, 0, 0, 0], 0).into(), source })?;
     let listen = |source| NodeError::Listen { addr, source };
-    let listener = TcpListener::bind(addr).await.map_err(listen)?;
     let node = Arc::new(NodeListener {
         tls: dir.identity.server_config()?,
         peers,

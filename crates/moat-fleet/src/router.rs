@@ -178,8 +178,8 @@ impl<S: FleetStore> Router<S> {
     }
 
     async fn act(&self, conn: &Packets, request: &[u8], account: &AccountId, op: &Op) -> Result<(), RouteError> {
-        if let Op::Create { .. } = op {
-            return self.create(conn, request).await;
+        if let Op::Create { node, .. } = op {
+            return self.create(conn, request, node.as_deref()).await;
         }
         let Some(name) = named_box(op) else { return self.to_any(conn, request).await };
         // Twice at most: a node that declines the box makes us ask the store again.
@@ -243,14 +243,22 @@ impl<S: FleetStore> Router<S> {
         self.dialer.dial(&node.name, &node.address).await.map_err(|e| e.reason())
     }
 
-    /// A new box: the nodes with the most room first, the next when one is full.
-    async fn create(&self, conn: &Packets, request: &[u8]) -> Result<(), RouteError> {
+    /// A new box: on the node `new --node` named, else the nodes with the
+    /// most room first, the next when one is full.
+    async fn create(&self, conn: &Packets, request: &[u8], asked: Option<&str>) -> Result<(), RouteError> {
         let now = now_ms();
-        let mut candidates: Vec<NodeState> = self
-            .nodes(true)
-            .await?
+        let nodes = self.nodes(true).await?;
+        if let Some(asked) = asked.filter(|a| !nodes.iter().any(|n| n.name == *a)) {
+            return Err(RouteError::NoRoom(format!("no node named {asked} in the fleet (see: moat nodes)")));
+        }
+        // The node `--node` named is asked whatever the store says of its
+        // room, so that its own refusal (full, cordoned) is what the user reads.
+        let mut candidates: Vec<NodeState> = nodes
             .iter()
-            .filter(|n| n.live(now) && !n.cordoned && n.free_boxes > 0)
+            .filter(|n| match asked {
+                Some(asked) => n.name == asked,
+                None => n.live(now) && !n.cordoned && n.free_boxes > 0,
+            })
             .cloned()
             .collect();
         candidates.sort_by_key(|n| std::cmp::Reverse((n.free_memory, n.free_cpus)));

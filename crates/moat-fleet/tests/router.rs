@@ -161,6 +161,7 @@ fn create(box_name: &str) -> Request {
         policy: None,
         ask: false,
         backend: None,
+        node: None,
     })
 }
 

@@ -56,6 +56,9 @@ pub enum Target {
     /// Any other name (the client's local user, as in `ssh HOST ls`): control
     /// commands run, anything else is taken for a mistyped box.
     Other(String),
+    /// What the name is could not be told (the state store unreachable, a
+    /// fleet's node lost): nothing runs, and the user hears why.
+    Unknown(ApiError),
 }
 
 impl ChannelCtx {
@@ -74,8 +77,10 @@ impl ChannelCtx {
             Ok(Reply::Route(Route::Box)) => Target::Box(name),
             Ok(Reply::Route(Route::Near(meant))) => Target::Near(self.user.clone(), meant),
             Ok(Reply::Route(Route::None)) => Target::Other(self.user.clone()),
+            Ok(Reply::Route(Route::Gone)) => Target::Gone(self.user.clone()),
             // A failure must not route a box's command to the control plane.
-            _ => Target::Gone(self.user.clone()),
+            Ok(reply) => Target::Unknown(ApiError::unexpected(&reply)),
+            Err(e) => Target::Unknown(e),
         }
     }
 
@@ -142,6 +147,7 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx, setup: Arc<ChannelSet
         Target::Control => run_control(program, rx, &tx, &ctx).await,
         Target::Box(name) => run_in_box(&name, program, pty, env, rx, tx, &ctx).await,
         Target::Gone(user) => fail(&tx, &no_box(&user), EXIT_MOAT_FAILED).await,
+        Target::Unknown(e) => fail(&tx, &e.message, EXIT_MOAT_FAILED).await,
         Target::Near(user, meant) => {
             let msg = format!("no box named {user:?} (did you mean {:?}?)", meant.as_str());
             fail(&tx, &msg, EXIT_MOAT_FAILED).await

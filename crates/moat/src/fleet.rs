@@ -18,8 +18,9 @@ pub enum FleetCmd {
     /// Make a fleet in the store: its CA (the key stays in --state-dir), its
     /// SSH host key and the fleet key.
     Init {
-        /// The store's DSN (postgres://USER:PASSWORD@HOST:PORT/DB).
-        #[arg(long)]
+        /// The store's DSN (postgres://USER:PASSWORD@HOST:PORT/DB; also
+        /// `$MOAT_STORE`, which keeps the password off the command line).
+        #[arg(long, env = "MOAT_STORE", hide_env_values = true)]
         store: String,
         /// Where the CA's key is kept (the operator's, not a node's).
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
@@ -91,8 +92,9 @@ pub enum KeysCmd {
 /// Which store: given, or the one a fleet dir names.
 #[derive(clap::Args)]
 pub struct StoreAt {
-    /// The store's DSN [default: the one in STATE_DIR/fleet.json].
-    #[arg(long)]
+    /// The store's DSN (also `$MOAT_STORE`, which keeps its password off the
+    /// command line) [default: the one in STATE_DIR/fleet.json].
+    #[arg(long, env = "MOAT_STORE", hide_env_values = true)]
     store: Option<String>,
     /// A dir `moat fleet init` or `join` wrote.
     #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
@@ -100,6 +102,11 @@ pub struct StoreAt {
 }
 
 impl StoreAt {
+    /// Connects to the store.
+    pub fn open(&self) -> Result<moat_core::Store> {
+        moat_core::Store::connect(&self.dsn()?).context("open the fleet's store")
+    }
+
     fn dsn(&self) -> Result<String> {
         match &self.store {
             Some(dsn) => Ok(dsn.clone()),

@@ -12,6 +12,8 @@ mod front_router;
 mod gateway;
 mod gateway_supervisor;
 mod microvm;
+mod node;
+mod nodes;
 mod paths;
 mod privsep;
 mod procs;
@@ -54,6 +56,19 @@ enum Cmd {
         /// State directory.
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+    },
+    /// List the fleet's nodes: address, lease, boxes and room.
+    Nodes {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        at: fleet::StoreAt,
+    },
+    /// Cordon or uncordon a node of the fleet.
+    Node {
+        #[command(subcommand)]
+        command: nodes::NodeCmd,
     },
     /// Make a fleet, its members, and its accounts' keys.
     Fleet {
@@ -133,6 +148,8 @@ fn main() {
         Cmd::FrontDoor { id } => front_door::run(id),
         Cmd::Front(args) => front::run(args),
         Cmd::Fleet { command } => fleet::run(command),
+        Cmd::Nodes { json, at } => nodes::list(&at, json),
+        Cmd::Node { command } => nodes::run(command),
         Cmd::FrontRouter { id } => front_router::run(id),
         Cmd::Gateway { id, netns } => gateway::run(id, netns),
         Cmd::Image { command } => image(command),

@@ -58,15 +58,26 @@ pub fn backend(
     Ok((HostBackend::new(host, ns, vm), default))
 }
 
-/// The state dir's database, handing out host uids from the block of them
-/// this state dir holds on this host (see [`crate::uid_block`]) for as long
-/// as the claim is kept.
-pub fn open_store(state_dir: &Path) -> Result<(Store, crate::uid_block::Claim)> {
-    let db = state_dir.join("moat.db");
-    let mut store = Store::open(&db).context("open the state database")?;
+/// The store (the state dir's SQLite database, or PostgreSQL at `dsn`), as
+/// fleet node `node` (`""`: a single host), handing out host uids from the
+/// block of them this state dir holds on this host (see [`crate::uid_block`])
+/// for as long as the claim is kept.
+pub fn open_store(state_dir: &Path, dsn: Option<&str>, node: &str) -> Result<(Store, crate::uid_block::Claim)> {
+    let mut store = match dsn {
+        Some(dsn) => Store::connect(dsn).context("open the state store")?.for_node(node),
+        None => open_database(&state_dir.join("moat.db"))?,
+    };
+    let claim = crate::uid_block::claim(state_dir, store.slot_block_in_use()?)?;
+    store.use_slot_block(claim.block)?;
+    Ok((store, claim))
+}
+
+/// The state dir's SQLite database, readable by root alone.
+fn open_database(db: &Path) -> Result<Store> {
+    let store = Store::open(db).context("open the state database")?;
     // It holds sealed secrets: readable by root alone, whatever the umask
     // (and inside a directory only root may enter).
-    for file in [db.clone(), db.with_extension("db-wal"), db.with_extension("db-shm")] {
+    for file in [db.to_path_buf(), db.with_extension("db-wal"), db.with_extension("db-shm")] {
         use std::os::unix::fs::PermissionsExt as _;
         match std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -75,9 +86,7 @@ pub fn open_store(state_dir: &Path) -> Result<(Store, crate::uid_block::Claim)> 
             _ => {}
         }
     }
-    let claim = crate::uid_block::claim(state_dir, store.slot_block_in_use()?)?;
-    store.use_slot_block(claim.block)?;
-    Ok((store, claim))
+    Ok(store)
 }
 
 /// The key secrets are sealed with: read from `path`, or made there (32

@@ -12,6 +12,18 @@ use moat_core::{Backend, Store};
 
 use crate::paths;
 
+/// The store whose boxes the state dir's pool holds: a fleet node's (its
+/// own boxes in the fleet's store, which then no longer lists them), or the
+/// state dir's own database.
+fn state_store(state_dir: &Path) -> Result<Store> {
+    if !state_dir.join("fleet.json").exists() {
+        return Store::open(&state_dir.join("moat.db")).context("open the state database");
+    }
+    let dir = moat_fleet::join::FleetDir::load(state_dir).context("read the fleet membership")?;
+    let store = Store::connect(&dir.config.store).context("open the fleet's store")?;
+    Ok(store.for_node(&dir.member.name))
+}
+
 /// Removes everything under `state_dir`; the daemon must not be running.
 pub fn run(state_dir: &Path) -> Result<()> {
     if !state_dir.exists() {
@@ -28,8 +40,8 @@ pub fn run(state_dir: &Path) -> Result<()> {
     // Removal needs no machine: a VM box goes as a namespace box does.
     let ns = NsMachine::new(host.clone(), NsConfig::default());
     let backend = Arc::new(HostBackend::new(host, ns, Err("purging".into())));
-    let store = Store::open(&state_dir.join("moat.db")).context("open the state database")?;
-    for rec in store.list(None)? {
+    let store = state_store(state_dir)?;
+    for rec in store.list_here()? {
         eprintln!("removing box {} ({})", rec.name, rec.id);
         backend.destroy(&rec).with_context(|| format!("remove box {}", rec.name))?;
         store.delete(&rec.id)?;

@@ -106,6 +106,8 @@ pub struct ServeArgs {
     secrets_key: Option<PathBuf>,
     #[command(flatten)]
     vm: crate::microvm::VmArgs,
+    #[command(flatten)]
+    fleet: crate::node::NodeArgs,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -122,6 +124,23 @@ fn host_capacity() -> (u32, u64) {
         })
         .map_or(u64::MAX, |kib| kib << 10);
     (cpus, memory)
+}
+
+/// Binds a node's fleet listener and renews its lease once (so that the
+/// lease names the port actually bound); the offer it keeps renewing.
+async fn node_listener(
+    node: &crate::node::Node,
+    store: &moat_core::Store,
+    args: &crate::node::NodeArgs,
+    disk: u64,
+) -> Result<(tokio::net::TcpListener, moat_core::store::nodes::NodeOffer)> {
+    let listener = tokio::net::TcpListener::bind(node.advertise)
+        .await
+        .with_context(|| format!("listen for the fleet on {}", node.advertise))?;
+    let offer = args.offer(&node.name, listener.local_addr()?, host_capacity(), disk);
+    tokio::task::block_in_place(|| store.renew_lease(&offer)).context("take this node's lease")?;
+    tracing::info!(node = %node.name, address = %offer.address, "fleet node");
+    Ok((listener, offer))
 }
 
 /// Runs the daemon until killed.
@@ -141,7 +160,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;
     let max_disk_per_account = args.max_disk_per_account.unwrap_or(args.max_disk);
     let (backend, default_backend) = paths::backend(&state_dir, agent.clone(), max_disk_per_account, &args.vm)?;
-    let (store, _uid_block) = paths::open_store(&state_dir)?;
+    let node = args.fleet.node(&state_dir)?;
+    let dsn = args.fleet.store.clone().or_else(|| node.as_ref().map(|n| n.dir.config.store.clone()));
+    let node_name = node.as_ref().map_or(String::new(), |n| n.name.clone());
+    let (store, _uid_block) = paths::open_store(&state_dir, dsn.as_deref(), &node_name)?;
+    // A node renews its lease before anything else: until then no box may be
+    // placed on it, and its front doors' routers would call it lost.
+    let listener = match &node {
+        Some(node) => Some(node_listener(node, &store, &args.fleet, max_disk_per_account).await?),
+        None => None,
+    };
     // Never below the per-box defaults, or a plain `new` would be refused.
     let (host_cpus, host_memory) = host_capacity();
     let defaults = moat_core::Limits::default();
@@ -174,7 +202,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
         None => anyhow::bail!("no nameserver in /etc/resolv.conf: give the gateway one with --upstream-dns"),
     };
     let manager = BoxManager::new(store, Arc::new(backend), config);
-    let key = paths::secrets_key(&args.secrets_key.unwrap_or_else(|| state_dir.join("secrets.key")))?;
+    // Every node of a fleet seals with the fleet key: a secret added through
+    // one node opens on the node its box is on.
+    let key = match &node {
+        Some(node) => node.dir.fleet_key.0,
+        None => paths::secrets_key(&args.secrets_key.unwrap_or_else(|| state_dir.join("secrets.key")))?,
+    };
     manager.set_sealer(moat_core::secrets::Sealer::new(&key).map_err(anyhow::Error::msg)?);
     // Before any box is recovered or made, so that every box gets its gateway.
     let egress = Arc::new(crate::gateway_supervisor::Egress::default());
@@ -205,12 +238,26 @@ async fn serve(args: ServeArgs) -> Result<()> {
         None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".ssh/authorized_keys"),
     };
     let keys = AuthorizedKeys::new(keys_path.clone());
-    let privileged = Arc::new(Privileged {
-        manager,
-        authorize: Box::new(move |key| keys.account_for_text(key)),
-        default_policy,
-        registries,
-    });
+    // In a fleet the accounts are the store's keys (`moat fleet keys`); the
+    // file still adds its own.
+    let fleet_keys = match &dsn {
+        Some(dsn) => Some(moat_core::Store::connect(dsn).context("open the state store for keys")?),
+        None => None,
+    };
+    let authorize = move |key: &str| {
+        let from_store = fleet_keys.as_ref().and_then(|s| s.account_for_fleet_key(key).ok().flatten());
+        from_store.or_else(|| keys.account_for_text(key))
+    };
+    let privileged = Arc::new(Privileged { manager, authorize: Box::new(authorize), default_policy, registries });
+    if let (Some(node), Some((listener, offer))) = (node, listener) {
+        tokio::spawn(crate::node::keep_lease(Arc::clone(&privileged.manager), offer));
+        let answerer = Arc::clone(&privileged);
+        tokio::spawn(async move {
+            if let Err(e) = moat_fleet::listen::serve_node(&node.dir, listener, answerer).await {
+                tracing::error!(error = %format!("{e:#}"), "the fleet listener failed");
+            }
+        });
+    }
     let front = FrontDoor {
         id: args.front_door_id,
         hello: Hello {

@@ -64,6 +64,9 @@ impl BoxManager {
         mut out: Box<ChangeSink<'static>>,
     ) -> Result<(), ManagerError> {
         let (a, b) = (self.get(account, a)?, self.get(account, b)?);
+        // Both copies are read from this node's pool (a dup stays on its node).
+        self.here(&a)?;
+        self.here(&b)?;
         // (The semaphore is never closed, so a turn always comes.)
         let _turn = self.diff_turns.acquire().await.ok();
         // A VM box lists its own files: it must not be suspended or stopped
@@ -121,6 +124,7 @@ impl BoxManager {
         if child.id != first.id || child.state == BoxState::Creating {
             return Err(ManagerError::Busy(child.name));
         }
+        self.here(&child)?;
         let parent = self
             .store
             .get_by_id(&parent_id)?

@@ -8,6 +8,7 @@
 mod ask;
 mod checkpoints;
 mod copies;
+mod fleet;
 mod meter;
 mod network;
 mod secrets;
@@ -18,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+pub use fleet::{LEASE, LEASE_RENEW};
 pub use meter::{SecretUsage, UsageReport};
 pub use network::NetworkHooks;
 pub use session::SessionGuard;
@@ -121,6 +123,29 @@ pub enum ManagerError {
     /// A policy rule or preset that does not parse.
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),
+    /// The box belongs to another node of the fleet.
+    #[error("box {name} is on node {node}{}", match lapsed {
+        Some(secs) => format!(", which is not answering (its lease lapsed {secs} s ago)"),
+        None => String::new(),
+    })]
+    OnOtherNode {
+        /// The box.
+        name: Name,
+        /// The node that holds it.
+        node: String,
+        /// Seconds since that node's lease lapsed, if it has.
+        lapsed: Option<u64>,
+    },
+    /// This node cannot take the new box (full, cordoned, or its lease
+    /// lapsed): a fleet's router tries another.
+    #[error(transparent)]
+    NoRoomHere(StoreError),
+    /// `new --node` named a node this is not (or none on a single host).
+    #[error("no node named {0} here")]
+    NoSuchNode(String),
+    /// This node's lease lapsed: it acts on no box until it has renewed it.
+    #[error("node {0} has lost its lease in the fleet's store and serves no box until it has it back")]
+    Fenced(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -210,6 +235,9 @@ pub const DIFFS_AT_ONCE: usize = 2;
 /// Runs the lifecycle over a store and a backend.
 pub struct BoxManager {
     store: Store,
+    /// The node this is (`store.node()`, kept: asked on every request).
+    node: String,
+    fence: fleet::Fence,
     backend: Arc<dyn Backend>,
     config: ManagerConfig,
     box_locks: Mutex<HashMap<BoxId, Arc<tokio::sync::Mutex<()>>>>,
@@ -227,6 +255,8 @@ impl BoxManager {
     /// A manager over `store` and `backend`.
     pub fn new(store: Store, backend: Arc<dyn Backend>, config: ManagerConfig) -> Arc<Self> {
         Arc::new(Self {
+            node: store.node_name().to_string(),
+            fence: fleet::Fence::default(),
             store,
             backend,
             config,
@@ -261,6 +291,7 @@ impl BoxManager {
         if rec.state == BoxState::Creating || rec.id != first.id {
             return Err(ManagerError::Busy(rec.name));
         }
+        self.here(&rec)?;
         Ok((rec, guard))
     }
 
@@ -369,6 +400,9 @@ impl BoxManager {
     ) -> Result<BoxRecord, ManagerError> {
         spec.limits.validate()?;
         reserved(&spec.name)?;
+        if !self.serving() {
+            return Err(ManagerError::NoRoomHere(StoreError::NodeUnavailable(self.node.clone())));
+        }
         self.check_quota(account, &spec.limits)?;
         if self.db(|s| s.get(account, &spec.name))?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
@@ -378,7 +412,10 @@ impl BoxManager {
         }
         self.ensure_image(&spec.image, progress).await?;
         let made = (&spec.image, spec.limits, self.backend_of(&spec));
-        let rec = self.db(|s| s.insert_new(account, &spec.name, made, now(), &spec.policy))?;
+        let rec = self.db(|s| s.insert_new(account, &spec.name, made, now(), &spec.policy)).map_err(|e| match e {
+            StoreError::NodeFull { .. } | StoreError::NodeUnavailable(_) => ManagerError::NoRoomHere(e),
+            e => e.into(),
+        })?;
         let rec = self
             .finish_new(rec, |b, r| {
                 b.create(r)?;

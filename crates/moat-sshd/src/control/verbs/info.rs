@@ -25,12 +25,14 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         (None, true) => format!("a removed box (duplicated at {})", utc(b.created_at)),
         (None, false) => "-".to_string(),
     };
+    let node = if b.node.is_empty() { String::new() } else { format!("node:     {}\n", b.node) };
     Ok(format!(
-        "name:     {}\nid:       {}\nstate:    {} (since {})\nidle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
+        "name:     {}\nid:       {}\nstate:    {} (since {})\n{}idle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
         b.name,
         b.id,
         b.state,
         utc(b.state_since),
+        node,
         idle_rule(&b),
         b.image,
         b.backend,

@@ -20,16 +20,28 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     if json {
         return Ok(to_json(&boxes));
     }
+    // A fleet's boxes say which node holds each; a single host's need not.
+    let nodes = boxes.iter().any(|b| !b.node.is_empty());
+    let node = |n: &str| if nodes { format!("{n:<12} ") } else { String::new() };
     let mut out = format!(
-        "{:<24} {:<9} {:<10} {:<7} {:>4} {:>8} {:>6}  {}\n",
-        "NAME", "STATE", "IMAGE", "BACKEND", "CPUS", "MEMORY", "PIDS", "PARENT"
+        "{:<24} {:<9} {}{:<10} {:<7} {:>4} {:>8} {:>6}  {}\n",
+        "NAME",
+        "STATE",
+        node("NODE"),
+        "IMAGE",
+        "BACKEND",
+        "CPUS",
+        "MEMORY",
+        "PIDS",
+        "PARENT"
     );
     for b in &boxes {
         let _ = writeln!(
             out,
-            "{:<24} {:<9} {:<10} {:<7} {:>4} {:>8} {:>6}  {}",
+            "{:<24} {:<9} {}{:<10} {:<7} {:>4} {:>8} {:>6}  {}",
             b.name,
             b.state,
+            node(&b.node),
             b.image,
             b.backend,
             b.limits.cpus,

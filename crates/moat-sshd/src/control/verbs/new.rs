@@ -12,9 +12,10 @@ pub const VERB: Verb = Verb {
     names: &["new"],
     help: "  \
   new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--idle SECONDS]
-         [--policy PRESET] [--ask] [--backend ns|vm]
+         [--policy PRESET] [--ask] [--backend ns|vm] [--node NODE]
                       create a box (image 'debian' unless told, built on first use;
-                      vm: a kernel of its own, ns: namespaces; the server's default unless told)
+                      vm: a kernel of its own, ns: namespaces; the server's default unless told;
+                      --node: on that node of a fleet, not where placement puts it)
 ",
     parse,
 };
@@ -27,6 +28,7 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
     let mut policy = None;
     let mut ask = false;
     let mut backend = None;
+    let mut node = None;
     let mut rest = rest(args, 1).iter();
     while let Some(flag) = rest.next() {
         if flag == "--ask" {
@@ -54,16 +56,28 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
                     BackendKind::parse(&v).ok_or_else(|| usage(format!("new: --backend: {v:?} is not ns or vm")))?;
                 backend = Some(kind);
             }
+            "--node" => node = Some(node_name(&value()?)?),
             other => return Err(usage(format!("new: unknown flag {other:?}"))),
         }
     }
     limits.validate().map_err(|e| usage(format!("new: {e}")))?;
-    Ok(Plan::Call(Call::new(Op::Create { name, image, limits, idle, policy, ask, backend }, super::name)))
+    Ok(Plan::Call(Call::new(Op::Create { name, image, limits, idle, policy, ask, backend, node }, super::name)))
 }
 
 /// A preset by name, for `new --policy` and `policy NAME preset`.
 pub fn preset(what: &str, value: &str) -> Result<Preset, UsageError> {
     Preset::parse(value).map_err(|_| usage(format!("{what}: no preset {value:?} (presets: {})", Preset::names())))
+}
+
+/// A node's name as a host name is: letters, digits, `-` and `.`.
+fn node_name(value: &str) -> Result<String, UsageError> {
+    let ok = (1..=253).contains(&value.len())
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && !value.starts_with(['-', '.']);
+    if !ok {
+        return Err(usage(format!("new: --node: {value:?} is not a node name")));
+    }
+    Ok(value.to_ascii_lowercase())
 }
 
 fn number(flag: &str, value: &str) -> Result<u32, UsageError> {

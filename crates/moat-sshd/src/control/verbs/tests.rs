@@ -56,11 +56,17 @@ fn parses_commands() {
             policy: None,
             ask: false,
             backend: None,
+            node: None,
         }
     );
     let Op::Create { backend, .. } = op("new web --backend vm") else { panic!("not new") };
     assert_eq!(backend, Some(BackendKind::Vm));
     assert!(p("new web --backend kvm").is_err());
+    let Op::Create { node, .. } = op("new web --node N2.example") else { panic!("not new") };
+    assert_eq!(node.as_deref(), Some("n2.example"));
+    for bad in ["new web --node", "new web --node ../x", "new web --node -n", "new web --node a_b"] {
+        assert!(p(bad).is_err(), "{bad}");
+    }
     assert_eq!(p("whoami").unwrap(), (Op::Whoami, false));
     assert_eq!(p("whoami --json").unwrap(), (Op::Whoami, true));
     assert!(p("whoami alice").is_err());
@@ -268,10 +274,23 @@ fn times_read_one_way_and_json_adds_strings() {
         keep_running: false,
         state_since: 1_796_080_060,
         backend: BackendKind::Ns,
+        node: String::new(),
     };
     let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
     let text = (info.render)(Reply::Box(b.clone()), &info.op, false).unwrap();
     assert!(text.contains("\nstate:    running (since 2026-11-30T23:07:40Z)\n"), "{text}");
+    // A single host's boxes name no node; a fleet's do, in `info` and `ls`.
+    assert!(!text.contains("node:"), "{text}");
+    let Plan::Call(ls) = plan("ls").unwrap() else { panic!("not a call") };
+    let listed = (ls.render)(Reply::Boxes(vec![b.clone()]), &ls.op, false).unwrap();
+    assert!(!listed.contains("NODE"), "{listed}");
+    let on_node = moat_api::BoxInfo { node: "n2".into(), ..b.clone() }.on_lost_node();
+    let text = (info.render)(Reply::Box(on_node.clone()), &info.op, false).unwrap();
+    assert!(text.contains("\nstate:    node-lost (since ") && text.contains("\nnode:     n2\n"), "{text}");
+    let listed = (ls.render)(Reply::Boxes(vec![b.clone(), on_node]), &ls.op, false).unwrap();
+    let rows: Vec<Vec<&str>> = listed.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0][..4], ["NAME", "STATE", "NODE", "IMAGE"], "{listed}");
+    assert_eq!(rows[2][..4], ["web", "node-lost", "n2", "debian"], "{listed}");
     assert!(text.contains("\ncreated:  2026-11-30T23:06:40Z\n"), "{text}");
     assert!(text.contains("\nparent:   base (duplicated at 2026-11-30T23:06:40Z)\n"), "{text}");
     let json: serde_json::Value = serde_json::from_str(&(info.render)(Reply::Box(b), &info.op, true).unwrap()).unwrap();

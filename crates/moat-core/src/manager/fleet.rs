@@ -1,0 +1,88 @@
+//! The manager as one node of a fleet: the lease it keeps in the shared
+//! store, and the fence that keeps it from acting on a box that is not its
+//! own, or on any box once its lease has lapsed (another node may then be
+//! given its boxes: never two live copies of one box).
+//!
+//! On a single host the node has no name (`''`), every box is its own and
+//! the fence never closes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::{BoxManager, ManagerError};
+use crate::clock::now_ms;
+use crate::record::BoxRecord;
+use crate::store::nodes::{NodeOffer, NodeRow, LEASE_MS};
+
+/// How long a lease lasts after its last renewal; nodes renew it every
+/// [`LEASE_RENEW`].
+pub const LEASE: Duration = Duration::from_millis(LEASE_MS);
+
+/// How often a node renews its lease.
+pub const LEASE_RENEW: Duration = Duration::from_secs(2);
+
+/// Whether this node may act on its boxes (closed while its lease is lapsed,
+/// until it has renewed it and reconciled).
+#[derive(Debug)]
+pub(super) struct Fence {
+    open: AtomicBool,
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Self { open: AtomicBool::new(true) }
+    }
+}
+
+/// Seconds since `node`'s lease lapsed, if it has.
+fn lapsed_for(node: &NodeRow, now_ms: u64) -> Option<u64> {
+    (!node.is_live(now_ms)).then(|| now_ms.saturating_sub(node.lease_until_ms) / 1000)
+}
+
+impl BoxManager {
+    /// The node this manager is (`""` on a single host).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Renews this node's lease, offering `offer`'s capacity.
+    pub fn renew_lease(&self, offer: &NodeOffer) -> Result<(), ManagerError> {
+        Ok(self.db(|s| s.renew_lease(offer))?)
+    }
+
+    /// Closes the fence (the lease lapsed) or opens it (renewed and reconciled).
+    pub fn set_serving(&self, serving: bool) {
+        let was = self.fence.open.swap(serving, Ordering::SeqCst);
+        if was != serving {
+            tracing::warn!(serving, "this node's boxes are {}", if serving { "served again" } else { "fenced off" });
+        }
+    }
+
+    /// Whether the fence is open.
+    pub fn serving(&self) -> bool {
+        self.fence.open.load(Ordering::SeqCst)
+    }
+
+    /// Every node of the fleet (none on a single host).
+    pub fn nodes(&self) -> Result<Vec<NodeRow>, ManagerError> {
+        Ok(self.db(|s| s.nodes())?)
+    }
+
+    /// The nodes whose lease lapsed.
+    pub fn lost_nodes(&self) -> Result<Vec<String>, ManagerError> {
+        let now = now_ms();
+        Ok(self.nodes()?.into_iter().filter(|n| !n.is_live(now)).map(|n| n.offer.name).collect())
+    }
+
+    /// Refuses to act on `rec` unless it is this node's and the fence is open.
+    pub(super) fn here(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
+        if rec.node != self.node {
+            let lapsed = self.db(|s| s.node(&rec.node)).ok().flatten().and_then(|n| lapsed_for(&n, now_ms()));
+            return Err(ManagerError::OnOtherNode { name: rec.name.clone(), node: rec.node.clone(), lapsed });
+        }
+        if !self.serving() {
+            return Err(ManagerError::Fenced(self.node.clone()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,111 @@
+//! `moat nodes` and `moat node cordon|uncordon`: the fleet's nodes as the
+//! store has them, for operators (they read and write the store directly:
+//! no node needs to be up to tell which are down).
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use clap::Subcommand;
+use moat_core::limits::format_size;
+use moat_core::store::nodes::NodeRow;
+use serde::Serialize;
+
+use crate::fleet::StoreAt;
+
+/// `moat node ...`
+#[derive(Subcommand)]
+pub enum NodeCmd {
+    /// Place no new box on NAME (its boxes stay and are served).
+    Cordon {
+        /// The node.
+        name: String,
+        #[command(flatten)]
+        store: StoreAt,
+    },
+    /// Place new boxes on NAME again.
+    Uncordon {
+        /// The node.
+        name: String,
+        #[command(flatten)]
+        store: StoreAt,
+    },
+}
+
+/// One node as `moat nodes` shows it.
+#[derive(Serialize)]
+struct Shown {
+    name: String,
+    address: String,
+    /// `live`, `lapsed` or `cordoned`.
+    state: &'static str,
+    /// Seconds since the lease was last renewed.
+    lease_age_secs: u64,
+    boxes: u32,
+    max_boxes: u32,
+    cpus_used: u64,
+    cpus: u32,
+    memory_used: u64,
+    memory: u64,
+}
+
+fn shown(n: NodeRow, now: u64) -> Shown {
+    let state = match (n.is_live(now), n.cordoned) {
+        (false, _) => "lapsed",
+        (true, true) => "cordoned",
+        (true, false) => "live",
+    };
+    Shown {
+        state,
+        lease_age_secs: now.saturating_sub(n.renewed_at_ms) / 1000,
+        boxes: n.boxes,
+        max_boxes: n.offer.max_boxes,
+        cpus_used: n.cpus_used,
+        cpus: n.offer.cpus,
+        memory_used: n.memory_used,
+        memory: n.offer.memory,
+        address: n.offer.address,
+        name: n.offer.name,
+    }
+}
+
+/// Prints every node of the fleet.
+pub fn list(store: &StoreAt, json: bool) -> Result<()> {
+    let now = moat_core::clock::now_ms();
+    let nodes: Vec<Shown> = store.open()?.nodes()?.into_iter().map(|n| shown(n, now)).collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&nodes)?);
+        return Ok(());
+    }
+    let mut out = format!(
+        "{:<16} {:<22} {:<8} {:>6} {:>9} {:>7} {:>17}\n",
+        "NAME", "ADDRESS", "STATE", "LEASE", "BOXES", "CPUS", "MEMORY"
+    );
+    for n in &nodes {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<22} {:<8} {:>5}s {:>9} {:>7} {:>17}",
+            n.name,
+            n.address,
+            n.state,
+            n.lease_age_secs,
+            format!("{}/{}", n.boxes, n.max_boxes),
+            format!("{}/{}", n.cpus_used, n.cpus),
+            format!("{}/{}", format_size(n.memory_used), format_size(n.memory)),
+        );
+    }
+    print!("{out}");
+    Ok(())
+}
+
+/// Cordons or uncordons a node.
+pub fn run(cmd: NodeCmd) -> Result<()> {
+    let (name, store, cordoned) = match cmd {
+        NodeCmd::Cordon { name, store } => (name, store, true),
+        NodeCmd::Uncordon { name, store } => (name, store, false),
+    };
+    if !store.open()?.set_cordoned(&name, cordoned)? {
+        anyhow::bail!("no node named {name} in the fleet (see: moat nodes)");
+    }
+    println!("node {name} {}", if cordoned { "cordoned: no new box goes there" } else { "uncordoned" });
+    Ok(())
+}
