@@ -154,30 +154,9 @@ impl Daemon {
         Command::new(moat_bin()).arg("purge").arg("--state-dir").arg(&self.state_dir).output().expect("purge")
     }
 
-    /// The common ssh options for this daemon.
+    /// The common ssh options (see [`ssh_opts`]).
     pub fn ssh_opts(&self, key: &Key) -> Vec<String> {
-        let mut v: Vec<String> = [
-            "-F",
-            "/dev/null",
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=20",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        v.push("-i".into());
-        v.push(key.path.display().to_string());
-        v
+        ssh_opts(key)
     }
 
     /// `ssh -p PORT [user@]127.0.0.1 ARGS...`
@@ -185,20 +164,51 @@ impl Daemon {
         self.ssh_with(key, user, &[], args)
     }
 
-    /// `ssh OPTS -p PORT [user@]127.0.0.1 ARGS...` (ssh takes options only before the command),
-    /// cut off after 15 minutes: a guard against a hang, not a bound on time (the first
-    /// `new` builds the debian image, several minutes on a loaded machine).
+    /// `ssh OPTS -p PORT [user@]127.0.0.1 ARGS...` (see [`ssh_to`]).
     pub fn ssh_with(&self, key: &Key, user: Option<&str>, opts: &[&str], args: &[&str]) -> Command {
-        let mut cmd = Command::new("timeout");
-        cmd.arg("900").arg("ssh").args(self.ssh_opts(key)).args(opts).arg("-p").arg(self.port.to_string());
-        cmd.arg(match user {
-            Some(u) => format!("{u}@127.0.0.1"),
-            None => "127.0.0.1".into(),
-        });
-        cmd.args(args);
-        cmd.stdin(Stdio::null());
-        cmd
+        ssh_to(self.port, key, user, opts, args)
     }
+}
+
+/// The common ssh options: no config, no known hosts, batch mode, `key` only.
+pub fn ssh_opts(key: &Key) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "-F",
+        "/dev/null",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.push("-i".into());
+    v.push(key.path.display().to_string());
+    v
+}
+
+/// `ssh OPTS -p PORT [user@]127.0.0.1 ARGS...` (ssh takes options only before the command),
+/// cut off after 15 minutes: a guard against a hang, not a bound on time (the first
+/// `new` builds the debian image, several minutes on a loaded machine).
+pub fn ssh_to(port: u16, key: &Key, user: Option<&str>, opts: &[&str], args: &[&str]) -> Command {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("900").arg("ssh").args(ssh_opts(key)).args(opts).arg("-p").arg(port.to_string());
+    cmd.arg(match user {
+        Some(u) => format!("{u}@127.0.0.1"),
+        None => "127.0.0.1".into(),
+    });
+    cmd.args(args);
+    cmd.stdin(Stdio::null());
+    cmd
 }
 
 impl Drop for Daemon {

@@ -16,7 +16,7 @@ pub(crate) fn curl(port: u16) -> crate::fixture::Ran {
 }
 
 /// Runs `ssh -N -L ...` in the background until dropped.
-pub(crate) struct Tunnel(std::process::Child);
+pub(crate) struct Tunnel(pub(crate) std::process::Child);
 
 impl Tunnel {
     /// Ends ssh: SIGTERM, which `timeout` passes on (SIGKILL would orphan ssh).

@@ -15,6 +15,7 @@ mod egress;
 mod exec;
 mod files;
 mod fixture;
+mod fleet;
 mod forward;
 mod hygiene;
 mod isolation;
@@ -168,6 +169,21 @@ const TESTS: &[(&str, TestFn)] = tests![
     egress::gateway_is_unprivileged_and_fails_closed,
 ];
 
+type FleetTestFn = fn(&Env, &mut fleet::Fleet);
+
+/// Tests of a fleet (PostgreSQL, three nodes, two front doors), in order on
+/// one fleet, alone after the rest: its three daemons share the two cores.
+const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
+    (
+        "fleet_boxes_on_every_node_answer_through_either_front_door",
+        fleet::boxes_on_every_node_answer_through_either_front_door,
+    ),
+    ("fleet_fifty_news_fill_the_nodes_exactly", fleet::fifty_news_fill_the_nodes_exactly),
+    ("fleet_a_store_outage_spares_running_sessions", fleet::a_store_outage_spares_running_sessions),
+    ("fleet_a_killed_node_is_lost_and_the_rest_answer", fleet::a_killed_node_is_lost_and_the_rest_answer),
+    ("fleet_a_killed_front_door_leaves_the_other_serving", fleet::a_killed_front_door_leaves_the_other_serving),
+];
+
 /// Tests run alone after the rest: a TCG guest takes a whole core for
 /// seconds, which would starve the timing-sensitive tests beside it.
 const ALONE_LAST: &[(&str, TestFn)] = tests![
@@ -227,6 +243,7 @@ fn main() {
     let wanted = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
     let selected: Vec<&(&str, TestFn)> = TESTS.iter().filter(|(name, _)| wanted(name)).collect();
     let last: Vec<&(&str, TestFn)> = ALONE_LAST.iter().filter(|(name, _)| wanted(name)).collect();
+    let fleet_tests: Vec<&(&str, FleetTestFn)> = FLEET_TESTS.iter().filter(|(name, _)| wanted(name)).collect();
     let vm_pass: Vec<(String, TestFn)> = VM_PASS_TESTS
         .iter()
         .map(|(name, test)| (format!("vm_{name}"), *test))
@@ -238,7 +255,7 @@ fn main() {
         std::process::exit(1);
     }
     let started = Instant::now();
-    println!("\nrunning {} tests", selected.len() + last.len() + vm_pass.len() + FIRST.len());
+    println!("\nrunning {} tests", selected.len() + last.len() + vm_pass.len() + fleet_tests.len() + FIRST.len());
 
     let dir = fixture::scratch_root();
     let _ = std::fs::remove_dir_all(&dir);
@@ -299,6 +316,19 @@ fn main() {
                 });
             }
         });
+        if !fleet_tests.is_empty() {
+            let t = Instant::now();
+            match catch_unwind(AssertUnwindSafe(|| fleet::Fleet::start(&env))) {
+                Ok(mut fleet) => {
+                    for (name, test) in &fleet_tests {
+                        let t = Instant::now();
+                        let result = catch_unwind(AssertUnwindSafe(|| test(&env, &mut fleet)));
+                        record(name, result, t.elapsed().as_secs_f64());
+                    }
+                }
+                Err(panic) => record("fleet_start", Err(panic), t.elapsed().as_secs_f64()),
+            }
+        }
         for (name, test) in &last {
             run_one(name, *test);
         }
@@ -330,7 +360,11 @@ fn main() {
     println!(
         "\ntest result: {verdict}. {passed} passed; {} failed; {not_run} ignored; 0 measured; {} filtered out; finished in {:.2}s\n",
         failures.len(),
-        TESTS.len() + ALONE_LAST.len() + VM_PASS_TESTS.len() - selected.len() - last.len() - vm_pass.len(),
+        TESTS.len() + ALONE_LAST.len() + VM_PASS_TESTS.len() + FLEET_TESTS.len()
+            - selected.len()
+            - last.len()
+            - vm_pass.len()
+            - fleet_tests.len(),
         started.elapsed().as_secs_f64()
     );
     if verdict != "ok" {

@@ -1,0 +1,336 @@
+//! A fleet on this one machine: a private PostgreSQL 15, three nodes (each
+//! `moat serve` with its own state dir and pool, answering the fleet on
+//! 127.0.0.2-4) and two front doors, driven by the real OpenSSH tools.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::fixture::{moat_bin, run, ssh_opts, ssh_to, Daemon, Key, Ran};
+use crate::forward::{curl, free_port, Tunnel};
+use crate::Env;
+
+/// Boxes each node holds at most (small, so that filling the fleet is quick).
+pub const NODE_MAX_BOXES: u32 = 8;
+
+/// A running fleet; dropped: front doors, then nodes (purged), then PostgreSQL.
+pub struct Fleet {
+    pub fronts: Vec<Front>,
+    pub nodes: Vec<Daemon>,
+    pub admin: PathBuf,
+    pub pg: moat_testkit::Postgres,
+}
+
+/// A running `moat front`.
+pub struct Front {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Front {
+    fn start(dir: &Path) -> Front {
+        let mut front = Front { port: 0, dir: dir.to_path_buf(), child: None };
+        front.restart();
+        front
+    }
+
+    fn restart(&mut self) {
+        let log = std::fs::File::create(self.dir.with_extension("log")).expect("front log");
+        let mut child = Command::new(moat_bin())
+            .args(["front", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(&self.dir)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start moat front");
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("listen line");
+        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| {
+            let log = std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default();
+            panic!("front door did not start: {line:?}\n{log}")
+        });
+        self.port = addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+        self.child = Some(child);
+    }
+
+    /// Kills it with SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `ssh [user@]front ARGS...` as `key`.
+    pub fn ssh(&self, key: &Key, user: Option<&str>, args: &[&str]) -> Ran {
+        run(&mut ssh_to(self.port, key, user, &[], args))
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn moat(args: &[&str]) -> Ran {
+    run(Command::new(moat_bin()).args(args))
+}
+
+impl Fleet {
+    /// Makes a fleet for `env`'s keys: the store, `fleet init`, a token and
+    /// a join for each member, then the nodes and the front doors.
+    pub fn start(env: &Env) -> Fleet {
+        let dir = env.dir.join("fleet");
+        std::fs::create_dir_all(&dir).expect("fleet dir");
+        let pg = moat_testkit::Postgres::start();
+        let dsn = pg.create_db();
+        let admin = dir.join("admin");
+        let admin_s = admin.display().to_string();
+        moat(&["fleet", "init", "--store", &dsn, "--state-dir", &admin_s]).ok();
+        let member = |role: &str, name: &str| {
+            let token = moat(&["fleet", "token", "--role", role, "--name", name, "--state-dir", &admin_s]).ok();
+            let at = dir.join(name);
+            moat(&["fleet", "join", token.stdout.trim(), "--state-dir", &at.display().to_string()]).ok();
+            at
+        };
+        for key in [&env.alice, &env.bob] {
+            let keys = dir.join(format!("{}.pub", key.path.file_name().unwrap().to_string_lossy()));
+            std::fs::write(&keys, &key.public).unwrap();
+            moat(&["fleet", "keys", "add", &keys.display().to_string(), "--state-dir", &admin_s]).ok();
+        }
+        let mut flags: Vec<String> = ["--warm-boxes", "0", "--node-max-boxes", &NODE_MAX_BOXES.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        flags.extend(env.net.daemon_flags());
+        let nodes = (1..=3)
+            .map(|i| {
+                let at = member("node", &format!("n{i}"));
+                // A port of its own, kept across restarts: a node's address is stable.
+                let host = format!("127.0.0.{}", i + 1);
+                let port = std::net::TcpListener::bind((host.as_str(), 0)).unwrap().local_addr().unwrap().port();
+                let advertise = format!("{host}:{port}");
+                let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
+                all.extend(["--advertise", &advertise]);
+                // Its own authorized_keys lists nobody: the fleet's keys are the accounts.
+                Daemon::start(at, PathBuf::from("/dev/null"), &all)
+            })
+            .collect();
+        let fronts = (1..=2).map(|i| Front::start(&member("front", &format!("f{i}")))).collect();
+        let fleet = Fleet { fronts, nodes, admin, pg };
+        fleet.wait_for_live_nodes(3);
+        fleet
+    }
+
+    /// `moat nodes --json`.
+    pub fn nodes_json(&self) -> serde_json::Value {
+        let out = moat(&["nodes", "--json", "--state-dir", &self.admin.display().to_string()]).ok();
+        serde_json::from_str(&out.stdout).expect("nodes json")
+    }
+
+    fn wait_for_live_nodes(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let nodes = self.nodes_json();
+            let live = nodes.as_array().unwrap().iter().filter(|n| n["state"] == "live").count();
+            if live == n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{live} of {n} nodes live: {nodes}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `ssh [user@]front ARGS` as alice through front door `f`.
+    fn alice(&self, env: &Env, f: usize, user: Option<&str>, args: &[&str]) -> Ran {
+        self.fronts[f].ssh(&env.alice, user, args)
+    }
+
+    /// alice's box `name` on node `node` (1-based), made through front door `f`.
+    fn new_box(&self, env: &Env, f: usize, name: &str, node: usize, extra: &[&str]) {
+        let node = format!("n{node}");
+        let mut args = vec!["new", name, "--node", &node];
+        args.extend_from_slice(extra);
+        let out = self.alice(env, f, None, &args).ok();
+        assert_eq!(out.stdout.trim(), name);
+    }
+
+    /// The state `ls` shows for alice's box `name`, and its node.
+    fn listed(&self, env: &Env, f: usize, name: &str) -> (String, String) {
+        let out = self.alice(env, f, None, &["ls", "--json"]).ok();
+        let boxes: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let b =
+            boxes.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap_or_else(|| panic!("{name}: {boxes}"));
+        (b["state"].as_str().unwrap().to_string(), b["node"].as_str().unwrap_or_default().to_string())
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.fronts.clear();
+        self.nodes.clear();
+    }
+}
+
+/// Gives node `node` (1-based) the debian image the suite's own daemon
+/// built, as a node will fetch images: `btrfs send | btrfs receive` of the
+/// read-only subvolume (seconds, where debootstrap takes minutes).
+fn copy_debian_image(env: &Env, fleet: &Fleet, node: usize) {
+    let from = env.daemon.state_dir.join("pool/images/debian");
+    let to = fleet.nodes[node - 1].state_dir.join("pool/images");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!("btrfs send -q {} | btrfs receive -q {}", from.display(), to.display()))
+        .status()
+        .unwrap();
+    assert!(status.success(), "btrfs send | receive of the debian image");
+}
+
+pub fn boxes_on_every_node_answer_through_either_front_door(env: &Env, fleet: &mut Fleet) {
+    for node in 1..=3 {
+        fleet.new_box(env, node % 2, &format!("fb{node}"), node, &["--image", "busybox"]);
+    }
+    for node in 1..=3 {
+        let name = format!("fb{node}");
+        assert_eq!(fleet.listed(env, 0, &name), ("running".into(), format!("n{node}")));
+        for f in 0..2 {
+            let out = fleet.alice(env, f, Some(&name), &["hostname; echo $((6*7))"]).ok();
+            assert_eq!(out.stdout, format!("{name}\n42\n"), "front door {f}");
+        }
+    }
+    let info = fleet.alice(env, 1, None, &["info", "fb2"]).ok();
+    assert!(info.stdout.contains("\nnode:     n2\n"), "{}", info.stdout);
+    // Another account sees none of them, on any node.
+    let bob = fleet.fronts[0].ssh(&env.bob, None, &["ls", "--json"]).ok();
+    assert_eq!(bob.stdout.trim(), "[]");
+    assert_ne!(fleet.fronts[0].ssh(&env.bob, Some("fb1"), &["true"]).status, Some(0));
+
+    // Files and forwards to a box on another host than the front door's:
+    // scp and sftp to a debian box on n2, -L to a server in a box on n3.
+    copy_debian_image(env, fleet, 2);
+    fleet.new_box(env, 0, "fd2", 2, &[]);
+    let local = env.dir.join("fleet/payload");
+    std::fs::write(&local, "across the fleet\n".repeat(1000)).unwrap();
+    let port = fleet.fronts[1].port.to_string();
+    let mut scp = Command::new("scp");
+    scp.args(ssh_opts(&env.alice)).args(["-P", &port]).arg(&local).arg("fd2@127.0.0.1:/root/payload");
+    run(&mut scp).ok();
+    let sum = fleet.alice(env, 0, Some("fd2"), &["md5sum < /root/payload"]).ok();
+    let want = run(Command::new("sh").arg("-c").arg(format!("md5sum < {}", local.display()))).ok();
+    assert_eq!(sum.stdout, want.stdout);
+    let batch = env.dir.join("fleet/batch");
+    std::fs::write(&batch, format!("get /root/payload {}.back\n", local.display())).unwrap();
+    let mut sftp = Command::new("sftp");
+    sftp.args(ssh_opts(&env.alice)).args(["-P", &port, "-b"]).arg(&batch).arg("fd2@127.0.0.1");
+    run(&mut sftp).ok();
+    assert_eq!(std::fs::read(local.with_extension("back")).unwrap(), std::fs::read(&local).unwrap());
+
+    fleet
+        .alice(
+            env,
+            0,
+            Some("fb3"),
+            &["mkdir -p /www && echo from-n3 > /www/index.html && httpd -p 127.0.0.1:8000 -h /www"],
+        )
+        .ok();
+    let local_port = free_port();
+    let spec = format!("{local_port}:localhost:8000");
+    let opts = ["-N", "-o", "ExitOnForwardFailure=yes", "-L", &spec];
+    let mut cmd = ssh_to(fleet.fronts[0].port, &env.alice, Some("fb3"), &opts, &[]);
+    let _tunnel = Tunnel(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while curl(local_port).stdout != "from-n3\n" {
+        assert!(Instant::now() < deadline, "no answer through -L to a box on n3");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+pub fn fifty_news_fill_the_nodes_exactly(env: &Env, fleet: &mut Fleet) {
+    let room: u64 = fleet
+        .nodes_json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["max_boxes"].as_u64().unwrap() - n["boxes"].as_u64().unwrap())
+        .sum();
+    assert!(room < 50, "the fleet must fill up: room for {room}");
+    let fleet = &*fleet;
+    let made: Vec<Ran> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..50)
+            .map(|i| s.spawn(move || fleet.alice(env, i % 2, None, &["new", &format!("p{i}"), "--image", "busybox"])))
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let ok = made.iter().filter(|r| r.status == Some(0)).count();
+    assert_eq!(ok as u64, room, "exactly the room there was");
+    for refused in made.iter().filter(|r| r.status != Some(0)) {
+        assert!(refused.stderr.contains("no node can take a new box"), "{}", refused.stderr);
+        assert_eq!(refused.stderr.trim().lines().count(), 1, "{}", refused.stderr);
+    }
+    for n in fleet.nodes_json().as_array().unwrap() {
+        assert_eq!(n["boxes"], n["max_boxes"], "{n}");
+    }
+    // A dup stays on its source's node, and says so when that node is full.
+    let out = fleet.alice(env, 0, None, &["dup", "fb1", "fb1-copy"]);
+    assert_ne!(out.status, Some(0));
+    assert!(out.stderr.contains("node n1 is full"), "{}", out.stderr);
+    for i in 0..50 {
+        let _ = fleet.alice(env, i % 2, None, &["rm", &format!("p{i}")]);
+    }
+}
+
+pub fn a_killed_front_door_leaves_the_other_serving(env: &Env, fleet: &mut Fleet) {
+    fleet.fronts[0].kill();
+    let out = fleet.alice(env, 1, Some("fb1"), &["echo", "still"]).ok();
+    assert_eq!(out.stdout, "still\n");
+    assert_ne!(fleet.alice(env, 0, None, &["ls"]).status, Some(0), "the killed one is gone");
+}
+
+pub fn a_killed_node_is_lost_and_the_rest_answer(env: &Env, fleet: &mut Fleet) {
+    let started = Instant::now();
+    fleet.nodes[2].kill();
+    loop {
+        if fleet.listed(env, 1, "fb3").0 == "node-lost" {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "fb3 not node-lost within 15 s");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let out = fleet.alice(env, 1, Some("fb3"), &["true"]);
+    assert_ne!(out.status, Some(0));
+    assert!(out.stderr.contains("node n3") && out.stderr.trim().lines().count() == 1, "{}", out.stderr);
+    assert_eq!(fleet.alice(env, 1, Some("fb1"), &["hostname"]).ok().stdout, "fb1\n");
+    let info = fleet.alice(env, 1, None, &["info", "fb3"]).ok();
+    assert!(info.stdout.contains("state:    node-lost"), "{}", info.stdout);
+    // Back: it recovers its boxes from the store before it serves them.
+    fleet.nodes[2].restart();
+    fleet.wait_for_live_nodes(3);
+    assert_eq!(fleet.alice(env, 1, Some("fb3"), &["hostname"]).ok().stdout, "fb3\n");
+}
+
+pub fn a_store_outage_spares_running_sessions(env: &Env, fleet: &mut Fleet) {
+    let mut session = ssh_to(
+        fleet.fronts[1].port,
+        &env.alice,
+        Some("fb1"),
+        &[],
+        &["for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 1; done"],
+    );
+    let session = session.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    fleet.pg.stop();
+    let out = fleet.alice(env, 1, None, &["ls"]);
+    assert_ne!(out.status, Some(0));
+    assert!(out.stderr.contains("unreachable") && out.stderr.trim().lines().count() == 1, "{}", out.stderr);
+    std::thread::sleep(Duration::from_secs(2));
+    fleet.pg.start_again();
+    let done: Ran = session.wait_with_output().unwrap().into();
+    assert_eq!(done.status, Some(0), "{}", done.stderr);
+    assert!(done.stdout.ends_with("tick 8\n"), "{}", done.stdout);
+    // Working again, no restart: the first request after the store is back.
+    assert!(fleet.alice(env, 1, None, &["ls"]).ok().stdout.contains("fb1"));
+    assert_eq!(fleet.alice(env, 1, Some("fb2"), &["hostname"]).ok().stdout, "fb2\n");
+}
