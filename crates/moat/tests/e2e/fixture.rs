@@ -249,6 +249,14 @@ pub fn run(cmd: &mut Command) -> Ran {
     cmd.output().expect("spawn").into()
 }
 
+/// Runs `cmd` cut off after two minutes: a box that hangs fails a test that
+/// checks it answers, rather than holding it for the ssh guard's fifteen.
+pub fn run_briefly(cmd: &Command) -> Ran {
+    let mut cut = Command::new("timeout");
+    cut.args(["-k", "5", "120"]).arg(cmd.get_program()).args(cmd.get_args()).stdin(Stdio::null());
+    run(&mut cut)
+}
+
 /// A fresh box name, unique within the test run.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);

@@ -218,6 +218,7 @@ const VM_PASS_TESTS: &[(&str, TestFn)] = tests![
     storage::dup_copies_and_makes_a_new_machine,
     storage::dup_interrupted_leaves_nothing,
     checkpoints::restore_puts_a_damaged_box_back,
+    checkpoints::interrupted_checkpoints_and_restores_finish_or_undo,
     secrets::reach_only_their_host_and_header,
 ];
 

@@ -1,7 +1,7 @@
 //! Copy-on-write storage: dup, diff, promote, lineage, identity, disk limits,
 //! and a dup interrupted by a crash.
 
-use crate::fixture::{run, unique, Daemon};
+use crate::fixture::{run, run_briefly, unique, Daemon};
 use crate::Env;
 
 /// What makes a machine itself, read from inside a box.
@@ -399,14 +399,7 @@ pub fn dup_interrupted_leaves_nothing(env: &Env) {
     for point in ["dup-while-frozen", "dup-after-snapshot"] {
         let state = env.dir.join(format!("crash-{point}{}", if crate::in_vm_pass() { "-vm" } else { "" }));
         let mut daemon = Daemon::start(state, env.daemon.keys_file.clone(), &[]);
-        // Cut off after two minutes: a source that hangs fails the test
-        // rather than holding it for the guard's fifteen.
-        let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| {
-            let cmd = d.ssh(&env.alice, user, args);
-            let mut cut = std::process::Command::new("timeout");
-            cut.args(["-k", "5", "120"]).arg(cmd.get_program()).args(cmd.get_args()).stdin(std::process::Stdio::null());
-            run(&mut cut)
-        };
+        let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run_briefly(&d.ssh(&env.alice, user, args));
         let mut new = vec!["new", "src", "--image", "busybox"];
         new.extend_from_slice(crate::pass_backend());
         ssh(&daemon, None, &new).ok();
