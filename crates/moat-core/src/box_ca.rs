@@ -23,7 +23,7 @@ impl std::fmt::Debug for CaKey {
 /// A new CA, as PEM: (certificate, private key).
 pub fn mint() -> Result<(String, String), rcgen::Error> {
     let key = KeyPair::generate()?;
-    let mut params = ca_params();
+    let mut params = ca_params(CA_NAME);
     valid_for(&mut params, 20);
     let cert = params.self_signed(&key)?;
     Ok((cert.pem(), key.serialize_pem()))
@@ -31,7 +31,7 @@ pub fn mint() -> Result<(String, String), rcgen::Error> {
 
 /// The CA whose private key is `key_pem`, as the signer of leaves.
 pub fn issuer(key_pem: &str) -> Result<Issuer<'static, KeyPair>, rcgen::Error> {
-    Ok(Issuer::new(ca_params(), KeyPair::from_pem(key_pem)?))
+    Ok(Issuer::new(ca_params(CA_NAME), KeyPair::from_pem(key_pem)?))
 }
 
 /// Makes a certificate valid from the start of last year until the start of
@@ -42,10 +42,11 @@ pub fn valid_for(params: &mut CertificateParams, years: i32) {
     params.not_after = rcgen::date_time_ymd(year + years, 1, 1);
 }
 
-fn ca_params() -> CertificateParams {
+/// A CA named `name` that signs leaves only (a box's CA, the fleet's).
+pub fn ca_params(name: &str) -> CertificateParams {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, CA_NAME);
+    dn.push(DnType::CommonName, name);
     params.distinguished_name = dn;
     // It signs leaves only, never another CA.
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));

@@ -7,8 +7,8 @@
 use std::fmt;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType, SerialNumber,
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose, SanType,
+    SerialNumber,
 };
 
 /// The common name of the fleet's CA (the issuer every leaf names).
@@ -82,7 +82,7 @@ impl Ca {
     /// A new CA.
     pub fn mint() -> Result<Self, PkiError> {
         let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
-        let mut params = ca_params();
+        let mut params = moat_core::box_ca::ca_params(CA_NAME);
         moat_core::box_ca::valid_for(&mut params, 20);
         let cert = params.self_signed(&key)?;
         Ok(Self { cert_pem: cert.pem(), key })
@@ -123,7 +123,7 @@ impl Ca {
         let serial = random_serial()?;
         params.serial_number = Some(SerialNumber::from_slice(&serial));
         moat_core::box_ca::valid_for(&mut params, 10);
-        let ca = ca_params();
+        let ca = moat_core::box_ca::ca_params(CA_NAME);
         let issuer = Issuer::from_params(&ca, &self.key);
         let cert = params.signed_by(&key, &issuer)?;
         Ok(Leaf { serial: hex::encode(serial), cert, key })
@@ -138,16 +138,6 @@ fn random_serial() -> Result<[u8; 16], PkiError> {
     getrandom::fill(&mut serial).map_err(|e| PkiError::Random(e.to_string()))?;
     serial[0] = (serial[0] & 0x7f).max(1);
     Ok(serial)
-}
-
-fn ca_params() -> CertificateParams {
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, CA_NAME);
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params
 }
 
 #[cfg(test)]

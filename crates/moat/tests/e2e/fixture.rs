@@ -66,6 +66,18 @@ os.execv(sys.argv[1], sys.argv[1:])
     )
 }
 
+/// The port a just-started `moat serve` or `moat front` says it listens on
+/// (its first line on stdout); panics with its log (at `log`) if it never does.
+pub fn listening_port(child: &mut Child, log: &Path, what: &str) -> u16 {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read listen line");
+    let Some(addr) = line.trim().strip_prefix("listening on ") else {
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        panic!("{what} did not start: {line:?}\n{log}")
+    };
+    addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
+}
+
 /// A running `moat serve`.
 pub struct Daemon {
     pub state_dir: PathBuf,
@@ -125,13 +137,7 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .expect("start moat serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read listen line");
-        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| {
-            let log = std::fs::read_to_string(self.state_dir.with_extension("log")).unwrap_or_default();
-            panic!("daemon did not start: {line:?}\n{log}")
-        });
-        self.port = addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+        self.port = listening_port(&mut child, &self.state_dir.with_extension("log"), "daemon");
         self.child = Some(child);
     }
 

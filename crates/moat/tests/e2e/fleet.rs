@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::fixture::{moat_bin, run, ssh_opts, ssh_to, Daemon, Key, Ran};
+use crate::fixture::{listening_port, moat_bin, run, ssh_opts, ssh_to, Daemon, Key, Ran};
 use crate::forward::{curl, free_port, Tunnel};
 use crate::Env;
 
@@ -44,14 +44,7 @@ impl Front {
             .stderr(log)
             .spawn()
             .expect("start moat front");
-        let mut line = String::new();
-        use std::io::BufRead;
-        std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("listen line");
-        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| {
-            let log = std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default();
-            panic!("front door did not start: {line:?}\n{log}")
-        });
-        self.port = addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+        self.port = listening_port(&mut child, &self.dir.with_extension("log"), "front door");
         self.child = Some(child);
     }
 
