@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use clap::Subcommand;
-use moat_core::limits::format_size;
+use moat_core::limits::format_measured;
 use moat_core::store::nodes::NodeRow;
 use serde::Serialize;
 
@@ -90,7 +90,7 @@ pub fn list(store: &StoreAt, json: bool) -> Result<()> {
             n.lease_age_secs,
             format!("{}/{}", n.boxes, n.max_boxes),
             format!("{}/{}", n.cpus_used, n.cpus),
-            format!("{}/{}", format_size(n.memory_used), format_size(n.memory)),
+            format!("{}/{}", format_measured(n.memory_used), format_measured(n.memory)),
         );
     }
     print!("{out}");

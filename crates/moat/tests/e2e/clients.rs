@@ -105,9 +105,14 @@ pub fn controlmaster_100_commands_then_idle_suspends(env: &Env) {
 }
 
 pub(crate) fn python_client(env: &Env, script: &str, user: &str) -> Ran {
+    python_client_at(env.daemon.port, &env.alice, script, user)
+}
+
+/// Runs a client script against the SSH server on `port`, as `key`.
+pub(crate) fn python_client_at(port: u16, key: &crate::fixture::Key, script: &str, user: &str) -> Ran {
     let mut cmd = Command::new("timeout");
     cmd.arg("180").arg(PYTHON).arg(clients_dir().join(script));
-    cmd.args(["127.0.0.1", &env.daemon.port.to_string()]).arg(&env.alice.path).arg(user);
+    cmd.args(["127.0.0.1", &port.to_string()]).arg(&key.path).arg(user);
     cmd.env("PYTHONWARNINGS", "ignore");
     run(&mut cmd)
 }

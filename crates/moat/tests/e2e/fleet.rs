@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::fixture::{listening_port, moat_bin, run, ssh_opts, ssh_to, Daemon, Key, Ran};
+use crate::clients::python_client_at;
 use crate::forward::{curl, free_port, Tunnel};
 use crate::Env;
 
@@ -220,6 +221,12 @@ pub fn boxes_on_every_node_answer_through_either_front_door(env: &Env, fleet: &m
     sftp.args(ssh_opts(&env.alice)).args(["-P", &port, "-b"]).arg(&batch).arg("fd2@127.0.0.1");
     run(&mut sftp).ok();
     assert_eq!(std::fs::read(local.with_extension("back")).unwrap(), std::fs::read(&local).unwrap());
+    // Clients other than OpenSSH, through the other front door: 100 commands
+    // and SFTP on one connection each.
+    let out = python_client_at(fleet.fronts[0].port, &env.alice, "paramiko_session.py", "fd2").ok();
+    assert!(out.stdout.contains("paramiko: 100 commands"), "{}", out.stdout);
+    let out = python_client_at(fleet.fronts[1].port, &env.alice, "asyncssh_session.py", "fd2").ok();
+    assert!(out.stdout.contains("asyncssh:"), "{}", out.stdout);
 
     fleet
         .alice(
@@ -272,6 +279,33 @@ pub fn fifty_news_fill_the_nodes_exactly(env: &Env, fleet: &mut Fleet) {
     assert!(out.stderr.contains("node n1 is full"), "{}", out.stderr);
     for i in 0..50 {
         let _ = fleet.alice(env, i % 2, None, &["rm", &format!("p{i}")]);
+    }
+}
+
+pub fn cordoned_nodes_take_no_new_boxes(env: &Env, fleet: &mut Fleet) {
+    let admin = fleet.admin.display().to_string();
+    moat(&["node", "cordon", "n1", "--state-dir", &admin]).ok();
+    let state = |name: &str| {
+        let nodes = fleet.nodes_json();
+        nodes.as_array().unwrap().iter().find(|n| n["name"] == name).unwrap()["state"].as_str().unwrap().to_string()
+    };
+    assert_eq!(state("n1"), "cordoned");
+    for i in 0..3 {
+        let name = format!("c{i}");
+        fleet.alice(env, i % 2, None, &["new", &name, "--image", "busybox"]).ok();
+        assert_ne!(fleet.listed(env, 0, &name).1, "n1", "{name} went to a cordoned node");
+    }
+    let out = fleet.alice(env, 0, None, &["new", "c9", "--image", "busybox", "--node", "n1"]);
+    assert_ne!(out.status, Some(0));
+    assert!(out.stderr.contains("n1") && out.stderr.trim().lines().count() == 1, "{}", out.stderr);
+    // Its boxes are still served.
+    assert_eq!(fleet.alice(env, 1, Some("fb1"), &["hostname"]).ok().stdout, "fb1\n");
+    assert_ne!(moat(&["node", "cordon", "nosuch", "--state-dir", &admin]).status, Some(0));
+    moat(&["node", "uncordon", "n1", "--state-dir", &admin]).ok();
+    assert_eq!(state("n1"), "live");
+    fleet.alice(env, 0, None, &["new", "c9", "--image", "busybox", "--node", "n1"]).ok();
+    for name in ["c0", "c1", "c2", "c9"] {
+        fleet.alice(env, 0, None, &["rm", name]).ok();
     }
 }
 

@@ -179,6 +179,7 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
         fleet::boxes_on_every_node_answer_through_either_front_door,
     ),
     ("fleet_fifty_news_fill_the_nodes_exactly", fleet::fifty_news_fill_the_nodes_exactly),
+    ("fleet_cordoned_nodes_take_no_new_boxes", fleet::cordoned_nodes_take_no_new_boxes),
     ("fleet_a_store_outage_spares_running_sessions", fleet::a_store_outage_spares_running_sessions),
     ("fleet_a_killed_node_is_lost_and_the_rest_answer", fleet::a_killed_node_is_lost_and_the_rest_answer),
     ("fleet_a_killed_front_door_leaves_the_other_serving", fleet::a_killed_front_door_leaves_the_other_serving),
