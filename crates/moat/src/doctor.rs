@@ -31,9 +31,10 @@ pub fn run(state_dir: &Path) -> Result<()> {
             CgroupLayout::V1 { .. } => "hybrid host: cgroup v1 memory, pids, cpu, cpuacct and freezer".into(),
         }),
     );
+    let pool = paths::open_pool(state_dir).map_err(|e| format!("{e:#}"));
     check(
         "storage pool",
-        paths::open_pool(state_dir).map_err(|e| format!("{e:#}")).map(|pool| match pool.kind() {
+        pool.as_ref().map_err(Clone::clone).map(|pool| match pool.kind() {
             PoolKind::Native => {
                 format!("btrfs at {} (state dir is on btrfs)", pool.root().display())
             }
@@ -44,6 +45,12 @@ pub fn run(state_dir: &Path) -> Result<()> {
             ),
         }),
     );
+    // Not a failure (boxes run and their limits hold), but loud.
+    match pool.as_ref().map(|p| p.simple_quotas()) {
+        Ok(true) => println!("ok    disk quotas: btrfs simple quotas (box limits, copies, checkpoints, account budgets)"),
+        Ok(false) => println!("--    disk quotas: {}", paths::FULL_QGROUPS),
+        Err(_) => {}
+    }
     check(
         "agent",
         crate::agent::resolve(None, state_dir)

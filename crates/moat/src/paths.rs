@@ -15,6 +15,12 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/moat";
 /// Size of the sparse pool image on hosts whose state dir is not on btrfs.
 pub const DEFAULT_POOL_SIZE: u64 = 256 << 30;
 
+/// What a pool without btrfs simple quotas cannot do, and the fix (`moat
+/// doctor` prints it, `moat serve` logs it at start).
+pub const FULL_QGROUPS: &str = "full qgroups only: this kernel predates btrfs simple quotas (Linux 6.7), \
+    so per-box limits hold but checkpoints are refused and account budgets are not enforced; \
+    run Linux 6.7 or later for them (Debian 12 with bookworm-backports' linux-image-amd64, Debian 13, Ubuntu 24.04)";
+
 /// Opens (formatting and mounting if needed) the storage pool under `state_dir`.
 pub fn open_pool(state_dir: &Path) -> Result<Pool> {
     std::fs::create_dir_all(state_dir).with_context(|| format!("create {}", state_dir.display()))?;

@@ -160,6 +160,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let agent = crate::agent::resolve(args.agent.as_deref(), &state_dir)?;
     let max_disk_per_account = args.max_disk_per_account.unwrap_or(args.max_disk);
     let (backend, default_backend) = paths::backend(&state_dir, agent.clone(), max_disk_per_account, &args.vm)?;
+    if !backend.host().pool.simple_quotas() {
+        tracing::warn!("disk quotas: {}", paths::FULL_QGROUPS);
+    }
     let node = args.fleet.node(&state_dir)?;
     let dsn = args.fleet.store.clone().or_else(|| node.as_ref().map(|n| n.dir.config.store.clone()));
     let node_name = node.as_ref().map_or(String::new(), |n| n.name.clone());

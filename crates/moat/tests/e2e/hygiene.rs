@@ -295,6 +295,10 @@ pub fn doctor_boots_a_guest(env: &Env) {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    // This host's kernel (6.7 or later) has btrfs simple quotas, and says so;
+    // an older one is told what it loses and how to get it.
+    let quotas = text.lines().find(|l| l.contains("disk quotas:")).unwrap_or_else(|| panic!("no quota line: {text}"));
+    assert!(quotas.starts_with("ok    disk quotas: btrfs simple quotas"), "{quotas}");
     let line = text.lines().find(|l| l.contains("microvm:")).unwrap_or_else(|| panic!("no microvm line: {text}"));
     // It says which backend `new` uses by default, and it follows from what boots.
     let kvm = line.contains("microvm: KVM boots");
