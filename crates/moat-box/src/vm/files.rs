@@ -4,7 +4,9 @@
 //! where to ask for names). Only the host writes it, so the same code that
 //! writes a namespace box's root writes it, and nothing the guest did is
 //! ever read back: the guest gets these files in its initramfs at boot and
-//! by `PutFile` while it runs, and writes them onto its own disk.
+//! by `PutFile` while it runs, and writes them onto its own disk. (The one
+//! thing asked of a guest is which of its own identity files it holds
+//! ([`present`]), for a copy's first run: a flag per path.)
 
 // Reads what a box or its QEMU sends, as root: it cannot panic.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::string_slice, clippy::panic)]
