@@ -47,7 +47,9 @@ pub fn run(state_dir: &Path) -> Result<()> {
     );
     // Not a failure (boxes run and their limits hold), but loud.
     match pool.as_ref().map(|p| p.simple_quotas()) {
-        Ok(true) => println!("ok    disk quotas: btrfs simple quotas (box limits, copies, checkpoints, account budgets)"),
+        Ok(true) => {
+            println!("ok    disk quotas: btrfs simple quotas (box limits, copies, checkpoints, account budgets)")
+        }
         Ok(false) => println!("--    disk quotas: {}", paths::FULL_QGROUPS),
         Err(_) => {}
     }

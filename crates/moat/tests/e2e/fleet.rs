@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::fixture::{listening_port, moat_bin, run, ssh_opts, ssh_to, Daemon, Key, Ran};
 use crate::clients::python_client_at;
+use crate::fixture::{listening_port, moat_bin, run, ssh_opts, ssh_to, Daemon, Key, Ran};
 use crate::forward::{curl, free_port, Tunnel};
 use crate::Env;
 
