@@ -6,7 +6,9 @@
 //! - `ssh NAME@HOST true` over loopback (a new connection each time), against
 //!   OpenSSH's own sshd running `true` on loopback with the same client;
 //! - egress through the gateway against the same client and servers without
-//!   it (see [`crate::bench_egress`]).
+//!   it (see [`crate::bench_egress`]);
+//! - with `--fleet`, instead: a fleet on this machine against one host and
+//!   against OpenSSH's ProxyJump (see [`crate::bench_fleet`]).
 //!
 //! Timings are reported, never asserted: this is not a test.
 
@@ -55,6 +57,11 @@ pub struct BenchArgs {
     /// Runs of each VM box measurement (TCG guests take seconds each; 0: none).
     #[arg(long, default_value_t = 5)]
     vm_runs: usize,
+    /// Measure a fleet instead (PostgreSQL, two nodes and a front door on
+    /// loopback, all started and removed by the bench): SSH through the front
+    /// door against one host and against ProxyJump, placement and `new`.
+    #[arg(long)]
+    fleet: bool,
 }
 
 /// Sorted samples of one measurement.
@@ -69,17 +76,18 @@ impl Samples {
         v.sort();
         Self(v)
     }
-    fn pct(&self, p: usize) -> Duration {
+    /// The `p`th percentile (the sample at index `len * p / 100`).
+    pub fn pct(&self, p: usize) -> Duration {
         let i = (self.0.len() * p / 100).min(self.0.len().saturating_sub(1));
         self.0.get(i).copied().unwrap_or_default()
     }
 }
 
-fn ms(d: Duration) -> String {
+pub fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-fn time_command(cmd: &mut Command) -> Result<Duration> {
+pub fn time_command(cmd: &mut Command) -> Result<Duration> {
     let t = Instant::now();
     let status = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
     let took = t.elapsed();
@@ -91,6 +99,9 @@ fn time_command(cmd: &mut Command) -> Result<Duration> {
 
 /// Runs the benchmark and prints the table.
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.fleet {
+        return crate::bench_fleet::run(&args.state_dir, args.iterations);
+    }
     let _ = crate::purge::run(&args.state_dir);
     let result = tokio::runtime::Runtime::new()?.block_on(bench(&args));
     crate::purge::run(&args.state_dir).context("clean up the bench state")?;
@@ -499,7 +510,7 @@ pub async fn first_byte(addr: &AgentAddr, command: &str) -> Result<()> {
     }
 }
 
-fn keygen(path: &Path) -> Result<()> {
+pub fn keygen(path: &Path) -> Result<()> {
     let status = Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(path).status()?;
     if !status.success() {
         bail!("ssh-keygen failed");
@@ -527,19 +538,19 @@ fn ssh(key: &Path, port: u16, user: &str) -> Command {
     cmd
 }
 
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The account OpenSSH's sshd serves in the benchmark.
-const BENCH_USER: &str = "moat-bench";
+pub const BENCH_USER: &str = "moat-bench";
 
 /// A throwaway host account with `/bin/sh` and no startup files, so that sshd's
 /// side runs `sh -c true` as a box does (root's shell may source a slow bashrc).
-struct BenchUser;
+pub struct BenchUser;
 
 impl BenchUser {
-    fn create(home: &Path) -> Result<Self> {
+    pub fn create(home: &Path) -> Result<Self> {
         let _ = Command::new("userdel").arg(BENCH_USER).output();
         let status = Command::new("useradd").args(["-M", "-s", "/bin/sh", "-d"]).arg(home).arg(BENCH_USER).status()?;
         // "*": no password, but not a locked account (sshd refuses locked ones).
@@ -558,7 +569,7 @@ impl Drop for BenchUser {
 }
 
 /// OpenSSH's sshd on loopback, with its own host key and our client key.
-fn start_sshd(dir: &Path, keys_file: &Path, port: u16) -> Result<std::process::Child> {
+pub fn start_sshd(dir: &Path, keys_file: &Path, port: u16) -> Result<std::process::Child> {
     let host_key = dir.join("sshd_host_key");
     keygen(&host_key)?;
     let config = dir.join("sshd_config");

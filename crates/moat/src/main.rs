@@ -3,6 +3,9 @@
 mod agent;
 mod bench;
 mod bench_egress;
+mod bench_fleet;
+mod bench_fleet_rig;
+mod bench_pg;
 mod bench_vm;
 mod doctor;
 mod fleet;
@@ -49,7 +52,9 @@ enum Cmd {
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
-    /// Measure box and SSH latency next to bubblewrap and OpenSSH; prints a table.
+    /// Measure box and SSH latency next to bubblewrap and OpenSSH (with
+    /// --fleet: a fleet's front door, placement and `new` next to one host and
+    /// ProxyJump); prints a table.
     Bench(bench::BenchArgs),
     /// Stop and delete every box, unmount the pool, remove the state directory.
     Purge {
