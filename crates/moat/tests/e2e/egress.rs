@@ -3,7 +3,7 @@
 //! and fails closed.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::fixture::{run, unique, Daemon};
@@ -322,8 +322,10 @@ pub fn https_looked_inside_only_where_rules_need_it(env: &Env) {
 
 /// A box of the default image installs packages the way an agent types it,
 /// through the `registries` preset, with no flag or workaround: pip into the
-/// system Python and into a venv, npm into a project; the toolchain an agent
-/// reaches for is there (the stand-in registries answer for the real names).
+/// system Python and into a venv, npm into a project, cargo (brought in with
+/// scp) from crates.io's sparse index; the toolchain an agent reaches for is
+/// there (the stand-in registries answer for the real names). A registry the
+/// preset does not name is refused.
 pub fn packages_install_through_the_registries_preset(env: &Env) {
     let name = unique("pkg");
     env.new_box(&name, &["--policy", "registries"]);
@@ -345,17 +347,86 @@ pub fn packages_install_through_the_registries_preset(env: &Env) {
     let (status, out) =
         sh(env, &name, "cc --version >/dev/null && make --version >/dev/null && rg --version | head -1");
     assert!(status == Some(0) && out.starts_with("ripgrep"), "toolchain: {out}");
+    // cargo, brought in from the host: the sparse index and the download
+    // from the host its config.json names, into the box's CARGO_HOME.
+    bring_cargo(env, &name);
+    let (status, out) = sh(env, &name, &format!("{CARGO_ENV}; cargo --version"));
+    assert!(status == Some(0) && out.starts_with("cargo "), "the host's cargo does not run in the box: {out}");
+    let (status, out) = sh(
+        env,
+        &name,
+        &format!(
+            "{CARGO_ENV}; {} && {CARGO_FETCH} && cat $CARGO_HOME/registry/src/*/moatdemo-1.0.0/src/lib.rs && ls $CARGO_HOME/registry/cache/*/",
+            cargo_project("/tmp/crate", "moatdemo = \"1\"")
+        ),
+    );
+    assert_eq!(status, Some(0), "cargo:\n{out}");
+    assert!(out.ends_with("pub const VALUE: u32 = 1;\nmoatdemo-1.0.0.crate\n"), "cargo:\n{out}");
     let log = log(env, &name);
     for want in [
         "allow http pypi.org:443 GET /simple/moatdemo/",
         "allow http registry.npmjs.org:443 GET /moatdemo",
         "allow http registry.npmjs.org:443 GET /moatdemo/-/moatdemo-1.0.0.tgz",
+        "allow http index.crates.io:443 GET /config.json",
+        "allow http index.crates.io:443 GET /mo/at/moatdemo",
+        "allow http static.crates.io:443 GET /crates/moatdemo/1.0.0/download",
     ] {
         assert!(log.contains(want), "log lacks {want:?}:\n{log}");
     }
     // Nothing was refused on the way (an audit or a publish would be).
     assert!(!log.contains("DENY"), "{log}");
+    // The stand-ins saw what the gateway passed on.
+    let received = env.net.received();
+    for want in [
+        "GET index.crates.io /config.json",
+        "GET index.crates.io /mo/at/moatdemo",
+        "GET static.crates.io /crates/moatdemo/1.0.0/download",
+    ] {
+        assert!(received.contains(want), "the stand-in did not get {want:?}");
+    }
+
+    // A registry on a host the preset does not name is refused.
+    let (status, out) = sh(
+        env,
+        &name,
+        &format!(
+            "{CARGO_ENV}; export CARGO_REGISTRIES_ELSEWHERE_INDEX=sparse+https://other.test/; {} && {CARGO_FETCH}",
+            cargo_project("/tmp/elsewhere", "moatdemo = { version = \"1\", registry = \"elsewhere\" }")
+        ),
+    );
+    assert!(status != Some(0) && out.contains("other.test"), "cargo from other.test:\n{out}");
+    let refused = self::log(env, &name);
+    assert!(refused.contains("DENY  dns  other.test"), "{refused}");
+    assert!(!env.net.received().contains("other.test /config.json"), "other.test was reached");
     env.alice(None, &["rm", &name]).ok();
+}
+
+/// A box's cargo: its own CARGO_HOME, the system's CAs (which hold the
+/// box's own, that the gateway's interception signs with), no retries.
+const CARGO_ENV: &str =
+    "export CARGO_HOME=/root/cargo-home CARGO_HTTP_CAINFO=/etc/ssl/certs/ca-certificates.crt CARGO_NET_RETRY=0";
+
+/// Resolves and downloads a project's dependencies into CARGO_HOME.
+/// (`cargo fetch` asks rustc for the host's target first, and the box has
+/// no Rust toolchain, hundreds of MB to bring in; `cargo vendor` resolves
+/// and downloads the same way without one. Its advice on stdout is dropped.)
+const CARGO_FETCH: &str = "cargo vendor /tmp/vendor 2>&1 >/dev/null";
+
+/// Shell words that make a library project at `dir` with one dependency
+/// (a line of its manifest) and enter it.
+fn cargo_project(dir: &str, dependency: &str) -> String {
+    format!(
+        "mkdir -p {dir}/src && cd {dir} && touch src/lib.rs && printf '%s\\n' '[package]' 'name = \"app\"' 'version = \"0.1.0\"' 'edition = \"2021\"' '[dependencies]' '{dependency}' > Cargo.toml"
+    )
+}
+
+/// Copies the host's own cargo (the one running these tests; static but
+/// for glibc) into box `name` with scp, as a user brings a tool.
+fn bring_cargo(env: &Env, name: &str) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").into());
+    let mut scp = Command::new("timeout");
+    scp.arg("300").arg("scp").args(env.daemon.ssh_opts(&env.alice)).arg("-P").arg(env.daemon.port.to_string());
+    run(scp.arg(cargo).arg(format!("{name}@127.0.0.1:/usr/local/bin/cargo"))).ok();
 }
 
 pub fn ask_mode_puts_names_to_the_owner(env: &Env) {

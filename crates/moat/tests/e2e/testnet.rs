@@ -22,6 +22,8 @@ pub const NAMES: &[(&str, &str)] = &[
     ("github.com", WEB),
     ("pypi.org", WEB),
     ("registry.npmjs.org", WEB),
+    ("index.crates.io", WEB),
+    ("static.crates.io", WEB),
     ("private.test", "10.1.2.3"),
     ("loop.test", "127.0.0.1"),
 ];
@@ -32,6 +34,9 @@ pub const PACKAGE: &str = "moatdemo-1.0-py3-none-any.whl";
 /// The package on the test npm registry (`npm install moatdemo`).
 pub const NPM_PACKAGE: &str = "moatdemo-1.0.0.tgz";
 
+/// The crate on the test crates.io (`moatdemo = "1"`).
+pub const CRATE: &str = "moatdemo-1.0.0.crate";
+
 pub struct TestNet {
     pub name: String,
     pub dir: PathBuf,
@@ -41,6 +46,18 @@ pub struct TestNet {
 fn sh(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Writes a gzipped tar of `files` (name, text) to `path`.
+fn tar_gz(path: &Path, files: &[(&str, &str)]) {
+    let script = "import io, sys, tarfile\n\
+        t = tarfile.open(sys.argv[1], 'w:gz')\n\
+        for name, text in zip(sys.argv[2::2], sys.argv[3::2]):\n\
+        \x20   info = tarfile.TarInfo(name)\n\
+        \x20   info.size, info.mode = len(text.encode()), 0o644\n\
+        \x20   t.addfile(info, io.BytesIO(text.encode()))\n\
+        t.close()\n";
+    sh(Command::new("python3").args(["-c", script]).arg(path).args(files.iter().flat_map(|(n, t)| [n, t])));
 }
 
 impl TestNet {
@@ -117,7 +134,7 @@ impl TestNet {
         ]);
         std::fs::write(
             d.join("ext"),
-            "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org,DNS:registry.npmjs.org,DNS:llm.test\n",
+            "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org,DNS:registry.npmjs.org,DNS:index.crates.io,DNS:static.crates.io,DNS:llm.test\n",
         )
         .expect("ext");
         openssl(&[
@@ -140,7 +157,8 @@ impl TestNet {
     }
 
     /// A bare git repository with one commit (`github.com/moat/repo.git`), a
-    /// wheel on the package index, and a package on the npm registry.
+    /// wheel on the package index, a package on the npm registry and a crate
+    /// on crates.io.
     fn make_content(&self) {
         let data = self.dir.join("data");
         let work = self.dir.join("work");
@@ -168,16 +186,25 @@ impl TestNet {
             z.writestr('moatdemo-1.0.dist-info/RECORD', '')\n";
         sh(Command::new("python3").args(["-c", script]).arg(&wheel));
         std::fs::create_dir_all(data.join("npm")).expect("npm dir");
-        let tarball = data.join("npm").join(NPM_PACKAGE);
-        let script = "import io, sys, tarfile\n\
-            files = {'package/package.json': '{\"name\": \"moatdemo\", \"version\": \"1.0.0\", \"main\": \"index.js\"}',\n\
-                     'package/index.js': 'module.exports = { value: 1 };'}\n\
-            t = tarfile.open(sys.argv[1], 'w:gz')\n\
-            infos = [tarfile.TarInfo(n) for n in files]\n\
-            [setattr(i, 'size', len(files[i.name].encode())) or setattr(i, 'mode', 0o644) for i in infos]\n\
-            [t.addfile(i, io.BytesIO(files[i.name].encode())) for i in infos]\n\
-            t.close()\n";
-        sh(Command::new("python3").args(["-c", script]).arg(&tarball));
+        tar_gz(
+            &data.join("npm").join(NPM_PACKAGE),
+            &[
+                ("package/package.json", r#"{"name": "moatdemo", "version": "1.0.0", "main": "index.js"}"#),
+                ("package/index.js", "module.exports = { value: 1 };"),
+            ],
+        );
+        // A .crate is a gzipped tar of one directory, NAME-VERSION.
+        std::fs::create_dir_all(data.join("crates")).expect("crates dir");
+        tar_gz(
+            &data.join("crates").join(CRATE),
+            &[
+                (
+                    "moatdemo-1.0.0/Cargo.toml",
+                    "[package]\nname = \"moatdemo\"\nversion = \"1.0.0\"\nedition = \"2021\"\n",
+                ),
+                ("moatdemo-1.0.0/src/lib.rs", "pub const VALUE: u32 = 1;\n"),
+            ],
+        );
     }
 
     /// The commits on `main` of the test git server's repository.

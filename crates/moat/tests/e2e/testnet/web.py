@@ -3,8 +3,9 @@
 argv[4]. By Host: github.com serves the bare repositories under argv[5]/git
 (git http-backend, pushes enabled, so that only the gateway can stop one);
 pypi.org is a package index (PEP 503) of the files in argv[5]/pypi;
-registry.npmjs.org an npm registry of the tarballs in argv[5]/npm; any
-other host answers with what it received (method, path, Host, body size).
+registry.npmjs.org an npm registry of the tarballs in argv[5]/npm;
+index.crates.io a sparse cargo index of the .crate files in argv[5]/crates,
+which static.crates.io serves; any other host answers with what it received (method, path, Host, body size).
 llm.test stands in for an LLM API: /echo answers with the request's headers
 and a usage object, /gzip the same gzip-compressed whatever was asked, /stream
 as server-sent events. Every request is appended to argv[5]/received.log."""
@@ -50,6 +51,10 @@ class Server(http.server.BaseHTTPRequestHandler):
             return self.pypi()
         if host == "registry.npmjs.org":
             return self.npm()
+        if host == "index.crates.io":
+            return self.crates_index()
+        if host == "static.crates.io":
+            return self.crates_download()
         text = f"{self.command} {self.path} host={self.headers.get('Host')} body={len(body)}\n".encode()
         if self.path.startswith("/big/"):
             text = b"x" * int(self.path[5:])
@@ -134,6 +139,38 @@ class Server(http.server.BaseHTTPRequestHandler):
             return self.reply(404, b'{"error":"not found"}')
         doc = {"name": name, "dist-tags": {"latest": max(versions)}, "versions": versions}
         self.reply(200, json.dumps(doc).encode(), [("Content-Type", "application/json")])
+
+    def crates_index(self):
+        # config.json names the download host; a crate's file, at the path
+        # cargo derives from its name, has a line per version with the
+        # sha256 cargo checks.
+        if self.path == "/config.json":
+            config = {"dl": "https://static.crates.io/crates", "api": "https://crates.io"}
+            return self.reply(200, json.dumps(config).encode(), [("Content-Type", "application/json")])
+        parts = [p for p in self.path.split("/") if p]
+        name = parts[-1] if parts else ""
+        prefix = {1: ["1"], 2: ["2"], 3: ["3", name[:1]]}.get(len(name), [name[:2], name[2:4]])
+        lines = []
+        for file in sorted(os.listdir(os.path.join(data, "crates"))):
+            crate, _, version = file[:-len(".crate")].rpartition("-")
+            if crate != name or parts != prefix + [name]:
+                continue
+            with open(os.path.join(data, "crates", file), "rb") as f:
+                cksum = hashlib.sha256(f.read()).hexdigest()
+            lines.append(json.dumps({"name": name, "vers": version, "deps": [], "cksum": cksum,
+                                     "features": {}, "yanked": False}))
+        if not lines:
+            return self.reply(404, b"not found\n")
+        self.reply(200, "".join(line + "\n" for line in lines).encode(), [("Content-Type", "text/plain")])
+
+    def crates_download(self):
+        # cargo asks {dl}/NAME/VERSION/download.
+        parts = [p for p in self.path.split("/") if p]
+        file = f"{parts[1]}-{parts[2]}.crate" if len(parts) == 4 and parts[3] == "download" else ""
+        if parts[:1] != ["crates"] or file not in os.listdir(os.path.join(data, "crates")):
+            return self.reply(404, b"not found\n")
+        with open(os.path.join(data, "crates", file), "rb") as f:
+            self.reply(200, f.read(), [("Content-Type", "application/x-tar")])
 
     do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = answer
 
