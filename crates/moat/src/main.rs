@@ -8,6 +8,7 @@ mod bench_fleet_rig;
 mod bench_pg;
 mod bench_vm;
 mod doctor;
+mod durable;
 mod fleet;
 mod front;
 mod front_door;

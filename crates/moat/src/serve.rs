@@ -108,6 +108,8 @@ pub struct ServeArgs {
     vm: crate::microvm::VmArgs,
     #[command(flatten)]
     fleet: crate::node::NodeArgs,
+    #[command(flatten)]
+    durable: crate::durable::DurableArgs,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -204,6 +206,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         Some(addr) => addr,
         None => anyhow::bail!("no nameserver in /etc/resolv.conf: give the gateway one with --upstream-dns"),
     };
+    let pool_root = backend.host().pool.root().to_path_buf();
     let manager = BoxManager::new(store, Arc::new(backend), config);
     // Every node of a fleet seals with the fleet key: a secret added through
     // one node opens on the node its box is on.
@@ -233,6 +236,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // become a blocking thread that exits when idle.
     let gateway = crate::gateway_supervisor::supervise(egress, gateway, Arc::clone(&manager));
     manager.spawn_meter();
+    let _durable = crate::durable::start(&args.durable, &manager, &pool_root)?;
 
     let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;
     let host_key = host_key.to_openssh(russh::keys::ssh_key::LineEnding::LF).context("encode the host key")?;

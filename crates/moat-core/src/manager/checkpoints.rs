@@ -31,6 +31,7 @@ impl BoxManager {
         let (r, l) = (rec.clone(), label.clone());
         self.blocking(move |b| b.checkpoint(&r, &l)).await??;
         tracing::info!(box_id = %rec.id, name = %rec.name, %label, "checkpoint saved");
+        self.tell_durable(&rec.id);
         Ok(label)
     }
 

@@ -8,6 +8,7 @@
 mod ask;
 mod checkpoints;
 mod copies;
+mod durable;
 mod fleet;
 mod meter;
 mod network;
@@ -19,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+pub use durable::{Durability, DurableHooks};
 pub use fleet::{LEASE, LEASE_RENEW};
 pub use meter::{SecretUsage, UsageReport};
 pub use network::NetworkHooks;
@@ -245,6 +247,7 @@ pub struct BoxManager {
     diff_turns: tokio::sync::Semaphore,
     sessions: Mutex<HashMap<BoxId, session::Sessions>>,
     network: std::sync::OnceLock<Arc<dyn NetworkHooks>>,
+    durable: std::sync::OnceLock<Arc<dyn DurableHooks>>,
     egress_follow: tokio::sync::broadcast::Sender<(BoxId, crate::egress::LogEntry)>,
     questions: ask::Questions,
     sealer: std::sync::OnceLock<crate::secrets::Sealer>,
@@ -265,6 +268,7 @@ impl BoxManager {
             diff_turns: tokio::sync::Semaphore::new(DIFFS_AT_ONCE),
             sessions: Mutex::new(HashMap::new()),
             network: std::sync::OnceLock::new(),
+            durable: std::sync::OnceLock::new(),
             egress_follow: tokio::sync::broadcast::channel(4096).0,
             questions: ask::Questions::default(),
             sealer: std::sync::OnceLock::new(),

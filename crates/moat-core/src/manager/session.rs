@@ -146,6 +146,7 @@ impl BoxManager {
         self.blocking(move |b| b.suspend(&r)).await??;
         self.db(|s| s.set_state(&rec.id, BoxState::Suspended, rec.pid))?;
         self.tell_network(|hooks| hooks.suspended(&rec.id));
+        self.tell_durable(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, why, "box suspended");
         Ok(())
     }

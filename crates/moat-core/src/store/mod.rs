@@ -7,6 +7,7 @@
 //! Every change is one transaction, so a crash leaves either the old or the new
 //! row; the manager rolls back boxes left in `creating`.
 
+pub mod durable;
 pub mod egress_log;
 pub mod fleet;
 pub mod ledger;

@@ -163,9 +163,27 @@ CREATE TABLE IF NOT EXISTS fleet_settings (
 );
 ";
 
+/// Durable boxes: each box's chain of streams in the object store (see
+/// `store::durable`).
+pub(crate) const DURABLE: &str = "
+CREATE TABLE IF NOT EXISTS durable_links (
+    box_id          TEXT NOT NULL,
+    seq             INTEGER NOT NULL,
+    parent_seq      INTEGER,
+    key             TEXT NOT NULL UNIQUE,
+    snapshot        TEXT NOT NULL,
+    sha256          TEXT NOT NULL,
+    bytes           INTEGER NOT NULL,
+    taken_at_ms     INTEGER NOT NULL,
+    uploaded_at_ms  INTEGER NOT NULL,
+    node            TEXT NOT NULL,
+    PRIMARY KEY (box_id, seq)
+);
+";
+
 /// The versions of the schema, oldest first: each brings a database at the
 /// version before it to its own. Never edit one that has shipped: add another.
-const MIGRATIONS: &[(u32, Migration)] = &[(1, tables), (2, fleet)];
+const MIGRATIONS: &[(u32, Migration)] = &[(1, tables), (2, fleet), (3, durable)];
 
 /// What brings a database from the version before to the next.
 type Migration = fn(&mut dyn Exec) -> Result<(), StoreError>;
@@ -246,6 +264,11 @@ fn fleet(tx: &mut dyn Exec) -> Result<(), StoreError> {
         )?;
     }
     create(tx, FLEET)
+}
+
+/// Version 3: durable boxes' chains (a new table: every older row stays).
+fn durable(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, DURABLE)
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.

@@ -11,6 +11,7 @@
 mod checkpoints;
 mod clients;
 mod control;
+mod durable;
 mod egress;
 mod exec;
 mod files;
@@ -154,6 +155,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     checkpoints::restore_puts_a_damaged_box_back,
     checkpoints::count_against_the_disk_limit,
     checkpoints::interrupted_checkpoints_and_restores_finish_or_undo,
+    durable::boxes_upload_at_suspend_checkpoint_and_every_interval,
     storage::account_budgets_hold_across_dup_and_rm,
     storage::copies_are_charged_for_what_removed_parents_left,
     egress::deny_by_default_allow_by_name,

@@ -25,7 +25,8 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         (None, true) => format!("a removed box (duplicated at {})", utc(b.created_at)),
         (None, false) => "-".to_string(),
     };
-    let node = if b.node.is_empty() { String::new() } else { format!("node:     {}\n", b.node) };
+    let mut node = if b.node.is_empty() { String::new() } else { format!("node:     {}\n", b.node) };
+    node += &durable(&b);
     Ok(format!(
         "name:     {}\nid:       {}\nstate:    {} (since {})\n{}idle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
         b.name,
@@ -43,6 +44,25 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         utc(b.created_at),
         parent
     ))
+}
+
+/// When the box was last kept in the object store, and how far behind that is.
+fn durable(b: &BoxInfo) -> String {
+    let Some(d) = &b.durable else { return String::new() };
+    let pending = if d.pending { ", an upload is under way" } else { "" };
+    let Some(as_of_ms) = d.as_of_ms else { return format!("durable:  not yet{pending}\n") };
+    let behind = match b.state.as_str() {
+        // A running box may have changed since; a box that stopped or
+        // suspended before that snapshot has not.
+        "running" => format!(", up to {}s behind", moat_core::clock::now_ms().saturating_sub(as_of_ms) / 1000),
+        _ if b.state_since * 1000 <= as_of_ms => ", up to date".to_string(),
+        _ => format!(", {}s behind", moat_core::clock::now_ms().saturating_sub(as_of_ms) / 1000),
+    };
+    format!(
+        "durable:  as of {} ({} in the object store){behind}{pending}\n",
+        utc(as_of_ms / 1000),
+        format_size(d.bytes)
+    )
 }
 
 /// How the idle rule applies to a box.

@@ -275,10 +275,26 @@ fn times_read_one_way_and_json_adds_strings() {
         state_since: 1_796_080_060,
         backend: BackendKind::Ns,
         node: String::new(),
+        durable: None,
     };
     let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
     let text = (info.render)(Reply::Box(b.clone()), &info.op, false).unwrap();
     assert!(text.contains("\nstate:    running (since 2026-11-30T23:07:40Z)\n"), "{text}");
+    assert!(!text.contains("durable:"), "{text}");
+    // Where boxes are kept in an object store, info says as of when.
+    let suspended = moat_api::BoxInfo {
+        state: "suspended".into(),
+        durable: Some(moat_api::DurableInfo { as_of_ms: Some(1_796_080_061_000), bytes: 3 << 20, pending: false }),
+        ..b.clone()
+    };
+    let text = (info.render)(Reply::Box(suspended.clone()), &info.op, false).unwrap();
+    assert!(text.contains("\ndurable:  as of 2026-11-30T23:07:41Z (3M in the object store), up to date\n"), "{text}");
+    let never = moat_api::BoxInfo {
+        durable: Some(moat_api::DurableInfo { as_of_ms: None, bytes: 0, pending: true }),
+        ..suspended
+    };
+    let text = (info.render)(Reply::Box(never), &info.op, false).unwrap();
+    assert!(text.contains("\ndurable:  not yet, an upload is under way\n"), "{text}");
     // A single host's boxes name no node; a fleet's do, in `info` and `ls`.
     assert!(!text.contains("node:"), "{text}");
     let Plan::Call(ls) = plan("ls").unwrap() else { panic!("not a call") };

@@ -1,0 +1,74 @@
+//! The manager's side of durable boxes: it tells the uploader (moat-durable's
+//! worker, set once at start) when a box reached a point worth keeping
+//! (suspended, checkpointed), and keeps the record of what was uploaded.
+//! The uploads themselves never run under a box's lock: a slow object store
+//! never stalls a box.
+
+use std::sync::Arc;
+
+use super::{BoxManager, ManagerError};
+use crate::ids::BoxId;
+use crate::record::BoxRecord;
+use crate::store::durable::DurableLink;
+
+/// What the manager tells the uploader.
+pub trait DurableHooks: Send + Sync {
+    /// Box `id` reached a point worth keeping: queue an upload.
+    fn changed(&self, id: &BoxId);
+    /// Whether an upload of box `id` is queued or under way.
+    fn pending(&self, id: &BoxId) -> bool;
+}
+
+/// How durable a box is, as `info` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Durability {
+    /// The box is kept in the object store as it was then (ms), if at all.
+    pub as_of_ms: Option<u64>,
+    /// Bytes it keeps there.
+    pub bytes: u64,
+    /// An upload is queued or under way.
+    pub pending: bool,
+}
+
+impl BoxManager {
+    /// Sets where changed boxes are reported (once; later calls are ignored).
+    pub fn set_durable(&self, hooks: Arc<dyn DurableHooks>) {
+        let _ = self.durable.set(hooks);
+    }
+
+    /// Queues an upload of box `id`, if boxes are made durable.
+    pub(super) fn tell_durable(&self, id: &BoxId) {
+        if let Some(hooks) = self.durable.get() {
+            hooks.changed(id);
+        }
+    }
+
+    /// Box `id`'s chain in the object store, oldest first.
+    pub fn durable_links(&self, id: &BoxId) -> Result<Vec<DurableLink>, ManagerError> {
+        Ok(self.db(|s| s.durable_links(id))?)
+    }
+
+    /// Records an upload that completed.
+    pub fn record_durable(&self, link: &DurableLink) -> Result<(), ManagerError> {
+        Ok(self.db(|s| s.add_durable_link(link))?)
+    }
+
+    /// Box `id` if this node acts on it (its own, and the fence open).
+    pub fn box_here(&self, id: &BoxId) -> Result<Option<BoxRecord>, ManagerError> {
+        let Some(rec) = self.db(|s| s.get_by_id(id))? else { return Ok(None) };
+        Ok(self.here(&rec).is_ok().then_some(rec))
+    }
+
+    /// This node's boxes.
+    pub fn boxes_here(&self) -> Result<Vec<BoxRecord>, ManagerError> {
+        Ok(self.db(crate::store::Store::list_here)?)
+    }
+
+    /// How durable box `id` is (`None` when boxes are not made durable here).
+    pub fn durability(&self, id: &BoxId) -> Result<Option<Durability>, ManagerError> {
+        let Some(hooks) = self.durable.get() else { return Ok(None) };
+        let head = self.db(|s| s.durable_head(id))?;
+        let bytes = self.db(|s| s.durable_bytes(id))?;
+        Ok(Some(Durability { as_of_ms: head.map(|h| h.taken_at_ms), bytes, pending: hooks.pending(id) }))
+    }
+}

