@@ -247,14 +247,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let keys = AuthorizedKeys::new(keys_path.clone());
     // In a fleet the accounts are the store's keys (`moat fleet keys`); the
     // file still adds its own.
-    let fleet_keys = match &dsn {
-        Some(dsn) => Some(moat_core::Store::connect(dsn).context("open the state store for keys")?),
-        None => None,
-    };
-    let authorize = move |key: &str| {
-        let from_store = fleet_keys.as_ref().and_then(|s| s.account_for_fleet_key(key).ok().flatten());
-        from_store.or_else(|| keys.account_for_text(key))
-    };
+    // The same store the manager holds (no second connection); on a single
+    // host with SQLite it has no fleet keys and the file alone answers.
+    let store_keys = Arc::clone(&manager);
+    let authorize = move |key: &str| store_keys.account_for_fleet_key(key).or_else(|| keys.account_for_text(key));
     let privileged = Arc::new(Privileged { manager, authorize: Box::new(authorize), default_policy, registries });
     if let (Some(node), Some((listener, offer))) = (node, listener) {
         tokio::spawn(crate::node::keep_lease(Arc::clone(&privileged.manager), offer));

@@ -68,6 +68,12 @@ impl BoxManager {
         Ok(self.db(|s| s.nodes())?)
     }
 
+    /// The account a key imported with `moat fleet keys add` (`TYPE BASE64`)
+    /// is, if it is one (none on a single host, or with the store away).
+    pub fn account_for_fleet_key(&self, key: &str) -> Option<crate::ids::AccountId> {
+        self.db(|s| s.account_for_fleet_key(key)).ok().flatten()
+    }
+
     /// The nodes whose lease lapsed.
     pub fn lost_nodes(&self) -> Result<Vec<String>, ManagerError> {
         let now = now_ms();

@@ -14,7 +14,8 @@ use crate::Env;
 /// Boxes each node holds at most (small, so that filling the fleet is quick).
 pub const NODE_MAX_BOXES: u32 = 8;
 
-/// A running fleet; dropped: front doors, then nodes (purged), then PostgreSQL.
+/// A running fleet; dropped in field order: front doors, then nodes (purged:
+/// they need the store), then PostgreSQL.
 pub struct Fleet {
     pub fronts: Vec<Front>,
     pub nodes: Vec<Daemon>,
@@ -159,13 +160,6 @@ impl Fleet {
         let b =
             boxes.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap_or_else(|| panic!("{name}: {boxes}"));
         (b["state"].as_str().unwrap().to_string(), b["node"].as_str().unwrap_or_default().to_string())
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        self.fronts.clear();
-        self.nodes.clear();
     }
 }
 
