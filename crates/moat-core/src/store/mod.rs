@@ -11,6 +11,7 @@ pub mod durable;
 pub mod egress_log;
 pub mod fleet;
 pub mod ledger;
+pub mod moves;
 pub mod nodes;
 mod schema;
 pub mod secrets;
@@ -78,6 +79,12 @@ pub enum StoreError {
     /// A fleet member's join token was used already.
     #[error("fleet member {0} has joined already (a join token works once)")]
     AlreadyJoined(String),
+    /// A lost node renewed its lease before its boxes were taken elsewhere.
+    #[error("node {0} is back: it keeps its boxes")]
+    NodeBack(String),
+    /// A box's record changed since its move was asked.
+    #[error("box {0} changed since its move was asked")]
+    MoveStale(String),
     /// No fleet member has this serial, or it was revoked.
     #[error("no fleet member {0} (never issued, or revoked)")]
     NoMember(String),
@@ -101,7 +108,7 @@ const FROM: &str = "boxes b LEFT JOIN boxes p ON p.id = b.parent";
 
 /// Any number, the same in every moat: held (PostgreSQL) while a box is
 /// added, so that two nodes never pick the same slot or overfill a node.
-const INSERT_LOCK: i64 = 0x6d6f_6174_0002;
+pub(crate) const INSERT_LOCK: i64 = 0x6d6f_6174_0002;
 
 impl Store {
     /// Opens (creating if needed) the SQLite database at `path`.
@@ -160,6 +167,26 @@ impl Store {
         f: impl FnOnce(&mut dyn Exec) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         self.db.transaction(f)
+    }
+
+    /// The lowest uid slot of this node's that no box here has (inside the
+    /// transaction that gives it, under the insert lock on PostgreSQL).
+    pub(crate) fn free_slot(&self, tx: &mut dyn Exec) -> Result<u32, StoreError> {
+        let used = tx.query(
+            "SELECT slot FROM boxes WHERE node = ?2 AND slot >= ?1 ORDER BY slot",
+            &args![self.slots.start, &self.node],
+        )?;
+        let mut slot = self.slots.start;
+        for row in used {
+            if row.get::<u32>(0)? != slot {
+                break;
+            }
+            slot += 1;
+        }
+        if slot >= self.slots.end.min(MAX_SLOTS) {
+            return Err(StoreError::NoSlot);
+        }
+        Ok(slot)
     }
 
     /// The block of uid slots the boxes already here use, if any.
@@ -239,20 +266,7 @@ impl Store {
             if !self.node.is_empty() {
                 nodes::check_room(tx, &self.node, &limits, crate::clock::now_ms())?;
             }
-            let used = tx.query(
-                "SELECT slot FROM boxes WHERE node = ?2 AND slot >= ?1 ORDER BY slot",
-                &args![self.slots.start, &self.node],
-            )?;
-            let mut slot = self.slots.start;
-            for row in used {
-                if row.get::<u32>(0)? != slot {
-                    break;
-                }
-                slot += 1;
-            }
-            if slot >= self.slots.end.min(MAX_SLOTS) {
-                return Err(StoreError::NoSlot);
-            }
+            let slot = self.free_slot(tx)?;
             let rec = BoxRecord {
                 id: BoxId::random(),
                 account: account.clone(),
@@ -419,6 +433,7 @@ impl Store {
             tx.execute("DELETE FROM policies WHERE box_id = ?1", &id)?;
             tx.execute("DELETE FROM secret_grants WHERE box_id = ?1", &id)?;
             tx.execute("DELETE FROM secret_limits WHERE box_id = ?1", &id)?;
+            tx.execute("DELETE FROM box_moves WHERE box_id = ?1", &id)?;
             Ok(())
         })
     }

@@ -57,8 +57,15 @@ impl NodeRow {
         now_ms < self.lease_until_ms
     }
 
+    /// Counts a box with `limits` as one of its own.
+    pub(crate) fn add(&mut self, limits: &Limits) {
+        self.boxes += 1;
+        self.memory_used += limits.memory;
+        self.cpus_used += u64::from(limits.cpus);
+    }
+
     /// Whether a box with `limits` fits, and if not, what it lacks.
-    fn room_for(&self, limits: &Limits) -> Result<(), Resource> {
+    pub(crate) fn room_for(&self, limits: &Limits) -> Result<(), Resource> {
         if self.boxes >= self.offer.max_boxes {
             return Err(Resource::Boxes);
         }
@@ -107,25 +114,29 @@ impl Store {
     /// Records what this node offers and renews its lease for [`LEASE_MS`]
     /// (adding the node if it is new; a cordon stays as it was).
     pub fn renew_lease(&self, offer: &NodeOffer) -> Result<(), StoreError> {
-        let now = crate::clock::now_ms();
-        self.execute(
-            "INSERT INTO nodes (name, address, cpus, memory, disk, max_boxes, lease_until_ms, renewed_at_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (name) DO UPDATE SET \
-             address = excluded.address, cpus = excluded.cpus, memory = excluded.memory, disk = excluded.disk, \
-             max_boxes = excluded.max_boxes, lease_until_ms = excluded.lease_until_ms, \
-             renewed_at_ms = excluded.renewed_at_ms",
-            &args![
-                &offer.name,
-                &offer.address,
-                offer.cpus,
-                offer.memory,
-                offer.disk,
-                offer.max_boxes,
-                now + LEASE_MS,
-                now
-            ],
-        )?;
-        Ok(())
+        self.transaction(|tx| {
+            // Never while its boxes are being taken elsewhere (see `moves`).
+            super::moves::lock_node(tx, &offer.name)?;
+            let now = crate::clock::now_ms();
+            tx.execute(
+                "INSERT INTO nodes (name, address, cpus, memory, disk, max_boxes, lease_until_ms, renewed_at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (name) DO UPDATE SET \
+                 address = excluded.address, cpus = excluded.cpus, memory = excluded.memory, disk = excluded.disk, \
+                 max_boxes = excluded.max_boxes, lease_until_ms = excluded.lease_until_ms, \
+                 renewed_at_ms = excluded.renewed_at_ms",
+                &args![
+                    &offer.name,
+                    &offer.address,
+                    offer.cpus,
+                    offer.memory,
+                    offer.disk,
+                    offer.max_boxes,
+                    now + LEASE_MS,
+                    now
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     /// Every node, by name, with what its boxes use.
@@ -143,6 +154,11 @@ impl Store {
     pub fn set_cordoned(&self, name: &str, cordoned: bool) -> Result<bool, StoreError> {
         Ok(self.execute("UPDATE nodes SET cordoned = ?2 WHERE name = ?1", &args![name, cordoned])? == 1)
     }
+}
+
+/// Every node (inside a transaction).
+pub(crate) fn all_nodes(tx: &mut dyn Exec) -> Result<Vec<NodeRow>, StoreError> {
+    tx.query(&format!("{NODES} {GROUPED}"), &[])?.iter().map(node_from_row).collect()
 }
 
 fn node(tx: &mut dyn Exec, name: &str) -> Result<Option<NodeRow>, StoreError> {

@@ -181,9 +181,28 @@ CREATE TABLE IF NOT EXISTS durable_links (
 );
 ";
 
+/// Boxes changing node (see `store::moves`), and where each box came from.
+pub(crate) const MOVES: &str = "
+CREATE TABLE IF NOT EXISTS box_moves (
+    box_id       TEXT PRIMARY KEY,
+    from_node    TEXT NOT NULL,
+    to_node      TEXT NOT NULL,
+    epoch        INTEGER NOT NULL,
+    reason       TEXT NOT NULL,
+    ready        INTEGER NOT NULL DEFAULT 0,
+    as_of_ms     INTEGER,
+    asked_at_ms  INTEGER NOT NULL,
+    error        TEXT
+);
+ALTER TABLE boxes ADD COLUMN moved_from TEXT;
+ALTER TABLE boxes ADD COLUMN moved_reason TEXT;
+ALTER TABLE boxes ADD COLUMN moved_as_of_ms INTEGER;
+ALTER TABLE boxes ADD COLUMN moved_at_ms INTEGER;
+";
+
 /// The versions of the schema, oldest first: each brings a database at the
 /// version before it to its own. Never edit one that has shipped: add another.
-const MIGRATIONS: &[(u32, Migration)] = &[(1, tables), (2, fleet), (3, durable)];
+const MIGRATIONS: &[(u32, Migration)] = &[(1, tables), (2, fleet), (3, durable), (4, moves)];
 
 /// What brings a database from the version before to the next.
 type Migration = fn(&mut dyn Exec) -> Result<(), StoreError>;
@@ -269,6 +288,12 @@ fn fleet(tx: &mut dyn Exec) -> Result<(), StoreError> {
 /// Version 3: durable boxes' chains (a new table: every older row stays).
 fn durable(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, DURABLE)
+}
+
+/// Version 4: boxes that change node (a new table and new columns: every
+/// older row stays, on no move and from nowhere).
+fn moves(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, MOVES)
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.

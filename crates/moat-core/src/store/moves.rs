@@ -1,0 +1,538 @@
+//! Boxes changing node. A move is a row of `box_moves` that says which box
+//! goes from which node to which, at which epoch, and whether the source is
+//! done with it (`ready`: it stopped the box and made it durable, or it is a
+//! lost node whose boxes come back as of their last upload). The target
+//! receives the box from the object store and then, in one transaction,
+//! takes it: a slot of its own, the epoch plus one, the move's row gone. Until
+//! that commit the box is the source's; after it, never again (a node acts on
+//! a box only while its record names it, see `manager::fleet`).
+//!
+//! Re-homing a lost node's boxes is decided by one node at a time (the
+//! reconciler lock) and re-checked at the take: the lost node's lease must
+//! still be lapsed by the grace, read under the same lock its renewal takes,
+//! so a node that comes back in time keeps its boxes.
+
+use serde::{Deserialize, Serialize};
+
+use super::sql::{args, Engine, Exec, Row};
+use super::{nodes, Store, StoreError, INSERT_LOCK};
+use crate::ids::BoxId;
+use crate::limits::Limits;
+
+/// Why a box is moving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MoveReason {
+    /// `move NAME --node N`.
+    Move,
+    /// `moat node drain`.
+    Drain,
+    /// Its node's lease lapsed beyond the grace.
+    Lost,
+}
+
+impl MoveReason {
+    /// As stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Move => "move",
+            Self::Drain => "drain",
+            Self::Lost => "lost",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "move" => Some(Self::Move),
+            "drain" => Some(Self::Drain),
+            "lost" => Some(Self::Lost),
+            _ => None,
+        }
+    }
+}
+
+/// A box on its way to another node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoxMove {
+    /// The box.
+    pub box_id: BoxId,
+    /// The node it is on.
+    pub from: String,
+    /// The node it goes to.
+    pub to: String,
+    /// Its epoch when the move was asked (the take requires it unchanged).
+    pub epoch: u64,
+    /// Why.
+    pub reason: MoveReason,
+    /// The source is done: the target may receive and take it.
+    pub ready: bool,
+    /// The box arrives as it was then (its last upload's snapshot), once ready.
+    pub as_of_ms: Option<u64>,
+    /// When the move was asked.
+    pub asked_at_ms: u64,
+    /// Why the last attempt failed, if one did.
+    pub error: Option<String>,
+}
+
+/// Where a box came from, once it moved (for `info`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Arrival {
+    /// The node it was on.
+    pub from: String,
+    /// Why it moved.
+    pub reason: MoveReason,
+    /// It is as it was then (ms): its last upload before the move.
+    pub as_of_ms: u64,
+    /// When it was taken here (ms).
+    pub at_ms: u64,
+}
+
+/// Held (PostgreSQL) by the one node that decides where lost nodes' boxes go.
+const RECONCILER_LOCK: i64 = 0x6d6f_6174_0004;
+
+const COLUMNS: &str = "box_id, from_node, to_node, epoch, reason, ready, as_of_ms, asked_at_ms, error";
+
+fn move_from_row(r: &Row) -> Result<BoxMove, StoreError> {
+    let id: String = r.get(0)?;
+    let corrupt = || StoreError::Corrupt(id.clone());
+    Ok(BoxMove {
+        box_id: BoxId::parse(&id).ok_or_else(corrupt)?,
+        from: r.get(1)?,
+        to: r.get(2)?,
+        epoch: r.get(3)?,
+        reason: MoveReason::parse(&r.get::<String>(4)?).ok_or_else(corrupt)?,
+        ready: r.get(5)?,
+        as_of_ms: r.get(6)?,
+        asked_at_ms: r.get(7)?,
+        error: r.get(8)?,
+    })
+}
+
+/// The lock a node's lease renewal and a take of its boxes both hold
+/// (PostgreSQL), per node name: a renewal and a re-homing never interleave.
+pub(crate) fn lock_node(tx: &mut dyn Exec, node: &str) -> Result<(), StoreError> {
+    if tx.engine() == Engine::Postgres {
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext(?1))", &args![node])?;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Asks for box `id` (on `from` at `epoch`) to go to `to`; false if a move
+    /// of it is asked already or its record changed meanwhile.
+    pub fn ask_move(&self, mv: &BoxMove) -> Result<bool, StoreError> {
+        self.transaction(|tx| {
+            let current = tx.query_row("SELECT node, epoch FROM boxes WHERE id = ?1", &args![mv.box_id.as_str()])?;
+            let Some(current) = current else { return Ok(false) };
+            if current.get::<String>(0)? != mv.from || current.get::<u64>(1)? != mv.epoch {
+                return Ok(false);
+            }
+            let inserted = insert_move(tx, mv)?;
+            Ok(inserted == 1)
+        })
+    }
+
+    /// Box `id`'s move, if one is asked.
+    pub fn box_move(&self, id: &BoxId) -> Result<Option<BoxMove>, StoreError> {
+        let row = self.query_row(&format!("SELECT {COLUMNS} FROM box_moves WHERE box_id = ?1"), &args![id.as_str()])?;
+        row.as_ref().map(move_from_row).transpose()
+    }
+
+    /// Moves off node `from` (`to`: onto node `to`), oldest first.
+    pub fn moves(&self, from: Option<&str>, to: Option<&str>) -> Result<Vec<BoxMove>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM box_moves WHERE (CAST(?1 AS TEXT) IS NULL OR from_node = ?1) AND (CAST(?2 AS TEXT) IS NULL OR to_node = ?2) \
+             ORDER BY asked_at_ms, box_id"
+        );
+        self.query(&sql, &args![from, to])?.iter().map(move_from_row).collect()
+    }
+
+    /// The source is done with box `id`: it is durable as of `as_of_ms`.
+    pub fn move_ready(&self, id: &BoxId, as_of_ms: u64) -> Result<bool, StoreError> {
+        let sql = "UPDATE box_moves SET ready = 1, as_of_ms = ?2, error = NULL WHERE box_id = ?1";
+        Ok(self.execute(sql, &args![id.as_str(), as_of_ms])? == 1)
+    }
+
+    /// Notes why the last attempt at box `id`'s move failed.
+    pub fn move_failed(&self, id: &BoxId, error: &str) -> Result<(), StoreError> {
+        self.execute("UPDATE box_moves SET error = ?2 WHERE box_id = ?1", &args![id.as_str(), error])?;
+        Ok(())
+    }
+
+    /// Gives box `id`'s move another target (a lost node's box whose first
+    /// target could not take it).
+    pub fn retarget_move(&self, id: &BoxId, from_target: &str, to: &str) -> Result<bool, StoreError> {
+        let sql = "UPDATE box_moves SET to_node = ?3, error = NULL WHERE box_id = ?1 AND to_node = ?2";
+        Ok(self.execute(sql, &args![id.as_str(), from_target, to])? == 1)
+    }
+
+    /// Calls off box `id`'s move (false: it is taken already, or was never
+    /// asked): the box stays where it is.
+    pub fn cancel_move(&self, id: &BoxId) -> Result<bool, StoreError> {
+        Ok(self.execute("DELETE FROM box_moves WHERE box_id = ?1", &args![id.as_str()])? == 1)
+    }
+
+    /// Takes box `mv.box_id` onto this node, which has received it: a slot of
+    /// this node's, the epoch plus one, the move's row gone, all or nothing.
+    /// Refused (`Ok(false)`, nothing changed) if the move was called off or
+    /// the box's record changed since it was asked, or, for a lost node's
+    /// box, if that node renewed its lease within the grace after all.
+    /// `NodeFull` / `NodeUnavailable` if this node has no room.
+    pub fn take_box(&self, mv: &BoxMove, grace_ms: u64, at_ms: u64) -> Result<bool, StoreError> {
+        let limits = self.get_by_id(&mv.box_id)?.map(|r| r.limits);
+        let Some(limits) = limits else { return Ok(false) };
+        self.transaction(|tx| {
+            if tx.engine() == Engine::Postgres {
+                tx.execute("SELECT pg_advisory_xact_lock(?1)", &args![INSERT_LOCK])?;
+            }
+            lock_node(tx, &mv.from)?;
+            let gone = tx.execute(
+                "DELETE FROM box_moves WHERE box_id = ?1 AND to_node = ?2 AND ready = 1",
+                &args![mv.box_id.as_str(), &self.node],
+            )?;
+            if gone != 1 {
+                return Ok(false);
+            }
+            if mv.reason == MoveReason::Lost {
+                let lease = tx.query_row("SELECT lease_until_ms FROM nodes WHERE name = ?1", &args![&mv.from])?;
+                let until: u64 = lease.map(|r| r.get(0)).transpose()?.unwrap_or(0);
+                if at_ms < until.saturating_add(grace_ms) {
+                    return Err(StoreError::NodeBack(mv.from.clone()));
+                }
+            }
+            nodes::check_room(tx, &self.node, &limits, at_ms)?;
+            let slot = self.free_slot(tx)?;
+            let moved = tx.execute(
+                "UPDATE boxes SET node = ?2, epoch = epoch + 1, slot = ?3, state = ?4, pid = NULL, state_since = ?5, \
+                 moved_from = ?6, moved_reason = ?7, moved_as_of_ms = ?8, moved_at_ms = ?9 \
+                 WHERE id = ?1 AND node = ?6 AND epoch = ?10",
+                &args![
+                    mv.box_id.as_str(),
+                    &self.node,
+                    slot,
+                    crate::record::BoxState::Stopped.as_str(),
+                    at_ms / 1000,
+                    &mv.from,
+                    mv.reason.as_str(),
+                    mv.as_of_ms.unwrap_or(0),
+                    at_ms,
+                    mv.epoch
+                ],
+            )?;
+            if moved != 1 {
+                return Err(StoreError::MoveStale(mv.box_id.to_string()));
+            }
+            Ok(true)
+        })
+        .or_else(|e| match e {
+            // Rolled back, and called off: the lost node is back and keeps
+            // its box, or the box is no longer what the move was asked of.
+            StoreError::NodeBack(_) | StoreError::MoveStale(_) => {
+                self.cancel_move(&mv.box_id)?;
+                Ok(false)
+            }
+            e => Err(e),
+        })
+    }
+
+    /// Where box `id` came from, if it moved.
+    pub fn arrival(&self, id: &BoxId) -> Result<Option<Arrival>, StoreError> {
+        let row = self.query_row(
+            "SELECT moved_from, moved_reason, moved_as_of_ms, moved_at_ms FROM boxes \
+             WHERE id = ?1 AND moved_from IS NOT NULL",
+            &args![id.as_str()],
+        )?;
+        let Some(r) = row else { return Ok(None) };
+        let reason: String = r.get(1)?;
+        Ok(Some(Arrival {
+            from: r.get(0)?,
+            reason: MoveReason::parse(&reason).ok_or_else(|| StoreError::Corrupt(id.to_string()))?,
+            as_of_ms: r.get(2)?,
+            at_ms: r.get(3)?,
+        }))
+    }
+
+    /// As the fleet's one reconciler (PostgreSQL: a lock held for the
+    /// transaction; nothing if another node holds it, or on SQLite, a single
+    /// host): asks every box of a node whose lease lapsed `grace_ms` or more
+    /// before `now_ms`, that has something in the object store and no move
+    /// yet, to go to the live node with the most memory free that has room
+    /// for it. The moves asked (a box that fits nowhere waits for the next
+    /// round).
+    pub fn reconcile_lost(&self, grace_ms: u64, now_ms: u64) -> Result<Vec<BoxMove>, StoreError> {
+        self.transaction(|tx| {
+            if tx.engine() != Engine::Postgres {
+                return Ok(Vec::new());
+            }
+            let got = tx.query_row("SELECT pg_try_advisory_xact_lock(?1)", &args![RECONCILER_LOCK])?;
+            if !got.map(|r| r.get::<bool>(0)).transpose()?.unwrap_or(false) {
+                return Ok(Vec::new());
+            }
+            let mut all = nodes::all_nodes(tx)?;
+            let lost: Vec<String> = all
+                .iter()
+                .filter(|n| now_ms >= n.lease_until_ms.saturating_add(grace_ms))
+                .map(|n| n.offer.name.clone())
+                .collect();
+            // What moves already asked will add to each target.
+            for mv in &moves_in(tx)? {
+                if let (Some(limits), Some(n)) =
+                    (limits_of(tx, &mv.box_id)?, all.iter_mut().find(|n| n.offer.name == mv.to))
+                {
+                    n.add(&limits);
+                }
+            }
+            let mut asked = Vec::new();
+            for from in lost {
+                for (id, epoch, as_of_ms, limits) in durable_boxes_on(tx, &from)? {
+                    let Some(to) = pick_node(&mut all, &limits, now_ms) else { continue };
+                    let mv = BoxMove {
+                        box_id: id,
+                        from: from.clone(),
+                        to,
+                        epoch,
+                        reason: MoveReason::Lost,
+                        ready: true,
+                        as_of_ms: Some(as_of_ms),
+                        asked_at_ms: now_ms,
+                        error: None,
+                    };
+                    insert_move(tx, &mv)?;
+                    asked.push(mv);
+                }
+            }
+            Ok(asked)
+        })
+    }
+}
+
+/// The live, uncordoned node with the most memory free that has room for
+/// `limits`, charged with them.
+fn pick_node(nodes: &mut [nodes::NodeRow], limits: &Limits, now_ms: u64) -> Option<String> {
+    let best = nodes
+        .iter_mut()
+        .filter(|n| !n.cordoned && n.is_live(now_ms) && n.room_for(limits).is_ok())
+        .max_by_key(|n| n.offer.memory.saturating_sub(n.memory_used))?;
+    best.add(limits);
+    Some(best.offer.name.clone())
+}
+
+fn moves_in(tx: &mut dyn Exec) -> Result<Vec<BoxMove>, StoreError> {
+    tx.query(&format!("SELECT {COLUMNS} FROM box_moves"), &[])?.iter().map(move_from_row).collect()
+}
+
+fn limits_of(tx: &mut dyn Exec, id: &BoxId) -> Result<Option<Limits>, StoreError> {
+    let row = tx.query_row("SELECT cpus, memory, pids, disk FROM boxes WHERE id = ?1", &args![id.as_str()])?;
+    row.map(|r| Ok(Limits { cpus: r.get(0)?, memory: r.get(1)?, pids: r.get(2)?, disk: r.get(3)? })).transpose()
+}
+
+/// The boxes on `node` that have something in the object store and no move
+/// asked: each with its epoch, its newest upload's time and its limits.
+fn durable_boxes_on(tx: &mut dyn Exec, node: &str) -> Result<Vec<(BoxId, u64, u64, Limits)>, StoreError> {
+    let rows = tx.query(
+        "SELECT b.id, b.epoch, MAX(d.taken_at_ms), b.cpus, b.memory, b.pids, b.disk \
+         FROM boxes b JOIN durable_links d ON d.box_id = b.id \
+         WHERE b.node = ?1 AND b.state <> 'creating' \
+         AND NOT EXISTS (SELECT 1 FROM box_moves m WHERE m.box_id = b.id) \
+         GROUP BY b.id, b.epoch, b.cpus, b.memory, b.pids, b.disk ORDER BY b.id",
+        &args![node],
+    )?;
+    rows.iter()
+        .map(|r| {
+            let id: String = r.get(0)?;
+            let id = BoxId::parse(&id).ok_or(StoreError::Corrupt(id.clone()))?;
+            let limits = Limits { cpus: r.get(3)?, memory: r.get(4)?, pids: r.get(5)?, disk: r.get(6)? };
+            Ok((id, r.get(1)?, r.get(2)?, limits))
+        })
+        .collect()
+}
+
+fn insert_move(tx: &mut dyn Exec, mv: &BoxMove) -> Result<u64, StoreError> {
+    tx.execute(
+        &format!(
+            "INSERT INTO box_moves ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL) \
+             ON CONFLICT (box_id) DO NOTHING"
+        ),
+        &args![
+            mv.box_id.as_str(),
+            &mv.from,
+            &mv.to,
+            mv.epoch,
+            mv.reason.as_str(),
+            mv.ready,
+            mv.as_of_ms,
+            mv.asked_at_ms
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::BackendKind;
+    use crate::ids::{AccountId, Name};
+    use crate::policy::Policy;
+    use crate::record::{BoxRecord, BoxState};
+    use crate::store::durable::DurableLink;
+    use crate::store::nodes::NodeOffer;
+    use crate::store::testing::{on_both_engines, TestDb};
+
+    on_both_engines!(a_move_is_taken_once_ready_and_flips_the_epoch, a_stale_or_cancelled_move_is_not_taken);
+
+    const GIB: u64 = 1 << 30;
+
+    fn offer(name: &str, max_boxes: u32) -> NodeOffer {
+        NodeOffer {
+            name: name.into(),
+            address: "127.0.0.2:7000".into(),
+            cpus: 8,
+            memory: 8 * GIB,
+            disk: GIB,
+            max_boxes,
+        }
+    }
+
+    fn new_box(store: &Store, name: &str) -> BoxRecord {
+        let made =
+            (&Name::new("debian").unwrap(), Limits { cpus: 1, memory: GIB, ..Limits::default() }, BackendKind::Ns);
+        let rec =
+            store.insert_new(&AccountId("a".into()), &Name::new(name).unwrap(), made, 1, &Policy::default()).unwrap();
+        store.set_state(&rec.id, BoxState::Suspended, None).unwrap();
+        rec
+    }
+
+    fn move_of(rec: &BoxRecord, to: &str, reason: MoveReason) -> BoxMove {
+        BoxMove {
+            box_id: rec.id.clone(),
+            from: rec.node.clone(),
+            to: to.into(),
+            epoch: rec.epoch,
+            reason,
+            ready: false,
+            as_of_ms: None,
+            asked_at_ms: 5,
+            error: None,
+        }
+    }
+
+    /// Two nodes of one store (on SQLite, two names over one file, whose
+    /// slots are unique table-wide: enough for what a move's rows and a take
+    /// do).
+    fn two_nodes(db: &TestDb) -> (Store, Store) {
+        let (n1, n2) = (db.open().for_node("n1"), db.open().for_node("n2"));
+        n1.renew_lease(&offer("n1", 4)).unwrap();
+        n2.renew_lease(&offer("n2", 4)).unwrap();
+        (n1, n2)
+    }
+
+    fn a_move_is_taken_once_ready_and_flips_the_epoch(db: &TestDb) {
+        let (n1, n2) = two_nodes(db);
+        let rec = new_box(&n1, "web");
+        let mv = move_of(&rec, "n2", MoveReason::Move);
+        assert!(n1.ask_move(&mv).unwrap());
+        assert!(!n1.ask_move(&mv).unwrap(), "one move of a box at a time");
+        assert!(!n2.take_box(&mv, 0, 10).unwrap(), "not before the source is done");
+        assert!(n1.move_ready(&rec.id, 4).unwrap());
+        let ready = n2.box_move(&rec.id).unwrap().unwrap();
+        assert_eq!((ready.ready, ready.as_of_ms, ready.reason), (true, Some(4), MoveReason::Move));
+        assert_eq!(n1.moves(Some("n1"), None).unwrap(), [ready.clone()]);
+        assert!(n1.moves(None, Some("n1")).unwrap().is_empty());
+        assert!(!n1.take_box(&ready, 0, 10).unwrap(), "only its target takes it");
+        assert!(n2.take_box(&ready, 0, 10_000).unwrap());
+        let now = n2.get_by_id(&rec.id).unwrap().unwrap();
+        assert_eq!((now.node.as_str(), now.epoch, now.state), ("n2", 1, BoxState::Stopped));
+        assert!(n2.box_move(&rec.id).unwrap().is_none());
+        let came = n2.arrival(&rec.id).unwrap().unwrap();
+        assert_eq!((came.from.as_str(), came.reason, came.as_of_ms, came.at_ms), ("n1", MoveReason::Move, 4, 10_000));
+        assert!(!n2.take_box(&ready, 0, 10_000).unwrap(), "taken once");
+        let other = new_box(&n2, "other");
+        assert_ne!(other.slot, now.slot, "the box has a slot of its new node's");
+    }
+
+    fn a_stale_or_cancelled_move_is_not_taken(db: &TestDb) {
+        let (n1, n2) = two_nodes(db);
+        let rec = new_box(&n1, "web");
+        let stale = BoxMove { epoch: 7, ..move_of(&rec, "n2", MoveReason::Move) };
+        assert!(!n1.ask_move(&stale).unwrap(), "asked of an epoch the box is not at");
+        let mv = move_of(&rec, "n2", MoveReason::Move);
+        assert!(n1.ask_move(&mv).unwrap());
+        assert!(n1.cancel_move(&rec.id).unwrap());
+        assert!(!n1.move_ready(&rec.id, 4).unwrap());
+        assert!(!n2.take_box(&BoxMove { ready: true, ..mv }, 0, 10).unwrap());
+        assert_eq!(n2.get_by_id(&rec.id).unwrap().unwrap().node, "n1", "the box stays where it was");
+    }
+
+    fn link(id: &BoxId, taken_at_ms: u64) -> DurableLink {
+        DurableLink {
+            box_id: id.clone(),
+            seq: 0,
+            parent_seq: None,
+            key: format!("k/{id}"),
+            snapshot: "s".into(),
+            sha256: String::new(),
+            bytes: 1,
+            taken_at_ms,
+            uploaded_at_ms: taken_at_ms,
+            node: "n1".into(),
+        }
+    }
+
+    /// A lost node's durable boxes go to the live nodes with room (most free
+    /// memory first); one never uploaded stays; a node back within the grace
+    /// keeps its boxes.
+    #[test]
+    fn lost_nodes_boxes_are_re_homed_once_by_one_reconciler() {
+        let db = TestDb::postgres();
+        let (n1, n2) = two_nodes(&db);
+        let n3 = db.open().for_node("n3");
+        n3.renew_lease(&NodeOffer { memory: 2 * GIB, ..offer("n3", 4) }).unwrap();
+        let (a, b, never) = (new_box(&n1, "a"), new_box(&n1, "b"), new_box(&n1, "never"));
+        n1.add_durable_link(&link(&a.id, 100)).unwrap();
+        n1.add_durable_link(&link(&b.id, 200)).unwrap();
+        let now = crate::clock::now_ms();
+        assert!(n2.reconcile_lost(60_000, now).unwrap().is_empty(), "n1's lease is live");
+        n1.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = 'n1'", &args![now - 61_000]).unwrap();
+        assert!(n2.reconcile_lost(60_000, now - 2_000).unwrap().is_empty(), "lapsed, but not by the grace");
+        let asked = n2.reconcile_lost(60_000, now).unwrap();
+        let mut got: Vec<(String, &str, Option<u64>)> =
+            asked.iter().map(|m| (m.box_id.to_string(), m.to.as_str(), m.as_of_ms)).collect();
+        got.sort();
+        let mut want = vec![(a.id.to_string(), "n2", Some(100)), (b.id.to_string(), "n2", Some(200))];
+        want.sort();
+        // n2 has 8 GiB free and n3 2: n3 gets one only when n2 has less free.
+        assert_eq!(got, want);
+        assert!(asked.iter().all(|m| m.ready && m.reason == MoveReason::Lost && m.from == "n1"));
+        assert!(n3.reconcile_lost(60_000, now).unwrap().is_empty(), "asked once");
+        assert!(n2.box_move(&never.id).unwrap().is_none(), "nothing uploaded: nothing to re-home from");
+
+        // The take, while n1 stays lost.
+        let first = &asked[0];
+        assert!(n2.take_box(first, 60_000, now).unwrap());
+        let taken = n2.get_by_id(&first.box_id).unwrap().unwrap();
+        assert_eq!((taken.node.as_str(), taken.epoch), ("n2", 1));
+        // n1 back before the second is taken: it keeps it, the move is off.
+        n1.renew_lease(&offer("n1", 4)).unwrap();
+        let second = &asked[1];
+        assert!(!n2.take_box(second, 60_000, crate::clock::now_ms()).unwrap());
+        assert_eq!(n2.get_by_id(&second.box_id).unwrap().unwrap().node, "n1");
+        assert!(n2.box_move(&second.box_id).unwrap().is_none());
+    }
+
+    /// Two reconcilers at once: one decides, the other finds the lock held.
+    #[test]
+    fn one_reconciler_at_a_time() {
+        let db = TestDb::postgres();
+        let (n1, n2) = two_nodes(&db);
+        let a = new_box(&n1, "a");
+        n1.add_durable_link(&link(&a.id, 100)).unwrap();
+        let now = crate::clock::now_ms();
+        n1.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = 'n1'", &args![now - 61_000]).unwrap();
+        let other = db.open().for_node("n3");
+        let held = other.transaction(|tx| {
+            tx.query_row("SELECT pg_try_advisory_xact_lock(?1)", &args![RECONCILER_LOCK])?;
+            Ok(n2.reconcile_lost(60_000, now)?)
+        });
+        assert!(held.unwrap().is_empty(), "the lock is held by another");
+        assert_eq!(n2.reconcile_lost(60_000, now).unwrap().len(), 1);
+    }
+}
