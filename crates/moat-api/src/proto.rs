@@ -494,7 +494,7 @@ pub enum Event {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use moat_core::policy::Rule;
+    use moat_core::policy::{PushRule, Rule};
     use proptest::prelude::*;
 
     proptest! {
@@ -544,6 +544,18 @@ mod tests {
                 prop_assert!(rule_is_parsed(&change));
             }
         }
+
+        /// The same for push rules.
+        #[test]
+        fn mutated_push_rules_stay_parsed(pos in 0usize..200, byte in any::<u8>(), op in 0u8..3, which in 0usize..2) {
+            let text = ["github.com/moat/repo refs/heads/agent/*", "git.example/a/* refs/tags/v* --fast-forward --delete"][which];
+            let rule = PushRule::parse(&text.split(' ').collect::<Vec<_>>()).unwrap();
+            let change = Op::ChangePolicy { name: Name::new("web").unwrap(), change: PolicyChange::AllowPush(rule) };
+            let bytes = mutated(change, pos, byte, op);
+            if let Ok(Request::Act { op: Op::ChangePolicy { change, .. }, .. }) = serde_json::from_slice::<Request>(&bytes) {
+                prop_assert!(rule_is_parsed(&change));
+            }
+        }
     }
 
     proptest! {
@@ -586,6 +598,11 @@ mod tests {
             PolicyChange::Allow(rule) | PolicyChange::Deny(rule) | PolicyChange::Remove(rule) => {
                 let text = rule.to_string();
                 Rule::parse(&text.split(' ').collect::<Vec<_>>()).as_ref() == Ok(rule)
+            }
+            PolicyChange::AllowPush(rule) | PolicyChange::RemovePush(rule) => {
+                let text = rule.to_string();
+                let words: Vec<&str> = text.split(' ').skip(1).collect();
+                PushRule::parse(&words).as_ref() == Ok(rule)
             }
             PolicyChange::Preset(_) | PolicyChange::Ask(_) => true,
         }

@@ -10,8 +10,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 mod preset;
+mod push;
 
 pub use preset::{preset, Preset, DEFAULT_REGISTRIES};
+pub use push::{glob_whole, PushRule, RefChange, PUSH_PORT};
 
 /// Ports a rule that names none allows: HTTP and HTTPS.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
@@ -43,6 +45,15 @@ pub enum PolicyError {
     /// A bad path prefix.
     #[error("{0:?} is not a path pattern (it starts with '/', holds printable ASCII, '*' for any run)")]
     BadPath(String),
+    /// A push rule that is not `HOST/REPO REF-PATTERN [--fast-forward] [--delete]`.
+    #[error("{0:?} is not a push rule (HOST/ORG/REPO REF-PATTERN [--fast-forward] [--delete])")]
+    BadPush(String),
+    /// A bad repository path.
+    #[error("{0:?} is not a repository path (segments of letters, digits, '-', '_', '.', '*')")]
+    BadRepo(String),
+    /// A bad ref pattern.
+    #[error("{0:?} is not a ref pattern (refs/..., '*' for any run, no '..')")]
+    BadRefs(String),
     /// No such preset.
     #[error("no preset named {0:?} (presets: {presets})", presets = Preset::names())]
     NoPreset(String),
@@ -332,6 +343,10 @@ pub struct Policy {
     /// owner instead of refused at once.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ask: bool,
+    /// Git push rules (see [`PushRule`]): once a host has one, they alone
+    /// decide pushes to it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub push: Vec<PushRule>,
 }
 
 /// What the policy says about a connection, before any request on it is seen.
@@ -349,7 +364,13 @@ impl Policy {
     /// Whether a name may be resolved at all: some allow rule names it (on any
     /// port) and no deny rule refuses it outright.
     pub fn allows_name(&self, host: &HostName) -> bool {
-        !self.denies_name(host) && self.allow.iter().any(|r| r.host.matches(host))
+        !self.denies_name(host) && (self.allow.iter().any(|r| r.host.matches(host)) || self.has_push_rules(host))
+    }
+
+    /// Whether push rules name `host` (then they alone decide pushes there,
+    /// and its connections are looked inside).
+    pub fn has_push_rules(&self, host: &HostName) -> bool {
+        self.push.iter().any(|r| r.host == *host)
     }
 
     /// Whether a deny rule refuses the name on some port, for every request
@@ -374,12 +395,16 @@ impl Policy {
             }
             per_request_deny = true;
         }
+        // Pushes are read inside the request body: a host with push rules
+        // is looked inside on every port, whatever else allows it (raw TCP
+        // to it, git over SSH among it, is refused).
+        let pushed = self.has_push_rules(host);
         let mut allowing = self.allow.iter().filter(|r| r.covers(host, port)).peekable();
         if allowing.peek().is_none() {
-            return Verdict::Deny(None);
+            return if pushed { Verdict::PerRequest } else { Verdict::Deny(None) };
         }
         match allowing.find(|r| !r.is_per_request()) {
-            Some(rule) if !per_request_deny => Verdict::Allow(rule.clone()),
+            Some(rule) if !per_request_deny && !pushed => Verdict::Allow(rule.clone()),
             _ => Verdict::PerRequest,
         }
     }
@@ -428,6 +453,12 @@ impl Policy {
                 self.ask = ask;
             }
             PolicyChange::Ask(on) => self.ask = on,
+            PolicyChange::AllowPush(rule) => {
+                if !self.push.contains(&rule) {
+                    self.push.push(rule);
+                }
+            }
+            PolicyChange::RemovePush(rule) => self.push.retain(|r| r != &rule),
         }
         Ok(())
     }
@@ -448,6 +479,10 @@ pub enum PolicyChange {
     Preset(Preset),
     /// Turn ask mode on or off.
     Ask(bool),
+    /// Add a push rule.
+    AllowPush(PushRule),
+    /// Remove a push rule equal to this one.
+    RemovePush(PushRule),
 }
 
 #[cfg(test)]
@@ -542,6 +577,26 @@ mod tests {
         assert!(g.decide_request(&gh, 443, "GET", "/o/r.git/info/refs?service=git-receive-pack").is_err());
         assert!(g.decide_request(&gh, 443, "POST", "/o/r.git/info/lfs").is_err());
         assert!(g.decide_request(&host("api.github.com"), 443, "POST", "/repos").is_err());
+    }
+
+    #[test]
+    fn push_rules_make_their_host_reachable_and_looked_inside() {
+        let mut p = Policy::default();
+        let gh = host("github.com");
+        p.apply(PolicyChange::AllowPush(PushRule::parse(&["github.com/a/b", "refs/heads/x"]).unwrap()), &[]).unwrap();
+        assert!(p.allows_name(&gh) && p.has_push_rules(&gh));
+        assert_eq!(p.decide(&gh, 443), Verdict::PerRequest);
+        assert_eq!(p.decide(&gh, 22), Verdict::PerRequest);
+        p.allow(rule("github.com:*"));
+        assert_eq!(p.decide(&gh, 22), Verdict::PerRequest);
+        assert!(matches!(p.decide(&host("other.test"), 443), Verdict::Deny(None)));
+        // A deny of the whole host still wins.
+        p.deny(rule("github.com:*"));
+        assert!(!p.allows_name(&gh));
+        assert!(matches!(p.decide(&gh, 443), Verdict::Deny(Some(_))));
+        let rm = PolicyChange::RemovePush(PushRule::parse(&["github.com/a/b", "refs/heads/x"]).unwrap());
+        p.apply(rm, &[]).unwrap();
+        assert!(p.push.is_empty());
     }
 
     #[test]

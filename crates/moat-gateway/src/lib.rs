@@ -16,7 +16,9 @@
 //!   [`fake`]: the fake addresses names are given.
 //! - [`proxy`]: every TCP connection, from the dialled address to the
 //!   request loop; [`proxy::judge`] decides each HTTP request, purely;
-//!   [`refusal`]: every reason the gateway refuses or ends something.
+//!   [`refusal`]: every reason the gateway refuses or ends something;
+//!   [`proxy::push`] holds a push until its rules are checked, with
+//!   [`git`]: smart HTTP's command list and pack, read for push rules.
 //! - [`http`]: request and response heads and chunked framing; [`tls`]: the
 //!   ClientHello, the box's leaves and TLS the gateway looks inside.
 //! - [`secrets`]: injection into requests, meters and token counts, scrubbing
@@ -36,6 +38,7 @@ pub mod dns;
 pub mod dropped;
 pub mod fake;
 pub mod gateway;
+pub mod git;
 pub mod http;
 pub mod log;
 pub mod messages;

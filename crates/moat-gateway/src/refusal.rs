@@ -8,7 +8,8 @@ use moat_core::policy::{HostName, Rule};
 
 use tokio::io::AsyncWrite;
 
-use crate::http::response::answer_own;
+use crate::git::report;
+use crate::http::response::{answer_git, answer_own};
 
 /// Why a connection or a request does not go through (or ended early).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -107,6 +108,19 @@ pub enum Refusal {
     #[error("{0}")]
     BadChunk(&'static str),
 
+    // Pushes (see [`crate::git`]).
+    /// A push (or its ref advertisement) refused: answered on git's own
+    /// channel, so that `git push` prints the reason.
+    #[error("{reason}")]
+    Git {
+        /// What the log says.
+        reason: String,
+        /// The answer's content type.
+        content_type: &'static str,
+        /// The answer's body (git's report-status, or an `ERR` line).
+        body: Vec<u8>,
+    },
+
     // Secrets.
     /// A head with bytes that are not text, where secrets are written in.
     #[error("a head that is not text")]
@@ -175,6 +189,8 @@ impl Refusal {
             | Self::ClosedInChunkedBody => 400,
             Self::SecretBusy { .. } | Self::SecretLimit { .. } => 429,
             Self::Unreachable(_) | Self::Uncheckable(_) | Self::AnswersEnded | Self::NoUpstream => 502,
+            // git reads a refusal only in a successful answer.
+            Self::Git { .. } => 200,
             _ => 403,
         }
     }
@@ -182,7 +198,17 @@ impl Refusal {
     /// Answers the box with this refusal, as an HTTP response of the
     /// gateway's own (the connection ends after it).
     pub async fn answer<W: AsyncWrite + Unpin>(&self, w: &mut W) {
-        answer_own(w, self.status(), &self.to_string()).await;
+        match self {
+            Self::Git { content_type, body, .. } => answer_git(w, content_type, body).await,
+            _ => answer_own(w, self.status(), &self.to_string()).await,
+        }
+    }
+
+    /// A push refused with an `ERR` line, for the ref advertisement
+    /// (`advertise`) or a push whose commands cannot be read.
+    pub fn git_error(advertise: bool, reason: String) -> Self {
+        let content_type = if advertise { report::ADVERTISEMENT_TYPE } else { report::RESULT_TYPE };
+        Self::Git { body: report::error(&reason), content_type, reason }
     }
 
     /// The rule that refused, if a rule did.

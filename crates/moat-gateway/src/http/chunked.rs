@@ -34,6 +34,12 @@ impl ChunkedReader {
     /// Consumes body bytes from the start of `buf`; returns how many belong to
     /// the body (all of `buf` unless the body ended inside it).
     pub fn feed(&mut self, buf: &[u8]) -> Result<usize, &'static str> {
+        self.feed_into(buf, None)
+    }
+
+    /// As [`feed`](Self::feed), also appending the body's data (the chunks
+    /// without their framing) to `data`, for a reader of the body itself.
+    pub fn feed_into(&mut self, buf: &[u8], mut data: Option<&mut Vec<u8>>) -> Result<usize, &'static str> {
         let mut i = 0;
         while self.state != Chunked::Done {
             let Some(&b) = buf.get(i) else { break };
@@ -67,6 +73,9 @@ impl ChunkedReader {
                 }
                 Chunked::Data(left) => {
                     let n = left.min((buf.len() - i) as u64);
+                    if let Some(data) = data.as_deref_mut() {
+                        data.extend_from_slice(buf.get(i..i + n as usize).unwrap_or_default());
+                    }
                     i += n as usize;
                     self.state = if n == left { Chunked::DataEnd(0) } else { Chunked::Data(left - n) };
                 }

@@ -40,6 +40,10 @@ pub struct Request {
     pub http10: bool,
     /// It asks for the connection to end after its response.
     pub close: bool,
+    /// Its body has a content coding (`Content-Encoding` other than identity).
+    pub coded: bool,
+    /// It waits for `100 Continue` before sending its body.
+    pub expects_continue: bool,
 }
 
 /// What the start of a buffer holds.
@@ -91,6 +95,8 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     let mut chunked = false;
     let mut upgrade = false;
     let mut close = false;
+    let mut coded = false;
+    let mut expects_continue = false;
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).map_err(|_| "a header that is not text")?.trim();
         if h.name.eq_ignore_ascii_case("host") {
@@ -111,6 +117,10 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
             upgrade = true;
         } else if h.name.eq_ignore_ascii_case("connection") {
             close |= value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
+        } else if h.name.eq_ignore_ascii_case("content-encoding") {
+            coded |= value.split(',').any(|c| !c.trim().is_empty() && !c.trim().eq_ignore_ascii_case("identity"));
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expects_continue |= value.eq_ignore_ascii_case("100-continue");
         }
     }
     if chunked && version == 0 {
@@ -139,7 +149,19 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     let body = if chunked { Body::Chunked } else { Body::Length(length.unwrap_or(0)) };
     let target = normalise_target(target)?;
     let http10 = version == 0;
-    Ok(Request { method: method.to_string(), target, host, port, body, upgrade, head_len, http10, close })
+    Ok(Request {
+        method: method.to_string(),
+        target,
+        host,
+        port,
+        body,
+        upgrade,
+        head_len,
+        http10,
+        close,
+        coded,
+        expects_continue,
+    })
 }
 
 /// The lines of a head `read_head` accepted (lines end in LF or CRLF), without

@@ -166,3 +166,15 @@ pub async fn answer_own<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str
     );
     let _ = w.write_all(reply.as_bytes()).await;
 }
+
+/// The gateway's own answer in git's smart HTTP (a refused push, on git's
+/// own channel): 200, the service's content type, then the connection ends.
+pub async fn answer_git<W: AsyncWrite + Unpin>(w: &mut W, content_type: &str, body: &[u8]) {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let mut reply = head.into_bytes();
+    reply.extend_from_slice(body);
+    let _ = w.write_all(&reply).await;
+}

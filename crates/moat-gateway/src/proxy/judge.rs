@@ -3,23 +3,57 @@
 //! verdict on the connection in, the rule that lets it go or the refusal out.
 //! Pure, so that it is tested here without a box or a network.
 
-use moat_core::policy::{HostName, Policy, Rule, Verdict};
+use std::fmt;
 
+use moat_core::policy::{HostName, Policy, PushRule, Rule, Verdict, PUSH_PORT};
+
+use crate::git::target::{push_request, PushRequest};
 use crate::http::request::Request;
 use crate::refusal::Refusal;
+
+/// What lets a request go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Allowed {
+    /// A method and path rule (or the connection's own verdict).
+    Rule(Rule),
+    /// Push rules for the repository: the ref advertisement goes as it is,
+    /// a push only once its commands (and pack, for `--fast-forward`) are
+    /// read and covered.
+    Push {
+        /// The repository's path.
+        repo: String,
+        /// The rules that name it.
+        rules: Vec<PushRule>,
+        /// It is the push itself (its body must be read first).
+        body: bool,
+    },
+}
+
+impl fmt::Display for Allowed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Rule(rule) => write!(f, "{rule}"),
+            Self::Push { rules, .. } => {
+                let rules: Vec<String> = rules.iter().map(PushRule::to_string).collect();
+                f.write_str(&rules.join("; "))
+            }
+        }
+    }
+}
 
 /// Whether `request`, read on a connection to `name:port` whose verdict under
 /// `policy` was `verdict`, may go to the host: by which rule, or why not.
 /// The request must name the dialled host (and port, if it names one), must
 /// not switch protocols, and, where the verdict leaves it to each request,
-/// must be allowed by a rule that names its method or target.
+/// must be allowed by a rule that names its method or target. On a host
+/// with push rules, they alone decide pushes (refused on git's own channel).
 pub fn judge(
     request: &Request,
     name: &HostName,
     port: u16,
     policy: &Policy,
     verdict: &Verdict,
-) -> Result<Rule, Refusal> {
+) -> Result<Allowed, Refusal> {
     // A protocol switch would hand every later byte through unread (and a
     // server that does not switch reads them as requests): refused.
     if request.upgrade {
@@ -28,13 +62,37 @@ pub fn judge(
     if request.host != *name || request.port.is_some_and(|p| p != port) {
         return Err(Refusal::HostDiffers(request.host.clone()));
     }
-    match verdict {
-        Verdict::Allow(rule) => Ok(rule.clone()),
-        _ => policy.decide_request(name, port, &request.method, &request.target).map_err(|rule| match rule {
-            Some(rule) => Refusal::ByRule(rule),
-            None => Refusal::NoRule,
-        }),
+    if policy.has_push_rules(name) {
+        if let Some(push) = push_request(&request.method, &request.target) {
+            return judge_push(&push, name, port, policy);
+        }
     }
+    match verdict {
+        Verdict::Allow(rule) => Ok(Allowed::Rule(rule.clone())),
+        _ => policy
+            .decide_request(name, port, &request.method, &request.target)
+            .map(Allowed::Rule)
+            .map_err(|rule| match rule {
+                Some(rule) => Refusal::ByRule(rule),
+                None => Refusal::NoRule,
+            }),
+    }
+}
+
+/// A part of a push on a host with push rules: allowed to a repository a
+/// rule names, over HTTPS; else refused as git reads refusals.
+fn judge_push(push: &PushRequest, name: &HostName, port: u16, policy: &Policy) -> Result<Allowed, Refusal> {
+    let repo = push.repo();
+    let rules: Vec<PushRule> = policy.push.iter().filter(|r| !repo.is_empty() && r.names_repo(name, repo)).cloned().collect();
+    let why = if port != PUSH_PORT {
+        "moat: pushes go over HTTPS only".to_string()
+    } else if rules.is_empty() {
+        format!("moat: no push rule names {name}/{repo}")
+    } else {
+        let body = matches!(push, PushRequest::Push { .. });
+        return Ok(Allowed::Push { repo: repo.to_string(), rules, body });
+    };
+    Err(Refusal::git_error(matches!(push, PushRequest::Advertise { .. }), why))
 }
 
 #[cfg(test)]
@@ -56,6 +114,7 @@ mod tests {
             allow: allow.iter().map(|r| rule(r)).collect(),
             deny: deny.iter().map(|r| rule(r)).collect(),
             ask: false,
+            push: Vec::new(),
         }
     }
 
@@ -69,6 +128,13 @@ mod tests {
     /// The verdict on `request` at `name:port` under `policy`, decided as the
     /// proxy decides it (connection first, then request).
     fn judged(policy: &Policy, name: &str, port: u16, head: &str) -> Result<Rule, Refusal> {
+        match judged_any(policy, name, port, head)? {
+            Allowed::Rule(rule) => Ok(rule),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn judged_any(policy: &Policy, name: &str, port: u16, head: &str) -> Result<Allowed, Refusal> {
         let name = host(name);
         let verdict = policy.decide(&name, port);
         judge(&request(head), &name, port, policy, &verdict)
@@ -100,7 +166,7 @@ mod tests {
         let (name, once) = (host("once.example"), Rule::exact(host("once.example"), 8080));
         let verdict = Verdict::Allow(once.clone());
         let r = request("GET / HTTP/1.1\r\nHost: once.example:8080\r\n\r\n");
-        assert_eq!(judge(&r, &name, 8080, &policy(&[], &[]), &verdict), Ok(once));
+        assert_eq!(judge(&r, &name, 8080, &policy(&[], &[]), &verdict), Ok(Allowed::Rule(once)));
     }
 
     #[test]
@@ -118,5 +184,36 @@ mod tests {
         let p = policy(&["GET pypi.org"], &[]);
         let both = "POST / HTTP/1.1\r\nHost: other.test\r\nUpgrade: h2c\r\n\r\n";
         assert_eq!(judged(&p, "pypi.org", 443, both), Err(Refusal::Upgrade));
+    }
+
+    #[test]
+    fn push_rules_alone_decide_pushes_on_their_host() {
+        let mut p = moat_core::policy::preset("github-read", &[]).unwrap();
+        let push = PushRule::parse(&["github.com/moat/repo", "refs/heads/agent/*"]).unwrap();
+        let adv = "GET /moat/repo.git/info/refs?service=git-receive-pack HTTP/1.1\r\nHost: github.com\r\n\r\n";
+        let post = "POST /moat/repo.git/git-receive-pack HTTP/1.1\r\nHost: github.com\r\nContent-Length: 4\r\n\r\n";
+        // Without push rules the preset's deny refuses, as before.
+        assert!(matches!(judged_any(&p, "github.com", 443, adv), Err(Refusal::ByRule(_))));
+        p.push.push(push.clone());
+        let allowed = |body| Allowed::Push { repo: "moat/repo".into(), rules: vec![push.clone()], body };
+        assert_eq!(judged_any(&p, "github.com", 443, adv), Ok(allowed(false)));
+        assert_eq!(judged_any(&p, "github.com", 443, post), Ok(allowed(true)));
+        assert_eq!(judged_any(&p, "github.com", 443, post).unwrap().to_string(), "push github.com/moat/repo refs/heads/agent/*");
+        // Another repository, another port, an odd spelling: git's own refusal.
+        let other = adv.replace("moat/repo", "moat/other");
+        let refused = judged_any(&p, "github.com", 443, &other).unwrap_err();
+        assert_eq!(refused.to_string(), "moat: no push rule names github.com/moat/other");
+        assert!(matches!(refused, Refusal::Git { .. }));
+        assert!(matches!(judged_any(&p, "github.com", 80, post), Err(Refusal::Git { .. })));
+        let odd = "PUT /moat/repo.git/git-receive-pack HTTP/1.1\r\nHost: github.com\r\nContent-Length: 0\r\n\r\n";
+        assert!(matches!(judged_any(&p, "github.com", 443, odd), Err(Refusal::Git { .. })));
+        // Fetches are the path rules' still.
+        let fetch = "POST /moat/repo.git/git-upload-pack HTTP/1.1\r\nHost: github.com\r\nContent-Length: 0\r\n\r\n";
+        assert!(judged(&p, "github.com", 443, fetch).is_ok());
+        // A whole-host allow lets no push go unchecked, on any port.
+        let mut open = policy(&["github.com:*"], &[]);
+        open.push.push(push);
+        assert_eq!(open.decide(&host("github.com"), 8443), Verdict::PerRequest);
+        assert!(matches!(judged_any(&open, "github.com", 443, &other), Err(Refusal::Git { .. })));
     }
 }

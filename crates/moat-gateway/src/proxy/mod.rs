@@ -7,6 +7,7 @@
 //! request, and [`judge`] decides each.
 
 pub mod judge;
+pub mod push;
 pub mod requests;
 
 use std::net::{IpAddr, SocketAddr};

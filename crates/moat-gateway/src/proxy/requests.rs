@@ -15,7 +15,8 @@ use moat_core::policy::{HostName, Policy, Verdict};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
-use super::judge::judge;
+use super::judge::{judge, Allowed};
+use super::push;
 use super::SECRET_PORT;
 use crate::boxnet::BoxNet;
 use crate::http::chunked::ChunkedReader;
@@ -132,15 +133,36 @@ async fn requests(
                 req_log.reason = Some(why.to_string());
                 net.log(req_log);
                 // With requests before it in flight, their responses go
-                // first (the cleanup below lets them finish).
+                // first (the cleanup below lets them finish); git's own
+                // refusals are answered after them.
                 if up.is_none() {
                     refuse(&to_box, &why).await;
+                } else if matches!(why, Refusal::Git { .. }) {
+                    answer_after(&mut up, bound, &expect_tx, &to_box, why.clone()).await;
                 }
                 break Err(why);
             }
         };
         req_log.rule = Some(rule.to_string());
         log.rule.get_or_insert_with(|| rule.to_string());
+        // A push goes nowhere until its commands (and pack, where a rule
+        // asks for a fast-forward) are read and covered.
+        if let Allowed::Push { repo, rules, body: true } = &rule {
+            if request.expects_continue {
+                let _ = to_box.lock().await.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
+            }
+            let push = push::Push { name, repo, rules };
+            if let Err(why) = push::hold(&mut from_box, &mut buf, &request, push).await {
+                req_log.reason = Some(why.to_string());
+                net.log(req_log);
+                if up.is_none() {
+                    refuse(&to_box, &why).await;
+                } else {
+                    answer_after(&mut up, bound, &expect_tx, &to_box, why.clone()).await;
+                }
+                break Err(why);
+            }
+        }
         let Outgoing { head, mut injected, values } = match outgoing(net, name, &mut buf, &request, bound) {
             Ok(out) => out,
             Err(refusal) => {
@@ -459,6 +481,28 @@ async fn copy_responses(
         received.fetch_add(n as u64, Ordering::Relaxed);
     }
     let _ = to_box.lock().await.shutdown().await;
+}
+
+/// Answers the box with a refusal of the gateway's own on a connection that
+/// had requests before it: in its turn where a relay orders the answers;
+/// elsewhere once the copier of earlier answers is stopped (a git client
+/// asks its next request only after reading the answer before it).
+async fn answer_after(
+    up: &mut Option<(StreamWriter, AbortOnDrop)>,
+    bound: bool,
+    expect_tx: &tokio::sync::mpsc::Sender<Expect>,
+    to_box: &tokio::sync::Mutex<StreamWriter>,
+    why: Refusal,
+) {
+    if bound {
+        let _ = expect_tx.send(Expect::refused(why)).await;
+        return;
+    }
+    if let Some((_, mut copier)) = up.take() {
+        copier.0.abort();
+        let _ = (&mut copier.0).await;
+    }
+    refuse(to_box, &why).await;
 }
 
 /// Answers the box with an error of the gateway's own (only where no answer

@@ -1,11 +1,13 @@
 //! `policy NAME [--json]` shows what a box may reach; `policy NAME
 //! allow|deny|rm RULE` and `policy NAME preset P` change it. A rule is
 //! parsed here, once: the core receives it typed and checks it on decode.
+//! `policy NAME allow|rm push HOST/REPO REFS [--fast-forward] [--delete]`
+//! adds or removes a git push rule.
 
 use std::fmt::Write as _;
 
 use moat_api::{ApiError, Op, Reply};
-use moat_core::policy::{PolicyChange, Rule};
+use moat_core::policy::{PolicyChange, PushRule, Rule};
 
 use super::{Call, Plan, Verb};
 use crate::control::args::{name_arg, no_more, rest, usage, UsageError};
@@ -19,6 +21,12 @@ pub const VERB: Verb = Verb {
                       add or remove a rule; e.g. 'allow pypi.org', 'allow *.example.com:443',
                       'allow GET,HEAD deb.debian.org/debian/', 'deny github.com/*git-receive-pack';
                       PORTS default to 80,443 ('*': any); a deny wins; applies to new connections
+  policy NAME allow|rm push HOST/ORG/REPO REF-PATTERN [--fast-forward] [--delete]
+                      let git push to matching refs of that repository over HTTPS, e.g.
+                      'allow push github.com/me/app refs/heads/agent/*'; once a host has push
+                      rules they alone decide pushes there; tags only by a refs/tags/ pattern,
+                      deletes only with --delete; --fast-forward: the pack must show the new
+                      commit descends from the old one
   policy NAME preset none|registries|github-read
                       replace the policy with a preset
 ",
@@ -34,11 +42,18 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
         let words: Vec<&str> = words.iter().map(String::as_str).collect();
         Rule::parse(&words).map_err(|e| usage(format!("policy: {e}")))
     };
+    let push = |words: &[String]| {
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        PushRule::parse(&words).map_err(|e| usage(format!("policy: {e}")))
+    };
+    let pushing = words.first().is_some_and(|w| w == "push");
     let change = match action.as_str() {
         "--json" => {
             no_more("policy", words)?;
             return Ok(Plan::Call(Call::new(Op::Policy { name }, render).json(true)));
         }
+        "allow" if pushing => PolicyChange::AllowPush(push(rest(words, 1))?),
+        "rm" if pushing => PolicyChange::RemovePush(push(rest(words, 1))?),
         "allow" => PolicyChange::Allow(rule(words)?),
         "deny" => PolicyChange::Deny(rule(words)?),
         "rm" => PolicyChange::Remove(rule(words)?),
@@ -60,7 +75,7 @@ pub fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         return Ok(to_json(&policy));
     }
     let mut out = String::new();
-    if policy.allow.is_empty() {
+    if policy.allow.is_empty() && policy.push.is_empty() {
         out.push_str("no allow rules: this box reaches nothing\n");
     }
     for rule in &policy.allow {
@@ -68,6 +83,9 @@ pub fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     }
     for rule in &policy.deny {
         let _ = writeln!(out, "deny  {rule}");
+    }
+    for rule in &policy.push {
+        let _ = writeln!(out, "allow {rule}");
     }
     if policy.ask {
         out.push_str("ask mode: names no rule allows or denies are put to you first (ssh HOST ask)\n");

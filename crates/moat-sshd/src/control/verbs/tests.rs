@@ -5,7 +5,7 @@
 
 use moat_api::{Op, Reply};
 use moat_core::egress::Answer;
-use moat_core::policy::{PolicyChange, Preset, Rule};
+use moat_core::policy::{PolicyChange, Preset, PushRule, Rule};
 use moat_core::secrets::SecretValue;
 use moat_core::{BackendKind, Limits, Name};
 
@@ -85,6 +85,15 @@ fn parses_egress_commands() {
         op("policy web rm *.Example.COM:443"),
         Op::ChangePolicy { name: n("web"), change: PolicyChange::Remove(rule("*.example.com:443")) }
     );
+    let push = PushRule::parse(&["github.com/me/app", "refs/heads/agent/*", "--fast-forward"]).unwrap();
+    assert_eq!(
+        op("policy web allow push github.com/me/app.git refs/heads/agent/* --fast-forward"),
+        Op::ChangePolicy { name: n("web"), change: PolicyChange::AllowPush(push.clone()) }
+    );
+    assert_eq!(
+        op("policy web rm push github.com/me/app refs/heads/agent/* --fast-forward"),
+        Op::ChangePolicy { name: n("web"), change: PolicyChange::RemovePush(push) }
+    );
     assert_eq!(
         op("policy web preset registries"),
         Op::ChangePolicy { name: n("web"), change: PolicyChange::Preset(Preset::Registries) }
@@ -95,6 +104,9 @@ fn parses_egress_commands() {
         "policy web preset nope",
         "policy web open x.org",
         "policy web allow x.org:0",
+        "policy web allow push github.com/me/app",
+        "policy web allow push github.com/me/app main",
+        "policy web allow push github.com/me/app refs/heads/x --force",
         "log",
         "log web --tail",
         "new web --policy everything",
