@@ -6,6 +6,7 @@
 
 use moat_core::policy::HostName;
 use moat_gateway::dns;
+use moat_gateway::git::{commands, delta, pack, pktline};
 use moat_gateway::http::chunked::ChunkedReader;
 use moat_gateway::http::request as http;
 use moat_gateway::tls::hello as tls;
@@ -109,4 +110,37 @@ proptest! {
 fn the_valid_inputs_are_valid() {
     assert!(dns::parse_query(&valid_query()).unwrap().name.is_some());
     assert_eq!(tls::read_hello(&valid_hello()), tls::Hello::Name(HostName::parse("web.test").unwrap()));
+}
+
+fn valid_push() -> Vec<u8> {
+    let mut body = Vec::new();
+    let first =
+        format!("{} {} refs/heads/agent/x\0report-status side-band-64k push-options", "1".repeat(40), "2".repeat(40));
+    pktline::encode(first.as_bytes(), &mut body);
+    pktline::encode(format!("{} {} refs/tags/v1\n", "3".repeat(40), "0".repeat(40)).as_bytes(), &mut body);
+    body.extend_from_slice(b"0000");
+    pktline::encode(b"ci.skip", &mut body);
+    body.extend_from_slice(b"0000PACK\0\0\0\x02\0\0\0\x00");
+    body
+}
+
+proptest! {
+    /// A push's command list, its pack and deltas, from random bytes or a
+    /// valid push bent: refused or read, never a panic; what is read is
+    /// inside the body.
+    #[test]
+    fn push_bodies_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600), pos in any::<usize>(), byte in any::<u8>(), op in 0u8..3) {
+        for body in [bytes.clone(), mutate(valid_push(), pos, byte, op)] {
+            for ended in [false, true] {
+                if let Ok(Some(list)) = commands::parse(&body, ended) {
+                    prop_assert!(list.len <= body.len());
+                }
+            }
+            let _ = pack::commits(&body, pack::Hash::Sha1);
+            let _ = delta::apply(&bytes, &body, 1 << 16);
+        }
+        let mut packed = b"PACK\0\0\0\x02\0\0\0\x03".to_vec();
+        packed.extend_from_slice(&bytes);
+        let _ = pack::commits(&packed, pack::Hash::Sha256);
+    }
 }

@@ -400,6 +400,9 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     Ok(())
 }
 
+/// The pack a push row sends (the target: under 5 ms added for it).
+const PUSH_MIB: usize = 10;
+
 /// (what, through the gateway, direct) for each egress measurement.
 async fn egress_samples(
     args: &BenchArgs,
@@ -413,13 +416,20 @@ async fn egress_samples(
     manager.set_sealer(moat_core::secrets::Sealer::new(&key).map_err(anyhow::Error::msg)?);
     let value = moat_core::secrets::SecretValue::new("sk-bench-0123456789abcdef").map_err(anyhow::Error::msg)?;
     manager.add_secret(account, bench_egress::secret_spec()?, &value)?;
-    for (box_name, look) in [("pass", false), ("look", true), ("secret", false)] {
+    let boxes =
+        [("pass", false), ("look", true), ("secret", false), ("push", false), ("pushff", true), ("pushpath", true)];
+    for (box_name, look) in boxes {
         let name = Name::new(box_name)?;
+        let policy = match box_name {
+            "push" | "pushff" => bench_egress::push_policy(look)?,
+            "pushpath" => bench_egress::push_by_path()?,
+            _ => bench_egress::policy(look)?,
+        };
         let spec = BoxSpec {
             name: name.clone(),
             image: Name::new("busybox")?,
             limits: Limits::default(),
-            policy: bench_egress::policy(look)?,
+            policy,
             backend: None,
         };
         manager.create(account, spec, Box::new(|_: &str| {})).await?;
@@ -435,6 +445,7 @@ async fn egress_samples(
     }
     let direct = bench_egress::Side::direct(net);
     let (pass, look, with_secret) = (&sides[0], &sides[1], &sides[2]);
+    let (push, push_ff, push_path) = (sides[3].clone(), sides[4].clone(), sides[5].clone());
     let runs = args.egress_runs;
     let bytes = args.egress_mib << 20;
     let samples = tokio::task::spawn_blocking({
@@ -449,17 +460,39 @@ async fn egress_samples(
             let injected = sorted(with_secret.https(n)?);
             eprintln!("bench: egress: {} MiB download over HTTP, {runs} times each way", bytes >> 20);
             let download = (sorted(pass.download(runs, bytes)?), sorted(direct.download(runs, bytes)?));
+            let pushes = n.min(20);
+            eprintln!("bench: egress: git push of a {PUSH_MIB} MiB pack, {pushes} times each way");
+            let body = bench_egress::push_body(PUSH_MIB)?;
+            let pushed_direct = sorted(direct.pushes(pushes, &body)?);
+            let pushed = sorted(push.pushes(pushes, &body)?);
+            let pushed_ff = sorted(push_ff.pushes(pushes, &body)?);
+            let pushed_path = sorted(push_path.pushes(pushes, &body)?);
             Ok(vec![
                 ("DNS answer, allowed name (direct: the test resolver)".into(), dns.0, dns.1),
                 ("fresh HTTPS request, passed through".into(), passthrough, Samples(https_direct.0.clone())),
                 ("fresh HTTPS request, looked inside".into(), looked, Samples(https_direct.0.clone())),
                 ("fresh HTTPS request, a secret written in".into(), injected, https_direct),
                 (format!("download of {} MiB over HTTP ({runs} runs)", bytes >> 20), download.0, download.1),
+                (
+                    format!("git push, {PUSH_MIB} MiB pack, looked inside by a path rule alone ({pushes} runs)"),
+                    pushed_path,
+                    Samples(pushed_direct.0.clone()),
+                ),
+                (
+                    format!("git push, {PUSH_MIB} MiB pack, refs checked ({pushes} runs)"),
+                    pushed,
+                    Samples(pushed_direct.0.clone()),
+                ),
+                (
+                    format!("git push, {PUSH_MIB} MiB pack, fast-forward read from the pack ({pushes} runs)"),
+                    pushed_ff,
+                    pushed_direct,
+                ),
             ])
         }
     })
     .await??;
-    for name in ["pass", "look", "secret"] {
+    for (name, _) in boxes {
         manager.remove(account, &Name::new(name)?).await?;
     }
     Ok(samples)

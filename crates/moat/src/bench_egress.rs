@@ -6,7 +6,9 @@
 //! - a fresh HTTPS request (new connection, handshake, small answer), for a
 //!   host the gateway passes through and for one it looks inside;
 //! - a DNS answer for an allowed name, from the gateway against the test
-//!   internet's resolver.
+//!   internet's resolver;
+//! - a git push of a 10 MiB pack over HTTPS (its command list checked by a
+//!   push rule, and its pack read for a `--fast-forward` rule).
 //!
 //! The test internet is a network namespace of its own with one address
 //! (TEST-NET-3) on `lo`, the servers bound there by this process. Nothing
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use moat_core::policy::{HostName, Policy, Rule};
+use moat_core::policy::{HostName, Policy, PushRule, Rule};
 use moat_gateway::dns;
 use moat_gateway::tls::intercept;
 use moat_gateway::tls::leaves::LeafSigner;
@@ -121,7 +123,69 @@ pub fn policy(look: bool) -> Result<Policy> {
     Ok(policy)
 }
 
-/// Answers `GET /bytes/N` with N bytes, then closes.
+/// The policy of a box that pushes to `NAME/moat/bench` (`ff`: as
+/// fast-forwards only, which the gateway decides from the pack).
+pub fn push_policy(ff: bool) -> Result<Policy> {
+    let place = format!("{NAME}/moat/bench");
+    let mut words = vec![place.as_str(), "refs/heads/agent/*"];
+    if ff {
+        words.push("--fast-forward");
+    }
+    Ok(Policy { push: vec![PushRule::parse(&words)?], ..Policy::default() })
+}
+
+/// The policy of a box whose pushes are looked inside by a path rule and
+/// no push rule: what the push rows pay for TLS alone.
+pub fn push_by_path() -> Result<Policy> {
+    let mut policy = Policy::default();
+    policy.allow(Rule::parse(&["POST", &format!("{NAME}/moat/")])?);
+    Ok(policy)
+}
+
+/// A push body: one update of `refs/heads/agent/bench`, then a pack of a
+/// commit whose parent is the old id and a blob of `mib` MiB of noise
+/// (stored, not compressed: a push of build output looks like this).
+pub fn push_body(mib: usize) -> Result<Vec<u8>> {
+    use moat_gateway::git::pack::{hex, Hash};
+    let old = "1".repeat(40);
+    let commit = format!(
+        "tree {}\nparent {old}\nauthor b <b@b> 0 +0000\ncommitter b <b@b> 0 +0000\n\nbench\n",
+        "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+    );
+    let new = hex(&Hash::Sha1.commit_id(commit.as_bytes()));
+    let mut body = Vec::new();
+    let first = format!("{old} {new} refs/heads/agent/bench\0report-status ofs-delta");
+    moat_gateway::git::pktline::encode(first.as_bytes(), &mut body);
+    body.extend_from_slice(b"0000PACK\0\0\0\x02\0\0\0\x02");
+    let mut noise = vec![0u8; mib << 20];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for b in &mut noise {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    for (kind, data) in [(1u8, commit.as_bytes()), (3, &noise[..])] {
+        let mut size = data.len();
+        let mut byte = (kind << 4) | (size & 15) as u8;
+        size >>= 4;
+        while size > 0 {
+            body.push(byte | 0x80);
+            byte = (size & 0x7f) as u8;
+            size >>= 7;
+        }
+        body.push(byte);
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::none());
+        z.write_all(data)?;
+        body.extend(z.finish()?);
+    }
+    // The trailer (a checksum the gateway does not read) takes its place.
+    body.extend_from_slice(&[0u8; 20]);
+    Ok(body)
+}
+
+/// Answers `GET /bytes/N` with N bytes, then closes; a POST (a push) is
+/// read whole and answered with git's `unpack ok`.
 async fn serve_http(listener: std::net::TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {
     let Ok(listener) = listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) else {
         return;
@@ -154,7 +218,32 @@ async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> std::io::Res
         }
         head.extend_from_slice(&buf[..n]);
     }
-    let text = String::from_utf8_lossy(&head);
+    let text = String::from_utf8_lossy(&head).into_owned();
+    if text.starts_with("POST ") {
+        let end = head.windows(4).position(|w| w == b"\r\n\r\n").map_or(head.len(), |i| i + 4);
+        let length: usize = text
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut left = length.saturating_sub(head.len() - end);
+        let mut buf = vec![0u8; CHUNK];
+        while left > 0 {
+            let n = stream.read(&mut buf[..left.min(CHUNK)]).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            left -= n;
+        }
+        let report = b"000eunpack ok\n0000";
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-receive-pack-result\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            report.len()
+        );
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(report).await?;
+        return stream.shutdown().await;
+    }
     let size: usize = text.split_whitespace().nth(1).and_then(|p| p.strip_prefix("/bytes/")?.parse().ok()).unwrap_or(0);
     stream
         .write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n").as_bytes())
@@ -199,6 +288,29 @@ fn lookup(resolver: SocketAddr) -> Result<(Ipv4Addr, Duration)> {
         Some(ip) => Ok((*ip, took)),
         None => bail!("{resolver} gave {NAME} no address"),
     }
+}
+
+/// One push of `body` over TLS on a new connection to `ip`; fails unless
+/// the server's `unpack ok` comes back (not a refusal of the gateway's).
+fn push(ip: Ipv4Addr, tls: &Arc<rustls::ClientConfig>, body: &[u8]) -> Result<()> {
+    let tcp = TcpStream::connect((ip, 443))?;
+    tcp.set_nodelay(true)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let conn = rustls::ClientConnection::new(Arc::clone(tls), NAME.try_into()?)?;
+    let mut stream = rustls::StreamOwned::new(conn, tcp);
+    let head = format!(
+        "POST /moat/bench.git/git-receive-pack HTTP/1.1\r\nHost: {NAME}\r\nContent-Type: application/x-git-receive-pack-request\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    if !answer.ends_with("unpack ok\n0000") {
+        bail!("the push was not taken: {}", answer.lines().last().unwrap_or_default());
+    }
+    Ok(())
 }
 
 /// One `GET /bytes/size` on a new connection to `ip` (over TLS trusting
@@ -293,6 +405,21 @@ impl Side {
     /// Times `n` plain HTTP downloads of `bytes` each.
     pub fn download(&self, n: usize, bytes: u64) -> Result<Vec<Duration>> {
         self.fetches(n, None, bytes)
+    }
+
+    /// Times `n` pushes of `body`, each on a new connection.
+    pub fn pushes(&self, n: usize, body: &[u8]) -> Result<Vec<Duration>> {
+        let config = intercept::upstream_config(&self.roots).map_err(anyhow::Error::msg)?;
+        in_netns(&self.netns, || {
+            let (ip, _) = lookup(self.resolver)?;
+            (0..n)
+                .map(|_| {
+                    let t = Instant::now();
+                    push(ip, &config, body)?;
+                    Ok(t.elapsed())
+                })
+                .collect()
+        })
     }
 
     /// Times `n` requests for `size` bytes, each on a new connection.

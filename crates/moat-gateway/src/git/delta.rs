@@ -94,7 +94,9 @@ mod tests {
         assert_eq!(apply(base, &delta, 100).unwrap(), b"tree xyz ab");
         assert_eq!(apply(base, &[21, 1, 1, b'a'], 100), Err(DeltaError::WrongBase));
         assert_eq!(apply(base, &[20, 50, 1, b'a'], 10), Err(DeltaError::TooLarge));
-        for bad in [&[20u8, 2, 0x80 | 0x01 | 0x10, 19, 5][..], &[20, 2, 5, b'a'], &[20, 2, 0], &[20, 3, 1, b'a'], &[20, 0xff]] {
+        for bad in
+            [&[20u8, 2, 0x80 | 0x01 | 0x10, 19, 5][..], &[20, 2, 5, b'a'], &[20, 2, 0], &[20, 3, 1, b'a'], &[20, 0xff]]
+        {
             assert!(apply(base, bad, 100).is_err(), "{bad:?}");
         }
     }

@@ -250,7 +250,7 @@ fn resolve(objects: Vec<(usize, Object)>, hash: Hash) -> Commits {
             // outside a thin pack); a commit too large to keep is one.
             None => match object {
                 Object::Other { maybe_commit: true } => out.unreadable += 1,
-                Object::Ofs { base, .. } if at.get(base).is_none() => out.unreadable += 1,
+                Object::Ofs { base, .. } if !at.contains_key(base) => out.unreadable += 1,
                 Object::Ref { base, .. } if !by_id.contains_key(base) => out.unreadable += 1,
                 Object::Ofs { delta: None, .. } | Object::Ref { delta: None, .. } => out.unreadable += 1,
                 _ => {}
@@ -309,7 +309,13 @@ fn ofs(pack: &[u8], at: &mut usize) -> Result<usize, GitError> {
 
 /// Inflates the zlib stream at `*at`, which must come to `size` bytes;
 /// returns them where `keep`, and moves `*at` past the stream.
-fn inflate(pack: &[u8], at: &mut usize, size: u64, keep: bool, inflated: &mut u64) -> Result<Option<Vec<u8>>, GitError> {
+fn inflate(
+    pack: &[u8],
+    at: &mut usize,
+    size: u64,
+    keep: bool,
+    inflated: &mut u64,
+) -> Result<Option<Vec<u8>>, GitError> {
     let bad = GitError::BadPack;
     *inflated = inflated.saturating_add(size);
     if *inflated > MAX_INFLATED {
@@ -355,7 +361,16 @@ pub(crate) mod tests {
     fn git(dir: &Path, args: &[&str], input: Option<&[u8]>) -> Vec<u8> {
         let mut cmd = Command::new("git");
         cmd.current_dir(dir)
-            .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", "-c", "core.bigFileThreshold=1g"])
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+                "-c",
+                "core.bigFileThreshold=1g",
+            ])
             .args(args)
             .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
@@ -402,7 +417,10 @@ pub(crate) mod tests {
         std::fs::write(&path, pack).unwrap();
         git(dir, &["index-pack", "t.pack"], None);
         let listing = String::from_utf8(git(dir, &["verify-pack", "-v", "t.idx"], None)).unwrap();
-        listing.lines().filter(|l| l.split_whitespace().nth(1) == Some("commit") && l.split_whitespace().count() >= 7).count()
+        listing
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some("commit") && l.split_whitespace().count() >= 7)
+            .count()
     }
 
     #[test]
@@ -454,6 +472,9 @@ pub(crate) mod tests {
         assert!(commits(b"KCAP\0\0\0\x02\0\0\0\0", Hash::Sha1).is_err());
         // A huge object count is refused before anything is allocated for it.
         assert!(commits(b"PACK\0\0\0\x02\xff\xff\xff\xff", Hash::Sha1).is_err());
-        assert!(commits(&[b"PACK\0\0\0\x02\0\0\0\0".as_slice(), &[0u8; 20]].concat(), Hash::Sha1).unwrap().parents.is_empty());
+        assert!(commits(&[b"PACK\0\0\0\x02\0\0\0\0".as_slice(), &[0u8; 20]].concat(), Hash::Sha1)
+            .unwrap()
+            .parents
+            .is_empty());
     }
 }

@@ -70,10 +70,8 @@ pub fn judge(rules: &[PushRule], host: &HostName, repo: &str, list: &CommandList
 
 /// Why no rule allows `change` to `refname`, naming the rules that came closest.
 fn refusal(naming: &[&PushRule], refname: &str, change: RefChange) -> String {
-    let covering: Vec<&&PushRule> = naming
-        .iter()
-        .filter(|r| moat_core::policy::glob_whole(r.refs.as_bytes(), refname.as_bytes()))
-        .collect();
+    let covering: Vec<&&PushRule> =
+        naming.iter().filter(|r| moat_core::policy::glob_whole(r.refs.as_bytes(), refname.as_bytes())).collect();
     match (covering.first(), change) {
         (None, _) if naming.is_empty() => "moat: no push rule names this repository".into(),
         (None, _) => {

@@ -69,13 +69,12 @@ pub fn judge(
     }
     match verdict {
         Verdict::Allow(rule) => Ok(Allowed::Rule(rule.clone())),
-        _ => policy
-            .decide_request(name, port, &request.method, &request.target)
-            .map(Allowed::Rule)
-            .map_err(|rule| match rule {
+        _ => policy.decide_request(name, port, &request.method, &request.target).map(Allowed::Rule).map_err(|rule| {
+            match rule {
                 Some(rule) => Refusal::ByRule(rule),
                 None => Refusal::NoRule,
-            }),
+            }
+        }),
     }
 }
 
@@ -83,7 +82,8 @@ pub fn judge(
 /// rule names, over HTTPS; else refused as git reads refusals.
 fn judge_push(push: &PushRequest, name: &HostName, port: u16, policy: &Policy) -> Result<Allowed, Refusal> {
     let repo = push.repo();
-    let rules: Vec<PushRule> = policy.push.iter().filter(|r| !repo.is_empty() && r.names_repo(name, repo)).cloned().collect();
+    let rules: Vec<PushRule> =
+        policy.push.iter().filter(|r| !repo.is_empty() && r.names_repo(name, repo)).cloned().collect();
     let why = if port != PUSH_PORT {
         "moat: pushes go over HTTPS only".to_string()
     } else if rules.is_empty() {
@@ -198,7 +198,10 @@ mod tests {
         let allowed = |body| Allowed::Push { repo: "moat/repo".into(), rules: vec![push.clone()], body };
         assert_eq!(judged_any(&p, "github.com", 443, adv), Ok(allowed(false)));
         assert_eq!(judged_any(&p, "github.com", 443, post), Ok(allowed(true)));
-        assert_eq!(judged_any(&p, "github.com", 443, post).unwrap().to_string(), "push github.com/moat/repo refs/heads/agent/*");
+        assert_eq!(
+            judged_any(&p, "github.com", 443, post).unwrap().to_string(),
+            "push github.com/moat/repo refs/heads/agent/*"
+        );
         // Another repository, another port, an odd spelling: git's own refusal.
         let other = adv.replace("moat/repo", "moat/other");
         let refused = judged_any(&p, "github.com", 443, &other).unwrap_err();

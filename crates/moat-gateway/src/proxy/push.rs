@@ -89,7 +89,8 @@ pub async fn hold<R: AsyncRead + Unpin>(
         let fresh = buf.get(request.head_len + body.raw as usize..).unwrap_or_default();
         body.feed(fresh)?;
         if list.is_none() {
-            let read = commands::parse(&body.data, body.ended).map_err(|e| Refusal::git_error(false, format!("moat: {e}")))?;
+            let read =
+                commands::parse(&body.data, body.ended).map_err(|e| Refusal::git_error(false, format!("moat: {e}")))?;
             if let Some(read) = read {
                 let judged = verdict::judge(push.rules, push.name, push.repo, &read);
                 list = Some((read, judged));
@@ -133,4 +134,176 @@ fn refused(list: &CommandList, judged: &Judged) -> Refusal {
     };
     let summary = "moat: this push was refused by the box's push rules; nothing of it reached the server";
     Refusal::Git { body: report::refused(list, &refs, summary), content_type: report::RESULT_TYPE, reason }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::ReadBuf;
+
+    use super::*;
+    use crate::git::commands::tests::body as pkt_body;
+    use crate::git::pack::tests::{pack, repo};
+    use crate::http::request::{read_head, Head};
+
+    /// Hands out its pieces one read at a time, as a box writing in pieces.
+    struct Pieces(Vec<Vec<u8>>);
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            out: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if !self.0.is_empty() {
+                let piece = self.0.remove(0);
+                let n = piece.len().min(out.remaining());
+                out.put_slice(&piece[..n]);
+                if n < piece.len() {
+                    self.0.insert(0, piece[n..].to_vec());
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    const Z: &str = "0000000000000000000000000000000000000000";
+
+    /// Rules, commands, pack, and the decision wanted (a part of the refusal).
+    type Case<'a> = (Vec<&'a str>, Vec<String>, &'a [u8], Result<(), &'a str>);
+
+    /// A push request of `commands` (then `pack`), Content-Length or chunked.
+    fn request(commands: &[String], pack: &[u8], chunked: bool) -> Vec<u8> {
+        let mut lines: Vec<String> = commands.to_vec();
+        if let Some(first) = lines.first_mut() {
+            first.push_str("\0report-status side-band-64k ofs-delta");
+        }
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let mut body = pkt_body(&lines);
+        body.extend_from_slice(pack);
+        let mut out = b"POST /moat/repo.git/git-receive-pack HTTP/1.1\r\nHost: github.com\r\n".to_vec();
+        if chunked {
+            out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+            for piece in body.chunks(7) {
+                out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                out.extend_from_slice(piece);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"0\r\n\r\n");
+        } else {
+            out.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+            out.extend_from_slice(&body);
+        }
+        out
+    }
+
+    /// The decision on `raw`, sent in pieces cut at `cuts`.
+    async fn decide(rules: &[&str], raw: &[u8], cuts: &[usize]) -> Result<(), String> {
+        let rules: Vec<PushRule> =
+            rules.iter().map(|r| PushRule::parse(&r.split(' ').collect::<Vec<_>>()).unwrap()).collect();
+        let head_len = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let Head::Request(request) = read_head(&raw[..head_len]) else { panic!("head") };
+        let mut pieces = Vec::new();
+        let mut at = head_len;
+        for &cut in cuts.iter().filter(|&&c| c > head_len && c < raw.len()) {
+            pieces.push(raw[at..cut].to_vec());
+            at = cut;
+        }
+        pieces.push(raw[at..].to_vec());
+        let mut buf = raw[..head_len].to_vec();
+        let name = HostName::parse("github.com").unwrap();
+        let push = Push { name: &name, repo: "moat/repo", rules: &rules };
+        let decided = hold(&mut Pieces(pieces), &mut buf, &request, push).await;
+        // Whatever was read stays, as it came, for the host.
+        assert!(raw.starts_with(&buf));
+        decided.map_err(|e| e.to_string())
+    }
+
+    #[tokio::test]
+    async fn pushes_are_decided_by_their_commands_and_packs_whole_or_in_pieces() {
+        let dir = std::env::temp_dir().join(format!("moat-push-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = repo(&dir, 4);
+        let thin = pack(&dir, &format!("{}\n^{}\n", c[3], c[1]), &["--thin", "--delta-base-offset"]);
+        let agent = "github.com/moat/repo refs/heads/agent/*";
+        let ff = "github.com/moat/repo refs/heads/agent/* --fast-forward";
+        let update = |r: &str, old: &str, new: &str| format!("{old} {new} {r}");
+        for chunked in [false, true] {
+            let cases: Vec<Case<'_>> = vec![
+                (vec![agent], vec![update("refs/heads/agent/x", &c[1], &c[3])], &thin, Ok(())),
+                (vec![ff], vec![update("refs/heads/agent/x", &c[1], &c[3])], &thin, Ok(())),
+                (vec![ff], vec![update("refs/heads/agent/x", Z, &c[3])], &thin, Ok(())),
+                (
+                    vec![agent],
+                    vec![update("refs/heads/main", &c[1], &c[3])],
+                    &thin,
+                    Err("no push rule covers this ref (allowed: refs/heads/agent/*)"),
+                ),
+                (vec![agent], vec![update("refs/heads/agent/x", &c[1], Z)], b"", Err("deleting needs --delete")),
+                (vec!["github.com/moat/repo refs/*"], vec![update("refs/tags/v1", Z, &c[3])], &thin, Err("tags need")),
+                (vec![ff], vec![update("refs/heads/agent/x", &c[3], &c[2])], &thin, Err("cannot verify fast-forward")),
+                (vec![ff], vec![update("refs/heads/agent/x", &c[0], &c[3])], &thin, Err("cannot verify fast-forward")),
+                (
+                    vec![ff],
+                    vec![update("refs/heads/agent/x", &c[1], &c[3])],
+                    &thin[..thin.len() - 3],
+                    Err("cannot verify"),
+                ),
+                (
+                    vec![agent],
+                    vec![update("refs/heads/agent/x", &c[1], &c[3]), update("refs/heads/main", &c[1], &c[3])],
+                    &thin,
+                    Err("refs/heads/main"),
+                ),
+            ];
+            for (rules, commands, pack, want) in cases {
+                let raw = request(&commands, pack, chunked);
+                let whole = decide(&rules, &raw, &[]).await;
+                match (&whole, want) {
+                    (Ok(()), Ok(())) => {}
+                    (Err(got), Err(want)) if got.contains(want) => {}
+                    _ => panic!("{rules:?} {commands:?} chunked={chunked}: {whole:?}, wanted {want:?}"),
+                }
+                // The same decision however the box splits its writes.
+                let step = (raw.len() / 97).max(1);
+                for cut in (0..raw.len()).step_by(step) {
+                    assert_eq!(decide(&rules, &raw, &[cut, cut + 1, cut + 5]).await, whole, "cut at {cut}");
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn malformed_and_oversize_pushes_are_refused() {
+        let rules = ["github.com/moat/repo refs/heads/*"];
+        let bad =
+            b"POST /moat/repo.git/git-receive-pack HTTP/1.1\r\nHost: github.com\r\nContent-Length: 8\r\n\r\nzzzz0000";
+        assert_eq!(decide(&rules, bad, &[]).await, Err("moat: a malformed pkt-line length".into()));
+        let cut =
+            b"POST /moat/repo.git/git-receive-pack HTTP/1.1\r\nHost: github.com\r\nContent-Length: 8\r\n\r\n0009abc";
+        assert_eq!(decide(&rules, cut, &[]).await, Err("closed inside a request body".into()));
+        let gz = b"POST /x/git-receive-pack HTTP/1.1\r\nHost: github.com\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\n0000";
+        assert!(decide(&rules, gz, &[]).await.unwrap_err().contains("compressed"));
+        // A command list past the bound, without a flush.
+        let mut endless =
+            format!("POST /x HTTP/1.1\r\nHost: github.com\r\nContent-Length: {}\r\n\r\n", 2 << 20).into_bytes();
+        for _ in 0..(2 << 20) / 16 {
+            endless.extend_from_slice(b"0010shallow 1111");
+        }
+        assert_eq!(decide(&rules, &endless, &[]).await, Err("moat: the push's command list is too large".into()));
+        // A pack larger than is held cannot show a fast-forward.
+        let (a, b) = ("1".repeat(40), "2".repeat(40));
+        let big = request(&[format!("{a} {b} refs/heads/x")], &vec![7u8; MAX_HELD + 1], false);
+        let ff = ["github.com/moat/repo refs/heads/* --fast-forward"];
+        let refused = decide(&ff, &big, &[]).await.unwrap_err();
+        assert!(refused.contains("cannot verify fast-forward (the pack is larger than the gateway holds"), "{refused}");
+        // A probe (an empty list) goes.
+        let probe = b"POST /x HTTP/1.1\r\nHost: github.com\r\nContent-Length: 4\r\n\r\n0000";
+        assert_eq!(decide(&rules, probe, &[]).await, Ok(()));
+    }
 }

@@ -24,6 +24,7 @@ mod lifecycle;
 mod microvm;
 mod privsep;
 mod pty;
+mod push;
 mod restart;
 mod secrets;
 mod storage;
@@ -167,6 +168,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     egress::ask_mode_puts_names_to_the_owner,
     egress::log_follow_streams,
     secrets::reach_only_their_host_and_header,
+    push::push_rules_decide_each_ref,
     secrets::limits_kill_and_usage,
     egress::gateway_is_unprivileged_and_fails_closed,
 ];

@@ -214,6 +214,38 @@ impl TestNet {
         out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
     }
 
+    /// A new bare repository `github.com/moat/NAME.git` on the test git
+    /// server (pushes enabled: only the gateway can stop one), holding one
+    /// commit on `main`.
+    pub fn git_repo(&self, name: &str) {
+        let data = self.dir.join("data");
+        let bare = data.join(format!("git/moat/{name}.git"));
+        let git = |args: &[&str]| {
+            sh(Command::new("git")
+                .args(["-c", "user.name=test", "-c", "user.email=test@test", "-c", "init.defaultBranch=main"])
+                .args(args))
+        };
+        git(&["init", "-q", "--bare", &bare.display().to_string()]);
+        git(&["-C", &bare.display().to_string(), "config", "http.receivepack", "true"]);
+        let work = self.dir.join(format!("work-{name}"));
+        git(&["init", "-q", &work.display().to_string()]);
+        std::fs::write(work.join("README"), format!("{name}\n")).expect("README");
+        git(&["-C", &work.display().to_string(), "add", "README"]);
+        git(&["-C", &work.display().to_string(), "commit", "-q", "-m", "first"]);
+        git(&["-C", &work.display().to_string(), "push", "-q", &bare.display().to_string(), "HEAD:main"]);
+    }
+
+    /// The refs of `github.com/moat/NAME.git` on the server, `ID REF` a line.
+    pub fn git_refs(&self, name: &str) -> String {
+        let repo = self.dir.join(format!("data/git/moat/{name}.git"));
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(["for-each-ref", "--format=%(objectname) %(refname)"])
+            .output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    }
+
     /// Waits until the servers answer (from inside the namespace).
     fn wait_ready(&self) {
         for _ in 0..100 {
