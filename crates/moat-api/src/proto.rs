@@ -155,6 +155,13 @@ pub enum Op {
         /// The box.
         name: Name,
     },
+    /// Moves a box to another node of the fleet, through the object store.
+    Move {
+        /// The box.
+        name: Name,
+        /// The node it goes to.
+        node: String,
+    },
     /// Sets a box's idle grace.
     SetIdle {
         /// The box.
@@ -327,6 +334,9 @@ pub struct BoxInfo {
     /// How durable it is (only where boxes are kept in an object store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durable: Option<DurableInfo>,
+    /// Where it came from, if it moved to its node from another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved: Option<moat_core::store::moves::Arrival>,
 }
 
 /// How durable a box is: when it was last kept in the object store.
@@ -357,6 +367,7 @@ impl From<&BoxRecord> for BoxInfo {
             backend: r.backend,
             node: r.node.clone(),
             durable: None,
+            moved: None,
         }
     }
 }

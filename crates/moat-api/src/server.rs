@@ -394,6 +394,7 @@ async fn run(
                 bytes: d.bytes,
                 pending: d.pending,
             });
+            info.moved = m.arrival(&b.id).ok().flatten();
             Reply::Box(info)
         }
         Op::Create { name, image, limits, idle, policy, ask, backend, node } => {
@@ -425,6 +426,10 @@ async fn run(
         Op::Stop { name } => m.stop(account, &name).await.map(|()| Reply::Done)?,
         Op::Start { name } => m.start(account, &name).await.map(|()| Reply::Done)?,
         Op::Suspend { name } => m.suspend(account, &name).await.map(|()| Reply::Done)?,
+        Op::Move { name, node } => {
+            let mv = m.ask_move(account, &name, &node).await?;
+            m.await_move(&mv, progress).await.map(|()| Reply::Done)?
+        }
         Op::SetIdle { name, seconds } => m.set_idle(account, &name, seconds).await.map(|()| Reply::Done)?,
         Op::SetKeepRunning { name, on } => m.set_keep_running(account, &name, on).await.map(|()| Reply::Done)?,
         Op::Usage { since, name } => Reply::Usage(m.usage(account, since, name.as_ref()).await?),

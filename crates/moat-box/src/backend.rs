@@ -3,12 +3,11 @@
 //! pool, and what only its kind of machine can do (boot, freeze, copy while
 //! running, list its files) asked of the [`Machine`] its record names.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use moat_core::backend::Progress;
 use moat_core::{
-    fault, AccountId, AgentAddr, Backend, BackendError, BackendKind, BoxHandle, BoxRecord, BoxState, ChangeSink,
+    fault, AccountId, AgentAddr, Backend, BackendError, BackendKind, BoxHandle, BoxId, BoxRecord, BoxState, ChangeSink,
     Checkpoint, Copied, MeterReading, Name, NetAttach,
 };
 
@@ -86,10 +85,6 @@ impl HostBackend {
     fn owner<'a>(machine: &dyn Machine, rec: &'a BoxRecord) -> Owner<'a> {
         Owner { id: &rec.id, account: &rec.account, disk_limit: rec.limits.disk + machine.disk_slack() }
     }
-
-    fn run_dir(&self, rec: &BoxRecord) -> PathBuf {
-        self.host.run_dir(&rec.id)
-    }
 }
 
 impl Backend for HostBackend {
@@ -135,14 +130,41 @@ impl Backend for HostBackend {
     }
 
     fn destroy(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.discard(&rec.id)
+    }
+
+    fn discard(&self, id: &BoxId) -> Result<(), BackendError> {
         // Needs no machine: a box of a kind this server does not run goes too.
-        self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
-        self.host.pool.forget_saved_machine(&rec.id).map_err(|e| BackendError::new("remove a saved machine", e))?;
-        self.host.pool.delete_box(&rec.id).map_err(|e| BackendError::new("delete box filesystem", e))?;
-        match std::fs::remove_dir_all(self.run_dir(rec)) {
+        self.host.cgroups.destroy(id).map_err(|e| BackendError::new("stop box", e))?;
+        self.host.pool.forget_saved_machine(id).map_err(|e| BackendError::new("remove a saved machine", e))?;
+        self.host.pool.delete_box(id).map_err(|e| BackendError::new("delete box filesystem", e))?;
+        match std::fs::remove_dir_all(self.host.run_dir(id)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackendError::new("remove run dir", e)),
             _ => Ok(()),
         }
+    }
+
+    fn received(&self, rec: &BoxRecord, received: &[u64]) -> Result<(), BackendError> {
+        let machine = self.machine(rec.backend)?;
+        let pool = &self.host.pool;
+        let limit = rec.limits.disk + machine.disk_slack();
+        let made = pool
+            .set_disk_limit(&rec.id, limit)
+            .and_then(|()| pool.charge_account(&rec.id, &rec.account, self.host.config.account_disk))
+            .and_then(|()| pool.charge_received(&rec.id, &rec.account, received, limit))
+            .map_err(|e| BackendError::new("charge the received box's disk use", e))
+            .and_then(|()| {
+                identity::rekey_ca(&machine.files(rec)).map_err(|e| BackendError::new("give the box a new CA", e))
+            })
+            .and_then(|key| pool.store_ca_key(&rec.id, &key).map_err(|e| BackendError::new("store the CA key", e)));
+        made.inspect_err(|_| {
+            let _ = pool.delete_box(&rec.id);
+        })
+    }
+
+    fn local_boxes(&self) -> Vec<BoxId> {
+        let Ok(entries) = std::fs::read_dir(self.host.pool.boxes_dir()) else { return Vec::new() };
+        entries.flatten().filter_map(|e| BoxId::parse(&e.file_name().to_string_lossy())).collect()
     }
 
     fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {

@@ -49,6 +49,16 @@ pub fn mint(root: &Path, name: &Name) -> io::Result<String> {
     Ok(ca_key)
 }
 
+/// Gives the box in `root` a new TLS CA (it trusts the new one only), the
+/// same machine otherwise: a box received on another node, whose CA key
+/// stayed on the node it came from. Returns the CA's private key (PEM).
+pub fn rekey_ca(root: &Path) -> io::Result<String> {
+    let dir: OwnedFd = std::fs::File::open(root)?.into();
+    let (ca_cert, ca_key) = moat_core::box_ca::mint().map_err(io::Error::other)?;
+    trust::install(&dir, &ca_cert)?;
+    Ok(ca_key)
+}
+
 /// Writes into `root` new identity files for those of `held` (paths of
 /// [`BOX_MADE`] a box holds in files the host cannot reach) that `root`
 /// lacks (what it has, [`mint`] made new already). Returns every path

@@ -76,6 +76,34 @@ impl Pool {
         Ok(())
     }
 
+    /// Charges box `id`, received from the object store as a writable
+    /// snapshot of the subvolumes `received` (read-only, about to be deleted),
+    /// for their data as it would be charged had the box written it here:
+    /// under simple quotas data stays charged to the subvolume that wrote
+    /// it, so those subvolumes join the box's qgroup (limited to
+    /// `disk_limit`) and its account's. (Full qgroups move the data onto the
+    /// box's own numbers when they are deleted.)
+    pub fn charge_received(
+        &self,
+        id: &BoxId,
+        account: &moat_core::AccountId,
+        received: &[u64],
+        disk_limit: u64,
+    ) -> Result<(), PoolError> {
+        if !self.simple_quotas() {
+            return Ok(());
+        }
+        self.own_box_qgroup(id, disk_limit)?;
+        let account = crate::pool::account_qgroup(account);
+        for subvolume in received {
+            for group in [box_qgroup(id), account] {
+                sys::qgroup_assign(self.root(), *subvolume, group)
+                    .map_err(io_err("charge a received box for", &self.box_path(id)))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The boxes noted as copies of `id` that are still there.
     fn copies_of(&self, id: &BoxId) -> Vec<BoxId> {
         let notes = fs::read_dir(self.lineage_dir()).into_iter().flatten().filter_map(Result::ok);

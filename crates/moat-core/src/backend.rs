@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{AccountId, Name};
+use crate::ids::{AccountId, BoxId, Name};
 use crate::record::BoxRecord;
 
 pub use crate::record::BackendKind;
@@ -190,4 +190,22 @@ pub trait Backend: Send + Sync + 'static {
     /// Bytes the account's boxes hold together, including data removed boxes
     /// left shared with their copies, where the backend can tell.
     fn account_disk_usage(&self, account: &AccountId) -> Option<u64>;
+    /// Makes the box root just received from the object store for `rec` (a
+    /// writable snapshot of the read-only subvolumes `received`, about to be
+    /// deleted) a box of this host: its disk limit, its charges as if it had
+    /// written its data here, and a new TLS CA (the old key stayed on the
+    /// node it came from). On failure the root is deleted.
+    fn received(&self, rec: &BoxRecord, received: &[u64]) -> Result<(), BackendError> {
+        let _ = received;
+        Err(BackendError::msg(format!("this host cannot take box {} from elsewhere", rec.name)))
+    }
+    /// The boxes this host holds files of.
+    fn local_boxes(&self) -> Vec<BoxId> {
+        Vec::new()
+    }
+    /// Removes every trace of box `id` from this host (its record names
+    /// another node now): its processes, files and host resources.
+    fn discard(&self, id: &BoxId) -> Result<(), BackendError> {
+        Err(BackendError::msg(format!("this host cannot discard box {id}")))
+    }
 }

@@ -114,6 +114,17 @@ fn receive_one(file: &Path, dir: &Path, key: &str) -> Result<(), DurableError> {
     }
 }
 
+/// Deletes every staging directory in `staging` with all it received: what
+/// restores a crash cut short left.
+pub fn clear_staging(staging: &Path) {
+    let Ok(entries) = std::fs::read_dir(staging) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("incoming-") {
+            drop(Incoming { dir: entry.path() });
+        }
+    }
+}
+
 /// A staging directory for one restore, deleted with all it received when
 /// dropped.
 struct Incoming {

@@ -45,6 +45,11 @@ pub struct DurableWorker {
     /// The box being uploaded now.
     current: Mutex<Option<BoxId>>,
     wake: Notify,
+    uploader: Uploader,
+    /// Where the boxes' roots are.
+    boxes_dir: PathBuf,
+    /// Held for each upload: one at a time, the mover's last uploads included.
+    turn: tokio::sync::Mutex<()>,
 }
 
 impl DurableHooks for DurableWorker {
@@ -67,9 +72,16 @@ impl DurableWorker {
         boxes_dir: PathBuf,
         settings: WorkerSettings,
     ) -> Arc<Self> {
-        let worker = Arc::new(Self { queue: Mutex::default(), current: Mutex::default(), wake: Notify::new() });
+        let worker = Arc::new(Self {
+            queue: Mutex::default(),
+            current: Mutex::default(),
+            wake: Notify::new(),
+            uploader,
+            boxes_dir,
+            turn: tokio::sync::Mutex::new(()),
+        });
         manager.set_durable(worker.clone());
-        tokio::spawn(worker.clone().run(manager, uploader, boxes_dir, settings));
+        tokio::spawn(worker.clone().run(manager, settings));
         worker
     }
 
@@ -99,19 +111,30 @@ impl DurableWorker {
         Ok((id, failures))
     }
 
-    async fn run(
-        self: Arc<Self>,
-        manager: Arc<BoxManager>,
-        uploader: Uploader,
-        boxes_dir: PathBuf,
-        settings: WorkerSettings,
-    ) {
+    /// Uploads box `id` now if it changed since its last upload, in turn
+    /// with the queue's uploads.
+    pub async fn upload_now(&self, manager: &Arc<BoxManager>, id: &BoxId) -> Result<(), DurableError> {
+        let _turn = self.turn.lock().await;
+        upload_one(manager, &self.uploader, &self.boxes_dir, id).await
+    }
+
+    /// The object store boxes are kept in, and what its keys start with.
+    pub fn uploader(&self) -> &Uploader {
+        &self.uploader
+    }
+
+    /// Where the boxes' roots are.
+    pub fn boxes_dir(&self) -> &std::path::Path {
+        &self.boxes_dir
+    }
+
+    async fn run(self: Arc<Self>, manager: Arc<BoxManager>, settings: WorkerSettings) {
         let mut scan = tokio::time::interval(settings.interval);
         scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             match self.next_due() {
                 Ok((id, failures)) => {
-                    let result = upload_one(&manager, &uploader, &boxes_dir, &id).await;
+                    let result = self.upload_now(&manager, &id).await;
                     *self.current.lock().unwrap_or_else(PoisonError::into_inner) = None;
                     if let Err(e) = result {
                         let wait = settings.backoff.saturating_mul(1 << failures.min(16)).min(MAX_BACKOFF);
@@ -131,7 +154,7 @@ impl DurableWorker {
                     tokio::select! {
                         () = self.wake.notified() => {}
                         () = sleep => {}
-                        _ = scan.tick() => self.queue_changed(&manager, &uploader, &boxes_dir).await,
+                        _ = scan.tick() => self.queue_changed(&manager).await,
                     }
                 }
             }
@@ -139,7 +162,8 @@ impl DurableWorker {
     }
 
     /// Queues every box here that changed since its last upload.
-    async fn queue_changed(&self, manager: &Arc<BoxManager>, uploader: &Uploader, boxes_dir: &std::path::Path) {
+    async fn queue_changed(&self, manager: &Arc<BoxManager>) {
+        let (uploader, boxes_dir) = (&self.uploader, &self.boxes_dir);
         let boxes = match manager.boxes_here() {
             Ok(boxes) => boxes,
             Err(e) => return tracing::warn!(error = %e, "cannot list this node's boxes to upload"),

@@ -341,6 +341,7 @@ fn named_box(op: &Op) -> Option<&Name> {
         | Op::Stop { name }
         | Op::Start { name }
         | Op::Suspend { name }
+        | Op::Move { name, .. }
         | Op::SetIdle { name, .. }
         | Op::SetKeepRunning { name, .. }
         | Op::Policy { name }

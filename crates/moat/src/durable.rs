@@ -1,7 +1,8 @@
 //! `moat serve`'s durable boxes: the flags naming an S3-compatible object
 //! store (its credentials only from the environment or a file, never the
 //! command line, where every user of the host could read them), and the
-//! background uploader started over the pool.
+//! background uploader started over the pool; on a fleet node, the mover
+//! (drains, moves, lost nodes' boxes re-homed).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use moat_core::BoxManager;
+use moat_durable::mover::MoverSettings;
 use moat_durable::{DurableWorker, ObjectStoreConfig, Uploader, WorkerSettings};
 
 /// The flags of `moat serve` that make boxes durable.
@@ -37,6 +39,11 @@ pub struct DurableArgs {
     /// incrementals), so a restore never replays a long chain.
     #[arg(long, default_value_t = 16)]
     pub full_every: u64,
+    /// In a fleet: seconds a node's lease stays lapsed before its boxes are
+    /// re-homed on live nodes from the object store (a running box comes
+    /// back as of its last upload).
+    #[arg(long, default_value_t = 60)]
+    pub node_grace: u64,
 }
 
 /// Starts uploading `manager`'s boxes (in the pool at `pool_root`) if an
@@ -56,5 +63,14 @@ pub fn start(args: &DurableArgs, manager: &Arc<BoxManager>, pool_root: &Path) ->
     let settings =
         WorkerSettings { interval: Duration::from_secs(args.upload_interval.max(1)), backoff: Duration::from_secs(2) };
     tracing::info!(bucket = %config.bucket, prefix = %config.prefix, "boxes are made durable in the object store");
-    Ok(Some(DurableWorker::start(Arc::clone(manager), uploader, pool_root.join("boxes"), settings)))
+    let worker = DurableWorker::start(Arc::clone(manager), uploader, pool_root.join("boxes"), settings);
+    if !manager.node().is_empty() {
+        let settings = MoverSettings {
+            grace: Duration::from_secs(args.node_grace),
+            every: Duration::from_secs(2),
+            staging: pool_root.join("incoming"),
+        };
+        moat_durable::mover::start(Arc::clone(manager), Arc::clone(&worker), settings);
+    }
+    Ok(Some(worker))
 }

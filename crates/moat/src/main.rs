@@ -8,6 +8,7 @@ mod bench_fleet_rig;
 mod bench_pg;
 mod bench_vm;
 mod doctor;
+mod drain;
 mod durable;
 mod fleet;
 mod front;

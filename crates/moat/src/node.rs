@@ -116,12 +116,19 @@ pub async fn keep_lease(manager: Arc<BoxManager>, offer: NodeOffer) {
         let started = Instant::now();
         match manager.renew_lease(&offer) {
             Ok(()) => {
-                // Back after a lapse, if it was one. Nothing moves a box to
-                // another node yet (no re-homing before durable boxes), so
-                // every box the store still names this node's is as this
-                // node left it.
                 renewed = started;
-                manager.set_serving(true);
+                if !manager.serving() {
+                    // Back after a lapse: its boxes may have been re-homed
+                    // meanwhile. The copies it holds of those go before it
+                    // serves any box again.
+                    match manager.discard_stale().await {
+                        Ok(n) => {
+                            tracing::warn!(discarded = n, node = %offer.name, "lease renewed after a lapse");
+                            manager.set_serving(true);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot discard stale copies: staying fenced"),
+                    }
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %e, node = %offer.name, "cannot renew this node's lease");

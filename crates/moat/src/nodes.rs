@@ -1,4 +1,4 @@
-//! `moat nodes` and `moat node cordon|uncordon`: the fleet's nodes as the
+//! `moat nodes` and `moat node cordon|uncordon` (and `drain`, in `drain.rs`): the fleet's nodes as the
 //! store has them, for operators (they read and write the store directly:
 //! no node needs to be up to tell which are down).
 
@@ -26,6 +26,19 @@ pub enum NodeCmd {
     Uncordon {
         /// The node.
         name: String,
+        #[command(flatten)]
+        store: StoreAt,
+    },
+    /// Cordon NAME and move every box off it (through the object store, onto
+    /// the nodes with the most memory free); waits until each has moved or
+    /// failed, and says which. NAME must be up: it sends its boxes (a lost
+    /// node's boxes are re-homed after --node-grace instead).
+    Drain {
+        /// The node.
+        name: String,
+        /// Give up waiting after this many seconds (moves under way go on).
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
         #[command(flatten)]
         store: StoreAt,
     },
@@ -97,11 +110,14 @@ pub fn list(store: &StoreAt, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Cordons or uncordons a node.
+/// Cordons, uncordons or drains a node.
 pub fn run(cmd: NodeCmd) -> Result<()> {
     let (name, store, cordoned) = match cmd {
         NodeCmd::Cordon { name, store } => (name, store, true),
         NodeCmd::Uncordon { name, store } => (name, store, false),
+        NodeCmd::Drain { name, timeout, store } => {
+            return crate::drain::run(&store.open()?, &name, std::time::Duration::from_secs(timeout))
+        }
     };
     if !store.open()?.set_cordoned(&name, cordoned)? {
         anyhow::bail!("no node named {name} in the fleet (see: moat nodes)");

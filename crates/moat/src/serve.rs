@@ -219,6 +219,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let egress = Arc::new(crate::gateway_supervisor::Egress::default());
     manager.set_network_hooks(egress.clone());
     manager.recover().await.context("recover boxes")?;
+    // A node serves none of the copies it holds of boxes now another node's
+    // (moved, or re-homed while this node was away): they go first.
+    let stale = manager.discard_stale().await.context("discard stale copies of boxes")?;
+    if stale > 0 {
+        tracing::warn!(stale, "discarded this node's copies of boxes other nodes hold now");
+    }
     // The first `new` after a start finds a box of the default image ready
     // (if that image is built; none is built for it).
     manager.prepare_warm(&moat_core::Name::new(moat_core::images::DEFAULT)?);

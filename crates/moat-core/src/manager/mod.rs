@@ -11,6 +11,7 @@ mod copies;
 mod durable;
 mod fleet;
 mod meter;
+mod moves;
 mod network;
 mod secrets;
 mod session;
@@ -145,6 +146,17 @@ pub enum ManagerError {
     /// `new --node` named a node this is not (or none on a single host).
     #[error("no node named {0} here")]
     NoSuchNode(String),
+    /// A move that cannot be asked or carried out.
+    #[error("{0}")]
+    CannotMove(String),
+    /// The box is leaving this node.
+    #[error("box {name} is moving to node {to}; try again in a moment")]
+    Leaving {
+        /// The box.
+        name: Name,
+        /// Where it goes.
+        to: String,
+    },
     /// This node's lease lapsed: it acts on no box until it has renewed it.
     #[error("node {0} has lost its lease in the fleet's store and serves no box until it has it back")]
     Fenced(String),
@@ -252,6 +264,8 @@ pub struct BoxManager {
     questions: ask::Questions,
     sealer: std::sync::OnceLock<crate::secrets::Sealer>,
     warm: Mutex<warm::Warm>,
+    leaving: moves::Leaving,
+    mover_wake: tokio::sync::Notify,
 }
 
 impl BoxManager {
@@ -273,6 +287,8 @@ impl BoxManager {
             questions: ask::Questions::default(),
             sealer: std::sync::OnceLock::new(),
             warm: Mutex::default(),
+            leaving: moves::Leaving::default(),
+            mover_wake: tokio::sync::Notify::new(),
         })
     }
 
@@ -296,6 +312,9 @@ impl BoxManager {
             return Err(ManagerError::Busy(rec.name));
         }
         self.here(&rec)?;
+        if let Some(to) = self.leaving.to(&rec.id) {
+            return Err(ManagerError::Leaving { name: rec.name, to });
+        }
         Ok((rec, guard))
     }
 

@@ -119,7 +119,7 @@ pub(crate) fn lock_node(tx: &mut dyn Exec, node: &str) -> Result<(), StoreError>
 
 impl Store {
     /// Asks for box `id` (on `from` at `epoch`) to go to `to`; false if a move
-    /// of it is asked already or its record changed meanwhile.
+    /// of it is under way already or its record changed meanwhile.
     pub fn ask_move(&self, mv: &BoxMove) -> Result<bool, StoreError> {
         self.transaction(|tx| {
             let current = tx.query_row("SELECT node, epoch FROM boxes WHERE id = ?1", &args![mv.box_id.as_str()])?;
@@ -127,6 +127,8 @@ impl Store {
             if current.get::<String>(0)? != mv.from || current.get::<u64>(1)? != mv.epoch {
                 return Ok(false);
             }
+            // A move that failed is kept for whoever waited on it, until the next.
+            tx.execute("DELETE FROM box_moves WHERE box_id = ?1 AND error IS NOT NULL", &args![mv.box_id.as_str()])?;
             let inserted = insert_move(tx, mv)?;
             Ok(inserted == 1)
         })
@@ -302,6 +304,53 @@ impl Store {
                 }
             }
             Ok(asked)
+        })
+    }
+}
+
+impl Store {
+    /// Cordons node `from` and asks every box on it onto the live node with
+    /// the most memory free that has room, in one transaction. The moves
+    /// asked, and the boxes that fit nowhere (they stay).
+    pub fn ask_drain(&self, from: &str, now_ms: u64) -> Result<(Vec<BoxMove>, Vec<BoxId>), StoreError> {
+        if !self.set_cordoned(from, true)? {
+            return Err(StoreError::NodeUnavailable(from.to_owned()));
+        }
+        self.transaction(|tx| {
+            if tx.engine() == Engine::Postgres {
+                tx.execute("SELECT pg_advisory_xact_lock(?1)", &args![INSERT_LOCK])?;
+            }
+            let mut all = nodes::all_nodes(tx)?;
+            let rows = tx.query(
+                "SELECT b.id, b.epoch, b.cpus, b.memory, b.pids, b.disk FROM boxes b WHERE b.node = ?1 \
+                 AND b.state <> 'creating' AND NOT EXISTS (SELECT 1 FROM box_moves m WHERE m.box_id = b.id) \
+                 ORDER BY b.id",
+                &args![from],
+            )?;
+            let (mut asked, mut stuck) = (Vec::new(), Vec::new());
+            for r in rows {
+                let id: String = r.get(0)?;
+                let id = BoxId::parse(&id).ok_or(StoreError::Corrupt(id.clone()))?;
+                let limits = Limits { cpus: r.get(2)?, memory: r.get(3)?, pids: r.get(4)?, disk: r.get(5)? };
+                let Some(to) = pick_node(&mut all, &limits, now_ms) else {
+                    stuck.push(id);
+                    continue;
+                };
+                let mv = BoxMove {
+                    box_id: id,
+                    from: from.to_owned(),
+                    to,
+                    epoch: r.get(1)?,
+                    reason: MoveReason::Drain,
+                    ready: false,
+                    as_of_ms: None,
+                    asked_at_ms: now_ms,
+                    error: None,
+                };
+                insert_move(tx, &mv)?;
+                asked.push(mv);
+            }
+            Ok((asked, stuck))
         })
     }
 }

@@ -15,13 +15,20 @@ use crate::Env;
 pub const NODE_MAX_BOXES: u32 = 8;
 
 /// A running fleet; dropped in field order: front doors, then nodes (purged:
-/// they need the store), then PostgreSQL.
+/// they need the store), then PostgreSQL and the object store.
 pub struct Fleet {
     pub fronts: Vec<Front>,
     pub nodes: Vec<Daemon>,
     pub admin: PathBuf,
     pub pg: moat_testkit::Postgres,
+    /// Where the nodes keep boxes durable (a real SeaweedFS).
+    pub _s3: moat_testkit::SeaweedFs,
 }
+
+/// How long a node's lease stays lapsed before its boxes are re-homed: past
+/// the 15 s in which `a_killed_node_is_lost_and_the_rest_answer` brings its
+/// node back.
+pub const NODE_GRACE_SECS: u64 = 25;
 
 /// A running `moat front`.
 pub struct Front {
@@ -82,6 +89,10 @@ impl Fleet {
         std::fs::create_dir_all(&dir).expect("fleet dir");
         let pg = moat_testkit::Postgres::start();
         let dsn = pg.create_db();
+        let s3 = moat_testkit::SeaweedFs::start();
+        s3.create_bucket("fleet");
+        let creds = dir.join("s3.env");
+        std::fs::write(&creds, "AWS_ACCESS_KEY_ID=test\nAWS_SECRET_ACCESS_KEY=test\n").unwrap();
         let admin = dir.join("admin");
         let admin_s = admin.display().to_string();
         moat(&["fleet", "init", "--store", &dsn, "--state-dir", &admin_s]).ok();
@@ -101,6 +112,17 @@ impl Fleet {
             .map(|s| s.to_string())
             .collect();
         flags.extend(env.net.daemon_flags());
+        let grace = NODE_GRACE_SECS.to_string();
+        for flag in ["--object-store", "s3://fleet/e2e", "--s3-endpoint", &s3.endpoint(), "--s3-credentials"] {
+            flags.push(flag.to_string());
+        }
+        flags.extend([
+            creds.display().to_string(),
+            "--node-grace".into(),
+            grace,
+            "--upload-interval".into(),
+            "3600".into(),
+        ]);
         let nodes = (1..=3)
             .map(|i| {
                 let at = member("node", &format!("n{i}"));
@@ -115,7 +137,7 @@ impl Fleet {
             })
             .collect();
         let fronts = (1..=2).map(|i| Front::start(&member("front", &format!("f{i}")))).collect();
-        let fleet = Fleet { fronts, nodes, admin, pg };
+        let fleet = Fleet { fronts, nodes, admin, pg, _s3: s3 };
         fleet.wait_for_live_nodes(3);
         fleet
     }

@@ -22,6 +22,7 @@ mod hygiene;
 mod isolation;
 mod lifecycle;
 mod microvm;
+mod moves;
 mod privsep;
 mod pty;
 mod push;
@@ -186,6 +187,15 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
     ("fleet_cordoned_nodes_take_no_new_boxes", fleet::cordoned_nodes_take_no_new_boxes),
     ("fleet_a_store_outage_spares_running_sessions", fleet::a_store_outage_spares_running_sessions),
     ("fleet_a_killed_node_is_lost_and_the_rest_answer", fleet::a_killed_node_is_lost_and_the_rest_answer),
+    ("fleet_a_box_moves_to_another_node_with_its_files", moves::a_box_moves_to_another_node_with_its_files),
+    (
+        "fleet_a_drained_node_is_left_empty_and_every_box_answers",
+        moves::a_drained_node_is_left_empty_and_every_box_answers,
+    ),
+    (
+        "fleet_a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return",
+        moves::a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return,
+    ),
     ("fleet_a_killed_front_door_leaves_the_other_serving", fleet::a_killed_front_door_leaves_the_other_serving),
 ];
 

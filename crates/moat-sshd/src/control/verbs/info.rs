@@ -27,6 +27,7 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     };
     let mut node = if b.node.is_empty() { String::new() } else { format!("node:     {}\n", b.node) };
     node += &durable(&b);
+    node += &moved(&b);
     Ok(format!(
         "name:     {}\nid:       {}\nstate:    {} (since {})\n{}idle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
         b.name,
@@ -62,6 +63,22 @@ fn durable(b: &BoxInfo) -> String {
         "durable:  as of {} ({} in the object store){behind}{pending}\n",
         utc(as_of_ms / 1000),
         format_size(d.bytes)
+    )
+}
+
+/// Where the box came from, if it moved to its node.
+fn moved(b: &BoxInfo) -> String {
+    let Some(m) = &b.moved else { return String::new() };
+    let why = match m.reason {
+        moat_core::store::moves::MoveReason::Lost => "its node was lost",
+        moat_core::store::moves::MoveReason::Drain => "its node was drained",
+        moat_core::store::moves::MoveReason::Move => "moved",
+    };
+    format!(
+        "moved:    from node {} at {} ({why}); its files as of {}, its processes did not move\n",
+        m.from,
+        utc(m.at_ms / 1000),
+        utc(m.as_of_ms / 1000)
     )
 }
 

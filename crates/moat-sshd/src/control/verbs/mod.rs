@@ -22,6 +22,7 @@ mod help;
 mod info;
 mod log;
 mod ls;
+mod mv;
 mod new;
 mod policy;
 mod promote;
@@ -53,6 +54,7 @@ pub const VERBS: &[Verb] = &[
     stop::VERB,
     start::VERB,
     suspend::VERB,
+    mv::VERB,
     set::VERB,
     usage::VERB,
     policy::VERB,

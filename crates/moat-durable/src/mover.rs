@@ -1,0 +1,137 @@
+//! The mover: every node's background task that carries out boxes' moves
+//! between nodes through the object store (see `moat_core::store::moves`).
+//! Each round, on a node whose fence is open:
+//!
+//! - as the fleet's one reconciler (if no other node is), it asks the boxes
+//!   of nodes lost for longer than the grace onto live nodes with room;
+//! - for each box leaving this node: it holds the box still (sessions are
+//!   refused), uploads what changed since its last upload, and marks the
+//!   move ready;
+//! - for each box arriving here: it receives the box's chain (every object
+//!   checked before `btrfs receive` sees a byte), makes it a box of this
+//!   host, and takes its record (epoch plus one) in one transaction; a copy
+//!   that could not be taken is deleted again;
+//! - it discards this node's copies of boxes that are now another node's.
+//!
+//! A failed move leaves the box where it was; the epoch flips only once the
+//! copy is complete.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use moat_core::store::moves::{BoxMove, MoveReason};
+use moat_core::BoxManager;
+
+use crate::restore::restore_box;
+use crate::worker::DurableWorker;
+use crate::DurableError;
+
+/// How the mover paces itself.
+#[derive(Debug, Clone)]
+pub struct MoverSettings {
+    /// How long a node's lease stays lapsed before its boxes are re-homed.
+    pub grace: Duration,
+    /// How often a round runs when nothing wakes it sooner.
+    pub every: Duration,
+    /// Where received streams are staged (on the pool's filesystem).
+    pub staging: PathBuf,
+}
+
+/// Starts the mover over `manager`, moving boxes through `worker`'s object store.
+pub fn start(manager: Arc<BoxManager>, worker: Arc<DurableWorker>, settings: MoverSettings) {
+    // What a receive killed midway left (nothing of it was taken).
+    crate::restore::clear_staging(&settings.staging);
+    tokio::spawn(async move {
+        loop {
+            let _ = tokio::time::timeout(settings.every, manager.mover_wake().notified()).await;
+            if manager.serving() {
+                round(&manager, &worker, &settings).await;
+            }
+        }
+    });
+}
+
+async fn round(manager: &Arc<BoxManager>, worker: &Arc<DurableWorker>, settings: &MoverSettings) {
+    let grace_ms = settings.grace.as_millis() as u64;
+    match manager.reconcile_lost(grace_ms) {
+        Ok(asked) => {
+            for mv in asked {
+                tracing::warn!(box_id = %mv.box_id, lost = %mv.from, to = %mv.to, "re-homing a lost node's box");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot reconcile lost nodes"),
+    }
+    let (leaving, arriving) = match manager.moves_here() {
+        Ok(moves) => moves,
+        Err(e) => return tracing::warn!(error = %e, "cannot read the moves of this node's boxes"),
+    };
+    let _ = manager.settle_leaving(&leaving);
+    for mv in leaving.iter().filter(|m| !m.ready && m.error.is_none()) {
+        if let Err(e) = send(manager, worker, mv).await {
+            manager.stay(&mv.box_id);
+            let _ = manager.move_failed(mv, &e.to_string());
+        }
+    }
+    for mv in arriving.into_iter().filter(|m| m.error.is_none()) {
+        if let Err(e) = receive(manager, worker, &mv, grace_ms, &settings.staging).await {
+            let _ = manager.move_failed(&mv, &e.to_string());
+        }
+    }
+    if let Err(e) = manager.discard_stale().await {
+        tracing::warn!(error = %e, "cannot discard stale copies of boxes");
+    }
+}
+
+fn config(e: impl ToString) -> DurableError {
+    DurableError::Config(e.to_string())
+}
+
+/// The source's side: the box held still, its last change uploaded, the move ready.
+async fn send(manager: &Arc<BoxManager>, worker: &DurableWorker, mv: &BoxMove) -> Result<(), DurableError> {
+    let rec = manager.leave(&mv.box_id, &mv.to).await.map_err(config)?;
+    worker.upload_now(manager, &rec.id).await?;
+    let head = manager.durable_links(&rec.id).map_err(config)?.pop();
+    let Some(head) = head else { return Err(config(format!("box {} has nothing in the object store", rec.name))) };
+    if !manager.move_ready(&rec.id, head.taken_at_ms).map_err(config)? {
+        // Called off meanwhile.
+        manager.stay(&rec.id);
+    }
+    tracing::info!(box_id = %rec.id, name = %rec.name, to = %mv.to, "box ready to move");
+    Ok(())
+}
+
+/// The target's side: received, made this host's, taken (or deleted again).
+async fn receive(
+    manager: &Arc<BoxManager>,
+    worker: &DurableWorker,
+    mv: &BoxMove,
+    grace_ms: u64,
+    staging: &std::path::Path,
+) -> Result<(), DurableError> {
+    let Some(rec) = manager.box_by_id(&mv.box_id).map_err(config)? else { return Ok(()) };
+    // Whatever this node holds of the box is of an older epoch.
+    manager.discard_local(&rec.id).await.map_err(config)?;
+    let links = manager.durable_links(&rec.id).map_err(config)?;
+    std::fs::create_dir_all(staging).map_err(crate::io_err(format!("create {}", staging.display())))?;
+    let started = std::time::Instant::now();
+    let restored =
+        restore_box(&worker.uploader().store, &links, staging, (worker.boxes_dir(), rec.id.as_str()), |received| {
+            manager.adopt_received(&rec, received).map_err(config)
+        })
+        .await?;
+    let taken = manager.take_box(mv, grace_ms).map_err(config);
+    if !matches!(taken, Ok(true)) {
+        let _ = manager.discard_local(&rec.id).await;
+        return taken.map(drop);
+    }
+    tracing::info!(
+        box_id = %rec.id, name = %rec.name, from = %mv.from, reason = mv.reason.as_str(),
+        as_of_ms = restored.as_of_ms, fetched_bytes = restored.fetched_bytes,
+        took_ms = started.elapsed().as_millis() as u64, "box received"
+    );
+    if mv.reason == MoveReason::Lost {
+        tracing::warn!(box_id = %rec.id, name = %rec.name, lost = %mv.from, "a lost node's box answers here now");
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Boxes that change node, on the fleet of `fleet.rs` (its nodes keep boxes
+//! durable in a real SeaweedFS): `move` through a front door, `moat node
+//! drain`, and a killed node's boxes re-homed from the object store after
+//! the grace, with the node that comes back serving none of its old copies.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::fixture::{moat_bin, run, Ran};
+use crate::fleet::{Fleet, NODE_GRACE_SECS};
+use crate::Env;
+
+fn alice(fleet: &Fleet, env: &Env, user: Option<&str>, args: &[&str]) -> Ran {
+    fleet.fronts[1].ssh(&env.alice, user, args)
+}
+
+fn info(fleet: &Fleet, env: &Env, name: &str) -> serde_json::Value {
+    let out = alice(fleet, env, None, &["info", name, "--json"]).ok().stdout;
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// Where node `node` (1-based) keeps box `name`'s root.
+fn root_on(fleet: &Fleet, env: &Env, node: usize, name: &str) -> PathBuf {
+    let id = info(fleet, env, name)["id"].as_str().unwrap().to_string();
+    fleet.nodes[node - 1].state_dir.join("pool/boxes").join(id)
+}
+
+/// A busybox box `name` on node `node` holding `/root/f` = `text`.
+fn box_with_file(fleet: &Fleet, env: &Env, name: &str, node: usize, text: &str) {
+    let node = format!("n{node}");
+    alice(fleet, env, None, &["new", name, "--image", "busybox", "--node", &node]).ok();
+    alice(fleet, env, Some(name), &[&format!("echo {text} > /root/f; sync")]).ok();
+}
+
+/// Waits until box `name` is kept in the object store as of after `after_ms`
+/// with no upload pending.
+fn durable_after(fleet: &Fleet, env: &Env, name: &str, after_ms: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let d = info(fleet, env, name)["durable"].clone();
+        if d["as_of_ms"].as_u64().is_some_and(|t| t > after_ms) && d["pending"] == false {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} not made durable: {d}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn node_of(fleet: &Fleet, env: &Env, name: &str) -> String {
+    info(fleet, env, name)["node"].as_str().unwrap_or_default().to_string()
+}
+
+fn wait_gone(path: &std::path::Path, within: Duration) {
+    let deadline = Instant::now() + within;
+    while path.exists() {
+        assert!(Instant::now() < deadline, "{} is still there", path.display());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) {
+    box_with_file(fleet, env, "mv1", 1, "moved-data");
+    let on_n1 = root_on(fleet, env, 1, "mv1");
+    assert!(on_n1.is_dir());
+    let out = alice(fleet, env, None, &["move", "mv1", "--node", "n2"]).ok();
+    let said = format!("{}{}", out.stdout, out.stderr);
+    assert!(said.contains("mv1 answers on node n2 now"), "{said}");
+    assert!(said.contains("its processes end"), "the move says what a namespace box loses: {said}");
+    assert_eq!(node_of(fleet, env, "mv1"), "n2");
+    assert_eq!(alice(fleet, env, Some("mv1"), &["cat /root/f"]).ok().stdout, "moved-data\n");
+    let text = alice(fleet, env, None, &["info", "mv1"]).ok().stdout;
+    assert!(text.contains("moved:    from node n1 at "), "{text}");
+    // The source's copy goes (in the mover's next round).
+    wait_gone(&on_n1, Duration::from_secs(15));
+    assert!(root_on(fleet, env, 2, "mv1").is_dir());
+    // The received box's disk is charged and limited as a box made there.
+    let usage = alice(fleet, env, Some("mv1"), &["head -c 30000000 /dev/zero > /root/big; sync; du -sk /root/big"]);
+    assert_eq!(usage.status, Some(0), "{}", usage.stderr);
+
+    // Refusals, one line each; the box stays where it is.
+    for (to, says) in [("n2", "already"), ("nope", "no node named nope")] {
+        let out = alice(fleet, env, None, &["move", "mv1", "--node", to]);
+        assert_ne!(out.status, Some(0));
+        assert!(out.stderr.contains(says) && out.stderr.trim().lines().count() == 1, "{}", out.stderr);
+    }
+    let out = alice(fleet, env, None, &["move", "mv1"]);
+    assert!(out.stderr.contains("usage: move NAME --node NODE"), "{}", out.stderr);
+    assert_eq!(node_of(fleet, env, "mv1"), "n2");
+    alice(fleet, env, None, &["rm", "mv1"]).ok();
+}
+
+pub fn a_drained_node_is_left_empty_and_every_box_answers(env: &Env, fleet: &mut Fleet) {
+    let names: Vec<String> = (0..4).map(|i| format!("dr{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        box_with_file(fleet, env, name, 3, &format!("drained-{i}"));
+    }
+    // Some suspended, some running: both move.
+    alice(fleet, env, None, &["suspend", "dr0"]).ok();
+    alice(fleet, env, None, &["suspend", "dr1"]).ok();
+    let admin = fleet.admin.display().to_string();
+    let out = run(Command::new(moat_bin()).args(["node", "drain", "n3", "--state-dir", &admin]));
+    assert_eq!(out.status, Some(0), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("node n3 is empty"), "{}", out.stdout);
+    assert!(out.stdout.contains("its processes ended"), "{}", out.stdout);
+    for (i, name) in names.iter().enumerate() {
+        let node = node_of(fleet, env, name);
+        assert!(node == "n1" || node == "n2", "{name} on {node}");
+        assert_eq!(alice(fleet, env, Some(name), &["cat /root/f"]).ok().stdout, format!("drained-{i}\n"));
+    }
+    let nodes = fleet.nodes_json();
+    let n3 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "n3").unwrap().clone();
+    assert_eq!((n3["boxes"].as_u64(), n3["state"].as_str()), (Some(0), Some("cordoned")), "{n3}");
+    run(Command::new(moat_bin()).args(["node", "uncordon", "n3", "--state-dir", &admin])).ok();
+    for name in &names {
+        alice(fleet, env, None, &["rm", name]).ok();
+    }
+}
+
+pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, fleet: &mut Fleet) {
+    // Suspended (and so uploaded) with its file; running, with a file
+    // written after its last upload.
+    box_with_file(fleet, env, "lost1", 1, "kept");
+    let t0 = now_ms();
+    alice(fleet, env, None, &["suspend", "lost1"]).ok();
+    durable_after(fleet, env, "lost1", t0);
+    box_with_file(fleet, env, "lost2", 1, "uploaded");
+    let t1 = now_ms();
+    alice(fleet, env, None, &["checkpoint", "lost2"]).ok();
+    durable_after(fleet, env, "lost2", t1);
+    alice(fleet, env, Some("lost2"), &["echo late > /root/late; sync"]).ok();
+    let old_root = root_on(fleet, env, 1, "lost1");
+
+    let killed = Instant::now();
+    fleet.nodes[0].kill();
+    for name in ["lost1", "lost2"] {
+        loop {
+            let node = node_of(fleet, env, name);
+            if node != "n1" {
+                break;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(NODE_GRACE_SECS + 40),
+                "{name} not re-homed {:?} after its node was killed",
+                killed.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    assert_eq!(alice(fleet, env, Some("lost1"), &["cat /root/f"]).ok().stdout, "kept\n");
+    let lost2 = alice(fleet, env, Some("lost2"), &["cat /root/f; ls /root"]).ok().stdout;
+    assert!(lost2.starts_with("uploaded\n") && !lost2.contains("late"), "as of its last upload: {lost2}");
+    let text = alice(fleet, env, None, &["info", "lost2"]).ok().stdout;
+    assert!(text.contains("moved:    from node n1") && text.contains("its node was lost"), "{text}");
+    eprintln!("    re-homed: first answer {:?} after the kill (grace {NODE_GRACE_SECS} s)", killed.elapsed());
+
+    // n1 comes back: its copies go before it serves, and the boxes answer
+    // from their new nodes.
+    assert!(old_root.is_dir(), "n1's old copy is there while n1 is down");
+    fleet.nodes[0].restart();
+    wait_gone(&old_root, Duration::from_secs(10));
+    assert_eq!(alice(fleet, env, Some("lost1"), &["cat /root/f"]).ok().stdout, "kept\n");
+    assert_ne!(node_of(fleet, env, "lost1"), "n1");
+    for name in ["lost1", "lost2"] {
+        alice(fleet, env, None, &["rm", name]).ok();
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
