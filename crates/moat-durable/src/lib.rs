@@ -11,6 +11,8 @@
 //! - [`stream`]: packing a stream (compress, hash) and checking a fetched one.
 //! - [`btrfs`]: the `btrfs send` and `btrfs receive` processes.
 //! - [`upload`] and [`restore`]: one box, each way.
+//! - [`gc`]: deleting what no record needs (removed boxes, links before the
+//!   newest full stream, uploads cut short).
 //! - [`mover`]: moves between nodes (a drain, a lost node's boxes re-homed).
 //! - [`worker`]: the background queue that uploads, retries and backs off,
 //!   so an object store that is slow or down never stalls a box.
@@ -18,6 +20,7 @@
 pub mod btrfs;
 pub mod chain;
 pub mod config;
+pub mod gc;
 pub mod mover;
 pub mod restore;
 pub mod stream;

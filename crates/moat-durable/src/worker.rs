@@ -50,11 +50,28 @@ pub struct DurableWorker {
     boxes_dir: PathBuf,
     /// Held for each upload: one at a time, the mover's last uploads included.
     turn: tokio::sync::Mutex<()>,
+    /// The manager it reports to (weak: the manager holds the worker).
+    manager: std::sync::OnceLock<std::sync::Weak<BoxManager>>,
 }
 
 impl DurableHooks for DurableWorker {
     fn changed(&self, id: &BoxId) {
         self.enqueue(id);
+    }
+
+    fn removed(&self, id: &BoxId) {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+        // Its snapshots here (the next incremental's parent) go with it.
+        self.uploader.prune(id, None);
+        let Some(manager) = self.manager.get().and_then(std::sync::Weak::upgrade) else { return };
+        let (store, prefix, id) = (Arc::clone(&self.uploader.store), self.uploader.prefix.clone(), id.clone());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move {
+            match crate::gc::forget_box(&store, &prefix, manager.as_ref(), &id).await {
+                Ok(done) => tracing::info!(box_id = %id, objects = done.objects, "a removed box's objects deleted"),
+                Err(e) => tracing::warn!(box_id = %id, error = %e, "cannot delete a removed box's objects yet"),
+            }
+        });
     }
 
     fn pending(&self, id: &BoxId) -> bool {
@@ -79,7 +96,9 @@ impl DurableWorker {
             uploader,
             boxes_dir,
             turn: tokio::sync::Mutex::new(()),
+            manager: std::sync::OnceLock::new(),
         });
+        let _ = worker.manager.set(Arc::downgrade(&manager));
         manager.set_durable(worker.clone());
         tokio::spawn(worker.clone().run(manager, settings));
         worker

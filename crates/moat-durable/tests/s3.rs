@@ -167,3 +167,86 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     assert_eq!(left.count(), 0, "nothing is left behind");
     drop(store);
 }
+
+/// The keys under `prefix`.
+async fn keys(client: &Arc<dyn object_store::ObjectStore>, prefix: &str) -> Vec<String> {
+    use futures::TryStreamExt;
+    let listed: Vec<object_store::ObjectMeta> =
+        client.list(Some(&object_store::path::Path::from(prefix))).try_collect().await.unwrap();
+    let mut keys: Vec<String> = listed.into_iter().map(|m| m.location.to_string()).collect();
+    keys.sort();
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
+    use moat_core::{AccountId, BackendKind, Limits, Name};
+    use moat_durable::gc;
+    assert!(is_root(), "this test needs root (btrfs on a loop device)");
+    let s3 = SeaweedFs::start();
+    s3.create_bucket("moat");
+    let fs = Btrfs::new();
+    let pool = fs.root();
+    for d in ["boxes", "durable", "staging"] {
+        std::fs::create_dir(pool.join(d)).unwrap();
+    }
+    let state = tempfile::tempdir().unwrap();
+    let store = Store::open(&state.path().join("moat.db")).unwrap();
+    let made = (&Name::new("debian").unwrap(), Limits::default(), BackendKind::Ns);
+    let live =
+        store.insert_new(&AccountId("a".into()), &Name::new("live").unwrap(), made, 1, &Default::default()).unwrap().id;
+    let gone = BoxId::random();
+    let config = ObjectStoreConfig::new_with_keys("s3://moat/gc", Some(s3.endpoint()), None, "any", "any").unwrap();
+    let client = config.client().unwrap();
+    let up = Uploader {
+        store: Arc::clone(&client),
+        prefix: config.prefix.clone(),
+        snapshots: pool.join("durable"),
+        full_every: 2,
+        node: String::new(),
+    };
+    for id in [&live, &gone] {
+        sys::subvolume_create(&pool.join("boxes"), id.as_str()).unwrap();
+    }
+    let root = |id: &BoxId| pool.join("boxes").join(id.as_str());
+    // live: full, incremental, full (full_every 2); gone: one full, then removed.
+    for (i, id) in [&live, &live, &live, &gone].into_iter().enumerate() {
+        std::fs::write(root(id).join(format!("f{i}")), format!("{i}")).unwrap();
+        let links = store.durable_links(id).unwrap();
+        let made = up.upload(id, &root(id), &links).await.unwrap();
+        store.add_durable_link(&made.link).unwrap();
+        up.prune(id, Some(&made.link.snapshot));
+    }
+    let links = store.durable_links(&live).unwrap();
+    assert_eq!(links.iter().map(|l| l.parent_seq.is_none()).collect::<Vec<_>>(), [true, false, true]);
+    let stray = format!("gc/boxes/{live}/0000000009-full-cut-short.btrfs.zst");
+    client.put(&object_store::path::Path::from(stray.as_str()), vec![1u8; 10].into()).await.unwrap();
+    let not_ours = "gc/boxes/not-a-box-id/x";
+    client.put(&object_store::path::Path::from(not_ours), vec![1u8; 10].into()).await.unwrap();
+
+    // A young unnamed object may be an upload about to be recorded: kept.
+    let done = gc::collect(&client, "gc", &store, std::time::Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(done.objects, 3, "gone's object and live's two links before its newest full: {done:?}");
+    assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, [links[2].key.clone(), stray.clone()]);
+    assert!(keys(&client, &format!("gc/boxes/{gone}")).await.is_empty());
+    assert!(store.durable_links(&gone).unwrap().is_empty());
+    assert_eq!(store.durable_links(&live).unwrap(), [links[2].clone()], "the rows went with the objects");
+    assert_eq!(keys(&client, "gc/boxes/not-a-box-id").await, [not_ours], "a key naming no box is not moat's");
+
+    // Old enough: the stray goes; what the record names never does.
+    let done = gc::collect(&client, "gc", &store, std::time::Duration::ZERO).await.unwrap();
+    assert_eq!(done.objects, 1);
+    assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, [links[2].key.clone()]);
+    let kept = store.durable_links(&live).unwrap();
+    let back = restore_box(&client, &kept, &pool.join("staging"), (&pool.join("boxes"), "back"), |_| Ok(())).await;
+    let back = back.unwrap();
+    let files: Vec<String> =
+        (0..3).map(|i| std::fs::read_to_string(back.root.join(format!("f{i}"))).unwrap()).collect();
+    assert_eq!(files, ["0", "1", "2"], "the box restores whole from what was kept");
+
+    // rm: everything of the box at once.
+    let done = gc::forget_box(&client, "gc", &store, &live).await.unwrap();
+    assert_eq!(done.objects, 1);
+    assert!(keys(&client, &format!("gc/boxes/{live}")).await.is_empty());
+    assert!(store.durable_links(&live).unwrap().is_empty());
+}

@@ -14,6 +14,13 @@ use moat_core::BoxManager;
 use moat_durable::mover::MoverSettings;
 use moat_durable::{DurableWorker, ObjectStoreConfig, Uploader, WorkerSettings};
 
+/// How often the object store's garbage is collected.
+const GC_EVERY: Duration = Duration::from_secs(30 * 60);
+
+/// How old an object no record names must be before it is garbage: an upload
+/// is recorded only once complete, and none takes this long.
+const GC_MIN_AGE: Duration = Duration::from_secs(6 * 3600);
+
 /// The flags of `moat serve` that make boxes durable.
 #[derive(Args)]
 pub struct DurableArgs {
@@ -54,7 +61,7 @@ pub fn start(args: &DurableArgs, manager: &Arc<BoxManager>, pool_root: &Path) ->
         ObjectStoreConfig::new(url, args.s3_endpoint.clone(), args.s3_region.clone(), args.s3_credentials.as_deref())?;
     let store = config.client().context("set up the object store client")?;
     let uploader = Uploader {
-        store,
+        store: Arc::clone(&store),
         prefix: config.prefix.clone(),
         snapshots: pool_root.join("durable"),
         full_every: args.full_every.max(1),
@@ -64,6 +71,7 @@ pub fn start(args: &DurableArgs, manager: &Arc<BoxManager>, pool_root: &Path) ->
         WorkerSettings { interval: Duration::from_secs(args.upload_interval.max(1)), backoff: Duration::from_secs(2) };
     tracing::info!(bucket = %config.bucket, prefix = %config.prefix, "boxes are made durable in the object store");
     let worker = DurableWorker::start(Arc::clone(manager), uploader, pool_root.join("boxes"), settings);
+    moat_durable::gc::start(store, config.prefix.clone(), Arc::clone(manager), GC_EVERY, GC_MIN_AGE);
     if !manager.node().is_empty() {
         let settings = MoverSettings {
             grace: Duration::from_secs(args.node_grace),

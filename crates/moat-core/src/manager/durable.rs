@@ -17,6 +17,10 @@ pub trait DurableHooks: Send + Sync {
     fn changed(&self, id: &BoxId);
     /// Whether an upload of box `id` is queued or under way.
     fn pending(&self, id: &BoxId) -> bool;
+    /// Box `id` was removed: what it kept in the object store can go.
+    fn removed(&self, id: &BoxId) {
+        let _ = id;
+    }
 }
 
 /// How durable a box is, as `info` shows it.
@@ -43,6 +47,13 @@ impl BoxManager {
         }
     }
 
+    /// Tells the uploader that box `id` is gone.
+    pub(super) fn tell_durable_removed(&self, id: &BoxId) {
+        if let Some(hooks) = self.durable.get() {
+            hooks.removed(id);
+        }
+    }
+
     /// Box `id`'s chain in the object store, oldest first.
     pub fn durable_links(&self, id: &BoxId) -> Result<Vec<DurableLink>, ManagerError> {
         Ok(self.db(|s| s.durable_links(id))?)
@@ -51,6 +62,17 @@ impl BoxManager {
     /// Records an upload that completed.
     pub fn record_durable(&self, link: &DurableLink) -> Result<(), ManagerError> {
         Ok(self.db(|s| s.add_durable_link(link))?)
+    }
+
+    /// Forgets box `id`'s links before `seq` (the garbage collector deletes
+    /// their objects).
+    pub fn forget_durable_before(&self, id: &BoxId, seq: u64) -> Result<(), ManagerError> {
+        Ok(self.db(|s| s.forget_durable_before(id, seq))?)
+    }
+
+    /// Forgets every link of removed box `id`.
+    pub fn forget_durable(&self, id: &BoxId) -> Result<(), ManagerError> {
+        Ok(self.db(|s| s.forget_durable(id))?)
     }
 
     /// Box `id` if this node acts on it (its own, and the fence open).

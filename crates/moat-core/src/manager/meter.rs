@@ -68,7 +68,16 @@ impl BoxManager {
             Some(c) => c,
             None => 0,
         };
-        let mut sample = Sample { at_ms: now_ms, cpu_ns: cpu, mem_byte_ms: 0.0, running_ms: 0, suspended_ms: 0 };
+        // What it keeps in the object store costs whatever its state.
+        let stored = if self.durable.get().is_some() { self.db(|s| s.durable_bytes(&rec.id))? } else { 0 };
+        let mut sample = Sample {
+            at_ms: now_ms,
+            cpu_ns: cpu,
+            mem_byte_ms: 0.0,
+            running_ms: 0,
+            suspended_ms: 0,
+            stored_byte_ms: stored as f64 * dt as f64,
+        };
         match rec.state {
             BoxState::Running => {
                 sample.running_ms = dt;
@@ -156,6 +165,7 @@ impl BoxManager {
             suspended_seconds: 0.0,
             egress_sent_bytes: 0,
             egress_received_bytes: 0,
+            stored_gib_seconds: 0.0,
         };
         for usage in self.db(|s| s.usage(account, since, name))? {
             let rec = live.iter().find(|r| r.name == usage.name).cloned();
@@ -169,6 +179,7 @@ impl BoxManager {
             total.suspended_seconds += usage.suspended_seconds;
             total.egress_sent_bytes += usage.egress_sent_bytes;
             total.egress_received_bytes += usage.egress_received_bytes;
+            total.stored_gib_seconds += usage.stored_gib_seconds;
             boxes.push(BoxUsage { usage, disk_bytes });
         }
         let owner = account.clone();

@@ -48,7 +48,9 @@ impl BoxManager {
             return Err(ManagerError::CannotMove(format!("box {name} is on node {to} already")));
         }
         let now = now_ms();
-        let target = self.db(|s| s.node(to))?.ok_or_else(|| ManagerError::NoSuchNode(to.to_string()))?;
+        let target = self
+            .db(|s| s.node(to))?
+            .ok_or_else(|| ManagerError::CannotMove(format!("no node named {to} in the fleet")))?;
         if !target.is_live(now) || target.cordoned {
             return Err(ManagerError::CannotMove(format!(
                 "node {to} takes no boxes now ({})",

@@ -88,6 +88,18 @@ impl Store {
         self.query_row(&sql, &args![id.as_str()])?.as_ref().map(link_from_row).transpose()
     }
 
+    /// Forgets box `id`'s links before `seq` (their objects are to be deleted).
+    pub fn forget_durable_before(&self, id: &BoxId, seq: u64) -> Result<(), StoreError> {
+        self.execute("DELETE FROM durable_links WHERE box_id = ?1 AND seq < ?2", &args![id.as_str(), seq])?;
+        Ok(())
+    }
+
+    /// Forgets every link of box `id` (removed: its objects are deleted).
+    pub fn forget_durable(&self, id: &BoxId) -> Result<(), StoreError> {
+        self.execute("DELETE FROM durable_links WHERE box_id = ?1", &args![id.as_str()])?;
+        Ok(())
+    }
+
     /// Bytes box `id` keeps in the object store.
     pub fn durable_bytes(&self, id: &BoxId) -> Result<u64, StoreError> {
         let row = self.query_row(

@@ -24,6 +24,8 @@ pub struct Sample {
     pub running_ms: u64,
     /// Time spent suspended.
     pub suspended_ms: u64,
+    /// Bytes the box kept in the object store, integrated over the interval.
+    pub stored_byte_ms: f64,
 }
 
 /// What the meter last read for a box.
@@ -54,6 +56,9 @@ pub struct Usage {
     /// Bytes the box received through the egress gateway.
     #[serde(default)]
     pub egress_received_bytes: u64,
+    /// Bytes it kept in the object store times how long, in GiB-seconds.
+    #[serde(default)]
+    pub stored_gib_seconds: f64,
 }
 
 impl Store {
@@ -75,8 +80,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.transaction(|tx| {
             tx.execute(
-                "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms, \
+                 stored_byte_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 &args![
                     sample.at_ms / 1000,
                     id.as_str(),
@@ -85,7 +90,8 @@ impl Store {
                     sample.cpu_ns,
                     sample.mem_byte_ms,
                     sample.running_ms,
-                    sample.suspended_ms
+                    sample.suspended_ms,
+                    sample.stored_byte_ms
                 ],
             )?;
             tx.execute(
@@ -125,7 +131,7 @@ impl Store {
                      ORDER BY s2.at DESC, s2.rowid DESC LIMIT 1), \
                     CAST(SUM(cpu_ns) AS BIGINT), SUM(mem_byte_ms), CAST(SUM(running_ms) AS BIGINT), \
                     CAST(SUM(suspended_ms) AS BIGINT), CAST(SUM(egress_sent) AS BIGINT), \
-                    CAST(SUM(egress_received) AS BIGINT) \
+                    CAST(SUM(egress_received) AS BIGINT), SUM(stored_byte_ms) \
              FROM usage_samples s WHERE account = ?1 AND at >= ?2 GROUP BY box_id",
             &args![&account.0, since],
         )?;
@@ -137,7 +143,7 @@ impl Store {
             }
             let (cpu, mem, running, suspended): (i64, f64, i64, i64) =
                 (row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?);
-            let (sent, received): (i64, i64) = (row.get(5)?, row.get(6)?);
+            let (sent, received, stored): (i64, i64, f64) = (row.get(5)?, row.get(6)?, row.get(7)?);
             out.push(Usage {
                 name: box_name,
                 cpu_seconds: cpu as f64 / 1e9,
@@ -146,6 +152,7 @@ impl Store {
                 suspended_seconds: suspended as f64 / 1000.0,
                 egress_sent_bytes: sent.max(0) as u64,
                 egress_received_bytes: received.max(0) as u64,
+                stored_gib_seconds: stored / 1000.0 / f64::from(1u32 << 30),
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -184,6 +191,7 @@ mod tests {
                 mem_byte_ms: (1u64 << 30) as f64 * running_ms as f64,
                 running_ms,
                 suspended_ms,
+                stored_byte_ms: (1u64 << 30) as f64 * 500.0,
             };
             let st = MeterState { last_cpu_ns: 0, last_at_ms: 0 };
             store.record_usage(&w, &a, &web, &s(1_000_000, 2_000_000_000, 10_000, 0), st).unwrap();
@@ -199,6 +207,7 @@ mod tests {
         assert_eq!(all[1].running_seconds, 10.0);
         assert_eq!(all[1].suspended_seconds, 5.0);
         assert_eq!(all[1].memory_gib_seconds, 10.0);
+        assert_eq!(all[1].stored_gib_seconds, 1.0, "half a second of a GiB in each of two samples");
         // --since drops older samples; a name filter keeps one box.
         let recent = store.usage(&a, 1_500, Some(&web)).unwrap();
         assert_eq!(recent.len(), 1);

@@ -135,8 +135,10 @@ pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, f
     fleet.nodes[0].kill();
     for name in ["lost1", "lost2"] {
         loop {
-            let node = node_of(fleet, env, name);
-            if node != "n1" {
+            // While n1's lease is live its boxes' requests go to it and fail.
+            let out = alice(fleet, env, None, &["info", name, "--json"]);
+            let info: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+            if out.status == Some(0) && info["node"] != "n1" && info["state"] != "node-lost" {
                 break;
             }
             assert!(

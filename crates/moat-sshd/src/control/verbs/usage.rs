@@ -14,8 +14,9 @@ pub const VERB: Verb = Verb {
     names: &["usage"],
     help: "  \
   usage [NAME] [--since T] [--json]
-                      CPU, memory, running and suspended time, disk, per box and in
-                      total; T is seconds since the epoch, or an age like 90s, 30m, 2h, 7d
+                      CPU, memory, running and suspended time, disk, egress, bytes kept
+                      in the object store (GiB-s), per box and in total; T is seconds
+                      since the epoch, or an age like 90s, 30m, 2h, 7d
 ",
     parse,
 };
@@ -44,13 +45,13 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         return Ok(to_json(&report));
     }
     let mut out = format!(
-        "{:<24} {:>10} {:>12} {:>10} {:>10} {:>8} {:>9} {:>9}\n",
-        "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK", "NET-OUT", "NET-IN"
+        "{:<24} {:>10} {:>12} {:>10} {:>10} {:>8} {:>9} {:>9} {:>13}\n",
+        "NAME", "CPU-S", "MEM-GIB-S", "RUN-S", "SUSP-S", "DISK", "NET-OUT", "NET-IN", "STORED-GIB-S"
     );
     let line = |out: &mut String, u: &moat_core::store::ledger::Usage, disk: String| {
         let _ = writeln!(
             out,
-            "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8} {:>9} {:>9}",
+            "{:<24} {:>10.2} {:>12.2} {:>10.0} {:>10.0} {:>8} {:>9} {:>9} {:>13.2}",
             u.name,
             u.cpu_seconds,
             u.memory_gib_seconds,
@@ -58,7 +59,8 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
             u.suspended_seconds,
             disk,
             format_measured(u.egress_sent_bytes),
-            format_measured(u.egress_received_bytes)
+            format_measured(u.egress_received_bytes),
+            u.stored_gib_seconds
         );
     };
     for b in &report.boxes {
