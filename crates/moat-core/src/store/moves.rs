@@ -484,7 +484,7 @@ mod tests {
         assert!(n1.move_ready(&rec.id, 4).unwrap());
         let ready = n2.box_move(&rec.id).unwrap().unwrap();
         assert_eq!((ready.ready, ready.as_of_ms, ready.reason), (true, Some(4), MoveReason::Move));
-        assert_eq!(n1.moves(Some("n1"), None).unwrap(), [ready.clone()]);
+        assert_eq!(n1.moves(Some("n1"), None).unwrap(), std::slice::from_ref(&ready));
         assert!(n1.moves(None, Some("n1")).unwrap().is_empty());
         assert!(!n1.take_box(&ready, 0, 10).unwrap(), "only its target takes it");
         assert!(n2.take_box(&ready, 0, 10_000).unwrap());
@@ -579,7 +579,7 @@ mod tests {
         let other = db.open().for_node("n3");
         let held = other.transaction(|tx| {
             tx.query_row("SELECT pg_try_advisory_xact_lock(?1)", &args![RECONCILER_LOCK])?;
-            Ok(n2.reconcile_lost(60_000, now)?)
+            n2.reconcile_lost(60_000, now)
         });
         assert!(held.unwrap().is_empty(), "the lock is held by another");
         assert_eq!(n2.reconcile_lost(60_000, now).unwrap().len(), 1);

@@ -186,6 +186,8 @@ pub fn parse(words: &[String]) -> Result<Plan, UsageError> {
 
 /// The verb a word that is none is most likely a typo of (`lst`: `ls`).
 pub fn closest_verb(word: &str) -> Option<&'static str> {
-    let names = VERBS.iter().flat_map(|v| v.names.iter().copied()).filter(|n| !n.starts_with('-'));
+    // `make`, the commonest command a box is sent, is two letters from `move`:
+    // never offered as what a mistyped word meant.
+    let names = VERBS.iter().flat_map(|v| v.names.iter().copied()).filter(|n| !n.starts_with('-') && *n != "move");
     moat_core::near::closest(word, names)
 }

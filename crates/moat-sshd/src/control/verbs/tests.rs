@@ -288,6 +288,7 @@ fn times_read_one_way_and_json_adds_strings() {
         backend: BackendKind::Ns,
         node: String::new(),
         durable: None,
+        moved: None,
     };
     let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
     let text = (info.render)(Reply::Box(b.clone()), &info.op, false).unwrap();
@@ -337,4 +338,43 @@ fn times_read_one_way_and_json_adds_strings() {
     assert!(row.starts_with("c1 ") && row.contains("Z ") && row.contains(" 3m ago "), "{text}");
     let json = (list.render)(Reply::Checkpoints(saved), &list.op, true).unwrap();
     assert!(json.contains("\"created_ms\"") && json.contains("\"created_utc\""), "{json}");
+}
+
+#[test]
+fn move_names_its_node_and_info_says_where_a_box_came_from() {
+    let Plan::Call(call) = plan("move web --node n2").unwrap() else { panic!("not a call") };
+    assert!(matches!(&call.op, Op::Move { name, node } if name.as_str() == "web" && node == "n2"), "{:?}", call.op);
+    for bad in ["move web", "move web n2", "move web --node", "move web --node n2 extra", "move --node n2"] {
+        assert!(plan(bad).is_err(), "{bad}");
+    }
+    let b = moat_api::BoxInfo {
+        id: "00ff".into(),
+        name: n("web"),
+        image: n("debian"),
+        limits: Limits::default(),
+        state: "stopped".into(),
+        created_at: 1_796_080_000,
+        parent: None,
+        duplicated: false,
+        idle: None,
+        keep_running: false,
+        state_since: 1_796_080_060,
+        backend: BackendKind::Ns,
+        node: "n2".into(),
+        durable: None,
+        moved: Some(moat_core::store::moves::Arrival {
+            from: "n1".into(),
+            reason: moat_core::store::moves::MoveReason::Lost,
+            as_of_ms: 1_796_080_000_000,
+            at_ms: 1_796_080_060_000,
+        }),
+    };
+    let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
+    let text = (info.render)(Reply::Box(b), &info.op, false).unwrap();
+    assert!(
+        text.contains(
+            "moved:    from node n1 at 2026-11-30T23:07:40Z (its node was lost); its files as of 2026-11-30T23:06:40Z"
+        ),
+        "{text}"
+    );
 }
