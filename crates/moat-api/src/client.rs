@@ -5,10 +5,11 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use moat_core::web::{WebHost, WebRefusal, WebRequestLog, WebSecret, WebVerdict};
 use moat_core::{AccountId, Name};
 use tokio::sync::{mpsc, Mutex};
 
-use crate::proto::{ApiError, Event, Op, Reply, Request, MAX_EVENT};
+use crate::proto::{ApiError, Event, Op, Reply, Request, WebOp, MAX_EVENT};
 use crate::wire::Packets;
 
 /// Byte the front door sends on the dialer to ask for a connection.
@@ -24,6 +25,22 @@ pub struct ApiClient {
 #[derive(Debug)]
 pub struct Lease {
     _conn: Packets,
+}
+
+/// Keeps a web session open (dropping it ends the session), and carries the
+/// log of the requests made in it.
+#[derive(Debug)]
+pub struct WebLease {
+    conn: Packets,
+}
+
+impl WebLease {
+    /// Logs a request carried in this session (lost if the privileged side is gone).
+    pub async fn log(&self, entry: &WebRequestLog) {
+        if let Ok(bytes) = serde_json::to_vec(entry) {
+            let _ = self.conn.send(&bytes, &[]).await;
+        }
+    }
 }
 
 fn lost(e: &io::Error) -> ApiError {
@@ -89,6 +106,46 @@ impl ApiClient {
         let req = Request::Act { account: account.clone(), op: Op::OpenSession { name: name.clone() } };
         match self.exchange(&req, None).await? {
             (Reply::Session, Some(fd), conn) => Ok((fd, Lease { _conn: conn })),
+            (reply, _, _) => Err(ApiError::unexpected(&reply)),
+        }
+    }
+
+    /// Whether a request to `host` with `cookie` may reach the box port.
+    pub async fn web_check(&self, host: &WebHost, cookie: Option<&WebSecret>) -> Result<WebVerdict, ApiError> {
+        let req = Request::Web(WebOp::Check { host: host.clone(), cookie: cookie.cloned() });
+        match self.call(&req).await? {
+            Reply::Web(verdict) => Ok(verdict),
+            reply => Err(ApiError::unexpected(&reply)),
+        }
+    }
+
+    /// Spends a sign-in link for `host`: the session cookie, or why not.
+    pub async fn web_sign_in(
+        &self,
+        host: &WebHost,
+        link: &WebSecret,
+    ) -> Result<Result<WebSecret, WebRefusal>, ApiError> {
+        let req = Request::Web(WebOp::SignIn { host: host.clone(), link: link.clone() });
+        match self.call(&req).await? {
+            Reply::WebCookie(cookie) => Ok(Ok(cookie)),
+            Reply::Web(WebVerdict::Refuse(r)) => Ok(Err(r)),
+            reply => Err(ApiError::unexpected(&reply)),
+        }
+    }
+
+    /// A web session on the box `host` names (resuming it if suspended): a
+    /// stream connected to its agent, the lease that keeps the box up (and
+    /// takes the log of the requests carried), and who the visitor is; or
+    /// why not.
+    pub async fn web_open(
+        &self,
+        host: &WebHost,
+        cookie: Option<&WebSecret>,
+    ) -> Result<Result<(OwnedFd, WebLease, String), WebRefusal>, ApiError> {
+        let req = Request::Web(WebOp::Open { host: host.clone(), cookie: cookie.cloned() });
+        match self.exchange(&req, None).await? {
+            (Reply::WebSession { who }, Some(fd), conn) => Ok(Ok((fd, WebLease { conn }, who))),
+            (Reply::Web(WebVerdict::Refuse(r)), _, _) => Ok(Err(r)),
             (reply, _, _) => Err(ApiError::unexpected(&reply)),
         }
     }

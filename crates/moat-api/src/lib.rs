@@ -18,6 +18,8 @@ pub mod proto;
 pub mod server;
 pub mod wire;
 
-pub use client::{ApiClient, Lease};
-pub use proto::{AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, Op, Reply, Request, Route, Whoami};
+pub use client::{ApiClient, Lease, WebLease};
+pub use proto::{
+    AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, Op, Reply, Request, Route, WebOp, Whoami,
+};
 pub use wire::Packets;

@@ -9,6 +9,7 @@
 use moat_core::egress::{Answer, LogEntry, Question};
 use moat_core::policy::{Policy, PolicyChange, Preset};
 use moat_core::secrets::{Limit, SecretInfo, SecretSpec, SecretValue};
+use moat_core::web::{Exposure, Owner, WebHost, WebSecret, WebVerdict};
 use moat_core::{AccountId, BoxRecord, Change, Limits, ManagerConfig, Name, UsageReport};
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +40,9 @@ pub enum Request {
         /// The key.
         key: String,
     },
+    /// A request of the HTTP edge, which acts for no account: the
+    /// privileged side decides from the URL and the visitor's cookie.
+    Web(WebOp),
     /// An operation for an account (the envelope every other request is).
     Act {
         /// The account it acts for.
@@ -271,6 +275,83 @@ pub enum Op {
         /// The box.
         name: Name,
     },
+    /// Gives a box's port a web URL.
+    Expose {
+        /// The box.
+        name: Name,
+        /// The port in the box.
+        port: u16,
+        /// Reached without signing in.
+        public: bool,
+    },
+    /// Takes a port's web URL away.
+    Unexpose {
+        /// The box.
+        name: Name,
+        /// The port.
+        port: u16,
+    },
+    /// The exposed ports of the account's boxes (or of one), and of those
+    /// shared with it.
+    Urls {
+        /// One box, or every box.
+        name: Option<Name>,
+    },
+    /// A one-time sign-in link to a box's port.
+    Url {
+        /// The box.
+        name: Name,
+        /// The port.
+        port: u16,
+        /// Whose box, if another account's that shared it.
+        #[serde(default)]
+        owner: Option<Owner>,
+    },
+    /// Lets another account's key reach a box (its URLs and its ssh).
+    Share {
+        /// The box.
+        name: Name,
+        /// The other account (its key's fingerprint).
+        with: AccountId,
+    },
+    /// Takes back a share.
+    Unshare {
+        /// The box.
+        name: Name,
+        /// The other account.
+        with: AccountId,
+    },
+}
+
+/// What the HTTP edge may ask. Each names the URL's box port; none names an
+/// account (the edge has none to name).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum WebOp {
+    /// Whether a request with this cookie may reach the box port.
+    Check {
+        /// The URL's box port.
+        host: WebHost,
+        /// The visitor's session cookie, if it sent one.
+        cookie: Option<WebSecret>,
+    },
+    /// Spends a sign-in link: the answer is the session cookie it becomes.
+    SignIn {
+        /// The URL's box port.
+        host: WebHost,
+        /// The link's secret.
+        link: WebSecret,
+    },
+    /// As `Check`, then a session on the box (resuming it if suspended):
+    /// the answer carries a stream connected to its agent, and the box stays
+    /// up until this request's connection closes. Meanwhile the edge sends a
+    /// [`moat_core::web::WebRequestLog`] on it for each request it carried.
+    Open {
+        /// The URL's box port.
+        host: WebHost,
+        /// The visitor's session cookie, if it sent one.
+        cookie: Option<WebSecret>,
+    },
 }
 
 impl Op {
@@ -455,6 +536,24 @@ pub enum Reply {
     Whoami(Whoami),
     /// To `OpenSession`: the stream to the agent is attached.
     Session,
+    /// To `WebOp::Check`, and to `WebOp::SignIn` and `WebOp::Open` when refused.
+    Web(WebVerdict),
+    /// To `WebOp::SignIn`: the session cookie's value.
+    WebCookie(WebSecret),
+    /// To `WebOp::Open`: the stream to the agent is attached; the visitor is `who`.
+    WebSession {
+        /// Who the visitor is (an account, or `public`).
+        who: String,
+    },
+    /// To `Urls` (and `Expose`: the one port).
+    Exposures(Vec<Exposure>),
+    /// To `Url`: the sign-in link, and how many seconds it works.
+    SignInLink {
+        /// The link.
+        url: String,
+        /// Seconds until it expires.
+        expires_in: u64,
+    },
     /// Done, nothing to say.
     Done,
 }

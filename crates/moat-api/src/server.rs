@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use moat_core::egress::Question;
 use moat_core::policy::{HostName, Policy};
-use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Change, ChangeSink, ManagerError};
+use moat_core::web::{WebHost, WebRefusal, WebRequestLog, WebVerdict};
+use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Change, ChangeSink, ManagerError, WebOpenError};
 use tokio::sync::Semaphore;
 
 use crate::client::DIAL;
-use crate::proto::{AccountLimits, ApiError, BoxInfo, Event, Op, Reply, Request, Route, Whoami, MAX_REQUEST};
+use crate::proto::{AccountLimits, ApiError, BoxInfo, Event, Op, Reply, Request, Route, WebOp, Whoami, MAX_REQUEST};
 use crate::wire::Packets;
 
 /// Most request connections open at once: every box session holds one, so
@@ -34,6 +35,30 @@ pub struct Privileged {
     pub default_policy: Policy,
     /// The registry hosts of the `registries` preset.
     pub registries: Vec<HostName>,
+    /// Where the HTTP edge serves boxes' URLs, if it runs.
+    pub web: Option<WebSite>,
+}
+
+/// Where the HTTP edge serves: boxes' URLs are `https://LABEL.DOMAIN[:PORT]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebSite {
+    /// The domain (every box port is a name right under it).
+    pub domain: String,
+    /// The port URLs name (443 is left out of them).
+    pub port: u16,
+}
+
+/// Where a sign-in link points (its secret in the query).
+pub const SIGN_IN_PATH: &str = "/.moat/sign-in";
+
+impl WebSite {
+    /// The URL of a box port.
+    pub fn url(&self, host: &WebHost) -> String {
+        match self.port {
+            443 => format!("https://{}.{}/", host.label(), self.domain),
+            port => format!("https://{}.{}:{port}/", host.label(), self.domain),
+        }
+    }
 }
 
 /// Something that answers the connections a front door dials: the
@@ -96,6 +121,7 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         Request::Authorize { key } => {
             return send(conn, &Event::Outcome(Ok(Reply::Account((ctx.authorize)(&key)))), None).await
         }
+        Request::Web(op) => return answer_web(conn, ctx, op).await,
         Request::Act { account, op } => (account, op),
     };
     if let Op::OpenSession { name } = op {
@@ -289,19 +315,77 @@ async fn send_log(
     }
 }
 
+/// Answers the HTTP edge: a check, a sign-in, or a web session (whose
+/// connection then carries the log of the requests it serves).
+async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Result<()> {
+    let m = &ctx.manager;
+    let refused = |r: WebRefusal| Event::Outcome(Ok(Reply::Web(WebVerdict::Refuse(r))));
+    let (host, cookie) = match op {
+        WebOp::Check { host, cookie } => {
+            let verdict = match m.web_check(&host, cookie.as_ref()) {
+                Ok((_, who)) => WebVerdict::Allow { who },
+                Err(r) => WebVerdict::Refuse(r),
+            };
+            return send(conn, &Event::Outcome(Ok(Reply::Web(verdict))), None).await;
+        }
+        WebOp::SignIn { host, link } => {
+            let event = match m.web_sign_in(&host, &link) {
+                Ok(cookie) => Event::Outcome(Ok(Reply::WebCookie(cookie))),
+                Err(r) => refused(r),
+            };
+            return send(conn, &event, None).await;
+        }
+        WebOp::Open { host, cookie } => (host, cookie),
+    };
+    let (handle, guard, id, who) = match m.web_open(&host, cookie.as_ref()).await {
+        Ok(opened) => opened,
+        Err(WebOpenError::Refused(r)) => return send(conn, &refused(r), None).await,
+        Err(WebOpenError::Failed(e)) => return send(conn, &Event::Outcome(Err(api_error(e))), None).await,
+    };
+    let fd = match agent_stream(handle, &host.name).await {
+        Ok(fd) => fd,
+        Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
+    };
+    send(conn, &Event::Outcome(Ok(Reply::WebSession { who })), Some(&fd)).await?;
+    drop(fd);
+    // The session lasts as long as the edge keeps this connection; each
+    // message on it is a request it carried.
+    while let Some(msg) = conn.recv(MAX_REQUEST).await? {
+        if let Ok(entry) = serde_json::from_slice::<WebRequestLog>(&msg.bytes) {
+            m.record_web(&id, &host, entry);
+        }
+    }
+    drop(guard);
+    Ok(())
+}
+
+/// The URLs of `exposures`, where the edge serves them.
+fn with_urls(mut exposures: Vec<moat_core::web::Exposure>, web: Option<&WebSite>) -> Vec<moat_core::web::Exposure> {
+    for e in &mut exposures {
+        let host = WebHost { port: e.port, name: e.name.clone(), owner: e.owner.clone() };
+        e.url = web.map(|w| w.url(&host));
+    }
+    exposures
+}
+
 async fn open_session(
     manager: &Arc<BoxManager>,
     account: &AccountId,
     name: &moat_core::Name,
 ) -> Result<(OwnedFd, moat_core::SessionGuard), ApiError> {
     let (handle, guard) = manager.open_session(account, name).await.map_err(api_error)?;
+    Ok((agent_stream(handle, name).await?, guard))
+}
+
+/// A stream connected to the agent of a box brought up as `handle`.
+async fn agent_stream(handle: moat_core::BoxHandle, name: &moat_core::Name) -> Result<OwnedFd, ApiError> {
     let stream = match handle.agent {
         AgentAddr::Unix(path) => tokio::net::UnixStream::connect(&path).await,
     };
     let stream = stream
         .and_then(|s| s.into_std())
         .map_err(|e| ApiError { status: 255, message: format!("box {name} is not answering: {e}") })?;
-    Ok((OwnedFd::from(stream), guard))
+    Ok(OwnedFd::from(stream))
 }
 
 /// The exit status a failure reports: 2 for limits the user asked for, else 1.
@@ -458,6 +542,19 @@ async fn run(
             boxes: m.list(account)?.len(),
             limits: AccountLimits::from(m.config()),
         }),
+        Op::Expose { name, port, public } => {
+            Reply::Exposures(with_urls(vec![m.expose(account, &name, port, public)?], ctx.web.as_ref()))
+        }
+        Op::Unexpose { name, port } => m.unexpose(account, &name, port).map(|()| Reply::Done)?,
+        Op::Urls { name } => Reply::Exposures(with_urls(m.exposures(account, name.as_ref())?, ctx.web.as_ref())),
+        Op::Url { name, port, owner } => {
+            let web = ctx.web.as_ref().ok_or(ManagerError::NoWebEdge)?;
+            let (host, link) = m.sign_in_link(account, &name, port, owner.as_ref())?;
+            let url = format!("{}{}?link={}", web.url(&host).trim_end_matches('/'), SIGN_IN_PATH, link.0);
+            Reply::SignInLink { url, expires_in: moat_core::LINK_LIFETIME.as_secs() }
+        }
+        Op::Share { name, with } => m.share(account, &name, &with).map(|()| Reply::Done)?,
+        Op::Unshare { name, with } => m.unshare(account, &name, &with).map(|()| Reply::Done)?,
         // Answered by `answer`, which keeps their connections.
         Op::OpenSession { .. } | Op::Log { .. } | Op::Questions { .. } => Reply::Done,
     })

@@ -95,8 +95,13 @@ fn start() -> (Packets, tokio::task::JoinHandle<std::io::Result<()>>, tempfile::
     let store = Store::open(&dir.path().join("moat.db")).unwrap();
     let manager = BoxManager::new(store, Arc::new(NoBoxes), ManagerConfig::default());
     let authorize = Box::new(|key: &str| (key == "ssh-ed25519 AAAA").then(|| AccountId("SHA256:ok".into())));
-    let privileged =
-        Arc::new(Privileged { manager, authorize, default_policy: Default::default(), registries: Vec::new() });
+    let privileged = Arc::new(Privileged {
+        manager,
+        authorize,
+        default_policy: Default::default(),
+        registries: Vec::new(),
+        web: None,
+    });
     let (ours, theirs) = Packets::pair().unwrap();
     let server = tokio::spawn(serve(Packets::new(ours).unwrap(), privileged));
     (Packets::new(theirs).unwrap(), server, dir)

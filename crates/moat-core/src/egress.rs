@@ -61,6 +61,8 @@ pub enum LogKind {
     Udp,
     /// An ICMP message: it goes nowhere.
     Icmp,
+    /// A request to the box through its web URL (the HTTP edge).
+    Web,
 }
 
 /// What became of it.

@@ -17,6 +17,7 @@ pub mod policy;
 pub mod record;
 pub mod secrets;
 pub mod store;
+pub mod web;
 
 pub use backend::{
     AgentAddr, Backend, BackendError, BackendKind, BoxHandle, Change, ChangeKind, ChangeSink, Checkpoint, Copied,
@@ -26,6 +27,7 @@ pub use ids::{AccountId, BoxId, BoxIdError, Name, NameError};
 pub use limits::{Limits, LimitsError};
 pub use manager::{
     BoxManager, BoxSpec, ManagerConfig, ManagerError, NetworkHooks, ProgressSink, SessionGuard, UsageReport,
+    WebOpenError, COOKIE_LIFETIME, LINK_LIFETIME,
 };
 pub use record::{BoxRecord, BoxState};
 pub use store::{Store, StoreError};

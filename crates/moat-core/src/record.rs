@@ -150,6 +150,9 @@ pub const FRONT_DOOR_ID: u32 = UID_BASE - 1;
 /// The egress gateway's uid and gid unless the operator picks another (as
 /// the front door's, and not the same: neither can signal the other).
 pub const GATEWAY_ID: u32 = UID_BASE - 2;
+/// The HTTP edge's uid and gid unless the operator picks another (its own:
+/// `UID_BASE - 3` is a fleet front door's router).
+pub const WEB_EDGE_ID: u32 = UID_BASE - 4;
 /// Each box maps this many uids (0..65535 inside).
 pub const UIDS_PER_BOX: u32 = 1 << 16;
 /// Slots that fit below `u32::MAX` (uid -1 is reserved by the kernel).

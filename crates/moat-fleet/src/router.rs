@@ -309,6 +309,10 @@ impl<S: FleetStore> Answer for Router<S> {
                 Ok(account) => Ok(Reply::Account(account)),
                 Err(e) => Err(ApiError { status: 255, message: e.0 }),
             },
+            // A fleet's front doors have no HTTP edge yet.
+            Ok(Request::Web(_)) => {
+                Err(ApiError { status: 1, message: "web URLs are served by a single host's edge only".into() })
+            }
             Ok(Request::Act { account, op }) => match self.known_box(&account, &op).await {
                 Some(reply) => Ok(reply),
                 None => match self.act(&conn, &msg.bytes, &account, &op).await {
@@ -347,7 +351,13 @@ fn named_box(op: &Op) -> Option<&Name> {
         | Op::Policy { name }
         | Op::ChangePolicy { name, .. }
         | Op::Log { name, .. }
-        | Op::OpenSession { name } => Some(name),
+        | Op::OpenSession { name }
+        | Op::Expose { name, .. }
+        | Op::Unexpose { name, .. }
+        | Op::Url { name, .. }
+        | Op::Share { name, .. }
+        | Op::Unshare { name, .. } => Some(name),
+        Op::Urls { name } => name.as_ref(),
         Op::Dup { src, .. } => Some(src),
         Op::Diff { a, .. } => Some(a),
         Op::Promote { child } => Some(child),

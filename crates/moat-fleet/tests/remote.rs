@@ -82,7 +82,7 @@ impl Answer for Core {
                 let _ = self.leases.send("lease dropped");
                 Ok(())
             }
-            Request::Act { .. } => {
+            Request::Act { .. } | Request::Web(_) => {
                 let err = moat_api::ApiError { status: 3, message: "node n1 is full".into() };
                 send(&conn, &Event::Outcome(Err(err)), &[]).await
             }

@@ -228,6 +228,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
         authorize: Box::new(move |k| keys.account_for_text(k)),
         default_policy: Default::default(),
         registries: Vec::new(),
+        web: None,
     });
     let hello = Hello {
         host_key: host_key.to_openssh(russh::keys::ssh_key::LineEnding::LF)?.to_string(),

@@ -26,6 +26,8 @@ mod purge;
 mod registries;
 mod serve;
 mod uid_block;
+mod web;
+mod web_edge;
 
 use std::path::PathBuf;
 
@@ -99,6 +101,13 @@ enum Cmd {
         #[arg(long)]
         id: u32,
     },
+    /// (internal) the HTTP edge for boxes' web URLs; run by `moat serve`.
+    #[command(hide = true)]
+    WebEdge {
+        /// Its uid and gid.
+        #[arg(long)]
+        id: u32,
+    },
     /// (internal) the egress gateway; run by `moat serve`.
     #[command(hide = true)]
     Gateway {
@@ -153,6 +162,7 @@ fn main() {
         Cmd::BoxVm => std::process::exit(moat_box::vm::supervise::helper_main()),
         Cmd::Serve(args) => serve::run(*args),
         Cmd::FrontDoor { id } => front_door::run(id),
+        Cmd::WebEdge { id } => web_edge::run(id),
         Cmd::Front(args) => front::run(args),
         Cmd::Fleet { command } => fleet::run(command),
         Cmd::Nodes { json, at } => nodes::list(&at, json),

@@ -23,11 +23,36 @@ pub struct FrontDoor {
     pub hello: Hello,
 }
 
+/// A confined child that serves a listening socket and asks the privileged
+/// side through moat-api: the front door, the HTTP edge.
+pub trait Confined {
+    /// Its name in ps and logs, and the hidden subcommand that runs it.
+    fn names(&self) -> (&'static str, &'static str);
+    /// Its uid and gid.
+    fn id(&self) -> u32;
+    /// Its configuration, as sent.
+    fn hello(&self) -> Result<Vec<u8>>;
+}
+
+impl Confined for FrontDoor {
+    fn names(&self) -> (&'static str, &'static str) {
+        ("moat-front-door", "front-door")
+    }
+
+    fn id(&self) -> u32 {
+        self.id
+    }
+
+    fn hello(&self) -> Result<Vec<u8>> {
+        Ok(serde_json::to_vec(&self.hello)?)
+    }
+}
+
 /// Runs the front door on `listener`, its requests answered by `answerer`,
 /// until this process ends, restarting it whenever it dies. The front door holds the only copy of the listening
 /// socket (so the process on the SSH port is the unprivileged one); a restart
 /// binds the same address again.
-pub async fn supervise<A: Answer>(listener: TcpListener, front: FrontDoor, answerer: Arc<A>) -> Result<()> {
+pub async fn supervise<A: Answer>(listener: TcpListener, front: impl Confined, answerer: Arc<A>) -> Result<()> {
     // (std sets SO_REUSEADDR: the address binds again while old connections linger.)
     let addr = listener.local_addr()?;
     let mut listener = Some(listener);
@@ -45,9 +70,10 @@ pub async fn supervise<A: Answer>(listener: TcpListener, front: FrontDoor, answe
             },
         };
         let started = Instant::now();
+        let (name, _) = front.names();
         match run_once(socket, &front, Arc::clone(&answerer)).await {
-            Ok(status) => tracing::warn!(%status, "front door exited; starting it again"),
-            Err(e) => tracing::error!(error = %format!("{e:#}"), "front door failed; starting it again"),
+            Ok(status) => tracing::warn!(%status, name, "exited; starting it again"),
+            Err(e) => tracing::error!(error = %format!("{e:#}"), name, "failed; starting it again"),
         }
         restarts.wait(started).await;
     }
@@ -99,26 +125,27 @@ pub fn spawn_child(arg0: &str, args: &[&std::ffi::OsStr]) -> Result<(tokio::proc
     Ok((child, Packets::new(ours)?))
 }
 
-/// Starts one front door and serves its requests until it exits.
+/// Starts one front door (or edge) and serves its requests until it exits.
 async fn run_once<A: Answer>(
     listener: TcpListener,
-    front: &FrontDoor,
+    front: &impl Confined,
     answerer: Arc<A>,
 ) -> Result<std::process::ExitStatus> {
-    let id = front.id.to_string();
-    let (mut child, dialer) = spawn_child("moat-front-door", &["front-door".as_ref(), "--id".as_ref(), id.as_ref()])?;
-    let hello = serde_json::to_vec(&front.hello)?;
+    let id = front.id().to_string();
+    let (name, command) = front.names();
+    let (mut child, dialer) = spawn_child(name, &[command.as_ref(), "--id".as_ref(), id.as_ref()])?;
+    let hello = front.hello()?;
     let listener = OwnedFd::from(listener);
-    dialer.send(&hello, &[listener.as_fd()]).await.context("hand the front door its socket")?;
+    dialer.send(&hello, &[listener.as_fd()]).await.with_context(|| format!("hand {name} its socket"))?;
     drop(listener);
-    tracing::info!(pid = child.id(), "front door started");
+    tracing::info!(pid = child.id(), name, "started");
     tokio::select! {
         status = child.wait() => Ok(status?),
         served = moat_api::server::serve(dialer, answerer) => {
             // It closed its end without exiting, or spoke out of turn: either
             // way it is no longer one we trust to run.
             if let Err(e) = served {
-                tracing::error!(error = %e, "front door misbehaved; killing it");
+                tracing::error!(error = %e, name, "misbehaved; killing it");
             }
             let _ = child.start_kill();
             Ok(child.wait().await?)

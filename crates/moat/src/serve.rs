@@ -110,6 +110,8 @@ pub struct ServeArgs {
     fleet: crate::node::NodeArgs,
     #[command(flatten)]
     durable: crate::durable::DurableArgs,
+    #[command(flatten)]
+    web: crate::web::WebArgs,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -257,7 +259,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // host with SQLite it has no fleet keys and the file alone answers.
     let store_keys = Arc::clone(&manager);
     let authorize = move |key: &str| store_keys.account_for_fleet_key(key).or_else(|| keys.account_for_text(key));
-    let privileged = Arc::new(Privileged { manager, authorize: Box::new(authorize), default_policy, registries });
+    let web = args.web.plan(&state_dir)?;
+    let site = web.as_ref().map(|w| w.site.clone());
+    let privileged =
+        Arc::new(Privileged { manager, authorize: Box::new(authorize), default_policy, registries, web: site });
     if let (Some(node), Some((listener, offer))) = (node, listener) {
         tokio::spawn(crate::node::keep_lease(Arc::clone(&privileged.manager), offer));
         let answerer = Arc::clone(&privileged);
@@ -281,6 +286,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
     tracing::info!(%addr, state_dir = %state_dir.display(), authorized_keys = %keys_path.display(), "moat serving");
     // One machine-readable line on stdout, for scripts that asked for port 0.
     println!("listening on {addr}");
-    let ((), front_door) = tokio::join!(gateway, privsep::supervise(listener, front, privileged));
-    front_door
+    let edge = async {
+        match web {
+            Some(web) => web.supervise(Arc::clone(&privileged)).await,
+            None => std::future::pending().await,
+        }
+    };
+    let ((), front_door, edge) =
+        tokio::join!(gateway, privsep::supervise(listener, front, Arc::clone(&privileged)), edge);
+    front_door.and(edge)
 }

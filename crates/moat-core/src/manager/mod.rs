@@ -16,6 +16,7 @@ mod network;
 mod secrets;
 mod session;
 mod warm;
+mod web;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,6 +28,7 @@ pub use meter::{SecretUsage, UsageReport};
 pub use network::NetworkHooks;
 pub use session::SessionGuard;
 pub use warm::WARM_ACCOUNT;
+pub use web::{WebOpenError, COOKIE_LIFETIME, LINK_LIFETIME, PUBLIC};
 
 use crate::backend::{Backend, BackendError, BackendKind, BoxHandle};
 use crate::ids::{AccountId, BoxId, Name};
@@ -160,6 +162,31 @@ pub enum ManagerError {
     /// This node's lease lapsed: it acts on no box until it has renewed it.
     #[error("node {0} has lost its lease in the fleet's store and serves no box until it has it back")]
     Fenced(String),
+    /// The server was started without an HTTP edge.
+    #[error("this server gives no web URLs (moat serve --http-listen ADDR --http-domain DOMAIN)")]
+    NoWebEdge,
+    /// Port 0 cannot be exposed.
+    #[error("port 0 is no port")]
+    PortZero,
+    /// A URL's first label would be too long.
+    #[error("{0}: {1} (pick a shorter box name)")]
+    LabelTooLong(String, String),
+    /// The port is not exposed.
+    #[error("port {port} of {name} is not exposed (expose {name} {port} first)")]
+    NotExposed {
+        /// The box.
+        name: Name,
+        /// The port.
+        port: u16,
+    },
+    /// The box is not shared with that account.
+    #[error("{name} is not shared with {with}")]
+    NotShared {
+        /// The box.
+        name: Name,
+        /// The account.
+        with: AccountId,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -266,6 +293,8 @@ pub struct BoxManager {
     warm: Mutex<warm::Warm>,
     leaving: moves::Leaving,
     mover_wake: tokio::sync::Notify,
+    web: Mutex<web::WebGrants>,
+    web_log: Mutex<Vec<(BoxId, crate::egress::LogEntry)>>,
 }
 
 impl BoxManager {
@@ -289,6 +318,8 @@ impl BoxManager {
             warm: Mutex::default(),
             leaving: moves::Leaving::default(),
             mover_wake: tokio::sync::Notify::new(),
+            web: Mutex::default(),
+            web_log: Mutex::default(),
         })
     }
 

@@ -18,6 +18,7 @@ pub mod secrets;
 mod sql;
 #[cfg(test)]
 mod testing;
+pub mod web;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -427,6 +428,7 @@ impl Store {
 
     /// Forgets a box.
     pub fn delete(&self, id: &BoxId) -> Result<(), StoreError> {
+        let id_of = id.clone();
         let id = args![id.as_str()];
         self.transaction(|tx| {
             tx.execute("DELETE FROM boxes WHERE id = ?1", &id)?;
@@ -434,6 +436,7 @@ impl Store {
             tx.execute("DELETE FROM secret_grants WHERE box_id = ?1", &id)?;
             tx.execute("DELETE FROM secret_limits WHERE box_id = ?1", &id)?;
             tx.execute("DELETE FROM box_moves WHERE box_id = ?1", &id)?;
+            web::forget(tx, &id_of)?;
             Ok(())
         })
     }

@@ -202,7 +202,7 @@ ALTER TABLE boxes ADD COLUMN moved_at_ms INTEGER;
 
 /// The versions of the schema, oldest first: each brings a database at the
 /// version before it to its own. Never edit one that has shipped: add another.
-const MIGRATIONS: &[(u32, Migration)] = &[(1, tables), (2, fleet), (3, durable), (4, moves), (5, stored)];
+const MIGRATIONS: &[(u32, Migration)] = &[(1, tables), (2, fleet), (3, durable), (4, moves), (5, stored), (6, web)];
 
 /// What brings a database from the version before to the next.
 type Migration = fn(&mut dyn Exec) -> Result<(), StoreError>;
@@ -300,6 +300,11 @@ fn moves(tx: &mut dyn Exec) -> Result<(), StoreError> {
 /// (older samples kept nothing there).
 fn stored(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, "ALTER TABLE usage_samples ADD COLUMN stored_byte_ms REAL NOT NULL DEFAULT 0")
+}
+
+/// Version 6: web URLs' exposed ports and shares (new tables).
+fn web(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, super::web::WEB)
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.

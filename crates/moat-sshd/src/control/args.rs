@@ -63,6 +63,28 @@ pub fn flags_only(verb: &str, args: &[String]) -> Result<bool, UsageError> {
     Ok(json)
 }
 
+/// A port in a box, 1 to 65535, required.
+pub fn port_arg(what: &str, value: Option<&String>) -> Result<u16, UsageError> {
+    let value = value.ok_or_else(|| usage(format!("{what}: missing PORT (see 'help')")))?;
+    match value.parse::<u16>() {
+        Ok(port) if port > 0 => Ok(port),
+        _ => Err(usage(format!("{what}: {value:?} is not a port (1 to 65535)"))),
+    }
+}
+
+/// Another account, as its key's fingerprint (`SHA256:` and 43 characters of
+/// base64, as `ssh-keygen -l` and `whoami` show it), required.
+pub fn fingerprint_arg(what: &str, value: Option<&String>) -> Result<moat_core::AccountId, UsageError> {
+    let value = value.ok_or_else(|| usage(format!("{what}: missing KEY-FINGERPRINT (see 'help')")))?;
+    let base64 = |b: u8| b.is_ascii_alphanumeric() || b == b'+' || b == b'/';
+    match value.strip_prefix("SHA256:") {
+        Some(hash) if hash.len() == 43 && hash.bytes().all(base64) => Ok(moat_core::AccountId(value.clone())),
+        _ => Err(usage(format!(
+            "{what}: {value:?} is not a key fingerprint (SHA256:..., as ssh-keygen -l and whoami show it)"
+        ))),
+    }
+}
+
 /// A number of seconds from 1 to 30 days (idle graces).
 pub fn seconds(what: &str, value: &str) -> Result<u32, UsageError> {
     match value.parse::<u32>() {

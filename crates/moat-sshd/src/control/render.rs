@@ -103,6 +103,7 @@ pub fn log(entries: &[LogEntry], json: bool) -> String {
             LogKind::Http => "http",
             LogKind::Udp => "udp ",
             LogKind::Icmp => "icmp",
+            LogKind::Web => "web ",
         };
         let _ = write!(out, "{} {verdict} {kind} {}", utc_ms(e.at_ms), printable(&e.name));
         if e.port != 0 {

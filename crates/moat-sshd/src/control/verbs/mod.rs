@@ -18,6 +18,7 @@ mod checkpoint;
 mod checkpoints;
 mod diff;
 mod dup;
+mod expose;
 mod help;
 mod info;
 mod log;
@@ -30,9 +31,13 @@ mod restore;
 mod rm;
 mod secret;
 mod set;
+mod share;
 mod start;
 mod stop;
 mod suspend;
+mod unexpose;
+mod url;
+mod urls;
 mod usage;
 mod whoami;
 
@@ -61,6 +66,12 @@ pub const VERBS: &[Verb] = &[
     log::VERB,
     ask::VERB,
     secret::VERB,
+    expose::VERB,
+    unexpose::VERB,
+    urls::VERB,
+    url::VERB,
+    share::VERB,
+    share::UNSHARE,
     whoami::VERB,
     help::VERB,
 ];

@@ -378,3 +378,38 @@ fn move_names_its_node_and_info_says_where_a_box_came_from() {
         "{text}"
     );
 }
+
+#[test]
+fn parses_web_commands() {
+    assert_eq!(op("expose web 3000"), Op::Expose { name: n("web"), port: 3000, public: false });
+    assert_eq!(op("expose web 8080 --public"), Op::Expose { name: n("web"), port: 8080, public: true });
+    assert_eq!(op("unexpose web 3000"), Op::Unexpose { name: n("web"), port: 3000 });
+    assert_eq!(p("urls").unwrap(), (Op::Urls { name: None }, false));
+    assert_eq!(p("urls web --json").unwrap(), (Op::Urls { name: Some(n("web")) }, true));
+    assert_eq!(op("url web 3000"), Op::Url { name: n("web"), port: 3000, owner: None });
+    let Op::Url { owner, .. } = op("url web 3000 --owner 0123456789") else { panic!("not url") };
+    assert_eq!(owner.unwrap().as_str(), "0123456789");
+    let fp = "SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s";
+    let with = moat_core::AccountId(fp.into());
+    assert_eq!(op(&format!("share web {fp}")), Op::Share { name: n("web"), with: with.clone() });
+    assert_eq!(op(&format!("unshare web {fp}")), Op::Unshare { name: n("web"), with });
+    for bad in [
+        "expose web",
+        "expose web 0",
+        "expose web 65536",
+        "expose web http",
+        "expose web 3000 --private",
+        "unexpose web 3000 extra",
+        "urls a b",
+        "url web",
+        "url web 3000 --owner",
+        "url web 3000 --owner SHA256:x",
+        "share web",
+        "share web alice",
+        "share web SHA256:short",
+        &format!("share web {fp} extra"),
+    ] {
+        let err = p(bad).unwrap_err();
+        assert!(!err.0.contains('\n'), "{bad}: {err}");
+    }
+}

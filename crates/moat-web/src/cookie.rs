@@ -1,0 +1,82 @@
+//! The edge's session cookie: set for the one host it signs in to (no
+//! `Domain`, so never sent to another box's URL), `HttpOnly`, `Secure`,
+//! `SameSite=Lax`; read from what the browser sends, and taken out of it
+//! before the request reaches the box (the box never sees its visitors'
+//! sessions).
+
+use http::header::{HeaderMap, HeaderValue, COOKIE};
+use moat_core::web::WebSecret;
+
+/// The cookie's name. `__Host-` makes browsers refuse it unless it is
+/// Secure, host-only and for `/`.
+pub const NAME: &str = "__Host-moat";
+
+/// The `Set-Cookie` value that signs a browser in with `session`.
+pub fn set(session: &WebSecret, max_age_secs: u64) -> String {
+    format!("{NAME}={}; Path=/; Max-Age={max_age_secs}; HttpOnly; Secure; SameSite=Lax", session.0)
+}
+
+/// Takes the session cookie out of `headers` (every `Cookie` field), leaving
+/// the others as one `Cookie` field; returns its value if it looks like one.
+pub fn take(headers: &mut HeaderMap) -> Option<WebSecret> {
+    let mut ours = None;
+    let mut rest: Vec<String> = Vec::new();
+    let mut any = false;
+    for value in headers.get_all(COOKIE) {
+        any = true;
+        // A field that is not text goes to the box as it came (it is not ours).
+        let Ok(text) = value.to_str() else {
+            rest.push(String::from_utf8_lossy(value.as_bytes()).into_owned());
+            continue;
+        };
+        for pair in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some((name, value)) if name.trim() == NAME => {
+                    let value = value.trim();
+                    if WebSecret::plausible(value) {
+                        ours = Some(WebSecret(value.to_string()));
+                    }
+                }
+                _ => rest.push(pair.to_string()),
+            }
+        }
+    }
+    if any {
+        headers.remove(COOKIE);
+        if let Ok(value) = HeaderValue::from_str(&rest.join("; ")) {
+            if !rest.is_empty() {
+                headers.insert(COOKIE, value);
+            }
+        }
+    }
+    ours
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ours_is_taken_out_and_the_rest_stay() {
+        let session = WebSecret::random();
+        let mut headers = HeaderMap::new();
+        headers.append(COOKIE, HeaderValue::from_str(&format!("a=1; {NAME}={}", session.0)).unwrap());
+        headers.append(COOKIE, HeaderValue::from_static("b=2"));
+        assert_eq!(take(&mut headers), Some(session));
+        assert_eq!(headers.get_all(COOKIE).iter().collect::<Vec<_>>(), ["a=1; b=2"]);
+        let mut only = HeaderMap::new();
+        only.insert(COOKIE, HeaderValue::from_str(&format!("{NAME}=nothex")).unwrap());
+        assert_eq!(take(&mut only), None);
+        assert!(only.get(COOKIE).is_none(), "not passed on either");
+    }
+
+    #[test]
+    fn set_is_host_only_and_strict() {
+        let value = set(&WebSecret::random(), 60);
+        for part in ["Path=/", "HttpOnly", "Secure", "SameSite=Lax"] {
+            assert!(value.contains(part), "{value}");
+        }
+        assert!(!value.to_ascii_lowercase().contains("domain"));
+    }
+}

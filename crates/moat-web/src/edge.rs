@@ -1,0 +1,161 @@
+//! The edge's accept loop: connections counted per source address and in
+//! all, TLS with a deadline, then hyper (HTTP/1.1 or HTTP/2, as ALPN chose)
+//! with bounded heads, a deadline on each head, and a connection that goes
+//! quiet closed. A slow or hostile client holds only its own connection:
+//! every wait on it is bounded, and nothing it does blocks another's.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use moat_api::ApiClient;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
+use crate::hello::WebHello;
+use crate::limits::Slots;
+use crate::proxy::{self, Ctx};
+use crate::site::{self, SiteError};
+
+/// The edge could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    /// Its certificate.
+    #[error(transparent)]
+    Site(#[from] SiteError),
+}
+
+/// How often idle connections to boxes are let go.
+const SWEEP: Duration = Duration::from_millis(250);
+
+/// Serves box URLs on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, hello: WebHello, api: ApiClient) -> Result<(), EdgeError> {
+    let tls = TlsAcceptor::from(site::server_config(&hello.cert_pem, &hello.key_pem)?);
+    let limits = hello.limits;
+    let ctx = Ctx::new(api, hello.domain.to_ascii_lowercase(), limits);
+    let pool = Arc::clone(&ctx.pool);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(SWEEP);
+        loop {
+            every.tick().await;
+            pool.sweep();
+        }
+    });
+    let sources = Slots::new(limits.per_source);
+    let all = Arc::new(Semaphore::new(limits.connections));
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, most likely: wait for some to close.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (Some(source), Ok(permit)) = (sources.take(&peer.ip()), Arc::clone(&all).try_acquire_owned()) else {
+            // Closed at once: its other connections, or everyone's, are at the limit.
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let (tls, ctx) = (tls.clone(), Arc::clone(&ctx));
+        tokio::spawn(async move {
+            let io = Quiet::new(tcp, limits.idle());
+            let Ok(Ok(stream)) = tokio::time::timeout(limits.head(), tls.accept(io)).await else { return };
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.head())
+                .max_buf_size(limits.head_bytes.max(8192))
+                .max_headers(limits.headers);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_header_list_size(u32::try_from(limits.head_bytes).unwrap_or(u32::MAX))
+                .max_concurrent_streams(100)
+                .keep_alive_interval(Some(Duration::from_secs(30)));
+            let ip = peer.ip();
+            let service = service_fn(move |req| {
+                let ctx = Arc::clone(&ctx);
+                async move { Ok::<_, Infallible>(proxy::handle(req, ctx, ip).await) }
+            });
+            if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await {
+                tracing::debug!(error = %e, %peer, "web connection ended");
+            }
+            drop((source, permit));
+        });
+    }
+}
+
+/// A connection that fails once nothing was read or written on it for
+/// `quiet` (an idle keep-alive connection, a client that stopped reading).
+struct Quiet<S> {
+    inner: S,
+    quiet: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<S> Quiet<S> {
+    fn new(inner: S, quiet: Duration) -> Self {
+        Self { inner, quiet, timer: Box::pin(tokio::time::sleep(quiet)) }
+    }
+
+    fn moved(&mut self) {
+        let deadline = tokio::time::Instant::now() + self.quiet;
+        self.timer.as_mut().reset(deadline);
+    }
+
+    fn lapsed(&mut self, cx: &mut Context<'_>) -> bool {
+        self.timer.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "the connection went quiet")
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Quiet<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                this.moved();
+                Poll::Ready(r)
+            }
+            Poll::Pending if this.lapsed(cx) => Poll::Ready(Err(timed_out())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Quiet<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                this.moved();
+                Poll::Ready(r)
+            }
+            Poll::Pending if this.lapsed(cx) => Poll::Ready(Err(timed_out())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,165 @@
+//! Connections to box ports: each is a web session the privileged side
+//! opened (waking the box if it was suspended), whose agent stream was asked
+//! for the port, speaking HTTP/1.1 to the box's server. A connection whose
+//! answer ended is kept a moment for the next request to the same port
+//! ([`Pool`]); its session keeps the box awake meanwhile, no longer.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use moat_agent::client::{send, AgentReader};
+use moat_agent::protocol::{AgentMsg, HostMsg};
+use moat_api::{ApiClient, WebLease};
+use moat_core::web::{WebHost, WebRefusal, WebSecret};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::UnixStream;
+
+use crate::body::ResBody;
+
+/// How long a connection whose answer ended waits for another request.
+pub const POOL_IDLE: Duration = Duration::from_secs(1);
+/// Most idle connections kept per box port.
+const POOL_PER_PORT: usize = 16;
+
+/// An HTTP/1.1 connection to a box port, and the session that keeps the box up.
+pub struct BoxConn {
+    /// Sends requests on it.
+    pub sender: SendRequest<ResBody>,
+    /// The session (and where the requests carried are logged).
+    pub lease: Arc<WebLease>,
+}
+
+/// Why no connection to the box port was made.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The privileged side refused (a page for the visitor).
+    #[error(transparent)]
+    Refused(#[from] WebRefusal),
+    /// Nothing listens on the port in the box.
+    #[error("nothing listens on the port")]
+    NoListener,
+    /// The box, its agent or the privileged side failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Opens a connection to `host`'s box port for a visitor with `cookie`
+/// (checked again by the privileged side); with who the visitor is.
+pub async fn open(api: &ApiClient, host: &WebHost, cookie: Option<&WebSecret>) -> Result<(BoxConn, String), OpenError> {
+    let (fd, lease, who) = match api.web_open(host, cookie).await {
+        Ok(Ok(opened)) => opened,
+        Ok(Err(refusal)) => return Err(refusal.into()),
+        Err(e) => return Err(OpenError::Failed(e.message)),
+    };
+    let failed = |e: io::Error| OpenError::Failed(e.to_string());
+    let stream = std::os::unix::net::UnixStream::from(fd);
+    stream.set_nonblocking(true).map_err(failed)?;
+    let mut stream = UnixStream::from_std(stream).map_err(failed)?;
+    send(&mut stream, &HostMsg::Connect { port: host.port }).await.map_err(failed)?;
+    let mut agent = AgentReader::new(&mut stream);
+    match agent.recv().await {
+        Ok(Some(AgentMsg::Connected)) => {}
+        Ok(Some(_)) => return Err(OpenError::NoListener),
+        Ok(None) => return Err(OpenError::Failed("the box's agent closed the connection".into())),
+        Err(e) => return Err(failed(e)),
+    }
+    let (early, _) = agent.into_parts();
+    let io = Prefixed { early, at: 0, inner: stream };
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| OpenError::Failed(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "a connection to a box port ended");
+        }
+    });
+    Ok((BoxConn { sender, lease: Arc::new(lease) }, who))
+}
+
+/// A stream that first yields bytes read before it was handed over.
+struct Prefixed<S> {
+    early: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(rest) = this.early.get(this.at..).filter(|r| !r.is_empty()) {
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(rest.get(..n).unwrap_or_default());
+            this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Connections whose answer ended, per box port, each with when it did.
+#[derive(Default)]
+pub struct Pool {
+    idle: Mutex<HashMap<WebHost, Vec<(BoxConn, Instant)>>>,
+}
+
+impl Pool {
+    /// A connection to `host` ready for a request, if one waits.
+    pub fn take(&self, host: &WebHost) -> Option<BoxConn> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let conns = idle.get_mut(host)?;
+        while let Some((conn, _)) = conns.pop() {
+            if conn.sender.is_ready() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Keeps `conn` for the next request once it is ready for one (dropped if
+    /// it never is).
+    pub fn give(self: &Arc<Self>, host: WebHost, mut conn: BoxConn) {
+        let pool = Arc::clone(self);
+        tokio::spawn(async move {
+            if tokio::time::timeout(POOL_IDLE, conn.sender.ready()).await.map_or(true, |r| r.is_err()) {
+                return;
+            }
+            let mut idle = pool.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let conns = idle.entry(host).or_default();
+            if conns.len() < POOL_PER_PORT {
+                conns.push((conn, Instant::now()));
+            }
+        });
+    }
+
+    /// Drops connections idle longer than [`POOL_IDLE`] (their sessions end,
+    /// and with the last the box's idle grace begins).
+    pub fn sweep(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        for conns in idle.values_mut() {
+            conns.retain(|(conn, since)| now.duration_since(*since) < POOL_IDLE && !conn.sender.is_closed());
+        }
+        idle.retain(|_, conns| !conns.is_empty());
+    }
+}

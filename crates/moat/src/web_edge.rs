@@ -1,0 +1,31 @@
+//! `moat web-edge` (internal): the unprivileged process that speaks HTTP for
+//! boxes' web URLs. Started by `moat serve --http-listen` with the dialer
+//! socket as stdin; confines itself as the front door does (no privilege,
+//! the same system call list: it opens no file and makes no socket), then
+//! waits for its configuration and listening socket, and serves.
+
+use anyhow::{bail, Context, Result};
+use moat_api::{ApiClient, Packets};
+use moat_web::WebHello;
+
+/// Runs the edge as `id` (uid and gid) until its listener fails.
+pub fn run(id: u32) -> Result<()> {
+    let start = crate::privsep::ChildStart::new(c"moat-web-edge")?;
+    // rustls picks its provider from what is compiled in, before confinement
+    // would forbid nothing it needs (it opens no file): set it explicitly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    moat_box::confine::front_door(id, id).context("confine the HTTP edge")?;
+    let runtime = start.runtime()?;
+    let dialer = start.link;
+    runtime.block_on(async {
+        let dialer = Packets::new(dialer)?;
+        let Some(hello) = dialer.recv(1 << 20).await? else { bail!("moat serve went away") };
+        let listener = hello.fds.into_iter().next().context("no listening socket came")?;
+        let hello: WebHello = serde_json::from_slice(&hello.bytes).context("read the configuration")?;
+        let listener = std::net::TcpListener::from(listener);
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        moat_web::serve(listener, hello, ApiClient::new(dialer)).await?;
+        Ok(())
+    })
+}
