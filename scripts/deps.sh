@@ -18,6 +18,8 @@ packages=(
   lz4 zstd xz-utils               # to unpack a guest kernel once (its format decides which)
   python3-pip                     # pip, for SeaweedFS below
   postgresql                      # PostgreSQL 15: the store's tests on its second engine (a private cluster, no service)
+  chromium chromium-driver        # the web URL tests' browser (headless, driven through chromedriver)
+  nginx-light wrk                 # moat bench --http: the reverse proxy it is measured against, and the load
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use moat_core::web::{WebHost, WebRefusal, WebRequestLog, WebSecret, WebVerdict};
+use moat_core::web::{Owner, WebHost, WebRefusal, WebRequestLog, WebSecret, WebVerdict};
 use moat_core::{AccountId, Name};
 use tokio::sync::{mpsc, Mutex};
 
@@ -103,7 +103,19 @@ impl ApiClient {
     /// Opens a session on a box (resuming or booting it): a stream connected
     /// to its agent, and the lease that keeps the box up.
     pub async fn open_session(&self, account: &AccountId, name: &Name) -> Result<(OwnedFd, Lease), ApiError> {
-        let req = Request::Act { account: account.clone(), op: Op::OpenSession { name: name.clone() } };
+        self.open_shared_session(account, name, None).await
+    }
+
+    /// As [`ApiClient::open_session`], on `owner`'s box `name` if it shared
+    /// it with the account (`None`: the account's own).
+    pub async fn open_shared_session(
+        &self,
+        account: &AccountId,
+        name: &Name,
+        owner: Option<&Owner>,
+    ) -> Result<(OwnedFd, Lease), ApiError> {
+        let op = Op::OpenSession { name: name.clone(), owner: owner.cloned() };
+        let req = Request::Act { account: account.clone(), op };
         match self.exchange(&req, None).await? {
             (Reply::Session, Some(fd), conn) => Ok((fd, Lease { _conn: conn })),
             (reply, _, _) => Err(ApiError::unexpected(&reply)),

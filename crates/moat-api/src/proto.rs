@@ -63,6 +63,9 @@ pub enum Op {
     Route {
         /// The name (already a valid box name).
         name: Name,
+        /// Whose box, if another account's that shared it (`ssh NAME.OWNER@HOST`).
+        #[serde(default)]
+        owner: Option<Owner>,
     },
     /// The account's boxes.
     List,
@@ -274,6 +277,9 @@ pub enum Op {
     OpenSession {
         /// The box.
         name: Name,
+        /// Whose box, if another account's that shared it.
+        #[serde(default)]
+        owner: Option<Owner>,
     },
     /// Gives a box's port a web URL.
     Expose {
@@ -615,7 +621,7 @@ mod tests {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             match serde_json::from_slice::<Request>(&bytes) {
-                Ok(Request::Act { op: Op::Route { name }, .. }) => prop_assert!(Name::new(name.as_str()).is_ok()),
+                Ok(Request::Act { op: Op::Route { name, .. }, .. }) => prop_assert!(Name::new(name.as_str()).is_ok()),
                 Ok(Request::Act { op: Op::ChangePolicy { change, .. }, .. }) => prop_assert!(rule_is_parsed(&change)),
                 _ => {}
             }

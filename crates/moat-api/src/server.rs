@@ -124,8 +124,8 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         Request::Web(op) => return answer_web(conn, ctx, op).await,
         Request::Act { account, op } => (account, op),
     };
-    if let Op::OpenSession { name } = op {
-        let (fd, guard) = match open_session(&ctx.manager, &account, &name).await {
+    if let Op::OpenSession { name, owner } = op {
+        let (fd, guard) = match open_session(&ctx.manager, &account, &name, owner.as_ref()).await {
             Ok(opened) => opened,
             Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
         };
@@ -372,8 +372,9 @@ async fn open_session(
     manager: &Arc<BoxManager>,
     account: &AccountId,
     name: &moat_core::Name,
+    owner: Option<&moat_core::web::Owner>,
 ) -> Result<(OwnedFd, moat_core::SessionGuard), ApiError> {
-    let (handle, guard) = manager.open_session(account, name).await.map_err(api_error)?;
+    let (handle, guard) = manager.open_shared_session(account, name, owner).await.map_err(api_error)?;
     Ok((agent_stream(handle, name).await?, guard))
 }
 
@@ -464,7 +465,13 @@ async fn run(
 ) -> Result<Reply, ManagerError> {
     let m = &ctx.manager;
     Ok(match op {
-        Op::Route { name } => Reply::Route(route(m, account, &name)?),
+        Op::Route { name, owner: None } => Reply::Route(route(m, account, &name)?),
+        // Another account's box: it is one only if shared with this account.
+        Op::Route { name, owner: Some(owner) } => Reply::Route(match m.reachable(account, &name, Some(&owner)) {
+            Ok(_) => Route::Box,
+            Err(ManagerError::NoSuchBox(_)) => Route::None,
+            Err(e) => return Err(e),
+        }),
         Op::List => {
             let boxes = m.list(account)?;
             let lost = lost_nodes(m, &boxes);

@@ -186,7 +186,7 @@ x-evil: 1"}}"#,
     let conn = dial(&dialer).await;
     let open = Request::Act {
         account: AccountId("SHA256:ok".into()),
-        op: Op::OpenSession { name: Name::new("web").unwrap() },
+        op: Op::OpenSession { name: Name::new("web").unwrap(), owner: None },
     };
     conn.send(&serde_json::to_vec(&open).unwrap(), &[]).await.unwrap();
     let msg = conn.recv(1 << 20).await.unwrap().unwrap();

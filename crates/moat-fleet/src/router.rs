@@ -155,7 +155,7 @@ impl<S: FleetStore> Router<S> {
     /// the store says (a node would answer the same from it): every login to a
     /// box asks it first, and this saves that login a hop to a node.
     async fn known_box(&self, account: &AccountId, op: &Op) -> Option<Reply> {
-        let Op::Route { name } = op else { return None };
+        let Op::Route { name, owner: None } = op else { return None };
         let place = self.place(account, name).await.ok()??;
         Some(Reply::Route(moat_api::Route::Box)).filter(|_| !place.node.is_empty())
     }
@@ -335,7 +335,7 @@ fn reads_store(op: &Op) -> bool {
 /// The box a request acts on, if it names one: the node holding it answers.
 fn named_box(op: &Op) -> Option<&Name> {
     match op {
-        Op::Route { name }
+        Op::Route { name, .. }
         | Op::Get { name }
         | Op::Remove { name }
         | Op::Checkpoint { name, .. }
@@ -351,7 +351,7 @@ fn named_box(op: &Op) -> Option<&Name> {
         | Op::Policy { name }
         | Op::ChangePolicy { name, .. }
         | Op::Log { name, .. }
-        | Op::OpenSession { name }
+        | Op::OpenSession { name, .. }
         | Op::Expose { name, .. }
         | Op::Unexpose { name, .. }
         | Op::Url { name, .. }

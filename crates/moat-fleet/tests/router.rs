@@ -241,7 +241,7 @@ async fn a_lost_node_and_an_unreachable_store_are_one_line() {
     assert_eq!(lost.message, "box web is on node n2, which is not answering (its lease lapsed 14 s ago)");
     // A user name that is a box routes to it from the store alone (then the
     // session is refused naming the node).
-    let route = f.client.call(&act(Op::Route { name: name("web") })).await.unwrap();
+    let route = f.client.call(&act(Op::Route { name: name("web"), owner: None })).await.unwrap();
     assert_eq!(route, Reply::Route(moat_api::Route::Box));
     // What the store says of it (node-lost) any live node tells.
     assert_eq!(f.answered_by(&act(Op::Get { name: name("web") })).await.unwrap(), "n1");

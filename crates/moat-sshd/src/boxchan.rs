@@ -13,6 +13,7 @@ use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
 use moat_api::{ApiClient, ApiError, Lease, Op, Reply, Request, Route};
 use moat_core::ids::CONTROL_USER;
+use moat_core::web::Owner;
 use moat_core::{AccountId, Name};
 use russh::server::{Handle, Msg};
 use russh::{Channel, ChannelId, ChannelMsg, ChannelReadHalf, ChannelWriteHalf, Sig};
@@ -68,10 +69,14 @@ impl ChannelCtx {
         if self.user == CONTROL_USER {
             return Target::Control;
         }
-        let Ok(name) = Name::new(&self.user) else {
-            return Target::Other(self.user.clone());
+        let (name, owner) = match self.shared() {
+            Some((name, owner)) => (name, Some(owner)),
+            None => match Name::new(&self.user) {
+                Ok(name) => (name, None),
+                Err(_) => return Target::Other(self.user.clone()),
+            },
         };
-        let route = Request::Act { account: self.account.clone(), op: Op::Route { name: name.clone() } };
+        let route = Request::Act { account: self.account.clone(), op: Op::Route { name: name.clone(), owner } };
         let route = self.api.call(&route).await;
         match route {
             Ok(Reply::Route(Route::Box)) => Target::Box(name),
@@ -84,10 +89,18 @@ impl ChannelCtx {
         }
     }
 
+    /// The box a user name `NAME.OWNER` names: `OWNER`'s box `NAME`, if it
+    /// shared it with this account (`share`); `OWNER` is the slug in its URLs.
+    fn shared(&self) -> Option<(Name, Owner)> {
+        let (name, owner) = self.user.split_once('.')?;
+        Some((Name::new(name).ok()?, Owner::parse(owner).ok()?))
+    }
+
     /// Opens a session on the box (resuming or booting it as needed): a
     /// stream to its agent. The box stays up while the lease lives.
     pub async fn connect(&self, name: &Name) -> Result<(UnixStream, Lease), ApiError> {
-        let (fd, lease) = self.api.open_session(&self.account, name).await?;
+        let owner = self.shared().map(|(_, owner)| owner);
+        let (fd, lease) = self.api.open_shared_session(&self.account, name, owner.as_ref()).await?;
         let stream = std::os::unix::net::UnixStream::from(fd);
         let stream = stream.set_nonblocking(true).and_then(|()| UnixStream::from_std(stream));
         let stream = stream.map_err(|e| ApiError { status: 255, message: format!("box {name}: {e}") })?;

@@ -8,7 +8,9 @@
 //! - egress through the gateway against the same client and servers without
 //!   it (see [`crate::bench_egress`]);
 //! - with `--fleet`, instead: a fleet on this machine against one host and
-//!   against OpenSSH's ProxyJump (see [`crate::bench_fleet`]).
+//!   against OpenSSH's ProxyJump (see [`crate::bench_fleet`]);
+//! - with `--http`, instead: a box's web URL through the HTTP edge against
+//!   nginx reverse-proxying the same box port (see [`crate::bench_http`]).
 //!
 //! Timings are reported, never asserted: this is not a test.
 
@@ -62,6 +64,11 @@ pub struct BenchArgs {
     /// door against one host and against ProxyJump, placement and `new`.
     #[arg(long)]
     fleet: bool,
+    /// Measure boxes' web URLs instead: the HTTP edge against Debian's nginx
+    /// reverse-proxying the same box port (wrk for latency and throughput),
+    /// and the first byte from a suspended box.
+    #[arg(long)]
+    http: bool,
 }
 
 /// Sorted samples of one measurement.
@@ -101,6 +108,9 @@ pub fn time_command(cmd: &mut Command) -> Result<Duration> {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.fleet {
         return crate::bench_fleet::run(&args.state_dir, args.iterations);
+    }
+    if args.http {
+        return crate::bench_http::run(&args.state_dir, args.iterations.clamp(1, 20));
     }
     let _ = crate::purge::run(&args.state_dir);
     let result = tokio::runtime::Runtime::new()?.block_on(bench(&args));

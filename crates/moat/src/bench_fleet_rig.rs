@@ -30,11 +30,14 @@ pub struct Server {
     pub dir: PathBuf,
     /// Its SSH address.
     pub addr: SocketAddr,
+    /// What it printed before that line (its HTTP edge's address and CA).
+    pub printed: Vec<String>,
     child: Child,
 }
 
 impl Server {
-    fn kill(&mut self) {
+    /// Ends the process (its boxes stay, for `moat purge`).
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -205,7 +208,7 @@ impl Drop for Rig {
     }
 }
 
-fn path(p: &Path) -> String {
+pub fn path(p: &Path) -> String {
     p.display().to_string()
 }
 
@@ -219,7 +222,7 @@ fn moat_command(args: &[&str]) -> Command {
 }
 
 /// Runs `moat ARGS` to completion; its stdout.
-fn moat(args: &[&str]) -> Result<String> {
+pub fn moat(args: &[&str]) -> Result<String> {
     let out = moat_command(args).stdin(Stdio::null()).output()?;
     if !out.status.success() {
         bail!("moat {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
@@ -229,7 +232,7 @@ fn moat(args: &[&str]) -> Result<String> {
 
 /// `moat serve` on state dir `dir` with `flags`, namespace boxes only (the
 /// probe for KVM takes seconds and VM boxes are not measured here).
-fn serve(dir: PathBuf, flags: &[&str]) -> Result<Server> {
+pub fn serve(dir: PathBuf, flags: &[&str]) -> Result<Server> {
     let mut cmd = moat_command(&["serve", "--state-dir", &path(&dir), "--backend", "ns", "--vm-accel", "tcg"]);
     cmd.args(flags);
     start(cmd, &dir)
@@ -244,9 +247,13 @@ fn start(mut cmd: Command, dir: &Path) -> Result<Server> {
         .stderr(std::fs::File::create(&log)?)
         .spawn()
         .with_context(|| format!("start {cmd:?}"))?;
-    let mut line = String::new();
+    let (mut line, mut printed) = (String::new(), Vec::new());
     if let Some(out) = child.stdout.take() {
-        std::io::BufReader::new(out).read_line(&mut line)?;
+        let mut out = std::io::BufReader::new(out);
+        // The HTTP edge's lines come first, when it runs.
+        while out.read_line(&mut line)? > 0 && !line.starts_with("listening on ") && printed.len() < 8 {
+            printed.push(std::mem::take(&mut line).trim().to_string());
+        }
     }
     let addr = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok());
     let Some(addr) = addr else {
@@ -256,5 +263,5 @@ fn start(mut cmd: Command, dir: &Path) -> Result<Server> {
         let tail: Vec<&str> = log.lines().rev().take(10).collect();
         bail!("{cmd:?} did not start:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
     };
-    Ok(Server { dir: dir.to_path_buf(), addr, child })
+    Ok(Server { dir: dir.to_path_buf(), addr, printed, child })
 }

@@ -5,6 +5,7 @@ mod bench;
 mod bench_egress;
 mod bench_fleet;
 mod bench_fleet_rig;
+mod bench_http;
 mod bench_pg;
 mod bench_vm;
 mod doctor;

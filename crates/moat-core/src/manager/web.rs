@@ -140,7 +140,12 @@ impl BoxManager {
 
     /// The box `account` may sign in to: its own `name`, or the box of that
     /// name `owner` shared with it.
-    fn reachable(&self, account: &AccountId, name: &Name, owner: Option<&Owner>) -> Result<BoxRecord, ManagerError> {
+    pub fn reachable(
+        &self,
+        account: &AccountId,
+        name: &Name,
+        owner: Option<&Owner>,
+    ) -> Result<BoxRecord, ManagerError> {
         let Some(owner) = owner.filter(|o| **o != Owner::of(account)) else {
             return self.get(account, name);
         };
@@ -149,6 +154,18 @@ impl BoxManager {
             Some(rec) if self.db(|s| s.shares(&rec.id))?.contains(account) => Ok(rec),
             _ => Err(ManagerError::NoSuchBox(name.clone())),
         }
+    }
+
+    /// A session on box `name` of `owner` (the account's own if `None`, or
+    /// if `owner` is the account), for `account`: the SSH side of a share.
+    pub async fn open_shared_session(
+        self: &Arc<Self>,
+        account: &AccountId,
+        name: &Name,
+        owner: Option<&Owner>,
+    ) -> Result<(BoxHandle, SessionGuard), ManagerError> {
+        let rec = self.reachable(account, name, owner)?;
+        self.open_session(&rec.account, &rec.name).await
     }
 
     /// A one-time sign-in link's host and secret, for `account`, to port

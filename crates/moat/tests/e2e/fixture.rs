@@ -69,13 +69,32 @@ os.execv(sys.argv[1], sys.argv[1:])
 /// The port a just-started `moat serve` or `moat front` says it listens on
 /// (its first line on stdout); panics with its log (at `log`) if it never does.
 pub fn listening_port(child: &mut Child, log: &Path, what: &str) -> u16 {
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read listen line");
-    let Some(addr) = line.trim().strip_prefix("listening on ") else {
-        let log = std::fs::read_to_string(log).unwrap_or_default();
-        panic!("{what} did not start: {line:?}\n{log}")
-    };
-    addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
+    listening_lines(child, log, what).0
+}
+
+/// As [`listening_port`], with the lines printed before it (the HTTP edge's).
+pub fn listening_lines(child: &mut Child, log: &Path, what: &str) -> (u16, Vec<String>) {
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut before = Vec::new();
+    loop {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("read listen line");
+        if let Some(addr) = line.trim().strip_prefix("listening on ") {
+            return (addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port"), before);
+        }
+        if line.is_empty() || before.len() > 8 {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("{what} did not start: {before:?} {line:?}\n{log}")
+        }
+        before.push(line.trim().to_string());
+    }
+}
+
+/// Where a daemon's HTTP edge listens, and the CA its certificate chains to.
+#[derive(Clone, Debug)]
+pub struct Edge {
+    pub port: u16,
+    pub ca: PathBuf,
 }
 
 /// A running `moat serve`.
@@ -83,6 +102,8 @@ pub struct Daemon {
     pub state_dir: PathBuf,
     pub keys_file: PathBuf,
     pub port: u16,
+    /// The HTTP edge, if started with `--http-listen`.
+    pub edge: Option<Edge>,
     child: Option<Child>,
     extra: Vec<String>,
     /// Extra environment for the next (re)start, e.g. `MOAT_FAULT`.
@@ -96,6 +117,7 @@ impl Daemon {
             state_dir,
             keys_file,
             port: 0,
+            edge: None,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
@@ -137,7 +159,12 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .expect("start moat serve");
-        self.port = listening_port(&mut child, &self.state_dir.with_extension("log"), "daemon");
+        let (port, before) = listening_lines(&mut child, &self.state_dir.with_extension("log"), "daemon");
+        self.port = port;
+        let http = before.iter().find_map(|l| l.strip_prefix("http listening on "));
+        let http = http.and_then(|a| a.rsplit(':').next()?.parse().ok());
+        let ca = before.iter().find_map(|l| l.strip_prefix("web CA ")).map(PathBuf::from);
+        self.edge = http.map(|port| Edge { port, ca: ca.unwrap_or_default() });
         self.child = Some(child);
     }
 

@@ -220,7 +220,7 @@ fn read_past_banner(mut conn: &TcpStream) -> bool {
 }
 
 /// A TCP connection to `target` from source address `from`.
-fn connect_from(from: &str, target: SocketAddr) -> Option<TcpStream> {
+pub(crate) fn connect_from(from: &str, target: SocketAddr) -> Option<TcpStream> {
     use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
     let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).ok()?;
     let src: std::net::SocketAddrV4 = format!("{from}:0").parse().ok()?;

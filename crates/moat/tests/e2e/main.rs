@@ -8,6 +8,7 @@
 
 #![allow(missing_docs)]
 
+mod browser;
 mod checkpoints;
 mod clients;
 mod control;
@@ -30,6 +31,8 @@ mod restart;
 mod secrets;
 mod storage;
 mod testnet;
+mod web;
+mod web_hostile;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -172,6 +175,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     push::push_rules_decide_each_ref,
     secrets::limits_kill_and_usage,
     egress::gateway_is_unprivileged_and_fails_closed,
+    web::private_urls_sign_in_share_and_wake_in_a_browser,
+    web_hostile::hostile_clients_get_bounded_refusals,
 ];
 
 type FleetTestFn = fn(&Env, &mut fleet::Fleet);
@@ -284,6 +289,8 @@ fn main() {
     // The gateway dials only the test internet.
     let net = testnet::TestNet::start(&dir);
     let mut flags = vec!["--max-boxes".to_string(), "1000".to_string()];
+    // Boxes' web URLs, for the browser tests.
+    flags.extend(["--http-listen", "127.0.0.1:0", "--http-domain", web::DOMAIN].map(String::from));
     flags.extend(net.daemon_flags());
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let daemon = Daemon::start(dir.join("state"), keys_file, &flags);

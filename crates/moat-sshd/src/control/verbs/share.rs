@@ -1,5 +1,6 @@
 //! `share NAME KEY-FINGERPRINT` and `unshare NAME KEY-FINGERPRINT`: let
-//! another account's key reach a box (its web URLs), or no longer.
+//! another account's key reach a box (its web URLs, and its ssh as
+//! `NAME.OWNER@HOST`, OWNER the slug in the box's URLs), or no longer.
 
 use moat_api::Op;
 
@@ -10,7 +11,8 @@ pub const VERB: Verb = Verb {
     names: &["share"],
     help: "  \
   share NAME KEY-FINGERPRINT
-                      let that key (SHA256:..., as its 'whoami' shows it) sign in to NAME's URLs
+                      let that key (SHA256:..., as its 'whoami' shows it) reach NAME: sign in to
+                      its URLs ('url NAME PORT --owner OWNER'), ssh NAME.OWNER@HOST
 ",
     parse,
 };
