@@ -15,6 +15,7 @@ pub mod manager;
 pub mod near;
 pub mod policy;
 pub mod record;
+pub mod rewind;
 pub mod secrets;
 pub mod store;
 pub mod web;

@@ -82,8 +82,9 @@ pub async fn serve(listener: TcpListener, hello: WebHello, api: ApiClient) -> Re
                 .http2()
                 .timer(TokioTimer::new())
                 .max_header_list_size(u32::try_from(limits.head_bytes).unwrap_or(u32::MAX))
-                .max_concurrent_streams(100)
-                .keep_alive_interval(Some(Duration::from_secs(30)));
+                // No keep-alive pings: they would keep a quiet connection
+                // from ever being closed as one.
+                .max_concurrent_streams(100);
             let ip = peer.ip();
             let service = service_fn(move |req| {
                 let ctx = Arc::clone(&ctx);
@@ -157,5 +158,29 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Quiet<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_quiet_connection_fails_and_a_busy_one_lives() {
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let mut quiet = Quiet::new(ours, Duration::from_millis(100));
+        let mut buf = [0u8; 8];
+        for _ in 0..4 {
+            // Bytes every 50 ms: never quiet for 100.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            theirs.write_all(b"x").await.unwrap();
+            assert_eq!(quiet.read(&mut buf).await.unwrap(), 1);
+        }
+        let started = std::time::Instant::now();
+        let err = quiet.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(90));
     }
 }

@@ -6,9 +6,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
@@ -17,7 +15,6 @@ use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, HostMsg};
 use moat_api::{ApiClient, WebLease};
 use moat_core::web::{WebHost, WebRefusal, WebSecret};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
 
 use crate::body::ResBody;
@@ -70,7 +67,7 @@ pub async fn open(api: &ApiClient, host: &WebHost, cookie: Option<&WebSecret>) -
         Err(e) => return Err(failed(e)),
     }
     let (early, _) = agent.into_parts();
-    let io = Prefixed { early, at: 0, inner: stream };
+    let io = moat_core::rewind::Rewind::new(early, stream);
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(io))
         .await
@@ -81,40 +78,6 @@ pub async fn open(api: &ApiClient, host: &WebHost, cookie: Option<&WebSecret>) -
         }
     });
     Ok((BoxConn { sender, lease: Arc::new(lease) }, who))
-}
-
-/// A stream that first yields bytes read before it was handed over.
-struct Prefixed<S> {
-    early: Vec<u8>,
-    at: usize,
-    inner: S,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if let Some(rest) = this.early.get(this.at..).filter(|r| !r.is_empty()) {
-            let n = rest.len().min(buf.remaining());
-            buf.put_slice(rest.get(..n).unwrap_or_default());
-            this.at += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 /// Connections whose answer ended, per box port, each with when it did.

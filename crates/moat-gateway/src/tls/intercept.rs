@@ -6,17 +6,15 @@
 //! so that every request is one the gateway can parse.
 
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use moat_core::policy::HostName;
+use moat_core::rewind::Rewind;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::tls::leaves::LeafSigner;
@@ -77,7 +75,7 @@ pub async fn accept(
     stream: TcpStream,
     early: Vec<u8>,
 ) -> io::Result<tokio_rustls::server::TlsStream<Rewind<TcpStream>>> {
-    tokio_rustls::TlsAcceptor::from(config).accept(Rewind { early, at: 0, inner: stream }).await
+    tokio_rustls::TlsAcceptor::from(config).accept(Rewind::new(early, stream)).await
 }
 
 /// Starts TLS to the real host over `stream`, verifying it is `name`.
@@ -88,37 +86,6 @@ pub async fn connect(
 ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let server = ServerName::try_from(name.as_str().to_string()).map_err(io::Error::other)?;
     tokio_rustls::TlsConnector::from(config).connect(server, stream).await
-}
-
-/// A stream that first yields bytes already read from it.
-pub struct Rewind<S> {
-    early: Vec<u8>,
-    at: usize,
-    inner: S,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if let Some(early) = self.early.get(self.at..).filter(|e| !e.is_empty()) {
-            let n = buf.remaining().min(early.len());
-            buf.put_slice(early.get(..n).unwrap_or_default());
-            self.at += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]

@@ -202,7 +202,8 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let (answer, took) = exchange(&edge, &a, format!("GET / HTTP/1.1\r\nHost: {a}\r\n\r\n").as_bytes());
+    let (answer, took) =
+        exchange(&edge, &a, format!("GET / HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\n\r\n").as_bytes());
     assert_eq!(status(&answer), "503", "{answer}");
     assert!(answer.contains("too many requests in flight"), "{answer}");
     assert!(took < Duration::from_secs(2), "{took:?}");
