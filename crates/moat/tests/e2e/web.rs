@@ -143,6 +143,9 @@ pub fn private_urls_sign_in_share_and_wake_in_a_browser(env: &Env) {
     alice.goto(&signin);
     alice.wait_for_text("app ok: pong:ping");
     assert!(mostly_green(&alice), "the screenshot does not show the app");
+    // The page came over HTTP/2 (ALPN); the WebSocket took HTTP/1.1's Upgrade.
+    let protocol = alice.eval("return performance.getEntriesByType('navigation')[0].nextHopProtocol");
+    assert_eq!(protocol, "h2");
     let cookies = alice.cookies();
     assert_eq!(cookies.len(), 1, "{cookies:?}");
     let c = &cookies[0];
