@@ -6,12 +6,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
 
 use moat_core::egress::{Answer, ASK_TIMEOUT};
 use moat_core::policy::{HostName, DEFAULT_PORTS};
 use moat_core::BoxId;
 use tokio::sync::{mpsc, watch};
+// The runtime's clock, so that tests can pause and advance it past a minute.
+use tokio::time::Instant;
 
 use crate::messages::FromGateway;
 use crate::refusal::Refusal;

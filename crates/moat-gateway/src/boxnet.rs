@@ -197,3 +197,93 @@ impl BoxNet {
         self.logger.log(entry);
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::messages::FromGateway;
+    use crate::upstream::UpstreamConfig;
+
+    /// What the README promises an owner's answer is remembered for.
+    const A_MINUTE: Duration = Duration::from_secs(60);
+
+    /// A box in ask mode, the asker its questions go through, and where
+    /// they come out.
+    fn asking_box() -> (Arc<BoxNet>, Arc<Asker>, mpsc::UnboundedReceiver<FromGateway>, Policy) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let asker = Arc::new(Asker::new(tx));
+        let (log, _) = mpsc::channel(16);
+        let config = UpstreamConfig { dns: "127.0.0.1:9".parse().unwrap(), allow: Vec::new(), tls: None };
+        let policy = Policy { ask: true, ..Policy::default() };
+        let id = BoxId::parse("b1").unwrap();
+        let net = BoxNet::new(id, policy.clone(), None, log, Arc::new(Upstream::new(config)), Arc::clone(&asker));
+        (net, asker, rx, policy)
+    }
+
+    /// Box `net` dials `name` on `port`, and is asked about.
+    fn dial(net: &Arc<BoxNet>, policy: &Policy, name: &HostName, port: u16) -> tokio::task::JoinHandle<Asked> {
+        let (net, policy, name) = (Arc::clone(net), policy.clone(), name.clone());
+        tokio::spawn(async move { net.asked(&policy, &name, port).await })
+    }
+
+    /// The number of the question that went out next (none in a second of
+    /// the paused clock, which runs on at once when nothing else can: none).
+    async fn question(rx: &mut mpsc::UnboundedReceiver<FromGateway>) -> u64 {
+        match tokio::time::timeout(Duration::from_secs(1), rx.recv()).await {
+            Ok(Some(FromGateway::Ask { id, .. })) => id,
+            _ => panic!("no question went out"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_name_the_owner_refused_is_not_asked_again_for_a_minute() {
+        let (net, asker, mut rx, policy) = asking_box();
+        let name = HostName::parse("pypi.org").unwrap();
+        let asking = dial(&net, &policy, &name, 443);
+        asker.answered(question(&mut rx).await, Answer::Deny);
+        assert_eq!(asking.await.unwrap(), Asked::Refused(Refusal::OwnerSaidNo));
+        // Within the minute: refused without a question, on any port, and
+        // the name gets no fake address to dial.
+        tokio::time::advance(A_MINUTE - Duration::from_millis(1)).await;
+        for port in [443, 8080] {
+            assert_eq!(dial(&net, &policy, &name, port).await.unwrap(), Asked::Refused(Refusal::OwnerSaidNoLately));
+        }
+        assert!(!net.may_ask(&policy, &name), "a refused name may be looked up");
+        assert!(rx.try_recv().is_err(), "the owner was asked again within the minute");
+        // Past it, the owner is asked anew.
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(net.may_ask(&policy, &name));
+        let again = dial(&net, &policy, &name, 443);
+        asker.answered(question(&mut rx).await, Answer::Once);
+        assert_eq!(again.await.unwrap(), Asked::Allowed("allowed once by the owner"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_lets_a_name_through_for_a_minute_on_its_port_and_80_443() {
+        let (net, asker, mut rx, policy) = asking_box();
+        let name = HostName::parse("pypi.org").unwrap();
+        let asking = dial(&net, &policy, &name, 8443);
+        asker.answered(question(&mut rx).await, Answer::Once);
+        assert_eq!(asking.await.unwrap(), Asked::Allowed("allowed once by the owner"));
+        tokio::time::advance(A_MINUTE - Duration::from_millis(1)).await;
+        for port in [8443, 80, 443] {
+            assert_eq!(dial(&net, &policy, &name, port).await.unwrap(), Asked::Allowed("allowed once by the owner"));
+        }
+        assert!(rx.try_recv().is_err(), "asked again within the minute");
+        // Another port is a question of its own; past the minute, so is 443.
+        let other = dial(&net, &policy, &name, 22);
+        question(&mut rx).await;
+        asker.withdraw(&net.id);
+        assert_eq!(other.await.unwrap(), Asked::Refused(Refusal::Withdrawn));
+        tokio::time::advance(Duration::from_millis(2)).await;
+        let later = dial(&net, &policy, &name, 443);
+        question(&mut rx).await;
+        asker.withdraw(&net.id);
+        assert_eq!(later.await.unwrap(), Asked::Refused(Refusal::Withdrawn));
+    }
+}
