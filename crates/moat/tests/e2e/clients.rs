@@ -212,5 +212,44 @@ pub fn box_sees_its_own_totals(env: &Env) {
     let sizes = env.alice(Some(&name), &[df]).ok().stdout;
     let sizes: Vec<&str> = sizes.lines().map(str::trim).collect();
     assert_eq!(sizes, ["2147483648", "2147483648", "0"], "df");
+    // LXCFS serves these files (each mounted over /proc's own).
+    let mounts = env.alice(Some(&name), &["cat /proc/self/mounts"]).ok().stdout;
+    for file in ["meminfo", "stat", "uptime", "diskstats", "swaps", "cpuinfo"] {
+        let over = format!(" /proc/{file} fuse.lxcfs ");
+        assert!(mounts.lines().any(|l| l.contains(&over)), "/proc/{file} is not LXCFS's:\n{mounts}");
+    }
+    // /proc/stat: the box's one CPU, and the CPU time its cgroup uses.
+    // LXCFS counts it from the box's first read of the file, so what is
+    // compared is what both count between two reads, the box's busy loop
+    // between them (the host's would count the whole machine's).
+    let id = serde_json::from_str::<serde_json::Value>(&env.alice(None, &["info", &name, "--json"]).ok().stdout)
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let read = || {
+        let before = crate::isolation::cgroup_cpu_ns(&id);
+        let stat = env.alice(Some(&name), &["grep ^cpu /proc/stat"]).ok().stdout;
+        let after = crate::isolation::cgroup_cpu_ns(&id);
+        let cpus: Vec<&str> = stat.lines().filter_map(|l| l.split_whitespace().next()).collect();
+        assert_eq!(cpus, ["cpu", "cpu0"], "{stat}");
+        let ticks: Vec<u64> =
+            stat.lines().next().unwrap().split_whitespace().skip(1).map(|n| n.parse().unwrap()).collect();
+        // user, nice and system, in hundredths of a second.
+        ((ticks[0] + ticks[1] + ticks[2]) * 10_000_000, before, after)
+    };
+    let (first, first_before, first_after) = read();
+    env.alice(Some(&name), &["timeout 1 sh -c 'while :; do :; done'; true"]).ok();
+    let (second, second_before, second_after) = read();
+    let (seen, least, most) =
+        (second.saturating_sub(first), second_before.saturating_sub(first_after), second_after - first_before);
+    // 50 ms either way for the ticks both readings round down to.
+    assert!(
+        seen + 50_000_000 >= least && seen <= most + 50_000_000 && least > 0,
+        "between two reads the box's /proc/stat counted {seen} ns of CPU, its cgroup {least}..{most} ns"
+    );
+    // No swap in the box (none beside its memory limit). /proc/diskstats is
+    // the host's: boxes have no blkio cgroup (see the README's Limitations).
+    assert_eq!(env.alice(Some(&name), &["cat /proc/swaps"]).ok().stdout.lines().count(), 1, "a swap device in the box");
     env.alice(None, &["rm", &name]).ok();
 }

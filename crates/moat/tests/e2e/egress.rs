@@ -140,9 +140,16 @@ pub fn nothing_leaks_around_the_names(env: &Env) {
         assert_ne!(status, Some(0), "raw address {url}: {out}");
     }
     let ping = "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); \
-                s.sendto(bytes([8, 0, 0, 0, 0, 1, 0, 1]), ('203.0.113.10', 0))";
-    sh(env, &name, &format!("echo leak > /dev/udp/{}/9999; python3 -c \"{ping}\"; sleep 1.5", crate::testnet::WEB));
-    assert!(env.net.udp_received().is_empty(), "UDP left the box");
+                s.sendto(bytes([8, 0, 0, 0, 0, 1, 0, 1]) + b'leak', ('203.0.113.10', 0))";
+    sh(env, &name, &format!("echo leak > /dev/udp/{}/9999; python3 -c \"{ping}\"", crate::testnet::WEB));
+    // Both were dropped (and logged) by the time their log lines show.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dropped = ["DENY  udp  203.0.113.10:9999", "DENY  icmp 203.0.113.10 echo-request"];
+    while !dropped.iter().all(|line| log(env, &name).contains(line)) {
+        assert!(Instant::now() < deadline, "the datagram and the ping were not logged:\n{}", log(env, &name));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(env.net.udp_received().is_empty(), "UDP or a ping left the box: {}", env.net.udp_received());
     // Allowed names whose answers are private or loopback are not dialled
     // (nothing listens there anyway: the gateway's refusal shows).
     for host in ["private.test", "loop.test"] {
@@ -589,7 +596,7 @@ pub fn gateway_is_unprivileged_and_fails_closed(env: &Env) {
     daemon.purge();
 }
 
-fn wait_for_egress(works: impl Fn() -> bool) {
+pub(crate) fn wait_for_egress(works: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !works() {
         assert!(Instant::now() < deadline, "egress did not come back");
@@ -598,7 +605,7 @@ fn wait_for_egress(works: impl Fn() -> bool) {
 }
 
 /// The daemon's gateway process.
-fn gateway_pid(daemon: &Daemon) -> u32 {
+pub(crate) fn gateway_pid(daemon: &Daemon) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let children =

@@ -347,3 +347,122 @@ pub fn two_servers_never_share_host_uids(env: &Env) {
     other.purge();
     env.alice(None, &["rm", &ours]).ok();
 }
+
+/// The host pid of box `name`'s PID 1 (its agent).
+fn agent_pid(env: &Env, name: &str) -> u32 {
+    let dir = box_cgroup(&box_id(env, name), "pids");
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+    let agent = procs
+        .lines()
+        .find(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "moat-agent"));
+    agent.unwrap_or_else(|| panic!("no agent among {procs}")).parse().unwrap()
+}
+
+/// Box `id`'s cgroup directory holding `controller` (v1), or its one
+/// directory (v2).
+fn box_cgroup(id: &str, controller: &str) -> std::path::PathBuf {
+    let v1 = std::path::Path::new("/sys/fs/cgroup").join(controller).join("moat").join(id);
+    if v1.exists() {
+        v1
+    } else {
+        std::path::Path::new("/sys/fs/cgroup/moat").join(id)
+    }
+}
+
+/// What the namespaces probe does: mount, rename and take `lo` down, in the
+/// box's namespaces, then in namespaces of the box's own user namespace.
+const NAMESPACE_PROBE: &str = "import ctypes, errno, fcntl, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+def said(r):
+    return 'ok' if r == 0 else errno.errorcode[ctypes.get_errno()]
+def lo_down():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        fcntl.ioctl(s, 0x8914, struct.pack('16sH14x', b'lo', 0))  # SIOCSIFFLAGS: no IFF_UP
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def changes():
+    return 'mount %s, sethostname %s, lo down %s' % (
+        said(libc.mount(b'none', b'/mnt', b'tmpfs', 0, None)), said(libc.sethostname(b'renamed', 7)), lo_down())
+print('seccomp %d, no_new_privs %d' % (libc.prctl(21, 0, 0, 0, 0), libc.prctl(39, 0, 0, 0, 0)))
+print(changes())
+print('unshare', said(libc.unshare(0x00020000 | 0x04000000 | 0x40000000)))  # mount, uts, net
+print(changes())
+";
+
+/// Root in a box can change none of its mount, net and uts namespaces even
+/// without seccomp: they belong to the host's user namespace. The probe
+/// runs in the box's namespaces from the host (nsenter applies no filter and
+/// keeps every capability of the box's user namespace: the worst a missing
+/// filter could give box root), and then shows the same calls work in
+/// namespaces the box's user namespace owns, so the refusals are the
+/// namespaces' and not a lack of privilege.
+pub fn namespaces_refuse_changes_without_seccomp(env: &Env) {
+    let name = unique("nsown");
+    env.new_box(&name, &[]);
+    let pid = agent_pid(env, &name).to_string();
+    let mut probe = std::process::Command::new("nsenter");
+    probe.args(["-t", &pid, "-U", "-m", "-u", "-i", "-n", "--", "python3", "-c", NAMESPACE_PROBE]);
+    let out = run(&mut probe).ok();
+    assert_eq!(
+        out.stdout,
+        "seccomp 0, no_new_privs 0\n\
+         mount EPERM, sethostname EPERM, lo down EPERM\n\
+         unshare ok\n\
+         mount ok, sethostname ok, lo down ok\n",
+        "{}",
+        out.stderr
+    );
+    // The box itself is as it was.
+    let out = env.alice(Some(&name), &["hostname; cat /sys/class/net/lo/flags"]).ok();
+    assert_eq!(out.stdout, format!("{name}\n0x9\n"));
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// Box `id`'s CPU time (user and system, in ns) as its cgroup counts it:
+/// what LXCFS shows the box in /proc/stat.
+pub(crate) fn cgroup_cpu_ns(id: &str) -> u64 {
+    let dir = box_cgroup(id, "cpuacct");
+    if let Ok(all) = std::fs::read_to_string(dir.join("cpuacct.usage_all")) {
+        // "cpu user system", then one line per CPU.
+        let per_cpu = all.lines().skip(1).flat_map(|l| l.split_whitespace().skip(1).map(|n| n.parse::<u64>().unwrap()));
+        return per_cpu.sum();
+    }
+    let stat = std::fs::read_to_string(dir.join("cpu.stat")).unwrap();
+    let usec = |key: &str| stat.lines().find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok()).unwrap();
+    (usec("user_usec ") + usec("system_usec ")) * 1000
+}
+
+/// A box runs on at most its `--cpus`: two busy loops in a one-CPU box use
+/// one CPU's worth of time.
+pub fn cpu_limit_holds(env: &Env) {
+    let name = unique("cpus");
+    env.new_box(&name, &["--cpus", "1"]);
+    let id = box_id(env, &name);
+    let (before, started) = (cgroup_cpu_ns(&id), Instant::now());
+    env.alice(Some(&name), &["timeout 4 sh -c 'while :; do :; done & while :; do :; done'; true"]).ok();
+    let (used, took) = ((cgroup_cpu_ns(&id) - before) as f64 / 1e9, started.elapsed().as_secs_f64());
+    // The bound is the point: one CPU, over the whole ssh (so a little more
+    // than the 4 s); 10% over for the counters' rounding. Under load the
+    // loops may get less, never more.
+    assert!(used <= took * 1.1, "two loops in a one-CPU box used {used:.2} CPU-s in {took:.2} s");
+    assert!(used >= 0.2, "the loops barely ran ({used:.2} CPU-s): nothing was measured");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// A box's memory limit has no swap beside it: memory plus swap is limited
+/// to the memory limit (v1), or swap to 0 (v2). This host has no swap, so a
+/// box could not swap here anyway: it is the setting that is checked.
+pub fn memory_has_no_swap(env: &Env) {
+    let name = unique("swap");
+    env.new_box(&name, &["--memory", "256M"]);
+    let memory = box_cgroup(&box_id(env, &name), "memory");
+    let read = |file: &str| std::fs::read_to_string(memory.join(file)).map(|s| s.trim().to_string());
+    match (read("memory.swap.max"), read("memory.memsw.limit_in_bytes"), read("memory.limit_in_bytes")) {
+        (Ok(swap), _, _) => assert_eq!(swap, "0", "memory.swap.max"),
+        (_, Ok(memsw), Ok(limit)) => assert_eq!((memsw.as_str(), limit.as_str()), ("268435456", "268435456")),
+        other => panic!("no swap limit to read: {other:?}"),
+    }
+    env.alice(None, &["rm", &name]).ok();
+}

@@ -107,9 +107,12 @@ fn suspends_when_idle_and_resumes_where_it_was(t: &Lifecycle) {
     assert_eq!(t.host_read("idle", "root/count"), count);
     assert_eq!(t.cpu_ns("idle"), cpu, "a suspended box used CPU");
     let frozen_at: u64 = count.lines().last().unwrap().parse().unwrap();
-    // The next session resumes it transparently; the loop goes on from there.
-    let out =
-        t.ssh(Some("idle"), &["a=$(tail -n 1 /root/count); sleep 0.5; b=$(tail -n 1 /root/count); echo $a $b"]).ok();
+    // The next session resumes it transparently; the loop goes on from there
+    // (waited for: up to 10 s for the counter to move on a loaded machine).
+    let resumed = "a=$(tail -n 1 /root/count); i=0; \
+                   while [ \"$(tail -n 1 /root/count)\" = \"$a\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; \
+                   echo $a $(tail -n 1 /root/count)";
+    let out = t.ssh(Some("idle"), &[resumed]).ok();
     let v: Vec<u64> = out.stdout.split_whitespace().map(|x| x.parse().unwrap()).collect();
     assert!(v[0] >= frozen_at && v[1] > v[0], "counter did not continue: frozen at {frozen_at}, then {v:?}");
     assert!(!t.frozen("idle"));

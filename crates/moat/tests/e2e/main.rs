@@ -133,6 +133,9 @@ const TESTS: &[(&str, TestFn)] = tests![
     isolation::two_servers_never_share_host_uids,
     isolation::no_vsock_fd_theft_or_pty_exhaustion,
     isolation::i386_calls_kill_the_caller,
+    isolation::namespaces_refuse_changes_without_seccomp,
+    isolation::cpu_limit_holds,
+    isolation::memory_has_no_swap,
     isolation::host_details_masked_and_agent_outlives_oom,
     isolation::memory_hog_contained,
     hygiene::keys_are_accounts,
@@ -205,14 +208,17 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
 ];
 
 /// Tests run alone after the rest: a TCG guest takes a whole core for
-/// seconds, which would starve the timing-sensitive tests beside it.
+/// seconds, which would starve the timing-sensitive tests beside it (and
+/// one kills the shared daemon's gateway, which would cut the others' egress).
 const ALONE_LAST: &[(&str, TestFn)] = tests![
+    secrets::windowed_limits_restart_with_the_gateway,
     hygiene::doctor_boots_a_guest,
     microvm::box_runs_its_own_kernel_over_ssh,
     microvm::suspend_resume_dup_checkpoint_and_rm,
     microvm::restart_and_park_keep_the_guest_running,
     microvm::secrets_reach_their_host_from_a_guest,
     microvm::dup_while_a_session_streams_in,
+    microvm::guest_packets_around_the_gateway_go_nowhere,
 ];
 
 /// Tests of [`TESTS`] run again, alone, with their boxes VM boxes (as

@@ -482,3 +482,60 @@ pub fn supervisor_holds_nothing_left_open(_env: &Env) {
     assert!(!held.is_empty());
     assert!(!held.contains(&stray_link), "{stray_link:?} in {held:?}");
 }
+
+/// A process run in a box's network namespace from the host, killed when
+/// the test is done with it, failed or not.
+struct InNetns(std::process::Child);
+
+impl Drop for InNetns {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What a guest sends around the gateway goes nowhere, checked as packets:
+/// raw frames from the guest (root there may send anything) with a forged
+/// source address, aimed at loopback, or IPv6 (to every node on the link
+/// and to the host end's own address) reach neither the gateway nor a
+/// listener the test opens in the box's namespace. The guest's last frame,
+/// an honest DNS query, is logged: the frames before it were handled (one
+/// link, in order), and the frames are well-formed.
+pub fn guest_packets_around_the_gateway_go_nowhere(env: &Env) {
+    use std::io::{BufRead, BufReader, Write};
+    let name = unique("vmpkt");
+    env.new_box(&name, &["--backend", "vm"]);
+    let info: serde_json::Value =
+        serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout).unwrap();
+    let netns = format!("--net=/proc/{}/ns/net", qemu_of(info["id"].as_str().unwrap()));
+    let port = "47123";
+    let mut listener = Command::new("nsenter");
+    listener.args([&netns, "python3", "-c", include_str!("packets/listen.py"), port]).stdout(Stdio::piped());
+    let mut listener = InNetns(listener.spawn().unwrap());
+    let mut heard = BufReader::new(listener.0.stdout.take().unwrap()).lines();
+    assert_eq!(heard.next().unwrap().unwrap(), "ready");
+
+    let [forged, looped, honest] = ["forged", "loop", "honest"].map(|what| format!("{}.test", unique(what)));
+    // A lookup first, so that the guest knows the host end's link address.
+    let script = format!("getent hosts warm.test >/dev/null; python3 - {forged} {looped} {honest} {port}");
+    let mut guest = env.daemon.ssh(&env.alice, Some(&name), &[&script]);
+    guest.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut guest = guest.spawn().unwrap();
+    guest.stdin.take().unwrap().write_all(include_bytes!("packets/forge.py")).unwrap();
+    let sent: crate::fixture::Ran = guest.wait_with_output().unwrap().into();
+    assert_eq!(sent.ok().stdout, "sent\n");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !crate::egress::log(env, &name).contains(&honest) {
+        assert!(Instant::now() < deadline, "the honest query was never logged:\n{}", crate::egress::log(env, &name));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let end = "import socket, sys; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'end', ('127.0.0.1', int(sys.argv[1])))";
+    run(Command::new("nsenter").args([&netns, "python3", "-c", end, port])).ok();
+    let got: Vec<String> = heard.map_while(Result::ok).collect();
+    assert!(got.is_empty(), "frames from the guest reached the box's namespace: {got:?}");
+    let log = crate::egress::log(env, &name);
+    assert!(!log.contains(&forged), "a query from a forged source reached the gateway:\n{log}");
+    assert!(!log.contains(&looped), "a query aimed at loopback reached the gateway:\n{log}");
+    drop(listener);
+    env.alice(None, &["rm", &name]).ok();
+}

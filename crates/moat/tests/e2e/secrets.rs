@@ -278,3 +278,77 @@ pub fn limits_kill_and_usage(env: &Env) {
     env.alice(None, &["rm", &a]).ok();
     env.alice(None, &["secret", "rm", &secret]).ok();
 }
+
+/// Windowed limits are counted in the gateway's memory: when it restarts,
+/// a box's window starts afresh. Limits without a period (bytes) count from
+/// the stored totals, which a restart keeps. (Run alone, after the other
+/// tests: it kills the shared daemon's gateway, which cuts every box's
+/// connections.)
+pub fn windowed_limits_restart_with_the_gateway(env: &Env) {
+    let value = format!("sk-REAL-0123456789-{}", unique("v"));
+    let secret = unique("llmwin");
+    add_secret(env, &secret, &value);
+    let a = unique("win");
+    env.new_box(&a, &[]);
+    env.alice(None, &["secret", "grant", &secret, &a]).ok();
+    env.alice(None, &["secret", "limit", &secret, "--box", &a, "--requests", "2", "--per", "1d"]).ok();
+    // A request with a marker of its own (all of one length, so each costs
+    // the same bytes); what it got back, and whether the host got the value.
+    let call = |mark: &str| {
+        let script = format!(
+            "curl -sS -m 10 -w \" %{{http_code}}\" -H \"Authorization: Bearer $LLM_KEY\" https://llm.test/echo/{mark}"
+        );
+        let out = sh(env, &a, &script).1;
+        let sent = arrived(env, mark).iter().any(|r| r.contains(&format!("Authorization: Bearer {value}")));
+        (out, sent)
+    };
+    let mark = |n: usize| format!("{secret}-{n:04}");
+    for n in 0..2 {
+        let (out, sent) = call(&mark(n));
+        assert!(out.ends_with(" 200") && sent, "request {n}: {out}");
+    }
+    let (out, _) = call(&mark(2));
+    assert!(out.ends_with(" 429") && out.contains("this box's limit of 2 requests per 86400 s"), "{out}");
+    // The two are stored (with their bytes) before the gateway goes.
+    let stored = || {
+        let listed = env.alice(None, &["usage", "--json"]).ok().stdout;
+        let usage: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        let rows = usage["secrets"].as_array().cloned().unwrap_or_default();
+        let row = rows.into_iter().find(|r| r["secret"] == secret.as_str() && r["box_name"] == a.as_str());
+        row.filter(|r| r["requests"] == 2).and_then(|r| r["bytes"].as_u64())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let two = loop {
+        if let Some(bytes) = stored() {
+            break bytes;
+        }
+        assert!(std::time::Instant::now() < deadline, "the two requests were never stored");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    // For every box, with no period: room for a third request, not a fourth
+    // (counted from the two the store holds).
+    let most = (two + two / 4).to_string();
+    env.alice(None, &["secret", "limit", &secret, "--bytes", &most]).ok();
+    let gateway = crate::egress::gateway_pid(&env.daemon);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(gateway as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    crate::egress::wait_for_egress(|| crate::egress::gateway_pid(&env.daemon) != gateway);
+    // The box's day starts again: a request goes through with the value
+    // written in (so the secret was armed again and admitted it). Until the
+    // new gateway has the box, requests fail to connect.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let third = loop {
+        let (out, sent) = call(&mark(3));
+        if out.ends_with(" 200") || out.ends_with(" 429") {
+            break (out, sent);
+        }
+        assert!(std::time::Instant::now() < deadline, "no way out after the gateway restarted: {out}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(third.0.ends_with(" 200") && third.1, "the box's window did not start again with the gateway: {third:?}");
+    let (out, sent) = call(&mark(4));
+    let limit = format!("all boxes' limit of {most} bytes");
+    assert!(out.ends_with(" 429") && out.contains(&limit), "the stored bytes were forgotten: {out}");
+    assert!(!sent, "a request past the limit reached the host");
+    env.alice(None, &["rm", &a]).ok();
+    env.alice(None, &["secret", "rm", &secret]).ok();
+}

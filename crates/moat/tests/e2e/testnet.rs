@@ -295,7 +295,7 @@ impl TestNet {
         std::fs::read_to_string(self.dir.join("data/received.log")).unwrap_or_default()
     }
 
-    /// Datagrams the UDP sink got so far.
+    /// Datagrams the UDP sink got so far, and pings (ICMP echo requests).
     pub fn udp_received(&self) -> String {
         std::fs::read_to_string(self.dir.join("udp.log")).unwrap_or_default()
     }

@@ -1,6 +1,6 @@
 """The test internet's web servers on argv[1]: HTTP on 80 and HTTPS on 443
 (certificate argv[2], key argv[3]); a UDP sink on 9999 logs datagrams to
-argv[4]. By Host: github.com serves the bare repositories under argv[5]/git
+argv[4], and so do ICMP echo requests. By Host: github.com serves the bare repositories under argv[5]/git
 (git http-backend, pushes enabled, so that only the gateway can stop one);
 pypi.org is a package index (PEP 503) of the files in argv[5]/pypi;
 registry.npmjs.org an npm registry of the tarballs in argv[5]/npm;
@@ -193,6 +193,18 @@ def sink():
         data, peer = s.recvfrom(4096)
         log.write(f"{peer} {data!r}\n")
 
+def pings():
+    # Echo requests the namespace gets, from anywhere (nothing of the test
+    # internet pings): logged beside the datagrams.
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    log = open(udp_log, "a", buffering=1)
+    while True:
+        packet, peer = s.recvfrom(4096)
+        icmp = packet[(packet[0] & 0xf) * 4:]
+        if icmp[:1] == b"\x08":
+            log.write(f"icmp echo-request {peer} {icmp[8:]!r}\n")
+
 threading.Thread(target=serve, args=(80, False), daemon=True).start()
 threading.Thread(target=sink, daemon=True).start()
+threading.Thread(target=pings, daemon=True).start()
 serve(443, True)
