@@ -448,6 +448,19 @@ pub fn cpu_limit_holds(env: &Env) {
     // loops may get less, never more.
     assert!(used <= took * 1.1, "two loops in a one-CPU box used {used:.2} CPU-s in {took:.2} s");
     assert!(used >= 0.2, "the loops barely ran ({used:.2} CPU-s): nothing was measured");
+    // A loaded machine may give the loops less than a CPU whatever the
+    // limit, so what makes it is checked too: the box's processes may run
+    // on one CPU, and its quota is one CPU's time per period.
+    let allowed = env.alice(Some(&name), &["grep Cpus_allowed_list /proc/self/status"]).ok().stdout;
+    let allowed = allowed.split_whitespace().nth(1).unwrap_or_default().to_string();
+    assert!(allowed.parse::<usize>().is_ok(), "the box may run on CPUs {allowed}");
+    let cpu = box_cgroup(&id, "cpu");
+    let read = |file: &str| std::fs::read_to_string(cpu.join(file)).map(|s| s.trim().to_string());
+    match (read("cpu.max"), read("cpu.cfs_quota_us"), read("cpu.cfs_period_us")) {
+        (Ok(max), _, _) => assert_eq!(max, "100000 100000", "cpu.max"),
+        (_, Ok(quota), Ok(period)) => assert_eq!((quota.as_str(), period.as_str()), ("100000", "100000")),
+        other => panic!("no CPU quota to read: {other:?}"),
+    }
     env.alice(None, &["rm", &name]).ok();
 }
 
