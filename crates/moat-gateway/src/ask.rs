@@ -235,6 +235,11 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "refused before its minute was up");
         tokio::time::advance(std::time::Duration::from_millis(2)).await;
+        // Refused now, not whenever the paused clock would run on to.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(waiting.is_finished(), "not refused once its minute was up");
         assert_eq!(waiting.await.unwrap(), Err(Refusal::NoAnswer));
         let again = ask();
         assert!(matches!(rx.recv().await, Some(FromGateway::Ask { .. })), "not asked anew");
@@ -242,7 +247,8 @@ mod tests {
         assert!(again.await.unwrap().is_err());
     }
 
-    #[tokio::test]
+    // Paused: a 17th question that went out would wait its minute at once.
+    #[tokio::test(start_paused = true)]
     async fn at_most_16_questions_are_open_per_box() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let asker = Arc::new(Asker::new(tx));
