@@ -9,7 +9,7 @@ use moat_core::web::{Owner, WebHost, WebRefusal, WebRequestLog, WebSecret, WebVe
 use moat_core::{AccountId, Name};
 use tokio::sync::{mpsc, Mutex};
 
-use crate::proto::{ApiError, Event, Op, Reply, Request, WebOp, MAX_EVENT};
+use crate::proto::{ApiError, Event, Op, Reply, Request, WebOp, WebSessionMsg, MAX_EVENT};
 use crate::wire::Packets;
 
 /// Byte the front door sends on the dialer to ask for a connection.
@@ -27,18 +27,40 @@ pub struct Lease {
     _conn: Packets,
 }
 
-/// Keeps a web session open (dropping it ends the session), and carries the
-/// log of the requests made in it.
+/// Keeps a web session open (dropping it ends the session), carries the log
+/// of the requests made in it, and gives more streams to the box's agent.
 #[derive(Debug)]
 pub struct WebLease {
     conn: Packets,
+    /// One ask for a stream at a time: its answer is the next message.
+    asking: Mutex<()>,
 }
 
 impl WebLease {
     /// Logs a request carried in this session (lost if the privileged side is gone).
     pub async fn log(&self, entry: &WebRequestLog) {
-        if let Ok(bytes) = serde_json::to_vec(entry) {
+        if let Ok(bytes) = serde_json::to_vec(&WebSessionMsg::Log(entry.clone())) {
             let _ = self.conn.send(&bytes, &[]).await;
+        }
+    }
+
+    /// Another stream connected to the box's agent, in this session (no
+    /// check and no wake again: the session holds the box up).
+    pub async fn stream(&self) -> Result<OwnedFd, ApiError> {
+        let _turn = self.asking.lock().await;
+        let ask = serde_json::to_vec(&WebSessionMsg::Stream).map_err(|e| lost(&e.into()))?;
+        self.conn.send(&ask, &[]).await.map_err(|e| lost(&e))?;
+        let msg = self.conn.recv(MAX_EVENT).await.map_err(|e| lost(&e))?;
+        let msg = msg.ok_or_else(|| lost(&io::ErrorKind::UnexpectedEof.into()))?;
+        match serde_json::from_slice::<Event>(&msg.bytes).map_err(|e| lost(&e.into()))? {
+            Event::Outcome(Ok(Reply::Session)) => {
+                msg.fds.into_iter().next().ok_or_else(|| lost(&io::ErrorKind::InvalidData.into()))
+            }
+            Event::Outcome(Err(e)) => Err(e),
+            other => Err(ApiError {
+                status: 255,
+                message: format!("unexpected answer from moat's privileged side: {other:?}"),
+            }),
         }
     }
 }
@@ -156,7 +178,7 @@ impl ApiClient {
     ) -> Result<Result<(OwnedFd, WebLease, String), WebRefusal>, ApiError> {
         let req = Request::Web(WebOp::Open { host: host.clone(), cookie: cookie.cloned() });
         match self.exchange(&req, None).await? {
-            (Reply::WebSession { who }, Some(fd), conn) => Ok(Ok((fd, WebLease { conn }, who))),
+            (Reply::WebSession { who }, Some(fd), conn) => Ok(Ok((fd, WebLease { conn, asking: Mutex::new(()) }, who))),
             (Reply::Web(WebVerdict::Refuse(r)), _, _) => Ok(Err(r)),
             (reply, _, _) => Err(ApiError::unexpected(&reply)),
         }

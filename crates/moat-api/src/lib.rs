@@ -20,6 +20,7 @@ pub mod wire;
 
 pub use client::{ApiClient, Lease, WebLease};
 pub use proto::{
-    AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, Op, Reply, Request, Route, WebOp, Whoami,
+    AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, Op, Reply, Request, Route, WebOp, WebSessionMsg,
+    Whoami,
 };
 pub use wire::Packets;

@@ -350,8 +350,8 @@ pub enum WebOp {
     },
     /// As `Check`, then a session on the box (resuming it if suspended):
     /// the answer carries a stream connected to its agent, and the box stays
-    /// up until this request's connection closes. Meanwhile the edge sends a
-    /// [`moat_core::web::WebRequestLog`] on it for each request it carried.
+    /// up until this request's connection closes. Meanwhile the edge sends
+    /// [`WebSessionMsg`]s on it.
     Open {
         /// The URL's box port.
         host: WebHost,
@@ -511,6 +511,17 @@ impl From<&ManagerConfig> for AccountLimits {
             max_checkpoints: c.max_checkpoints,
         }
     }
+}
+
+/// What the edge sends on a web session's connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum WebSessionMsg {
+    /// A request it carried, for the box's log.
+    Log(moat_core::web::WebRequestLog),
+    /// Another stream to the same box's agent (for another connection to the
+    /// port): answered with `Reply::Session` and the stream, or an error.
+    Stream,
 }
 
 /// A successful answer.

@@ -8,12 +8,14 @@ use std::sync::Arc;
 
 use moat_core::egress::Question;
 use moat_core::policy::{HostName, Policy};
-use moat_core::web::{WebHost, WebRefusal, WebRequestLog, WebVerdict};
+use moat_core::web::{WebHost, WebRefusal, WebVerdict};
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Change, ChangeSink, ManagerError, WebOpenError};
 use tokio::sync::Semaphore;
 
 use crate::client::DIAL;
-use crate::proto::{AccountLimits, ApiError, BoxInfo, Event, Op, Reply, Request, Route, WebOp, Whoami, MAX_REQUEST};
+use crate::proto::{
+    AccountLimits, ApiError, BoxInfo, Event, Op, Reply, Request, Route, WebOp, WebSessionMsg, Whoami, MAX_REQUEST,
+};
 use crate::wire::Packets;
 
 /// Most request connections open at once: every box session holds one, so
@@ -342,21 +344,38 @@ async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Res
         Err(WebOpenError::Refused(r)) => return send(conn, &refused(r), None).await,
         Err(WebOpenError::Failed(e)) => return send(conn, &Event::Outcome(Err(api_error(e))), None).await,
     };
-    let fd = match agent_stream(handle, &host.name).await {
+    let fd = match agent_stream(handle.clone(), &host.name).await {
         Ok(fd) => fd,
         Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
     };
     send(conn, &Event::Outcome(Ok(Reply::WebSession { who })), Some(&fd)).await?;
     drop(fd);
-    // The session lasts as long as the edge keeps this connection; each
-    // message on it is a request it carried.
+    // The session lasts as long as the edge keeps this connection; on it,
+    // the requests it carried, and its asks for more streams to the box.
     while let Some(msg) = conn.recv(MAX_REQUEST).await? {
-        if let Ok(entry) = serde_json::from_slice::<WebRequestLog>(&msg.bytes) {
-            m.record_web(&id, &host, entry);
+        match serde_json::from_slice::<WebSessionMsg>(&msg.bytes) {
+            Ok(WebSessionMsg::Log(entry)) => m.record_web(&id, &host, entry),
+            Ok(WebSessionMsg::Stream) => match wake_and_stream(m, &id, &handle, &host.name).await {
+                Ok(fd) => send(conn, &Event::Outcome(Ok(Reply::Session)), Some(&fd)).await?,
+                Err(e) => send(conn, &Event::Outcome(Err(e)), None).await?,
+            },
+            Err(_) => {}
         }
     }
     drop(guard);
     Ok(())
+}
+
+/// Another stream to the agent of a web session's box, resumed first if
+/// it was suspended meanwhile.
+async fn wake_and_stream(
+    m: &BoxManager,
+    id: &moat_core::BoxId,
+    handle: &moat_core::BoxHandle,
+    name: &moat_core::Name,
+) -> Result<OwnedFd, ApiError> {
+    m.wake(id).await.map_err(api_error)?;
+    agent_stream(handle.clone(), name).await
 }
 
 /// The URLs of `exposures`, where the edge serves them.

@@ -108,8 +108,8 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let slot = ctx.per_box.take(&host).ok_or_else(|| Page::Crowded(host.name.to_string()))?;
     let conn = match ctx.pool.take(&host) {
         Some(conn) => conn,
-        None => match upstream::open(&ctx.api, &host, cookie.as_ref()).await {
-            Ok((conn, _)) => conn,
+        None => match upstream::open(&ctx.api, &ctx.pool, &host, cookie.as_ref()).await {
+            Ok(conn) => conn,
             Err(OpenError::Refused(r)) => return Err(Page::Refused(r, Some(host))),
             Err(OpenError::NoListener) => return Err(Page::NoListener(host.name.to_string(), host.port)),
             Err(OpenError::Failed(why)) => return Err(Page::Unreachable(host.name.to_string(), why)),

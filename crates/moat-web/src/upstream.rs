@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
@@ -21,6 +21,8 @@ use crate::body::ResBody;
 
 /// How long a connection whose answer ended waits for another request.
 pub const POOL_IDLE: Duration = Duration::from_secs(1);
+/// How long the box's agent has to say whether the port took the connection.
+const AGENT_ANSWER: Duration = Duration::from_secs(10);
 /// Most idle connections kept per box port.
 const POOL_PER_PORT: usize = 16;
 
@@ -46,13 +48,31 @@ pub enum OpenError {
     Failed(String),
 }
 
-/// Opens a connection to `host`'s box port for a visitor with `cookie`
-/// (checked again by the privileged side); with who the visitor is.
-pub async fn open(api: &ApiClient, host: &WebHost, cookie: Option<&WebSecret>) -> Result<(BoxConn, String), OpenError> {
-    let (fd, lease, who) = match api.web_open(host, cookie).await {
-        Ok(Ok(opened)) => opened,
-        Ok(Err(refusal)) => return Err(refusal.into()),
-        Err(e) => return Err(OpenError::Failed(e.message)),
+/// Opens a connection to `host`'s box port for a visitor with `cookie`: in
+/// the web session another connection to that port holds, if one does (a
+/// new stream to the agent, no new session); else in a new session, for
+/// which the privileged side checks the cookie again and wakes the box.
+pub async fn open(
+    api: &ApiClient,
+    pool: &Pool,
+    host: &WebHost,
+    cookie: Option<&WebSecret>,
+) -> Result<BoxConn, OpenError> {
+    let held = match pool.session(host) {
+        Some(lease) => lease.stream().await.ok().map(|fd| (fd, lease)),
+        None => None,
+    };
+    let (fd, lease) = match held {
+        Some(held) => held,
+        None => match api.web_open(host, cookie).await {
+            Ok(Ok((fd, lease, _))) => {
+                let lease = Arc::new(lease);
+                pool.hold_session(host, &lease);
+                (fd, lease)
+            }
+            Ok(Err(refusal)) => return Err(refusal.into()),
+            Err(e) => return Err(OpenError::Failed(e.message)),
+        },
     };
     let failed = |e: io::Error| OpenError::Failed(e.to_string());
     let stream = std::os::unix::net::UnixStream::from(fd);
@@ -60,7 +80,8 @@ pub async fn open(api: &ApiClient, host: &WebHost, cookie: Option<&WebSecret>) -
     let mut stream = UnixStream::from_std(stream).map_err(failed)?;
     send(&mut stream, &HostMsg::Connect { port: host.port }).await.map_err(failed)?;
     let mut agent = AgentReader::new(&mut stream);
-    match agent.recv().await {
+    let answer = tokio::time::timeout(AGENT_ANSWER, agent.recv()).await;
+    match answer.map_err(|_| OpenError::Failed("the box's agent did not answer".into()))? {
         Ok(Some(AgentMsg::Connected)) => {}
         Ok(Some(_)) => return Err(OpenError::NoListener),
         Ok(None) => return Err(OpenError::Failed("the box's agent closed the connection".into())),
@@ -77,16 +98,31 @@ pub async fn open(api: &ApiClient, host: &WebHost, cookie: Option<&WebSecret>) -
             tracing::debug!(error = %e, "a connection to a box port ended");
         }
     });
-    Ok((BoxConn { sender, lease: Arc::new(lease) }, who))
+    Ok(BoxConn { sender, lease })
 }
 
-/// Connections whose answer ended, per box port, each with when it did.
+/// Connections whose answer ended, per box port, each with when it did;
+/// and the web session each port's connections share (alive while one of
+/// them is: the last to go ends it).
 #[derive(Default)]
 pub struct Pool {
     idle: Mutex<HashMap<WebHost, Vec<(BoxConn, Instant)>>>,
+    sessions: Mutex<HashMap<WebHost, Weak<WebLease>>>,
 }
 
 impl Pool {
+    /// The session `host`'s connections hold, if one still does.
+    fn session(&self, host: &WebHost) -> Option<Arc<WebLease>> {
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner).get(host)?.upgrade()
+    }
+
+    /// Notes `lease` as the session of `host`'s connections.
+    fn hold_session(&self, host: &WebHost, lease: &Arc<WebLease>) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        sessions.retain(|_, s| s.strong_count() > 0);
+        sessions.insert(host.clone(), Arc::downgrade(lease));
+    }
+
     /// A connection to `host` ready for a request, if one waits.
     pub fn take(&self, host: &WebHost) -> Option<BoxConn> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);

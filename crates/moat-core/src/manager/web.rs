@@ -246,6 +246,18 @@ impl BoxManager {
         Ok((handle, guard, rec.id, who))
     }
 
+    /// Resumes box `id` if it is suspended: a web session's next stream (the
+    /// session keeps the box from the idle rule, but `suspend` freezes it
+    /// anyway). One store read when it runs.
+    pub async fn wake(&self, id: &BoxId) -> Result<(), ManagerError> {
+        let Some(rec) = self.db(|s| s.get_by_id(id))? else { return Ok(()) };
+        if rec.state != BoxState::Suspended {
+            return Ok(());
+        }
+        let (rec, _guard) = self.locked(&rec.account, &rec.name).await?;
+        self.bring_up(&rec).await.map(|_| ())
+    }
+
     /// Logs a request the edge carried to box `id` (as `web` entries of its
     /// log), in batches: a store write per request would cost more than the
     /// request.
