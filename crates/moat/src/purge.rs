@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use moat_box::host::cgroup::CgroupLayout;
 use moat_box::ns::hostview::HostView;
 use moat_box::ns::{NsConfig, NsMachine};
 use moat_box::{Host, HostBackend, HostConfig};
@@ -29,7 +30,10 @@ pub fn run(state_dir: &Path) -> Result<()> {
     if !state_dir.exists() {
         return Ok(());
     }
-    let pool = paths::open_pool(state_dir)?;
+    let pool = match paths::open_pool(state_dir) {
+        Ok(pool) => pool,
+        Err(e) => return run_without_pool(state_dir, &e),
+    };
     let config = HostConfig {
         run_dir: state_dir.join("run"),
         helper: "/nonexistent".into(),
@@ -51,6 +55,35 @@ pub fn run(state_dir: &Path) -> Result<()> {
     backend.host().cgroups.remove_parents();
     let pool = backend.into_pool().context("the pool is still in use")?;
     pool.unmount()?;
+    HostView::stop(&paths::host_view_dir(state_dir));
+    crate::uid_block::release(state_dir);
+    std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;
+    Ok(())
+}
+
+/// Removes everything under `state_dir` when its pool cannot be opened (a
+/// filesystem the kernel made read-only after an I/O error, say): every box
+/// is ended by its cgroups, which needs no pool, and the pool is detached
+/// as it is. What the pool held goes with the state directory.
+fn run_without_pool(state_dir: &Path, why: &anyhow::Error) -> Result<()> {
+    eprintln!("the pool cannot be opened ({why:#}): ending its boxes by their cgroups");
+    let cgroups = CgroupLayout::detect().context("cgroups")?;
+    let store = state_store(state_dir)?;
+    for rec in store.list_here()? {
+        eprintln!("removing box {} ({})", rec.name, rec.id);
+        cgroups.destroy(&rec.id).with_context(|| format!("end box {}", rec.name))?;
+        store.delete(&rec.id)?;
+    }
+    drop(store);
+    cgroups.remove_parents();
+    // Lazily: a broken filesystem may refuse a plain unmount; the loop
+    // device mount(8) made for it clears itself with the last reference.
+    let root = state_dir.join("pool");
+    if let Err(e) = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH) {
+        if e != nix::errno::Errno::EINVAL {
+            return Err(e).with_context(|| format!("unmount {}", root.display()));
+        }
+    }
     HostView::stop(&paths::host_view_dir(state_dir));
     crate::uid_block::release(state_dir);
     std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;

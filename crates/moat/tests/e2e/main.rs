@@ -148,6 +148,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     hygiene::one_source_cannot_lock_itself_out,
     restart::loses_nothing,
     restart::warm_boxes_are_named_when_taken_and_never_outlive_a_restart,
+    restart::purge_copes_with_a_read_only_pool,
     privsep::front_door_is_unprivileged_and_restarts,
     microvm::supervisor_explains_a_qemu_that_ended,
     microvm::supervisor_holds_nothing_left_open,

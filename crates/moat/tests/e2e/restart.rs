@@ -104,3 +104,39 @@ pub fn warm_boxes_are_named_when_taken_and_never_outlive_a_restart(env: &Env) {
     assert_eq!(left, boxes, "a warm box outlived the restart");
     daemon.purge();
 }
+
+/// A pool the kernel made read-only (as it does after an I/O error: seen
+/// here when the host's disk filled) cannot be opened, and `moat purge`
+/// still ends every box and leaves nothing: no process, cgroup, mount or
+/// state directory.
+pub fn purge_copes_with_a_read_only_pool(env: &Env) {
+    let state = env.dir.join("ro-pool-state");
+    let mut daemon = Daemon::start(state.clone(), env.daemon.keys_file.clone(), &[]);
+    let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
+    ssh(&daemon, None, &["new", "doomed", "--image", "busybox"]).ok();
+    ssh(&daemon, Some("doomed"), &["setsid sleep 1000 >/dev/null 2>&1 < /dev/null &"]).ok();
+    let info: serde_json::Value =
+        serde_json::from_str(&ssh(&daemon, None, &["info", "doomed", "--json"]).ok().stdout).unwrap();
+    let id = info["id"].as_str().unwrap().to_string();
+    let cgroup = ["/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
+        .iter()
+        .map(|p| std::path::Path::new(p).join(&id))
+        .find(|p| p.exists())
+        .unwrap();
+    let pids: Vec<String> =
+        std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap().lines().map(String::from).collect();
+    assert!(pids.len() >= 2, "the box's agent and its sleep: {pids:?}");
+    daemon.kill();
+    run(std::process::Command::new("mount").args(["-o", "remount,ro"]).arg(state.join("pool"))).ok();
+    daemon.purge();
+    assert!(!state.exists(), "the state directory is left");
+    assert!(!cgroup.exists(), "the box's cgroup is left");
+    for pid in &pids {
+        // Gone, or dead and waiting for a parent to reap it.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit(") ").next().and_then(|rest| rest.split_whitespace().next());
+        assert!(matches!(state, None | Some("Z")), "the box's process {pid} is left: {stat}");
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&state.display().to_string()), "a mount under the state directory is left");
+}
