@@ -20,7 +20,8 @@ pub mod wire;
 
 pub use client::{ApiClient, Lease, WebLease};
 pub use proto::{
-    AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, Op, Reply, Request, Route, WebOp, WebSessionMsg,
+    AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, ImageInfo, Op, Password, Reply, Request, Route, WebOp,
+    WebSessionMsg,
     Whoami,
 };
 pub use wire::Packets;

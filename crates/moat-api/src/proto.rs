@@ -97,6 +97,30 @@ pub enum Op {
         #[serde(default)]
         node: Option<String>,
     },
+    /// Pulls an image from a registry as one of the account's.
+    ImagePull {
+        /// What to pull (`[REGISTRY/]REPO[:TAG][@DIGEST]`).
+        reference: String,
+        /// The name it gets, if not the one the reference suggests.
+        #[serde(default)]
+        name: Option<Name>,
+    },
+    /// The account's pulled images.
+    ImageList,
+    /// Removes one of the account's images.
+    ImageRemove {
+        /// The image.
+        name: Name,
+    },
+    /// Keeps the account's login for a registry (sealed).
+    ImageLogin {
+        /// `HOST[:PORT]`.
+        registry: String,
+        /// The user.
+        user: String,
+        /// The password or token (from stdin).
+        password: Password,
+    },
     /// Removes a box.
     Remove {
         /// The box.
@@ -551,6 +575,10 @@ pub enum Reply {
     Secrets(Vec<SecretInfo>),
     /// To `Whoami`.
     Whoami(Whoami),
+    /// To `ImageList`.
+    Images(Vec<ImageInfo>),
+    /// To `ImagePull`.
+    Image(ImageInfo),
     /// To `OpenSession`: the stream to the agent is attached.
     Session,
     /// To `WebOp::Check`, and to `WebOp::SignIn` and `WebOp::Open` when refused.
@@ -573,6 +601,77 @@ pub enum Reply {
     },
     /// Done, nothing to say.
     Done,
+}
+
+/// A registry password or token: 1 to 1024 printable ASCII characters,
+/// never printed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Password(String);
+
+impl Password {
+    /// Checks `text` (surrounding whitespace dropped).
+    pub fn new(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() || text.len() > 1024 || !text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err("a password is 1 to 1024 printable ASCII characters, on stdin".into());
+        }
+        Ok(Self(text.to_string()))
+    }
+
+    /// The password itself, for the one place that seals it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Password {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::new(&s)
+    }
+}
+
+impl From<Password> for String {
+    fn from(p: Password) -> String {
+        p.0
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Password(..)")
+    }
+}
+
+/// A pulled image, as `image ls` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    /// The account's name for it.
+    pub name: Name,
+    /// What was pulled.
+    pub reference: String,
+    /// The manifest's digest.
+    pub digest: String,
+    /// Its blobs' size (compressed).
+    pub bytes: u64,
+    /// How many layers.
+    pub layers: usize,
+    /// When it was pulled (ms since the epoch).
+    pub created_ms: u64,
+}
+
+impl From<&moat_core::store::images::StoredImage> for ImageInfo {
+    fn from(i: &moat_core::store::images::StoredImage) -> Self {
+        Self {
+            name: i.name.clone(),
+            reference: i.reference.clone(),
+            digest: i.digest.clone(),
+            bytes: i.bytes,
+            layers: i.layers.len(),
+            created_ms: i.created_ms,
+        }
+    }
 }
 
 /// The status of a failure that means "not on this node": the box named is

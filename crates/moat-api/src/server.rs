@@ -14,7 +14,8 @@ use tokio::sync::Semaphore;
 
 use crate::client::DIAL;
 use crate::proto::{
-    AccountLimits, ApiError, BoxInfo, Event, Op, Reply, Request, Route, WebOp, WebSessionMsg, Whoami, MAX_REQUEST,
+    AccountLimits, ApiError, BoxInfo, Event, ImageInfo, Op, Reply, Request, Route, WebOp, WebSessionMsg, Whoami,
+    MAX_REQUEST,
 };
 use crate::wire::Packets;
 
@@ -522,6 +523,15 @@ async fn run(
                 m.set_idle(account, &rec.name, seconds).await?;
             }
             Reply::Box(BoxInfo::from(&m.get(account, &rec.name)?))
+        }
+        Op::ImagePull { reference, name } => {
+            Reply::Image((&m.pull_image(account, reference, name, progress).await?).into())
+        }
+        Op::ImageList => Reply::Images(m.images(account)?.iter().map(ImageInfo::from).collect()),
+        Op::ImageRemove { name } => m.remove_image(account, &name).map(|()| Reply::Done)?,
+        Op::ImageLogin { registry, user, password } => {
+            let login = moat_core::RegistryLogin { registry, user, password: password.expose().to_string() };
+            m.login(account, login).map(|()| Reply::Done)?
         }
         Op::Remove { name } => m.remove(account, &name).await.map(|()| Reply::Done)?,
         Op::Dup { src, dst } => Reply::Box(BoxInfo::from(&m.dup(account, &src, &dst).await?)),

@@ -20,10 +20,12 @@
 //! - [`checkpoint`]: a box's root saved by label, and restored in place;
 //! - [`lineage`]: a copy charged for what it keeps alive of removed parents;
 //! - [`image`]: building the read-only images boxes start from;
+//! - [`layers`]: pulled images' layers, a snapshot chain keyed by chain id;
 //! - [`identity`], [`trust`], [`environment`]: what moat writes into a box
 //!   (through `in_root`, which never leaves the box's tree);
 //! - [`diff`]: what changed between two boxes' filesystems;
 //! - [`confine`]: the confinement of moat's own unprivileged processes;
+//! - [`unpacker`]: the confinement of the helper that applies a registry's layers;
 //! - [`bpf`]: a small assembler for seccomp filters.
 
 pub mod backend;
@@ -36,6 +38,7 @@ pub mod host;
 pub mod identity;
 pub mod image;
 mod in_root;
+pub mod layers;
 pub mod lineage;
 pub mod machine;
 pub mod ns;
@@ -43,6 +46,7 @@ pub mod pool;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod trust;
+pub mod unpacker;
 pub mod vm;
 
 pub use backend::HostBackend;

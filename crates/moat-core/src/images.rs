@@ -9,3 +9,6 @@ pub const BUSYBOX: &str = "busybox";
 pub const DEFAULT: &str = DEBIAN;
 /// Images a backend builds on first use, without the operator's help.
 pub const BUILDABLE: &[&str] = &[DEBIAN, BUSYBOX];
+/// How the pool's keys of pulled images start (`oci-` and the manifest's
+/// digest): never a name `new --image` takes as such.
+pub const PULLED_PREFIX: &str = "oci-";

@@ -27,8 +27,8 @@ pub use backend::{
 pub use ids::{AccountId, BoxId, BoxIdError, Name, NameError};
 pub use limits::{Limits, LimitsError};
 pub use manager::{
-    BoxManager, BoxSpec, ManagerConfig, ManagerError, NetworkHooks, ProgressSink, SessionGuard, UsageReport,
-    WebOpenError, COOKIE_LIFETIME, LINK_LIFETIME,
+    BoxManager, BoxSpec, ImagePuller, ManagerConfig, ManagerError, NetworkHooks, ProgressSink, Pulled, RegistryLogin,
+    SessionGuard, UsageReport, WebOpenError, COOKIE_LIFETIME, LINK_LIFETIME,
 };
 pub use record::{BoxRecord, BoxState};
 pub use store::{Store, StoreError};

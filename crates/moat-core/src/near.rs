@@ -10,7 +10,7 @@ pub const MAX_EDITS: usize = 2;
 const MAX_LEN: usize = 64;
 
 /// The candidate `typed` is most likely a typo of: one within [`MAX_EDITS`]
-/// edits that change at most half the letters of the longer (two edits make
+/// edits (one for a word of four letters or fewer) that change at most half the letters of the longer (two edits make
 /// any two-letter word of any other), or one of which `typed` is a prefix or
 /// that is a prefix of `typed`. The fewest edits wins, then the first listed.
 /// A candidate equal to `typed` is no typo of it.
@@ -26,7 +26,10 @@ pub fn closest<'a>(typed: &str, candidates: impl IntoIterator<Item = &'a str>) -
         let edits = edits(typed, candidate);
         let longer = typed.chars().count().max(candidate.chars().count());
         let prefix = typed.starts_with(candidate) || candidate.starts_with(typed);
-        if ((edits <= MAX_EDITS && edits * 2 <= longer) || prefix) && best.is_none_or(|(fewest, _)| edits < fewest) {
+        // A word of four letters or fewer is a typo of one edit: two make
+        // too many of them near each other (`make` and `image`).
+        let most = if typed.chars().count() <= 4 { 1 } else { MAX_EDITS };
+        if ((edits <= most && edits * 2 <= longer) || prefix) && best.is_none_or(|(fewest, _)| edits < fewest) {
             best = Some((edits, candidate));
         }
     }

@@ -372,6 +372,11 @@ fn named_box(op: &Op) -> Option<&Name> {
         | Op::SecretKill { .. }
         | Op::Questions { .. }
         | Op::Answer { .. }
-        | Op::Whoami => None,
+        | Op::Whoami
+        // Images are each node's own (not yet kept in the fleet): whichever node answers.
+        | Op::ImagePull { .. }
+        | Op::ImageList
+        | Op::ImageRemove { .. }
+        | Op::ImageLogin { .. } => None,
     }
 }

@@ -206,6 +206,9 @@ pub struct Resolved {
     pub manifest: Manifest,
     /// The config's bytes (its digest checked).
     pub config: Vec<u8>,
+    /// The documents fetched, in order: an index (if there was one), then
+    /// the manifest; for whoever checks their digests again.
+    pub documents: Vec<Vec<u8>>,
 }
 
 impl Registry {
@@ -411,10 +414,12 @@ impl Registry {
     /// Resolves `reference` to its linux/amd64 manifest and config.
     pub async fn resolve(&self, reference: &Reference) -> Result<Resolved, ClientError> {
         let (bytes, digest, content_type) = self.manifest(&reference.manifest_ref(), reference.digest.as_ref()).await?;
+        let mut documents = vec![bytes.clone()];
         let (manifest_digest, manifest) = match manifest::read(&bytes, content_type.as_deref())? {
             Fetched::Manifest(m) => (digest, m),
             Fetched::Index(entry) => {
                 let (bytes, digest, content_type) = self.manifest(entry.digest.as_str(), Some(&entry.digest)).await?;
+                documents.push(bytes.clone());
                 match manifest::read(&bytes, content_type.as_deref())? {
                     Fetched::Manifest(m) => (digest, m),
                     Fetched::Index(_) => {
@@ -433,7 +438,7 @@ impl Registry {
             return Err(ClientError::TooLarge { what: "the image config".into(), limit: MAX_DOCUMENT });
         }
         self.blob(&desc, "the image config", &mut config, &mut |_| {}).await?;
-        Ok(Resolved { manifest_digest, manifest, config })
+        Ok(Resolved { manifest_digest, manifest, config, documents })
     }
 
     /// Streams blob `desc` into `out`, at most its declared size, telling
@@ -512,7 +517,7 @@ fn parse_challenge(header: &str) -> Option<(String, Vec<(String, String)>)> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

@@ -123,7 +123,7 @@ mod tests {
         assert_eq!(c[0], a);
         assert_eq!(c[1], Digest::of(format!("{a} {b}").as_bytes()));
         // A shared base keeps its keys whatever comes on top.
-        assert_eq!(chain(&[a.clone()])[0], c[0]);
+        assert_eq!(chain(std::slice::from_ref(&a))[0], c[0]);
         assert_ne!(chain(&[b, a])[1], c[1]);
     }
 }

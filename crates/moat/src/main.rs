@@ -17,6 +17,9 @@ mod front_door;
 mod front_router;
 mod gateway;
 mod gateway_supervisor;
+mod image_fetch;
+mod image_pull;
+mod image_unpack;
 mod microvm;
 mod node;
 mod nodes;
@@ -119,6 +122,26 @@ enum Cmd {
         #[arg(long)]
         netns: Option<PathBuf>,
     },
+    /// (internal) a pull's registry client; run by `moat serve`.
+    #[command(hide = true)]
+    ImageFetch {
+        /// Its uid and gid.
+        #[arg(long)]
+        id: u32,
+        /// The network namespace to dial from.
+        #[arg(long)]
+        netns: Option<PathBuf>,
+    },
+    /// (internal) apply one layer from stdin onto TREE, confined; run by `moat serve`.
+    #[command(hide = true)]
+    ImageUnpack {
+        /// The layer's tree.
+        tree: PathBuf,
+        /// none, gzip or zstd.
+        compression: String,
+        /// Most bytes it may unpack to.
+        max: u64,
+    },
     /// (internal) start one box from a plan on stdin; run by the daemon.
     #[command(hide = true)]
     BoxSpawn {
@@ -161,6 +184,8 @@ fn main() {
         // The helper must stay single-threaded: no runtime, no logging threads.
         Cmd::BoxSpawn { join } => std::process::exit(moat_box::ns::enforce::helper_main(&join)),
         Cmd::BoxVm => std::process::exit(moat_box::vm::supervise::helper_main()),
+        Cmd::ImageUnpack { tree, compression, max } => std::process::exit(image_unpack::main(&tree, &compression, max)),
+        Cmd::ImageFetch { id, netns } => image_fetch::run(id, netns),
         Cmd::Serve(args) => serve::run(*args),
         Cmd::FrontDoor { id } => front_door::run(id),
         Cmd::WebEdge { id } => web_edge::run(id),

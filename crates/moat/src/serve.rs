@@ -100,6 +100,18 @@ pub struct ServeArgs {
     /// (repeatable; besides /etc/ssl/certs/ca-certificates.crt).
     #[arg(long)]
     upstream_ca: Vec<PathBuf>,
+    /// The registry short image names are on (`image pull python:3.12` is
+    /// `REGISTRY/python:3.12`; `docker.io` is Docker Hub) [default: none:
+    /// a reference must name its registry].
+    #[arg(long)]
+    registry: Option<String>,
+    /// Most bytes one pulled image may have (its blobs, compressed; each
+    /// layer at most this unpacked).
+    #[arg(long, value_parser = parse_size, default_value = "8G")]
+    max_image_size: u64,
+    /// Seconds a registry may send nothing mid-answer before a pull fails.
+    #[arg(long, default_value_t = 30)]
+    pull_stall_timeout: u64,
     /// The key secrets are sealed with (made on first start)
     /// [default: STATE_DIR/secrets.key].
     #[arg(long)]
@@ -209,6 +221,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         None => anyhow::bail!("no nameserver in /etc/resolv.conf: give the gateway one with --upstream-dns"),
     };
     let pool_root = backend.host().pool.root().to_path_buf();
+    let pool = Arc::clone(&backend.host().pool);
+    moat_box::layers::clean_partials(&pool);
     let manager = BoxManager::new(store, Arc::new(backend), config);
     // Every node of a fleet seals with the fleet key: a secret added through
     // one node opens on the node its box is on.
@@ -239,6 +253,21 @@ async fn serve(args: ServeArgs) -> Result<()> {
             upstream_roots: crate::gateway_supervisor::upstream_roots(&args.upstream_ca)?,
         },
     };
+    // Pulls leave through the gateway's upstream settings, as its uid.
+    manager.set_image_puller(Arc::new(crate::image_pull::Puller {
+        pool,
+        id: args.gateway_id,
+        netns: gateway.netns.clone(),
+        upstream: gateway.hello.clone(),
+        default_registry: args.registry,
+        bounds: moat_oci::client::Bounds {
+            max_image: args.max_image_size,
+            stall: Duration::from_secs(args.pull_stall_timeout.max(1)),
+            document: Duration::from_secs(args.pull_stall_timeout.max(1) * 2),
+        },
+        runtime: tokio::runtime::Handle::current(),
+        one: std::sync::Mutex::new(()),
+    }));
     // Polled by this (main) thread, never a runtime worker: the children die
     // with the thread that started them (PR_SET_PDEATHSIG), and a worker may
     // become a blocking thread that exits when idle.

@@ -99,7 +99,7 @@ pub fn helper_main(join: &[std::path::PathBuf]) -> i32 {
 /// Starts the box (in the network namespace the caller made, if
 /// `network_ready`); returns the host pid of its PID 1.
 pub fn spawn(plan: &SpawnPlan, network_ready: bool) -> io::Result<i32> {
-    let userns = make_userns(&plan.id_map()).context(|| "user namespace".into())?;
+    let userns = sys::make_userns(&plan.id_map()).context(|| "user namespace".into())?;
     let tree =
         sys::open_tree_clone(&cpath(&plan.rootfs)?).context(|| format!("open_tree {}", plan.rootfs.display()))?;
     sys::mount_set_idmap(tree.as_fd(), userns.as_fd()).context(|| "idmapped mount".into())?;
@@ -152,41 +152,6 @@ pub fn spawn(plan: &SpawnPlan, network_ready: bool) -> io::Result<i32> {
                 let _ = nix::sys::wait::waitpid(child, None);
                 Err(io::Error::other(msg))
             }
-        }
-    }
-}
-
-/// Makes a user namespace mapping box ids 0..n to the box's host range, and
-/// returns an fd that keeps it alive. A throwaway child creates it; we (root in
-/// the host namespace) write its maps, then let the child go.
-fn make_userns(id_map: &str) -> io::Result<OwnedFd> {
-    let (ready_r, ready_w) = pipe2(OFlag::O_CLOEXEC)?;
-    let (done_r, done_w) = pipe2(OFlag::O_CLOEXEC)?;
-    // SAFETY: the helper is single-threaded.
-    match unsafe { fork() }? {
-        ForkResult::Child => {
-            drop((ready_r, done_w));
-            let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
-            let _ = File::from(ready_w).write_all(&[u8::from(ok)]);
-            let _ = File::from(done_r).read(&mut [0u8; 1]);
-            std::process::exit(0);
-        }
-        ForkResult::Parent { child } => {
-            drop((ready_w, done_r));
-            let result = (|| {
-                let mut ok = [0u8; 1];
-                File::from(ready_r).read_exact(&mut ok)?;
-                if ok[0] != 1 {
-                    return Err(io::Error::other("unshare(CLONE_NEWUSER) failed"));
-                }
-                let proc = format!("/proc/{child}");
-                std::fs::write(format!("{proc}/uid_map"), id_map)?;
-                std::fs::write(format!("{proc}/gid_map"), id_map)?;
-                Ok(File::open(format!("{proc}/ns/user"))?.into())
-            })();
-            drop(done_w);
-            let _ = nix::sys::wait::waitpid(child, None);
-            result
         }
     }
 }

@@ -18,7 +18,7 @@ use std::io;
 use nix::errno::Errno;
 
 pub use btrfs::*;
-pub use landlock::{landlock, landlock_abi};
+pub use landlock::{landlock, landlock_abi, landlock_only_beneath};
 pub use mount::*;
 pub use net::*;
 pub use process::*;

@@ -107,3 +107,45 @@ pub fn child_setup(
     }
     Ok(())
 }
+
+/// Makes a user namespace mapping ids 0..n to a host range (`id_map`, as `uid_map` takes it), and
+/// returns an fd that keeps it alive. A throwaway child creates it; we (root in
+/// the host namespace) write its maps, then let the child go.
+pub fn make_userns(id_map: &str) -> io::Result<OwnedFd> {
+    use std::fs::File;
+    use std::io::{Read, Write};
+
+    use nix::fcntl::OFlag;
+    use nix::sched::{unshare, CloneFlags};
+    use nix::unistd::{fork, pipe2, ForkResult};
+    let (ready_r, ready_w) = pipe2(OFlag::O_CLOEXEC)?;
+    let (done_r, done_w) = pipe2(OFlag::O_CLOEXEC)?;
+    // SAFETY: only single-threaded helpers call this (fork in a threaded
+    // process could leave locks held in the child).
+    match unsafe { fork() }? {
+        ForkResult::Child => {
+            drop((ready_r, done_w));
+            let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            let _ = File::from(ready_w).write_all(&[u8::from(ok)]);
+            let _ = File::from(done_r).read(&mut [0u8; 1]);
+            std::process::exit(0);
+        }
+        ForkResult::Parent { child } => {
+            drop((ready_w, done_r));
+            let result = (|| {
+                let mut ok = [0u8; 1];
+                File::from(ready_r).read_exact(&mut ok)?;
+                if ok[0] != 1 {
+                    return Err(io::Error::other("unshare(CLONE_NEWUSER) failed"));
+                }
+                let proc = format!("/proc/{child}");
+                std::fs::write(format!("{proc}/uid_map"), id_map)?;
+                std::fs::write(format!("{proc}/gid_map"), id_map)?;
+                Ok(File::open(format!("{proc}/ns/user"))?.into())
+            })();
+            drop(done_w);
+            let _ = nix::sys::wait::waitpid(child, None);
+            result
+        }
+    }
+}

@@ -10,6 +10,7 @@ mod checkpoints;
 mod copies;
 mod durable;
 mod fleet;
+mod images;
 mod meter;
 mod moves;
 mod network;
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 pub use durable::{Durability, DurableHooks};
 pub use fleet::{LEASE, LEASE_RENEW};
+pub use images::{ImagePuller, Logins, Pulled, RegistryLogin};
 pub use meter::{SecretUsage, UsageReport};
 pub use network::NetworkHooks;
 pub use session::SessionGuard;
@@ -187,6 +189,12 @@ pub enum ManagerError {
         /// The account.
         with: AccountId,
     },
+    /// A pull failed (the reason, in one line).
+    #[error("{0}")]
+    Pull(String),
+    /// This server pulls no images.
+    #[error("this server pulls no images")]
+    NoPuller,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -287,6 +295,7 @@ pub struct BoxManager {
     sessions: Mutex<HashMap<BoxId, session::Sessions>>,
     network: std::sync::OnceLock<Arc<dyn NetworkHooks>>,
     durable: std::sync::OnceLock<Arc<dyn DurableHooks>>,
+    puller: std::sync::OnceLock<Arc<dyn ImagePuller>>,
     egress_follow: tokio::sync::broadcast::Sender<(BoxId, crate::egress::LogEntry)>,
     questions: ask::Questions,
     sealer: std::sync::OnceLock<crate::secrets::Sealer>,
@@ -312,6 +321,7 @@ impl BoxManager {
             sessions: Mutex::new(HashMap::new()),
             network: std::sync::OnceLock::new(),
             durable: std::sync::OnceLock::new(),
+            puller: std::sync::OnceLock::new(),
             egress_follow: tokio::sync::broadcast::channel(4096).0,
             questions: ask::Questions::default(),
             sealer: std::sync::OnceLock::new(),
@@ -458,6 +468,8 @@ impl BoxManager {
             return Err(ManagerError::NoRoomHere(StoreError::NodeUnavailable(self.node.clone())));
         }
         self.check_quota(account, &spec.limits)?;
+        let mut spec = spec;
+        spec.image = self.resolve_image(account, &spec.image)?;
         if self.db(|s| s.get(account, &spec.name))?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
         }

@@ -19,7 +19,7 @@ impl BoxManager {
         let _ = self.sealer.set(sealer);
     }
 
-    fn sealer(&self) -> Result<&Sealer, ManagerError> {
+    pub(super) fn sealer(&self) -> Result<&Sealer, ManagerError> {
         self.sealer.get().ok_or(ManagerError::NoSecretKey)
     }
 

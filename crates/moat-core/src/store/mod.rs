@@ -10,6 +10,7 @@
 pub mod durable;
 pub mod egress_log;
 pub mod fleet;
+pub mod images;
 pub mod ledger;
 pub mod moves;
 pub mod nodes;

@@ -200,9 +200,33 @@ ALTER TABLE boxes ADD COLUMN moved_as_of_ms INTEGER;
 ALTER TABLE boxes ADD COLUMN moved_at_ms INTEGER;
 ";
 
+/// Pulled images, per account (see `store::images`), and the accounts'
+/// registry logins, sealed as secrets are.
+pub(crate) const IMAGES: &str = "
+CREATE TABLE IF NOT EXISTS images (
+    account     TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    reference   TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    layers      TEXT NOT NULL,
+    config      TEXT NOT NULL,
+    bytes       INTEGER NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    PRIMARY KEY (account, name)
+);
+CREATE TABLE IF NOT EXISTS registry_logins (
+    account     TEXT NOT NULL,
+    registry    TEXT NOT NULL,
+    sealed      BLOB NOT NULL,
+    PRIMARY KEY (account, registry)
+);
+";
+
 /// The versions of the schema, oldest first: each brings a database at the
 /// version before it to its own. Never edit one that has shipped: add another.
-const MIGRATIONS: &[(u32, Migration)] = &[(1, tables), (2, fleet), (3, durable), (4, moves), (5, stored), (6, web)];
+const MIGRATIONS: &[(u32, Migration)] =
+    &[(1, tables), (2, fleet), (3, durable), (4, moves), (5, stored), (6, web), (7, images)];
 
 /// What brings a database from the version before to the next.
 type Migration = fn(&mut dyn Exec) -> Result<(), StoreError>;
@@ -305,6 +329,11 @@ fn stored(tx: &mut dyn Exec) -> Result<(), StoreError> {
 /// Version 6: web URLs' exposed ports and shares (new tables).
 fn web(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, super::web::WEB)
+}
+
+/// Version 7: pulled images and registry logins (new tables).
+fn images(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, IMAGES)
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.

@@ -34,6 +34,7 @@ pub async fn run(
         Plan::Print(text) => return print(out, text).await,
         Plan::Call(call) => call,
         Plan::ReadSecret(call) => call(read_value(&mut input).await?),
+        Plan::ReadPassword(call) => call(read_password(&mut input).await?),
     };
     // (The answer is shown with the operation in hand: `ask ID ANSWER` says what it answered.)
     let request = Request::Act { account: account.clone(), op: op.clone() };
@@ -109,14 +110,28 @@ async fn print(out: &mpsc::Sender<Output>, text: String) -> Result<(), ApiError>
 }
 
 /// A secret's value, from stdin to its end: never echoed or logged.
-async fn read_value(input: &mut mpsc::Receiver<Vec<u8>>) -> Result<SecretValue, ApiError> {
+/// Stdin to its end, or to a little past `max` bytes.
+async fn read_stdin(input: &mut mpsc::Receiver<Vec<u8>>, max: usize) -> Vec<u8> {
     let mut value = Vec::new();
     while let Some(data) = input.recv().await {
         value.extend_from_slice(&data);
-        if value.len() > MAX_VALUE + 2 {
+        if value.len() > max + 2 {
             break;
         }
     }
+    value
+}
+
+/// A registry password from stdin (`image login`).
+async fn read_password(input: &mut mpsc::Receiver<Vec<u8>>) -> Result<moat_api::Password, ApiError> {
+    let value = read_stdin(input, 1024).await;
+    let bad = |message: String| ApiError { status: 2, message: format!("image login: {message}") };
+    let text = std::str::from_utf8(&value).map_err(|_| bad("the password is not text".into()))?;
+    moat_api::Password::new(text).map_err(bad)
+}
+
+async fn read_value(input: &mut mpsc::Receiver<Vec<u8>>) -> Result<SecretValue, ApiError> {
+    let value = read_stdin(input, MAX_VALUE).await;
     let bad = |e: moat_core::secrets::SecretError| ApiError { status: 2, message: format!("secret add: {e}") };
     let text = std::str::from_utf8(&value).map_err(|_| bad(moat_core::secrets::SecretError::BadValue))?;
     SecretValue::new(text).map_err(bad)

@@ -20,6 +20,7 @@ mod fixture;
 mod fleet;
 mod forward;
 mod hygiene;
+mod images;
 mod isolation;
 mod lifecycle;
 mod microvm;
@@ -178,6 +179,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     secrets::reach_only_their_host_and_header,
     push::push_rules_decide_each_ref,
     secrets::limits_kill_and_usage,
+    images::pull_login_new_and_hostile_images,
     egress::gateway_is_unprivileged_and_fails_closed,
     web::private_urls_sign_in_share_and_wake_in_a_browser,
     web_hostile::hostile_clients_get_bounded_refusals,

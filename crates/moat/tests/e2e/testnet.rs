@@ -24,6 +24,7 @@ pub const NAMES: &[(&str, &str)] = &[
     ("registry.npmjs.org", WEB),
     ("index.crates.io", WEB),
     ("static.crates.io", WEB),
+    ("registry.test", WEB),
     ("private.test", "10.1.2.3"),
     ("loop.test", "127.0.0.1"),
 ];
@@ -134,7 +135,7 @@ impl TestNet {
         ]);
         std::fs::write(
             d.join("ext"),
-            "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org,DNS:registry.npmjs.org,DNS:index.crates.io,DNS:static.crates.io,DNS:llm.test\n",
+            "subjectAltName=DNS:web.test,DNS:other.test,DNS:github.com,DNS:pypi.org,DNS:registry.npmjs.org,DNS:index.crates.io,DNS:static.crates.io,DNS:llm.test,DNS:registry.test,IP:203.0.113.10\n",
         )
         .expect("ext");
         openssl(&[

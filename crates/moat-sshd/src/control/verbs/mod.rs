@@ -20,6 +20,7 @@ mod diff;
 mod dup;
 mod expose;
 mod help;
+mod image;
 mod info;
 mod log;
 mod ls;
@@ -72,6 +73,7 @@ pub const VERBS: &[Verb] = &[
     url::VERB,
     share::VERB,
     share::UNSHARE,
+    image::VERB,
     whoami::VERB,
     help::VERB,
 ];
@@ -95,6 +97,9 @@ pub enum Plan {
     /// Read a secret's value from stdin, to its end, and then make the call
     /// this makes of it (`secret add`: the value is never on the command line).
     ReadSecret(Box<dyn FnOnce(SecretValue) -> Call + Send>),
+    /// Read a registry password from stdin, to its end, then make the call
+    /// this makes of it (`image login`).
+    ReadPassword(Box<dyn FnOnce(moat_api::Password) -> Call + Send>),
 }
 
 /// How a verb shows the core's answer to its operation, for people or (with
@@ -137,7 +142,7 @@ impl Plan {
     pub fn creates(&self) -> Option<&Name> {
         match self {
             Plan::Call(call) => call.op.creates(),
-            Plan::Print(_) | Plan::ReadSecret(_) => None,
+            Plan::Print(_) | Plan::ReadSecret(_) | Plan::ReadPassword(_) => None,
         }
     }
 }
@@ -148,6 +153,7 @@ impl std::fmt::Debug for Plan {
             Plan::Print(text) => f.debug_tuple("Print").field(text).finish(),
             Plan::Call(call) => f.debug_tuple("Call").field(call).finish(),
             Plan::ReadSecret(_) => f.write_str("ReadSecret(..)"),
+            Plan::ReadPassword(_) => f.write_str("ReadPassword(..)"),
         }
     }
 }

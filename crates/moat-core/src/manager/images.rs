@@ -1,0 +1,183 @@
+//! The manager's side of pulled images: each an account's own, by the name
+//! it gave it; the pulling itself (the fetch and unpack helpers, the pool's
+//! layers) is the puller's, set once at start by the binary. Registry logins
+//! are sealed with the secrets key and opened only to hand to the puller.
+
+use std::sync::Arc;
+
+use super::{BoxManager, ManagerError};
+use crate::backend::Progress;
+use crate::ids::{AccountId, Name};
+use crate::secrets::SecretValue;
+use crate::store::images::StoredImage;
+
+/// A registry login, opened.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+pub struct RegistryLogin {
+    /// The registry it is for (`HOST[:PORT]`).
+    pub registry: String,
+    /// The user.
+    pub user: String,
+    /// The password or token.
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegistryLogin {{ registry: {:?}, user: {:?}, password: [redacted] }}", self.registry, self.user)
+    }
+}
+
+/// The account's logins, asked for by registry once the reference is read.
+pub type Logins<'a> = &'a (dyn Fn(&str) -> Option<RegistryLogin> + Send + Sync);
+
+/// What a pull made.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    /// The reference in full (`registry/repo:tag` or `@digest`).
+    pub reference: String,
+    /// The name it is listed by unless the user gave one.
+    pub name_hint: String,
+    /// The image's subvolume in the pool (shared by every account that
+    /// pulled the same manifest).
+    pub key: Name,
+    /// The manifest's digest.
+    pub digest: String,
+    /// Its layers' chain ids, bottom first.
+    pub layers: Vec<String>,
+    /// Its config, as served.
+    pub config: String,
+    /// Its blobs' size.
+    pub bytes: u64,
+}
+
+/// What pulls images into the pool.
+pub trait ImagePuller: Send + Sync {
+    /// Pulls `reference` (resolved against the operator's default
+    /// registry), with `logins`, telling `progress` how it goes. Blocks.
+    fn pull(&self, reference: &str, logins: Logins<'_>, progress: Progress<'_>) -> Result<Pulled, String>;
+    /// The image `key` is no one's any more, nor are `layers` (no image of
+    /// anyone's has them): drop them from the pool. Boxes keep their copies.
+    fn forget(&self, key: Option<&Name>, layers: &[String]);
+}
+
+/// The label logins are sealed under (the registry is inside the value).
+const LOGIN_LABEL: &str = "registry-login";
+
+impl BoxManager {
+    /// Sets the puller (once; later calls are ignored).
+    pub fn set_image_puller(&self, puller: Arc<dyn ImagePuller>) {
+        let _ = self.puller.set(puller);
+    }
+
+    fn puller(&self) -> Result<Arc<dyn ImagePuller>, ManagerError> {
+        self.puller.get().cloned().ok_or(ManagerError::NoPuller)
+    }
+
+    /// Pulls `reference` as the account's image `name` (or the name the
+    /// reference suggests), replacing the one of that name it had.
+    pub async fn pull_image(
+        &self,
+        account: &AccountId,
+        reference: String,
+        name: Option<Name>,
+        mut progress: crate::ProgressSink,
+    ) -> Result<StoredImage, ManagerError> {
+        let puller = self.puller()?;
+        let logins = self.logins(account)?;
+        let pulled = tokio::task::spawn_blocking(move || {
+            let find = move |registry: &str| logins.iter().find(|l| l.registry == registry).cloned();
+            puller.pull(&reference, &find, &mut progress)
+        })
+        .await?
+        .map_err(ManagerError::Pull)?;
+        let name = match name {
+            Some(name) => name,
+            None => Name::new(&pulled.name_hint).map_err(|_| ManagerError::NameTooLong(pulled.name_hint.clone()))?,
+        };
+        if crate::images::BUILDABLE.contains(&name.as_str()) {
+            return Err(ManagerError::Pull(format!("{name} is a built-in image's name: pull it --as another")));
+        }
+        let image = StoredImage {
+            account: account.clone(),
+            name,
+            key: pulled.key,
+            reference: pulled.reference,
+            digest: pulled.digest,
+            layers: pulled.layers,
+            config: pulled.config,
+            bytes: pulled.bytes,
+            created_ms: crate::clock::now_ms(),
+        };
+        if let Some(old) = self.db(|s| s.put_image(&image))? {
+            self.forget_unused(&old);
+        }
+        Ok(image)
+    }
+
+    /// The account's images.
+    pub fn images(&self, account: &AccountId) -> Result<Vec<StoredImage>, ManagerError> {
+        Ok(self.db(|s| s.images(Some(account)))?)
+    }
+
+    /// The account's image `name`, if it pulled one by that name.
+    pub fn pulled_image(&self, account: &AccountId, name: &Name) -> Result<Option<StoredImage>, ManagerError> {
+        Ok(self.db(|s| s.image(account, name))?)
+    }
+
+    /// Removes the account's image `name`; boxes made from it keep their files.
+    pub fn remove_image(&self, account: &AccountId, name: &Name) -> Result<(), ManagerError> {
+        let image = self.db(|s| s.image(account, name))?.ok_or_else(|| ManagerError::NoSuchImage(name.clone()))?;
+        self.db(|s| s.remove_image(account, name))?;
+        self.forget_unused(&image);
+        Ok(())
+    }
+
+    /// Drops from the pool what of `gone` no image of anyone's still uses.
+    fn forget_unused(&self, gone: &StoredImage) {
+        let Ok(all) = self.db(|s| s.images(None)) else { return };
+        let key = (!all.iter().any(|i| i.key == gone.key)).then_some(&gone.key);
+        let layers: Vec<String> =
+            gone.layers.iter().filter(|l| !all.iter().any(|i| i.layers.contains(l))).cloned().collect();
+        if let Ok(puller) = self.puller() {
+            puller.forget(key, &layers);
+        }
+    }
+
+    /// Keeps the account's login for `registry`, sealed.
+    pub fn login(&self, account: &AccountId, login: RegistryLogin) -> Result<(), ManagerError> {
+        let text = serde_json::to_string(&login).map_err(|e| ManagerError::Pull(e.to_string()))?;
+        let value = SecretValue::new(&text)?;
+        let label = Name::new(LOGIN_LABEL).map_err(|_| ManagerError::NameTooLong(LOGIN_LABEL.into()))?;
+        let sealed = self.sealer()?.seal(account, &label, &value);
+        Ok(self.db(|s| s.put_registry_login(account, &login.registry, &sealed))?)
+    }
+
+    /// The account's logins, opened (a login that does not open is left out).
+    fn logins(&self, account: &AccountId) -> Result<Vec<RegistryLogin>, ManagerError> {
+        let Ok(sealer) = self.sealer() else { return Ok(Vec::new()) };
+        let label = Name::new(LOGIN_LABEL).map_err(|_| ManagerError::NameTooLong(LOGIN_LABEL.into()))?;
+        let sealed = self.db(|s| s.registry_logins(account))?;
+        Ok(sealed
+            .iter()
+            .filter_map(|(registry, sealed)| {
+                let value = sealer.open(account, &label, sealed).ok()?;
+                let login: RegistryLogin = serde_json::from_str(value.expose()).ok()?;
+                (&login.registry == registry).then_some(login)
+            })
+            .collect())
+    }
+
+    /// The image a box of the account's is made from: its own pulled image
+    /// of that name (its pool key), or one of the pool's own (built); never
+    /// a pulled image by its key (another account's, perhaps).
+    pub(super) fn resolve_image(&self, account: &AccountId, image: &Name) -> Result<Name, ManagerError> {
+        if let Some(pulled) = self.db(|s| s.image(account, image))? {
+            return Ok(pulled.key);
+        }
+        if image.as_str().starts_with(crate::images::PULLED_PREFIX) {
+            return Err(ManagerError::NoSuchImage(image.clone()));
+        }
+        Ok(image.clone())
+    }
+}

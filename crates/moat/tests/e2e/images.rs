@@ -1,0 +1,406 @@
+//! Images pulled from a real registry (Debian's docker-registry, TLS from the
+//! test internet's CA, htpasswd auth) on the test internet, made by the test
+//! with umoci and pushed with skopeo: login, pull (a multi-platform index
+//! resolved to linux/amd64, by tag and by digest), layers shared, a box made
+//! from the image with its files as the image says (whiteouts, hard links,
+//! setuid, file capabilities, owners), and hostile images refused with
+//! nothing left behind.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::fixture::unique;
+use crate::testnet::{TestNet, WEB};
+use crate::Env;
+
+const USER: &str = "moat";
+const PASSWORD: &str = "s3cret-pull";
+/// Where the registry listens, on the test internet.
+const PORT: u16 = 5000;
+
+/// A docker-registry in the test internet's namespace; killed on drop.
+struct Registry {
+    child: Child,
+    dir: PathBuf,
+    netns: String,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // `ip netns exec` may leave the registry as a process of its own:
+        // end the one serving this config, by its pid.
+        let config = self.dir.join("config.yml").display().to_string();
+        let pids =
+            Command::new("ip").args(["netns", "pids", &self.netns]).output().map(|o| o.stdout).unwrap_or_default();
+        for pid in String::from_utf8_lossy(&pids).split_whitespace() {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&config) {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        }
+    }
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Registry {
+    fn start(net: &TestNet, dir: &Path) -> Registry {
+        std::fs::create_dir_all(dir.join("storage")).unwrap();
+        let htpasswd = run_ok(Command::new("htpasswd").args(["-Bbn", USER, PASSWORD]));
+        std::fs::write(dir.join("htpasswd"), htpasswd).unwrap();
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {WEB}:{PORT}\n  tls:\n    certificate: {}\n    key: {}\nauth:\n  htpasswd:\n    realm: moat-test\n    path: {}\n",
+            dir.join("storage").display(),
+            net.dir.join("web.pem").display(),
+            net.dir.join("web.key").display(),
+            dir.join("htpasswd").display()
+        );
+        std::fs::write(dir.join("config.yml"), config).unwrap();
+        let log = std::fs::File::create(dir.join("registry.log")).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &net.name, "docker-registry", "serve"])
+            .arg(dir.join("config.yml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let registry = Registry { child, dir: dir.to_path_buf(), netns: net.name.clone() };
+        // skopeo's trust for the registry, as containers' tools look for it.
+        let certs = dir.join("certs").join(format!("{WEB}:{PORT}"));
+        std::fs::create_dir_all(&certs).unwrap();
+        std::fs::copy(net.dir.join("ca.pem"), certs.join("ca.crt")).unwrap();
+        for _ in 0..100 {
+            let up = Command::new("ip")
+                .args(["netns", "exec", &net.name, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+                .arg(net.dir.join("ca.pem"))
+                .arg(format!("https://{WEB}:{PORT}/v2/"))
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout) == "401");
+            if up {
+                return registry;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!(
+            "the registry did not come up: {}",
+            std::fs::read_to_string(dir.join("registry.log")).unwrap_or_default()
+        );
+    }
+
+    /// Pushes `layout:tag` as `repo:tag`, every platform of an index.
+    fn push(&self, layout: &Path, tag: &str, repo: &str) {
+        run_ok(
+            Command::new("ip")
+                .args(["netns", "exec", &self.netns, "skopeo", "copy", "--all", "-q", "--dest-creds"])
+                .arg(format!("{USER}:{PASSWORD}"))
+                .arg("--dest-cert-dir")
+                .arg(self.dir.join("certs").join(format!("{WEB}:{PORT}")))
+                .arg(format!("oci:{}:{tag}", layout.display()))
+                .arg(format!("docker://{WEB}:{PORT}/{repo}:{tag}")),
+        );
+    }
+}
+
+fn sh(script: &str) {
+    run_ok(Command::new("sh").args(["-c", script]));
+}
+
+fn umoci(args: &[&str]) -> String {
+    run_ok(Command::new("umoci").args(args))
+}
+
+/// Writes `bytes` as a blob of the layout; its descriptor's digest and size.
+fn put_blob(layout: &Path, bytes: &[u8]) -> (String, usize) {
+    use sha2::Digest as _;
+    let hex = hex::encode(sha2::Sha256::digest(bytes));
+    std::fs::write(layout.join("blobs/sha256").join(&hex), bytes).unwrap();
+    (format!("sha256:{hex}"), bytes.len())
+}
+
+fn blob(layout: &Path, digest: &str) -> serde_json::Value {
+    let hex = digest.trim_start_matches("sha256:");
+    serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap()).unwrap()
+}
+
+/// Tags `digest` (of `media_type`) as `tag` in the layout's index.
+fn tag(layout: &Path, tag: &str, media_type: &str, digest: &str, size: usize) {
+    let path = layout.join("index.json");
+    let mut index: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    index["manifests"].as_array_mut().unwrap().push(serde_json::json!({
+        "mediaType": media_type, "digest": digest, "size": size,
+        "annotations": {"org.opencontainers.image.ref.name": tag}
+    }));
+    std::fs::write(path, serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
+/// The manifest `tag` names in the layout.
+fn manifest_of(layout: &Path, name: &str) -> (String, serde_json::Value) {
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let entry = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == name)
+        .unwrap()
+        .clone();
+    let digest = entry["digest"].as_str().unwrap().to_string();
+    (digest.clone(), blob(layout, &digest))
+}
+
+/// An image of busybox with what a layer can carry: an owner, a setuid
+/// binary, a file capability, a hard link, and (in a second layer) a
+/// whiteout; its config sets Env, WorkingDir and User.
+fn make_tiny(work: &Path) -> PathBuf {
+    let layout = work.join("layout");
+    umoci(&["init", "--layout", &layout.display().to_string()]);
+    let image = format!("{}:tiny", layout.display());
+    umoci(&["new", "--image", &image]);
+    let bundle = work.join("bundle");
+    umoci(&["unpack", "--image", &image, &bundle.display().to_string()]);
+    let rootfs = bundle.join("rootfs");
+    for dir in ["bin", "etc", "srv", "home/app"] {
+        std::fs::create_dir_all(rootfs.join(dir)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    for applet in ["sh", "cat", "stat", "ls", "id", "test", "env", "pwd"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n")
+        .unwrap();
+    std::fs::write(rootfs.join("etc/group"), "root:x:0:\napp:x:1000:\n").unwrap();
+    std::fs::write(rootfs.join("hello"), "hello from a pulled image\n").unwrap();
+    std::fs::hard_link(rootfs.join("hello"), rootfs.join("hello2")).unwrap();
+    std::fs::write(rootfs.join("gone"), "whited out above\n").unwrap();
+    std::fs::write(rootfs.join("home/app/mine"), "app's\n").unwrap();
+    std::os::unix::fs::chown(rootfs.join("home/app/mine"), Some(1000), Some(1000)).unwrap();
+    std::fs::copy("/bin/busybox", rootfs.join("bin/suid")).unwrap();
+    sh(&format!(
+        "chmod 4755 {0}/bin/suid && cp /bin/busybox {0}/bin/capped && setcap cap_net_bind_service+ep {0}/bin/capped",
+        rootfs.display()
+    ));
+    umoci(&["repack", "--image", &image, &bundle.display().to_string()]);
+    std::fs::remove_dir_all(&bundle).unwrap();
+    umoci(&["unpack", "--image", &image, &bundle.display().to_string()]);
+    std::fs::remove_file(bundle.join("rootfs/gone")).unwrap();
+    std::fs::write(bundle.join("rootfs/srv/top"), "second layer\n").unwrap();
+    umoci(&["repack", "--image", &image, &bundle.display().to_string()]);
+    std::fs::remove_dir_all(&bundle).unwrap();
+    umoci(&[
+        "config",
+        "--image",
+        &image,
+        "--config.env",
+        "GREETING=hi",
+        "--config.workingdir",
+        "/srv",
+        "--config.user",
+        "app",
+    ]);
+    layout
+}
+
+/// Tags `multi`: an index of an arm64 manifest (listed first) and tiny's
+/// amd64 one; the amd64 manifest's digest.
+fn make_multi(layout: &Path) -> String {
+    let (amd64, manifest) = manifest_of(layout, "tiny");
+    let mut arm = manifest.clone();
+    arm["annotations"] = serde_json::json!({"moat.test": "not for this host"});
+    let (arm, arm_size) = put_blob(layout, &serde_json::to_vec(&arm).unwrap());
+    let amd64_size =
+        std::fs::metadata(layout.join("blobs/sha256").join(amd64.trim_start_matches("sha256:"))).unwrap().len();
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": arm, "size": arm_size,
+             "platform": {"architecture": "arm64", "os": "linux"}},
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": amd64, "size": amd64_size,
+             "platform": {"architecture": "amd64", "os": "linux"}}
+        ]
+    });
+    let (digest, size) = put_blob(layout, &serde_json::to_vec(&index).unwrap());
+    tag(layout, "multi", "application/vnd.oci.image.index.v1+json", &digest, size);
+    amd64
+}
+
+/// Tags `liar`: an image of one new layer whose config names another diff id.
+fn make_liar(work: &Path, layout: &Path) {
+    let image = format!("{}:liar", layout.display());
+    umoci(&["new", "--image", &image]);
+    let bundle = work.join("liar");
+    umoci(&["unpack", "--image", &image, &bundle.display().to_string()]);
+    std::fs::write(bundle.join("rootfs/lie"), "a layer unlike its diff id\n").unwrap();
+    umoci(&["repack", "--image", &image, &bundle.display().to_string()]);
+    let (_, mut manifest) = manifest_of(layout, "liar");
+    let mut config = blob(layout, manifest["config"]["digest"].as_str().unwrap());
+    config["rootfs"]["diff_ids"][0] = serde_json::json!(format!("sha256:{}", "ab".repeat(32)));
+    let (digest, size) = put_blob(layout, &serde_json::to_vec(&config).unwrap());
+    manifest["config"]["digest"] = digest.into();
+    manifest["config"]["size"] = size.into();
+    let (digest, size) = put_blob(layout, &serde_json::to_vec(&manifest).unwrap());
+    // The new manifest takes the tag.
+    let path = layout.join("index.json");
+    let mut index: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    index["manifests"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|m| m["annotations"]["org.opencontainers.image.ref.name"] != "liar");
+    std::fs::write(&path, serde_json::to_vec(&index).unwrap()).unwrap();
+    tag(layout, "liar", "application/vnd.oci.image.manifest.v1+json", &digest, size);
+}
+
+/// The one line of a failed command's error (progress lines may come before).
+fn one_error(out: &crate::fixture::Ran) -> String {
+    let errors: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("moat:")).collect();
+    assert_eq!(errors.len(), 1, "{}", out.stderr);
+    assert_eq!(out.stderr.lines().last(), errors.first().copied(), "{}", out.stderr);
+    errors.first().map_or(String::new(), |l| l.to_string())
+}
+
+fn login(env: &Env, registry: &str, password: &str) -> crate::fixture::Ran {
+    let mut cmd = env.daemon.ssh(&env.alice, None, &["image", "login", registry, USER]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(format!("{password}\n").as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    crate::fixture::Ran {
+        status: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// What the pool holds that a pull is making (none once it ended).
+fn partials(env: &Env) -> Vec<String> {
+    let layers = env.daemon.state_dir.join("pool/layers");
+    let mut found: Vec<String> = std::fs::read_dir(layers)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    let blobs = env.daemon.state_dir.join("pool/blobs");
+    found.extend(
+        std::fs::read_dir(blobs)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok()),
+    );
+    found
+}
+
+pub fn pull_login_new_and_hostile_images(env: &Env) {
+    let work = env.dir.join(unique("images"));
+    std::fs::create_dir_all(&work).unwrap();
+    let registry = Registry::start(&env.net, &work.join("registry"));
+    let layout = make_tiny(&work);
+    let amd64 = make_multi(&layout);
+    make_liar(&work, &layout);
+    registry.push(&layout, "tiny", "moat/tiny");
+    registry.push(&layout, "multi", "moat/multi");
+    registry.push(&layout, "liar", "moat/liar");
+    let host = format!("registry.test:{PORT}");
+
+    // No login: one line saying what to do.
+    let out = env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:tiny")]);
+    assert_ne!(out.status, Some(0));
+    assert!(one_error(&out).contains("asks for a login"), "{}", out.stderr);
+    let ran = login(env, &host, "wrong-password");
+    assert_eq!(ran.status, Some(0), "{}", ran.stderr);
+    let out = env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:tiny")]);
+    assert!(out.stderr.contains("refused the login"), "{}", out.stderr);
+    let ran = login(env, &host, PASSWORD);
+    assert_eq!(ran.status, Some(0), "{}", ran.stderr);
+    assert!(!ran.stdout.contains(PASSWORD) && !ran.stderr.contains(PASSWORD));
+
+    // A multi-platform index resolves to linux/amd64; progress streams.
+    let out = env.alice(None, &["image", "pull", &format!("{host}/moat/multi:multi"), "--as", "multi"]).ok();
+    assert!(out.stdout.contains(&amd64), "{}", out.stdout);
+    assert!(out.stderr.contains("layer 1/2") && out.stderr.contains("unpacking"), "{}", out.stderr);
+    // The same image by tag shares every layer; by digest, the same image.
+    let out = env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:tiny")]).ok();
+    assert!(
+        out.stderr.contains("layer 1/2") && out.stderr.contains("have it") && !out.stderr.contains("unpacking"),
+        "{}",
+        out.stderr
+    );
+    let out = env.alice(None, &["image", "pull", &format!("{host}/moat/tiny@{amd64}"), "--as", "pinned"]).ok();
+    assert!(out.stdout.contains(&amd64), "{}", out.stdout);
+    let listed: serde_json::Value =
+        serde_json::from_str(&env.alice(None, &["image", "ls", "--json"]).ok().stdout).unwrap();
+    let names: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|i| i["name"].as_str()).collect();
+    assert!(names.contains(&"multi") && names.contains(&"tiny-tiny") && names.contains(&"pinned"), "{listed}");
+    // Another account sees none of them, and cannot make a box of one.
+    let bobs = crate::fixture::run(&mut env.daemon.ssh(&env.bob, None, &["image", "ls", "--json"])).ok().stdout;
+    assert_eq!(bobs.trim(), "[]");
+    let b = unique("img");
+    let out = crate::fixture::run(&mut env.daemon.ssh(&env.bob, None, &["new", &b, "--image", "multi"]));
+    assert!(out.stderr.contains("no image named multi"), "{}", out.stderr);
+
+    // A box of it has the image's files as the image says.
+    let a = unique("img");
+    env.alice(None, &["new", &a, "--image", "tiny-tiny"]).ok();
+    let files = env
+        .alice(
+            Some(&a),
+            &["cat /hello; test ! -e /gone && echo gone; cat /srv/top; stat -c '%i' /hello /hello2; stat -c '%a %u:%g' /bin/suid /home/app/mine"],
+        )
+        .ok()
+        .stdout;
+    let lines: Vec<&str> = files.lines().collect();
+    assert_eq!(lines[..3], ["hello from a pulled image", "gone", "second layer"], "{files}");
+    assert_eq!(lines[3], lines[4], "a hard link: {files}");
+    assert_eq!(lines[5..], ["4755 0:0", "644 1000:1000"], "{files}");
+    // The file capability is on the image's file (read from the host).
+    let pool_images = env.daemon.state_dir.join("pool/images");
+    let key = std::fs::read_dir(&pool_images)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.join("bin/capped").exists())
+        .unwrap();
+    let caps = run_ok(Command::new("getcap").arg(key.join("bin/capped")));
+    assert!(caps.contains("cap_net_bind_service"), "{caps}");
+    // The pool's key of alice's image is no name bob's `new` takes.
+    let key_name = key.file_name().unwrap().to_string_lossy().into_owned();
+    let out = crate::fixture::run(&mut env.daemon.ssh(&env.bob, None, &["new", &b, "--image", &key_name]));
+    assert!(out.stderr.contains("no image named"), "{}", out.stderr);
+
+    // A layer unlike its config's diff id: refused, nothing kept.
+    let out = env.alice(None, &["image", "pull", &format!("{host}/moat/liar:liar")]);
+    assert_ne!(out.status, Some(0));
+    assert!(one_error(&out).contains("not the config's diff id"), "{}", out.stderr);
+    assert!(partials(env).is_empty(), "{:?}", partials(env));
+    let listed = env.alice(None, &["image", "ls"]).ok().stdout;
+    assert!(!listed.contains("liar"), "{listed}");
+    // A digest the registry does not have.
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let out = env.alice(None, &["image", "pull", &format!("{host}/moat/tiny@{wrong}")]);
+    assert_ne!(out.status, Some(0));
+    assert!(one_error(&out).contains("404"), "{}", out.stderr);
+
+    // rm: the image goes; the box keeps its files.
+    env.alice(None, &["image", "rm", "tiny-tiny"]).ok();
+    assert!(!env.alice(None, &["image", "ls"]).ok().stdout.contains("tiny-tiny"));
+    env.alice(Some(&a), &["cat /hello"]).ok();
+    env.alice(None, &["rm", &a]).ok();
+    for name in ["multi", "pinned"] {
+        env.alice(None, &["image", "rm", name]).ok();
+    }
+    drop(registry);
+}
