@@ -92,6 +92,10 @@ impl Backend for HostBackend {
         self.host.pool.has_image(image)
     }
 
+    fn image_has_user(&self, image: &Name, name: &str) -> bool {
+        crate::layers::has_user(&self.host.pool, image, name)
+    }
+
     fn build_image(&self, name: &Name, progress: Progress<'_>) -> Result<(), BackendError> {
         image::build(&self.host.pool, name, progress).map_err(|e| BackendError::new(format!("build image {name}"), e))
     }

@@ -166,3 +166,12 @@ pub fn clean_partials(pool: &Pool) {
     }
     let _ = fs::remove_dir_all(blobs_dir(pool));
 }
+
+/// Whether image `key`'s /etc/passwd has a line for user `name` (read
+/// inside the image's tree, at most 4 MiB: the image is hostile).
+pub fn has_user(pool: &Pool, key: &Name, name: &str) -> bool {
+    let Ok(root) = fs::File::open(pool.image_path(key)) else { return false };
+    let root: std::os::fd::OwnedFd = root.into();
+    let Ok(Some(passwd)) = crate::in_root::read_in_root(&root, "etc/passwd", 4 << 20) else { return false };
+    String::from_utf8_lossy(&passwd).lines().any(|line| line.split(':').next() == Some(name))
+}

@@ -128,6 +128,11 @@ pub trait Backend: Send + Sync + 'static {
     fn has_image(&self, image: &Name) -> bool;
     /// Builds `image` (a name this backend knows how to build).
     fn build_image(&self, image: &Name, progress: Progress<'_>) -> Result<(), BackendError>;
+    /// Whether `image`'s /etc/passwd has a line for user `name` (an image's
+    /// `User`, checked at `new`). A backend that cannot tell says yes.
+    fn image_has_user(&self, _image: &Name, _name: &str) -> bool {
+        true
+    }
     /// Makes the box's filesystem from its image.
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError>;
     /// Boots the box; returns how to reach it.

@@ -278,6 +278,10 @@ impl Layer<'_> {
                 set_meta(&fd, owner, mode, &xattrs, None).map_err(&err)?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+                // A file larger than what is left is refused before a byte of it is written.
+                if entry.size() > self.budget {
+                    return Err(UnpackError::TooLarge(self.report.bytes + self.budget));
+                }
                 remove_all(&dir, &name).map_err(&err)?;
                 let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
                 let fd = openat(&dir, name.as_os_str(), flags, Mode::from_bits_truncate(0o600)).map_err(&err)?;

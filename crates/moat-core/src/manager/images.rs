@@ -61,6 +61,13 @@ pub trait ImagePuller: Send + Sync {
     fn forget(&self, key: Option<&Name>, layers: &[String]);
 }
 
+/// The `/etc/environment` variables that carry an image's `User` and
+/// `WorkingDir` to the agent (which takes them out of every session's
+/// environment).
+pub const IMAGE_USER: &str = "MOAT_IMAGE_USER";
+/// See [`IMAGE_USER`].
+pub const IMAGE_WORKDIR: &str = "MOAT_IMAGE_WORKDIR";
+
 /// The label logins are sealed under (the registry is inside the value).
 const LOGIN_LABEL: &str = "registry-login";
 
@@ -171,13 +178,45 @@ impl BoxManager {
     /// The image a box of the account's is made from: its own pulled image
     /// of that name (its pool key), or one of the pool's own (built); never
     /// a pulled image by its key (another account's, perhaps).
-    pub(super) fn resolve_image(&self, account: &AccountId, image: &Name) -> Result<Name, ManagerError> {
+    pub(super) fn resolve_image(
+        &self,
+        account: &AccountId,
+        image: &Name,
+    ) -> Result<(Name, Option<StoredImage>), ManagerError> {
         if let Some(pulled) = self.db(|s| s.image(account, image))? {
-            return Ok(pulled.key);
+            return Ok((pulled.key.clone(), Some(pulled)));
         }
         if image.as_str().starts_with(crate::images::PULLED_PREFIX) {
             return Err(ManagerError::NoSuchImage(image.clone()));
         }
-        Ok(image.clone())
+        Ok((image.clone(), None))
+    }
+
+    /// What a box of `image` gets in its `/etc/environment`: the image's
+    /// `Env`, and its `User` and `WorkingDir` for the agent to take on (see
+    /// moat-agent's `exec`). A `User` the image has no line for is refused.
+    pub(super) fn image_session(&self, image: &StoredImage) -> Result<Vec<(String, Option<String>)>, ManagerError> {
+        let config: serde_json::Value = serde_json::from_str(&image.config).unwrap_or_default();
+        let run = &config["config"];
+        let mut vars = Vec::new();
+        for pair in run["Env"].as_array().into_iter().flatten().filter_map(|v| v.as_str()) {
+            let Some((key, value)) = pair.split_once('=') else { continue };
+            let ok = !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if ok && !value.contains('\n') {
+                vars.push((key.to_string(), Some(value.to_string())));
+            }
+        }
+        let text = |k: &str| run[k].as_str().map(str::trim).filter(|v| !v.is_empty() && !v.contains('\n'));
+        if let Some(user) = text("User") {
+            let name = user.split(':').next().unwrap_or(user);
+            if name.parse::<u32>().is_err() && !self.backend.image_has_user(&image.key, name) {
+                return Err(ManagerError::NoImageUser { image: image.name.clone(), user: user.to_string() });
+            }
+            vars.push((IMAGE_USER.to_string(), Some(user.to_string())));
+        }
+        if let Some(dir) = text("WorkingDir") {
+            vars.push((IMAGE_WORKDIR.to_string(), Some(dir.to_string())));
+        }
+        Ok(vars)
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 pub use durable::{Durability, DurableHooks};
 pub use fleet::{LEASE, LEASE_RENEW};
-pub use images::{ImagePuller, Logins, Pulled, RegistryLogin};
+pub use images::{ImagePuller, Logins, Pulled, RegistryLogin, IMAGE_USER, IMAGE_WORKDIR};
 pub use meter::{SecretUsage, UsageReport};
 pub use network::NetworkHooks;
 pub use session::SessionGuard;
@@ -188,6 +188,14 @@ pub enum ManagerError {
         name: Name,
         /// The account.
         with: AccountId,
+    },
+    /// An image's `User` that the image has no line for.
+    #[error("image {image} runs as user {user:?}, which its /etc/passwd does not have")]
+    NoImageUser {
+        /// The image.
+        image: Name,
+        /// Its `User`.
+        user: String,
     },
     /// A pull failed (the reason, in one line).
     #[error("{0}")]
@@ -469,12 +477,17 @@ impl BoxManager {
         }
         self.check_quota(account, &spec.limits)?;
         let mut spec = spec;
-        spec.image = self.resolve_image(account, &spec.image)?;
+        let (image, pulled) = self.resolve_image(account, &spec.image)?;
+        spec.image = image;
+        let session = pulled.as_ref().map(|p| self.image_session(p)).transpose()?.unwrap_or_default();
         if self.db(|s| s.get(account, &spec.name))?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
         }
-        if let Some(made) = self.take_warm(account, &spec).await {
-            return made;
+        // A box booted ahead has no image session of its own: pulled images get none.
+        if pulled.is_none() {
+            if let Some(made) = self.take_warm(account, &spec).await {
+                return made;
+            }
         }
         self.ensure_image(&spec.image, progress).await?;
         let made = (&spec.image, spec.limits, self.backend_of(&spec));
@@ -483,16 +496,18 @@ impl BoxManager {
             e => e.into(),
         })?;
         let rec = self
-            .finish_new(rec, |b, r| {
+            .finish_new(rec, move |b, r| {
                 b.create(r)?;
-                b.start(r).map(Some).inspect_err(|_| {
+                b.set_environment(r, &session).and_then(|()| b.start(r)).map(Some).inspect_err(|_| {
                     let _ = b.destroy(r);
                 })
             })
             .await?;
         tracing::info!(box_id = %rec.id, name = %rec.name, pid = ?rec.pid, "box created");
         // The next `new` of this image may find one ready.
-        self.refill_warm(&spec.image);
+        if pulled.is_none() {
+            self.refill_warm(&spec.image);
+        }
         Ok(rec)
     }
 

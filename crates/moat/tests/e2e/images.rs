@@ -175,7 +175,7 @@ fn make_tiny(work: &Path) -> PathBuf {
         std::fs::create_dir_all(rootfs.join(dir)).unwrap();
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
-    for applet in ["sh", "cat", "stat", "ls", "id", "test", "env", "pwd"] {
+    for applet in ["sh", "cat", "stat", "ls", "id", "test", "env", "pwd", "grep"] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
     }
     std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n")
@@ -311,9 +311,12 @@ pub fn pull_login_new_and_hostile_images(env: &Env) {
     let layout = make_tiny(&work);
     let amd64 = make_multi(&layout);
     make_liar(&work, &layout);
+    make_nouser_and_bare(&work, &layout);
     registry.push(&layout, "tiny", "moat/tiny");
     registry.push(&layout, "multi", "moat/multi");
     registry.push(&layout, "liar", "moat/liar");
+    registry.push(&layout, "nouser", "moat/tiny");
+    registry.push(&layout, "bare", "moat/bare");
     let host = format!("registry.test:{PORT}");
 
     // No login: one line saying what to do.
@@ -352,9 +355,26 @@ pub fn pull_login_new_and_hostile_images(env: &Env) {
     let out = crate::fixture::run(&mut env.daemon.ssh(&env.bob, None, &["new", &b, "--image", "multi"]));
     assert!(out.stderr.contains("no image named multi"), "{}", out.stderr);
 
-    // A box of it has the image's files as the image says.
+    // A box of it has the image's files as the image says, and its sessions
+    // the image's Env, WorkingDir and User.
     let a = unique("img");
     env.alice(None, &["new", &a, "--image", "tiny-tiny"]).ok();
+    let session =
+        env.alice(Some(&a), &["echo $GREETING; pwd; id -u; id -g; echo $HOME; env | grep -c MOAT_IMAGE"]).stdout;
+    assert_eq!(session.lines().collect::<Vec<_>>(), ["hi", "/srv", "1000", "1000", "/home/app", "0"], "{session}");
+    // A User the image has no line for: one line at `new`, no box.
+    env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:nouser")]).ok();
+    let nobody = unique("img");
+    let out = env.alice(None, &["new", &nobody, "--image", "tiny-nouser"]);
+    assert!(one_error(&out).contains("\"nosuch\", which its /etc/passwd does not have"), "{}", out.stderr);
+    assert!(!env.alice(None, &["ls"]).ok().stdout.contains(&nobody));
+    // An image without a shell still runs its own programs.
+    env.alice(None, &["image", "pull", &format!("{host}/moat/bare:bare")]).ok();
+    let bare = unique("img");
+    env.alice(None, &["new", &bare, "--image", "bare-bare"]).ok();
+    let said = env.alice(Some(&bare), &["busybox echo no shell here"]).ok().stdout;
+    assert_eq!(said.trim(), "no shell here");
+    env.alice(None, &["rm", &bare]).ok();
     let files = env
         .alice(
             Some(&a),
@@ -399,8 +419,92 @@ pub fn pull_login_new_and_hostile_images(env: &Env) {
     assert!(!env.alice(None, &["image", "ls"]).ok().stdout.contains("tiny-tiny"));
     env.alice(Some(&a), &["cat /hello"]).ok();
     env.alice(None, &["rm", &a]).ok();
-    for name in ["multi", "pinned"] {
+    for name in ["multi", "pinned", "tiny-nouser", "bare-bare"] {
         env.alice(None, &["image", "rm", name]).ok();
     }
     drop(registry);
+}
+
+/// A registry that lies (testnet/hostile_registry.py) on the test internet;
+/// killed on drop.
+struct Hostile {
+    child: Child,
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn hostile_registries_are_refused_and_leave_nothing(env: &Env) {
+    let work = env.dir.join(unique("hostile"));
+    std::fs::create_dir_all(&work).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/testnet/hostile_registry.py");
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &env.net.name, "python3"])
+        .arg(script)
+        .args([WEB, "5001"])
+        .arg(env.net.dir.join("web.pem"))
+        .arg(env.net.dir.join("web.key"))
+        .arg(&work)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
+    let _hostile = Hostile { child };
+    assert_eq!(ready.trim(), "ready");
+    let pull = |repo: &str| {
+        env.alice(None, &["image", "pull", &format!("registry.test:5001/{repo}"), "--as", &format!("h-{repo}")])
+    };
+
+    // The control, and a blob served from another host the registry named.
+    pull("good").ok();
+    let out = pull("redirect").ok();
+    assert!(out.stdout.contains("h-redirect"), "{}", out.stdout);
+    let log = std::fs::read_to_string(work.join("hostile.log")).unwrap();
+    assert!(log.contains("GET other.test /storage/"), "{log}");
+    for (repo, why) in [
+        ("insecure", "only https"),
+        ("inward", "127.0.0.1"),
+        ("wrong", "does not match its digest"),
+        ("stall", "stalled"),
+        ("endless", "is over"),
+        ("bomb", "unpacks to more than"),
+        ("escape", "escapes the image"),
+    ] {
+        let t = std::time::Instant::now();
+        let out = pull(repo);
+        assert_ne!(out.status, Some(0), "{repo}");
+        let line = one_error(&out);
+        assert!(line.contains(why), "{repo}: {line}");
+        assert!(t.elapsed().as_secs() < 30, "{repo} took {:?}", t.elapsed());
+        assert!(partials(env).is_empty(), "{repo} left {:?}", partials(env));
+    }
+    let listed = env.alice(None, &["image", "ls"]).ok().stdout;
+    let names: Vec<&str> =
+        listed.lines().skip(1).filter_map(|l| l.split_whitespace().next()).filter(|n| n.starts_with("h-")).collect();
+    assert_eq!(names, ["h-good", "h-redirect"], "{listed}");
+    for name in names {
+        env.alice(None, &["image", "rm", name]).ok();
+    }
+}
+
+/// Tags `nouser` (tiny run as a user it has no line for) and `bare` (one
+/// static binary, no shell).
+fn make_nouser_and_bare(work: &Path, layout: &Path) {
+    let image = format!("{}:tiny", layout.display());
+    umoci(&["config", "--image", &image, "--tag", "nouser", "--config.user", "nosuch"]);
+    let bundle = work.join("bare");
+    let bare = format!("{}:bare", layout.display());
+    umoci(&["new", "--image", &bare]);
+    umoci(&["unpack", "--image", &bare, &bundle.display().to_string()]);
+    std::fs::create_dir_all(bundle.join("rootfs/bin")).unwrap();
+    std::fs::copy("/bin/busybox", bundle.join("rootfs/bin/busybox")).unwrap();
+    umoci(&["repack", "--image", &bare, &bundle.display().to_string()]);
+    std::fs::remove_dir_all(&bundle).unwrap();
 }

@@ -180,6 +180,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     push::push_rules_decide_each_ref,
     secrets::limits_kill_and_usage,
     images::pull_login_new_and_hostile_images,
+    images::hostile_registries_are_refused_and_leave_nothing,
     egress::gateway_is_unprivileged_and_fails_closed,
     web::private_urls_sign_in_share_and_wake_in_a_browser,
     web_hostile::hostile_clients_get_bounded_refusals,
@@ -300,6 +301,8 @@ fn main() {
     let mut flags = vec!["--max-boxes".to_string(), "1000".to_string()];
     // Boxes' web URLs, for the browser tests.
     flags.extend(["--http-listen", "127.0.0.1:0", "--http-domain", web::DOMAIN].map(String::from));
+    // A stalled registry and a decompression bomb are told in seconds.
+    flags.extend(["--pull-stall-timeout", "3", "--max-image-size", "512M"].map(String::from));
     flags.extend(net.daemon_flags());
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let daemon = Daemon::start(dir.join("state"), keys_file, &flags);

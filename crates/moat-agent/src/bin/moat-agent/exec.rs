@@ -237,42 +237,152 @@ fn cstring(s: impl Into<Vec<u8>>) -> CString {
     CString::new(bytes).unwrap_or_default()
 }
 
+/// Variables of `/etc/environment` the host writes for a box of a pulled
+/// image: the image's `User` and `WorkingDir`, which every session takes on
+/// (and never sees as variables).
+pub const IMAGE_USER: &str = "MOAT_IMAGE_USER";
+/// See [`IMAGE_USER`].
+pub const IMAGE_WORKDIR: &str = "MOAT_IMAGE_WORKDIR";
+
+/// Who a session runs as: ids (`None`: root, as the agent), home, shell, name.
+struct Account {
+    ids: Option<(u32, u32)>,
+    home: String,
+    shell: String,
+    name: String,
+}
+
+/// An image's `User` (`NAME`, `UID`, `NAME:GROUP` or `UID:GID`) as the box's
+/// /etc/passwd and /etc/group have it; a number needs no line (as OCI
+/// runtimes take it), a name without one runs as nobody.
+fn image_account(user: &str) -> Account {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    account_in(&passwd, &group, user)
+}
+
+/// [`image_account`] with the files' texts.
+fn account_in(passwd: &str, group: &str, user: &str) -> Account {
+    let (who, grp) = user.split_once(':').map_or((user, None), |(u, g)| (u, Some(g)));
+    let entry = passwd
+        .lines()
+        .map(|line| line.split(':').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&who) || (who.parse::<u32>().is_ok() && f.get(2) == Some(&who)));
+    let field = |i: usize| entry.as_ref().and_then(|f| f.get(i)).map(|s| s.to_string());
+    let uid = field(2).and_then(|u| u.parse().ok()).or_else(|| who.parse().ok()).unwrap_or(65534);
+    let mut gid = field(3).and_then(|g| g.parse().ok()).unwrap_or(uid);
+    if let Some(grp) = grp {
+        gid = grp
+            .parse()
+            .ok()
+            .or_else(|| {
+                group
+                    .lines()
+                    .map(|l| l.split(':').collect::<Vec<_>>())
+                    .find(|f| f.first() == Some(&grp))?
+                    .get(2)?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(65534);
+    }
+    let home = field(5).filter(|h| !h.is_empty()).unwrap_or_else(|| "/".into());
+    let shell = field(6).filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/sh".into());
+    let name = field(0).unwrap_or_else(|| who.to_string());
+    let ids = (uid != 0 || gid != 0).then_some((uid, gid));
+    Account { ids, home, shell, name }
+}
+
+/// `word` found on `path` (a program named with a `/` is taken as it is).
+fn on_path(word: &str, path: &str) -> String {
+    if word.contains('/') {
+        return word.to_string();
+    }
+    path.split(':')
+        .map(|dir| format!("{dir}/{word}"))
+        .find(|p| std::path::Path::new(p).is_file())
+        .unwrap_or_else(|| word.to_string())
+}
+
 fn program_for(req: &ExecRequest) -> Program {
-    let (home, shell) = root_account();
-    let argv = match &req.command {
-        Some(cmd) => vec![cstring(shell.clone()), cstring("-c"), cstring(cmd.clone())],
+    let system = std::fs::read_to_string("/etc/environment").unwrap_or_default();
+    let mut system = system_environment(&system);
+    let mut take = |key: &str| {
+        let found = system.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        system.retain(|(k, _)| k != key);
+        found.filter(|v| !v.is_empty())
+    };
+    let (user, workdir) = (take(IMAGE_USER), take(IMAGE_WORKDIR));
+    let account = match &user {
+        Some(user) => image_account(user),
         None => {
-            // A leading '-' in argv[0] is how a shell learns it is a login shell.
-            let name = shell.rsplit('/').next().unwrap_or("sh");
-            vec![cstring(format!("-{name}"))]
+            let (home, shell) = root_account();
+            Account { ids: None, home, shell, name: "root".into() }
         }
     };
     let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), DEFAULT_PATH.into()),
-        ("HOME".into(), home.clone()),
-        ("USER".into(), "root".into()),
-        ("LOGNAME".into(), "root".into()),
-        ("SHELL".into(), shell.clone()),
+        ("HOME".into(), account.home.clone()),
+        ("USER".into(), account.name.clone()),
+        ("LOGNAME".into(), account.name.clone()),
+        ("SHELL".into(), account.shell.clone()),
         ("LANG".into(), "C.UTF-8".into()),
     ];
     if let Some(pty) = &req.pty {
         env.push(("TERM".into(), pty.term.clone()));
     }
-    let system = std::fs::read_to_string("/etc/environment").unwrap_or_default();
-    for (key, value) in system_environment(&system).into_iter().chain(req.env.iter().cloned()) {
+    for (key, value) in system.into_iter().chain(req.env.iter().cloned()) {
         env.retain(|(k, _)| *k != key);
         env.push((key, value));
     }
+    let shell = account.shell.clone();
+    let has_shell = std::path::Path::new(&shell).is_file();
+    let (path, argv) = match &req.command {
+        // An image without a shell still runs its own programs: the words of
+        // the command, the first found on PATH.
+        Some(cmd) if !has_shell && !String::from_utf8_lossy(cmd).trim().is_empty() => {
+            let text = String::from_utf8_lossy(cmd).into_owned();
+            let words: Vec<&str> = text.split_whitespace().collect();
+            let search =
+                env.iter().rev().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH.to_string(), |(_, v)| v.clone());
+            let program = on_path(words.first().copied().unwrap_or_default(), &search);
+            (program, words.iter().map(|w| cstring(*w)).collect())
+        }
+        Some(cmd) => (shell.clone(), vec![cstring(shell.clone()), cstring("-c"), cstring(cmd.clone())]),
+        None => {
+            // A leading '-' in argv[0] is how a shell learns it is a login shell.
+            let name = shell.rsplit('/').next().unwrap_or("sh");
+            (shell.clone(), vec![cstring(format!("-{name}"))])
+        }
+    };
     Program {
-        path: cstring(shell),
+        path: cstring(path),
         argv,
         envp: env.into_iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect(),
-        cwd: cstring(home),
+        cwd: cstring(workdir.unwrap_or(account.home)),
+        ids: account.ids,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_images_user_is_found_as_oci_runtimes_find_it() {
+        let passwd = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001:app:/home/app:/bin/bash\n";
+        let group = "root:x:0:\nstaff:x:50:\n";
+        let app = super::account_in(passwd, group, "app");
+        assert_eq!((app.ids, app.home.as_str(), app.shell.as_str()), (Some((1000, 1001)), "/home/app", "/bin/bash"));
+        assert_eq!(super::account_in(passwd, group, "1000").name, "app");
+        assert_eq!(super::account_in(passwd, group, "app:staff").ids, Some((1000, 50)));
+        assert_eq!(super::account_in(passwd, group, "4242:7").ids, Some((4242, 7)), "numbers need no line");
+        assert_eq!(
+            super::account_in(passwd, group, "ghost").ids,
+            Some((65534, 65534)),
+            "a name with no line is nobody"
+        );
+        assert_eq!(super::account_in(passwd, group, "root").ids, None);
+    }
+
     use super::*;
 
     #[test]

@@ -18,6 +18,8 @@ pub struct Program {
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
     pub cwd: CString,
+    /// The uid and gid it runs as, if not the agent's (root's): an image's `User`.
+    pub ids: Option<(u32, u32)>,
 }
 
 /// The fds a child gets as 0, 1 and 2; `controlling_tty` makes fd 0 its terminal.
@@ -100,6 +102,14 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
                 ptr::null_mut::<u64>(),
                 SIGSET_BYTES,
             );
+            if let Some((uid, gid)) = program.ids {
+                if libc::setgroups(0, ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                    let errno = *libc::__errno_location();
+                    let bytes = errno.to_ne_bytes();
+                    libc::write(err_write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+                    libc::_exit(127);
+                }
+            }
             if libc::chdir(program.cwd.as_ptr()) != 0 {
                 libc::chdir(c"/".as_ptr());
             }
