@@ -10,9 +10,9 @@ pub const MAX_EDITS: usize = 2;
 const MAX_LEN: usize = 64;
 
 /// The candidate `typed` is most likely a typo of: one within [`MAX_EDITS`]
-/// edits (one for a word of four letters or fewer) that change at most half the letters of the longer (two edits make
-/// any two-letter word of any other), or one of which `typed` is a prefix or
-/// that is a prefix of `typed`. The fewest edits wins, then the first listed.
+/// edits (one for a word of four letters or fewer) that change at most half
+/// the letters of the longer (two edits make any two-letter word of any
+/// other), or one of which `typed` is a prefix or that is a prefix of `typed`. The fewest edits wins, then the first listed.
 /// A candidate equal to `typed` is no typo of it.
 pub fn closest<'a>(typed: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     if typed.is_empty() || typed.len() > MAX_LEN {
