@@ -20,13 +20,20 @@ const LOG_BATCH: usize = 512;
 /// Runs the gateway as `id` (uid and gid), dialling from `netns` if given.
 pub fn run(id: u32, netns: Option<PathBuf>) -> Result<()> {
     let start = crate::privsep::ChildStart::new(c"moat-gateway")?;
-    if let Some(netns) = netns {
-        let ns = std::fs::File::open(&netns).with_context(|| format!("open {}", netns.display()))?;
-        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).context("enter the upstream network")?;
-    }
+    dial_from(netns.as_deref())?;
     moat_box::confine::gateway(id, id).context("confine the gateway")?;
     let runtime = start.runtime()?;
     runtime.block_on(serve(start.link))
+}
+
+/// Enters `netns`, the network upstream connections leave from (the
+/// gateway's and the image fetcher's), if one is given.
+pub fn dial_from(netns: Option<&std::path::Path>) -> Result<()> {
+    if let Some(netns) = netns {
+        let ns = std::fs::File::open(netns).with_context(|| format!("open {}", netns.display()))?;
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).context("enter the upstream network")?;
+    }
+    Ok(())
 }
 
 async fn serve(link: std::os::fd::OwnedFd) -> Result<()> {

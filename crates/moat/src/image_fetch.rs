@@ -79,10 +79,7 @@ pub enum FromFetch {
 /// Runs the fetcher as `id`, dialling from `netns` if given.
 pub fn run(id: u32, netns: Option<std::path::PathBuf>) -> Result<()> {
     let start = crate::privsep::ChildStart::new(c"moat-image-fetch")?;
-    if let Some(netns) = netns {
-        let ns = std::fs::File::open(&netns).with_context(|| format!("open {}", netns.display()))?;
-        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).context("enter the upstream network")?;
-    }
+    crate::gateway::dial_from(netns.as_deref())?;
     moat_box::confine::gateway(id, id).context("confine the fetcher")?;
     let runtime = start.runtime()?;
     runtime.block_on(serve(start.link))

@@ -9,6 +9,7 @@ use moat_core::limits::format_measured;
 use super::{Call, Plan, Verb};
 use crate::control::args::{name_arg, rest, usage, UsageError};
 use crate::control::render::to_json;
+use crate::control::time::utc_ms;
 
 pub const VERB: Verb = Verb {
     names: &["image"],
@@ -111,36 +112,8 @@ fn render_list(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
             out,
             "{name:<24} {short:<19} {:>9}  {:<20} {reference}",
             format_measured(*bytes),
-            when(*created_ms)
+            utc_ms(*created_ms)
         );
     }
     Ok(out)
-}
-
-/// A time as `YYYY-MM-DD HH:MM UTC`.
-fn when(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02} UTC", rest / 3600, rest % 3600 / 60)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_read_as_dates() {
-        assert_eq!(when(0), "1970-01-01 00:00 UTC");
-        assert_eq!(when(1_700_000_000_000), "2023-11-14 22:13 UTC");
-    }
 }
