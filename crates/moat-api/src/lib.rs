@@ -21,7 +21,6 @@ pub mod wire;
 pub use client::{ApiClient, Lease, WebLease};
 pub use proto::{
     AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, ImageInfo, Op, Password, Reply, Request, Route, WebOp,
-    WebSessionMsg,
-    Whoami,
+    WebSessionMsg, Whoami,
 };
 pub use wire::Packets;
