@@ -112,6 +112,13 @@ pub enum Op {
         /// The image.
         name: Name,
     },
+    /// Makes a box's files as of now one of the account's images (a template).
+    ImageSave {
+        /// The box.
+        name: Name,
+        /// The image's name.
+        image: Name,
+    },
     /// Keeps the account's login for a registry (sealed).
     ImageLogin {
         /// `HOST[:PORT]`.

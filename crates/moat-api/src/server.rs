@@ -528,6 +528,7 @@ async fn run(
             Reply::Image((&m.pull_image(account, reference, name, progress).await?).into())
         }
         Op::ImageList => Reply::Images(m.images(account)?.iter().map(ImageInfo::from).collect()),
+        Op::ImageSave { name, image } => Reply::Image((&m.save_image(account, &name, image).await?).into()),
         Op::ImageRemove { name } => m.remove_image(account, &name).map(|()| Reply::Done)?,
         Op::ImageLogin { registry, user, password } => {
             let login = moat_core::RegistryLogin { registry, user, password: password.expose().to_string() };

@@ -92,6 +92,17 @@ impl Backend for HostBackend {
         self.host.pool.has_image(image)
     }
 
+    fn save_image(&self, rec: &BoxRecord, key: &Name) -> Result<(), BackendError> {
+        if rec.backend != BackendKind::Ns {
+            return Err(BackendError::msg("a VM box cannot be saved as an image yet"));
+        }
+        // One atomic snapshot of the root, running or not: what a crash then would leave.
+        let pool = &self.host.pool;
+        let root = pool.box_path(&rec.id);
+        crate::sys::subvolume_snapshot(&root, &pool.images_dir(), key.as_str(), true)
+            .map_err(|e| BackendError::new(format!("save box {} as image {key}", rec.name), e))
+    }
+
     fn image_has_user(&self, image: &Name, name: &str) -> bool {
         crate::layers::has_user(&self.host.pool, image, name)
     }

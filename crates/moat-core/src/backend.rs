@@ -133,6 +133,10 @@ pub trait Backend: Send + Sync + 'static {
     fn image_has_user(&self, _image: &Name, _name: &str) -> bool {
         true
     }
+    /// Makes the box's files as of now the read-only image `key` (a template).
+    fn save_image(&self, _rec: &BoxRecord, _key: &Name) -> Result<(), BackendError> {
+        Err(BackendError::msg("this backend cannot save a box as an image"))
+    }
     /// Makes the box's filesystem from its image.
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError>;
     /// Boots the box; returns how to reach it.

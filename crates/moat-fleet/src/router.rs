@@ -361,6 +361,7 @@ fn named_box(op: &Op) -> Option<&Name> {
         Op::Dup { src, .. } => Some(src),
         Op::Diff { a, .. } => Some(a),
         Op::Promote { child } => Some(child),
+        Op::ImageSave { name, .. } => Some(name),
         Op::Usage { name, .. } => name.as_ref(),
         Op::SecretGrant { box_name, .. } | Op::SecretRevoke { box_name, .. } => Some(box_name),
         Op::SecretLimit { box_name, .. } => box_name.as_ref(),

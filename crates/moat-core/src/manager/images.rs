@@ -122,6 +122,45 @@ impl BoxManager {
         Ok(image)
     }
 
+    /// Makes the account's box `box_name`'s files as of now its image `image`
+    /// (a template: a read-only snapshot), with the config of the image the
+    /// box was made from if it was a pulled one (its Env, User, WorkingDir).
+    pub async fn save_image(
+        &self,
+        account: &AccountId,
+        box_name: &Name,
+        image: Name,
+    ) -> Result<StoredImage, ManagerError> {
+        if crate::images::BUILDABLE.contains(&image.as_str()) {
+            return Err(ManagerError::Pull(format!("{image} is a built-in image's name: save it as another")));
+        }
+        let rec = self.get(account, box_name)?;
+        let base = self.db(|s| s.images(Some(account)))?.into_iter().find(|i| i.key == rec.image);
+        let key = Name::new(&format!("{}t{}", crate::images::PULLED_PREFIX, crate::ids::BoxId::random()))
+            .map_err(|_| ManagerError::NameTooLong(image.to_string()))?;
+        let (r, k) = (rec.clone(), key.clone());
+        self.blocking(move |b| b.save_image(&r, &k)).await??;
+        let saved = StoredImage {
+            account: account.clone(),
+            name: image,
+            key,
+            reference: format!(
+                "box {box_name} (from {})",
+                base.as_ref().map_or(rec.image.as_str(), |b| b.name.as_str())
+            ),
+            digest: "-".into(),
+            // Its base's layers stay while it does (what a push would diff against).
+            layers: base.as_ref().map(|b| b.layers.clone()).unwrap_or_default(),
+            config: base.map_or_else(|| "{}".into(), |b| b.config),
+            bytes: 0,
+            created_ms: crate::clock::now_ms(),
+        };
+        if let Some(old) = self.db(|s| s.put_image(&saved))? {
+            self.forget_unused(&old);
+        }
+        Ok(saved)
+    }
+
     /// The account's images.
     pub fn images(&self, account: &AccountId) -> Result<Vec<StoredImage>, ManagerError> {
         Ok(self.db(|s| s.images(Some(account)))?)

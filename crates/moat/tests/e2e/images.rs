@@ -362,6 +362,25 @@ pub fn pull_login_new_and_hostile_images(env: &Env) {
     let session =
         env.alice(Some(&a), &["echo $GREETING; pwd; id -u; id -g; echo $HOME; env | grep -c MOAT_IMAGE"]).stdout;
     assert_eq!(session.lines().collect::<Vec<_>>(), ["hi", "/srv", "1000", "1000", "/home/app", "0"], "{session}");
+    // A template: the box's files as of now, new boxes from it, the image's
+    // session settings kept, each copy its own.
+    env.alice(Some(&a), &["echo made in the box > /tmp/made"]).ok();
+    env.alice(None, &["image", "save", &a, "tpl"]).ok();
+    env.alice(Some(&a), &["echo changed after the save > /tmp/made"]).ok();
+    let c = unique("img");
+    env.alice(None, &["new", &c, "--image", "tpl"]).ok();
+    let from_tpl = env.alice(Some(&c), &["cat /tmp/made; id -u; pwd; echo $GREETING"]).ok().stdout;
+    assert_eq!(from_tpl.lines().collect::<Vec<_>>(), ["made in the box", "1000", "/srv", "hi"], "{from_tpl}");
+    env.alice(Some(&c), &["echo mine > /tmp/made"]).ok();
+    let d = unique("img");
+    env.alice(None, &["new", &d, "--image", "tpl"]).ok();
+    assert_eq!(env.alice(Some(&d), &["cat /tmp/made"]).ok().stdout.trim(), "made in the box");
+    let bobs = crate::fixture::run(&mut env.daemon.ssh(&env.bob, None, &["new", &unique("img"), "--image", "tpl"]));
+    assert!(bobs.stderr.contains("no image named tpl"), "{}", bobs.stderr);
+    for name in [&c, &d] {
+        env.alice(None, &["rm", name]).ok();
+    }
+    env.alice(None, &["image", "rm", "tpl"]).ok();
     // A User the image has no line for: one line at `new`, no box.
     env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:nouser")]).ok();
     let nobody = unique("img");

@@ -19,6 +19,8 @@ pub const VERB: Verb = Verb {
                       name is on the server's default registry) as your image NAME (the
                       reference's last part and tag unless told): new BOX --image NAME
   image ls [--json]   your images: name, reference, digest, size, when pulled
+  image save BOX NAME make BOX's files as of now your image NAME (a template: O(1), read-only;
+                      new B --image NAME starts from them, with BOX's image's Env, User, dir)
   image rm NAME       remove your image NAME (boxes made from it keep their files)
   image login REGISTRY USER   (password or token on stdin)
                       keep your login for REGISTRY (sealed, as secrets are) for pulls from it
@@ -28,7 +30,7 @@ pub const VERB: Verb = Verb {
 
 fn parse(args: &[String]) -> Result<Plan, UsageError> {
     let Some(verb) = args.first() else {
-        return Err(usage("image: pull, ls, rm or login (see 'help')"));
+        return Err(usage("image: pull, ls, save, rm or login (see 'help')"));
     };
     match (verb.as_str(), rest(args, 1)) {
         ("ls", []) => Ok(Plan::Call(Call::new(Op::ImageList, render_list))),
@@ -37,6 +39,11 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
             Ok(Plan::Call(Call::new(Op::ImageRemove { name: name_arg("image rm", Some(n))? }, super::nothing)))
         }
         ("pull", [reference, flags @ ..]) => parse_pull(reference, flags),
+        ("save", [b, image]) => {
+            let op =
+                Op::ImageSave { name: name_arg("image save", Some(b))?, image: name_arg("image save", Some(image))? };
+            Ok(Plan::Call(Call::new(op, render_pulled)))
+        }
         ("login", [registry, user]) => {
             let registry = registry_arg(registry)?;
             if user.is_empty() || user.len() > 256 || user.contains(':') || user.chars().any(char::is_control) {

@@ -413,3 +413,31 @@ fn parses_web_commands() {
         assert!(!err.0.contains('\n'), "{bad}: {err}");
     }
 }
+
+#[test]
+fn image_verbs_parse_and_refuse() {
+    let Plan::Call(call) = plan("image save web web-ready").unwrap() else { panic!("not a call") };
+    assert!(
+        matches!(&call.op, Op::ImageSave { name, image } if name.as_str() == "web" && image.as_str() == "web-ready")
+    );
+    let Plan::Call(call) = plan("image pull registry.test:5000/moat/tiny:v1 --as tiny --json").unwrap() else {
+        panic!("not a call")
+    };
+    assert!(call.json);
+    assert!(
+        matches!(&call.op, Op::ImagePull { reference, name: Some(n) } if reference.ends_with(":v1") && n.as_str() == "tiny")
+    );
+    assert!(matches!(plan("image login registry.test:5000 me").unwrap(), Plan::ReadPassword(_)));
+    for bad in [
+        "image",
+        "image pull",
+        "image pull -x",
+        "image save web",
+        "image login bad/host me",
+        "image rm A_B",
+        "image frob",
+    ] {
+        let e = plan(bad).unwrap_err();
+        assert!(!e.0.contains('\n'), "{bad}: {e}");
+    }
+}
