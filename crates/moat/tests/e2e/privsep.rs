@@ -40,7 +40,7 @@ fn holders(inodes: &[String]) -> Vec<u32> {
 
 /// The one process listening on the daemon's port. (While it starts, the
 /// socket is in flight to it, held by no process: wait for it to land.)
-fn front_door(port: u16) -> u32 {
+pub(crate) fn front_door(port: u16) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let inodes = listening_inodes(port);
@@ -71,7 +71,7 @@ fn status_field(pid: u32, field: &str) -> String {
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
-fn assert_confined(pid: u32) -> u32 {
+pub(crate) fn assert_confined(pid: u32) -> u32 {
     let uids: Vec<u32> = status_field(pid, "Uid").split_whitespace().map(|u| u.parse().unwrap()).collect();
     assert!(uids.iter().all(|u| *u != 0), "front door runs as {uids:?}");
     let gids = status_field(pid, "Gid");

@@ -132,6 +132,18 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    // The edge holds its socket alone, confined as the front door is, as a
+    // uid of its own; killed, it is started again and serves.
+    let edge_pid = crate::privsep::front_door(edge.port);
+    assert_eq!(crate::privsep::assert_confined(edge_pid), 1_048_572);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(edge_pid as i32), nix::sys::signal::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::panic::catch_unwind(|| get(&edge, &b, "/")).is_ok_and(|a| a.contains("fine-b")) {
+        assert!(Instant::now() < deadline, "the edge was not started again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_ne!(crate::privsep::front_door(edge.port), edge_pid);
+
     // A host not under the domain, and a second Host, are refused.
     let (answer, _) = exchange(&edge, &a, b"GET / HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n");
     assert_eq!(status(&answer), "421", "{answer}");
