@@ -17,7 +17,7 @@ use crate::machine::Machine;
 use crate::ns::NsMachine;
 use crate::pool::Pool;
 use crate::vm::VmMachine;
-use crate::{identity, image};
+use crate::{identity, image, travel};
 
 /// Every box of this host, whichever machine runs it.
 pub struct HostBackend {
@@ -159,6 +159,15 @@ impl Backend for HostBackend {
         }
     }
 
+    fn pack_for_move(&self, rec: &BoxRecord) -> Result<bool, BackendError> {
+        let machine = self.machine(rec.backend)?;
+        if rec.backend == BackendKind::Ns {
+            return machine.stop(rec).map(|()| false);
+        }
+        machine.park(rec)?;
+        travel::pack(&self.host.pool, &rec.id).map_err(|e| BackendError::new("pack the saved machine to move", e))
+    }
+
     fn received(&self, rec: &BoxRecord, received: &[u64]) -> Result<(), BackendError> {
         let machine = self.machine(rec.backend)?;
         let pool = &self.host.pool;
@@ -169,7 +178,17 @@ impl Backend for HostBackend {
             .and_then(|()| pool.charge_received(&rec.id, &rec.account, received, limit))
             .map_err(|e| BackendError::new("charge the received box's disk use", e))
             .and_then(|()| {
-                identity::rekey_ca(&machine.files(rec)).map_err(|e| BackendError::new("give the box a new CA", e))
+                // A VM box that travelled with its saved machine keeps its CA
+                // (its running guest trusts it); any other gets a new one.
+                let unpacked = match rec.backend {
+                    BackendKind::Vm => travel::unpack(pool, &rec.id),
+                    BackendKind::Ns => Ok(None),
+                };
+                match unpacked.map_err(|e| BackendError::new("unpack the saved machine", e))? {
+                    Some(key) => Ok(key),
+                    None => identity::rekey_ca(&machine.files(rec))
+                        .map_err(|e| BackendError::new("give the box a new CA", e)),
+                }
             })
             .and_then(|key| pool.store_ca_key(&rec.id, &key).map_err(|e| BackendError::new("store the CA key", e)));
         made.inspect_err(|_| {

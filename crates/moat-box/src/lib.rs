@@ -45,6 +45,7 @@ pub mod ns;
 pub mod pool;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod travel;
 pub mod trust;
 pub mod unpacker;
 pub mod vm;

@@ -208,6 +208,13 @@ pub trait Backend: Send + Sync + 'static {
         let _ = received;
         Err(BackendError::msg(format!("this host cannot take box {} from elsewhere", rec.name)))
     }
+    /// Makes the box ready to leave this host: its processes end, and a
+    /// backend that can save them puts the saved machine where the box's
+    /// files travel (and its TLS CA's key with it). Whether its processes
+    /// travel.
+    fn pack_for_move(&self, rec: &BoxRecord) -> Result<bool, BackendError> {
+        self.stop(rec).map(|()| false)
+    }
     /// The boxes this host holds files of.
     fn local_boxes(&self) -> Vec<BoxId> {
         Vec::new()

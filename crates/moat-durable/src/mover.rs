@@ -93,11 +93,13 @@ async fn send(manager: &Arc<BoxManager>, worker: &DurableWorker, mv: &BoxMove) -
     worker.upload_now(manager, &rec.id).await?;
     let head = manager.durable_links(&rec.id).map_err(config)?.pop();
     let Some(head) = head else { return Err(config(format!("box {} has nothing in the object store", rec.name))) };
+    moat_core::fault::point("move-before-ready");
     if !manager.move_ready(&rec.id, head.taken_at_ms).map_err(config)? {
         // Called off meanwhile.
         manager.stay(&rec.id);
     }
     tracing::info!(box_id = %rec.id, name = %rec.name, to = %mv.to, "box ready to move");
+    moat_core::fault::point("move-after-ready");
     Ok(())
 }
 
@@ -120,6 +122,8 @@ async fn receive(
             manager.adopt_received(&rec, received).map_err(config)
         })
         .await?;
+    // Received and charged here, the record still the source's.
+    moat_core::fault::point("receive-before-take");
     let taken = manager.take_box(mv, grace_ms).map_err(config);
     if !matches!(taken, Ok(true)) {
         let _ = manager.discard_local(&rec.id).await;

@@ -217,6 +217,8 @@ async fn upload_one(
         return Ok(());
     }
     let up = uploader.upload(id, &root, &links).await?;
+    // Complete in the object store, named by no record yet.
+    moat_core::fault::point("upload-before-record");
     if let Err(e) = manager.record_durable(&up.link) {
         // Not recorded: the object is one no record names, and the old head
         // stays the next incremental's parent.

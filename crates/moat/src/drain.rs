@@ -46,7 +46,7 @@ pub fn run(store: &Store, name: &str, timeout: Duration) -> Result<()> {
                     Some(rec) if rec.node != name => {
                         let ended = match rec.backend {
                             BackendKind::Ns => "its processes ended (a namespace box keeps its files only)",
-                            BackendKind::Vm => "its processes ended (its saved machine does not move this round)",
+                            BackendKind::Vm => "a running VM box's processes go on there (its saved machine moved)",
                         };
                         println!("{}: moved to {}; {ended}", rec.name, rec.node);
                     }

@@ -85,7 +85,9 @@ impl BoxManager {
         let rec = self.box_by_id(&mv.box_id)?.ok_or_else(|| ManagerError::CannotMove("the box is gone".into()))?;
         let ends = match rec.backend {
             crate::backend::BackendKind::Ns => "its processes end (a namespace box keeps its files, not its processes)",
-            crate::backend::BackendKind::Vm => "its processes end (its saved machine does not move this round)",
+            crate::backend::BackendKind::Vm => {
+                "a running VM box's saved machine moves with its disk: its processes go on there"
+            }
         };
         progress(&format!("moving {} to node {}: {ends}", rec.name, mv.to));
         let deadline = tokio::time::Instant::now() + MOVE_TIMEOUT;
@@ -151,9 +153,8 @@ impl BoxManager {
     }
 
     /// Holds box `id` still for its move to `to`: sessions are refused from
-    /// now, and its processes end (a namespace box's for good; a VM box's
-    /// too, this round: its saved machine does not travel). The box record
-    /// as it is now, stopped.
+    /// now, and its processes end (a namespace box's for good; a running VM
+    /// box's are saved and travel). The box record as it is now, stopped.
     pub async fn leave(&self, id: &BoxId, to: &str) -> Result<BoxRecord, ManagerError> {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
@@ -161,17 +162,30 @@ impl BoxManager {
         self.here(&rec)?;
         self.leaving.boxes.lock().unwrap_or_else(PoisonError::into_inner).insert(id.clone(), to.to_string());
         if matches!(rec.state, BoxState::Running | BoxState::Suspended) {
-            if rec.state == BoxState::Suspended {
-                let r = rec.clone();
-                self.blocking(move |b| b.thaw(&r)).await??;
-            }
-            if let Err(e) = self.stop_locked(&rec, false).await {
+            if let Err(e) = self.pack_for_move(&rec).await {
                 self.stay(id);
                 return Err(e);
             }
         }
         let rec = self.db(|s| s.get_by_id(id))?.ok_or_else(|| ManagerError::CannotMove(format!("no box {id}")))?;
         Ok(rec)
+    }
+
+    /// Ends box `rec`'s processes for its move (a VM box's saved, to travel).
+    async fn pack_for_move(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
+        self.meter_box(rec).await?;
+        let r = rec.clone();
+        let travels = self
+            .blocking(move |b| {
+                // A suspended box is thawed to be saved (its vCPUs stay paused).
+                b.thaw(&r)?;
+                b.pack_for_move(&r)
+            })
+            .await??;
+        self.network_down(&rec.id);
+        self.db(|s| s.set_state(&rec.id, BoxState::Stopped, None))?;
+        tracing::info!(box_id = %rec.id, name = %rec.name, processes_travel = travels, "box packed to move");
+        Ok(())
     }
 
     /// Box `id` did not leave after all (its move failed or was called off):

@@ -205,6 +205,10 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
         moves::a_drained_node_is_left_empty_and_every_box_answers,
     ),
     (
+        "fleet_a_move_killed_at_each_step_lands_once_with_every_file",
+        moves::a_move_killed_at_each_step_lands_once_with_every_file,
+    ),
+    (
         "fleet_a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return",
         moves::a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return,
     ),

@@ -171,3 +171,62 @@ pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, f
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
+
+/// Waits until `daemon`'s process has ended (a fault point aborted it).
+fn wait_dead(daemon: &crate::fixture::Daemon, within: Duration) {
+    let stat = format!("/proc/{}/stat", daemon.pid());
+    let deadline = Instant::now() + within;
+    loop {
+        let state = std::fs::read_to_string(&stat).unwrap_or_default();
+        // The field after the command's parenthesis: Z once it is gone.
+        if state.rsplit_once(") ").is_none_or(|(_, rest)| rest.starts_with('Z')) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{stat} is still running");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+pub fn a_move_killed_at_each_step_lands_once_with_every_file(env: &Env, fleet: &mut Fleet) {
+    // (fault point, the node that crashes there: 1 sends, 2 receives)
+    let points =
+        [("upload-before-record", 1), ("move-before-ready", 1), ("move-after-ready", 1), ("receive-before-take", 2)];
+    for (i, (point, crashes)) in points.into_iter().enumerate() {
+        let name = format!("crash{i}");
+        box_with_file(fleet, env, &name, 1, point);
+        let on_n1 = root_on(fleet, env, 1, &name);
+        let node = &mut fleet.nodes[crashes - 1];
+        node.env = vec![("MOAT_FAULT".into(), point.into())];
+        node.restart();
+        let front = fleet.fronts[1].port;
+        let mut mv = crate::fixture::ssh_to(front, &env.alice, None, &[], &["move", &name, "--node", "n2"]);
+        let mv = mv.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+        wait_dead(&fleet.nodes[crashes - 1], Duration::from_secs(60));
+        let node = &mut fleet.nodes[crashes - 1];
+        node.env.clear();
+        node.restart();
+        // The move finishes on its own once the node is back.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = alice(fleet, env, None, &["info", &name, "--json"]);
+            let info: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+            if info["node"] == "n2" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{point}: {name} did not reach n2: {}{}", out.stdout, out.stderr);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let _ = { mv }.wait();
+        let said = alice(fleet, env, Some(&name), &["cat /root/f"]).ok().stdout;
+        assert_eq!(said, format!("{point}\n"), "{point}: the box's file");
+        wait_gone(&on_n1, Duration::from_secs(15));
+        let listed = alice(fleet, env, None, &["ls", "--json"]).ok().stdout;
+        let boxes: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        let count = boxes.as_array().unwrap().iter().filter(|b| b["name"] == name.as_str()).count();
+        assert_eq!(count, 1, "{point}: one box, not two");
+        let incoming = fleet.nodes[1].state_dir.join("pool/incoming");
+        let left = std::fs::read_dir(&incoming).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(left, 0, "{point}: nothing left staged on n2");
+        alice(fleet, env, None, &["rm", &name]).ok();
+    }
+}
