@@ -74,6 +74,11 @@ impl DurableHooks for DurableWorker {
         });
     }
 
+    fn backlog(&self) -> usize {
+        let running = self.current.lock().unwrap_or_else(PoisonError::into_inner).is_some();
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner).len() + usize::from(running)
+    }
+
     fn pending(&self, id: &BoxId) -> bool {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner).contains_key(id)
             || self.current.lock().unwrap_or_else(PoisonError::into_inner).as_ref() == Some(id)

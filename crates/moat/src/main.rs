@@ -70,7 +70,7 @@ enum Cmd {
         #[arg(long, default_value = paths::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
-    /// List the fleet's nodes: address, lease, boxes and room.
+    /// List the fleet's nodes: address, lease, boxes and room, uploads waiting, boxes moving off.
     Nodes {
         /// Machine-readable output.
         #[arg(long)]
@@ -78,7 +78,7 @@ enum Cmd {
         #[command(flatten)]
         at: fleet::StoreAt,
     },
-    /// Cordon or uncordon a node of the fleet.
+    /// Cordon, uncordon or drain a node of the fleet.
     Node {
         #[command(subcommand)]
         command: nodes::NodeCmd,

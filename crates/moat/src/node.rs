@@ -117,6 +117,9 @@ pub async fn keep_lease(manager: Arc<BoxManager>, offer: NodeOffer) {
         match manager.renew_lease(&offer) {
             Ok(()) => {
                 renewed = started;
+                if let Err(e) = manager.report_backlog() {
+                    tracing::debug!(error = %e, "cannot report the upload backlog");
+                }
                 if !manager.serving() {
                     // Back after a lapse: its boxes may have been re-homed
                     // meanwhile. The copies it holds of those go before it

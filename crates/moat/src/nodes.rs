@@ -59,6 +59,10 @@ struct Shown {
     cpus: u32,
     memory_used: u64,
     memory: u64,
+    /// Boxes waiting for an upload to the object store.
+    upload_backlog: u32,
+    /// Boxes moving off it.
+    moving: u32,
 }
 
 fn shown(n: NodeRow, now: u64) -> Shown {
@@ -76,6 +80,8 @@ fn shown(n: NodeRow, now: u64) -> Shown {
         cpus: n.offer.cpus,
         memory_used: n.memory_used,
         memory: n.offer.memory,
+        upload_backlog: n.upload_backlog,
+        moving: n.moving,
         address: n.offer.address,
         name: n.offer.name,
     }
@@ -90,13 +96,13 @@ pub fn list(store: &StoreAt, json: bool) -> Result<()> {
         return Ok(());
     }
     let mut out = format!(
-        "{:<16} {:<22} {:<8} {:>6} {:>9} {:>7} {:>17}\n",
-        "NAME", "ADDRESS", "STATE", "LEASE", "BOXES", "CPUS", "MEMORY"
+        "{:<16} {:<22} {:<8} {:>6} {:>9} {:>7} {:>17} {:>8} {:>7}\n",
+        "NAME", "ADDRESS", "STATE", "LEASE", "BOXES", "CPUS", "MEMORY", "BACKLOG", "MOVING"
     );
     for n in &nodes {
         let _ = writeln!(
             out,
-            "{:<16} {:<22} {:<8} {:>5}s {:>9} {:>7} {:>17}",
+            "{:<16} {:<22} {:<8} {:>5}s {:>9} {:>7} {:>17} {:>8} {:>7}",
             n.name,
             n.address,
             n.state,
@@ -104,6 +110,8 @@ pub fn list(store: &StoreAt, json: bool) -> Result<()> {
             format!("{}/{}", n.boxes, n.max_boxes),
             format!("{}/{}", n.cpus_used, n.cpus),
             format!("{}/{}", format_measured(n.memory_used), format_measured(n.memory)),
+            n.upload_backlog,
+            n.moving,
         );
     }
     print!("{out}");

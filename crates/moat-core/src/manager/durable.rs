@@ -17,6 +17,10 @@ pub trait DurableHooks: Send + Sync {
     fn changed(&self, id: &BoxId);
     /// Whether an upload of box `id` is queued or under way.
     fn pending(&self, id: &BoxId) -> bool;
+    /// How many boxes wait for an upload.
+    fn backlog(&self) -> usize {
+        0
+    }
     /// Box `id` was removed: what it kept in the object store can go.
     fn removed(&self, id: &BoxId) {
         let _ = id;
@@ -45,6 +49,13 @@ impl BoxManager {
         if let Some(hooks) = self.durable.get() {
             hooks.changed(id);
         }
+    }
+
+    /// Tells the fleet how many of this node's boxes wait for an upload.
+    pub fn report_backlog(&self) -> Result<(), ManagerError> {
+        let Some(hooks) = self.durable.get() else { return Ok(()) };
+        let backlog = u32::try_from(hooks.backlog()).unwrap_or(u32::MAX);
+        Ok(self.db(|s| s.set_upload_backlog(&self.node, backlog))?)
     }
 
     /// Tells the uploader that box `id` is gone.

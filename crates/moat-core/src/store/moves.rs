@@ -480,6 +480,9 @@ mod tests {
         let mv = move_of(&rec, "n2", MoveReason::Move);
         assert!(n1.ask_move(&mv).unwrap());
         assert!(!n1.ask_move(&mv).unwrap(), "one move of a box at a time");
+        assert_eq!(n1.node("n1").unwrap().unwrap().moving, 1, "moat nodes counts it");
+        n1.set_upload_backlog("n1", 3).unwrap();
+        assert_eq!(n2.node("n1").unwrap().unwrap().upload_backlog, 3);
         assert!(!n2.take_box(&mv, 0, 10).unwrap(), "not before the source is done");
         assert!(n1.move_ready(&rec.id, 4).unwrap());
         let ready = n2.box_move(&rec.id).unwrap().unwrap();

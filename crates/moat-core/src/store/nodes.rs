@@ -49,6 +49,10 @@ pub struct NodeRow {
     pub cpus_used: u64,
     /// Memory given to its boxes, in all, in bytes.
     pub memory_used: u64,
+    /// Its boxes waiting for an upload to the object store, as it last said.
+    pub upload_backlog: u32,
+    /// Its boxes moving to another node.
+    pub moving: u32,
 }
 
 impl NodeRow {
@@ -104,11 +108,13 @@ impl fmt::Display for Resource {
 /// Each node with what its boxes use.
 const NODES: &str = "SELECT n.name, n.address, n.cpus, n.memory, n.disk, n.max_boxes, n.cordoned, \
                      n.lease_until_ms, n.renewed_at_ms, COUNT(b.id), \
-                     CAST(COALESCE(SUM(b.cpus), 0) AS BIGINT), CAST(COALESCE(SUM(b.memory), 0) AS BIGINT) \
+                     CAST(COALESCE(SUM(b.cpus), 0) AS BIGINT), CAST(COALESCE(SUM(b.memory), 0) AS BIGINT), \
+                     n.upload_backlog, \
+                     (SELECT CAST(COUNT(*) AS BIGINT) FROM box_moves m WHERE m.from_node = n.name) \
                      FROM nodes n LEFT JOIN boxes b ON b.node = n.name";
 
 const GROUPED: &str = "GROUP BY n.name, n.address, n.cpus, n.memory, n.disk, n.max_boxes, n.cordoned, \
-                       n.lease_until_ms, n.renewed_at_ms ORDER BY n.name";
+                       n.lease_until_ms, n.renewed_at_ms, n.upload_backlog ORDER BY n.name";
 
 impl Store {
     /// Records what this node offers and renews its lease for [`LEASE_MS`]
@@ -147,6 +153,12 @@ impl Store {
     /// Node `name`, with what its boxes use.
     pub fn node(&self, name: &str) -> Result<Option<NodeRow>, StoreError> {
         self.db.with(|c| node(c, name))
+    }
+
+    /// Notes how many of node `name`'s boxes wait for an upload.
+    pub fn set_upload_backlog(&self, name: &str, backlog: u32) -> Result<(), StoreError> {
+        self.execute("UPDATE nodes SET upload_backlog = ?2 WHERE name = ?1", &args![name, backlog])?;
+        Ok(())
     }
 
     /// Cordons node `name` (it takes no new boxes) or lifts its cordon; false
@@ -194,6 +206,8 @@ fn node_from_row(r: &Row) -> Result<NodeRow, StoreError> {
         boxes: r.get(9)?,
         cpus_used: r.get(10)?,
         memory_used: r.get(11)?,
+        upload_backlog: r.get(12)?,
+        moving: r.get(13)?,
     })
 }
 

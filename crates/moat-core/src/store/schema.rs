@@ -226,7 +226,7 @@ CREATE TABLE IF NOT EXISTS registry_logins (
 /// The versions of the schema, oldest first: each brings a database at the
 /// version before it to its own. Never edit one that has shipped: add another.
 const MIGRATIONS: &[(u32, Migration)] =
-    &[(1, tables), (2, fleet), (3, durable), (4, moves), (5, stored), (6, web), (7, images)];
+    &[(1, tables), (2, fleet), (3, durable), (4, moves), (5, stored), (6, web), (7, images), (8, backlog)];
 
 /// What brings a database from the version before to the next.
 type Migration = fn(&mut dyn Exec) -> Result<(), StoreError>;
@@ -334,6 +334,11 @@ fn web(tx: &mut dyn Exec) -> Result<(), StoreError> {
 /// Version 7: pulled images and registry logins (new tables).
 fn images(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, IMAGES)
+}
+
+/// Version 8: each node says how many of its boxes wait for an upload.
+fn backlog(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, "ALTER TABLE nodes ADD COLUMN upload_backlog INTEGER NOT NULL DEFAULT 0")
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.

@@ -98,6 +98,12 @@ pub fn a_drained_node_is_left_empty_and_every_box_answers(env: &Env, fleet: &mut
     // Some suspended, some running: both move.
     alice(fleet, env, None, &["suspend", "dr0"]).ok();
     alice(fleet, env, None, &["suspend", "dr1"]).ok();
+    // A VM box running a process: its saved machine moves with it.
+    alice(fleet, env, None, &["new", "drvm", "--image", "busybox", "--node", "n3", "--backend", "vm"]).ok();
+    alice(fleet, env, Some("drvm"), &["echo vm-data > /root/f; sync; setsid sleep 1000 >/dev/null 2>&1 < /dev/null &"])
+        .ok();
+    let sleeping = alice(fleet, env, Some("drvm"), &["pgrep -x sleep"]).ok().stdout;
+    assert!(!sleeping.trim().is_empty(), "the VM box's sleep runs before the drain");
     let admin = fleet.admin.display().to_string();
     let out = run(Command::new(moat_bin()).args(["node", "drain", "n3", "--state-dir", &admin]));
     assert_eq!(out.status, Some(0), "{}{}", out.stdout, out.stderr);
@@ -108,11 +114,16 @@ pub fn a_drained_node_is_left_empty_and_every_box_answers(env: &Env, fleet: &mut
         assert!(node == "n1" || node == "n2", "{name} on {node}");
         assert_eq!(alice(fleet, env, Some(name), &["cat /root/f"]).ok().stdout, format!("drained-{i}\n"));
     }
+    assert!(out.stdout.contains("drvm: moved to") && out.stdout.contains("processes go on there"), "{}", out.stdout);
+    let vm = node_of(fleet, env, "drvm");
+    assert!(vm == "n1" || vm == "n2", "drvm on {vm}");
+    let after = alice(fleet, env, Some("drvm"), &["cat /root/f; pgrep -x sleep"]).ok().stdout;
+    assert_eq!(after, format!("vm-data\n{sleeping}"), "the same sleep, still running, on {vm}");
     let nodes = fleet.nodes_json();
     let n3 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "n3").unwrap().clone();
     assert_eq!((n3["boxes"].as_u64(), n3["state"].as_str()), (Some(0), Some("cordoned")), "{n3}");
     run(Command::new(moat_bin()).args(["node", "uncordon", "n3", "--state-dir", &admin])).ok();
-    for name in &names {
+    for name in names.iter().map(String::as_str).chain(["drvm"]) {
         alice(fleet, env, None, &["rm", name]).ok();
     }
 }
