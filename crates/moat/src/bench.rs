@@ -10,7 +10,9 @@
 //! - with `--fleet`, instead: a fleet on this machine against one host and
 //!   against OpenSSH's ProxyJump (see [`crate::bench_fleet`]);
 //! - with `--http`, instead: a box's web URL through the HTTP edge against
-//!   nginx reverse-proxying the same box port (see [`crate::bench_http`]).
+//!   nginx reverse-proxying the same box port (see [`crate::bench_http`]);
+//! - with `--durable`, instead: durable boxes' streams against a plain upload
+//!   and `btrfs send | receive` (see [`crate::bench_durable`]).
 //!
 //! Timings are reported, never asserted: this is not a test.
 
@@ -69,6 +71,11 @@ pub struct BenchArgs {
     /// and the first byte from a suspended box.
     #[arg(long)]
     http: bool,
+    /// Measure durable boxes' streams instead (a real SeaweedFS on loopback):
+    /// a 1 GiB box's first upload and a 100 MiB change against a plain upload
+    /// of the same streams, and a move against `btrfs send | btrfs receive`.
+    #[arg(long, conflicts_with_all = ["fleet", "http"])]
+    durable: bool,
 }
 
 /// Sorted samples of one measurement.
@@ -111,6 +118,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.http {
         return crate::bench_http::run(&args.state_dir, args.iterations.clamp(1, 20));
+    }
+    if args.durable {
+        return crate::bench_durable::run(&args.state_dir);
     }
     let _ = crate::purge::run(&args.state_dir);
     let result = tokio::runtime::Runtime::new()?.block_on(bench(&args));

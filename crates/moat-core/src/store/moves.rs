@@ -430,15 +430,10 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    /// What node `name` offers in these tests (its placement is
+    /// `nodes`' to test: the same offer).
     fn offer(name: &str, max_boxes: u32) -> NodeOffer {
-        NodeOffer {
-            name: name.into(),
-            address: "127.0.0.2:7000".into(),
-            cpus: 8,
-            memory: 8 * GIB,
-            disk: GIB,
-            max_boxes,
-        }
+        crate::store::nodes::tests::offer(name, max_boxes)
     }
 
     fn new_box(store: &Store, name: &str) -> BoxRecord {

@@ -212,7 +212,7 @@ fn node_from_row(r: &Row) -> Result<NodeRow, StoreError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::{Arc, Barrier};
 
     use super::*;
@@ -225,7 +225,7 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
-    fn offer(name: &str, max_boxes: u32) -> NodeOffer {
+    pub(crate) fn offer(name: &str, max_boxes: u32) -> NodeOffer {
         NodeOffer {
             name: name.into(),
             address: "127.0.0.2:7000".into(),

@@ -17,7 +17,7 @@ fn info(d: &Daemon, env: &Env, name: &str) -> serde_json::Value {
 /// Waits until box `name`'s newest upload is newer than `after_ms`, and no
 /// upload is pending; its `as_of_ms`.
 fn durable_after(d: &Daemon, env: &Env, name: &str, after_ms: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let i = info(d, env, name);
         let durable = &i["durable"];
@@ -43,7 +43,7 @@ fn keys(endpoint: &str, bucket: &str, prefix: &str) -> Vec<String> {
 }
 
 pub fn boxes_upload_at_suspend_checkpoint_and_every_interval(env: &Env) {
-    let s3 = moat_testkit::SeaweedFs::start();
+    let mut s3 = moat_testkit::SeaweedFs::start();
     s3.create_bucket("moat");
     let endpoint = s3.endpoint();
     let state = env.dir.join("durable");
@@ -103,13 +103,26 @@ pub fn boxes_upload_at_suspend_checkpoint_and_every_interval(env: &Env) {
     assert_eq!(keys(&endpoint, "moat", &prefix).len(), n, "an unchanged box was uploaded again");
 
     // The object store gone: the box and its sessions go on; the upload waits.
-    drop(s3);
-    let started = Instant::now();
+    s3.stop();
+    let down = Instant::now();
+    let before = info(&d, env, "b")["durable"]["as_of_ms"].as_u64().unwrap();
     ssh(&d, Some("b"), &["echo four > /root/i; sync"]).ok();
     ssh(&d, None, &["suspend", "b"]).ok();
     assert_eq!(ssh(&d, Some("b"), &["cat /root/i"]).ok().stdout, "four\n");
-    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    assert!(down.elapsed() < Duration::from_secs(20), "{:?}", down.elapsed());
     assert_eq!(info(&d, env, "b")["durable"]["pending"], true);
+    // Sessions go on through the whole outage (20 s here: long enough for a
+    // few failed attempts, short enough for the suite).
+    while down.elapsed() < Duration::from_secs(20) {
+        assert_eq!(ssh(&d, Some("b"), &["cat /root/f"]).ok().stdout, "one\n");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    // Back: the upload catches up by itself (its backoff is at most 32 s by now).
+    s3.start_again();
+    let caught_up = durable_after(&d, env, "b", before);
+    assert!(caught_up > before);
+    let listed = keys(&endpoint, "moat", &prefix);
+    assert!(listed.last().is_some_and(|k| k.contains("-incr-")), "{listed:?}");
     d.purge();
 }
 

@@ -102,7 +102,7 @@ pub fn a_drained_node_is_left_empty_and_every_box_answers(env: &Env, fleet: &mut
     alice(fleet, env, None, &["new", "drvm", "--image", "busybox", "--node", "n3", "--backend", "vm"]).ok();
     alice(fleet, env, Some("drvm"), &["echo vm-data > /root/f; sync; setsid sleep 1000 >/dev/null 2>&1 < /dev/null &"])
         .ok();
-    let sleeping = alice(fleet, env, Some("drvm"), &["pgrep -x sleep"]).ok().stdout;
+    let sleeping = alice(fleet, env, Some("drvm"), &["busybox pidof sleep"]).ok().stdout;
     assert!(!sleeping.trim().is_empty(), "the VM box's sleep runs before the drain");
     let admin = fleet.admin.display().to_string();
     let out = run(Command::new(moat_bin()).args(["node", "drain", "n3", "--state-dir", &admin]));
@@ -117,7 +117,7 @@ pub fn a_drained_node_is_left_empty_and_every_box_answers(env: &Env, fleet: &mut
     assert!(out.stdout.contains("drvm: moved to") && out.stdout.contains("processes go on there"), "{}", out.stdout);
     let vm = node_of(fleet, env, "drvm");
     assert!(vm == "n1" || vm == "n2", "drvm on {vm}");
-    let after = alice(fleet, env, Some("drvm"), &["cat /root/f; pgrep -x sleep"]).ok().stdout;
+    let after = alice(fleet, env, Some("drvm"), &["cat /root/f; busybox pidof sleep"]).ok().stdout;
     assert_eq!(after, format!("vm-data\n{sleeping}"), "the same sleep, still running, on {vm}");
     let nodes = fleet.nodes_json();
     let n3 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "n3").unwrap().clone();
