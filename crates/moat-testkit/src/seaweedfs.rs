@@ -65,8 +65,11 @@ impl SeaweedFs {
 
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(90);
+        // A bucket of its own each time: a restarted server has the last one,
+        // and refuses to make it again.
+        let probe = format!("probe-{}", std::time::SystemTime::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos()));
         loop {
-            if TcpStream::connect(("127.0.0.1", self.s3_port)).is_ok() && self.try_bucket("probe") {
+            if TcpStream::connect(("127.0.0.1", self.s3_port)).is_ok() && self.try_bucket(&probe) {
                 return;
             }
             assert!(Instant::now() < deadline, "SeaweedFS's S3 port did not answer within 90 s");
