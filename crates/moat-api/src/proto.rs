@@ -6,6 +6,7 @@
 //! manager's rules: a name is validated on decode, another account's box looks
 //! like no box, and every limit is checked again.
 
+use moat_core::effects::{Effect, Since};
 use moat_core::egress::{Answer, LogEntry, Question};
 use moat_core::policy::{Policy, PolicyChange, Preset};
 use moat_core::secrets::{Limit, SecretInfo, SecretSpec, SecretValue};
@@ -245,6 +246,13 @@ pub enum Op {
         /// With `follow`, the box's questions (ask mode) too.
         #[serde(default)]
         ask: bool,
+    },
+    /// A box's effects (what it did outside that a restore does not undo).
+    Effects {
+        /// The box.
+        name: Name,
+        /// From when.
+        since: Since,
     },
     /// Adds a secret (its value travels only in this request).
     SecretAdd {
@@ -570,6 +578,23 @@ pub enum Reply {
     /// To `Promote`: the name the parent now has; to `Checkpoint`, the
     /// label; to `Restore`, the label the state before it is kept under.
     Name(Name),
+    /// To `Effects`.
+    Effects(Vec<Effect>),
+    /// To `Restore`: the label the state before it is kept under, and what
+    /// the box did since the checkpoint that the restore does not undo.
+    Restored {
+        /// The label of the state before.
+        kept: Name,
+        /// Effects since the checkpoint.
+        effects: Vec<Effect>,
+    },
+    /// To `Diff` (after its changes): each box's effects since they split.
+    Diffed {
+        /// `a`'s.
+        a: Vec<Effect>,
+        /// `b`'s.
+        b: Vec<Effect>,
+    },
     /// To `Checkpoints`.
     Checkpoints(Vec<moat_core::Checkpoint>),
     /// To `Usage`.

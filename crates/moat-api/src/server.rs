@@ -6,6 +6,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
+use moat_core::effects::Since;
 use moat_core::egress::Question;
 use moat_core::policy::{HostName, Policy};
 use moat_core::web::{WebHost, WebRefusal, WebVerdict};
@@ -536,11 +537,19 @@ async fn run(
         }
         Op::Remove { name } => m.remove(account, &name).await.map(|()| Reply::Done)?,
         Op::Dup { src, dst } => Reply::Box(BoxInfo::from(&m.dup(account, &src, &dst).await?)),
-        Op::Diff { a, b } => m.diff(account, &a, &b, changes).await.map(|()| Reply::Done)?,
+        Op::Diff { a, b } => {
+            m.diff(account, &a, &b, changes).await?;
+            let (a, b) = m.split_effects(account, &a, &b).await?;
+            Reply::Diffed { a, b }
+        }
         Op::Promote { child } => Reply::Name(m.promote(account, &child).await?),
         Op::Checkpoint { name, label } => Reply::Name(m.checkpoint(account, &name, label).await?),
         Op::Checkpoints { name } => Reply::Checkpoints(m.checkpoints(account, &name).await?),
-        Op::Restore { name, label } => Reply::Name(m.restore(account, &name, &label).await?),
+        Op::Restore { name, label } => {
+            let kept = m.restore(account, &name, &label).await?;
+            Reply::Restored { kept, effects: m.effects(account, &name, &Since::Checkpoint(label)).await? }
+        }
+        Op::Effects { name, since } => Reply::Effects(m.effects(account, &name, &since).await?),
         Op::CheckpointRemove { name, label } => {
             m.remove_checkpoint(account, &name, &label).await.map(|()| Reply::Done)?
         }

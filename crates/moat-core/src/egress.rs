@@ -114,6 +114,12 @@ pub struct LogEntry {
     /// LLM tokens the host reported using for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
+    /// The host's answer's status, where the gateway read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// A connection the gateway passed through without looking inside.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub opaque: bool,
 }
 
 /// How long a box's connection or DNS query waits for its owner's answer in

@@ -6,6 +6,7 @@ pub mod async_fd;
 pub mod backend;
 pub mod box_ca;
 pub mod clock;
+pub mod effects;
 pub mod egress;
 pub mod fault;
 pub mod ids;

@@ -73,5 +73,7 @@ pub fn entry(kind: LogKind, name: impl Into<String>, port: u16, verdict: LogVerd
         received: 0,
         secret: None,
         tokens: None,
+        status: None,
+        opaque: false,
     }
 }

@@ -229,20 +229,40 @@ async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWrit
     // The client's stdin, for the commands that read it; a command that does
     // not leaves it unread, and the channel's window stops the client.
     let (in_tx, in_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    // The channel closed (the client gone, Ctrl-C): the work stops then,
+    // even when it prints nothing (a race's copies running `sleep`).
+    let (gone_tx, mut gone_rx) = tokio::sync::oneshot::channel::<()>();
     let stdin = tokio::spawn(async move {
+        let mut in_tx = Some(in_tx);
         while let Some(msg) = rx.wait().await {
             match msg {
-                ChannelMsg::Data { data } if in_tx.send(data.to_vec()).await.is_err() => return,
-                ChannelMsg::Eof | ChannelMsg::Close => return,
+                ChannelMsg::Data { data } => {
+                    if let Some(sender) = &in_tx {
+                        if sender.send(data.to_vec()).await.is_err() {
+                            in_tx = None;
+                        }
+                    }
+                }
+                ChannelMsg::Eof => in_tx = None,
+                ChannelMsg::Close => break,
                 _ => {}
             }
         }
+        let _ = gone_tx.send(());
     });
     let api = ctx.api.clone();
     let account = ctx.account.clone();
     let mut work = tokio::spawn(async move { control::run(plan, &account, &api, &out_tx, in_rx).await });
     let _stdin = AbortOnDrop(stdin);
-    while let Some(output) = out_rx.recv().await {
+    loop {
+        let output = tokio::select! {
+            output = out_rx.recv() => output,
+            _ = &mut gone_rx => {
+                work.abort();
+                return;
+            }
+        };
+        let Some(output) = output else { break };
         let sent = match output {
             control::Output::Stdout(text) => tx.data(text.as_bytes()).await,
             control::Output::Stderr(text) => tx.extended_data(1, text.as_bytes()).await,

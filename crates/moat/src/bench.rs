@@ -262,6 +262,23 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
         move || Samples::collect(n, || time_command(&mut ssh(&key, port, "rt")))
     })
     .await??;
+    // `race rt 8 -- true` through the same front door; the copies it keeps
+    // are removed between runs, untimed.
+    let race_runs = n.min(10);
+    eprintln!("bench: race rt 8 -- true, {race_runs} times");
+    let mut raced = Vec::new();
+    for _ in 0..race_runs {
+        let key = key.clone();
+        let took = tokio::task::spawn_blocking(move || {
+            time_command(&mut ssh_command(&key, port, moat_core::ids::CONTROL_USER, &["race", "rt", "8", "--", "true"]))
+        })
+        .await??;
+        raced.push(took);
+        for i in 1..=8 {
+            manager.remove(&account, &Name::new(&format!("rt-r{i}"))?).await?;
+        }
+    }
+    let raced = Samples::sorted(raced);
     server.abort();
 
     let sshd_port = free_port()?;
@@ -376,6 +393,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     row("create box + run `true` (a warm box ready)", &create, "`unshare` (same namespaces) `true`", &unshare);
     row("create box + run `true` (made on demand)", &cold, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
     row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
+    row(&format!("`race rt 8 -- true` ({} runs)", raced.0.len()), &raced, "`ssh box@host true`", &ours);
     row("suspended box: session + first byte of `echo x`", &resumed, "running box, same", &running);
     for (mib, dup, cp, save, restore) in &dups {
         let runs = dup.0.len();
@@ -575,6 +593,11 @@ pub fn keygen(path: &Path) -> Result<()> {
 /// The same client, options and key exchange for both servers (russh does not
 /// offer OpenSSH's default post-quantum hybrid, which costs ~100 ms of CPU).
 fn ssh(key: &Path, port: u16, user: &str) -> Command {
+    ssh_command(key, port, user, &["true"])
+}
+
+/// As [`ssh`], running `command` (its words).
+fn ssh_command(key: &Path, port: u16, user: &str, command: &[&str]) -> Command {
     let mut cmd = Command::new("ssh");
     cmd.args([
         "-F",
@@ -588,7 +611,7 @@ fn ssh(key: &Path, port: u16, user: &str) -> Command {
     ]);
     cmd.args(["-o", "KexAlgorithms=curve25519-sha256", "-o", "Ciphers=chacha20-poly1305@openssh.com"]);
     cmd.args(["-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-i"]).arg(key);
-    cmd.args(["-p", &port.to_string(), &format!("{user}@127.0.0.1"), "true"]);
+    cmd.args(["-p", &port.to_string(), &format!("{user}@127.0.0.1")]).args(command);
     cmd
 }
 

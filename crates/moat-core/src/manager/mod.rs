@@ -9,6 +9,7 @@ mod ask;
 mod checkpoints;
 mod copies;
 mod durable;
+mod effects;
 mod fleet;
 mod images;
 mod meter;
@@ -562,6 +563,7 @@ impl BoxManager {
         self.db(|s| s.forget_meter(&rec.id))?;
         self.db(|s| s.forget_egress(&rec.id))?;
         self.tell_durable_removed(&rec.id);
+        self.db(|s| s.forget_effects(&rec.id))?;
         self.box_locks.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, "box removed");

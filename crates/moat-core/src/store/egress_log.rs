@@ -3,6 +3,7 @@
 
 use super::sql::args;
 use super::{Store, StoreError};
+use crate::effects::Effect;
 use crate::egress::LogEntry;
 use crate::ids::BoxId;
 
@@ -13,7 +14,8 @@ pub const MAX_ENTRIES: i64 = 1_000_000;
 pub const MAX_READ: usize = 10_000;
 
 impl Store {
-    /// Appends entries, dropping the oldest beyond [`MAX_ENTRIES`].
+    /// Appends entries, dropping the oldest beyond [`MAX_ENTRIES`]; those
+    /// that record effects go into the effects ledger too.
     pub fn append_egress(&self, entries: &[(BoxId, LogEntry)]) -> Result<(), StoreError> {
         self.transaction(|tx| {
             for (id, entry) in entries {
@@ -22,7 +24,12 @@ impl Store {
                     "INSERT INTO egress_log (box_id, at_ms, entry) VALUES (?1, ?2, ?3)",
                     &args![id.as_str(), entry.at_ms, text],
                 )?;
+                // What cannot be undone is kept apart, and longer.
+                if let Some(effect) = Effect::of(entry) {
+                    super::effects::insert(tx, id, &effect)?;
+                }
             }
+            super::effects::bound(tx)?;
             tx.execute(
                 "DELETE FROM egress_log WHERE rowid <= (SELECT MAX(rowid) FROM egress_log) - ?1",
                 &args![MAX_ENTRIES],
@@ -78,6 +85,8 @@ mod tests {
             received: 0,
             secret: None,
             tokens: None,
+            status: None,
+            opaque: false,
         };
         let (a, b) = (BoxId::random(), BoxId::random());
         store.append_egress(&[(a.clone(), entry(1, "one")), (b.clone(), entry(2, "other"))]).unwrap();

@@ -8,6 +8,7 @@
 //! row; the manager rolls back boxes left in `creating`.
 
 pub mod durable;
+pub mod effects;
 pub mod egress_log;
 pub mod fleet;
 pub mod images;

@@ -223,10 +223,30 @@ CREATE TABLE IF NOT EXISTS registry_logins (
 );
 ";
 
+/// The effects ledger (see `store::effects`): what each box did outside
+/// that a restore does not undo.
+pub(crate) const EFFECTS: &str = "
+CREATE TABLE IF NOT EXISTS effects (
+    box_id  TEXT NOT NULL,
+    at_ms   INTEGER NOT NULL,
+    effect  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS effects_by_box ON effects (box_id, at_ms);
+";
+
 /// The versions of the schema, oldest first: each brings a database at the
 /// version before it to its own. Never edit one that has shipped: add another.
-const MIGRATIONS: &[(u32, Migration)] =
-    &[(1, tables), (2, fleet), (3, durable), (4, moves), (5, stored), (6, web), (7, images), (8, backlog)];
+const MIGRATIONS: &[(u32, Migration)] = &[
+    (1, tables),
+    (2, fleet),
+    (3, durable),
+    (4, moves),
+    (5, stored),
+    (6, web),
+    (7, images),
+    (8, backlog),
+    (9, effects),
+];
 
 /// What brings a database from the version before to the next.
 type Migration = fn(&mut dyn Exec) -> Result<(), StoreError>;
@@ -341,6 +361,16 @@ fn backlog(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, "ALTER TABLE nodes ADD COLUMN upload_backlog INTEGER NOT NULL DEFAULT 0")
 }
 
+/// Version 9: the effects ledger (a new table: every older row stays; the
+/// log's older entries are not turned into effects).
+fn effects(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, EFFECTS)?;
+    match tx.engine() {
+        Engine::Sqlite => Ok(()),
+        Engine::Postgres => tx.batch("ALTER TABLE effects ADD COLUMN rowid BIGSERIAL PRIMARY KEY"),
+    }
+}
+
 /// Adds to `table` the columns a database made by an older moat lacks.
 fn add_missing_columns(tx: &mut dyn Exec, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
     let existing = match tx.engine() {
@@ -367,7 +397,10 @@ mod tests {
     use crate::store::testing::{on_both_engines, TestDb};
     use crate::store::Store;
 
-    on_both_engines!(versions_apply_once_and_a_newer_database_is_refused);
+    on_both_engines!(
+        versions_apply_once_and_a_newer_database_is_refused,
+        a_version_8_database_gains_the_effects_ledger_and_keeps_its_log
+    );
 
     fn versions_apply_once_and_a_newer_database_is_refused(db: &TestDb) {
         let store = db.open();
@@ -384,6 +417,30 @@ mod tests {
             TestDb::Postgres { dsn, .. } => Store::connect(dsn).err(),
         };
         assert!(matches!(refused, Some(StoreError::Newer { found, known: LATEST }) if found == LATEST + 1));
+    }
+
+    /// A database as moat left it at version 8 (no effects table), with a
+    /// log entry: opened, it is at the latest version, the entry is there,
+    /// and effects are kept from then on.
+    fn a_version_8_database_gains_the_effects_ledger_and_keeps_its_log(db: &TestDb) {
+        let store = db.open();
+        store.execute("DROP TABLE effects", &[]).unwrap();
+        store.execute("UPDATE schema_version SET version = 8", &[]).unwrap();
+        let id = BoxId::random();
+        let old =
+            r#"{"at_ms":9,"kind":"http","name":"x.org","port":443,"method":"POST","target":"/a","verdict":"allow"}"#;
+        store
+            .execute("INSERT INTO egress_log (box_id, at_ms, entry) VALUES (?1, 9, ?2)", &args![id.as_str(), old])
+            .unwrap();
+        drop(store);
+        let store = db.open();
+        let version = store.query_row("SELECT version FROM schema_version", &[]).unwrap().unwrap().get::<u32>(0);
+        assert_eq!(version.unwrap(), LATEST);
+        let log = store.egress_since(&id, 0).unwrap();
+        assert_eq!((log.len(), log[0].status, log[0].opaque), (1, None, false));
+        assert!(store.effects_since(&id, 0).unwrap().is_empty(), "older log entries are not made effects");
+        store.append_egress(&[(id.clone(), log[0].clone())]).unwrap();
+        assert_eq!(store.effects_since(&id, 0).unwrap().len(), 1);
     }
 
     /// A database as the last moat without schema versions made it (its

@@ -237,6 +237,8 @@ async fn splice(
         }
     };
     log.verdict = LogVerdict::Allow;
+    // Whatever goes now is unknown to the gateway: an effect it cannot name.
+    log.opaque = true;
     upstream.write_all(&early).await?;
     log.sent = early.len() as u64;
     let (sent, received) = zerocopy::bidirectional(&stream, &upstream).await?;

@@ -194,6 +194,13 @@ impl Metered {
         Self { entry: Some(entry), armed, logger, request_bytes: Arc::clone(request_bytes) }
     }
 
+    /// Notes the status the host answered with.
+    pub fn status(&mut self, status: u16) {
+        if let Some(entry) = self.entry.as_mut() {
+            entry.status = Some(status);
+        }
+    }
+
     /// The response is through (`received` bytes of it, `tokens` reported),
     /// or cut (`failed`): meters the secrets and logs the request. Where a
     /// secret's tokens are limited and the host reported none, a token is

@@ -144,6 +144,7 @@ where
             }
         };
         if let Some(metered) = req.metered.as_mut() {
+            metered.status(head.status);
             let bytes = received.load(Ordering::Relaxed).saturating_sub(start);
             metered.finish(bytes, tokens.as_ref().map_or(0, TokenCount::total), sent.err());
         }

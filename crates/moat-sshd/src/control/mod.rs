@@ -4,6 +4,7 @@
 //! the same way for every verb.
 
 mod args;
+pub mod race;
 mod render;
 mod run;
 mod time;

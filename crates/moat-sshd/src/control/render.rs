@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use moat_core::effects::{Effect, EffectKind};
 use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict, Question};
 use moat_core::limits::format_measured;
 use moat_core::{Change, ChangeKind};
@@ -122,6 +123,48 @@ pub fn log(entries: &[LogEntry], json: bool) -> String {
             let _ = write!(out, " ({})", printable(reason));
         }
         out.push('\n');
+    }
+    out
+}
+
+/// Effects of `effects`: one line each (a JSON object per line with `--json`).
+pub fn effects(effects: &[Effect], json: bool) -> String {
+    let mut out = String::new();
+    for e in effects {
+        if json {
+            out.push_str(&json_value(e).map(|v| v.to_string()).unwrap_or_default());
+            out.push('\n');
+            continue;
+        }
+        let kind = match e.kind {
+            EffectKind::Request => "request",
+            EffectKind::Push => "push   ",
+            EffectKind::Opaque => "opaque ",
+        };
+        let _ = write!(out, "{} {kind} {}:{}", utc_ms(e.at_ms), printable(&e.host), e.port);
+        for part in [&e.method, &e.path].into_iter().flatten() {
+            let _ = write!(out, " {}", printable(part));
+        }
+        match e.status {
+            Some(status) => {
+                let _ = write!(out, " {status}");
+            }
+            None if e.kind != EffectKind::Opaque => out.push_str(" -"),
+            None => {}
+        }
+        let _ = writeln!(out, " sent {} received {}", format_measured(e.sent), format_measured(e.received));
+    }
+    out
+}
+
+/// Effects in a sentence a line, under `heading` (nothing if there are none).
+pub fn effects_summary(heading: &str, effects: &[Effect]) -> String {
+    if effects.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("{heading}\n");
+    for line in moat_core::effects::summary(effects, 5) {
+        let _ = writeln!(out, "  {}", printable(&line));
     }
     out
 }

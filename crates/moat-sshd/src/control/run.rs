@@ -35,6 +35,7 @@ pub async fn run(
         Plan::Call(call) => call,
         Plan::ReadSecret(call) => call(read_value(&mut input).await?),
         Plan::ReadPassword(call) => call(read_password(&mut input).await?),
+        Plan::Race(spec) => return super::race::race(spec, account, api, out).await,
     };
     // (The answer is shown with the operation in hand: `ask ID ANSWER` says what it answered.)
     let request = Request::Act { account: account.clone(), op: op.clone() };
@@ -93,9 +94,11 @@ pub async fn run(
         }
     };
     let reply = reply?;
-    // An answer that came after changes closes them; any other is the verb's to show.
+    // An answer that came after changes closes them (then, as text, the
+    // verb shows what follows them); any other is the verb's to show.
     let text = match changes.started() {
-        true => changes.end(),
+        true if json => changes.end(),
+        true => changes.end() + &render(reply, &op, json)?,
         false => render(reply, &op, json)?,
     };
     print(out, text).await

@@ -13,6 +13,7 @@ mod checkpoints;
 mod clients;
 mod control;
 mod durable;
+mod effects;
 mod egress;
 mod exec;
 mod files;
@@ -28,6 +29,7 @@ mod moves;
 mod privsep;
 mod pty;
 mod push;
+mod race;
 mod restart;
 mod secrets;
 mod storage;
@@ -178,6 +180,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     egress::log_follow_streams,
     secrets::reach_only_their_host_and_header,
     push::push_rules_decide_each_ref,
+    effects::effects_are_told_where_they_matter,
+    race::race_runs_copies_at_once_and_keeps_what_was_asked,
     secrets::limits_kill_and_usage,
     images::pull_login_new_and_hostile_images,
     images::hostile_registries_are_refused_and_leave_nothing,

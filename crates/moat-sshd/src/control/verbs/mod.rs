@@ -18,6 +18,7 @@ mod checkpoint;
 mod checkpoints;
 mod diff;
 mod dup;
+mod effects;
 mod expose;
 mod help;
 mod image;
@@ -28,6 +29,7 @@ mod mv;
 mod new;
 mod policy;
 mod promote;
+pub mod race;
 mod restore;
 mod rm;
 mod secret;
@@ -54,6 +56,7 @@ pub const VERBS: &[Verb] = &[
     dup::VERB,
     diff::VERB,
     promote::VERB,
+    race::VERB,
     checkpoint::VERB,
     checkpoints::VERB,
     restore::VERB,
@@ -65,6 +68,7 @@ pub const VERBS: &[Verb] = &[
     usage::VERB,
     policy::VERB,
     log::VERB,
+    effects::VERB,
     ask::VERB,
     secret::VERB,
     expose::VERB,
@@ -100,6 +104,8 @@ pub enum Plan {
     /// Read a registry password from stdin, to its end, then make the call
     /// this makes of it (`image login`).
     ReadPassword(Box<dyn FnOnce(moat_api::Password) -> Call + Send>),
+    /// Several calls and box sessions (`race`).
+    Race(race::RaceSpec),
 }
 
 /// How a verb shows the core's answer to its operation, for people or (with
@@ -142,7 +148,7 @@ impl Plan {
     pub fn creates(&self) -> Option<&Name> {
         match self {
             Plan::Call(call) => call.op.creates(),
-            Plan::Print(_) | Plan::ReadSecret(_) | Plan::ReadPassword(_) => None,
+            Plan::Print(_) | Plan::ReadSecret(_) | Plan::ReadPassword(_) | Plan::Race(_) => None,
         }
     }
 }
@@ -154,6 +160,7 @@ impl std::fmt::Debug for Plan {
             Plan::Call(call) => f.debug_tuple("Call").field(call).finish(),
             Plan::ReadSecret(_) => f.write_str("ReadSecret(..)"),
             Plan::ReadPassword(_) => f.write_str("ReadPassword(..)"),
+            Plan::Race(spec) => f.debug_tuple("Race").field(spec).finish(),
         }
     }
 }
@@ -203,8 +210,11 @@ pub fn parse(words: &[String]) -> Result<Plan, UsageError> {
 
 /// The verb a word that is none is most likely a typo of (`lst`: `ls`).
 pub fn closest_verb(word: &str) -> Option<&'static str> {
-    // `make`, the commonest command a box is sent, is two letters from `move`:
-    // never offered as what a mistyped word meant.
-    let names = VERBS.iter().flat_map(|v| v.names.iter().copied()).filter(|n| !n.starts_with('-') && *n != "move");
+    // `make`, the commonest command a box is sent, is two letters from `move`
+    // and from `race`: neither is offered as what a mistyped word meant.
+    let names = VERBS
+        .iter()
+        .flat_map(|v| v.names.iter().copied())
+        .filter(|n| !n.starts_with('-') && *n != "move" && *n != "race");
     moat_core::near::closest(word, names)
 }

@@ -4,6 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use moat_api::{Op, Reply};
+use moat_core::effects::{Effect, EffectKind, Since};
+
+use super::race::Keep;
 use moat_core::egress::Answer;
 use moat_core::policy::{PolicyChange, Preset, PushRule, Rule};
 use moat_core::secrets::SecretValue;
@@ -180,6 +183,43 @@ fn parses_storage_commands() {
     assert_eq!(op("checkpoint rm web c1"), Op::CheckpointRemove { name: n("web"), label: n("c1") });
     assert_eq!(p("checkpoints web --json").unwrap(), (Op::Checkpoints { name: n("web") }, true));
     assert_eq!(op("restore web c1"), Op::Restore { name: n("web"), label: n("c1") });
+    let race = |line: &str| match plan(line) {
+        Ok(Plan::Race(spec)) => Ok(spec),
+        Ok(other) => panic!("{line}: {other:?}"),
+        Err(e) => Err(e.0),
+    };
+    let spec = race("race web 8 --keep-best -- make test && echo ok").unwrap();
+    assert_eq!(
+        (spec.copies, spec.command.as_str(), &spec.keep, spec.json),
+        (8, "make test && echo ok", &Keep::Best, false)
+    );
+    assert_eq!(spec.copy_name(8).unwrap(), n("web-r8"));
+    assert_eq!(race("race web 2 --pick 'test -f ok' --json -- true").unwrap().keep, Keep::Pick("test -f ok".into()));
+    assert_eq!(race("race web 1 -- --json").unwrap().command, "--json");
+    for bad in [
+        "race web",
+        "race web 0 -- true",
+        "race web 33 -- true",
+        "race web 2",
+        "race web 2 --",
+        "race web 2 true",
+        "race web 2 --keep-best --pick x -- true",
+        "race web 2 --pick",
+        &format!("race {} 2 -- true", "a".repeat(62)),
+    ] {
+        assert!(race(bad).is_err(), "{bad}");
+    }
+    assert_eq!(op("effects web"), Op::Effects { name: n("web"), since: Since::Start });
+    assert_eq!(p("effects web --json").unwrap(), (Op::Effects { name: n("web"), since: Since::Start }, true));
+    assert_eq!(op("effects web --since c1"), Op::Effects { name: n("web"), since: Since::Checkpoint(n("c1")) });
+    assert_eq!(
+        op("effects web --since 1700000000"),
+        Op::Effects { name: n("web"), since: Since::Time(1_700_000_000_000) }
+    );
+    assert!(matches!(op("effects web --since 2h"), Op::Effects { since: Since::Time(_), .. }));
+    for bad in ["effects", "effects web --since", "effects web --since ../x", "effects web --tail"] {
+        assert!(p(bad).is_err(), "{bad}");
+    }
     for bad in ["restore web", "restore web c1 c2", "checkpoint", "checkpoint web A_B", "checkpoints web --all"] {
         assert!(plan(bad).is_err(), "{bad}");
     }
@@ -268,7 +308,38 @@ fn answers_render_as_their_verb_says() {
     // An answer the verb does not expect is handed back, not shown.
     assert!((call.render)(Reply::Done, &call.op, false).is_err());
     let Plan::Call(diff) = plan("diff a b --json").unwrap() else { panic!("not a call") };
-    assert_eq!((diff.render)(Reply::Done, &diff.op, true).unwrap(), "[]\n");
+    let none = || Reply::Diffed { a: Vec::new(), b: Vec::new() };
+    assert_eq!((diff.render)(none(), &diff.op, true).unwrap(), "[]\n");
+    assert_eq!((diff.render)(none(), &diff.op, false).unwrap(), "");
+    // Effects since the split, then after a restore, in words.
+    let post = Effect {
+        at_ms: 1,
+        kind: EffectKind::Request,
+        host: "api.github.com".into(),
+        port: 443,
+        method: Some("POST".into()),
+        path: Some("/repos/o/r/pulls\u{1b}[2J".into()),
+        status: Some(201),
+        sent: 10,
+        received: 20,
+    };
+    let text = (diff.render)(Reply::Diffed { a: Vec::new(), b: vec![post.clone()] }, &diff.op, false).unwrap();
+    assert_eq!(
+        text,
+        "b since the split did what a restore does not undo:\n  1 request to api.github.com: POST /repos/o/r/pulls\\u{1b}[2J 201\n"
+    );
+    let Plan::Call(restore) = plan("restore web c1").unwrap() else { panic!("not a call") };
+    let restored = Reply::Restored { kept: n("before-c1"), effects: vec![post.clone()] };
+    let text = (restore.render)(restored, &restore.op, false).unwrap();
+    assert!(
+        text.starts_with("before-c1\nsince checkpoint c1, web did what a restore does not undo:\n  1 request"),
+        "{text}"
+    );
+    let Plan::Call(effects) = plan("effects web --json").unwrap() else { panic!("not a call") };
+    let line = (effects.render)(Reply::Effects(vec![post]), &effects.op, true).unwrap();
+    let json: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!((json["kind"].as_str(), json["status"].as_u64()), (Some("request"), Some(201)));
+    assert_eq!((effects.render)(Reply::Effects(Vec::new()), &effects.op, false).unwrap(), "no effects\n");
 }
 
 #[test]
