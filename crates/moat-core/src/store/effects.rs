@@ -34,18 +34,8 @@ pub(crate) fn bound(tx: &mut dyn Exec) -> Result<(), StoreError> {
 impl Store {
     /// A box's effects since `since_ms`, oldest first (at most [`MAX_READ`], the newest).
     pub fn effects_since(&self, id: &BoxId, since_ms: u64) -> Result<Vec<Effect>, StoreError> {
-        let rows = self.query(
-            "SELECT effect FROM effects WHERE box_id = ?1 AND at_ms >= ?2 ORDER BY rowid DESC LIMIT ?3",
-            &args![id.as_str(), since_ms, MAX_READ as u64],
-        )?;
-        let mut out = Vec::new();
-        for row in rows {
-            if let Ok(effect) = serde_json::from_str(&row.get::<String>(0)?) {
-                out.push(effect);
-            }
-        }
-        out.reverse();
-        Ok(out)
+        let sql = "SELECT effect FROM effects WHERE box_id = ?1 AND at_ms >= ?2 ORDER BY rowid DESC LIMIT ?3";
+        self.newest_json(sql, id, since_ms, MAX_READ)
     }
 
     /// Forgets a removed box's effects.

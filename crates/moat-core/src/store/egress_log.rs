@@ -40,14 +40,25 @@ impl Store {
 
     /// A box's entries since `since_ms`, oldest first (at most [`MAX_READ`], the newest).
     pub fn egress_since(&self, id: &BoxId, since_ms: u64) -> Result<Vec<LogEntry>, StoreError> {
-        let rows = self.query(
-            "SELECT entry FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 ORDER BY rowid DESC LIMIT ?3",
-            &args![id.as_str(), since_ms, MAX_READ as u64],
-        )?;
+        let sql = "SELECT entry FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 ORDER BY rowid DESC LIMIT ?3";
+        self.newest_json(sql, id, since_ms, MAX_READ)
+    }
+
+    /// The JSON values `sql` selects (box id, since, limit: newest first),
+    /// oldest first; a row that does not decode (written by a later moat) is
+    /// passed over.
+    pub(crate) fn newest_json<T: serde::de::DeserializeOwned>(
+        &self,
+        sql: &str,
+        id: &BoxId,
+        since_ms: u64,
+        most: usize,
+    ) -> Result<Vec<T>, StoreError> {
+        let rows = self.query(sql, &args![id.as_str(), since_ms, most as u64])?;
         let mut out = Vec::new();
         for row in rows {
-            if let Ok(entry) = serde_json::from_str(&row.get::<String>(0)?) {
-                out.push(entry);
+            if let Ok(value) = serde_json::from_str(&row.get::<String>(0)?) {
+                out.push(value);
             }
         }
         out.reverse();

@@ -246,7 +246,17 @@ async fn run_one(
     tx: &mpsc::Sender<RunEvent>,
 ) -> Finish {
     let started = Instant::now();
-    let exit = match exec(api, account, name, command, copy, tx).await {
+    let ran = async {
+        let (fd, _lease) = api.open_session(account, name).await.map_err(|e| e.message)?;
+        let stream = std::os::unix::net::UnixStream::from(fd);
+        stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
+        let (read, mut write) = stream.into_split();
+        let req = ExecRequest { command: Some(command.as_bytes().to_vec()), env: Vec::new(), pty: None };
+        send(&mut write, &HostMsg::Exec(req)).await.map_err(|e| e.to_string())?;
+        relay_output(AgentReader::new(read), copy, tx).await
+    };
+    let exit = match ran.await {
         Ok(ExitStatus::Code(code)) => Ok(code),
         Ok(ExitStatus::Signal { signo, .. }) => Err(format!("signal {signo}")),
         Err(e) => Err(e),
@@ -254,22 +264,12 @@ async fn run_one(
     Finish { exit, wall: started.elapsed() }
 }
 
-async fn exec(
-    api: &ApiClient,
-    account: &AccountId,
-    name: &Name,
-    command: &str,
+/// Sends a command's output by line until it ends; its exit status.
+async fn relay_output(
+    mut reader: AgentReader<tokio::net::unix::OwnedReadHalf>,
     copy: usize,
     tx: &mpsc::Sender<RunEvent>,
 ) -> Result<ExitStatus, String> {
-    let (fd, _lease) = api.open_session(account, name).await.map_err(|e| e.message)?;
-    let stream = std::os::unix::net::UnixStream::from(fd);
-    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
-    let (read, mut write) = stream.into_split();
-    let req = ExecRequest { command: Some(command.as_bytes().to_vec()), env: Vec::new(), pty: None };
-    send(&mut write, &HostMsg::Exec(req)).await.map_err(|e| e.to_string())?;
-    let mut reader = AgentReader::new(read);
     let (mut out, mut err) = (Lines::default(), Lines::default());
     loop {
         let msg = reader.recv().await.map_err(|e| e.to_string())?;
