@@ -87,7 +87,9 @@ pub fn race_runs_copies_at_once_and_keeps_what_was_asked(env: &Env) {
         .unwrap();
     until(env, "copies made", |now| now.contains(&copy(1)) && now.contains(&copy(2)));
     std::thread::sleep(Duration::from_millis(500));
-    child.kill().unwrap();
+    // (`timeout` runs ssh: TERM reaches ssh through it, as Ctrl-C would.)
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     child.wait().unwrap();
     until(env, "copies removed after the client went", |now| !now.contains(&copy(1)) && !now.contains(&copy(2)));
     env.alice(None, &["rm", &name]).ok();
