@@ -276,6 +276,8 @@ impl BoxManager {
             received: r.received,
             secret: None,
             tokens: None,
+            status: Some(r.status),
+            opaque: false,
         };
         let first = {
             let mut pending = self.web_log.lock().unwrap_or_else(PoisonError::into_inner);
