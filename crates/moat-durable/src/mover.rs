@@ -66,7 +66,7 @@ async fn round(manager: &Arc<BoxManager>, worker: &Arc<DurableWorker>, settings:
         Ok(moves) => moves,
         Err(e) => return tracing::warn!(error = %e, "cannot read the moves of this node's boxes"),
     };
-    let _ = manager.settle_leaving(&leaving);
+    manager.settle_leaving(&leaving);
     for mv in leaving.iter().filter(|m| !m.ready && m.error.is_none()) {
         if let Err(e) = send(manager, worker, mv).await {
             manager.stay(&mv.box_id);

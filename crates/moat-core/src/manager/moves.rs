@@ -230,8 +230,12 @@ impl BoxManager {
             return Ok(0);
         }
         let local = self.blocking(|b| b.local_boxes()).await?;
+        // One query for the usual case (every local box is this node's); a
+        // record is read only for a box the store does not list here.
+        let here: std::collections::HashSet<BoxId> =
+            self.db(crate::store::Store::list_here)?.into_iter().map(|r| r.id).collect();
         let mut discarded = 0;
-        for id in local {
+        for id in local.into_iter().filter(|id| !here.contains(id)) {
             let Some(rec) = self.db(|s| s.get_by_id(&id))? else { continue };
             if rec.node == self.node {
                 continue;
@@ -250,14 +254,13 @@ impl BoxManager {
 
     /// Keeps the boxes of moves off this node held (after a restart too),
     /// and lets go of those whose move is gone while the box stayed here.
-    pub fn settle_leaving(&self, moves: &[BoxMove]) -> Result<(), ManagerError> {
+    pub fn settle_leaving(&self, moves: &[BoxMove]) {
         let mut boxes = self.leaving.boxes.lock().unwrap_or_else(PoisonError::into_inner);
         let live = |m: &&BoxMove| m.error.is_none();
         for mv in moves.iter().filter(live) {
             boxes.entry(mv.box_id.clone()).or_insert_with(|| mv.to.clone());
         }
         boxes.retain(|id, _| moves.iter().filter(live).any(|m| &m.box_id == id));
-        Ok(())
     }
 
     /// Where box `id` came from, if it moved.
