@@ -463,6 +463,9 @@ pub struct BoxInfo {
     /// Where it came from, if it moved to its node from another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved: Option<moat_core::store::moves::Arrival>,
+    /// Its move to another node, if one is asked or the last one failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving: Option<moat_core::store::moves::BoxMove>,
 }
 
 /// How durable a box is: when it was last kept in the object store.
@@ -494,6 +497,7 @@ impl From<&BoxRecord> for BoxInfo {
             node: r.node.clone(),
             durable: None,
             moved: None,
+            moving: None,
         }
     }
 }

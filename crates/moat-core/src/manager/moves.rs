@@ -70,6 +70,8 @@ impl BoxManager {
             as_of_ms: None,
             asked_at_ms: now,
             error: None,
+            failures: 0,
+            failed_at_ms: None,
         };
         if !self.db(|s| s.ask_move(&mv))? {
             return Err(ManagerError::CannotMove(format!("box {name} is moving already")));
@@ -276,14 +278,11 @@ impl BoxManager {
     /// Notes that box `id`'s move failed: the box stays where it was. A
     /// move asked by a user or a drain keeps its row, with the reason, for
     /// whoever waits on it (the next ask replaces it); a lost node's box is
-    /// asked elsewhere again by the next reconciler round.
+    /// asked again by the reconciler once it has waited
+    /// (`store::moves::retry_after_ms`).
     pub fn move_failed(&self, mv: &BoxMove, error: &str) -> Result<(), ManagerError> {
         tracing::warn!(box_id = %mv.box_id, from = %mv.from, to = %mv.to, error, "a move failed");
-        self.db(|s| s.move_failed(&mv.box_id, error))?;
-        if mv.reason == MoveReason::Lost {
-            self.db(|s| s.cancel_move(&mv.box_id))?;
-        }
-        Ok(())
+        Ok(self.db(|s| s.move_failed(&mv.box_id, error, now_ms()))?)
     }
 
     /// Calls off box `id`'s move (false: it is taken already, or was never

@@ -72,6 +72,10 @@ pub struct BoxMove {
     pub asked_at_ms: u64,
     /// Why the last attempt failed, if one did.
     pub error: Option<String>,
+    /// How many attempts failed.
+    pub failures: u32,
+    /// When the last attempt failed.
+    pub failed_at_ms: Option<u64>,
 }
 
 /// Where a box came from, once it moved (for `info`).
@@ -90,7 +94,18 @@ pub struct Arrival {
 /// Held (PostgreSQL) by the one node that decides where lost nodes' boxes go.
 const RECONCILER_LOCK: i64 = 0x6d6f_6174_0004;
 
-const COLUMNS: &str = "box_id, from_node, to_node, epoch, reason, ready, as_of_ms, asked_at_ms, error";
+const COLUMNS: &str =
+    "box_id, from_node, to_node, epoch, reason, ready, as_of_ms, asked_at_ms, error, failures, failed_at_ms";
+
+/// How long a lost node's box waits after its re-homing failed `failures`
+/// times before it is tried again: 10 s, doubling, at most 10 minutes. A
+/// chain that cannot be received (a corrupt object) is then fetched a few
+/// times an hour, not every round.
+pub fn retry_after_ms(failures: u32) -> u64 {
+    const FIRST_MS: u64 = 10_000;
+    const MOST_MS: u64 = 600_000;
+    FIRST_MS.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(MOST_MS)
+}
 
 fn move_from_row(r: &Row) -> Result<BoxMove, StoreError> {
     let id: String = r.get(0)?;
@@ -105,6 +120,8 @@ fn move_from_row(r: &Row) -> Result<BoxMove, StoreError> {
         as_of_ms: r.get(6)?,
         asked_at_ms: r.get(7)?,
         error: r.get(8)?,
+        failures: r.get(9)?,
+        failed_at_ms: r.get(10)?,
     })
 }
 
@@ -156,16 +173,11 @@ impl Store {
     }
 
     /// Notes why the last attempt at box `id`'s move failed.
-    pub fn move_failed(&self, id: &BoxId, error: &str) -> Result<(), StoreError> {
-        self.execute("UPDATE box_moves SET error = ?2 WHERE box_id = ?1", &args![id.as_str(), error])?;
+    /// (at `at_ms`), and counts it.
+    pub fn move_failed(&self, id: &BoxId, error: &str, at_ms: u64) -> Result<(), StoreError> {
+        let sql = "UPDATE box_moves SET error = ?2, failures = failures + 1, failed_at_ms = ?3 WHERE box_id = ?1";
+        self.execute(sql, &args![id.as_str(), error, at_ms])?;
         Ok(())
-    }
-
-    /// Gives box `id`'s move another target (a lost node's box whose first
-    /// target could not take it).
-    pub fn retarget_move(&self, id: &BoxId, from_target: &str, to: &str) -> Result<bool, StoreError> {
-        let sql = "UPDATE box_moves SET to_node = ?3, error = NULL WHERE box_id = ?1 AND to_node = ?2";
-        Ok(self.execute(sql, &args![id.as_str(), from_target, to])? == 1)
     }
 
     /// Calls off box `id`'s move (false: it is taken already, or was never
@@ -276,8 +288,9 @@ impl Store {
                 .filter(|n| now_ms >= n.lease_until_ms.saturating_add(grace_ms))
                 .map(|n| n.offer.name.clone())
                 .collect();
-            // What moves already asked will add to each target.
-            for mv in &moves_in(tx)? {
+            let moves = moves_in(tx)?;
+            // What moves under way will add to each target.
+            for mv in moves.iter().filter(|m| m.error.is_none()) {
                 if let (Some(limits), Some(n)) =
                     (limits_of(tx, &mv.box_id)?, all.iter_mut().find(|n| n.offer.name == mv.to))
                 {
@@ -285,6 +298,24 @@ impl Store {
                 }
             }
             let mut asked = Vec::new();
+            // Lost nodes' boxes whose re-homing failed: tried again once
+            // they have waited long enough (on whichever node has room
+            // now); forgotten if their node came back.
+            for mv in moves.into_iter().filter(|m| m.reason == MoveReason::Lost && m.error.is_some()) {
+                if !lost.contains(&mv.from) {
+                    tx.execute("DELETE FROM box_moves WHERE box_id = ?1", &args![mv.box_id.as_str()])?;
+                    continue;
+                }
+                let due = mv.failed_at_ms.unwrap_or(0).saturating_add(retry_after_ms(mv.failures));
+                if now_ms < due {
+                    continue;
+                }
+                let Some(limits) = limits_of(tx, &mv.box_id)? else { continue };
+                let Some(to) = pick_node(&mut all, &limits, now_ms) else { continue };
+                let sql = "UPDATE box_moves SET to_node = ?2, error = NULL, asked_at_ms = ?3 WHERE box_id = ?1";
+                tx.execute(sql, &args![mv.box_id.as_str(), &to, now_ms])?;
+                asked.push(BoxMove { to, error: None, asked_at_ms: now_ms, ..mv });
+            }
             for from in lost {
                 for (id, epoch, as_of_ms, limits) in durable_boxes_on(tx, &from)? {
                     let Some(to) = pick_node(&mut all, &limits, now_ms) else { continue };
@@ -298,6 +329,8 @@ impl Store {
                         as_of_ms: Some(as_of_ms),
                         asked_at_ms: now_ms,
                         error: None,
+                        failures: 0,
+                        failed_at_ms: None,
                     };
                     insert_move(tx, &mv)?;
                     asked.push(mv);
@@ -346,6 +379,8 @@ impl Store {
                     as_of_ms: None,
                     asked_at_ms: now_ms,
                     error: None,
+                    failures: 0,
+                    failed_at_ms: None,
                 };
                 insert_move(tx, &mv)?;
                 asked.push(mv);
@@ -398,10 +433,8 @@ fn durable_boxes_on(tx: &mut dyn Exec, node: &str) -> Result<Vec<(BoxId, u64, u6
 
 fn insert_move(tx: &mut dyn Exec, mv: &BoxMove) -> Result<u64, StoreError> {
     tx.execute(
-        &format!(
-            "INSERT INTO box_moves ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL) \
-             ON CONFLICT (box_id) DO NOTHING"
-        ),
+        "INSERT INTO box_moves (box_id, from_node, to_node, epoch, reason, ready, as_of_ms, asked_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (box_id) DO NOTHING",
         &args![
             mv.box_id.as_str(),
             &mv.from,
@@ -456,6 +489,8 @@ mod tests {
             as_of_ms: None,
             asked_at_ms: 5,
             error: None,
+            failures: 0,
+            failed_at_ms: None,
         }
     }
 
@@ -563,6 +598,48 @@ mod tests {
         assert!(!n2.take_box(second, 60_000, crate::clock::now_ms()).unwrap());
         assert_eq!(n2.get_by_id(&second.box_id).unwrap().unwrap().node, "n1");
         assert!(n2.box_move(&second.box_id).unwrap().is_none());
+    }
+
+    /// A lost node's box whose re-homing failed is not asked again until it
+    /// has waited (longer each time), then on a node with room; a failed
+    /// re-homing of a node that came back is forgotten.
+    #[test]
+    fn a_failed_re_homing_is_tried_again_after_a_growing_wait() {
+        let db = TestDb::postgres();
+        let (n1, n2) = two_nodes(&db);
+        let a = new_box(&n1, "a");
+        n1.add_durable_link(&link(&a.id, 100)).unwrap();
+        let now = crate::clock::now_ms();
+        n1.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = 'n1'", &args![now - 61_000]).unwrap();
+        // n2 stays live across the minute this test's clock runs on.
+        n2.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = 'n2'", &args![now + 3_600_000]).unwrap();
+        let asked = n2.reconcile_lost(60_000, now).unwrap();
+        assert_eq!(asked.len(), 1);
+        n2.move_failed(&a.id, "object k/a is corrupt", now).unwrap();
+        let failed = n2.box_move(&a.id).unwrap().unwrap();
+        assert_eq!((failed.failures, failed.failed_at_ms), (1, Some(now)));
+        assert!(n2.moves(None, Some("n2")).unwrap().iter().all(|m| m.error.is_some()), "not received again");
+        for (at, failures) in [(now + 1, 1), (now + 9_999, 1)] {
+            assert!(n2.reconcile_lost(60_000, at).unwrap().is_empty(), "asked again {} ms after {failures}", at - now);
+        }
+        let again = n2.reconcile_lost(60_000, now + 10_000).unwrap();
+        assert_eq!(
+            again.iter().map(|m| (m.to.as_str(), m.failures, m.error.is_none())).collect::<Vec<_>>(),
+            [("n2", 1, true)]
+        );
+        assert_eq!(n2.box_move(&again[0].box_id).unwrap().unwrap().error, None, "stored as asked");
+        // Failed a second time: twice the wait.
+        n2.move_failed(&a.id, "still corrupt", now + 10_000).unwrap();
+        assert!(n2.reconcile_lost(60_000, now + 29_999).unwrap().is_empty());
+        assert_eq!(n2.reconcile_lost(60_000, now + 30_000).unwrap().len(), 1);
+        assert_eq!(retry_after_ms(10), 600_000, "at most 10 minutes");
+        assert_eq!(retry_after_ms(u32::MAX), 600_000);
+        // n1 back: the failed move is forgotten and the box stays n1's.
+        n2.move_failed(&a.id, "again", now + 30_000).unwrap();
+        n1.renew_lease(&offer("n1", 4)).unwrap();
+        assert!(n2.reconcile_lost(60_000, crate::clock::now_ms()).unwrap().is_empty());
+        assert!(n2.box_move(&a.id).unwrap().is_none());
+        assert_eq!(n2.get_by_id(&a.id).unwrap().unwrap().node, "n1");
     }
 
     /// Two reconcilers at once: one decides, the other finds the lock held.

@@ -246,6 +246,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[
     (7, images),
     (8, backlog),
     (9, effects),
+    (10, retries),
 ];
 
 /// What brings a database from the version before to the next.
@@ -369,6 +370,17 @@ fn effects(tx: &mut dyn Exec) -> Result<(), StoreError> {
         Engine::Sqlite => Ok(()),
         Engine::Postgres => tx.batch("ALTER TABLE effects ADD COLUMN rowid BIGSERIAL PRIMARY KEY"),
     }
+}
+
+/// Version 10: how often a move failed and when it last did, so that a lost
+/// node's box whose receive keeps failing is tried again after a growing
+/// wait (see `store::moves`), not fetched again every reconciler round.
+fn retries(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(
+        tx,
+        "ALTER TABLE box_moves ADD COLUMN failures INTEGER NOT NULL DEFAULT 0; \
+         ALTER TABLE box_moves ADD COLUMN failed_at_ms INTEGER",
+    )
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.

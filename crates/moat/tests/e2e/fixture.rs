@@ -134,7 +134,12 @@ impl Daemon {
     /// (Re)starts the process on a new free port, with the same state.
     pub fn restart(&mut self) {
         self.kill();
-        let log = std::fs::File::create(self.state_dir.with_extension("log")).expect("daemon log");
+        // Appended to: a restarted daemon's log keeps what came before it.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state_dir.with_extension("log"))
+            .expect("daemon log");
         // Started as `moat serve &` from a script or under nohup starts it
         // (SIGINT, SIGQUIT and SIGHUP ignored), and worse: see
         // [`signals_left_behind`]. Boxes must not inherit any of it
@@ -166,6 +171,12 @@ impl Daemon {
         let ca = before.iter().find_map(|l| l.strip_prefix("web CA ")).map(PathBuf::from);
         self.edge = http.map(|port| Edge { port, ca: ca.unwrap_or_default() });
         self.child = Some(child);
+    }
+
+    /// Whether the process is still running (not killed, not ended by a
+    /// fault point).
+    pub fn alive(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Kills the process (boxes keep running).

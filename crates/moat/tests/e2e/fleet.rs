@@ -142,6 +142,75 @@ impl Fleet {
         fleet
     }
 
+    /// alice's boxes' names, on every node.
+    pub fn box_names(&self, env: &Env) -> Vec<String> {
+        let out = self.alice(env, 1, None, &["ls", "--json"]);
+        let boxes: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+        let names = boxes.as_array().into_iter().flatten().filter_map(|b| b["name"].as_str());
+        names.map(String::from).collect()
+    }
+
+    /// Puts the fleet back as it was before a test that failed midway, so
+    /// that the next test does not fail for it: every node and front door
+    /// running, none cordoned, and only the boxes in `kept` left.
+    pub fn tidy_after_failure(&mut self, env: &Env, kept: &[String]) {
+        for node in &mut self.nodes {
+            if !node.alive() {
+                node.env.clear();
+                node.restart();
+            }
+        }
+        for front in self.fronts.iter_mut().filter(|f| f.child.is_none()) {
+            front.restart();
+        }
+        self.wait_for_live_nodes_or_cordoned(3);
+        let admin = self.admin.display().to_string();
+        for node in 1..=self.nodes.len() {
+            let _ = moat(&["node", "uncordon", &format!("n{node}"), "--state-dir", &admin]);
+        }
+        for name in self.box_names(env).iter().filter(|n| !kept.contains(n)) {
+            let _ = self.alice(env, 1, None, &["rm", name]);
+        }
+    }
+
+    /// Every member's log (nodes, then front doors).
+    fn logs(&self) -> Vec<PathBuf> {
+        let nodes = self.nodes.iter().map(|n| n.state_dir.with_extension("log"));
+        nodes.chain(self.fronts.iter().map(|f| f.dir.with_extension("log"))).collect()
+    }
+
+    /// How long each member's log is now (see [`Fleet::print_log_warnings`]).
+    pub fn log_marks(&self) -> Vec<u64> {
+        self.logs().iter().map(|l| std::fs::metadata(l).map(|m| m.len()).unwrap_or(0)).collect()
+    }
+
+    /// Prints the warnings and errors each member logged since `marks`: what
+    /// a failed test's daemons said, in CI's output (the logs go with the
+    /// scratch dir).
+    pub fn print_log_warnings(&self, marks: &[u64]) {
+        for (log, mark) in self.logs().iter().zip(marks) {
+            let text = std::fs::read(log).unwrap_or_default();
+            let since = String::from_utf8_lossy(text.get(*mark as usize..).unwrap_or_default()).into_owned();
+            let plain = strip_ansi(&since);
+            let said: Vec<&str> = plain.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).collect();
+            if !said.is_empty() {
+                eprintln!("--- {} since the test began:\n{}", log.display(), said.join("\n"));
+            }
+        }
+    }
+
+    fn wait_for_live_nodes_or_cordoned(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let nodes = self.nodes_json();
+            let up = nodes.as_array().unwrap().iter().filter(|n| n["state"] == "live" || n["state"] == "cordoned");
+            if up.count() == n {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// `moat nodes --json`.
     pub fn nodes_json(&self) -> serde_json::Value {
         let out = moat(&["nodes", "--json", "--state-dir", &self.admin.display().to_string()]).ok();
@@ -183,6 +252,25 @@ impl Fleet {
             boxes.as_array().unwrap().iter().find(|b| b["name"] == name).unwrap_or_else(|| panic!("{name}: {boxes}"));
         (b["state"].as_str().unwrap().to_string(), b["node"].as_str().unwrap_or_default().to_string())
     }
+}
+
+/// `text` without its terminal colour sequences (tracing's log colours).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // ESC [ parameters, up to the final letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Gives node `node` (1-based) the debian image the suite's own daemon

@@ -365,7 +365,14 @@ fn main() {
                 Ok(mut fleet) => {
                     for (name, test) in &fleet_tests {
                         let t = Instant::now();
+                        let before = fleet.box_names(&env);
+                        let marks = fleet.log_marks();
                         let result = catch_unwind(AssertUnwindSafe(|| test(&env, &mut fleet)));
+                        if result.is_err() {
+                            // One failure is reported once, not again by every test after it.
+                            fleet.print_log_warnings(&marks);
+                            let _ = catch_unwind(AssertUnwindSafe(|| fleet.tidy_after_failure(&env, &before)));
+                        }
                         record(name, result, t.elapsed().as_secs_f64());
                     }
                 }

@@ -28,6 +28,7 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     let mut node = if b.node.is_empty() { String::new() } else { format!("node:     {}\n", b.node) };
     node += &durable(&b);
     node += &moved(&b);
+    node += &moving(&b);
     Ok(format!(
         "name:     {}\nid:       {}\nstate:    {} (since {})\n{}idle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
         b.name,
@@ -79,6 +80,28 @@ fn moved(b: &BoxInfo) -> String {
         m.from,
         utc(m.at_ms / 1000),
         utc(m.as_of_ms / 1000)
+    )
+}
+
+/// Its move under way, or why the last attempt failed.
+fn moving(b: &BoxInfo) -> String {
+    use moat_core::store::moves::{retry_after_ms, MoveReason};
+    let Some(m) = &b.moving else { return String::new() };
+    let why = match m.reason {
+        MoveReason::Lost => "its node was lost",
+        MoveReason::Drain => "its node is drained",
+        MoveReason::Move => "asked",
+    };
+    let Some(error) = &m.error else { return format!("moving:   to node {} ({why})\n", m.to) };
+    if m.reason != MoveReason::Lost {
+        return format!("moving:   to node {} failed ({why}): {error}; the box stayed\n", m.to);
+    }
+    let due = m.failed_at_ms.unwrap_or(0).saturating_add(retry_after_ms(m.failures));
+    let wait = due.saturating_sub(moat_core::clock::now_ms()).div_ceil(1000);
+    format!(
+        "moving:   re-homing failed {} time{} ({error}); tried again in {wait}s\n",
+        m.failures,
+        if m.failures == 1 { "" } else { "s" }
     )
 }
 

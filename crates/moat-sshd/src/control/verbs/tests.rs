@@ -360,6 +360,7 @@ fn times_read_one_way_and_json_adds_strings() {
         node: String::new(),
         durable: None,
         moved: None,
+        moving: None,
     };
     let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
     let text = (info.render)(Reply::Box(b.clone()), &info.op, false).unwrap();
@@ -439,15 +440,49 @@ fn move_names_its_node_and_info_says_where_a_box_came_from() {
             as_of_ms: 1_796_080_000_000,
             at_ms: 1_796_080_060_000,
         }),
+        moving: None,
     };
     let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
-    let text = (info.render)(Reply::Box(b), &info.op, false).unwrap();
+    let text = (info.render)(Reply::Box(b.clone()), &info.op, false).unwrap();
     assert!(
         text.contains(
             "moved:    from node n1 at 2026-11-30T23:07:40Z (its node was lost); its files as of 2026-11-30T23:06:40Z"
         ),
         "{text}"
     );
+    assert!(!text.contains("moving:"), "{text}");
+    // A move under way, one that failed, and a lost node's box whose
+    // re-homing failed twice (tried again 20 s after the last failure).
+    let now = moat_core::clock::now_ms();
+    let mv = moat_core::store::moves::BoxMove {
+        box_id: moat_core::BoxId::parse("00ff00ff00ff00ff").unwrap(),
+        from: "n2".into(),
+        to: "n3".into(),
+        epoch: 1,
+        reason: moat_core::store::moves::MoveReason::Move,
+        ready: false,
+        as_of_ms: None,
+        asked_at_ms: now,
+        error: None,
+        failures: 0,
+        failed_at_ms: None,
+    };
+    let said = |mv: &moat_core::store::moves::BoxMove| {
+        let b = moat_api::BoxInfo { moving: Some(mv.clone()), ..b.clone() };
+        let text = (info.render)(Reply::Box(b), &info.op, false).unwrap();
+        text.lines().find(|l| l.starts_with("moving:")).unwrap_or_default().to_string()
+    };
+    assert_eq!(said(&mv), "moving:   to node n3 (asked)");
+    let failed = moat_core::store::moves::BoxMove { error: Some("no room".into()), failures: 1, ..mv.clone() };
+    assert_eq!(said(&failed), "moving:   to node n3 failed (asked): no room; the box stayed");
+    let lost = moat_core::store::moves::BoxMove {
+        reason: moat_core::store::moves::MoveReason::Lost,
+        error: Some("object k is corrupt".into()),
+        failures: 2,
+        failed_at_ms: Some(now),
+        ..mv
+    };
+    assert_eq!(said(&lost), "moving:   re-homing failed 2 times (object k is corrupt); tried again in 20s");
 }
 
 #[test]
