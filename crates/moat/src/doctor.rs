@@ -24,11 +24,13 @@ pub fn run(state_dir: &Path) -> Result<()> {
     check("root", if nix_is_root() { Ok("running as root".into()) } else { Err("moat serve must run as root".into()) });
     check(
         "cgroups",
-        CgroupLayout::detect().map_err(|e| e.to_string()).map(|layout| match layout {
-            CgroupLayout::V2 { parent } => {
-                format!("cgroup v2 (boxes under {})", parent.display())
+        CgroupLayout::detect(&moat_box::host::cgroup::parent_name("")).map_err(|e| e.to_string()).map(|layout| {
+            match layout {
+                CgroupLayout::V2 { parent } => {
+                    format!("cgroup v2 (boxes under {})", parent.display())
+                }
+                CgroupLayout::V1 { .. } => "hybrid host: cgroup v1 memory, pids, cpu, cpuacct and freezer".into(),
             }
-            CgroupLayout::V1 { .. } => "hybrid host: cgroup v1 memory, pids, cpu, cpuacct and freezer".into(),
         }),
     );
     let pool = paths::open_pool(state_dir).map_err(|e| format!("{e:#}"));

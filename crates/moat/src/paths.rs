@@ -46,7 +46,26 @@ pub fn host_view_dir(state_dir: &Path) -> PathBuf {
 pub fn host(state_dir: &Path, agent: PathBuf, account_disk: u64) -> Result<Host> {
     let pool = open_pool(state_dir)?;
     let helper = std::env::current_exe().context("find this executable")?;
-    Ok(Host::open(pool, HostConfig { run_dir: state_dir.join("run"), helper, agent, account_disk })?)
+    let cgroup_parent = cgroup_parent(state_dir)?;
+    Ok(Host::open(pool, HostConfig { run_dir: state_dir.join("run"), helper, agent, account_disk, cgroup_parent })?)
+}
+
+/// The cgroup the state dir's boxes live under: `moat`, or `moat-NODE` once
+/// it joined a fleet as node `NODE` (see `cgroup::parent_name`).
+pub fn cgroup_parent(state_dir: &Path) -> Result<String> {
+    if !state_dir.join("fleet.json").exists() {
+        return Ok(moat_box::host::cgroup::parent_name(""));
+    }
+    let dir = moat_fleet::join::FleetDir::load(state_dir)
+        .with_context(|| format!("read {}'s fleet membership", state_dir.display()))?;
+    let name = &dir.member.name;
+    if moat_core::ids::Name::new(name).is_err() {
+        anyhow::bail!("{}: fleet member name {name:?} is not a DNS label", state_dir.display());
+    }
+    Ok(match dir.member.role {
+        moat_core::store::fleet::MemberRole::Node => moat_box::host::cgroup::parent_name(name),
+        _ => moat_box::host::cgroup::parent_name(""),
+    })
 }
 
 /// The backend as `serve` and `bench` run it: namespace boxes with per-box

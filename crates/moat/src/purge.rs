@@ -39,6 +39,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
         helper: "/nonexistent".into(),
         agent: "/nonexistent".into(),
         account_disk: u64::MAX,
+        cgroup_parent: paths::cgroup_parent(state_dir)?,
     };
     let host = Host::open(pool, config)?;
     // Removal needs no machine: a VM box goes as a namespace box does.
@@ -67,7 +68,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
 /// as it is. What the pool held goes with the state directory.
 fn run_without_pool(state_dir: &Path, why: &anyhow::Error) -> Result<()> {
     eprintln!("the pool cannot be opened ({why:#}): ending its boxes by their cgroups");
-    let cgroups = CgroupLayout::detect().context("cgroups")?;
+    let cgroups = CgroupLayout::detect(&paths::cgroup_parent(state_dir)?).context("cgroups")?;
     let store = state_store(state_dir)?;
     for rec in store.list_here()? {
         eprintln!("removing box {} ({})", rec.name, rec.id);

@@ -1,7 +1,8 @@
 //! Box cgroups: limits, membership, and killing everything in a box.
 //!
 //! Pure cgroup v2 hosts (the common case) get one directory per box under
-//! `/sys/fs/cgroup/moat`. Hybrid hosts, whose v1 hierarchies hold the memory,
+//! `/sys/fs/cgroup/moat` (`moat-NODE` for a fleet node: see
+//! [`parent_name`]). Hybrid hosts, whose v1 hierarchies hold the memory,
 //! pids, cpu and freezer controllers, get one directory in each of those, and
 //! in cpuset where it is mounted: there a box's cpuset is the CPUs it is
 //! pinned to, which is what LXCFS shows it in /proc/cpuinfo (its quota-based
@@ -19,6 +20,19 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 /// CFS period used for CPU bandwidth, in microseconds.
 const CPU_PERIOD_US: u64 = 100_000;
+
+/// The name of the cgroup a server's boxes live under: `moat` on a single
+/// host; `moat-NODE` for fleet node `NODE`, because a box keeps its id when
+/// it moves between nodes, and two nodes on one host (a test fleet, or an
+/// operator's) must not share its cgroup: the source ending its old copy
+/// would kill the new one.
+pub fn parent_name(node: &str) -> String {
+    if node.is_empty() {
+        "moat".to_string()
+    } else {
+        format!("moat-{node}")
+    }
+}
 
 /// Which cgroup hierarchy the host offers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,11 +88,16 @@ fn mkdir(path: &Path) -> Result<(), CgroupError> {
 }
 
 impl CgroupLayout {
-    /// Finds the host's layout and prepares moat's parent cgroup(s).
-    pub fn detect() -> Result<Self, CgroupError> {
+    /// Finds the host's layout and prepares the parent cgroup(s) named
+    /// `name` (see [`parent_name`]).
+    pub fn detect(name: &str) -> Result<Self, CgroupError> {
         let root = Path::new(CGROUP_ROOT);
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            let source = io::Error::new(io::ErrorKind::InvalidInput, "not a cgroup name");
+            return Err(CgroupError { path: root.join(name), source });
+        }
         if root.join("cgroup.controllers").exists() {
-            let parent = root.join("moat");
+            let parent = root.join(name);
             mkdir(&parent)?;
             // Delegate the controllers down to the boxes.
             write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
@@ -87,13 +106,13 @@ impl CgroupLayout {
         }
         let mut parents = Vec::new();
         for ctrl in V1_CONTROLLERS {
-            let parent = root.join(ctrl).join("moat");
+            let parent = root.join(ctrl).join(name);
             mkdir(&parent)?;
             parents.push(parent);
         }
         let cpuset = root.join("cpuset");
         if cpuset.join("cpuset.cpus").exists() {
-            let parent = cpuset.join("moat");
+            let parent = cpuset.join(name);
             mkdir(&parent)?;
             inherit_cpuset(&parent)?;
             parents.push(parent);

@@ -35,6 +35,8 @@ pub struct HostConfig {
     /// Most bytes one account's boxes may write, together (see
     /// [`Pool::charge_account`]).
     pub account_disk: u64,
+    /// The cgroup this server's boxes live under (see [`cgroup::parent_name`]).
+    pub cgroup_parent: String,
 }
 
 /// The host's shared parts, handed to each machine (cheap to clone).
@@ -53,7 +55,8 @@ impl Host {
     /// restores a crash cut short finished or undone, the run directory, and
     /// a loop pool trimmed in the background.
     pub fn open(pool: Pool, config: HostConfig) -> Result<Self, BackendError> {
-        let cgroups = CgroupLayout::detect().map_err(|e| BackendError::new("cgroups unavailable", e))?;
+        let cgroups =
+            CgroupLayout::detect(&config.cgroup_parent).map_err(|e| BackendError::new("cgroups unavailable", e))?;
         pool.finish_restores();
         std::fs::create_dir_all(&config.run_dir)
             .map_err(|e| BackendError::new(format!("create {}", config.run_dir.display()), e))?;
