@@ -5,6 +5,8 @@
 //!   and `unshare` making the same namespaces;
 //! - `ssh NAME@HOST true` over loopback (a new connection each time), against
 //!   OpenSSH's own sshd running `true` on loopback with the same client;
+//! - a suspended box's session to its first byte, against a running box's,
+//!   500 times, split between host and box (see [`crate::bench_resume`]);
 //! - egress through the gateway against the same client and servers without
 //!   it (see [`crate::bench_egress`]);
 //! - with `--fleet`, instead: a fleet on this machine against one host and
@@ -58,6 +60,9 @@ pub struct BenchArgs {
     /// Runs of that download each way.
     #[arg(long, default_value_t = 3)]
     egress_runs: usize,
+    /// Suspend/resume cycles timed (the resume tail: p99 and max need many).
+    #[arg(long, default_value_t = 500)]
+    resume_runs: usize,
     /// Runs of each VM box measurement (TCG guests take seconds each; 0: none).
     #[arg(long, default_value_t = 5)]
     vm_runs: usize,
@@ -346,26 +351,10 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
         dups.push((mib, Samples(times), cp, Samples::sorted(saves), Samples::sorted(restores)));
     }
 
-    eprintln!("bench: first output byte from a running and from a suspended box, {n} times each");
-    let rs = Name::new("resume")?;
-    manager.create(&account, spec(rs.as_str())?, Box::new(|_: &str| {})).await?;
-    let mut running = Vec::new();
-    let mut resumed = Vec::new();
-    for _ in 0..n {
-        for (suspend_first, out) in [(false, &mut running), (true, &mut resumed)] {
-            if suspend_first {
-                manager.suspend(&account, &rs).await?;
-            }
-            let t = Instant::now();
-            let (box_handle, _session) = manager.open_session(&account, &rs).await?;
-            first_byte(&box_handle.agent, "echo x").await?;
-            out.push(t.elapsed());
-        }
-    }
-    running.sort();
-    resumed.sort();
-    manager.remove(&account, &rs).await?;
-    let (running, resumed) = (Samples(running), Samples(resumed));
+    let resume_runs = args.resume_runs.max(1);
+    eprintln!("bench: first output byte from a running and from a suspended box, {resume_runs} times each");
+    let resume = crate::bench_resume::samples(manager, &account, spec("resume")?, resume_runs).await?;
+    let (running, resumed) = (resume.running(), resume.resumed());
 
     let egress = egress_samples(args, manager, &account, net).await?;
     let vm = match args.vm_runs {
@@ -394,7 +383,12 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     row("create box + run `true` (made on demand)", &cold, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
     row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
     row(&format!("`race rt 8 -- true` ({} runs)", raced.0.len()), &raced, "`ssh box@host true`", &ours);
-    row("suspended box: session + first byte of `echo x`", &resumed, "running box, same", &running);
+    row(
+        &format!("suspended box: session + first byte of `echo x` ({resume_runs} runs)"),
+        &resumed,
+        "running box, same",
+        &running,
+    );
     for (mib, dup, cp, save, restore) in &dups {
         let runs = dup.0.len();
         row(&format!("`dup` of a box holding {mib} MiB ({runs} runs)"), dup, "`cp -a --reflink=never` of it", cp);
@@ -410,6 +404,8 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     for (what, ours, peer, theirs) in &vm {
         row(&format!("{what} ({} runs)", ours.0.len()), ours, peer, theirs);
     }
+
+    crate::bench_resume::print(&resume);
 
     println!();
     println!("| egress ({n} runs) | through the gateway p50 | p95 | direct p50 | p95 | added (p50) | ratio (p50) |");
