@@ -65,11 +65,17 @@ impl BoxManager {
     /// Makes a box run, whatever state it is in; the caller holds its lock.
     pub(super) async fn bring_up(&self, rec: &BoxRecord) -> Result<BoxHandle, ManagerError> {
         if rec.state == BoxState::Suspended {
+            let started = std::time::Instant::now();
             self.meter_box(rec).await?;
+            let metered = started.elapsed();
             let r = rec.clone();
             self.blocking(move |b| b.thaw(&r)).await??;
+            let thawed = started.elapsed();
             self.db(|s| s.set_state(&rec.id, BoxState::Running, rec.pid))?;
-            tracing::info!(box_id = %rec.id, name = %rec.name, "box resumed");
+            tracing::info!(
+                box_id = %rec.id, name = %rec.name, meter = ?metered, thaw = ?(thawed - metered),
+                store = ?(started.elapsed() - thawed), "box resumed"
+            );
         }
         let r = rec.clone();
         if let Some(handle) = self.blocking(move |b| b.handle(&r)).await? {
