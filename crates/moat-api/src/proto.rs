@@ -465,7 +465,7 @@ pub struct BoxInfo {
     pub moved: Option<moat_core::store::moves::Arrival>,
     /// Its move to another node, if one is asked or the last one failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moving: Option<moat_core::store::moves::BoxMove>,
+    pub moving: Option<Box<moat_core::store::moves::BoxMove>>,
 }
 
 /// How durable a box is: when it was last kept in the object store.

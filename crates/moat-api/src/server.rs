@@ -507,7 +507,7 @@ async fn run(
                 pending: d.pending,
             });
             info.moved = m.arrival(&b.id).ok().flatten();
-            info.moving = m.box_move(&b.id).ok().flatten();
+            info.moving = m.box_move(&b.id).ok().flatten().map(Box::new);
             Reply::Box(info)
         }
         Op::Create { name, image, limits, idle, policy, ask, backend, node } => {

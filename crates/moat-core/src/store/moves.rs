@@ -600,17 +600,24 @@ mod tests {
         assert!(n2.box_move(&second.box_id).unwrap().is_none());
     }
 
+    /// Nodes n1 and n2, n1 lost a minute ago (now: the time returned) with
+    /// box `a`, uploaded.
+    fn lost_node_with_a_durable_box(db: &TestDb) -> (Store, Store, BoxRecord, u64) {
+        let (n1, n2) = two_nodes(db);
+        let a = new_box(&n1, "a");
+        n1.add_durable_link(&link(&a.id, 100)).unwrap();
+        let now = crate::clock::now_ms();
+        n1.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = 'n1'", &args![now - 61_000]).unwrap();
+        (n1, n2, a, now)
+    }
+
     /// A lost node's box whose re-homing failed is not asked again until it
     /// has waited (longer each time), then on a node with room; a failed
     /// re-homing of a node that came back is forgotten.
     #[test]
     fn a_failed_re_homing_is_tried_again_after_a_growing_wait() {
         let db = TestDb::postgres();
-        let (n1, n2) = two_nodes(&db);
-        let a = new_box(&n1, "a");
-        n1.add_durable_link(&link(&a.id, 100)).unwrap();
-        let now = crate::clock::now_ms();
-        n1.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = 'n1'", &args![now - 61_000]).unwrap();
+        let (n1, n2, a, now) = lost_node_with_a_durable_box(&db);
         // n2 stays live across the minute this test's clock runs on.
         n2.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = 'n2'", &args![now + 3_600_000]).unwrap();
         let asked = n2.reconcile_lost(60_000, now).unwrap();
@@ -646,11 +653,7 @@ mod tests {
     #[test]
     fn one_reconciler_at_a_time() {
         let db = TestDb::postgres();
-        let (n1, n2) = two_nodes(&db);
-        let a = new_box(&n1, "a");
-        n1.add_durable_link(&link(&a.id, 100)).unwrap();
-        let now = crate::clock::now_ms();
-        n1.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = 'n1'", &args![now - 61_000]).unwrap();
+        let (_n1, n2, _, now) = lost_node_with_a_durable_box(&db);
         let other = db.open().for_node("n3");
         let held = other.transaction(|tx| {
             tx.query_row("SELECT pg_try_advisory_xact_lock(?1)", &args![RECONCILER_LOCK])?;

@@ -468,7 +468,7 @@ fn move_names_its_node_and_info_says_where_a_box_came_from() {
         failed_at_ms: None,
     };
     let said = |mv: &moat_core::store::moves::BoxMove| {
-        let b = moat_api::BoxInfo { moving: Some(mv.clone()), ..b.clone() };
+        let b = moat_api::BoxInfo { moving: Some(Box::new(mv.clone())), ..b.clone() };
         let text = (info.render)(Reply::Box(b), &info.op, false).unwrap();
         text.lines().find(|l| l.starts_with("moving:")).unwrap_or_default().to_string()
     };
