@@ -3,6 +3,8 @@
 //!
 //! - create a box and run `true` in it, against `bwrap --unshare-all --ro-bind / / true`
 //!   and `unshare` making the same namespaces;
+//! - a burst of creates at once against as many bubblewrap sandboxes at
+//!   once (see [`crate::bench_burst`]);
 //! - `ssh NAME@HOST true` over loopback (a new connection each time), against
 //!   OpenSSH's own sshd running `true` on loopback with the same client;
 //! - a suspended box's session to its first byte, against a running box's,
@@ -60,6 +62,9 @@ pub struct BenchArgs {
     /// Runs of that download each way.
     #[arg(long, default_value_t = 3)]
     egress_runs: usize,
+    /// Creates started at once for the burst row (against as many bwraps).
+    #[arg(long, default_value_t = 20)]
+    burst: usize,
     /// Suspend/resume cycles timed (the resume tail: p99 and max need many).
     #[arg(long, default_value_t = 500)]
     resume_runs: usize,
@@ -214,6 +219,16 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
         }
     }
     let (create, cold) = (Samples::sorted(create), Samples::sorted(cold));
+
+    let burst = args.burst.max(1);
+    eprintln!("bench: {burst} creates at once, and {burst} bwrap sandboxes at once");
+    // Settled first: a warm box ready, as after a quiet minute.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !manager.warm_ready(&image) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let burst_moat = crate::bench_burst::moat(manager, &account, burst, |i| spec(&format!("burst{i}"))).await?;
+    let burst_bwrap = crate::bench_burst::bwrap(burst).context("bwrap (apt-get install bubblewrap)")?;
 
     eprintln!("bench: bwrap and unshare, {n} times each");
     let bwrap = Samples::collect(n, || {
@@ -381,6 +396,12 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     row("create box + run `true` (a warm box ready)", &create, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
     row("create box + run `true` (a warm box ready)", &create, "`unshare` (same namespaces) `true`", &unshare);
     row("create box + run `true` (made on demand)", &cold, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
+    row(
+        &format!("{burst} creates at once, each to `true` run"),
+        &burst_moat,
+        &format!("{burst} `bwrap ... true` at once"),
+        &burst_bwrap,
+    );
     row("`ssh box@host true` (new connection)", &ours, "OpenSSH sshd, `ssh user@host true`", &theirs);
     row(&format!("`race rt 8 -- true` ({} runs)", raced.0.len()), &raced, "`ssh box@host true`", &ours);
     row(
@@ -405,6 +426,9 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
         row(&format!("{what} ({} runs)", ours.0.len()), ours, peer, theirs);
     }
 
+    let burst_ratio = burst_moat.pct(95).as_secs_f64() / burst_bwrap.pct(95).as_secs_f64();
+    let met = if burst_ratio <= 3.0 { "met" } else { "**not met**" };
+    println!("\nburst of {burst}: p95 {burst_ratio:.2}x bubblewrap's burst p95 (target: at most 3x: {met})");
     crate::bench_resume::print(&resume);
 
     println!();
@@ -533,7 +557,7 @@ async fn egress_samples(
     Ok(samples)
 }
 
-async fn run_true(addr: &AgentAddr) -> Result<()> {
+pub async fn run_true(addr: &AgentAddr) -> Result<()> {
     run_in_box(addr, "true").await
 }
 

@@ -2,6 +2,7 @@
 
 mod agent;
 mod bench;
+mod bench_burst;
 mod bench_durable;
 mod bench_egress;
 mod bench_fleet;

@@ -431,13 +431,24 @@ mod tests {
         assert!(matches!(refused, Some(StoreError::Newer { found, known: LATEST }) if found == LATEST + 1));
     }
 
-    /// A database as moat left it at version 8 (no effects table), with a
-    /// log entry: opened, it is at the latest version, the entry is there,
-    /// and effects are kept from then on.
+    /// A database as moat left it at version 8 (no effects table, no move
+    /// retries), with a log entry and a move: opened, it is at the latest
+    /// version, the entry and the move are there (never failed), and effects
+    /// are kept from then on.
     fn a_version_8_database_gains_the_effects_ledger_and_keeps_its_log(db: &TestDb) {
         let store = db.open();
         store.execute("DROP TABLE effects", &[]).unwrap();
+        store.execute("ALTER TABLE box_moves DROP COLUMN failures", &[]).unwrap();
+        store.execute("ALTER TABLE box_moves DROP COLUMN failed_at_ms", &[]).unwrap();
         store.execute("UPDATE schema_version SET version = 8", &[]).unwrap();
+        let moving = BoxId::random();
+        store
+            .execute(
+                "INSERT INTO box_moves (box_id, from_node, to_node, epoch, reason, ready, asked_at_ms, error) \
+                 VALUES (?1, 'n1', 'n2', 3, 'lost', 1, 5, 'corrupt')",
+                &args![moving.as_str()],
+            )
+            .unwrap();
         let id = BoxId::random();
         let old =
             r#"{"at_ms":9,"kind":"http","name":"x.org","port":443,"method":"POST","target":"/a","verdict":"allow"}"#;
@@ -451,6 +462,8 @@ mod tests {
         let log = store.egress_since(&id, 0).unwrap();
         assert_eq!((log.len(), log[0].status, log[0].opaque), (1, None, false));
         assert!(store.effects_since(&id, 0).unwrap().is_empty(), "older log entries are not made effects");
+        let mv = store.box_move(&moving).unwrap().unwrap();
+        assert_eq!((mv.epoch, mv.error.as_deref(), mv.failures, mv.failed_at_ms), (3, Some("corrupt"), 0, None));
         store.append_egress(&[(id.clone(), log[0].clone())]).unwrap();
         assert_eq!(store.effects_since(&id, 0).unwrap().len(), 1);
     }
