@@ -172,8 +172,8 @@ impl Store {
         Ok(self.execute(sql, &args![id.as_str(), as_of_ms])? == 1)
     }
 
-    /// Notes why the last attempt at box `id`'s move failed.
-    /// (at `at_ms`), and counts it.
+    /// Notes why the last attempt at box `id`'s move failed, and when
+    /// (`at_ms`), and counts it.
     pub fn move_failed(&self, id: &BoxId, error: &str, at_ms: u64) -> Result<(), StoreError> {
         let sql = "UPDATE box_moves SET error = ?2, failures = failures + 1, failed_at_ms = ?3 WHERE box_id = ?1";
         self.execute(sql, &args![id.as_str(), error, at_ms])?;
