@@ -31,7 +31,8 @@ impl BoxManager {
     }
 
     /// What `a` and `b` each did since they split: since the younger of the
-    /// two was made (a copy of the other, or of the same box).
+    /// two was made (a copy of the other, or of the same box), to the
+    /// millisecond.
     pub async fn split_effects(
         self: &Arc<Self>,
         account: &AccountId,
@@ -39,7 +40,8 @@ impl BoxManager {
         b: &Name,
     ) -> Result<(Vec<Effect>, Vec<Effect>), ManagerError> {
         let (ra, rb) = (self.get(account, a)?, self.get(account, b)?);
-        let split_ms = ra.created_at.max(rb.created_at).saturating_mul(1000);
+        let made = |r: &crate::BoxRecord| self.db(|s| s.created_ms(&r.id)).map(|ms| ms.unwrap_or(r.created_at * 1000));
+        let split_ms = made(&ra)?.max(made(&rb)?);
         let (ia, ib) = (ra.id.clone(), rb.id.clone());
         Ok((self.db(|s| s.effects_since(&ia, split_ms))?, self.db(|s| s.effects_since(&ib, split_ms))?))
     }

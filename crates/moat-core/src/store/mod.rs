@@ -113,6 +113,17 @@ const FROM: &str = "boxes b LEFT JOIN boxes p ON p.id = b.parent";
 /// added, so that two nodes never pick the same slot or overfill a node.
 pub(crate) const INSERT_LOCK: i64 = 0x6d6f_6174_0002;
 
+/// The millisecond a box made at `created_at` (seconds) was made: now's,
+/// when that second is now (as callers pass it); else the second's start.
+fn created_ms(created_at: u64) -> u64 {
+    let now_ms = crate::clock::now_ms();
+    if now_ms / 1000 == created_at {
+        now_ms
+    } else {
+        created_at.saturating_mul(1000)
+    }
+}
+
 impl Store {
     /// Opens (creating if needed) the SQLite database at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
@@ -251,6 +262,13 @@ impl Store {
         Ok(())
     }
 
+    /// When box `id` was made, to the millisecond where it is known (boxes
+    /// made before it was kept: the start of their `created_at` second).
+    pub fn created_ms(&self, id: &BoxId) -> Result<Option<u64>, StoreError> {
+        let row = self.query_row("SELECT created_ms, created_at FROM boxes WHERE id = ?1", &args![id.as_str()])?;
+        row.map(|r| Ok(r.get::<Option<u64>>(0)?.unwrap_or(r.get::<u64>(1)?.saturating_mul(1000)))).transpose()
+    }
+
     fn insert(
         &self,
         account: &AccountId,
@@ -291,8 +309,8 @@ impl Store {
             };
             tx.execute(
                 "INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, pid, created_at, disk, \
-                 parent, state_since, backend, node, epoch) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11, ?14, ?15, ?16)",
+                 parent, state_since, backend, node, epoch, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?11, ?14, ?15, ?16, ?17)",
                 &args![
                     rec.id.as_str(),
                     &account.0,
@@ -310,6 +328,7 @@ impl Store {
                     backend.as_str(),
                     &rec.node,
                     rec.epoch,
+                    created_ms(created_at),
                 ],
             )?;
             tx.execute(SET_POLICY, &args![rec.id.as_str(), policy])?;
@@ -333,8 +352,8 @@ impl Store {
         self.transaction(|tx| {
             refuse_taken(tx, account, name)?;
             let changed = tx.execute(
-                "UPDATE boxes SET account = ?2, name = ?3, created_at = ?4, state_since = ?4, state = ?5, pid = ?6 \
-                 WHERE id = ?1 AND state = ?7 AND account = ?8",
+                "UPDATE boxes SET account = ?2, name = ?3, created_at = ?4, state_since = ?4, state = ?5, pid = ?6, \
+                 created_ms = ?9 WHERE id = ?1 AND state = ?7 AND account = ?8",
                 &args![
                     id.as_str(),
                     &account.0,
@@ -343,7 +362,8 @@ impl Store {
                     BoxState::Running.as_str(),
                     pid,
                     BoxState::Creating.as_str(),
-                    crate::ids::WARM_ACCOUNT
+                    crate::ids::WARM_ACCOUNT,
+                    created_ms(created_at)
                 ],
             )?;
             if changed != 1 {
@@ -497,7 +517,29 @@ mod tests {
         dup_records_lineage_and_promote_swaps_names,
         slots_come_from_the_servers_block_only,
         freed_slots_are_reused_lowest_first,
+        a_box_made_now_is_known_to_the_millisecond,
     );
+
+    /// A box made now knows its millisecond (a copy's split from its
+    /// parent); one made at another second, that second's start.
+    fn a_box_made_now_is_known_to_the_millisecond(db: &TestDb) {
+        let store = db.open();
+        let made = |name: &str, at: u64| {
+            let spec = (&names("debian"), Limits::default(), BackendKind::Ns);
+            store.insert_new(&AccountId("a".into()), &names(name), spec, at, &Policy::default()).unwrap()
+        };
+        let before = crate::clock::now_ms();
+        let now = made("now", crate::clock::now());
+        let after = crate::clock::now_ms();
+        let ms = store.created_ms(&now.id).unwrap().unwrap();
+        assert!(ms >= before.min(now.created_at * 1000) && ms <= after, "{before} <= {ms} <= {after}");
+        assert_eq!(ms / 1000, now.created_at, "within its second");
+        let old = made("old", 5);
+        assert_eq!(store.created_ms(&old.id).unwrap(), Some(5000));
+        let copy = store.insert_dup(&now, &names("copy"), crate::clock::now()).unwrap();
+        assert!(store.created_ms(&copy.id).unwrap().unwrap() >= ms);
+        assert_eq!(store.created_ms(&BoxId::random()).unwrap(), None);
+    }
 
     fn names(s: &str) -> Name {
         Name::new(s).unwrap()

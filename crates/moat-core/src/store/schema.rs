@@ -247,6 +247,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[
     (8, backlog),
     (9, effects),
     (10, retries),
+    (11, created_ms),
 ];
 
 /// What brings a database from the version before to the next.
@@ -383,6 +384,13 @@ fn retries(tx: &mut dyn Exec) -> Result<(), StoreError> {
     )
 }
 
+/// Version 11: when each box was made to the millisecond, so that two
+/// copies' effects since they split are told apart when the parent acted in
+/// the second the copy was made (older rows: their second's start).
+fn created_ms(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, "ALTER TABLE boxes ADD COLUMN created_ms INTEGER")
+}
+
 /// Adds to `table` the columns a database made by an older moat lacks.
 fn add_missing_columns(tx: &mut dyn Exec, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
     let existing = match tx.engine() {
@@ -440,6 +448,7 @@ mod tests {
         store.execute("DROP TABLE effects", &[]).unwrap();
         store.execute("ALTER TABLE box_moves DROP COLUMN failures", &[]).unwrap();
         store.execute("ALTER TABLE box_moves DROP COLUMN failed_at_ms", &[]).unwrap();
+        store.execute("ALTER TABLE boxes DROP COLUMN created_ms", &[]).unwrap();
         store.execute("UPDATE schema_version SET version = 8", &[]).unwrap();
         let moving = BoxId::random();
         store

@@ -61,15 +61,12 @@ pub fn effects_are_told_where_they_matter(env: &Env) {
     assert!(out.contains(&format!("1 request to web.test: POST /{m} -")), "{out}");
     assert!(out.contains("1 opaque connection to web.test:443"), "{out}");
 
-    // Two copies: each one's effects since they split, not those before.
-    // The split is known to the second (the copy's creation): the effects
-    // before it and after it are each a second away from it. (The parent
-    // may have been made, posted and restored within one second, as the
-    // warm pool makes boxes: seen failing in CI without the first wait.)
-    std::thread::sleep(Duration::from_millis(1100));
+    // Two copies: each one's effects since they split, not those before,
+    // to the millisecond: the parent was made, posted and restored within
+    // a second or so (a warm-pool box), and the dup follows at once (when
+    // the split was known to the second, its POST counted as the copy's).
     let copy = unique("fx");
     env.alice(None, &["dup", &name, &copy]).ok();
-    std::thread::sleep(Duration::from_millis(1100));
     let gone = unique("gone");
     sh(env, &copy, &format!("curl -sS -m 10 -o /dev/null -X DELETE http://web.test/{gone}"));
     effects_with(env, &copy, &[], &gone);
