@@ -140,10 +140,25 @@ pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, f
     alice(fleet, env, None, &["checkpoint", "lost2"]).ok();
     durable_after(fleet, env, "lost2", t1);
     alice(fleet, env, Some("lost2"), &["echo late > /root/late; sync"]).ok();
-    let old_root = root_on(fleet, env, 1, "lost1");
+    let (lost_disk, old_root) = (root_on(fleet, env, 1, "lost1"), root_on(fleet, env, 1, "lost2"));
 
     let killed = Instant::now();
     fleet.nodes[0].kill();
+    // lost1's disk on n1 is gone outright (its root and the snapshot kept
+    // for its next upload): it comes back from the object store alone.
+    let lost1_id = lost_disk.file_name().unwrap().to_string_lossy().into_owned();
+    let durable = fleet.nodes[0].state_dir.join("pool/durable").join(&lost1_id);
+    for gone in [&lost_disk, &durable] {
+        let deleted = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "for s in {0}/*/ {0}; do btrfs -q subvolume delete \"$s\" 2>/dev/null; done; rm -rf {0}",
+                gone.display()
+            ))
+            .status()
+            .unwrap();
+        assert!(deleted.success() && !gone.exists(), "{} still there", gone.display());
+    }
     for name in ["lost1", "lost2"] {
         loop {
             // While n1's lease is live its boxes' requests go to it and fail.
@@ -167,9 +182,9 @@ pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, f
     assert!(text.contains("moved:    from node n1") && text.contains("its node was lost"), "{text}");
     eprintln!("    re-homed: first answer {:?} after the kill (grace {NODE_GRACE_SECS} s)", killed.elapsed());
 
-    // n1 comes back: its copies go before it serves, and the boxes answer
-    // from their new nodes.
-    assert!(old_root.is_dir(), "n1's old copy is there while n1 is down");
+    // n1 comes back: its copy of lost2 goes before it serves, and the boxes
+    // answer from their new nodes.
+    assert!(old_root.is_dir(), "n1's old copy of lost2 is there while n1 is down");
     fleet.nodes[0].restart();
     wait_gone(&old_root, Duration::from_secs(10));
     assert_eq!(alice(fleet, env, Some("lost1"), &["cat /root/f"]).ok().stdout, "kept\n");
