@@ -215,7 +215,7 @@ pub trait Backend: Send + Sync + 'static {
     fn pack_for_move(&self, rec: &BoxRecord) -> Result<bool, BackendError> {
         self.stop(rec).map(|()| false)
     }
-    /// The boxes this host holds files of.
+    /// The boxes this host holds files or processes of.
     fn local_boxes(&self) -> Vec<BoxId> {
         Vec::new()
     }

@@ -346,6 +346,21 @@ impl CgroupLayout {
         self.thaw(id)
     }
 
+    /// The names of the boxes that have a cgroup under this server's parent
+    /// (running, frozen, or left empty), whatever the pool holds.
+    pub fn box_names(&self) -> Vec<String> {
+        let parent = match self {
+            Self::V2 { parent } => Some(parent),
+            Self::V1 { parents } => parents.first(),
+        };
+        let Some(Ok(entries)) = parent.map(fs::read_dir) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
     /// Removes moat's parent cgroups if no box uses them any more.
     pub fn remove_parents(&self) {
         let parents = match self {

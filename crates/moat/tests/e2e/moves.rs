@@ -187,6 +187,11 @@ pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, f
     assert!(old_root.is_dir(), "n1's old copy of lost2 is there while n1 is down");
     fleet.nodes[0].restart();
     wait_gone(&old_root, Duration::from_secs(10));
+    // lost1's processes, frozen on n1 since its suspend, go too, though its
+    // files there were gone: a node finds its boxes by their cgroups as well.
+    for cgroup in [format!("/sys/fs/cgroup/pids/moat-n1/{lost1_id}"), format!("/sys/fs/cgroup/moat-n1/{lost1_id}")] {
+        wait_gone(std::path::Path::new(&cgroup), Duration::from_secs(10));
+    }
     assert_eq!(alice(fleet, env, Some("lost1"), &["cat /root/f"]).ok().stdout, "kept\n");
     assert_ne!(node_of(fleet, env, "lost1"), "n1");
     for name in ["lost1", "lost2"] {
