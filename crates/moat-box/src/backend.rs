@@ -199,14 +199,12 @@ impl Backend for HostBackend {
     fn local_boxes(&self) -> Vec<BoxId> {
         // Its files, and its processes: a box whose files are gone (a lost
         // disk) may still run here, and must be found to be ended.
-        let files = std::fs::read_dir(self.host.pool.boxes_dir())
+        let files: Vec<String> = std::fs::read_dir(self.host.pool.boxes_dir())
             .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-            .unwrap_or_else(|_| Vec::new());
-        let mut ids: Vec<BoxId> =
-            files.into_iter().chain(self.host.cgroups.box_names()).filter_map(|n| BoxId::parse(&n)).collect();
-        ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-        ids.dedup();
-        ids
+            .unwrap_or_default();
+        let names: std::collections::BTreeSet<String> =
+            files.into_iter().chain(self.host.cgroups.box_names()).collect();
+        names.iter().filter_map(|n| BoxId::parse(n)).collect()
     }
 
     fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError> {

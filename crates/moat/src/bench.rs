@@ -199,10 +199,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
             let mut spec = spec(&name)?;
             if warm {
                 // A pool refills between a user's `new`s; give it the time one would.
-                let deadline = Instant::now() + Duration::from_secs(2);
-                while !manager.warm_ready(&image) && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                wait_warm(manager, &image).await;
             } else {
                 // Limits other than the defaults: no warm box fits. The same
                 // pause between commands: the spares behind an on-demand
@@ -223,18 +220,13 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     let burst = args.burst.max(1);
     eprintln!("bench: {burst} creates at once, and {burst} bwrap sandboxes at once");
     // Settled first: a warm box ready, as after a quiet minute.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !manager.warm_ready(&image) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    wait_warm(manager, &image).await;
     let burst_moat = crate::bench_burst::moat(manager, &account, burst, |i| spec(&format!("burst{i}"))).await?;
     let burst_bwrap = crate::bench_burst::bwrap(burst).context("bwrap (apt-get install bubblewrap)")?;
 
     eprintln!("bench: bwrap and unshare, {n} times each");
-    let bwrap = Samples::collect(n, || {
-        time_command(Command::new("bwrap").args(["--unshare-all", "--ro-bind", "/", "/", "true"]))
-    })
-    .context("bwrap (apt-get install bubblewrap)")?;
+    let bwrap =
+        Samples::collect(n, || time_command(&mut bwrap_true())).context("bwrap (apt-get install bubblewrap)")?;
     let unshare = Samples::collect(n, || {
         time_command(Command::new("unshare").args([
             "--user",
@@ -555,6 +547,21 @@ async fn egress_samples(
         manager.remove(account, &Name::new(name)?).await?;
     }
     Ok(samples)
+}
+
+/// Waits (at most 2 s) until a warm box of `image` is ready.
+async fn wait_warm(manager: &BoxManager, image: &Name) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !manager.warm_ready(image) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The peer's sandbox: `bwrap --unshare-all --ro-bind / / true`.
+pub fn bwrap_true() -> Command {
+    let mut cmd = Command::new("bwrap");
+    cmd.args(["--unshare-all", "--ro-bind", "/", "/", "true"]);
+    cmd
 }
 
 pub async fn run_true(addr: &AgentAddr) -> Result<()> {

@@ -4,14 +4,13 @@
 //! once. A burst drains the warm pool after its first box, so most of these
 //! are made on demand while the others are being made.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use moat_core::{AccountId, BoxManager, BoxSpec, Name};
 
-use crate::bench::{run_true, time_command, Samples};
+use crate::bench::{bwrap_true, run_true, time_command, Samples};
 
 /// A burst of `size` creates at once, with boxes made by `spec(i)`; each
 /// one's time to `true`. The boxes are removed afterwards.
@@ -52,13 +51,8 @@ pub async fn moat(
 /// The same burst of bubblewrap sandboxes running `true`, each timed from
 /// its spawn to its exit.
 pub fn bwrap(size: usize) -> Result<Samples> {
-    let runs: Vec<std::thread::JoinHandle<Result<Duration>>> = (0..size)
-        .map(|_| {
-            std::thread::spawn(|| {
-                time_command(Command::new("bwrap").args(["--unshare-all", "--ro-bind", "/", "/", "true"]))
-            })
-        })
-        .collect();
+    let runs: Vec<std::thread::JoinHandle<Result<Duration>>> =
+        (0..size).map(|_| std::thread::spawn(|| time_command(&mut bwrap_true()))).collect();
     let times = runs
         .into_iter()
         .map(|r| r.join().map_err(|_| anyhow::anyhow!("a bwrap thread panicked"))?)

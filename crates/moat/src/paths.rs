@@ -56,13 +56,15 @@ pub fn cgroup_parent(state_dir: &Path) -> Result<String> {
     if !state_dir.join("fleet.json").exists() {
         return Ok(moat_box::host::cgroup::parent_name(""));
     }
-    let dir = moat_fleet::join::FleetDir::load(state_dir)
-        .with_context(|| format!("read {}'s fleet membership", state_dir.display()))?;
-    let name = &dir.member.name;
+    // The membership alone: its keys and certificates are not needed here.
+    let member = moat_fleet::join::read_member(state_dir)
+        .with_context(|| format!("read {}'s fleet membership", state_dir.display()))?
+        .member;
+    let name = &member.name;
     if moat_core::ids::Name::new(name).is_err() {
         anyhow::bail!("{}: fleet member name {name:?} is not a DNS label", state_dir.display());
     }
-    Ok(match dir.member.role {
+    Ok(match member.role {
         moat_core::store::fleet::MemberRole::Node => moat_box::host::cgroup::parent_name(name),
         _ => moat_box::host::cgroup::parent_name(""),
     })

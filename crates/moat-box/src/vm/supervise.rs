@@ -151,28 +151,26 @@ fn launch(plan: &VmPlan) -> io::Result<()> {
                 println!("{pid}");
                 return Ok(());
             }
-            // No word at all: it is ending, or was ended by a signal (which
-            // leaves no message of its own, so its name is the message).
-            if word.is_empty() {
-                let mut err = String::new();
-                let _ = std::fs::File::from(err_read).take(64 << 10).read_to_string(&mut err);
-                let ended = match nix::sys::wait::waitpid(child, None) {
-                    Ok(nix::sys::wait::WaitStatus::Signaled(_, signal, _)) => format!("ended by {signal}"),
-                    Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => format!("exited with {code}"),
-                    other => format!("ended: {other:?}"),
-                };
-                let err = err.trim().trim_start_matches("box-vm: ");
-                return Err(io::Error::other(if err.is_empty() {
-                    format!("the machine's supervisor {ended} before the guest was up")
-                } else {
-                    err.to_string()
-                }));
+            // Any other word: it is ended. No word at all: it is ending, or
+            // was ended by a signal (which leaves no message of its own, so
+            // its name is the message).
+            let silent = word.is_empty();
+            if !silent {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
             }
-            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
             let mut err = String::new();
             let _ = std::fs::File::from(err_read).take(64 << 10).read_to_string(&mut err);
-            let _ = nix::sys::wait::waitpid(child, None);
-            Err(io::Error::other(err.trim().trim_start_matches("box-vm: ").to_string()))
+            let ended = match nix::sys::wait::waitpid(child, None) {
+                Ok(nix::sys::wait::WaitStatus::Signaled(_, signal, _)) => format!("ended by {signal}"),
+                Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => format!("exited with {code}"),
+                other => format!("ended: {other:?}"),
+            };
+            let err = err.trim().trim_start_matches("box-vm: ");
+            Err(io::Error::other(if silent && err.is_empty() {
+                format!("the machine's supervisor {ended} before the guest was up")
+            } else {
+                err.to_string()
+            }))
         }
     }
 }

@@ -163,11 +163,11 @@ impl Fleet {
         for front in self.fronts.iter_mut().filter(|f| f.child.is_none()) {
             front.restart();
         }
-        self.wait_for_live_nodes_or_cordoned(3);
         let admin = self.admin.display().to_string();
         for node in 1..=self.nodes.len() {
             let _ = moat(&["node", "uncordon", &format!("n{node}"), "--state-dir", &admin]);
         }
+        self.wait_for_live_nodes(self.nodes.len());
         for name in self.box_names(env).iter().filter(|n| !kept.contains(n)) {
             let _ = self.alice(env, 1, None, &["rm", name]);
         }
@@ -196,18 +196,6 @@ impl Fleet {
             if !said.is_empty() {
                 eprintln!("--- {} since the test began:\n{}", log.display(), said.join("\n"));
             }
-        }
-    }
-
-    fn wait_for_live_nodes_or_cordoned(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            let nodes = self.nodes_json();
-            let up = nodes.as_array().unwrap().iter().filter(|n| n["state"] == "live" || n["state"] == "cordoned");
-            if up.count() == n {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
         }
     }
 
