@@ -122,6 +122,20 @@ pub enum HostMsg {
         /// The paths asked about.
         paths: Vec<String>,
     },
+    /// Keep this program running as the box's service (an image's
+    /// Entrypoint and Cmd: `new --run`), as sessions' programs run (the
+    /// image's User, WorkingDir and environment), started again whenever it
+    /// exits; an empty `argv` ends the service. The same `argv` again leaves
+    /// a running service alone. A whole connection; answered with `Pong`.
+    Service {
+        /// The program (found on `PATH` unless it names a path) and its
+        /// arguments.
+        argv: Vec<String>,
+    },
+    /// The service's recent output (stdout and stderr as they came, and a
+    /// line of the agent's at each start and exit), as `Stdout` frames,
+    /// then `Exit`.
+    ServiceLog,
     /// Bytes for the process's stdin.
     Stdin(Vec<u8>),
     /// The client will send no more stdin.
@@ -200,6 +214,8 @@ mod tag {
     pub const SYNC: u8 = 0x0b;
     pub const WALK: u8 = 0x0c;
     pub const PRESENT: u8 = 0x0d;
+    pub const SERVICE: u8 = 0x0e;
+    pub const SERVICE_LOG: u8 = 0x0f;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -301,6 +317,15 @@ impl<'a> Reader<'a> {
     fn string(&mut self) -> Result<String, ProtocolError> {
         String::from_utf8(self.bytes()?).map_err(|_| ProtocolError::NotUtf8)
     }
+    /// A count, then that many strings.
+    fn strings(&mut self) -> Result<Vec<String>, ProtocolError> {
+        let n = self.u32()? as usize;
+        // Each string takes at least 4 bytes; refuse counts the body cannot hold.
+        if n > self.rest.len() / 4 {
+            return Err(ProtocolError::Truncated);
+        }
+        (0..n).map(|_| self.string()).collect()
+    }
     fn end(&self) -> Result<(), ProtocolError> {
         if self.rest.is_empty() {
             Ok(())
@@ -332,6 +357,16 @@ fn split_frame(buf: &[u8]) -> Result<Option<Frame<'_>>, ProtocolError> {
         Some((tag, body)) => Ok(Some((*tag, body, 4 + len))),
         None => Err(ProtocolError::BadLength(0)),
     }
+}
+
+/// A frame of a count, then that many strings.
+fn strings(tag: u8, items: &[String]) -> Vec<u8> {
+    let mut w = Writer::new(tag);
+    w.u32(u32::try_from(items.len()).unwrap_or(0));
+    for item in items {
+        w.bytes(item.as_bytes());
+    }
+    w.finish()
 }
 
 fn winsize(r: &mut Reader<'_>) -> Result<WinSize, ProtocolError> {
@@ -381,14 +416,9 @@ impl HostMsg {
             }
             Self::Sync => Writer::new(tag::SYNC).finish(),
             Self::Walk => Writer::new(tag::WALK).finish(),
-            Self::Present { paths } => {
-                let mut w = Writer::new(tag::PRESENT);
-                w.u32(u32::try_from(paths.len()).unwrap_or(0));
-                for path in paths {
-                    w.bytes(path.as_bytes());
-                }
-                w.finish()
-            }
+            Self::Present { paths } => strings(tag::PRESENT, paths),
+            Self::Service { argv } => strings(tag::SERVICE, argv),
+            Self::ServiceLog => Writer::new(tag::SERVICE_LOG).finish(),
             Self::Stdin(data) => {
                 let mut w = Writer::new(tag::STDIN);
                 w.bytes(data);
@@ -442,18 +472,9 @@ impl HostMsg {
             tag::RESUMED => Self::Resumed { unix_ns: r.u64()?, entropy: r.bytes()? },
             tag::SYNC => Self::Sync,
             tag::WALK => Self::Walk,
-            tag::PRESENT => {
-                let n = r.u32()? as usize;
-                // Each path takes at least 4 bytes; refuse counts the body cannot hold.
-                if n > r.rest.len() / 4 {
-                    return Err(ProtocolError::Truncated);
-                }
-                let mut paths = Vec::with_capacity(n);
-                for _ in 0..n {
-                    paths.push(r.string()?);
-                }
-                Self::Present { paths }
-            }
+            tag::PRESENT => Self::Present { paths: r.strings()? },
+            tag::SERVICE => Self::Service { argv: r.strings()? },
+            tag::SERVICE_LOG => Self::ServiceLog,
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
@@ -573,6 +594,9 @@ mod tests {
         host_roundtrip(HostMsg::Walk);
         host_roundtrip(HostMsg::Present { paths: vec!["etc/ssh/ssh_host_rsa_key".into(), String::new()] });
         host_roundtrip(HostMsg::Present { paths: vec![] });
+        host_roundtrip(HostMsg::Service { argv: vec!["python3".into(), "-m".into(), "http.server".into()] });
+        host_roundtrip(HostMsg::Service { argv: vec![] });
+        host_roundtrip(HostMsg::ServiceLog);
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));

@@ -42,6 +42,7 @@ fn samples() -> Vec<Vec<u8>> {
         HostMsg::Present { paths: vec!["etc/ssh/ssh_host_rsa_key".into(), "var/lib/systemd/random-seed".into()] }
             .encode(),
         AgentMsg::Present(vec![true, false]).encode(),
+        HostMsg::Service { argv: vec!["node".into(), "server.js".into()] }.encode(),
     ]
 }
 
@@ -55,7 +56,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_frames(which in 0usize..9, pos in 0usize..512, byte in any::<u8>(), op in 0u8..3) {
+    fn mutated_frames(which in 0usize..10, pos in 0usize..512, byte in any::<u8>(), op in 0u8..3) {
         let mut bytes = samples()[which].clone();
         let pos = pos % bytes.len();
         match op {

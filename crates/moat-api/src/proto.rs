@@ -97,6 +97,9 @@ pub enum Op {
         /// The fleet node to make it on, if not where placement puts it.
         #[serde(default)]
         node: Option<String>,
+        /// Keep its image's Entrypoint and Cmd running as its service.
+        #[serde(default)]
+        run: bool,
     },
     /// Pulls an image from a registry as one of the account's.
     ImagePull {
@@ -246,6 +249,11 @@ pub enum Op {
         /// With `follow`, the box's questions (ask mode) too.
         #[serde(default)]
         ask: bool,
+    },
+    /// The recent output of a box's service (`new --run`).
+    ServiceLog {
+        /// The box.
+        name: Name,
     },
     /// A box's effects (what it did outside that a restore does not undo).
     Effects {
@@ -635,6 +643,8 @@ pub enum Reply {
         /// Seconds until it expires.
         expires_in: u64,
     },
+    /// To `ServiceLog`: the output, as text.
+    Text(String),
     /// Done, nothing to say.
     Done,
 }
@@ -786,6 +796,7 @@ mod tests {
                 ask: false,
                 backend: Some(moat_core::BackendKind::Vm),
                 node: Some("n1".into()),
+                run: true,
             };
             let bytes = mutated(create, pos, byte, op);
             if let Ok(Request::Act { op: Op::Create { name, image, .. }, .. }) = serde_json::from_slice::<Request>(&bytes) {

@@ -510,7 +510,7 @@ async fn run(
             info.moving = m.box_move(&b.id).ok().flatten().map(Box::new);
             Reply::Box(info)
         }
-        Op::Create { name, image, limits, idle, policy, ask, backend, node } => {
+        Op::Create { name, image, limits, idle, policy, ask, backend, node, run } => {
             // The router sends `new --node N` to N; anywhere else it is a mistake.
             if let Some(node) = node.filter(|n| n != m.node()) {
                 return Err(ManagerError::NoSuchNode(node));
@@ -520,7 +520,7 @@ async fn run(
                 None => ctx.default_policy.clone(),
             };
             policy.ask |= ask;
-            let rec = m.create(account, BoxSpec { name, image, limits, policy, backend }, progress).await?;
+            let rec = m.create(account, BoxSpec { name, image, limits, policy, backend, run }, progress).await?;
             if let Some(seconds) = idle {
                 m.set_idle(account, &rec.name, seconds).await?;
             }
@@ -551,6 +551,9 @@ async fn run(
             Reply::Restored { kept, effects: m.effects(account, &name, &Since::Checkpoint(label)).await? }
         }
         Op::Effects { name, since } => Reply::Effects(m.effects(account, &name, &since).await?),
+        Op::ServiceLog { name } => {
+            Reply::Text(String::from_utf8_lossy(&m.service_log(account, &name).await?).into_owned())
+        }
         Op::CheckpointRemove { name, label } => {
             m.remove_checkpoint(account, &name, &label).await.map(|()| Reply::Done)?
         }

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use moat_agent::protocol::HostMsg;
 use moat_core::backend::Progress;
 use moat_core::{
     fault, AccountId, AgentAddr, Backend, BackendError, BackendKind, BoxHandle, BoxId, BoxRecord, BoxState, ChangeSink,
@@ -18,6 +19,10 @@ use crate::ns::NsMachine;
 use crate::pool::Pool;
 use crate::vm::VmMachine;
 use crate::{identity, image, travel};
+
+/// How long a box's agent has to answer a short request (a VM's, under TCG
+/// and a loaded host, is slow).
+const AGENT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Every box of this host, whichever machine runs it.
 pub struct HostBackend {
@@ -127,6 +132,19 @@ impl Backend for HostBackend {
 
     fn is_running(&self, rec: &BoxRecord) -> bool {
         self.host.runs(&rec.id)
+    }
+
+    fn set_service(&self, rec: &BoxRecord, argv: &[String]) -> Result<(), BackendError> {
+        let socket = self.machine(rec.backend)?.agent_socket(rec);
+        let msg = HostMsg::Service { argv: argv.to_vec() };
+        crate::agent_call::ask(&socket, &msg, AGENT_DEADLINE)
+            .map_err(|e| BackendError::new(format!("tell box {} its service", rec.name), e))
+    }
+
+    fn service_log(&self, rec: &BoxRecord) -> Result<Vec<u8>, BackendError> {
+        let socket = self.machine(rec.backend)?.agent_socket(rec);
+        crate::agent_call::output(&socket, &HostMsg::ServiceLog, AGENT_DEADLINE)
+            .map_err(|e| BackendError::new(format!("read box {}'s service log", rec.name), e))
     }
 
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {

@@ -28,6 +28,7 @@
 //! - [`unpacker`]: the confinement of the helper that applies a registry's layers;
 //! - [`bpf`]: a small assembler for seccomp filters.
 
+mod agent_call;
 pub mod backend;
 pub mod bpf;
 pub mod checkpoint;

@@ -141,6 +141,15 @@ pub trait Backend: Send + Sync + 'static {
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError>;
     /// Boots the box; returns how to reach it.
     fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError>;
+    /// Tells the running box's agent to keep `argv` running as its service
+    /// (empty: none); see [`crate::manager`]'s services.
+    fn set_service(&self, _rec: &BoxRecord, _argv: &[String]) -> Result<(), BackendError> {
+        Err(BackendError::msg("this backend runs no services"))
+    }
+    /// The running box's service's recent output, as its agent keeps it.
+    fn service_log(&self, _rec: &BoxRecord) -> Result<Vec<u8>, BackendError> {
+        Err(BackendError::msg("this backend runs no services"))
+    }
     /// Whether the box's PID 1 is alive, judged from the host (never by asking
     /// the box, which could lie or stall).
     fn is_running(&self, rec: &BoxRecord) -> bool;

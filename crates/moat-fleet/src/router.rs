@@ -351,6 +351,7 @@ fn named_box(op: &Op) -> Option<&Name> {
         | Op::Policy { name }
         | Op::ChangePolicy { name, .. }
         | Op::Log { name, .. }
+        | Op::ServiceLog { name }
         | Op::Effects { name, .. }
         | Op::OpenSession { name, .. }
         | Op::Expose { name, .. }

@@ -162,6 +162,7 @@ fn create(box_name: &str) -> Request {
         ask: false,
         backend: None,
         node: None,
+        run: false,
     })
 }
 

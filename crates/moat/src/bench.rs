@@ -16,7 +16,9 @@
 //! - with `--http`, instead: a box's web URL through the HTTP edge against
 //!   nginx reverse-proxying the same box port (see [`crate::bench_http`]);
 //! - with `--durable`, instead: durable boxes' streams against a plain upload
-//!   and `btrfs send | receive` (see [`crate::bench_durable`]).
+//!   and `btrfs send | receive` (see [`crate::bench_durable`]);
+//! - with `--images`, instead: pulled images against skopeo and umoci (see
+//!   [`crate::bench_images`]).
 //!
 //! Timings are reported, never asserted: this is not a test.
 
@@ -86,6 +88,12 @@ pub struct BenchArgs {
     /// of the same streams, and a move against `btrfs send | btrfs receive`.
     #[arg(long, conflicts_with_all = ["fleet", "http"])]
     durable: bool,
+    /// Measure pulled images instead (Debian's docker-registry in a test
+    /// namespace): a ~200 MB image's first pull against `skopeo copy` +
+    /// `umoci unpack`, a second image on the same base against its own first
+    /// pull, and `new` from a pulled image against the debian image.
+    #[arg(long, conflicts_with_all = ["fleet", "http", "durable"])]
+    images: bool,
 }
 
 /// Sorted samples of one measurement.
@@ -131,6 +139,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.durable {
         return crate::bench_durable::run(&args.state_dir);
+    }
+    if args.images {
+        return crate::bench_images::run(&args.state_dir);
     }
     let _ = crate::purge::run(&args.state_dir);
     let result = tokio::runtime::Runtime::new()?.block_on(bench(&args));
@@ -187,6 +198,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
             limits: Limits::default(),
             policy: Default::default(),
             backend: None,
+            run: false,
         })
     };
 
@@ -482,6 +494,7 @@ async fn egress_samples(
             limits: Limits::default(),
             policy,
             backend: None,
+            run: false,
         };
         manager.create(account, spec, Box::new(|_: &str| {})).await?;
         let secret = Name::new(bench_egress::SECRET)?;

@@ -31,9 +31,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use moat_box::host::egress::in_netns;
 
 /// The test internet's one address.
-const SERVER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
-/// The name it serves.
-const NAME: &str = "bench.test";
+pub const SERVER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// The name it serves (and every name below it: see [`serve_dns`]).
+pub const NAME: &str = "bench.test";
 const CHUNK: usize = 256 << 10;
 
 /// The test internet: its namespace, its CA, its servers (tasks of the
@@ -42,6 +42,8 @@ pub struct BenchNet {
     name: String,
     /// The CA the servers' certificates chain to (PEM).
     pub ca: String,
+    /// Its key (PEM), for the certificates of servers a bench adds.
+    pub ca_key: String,
 }
 
 impl BenchNet {
@@ -57,7 +59,7 @@ impl BenchNet {
         };
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         ip(&["netns", "add", &name])?;
-        let mut net = Self { name, ca: String::new() };
+        let mut net = Self { name, ca: String::new(), ca_key: String::new() };
         ip(&["-n", &net.name, "link", "set", "lo", "up"])?;
         ip(&["-n", &net.name, "addr", "add", &format!("{SERVER}/32"), "dev", "lo"])?;
         let (ca, key) = moat_core::box_ca::mint()?;
@@ -74,7 +76,13 @@ impl BenchNet {
         tokio::spawn(serve_http(https, Some(tls)));
         std::thread::spawn(move || serve_dns(dns));
         net.ca = ca;
+        net.ca_key = key;
         Ok(net)
+    }
+
+    /// Its namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Its namespace.
@@ -258,13 +266,15 @@ async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> std::io::Res
     stream.shutdown().await
 }
 
-/// Answers A queries for [`NAME`] with [`SERVER`]; everything else NXDOMAIN.
+/// Answers A queries for [`NAME`] and the names below it with [`SERVER`];
+/// everything else NXDOMAIN.
 fn serve_dns(socket: UdpSocket) {
-    let name = HostName::parse(NAME).ok();
+    let below = format!(".{NAME}");
+    let ours = |name: &HostName| name.as_str() == NAME || name.as_str().ends_with(&below);
     let mut buf = [0u8; 512];
     while let Ok((n, peer)) = socket.recv_from(&mut buf) {
         let Ok(query) = dns::parse_query(&buf[..n]) else { continue };
-        let reply = if query.name == name && query.qtype == 1 {
+        let reply = if query.name.as_ref().is_some_and(ours) && query.qtype == 1 {
             dns::answer(&query, dns::Rcode::NoError, Some(SERVER), None, 300)
         } else {
             dns::answer(&query, dns::Rcode::NxDomain, None, None, 0)

@@ -64,6 +64,7 @@ pub async fn samples(
             },
             policy: Default::default(),
             backend: Some(BackendKind::Vm),
+            run: false,
         })
     };
 

@@ -8,6 +8,7 @@ mod bench_egress;
 mod bench_fleet;
 mod bench_fleet_rig;
 mod bench_http;
+mod bench_images;
 mod bench_pg;
 mod bench_resume;
 mod bench_vm;

@@ -11,13 +11,14 @@
 // Reads what a box or its QEMU sends, as root: it cannot panic.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::string_slice, clippy::panic)]
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use moat_agent::protocol::{AgentMsg, HostMsg};
 
+use crate::agent_call::{ask, connect, Answers};
 use crate::in_root::{dir_in_root, parents_in_root, read_in_root, write_in_root};
 
 /// The files of an image a box's mini-root starts from: those that moat
@@ -129,60 +130,6 @@ pub fn present(socket: &Path, paths: &[&str], timeout: Duration) -> io::Result<V
         AgentMsg::Present(present) if present.len() == paths.len() => Ok(present),
         AgentMsg::Error(e) => Err(io::Error::other(e)),
         other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
-    }
-}
-
-/// Sends `msg` as a connection of its own and waits at most `timeout` in
-/// all for its `Pong` (a guest that answers a byte at a time is cut off).
-fn ask(socket: &Path, msg: &HostMsg, timeout: Duration) -> io::Result<()> {
-    let deadline = Instant::now() + timeout;
-    let mut conn = connect(socket, timeout)?;
-    conn.write_all(&msg.encode())?;
-    Answers::default().pong(&mut conn, deadline)
-}
-
-fn connect(socket: &Path, timeout: Duration) -> io::Result<std::os::unix::net::UnixStream> {
-    let conn = std::os::unix::net::UnixStream::connect(socket)?;
-    conn.set_read_timeout(Some(timeout))?;
-    conn.set_write_timeout(Some(timeout))?;
-    Ok(conn)
-}
-
-/// The agent's answers on one connection, read one at a time.
-#[derive(Default)]
-struct Answers {
-    buf: Vec<u8>,
-}
-
-impl Answers {
-    /// The next answer, which must be `Pong`, by `deadline`.
-    fn pong(&mut self, conn: &mut std::os::unix::net::UnixStream, deadline: Instant) -> io::Result<()> {
-        match self.next(conn, deadline)? {
-            AgentMsg::Pong => Ok(()),
-            AgentMsg::Error(e) => Err(io::Error::other(e)),
-            other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
-        }
-    }
-
-    /// The next answer, by `deadline`.
-    fn next(&mut self, conn: &mut std::os::unix::net::UnixStream, deadline: Instant) -> io::Result<AgentMsg> {
-        let mut chunk = [0u8; 4096];
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "the guest did not answer in time"));
-            }
-            conn.set_read_timeout(Some(left))?;
-            if let Some((msg, used)) = AgentMsg::decode(&self.buf).map_err(io::Error::other)? {
-                self.buf.drain(..used);
-                return Ok(msg);
-            }
-            let n = conn.read(&mut chunk)?;
-            if n == 0 || self.buf.len() > 64 << 10 {
-                return Err(io::Error::other("no answer"));
-            }
-            self.buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        }
     }
 }
 

@@ -16,6 +16,7 @@ mod meter;
 mod moves;
 mod network;
 mod secrets;
+mod services;
 mod session;
 mod warm;
 mod web;
@@ -198,6 +199,15 @@ pub enum ManagerError {
         /// Its `User`.
         user: String,
     },
+    /// `new --run` of an image that names no program to run.
+    #[error("image {0} names no Entrypoint or Cmd to --run")]
+    NothingToRun(Name),
+    /// `log --service` of a box made without `--run`.
+    #[error("{0} has no service (a box made with new --image I --run has one)")]
+    NoService(Name),
+    /// `log --service` of a stopped box.
+    #[error("{0} is stopped: its service runs while it does (start {0})")]
+    ServiceStopped(Name),
     /// A pull failed (the reason, in one line).
     #[error("{0}")]
     Pull(String),
@@ -236,6 +246,8 @@ pub struct BoxSpec {
     pub policy: Policy,
     /// What isolates it (`None`: the operator's default).
     pub backend: Option<BackendKind>,
+    /// Keep its image's Entrypoint and Cmd running as its service (`new --run`).
+    pub run: bool,
 }
 
 /// Progress lines for long work, sent to whoever is waiting.
@@ -481,6 +493,11 @@ impl BoxManager {
         let (image, pulled) = self.resolve_image(account, &spec.image)?;
         spec.image = image;
         let session = pulled.as_ref().map(|p| self.image_session(p)).transpose()?.unwrap_or_default();
+        let service = match (spec.run, &pulled) {
+            (false, _) => None,
+            (true, Some(image)) => Some(services::image_command(image)?),
+            (true, None) => return Err(ManagerError::NothingToRun(spec.image.clone())),
+        };
         if self.db(|s| s.get(account, &spec.name))?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
         }
@@ -496,6 +513,12 @@ impl BoxManager {
             StoreError::NodeFull { .. } | StoreError::NodeUnavailable(_) => ManagerError::NoRoomHere(e),
             e => e.into(),
         })?;
+        if let Some(argv) = &service {
+            if let Err(e) = self.db(|s| s.set_service(&rec.id, Some(argv))) {
+                let _ = self.db(|s| s.delete(&rec.id));
+                return Err(e.into());
+            }
+        }
         let rec = self
             .finish_new(rec, move |b, r| {
                 b.create(r)?;
@@ -543,6 +566,7 @@ impl BoxManager {
         rec.state = BoxState::Running;
         rec.pid = Some(handle.pid);
         self.network_up(&rec, &handle);
+        self.tell_service(&rec).await;
         self.schedule_idle(&rec.id);
         Ok(rec)
     }

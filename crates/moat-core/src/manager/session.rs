@@ -86,6 +86,7 @@ impl BoxManager {
         let handle = self.blocking(move |b| b.start(&r)).await??;
         self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(handle.pid)))?;
         self.network_up(rec, &handle);
+        self.tell_service(rec).await;
         // The new cgroup's CPU counter starts from zero.
         self.db(|s| s.reset_meter_cpu(&rec.id))?;
         tracing::info!(box_id = %rec.id, name = %rec.name, pid = handle.pid, "box booted");

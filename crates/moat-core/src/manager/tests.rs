@@ -226,6 +226,7 @@ impl Fixture {
             limits: Limits::default(),
             policy: Policy::default(),
             backend: None,
+            run: false,
         };
         self.manager.create(&self.alice, spec, Box::new(|_: &str| {})).await
     }
@@ -345,6 +346,7 @@ async fn quotas_and_limits() {
         limits: Limits { cpus, ..Limits::default() },
         policy: Policy::default(),
         backend: None,
+        run: false,
     };
     assert!(matches!(
         m.create(&f.alice, spec("a", 65), Box::new(|_: &str| {})).await,
@@ -366,6 +368,7 @@ async fn quotas_and_limits() {
         limits: Limits::default(),
         policy: Policy::default(),
         backend: None,
+        run: false,
     };
     let created = f.manager.create(&bob, unknown, Box::new(|_: &str| {})).await;
     assert!(matches!(created, Err(ManagerError::NoSuchImage(_))), "{created:?}");
@@ -634,6 +637,7 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
         limits: Limits::default(),
         policy: Policy::default(),
         backend: None,
+        run: false,
     };
     // At start, a box of an image not built is not made; of a built one, it
     // is. (Had the first taken the pool's one place, the second would wait

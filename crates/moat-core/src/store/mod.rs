@@ -17,6 +17,7 @@ pub mod moves;
 pub mod nodes;
 mod schema;
 pub mod secrets;
+pub mod services;
 mod sql;
 #[cfg(test)]
 mod testing;
@@ -332,6 +333,9 @@ impl Store {
                 ],
             )?;
             tx.execute(SET_POLICY, &args![rec.id.as_str(), policy])?;
+            if let Some(parent) = parent {
+                services::copy(tx, &parent.id, &rec.id)?;
+            }
             Ok(rec)
         })
     }
@@ -459,6 +463,7 @@ impl Store {
             tx.execute("DELETE FROM secret_limits WHERE box_id = ?1", &id)?;
             tx.execute("DELETE FROM box_moves WHERE box_id = ?1", &id)?;
             web::forget(tx, &id_of)?;
+            services::forget(tx, &id_of)?;
             Ok(())
         })
     }

@@ -248,6 +248,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[
     (9, effects),
     (10, retries),
     (11, created_ms),
+    (12, services),
 ];
 
 /// What brings a database from the version before to the next.
@@ -389,6 +390,11 @@ fn retries(tx: &mut dyn Exec) -> Result<(), StoreError> {
 /// the second the copy was made (older rows: their second's start).
 fn created_ms(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, "ALTER TABLE boxes ADD COLUMN created_ms INTEGER")
+}
+
+/// Version 12: boxes' services, `new --run` (a new table).
+fn services(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, super::services::SERVICES)
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.

@@ -15,15 +15,16 @@ use crate::testnet::{TestNet, WEB};
 use crate::Env;
 
 const USER: &str = "moat";
-const PASSWORD: &str = "s3cret-pull";
-/// Where the registry listens, on the test internet.
+pub(crate) const PASSWORD: &str = "s3cret-pull";
+/// Where this file's registry listens, on the test internet.
 const PORT: u16 = 5000;
 
 /// A docker-registry in the test internet's namespace; killed on drop.
-struct Registry {
+pub(crate) struct Registry {
     child: Child,
     dir: PathBuf,
     netns: String,
+    port: u16,
 }
 
 impl Drop for Registry {
@@ -56,12 +57,13 @@ fn run_ok(cmd: &mut Command) -> String {
 }
 
 impl Registry {
-    fn start(net: &TestNet, dir: &Path) -> Registry {
+    /// Starts one on `port` (each test its own), with `dir` for its files.
+    pub(crate) fn start(net: &TestNet, dir: &Path, port: u16) -> Registry {
         std::fs::create_dir_all(dir.join("storage")).unwrap();
         let htpasswd = run_ok(Command::new("htpasswd").args(["-Bbn", USER, PASSWORD]));
         std::fs::write(dir.join("htpasswd"), htpasswd).unwrap();
         let config = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {WEB}:{PORT}\n  tls:\n    certificate: {}\n    key: {}\nauth:\n  htpasswd:\n    realm: moat-test\n    path: {}\n",
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {WEB}:{port}\n  tls:\n    certificate: {}\n    key: {}\nauth:\n  htpasswd:\n    realm: moat-test\n    path: {}\n",
             dir.join("storage").display(),
             net.dir.join("web.pem").display(),
             net.dir.join("web.key").display(),
@@ -77,16 +79,16 @@ impl Registry {
             .stderr(log)
             .spawn()
             .unwrap();
-        let registry = Registry { child, dir: dir.to_path_buf(), netns: net.name.clone() };
+        let registry = Registry { child, dir: dir.to_path_buf(), netns: net.name.clone(), port };
         // skopeo's trust for the registry, as containers' tools look for it.
-        let certs = dir.join("certs").join(format!("{WEB}:{PORT}"));
+        let certs = dir.join("certs").join(format!("{WEB}:{port}"));
         std::fs::create_dir_all(&certs).unwrap();
         std::fs::copy(net.dir.join("ca.pem"), certs.join("ca.crt")).unwrap();
         for _ in 0..100 {
             let up = Command::new("ip")
                 .args(["netns", "exec", &net.name, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
                 .arg(net.dir.join("ca.pem"))
-                .arg(format!("https://{WEB}:{PORT}/v2/"))
+                .arg(format!("https://{WEB}:{port}/v2/"))
                 .output()
                 .is_ok_and(|o| String::from_utf8_lossy(&o.stdout) == "401");
             if up {
@@ -101,15 +103,16 @@ impl Registry {
     }
 
     /// Pushes `layout:tag` as `repo:tag`, every platform of an index.
-    fn push(&self, layout: &Path, tag: &str, repo: &str) {
+    pub(crate) fn push(&self, layout: &Path, tag: &str, repo: &str) {
+        let port = self.port;
         run_ok(
             Command::new("ip")
                 .args(["netns", "exec", &self.netns, "skopeo", "copy", "--all", "-q", "--dest-creds"])
                 .arg(format!("{USER}:{PASSWORD}"))
                 .arg("--dest-cert-dir")
-                .arg(self.dir.join("certs").join(format!("{WEB}:{PORT}")))
+                .arg(self.dir.join("certs").join(format!("{WEB}:{port}")))
                 .arg(format!("oci:{}:{tag}", layout.display()))
-                .arg(format!("docker://{WEB}:{PORT}/{repo}:{tag}")),
+                .arg(format!("docker://{WEB}:{port}/{repo}:{tag}")),
         );
     }
 }
@@ -118,7 +121,7 @@ fn sh(script: &str) {
     run_ok(Command::new("sh").args(["-c", script]));
 }
 
-fn umoci(args: &[&str]) -> String {
+pub(crate) fn umoci(args: &[&str]) -> String {
     run_ok(Command::new("umoci").args(args))
 }
 
@@ -163,7 +166,7 @@ fn manifest_of(layout: &Path, name: &str) -> (String, serde_json::Value) {
 /// An image of busybox with what a layer can carry: an owner, a setuid
 /// binary, a file capability, a hard link, and (in a second layer) a
 /// whiteout; its config sets Env, WorkingDir and User.
-fn make_tiny(work: &Path) -> PathBuf {
+pub(crate) fn make_tiny(work: &Path) -> PathBuf {
     let layout = work.join("layout");
     umoci(&["init", "--layout", &layout.display().to_string()]);
     let image = format!("{}:tiny", layout.display());
@@ -263,14 +266,14 @@ fn make_liar(work: &Path, layout: &Path) {
 }
 
 /// The one line of a failed command's error (progress lines may come before).
-fn one_error(out: &crate::fixture::Ran) -> String {
+pub(crate) fn one_error(out: &crate::fixture::Ran) -> String {
     let errors: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("moat:")).collect();
     assert_eq!(errors.len(), 1, "{}", out.stderr);
     assert_eq!(out.stderr.lines().last(), errors.first().copied(), "{}", out.stderr);
     errors.first().map_or(String::new(), |l| l.to_string())
 }
 
-fn login(env: &Env, registry: &str, password: &str) -> crate::fixture::Ran {
+pub(crate) fn login(env: &Env, registry: &str, password: &str) -> crate::fixture::Ran {
     let mut cmd = env.daemon.ssh(&env.alice, None, &["image", "login", registry, USER]);
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
@@ -307,7 +310,7 @@ fn partials(env: &Env) -> Vec<String> {
 pub fn pull_login_new_and_hostile_images(env: &Env) {
     let work = env.dir.join(unique("images"));
     std::fs::create_dir_all(&work).unwrap();
-    let registry = Registry::start(&env.net, &work.join("registry"));
+    let registry = Registry::start(&env.net, &work.join("registry"), PORT);
     let layout = make_tiny(&work);
     let amd64 = make_multi(&layout);
     make_liar(&work, &layout);

@@ -21,6 +21,7 @@ mod fixture;
 mod fleet;
 mod forward;
 mod hygiene;
+mod image_service;
 mod images;
 mod isolation;
 mod lifecycle;
@@ -185,6 +186,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     secrets::limits_kill_and_usage,
     images::pull_login_new_and_hostile_images,
     images::hostile_registries_are_refused_and_leave_nothing,
+    image_service::run_serves_the_images_program_and_restarts_it,
     egress::gateway_is_unprivileged_and_fails_closed,
     web::private_urls_sign_in_share_and_wake_in_a_browser,
     web_hostile::hostile_clients_get_bounded_refusals,
@@ -231,6 +233,7 @@ const ALONE_LAST: &[(&str, TestFn)] = tests![
     microvm::secrets_reach_their_host_from_a_guest,
     microvm::dup_while_a_session_streams_in,
     microvm::guest_packets_around_the_gateway_go_nowhere,
+    image_service::vm_boxes_of_pulled_images_and_templates,
 ];
 
 /// Tests of [`TESTS`] run again, alone, with their boxes VM boxes (as

@@ -304,38 +304,71 @@ fn on_path(word: &str, path: &str) -> String {
         .unwrap_or_else(|| word.to_string())
 }
 
-fn program_for(req: &ExecRequest) -> Program {
-    let system = std::fs::read_to_string("/etc/environment").unwrap_or_default();
-    let mut system = system_environment(&system);
-    let mut take = |key: &str| {
-        let found = system.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-        system.retain(|(k, _)| k != key);
-        found.filter(|v| !v.is_empty())
-    };
-    let (user, workdir) = (take(IMAGE_USER), take(IMAGE_WORKDIR));
-    let account = match &user {
-        Some(user) => image_account(user),
-        None => {
-            let (home, shell) = root_account();
-            Account { ids: None, home, shell, name: "root".into() }
+/// What every program run for the box's users starts from: who it runs as
+/// (the image's `User`, or root), its environment (the session's base, then
+/// `/etc/environment`, then `extra`) and its directory (the image's
+/// `WorkingDir`, or the account's home).
+struct Setting {
+    account: Account,
+    env: Vec<(String, String)>,
+    workdir: String,
+}
+
+impl Setting {
+    fn read(extra: &[(String, String)], term: Option<&str>) -> Self {
+        let system = std::fs::read_to_string("/etc/environment").unwrap_or_default();
+        let mut system = system_environment(&system);
+        let mut take = |key: &str| {
+            let found = system.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+            system.retain(|(k, _)| k != key);
+            found.filter(|v| !v.is_empty())
+        };
+        let (user, workdir) = (take(IMAGE_USER), take(IMAGE_WORKDIR));
+        let account = match &user {
+            Some(user) => image_account(user),
+            None => {
+                let (home, shell) = root_account();
+                Account { ids: None, home, shell, name: "root".into() }
+            }
+        };
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), DEFAULT_PATH.into()),
+            ("HOME".into(), account.home.clone()),
+            ("USER".into(), account.name.clone()),
+            ("LOGNAME".into(), account.name.clone()),
+            ("SHELL".into(), account.shell.clone()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
+        if let Some(term) = term {
+            env.push(("TERM".into(), term.to_string()));
         }
-    };
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), DEFAULT_PATH.into()),
-        ("HOME".into(), account.home.clone()),
-        ("USER".into(), account.name.clone()),
-        ("LOGNAME".into(), account.name.clone()),
-        ("SHELL".into(), account.shell.clone()),
-        ("LANG".into(), "C.UTF-8".into()),
-    ];
-    if let Some(pty) = &req.pty {
-        env.push(("TERM".into(), pty.term.clone()));
+        for (key, value) in system.into_iter().chain(extra.iter().cloned()) {
+            env.retain(|(k, _)| *k != key);
+            env.push((key, value));
+        }
+        let workdir = workdir.unwrap_or_else(|| account.home.clone());
+        Self { account, env, workdir }
     }
-    for (key, value) in system.into_iter().chain(req.env.iter().cloned()) {
-        env.retain(|(k, _)| *k != key);
-        env.push((key, value));
+
+    /// `PATH` as the program will have it.
+    fn path(&self) -> String {
+        self.env.iter().rev().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH.to_string(), |(_, v)| v.clone())
     }
-    let shell = account.shell.clone();
+
+    fn program(self, path: String, argv: Vec<CString>) -> Program {
+        Program {
+            path: cstring(path),
+            argv,
+            envp: self.env.into_iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect(),
+            cwd: cstring(self.workdir),
+            ids: self.account.ids,
+        }
+    }
+}
+
+fn program_for(req: &ExecRequest) -> Program {
+    let setting = Setting::read(&req.env, req.pty.as_ref().map(|p| p.term.as_str()));
+    let shell = setting.account.shell.clone();
     let has_shell = std::path::Path::new(&shell).is_file();
     let (path, argv) = match &req.command {
         // An image without a shell still runs its own programs: the words of
@@ -343,9 +376,7 @@ fn program_for(req: &ExecRequest) -> Program {
         Some(cmd) if !has_shell && !String::from_utf8_lossy(cmd).trim().is_empty() => {
             let text = String::from_utf8_lossy(cmd).into_owned();
             let words: Vec<&str> = text.split_whitespace().collect();
-            let search =
-                env.iter().rev().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH.to_string(), |(_, v)| v.clone());
-            let program = on_path(words.first().copied().unwrap_or_default(), &search);
+            let program = on_path(words.first().copied().unwrap_or_default(), &setting.path());
             (program, words.iter().map(|w| cstring(*w)).collect())
         }
         Some(cmd) => (shell.clone(), vec![cstring(shell.clone()), cstring("-c"), cstring(cmd.clone())]),
@@ -355,13 +386,15 @@ fn program_for(req: &ExecRequest) -> Program {
             (shell.clone(), vec![cstring(format!("-{name}"))])
         }
     };
-    Program {
-        path: cstring(path),
-        argv,
-        envp: env.into_iter().map(|(k, v)| cstring(format!("{k}={v}"))).collect(),
-        cwd: cstring(workdir.unwrap_or(account.home)),
-        ids: account.ids,
-    }
+    setting.program(path, argv)
+}
+
+/// The box's service (see `service`): `argv` as given, its first word found
+/// on `PATH`, run as a session's command would be.
+pub fn service_program(argv: &[String]) -> Program {
+    let setting = Setting::read(&[], None);
+    let path = on_path(argv.first().map_or("", String::as_str), &setting.path());
+    setting.program(path, argv.iter().map(|a| cstring(a.as_str())).collect())
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod guest_net;
 mod host_files;
 mod login;
 mod reaper;
+mod service;
 #[allow(unsafe_code)]
 mod spawn;
 #[allow(unsafe_code)]
@@ -73,7 +74,7 @@ fn main() {
 }
 
 /// Serves one connection: its first message decides what it is.
-fn serve(stream: UnixStream, reaper: &Reaper) {
+fn serve(stream: UnixStream, reaper: &Arc<Reaper>) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
@@ -83,6 +84,8 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
         Ok(Some(HostMsg::Walk)) => walk::run(&stream),
+        Ok(Some(HostMsg::Service { argv })) => service::set(argv, reaper, &stream),
+        Ok(Some(HostMsg::ServiceLog)) => service::send_log(&stream),
         Ok(Some(HostMsg::Sync)) => {
             nix::unistd::sync();
             frames::send(&stream, &AgentMsg::Pong)

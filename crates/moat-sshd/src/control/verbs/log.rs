@@ -1,7 +1,8 @@
 //! `log NAME [--follow [--ask]] [--since T] [--json]`: a box's egress log
-//! (its entries stream; see `render::log`).
+//! (its entries stream; see `render::log`); `log NAME --service`: its
+//! service's recent output instead.
 
-use moat_api::Op;
+use moat_api::{ApiError, Op, Reply};
 
 use super::{Call, Plan, Verb};
 use crate::control::args::{name_arg, parse_since, rest, usage, UsageError};
@@ -12,19 +13,22 @@ pub const VERB: Verb = Verb {
   log NAME [--follow [--ask]] [--since T] [--json]
                       every DNS query, connection and HTTP request NAME made, and the verdict;
                       with --ask, NAME's questions too, answered as with 'ask'
+  log NAME --service  the recent output of NAME's service (new --run), with a line at each start
+                      and exit
 ",
     parse,
 };
 
 fn parse(args: &[String]) -> Result<Plan, UsageError> {
     let name = name_arg("log", args.first())?;
-    let (mut follow, mut ask, mut since, mut json) = (false, false, None, false);
+    let (mut follow, mut ask, mut since, mut json, mut service) = (false, false, None, false, false);
     let mut rest = rest(args, 1).iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--follow" | "-f" => follow = true,
             "--ask" => ask = true,
             "--json" => json = true,
+            "--service" => service = true,
             "--since" => {
                 let value = rest.next().ok_or_else(|| usage("log: --since needs a value"))?;
                 since = Some(parse_since(value, moat_core::clock::now())?);
@@ -32,9 +36,24 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
             other => return Err(usage(format!("log: unexpected argument {other:?}"))),
         }
     }
+    if service {
+        if follow || ask || since.is_some() || json {
+            return Err(usage("log: --service takes no other flag"));
+        }
+        return Ok(Plan::Call(Call::new(Op::ServiceLog { name }, output)));
+    }
     if ask && !follow {
         return Err(usage("log: --ask needs --follow"));
     }
     let since_ms = since.unwrap_or(0).saturating_mul(1000);
     Ok(Plan::Call(Call::new(Op::Log { name, since_ms, follow, ask }, super::nothing).json(json).answers(ask)))
+}
+
+fn output(reply: Reply, _: &Op, _: bool) -> Result<String, ApiError> {
+    match reply {
+        Reply::Text(text) if text.is_empty() => Ok("no output yet\n".into()),
+        Reply::Text(text) if !text.ends_with('\n') => Ok(text + "\n"),
+        Reply::Text(text) => Ok(text),
+        other => Err(ApiError::unexpected(&other)),
+    }
 }

@@ -12,10 +12,12 @@ pub const VERB: Verb = Verb {
     names: &["new"],
     help: "  \
   new NAME [--image I] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--idle SECONDS]
-         [--policy PRESET] [--ask] [--backend ns|vm] [--node NODE]
+         [--policy PRESET] [--ask] [--backend ns|vm] [--node NODE] [--run]
                       create a box (image 'debian' unless told, built on first use;
                       vm: a kernel of its own, ns: namespaces; the server's default unless told;
-                      --node: on that node of a fleet, not where placement puts it)
+                      --node: on that node of a fleet, not where placement puts it;
+                      --run: a pulled image's Entrypoint and Cmd run as the box's service,
+                      started again when it exits; its output in 'log NAME --service')
 ",
     parse,
 };
@@ -27,12 +29,14 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
     let mut idle = None;
     let mut policy = None;
     let mut ask = false;
+    let mut run = false;
     let mut backend = None;
     let mut node = None;
     let mut rest = rest(args, 1).iter();
     while let Some(flag) = rest.next() {
-        if flag == "--ask" {
-            ask = true;
+        if flag == "--ask" || flag == "--run" {
+            ask |= flag == "--ask";
+            run |= flag == "--run";
             continue;
         }
         let (flag, inline) = match flag.split_once('=') {
@@ -61,7 +65,7 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
         }
     }
     limits.validate().map_err(|e| usage(format!("new: {e}")))?;
-    Ok(Plan::Call(Call::new(Op::Create { name, image, limits, idle, policy, ask, backend, node }, super::name)))
+    Ok(Plan::Call(Call::new(Op::Create { name, image, limits, idle, policy, ask, backend, node, run }, super::name)))
 }
 
 /// A preset by name, for `new --policy` and `policy NAME preset`.

@@ -60,8 +60,11 @@ fn parses_commands() {
             ask: false,
             backend: None,
             node: None,
+            run: false,
         }
     );
+    let Op::Create { run, ask, .. } = op("new web --image app --run") else { panic!("not new") };
+    assert!(run && !ask, "--run asks for the image's service, nothing else");
     let Op::Create { backend, .. } = op("new web --backend vm") else { panic!("not new") };
     assert_eq!(backend, Some(BackendKind::Vm));
     assert!(p("new web --backend kvm").is_err());
@@ -114,6 +117,8 @@ fn parses_egress_commands() {
         "log web --tail",
         "new web --policy everything",
         "log web --ask",
+        "log web --service --follow",
+        "log web --service --json",
         "ask 3",
         "ask x once",
         "ask 3 maybe",
@@ -128,6 +133,7 @@ fn parses_egress_commands() {
     let Plan::Call(call) = plan("log web -f --ask").unwrap() else { panic!("not a call") };
     assert_eq!(call.op, Op::Log { name: n("web"), since_ms: 0, follow: true, ask: true });
     assert!(!call.json && call.answers);
+    assert_eq!(op("log web --service"), Op::ServiceLog { name: n("web") });
     let Op::Create { policy, ask, .. } = op("new web --policy github-read --ask") else { panic!("not new") };
     assert_eq!((policy, ask), (Some(Preset::GithubRead), true));
     let Plan::Call(call) = plan("ask").unwrap() else { panic!("not a call") };
