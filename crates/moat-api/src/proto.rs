@@ -123,6 +123,14 @@ pub enum Op {
         /// The image's name.
         image: Name,
     },
+    /// Pushes one of the account's images (a template: its base's layers
+    /// and one of what it adds) to a registry.
+    ImagePush {
+        /// The image.
+        name: Name,
+        /// Where to (`REGISTRY/REPO[:TAG]`).
+        reference: String,
+    },
     /// Keeps the account's login for a registry (sealed).
     ImageLogin {
         /// `HOST[:PORT]`.

@@ -532,6 +532,7 @@ async fn run(
         Op::ImageList => Reply::Images(m.images(account)?.iter().map(ImageInfo::from).collect()),
         Op::ImageSave { name, image } => Reply::Image((&m.save_image(account, &name, image).await?).into()),
         Op::ImageRemove { name } => m.remove_image(account, &name).map(|()| Reply::Done)?,
+        Op::ImagePush { name, reference } => Reply::Text(m.push_image(account, &name, reference, progress).await?),
         Op::ImageLogin { registry, user, password } => {
             let login = moat_core::RegistryLogin { registry, user, password: password.expose().to_string() };
             m.login(account, login).map(|()| Reply::Done)?

@@ -380,6 +380,7 @@ fn named_box(op: &Op) -> Option<&Name> {
         | Op::ImagePull { .. }
         | Op::ImageList
         | Op::ImageRemove { .. }
+        | Op::ImagePush { .. }
         | Op::ImageLogin { .. } => None,
     }
 }

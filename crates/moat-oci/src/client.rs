@@ -265,18 +265,51 @@ impl Registry {
 
     /// GETs `url`, answering one auth challenge if the registry makes one.
     async fn get(&self, what: &str, url: Url, accept: Option<&str>) -> Result<reqwest::Response, ClientError> {
+        let resp = self
+            .send(what, self.bounds.document, || {
+                let req = self.http.get(url.clone());
+                match accept {
+                    Some(accept) => req.header(ACCEPT, accept),
+                    None => req,
+                }
+            })
+            .await?;
+        if !resp.status().is_success() {
+            return Err(ClientError::Status { what: what.to_string(), status: resp.status() });
+        }
+        Ok(resp)
+    }
+
+    /// Sends the request `make` makes (again, after answering one auth
+    /// challenge if the registry makes one), within `deadline` for its
+    /// answer's head; the answer whatever its status but `401`.
+    async fn send(
+        &self,
+        what: &str,
+        deadline: Duration,
+        make: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        self.send_with(what, deadline, true, make).await
+    }
+
+    /// [`Self::send`], with the registry's `Authorization` only if `auth`
+    /// (never to another host).
+    async fn send_with(
+        &self,
+        what: &str,
+        deadline: Duration,
+        auth: bool,
+        make: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
         let mut answered = false;
         loop {
-            let mut req = self.http.get(url.clone());
-            if let Some(accept) = accept {
-                req = req.header(ACCEPT, accept);
+            let mut req = make();
+            if let Some(value) = self.auth().filter(|_| auth) {
+                req = req.header(AUTHORIZATION, value);
             }
-            if let Some(auth) = self.auth() {
-                req = req.header(AUTHORIZATION, auth);
-            }
-            let resp = tokio::time::timeout(self.bounds.document, req.send())
+            let resp = tokio::time::timeout(deadline, req.send())
                 .await
-                .map_err(|_| ClientError::Stalled { what: what.to_string(), secs: self.bounds.document.as_secs() })?
+                .map_err(|_| ClientError::Stalled { what: what.to_string(), secs: deadline.as_secs() })?
                 .map_err(http_err(what))?;
             if resp.status() == StatusCode::UNAUTHORIZED {
                 if answered {
@@ -289,9 +322,6 @@ impl Registry {
                 answered = true;
                 self.answer_challenge(resp.headers()).await?;
                 continue;
-            }
-            if !resp.status().is_success() {
-                return Err(ClientError::Status { what: what.to_string(), status: resp.status() });
             }
             return Ok(resp);
         }
@@ -481,6 +511,93 @@ impl Registry {
             });
         }
         Ok(())
+    }
+}
+
+/// Pushing: blobs found, mounted from another repository of the registry or
+/// uploaded whole, then the manifest under a tag (the distribution API's
+/// monolithic upload: `POST` for a session, `PUT` with the digest).
+impl Registry {
+    /// Whether the repository holds blob `digest`.
+    pub async fn has_blob(&self, digest: &Digest) -> Result<bool, ClientError> {
+        let what = format!("blob {}", digest.short());
+        let url = self.url(&format!("blobs/{digest}"))?;
+        let resp = self.send(&what, self.bounds.document, || self.http.head(url.clone())).await?;
+        match resp.status() {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            status => Err(ClientError::Status { what, status }),
+        }
+    }
+
+    /// Asks the registry to mount blob `digest` from its repository `from`;
+    /// whether it did (a registry that will not starts an upload instead,
+    /// which is left to expire).
+    pub async fn mount_blob(&self, digest: &Digest, from: &str) -> Result<bool, ClientError> {
+        let what = format!("mount of blob {} from {from}", digest.short());
+        let mut url = self.url("blobs/uploads/")?;
+        url.query_pairs_mut().append_pair("mount", digest.as_str()).append_pair("from", from);
+        let resp = self.send(&what, self.bounds.document, || self.http.post(url.clone())).await?;
+        match resp.status() {
+            StatusCode::CREATED => Ok(true),
+            s if s.is_success() => Ok(false),
+            status => Err(ClientError::Status { what, status }),
+        }
+    }
+
+    /// Uploads `bytes` as blob `digest` (checked here first).
+    pub async fn upload_blob(&self, digest: &Digest, bytes: bytes::Bytes) -> Result<(), ClientError> {
+        let what = format!("upload of blob {}", digest.short());
+        let got = Digest::of(&bytes);
+        if &got != digest {
+            return Err(ClientError::DigestMismatch { what, expected: digest.clone(), got });
+        }
+        let start = self.url("blobs/uploads/")?;
+        let resp = self.send(&what, self.bounds.document, || self.http.post(start.clone())).await?;
+        if resp.status() != StatusCode::ACCEPTED {
+            return Err(ClientError::Status { what, status: resp.status() });
+        }
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| ClientError::Refused(format!("{what}: the registry named no upload location")))?;
+        let mut url = self.base.join(location).map_err(|e| ClientError::Refused(format!("{what}: {e}")))?;
+        may_visit(&self.upstream, &url).map_err(ClientError::Refused)?;
+        url.query_pairs_mut().append_pair("digest", digest.as_str());
+        // The login goes to the registry's own host only (an upload may be
+        // sent to storage elsewhere).
+        let same_host =
+            (url.host_str(), url.port_or_known_default()) == (self.base.host_str(), self.base.port_or_known_default());
+        // The whole body may take a while: the stall bound per megabyte.
+        let deadline = self.bounds.stall.saturating_mul(u32::try_from(bytes.len() >> 20).unwrap_or(u32::MAX).max(1));
+        let resp = self
+            .send_with(&what, deadline, same_host, || {
+                self.http
+                    .put(url.clone())
+                    .header(CONTENT_TYPE, "application/octet-stream")
+                    .body(reqwest::Body::from(bytes.clone()))
+            })
+            .await?;
+        match resp.status() {
+            StatusCode::CREATED | StatusCode::NO_CONTENT | StatusCode::OK => Ok(()),
+            status => Err(ClientError::Status { what, status }),
+        }
+    }
+
+    /// Puts `manifest` (of `media_type`) under `tag`.
+    pub async fn put_manifest(&self, tag: &str, media_type: &str, manifest: bytes::Bytes) -> Result<(), ClientError> {
+        let what = format!("manifest {tag}");
+        let url = self.url(&format!("manifests/{tag}"))?;
+        let resp = self
+            .send(&what, self.bounds.document, || {
+                self.http.put(url.clone()).header(CONTENT_TYPE, media_type).body(reqwest::Body::from(manifest.clone()))
+            })
+            .await?;
+        match resp.status() {
+            s if s.is_success() => Ok(()),
+            status => Err(ClientError::Status { what, status }),
+        }
     }
 }
 

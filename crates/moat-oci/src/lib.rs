@@ -7,6 +7,8 @@
 //! - [`client`]: the distribution API (v2): auth, redirects, limits,
 //!   deadlines, digests checked as bytes arrive. It runs in the unprivileged
 //!   fetch helper, never in the daemon.
+//! - [`pack`]: a tree's changes as one layer (a template pushed), read
+//!   from the tree without ever leaving it.
 //! - [`unpack`]: one layer (a tar, plain, gzip or zstd) applied onto a tree
 //!   that is a snapshot of its parent, never leaving it. It runs in the
 //!   confined unpack helper, never as root in the daemon.
@@ -19,6 +21,7 @@
 pub mod client;
 pub mod digest;
 pub mod manifest;
+pub mod pack;
 pub mod reference;
 pub mod unpack;
 

@@ -42,8 +42,6 @@ pub struct BenchNet {
     name: String,
     /// The CA the servers' certificates chain to (PEM).
     pub ca: String,
-    /// Its key (PEM), for the certificates of servers a bench adds.
-    pub ca_key: String,
 }
 
 impl BenchNet {
@@ -59,7 +57,7 @@ impl BenchNet {
         };
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         ip(&["netns", "add", &name])?;
-        let mut net = Self { name, ca: String::new(), ca_key: String::new() };
+        let mut net = Self { name, ca: String::new() };
         ip(&["-n", &net.name, "link", "set", "lo", "up"])?;
         ip(&["-n", &net.name, "addr", "add", &format!("{SERVER}/32"), "dev", "lo"])?;
         let (ca, key) = moat_core::box_ca::mint()?;
@@ -76,7 +74,6 @@ impl BenchNet {
         tokio::spawn(serve_http(https, Some(tls)));
         std::thread::spawn(move || serve_dns(dns));
         net.ca = ca;
-        net.ca_key = key;
         Ok(net)
     }
 

@@ -48,9 +48,11 @@ impl Drop for ImagesRig {
         }
         if let Some(mut server) = self.server.take() {
             server.kill();
-            if let Err(e) = crate::purge::run(&server.dir) {
-                eprintln!("bench: cannot purge {}: {e:#}", server.dir.display());
-            }
+        }
+        // The pool is mounted from the image build on, server or not.
+        let single = self.dir.join("single");
+        if let Err(e) = crate::purge::run(&single) {
+            eprintln!("bench: cannot purge {}: {e:#}", single.display());
         }
         if let Some(hosts) = self.hosts.take() {
             let _ = std::fs::remove_dir_all(hosts);
@@ -103,13 +105,14 @@ pub fn run(state_dir: &Path) -> Result<()> {
     // the namespace finds it by that namespace's own /etc/hosts.
     let reg_dir = state_dir.join("registry");
     std::fs::create_dir_all(reg_dir.join("storage"))?;
-    let (chain, key) = moat_web::site::issue(NAME, &net.ca, &net.ca_key)?;
+    let (ca, ca_key) = moat_web::site::mint_ca()?;
+    let (chain, key) = moat_web::site::issue(NAME, &ca, &ca_key)?;
     std::fs::write(reg_dir.join("cert.pem"), chain)?;
     std::fs::write(reg_dir.join("key.pem"), key)?;
     let certs = reg_dir.join("certs").join(format!("{REGISTRY}:{PORT}"));
     std::fs::create_dir_all(&certs)?;
-    std::fs::write(certs.join("ca.crt"), &net.ca)?;
-    std::fs::write(state_dir.join("upstream-ca.pem"), &net.ca)?;
+    std::fs::write(certs.join("ca.crt"), &ca)?;
+    std::fs::write(state_dir.join("upstream-ca.pem"), &ca)?;
     let hosts = PathBuf::from("/etc/netns").join(net.name());
     std::fs::create_dir_all(&hosts)?;
     rig.hosts = Some(hosts.clone());

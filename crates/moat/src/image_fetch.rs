@@ -1,11 +1,13 @@
 //! `moat image-fetch` (internal): the unprivileged process that talks to a
-//! registry for one pull. Started by `moat serve` with its socket as stdin;
+//! registry for one pull or one push. Started by `moat serve` with its socket as stdin;
 //! enters the upstream network namespace if told to and confines itself as
 //! the gateway does (its uid, no capability, the gateway's seccomp list: it
 //! may dial, and write only to descriptors it is handed). It resolves the
 //! reference to its documents and config and sends them back, then writes
 //! each blob it is asked for into the file that comes with the request.
-//! Everything it says is checked again by the daemon, digests first.
+//! Everything it says is checked again by the daemon, digests first. For a
+//! push it says it is ready, then answers the daemon's questions (does the
+//! repository hold a blob, can it mount one) and uploads what it is handed.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +17,7 @@ use moat_api::Packets;
 use moat_core::RegistryLogin;
 use moat_gateway::GatewayHello;
 use moat_oci::client::{Bounds, Login, Registry};
+use moat_oci::digest::Digest;
 use moat_oci::manifest::Descriptor;
 use moat_oci::Reference;
 use serde::{Deserialize, Serialize};
@@ -35,6 +38,9 @@ pub struct FetchHello {
     pub logins: Vec<RegistryLogin>,
     /// The pull's bounds.
     pub bounds: Bounds,
+    /// A push to `reference`, not a pull of it.
+    #[serde(default)]
+    pub push: bool,
 }
 
 /// What the daemon asks after the first answer.
@@ -46,6 +52,29 @@ pub enum ToFetch {
         desc: Descriptor,
         /// How it is named in progress lines.
         label: String,
+    },
+    /// A push: does the repository hold this blob?
+    HasBlob(Digest),
+    /// A push: mount this blob from the registry's repository `from`.
+    Mount {
+        /// Which.
+        digest: Digest,
+        /// The repository it is in.
+        from: String,
+    },
+    /// A push: upload the attached file as this blob.
+    Upload {
+        /// Which.
+        digest: Digest,
+        /// How it is named in progress lines.
+        label: String,
+    },
+    /// A push: put this manifest under the reference's tag.
+    PutManifest {
+        /// Its media type.
+        media_type: String,
+        /// The document.
+        manifest: String,
     },
 }
 
@@ -72,6 +101,12 @@ pub enum FromFetch {
     Progress(String),
     /// The blob asked for is written and matched its digest.
     Fetched,
+    /// A push: ready for questions.
+    Ready,
+    /// A push: the answer to `HasBlob` or `Mount`.
+    Answer(bool),
+    /// A push: the upload or the manifest is done.
+    Done,
     /// It failed (one line).
     Failed(String),
 }
@@ -110,6 +145,9 @@ async fn fetch(link: &Packets, hello: FetchHello) -> Result<()> {
         .find(|l| l.registry == reference.registry)
         .map(|l| Login { user: l.user, password: l.password });
     let registry = Registry::new(&reference, upstream, (*tls).clone(), login, hello.bounds)?;
+    if hello.push {
+        return push(link, &registry, &reference, hello.bounds.max_image).await;
+    }
     say(link, &FromFetch::Progress(format!("{reference}: resolving"))).await?;
     let resolved = registry.resolve(&reference).await?;
     let msg = FromFetch::Resolved {
@@ -123,7 +161,10 @@ async fn fetch(link: &Packets, hello: FetchHello) -> Result<()> {
     say(link, &msg).await?;
     while let Some(msg) = link.recv(MAX_MESSAGE).await? {
         let ToFetch::Blob { desc, label } =
-            serde_json::from_slice(&msg.bytes).context("moat serve sent a bad message")?;
+            serde_json::from_slice(&msg.bytes).context("moat serve sent a bad message")?
+        else {
+            bail!("moat serve asked a pull for a push's work");
+        };
         let fd = msg.fds.into_iter().next().context("a blob request without its file")?;
         let mut file = std::fs::File::from(fd);
         let started = Instant::now();
@@ -152,6 +193,45 @@ async fn fetch(link: &Packets, hello: FetchHello) -> Result<()> {
                 say(link, &FromFetch::Progress(format!("{label}: {} ({}/s)", size(total), size(rate as u64)))).await?;
                 say(link, &FromFetch::Fetched).await?;
             }
+            Err(e) => say(link, &FromFetch::Failed(e.to_string())).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Serves a push's requests until the daemon closes the link.
+async fn push(link: &Packets, registry: &Registry, reference: &Reference, max: u64) -> Result<()> {
+    say(link, &FromFetch::Ready).await?;
+    while let Some(msg) = link.recv(MAX_MESSAGE).await? {
+        let ask: ToFetch = serde_json::from_slice(&msg.bytes).context("moat serve sent a bad message")?;
+        let answer = match ask {
+            ToFetch::HasBlob(digest) => registry.has_blob(&digest).await.map(FromFetch::Answer),
+            ToFetch::Mount { digest, from } => registry.mount_blob(&digest, &from).await.map(FromFetch::Answer),
+            ToFetch::Upload { digest, label } => {
+                let fd = msg.fds.into_iter().next().context("an upload without its file")?;
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::from(fd), max + 1), &mut bytes)?;
+                if bytes.len() as u64 > max {
+                    bail!("{label} is over --max-image-size");
+                }
+                let started = Instant::now();
+                let len = bytes.len() as u64;
+                let done = registry.upload_blob(&digest, bytes.into()).await;
+                if done.is_ok() {
+                    let rate = len as f64 / started.elapsed().as_secs_f64().max(0.001);
+                    say(link, &FromFetch::Progress(format!("{label}: {} ({}/s)", size(len), size(rate as u64))))
+                        .await?;
+                }
+                done.map(|()| FromFetch::Done)
+            }
+            ToFetch::PutManifest { media_type, manifest } => {
+                let tag = reference.tag.clone();
+                registry.put_manifest(&tag, &media_type, manifest.into_bytes().into()).await.map(|()| FromFetch::Done)
+            }
+            ToFetch::Blob { .. } => bail!("moat serve asked a push for a pull's work"),
+        };
+        match answer {
+            Ok(answer) => say(link, &answer).await?,
             Err(e) => say(link, &FromFetch::Failed(e.to_string())).await?,
         }
     }

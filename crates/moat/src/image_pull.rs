@@ -61,6 +61,16 @@ impl ImagePuller for Puller {
         self.runtime.block_on(self.pull_async(reference, logins, progress)).map_err(|e| format!("{e:#}"))
     }
 
+    fn push(
+        &self,
+        image: &moat_core::store::images::StoredImage,
+        reference: &str,
+        logins: Logins<'_>,
+        progress: Progress<'_>,
+    ) -> Result<String, String> {
+        self.push_image(image, reference, logins, progress).map_err(|e| format!("{e:#}"))
+    }
+
     fn forget(&self, key: Option<&Name>, unused: &[String]) {
         if let Some(key) = key {
             if let Err(e) = moat_box::image::remove(&self.pool, key) {
@@ -121,7 +131,8 @@ fn hash_file(file: &mut std::fs::File) -> Result<(Digest, u64)> {
     Ok((Digest::from_hasher(hasher), len))
 }
 
-async fn next(link: &Packets, progress: &mut (dyn FnMut(&str) + Send)) -> Result<FromFetch> {
+/// The fetcher's next answer, its progress lines handed on meanwhile.
+pub(crate) async fn next(link: &Packets, progress: &mut (dyn FnMut(&str) + Send)) -> Result<FromFetch> {
     loop {
         let Some(msg) = link.recv(MAX_MESSAGE).await? else { bail!("the fetcher went away") };
         ensure!(msg.fds.is_empty(), "the fetcher sent descriptors");
@@ -142,14 +153,9 @@ impl Puller {
             default_registry: self.default_registry.clone(),
             logins: logins(&reference.registry).into_iter().collect(),
             bounds: self.bounds,
+            push: false,
         };
-        let id = self.id.to_string();
-        let mut args: Vec<&std::ffi::OsStr> = vec!["image-fetch".as_ref(), "--id".as_ref(), id.as_ref()];
-        if let Some(netns) = &self.netns {
-            args.extend(["--netns".as_ref(), netns.as_os_str()]);
-        }
-        let (_child, link) = crate::privsep::spawn_child("moat-image-fetch", &args)?;
-        link.send(&serde_json::to_vec(&hello)?, &[]).await.context("start the fetcher")?;
+        let (_child, link) = self.start_fetcher(&hello).await?;
         let FromFetch::Resolved { reference: full, name_hint, pinned, documents, config, .. } =
             next(&link, progress).await?
         else {
@@ -212,7 +218,21 @@ impl Puller {
             layers: chains.iter().map(|c| c.hex().to_string()).collect(),
             config,
             bytes,
+            manifest: documents.last().cloned().unwrap_or_default(),
         })
+    }
+
+    /// Starts a fetcher and tells it `hello` (it ends when the child handle
+    /// is dropped).
+    pub(crate) async fn start_fetcher(&self, hello: &FetchHello) -> Result<(tokio::process::Child, Packets)> {
+        let id = self.id.to_string();
+        let mut args: Vec<&std::ffi::OsStr> = vec!["image-fetch".as_ref(), "--id".as_ref(), id.as_ref()];
+        if let Some(netns) = &self.netns {
+            args.extend(["--netns".as_ref(), netns.as_os_str()]);
+        }
+        let (child, link) = crate::privsep::spawn_child("moat-image-fetch", &args)?;
+        link.send(&serde_json::to_vec(hello)?, &[]).await.context("start the fetcher")?;
+        Ok((child, link))
     }
 
     /// Fetches one layer's blob, checks it, and unpacks it onto its parent.

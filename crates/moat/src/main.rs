@@ -23,6 +23,7 @@ mod gateway;
 mod gateway_supervisor;
 mod image_fetch;
 mod image_pull;
+mod image_push;
 mod image_unpack;
 mod microvm;
 mod node;

@@ -49,6 +49,8 @@ pub struct Pulled {
     pub config: String,
     /// Its blobs' size.
     pub bytes: u64,
+    /// The manifest, as served (the linux/amd64 one of an index).
+    pub manifest: String,
 }
 
 /// What pulls images into the pool.
@@ -59,6 +61,15 @@ pub trait ImagePuller: Send + Sync {
     /// The image `key` is no one's any more, nor are `layers` (no image of
     /// anyone's has them): drop them from the pool. Boxes keep their copies.
     fn forget(&self, key: Option<&Name>, layers: &[String]);
+    /// Pushes `image` to `reference`, with `logins`, telling `progress` how
+    /// it goes; the reference pushed and the manifest's digest. Blocks.
+    fn push(
+        &self,
+        image: &StoredImage,
+        reference: &str,
+        logins: Logins<'_>,
+        progress: Progress<'_>,
+    ) -> Result<String, String>;
 }
 
 /// The `/etc/environment` variables that carry an image's `User` and
@@ -109,12 +120,14 @@ impl BoxManager {
             account: account.clone(),
             name,
             key: pulled.key,
-            reference: pulled.reference,
+            reference: pulled.reference.clone(),
             digest: pulled.digest,
             layers: pulled.layers,
             config: pulled.config,
             bytes: pulled.bytes,
             created_ms: crate::clock::now_ms(),
+            base_manifest: pulled.manifest,
+            base_source: pulled.reference.clone(),
         };
         if let Some(old) = self.db(|s| s.put_image(&image))? {
             self.forget_unused(&old);
@@ -151,14 +164,36 @@ impl BoxManager {
             digest: "-".into(),
             // Its base's layers stay while it does (what a push would diff against).
             layers: base.as_ref().map(|b| b.layers.clone()).unwrap_or_default(),
-            config: base.map_or_else(|| "{}".into(), |b| b.config),
+            config: base.as_ref().map_or_else(|| "{}".into(), |b| b.config.clone()),
             bytes: 0,
             created_ms: crate::clock::now_ms(),
+            base_manifest: base.as_ref().map(|b| b.base_manifest.clone()).unwrap_or_default(),
+            base_source: base.map(|b| b.base_source).unwrap_or_default(),
         };
         if let Some(old) = self.db(|s| s.put_image(&saved))? {
             self.forget_unused(&old);
         }
         Ok(saved)
+    }
+
+    /// Pushes the account's image `name` to `reference`; the line that
+    /// says what was pushed.
+    pub async fn push_image(
+        &self,
+        account: &AccountId,
+        name: &Name,
+        reference: String,
+        mut progress: crate::ProgressSink,
+    ) -> Result<String, ManagerError> {
+        let puller = self.puller()?;
+        let image = self.db(|s| s.image(account, name))?.ok_or_else(|| ManagerError::NoSuchImage(name.clone()))?;
+        let logins = self.logins(account)?;
+        tokio::task::spawn_blocking(move || {
+            let find = move |registry: &str| logins.iter().find(|l| l.registry == registry).cloned();
+            puller.push(&image, &reference, &find, &mut progress)
+        })
+        .await?
+        .map_err(ManagerError::Pull)
     }
 
     /// The account's images.

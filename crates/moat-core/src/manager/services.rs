@@ -79,6 +79,8 @@ mod tests {
             config: config.into(),
             bytes: 0,
             created_ms: 0,
+            base_manifest: String::new(),
+            base_source: String::new(),
         }
     }
 

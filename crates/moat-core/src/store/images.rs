@@ -30,9 +30,19 @@ pub struct StoredImage {
     pub bytes: u64,
     /// When it was pulled (ms).
     pub created_ms: u64,
+    /// The manifest of the pulled image it is or was saved from, as served
+    /// (`""`: made from a built-in image, or pulled before moat kept it):
+    /// what a push names as its base layers.
+    #[serde(default)]
+    pub base_manifest: String,
+    /// Where that manifest came from (`registry/repo:tag`; `""` as above):
+    /// where a push mounts its base layers from.
+    #[serde(default)]
+    pub base_source: String,
 }
 
-const COLUMNS: &str = "account, name, key, reference, digest, layers, config, bytes, created_ms";
+const COLUMNS: &str =
+    "account, name, key, reference, digest, layers, config, bytes, created_ms, base_manifest, base_source";
 
 fn from_row(r: &Row) -> Result<StoredImage, StoreError> {
     let name: String = r.get(1)?;
@@ -48,6 +58,8 @@ fn from_row(r: &Row) -> Result<StoredImage, StoreError> {
         config: r.get(6)?,
         bytes: r.get(7)?,
         created_ms: r.get(8)?,
+        base_manifest: r.get(9)?,
+        base_source: r.get(10)?,
     })
 }
 
@@ -62,7 +74,7 @@ impl Store {
             &args![&image.account.0, image.name.as_str()],
         )?;
         self.execute(
-            &format!("INSERT INTO images ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+            &format!("INSERT INTO images ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
             &args![
                 &image.account.0,
                 image.name.as_str(),
@@ -72,7 +84,9 @@ impl Store {
                 &layers,
                 &image.config,
                 image.bytes,
-                image.created_ms
+                image.created_ms,
+                &image.base_manifest,
+                &image.base_source
             ],
         )?;
         Ok(old)
@@ -139,6 +153,8 @@ mod tests {
             config: "{}".into(),
             bytes: 42,
             created_ms: 7,
+            base_manifest: format!("{{\"layers\":[\"{digest}\"]}}"),
+            base_source: "registry.test/moat/tiny:v1".into(),
         };
         assert_eq!(store.put_image(&image(&a, "one")).unwrap(), None);
         store.put_image(&image(&b, "two")).unwrap();

@@ -249,6 +249,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[
     (10, retries),
     (11, created_ms),
     (12, services),
+    (13, image_bases),
 ];
 
 /// What brings a database from the version before to the next.
@@ -397,6 +398,16 @@ fn services(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, super::services::SERVICES)
 }
 
+/// Version 13: each image's base manifest and where it came from, what a
+/// push names and mounts (older images have none: their push says so).
+fn image_bases(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(
+        tx,
+        "ALTER TABLE images ADD COLUMN base_manifest TEXT NOT NULL DEFAULT ''; \
+         ALTER TABLE images ADD COLUMN base_source TEXT NOT NULL DEFAULT ''",
+    )
+}
+
 /// Adds to `table` the columns a database made by an older moat lacks.
 fn add_missing_columns(tx: &mut dyn Exec, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
     let existing = match tx.engine() {
@@ -446,16 +457,27 @@ mod tests {
     }
 
     /// A database as moat left it at version 8 (no effects table, no move
-    /// retries), with a log entry and a move: opened, it is at the latest
-    /// version, the entry and the move are there (never failed), and effects
-    /// are kept from then on.
+    /// retries, no services, no image bases), with a log entry, a move and
+    /// an image: opened, it is at the latest version, the entry, the move
+    /// (never failed) and the image (with no base known) are there, and
+    /// effects are kept from then on.
     fn a_version_8_database_gains_the_effects_ledger_and_keeps_its_log(db: &TestDb) {
         let store = db.open();
         store.execute("DROP TABLE effects", &[]).unwrap();
         store.execute("ALTER TABLE box_moves DROP COLUMN failures", &[]).unwrap();
         store.execute("ALTER TABLE box_moves DROP COLUMN failed_at_ms", &[]).unwrap();
         store.execute("ALTER TABLE boxes DROP COLUMN created_ms", &[]).unwrap();
+        store.execute("DROP TABLE box_services", &[]).unwrap();
+        store.execute("ALTER TABLE images DROP COLUMN base_manifest", &[]).unwrap();
+        store.execute("ALTER TABLE images DROP COLUMN base_source", &[]).unwrap();
         store.execute("UPDATE schema_version SET version = 8", &[]).unwrap();
+        store
+            .execute(
+                "INSERT INTO images (account, name, key, reference, digest, layers, config, bytes, created_ms) \
+                 VALUES ('a', 'py', 'oci-1', 'r/py:3', 'sha256:1', '[]', '{}', 5, 6)",
+                &[],
+            )
+            .unwrap();
         let moving = BoxId::random();
         store
             .execute(
@@ -481,6 +503,9 @@ mod tests {
         assert_eq!((mv.epoch, mv.error.as_deref(), mv.failures, mv.failed_at_ms), (3, Some("corrupt"), 0, None));
         store.append_egress(&[(id.clone(), log[0].clone())]).unwrap();
         assert_eq!(store.effects_since(&id, 0).unwrap().len(), 1);
+        let py = store.image(&AccountId("a".into()), &Name::new("py").unwrap()).unwrap().unwrap();
+        assert_eq!((py.bytes, py.base_manifest.as_str(), py.base_source.as_str()), (5, "", ""));
+        assert_eq!(store.service(&id).unwrap(), None);
     }
 
     /// A database as the last moat without schema versions made it (its

@@ -21,6 +21,7 @@ mod fixture;
 mod fleet;
 mod forward;
 mod hygiene;
+mod image_push;
 mod image_service;
 mod images;
 mod isolation;
@@ -187,6 +188,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     images::pull_login_new_and_hostile_images,
     images::hostile_registries_are_refused_and_leave_nothing,
     image_service::run_serves_the_images_program_and_restarts_it,
+    image_push::push_sends_what_a_template_adds_and_pulls_back,
     egress::gateway_is_unprivileged_and_fails_closed,
     web::private_urls_sign_in_share_and_wake_in_a_browser,
     web_hostile::hostile_clients_get_bounded_refusals,

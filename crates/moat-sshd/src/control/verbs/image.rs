@@ -21,6 +21,9 @@ pub const VERB: Verb = Verb {
   image ls [--json]   your images: name, reference, digest, size, when pulled
   image save BOX NAME make BOX's files as of now your image NAME (a template: O(1), read-only;
                       new B --image NAME starts from them, with BOX's image's Env, User, dir)
+  image push NAME REF push your image NAME to REF (REGISTRY/REPO[:TAG]) as an OCI image: a
+                      template sends one layer of what it adds, its base's layers are
+                      found there or mounted from the repository they were pulled from
   image rm NAME       remove your image NAME (boxes made from it keep their files)
   image login REGISTRY USER   (password or token on stdin)
                       keep your login for REGISTRY (sealed, as secrets are) for pulls from it
@@ -30,7 +33,7 @@ pub const VERB: Verb = Verb {
 
 fn parse(args: &[String]) -> Result<Plan, UsageError> {
     let Some(verb) = args.first() else {
-        return Err(usage("image: pull, ls, save, rm or login (see 'help')"));
+        return Err(usage("image: pull, ls, save, push, rm or login (see 'help')"));
     };
     match (verb.as_str(), rest(args, 1)) {
         ("ls", []) => Ok(Plan::Call(Call::new(Op::ImageList, render_list))),
@@ -43,6 +46,13 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
             let op =
                 Op::ImageSave { name: name_arg("image save", Some(b))?, image: name_arg("image save", Some(image))? };
             Ok(Plan::Call(Call::new(op, render_pulled)))
+        }
+        ("push", [image, reference]) => {
+            if reference.is_empty() || reference.len() > 512 || reference.starts_with('-') {
+                return Err(usage("image push: REF is where to push (like registry.example.com/team/app:v1)"));
+            }
+            let op = Op::ImagePush { name: name_arg("image push", Some(image))?, reference: reference.clone() };
+            Ok(Plan::Call(Call::new(op, render_pushed)))
         }
         ("login", [registry, user]) => {
             let registry = registry_arg(registry)?;
@@ -86,6 +96,11 @@ fn registry_arg(value: &str) -> Result<String, UsageError> {
         return Err(usage(format!("image login: {value:?} is not a registry (HOST or HOST:PORT)")));
     }
     Ok(value.to_ascii_lowercase())
+}
+
+fn render_pushed(reply: Reply, _: &Op, _: bool) -> Result<String, ApiError> {
+    let Reply::Text(line) = reply else { return Err(ApiError::unexpected(&reply)) };
+    Ok(format!("{line}\n"))
 }
 
 fn render_pulled(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
