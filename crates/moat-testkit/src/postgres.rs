@@ -21,12 +21,24 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     port: u16,
     databases: AtomicU32,
+    /// Serving TLS, and only TLS over TCP.
+    tls: bool,
 }
 
 impl Postgres {
     /// Makes and starts a cluster used by this caller alone (for tests that
     /// stop and start it).
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Makes and starts a cluster that serves TLS with the certificate
+    /// (chain) and key given (PEM), and refuses TCP clients without it.
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Self {
+        Self::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Self {
         let bin = Path::new(BIN);
         assert!(
             bin.join("initdb").exists(),
@@ -40,10 +52,29 @@ impl Postgres {
         let mut initdb = as_postgres("initdb");
         initdb.arg("-D").arg(&data).args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
         run(&mut initdb);
+        if let Some((cert, key)) = tls {
+            for (file, pem) in [("server.crt", cert), ("server.key", key)] {
+                let path = data.join(file);
+                std::fs::write(&path, pem).expect("write the server's TLS files");
+                std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                    .expect("make the key private");
+                if is_root() {
+                    run(Command::new("chown").arg("postgres:postgres").arg(&path));
+                }
+            }
+            // TCP clients only over TLS (`hostssl`); the unix socket as it was.
+            let hba = data.join("pg_hba.conf");
+            let rules = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+            let rules: Vec<String> = rules
+                .lines()
+                .map(|l| l.strip_prefix("host ").map_or_else(|| l.to_string(), |rest| format!("hostssl {rest}")))
+                .collect();
+            std::fs::write(&hba, rules.join("\n") + "\n").expect("write pg_hba.conf");
+        }
         // A port that was free a moment ago; another taker in between is
         // unlikely, and start() then fails saying why.
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("find a free port").port();
-        let pg = Self { dir, port, databases: AtomicU32::new(0) };
+        let pg = Self { dir, port, databases: AtomicU32::new(0), tls: tls.is_some() };
         pg.start_again();
         pg
     }
@@ -66,7 +97,9 @@ impl Postgres {
     pub fn create_db(&self) -> String {
         let name = format!("db{}", self.databases.fetch_add(1, Ordering::Relaxed));
         let mut createdb = as_postgres("createdb");
-        createdb.args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", &name]);
+        // By its unix socket: TCP may want TLS.
+        let socket = self.dir.path().display().to_string();
+        createdb.args(["-h", &socket, "-p", &self.port.to_string(), "-U", "postgres", &name]);
         run(&mut createdb);
         self.dsn(&name)
     }
@@ -93,8 +126,11 @@ impl Postgres {
 
     /// Starts the server again after [`Postgres::stop`], on the same port.
     pub fn start_again(&self) {
-        let options =
+        let mut options =
             format!("-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off", self.port, self.dir.path().display());
+        if self.tls {
+            options.push_str(" -c ssl=on");
+        }
         let log = self.dir.path().join("log");
         run(self.pg_ctl().arg("-l").arg(&log).args(["-w", "-o", &options, "start"]));
     }

@@ -225,6 +225,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
     eprintln!("bench: first pulls ({} MiB of blobs in the layout)", bytes >> 20);
     let first = timed(&mut pull("base"))?;
     let peer_dir = state_dir.join("peer");
+    std::fs::create_dir_all(&peer_dir)?;
     let peer = {
         let started = Instant::now();
         run_ok(

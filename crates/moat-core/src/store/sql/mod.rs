@@ -8,6 +8,7 @@
 //! into the store's methods.
 
 pub(crate) mod dialect;
+mod pg_tls;
 mod postgres;
 mod sqlite;
 

@@ -12,8 +12,9 @@
 //! next call connects again (a connection lost in the middle of a
 //! transaction fails the rest of that transaction instead).
 //!
-//! No TLS: this round the store is reached over loopback or a unix socket
-//! (`NoTls`), so no second TLS stack is linked in.
+//! TLS when the DSN says `sslmode=require` (see [`super::pg_tls`]: the
+//! server's certificate is always verified); otherwise none, for a store on
+//! loopback or a unix socket.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -21,11 +22,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use postgres::config::Host;
+use postgres::config::{Host, SslMode};
 use postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use postgres::{Client, Config, NoTls, Statement};
 
 use super::dialect::to_postgres;
+use super::pg_tls::{take_root_cert, PgTls};
 use super::{Engine, Exec, Row, Value};
 use crate::store::StoreError;
 
@@ -66,8 +68,16 @@ impl Postgres {
     /// Parses `dsn` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB` or `key=value`
     /// pairs) and starts the thread that will connect on the first call.
     pub(crate) fn new(dsn: &str) -> Result<Self, StoreError> {
+        let (dsn, root_cert) = take_root_cert(dsn);
         let mut config: Config =
             dsn.parse().map_err(|e| StoreError::Dsn(format!("not a PostgreSQL connection string: {e}")))?;
+        let tls = match config.get_ssl_mode() {
+            SslMode::Require => Some(PgTls::new(root_cert.as_deref())?),
+            _ if root_cert.is_some() => {
+                return Err(StoreError::Dsn("sslrootcert is for sslmode=require (TLS, the server verified)".into()))
+            }
+            _ => None,
+        };
         if config.get_hosts().is_empty() {
             return Err(StoreError::Dsn("a PostgreSQL connection string must name a host".into()));
         }
@@ -78,8 +88,15 @@ impl Postgres {
         let target = target_of(&config);
         let (ops, from_callers) = channel();
         let (to_callers, answers) = channel();
-        let conn =
-            Connection { config, target, client: None, statements: HashMap::new(), in_tx: false, server_ended: false };
+        let conn = Connection {
+            config,
+            tls,
+            target,
+            client: None,
+            statements: HashMap::new(),
+            in_tx: false,
+            server_ended: false,
+        };
         std::thread::Builder::new()
             .name("moat-postgres".into())
             .spawn(move || conn.serve(&from_callers, &to_callers))
@@ -158,9 +175,23 @@ impl Exec for PgExec<'_> {
     }
 }
 
+/// An error and its causes, in one line (a TLS failure's reason is a cause).
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
+}
+
 /// The connection thread's state.
 struct Connection {
     config: Config,
+    /// How connections make TLS, if they do.
+    tls: Option<PgTls>,
     /// `HOST:PORT` (or the socket's directory), for messages.
     target: String,
     client: Option<Client>,
@@ -247,7 +278,11 @@ impl Connection {
             if self.in_tx {
                 return Err(self.unreachable("the connection was lost in the middle of a transaction"));
             }
-            let client = self.config.connect(NoTls).map_err(|e| self.unreachable(&e.to_string()))?;
+            let made = match &self.tls {
+                Some(tls) => self.config.connect(tls.clone()),
+                None => self.config.connect(NoTls),
+            };
+            let client = made.map_err(|e| self.unreachable(&causes(&e)))?;
             self.client = Some(client);
         }
         self.client.as_mut().ok_or_else(|| StoreError::Unreachable("no connection".into()))
