@@ -120,6 +120,9 @@ pub async fn keep_lease(manager: Arc<BoxManager>, offer: NodeOffer) {
                 if let Err(e) = manager.report_backlog() {
                     tracing::debug!(error = %e, "cannot report the upload backlog");
                 }
+                if let Err(e) = manager.report_disk() {
+                    tracing::debug!(error = %e, "cannot report the accounts' disk use");
+                }
                 if !manager.serving() {
                     // Back after a lapse: its boxes may have been re-homed
                     // meanwhile. The copies it holds of those go before it

@@ -50,6 +50,19 @@ impl BoxManager {
         Ok(self.db(|s| s.renew_lease(offer))?)
     }
 
+    /// Tells the store what each account with boxes here holds of this
+    /// node's disk, for disk budgets counted across the fleet.
+    pub fn report_disk(&self) -> Result<(), ManagerError> {
+        if self.node.is_empty() {
+            return Ok(());
+        }
+        let accounts: std::collections::HashSet<_> =
+            self.db(crate::store::Store::list_here)?.into_iter().map(|b| b.account).collect();
+        let usage: Vec<_> =
+            accounts.into_iter().filter_map(|a| self.backend.account_disk_usage(&a).map(|bytes| (a, bytes))).collect();
+        Ok(self.db(|s| s.set_account_disk(&self.node, &usage, now_ms()))?)
+    }
+
     /// Closes the fence (the lease lapsed) or opens it (renewed and reconciled).
     pub fn set_serving(&self, serving: bool) {
         let was = self.fence.open.swap(serving, Ordering::SeqCst);

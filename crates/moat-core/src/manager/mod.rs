@@ -430,7 +430,12 @@ impl BoxManager {
             let (asked, max) = (format_size(memory), format_size(self.config.max_memory_per_account));
             return Err(ManagerError::MemoryBudget { asked, max });
         }
-        let disk = self.backend.account_disk_usage(account).unwrap_or(0);
+        // In a fleet, what the account's boxes hold on the other nodes too.
+        let elsewhere = match self.node.is_empty() {
+            true => 0,
+            false => self.db(|s| s.account_disk_elsewhere(&self.node, account, crate::clock::now_ms()))?,
+        };
+        let disk = self.backend.account_disk_usage(account).unwrap_or(0).saturating_add(elsewhere);
         if disk >= self.config.max_disk_per_account {
             let (used, max) = (format_measured(disk), format_size(self.config.max_disk_per_account));
             return Err(ManagerError::DiskBudget { used, max });

@@ -335,6 +335,33 @@ async fn concurrent_promote_and_remove_do_not_interleave() {
     }
 }
 
+/// On a fleet node, an account's disk budget counts what its boxes hold on
+/// the other nodes (as they last said), not only here.
+#[tokio::test]
+async fn a_fleet_nodes_disk_budget_counts_the_other_nodes() {
+    let f = fixture();
+    let config = ManagerConfig { max_disk_per_account: 1000, warm_boxes: 0, ..ManagerConfig::default() };
+    let store = Store::open(&f.db).unwrap().for_node("n1");
+    store.renew_lease(&crate::store::nodes::tests::offer("n1", 10)).unwrap();
+    let now = crate::clock::now_ms();
+    store.set_account_disk("n2", &[(f.alice.clone(), 900)], now).unwrap();
+    let m = BoxManager::new(store, f.backend.clone(), config);
+    let spec = |n: &str| BoxSpec {
+        name: name(n),
+        image: name("busybox"),
+        limits: Limits::default(),
+        policy: Policy::default(),
+        backend: None,
+        run: false,
+    };
+    m.create(&f.alice, spec("under"), Box::new(|_: &str| {})).await.unwrap();
+    m.db(|s| s.set_account_disk("n2", &[(f.alice.clone(), 1000)], now)).unwrap();
+    assert!(matches!(
+        m.create(&f.alice, spec("over"), Box::new(|_: &str| {})).await,
+        Err(ManagerError::DiskBudget { .. })
+    ));
+}
+
 #[tokio::test]
 async fn quotas_and_limits() {
     let f = fixture();

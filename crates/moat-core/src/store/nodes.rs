@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::sql::{args, Exec, Row};
 use super::{Store, StoreError};
+use crate::ids::AccountId;
 use crate::limits::Limits;
 
 /// How long a renewed lease lasts: a node that has not renewed for this long
@@ -211,6 +212,48 @@ fn node_from_row(r: &Row) -> Result<NodeRow, StoreError> {
     })
 }
 
+/// Each node's measure of each account's disk use (schema 14), for budgets
+/// counted across the fleet.
+pub(crate) const ACCOUNT_DISK: &str = "
+CREATE TABLE IF NOT EXISTS account_disk (
+    node     TEXT NOT NULL,
+    account  TEXT NOT NULL,
+    bytes    INTEGER NOT NULL,
+    at_ms    INTEGER NOT NULL,
+    PRIMARY KEY (node, account)
+);
+";
+
+/// How old a node's measure may be and still count: a node away longer has
+/// had its boxes re-homed, and they are counted where they went.
+pub const ACCOUNT_DISK_FRESH_MS: u64 = 10 * 60 * 1000;
+
+impl Store {
+    /// Replaces node `node`'s measures of its accounts' disk use, as of `at_ms`.
+    pub fn set_account_disk(&self, node: &str, usage: &[(AccountId, u64)], at_ms: u64) -> Result<(), StoreError> {
+        self.transaction(|tx| {
+            tx.execute("DELETE FROM account_disk WHERE node = ?1", &args![node])?;
+            for (account, bytes) in usage {
+                tx.execute(
+                    "INSERT INTO account_disk (node, account, bytes, at_ms) VALUES (?1, ?2, ?3, ?4)",
+                    &args![node, &account.0, *bytes, at_ms],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// What `account` uses on the fleet's nodes other than `node`, as they
+    /// last said (measures older than [`ACCOUNT_DISK_FRESH_MS`] left out).
+    pub fn account_disk_elsewhere(&self, node: &str, account: &AccountId, now_ms: u64) -> Result<u64, StoreError> {
+        let row = self.query_row(
+            "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM account_disk WHERE account = ?1 AND node <> ?2 AND at_ms >= ?3",
+            &args![&account.0, node, now_ms.saturating_sub(ACCOUNT_DISK_FRESH_MS)],
+        )?;
+        Ok(row.map(|r| r.get::<i64>(0)).transpose()?.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use std::sync::{Arc, Barrier};
@@ -221,7 +264,28 @@ pub(crate) mod tests {
     use crate::policy::Policy;
     use crate::store::testing::{on_both_engines, TestDb};
 
-    on_both_engines!(placement_checks_lease_cordon_and_room, boxes_are_on_their_node_with_slots_of_its_own);
+    on_both_engines!(
+        placement_checks_lease_cordon_and_room,
+        boxes_are_on_their_node_with_slots_of_its_own,
+        an_accounts_disk_elsewhere_is_the_other_nodes_fresh_measures
+    );
+
+    fn an_accounts_disk_elsewhere_is_the_other_nodes_fresh_measures(db: &TestDb) {
+        let store = db.open();
+        let (a, b) = (AccountId("SHA256:a".into()), AccountId("SHA256:b".into()));
+        let now = 100 * ACCOUNT_DISK_FRESH_MS;
+        store.set_account_disk("n1", &[(a.clone(), 100), (b.clone(), 7)], now).unwrap();
+        store.set_account_disk("n2", &[(a.clone(), 20)], now).unwrap();
+        store.set_account_disk("n3", &[(a.clone(), 3)], now - ACCOUNT_DISK_FRESH_MS - 1).unwrap();
+        assert_eq!(store.account_disk_elsewhere("n1", &a, now).unwrap(), 20, "n3's is stale, n1's is its own");
+        assert_eq!(store.account_disk_elsewhere("n2", &a, now).unwrap(), 100);
+        assert_eq!(store.account_disk_elsewhere("", &a, now).unwrap(), 120);
+        assert_eq!(store.account_disk_elsewhere("n1", &b, now).unwrap(), 0);
+        // A node's next measure replaces all of its last (an account gone from it included).
+        store.set_account_disk("n2", &[(b.clone(), 5)], now).unwrap();
+        assert_eq!(store.account_disk_elsewhere("n1", &a, now).unwrap(), 0);
+        assert_eq!(store.account_disk_elsewhere("n1", &b, now).unwrap(), 5);
+    }
 
     const GIB: u64 = 1 << 30;
 

@@ -250,6 +250,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[
     (11, created_ms),
     (12, services),
     (13, image_bases),
+    (14, account_disk),
 ];
 
 /// What brings a database from the version before to the next.
@@ -408,6 +409,12 @@ fn image_bases(tx: &mut dyn Exec) -> Result<(), StoreError> {
     )
 }
 
+/// Version 14: each node's measure of each account's disk use, for disk
+/// budgets counted across a fleet (a new table).
+fn account_disk(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, super::nodes::ACCOUNT_DISK)
+}
+
 /// Adds to `table` the columns a database made by an older moat lacks.
 fn add_missing_columns(tx: &mut dyn Exec, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
     let existing = match tx.engine() {
@@ -468,6 +475,7 @@ mod tests {
         store.execute("ALTER TABLE box_moves DROP COLUMN failed_at_ms", &[]).unwrap();
         store.execute("ALTER TABLE boxes DROP COLUMN created_ms", &[]).unwrap();
         store.execute("DROP TABLE box_services", &[]).unwrap();
+        store.execute("DROP TABLE account_disk", &[]).unwrap();
         store.execute("ALTER TABLE images DROP COLUMN base_manifest", &[]).unwrap();
         store.execute("ALTER TABLE images DROP COLUMN base_source", &[]).unwrap();
         store.execute("UPDATE schema_version SET version = 8", &[]).unwrap();

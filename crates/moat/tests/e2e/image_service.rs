@@ -31,6 +31,20 @@ fn make_service(layout: &Path) {
         "--config.cmd",
         "echo \"service up as $(id -u) in $(pwd) saying $GREETING\"; exec busybox httpd -f -v -p 127.0.0.1:8000",
     ]);
+    // A hostile service: output without end, and a child that keeps its pipe.
+    umoci(&[
+        "config",
+        "--image",
+        &image,
+        "--tag",
+        "flood",
+        "--config.cmd",
+        "/bin/sh",
+        "--config.cmd",
+        "-c",
+        "--config.cmd",
+        "(busybox sleep 1000 &); exec busybox yes flood-line",
+    ]);
 }
 
 /// Polls `get` until it returns what `done` accepts, for up to 30 s.
@@ -59,10 +73,12 @@ pub fn run_serves_the_images_program_and_restarts_it(env: &Env) {
     make_service(&layout);
     registry.push(&layout, "tiny", "moat/tiny");
     registry.push(&layout, "svc", "moat/tiny");
+    registry.push(&layout, "flood", "moat/tiny");
     let host = format!("registry.test:{PORT}");
     let ran = login(env, &host, PASSWORD);
     assert_eq!(ran.status, Some(0), "{}", ran.stderr);
     env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:svc"), "--as", "svc"]).ok();
+    env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:flood"), "--as", "flood"]).ok();
     env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:tiny"), "--as", "nocmd"]).ok();
 
     // An image that names nothing to run, a built-in image, a box without a
@@ -108,6 +124,18 @@ pub fn run_serves_the_images_program_and_restarts_it(env: &Env) {
         eventually(&format!("{name}'s page"), || curl(port, "/top"), |p| p == "second layer\n");
     }
 
+    // A service that floods: its log holds the newest 256 KiB, and is read at once.
+    let flood = unique("svc");
+    env.alice(None, &["new", &flood, "--image", "flood", "--run"]).ok();
+    std::thread::sleep(Duration::from_secs(2));
+    let started = Instant::now();
+    let log = env.alice(None, &["log", &flood, "--service"]).ok().stdout;
+    assert!(started.elapsed() < Duration::from_secs(10), "log --service took {:?}", started.elapsed());
+    assert!(log.len() <= 256 * 1024 + 1 && log.len() > 200 * 1024, "{} bytes", log.len());
+    assert!(log.ends_with("flood-line\n") || log.contains("flood-line\nflood"), "{}", &log[log.len() - 200..]);
+    env.alice(Some(&flood), &["echo still answers"]).ok();
+    env.alice(None, &["rm", &flood]).ok();
+
     // log --service of a box without one, or of a stopped one.
     let plain = unique("svc");
     env.alice(None, &["new", &plain, "--image", "nocmd"]).ok();
@@ -119,7 +147,7 @@ pub fn run_serves_the_images_program_and_restarts_it(env: &Env) {
     for name in [&web, &copy, &plain] {
         env.alice(None, &["rm", name]).ok();
     }
-    for image in ["svc", "nocmd"] {
+    for image in ["svc", "nocmd", "flood"] {
         env.alice(None, &["image", "rm", image]).ok();
     }
     drop(registry);

@@ -190,9 +190,15 @@ mod tests {
         let url = "postgres://moat:pw@db:5432/moat?sslmode=require&sslrootcert=/etc/moat/ca.pem&application_name=x";
         assert_eq!(
             take_root_cert(url),
-            ("postgres://moat:pw@db:5432/moat?sslmode=require&application_name=x".into(), Some("/etc/moat/ca.pem".into()))
+            (
+                "postgres://moat:pw@db:5432/moat?sslmode=require&application_name=x".into(),
+                Some("/etc/moat/ca.pem".into())
+            )
         );
-        assert_eq!(take_root_cert("postgres://db/moat?sslrootcert=/c"), ("postgres://db/moat".into(), Some("/c".into())));
+        assert_eq!(
+            take_root_cert("postgres://db/moat?sslrootcert=/c"),
+            ("postgres://db/moat".into(), Some("/c".into()))
+        );
         assert_eq!(take_root_cert("postgres://db/moat"), ("postgres://db/moat".into(), None));
         assert_eq!(
             take_root_cert("host=db sslmode=require sslrootcert=/c dbname=moat"),
