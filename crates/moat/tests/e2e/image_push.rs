@@ -9,7 +9,7 @@ use crate::images::{login, make_tiny, one_error, umoci, Registry, PASSWORD};
 use crate::Env;
 
 /// This test's registry's port on the test internet.
-const PORT: u16 = 5003;
+const PORT: u16 = 5013;
 
 pub fn push_sends_what_a_template_adds_and_pulls_back(env: &Env) {
     let work = env.dir.join(unique("push"));

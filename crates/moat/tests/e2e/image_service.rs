@@ -11,8 +11,10 @@ use crate::forward::{free_port, tunnel};
 use crate::images::{login, make_tiny, one_error, umoci, Registry, PASSWORD};
 use crate::Env;
 
-/// This test's registry's port on the test internet (the pull test has its own).
-const PORT: u16 = 5001;
+/// This test's registry's port on the test internet: each test's is its own
+/// (the pull test's 5000, the hostile registry's 5001, the push test's 5013),
+/// as tests run at once.
+const PORT: u16 = 5011;
 
 /// Tags `svc` on tiny: a shell entrypoint whose command says it is up, then
 /// serves the image's WorkingDir (`/srv`) on port 8000 as the image's User.
@@ -157,7 +159,7 @@ pub fn run_serves_the_images_program_and_restarts_it(env: &Env) {
 /// made once per image): the image's session settings, its `--run`
 /// service, a template's files.
 pub fn vm_boxes_of_pulled_images_and_templates(env: &Env) {
-    const VM_PORT: u16 = 5002;
+    const VM_PORT: u16 = 5012;
     let work = env.dir.join(unique("vmimg"));
     std::fs::create_dir_all(&work).unwrap();
     let registry = Registry::start(&env.net, &work.join("registry"), VM_PORT);
