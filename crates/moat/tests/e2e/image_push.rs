@@ -15,7 +15,7 @@ pub fn push_sends_what_a_template_adds_and_pulls_back(env: &Env) {
     let work = env.dir.join(unique("push"));
     std::fs::create_dir_all(&work).unwrap();
     let registry = Registry::start(&env.net, &work.join("registry"), PORT);
-    let layout = make_tiny(&work);
+    let layout = make_tiny(&work, "push");
     // Root's, so that the box can change the image's files.
     umoci(&["config", "--image", &format!("{}:tiny", layout.display()), "--tag", "rooted", "--config.user", "0"]);
     registry.push(&layout, "rooted", "moat/tiny");

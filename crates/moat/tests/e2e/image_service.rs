@@ -71,7 +71,7 @@ pub fn run_serves_the_images_program_and_restarts_it(env: &Env) {
     let work = env.dir.join(unique("svc"));
     std::fs::create_dir_all(&work).unwrap();
     let registry = Registry::start(&env.net, &work.join("registry"), PORT);
-    let layout = make_tiny(&work);
+    let layout = make_tiny(&work, "service");
     make_service(&layout);
     registry.push(&layout, "tiny", "moat/tiny");
     registry.push(&layout, "svc", "moat/tiny");
@@ -163,7 +163,7 @@ pub fn vm_boxes_of_pulled_images_and_templates(env: &Env) {
     let work = env.dir.join(unique("vmimg"));
     std::fs::create_dir_all(&work).unwrap();
     let registry = Registry::start(&env.net, &work.join("registry"), VM_PORT);
-    let layout = make_tiny(&work);
+    let layout = make_tiny(&work, "vm");
     make_service(&layout);
     registry.push(&layout, "svc", "moat/tiny");
     let host = format!("registry.test:{VM_PORT}");

@@ -165,8 +165,10 @@ fn manifest_of(layout: &Path, name: &str) -> (String, serde_json::Value) {
 
 /// An image of busybox with what a layer can carry: an owner, a setuid
 /// binary, a file capability, a hard link, and (in a second layer) a
-/// whiteout; its config sets Env, WorkingDir and User.
-pub(crate) fn make_tiny(work: &Path) -> PathBuf {
+/// whiteout; its config sets Env, WorkingDir and User. `marker` goes into a
+/// file of its first layer: tests running at once share no layer (a layer
+/// one pulled is "have it" for the others, content-addressed).
+pub(crate) fn make_tiny(work: &Path, marker: &str) -> PathBuf {
     let layout = work.join("layout");
     umoci(&["init", "--layout", &layout.display().to_string()]);
     let image = format!("{}:tiny", layout.display());
@@ -185,6 +187,7 @@ pub(crate) fn make_tiny(work: &Path) -> PathBuf {
         .unwrap();
     std::fs::write(rootfs.join("etc/group"), "root:x:0:\napp:x:1000:\n").unwrap();
     std::fs::write(rootfs.join("hello"), "hello from a pulled image\n").unwrap();
+    std::fs::write(rootfs.join("marker"), marker).unwrap();
     std::fs::hard_link(rootfs.join("hello"), rootfs.join("hello2")).unwrap();
     std::fs::write(rootfs.join("gone"), "whited out above\n").unwrap();
     std::fs::write(rootfs.join("home/app/mine"), "app's\n").unwrap();
@@ -311,7 +314,7 @@ pub fn pull_login_new_and_hostile_images(env: &Env) {
     let work = env.dir.join(unique("images"));
     std::fs::create_dir_all(&work).unwrap();
     let registry = Registry::start(&env.net, &work.join("registry"), PORT);
-    let layout = make_tiny(&work);
+    let layout = make_tiny(&work, "pull");
     let amd64 = make_multi(&layout);
     make_liar(&work, &layout);
     make_nouser_and_bare(&work, &layout);
