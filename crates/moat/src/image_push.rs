@@ -39,7 +39,7 @@ const OCI: [&str; 3] = [
     "application/vnd.oci.image.layer.v1.tar+gzip",
 ];
 
-/// A blob made here, in a file of the pool's blobs directory (removed on drop).
+/// A blob made here, in a file of the pool's `pushes` directory (removed on drop).
 struct Made {
     path: PathBuf,
     digest: Digest,
@@ -184,9 +184,10 @@ impl Puller {
         Ok(made)
     }
 
-    /// A new file's path in the pool's blobs directory.
+    /// A new file's path in the pool's `pushes` directory (a pull's blobs
+    /// directory is its own: what is left there is a pull's leftover).
     fn scratch(&self, what: &str) -> Result<PathBuf> {
-        let dir = layers::blobs_dir(&self.pool);
+        let dir = self.pool.root().join("pushes");
         std::fs::create_dir_all(&dir)?;
         Ok(dir.join(format!("push-{what}-{}", moat_core::ids::BoxId::random())))
     }
