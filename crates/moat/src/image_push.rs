@@ -8,7 +8,6 @@
 //! same registry). The registry is spoken to by the unprivileged fetcher
 //! ([`crate::image_fetch`]), as for a pull; it is handed each blob's file.
 
-use std::io::Seek;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -210,13 +209,17 @@ impl Puller {
             return Ok(None);
         }
         let path = self.scratch("layer")?;
-        let mut made = Made { path, digest: Digest::of(b""), size: 0 };
-        let mut file = std::fs::File::options().read(true).write(true).create_new(true).open(&made.path)?;
+        let file = std::fs::File::options().write(true).create_new(true).open(&path)?;
         let root: std::os::fd::OwnedFd = std::fs::File::open(&tree)?.into();
-        let packed = pack(&root, &changes, std::io::BufWriter::new(&mut file), self.bounds.max_image)
-            .with_context(|| format!("pack what {} adds", image.name))?;
-        file.rewind()?;
-        (made.digest, made.size) = (packed.digest.clone(), packed.size);
+        let packed = pack(&root, &changes, std::io::BufWriter::new(file), self.bounds.max_image);
+        let packed = match packed {
+            Ok(packed) => packed,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e).with_context(|| format!("pack what {} adds", image.name));
+            }
+        };
+        let made = Made { path, digest: packed.digest.clone(), size: packed.size };
         let skipped = if packed.skipped > 0 {
             format!(", {} device nodes or sockets left out", packed.skipped)
         } else {

@@ -40,10 +40,7 @@ impl BoxManager {
             Err(e) => return tracing::warn!(box_id = %rec.id, error = %e, "cannot read the box's service"),
         };
         let r = rec.clone();
-        let told = match self.blocking(move |b| b.set_service(&r, &argv)).await {
-            Ok(told) => told.map_err(ManagerError::from),
-            Err(e) => Err(e),
-        };
+        let told = self.blocking(move |b| b.set_service(&r, &argv)).await.and_then(|t| Ok(t?));
         if let Err(e) = told {
             tracing::warn!(box_id = %rec.id, name = %rec.name, error = %e, "the box's service was not started");
         }

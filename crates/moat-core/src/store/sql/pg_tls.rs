@@ -115,35 +115,26 @@ impl AsyncWrite for PgTlsStream {
 /// (`postgres://h/db?sslmode=require&sslrootcert=/etc/moat/pg-ca.pem`) or
 /// as a `key=value` word.
 pub(crate) fn take_root_cert(dsn: &str) -> (String, Option<String>) {
-    const KEY: &str = "sslrootcert=";
     if dsn.starts_with("postgres://") || dsn.starts_with("postgresql://") {
         let Some((base, query)) = dsn.split_once('?') else { return (dsn.to_string(), None) };
-        let mut found = None;
-        let kept: Vec<&str> = query
-            .split('&')
-            .filter(|p| match p.strip_prefix(KEY) {
-                Some(value) => {
-                    found = Some(value.to_string());
-                    false
-                }
-                None => true,
-            })
-            .collect();
+        let (kept, found) = without_root_cert(query.split('&'));
         let dsn = if kept.is_empty() { base.to_string() } else { format!("{base}?{}", kept.join("&")) };
         return (dsn, found);
     }
-    let mut found = None;
-    let kept: Vec<&str> = dsn
-        .split_whitespace()
-        .filter(|w| match w.strip_prefix(KEY) {
-            Some(value) => {
-                found = Some(value.to_string());
-                false
-            }
-            None => true,
-        })
-        .collect();
+    let (kept, found) = without_root_cert(dsn.split_whitespace());
     (kept.join(" "), found)
+}
+
+/// The parameters but `sslrootcert=VALUE`, and that value (the last, if several).
+fn without_root_cert<'a>(params: impl Iterator<Item = &'a str>) -> (Vec<&'a str>, Option<String>) {
+    let (mut kept, mut found) = (Vec::new(), None);
+    for param in params {
+        match param.strip_prefix("sslrootcert=") {
+            Some(value) => found = Some(value.to_string()),
+            None => kept.push(param),
+        }
+    }
+    (kept, found)
 }
 
 #[cfg(test)]
