@@ -415,9 +415,10 @@ fn api_error(e: ManagerError) -> ApiError {
     let status = match e {
         ManagerError::Limits(_) | ManagerError::Policy(_) | ManagerError::Secret(_) => 2,
         // Not this node's to do: a fleet's router asks the right one.
-        ManagerError::OnOtherNode { .. } | ManagerError::NoRoomHere(_) | ManagerError::NoSuchNode(_) => {
-            crate::proto::ELSEWHERE
-        }
+        ManagerError::OnOtherNode { .. }
+        | ManagerError::NoRoomHere(_)
+        | ManagerError::NoSuchNode(_)
+        | ManagerError::QuestionElsewhere(_) => crate::proto::ELSEWHERE,
         _ => 1,
     };
     ApiError { status, message: error_chain(&e) }

@@ -175,6 +175,37 @@ impl Link {
     }
 }
 
+/// A node's events for a request answered without a session.
+pub struct Events {
+    reader: tokio::io::ReadHalf<TlsStream<TcpStream>>,
+    /// Held so that the node sees no close before this is dropped.
+    _writer: tokio::io::WriteHalf<TlsStream<TcpStream>>,
+}
+
+impl Link {
+    /// Sends `request` (one answered by messages only) and returns the
+    /// node's events, to be read here rather than passed on as they are.
+    pub async fn request(self, request: &[u8]) -> io::Result<Events> {
+        let (reader, mut writer) = tokio::io::split(self.tls);
+        frame::write(&mut writer, Kind::Message, request).await?;
+        Ok(Events { reader, _writer: writer })
+    }
+}
+
+impl Events {
+    /// The next event; `None` once the node has closed the connection.
+    pub async fn next(&mut self) -> io::Result<Option<Event>> {
+        let malformed = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        match frame::read(&mut self.reader, MAX_EVENT).await? {
+            None => Ok(None),
+            Some((Kind::Message, bytes)) => {
+                serde_json::from_slice(&bytes).map(Some).map_err(|e| malformed(e.to_string()))
+            }
+            Some((Kind::Session, _)) => Err(malformed("a session nobody asked for".into())),
+        }
+    }
+}
+
 /// The error of an outcome `decline` accepts. Only outcomes are decoded
 /// (a diff's batches can be large), and only when they fail.
 fn declined(bytes: &[u8], decline: &impl Fn(&ApiError) -> bool) -> Option<ApiError> {

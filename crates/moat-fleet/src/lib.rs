@@ -15,6 +15,7 @@
 //! - [`pki`], [`tls`], [`serial`], [`peer`]: who is a member, and proving it;
 //! - [`join`]: `moat fleet init|token|join`, and a member's state dir.
 
+mod ask;
 pub mod dial;
 pub mod frame;
 pub mod join;

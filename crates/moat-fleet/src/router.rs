@@ -10,6 +10,8 @@
 //!   live node, and the rest is refused naming the node;
 //! - `Create` goes to the live, uncordoned node with the most room, then the
 //!   next when a node answers that it is full;
+//! - the account's questions (ask mode) from every live node, and an answer
+//!   to the node holding its question ([`crate::ask`]);
 //! - anything else (the account's list, usage, secrets, whoami) to any live node.
 //!
 //! A lost node or an unreachable store is one line to the user.
@@ -48,7 +50,7 @@ pub struct Router<S> {
 
 /// Why a request could not be routed: one line for the user.
 #[derive(Debug, thiserror::Error)]
-enum RouteError {
+pub(crate) enum RouteError {
     #[error("{0}")]
     Store(#[from] StoreFailure),
     #[error("box {name} is on node {node}, which is not answering ({why})")]
@@ -65,6 +67,12 @@ enum RouteError {
     NoNode,
     #[error("no node can take a new box now ({0})")]
     NoRoom(String),
+    #[error("no node answered ({0})")]
+    Unanswered(String),
+    #[error("no open question {0} (answered already, or lapsed)")]
+    NoQuestion(u64),
+    #[error("the front door went away")]
+    Gone,
 }
 
 fn now_ms() -> u64 {
@@ -167,7 +175,7 @@ impl<S: FleetStore> Router<S> {
     }
 
     /// Live nodes, starting at the next in turn (so requests spread).
-    async fn live(&self) -> Result<Vec<NodeState>, StoreFailure> {
+    pub(crate) async fn live(&self) -> Result<Vec<NodeState>, StoreFailure> {
         let now = now_ms();
         let mut live: Vec<NodeState> = self.nodes(false).await?.iter().filter(|n| n.live(now)).cloned().collect();
         if !live.is_empty() {
@@ -178,8 +186,11 @@ impl<S: FleetStore> Router<S> {
     }
 
     async fn act(&self, conn: &Packets, request: &[u8], account: &AccountId, op: &Op) -> Result<(), RouteError> {
-        if let Op::Create { node, .. } = op {
-            return self.create(conn, request, node.as_deref()).await;
+        match op {
+            Op::Create { node, .. } => return self.create(conn, request, node.as_deref()).await,
+            Op::Questions { follow } => return self.questions(conn, request, *follow).await,
+            Op::Answer { id, .. } => return self.answer_question(conn, request, *id).await,
+            _ => {}
         }
         let Some(name) = named_box(op) else { return self.to_any(conn, request).await };
         // Twice at most: a node that declines the box makes us ask the store again.
@@ -239,7 +250,7 @@ impl<S: FleetStore> Router<S> {
         Err(RouteError::Moving(name.clone()))
     }
 
-    async fn dial(&self, node: &NodeState) -> Result<crate::dial::Link, String> {
+    pub(crate) async fn dial(&self, node: &NodeState) -> Result<crate::dial::Link, String> {
         self.dialer.dial(&node.name, &node.address).await.map_err(|e| e.reason())
     }
 

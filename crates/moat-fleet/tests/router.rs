@@ -13,6 +13,7 @@ use std::time::Duration;
 use moat_api::proto::{ApiError, Event, Op, Reply, Request, ELSEWHERE, MAX_REQUEST};
 use moat_api::server::Answer;
 use moat_api::{ApiClient, Packets};
+use moat_core::egress::{self, Question};
 use moat_core::{AccountId, Limits, Name};
 use moat_fleet::dial::Dialer;
 use moat_fleet::listen::NodeListener;
@@ -67,6 +68,30 @@ struct Core {
     node: &'static str,
     boxes: Mutex<HashSet<Name>>,
     full: Mutex<bool>,
+    /// Its boxes' open questions (ask mode).
+    questions: Mutex<Vec<Question>>,
+}
+
+impl Core {
+    /// Sends its open questions; with `follow`, then each new one until the
+    /// router closes the connection.
+    async fn send_questions(&self, conn: &Packets, follow: bool) -> io::Result<()> {
+        let mut sent = 0;
+        loop {
+            let new: Vec<Question> = self.questions.lock().unwrap().iter().skip(sent).cloned().collect();
+            for q in new {
+                conn.send(&serde_json::to_vec(&Event::Question(q)).unwrap(), &[]).await?;
+                sent += 1;
+            }
+            if !follow {
+                return Ok(());
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                closed = conn.recv(1) => if !matches!(closed, Ok(Some(_))) { return Ok(()) },
+            }
+        }
+    }
 }
 
 impl Answer for Core {
@@ -77,6 +102,17 @@ impl Answer for Core {
         };
         let elsewhere = |what: String| Err(ApiError { status: ELSEWHERE, message: what });
         let outcome = match op {
+            Op::Questions { follow } => {
+                self.send_questions(&conn, follow).await?;
+                Ok(Reply::Done)
+            }
+            Op::Answer { id, .. } => {
+                let mut open = self.questions.lock().unwrap();
+                match open.iter().position(|q| q.id == id) {
+                    Some(at) => Ok(Reply::Question(open.remove(at))),
+                    None => elsewhere(format!("no open question {id} on this node")),
+                }
+            }
             Op::Create { name, .. } if *self.full.lock().unwrap() => {
                 elsewhere(format!("node {} is full ({name})", self.node))
             }
@@ -125,7 +161,12 @@ async fn fleet() -> Fleet {
         let leaf = ca.issue(Role::Node, name).unwrap();
         store.members.lock().unwrap().insert(leaf.serial.clone(), Member { name: name.into(), role: Role::Node });
         let identity = Identity::from_pem(ca.cert_pem(), &leaf.cert.pem(), &leaf.key.serialize_pem()).unwrap();
-        let core = Arc::new(Core { node: name, boxes: Mutex::default(), full: Mutex::new(false) });
+        let core = Arc::new(Core {
+            node: name,
+            boxes: Mutex::default(),
+            full: Mutex::new(false),
+            questions: Mutex::default(),
+        });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         store.nodes.lock().unwrap().push(node_state(name, listener.local_addr().unwrap().to_string(), memory));
         let node = Arc::new(NodeListener {
@@ -274,4 +315,62 @@ async fn a_lost_node_and_an_unreachable_store_are_one_line() {
     assert!(f.client.authorize("ssh-ed25519 CCCC").await.is_err());
     *f.store.down.lock().unwrap() = false;
     assert_eq!(f.answered_by(&act(Op::Get { name: name("db") })).await.unwrap(), "n1");
+}
+
+fn question(id: u64, box_name: &str) -> Question {
+    Question {
+        id,
+        box_name: box_name.into(),
+        name: "pypi.org".into(),
+        port: Some(443),
+        running: Vec::new(),
+        asked_ms: 1,
+    }
+}
+
+/// Every node's questions reach their owner through one router (oldest
+/// first; with `follow`, new ones from any node as they come), and an
+/// answer reaches the node holding its question, whichever that is.
+#[tokio::test]
+async fn questions_are_gathered_from_every_node_and_answers_find_theirs() {
+    let f = fleet().await;
+    f.cores[0].questions.lock().unwrap().push(question(3, "db"));
+    f.cores[1].questions.lock().unwrap().extend([question(1, "web"), question(2, "web")]);
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let done = f.client.call_streaming(&act(Op::Questions { follow: false }), &tx).await.unwrap();
+    assert_eq!(done, Reply::Done);
+    let mut ids = Vec::new();
+    while let Ok(Event::Question(q)) = rx.try_recv() {
+        ids.push(q.id);
+    }
+    assert_eq!(ids, [1, 2, 3]);
+
+    // Following: what is open, then a question asked on n1 meanwhile.
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let client = f.client.clone();
+    let follow = tokio::spawn(async move { client.call_streaming(&act(Op::Questions { follow: true }), &tx).await });
+    let mut seen = HashSet::new();
+    async fn next(rx: &mut tokio::sync::mpsc::Receiver<Event>) -> Event {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap()
+    }
+    for _ in 0..3 {
+        let Event::Question(q) = next(&mut rx).await else { panic!() };
+        seen.insert(q.id);
+    }
+    assert_eq!(seen, HashSet::from([1, 2, 3]));
+    f.cores[0].questions.lock().unwrap().push(question(4, "db"));
+    let Event::Question(q) = next(&mut rx).await else { panic!() };
+    assert_eq!((q.id, q.box_name.as_str()), (4, "db"));
+    follow.abort();
+
+    // Answers: n2 holds 2, n1 holds 4; a number nobody holds is one line.
+    for (id, box_name) in [(2, "web"), (4, "db")] {
+        match f.client.call(&act(Op::Answer { id, answer: egress::Answer::Once })).await.unwrap() {
+            Reply::Question(q) => assert_eq!((q.id, q.box_name.as_str()), (id, box_name)),
+            other => panic!("{other:?}"),
+        }
+    }
+    let none = f.client.call(&act(Op::Answer { id: 2, answer: egress::Answer::Deny })).await.unwrap_err();
+    assert_eq!(none.message, "no open question 2 (answered already, or lapsed)");
+    assert_eq!(f.cores[1].questions.lock().unwrap().iter().map(|q| q.id).collect::<Vec<_>>(), [1]);
 }

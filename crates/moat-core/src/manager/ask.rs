@@ -2,9 +2,12 @@
 //! box's owner; the owner answers from a session of their own (`ssh HOST
 //! ask`), never from the box. Questions live in memory only: one nobody
 //! answers lapses after [`ASK_TIMEOUT`], when the gateway has refused it.
+//!
+//! Each question is held by the node of the box that asked, under a number
+//! the store hands out, so that a fleet's router can gather every node's
+//! questions for their owner and take an answer to the one node holding it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -21,7 +24,6 @@ const MAX_OPEN: usize = 1024;
 /// The questions open now, and who is told of new ones.
 pub(super) struct Questions {
     open: Mutex<HashMap<u64, Open>>,
-    next: AtomicU64,
     news: tokio::sync::broadcast::Sender<(AccountId, Question)>,
 }
 
@@ -36,7 +38,7 @@ struct Open {
 
 impl Default for Questions {
     fn default() -> Self {
-        Self { open: Mutex::new(HashMap::new()), next: AtomicU64::new(1), news: tokio::sync::broadcast::channel(256).0 }
+        Self { open: Mutex::new(HashMap::new()), news: tokio::sync::broadcast::channel(256).0 }
     }
 }
 
@@ -56,11 +58,20 @@ impl BoxManager {
     /// gone, too many are open): the gateway refuses at once.
     pub fn ask(&self, box_id: &BoxId, gateway_id: u64, name: String, port: Option<u16>, running: Vec<String>) -> bool {
         let Ok(Some(rec)) = self.db(|s| s.get_by_id(box_id)) else { return false };
+        if self.questions.open().len() >= MAX_OPEN {
+            return false;
+        }
+        let id = match self.db(|s| s.next_number("question")) {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!(error = %e, "no number for a question: it is refused");
+                return false;
+            }
+        };
         let mut open = self.questions.open();
         if open.len() >= MAX_OPEN {
             return false;
         }
-        let id = self.questions.next.fetch_add(1, Ordering::Relaxed);
         let question = Question { id, box_name: rec.name.to_string(), name, port, running, asked_ms: now_ms() };
         let lapses = Instant::now() + ASK_TIMEOUT;
         open.insert(
@@ -103,7 +114,13 @@ impl BoxManager {
                 _ => None,
             }
         };
-        let Some(open) = open else { return Err(ManagerError::NoSuchQuestion(id)) };
+        let Some(open) = open else {
+            // In a fleet another node may hold it: the router asks each.
+            return Err(match self.node.is_empty() {
+                true => ManagerError::NoSuchQuestion(id),
+                false => ManagerError::QuestionElsewhere(id),
+            });
+        };
         let mut answer = answer;
         if answer == Answer::Always {
             let host = HostName::parse(&open.question.name)?;

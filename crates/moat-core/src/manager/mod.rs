@@ -129,6 +129,9 @@ pub enum ManagerError {
     /// No open question of the account's has this number.
     #[error("no open question {0} (answered already, or lapsed)")]
     NoSuchQuestion(u64),
+    /// A fleet node holds no open question of that number (another may).
+    #[error("no open question {0} on this node")]
+    QuestionElsewhere(u64),
     /// A policy rule or preset that does not parse.
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),

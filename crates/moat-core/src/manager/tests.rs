@@ -520,6 +520,34 @@ async fn questions_reach_their_owner_only_and_always_adds_a_rule_first() {
     assert!(!f.manager.ask(&BoxId::parse("0000000000000000").unwrap(), 1, "x.org".into(), None, Vec::new()));
 }
 
+/// On a fleet node a question's number comes from the store, so no other
+/// node holds the same, and a number this node does not hold is declined as
+/// another node's (the router then asks the next).
+#[tokio::test]
+async fn a_fleet_nodes_questions_are_numbered_by_the_store() {
+    use crate::egress::Answer;
+    let f = fixture();
+    let store = Store::open(&f.db).unwrap().for_node("n1");
+    store.renew_lease(&crate::store::nodes::tests::offer("n1", 10)).unwrap();
+    let m = BoxManager::new(store, f.backend.clone(), ManagerConfig { warm_boxes: 0, ..ManagerConfig::default() });
+    let spec = BoxSpec {
+        name: name("web"),
+        image: name("busybox"),
+        limits: Limits::default(),
+        policy: Policy::default(),
+        backend: None,
+        run: false,
+    };
+    let web = m.create(&f.alice, spec, Box::new(|_: &str| {})).await.unwrap();
+    // Another node's boxes asked first.
+    let other = Store::open(&f.db).unwrap().for_node("n2");
+    assert_eq!((other.next_number("question").unwrap(), other.next_number("question").unwrap()), (1, 2));
+    assert!(m.ask(&web.id, 7, "pypi.org".into(), None, Vec::new()));
+    assert_eq!(m.questions(&f.alice).iter().map(|q| q.id).collect::<Vec<_>>(), [3]);
+    assert!(matches!(m.answer(&f.alice, 1, Answer::Deny).await, Err(ManagerError::QuestionElsewhere(1))));
+    assert_eq!(m.answer(&f.alice, 3, Answer::Deny).await.unwrap().id, 3);
+}
+
 #[tokio::test]
 async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() {
     use crate::secrets::{Limit, LimitKind, Sealer, SecretSpec, SecretValue};

@@ -7,6 +7,7 @@
 //! Every change is one transaction, so a crash leaves either the old or the new
 //! row; the manager rolls back boxes left in `creating`.
 
+pub mod counters;
 pub mod durable;
 pub mod effects;
 pub mod egress_log;

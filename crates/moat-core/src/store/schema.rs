@@ -251,6 +251,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[
     (12, services),
     (13, image_bases),
     (14, account_disk),
+    (15, counters),
 ];
 
 /// What brings a database from the version before to the next.
@@ -413,6 +414,12 @@ fn image_bases(tx: &mut dyn Exec) -> Result<(), StoreError> {
 /// budgets counted across a fleet (a new table).
 fn account_disk(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, super::nodes::ACCOUNT_DISK)
+}
+
+/// Version 15: numbers the store hands out, one sequence for every node
+/// (a new table).
+fn counters(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, super::counters::COUNTERS)
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.

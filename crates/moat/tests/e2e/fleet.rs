@@ -2,6 +2,7 @@
 //! `moat serve` with its own state dir and pool, answering the fleet on
 //! 127.0.0.2-4) and two front doors, driven by the real OpenSSH tools.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -263,10 +264,13 @@ fn strip_ansi(text: &str) -> String {
 
 /// Gives node `node` (1-based) the debian image the suite's own daemon
 /// built, as a node will fetch images: `btrfs send | btrfs receive` of the
-/// read-only subvolume (seconds, where debootstrap takes minutes).
+/// read-only subvolume (seconds, where debootstrap takes minutes); once.
 fn copy_debian_image(env: &Env, fleet: &Fleet, node: usize) {
     let from = env.daemon.state_dir.join("pool/images/debian");
     let to = fleet.nodes[node - 1].state_dir.join("pool/images");
+    if to.join("debian").exists() {
+        return;
+    }
     let status = Command::new("sh")
         .arg("-c")
         .arg(format!("btrfs send -q {} | btrfs receive -q {}", from.display(), to.display()))
@@ -397,6 +401,68 @@ pub fn cordoned_nodes_take_no_new_boxes(env: &Env, fleet: &mut Fleet) {
     assert_eq!(state("n1"), "live");
     fleet.alice(env, 0, None, &["new", "c9", "--image", "busybox", "--node", "n1"]).ok();
     for name in ["c0", "c1", "c2", "c9"] {
+        fleet.alice(env, 0, None, &["rm", name]).ok();
+    }
+}
+
+/// Ask mode across the fleet: questions from boxes on two nodes reach their
+/// owner's one `ask` through a front door, under numbers no two nodes share,
+/// and each answer, given through either front door, reaches the node that
+/// holds its question.
+pub fn questions_from_every_node_reach_one_ask(env: &Env, fleet: &mut Fleet) {
+    // (curl: busybox's static wget cannot look a name up.)
+    copy_debian_image(env, fleet, 1);
+    copy_debian_image(env, fleet, 3);
+    fleet.new_box(env, 0, "qa1", 1, &["--ask"]);
+    fleet.new_box(env, 1, "qa3", 3, &["--ask"]);
+    let mut watch = ssh_to(fleet.fronts[0].port, &env.alice, None, &[], &["ask"]);
+    let watch_err = env.dir.join("fleet/ask.err");
+    let err_file = std::fs::File::create(&watch_err).unwrap();
+    let mut watch = watch.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(err_file).spawn().unwrap();
+    let mut answers = watch.stdin.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let dial = |name: &str, f: usize| {
+        let mut cmd =
+            ssh_to(fleet.fronts[f].port, &env.alice, Some(name), &[], &["curl -sS -m 40 http://web.test/asked"]);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    let (on_n1, on_n3) = (dial("qa1", 0), dial("qa3", 1));
+    // "TIME ? ID  box NAME wants HOST:PORT": both boxes' questions, by number.
+    let mut asked = std::collections::HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while asked.len() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines.recv_timeout(left).unwrap_or_else(|_| {
+            let err = std::fs::read_to_string(&watch_err).unwrap_or_default();
+            panic!("ask showed {asked:?} only; it said: {err}")
+        });
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if let Some(at) = words.iter().position(|w| *w == "?") {
+            let (id, name) = (words[at + 1].to_string(), words[at + 3].to_string());
+            assert!(line.contains("wants web.test"), "{line}");
+            asked.insert(name, id);
+        }
+    }
+    assert_ne!(asked["qa1"], asked["qa3"], "two nodes numbered their questions alike");
+    writeln!(answers, "{} once", asked["qa1"]).unwrap();
+    let denied = fleet.alice(env, 1, None, &["ask", &asked["qa3"], "deny"]).ok();
+    assert!(denied.stdout.contains("is refused it"), "{}", denied.stdout);
+    let again = fleet.alice(env, 1, None, &["ask", &asked["qa3"], "deny"]);
+    assert_eq!(again.status, Some(1));
+    assert!(again.stderr.contains("no open question"), "{}", again.stderr);
+    let body = |child: Child| String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout).into_owned();
+    assert_eq!(body(on_n1), "GET /asked host=web.test body=0\n");
+    assert_eq!(body(on_n3), "", "the denied box reached the name");
+    drop(answers);
+    let _ = watch.kill();
+    let _ = watch.wait();
+    for name in ["qa1", "qa3"] {
         fleet.alice(env, 0, None, &["rm", name]).ok();
     }
 }

@@ -205,6 +205,7 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
     ),
     ("fleet_fifty_news_fill_the_nodes_exactly", fleet::fifty_news_fill_the_nodes_exactly),
     ("fleet_cordoned_nodes_take_no_new_boxes", fleet::cordoned_nodes_take_no_new_boxes),
+    ("fleet_questions_from_every_node_reach_one_ask", fleet::questions_from_every_node_reach_one_ask),
     ("fleet_a_store_outage_spares_running_sessions", fleet::a_store_outage_spares_running_sessions),
     ("fleet_a_killed_node_is_lost_and_the_rest_answer", fleet::a_killed_node_is_lost_and_the_rest_answer),
     ("fleet_a_box_moves_to_another_node_with_its_files", moves::a_box_moves_to_another_node_with_its_files),
