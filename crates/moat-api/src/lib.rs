@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod proto;
+pub mod route;
 pub mod server;
 pub mod wire;
 

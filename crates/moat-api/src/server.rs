@@ -441,20 +441,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// nothing. A store that cannot be read is an error (the front door tells
 /// it): never a route to the control plane for a box's command.
 fn route(m: &BoxManager, account: &AccountId, name: &moat_core::Name) -> Result<Route, ManagerError> {
-    match m.get(account, name) {
-        Ok(_) => return Ok(Route::Box),
-        Err(ManagerError::NoSuchBox(_)) => {}
-        Err(e) => return Err(e),
-    }
-    let boxes = m.list(account)?;
-    let near = moat_core::near::closest(name.as_str(), boxes.iter().map(|b| b.name.as_str()));
-    if let Some(b) = near.and_then(|n| boxes.iter().find(|b| b.name.as_str() == n)) {
-        return Ok(Route::Near(b.name.clone()));
-    }
-    if m.was_box(account, name)? {
-        return Ok(Route::Gone);
-    }
-    Ok(Route::None)
+    let boxes: Vec<moat_core::Name> = m.list(account)?.into_iter().map(|b| b.name).collect();
+    crate::route::route(name, &boxes, || m.was_box(account, name))
 }
 
 /// The nodes among `boxes`' whose lease lapsed (read only in a fleet, and

@@ -159,13 +159,24 @@ impl<S: FleetStore> Router<S> {
         answer
     }
 
-    /// The route of a user name that is one of the account's boxes, which
-    /// the store says (a node would answer the same from it): every login to a
-    /// box asks it first, and this saves that login a hop to a node.
+    /// The route of a user name, which the store says (a node answers the
+    /// same from it, by the same rule): every login asks it first (every
+    /// control command too, under a name that is no box), and this saves
+    /// each a hop to a node. `None`: a node is to answer.
     async fn known_box(&self, account: &AccountId, op: &Op) -> Option<Reply> {
         let Op::Route { name, owner: None } = op else { return None };
-        let place = self.place(account, name).await.ok()??;
-        Some(Reply::Route(moat_api::Route::Box)).filter(|_| !place.node.is_empty())
+        if let Some(place) = self.place(account, name).await.ok()? {
+            return Some(Reply::Route(moat_api::Route::Box)).filter(|_| !place.node.is_empty());
+        }
+        let (account, asked) = (account.clone(), name.clone());
+        let route = self
+            .ask(move |s| {
+                let boxes = s.box_names(&account)?;
+                moat_api::route::route(&asked, &boxes, || s.was_box(&account, &asked))
+            })
+            .await
+            .ok()?;
+        Some(Reply::Route(route))
     }
 
     fn forget(&self, account: &AccountId, name: &Name) {
@@ -255,10 +266,26 @@ impl<S: FleetStore> Router<S> {
     }
 
     /// A new box: on the node `new --node` named, else the nodes with the
-    /// most room first, the next when one is full.
+    /// most room first, the next when one is full. The nodes' room is first
+    /// taken as last read (a second old at most: each node's own transaction
+    /// decides, and a full one declines), and read again only if that finds
+    /// no node, so a `new` usually costs the store nothing here.
     async fn create(&self, conn: &Packets, request: &[u8], asked: Option<&str>) -> Result<(), RouteError> {
+        match self.create_with(conn, request, asked, false).await {
+            Err(RouteError::NoRoom(_)) => self.create_with(conn, request, asked, true).await,
+            done => done,
+        }
+    }
+
+    async fn create_with(
+        &self,
+        conn: &Packets,
+        request: &[u8],
+        asked: Option<&str>,
+        fresh: bool,
+    ) -> Result<(), RouteError> {
         let now = now_ms();
-        let nodes = self.nodes(true).await?;
+        let nodes = self.nodes(fresh).await?;
         if let Some(asked) = asked.filter(|a| !nodes.iter().any(|n| n.name == *a)) {
             return Err(RouteError::NoRoom(format!("no node named {asked} in the fleet (see: moat nodes)")));
         }

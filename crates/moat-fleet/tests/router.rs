@@ -51,6 +51,14 @@ impl FleetStore for Store {
         self.up()?;
         Ok(self.places.lock().unwrap().get(name).cloned())
     }
+    fn box_names(&self, _: &AccountId) -> Result<Vec<Name>, StoreFailure> {
+        self.up()?;
+        Ok(self.places.lock().unwrap().keys().cloned().collect())
+    }
+    fn was_box(&self, _: &AccountId, name: &Name) -> Result<bool, StoreFailure> {
+        self.up()?;
+        Ok(name.as_str() == "gone")
+    }
     fn nodes(&self) -> Result<Vec<NodeState>, StoreFailure> {
         self.up()?;
         Ok(self.nodes.lock().unwrap().clone())
@@ -234,6 +242,13 @@ async fn requests_reach_the_node_that_should_answer() {
         assert_eq!(f.answered_by(&act(Op::Get { name: name("web") })).await.unwrap(), "n2");
         assert_eq!(f.answered_by(&act(Op::Get { name: name("db") })).await.unwrap(), "n1");
     }
+    // What a user name is comes from the store, with no hop to a node
+    // (a stand-in node would answer with its name).
+    let route = |n: &str| act(Op::Route { name: name(n), owner: None });
+    assert_eq!(f.client.call(&route("web")).await.unwrap(), Reply::Route(moat_api::Route::Box));
+    assert_eq!(f.client.call(&route("webb")).await.unwrap(), Reply::Route(moat_api::Route::Near(name("web"))));
+    assert_eq!(f.client.call(&route("gone")).await.unwrap(), Reply::Route(moat_api::Route::Gone));
+    assert_eq!(f.client.call(&route("root")).await.unwrap(), Reply::Route(moat_api::Route::None));
     // Account-wide requests go to either live node, in turn.
     let mut seen = HashSet::new();
     for _ in 0..4 {
@@ -254,9 +269,12 @@ async fn a_new_box_goes_to_the_node_with_room_and_past_a_full_one() {
     *f.cores[1].full.lock().unwrap() = true;
     let none = f.client.call(&create("c")).await.unwrap_err();
     assert_eq!(none.message, "no node can take a new box now (n1: node n1 is full (c); n2: node n2 is full (c))");
-    // A cordoned node is not asked.
+    // A cordoned node is not asked, once the router's view of the nodes
+    // (a second old at most) has it cordoned; until then the node's own
+    // refusal is what turns a new box away.
     *f.cores[1].full.lock().unwrap() = false;
     f.store.nodes.lock().unwrap()[1].cordoned = true;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(f.client.call(&create("d")).await.unwrap_err().message.starts_with("no node can take a new box now"));
 }
 
