@@ -120,13 +120,18 @@ impl<S: FleetStore> Router<S> {
         Ok(nodes)
     }
 
-    async fn place(&self, account: &AccountId, name: &Name) -> Result<Option<Place>, StoreFailure> {
+    /// Where a box lives, if it was looked up lately.
+    fn cached_place(&self, account: &AccountId, name: &Name) -> Option<Place> {
         let key = (account.clone(), name.clone());
-        if let Some((at, place)) = self.places.lock().ok().and_then(|p| p.get(&key).cloned()) {
-            if at.elapsed() < PLACE_FRESH {
-                return Ok(Some(place));
-            }
+        let (at, place) = self.places.lock().ok()?.get(&key).cloned()?;
+        Some(place).filter(|_| at.elapsed() < PLACE_FRESH)
+    }
+
+    async fn place(&self, account: &AccountId, name: &Name) -> Result<Option<Place>, StoreFailure> {
+        if let Some(place) = self.cached_place(account, name) {
+            return Ok(Some(place));
         }
+        let key = (account.clone(), name.clone());
         let (account, asked) = key.clone();
         let place = self.ask(move |s| s.place(&account, &asked)).await?;
         if let (Some(place), Ok(mut places)) = (&place, self.places.lock()) {
@@ -165,17 +170,17 @@ impl<S: FleetStore> Router<S> {
     /// each a hop to a node. `None`: a node is to answer.
     async fn known_box(&self, account: &AccountId, op: &Op) -> Option<Reply> {
         let Op::Route { name, owner: None } = op else { return None };
-        if let Some(place) = self.place(account, name).await.ok()? {
-            return Some(Reply::Route(moat_api::Route::Box)).filter(|_| !place.node.is_empty());
+        let boxed = |node: &str| Some(Reply::Route(moat_api::Route::Box)).filter(|_| !node.is_empty());
+        if let Some(place) = self.cached_place(account, name) {
+            return boxed(&place.node);
         }
-        let (account, asked) = (account.clone(), name.clone());
-        let route = self
-            .ask(move |s| {
-                let boxes = s.box_names(&account)?;
-                moat_api::route::route(&asked, &boxes, || s.was_box(&account, &asked))
-            })
-            .await
-            .ok()?;
+        let (who, asked) = (account.clone(), name.clone());
+        let (boxes, retired) = self.ask(move |s| s.login_names(&who, &asked)).await.ok()?;
+        if let Some((_, node)) = boxes.iter().find(|(b, _)| b == name) {
+            return boxed(node);
+        }
+        let boxes: Vec<Name> = boxes.into_iter().map(|(b, _)| b).collect();
+        let route = moat_api::route::route(name, &boxes, || Ok::<_, StoreFailure>(retired)).ok()?;
         Some(Reply::Route(route))
     }
 

@@ -68,11 +68,10 @@ pub trait FleetStore: Send + Sync + 'static {
     fn account_for_key(&self, key: &str) -> Result<Option<AccountId>, StoreFailure>;
     /// Where `account`'s box `name` lives, if it exists.
     fn place(&self, account: &AccountId, name: &Name) -> Result<Option<Place>, StoreFailure>;
-    /// The names of `account`'s boxes.
-    fn box_names(&self, account: &AccountId) -> Result<Vec<Name>, StoreFailure>;
-    /// Whether `name` was one of `account`'s boxes (removed, or renamed by
-    /// promote) and is none now.
-    fn was_box(&self, account: &AccountId, name: &Name) -> Result<bool, StoreFailure>;
+    /// What a login under `name` needs, in one call: `account`'s boxes
+    /// (name, node), and whether `name` was one of them (removed, or renamed
+    /// by promote).
+    fn login_names(&self, account: &AccountId, name: &Name) -> Result<(Vec<(Name, String)>, bool), StoreFailure>;
     /// Every node.
     fn nodes(&self) -> Result<Vec<NodeState>, StoreFailure>;
     /// The member whose certificate has `serial`, unless revoked.
@@ -110,12 +109,8 @@ impl FleetStore for moat_core::Store {
         Ok(self.get(account, name)?.map(|b| Place { node: b.node, epoch: b.epoch }))
     }
 
-    fn box_names(&self, account: &AccountId) -> Result<Vec<Name>, StoreFailure> {
-        Ok(self.list(Some(account))?.into_iter().map(|b| b.name).collect())
-    }
-
-    fn was_box(&self, account: &AccountId, name: &Name) -> Result<bool, StoreFailure> {
-        Ok(self.is_retired(account, name)? && self.get(account, name)?.is_none())
+    fn login_names(&self, account: &AccountId, name: &Name) -> Result<(Vec<(Name, String)>, bool), StoreFailure> {
+        Ok(moat_core::Store::login_names(self, account, name)?)
     }
 
     fn nodes(&self) -> Result<Vec<NodeState>, StoreFailure> {

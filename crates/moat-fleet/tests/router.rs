@@ -51,13 +51,10 @@ impl FleetStore for Store {
         self.up()?;
         Ok(self.places.lock().unwrap().get(name).cloned())
     }
-    fn box_names(&self, _: &AccountId) -> Result<Vec<Name>, StoreFailure> {
+    fn login_names(&self, _: &AccountId, name: &Name) -> Result<(Vec<(Name, String)>, bool), StoreFailure> {
         self.up()?;
-        Ok(self.places.lock().unwrap().keys().cloned().collect())
-    }
-    fn was_box(&self, _: &AccountId, name: &Name) -> Result<bool, StoreFailure> {
-        self.up()?;
-        Ok(name.as_str() == "gone")
+        let places = self.places.lock().unwrap();
+        Ok((places.iter().map(|(n, p)| (n.clone(), p.node.clone())).collect(), name.as_str() == "gone"))
     }
     fn nodes(&self) -> Result<Vec<NodeState>, StoreFailure> {
         self.up()?;

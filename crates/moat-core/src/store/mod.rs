@@ -447,6 +447,24 @@ impl Store {
         Ok(())
     }
 
+    /// What a login under `name` asks of the store, in one query: the
+    /// account's boxes (name, node) and whether `name` is a retired one.
+    pub fn login_names(&self, account: &AccountId, name: &Name) -> Result<(Vec<(Name, String)>, bool), StoreError> {
+        let sql = "SELECT name, node, 'box' FROM boxes WHERE account = ?1 \
+                   UNION ALL SELECT name, '', 'retired' FROM retired_names WHERE account = ?1 AND name = ?2";
+        let (mut boxes, mut retired) = (Vec::new(), false);
+        for row in self.query(sql, &args![&account.0, name.as_str()])? {
+            if row.get::<String>(2)? == "retired" {
+                retired = true;
+                continue;
+            }
+            let found = row.get::<String>(0)?;
+            let found = Name::new(&found).map_err(|_| StoreError::Corrupt(found))?;
+            boxes.push((found, row.get::<String>(1)?));
+        }
+        Ok((boxes, retired))
+    }
+
     /// Whether the account's box `name` once existed (it may exist again).
     pub fn is_retired(&self, account: &AccountId, name: &Name) -> Result<bool, StoreError> {
         let sql = "SELECT 1 FROM retired_names WHERE account = ?1 AND name = ?2";
@@ -630,6 +648,13 @@ mod tests {
         assert_eq!(store.get(&a, &names("web")).unwrap().unwrap().parent_name, Some(names("web-prev")));
         assert!(store.is_retired(&a, &names("web-try")).unwrap(), "the promoted child's old name is retired");
         assert!(!store.is_retired(&AccountId("b".into()), &names("web-try")).unwrap(), "per account");
+        // What a login asks, in one query: the boxes and their node, and the name's past.
+        let (mut boxes, retired) = store.login_names(&a, &names("web-try")).unwrap();
+        boxes.sort();
+        assert_eq!(boxes, [(names("web"), String::new()), (names("web-prev"), String::new())]);
+        assert!(retired);
+        assert!(!store.login_names(&a, &names("web")).unwrap().1);
+        assert_eq!(store.login_names(&AccountId("b".into()), &names("web-try")).unwrap(), (Vec::new(), false));
         // A second promote onto an existing name is refused and changes nothing.
         let other = store.insert_dup(&prev, &names("other"), 3).unwrap();
         assert!(matches!(store.promote(&other, &prev, &names("web")), Err(StoreError::NameTaken(_))));
