@@ -35,6 +35,9 @@ use crate::store::{FleetStore, NodeState, Place, StoreFailure};
 const PLACE_FRESH: Duration = Duration::from_secs(10);
 /// How long the list of nodes and their leases is believed.
 const NODES_FRESH: Duration = Duration::from_secs(1);
+/// How long a key's account is believed without asking the store: a key
+/// removed from the fleet stops logging in within this.
+const KEY_FRESH: Duration = Duration::from_secs(2);
 
 /// Routes a front door's requests to the fleet's nodes.
 pub struct Router<S> {
@@ -42,9 +45,11 @@ pub struct Router<S> {
     dialer: Dialer,
     places: Mutex<HashMap<(AccountId, Name), (Instant, Place)>>,
     nodes: Mutex<Option<(Instant, Arc<Vec<NodeState>>)>>,
-    /// The accounts of keys that logged in, for when the store is away (only
-    /// keys that are accounts: the front door asks about any key a client shows).
-    accounts: Mutex<HashMap<String, AccountId>>,
+    /// The accounts of keys that logged in, and when the store said so: for
+    /// a login's second question (a client asks about its key, then signs)
+    /// and the next few, and for when the store is away (only keys that are
+    /// accounts: the front door asks about any key a client shows).
+    accounts: Mutex<HashMap<String, (Instant, AccountId)>>,
     turn: AtomicUsize,
 }
 
@@ -143,21 +148,25 @@ impl<S: FleetStore> Router<S> {
     /// The account of `key`; when the store is away, the one it last had,
     /// so that its user logs in and hears from its requests what is wrong.
     async fn authorize(&self, key: String) -> Result<Option<AccountId>, StoreFailure> {
+        let known = self.accounts.lock().ok().and_then(|a| a.get(&key).cloned());
+        if let Some((_, account)) = known.as_ref().filter(|(at, _)| at.elapsed() < KEY_FRESH) {
+            return Ok(Some(account.clone()));
+        }
         let asked = key.clone();
         let answer = self.ask(move |s| s.account_for_key(&asked)).await;
         let Ok(mut accounts) = self.accounts.lock() else { return answer };
         match &answer {
             Ok(Some(account)) => {
-                accounts.insert(key, account.clone());
+                accounts.insert(key, (Instant::now(), account.clone()));
             }
             Ok(None) => {
                 accounts.remove(&key);
             }
             Err(e) => {
-                if let Some(account) = accounts.get(&key) {
+                if let Some((_, account)) = known {
                     // (Not a warning: every login while the store is away would log one.)
                     tracing::debug!(error = %e, "the store is away: a key is taken for the account it last was");
-                    return Ok(Some(account.clone()));
+                    return Ok(Some(account));
                 }
             }
         }

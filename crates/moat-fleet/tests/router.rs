@@ -26,7 +26,7 @@ use moat_fleet::tls::Identity;
 /// The store in memory; `down` makes every call fail as an outage does.
 #[derive(Default)]
 struct Store {
-    keys: HashMap<String, AccountId>,
+    keys: Mutex<HashMap<String, AccountId>>,
     places: Mutex<HashMap<Name, Place>>,
     nodes: Mutex<Vec<NodeState>>,
     members: Mutex<HashMap<String, Member>>,
@@ -45,7 +45,7 @@ impl Store {
 impl FleetStore for Store {
     fn account_for_key(&self, key: &str) -> Result<Option<AccountId>, StoreFailure> {
         self.up()?;
-        Ok(self.keys.get(key).cloned())
+        Ok(self.keys.lock().unwrap().get(key).cloned())
     }
     fn place(&self, _: &AccountId, name: &Name) -> Result<Option<Place>, StoreFailure> {
         self.up()?;
@@ -155,8 +155,8 @@ fn node_state(name: &str, address: String, free_memory: u64) -> NodeState {
 
 async fn fleet() -> Fleet {
     let ca = Ca::mint().unwrap();
-    let mut store = Store::default();
-    store.keys.insert("ssh-ed25519 AAAA".into(), AccountId("SHA256:ok".into()));
+    let store = Store::default();
+    store.keys.lock().unwrap().insert("ssh-ed25519 AAAA".into(), AccountId("SHA256:ok".into()));
     let store = Arc::new(store);
     let front = ca.issue(Role::Front, "f1").unwrap();
     store.members.lock().unwrap().insert(front.serial.clone(), Member { name: "f1".into(), role: Role::Front });
@@ -388,4 +388,17 @@ async fn questions_are_gathered_from_every_node_and_answers_find_theirs() {
     let none = f.client.call(&act(Op::Answer { id: 2, answer: egress::Answer::Deny })).await.unwrap_err();
     assert_eq!(none.message, "no open question 2 (answered already, or lapsed)");
     assert_eq!(f.cores[1].questions.lock().unwrap().iter().map(|q| q.id).collect::<Vec<_>>(), [1]);
+}
+
+/// A key's account is believed for two seconds (a login asks twice), so a
+/// key removed from the fleet stops logging in within them.
+#[tokio::test]
+async fn a_removed_key_stops_logging_in_within_two_seconds() {
+    let f = fleet().await;
+    let ok = Some(AccountId("SHA256:ok".into()));
+    assert_eq!(f.client.authorize("ssh-ed25519 AAAA").await.unwrap(), ok);
+    f.store.keys.lock().unwrap().clear();
+    assert_eq!(f.client.authorize("ssh-ed25519 AAAA").await.unwrap(), ok, "believed for a moment");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(f.client.authorize("ssh-ed25519 AAAA").await.unwrap(), None);
 }
