@@ -24,7 +24,7 @@ impl BoxManager {
         if self.db(|s| s.get(account, dst))?.is_some() {
             return Err(StoreError::NameTaken(dst.clone()).into());
         }
-        let (src, _guard) = self.locked(account, &src.name).await?;
+        let (src, guard) = self.locked(account, &src.name).await?;
         let rec = self.db(|s| s.insert_dup(&src, dst, now()))?;
         // The copy's secrets get placeholders of its own, written over the
         // parent's before it boots.
@@ -35,10 +35,19 @@ impl BoxManager {
                 return Err(e);
             }
         };
-        let s = src.clone();
+        // The parent is held only while it is copied; the copy boots with the
+        // parent free, so that copies of one box (a race's) boot at once.
+        let (s, d) = (src.clone(), rec.clone());
+        let copied = match self.blocking(move |b| b.dup(&s, &d)).await.and_then(|c| Ok(c?)) {
+            Ok(copied) => copied,
+            Err(e) => {
+                self.db(|s| s.delete(&rec.id))?;
+                return Err(e);
+            }
+        };
+        drop(guard);
         let rec = self
             .finish_new(rec, move |b, d| {
-                let copied = b.dup(&s, d)?;
                 b.set_environment(d, &vars)
                     .and_then(|()| match copied {
                         Copied::Files => b.start(d).map(Some),

@@ -40,32 +40,71 @@ enum RunEvent {
 struct Copies {
     api: ApiClient,
     account: AccountId,
-    names: Vec<Name>,
+    /// The box they are copies of.
+    parent: Name,
+    /// Each copy's name, and its id once its dup has answered (`None`: asked
+    /// for, and the race abandoned before the answer).
+    names: Vec<(Name, Option<String>)>,
     /// Stay when this is dropped.
     kept: Vec<Name>,
 }
 
 impl Drop for Copies {
     fn drop(&mut self) {
-        let gone: Vec<Name> = self.names.iter().filter(|n| !self.kept.contains(n)).cloned().collect();
+        let gone: Vec<(Name, Option<String>)> =
+            self.names.iter().filter(|(n, _)| !self.kept.contains(n)).cloned().collect();
         if gone.is_empty() {
             return;
         }
-        let (api, account) = (self.api.clone(), self.account.clone());
+        let (api, account, parent) = (self.api.clone(), self.account.clone(), self.parent.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                for name in gone {
-                    let _ = api.call(&Request::Act { account: account.clone(), op: Op::Remove { name } }).await;
+                for (name, id) in gone {
+                    remove(&api, &account, name, id.as_deref(), &parent).await;
                 }
             });
         }
     }
 }
 
-/// Ends a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Removes copy `name`: the box of id `id`, or, where its dup never
+/// answered, a copy of `parent` once it is made (a few seconds at most):
+/// never a box that took the name meanwhile.
+async fn remove(api: &ApiClient, account: &AccountId, name: Name, id: Option<&str>, parent: &Name) {
+    for _ in 0..40 {
+        let ours = match call(api, account, Op::Get { name: name.clone() }).await {
+            Ok(Reply::Box(b)) if b.state == "creating" && id.is_none() => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            }
+            Ok(Reply::Box(b)) => match id {
+                Some(id) => b.id == id,
+                None => b.parent.as_ref() == Some(parent),
+            },
+            Ok(_) | Err(_) => false,
+        };
+        if ours {
+            let _ = call(api, account, Op::Remove { name }).await;
+        }
+        return;
+    }
+}
 
-impl Drop for AbortOnDrop {
+/// Ends a task when dropped.
+struct AbortOnDrop<T = ()>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    fn new(task: tokio::task::JoinHandle<T>) -> Self {
+        Self(task)
+    }
+
+    /// Its outcome (`None`: it failed).
+    async fn join(mut self) -> Option<T> {
+        (&mut self.0).await.ok()
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -88,10 +127,44 @@ pub async fn race(
 ) -> Result<(), ApiError> {
     let names: Vec<Name> = (1..=spec.copies).map(|i| spec.copy_name(i).map_err(refused)).collect::<Result<_, _>>()?;
     fits(&spec, &names, account, api).await?;
-    let mut copies = Copies { api: api.clone(), account: account.clone(), names: Vec::new(), kept: Vec::new() };
+    // Every copy is asked for at once (the parent is held only while each is
+    // copied, and the copies boot side by side). Each is the race's to remove
+    // until its dup says it failed (then the name may be another box's): one
+    // whose dup is cut short by the client going away may still be made.
+    let mut copies = Copies {
+        api: api.clone(),
+        account: account.clone(),
+        parent: spec.name.clone(),
+        names: names.iter().map(|n| (n.clone(), None)).collect(),
+        kept: Vec::new(),
+    };
+    let mut dups = tokio::task::JoinSet::new();
     for name in &names {
-        call(api, account, Op::Dup { src: spec.name.clone(), dst: name.clone() }).await?;
-        copies.names.push(name.clone());
+        let (api, account, name) = (api.clone(), account.clone(), name.clone());
+        let op = Op::Dup { src: spec.name.clone(), dst: name.clone() };
+        dups.spawn(async move { (name, call(&api, &account, op).await) });
+    }
+    let mut failed = None;
+    while let Some(done) = dups.join_next().await {
+        match done {
+            Ok((name, Ok(made))) => {
+                let id = match made {
+                    Reply::Box(b) => Some(b.id),
+                    _ => None,
+                };
+                copies.names.iter_mut().filter(|(n, _)| *n == name).for_each(|(_, known)| *known = id.clone());
+            }
+            Ok((name, Err(e))) => {
+                copies.names.retain(|(n, _)| *n != name);
+                failed.get_or_insert(e);
+            }
+            Err(e) => {
+                failed.get_or_insert(refused(format!("internal error: {e}")));
+            }
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
     }
     let (tx, mut rx) = mpsc::channel::<RunEvent>(256);
     let _runs: Vec<AbortOnDrop> = names
@@ -143,14 +216,27 @@ pub async fn race(
             return Ok(());
         }
     }
+    // What each copy changed and did, asked of all at once (the core takes
+    // diffs a few at a time).
+    let tallies: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let (api, account, parent, name) = (api.clone(), account.clone(), spec.name.clone(), name.clone());
+            tokio::spawn(async move {
+                let files = files_changed(&api, &account, &parent, &name).await.ok();
+                let effects = match call(&api, &account, Op::Effects { name, since: Since::Start }).await {
+                    Ok(Reply::Effects(list)) => Some(list.len()),
+                    _ => None,
+                };
+                (files, effects)
+            })
+        })
+        .map(AbortOnDrop::new)
+        .collect();
     let mut rows = Vec::new();
-    for (copy, name) in names.iter().enumerate() {
+    for (copy, (name, tally)) in names.iter().zip(tallies).enumerate() {
         let finish = finished.get(copy).cloned().flatten();
-        let files = files_changed(api, account, &spec.name, name).await.ok();
-        let effects = match call(api, account, Op::Effects { name: name.clone(), since: Since::Start }).await {
-            Ok(Reply::Effects(list)) => Some(list.len()),
-            _ => None,
-        };
+        let (files, effects) = tally.join().await.unwrap_or((None, None));
         rows.push(Row { name: name.clone(), finish, files, effects, kept: false });
     }
     let winner = match &spec.keep {
@@ -174,7 +260,7 @@ pub async fn race(
     };
     let mut note = String::new();
     match (&spec.keep, winner) {
-        (Keep::All, _) => copies.kept = copies.names.clone(),
+        (Keep::All, _) => copies.kept = names.clone(),
         (_, Some(copy)) => {
             if let (Some(name), Some(row)) = (names.get(copy), rows.get_mut(copy)) {
                 row.kept = true;
