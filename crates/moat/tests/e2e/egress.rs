@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::fixture::{run, unique, Daemon};
+use crate::fixture::{run, spawn_with_lines, unique, Daemon};
 use crate::Env;
 
 /// Runs `script` with bash in box `name`; returns (exit status, stdout).
@@ -442,16 +442,7 @@ pub fn ask_mode_puts_names_to_the_owner(env: &Env) {
     assert!(env.alice(None, &["policy", &name]).ok().stdout.contains("ask mode"));
     // The owner watches from a session of their own, answering on stdin.
     let mut watch = env.daemon.ssh(&env.alice, None, &["ask"]);
-    watch.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut watch = watch.spawn().unwrap();
-    let mut answers = watch.stdin.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    let out = watch.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut watch, mut answers, lines) = spawn_with_lines(watch.stderr(Stdio::piped()));
     let next_line = |want: &str| -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -306,3 +306,19 @@ pub fn unique(prefix: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed))
 }
+
+/// Starts `cmd` with its stdin piped (for writing to, as an `ask` session's
+/// answers) and its stdout read a line at a time as it comes (stderr as the
+/// caller set it).
+pub fn spawn_with_lines(cmd: &mut Command) -> (Child, std::process::ChildStdin, std::sync::mpsc::Receiver<String>) {
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn");
+    let stdin = child.stdin.take().expect("stdin");
+    let out = child.stdout.take().expect("stdout");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(BufReader::new(out)).map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, stdin, lines)
+}

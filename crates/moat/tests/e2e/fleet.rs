@@ -2,13 +2,13 @@
 //! `moat serve` with its own state dir and pool, answering the fleet on
 //! 127.0.0.2-4) and two front doors, driven by the real OpenSSH tools.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::clients::python_client_at;
-use crate::fixture::{listening_port, moat_bin, run, ssh_opts, ssh_to, Daemon, Key, Ran};
+use crate::fixture::{listening_port, moat_bin, run, spawn_with_lines, ssh_opts, ssh_to, Daemon, Key, Ran};
 use crate::forward::{curl, free_port, Tunnel};
 use crate::Env;
 
@@ -418,15 +418,7 @@ pub fn questions_from_every_node_reach_one_ask(env: &Env, fleet: &mut Fleet) {
     let mut watch = ssh_to(fleet.fronts[0].port, &env.alice, None, &[], &["ask"]);
     let watch_err = env.dir.join("fleet/ask.err");
     let err_file = std::fs::File::create(&watch_err).unwrap();
-    let mut watch = watch.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(err_file).spawn().unwrap();
-    let mut answers = watch.stdin.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    let out = watch.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut watch, mut answers, lines) = spawn_with_lines(watch.stderr(err_file));
     let dial = |name: &str, f: usize| {
         let mut cmd =
             ssh_to(fleet.fronts[f].port, &env.alice, Some(name), &[], &["curl -sS -m 40 http://web.test/asked"]);
