@@ -9,6 +9,9 @@ use moat_api::Packets;
 use moat_core::egress::Question;
 use tokio::sync::mpsc;
 
+/// How long a node has to take or decline an answer.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 use crate::dial::Forwarded;
 use crate::router::{RouteError, Router};
 use crate::store::FleetStore;
@@ -77,17 +80,29 @@ impl<S: FleetStore> Router<S> {
     }
 
     /// An answer to question `id`: to each live node in turn, until the one
-    /// that holds it takes it (the others decline it as not theirs).
+    /// that holds it takes it (the others decline it as not theirs). A node
+    /// that cannot be reached or does not answer within [`ANSWER_WAIT`] is
+    /// passed over, and named if no other node takes the answer.
     pub(crate) async fn answer_question(&self, conn: &Packets, request: &[u8], id: u64) -> Result<(), RouteError> {
+        let mut unanswered = None;
         for node in self.live().await? {
-            let Ok(link) = self.dial(&node).await else { continue };
-            match link.forward(conn, request, |e| e.status == ELSEWHERE).await {
+            let forwarded = match self.dial(&node).await {
+                Ok(link) => tokio::time::timeout(ANSWER_WAIT, link.forward(conn, request, |e| e.status == ELSEWHERE))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(std::io::Error::other(format!("no answer within {} s", ANSWER_WAIT.as_secs())))
+                    }),
+                Err(why) => Err(std::io::Error::other(why)),
+            };
+            match forwarded {
                 Ok(Forwarded::Answered) => return Ok(()),
                 Ok(Forwarded::Declined(_)) => {}
-                Err(e) => return Err(RouteError::Failed { node: node.name, why: e.to_string() }),
+                Err(e) => {
+                    unanswered.get_or_insert(RouteError::Failed { node: node.name, why: e.to_string() });
+                }
             }
         }
-        Err(RouteError::NoQuestion(id))
+        Err(unanswered.unwrap_or(RouteError::NoQuestion(id)))
     }
 }
 

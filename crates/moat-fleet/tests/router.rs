@@ -75,6 +75,8 @@ struct Core {
     full: Mutex<bool>,
     /// Its boxes' open questions (ask mode).
     questions: Mutex<Vec<Question>>,
+    /// Never answers an answer (a node hung, its lease still live).
+    hangs: Mutex<bool>,
 }
 
 impl Core {
@@ -111,6 +113,7 @@ impl Answer for Core {
                 self.send_questions(&conn, follow).await?;
                 Ok(Reply::Done)
             }
+            Op::Answer { .. } if *self.hangs.lock().unwrap() => std::future::pending().await,
             Op::Answer { id, .. } => {
                 let mut open = self.questions.lock().unwrap();
                 match open.iter().position(|q| q.id == id) {
@@ -171,6 +174,7 @@ async fn fleet() -> Fleet {
             boxes: Mutex::default(),
             full: Mutex::new(false),
             questions: Mutex::default(),
+            hangs: Mutex::new(false),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         store.nodes.lock().unwrap().push(node_state(name, listener.local_addr().unwrap().to_string(), memory));
@@ -388,6 +392,16 @@ async fn questions_are_gathered_from_every_node_and_answers_find_theirs() {
     let none = f.client.call(&act(Op::Answer { id: 2, answer: egress::Answer::Deny })).await.unwrap_err();
     assert_eq!(none.message, "no open question 2 (answered already, or lapsed)");
     assert_eq!(f.cores[1].questions.lock().unwrap().iter().map(|q| q.id).collect::<Vec<_>>(), [1]);
+
+    // n1 hangs with its lease live: n2's question is still answered, and a
+    // number nobody took names the node that did not answer.
+    *f.cores[0].hangs.lock().unwrap() = true;
+    match f.client.call(&act(Op::Answer { id: 1, answer: egress::Answer::Once })).await {
+        Ok(Reply::Question(q)) => assert_eq!(q.id, 1),
+        other => panic!("{other:?}"),
+    }
+    let hung = f.client.call(&act(Op::Answer { id: 9, answer: egress::Answer::Deny })).await.unwrap_err();
+    assert_eq!(hung.message, "node n1 stopped answering (no answer within 5 s)");
 }
 
 /// A key's account is believed for two seconds (a login asks twice), so a
