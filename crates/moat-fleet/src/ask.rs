@@ -9,12 +9,12 @@ use moat_api::Packets;
 use moat_core::egress::Question;
 use tokio::sync::mpsc;
 
-/// How long a node has to take or decline an answer.
-const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
 use crate::dial::Forwarded;
 use crate::router::{RouteError, Router};
 use crate::store::FleetStore;
+
+/// How long a node has to take or decline an answer.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What one node said, as it came.
 enum Heard {
