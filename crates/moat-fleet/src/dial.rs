@@ -124,6 +124,14 @@ impl Dialer {
 }
 
 impl Link {
+    /// Sends `request` (one answered by messages only) and returns the
+    /// node's events, to be read here rather than passed on as they are.
+    pub async fn request(self, request: &[u8]) -> io::Result<Events> {
+        let (reader, mut writer) = tokio::io::split(self.tls);
+        frame::write(&mut writer, Kind::Message, request).await?;
+        Ok(Events { reader, _writer: writer })
+    }
+
     /// Sends `request` (a request's bytes, as the front door sent them) and
     /// passes every event back to the front door on `conn`, until the
     /// outcome (and, for a session, the session's end) or the front door's
@@ -180,16 +188,6 @@ pub struct Events {
     reader: tokio::io::ReadHalf<TlsStream<TcpStream>>,
     /// Held so that the node sees no close before this is dropped.
     _writer: tokio::io::WriteHalf<TlsStream<TcpStream>>,
-}
-
-impl Link {
-    /// Sends `request` (one answered by messages only) and returns the
-    /// node's events, to be read here rather than passed on as they are.
-    pub async fn request(self, request: &[u8]) -> io::Result<Events> {
-        let (reader, mut writer) = tokio::io::split(self.tls);
-        frame::write(&mut writer, Kind::Message, request).await?;
-        Ok(Events { reader, _writer: writer })
-    }
 }
 
 impl Events {

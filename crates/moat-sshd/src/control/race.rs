@@ -94,10 +94,6 @@ async fn remove(api: &ApiClient, account: &AccountId, name: Name, id: Option<&st
 struct AbortOnDrop<T = ()>(tokio::task::JoinHandle<T>);
 
 impl<T> AbortOnDrop<T> {
-    fn new(task: tokio::task::JoinHandle<T>) -> Self {
-        Self(task)
-    }
-
     /// Its outcome (`None`: it failed).
     async fn join(mut self) -> Option<T> {
         (&mut self.0).await.ok()
@@ -231,7 +227,7 @@ pub async fn race(
                 (files, effects)
             })
         })
-        .map(AbortOnDrop::new)
+        .map(AbortOnDrop)
         .collect();
     let mut rows = Vec::new();
     for (copy, (name, tally)) in names.iter().zip(tallies).enumerate() {
