@@ -82,7 +82,8 @@ impl<S: FleetStore> Router<S> {
     /// An answer to question `id`: to each live node in turn, until the one
     /// that holds it takes it (the others decline it as not theirs). A node
     /// that cannot be reached or does not answer within [`ANSWER_WAIT`] is
-    /// passed over, and named if no other node takes the answer.
+    /// passed over, and named if no other node takes the answer (it may hold
+    /// the question, or not: nobody can tell).
     pub(crate) async fn answer_question(&self, conn: &Packets, request: &[u8], id: u64) -> Result<(), RouteError> {
         let mut unanswered = None;
         for node in self.live().await? {
@@ -98,7 +99,7 @@ impl<S: FleetStore> Router<S> {
                 Ok(Forwarded::Answered) => return Ok(()),
                 Ok(Forwarded::Declined(_)) => {}
                 Err(e) => {
-                    unanswered.get_or_insert(RouteError::Failed { node: node.name, why: e.to_string() });
+                    unanswered.get_or_insert(RouteError::NoQuestionHeard { id, node: node.name, why: e.to_string() });
                 }
             }
         }

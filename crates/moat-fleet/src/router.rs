@@ -76,6 +76,10 @@ pub(crate) enum RouteError {
     Unanswered(String),
     #[error("no open question {0} (answered already, or lapsed)")]
     NoQuestion(u64),
+    #[error(
+        "no open question {id} (answered already, or lapsed), unless node {node} holds it: it is not answering ({why})"
+    )]
+    NoQuestionHeard { id: u64, node: String, why: String },
     #[error("the front door went away")]
     Gone,
 }

@@ -401,7 +401,10 @@ async fn questions_are_gathered_from_every_node_and_answers_find_theirs() {
         other => panic!("{other:?}"),
     }
     let hung = f.client.call(&act(Op::Answer { id: 9, answer: egress::Answer::Deny })).await.unwrap_err();
-    assert_eq!(hung.message, "node n1 stopped answering (no answer within 5 s)");
+    assert_eq!(
+        hung.message,
+        "no open question 9 (answered already, or lapsed), unless node n1 holds it: it is not answering (no answer within 5 s)"
+    );
 }
 
 /// A key's account is believed for two seconds (a login asks twice), so a
