@@ -9,7 +9,7 @@ use moat_agent::protocol::HostMsg;
 use moat_core::backend::Progress;
 use moat_core::{
     fault, AccountId, AgentAddr, Backend, BackendError, BackendKind, BoxHandle, BoxId, BoxRecord, BoxState, ChangeSink,
-    Checkpoint, Copied, MeterReading, Name, NetAttach,
+    Checkpoint, Copied, MeterReading, Name, NetAttach, Received,
 };
 
 use crate::checkpoint::Owner;
@@ -186,15 +186,22 @@ impl Backend for HostBackend {
         travel::pack(&self.host.pool, &rec.id).map_err(|e| BackendError::new("pack the saved machine to move", e))
     }
 
-    fn received(&self, rec: &BoxRecord, received: &[u64]) -> Result<(), BackendError> {
+    fn received(&self, rec: &BoxRecord, received: &Received) -> Result<(), BackendError> {
         let machine = self.machine(rec.backend)?;
         let pool = &self.host.pool;
         let limit = rec.limits.disk + machine.disk_slack();
         let made = pool
             .set_disk_limit(&rec.id, limit)
             .and_then(|()| pool.charge_account(&rec.id, &rec.account, self.host.config.account_disk))
-            .and_then(|()| pool.charge_received(&rec.id, &rec.account, received, limit))
+            .and_then(|()| pool.charge_received(&rec.id, &rec.account, &received.subvolumes, limit))
             .map_err(|e| BackendError::new("charge the received box's disk use", e))
+            .and_then(|()| {
+                for (label, subvolume, saved_ms) in &received.checkpoints {
+                    pool.keep_received_checkpoint(&rec.id, subvolume, label, *saved_ms)
+                        .map_err(|e| BackendError::new(format!("keep checkpoint {label}"), e))?;
+                }
+                Ok(())
+            })
             .and_then(|()| {
                 // A VM box that travelled with its saved machine keeps its CA
                 // (its running guest trusts it); any other gets a new one.

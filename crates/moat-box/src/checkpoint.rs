@@ -106,6 +106,23 @@ impl Pool {
         Ok(())
     }
 
+    /// Makes `received` (a read-only subvolume received for box `id`, its
+    /// data charged to the box already) the box's checkpoint `label`, saved
+    /// at `saved_ms`.
+    pub fn keep_received_checkpoint(
+        &self,
+        id: &BoxId,
+        received: &Path,
+        label: &str,
+        saved_ms: u64,
+    ) -> Result<(), PoolError> {
+        let dir = self.checkpoints_dir(id);
+        fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+        sys::subvolume_snapshot(received, &dir, label, true).map_err(io_err("snapshot", received))?;
+        let _ = fs::write(saved_at_path(&dir, label), saved_ms.to_string());
+        Ok(())
+    }
+
     /// Deletes box `id`'s checkpoint `label`.
     pub fn delete_checkpoint(&self, id: &BoxId, label: &str) -> Result<(), PoolError> {
         let dir = self.checkpoints_dir(id);

@@ -77,6 +77,16 @@ pub struct Checkpoint {
     pub held_bytes: Option<u64>,
 }
 
+/// What a box was received as (see [`Backend::received`]).
+#[derive(Debug, Clone, Default)]
+pub struct Received {
+    /// The subvolumes received (its root is a snapshot of the newest).
+    pub subvolumes: Vec<u64>,
+    /// Its checkpoints, oldest first: each label, the received subvolume it
+    /// is to be a snapshot of, and when it was saved (ms).
+    pub checkpoints: Vec<(String, std::path::PathBuf, u64)>,
+}
+
 /// A box's cumulative counters, as the host sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MeterReading {
@@ -209,11 +219,13 @@ pub trait Backend: Send + Sync + 'static {
     /// left shared with their copies, where the backend can tell.
     fn account_disk_usage(&self, account: &AccountId) -> Option<u64>;
     /// Makes the box root just received from the object store for `rec` (a
-    /// writable snapshot of the read-only subvolumes `received`, about to be
-    /// deleted) a box of this host: its disk limit, its charges as if it had
-    /// written its data here, and a new TLS CA (the old key stayed on the
-    /// node it came from). On failure the root is deleted.
-    fn received(&self, rec: &BoxRecord, received: &[u64]) -> Result<(), BackendError> {
+    /// writable snapshot of the read-only subvolumes `received.subvolumes`,
+    /// about to be deleted) a box of this host: its disk limit, its charges
+    /// as if it had written its data here, its checkpoints (read-only
+    /// snapshots of those received for them), and a new TLS CA (the old key
+    /// stayed on the node it came from). On failure the box's files are
+    /// deleted.
+    fn received(&self, rec: &BoxRecord, received: &Received) -> Result<(), BackendError> {
         let _ = received;
         Err(BackendError::msg(format!("this host cannot take box {} from elsewhere", rec.name)))
     }

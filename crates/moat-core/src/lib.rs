@@ -23,7 +23,7 @@ pub mod web;
 
 pub use backend::{
     AgentAddr, Backend, BackendError, BackendKind, BoxHandle, Change, ChangeKind, ChangeSink, Checkpoint, Copied,
-    MeterReading, NetAttach,
+    MeterReading, NetAttach, Received,
 };
 pub use ids::{AccountId, BoxId, BoxIdError, Name, NameError};
 pub use limits::{Limits, LimitsError};

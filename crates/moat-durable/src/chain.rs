@@ -47,31 +47,51 @@ pub fn next_link(links: &[DurableLink], full_every: u64, have_snapshot: impl Fn(
 }
 
 /// The links a restore replays, oldest first: the newest full stream and
-/// every link after it, each an incremental against the one before.
-pub fn restore_plan(links: &[DurableLink]) -> Result<&[DurableLink], ChainError> {
-    let Some(head) = links.last() else {
+/// every link after it (the box's root), and for each link sent from a
+/// checkpoint, the full stream before it and the links between; each link
+/// an incremental against the one before it in the plan.
+pub fn restore_plan(links: &[DurableLink]) -> Result<Vec<&DurableLink>, ChainError> {
+    if links.is_empty() {
         return Err(ChainError::Empty(String::new()));
-    };
-    let start = links.iter().rposition(|l| l.parent_seq.is_none()).ok_or_else(|| ChainError::Broken {
-        box_id: head.box_id.to_string(),
-        seq: links.first().map_or(0, |l| l.seq),
-        parent: links.first().and_then(|l| l.parent_seq),
-        before: None,
-    })?;
-    let plan = &links[start..];
-    for pair in plan.windows(2) {
-        if let [before, link] = pair {
-            if link.parent_seq != Some(before.seq) {
-                return Err(ChainError::Broken {
-                    box_id: link.box_id.to_string(),
-                    seq: link.seq,
-                    parent: link.parent_seq,
-                    before: Some(before.seq),
-                });
-            }
+    }
+    let plan: Vec<&DurableLink> = needed(links).into_iter().filter_map(|i| links.get(i)).collect();
+    // Every incremental is against the link before it in the plan.
+    for (i, link) in plan.iter().enumerate() {
+        let before = i.checked_sub(1).and_then(|b| plan.get(b)).map(|b| b.seq);
+        if link.parent_seq.is_some() && link.parent_seq != before {
+            return Err(ChainError::Broken {
+                box_id: link.box_id.to_string(),
+                seq: link.seq,
+                parent: link.parent_seq,
+                before,
+            });
         }
     }
     Ok(plan)
+}
+
+/// The places (indices into `links`) a restore needs: see [`restore_plan`].
+/// What the collector may delete is every other link.
+pub fn needed(links: &[DurableLink]) -> Vec<usize> {
+    let mut needed: Vec<usize> = needed_runs(links).into_iter().flat_map(|(start, end)| start..=end).collect();
+    needed.sort_unstable();
+    needed.dedup();
+    needed
+}
+
+/// The runs of links a restore needs, as (first, last) indices: from the
+/// full stream at or before the head, and at or before each checkpoint's
+/// link, to that link. A run without a full stream before it starts at 0
+/// (and [`restore_plan`] refuses it as broken).
+fn needed_runs(links: &[DurableLink]) -> Vec<(usize, usize)> {
+    let full_at_or_before = |end: usize| links.get(..=end).and_then(|l| l.iter().rposition(|l| l.parent_seq.is_none()));
+    let ends = links
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.checkpoint.is_some())
+        .map(|(i, _)| i)
+        .chain(links.len().checked_sub(1));
+    ends.map(|end| (full_at_or_before(end).unwrap_or(0), end)).collect()
 }
 
 /// The key of link `seq` of box `id`, sent from snapshot `snapshot` (a name
@@ -102,7 +122,12 @@ mod tests {
             taken_at_ms: seq,
             uploaded_at_ms: seq,
             node: String::new(),
+            checkpoint: None,
         }
+    }
+
+    fn seqs(plan: &[&DurableLink]) -> Vec<u64> {
+        plan.iter().map(|l| l.seq).collect()
     }
 
     #[test]
@@ -143,9 +168,32 @@ mod tests {
             link(&id, 3, Some(2)),
             link(&id, 4, Some(3)),
         ];
-        let plan: Vec<u64> = restore_plan(&links).unwrap().iter().map(|l| l.seq).collect();
-        assert_eq!(plan, [2, 3, 4]);
+        assert_eq!(seqs(&restore_plan(&links).unwrap()), [2, 3, 4]);
+        assert_eq!(needed(&links), [2, 3, 4]);
         assert_eq!(restore_plan(&links[..1]).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_checkpoints_link_keeps_the_run_from_its_full_stream() {
+        let id = BoxId::random();
+        let checkpoint = |l: DurableLink| DurableLink { checkpoint: Some(format!("c{}", l.seq)), ..l };
+        let links = vec![
+            link(&id, 0, None),
+            checkpoint(link(&id, 1, Some(0))),
+            link(&id, 2, Some(1)),
+            link(&id, 3, None),
+            link(&id, 4, Some(3)),
+            link(&id, 5, None),
+            checkpoint(link(&id, 6, Some(5))),
+            link(&id, 7, Some(6)),
+        ];
+        // c1 needs 0-1; c6 and the head need 5-7; 2, 3 and 4 are garbage.
+        assert_eq!(seqs(&restore_plan(&links).unwrap()), [0, 1, 5, 6, 7]);
+        assert_eq!(needed(&links), [0, 1, 5, 6, 7]);
+        // A checkpoint at the head: one run.
+        assert_eq!(seqs(&restore_plan(&links[..7]).unwrap()), [0, 1, 5, 6]);
+        // Its full stream lost from the records: refused, never half replayed.
+        assert!(matches!(restore_plan(&links[1..]), Err(ChainError::Broken { seq: 1, .. })));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //!
 //! - Every object of a box the state store no longer has (removed), and its
 //!   links.
-//! - The links of a live box older than its newest full stream (a restore
-//!   replays from that one), objects and rows both.
+//! - The links of a live box that no restore replays (see
+//!   [`crate::chain::needed`]: those before its newest full stream, but for
+//!   the runs its checkpoints need), objects and rows both.
 //! - Objects of a live box that no link names (an upload cut short, or one
 //!   whose record failed), once older than `min_age`: an upload under way
 //!   right now is recorded only after its object is complete, so a young
@@ -42,8 +43,8 @@ pub trait Records: Send + Sync {
     fn exists(&self, id: &BoxId) -> Result<bool, String>;
     /// Its chain, oldest first.
     fn links(&self, id: &BoxId) -> Result<Vec<DurableLink>, String>;
-    /// Forgets its links before `seq`.
-    fn forget_before(&self, id: &BoxId, seq: u64) -> Result<(), String>;
+    /// Forgets its links at places `seqs`.
+    fn forget_links(&self, id: &BoxId, seqs: &[u64]) -> Result<(), String>;
     /// Forgets all its links.
     fn forget(&self, id: &BoxId) -> Result<(), String>;
 }
@@ -55,8 +56,8 @@ impl Records for BoxManager {
     fn links(&self, id: &BoxId) -> Result<Vec<DurableLink>, String> {
         self.durable_links(id).map_err(|e| e.to_string())
     }
-    fn forget_before(&self, id: &BoxId, seq: u64) -> Result<(), String> {
-        self.forget_durable_before(id, seq).map_err(|e| e.to_string())
+    fn forget_links(&self, id: &BoxId, seqs: &[u64]) -> Result<(), String> {
+        self.forget_durable_links(id, seqs).map_err(|e| e.to_string())
     }
     fn forget(&self, id: &BoxId) -> Result<(), String> {
         self.forget_durable(id).map_err(|e| e.to_string())
@@ -70,8 +71,8 @@ impl Records for Store {
     fn links(&self, id: &BoxId) -> Result<Vec<DurableLink>, String> {
         self.durable_links(id).map_err(|e| e.to_string())
     }
-    fn forget_before(&self, id: &BoxId, seq: u64) -> Result<(), String> {
-        self.forget_durable_before(id, seq).map_err(|e| e.to_string())
+    fn forget_links(&self, id: &BoxId, seqs: &[u64]) -> Result<(), String> {
+        self.forget_durable_links(id, seqs).map_err(|e| e.to_string())
     }
     fn forget(&self, id: &BoxId) -> Result<(), String> {
         self.forget_durable(id).map_err(|e| e.to_string())
@@ -105,13 +106,15 @@ pub async fn collect(
             objects.iter().collect()
         } else {
             let links = records.links(&id).map_err(config)?;
-            let keep_from = links.iter().rposition(|l| l.parent_seq.is_none()).unwrap_or(0);
-            let (old, kept) = links.split_at(keep_from);
-            let named: HashSet<&str> = kept.iter().map(|l| l.key.as_str()).collect();
-            let old_keys: HashSet<&str> = old.iter().map(|l| l.key.as_str()).collect();
-            if let Some(first_kept) = kept.first() {
+            let needed = crate::chain::needed(&links);
+            let (kept, old): (Vec<(usize, &DurableLink)>, Vec<(usize, &DurableLink)>) =
+                links.iter().enumerate().partition(|(i, _)| needed.contains(i));
+            let named: HashSet<&str> = kept.iter().map(|(_, l)| l.key.as_str()).collect();
+            let old_keys: HashSet<&str> = old.iter().map(|(_, l)| l.key.as_str()).collect();
+            if !old.is_empty() {
                 // Rows first: a link is never left naming a deleted object.
-                records.forget_before(&id, first_kept.seq).map_err(config)?;
+                let seqs: Vec<u64> = old.iter().map(|(_, l)| l.seq).collect();
+                records.forget_links(&id, &seqs).map_err(config)?;
             }
             objects
                 .iter()

@@ -30,7 +30,7 @@ pub mod worker;
 pub use config::ObjectStoreConfig;
 pub use restore::restore_box;
 pub use upload::Uploader;
-pub use worker::{DurableWorker, WorkerSettings};
+pub use worker::{BoxDirs, DurableWorker, WorkerSettings};
 
 /// A durable-box failure.
 #[derive(Debug, thiserror::Error)]

@@ -118,7 +118,7 @@ async fn receive(
     std::fs::create_dir_all(staging).map_err(crate::io_err(format!("create {}", staging.display())))?;
     let started = std::time::Instant::now();
     let restored =
-        restore_box(&worker.uploader().store, &links, staging, (worker.boxes_dir(), rec.id.as_str()), |received| {
+        restore_box(&worker.uploader().store, &links, staging, (&worker.dirs().roots, rec.id.as_str()), |received| {
             manager.adopt_received(&rec, received).map_err(config)
         })
         .await?;

@@ -3,7 +3,8 @@
 //! record before any byte reaches `btrfs receive` (a fetched stream is
 //! hostile input until then); the streams are received there as read-only
 //! subvolumes, and the box's root is made a writable snapshot of the newest
-//! (a received subvolume is never made writable in place). On any failure
+//! (a received subvolume is never made writable in place); the caller makes
+//! the box's checkpoints read-only snapshots of theirs. On any failure
 //! the staging directory and all it received are deleted: nothing is left.
 
 use std::fs::File;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use moat_box::sys;
 use moat_core::store::durable::DurableLink;
+use moat_core::Received;
 use object_store::ObjectStore;
 
 use crate::chain::{restore_plan, ChainError};
@@ -32,17 +34,18 @@ pub struct Restored {
 }
 
 /// Receives the box whose chain is `links` as `<parent>/<name>`, staging in
-/// `staging` (on the same btrfs filesystem). `charge` is called with the
-/// received subvolumes' ids once the root exists, before they are deleted
-/// (under simple quotas their data stays charged to them: the caller counts
-/// it against the box as it counts a local box's writes); if it fails, the
-/// root is deleted too.
+/// `staging` (on the same btrfs filesystem). `adopt` is called once the root
+/// exists, before what was received is deleted, with the received
+/// subvolumes' ids (under simple quotas their data stays charged to them:
+/// the caller counts it against the box as it counts a local box's writes)
+/// and the box's checkpoints among them (the caller keeps a snapshot of
+/// each); if it fails, the root is deleted too.
 pub async fn restore_box(
     store: &Arc<dyn ObjectStore>,
     links: &[DurableLink],
     staging: &Path,
     (parent, name): (&Path, &str),
-    charge: impl FnOnce(&[u64]) -> Result<(), DurableError>,
+    adopt: impl FnOnce(&Received) -> Result<(), DurableError>,
 ) -> Result<Restored, DurableError> {
     let plan = restore_plan(links).map_err(|e| match e {
         ChainError::Empty(_) => ChainError::Empty(name.to_string()),
@@ -51,10 +54,10 @@ pub async fn restore_box(
     let Some(head) = plan.last() else { return Err(ChainError::Empty(name.to_string()).into()) };
     let incoming = Incoming::new(staging, name)?;
     let mut fetched_bytes = 0;
-    for link in plan {
+    for link in &plan {
         fetched_bytes += fetch_verified(store, link, &incoming.file(link)).await?;
     }
-    for link in plan {
+    for link in &plan {
         let (file, dir) = (incoming.file(link), incoming.dir.clone());
         let key = link.key.clone();
         tokio::task::spawn_blocking(move || receive_one(&file, &dir, &key))
@@ -71,8 +74,14 @@ pub async fn restore_box(
     sys::subvolume_snapshot(&received, parent, name, false)
         .map_err(io_err(format!("make {name} a writable snapshot of what was received")))?;
     let root = parent.join(name);
-    let ids: Vec<u64> = plan.iter().filter_map(|l| sys::subvolume_id(&incoming.dir.join(&l.snapshot)).ok()).collect();
-    if let Err(e) = charge(&ids) {
+    let received = Received {
+        subvolumes: plan.iter().filter_map(|l| sys::subvolume_id(&incoming.dir.join(&l.snapshot)).ok()).collect(),
+        checkpoints: plan
+            .iter()
+            .filter_map(|l| Some((l.checkpoint.clone()?, incoming.dir.join(&l.snapshot), l.taken_at_ms)))
+            .collect(),
+    };
+    if let Err(e) = adopt(&received) {
         let _ = sys::subvolume_delete(parent, name);
         return Err(e);
     }

@@ -1,5 +1,5 @@
 //! One upload of one box: a read-only snapshot of its root (the box never
-//! pauses), `btrfs send` of it (against the newest link's snapshot when this
+//! pauses) or of one of its checkpoints, `btrfs send` of it (against the newest link's snapshot when this
 //! node still has it), compressed and hashed as it streams to the object
 //! store in parts, under a key no other upload uses. The caller records the
 //! link once this returns, then [`Uploader::prune`] drops the snapshots the
@@ -56,9 +56,10 @@ impl Uploader {
 
     /// Whether the box whose root is `root` changed since `head` was taken
     /// (true when this node does not have `head`'s snapshot: then it needs a
-    /// full upload anyway).
+    /// full upload anyway; and when `head` was sent from a checkpoint, whose
+    /// snapshot says nothing of the root).
     pub fn changed(&self, id: &BoxId, root: &Path, head: Option<&DurableLink>) -> Result<bool, DurableError> {
-        let Some(head) = head else { return Ok(true) };
+        let Some(head) = head.filter(|h| h.checkpoint.is_none()) else { return Ok(true) };
         let snapshot = self.box_dir(id).join(&head.snapshot);
         if !snapshot.exists() {
             return Ok(true);
@@ -72,16 +73,39 @@ impl Uploader {
 
     /// Uploads the box whose root is `root` as the next link after `links`.
     pub async fn upload(&self, id: &BoxId, root: &Path, links: &[DurableLink]) -> Result<Uploaded, DurableError> {
+        self.upload_from(id, root, links, None).await
+    }
+
+    /// Uploads box `id`'s checkpoint `label` (at `path`, saved at
+    /// `saved_ms`) as the next link after `links`: the link carries the label.
+    pub async fn upload_checkpoint(
+        &self,
+        id: &BoxId,
+        (path, label, saved_ms): (&Path, &str, u64),
+        links: &[DurableLink],
+    ) -> Result<Uploaded, DurableError> {
+        self.upload_from(id, path, links, Some((label, saved_ms))).await
+    }
+
+    /// Uploads a read-only snapshot of `source` as the next link after
+    /// `links`; `checkpoint`: the source is that checkpoint, as of then.
+    async fn upload_from(
+        &self,
+        id: &BoxId,
+        source: &Path,
+        links: &[DurableLink],
+        checkpoint: Option<(&str, u64)>,
+    ) -> Result<Uploaded, DurableError> {
         let started = Instant::now();
         let dir = self.box_dir(id);
         std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
-        let taken_at_ms = now_ms();
+        let taken_at_ms = checkpoint.map_or_else(now_ms, |(_, saved_ms)| saved_ms);
         let mut rand = [0u8; 4];
         // A failure leaves zeros: the time still makes the name this upload's.
         let _ = getrandom::fill(&mut rand);
-        let name = format!("{taken_at_ms}-{}", hex::encode(rand));
-        sys::subvolume_snapshot(root, &dir, &name, true)
-            .map_err(io_err(format!("snapshot {} read-only", root.display())))?;
+        let name = format!("{}-{}", now_ms(), hex::encode(rand));
+        sys::subvolume_snapshot(source, &dir, &name, true)
+            .map_err(io_err(format!("snapshot {} read-only", source.display())))?;
         let next = next_link(links, self.full_every, |s| dir.join(s).exists());
         let key = object_key(&self.prefix, id, next.seq, &name, next.parent.is_none());
         let sent = self.send(&dir.join(&name), next.parent.as_ref().map(|p| dir.join(&p.snapshot)), &key).await;
@@ -103,6 +127,7 @@ impl Uploader {
             taken_at_ms,
             uploaded_at_ms: now_ms(),
             node: self.node.clone(),
+            checkpoint: checkpoint.map(|(label, _)| label.to_string()),
         };
         Ok(Uploaded { link, raw_bytes: packed.raw_bytes, took: started.elapsed() })
     }

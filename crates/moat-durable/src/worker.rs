@@ -1,10 +1,10 @@
 //! The uploader's background task. Boxes are queued (once each, however
 //! often they are reported) when they suspend or are checkpointed, and every
 //! upload interval when they changed since their last upload; the task
-//! uploads them one at a time, records each link once its object is
-//! complete, and retries a failed upload later with a growing backoff. It
-//! never holds a box's lock: a box and its sessions go on whatever the
-//! object store does.
+//! uploads them one at a time (first each checkpoint not yet kept, then the
+//! root), records each link once its object is complete, and retries a
+//! failed upload later with a growing backoff. It never holds a box's lock:
+//! a box and its sessions go on whatever the object store does.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,11 +14,12 @@ use std::time::Duration;
 use moat_core::ids::BoxId;
 use moat_core::manager::DurableHooks;
 use moat_core::record::BoxState;
+use moat_core::store::durable::DurableLink;
 use moat_core::BoxManager;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::upload::Uploader;
+use crate::upload::{Uploaded, Uploader};
 use crate::DurableError;
 
 /// When uploads happen.
@@ -33,6 +34,15 @@ pub struct WorkerSettings {
 /// The longest wait between retries of one box's upload.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
+/// Where a node keeps its boxes' files (the pool's `boxes` and `checkpoints`).
+#[derive(Debug, Clone)]
+pub struct BoxDirs {
+    /// Each box's root, by id.
+    pub roots: PathBuf,
+    /// Each box's checkpoints, `<id>/<label>`.
+    pub checkpoints: PathBuf,
+}
+
 /// A box waiting for its upload.
 struct Queued {
     due: Instant,
@@ -46,8 +56,8 @@ pub struct DurableWorker {
     current: Mutex<Option<BoxId>>,
     wake: Notify,
     uploader: Uploader,
-    /// Where the boxes' roots are.
-    boxes_dir: PathBuf,
+    /// Where the boxes' roots and checkpoints are.
+    dirs: BoxDirs,
     /// Held for each upload: one at a time, the mover's last uploads included.
     turn: tokio::sync::Mutex<()>,
     /// The manager it reports to (weak: the manager holds the worker).
@@ -86,20 +96,15 @@ impl DurableHooks for DurableWorker {
 }
 
 impl DurableWorker {
-    /// Starts the task uploading `manager`'s boxes (their roots under
-    /// `boxes_dir`) with `uploader`, and tells the manager to report to it.
-    pub fn start(
-        manager: Arc<BoxManager>,
-        uploader: Uploader,
-        boxes_dir: PathBuf,
-        settings: WorkerSettings,
-    ) -> Arc<Self> {
+    /// Starts the task uploading `manager`'s boxes (their files in `dirs`)
+    /// with `uploader`, and tells the manager to report to it.
+    pub fn start(manager: Arc<BoxManager>, uploader: Uploader, dirs: BoxDirs, settings: WorkerSettings) -> Arc<Self> {
         let worker = Arc::new(Self {
             queue: Mutex::default(),
             current: Mutex::default(),
             wake: Notify::new(),
             uploader,
-            boxes_dir,
+            dirs,
             turn: tokio::sync::Mutex::new(()),
             manager: std::sync::OnceLock::new(),
         });
@@ -139,7 +144,7 @@ impl DurableWorker {
     /// with the queue's uploads.
     pub async fn upload_now(&self, manager: &Arc<BoxManager>, id: &BoxId) -> Result<(), DurableError> {
         let _turn = self.turn.lock().await;
-        upload_one(manager, &self.uploader, &self.boxes_dir, id).await
+        upload_one(manager, &self.uploader, &self.dirs, id).await
     }
 
     /// The object store boxes are kept in, and what its keys start with.
@@ -147,9 +152,9 @@ impl DurableWorker {
         &self.uploader
     }
 
-    /// Where the boxes' roots are.
-    pub fn boxes_dir(&self) -> &std::path::Path {
-        &self.boxes_dir
+    /// Where the boxes' files are.
+    pub fn dirs(&self) -> &BoxDirs {
+        &self.dirs
     }
 
     async fn run(self: Arc<Self>, manager: Arc<BoxManager>, settings: WorkerSettings) {
@@ -187,7 +192,7 @@ impl DurableWorker {
 
     /// Queues every box here that changed since its last upload.
     async fn queue_changed(&self, manager: &Arc<BoxManager>) {
-        let (uploader, boxes_dir) = (&self.uploader, &self.boxes_dir);
+        let (uploader, boxes_dir) = (&self.uploader, &self.dirs.roots);
         let boxes = match manager.boxes_here() {
             Ok(boxes) => boxes,
             Err(e) => return tracing::warn!(error = %e, "cannot list this node's boxes to upload"),
@@ -202,39 +207,69 @@ impl DurableWorker {
     }
 }
 
-/// Uploads box `id` if it is this node's and changed since its last upload.
+/// Uploads box `id` if it is this node's: each of its checkpoints not yet
+/// kept, oldest first, then its root if it changed since its last upload.
 async fn upload_one(
     manager: &Arc<BoxManager>,
     uploader: &Uploader,
-    boxes_dir: &std::path::Path,
+    dirs: &BoxDirs,
     id: &BoxId,
 ) -> Result<(), DurableError> {
-    let Some(rec) = manager.box_here(id).map_err(|e| DurableError::Config(e.to_string()))? else { return Ok(()) };
+    let Some(rec) = manager.box_here(id).map_err(config)? else { return Ok(()) };
     if rec.state == BoxState::Creating {
         return Ok(());
     }
-    let root = boxes_dir.join(id.as_str());
+    let root = dirs.roots.join(id.as_str());
     if !root.is_dir() {
         return Ok(());
     }
-    let links = manager.durable_links(id).map_err(|e| DurableError::Config(e.to_string()))?;
+    let mut links = manager.durable_links(id).map_err(config)?;
+    for checkpoint in manager.checkpoints_here(id).await.map_err(config)? {
+        if links.iter().any(|l| l.checkpoint.as_deref() == Some(checkpoint.label.as_str())) {
+            continue;
+        }
+        let path = dirs.checkpoints.join(id.as_str()).join(&checkpoint.label);
+        let up = uploader.upload_checkpoint(id, (&path, &checkpoint.label, checkpoint.created_ms), &links).await?;
+        record(manager, uploader, &links, &up)?;
+        if !path.is_dir() {
+            // Removed while it was sent: its link keeps nothing.
+            manager.forget_durable_checkpoint(id, &checkpoint.label).map_err(config)?;
+        }
+        log_upload(&rec.name, &up);
+        links.push(up.link);
+    }
     if !uploader.changed(id, &root, links.last())? {
         return Ok(());
     }
     let up = uploader.upload(id, &root, &links).await?;
+    record(manager, uploader, &links, &up)?;
+    log_upload(&rec.name, &up);
+    Ok(())
+}
+
+/// Records upload `up` after `links`, or forgets it (its object is one no
+/// record names, and the old head stays the next incremental's parent).
+fn record(manager: &BoxManager, uploader: &Uploader, links: &[DurableLink], up: &Uploaded) -> Result<(), DurableError> {
+    let id = &up.link.box_id;
     // Complete in the object store, named by no record yet.
     moat_core::fault::point("upload-before-record");
     if let Err(e) = manager.record_durable(&up.link) {
-        // Not recorded: the object is one no record names, and the old head
-        // stays the next incremental's parent.
         uploader.prune(id, links.last().map(|l| l.snapshot.as_str()));
         return Err(DurableError::Config(format!("record the upload: {e}")));
     }
     uploader.prune(id, Some(&up.link.snapshot));
-    tracing::info!(
-        box_id = %id, name = %rec.name, seq = up.link.seq, full = up.link.parent_seq.is_none(),
-        bytes = up.link.bytes, raw_bytes = up.raw_bytes, took_ms = up.took.as_millis() as u64,
-        "box made durable"
-    );
     Ok(())
+}
+
+fn log_upload(name: &moat_core::ids::Name, up: &Uploaded) {
+    let link = &up.link;
+    tracing::info!(
+        box_id = %link.box_id, %name, seq = link.seq, full = link.parent_seq.is_none(),
+        checkpoint = link.checkpoint.as_deref().unwrap_or(""), bytes = link.bytes, raw_bytes = up.raw_bytes,
+        took_ms = up.took.as_millis() as u64, "box made durable"
+    );
+}
+
+fn config(e: impl ToString) -> DurableError {
+    DurableError::Config(e.to_string())
 }

@@ -115,33 +115,54 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     let links = store.durable_links(&id).unwrap();
     assert!(!up.changed(&id, &root, links.last()).unwrap(), "nothing was written since");
 
+    // A checkpoint (as the pool saves one: a read-only snapshot), sent as
+    // the next link, carrying its label and its time.
+    let checkpoints = pool.join("checkpoints");
+    std::fs::create_dir(&checkpoints).unwrap();
+    std::fs::write(root.join("at-c1"), "c1").unwrap();
+    sys::subvolume_snapshot(&root, &checkpoints, "c1", true).unwrap();
+    let c1 = up.upload_checkpoint(&id, (&checkpoints.join("c1"), "c1", 1234), &links).await.unwrap();
+    assert_eq!((c1.link.seq, c1.link.parent_seq, c1.link.checkpoint.as_deref()), (1, Some(0), Some("c1")));
+    assert_eq!(c1.link.taken_at_ms, 1234, "a checkpoint is as of when it was saved");
+    store.add_durable_link(&c1.link).unwrap();
+    up.prune(&id, Some(&c1.link.snapshot));
+    let links = store.durable_links(&id).unwrap();
+    assert!(up.changed(&id, &root, links.last()).unwrap(), "a checkpoint's link says nothing of the root");
+
     // Then an incremental of what changed.
+    std::fs::remove_file(root.join("at-c1")).unwrap();
     std::fs::write(root.join("home/agent/src/lib.rs"), "pub fn f() {}\n").unwrap();
     std::fs::remove_file(root.join("big")).unwrap();
     std::fs::write(root.join("notes"), vec![1u8; 3 << 20]).unwrap();
     assert!(up.changed(&id, &root, links.last()).unwrap());
     let incr = up.upload(&id, &root, &links).await.unwrap();
-    assert_eq!((incr.link.seq, incr.link.parent_seq), (1, Some(0)));
+    assert_eq!((incr.link.seq, incr.link.parent_seq, incr.link.checkpoint.as_deref()), (2, Some(1), None));
     assert!(incr.raw_bytes < full.raw_bytes / 2, "an incremental carries only the change: {incr:?}");
     store.add_durable_link(&incr.link).unwrap();
     up.prune(&id, Some(&incr.link.snapshot));
     let kept: Vec<_> = std::fs::read_dir(up.box_dir(&id)).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(kept, [std::ffi::OsString::from(&incr.link.snapshot)], "only the next parent is kept");
     let links = store.durable_links(&id).unwrap();
-    assert_eq!(links.len(), 2);
+    assert_eq!(links.len(), 3);
 
-    // Restored, the box has every file, and its root is writable.
+    // Restored, the box has every file, and its root is writable; its
+    // checkpoint comes back as it was saved.
     let staging = pool.join("durable");
-    let mut charged = Vec::new();
-    let restored = restore_box(&client, &links, &staging, (&pool.join("boxes"), "restored"), |ids| {
-        charged = ids.to_vec();
+    let (mut charged, mut kept) = (Vec::new(), Vec::new());
+    let restored = restore_box(&client, &links, &staging, (&pool.join("boxes"), "restored"), |received| {
+        charged = received.subvolumes.clone();
+        for (label, subvolume, saved_ms) in &received.checkpoints {
+            kept.push((label.clone(), tree(subvolume), *saved_ms));
+        }
         Ok(())
     })
     .await
     .unwrap();
     assert_eq!(restored.as_of_ms, incr.link.taken_at_ms);
-    assert_eq!(charged.len(), 2, "both received subvolumes are charged to the box");
+    assert_eq!(charged.len(), 3, "every received subvolume is charged to the box");
     assert_eq!(tree(&restored.root), tree(&root));
+    assert_eq!(kept, [("c1".to_string(), tree(&checkpoints.join("c1")), 1234)]);
+    assert!(tree(&checkpoints.join("c1")).contains_key("at-c1") && !tree(&root).contains_key("at-c1"));
     std::fs::write(restored.root.join("written-after"), "ok").unwrap();
     assert!(sys::subvolume_id(&restored.root).unwrap() != sys::subvolume_id(&root).unwrap());
     let left: Vec<_> = std::fs::read_dir(&staging)
@@ -152,7 +173,7 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     assert!(left.is_empty(), "the staging dir is gone: {left:?}");
 
     // A corrupted object (one byte flipped) is refused before anything is received.
-    let key = object_store::path::Path::from(links[1].key.as_str());
+    let key = object_store::path::Path::from(links[2].key.as_str());
     let mut bytes = client.get(&key).await.unwrap().bytes().await.unwrap().to_vec();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
@@ -209,44 +230,70 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
         sys::subvolume_create(&pool.join("boxes"), id.as_str()).unwrap();
     }
     let root = |id: &BoxId| pool.join("boxes").join(id.as_str());
-    // live: full, incremental, full (full_every 2); gone: one full, then removed.
-    for (i, id) in [&live, &live, &live, &gone].into_iter().enumerate() {
+    // live: full, checkpoint c1's link, full (full_every 2), incremental;
+    // gone: one full, then removed.
+    let checkpoints = pool.join("checkpoints");
+    std::fs::create_dir(&checkpoints).unwrap();
+    for (i, id) in [&live, &live, &live, &live, &gone].into_iter().enumerate() {
         std::fs::write(root(id).join(format!("f{i}")), format!("{i}")).unwrap();
         let links = store.durable_links(id).unwrap();
-        let made = up.upload(id, &root(id), &links).await.unwrap();
+        let made = if i == 1 {
+            sys::subvolume_snapshot(&root(id), &checkpoints, "c1", true).unwrap();
+            up.upload_checkpoint(id, (&checkpoints.join("c1"), "c1", 5), &links).await.unwrap()
+        } else {
+            up.upload(id, &root(id), &links).await.unwrap()
+        };
         store.add_durable_link(&made.link).unwrap();
         up.prune(id, Some(&made.link.snapshot));
     }
     let links = store.durable_links(&live).unwrap();
-    assert_eq!(links.iter().map(|l| l.parent_seq.is_none()).collect::<Vec<_>>(), [true, false, true]);
+    assert_eq!(links.iter().map(|l| l.parent_seq.is_none()).collect::<Vec<_>>(), [true, false, true, false]);
+
+    // A checkpoint's link keeps its run (the full before it) while it exists.
+    let done = gc::collect(&client, "gc", &store, std::time::Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(done.objects, 1, "only gone's object: {done:?}");
+    assert_eq!(store.durable_links(&live).unwrap(), links);
+    let (staging, boxes) = (pool.join("staging"), pool.join("boxes"));
+    let mut c1_back = Vec::new();
+    restore_box(&client, &links, &staging, (&boxes, "c1-back"), |r| {
+        c1_back = r.checkpoints.iter().map(|(label, subvolume, _)| (label.clone(), tree(subvolume))).collect();
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(c1_back, [("c1".to_string(), tree(&checkpoints.join("c1")))]);
+    store.forget_durable_checkpoint(&live, "c1").unwrap();
+    let links = store.durable_links(&live).unwrap();
     let stray = format!("gc/boxes/{live}/0000000009-full-cut-short.btrfs.zst");
     client.put(&object_store::path::Path::from(stray.as_str()), vec![1u8; 10].into()).await.unwrap();
     let not_ours = "gc/boxes/not-a-box-id/x";
     client.put(&object_store::path::Path::from(not_ours), vec![1u8; 10].into()).await.unwrap();
 
-    // A young unnamed object may be an upload about to be recorded: kept.
+    // The checkpoint gone, its run is garbage. A young unnamed object may be
+    // an upload about to be recorded: kept.
     let done = gc::collect(&client, "gc", &store, std::time::Duration::from_secs(3600)).await.unwrap();
-    assert_eq!(done.objects, 3, "gone's object and live's two links before its newest full: {done:?}");
-    assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, [links[2].key.clone(), stray.clone()]);
+    assert_eq!(done.objects, 2, "live's two links before its newest full: {done:?}");
+    let head = [links[2].key.clone(), links[3].key.clone()];
+    assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, [&head[..], &[stray.clone()]].concat());
     assert!(keys(&client, &format!("gc/boxes/{gone}")).await.is_empty());
     assert!(store.durable_links(&gone).unwrap().is_empty());
-    assert_eq!(store.durable_links(&live).unwrap(), [links[2].clone()], "the rows went with the objects");
+    assert_eq!(store.durable_links(&live).unwrap(), links[2..], "the rows went with the objects");
     assert_eq!(keys(&client, "gc/boxes/not-a-box-id").await, [not_ours], "a key naming no box is not moat's");
 
     // Old enough: the stray goes; what the record names never does.
     let done = gc::collect(&client, "gc", &store, std::time::Duration::ZERO).await.unwrap();
     assert_eq!(done.objects, 1);
-    assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, [links[2].key.clone()]);
+    assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, head);
     let kept = store.durable_links(&live).unwrap();
     let back = restore_box(&client, &kept, &pool.join("staging"), (&pool.join("boxes"), "back"), |_| Ok(())).await;
     let back = back.unwrap();
     let files: Vec<String> =
-        (0..3).map(|i| std::fs::read_to_string(back.root.join(format!("f{i}"))).unwrap()).collect();
-    assert_eq!(files, ["0", "1", "2"], "the box restores whole from what was kept");
+        (0..4).map(|i| std::fs::read_to_string(back.root.join(format!("f{i}"))).unwrap()).collect();
+    assert_eq!(files, ["0", "1", "2", "3"], "the box restores whole from what was kept");
 
     // rm: everything of the box at once.
     let done = gc::forget_box(&client, "gc", &store, &live).await.unwrap();
-    assert_eq!(done.objects, 1);
+    assert_eq!(done.objects, 2);
     assert!(keys(&client, &format!("gc/boxes/{live}")).await.is_empty());
     assert!(store.durable_links(&live).unwrap().is_empty());
 }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use moat_core::BoxManager;
 use moat_durable::mover::MoverSettings;
-use moat_durable::{DurableWorker, ObjectStoreConfig, Uploader, WorkerSettings};
+use moat_durable::{BoxDirs, DurableWorker, ObjectStoreConfig, Uploader, WorkerSettings};
 
 /// How often the object store's garbage is collected.
 const GC_EVERY: Duration = Duration::from_secs(30 * 60);
@@ -70,7 +70,8 @@ pub fn start(args: &DurableArgs, manager: &Arc<BoxManager>, pool_root: &Path) ->
     let settings =
         WorkerSettings { interval: Duration::from_secs(args.upload_interval.max(1)), backoff: Duration::from_secs(2) };
     tracing::info!(bucket = %config.bucket, prefix = %config.prefix, "boxes are made durable in the object store");
-    let worker = DurableWorker::start(Arc::clone(manager), uploader, pool_root.join("boxes"), settings);
+    let dirs = BoxDirs { roots: pool_root.join("boxes"), checkpoints: pool_root.join("checkpoints") };
+    let worker = DurableWorker::start(Arc::clone(manager), uploader, dirs, settings);
     moat_durable::gc::start(store, config.prefix.clone(), Arc::clone(manager), GC_EVERY, GC_MIN_AGE);
     if !manager.node().is_empty() {
         let settings = MoverSettings {

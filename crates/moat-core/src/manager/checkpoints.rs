@@ -52,6 +52,13 @@ impl BoxManager {
         }
         let (r, l) = (rec.clone(), label.clone());
         self.blocking(move |b| b.delete_checkpoint(&r, &l)).await??;
+        if self.durable.get().is_some() {
+            if let Err(e) = self.forget_durable_checkpoint(&rec.id, label.as_str()) {
+                // Its link keeps it in the object store until the box goes:
+                // room, not correctness (a restore elsewhere brings it back).
+                tracing::warn!(box_id = %rec.id, %label, error = %e, "cannot forget a removed checkpoint's link");
+            }
+        }
         Ok(())
     }
 
@@ -90,6 +97,8 @@ impl BoxManager {
         let booted = self.bring_up(&rec).await;
         self.schedule_idle(&rec.id);
         restored?;
+        // The state before is a checkpoint now, to keep.
+        self.tell_durable(&rec.id);
         booted?;
         tracing::info!(box_id = %rec.id, name = %rec.name, %label, %before, "box restored");
         Ok(before)

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::{BoxManager, ManagerError};
+use crate::backend::Checkpoint;
 use crate::ids::BoxId;
 use crate::record::BoxRecord;
 use crate::store::durable::DurableLink;
@@ -75,10 +76,21 @@ impl BoxManager {
         Ok(self.db(|s| s.add_durable_link(link))?)
     }
 
-    /// Forgets box `id`'s links before `seq` (the garbage collector deletes
-    /// their objects).
-    pub fn forget_durable_before(&self, id: &BoxId, seq: u64) -> Result<(), ManagerError> {
-        Ok(self.db(|s| s.forget_durable_before(id, seq))?)
+    /// Forgets box `id`'s links at places `seqs` (the garbage collector
+    /// deletes their objects).
+    pub fn forget_durable_links(&self, id: &BoxId, seqs: &[u64]) -> Result<(), ManagerError> {
+        Ok(self.db(|s| s.forget_durable_links(id, seqs))?)
+    }
+
+    /// Box `id`'s checkpoint `label` is gone: its link no longer keeps it.
+    pub fn forget_durable_checkpoint(&self, id: &BoxId, label: &str) -> Result<(), ManagerError> {
+        Ok(self.db(|s| s.forget_durable_checkpoint(id, label))?)
+    }
+
+    /// Box `id`'s checkpoints on this node, oldest first.
+    pub async fn checkpoints_here(&self, id: &BoxId) -> Result<Vec<Checkpoint>, ManagerError> {
+        let Some(rec) = self.db(|s| s.get_by_id(id))? else { return Ok(Vec::new()) };
+        self.blocking(move |b| b.checkpoints(&rec, false)).await
     }
 
     /// Forgets every link of removed box `id`.

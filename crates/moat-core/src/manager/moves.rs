@@ -196,9 +196,9 @@ impl BoxManager {
         self.leaving.boxes.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
     }
 
-    /// Makes box `rec`'s root, just received here as a snapshot of the
-    /// subvolumes `received`, a box of this host (limits, charges, a new CA).
-    pub fn adopt_received(&self, rec: &BoxRecord, received: &[u64]) -> Result<(), ManagerError> {
+    /// Makes box `rec`'s root, just received here as `received`, a box of
+    /// this host (limits, charges, checkpoints, a new CA).
+    pub fn adopt_received(&self, rec: &BoxRecord, received: &crate::backend::Received) -> Result<(), ManagerError> {
         Ok(super::in_place(|| self.backend.received(rec, received))?)
     }
 

@@ -3,6 +3,10 @@
 //! link before it). A link is recorded only once its object is complete in
 //! the object store, so every recorded link can be fetched; a crash mid-upload
 //! leaves at most an object no record names.
+//!
+//! A link sent from a checkpoint carries the checkpoint's label for as long
+//! as the checkpoint exists, so that a box received elsewhere gets its
+//! checkpoints back, and the collector keeps the links they need.
 
 use serde::{Deserialize, Serialize};
 
@@ -34,9 +38,13 @@ pub struct DurableLink {
     pub uploaded_at_ms: u64,
     /// The node that uploaded it.
     pub node: String,
+    /// The checkpoint it was sent from, while that checkpoint exists
+    /// (`None`: sent from the box's root, or the checkpoint is gone).
+    pub checkpoint: Option<String>,
 }
 
-const COLUMNS: &str = "box_id, seq, parent_seq, key, snapshot, sha256, bytes, taken_at_ms, uploaded_at_ms, node";
+const COLUMNS: &str =
+    "box_id, seq, parent_seq, key, snapshot, sha256, bytes, taken_at_ms, uploaded_at_ms, node, checkpoint";
 
 fn link_from_row(r: &Row) -> Result<DurableLink, StoreError> {
     let id: String = r.get(0)?;
@@ -51,6 +59,7 @@ fn link_from_row(r: &Row) -> Result<DurableLink, StoreError> {
         taken_at_ms: r.get(7)?,
         uploaded_at_ms: r.get(8)?,
         node: r.get(9)?,
+        checkpoint: r.get(10)?,
     })
 }
 
@@ -59,7 +68,7 @@ impl Store {
     /// the box already has a link at its place (another uploader got there).
     pub fn add_durable_link(&self, link: &DurableLink) -> Result<(), StoreError> {
         self.execute(
-            &format!("INSERT INTO durable_links ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+            &format!("INSERT INTO durable_links ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
             &args![
                 link.box_id.as_str(),
                 link.seq,
@@ -70,7 +79,8 @@ impl Store {
                 link.bytes,
                 link.taken_at_ms,
                 link.uploaded_at_ms,
-                &link.node
+                &link.node,
+                link.checkpoint.as_deref()
             ],
         )?;
         Ok(())
@@ -88,9 +98,23 @@ impl Store {
         self.query_row(&sql, &args![id.as_str()])?.as_ref().map(link_from_row).transpose()
     }
 
-    /// Forgets box `id`'s links before `seq` (their objects are to be deleted).
-    pub fn forget_durable_before(&self, id: &BoxId, seq: u64) -> Result<(), StoreError> {
-        self.execute("DELETE FROM durable_links WHERE box_id = ?1 AND seq < ?2", &args![id.as_str(), seq])?;
+    /// Forgets box `id`'s links at places `seqs` (their objects are to be deleted).
+    pub fn forget_durable_links(&self, id: &BoxId, seqs: &[u64]) -> Result<(), StoreError> {
+        self.transaction(|tx| {
+            for seq in seqs {
+                tx.execute("DELETE FROM durable_links WHERE box_id = ?1 AND seq = ?2", &args![id.as_str(), *seq])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Box `id`'s checkpoint `label` is gone: no link carries it any more
+    /// (the links only it needed become garbage).
+    pub fn forget_durable_checkpoint(&self, id: &BoxId, label: &str) -> Result<(), StoreError> {
+        self.execute(
+            "UPDATE durable_links SET checkpoint = NULL WHERE box_id = ?1 AND checkpoint = ?2",
+            &args![id.as_str(), label],
+        )?;
         Ok(())
     }
 
@@ -115,7 +139,10 @@ mod tests {
     use super::*;
     use crate::store::testing::{on_both_engines, TestDb};
 
-    on_both_engines!(links_are_kept_in_order_and_a_place_is_taken_once);
+    on_both_engines!(
+        links_are_kept_in_order_and_a_place_is_taken_once,
+        a_checkpoints_label_stays_on_its_link_until_it_is_gone
+    );
 
     fn link(id: &BoxId, seq: u64, parent_seq: Option<u64>) -> DurableLink {
         DurableLink {
@@ -129,6 +156,7 @@ mod tests {
             taken_at_ms: 10 + seq,
             uploaded_at_ms: 20 + seq,
             node: "n1".into(),
+            checkpoint: None,
         }
     }
 
@@ -146,5 +174,22 @@ mod tests {
         assert_eq!(store.durable_bytes(&a).unwrap(), 2001);
         drop(store);
         assert_eq!(db.open().durable_links(&b).unwrap(), vec![link(&b, 0, None)]);
+    }
+
+    fn a_checkpoints_label_stays_on_its_link_until_it_is_gone(db: &TestDb) {
+        let store = db.open();
+        let id = BoxId::random();
+        let c1 = DurableLink { checkpoint: Some("c1".into()), ..link(&id, 1, Some(0)) };
+        for l in [link(&id, 0, None), c1.clone(), link(&id, 2, Some(1)), link(&id, 3, None)] {
+            store.add_durable_link(&l).unwrap();
+        }
+        assert_eq!(store.durable_links(&id).unwrap()[1], c1);
+        store.forget_durable_checkpoint(&id, "c2").unwrap();
+        assert_eq!(store.durable_links(&id).unwrap()[1].checkpoint.as_deref(), Some("c1"));
+        store.forget_durable_checkpoint(&id, "c1").unwrap();
+        assert_eq!(store.durable_links(&id).unwrap()[1].checkpoint, None);
+        store.forget_durable_links(&id, &[0, 2]).unwrap();
+        let seqs: Vec<u64> = store.durable_links(&id).unwrap().iter().map(|l| l.seq).collect();
+        assert_eq!(seqs, [1, 3]);
     }
 }

@@ -556,6 +556,7 @@ mod tests {
             taken_at_ms,
             uploaded_at_ms: taken_at_ms,
             node: "n1".into(),
+            checkpoint: None,
         }
     }
 

@@ -252,6 +252,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[
     (13, image_bases),
     (14, account_disk),
     (15, counters),
+    (16, durable_checkpoints),
 ];
 
 /// What brings a database from the version before to the next.
@@ -422,6 +423,12 @@ fn counters(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, super::counters::COUNTERS)
 }
 
+/// Version 16: a link sent from a checkpoint names it, so checkpoints are
+/// kept in the object store too (older links: none was).
+fn durable_checkpoints(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    create(tx, "ALTER TABLE durable_links ADD COLUMN checkpoint TEXT")
+}
+
 /// Adds to `table` the columns a database made by an older moat lacks.
 fn add_missing_columns(tx: &mut dyn Exec, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
     let existing = match tx.engine() {
@@ -485,6 +492,7 @@ mod tests {
         store.execute("DROP TABLE account_disk", &[]).unwrap();
         store.execute("ALTER TABLE images DROP COLUMN base_manifest", &[]).unwrap();
         store.execute("ALTER TABLE images DROP COLUMN base_source", &[]).unwrap();
+        store.execute("ALTER TABLE durable_links DROP COLUMN checkpoint", &[]).unwrap();
         store.execute("UPDATE schema_version SET version = 8", &[]).unwrap();
         store
             .execute(
