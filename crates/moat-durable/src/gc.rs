@@ -11,6 +11,10 @@
 //!   right now is recorded only after its object is complete, so a young
 //!   unnamed object may be about to be named.
 //!
+//! - Images no image of anyone's uses any more (objects and records), and
+//!   image objects no record names once older than `min_age` (an upload
+//!   cut short, or one a faster node's upload of the same image beat).
+//!
 //! Idempotent, so every node may run it: two that delete the same object
 //! both succeed.
 
@@ -20,7 +24,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use moat_core::ids::BoxId;
-use moat_core::store::durable::DurableLink;
+use moat_core::store::durable::{DurableImage, DurableLink};
 use moat_core::store::Store;
 use moat_core::BoxManager;
 use object_store::{ObjectMeta, ObjectStore};
@@ -47,6 +51,12 @@ pub trait Records: Send + Sync {
     fn forget_links(&self, id: &BoxId, seqs: &[u64]) -> Result<(), String>;
     /// Forgets all its links.
     fn forget(&self, id: &BoxId) -> Result<(), String>;
+    /// The images kept in the object store.
+    fn images(&self) -> Result<Vec<DurableImage>, String>;
+    /// Whether any image of anyone's has pool key `key`.
+    fn image_in_use(&self, key: &str) -> Result<bool, String>;
+    /// Forgets the image kept under `key`.
+    fn forget_image(&self, key: &str) -> Result<(), String>;
 }
 
 impl Records for BoxManager {
@@ -62,6 +72,15 @@ impl Records for BoxManager {
     fn forget(&self, id: &BoxId) -> Result<(), String> {
         self.forget_durable(id).map_err(|e| e.to_string())
     }
+    fn images(&self) -> Result<Vec<DurableImage>, String> {
+        self.durable_images().map_err(|e| e.to_string())
+    }
+    fn image_in_use(&self, key: &str) -> Result<bool, String> {
+        self.image_key_in_use(key).map_err(|e| e.to_string())
+    }
+    fn forget_image(&self, key: &str) -> Result<(), String> {
+        self.forget_durable_image(key).map_err(|e| e.to_string())
+    }
 }
 
 impl Records for Store {
@@ -76,6 +95,15 @@ impl Records for Store {
     }
     fn forget(&self, id: &BoxId) -> Result<(), String> {
         self.forget_durable(id).map_err(|e| e.to_string())
+    }
+    fn images(&self) -> Result<Vec<DurableImage>, String> {
+        self.durable_images().map_err(|e| e.to_string())
+    }
+    fn image_in_use(&self, key: &str) -> Result<bool, String> {
+        Ok(self.images(None).map_err(|e| e.to_string())?.iter().any(|i| i.key.as_str() == key))
+    }
+    fn forget_image(&self, key: &str) -> Result<(), String> {
+        self.forget_durable_image(key).map_err(|e| e.to_string())
     }
 }
 
@@ -137,7 +165,46 @@ pub async fn collect(
             records.forget(&id).map_err(config)?;
         }
     }
+    collect_images(store, prefix, records, young, &mut done).await?;
     Ok(done)
+}
+
+/// The images part of [`collect`].
+async fn collect_images(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &str,
+    records: &dyn Records,
+    young: chrono::DateTime<chrono::Utc>,
+    done: &mut Collected,
+) -> Result<(), DurableError> {
+    let config = DurableError::Config;
+    let (mut named, mut unused) = (HashSet::new(), HashSet::new());
+    for image in records.images().map_err(config)? {
+        if records.image_in_use(&image.key).map_err(config)? {
+            named.insert(image.object);
+        } else {
+            // The record first: none is left naming a deleted object.
+            records.forget_image(&image.key).map_err(config)?;
+            unused.insert(image.object);
+        }
+    }
+    let root = if prefix.is_empty() { "images".to_string() } else { format!("{prefix}/images") };
+    let listed: Vec<ObjectMeta> =
+        store.list(Some(&object_store::path::Path::from(root.as_str()))).try_collect().await?;
+    let doomed = |m: &&ObjectMeta| {
+        let key = m.location.as_ref();
+        unused.contains(key) || (!named.contains(key) && m.last_modified < young)
+    };
+    for meta in listed.iter().filter(doomed) {
+        match store.delete(&meta.location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                done.objects += 1;
+                done.bytes += meta.size;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Deletes every object of removed box `id` and forgets its links (what

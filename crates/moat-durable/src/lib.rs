@@ -11,6 +11,7 @@
 //! - [`stream`]: packing a stream (compress, hash) and checking a fetched one.
 //! - [`btrfs`]: the `btrfs send` and `btrfs receive` processes.
 //! - [`upload`] and [`restore`]: one box, each way.
+//! - [`images`]: pulled and saved images, each way.
 //! - [`gc`]: deleting what no record needs (removed boxes, links before the
 //!   newest full stream, uploads cut short).
 //! - [`mover`]: moves between nodes (a drain, a lost node's boxes re-homed).
@@ -21,6 +22,7 @@ pub mod btrfs;
 pub mod chain;
 pub mod config;
 pub mod gc;
+pub mod images;
 pub mod mover;
 pub mod restore;
 pub mod stream;
@@ -30,7 +32,7 @@ pub mod worker;
 pub use config::ObjectStoreConfig;
 pub use restore::restore_box;
 pub use upload::Uploader;
-pub use worker::{BoxDirs, DurableWorker, WorkerSettings};
+pub use worker::{DurableWorker, PoolDirs, WorkerSettings};
 
 /// A durable-box failure.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,6 @@
 //! A failed move leaves the box where it was; the epoch flips only once the
 //! copy is complete.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,14 +33,12 @@ pub struct MoverSettings {
     pub grace: Duration,
     /// How often a round runs when nothing wakes it sooner.
     pub every: Duration,
-    /// Where received streams are staged (on the pool's filesystem).
-    pub staging: PathBuf,
 }
 
 /// Starts the mover over `manager`, moving boxes through `worker`'s object store.
 pub fn start(manager: Arc<BoxManager>, worker: Arc<DurableWorker>, settings: MoverSettings) {
     // What a receive killed midway left (nothing of it was taken).
-    crate::restore::clear_staging(&settings.staging);
+    crate::restore::clear_staging(&worker.dirs().staging);
     tokio::spawn(async move {
         loop {
             let _ = tokio::time::timeout(settings.every, manager.mover_wake().notified()).await;
@@ -74,7 +71,7 @@ async fn round(manager: &Arc<BoxManager>, worker: &Arc<DurableWorker>, settings:
         }
     }
     for mv in arriving.into_iter().filter(|m| m.error.is_none()) {
-        if let Err(e) = receive(manager, worker, &mv, grace_ms, &settings.staging).await {
+        if let Err(e) = receive(manager, worker, &mv, grace_ms).await {
             let _ = manager.move_failed(&mv, &e.to_string());
         }
     }
@@ -109,8 +106,8 @@ async fn receive(
     worker: &DurableWorker,
     mv: &BoxMove,
     grace_ms: u64,
-    staging: &std::path::Path,
 ) -> Result<(), DurableError> {
+    let staging = &worker.dirs().staging;
     let Some(rec) = manager.box_by_id(&mv.box_id).map_err(config)? else { return Ok(()) };
     // Whatever this node holds of the box is of an older epoch.
     manager.discard_local(&rec.id).await.map_err(config)?;

@@ -55,7 +55,7 @@ pub async fn restore_box(
     let incoming = Incoming::new(staging, name)?;
     let mut fetched_bytes = 0;
     for link in &plan {
-        fetched_bytes += fetch_verified(store, link, &incoming.file(link)).await?;
+        fetched_bytes += fetch_verified(store, (&link.key, &link.sha256), &incoming.file(link)).await?;
     }
     for link in &plan {
         let (file, dir) = (incoming.file(link), incoming.dir.clone());
@@ -88,29 +88,33 @@ pub async fn restore_box(
     Ok(Restored { root, as_of_ms: head.taken_at_ms, fetched_bytes })
 }
 
-/// Fetches `link`'s object into `file`, hashing it as it lands; refuses it
-/// (and deletes the file) unless the hash is the record's.
-async fn fetch_verified(store: &Arc<dyn ObjectStore>, link: &DurableLink, file: &Path) -> Result<u64, DurableError> {
+/// Fetches object `key` into `file`, hashing it as it lands; refuses it
+/// (and deletes the file) unless the hash is `sha256`, the record's.
+pub(crate) async fn fetch_verified(
+    store: &Arc<dyn ObjectStore>,
+    (key, sha256): (&str, &str),
+    file: &Path,
+) -> Result<u64, DurableError> {
     let mut out = File::create(file).map_err(io_err(format!("create {}", file.display())))?;
     let mut verifier = Verifier::default();
-    let mut body = store.get(&object_store::path::Path::from(link.key.as_str())).await?.into_stream();
+    let mut body = store.get(&object_store::path::Path::from(key)).await?.into_stream();
     while let Some(chunk) = body.next().await {
         let chunk = chunk?;
         verifier.update(&chunk);
         out.write_all(&chunk).map_err(io_err(format!("write {}", file.display())))?;
     }
     out.sync_all().map_err(io_err(format!("write {}", file.display())))?;
-    match verifier.check(&link.sha256) {
+    match verifier.check(sha256) {
         Ok(bytes) => Ok(bytes),
         Err(found) => {
             let _ = std::fs::remove_file(file);
-            Err(DurableError::Corrupt { key: link.key.clone(), expected: link.sha256.clone(), found })
+            Err(DurableError::Corrupt { key: key.to_string(), expected: sha256.to_string(), found })
         }
     }
 }
 
 /// Receives one verified object into `dir`.
-fn receive_one(file: &Path, dir: &Path, key: &str) -> Result<(), DurableError> {
+pub(crate) fn receive_one(file: &Path, dir: &Path, key: &str) -> Result<(), DurableError> {
     let input = File::open(file).map_err(io_err(format!("open {}", file.display())))?;
     let mut child = btrfs::receive(dir)?;
     let fed = child.stdin.take().map(|stdin| unpack(input, stdin));
@@ -136,12 +140,12 @@ pub fn clear_staging(staging: &Path) {
 
 /// A staging directory for one restore, deleted with all it received when
 /// dropped.
-struct Incoming {
-    dir: PathBuf,
+pub(crate) struct Incoming {
+    pub(crate) dir: PathBuf,
 }
 
 impl Incoming {
-    fn new(staging: &Path, name: &str) -> Result<Self, DurableError> {
+    pub(crate) fn new(staging: &Path, name: &str) -> Result<Self, DurableError> {
         let mut rand = [0u8; 4];
         let _ = getrandom::fill(&mut rand);
         let dir = staging.join(format!("incoming-{name}-{}", hex::encode(rand)));

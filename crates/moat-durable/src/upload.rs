@@ -133,7 +133,12 @@ impl Uploader {
     }
 
     /// Streams `btrfs send` of `snapshot` (against `parent`) to `key`.
-    async fn send(&self, snapshot: &Path, parent: Option<PathBuf>, key: &str) -> Result<Packed, DurableError> {
+    pub(crate) async fn send(
+        &self,
+        snapshot: &Path,
+        parent: Option<PathBuf>,
+        key: &str,
+    ) -> Result<Packed, DurableError> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(PARTS_IN_FLIGHT);
         let (snapshot, what) = (snapshot.to_path_buf(), format!("btrfs send of {}", snapshot.display()));
         let packer = tokio::task::spawn_blocking(move || -> Result<Packed, DurableError> {

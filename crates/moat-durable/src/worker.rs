@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use moat_core::ids::BoxId;
-use moat_core::manager::DurableHooks;
+use moat_core::ids::{BoxId, Name};
+use moat_core::manager::{DurableHooks, ImageFetch};
 use moat_core::record::BoxState;
 use moat_core::store::durable::DurableLink;
 use moat_core::BoxManager;
@@ -34,13 +34,17 @@ pub struct WorkerSettings {
 /// The longest wait between retries of one box's upload.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
-/// Where a node keeps its boxes' files (the pool's `boxes` and `checkpoints`).
+/// Where a node keeps what it makes durable (its pool's directories).
 #[derive(Debug, Clone)]
-pub struct BoxDirs {
+pub struct PoolDirs {
     /// Each box's root, by id.
     pub roots: PathBuf,
     /// Each box's checkpoints, `<id>/<label>`.
     pub checkpoints: PathBuf,
+    /// Images, by pool key.
+    pub images: PathBuf,
+    /// Where fetched streams are received first.
+    pub staging: PathBuf,
 }
 
 /// A box waiting for its upload.
@@ -56,12 +60,16 @@ pub struct DurableWorker {
     current: Mutex<Option<BoxId>>,
     wake: Notify,
     uploader: Uploader,
-    /// Where the boxes' roots and checkpoints are.
-    dirs: BoxDirs,
+    /// Where the boxes' files and the images are.
+    dirs: PoolDirs,
     /// Held for each upload: one at a time, the mover's last uploads included.
     turn: tokio::sync::Mutex<()>,
     /// The manager it reports to (weak: the manager holds the worker).
     manager: std::sync::OnceLock<std::sync::Weak<BoxManager>>,
+    /// Itself, for the tasks it starts.
+    me: std::sync::OnceLock<std::sync::Weak<DurableWorker>>,
+    /// Images whose upload is under way (or waiting to be tried again).
+    images: Mutex<std::collections::HashSet<Name>>,
 }
 
 impl DurableHooks for DurableWorker {
@@ -93,12 +101,42 @@ impl DurableHooks for DurableWorker {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner).contains_key(id)
             || self.current.lock().unwrap_or_else(PoisonError::into_inner).as_ref() == Some(id)
     }
+
+    fn image_made(&self, key: &Name) {
+        if !self.images.lock().unwrap_or_else(PoisonError::into_inner).insert(key.clone()) {
+            return;
+        }
+        let (Some(worker), Ok(runtime)) =
+            (self.me.get().and_then(std::sync::Weak::upgrade), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let key = key.clone();
+        runtime.spawn(async move {
+            worker.keep_image(&key).await;
+            worker.images.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        });
+    }
+
+    fn fetch_image<'a>(&'a self, key: &'a Name) -> ImageFetch<'a> {
+        Box::pin(async move {
+            let manager = self.manager.get().and_then(std::sync::Weak::upgrade).ok_or("the daemon is stopping")?;
+            let Some(image) = manager.durable_image(key.as_str()).map_err(|e| e.to_string())? else { return Ok(false) };
+            let started = Instant::now();
+            crate::images::fetch_image(&self.uploader.store, &image, &self.dirs.staging, &self.dirs.images)
+                .await
+                .map_err(|e| e.to_string())?;
+            tracing::info!(image = %key, bytes = image.bytes, took_ms = started.elapsed().as_millis() as u64,
+                "image fetched from the object store");
+            Ok(true)
+        })
+    }
 }
 
 impl DurableWorker {
     /// Starts the task uploading `manager`'s boxes (their files in `dirs`)
     /// with `uploader`, and tells the manager to report to it.
-    pub fn start(manager: Arc<BoxManager>, uploader: Uploader, dirs: BoxDirs, settings: WorkerSettings) -> Arc<Self> {
+    pub fn start(manager: Arc<BoxManager>, uploader: Uploader, dirs: PoolDirs, settings: WorkerSettings) -> Arc<Self> {
         let worker = Arc::new(Self {
             queue: Mutex::default(),
             current: Mutex::default(),
@@ -107,8 +145,11 @@ impl DurableWorker {
             dirs,
             turn: tokio::sync::Mutex::new(()),
             manager: std::sync::OnceLock::new(),
+            me: std::sync::OnceLock::new(),
+            images: Mutex::default(),
         });
         let _ = worker.manager.set(Arc::downgrade(&manager));
+        let _ = worker.me.set(Arc::downgrade(&worker));
         manager.set_durable(worker.clone());
         tokio::spawn(worker.clone().run(manager, settings));
         worker
@@ -153,7 +194,7 @@ impl DurableWorker {
     }
 
     /// Where the boxes' files are.
-    pub fn dirs(&self) -> &BoxDirs {
+    pub fn dirs(&self) -> &PoolDirs {
         &self.dirs
     }
 
@@ -190,8 +231,52 @@ impl DurableWorker {
         }
     }
 
-    /// Queues every box here that changed since its last upload.
+    /// Uploads image `key` and records it, trying again with a growing wait
+    /// while the object store fails, until it is kept there (by this node
+    /// or another) or gone from here.
+    async fn keep_image(&self, key: &Name) {
+        let Some(manager) = self.manager.get().and_then(std::sync::Weak::upgrade) else { return };
+        let mut wait = Duration::from_secs(2);
+        loop {
+            if manager.durable_image(key.as_str()).ok().flatten().is_some()
+                || !self.dirs.images.join(key.as_str()).is_dir()
+            {
+                return;
+            }
+            let uploaded = {
+                let _turn = self.turn.lock().await;
+                crate::images::upload_image(&self.uploader, &self.dirs.images, key.as_str()).await
+            };
+            let recorded = uploaded.and_then(|image| {
+                moat_core::fault::point("image-before-record");
+                manager.record_durable_image(&image).map(|first| (image, first)).map_err(config)
+            });
+            match recorded {
+                Ok((image, first)) => {
+                    // Not the first: another node's upload is the image's; this object is garbage.
+                    tracing::info!(image = %key, bytes = image.bytes, first, "image made durable");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(image = %key, error = %e, retry_in_s = wait.as_secs(), "image upload failed");
+                    tokio::time::sleep(wait).await;
+                    wait = wait.saturating_mul(2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// Queues every box here that changed since its last upload, and every
+    /// image here not yet kept in the object store.
     async fn queue_changed(&self, manager: &Arc<BoxManager>) {
+        match manager.images_not_durable() {
+            Ok(keys) => {
+                for key in keys.iter().filter(|k| self.dirs.images.join(k.as_str()).is_dir()) {
+                    self.image_made(key);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list the images to upload"),
+        }
         let (uploader, boxes_dir) = (&self.uploader, &self.dirs.roots);
         let boxes = match manager.boxes_here() {
             Ok(boxes) => boxes,
@@ -212,7 +297,7 @@ impl DurableWorker {
 async fn upload_one(
     manager: &Arc<BoxManager>,
     uploader: &Uploader,
-    dirs: &BoxDirs,
+    dirs: &PoolDirs,
     id: &BoxId,
 ) -> Result<(), DurableError> {
     let Some(rec) = manager.box_here(id).map_err(config)? else { return Ok(()) };

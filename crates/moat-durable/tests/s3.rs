@@ -297,3 +297,89 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
     assert!(keys(&client, &format!("gc/boxes/{live}")).await.is_empty());
     assert!(store.durable_links(&live).unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_goes_up_whole_comes_back_read_only_elsewhere_and_goes_when_no_one_uses_it() {
+    use moat_core::store::images::StoredImage;
+    use moat_core::{AccountId, Name};
+    use moat_durable::{gc, images};
+    assert!(is_root(), "this test needs root (btrfs on a loop device)");
+    let s3 = SeaweedFs::start();
+    s3.create_bucket("moat");
+    let fs = Btrfs::new();
+    let pool = fs.root();
+    for d in ["images", "durable", "staging", "elsewhere"] {
+        std::fs::create_dir(pool.join(d)).unwrap();
+    }
+    let state = tempfile::tempdir().unwrap();
+    let store = Store::open(&state.path().join("moat.db")).unwrap();
+    let config = ObjectStoreConfig::new_with_keys("s3://moat/img", Some(s3.endpoint()), None, "any", "any").unwrap();
+    let client = config.client().unwrap();
+    let up = Uploader {
+        store: Arc::clone(&client),
+        prefix: config.prefix.clone(),
+        snapshots: pool.join("durable"),
+        full_every: 4,
+        node: "n1".into(),
+    };
+    // An image as a pull leaves it (a writable subvolume is sent too).
+    let key = "oci-test1";
+    sys::subvolume_create(&pool.join("images"), key).unwrap();
+    let image = pool.join("images").join(key);
+    std::fs::create_dir_all(image.join("usr/bin")).unwrap();
+    std::fs::write(image.join("usr/bin/tool"), vec![3u8; 1 << 20]).unwrap();
+    std::os::unix::fs::symlink("usr/bin", image.join("bin")).unwrap();
+
+    let kept = images::upload_image(&up, &pool.join("images"), key).await.unwrap();
+    assert!(kept.object.starts_with("img/images/oci-test1-"), "{}", kept.object);
+    assert_eq!(keys(&client, "img/images").await, [kept.object.clone()]);
+    assert!(std::fs::read_dir(pool.join("durable/images")).unwrap().next().is_none(), "its snapshot is gone");
+    assert!(store.add_durable_image(&kept).unwrap());
+    assert!(images::upload_image(&up, &pool.join("images"), "oci-none").await.is_err(), "no such image here");
+
+    // Another node's pool: fetched, checked, kept read-only; staging empty.
+    let elsewhere = pool.join("elsewhere");
+    images::fetch_image(&client, &kept, &pool.join("staging"), &elsewhere).await.unwrap();
+    assert_eq!(tree(&elsewhere.join(key)), tree(&image));
+    let written = std::fs::write(elsewhere.join(key).join("new"), "x");
+    assert!(written.is_err(), "a fetched image is read-only");
+    assert_eq!(std::fs::read_dir(pool.join("staging")).unwrap().count(), 0);
+
+    // A corrupted object: refused, nothing kept.
+    let object = object_store::path::Path::from(kept.object.as_str());
+    let mut bytes = client.get(&object).await.unwrap().bytes().await.unwrap().to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    client.put(&object, bytes.into()).await.unwrap();
+    let again = pool.join("again");
+    let err = images::fetch_image(&client, &kept, &pool.join("staging"), &again).await.unwrap_err();
+    assert!(matches!(err, DurableError::Corrupt { .. }), "{err}");
+    assert!(!again.join(key).exists());
+    assert_eq!(std::fs::read_dir(pool.join("staging")).unwrap().count(), 0);
+
+    // Used by an image of someone's: kept. Used by none: its record, then its object, go.
+    let stored = StoredImage {
+        account: AccountId("a".into()),
+        name: Name::new("tool").unwrap(),
+        key: Name::new(key).unwrap(),
+        reference: "r/tool:1".into(),
+        digest: "sha256:1".into(),
+        layers: Vec::new(),
+        config: "{}".into(),
+        bytes: 1,
+        created_ms: 1,
+        base_manifest: String::new(),
+        base_source: String::new(),
+    };
+    store.put_image(&stored).unwrap();
+    let stray = "img/images/oci-test1-cut-short.btrfs.zst";
+    client.put(&object_store::path::Path::from(stray), vec![1u8; 10].into()).await.unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    assert_eq!(gc::collect(&client, "img", &store, hour).await.unwrap().objects, 0, "a young stray may be an upload");
+    assert_eq!(gc::collect(&client, "img", &store, std::time::Duration::ZERO).await.unwrap().objects, 1);
+    assert_eq!(keys(&client, "img/images").await, [kept.object.clone()]);
+    store.remove_image(&stored.account, &stored.name).unwrap();
+    assert_eq!(gc::collect(&client, "img", &store, hour).await.unwrap().objects, 1);
+    assert!(keys(&client, "img/images").await.is_empty());
+    assert_eq!(store.durable_image(key).unwrap(), None);
+}

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use moat_core::BoxManager;
 use moat_durable::mover::MoverSettings;
-use moat_durable::{BoxDirs, DurableWorker, ObjectStoreConfig, Uploader, WorkerSettings};
+use moat_durable::{DurableWorker, ObjectStoreConfig, PoolDirs, Uploader, WorkerSettings};
 
 /// How often the object store's garbage is collected.
 const GC_EVERY: Duration = Duration::from_secs(30 * 60);
@@ -70,15 +70,16 @@ pub fn start(args: &DurableArgs, manager: &Arc<BoxManager>, pool_root: &Path) ->
     let settings =
         WorkerSettings { interval: Duration::from_secs(args.upload_interval.max(1)), backoff: Duration::from_secs(2) };
     tracing::info!(bucket = %config.bucket, prefix = %config.prefix, "boxes are made durable in the object store");
-    let dirs = BoxDirs { roots: pool_root.join("boxes"), checkpoints: pool_root.join("checkpoints") };
+    let dirs = PoolDirs {
+        roots: pool_root.join("boxes"),
+        checkpoints: pool_root.join("checkpoints"),
+        images: pool_root.join("images"),
+        staging: pool_root.join("incoming"),
+    };
     let worker = DurableWorker::start(Arc::clone(manager), uploader, dirs, settings);
     moat_durable::gc::start(store, config.prefix.clone(), Arc::clone(manager), GC_EVERY, GC_MIN_AGE);
     if !manager.node().is_empty() {
-        let settings = MoverSettings {
-            grace: Duration::from_secs(args.node_grace),
-            every: Duration::from_secs(2),
-            staging: pool_root.join("incoming"),
-        };
+        let settings = MoverSettings { grace: Duration::from_secs(args.node_grace), every: Duration::from_secs(2) };
         moat_durable::mover::start(Arc::clone(manager), Arc::clone(&worker), settings);
     }
     Ok(Some(worker))

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use super::{BoxManager, ManagerError};
 use crate::backend::Checkpoint;
-use crate::ids::BoxId;
+use crate::ids::{BoxId, Name};
 use crate::record::BoxRecord;
-use crate::store::durable::DurableLink;
+use crate::store::durable::{DurableImage, DurableLink};
 
 /// What the manager tells the uploader.
 pub trait DurableHooks: Send + Sync {
@@ -26,7 +26,20 @@ pub trait DurableHooks: Send + Sync {
     fn removed(&self, id: &BoxId) {
         let _ = id;
     }
+    /// Image `key` was made here (pulled or saved): keep it in the object store.
+    fn image_made(&self, key: &Name) {
+        let _ = key;
+    }
+    /// Fetches image `key` from the object store into this node's pool;
+    /// `Ok(false)` when it is not kept there.
+    fn fetch_image<'a>(&'a self, key: &'a Name) -> ImageFetch<'a> {
+        let _ = key;
+        Box::pin(async { Ok(false) })
+    }
 }
+
+/// A fetch of an image from the object store (see [`DurableHooks::fetch_image`]).
+pub type ImageFetch<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, String>> + Send + 'a>>;
 
 /// How durable a box is, as `info` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +63,49 @@ impl BoxManager {
         if let Some(hooks) = self.durable.get() {
             hooks.changed(id);
         }
+    }
+
+    /// Tells the uploader that image `key` was made here.
+    pub(super) fn tell_durable_image(&self, key: &Name) {
+        if let Some(hooks) = self.durable.get() {
+            hooks.image_made(key);
+        }
+    }
+
+    /// The image kept in the object store under pool key `key`, if any.
+    pub fn durable_image(&self, key: &str) -> Result<Option<DurableImage>, ManagerError> {
+        Ok(self.db(|s| s.durable_image(key))?)
+    }
+
+    /// Records an image upload that completed; whether it was the first for its key.
+    pub fn record_durable_image(&self, image: &DurableImage) -> Result<bool, ManagerError> {
+        Ok(self.db(|s| s.add_durable_image(image))?)
+    }
+
+    /// Every image kept in the object store.
+    pub fn durable_images(&self) -> Result<Vec<DurableImage>, ManagerError> {
+        Ok(self.db(|s| s.durable_images())?)
+    }
+
+    /// Forgets the image kept under `key` (the collector deletes its object).
+    pub fn forget_durable_image(&self, key: &str) -> Result<(), ManagerError> {
+        Ok(self.db(|s| s.forget_durable_image(key))?)
+    }
+
+    /// Whether any image of anyone's has pool key `key`.
+    pub fn image_key_in_use(&self, key: &str) -> Result<bool, ManagerError> {
+        Ok(self.db(|s| s.images(None))?.iter().any(|i| i.key.as_str() == key))
+    }
+
+    /// Pool keys of images (anyone's) that no record keeps in the object store.
+    pub fn images_not_durable(&self) -> Result<Vec<Name>, ManagerError> {
+        let kept: std::collections::HashSet<String> =
+            self.db(|s| s.durable_images())?.into_iter().map(|i| i.key).collect();
+        let mut keys: Vec<Name> =
+            self.db(|s| s.images(None))?.into_iter().map(|i| i.key).filter(|k| !kept.contains(k.as_str())).collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
     }
 
     /// Tells the fleet how many of this node's boxes wait for an upload.

@@ -132,6 +132,7 @@ impl BoxManager {
         if let Some(old) = self.db(|s| s.put_image(&image))? {
             self.forget_unused(&old);
         }
+        self.tell_durable_image(&image.key);
         Ok(image)
     }
 
@@ -173,6 +174,7 @@ impl BoxManager {
         if let Some(old) = self.db(|s| s.put_image(&saved))? {
             self.forget_unused(&old);
         }
+        self.tell_durable_image(&saved.key);
         Ok(saved)
     }
 

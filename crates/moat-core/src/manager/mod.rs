@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-pub use durable::{Durability, DurableHooks};
+pub use durable::{Durability, DurableHooks, ImageFetch};
 pub use fleet::{LEASE, LEASE_RENEW};
 pub use images::{ImagePuller, Logins, Pulled, RegistryLogin, IMAGE_USER, IMAGE_WORKDIR};
 pub use meter::{SecretUsage, UsageReport};
@@ -53,6 +53,9 @@ pub enum ManagerError {
     /// No such image, and it is not one moat knows how to build.
     #[error("no image named {0}")]
     NoSuchImage(Name),
+    /// An image kept in the object store could not be fetched.
+    #[error("image {0} is kept in the object store but could not be fetched: {1}")]
+    ImageFetch(Name, String),
     /// The box is still being made.
     #[error("box {0} is still being created")]
     Busy(Name),
@@ -462,25 +465,31 @@ impl BoxManager {
         Ok(self.db(|s| s.list(Some(account)))?)
     }
 
-    /// Makes sure `image` exists, building it if moat knows how.
+    /// Makes sure `image` exists here: building it if moat knows how, or
+    /// fetching it from the object store if it is kept there (a pulled or
+    /// saved image another node made).
     pub async fn ensure_image(&self, image: &Name, mut progress: ProgressSink) -> Result<(), ManagerError> {
         let name = image.clone();
         if self.blocking(move |b| b.has_image(&name)).await? {
             return Ok(());
         }
-        if !crate::images::BUILDABLE.contains(&image.as_str()) {
-            return Err(ManagerError::NoSuchImage(image.clone()));
-        }
-        // One build at a time; whoever waited finds the image made.
+        // One build or fetch at a time; whoever waited finds the image made.
         let _guard = self.image_lock.lock().await;
         let name = image.clone();
-        self.blocking(move |b| {
-            if b.has_image(&name) {
-                return Ok(());
-            }
-            b.build_image(&name, &mut progress)
-        })
-        .await??;
+        if self.blocking(move |b| b.has_image(&name)).await? {
+            return Ok(());
+        }
+        if !crate::images::BUILDABLE.contains(&image.as_str()) {
+            let Some(hooks) = self.durable.get() else { return Err(ManagerError::NoSuchImage(image.clone())) };
+            progress(&format!("image {image}: fetching it from the object store"));
+            return match hooks.fetch_image(image).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(ManagerError::NoSuchImage(image.clone())),
+                Err(e) => Err(ManagerError::ImageFetch(image.clone(), e)),
+            };
+        }
+        let name = image.clone();
+        self.blocking(move |b| b.build_image(&name, &mut progress)).await??;
         Ok(())
     }
 
@@ -500,22 +509,24 @@ impl BoxManager {
         let mut spec = spec;
         let (image, pulled) = self.resolve_image(account, &spec.image)?;
         spec.image = image;
+        if self.db(|s| s.get(account, &spec.name))?.is_some() {
+            return Err(StoreError::NameTaken(spec.name).into());
+        }
+        // Before its settings are read from its files (a pulled image may be
+        // in the object store only).
+        self.ensure_image(&spec.image, progress).await?;
         let session = pulled.as_ref().map(|p| self.image_session(p)).transpose()?.unwrap_or_default();
         let service = match (spec.run, &pulled) {
             (false, _) => None,
             (true, Some(image)) => Some(services::image_command(image)?),
             (true, None) => return Err(ManagerError::NothingToRun(spec.image.clone())),
         };
-        if self.db(|s| s.get(account, &spec.name))?.is_some() {
-            return Err(StoreError::NameTaken(spec.name).into());
-        }
         // A box booted ahead has no image session of its own: pulled images get none.
         if pulled.is_none() {
             if let Some(made) = self.take_warm(account, &spec).await {
                 return made;
             }
         }
-        self.ensure_image(&spec.image, progress).await?;
         let made = (&spec.image, spec.limits, self.backend_of(&spec));
         let rec = self.db(|s| s.insert_new(account, &spec.name, made, now(), &spec.policy)).map_err(|e| match e {
             StoreError::NodeFull { .. } | StoreError::NodeUnavailable(_) => ManagerError::NoRoomHere(e),

@@ -7,6 +7,10 @@
 //! A link sent from a checkpoint carries the checkpoint's label for as long
 //! as the checkpoint exists, so that a box received elsewhere gets its
 //! checkpoints back, and the collector keeps the links they need.
+//!
+//! Pulled and saved images are kept there too, each as one full stream
+//! under its pool key, recorded once its upload is complete: a node that
+//! lacks an image fetches it on first use.
 
 use serde::{Deserialize, Serialize};
 
@@ -63,7 +67,68 @@ fn link_from_row(r: &Row) -> Result<DurableLink, StoreError> {
     })
 }
 
+/// An image kept in the object store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DurableImage {
+    /// Its pool key (what boxes are snapshots of).
+    pub key: String,
+    /// The object's key in the object store (never overwritten).
+    pub object: String,
+    /// SHA-256 of the object's bytes, hex.
+    pub sha256: String,
+    /// The object's size (compressed).
+    pub bytes: u64,
+    /// When its upload completed (ms).
+    pub uploaded_at_ms: u64,
+    /// The node that uploaded it.
+    pub node: String,
+}
+
+const IMAGE_COLUMNS: &str = "key, object, sha256, bytes, uploaded_at_ms, node";
+
+fn image_from_row(r: &Row) -> Result<DurableImage, StoreError> {
+    Ok(DurableImage {
+        key: r.get(0)?,
+        object: r.get(1)?,
+        sha256: r.get(2)?,
+        bytes: r.get(3)?,
+        uploaded_at_ms: r.get(4)?,
+        node: r.get(5)?,
+    })
+}
+
 impl Store {
+    /// Records `image`, whose object is complete in the object store, unless
+    /// one is recorded for its key already (another node uploaded it
+    /// first: then this object is no record's). Whether it was recorded.
+    pub fn add_durable_image(&self, image: &DurableImage) -> Result<bool, StoreError> {
+        let added = self.execute(
+            &format!(
+                "INSERT INTO durable_images ({IMAGE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (key) DO NOTHING"
+            ),
+            &args![&image.key, &image.object, &image.sha256, image.bytes, image.uploaded_at_ms, &image.node],
+        )?;
+        Ok(added == 1)
+    }
+
+    /// The image kept in the object store under pool key `key`, if any.
+    pub fn durable_image(&self, key: &str) -> Result<Option<DurableImage>, StoreError> {
+        let sql = format!("SELECT {IMAGE_COLUMNS} FROM durable_images WHERE key = ?1");
+        self.query_row(&sql, &args![key])?.as_ref().map(image_from_row).transpose()
+    }
+
+    /// Every image kept in the object store.
+    pub fn durable_images(&self) -> Result<Vec<DurableImage>, StoreError> {
+        let sql = format!("SELECT {IMAGE_COLUMNS} FROM durable_images ORDER BY key");
+        self.query(&sql, &[])?.iter().map(image_from_row).collect()
+    }
+
+    /// Forgets the image kept under `key` (its object is to be deleted).
+    pub fn forget_durable_image(&self, key: &str) -> Result<(), StoreError> {
+        self.execute("DELETE FROM durable_images WHERE key = ?1", &args![key])?;
+        Ok(())
+    }
+
     /// Records `link`, whose object is complete in the object store. Fails if
     /// the box already has a link at its place (another uploader got there).
     pub fn add_durable_link(&self, link: &DurableLink) -> Result<(), StoreError> {
@@ -141,8 +206,28 @@ mod tests {
 
     on_both_engines!(
         links_are_kept_in_order_and_a_place_is_taken_once,
-        a_checkpoints_label_stays_on_its_link_until_it_is_gone
+        a_checkpoints_label_stays_on_its_link_until_it_is_gone,
+        an_image_is_recorded_once_by_whichever_node_uploads_it_first
     );
+
+    fn an_image_is_recorded_once_by_whichever_node_uploads_it_first(db: &TestDb) {
+        let store = db.open();
+        let image = |node: &str| DurableImage {
+            key: "oci-abc".into(),
+            object: format!("p/images/oci-abc-{node}.btrfs.zst"),
+            sha256: "cd".repeat(32),
+            bytes: 7,
+            uploaded_at_ms: 8,
+            node: node.into(),
+        };
+        assert_eq!(store.durable_image("oci-abc").unwrap(), None);
+        assert!(store.add_durable_image(&image("n1")).unwrap());
+        assert!(!store.add_durable_image(&image("n2")).unwrap(), "the first upload stays the image's");
+        assert_eq!(db.open().durable_image("oci-abc").unwrap(), Some(image("n1")));
+        assert_eq!(store.durable_images().unwrap(), [image("n1")]);
+        store.forget_durable_image("oci-abc").unwrap();
+        assert!(store.durable_images().unwrap().is_empty());
+    }
 
     fn link(id: &BoxId, seq: u64, parent_seq: Option<u64>) -> DurableLink {
         DurableLink {

@@ -181,6 +181,18 @@ CREATE TABLE IF NOT EXISTS durable_links (
 );
 ";
 
+/// Images kept in the object store (see `store::durable`).
+pub(crate) const DURABLE_IMAGES: &str = "
+CREATE TABLE IF NOT EXISTS durable_images (
+    key             TEXT PRIMARY KEY,
+    object          TEXT NOT NULL UNIQUE,
+    sha256          TEXT NOT NULL,
+    bytes           INTEGER NOT NULL,
+    uploaded_at_ms  INTEGER NOT NULL,
+    node            TEXT NOT NULL
+);
+";
+
 /// Boxes changing node (see `store::moves`), and where each box came from.
 pub(crate) const MOVES: &str = "
 CREATE TABLE IF NOT EXISTS box_moves (
@@ -423,10 +435,12 @@ fn counters(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, super::counters::COUNTERS)
 }
 
-/// Version 16: a link sent from a checkpoint names it, so checkpoints are
-/// kept in the object store too (older links: none was).
+/// Version 16: checkpoints and images kept in the object store too: a link
+/// sent from a checkpoint names it (older links: none was), and images
+/// have a table of their own.
 fn durable_checkpoints(tx: &mut dyn Exec) -> Result<(), StoreError> {
-    create(tx, "ALTER TABLE durable_links ADD COLUMN checkpoint TEXT")
+    create(tx, "ALTER TABLE durable_links ADD COLUMN checkpoint TEXT")?;
+    create(tx, DURABLE_IMAGES)
 }
 
 /// Adds to `table` the columns a database made by an older moat lacks.
@@ -493,6 +507,7 @@ mod tests {
         store.execute("ALTER TABLE images DROP COLUMN base_manifest", &[]).unwrap();
         store.execute("ALTER TABLE images DROP COLUMN base_source", &[]).unwrap();
         store.execute("ALTER TABLE durable_links DROP COLUMN checkpoint", &[]).unwrap();
+        store.execute("DROP TABLE durable_images", &[]).unwrap();
         store.execute("UPDATE schema_version SET version = 8", &[]).unwrap();
         store
             .execute(

@@ -82,12 +82,14 @@ pub fn boxes_upload_at_suspend_checkpoint_and_every_interval(env: &Env) {
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert!(listed[0].contains("/0000000000-full-"), "{listed:?}");
 
-    // At checkpoint: an incremental.
+    // At checkpoint: the checkpoint as an incremental, then the root (an
+    // incremental against it).
     ssh(&d, Some("b"), &["echo two > /root/g; sync"]).ok();
     ssh(&d, None, &["checkpoint", "b"]).ok();
     let second = durable_after(&d, env, "b", first);
     let listed = keys(&endpoint, "moat", &prefix);
-    assert!(listed.len() == 2 && listed[1].contains("/0000000001-incr-"), "{listed:?}");
+    assert!(listed.len() == 3 && listed[1].contains("/0000000001-incr-"), "{listed:?}");
+    assert!(listed[2].contains("/0000000002-incr-"), "{listed:?}");
 
     // Every interval, a running box that changed, while it keeps answering;
     // an unchanged one is not uploaded again.
@@ -102,25 +104,35 @@ pub fn boxes_upload_at_suspend_checkpoint_and_every_interval(env: &Env) {
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(keys(&endpoint, "moat", &prefix).len(), n, "an unchanged box was uploaded again");
 
-    // The object store gone: the box and its sessions go on; the upload waits.
+    // The object store gone for a minute: boxes and sessions go on (a
+    // suspend, a checkpoint, a new box, a session every 2 s to each, a
+    // writer in the background); the uploads wait.
     s3.stop();
     let down = Instant::now();
     let before = info(&d, env, "b")["durable"]["as_of_ms"].as_u64().unwrap();
     ssh(&d, Some("b"), &["echo four > /root/i; sync"]).ok();
     ssh(&d, None, &["suspend", "b"]).ok();
     assert_eq!(ssh(&d, Some("b"), &["cat /root/i"]).ok().stdout, "four\n");
+    ssh(&d, None, &["checkpoint", "b", "down"]).ok();
+    ssh(&d, None, &["new", "b2", "--image", "busybox"]).ok();
+    ssh(&d, Some("b2"), &["echo five > /root/f; sync"]).ok();
+    let writer = "setsid sh -c 'while :; do date >> /root/log; sleep 0.2; done' >/dev/null 2>&1 </dev/null &";
+    ssh(&d, Some("b2"), &[writer]).ok();
     assert!(down.elapsed() < Duration::from_secs(20), "{:?}", down.elapsed());
     assert_eq!(info(&d, env, "b")["durable"]["pending"], true);
-    // Sessions go on through the whole outage (20 s here: long enough for a
-    // few failed attempts, short enough for the suite).
-    while down.elapsed() < Duration::from_secs(20) {
+    while down.elapsed() < Duration::from_secs(60) {
+        let at = Instant::now();
         assert_eq!(ssh(&d, Some("b"), &["cat /root/f"]).ok().stdout, "one\n");
+        assert_eq!(ssh(&d, Some("b2"), &["cat /root/f"]).ok().stdout, "five\n");
+        assert!(at.elapsed() < Duration::from_secs(5), "two sessions took {:?} with the store down", at.elapsed());
         std::thread::sleep(Duration::from_secs(2));
     }
-    // Back: the upload catches up by itself (its backoff is at most 32 s by now).
+    // Back: the uploads catch up by themselves (a backoff is at most 64 s by now).
+    let back = now_ms();
     s3.start_again();
     let caught_up = durable_after(&d, env, "b", before);
     assert!(caught_up > before);
+    durable_after(&d, env, "b2", back);
     let listed = keys(&endpoint, "moat", &prefix);
     assert!(listed.last().is_some_and(|k| k.contains("-incr-")), "{listed:?}");
     d.purge();

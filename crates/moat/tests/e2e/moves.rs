@@ -61,6 +61,8 @@ fn wait_gone(path: &std::path::Path, within: Duration) {
 
 pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) {
     box_with_file(fleet, env, "mv1", 1, "moved-data");
+    alice(fleet, env, None, &["checkpoint", "mv1", "before-edit"]).ok();
+    alice(fleet, env, Some("mv1"), &["echo edited > /root/f; sync"]).ok();
     let on_n1 = root_on(fleet, env, 1, "mv1");
     assert!(on_n1.is_dir());
     let out = alice(fleet, env, None, &["move", "mv1", "--node", "n2"]).ok();
@@ -68,6 +70,9 @@ pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) 
     assert!(said.contains("mv1 answers on node n2 now"), "{said}");
     assert!(said.contains("its processes end"), "the move says what a namespace box loses: {said}");
     assert_eq!(node_of(fleet, env, "mv1"), "n2");
+    assert_eq!(alice(fleet, env, Some("mv1"), &["cat /root/f"]).ok().stdout, "edited\n");
+    // Its checkpoint came with it.
+    alice(fleet, env, None, &["restore", "mv1", "before-edit"]).ok();
     assert_eq!(alice(fleet, env, Some("mv1"), &["cat /root/f"]).ok().stdout, "moved-data\n");
     let text = alice(fleet, env, None, &["info", "mv1"]).ok().stdout;
     assert!(text.contains("moved:    from node n1 at "), "{text}");
@@ -91,7 +96,8 @@ pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) 
 }
 
 pub fn a_drained_node_is_left_empty_and_every_box_answers(env: &Env, fleet: &mut Fleet) {
-    let names: Vec<String> = (0..4).map(|i| format!("dr{i}")).collect();
+    // Ten boxes: nine namespace boxes and a VM box.
+    let names: Vec<String> = (0..9).map(|i| format!("dr{i}")).collect();
     for (i, name) in names.iter().enumerate() {
         box_with_file(fleet, env, name, 3, &format!("drained-{i}"));
     }
@@ -132,6 +138,8 @@ pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, f
     // Suspended (and so uploaded) with its file; running, with a file
     // written after its last upload.
     box_with_file(fleet, env, "lost1", 1, "kept");
+    alice(fleet, env, None, &["checkpoint", "lost1", "c-kept"]).ok();
+    alice(fleet, env, Some("lost1"), &["echo after > /root/g; sync"]).ok();
     let t0 = now_ms();
     alice(fleet, env, None, &["suspend", "lost1"]).ok();
     durable_after(fleet, env, "lost1", t0);
@@ -144,11 +152,14 @@ pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, f
 
     let killed = Instant::now();
     fleet.nodes[0].kill();
-    // lost1's disk on n1 is gone outright (its root and the snapshot kept
-    // for its next upload): it comes back from the object store alone.
+    // lost1's disk on n1 is gone outright (its root, its checkpoint and the
+    // snapshot kept for its next upload): it comes back from the object
+    // store alone.
     let lost1_id = lost_disk.file_name().unwrap().to_string_lossy().into_owned();
-    let durable = fleet.nodes[0].state_dir.join("pool/durable").join(&lost1_id);
-    for gone in [&lost_disk, &durable] {
+    let pool = fleet.nodes[0].state_dir.join("pool");
+    let (durable, checkpoints) = (pool.join("durable").join(&lost1_id), pool.join("checkpoints").join(&lost1_id));
+    assert!(checkpoints.join("c-kept").is_dir());
+    for gone in [&lost_disk, &durable, &checkpoints] {
         let deleted = Command::new("sh")
             .arg("-c")
             .arg(format!(
@@ -175,7 +186,12 @@ pub fn a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return(env: &Env, f
             std::thread::sleep(Duration::from_millis(500));
         }
     }
-    assert_eq!(alice(fleet, env, Some("lost1"), &["cat /root/f"]).ok().stdout, "kept\n");
+    assert_eq!(alice(fleet, env, Some("lost1"), &["cat /root/f /root/g"]).ok().stdout, "kept\nafter\n");
+    // Its checkpoint too, as it was saved.
+    let listed = alice(fleet, env, None, &["checkpoints", "lost1"]).ok().stdout;
+    assert!(listed.contains("c-kept"), "{listed}");
+    alice(fleet, env, None, &["restore", "lost1", "c-kept"]).ok();
+    assert_eq!(alice(fleet, env, Some("lost1"), &["cat /root/f; ls /root"]).ok().stdout, "kept\nf\n");
     let lost2 = alice(fleet, env, Some("lost2"), &["cat /root/f; ls /root"]).ok().stdout;
     assert!(lost2.starts_with("uploaded\n") && !lost2.contains("late"), "as of its last upload: {lost2}");
     let text = alice(fleet, env, None, &["info", "lost2"]).ok().stdout;
