@@ -53,6 +53,9 @@ pub enum ManagerError {
     /// No such image, and it is not one moat knows how to build.
     #[error("no image named {0}")]
     NoSuchImage(Name),
+    /// The account's image is on another node, and not (yet) in the object store.
+    #[error("image {0} is not on this node, nor in the object store yet (saved or pulled on another node just now? try again)")]
+    ImageNotHere(Name),
     /// An image kept in the object store could not be fetched.
     #[error("image {0} is kept in the object store but could not be fetched: {1}")]
     ImageFetch(Name, String),
@@ -514,7 +517,10 @@ impl BoxManager {
         }
         // Before its settings are read from its files (a pulled image may be
         // in the object store only).
-        self.ensure_image(&spec.image, progress).await?;
+        self.ensure_image(&spec.image, progress).await.map_err(|e| match (e, &pulled) {
+            (ManagerError::NoSuchImage(_), Some(image)) => ManagerError::ImageNotHere(image.name.clone()),
+            (e, _) => e,
+        })?;
         let session = pulled.as_ref().map(|p| self.image_session(p)).transpose()?.unwrap_or_default();
         let service = match (spec.run, &pulled) {
             (false, _) => None,

@@ -286,6 +286,45 @@ fn copy_debian_image(env: &Env, fleet: &Fleet, node: usize) {
     assert!(status.success(), "btrfs send | receive of the debian image");
 }
 
+/// A template saved from a box on n1 makes boxes on n2, which fetches it
+/// from the object store on first use (once: the next box there is a local
+/// snapshot of it).
+pub fn an_image_saved_on_one_node_makes_boxes_on_another(env: &Env, fleet: &mut Fleet) {
+    fleet.new_box(env, 0, "tsrc", 1, &["--image", "busybox"]);
+    fleet.alice(env, 0, Some("tsrc"), &["echo from-template > /root/t; sync"]).ok();
+    fleet.alice(env, 0, None, &["image", "save", "tsrc", "tpl"]).ok();
+    let n2_images = fleet.nodes[1].state_dir.join("pool/images");
+    let templates = |dir: &Path| -> Vec<String> {
+        let names = std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+        names.into_iter().flatten().filter(|n| n.starts_with("oci-t")).collect()
+    };
+    assert!(templates(&n2_images).is_empty(), "n2 has no template before");
+    let log = fleet.nodes[1].state_dir.with_extension("log");
+    let fetched = || strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default()).matches("image fetched").count();
+    let before = fetched();
+    // Its upload follows the save at once; until it is complete n2 cannot have it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = fleet.alice(env, 1, None, &["new", "t1", "--image", "tpl", "--node", "n2"]);
+        if out.status == Some(0) {
+            assert!(out.stderr.contains("fetching it from the object store"), "{}", out.stderr);
+            break;
+        }
+        assert!(out.stderr.contains("image tpl is not on this node, nor in the object store yet"), "{}", out.stderr);
+        assert!(Instant::now() < deadline, "n2 never got the template: {}", out.stderr);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(fleet.alice(env, 1, Some("t1"), &["cat /root/t"]).ok().stdout, "from-template\n");
+    assert_eq!(templates(&n2_images).len(), 1, "kept on n2 as an image");
+    fleet.new_box(env, 1, "t2", 2, &["--image", "tpl"]);
+    assert_eq!(fleet.alice(env, 0, Some("t2"), &["cat /root/t"]).ok().stdout, "from-template\n");
+    assert_eq!(fetched(), before + 1, "fetched once, then a local snapshot");
+    for name in ["t1", "t2", "tsrc"] {
+        fleet.alice(env, 0, None, &["rm", name]).ok();
+    }
+    fleet.alice(env, 0, None, &["image", "rm", "tpl"]).ok();
+}
+
 pub fn boxes_on_every_node_answer_through_either_front_door(env: &Env, fleet: &mut Fleet) {
     for node in 1..=3 {
         fleet.new_box(env, node % 2, &format!("fb{node}"), node, &["--image", "busybox"]);

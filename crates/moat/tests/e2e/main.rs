@@ -204,6 +204,10 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
         fleet::boxes_on_every_node_answer_through_either_front_door,
     ),
     ("fleet_fifty_news_fill_the_nodes_exactly", fleet::fifty_news_fill_the_nodes_exactly),
+    (
+        "fleet_an_image_saved_on_one_node_makes_boxes_on_another",
+        fleet::an_image_saved_on_one_node_makes_boxes_on_another,
+    ),
     ("fleet_cordoned_nodes_take_no_new_boxes", fleet::cordoned_nodes_take_no_new_boxes),
     ("fleet_questions_from_every_node_reach_one_ask", fleet::questions_from_every_node_reach_one_ask),
     ("fleet_a_store_outage_spares_running_sessions", fleet::a_store_outage_spares_running_sessions),
