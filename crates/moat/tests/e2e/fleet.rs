@@ -197,10 +197,7 @@ impl Fleet {
             let text = std::fs::read(log).unwrap_or_default();
             let since = String::from_utf8_lossy(text.get(*mark as usize..).unwrap_or_default()).into_owned();
             let plain = strip_ansi(&since);
-            let said: Vec<&str> = plain
-                .lines()
-                .filter(|l| std::env::var("DEBUGALL").is_ok() || l.contains(" WARN ") || l.contains(" ERROR "))
-                .collect();
+            let said: Vec<&str> = plain.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).collect();
             if !said.is_empty() {
                 eprintln!("--- {} since the test began:\n{}", log.display(), said.join("\n"));
             }
