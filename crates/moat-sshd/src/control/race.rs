@@ -177,6 +177,9 @@ pub async fn race(
         .collect();
     drop(tx);
     let mut finished: Vec<Option<Finish>> = vec![None; names.len()];
+    // What each copy changed and did, asked as soon as its run ends (the
+    // core takes diffs a few at a time), while the others still run.
+    let mut tallies: Vec<Option<AbortOnDrop<Tally>>> = names.iter().map(|_| None).collect();
     let mut order = Vec::new();
     while order.len() < names.len() {
         let event = tokio::select! {
@@ -201,8 +204,16 @@ pub async fn race(
                 }
             }
             RunEvent::Done { copy, finish } => {
-                if let Some(slot) = finished.get_mut(copy) {
+                if let (Some(slot), Some(tally), Some(name)) =
+                    (finished.get_mut(copy), tallies.get_mut(copy), names.get(copy))
+                {
                     *slot = Some(finish);
+                    *tally = Some(AbortOnDrop(tokio::spawn(tally_of(
+                        api.clone(),
+                        account.clone(),
+                        spec.name.clone(),
+                        name.clone(),
+                    ))));
                 }
                 order.push(copy);
                 continue;
@@ -212,27 +223,13 @@ pub async fn race(
             return Ok(());
         }
     }
-    // What each copy changed and did, asked of all at once (the core takes
-    // diffs a few at a time).
-    let tallies: Vec<_> = names
-        .iter()
-        .map(|name| {
-            let (api, account, parent, name) = (api.clone(), account.clone(), spec.name.clone(), name.clone());
-            tokio::spawn(async move {
-                let files = files_changed(&api, &account, &parent, &name).await.ok();
-                let effects = match call(&api, &account, Op::Effects { name, since: Since::Start }).await {
-                    Ok(Reply::Effects(list)) => Some(list.len()),
-                    _ => None,
-                };
-                (files, effects)
-            })
-        })
-        .map(AbortOnDrop)
-        .collect();
     let mut rows = Vec::new();
     for (copy, (name, tally)) in names.iter().zip(tallies).enumerate() {
         let finish = finished.get(copy).cloned().flatten();
-        let (files, effects) = tally.join().await.unwrap_or((None, None));
+        let (files, effects) = match tally {
+            Some(tally) => tally.join().await.unwrap_or((None, None)),
+            None => (None, None),
+        };
         rows.push(Row { name: name.clone(), finish, files, effects, kept: false });
     }
     let winner = match &spec.keep {
@@ -400,6 +397,19 @@ impl Lines {
     fn rest(&mut self) -> Option<String> {
         (!self.0.is_empty()).then(|| String::from_utf8_lossy(&std::mem::take(&mut self.0)).into_owned())
     }
+}
+
+/// Files a copy changed (from `diff`) and its effects, where they could be told.
+type Tally = (Option<usize>, Option<usize>);
+
+/// The tally of copy `name` of `parent`.
+async fn tally_of(api: ApiClient, account: AccountId, parent: Name, name: Name) -> Tally {
+    let files = files_changed(&api, &account, &parent, &name).await.ok();
+    let effects = match call(&api, &account, Op::Effects { name, since: Since::Start }).await {
+        Ok(Reply::Effects(list)) => Some(list.len()),
+        _ => None,
+    };
+    (files, effects)
 }
 
 /// How many files `b` changed relative to `a` (from `diff`).
