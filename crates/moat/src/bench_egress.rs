@@ -312,10 +312,14 @@ fn push(ip: Ipv4Addr, tls: &Arc<rustls::ClientConfig>, body: &[u8]) -> Result<()
     stream.write_all(head.as_bytes())?;
     stream.write_all(body)?;
     let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
+    let read = stream.read_to_end(&mut answer);
     let answer = String::from_utf8_lossy(&answer);
     if !answer.ends_with("unpack ok\n0000") {
-        bail!("the push was not taken: {}", answer.lines().last().unwrap_or_default());
+        let why = match read {
+            Err(e) => format!("reading the answer failed after {} bytes: {e}", answer.len()),
+            Ok(_) => format!("{:?}", answer.lines().last().unwrap_or("(no answer)")),
+        };
+        bail!("the push to {ip} was not taken: {why}");
     }
     Ok(())
 }
