@@ -15,6 +15,7 @@
 //! - [`gc`]: deleting what no record needs (removed boxes, links before the
 //!   newest full stream, uploads cut short).
 //! - [`mover`]: moves between nodes (a drain, a lost node's boxes re-homed).
+//! - [`node_stream`]: a box streamed from its node to its move's target.
 //! - [`worker`]: the background queue that uploads, retries and backs off,
 //!   so an object store that is slow or down never stalls a box.
 
@@ -24,6 +25,7 @@ pub mod config;
 pub mod gc;
 pub mod images;
 pub mod mover;
+pub mod node_stream;
 pub mod restore;
 pub mod stream;
 pub mod upload;

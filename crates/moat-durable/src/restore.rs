@@ -160,14 +160,19 @@ impl Incoming {
 
 impl Drop for Incoming {
     fn drop(&mut self) {
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = sys::subvolume_delete(&self.dir, &name);
-                }
-            }
-        }
+        delete_received(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Deletes the subvolumes received under `dir` (read-only: no file in them
+/// can be removed one by one), in it or in a directory of it.
+fn delete_received(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) && sys::subvolume_delete(dir, &name).is_err() {
+            delete_received(&entry.path());
+        }
     }
 }

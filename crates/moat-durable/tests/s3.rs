@@ -1,7 +1,7 @@
 //! Durable boxes against a real S3 server (SeaweedFS on loopback) and a real
 //! btrfs filesystem (a loop device): a full upload, an incremental, a restore
-//! with every file, and a corrupted object refused. Root only (btrfs, loop
-//! devices).
+//! with every file, and a corrupted object refused; images each way; and a
+//! box streamed node to node (no S3 there). Root only (btrfs, loop devices).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -382,4 +382,64 @@ async fn an_image_goes_up_whole_comes_back_read_only_elsewhere_and_goes_when_no_
     assert_eq!(gc::collect(&client, "img", &store, hour).await.unwrap().objects, 1);
     assert!(keys(&client, "img/images").await.is_empty());
     assert_eq!(store.durable_image(key).unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_box_streamed_node_to_node_arrives_with_its_checkpoints_and_a_bad_stream_leaves_nothing() {
+    use moat_durable::node_stream::{receive_parts, send_parts, Part, PartHeader};
+    assert!(is_root(), "this test needs root (btrfs on a loop device)");
+    let fs = Btrfs::new();
+    let pool = fs.root();
+    for d in ["boxes", "checkpoints", "durable", "staging", "target"] {
+        std::fs::create_dir(pool.join(d)).unwrap();
+    }
+    sys::subvolume_create(&pool.join("boxes"), "b").unwrap();
+    let root = pool.join("boxes/b");
+    std::fs::write(root.join("first"), vec![5u8; 4 << 20]).unwrap();
+    sys::subvolume_snapshot(&root, &pool.join("checkpoints"), "c1", true).unwrap();
+    std::fs::write(root.join("second"), "after c1").unwrap();
+    std::fs::remove_file(root.join("first")).unwrap();
+    sys::subvolume_snapshot(&root, &pool.join("durable"), "head", true).unwrap();
+    let parts = [
+        Part { path: pool.join("checkpoints/c1"), header: PartHeader { checkpoint: Some("c1".into()), as_of_ms: 7 } },
+        Part { path: pool.join("durable/head"), header: PartHeader { checkpoint: None, as_of_ms: 9 } },
+    ];
+
+    let (mut a, mut b) = tokio::io::duplex(1 << 16);
+    let sending = tokio::spawn(async move { send_parts(&parts, &mut a).await });
+    let mut kept = Vec::new();
+    let target = pool.join("target");
+    let got = receive_parts(&mut b, &pool.join("staging"), (&target, "b"), |received| {
+        assert_eq!(received.subvolumes.len(), 2);
+        for (label, subvolume, saved_ms) in &received.checkpoints {
+            kept.push((label.clone(), tree(subvolume), *saved_ms));
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(sending.await.unwrap().unwrap() > 0);
+    assert_eq!((got.as_of_ms, got.root.clone()), (9, target.join("b")));
+    assert_eq!(tree(&got.root), tree(&root));
+    assert_eq!(kept, [("c1".to_string(), tree(&pool.join("checkpoints/c1")), 7)]);
+    std::fs::write(got.root.join("writable"), "yes").unwrap();
+    assert_eq!(std::fs::read_dir(pool.join("staging")).unwrap().count(), 0, "staging is empty");
+
+    // A stream that is not one (a source that fails, or garbage): refused, nothing left.
+    let (mut a, mut b) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = a.write_all(b"h\0\0\0\x02{}d\0\0\0\x05junk!e\0\0\0\0z\0\0\0\0").await;
+    });
+    let err = receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), |_| Ok(())).await.unwrap_err();
+    assert!(!err.to_string().is_empty());
+    assert!(!target.join("bad").exists());
+    assert_eq!(std::fs::read_dir(pool.join("staging")).unwrap().count(), 0, "staging is empty");
+    let (mut a, mut b) = tokio::io::duplex(1 << 16);
+    let missing = [Part { path: pool.join("nowhere"), header: PartHeader { checkpoint: None, as_of_ms: 1 } }];
+    let sending = tokio::spawn(async move { send_parts(&missing, &mut a).await });
+    let err = receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), |_| Ok(())).await.unwrap_err();
+    assert!(err.to_string().contains("could not send the box"), "{err}");
+    assert!(sending.await.unwrap().is_err());
+    assert!(!target.join("bad").exists());
 }

@@ -1,0 +1,247 @@
+//! A box streamed node to node, for a move between two live nodes: the
+//! source sends `btrfs send` of each of the box's checkpoints and then of
+//! its last uploaded snapshot (each an incremental against the one sent
+//! before it), and the target receives them as a restore from the object
+//! store would, without the object store's upload and download.
+//!
+//! On the connection (a fleet link: mutual TLS between members), frames of
+//! a tag byte, a big-endian `u32` length and the bytes: `h` a part's header
+//! (JSON), `d` its stream's data, `e` its end, `x` an error (its message),
+//! `z` the end of the box. The receiver bounds every frame and the number
+//! of parts before it allocates.
+
+use std::path::{Path, PathBuf};
+
+use moat_box::sys;
+use moat_core::Received;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::restore::{Incoming, Restored};
+use crate::{btrfs, io_err, DurableError};
+
+/// Largest data frame.
+const MAX_DATA: usize = 1 << 20;
+/// Largest header frame.
+const MAX_HEADER: usize = 64 << 10;
+/// Most parts a box is sent in (its checkpoints and its root).
+const MAX_PARTS: usize = 1024;
+
+/// What a part is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartHeader {
+    /// The checkpoint it is (`None`: the box's root, the last part).
+    pub checkpoint: Option<String>,
+    /// As of when (a checkpoint's save, the root's last upload), ms.
+    pub as_of_ms: u64,
+}
+
+/// One part to send: a read-only subvolume, and what it is.
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// The subvolume.
+    pub path: PathBuf,
+    /// What it is.
+    pub header: PartHeader,
+}
+
+async fn frame<W: AsyncWrite + Unpin>(out: &mut W, tag: u8, bytes: &[u8]) -> std::io::Result<()> {
+    let len = u32::try_from(bytes.len()).map_err(std::io::Error::other)?;
+    let mut head = [0u8; 5];
+    head[0] = tag;
+    head[1..].copy_from_slice(&len.to_be_bytes());
+    out.write_all(&head).await?;
+    out.write_all(bytes).await
+}
+
+/// Sends `parts` (checkpoints oldest first, the root last) to `out`; the
+/// stream bytes sent. A failure is told to the receiver too (`x`).
+pub async fn send_parts<W: AsyncWrite + Unpin>(parts: &[Part], out: &mut W) -> Result<u64, DurableError> {
+    let mut sent = 0;
+    let mut parent: Option<PathBuf> = None;
+    for part in parts {
+        let header = serde_json::to_vec(&part.header).map_err(|e| DurableError::Config(e.to_string()))?;
+        frame(out, b'h', &header).await.map_err(io_err("send a part's header"))?;
+        match send_one(&part.path, parent.as_deref(), out).await {
+            Ok(bytes) => sent += bytes,
+            Err(e) => {
+                let _ = frame(out, b'x', e.to_string().as_bytes()).await;
+                return Err(e);
+            }
+        }
+        frame(out, b'e', &[]).await.map_err(io_err("end a part"))?;
+        parent = Some(part.path.clone());
+    }
+    frame(out, b'z', &[]).await.map_err(io_err("end the box"))?;
+    out.flush().await.map_err(io_err("end the box"))?;
+    Ok(sent)
+}
+
+/// `btrfs send` of `path` (against `parent`) as data frames.
+async fn send_one<W: AsyncWrite + Unpin>(path: &Path, parent: Option<&Path>, out: &mut W) -> Result<u64, DurableError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let (path, parent) = (path.to_path_buf(), parent.map(Path::to_path_buf));
+    let what = format!("btrfs send of {}", path.display());
+    let sender = tokio::task::spawn_blocking(move || -> Result<(), DurableError> {
+        use std::io::Read;
+        let mut child = btrfs::send(&path, parent.as_deref())?;
+        let mut stdout = child.stdout.take().ok_or_else(|| DurableError::Config("btrfs send: no stdout".into()))?;
+        let read = loop {
+            let mut chunk = vec![0u8; MAX_DATA];
+            match stdout.read(&mut chunk) {
+                Ok(0) => break Ok(()),
+                Ok(n) => {
+                    chunk.truncate(n);
+                    if tx.blocking_send(chunk).is_err() {
+                        break Err(std::io::Error::other("the connection ended"));
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        drop(stdout);
+        if read.is_err() {
+            let _ = child.kill();
+        }
+        let status = btrfs::finish(child, &what);
+        read.map_err(io_err(what))?;
+        status
+    });
+    let mut sent = 0u64;
+    let mut failed = None;
+    while let Some(chunk) = rx.recv().await {
+        if let Err(e) = frame(out, b'd', &chunk).await {
+            failed = Some(e);
+            break;
+        }
+        sent += chunk.len() as u64;
+    }
+    drop(rx);
+    let sent_all = sender.await.map_err(|e| DurableError::Config(format!("btrfs send panicked: {e}")))?;
+    if let Some(e) = failed {
+        return Err(io_err("send a box to another node")(e));
+    }
+    sent_all.map(|()| sent)
+}
+
+/// Reads one frame, bounded by `max`.
+async fn read_frame<R: AsyncRead + Unpin>(input: &mut R, max: usize) -> Result<(u8, Vec<u8>), DurableError> {
+    let mut head = [0u8; 5];
+    input.read_exact(&mut head).await.map_err(io_err("read from the source node"))?;
+    let [tag, a, b, c, d] = head;
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    if len > max {
+        return Err(DurableError::Config(format!("the source node sent a frame of {len} bytes (at most {max})")));
+    }
+    let mut bytes = vec![0u8; len];
+    input.read_exact(&mut bytes).await.map_err(io_err("read from the source node"))?;
+    Ok((tag, bytes))
+}
+
+/// Receives a box sent by [`send_parts`] as `<parent>/<name>`, staging in
+/// `staging`, as [`crate::restore_box`] does from the object store: the
+/// root a writable snapshot of the last part, `adopt` called with what was
+/// received before it is deleted (if it fails, the root goes too). On any
+/// failure nothing is left.
+pub async fn receive_parts<R: AsyncRead + Unpin>(
+    input: &mut R,
+    staging: &Path,
+    (parent, name): (&Path, &str),
+    adopt: impl FnOnce(&Received) -> Result<(), DurableError>,
+) -> Result<Restored, DurableError> {
+    let incoming = Incoming::new(staging, name)?;
+    let mut parts: Vec<(PartHeader, PathBuf)> = Vec::new();
+    let mut fetched_bytes = 0;
+    loop {
+        let (tag, bytes) = read_frame(input, MAX_HEADER).await?;
+        match tag {
+            b'h' if parts.len() < MAX_PARTS => {
+                let header: PartHeader = serde_json::from_slice(&bytes)
+                    .map_err(|e| DurableError::Config(format!("the source node sent a bad part header: {e}")))?;
+                let dir = incoming.dir.join(parts.len().to_string());
+                std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+                fetched_bytes += receive_one(input, &dir).await?;
+                parts.push((header, only_subvolume(&dir)?));
+            }
+            b'z' => break,
+            b'x' => {
+                let why = String::from_utf8_lossy(&bytes).into_owned();
+                return Err(DurableError::Config(format!("the source node could not send the box: {why}")));
+            }
+            _ => return Err(DurableError::Config(format!("the source node sent an unexpected frame {tag:#x}"))),
+        }
+    }
+    let Some((head, received)) = parts.last().filter(|(h, _)| h.checkpoint.is_none()) else {
+        return Err(DurableError::Config("the source node sent no root".into()));
+    };
+    sys::subvolume_snapshot(received, parent, name, false)
+        .map_err(io_err(format!("make {name} a writable snapshot of what was received")))?;
+    let root = parent.join(name);
+    let received = Received {
+        subvolumes: parts.iter().filter_map(|(_, p)| sys::subvolume_id(p).ok()).collect(),
+        checkpoints: parts.iter().filter_map(|(h, p)| Some((h.checkpoint.clone()?, p.clone(), h.as_of_ms))).collect(),
+    };
+    if let Err(e) = adopt(&received) {
+        let _ = sys::subvolume_delete(parent, name);
+        return Err(e);
+    }
+    Ok(Restored { root, as_of_ms: head.as_of_ms, fetched_bytes })
+}
+
+/// Feeds one part's data frames to `btrfs receive` into `dir`, until its end.
+async fn receive_one<R: AsyncRead + Unpin>(input: &mut R, dir: &Path) -> Result<u64, DurableError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let into = dir.to_path_buf();
+    let receiver = tokio::task::spawn_blocking(move || -> Result<(), DurableError> {
+        use std::io::Write;
+        let mut child = btrfs::receive(&into)?;
+        let mut stdin = child.stdin.take().ok_or_else(|| DurableError::Config("btrfs receive: no stdin".into()))?;
+        let mut fed = Ok(());
+        while let Some(chunk) = rx.blocking_recv() {
+            if let Err(e) = stdin.write_all(&chunk) {
+                fed = Err(e);
+                break;
+            }
+        }
+        drop(stdin);
+        let what = format!("btrfs receive into {}", into.display());
+        let done = btrfs::finish(child, &what);
+        fed.map_err(io_err(what))?;
+        done
+    });
+    let mut bytes = 0u64;
+    let read = loop {
+        let (tag, data) = match read_frame(input, MAX_DATA).await {
+            Ok(frame) => frame,
+            Err(e) => break Err(e),
+        };
+        match tag {
+            b'd' => {
+                bytes += data.len() as u64;
+                if tx.send(data).await.is_err() {
+                    // btrfs receive stopped: its error is the outcome.
+                    break Ok(());
+                }
+            }
+            b'e' => break Ok(()),
+            b'x' => {
+                let why = String::from_utf8_lossy(&data).into_owned();
+                break Err(DurableError::Config(format!("the source node could not send the box: {why}")));
+            }
+            _ => break Err(DurableError::Config(format!("the source node sent an unexpected frame {tag:#x}"))),
+        }
+    };
+    drop(tx);
+    let received = receiver.await.map_err(|e| DurableError::Config(format!("btrfs receive panicked: {e}")))?;
+    read?;
+    received.map(|()| bytes)
+}
+
+/// The one subvolume a receive made in `dir`.
+fn only_subvolume(dir: &Path) -> Result<PathBuf, DurableError> {
+    let mut made = std::fs::read_dir(dir).map_err(io_err(format!("read {}", dir.display())))?.flatten();
+    match (made.next(), made.next()) {
+        (Some(one), None) => Ok(one.path()),
+        _ => Err(DurableError::Config("a part received no subvolume, or several".into())),
+    }
+}
