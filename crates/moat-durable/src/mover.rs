@@ -1,5 +1,6 @@
 //! The mover: every node's background task that carries out boxes' moves
-//! between nodes through the object store (see `moat_core::store::moves`).
+//! between nodes (see `moat_core::store::moves`): streamed from the source
+//! node while it is up, else through the object store.
 //! Each round, on a node whose fence is open:
 //!
 //! - as the fleet's one reconciler (if no other node is), it asks the boxes
@@ -7,8 +8,10 @@
 //! - for each box leaving this node: it holds the box still (sessions are
 //!   refused), uploads what changed since its last upload, and marks the
 //!   move ready;
-//! - for each box arriving here: it receives the box's chain (every object
-//!   checked before `btrfs receive` sees a byte), makes it a box of this
+//! - for each box arriving here: it receives the box from its node (a
+//!   drain's or a `move`'s, while that node is up: [`crate::node_stream`]),
+//!   else the box's chain from the object store (every object checked
+//!   before `btrfs receive` sees a byte), makes it a box of this
 //!   host, and takes its record (epoch plus one) in one transaction; a copy
 //!   that could not be taken is deleted again;
 //! - it discards this node's copies of boxes that are now another node's.
@@ -22,17 +25,21 @@ use std::time::Duration;
 use moat_core::store::moves::{BoxMove, MoveReason};
 use moat_core::BoxManager;
 
+use crate::node_stream::NodeLinks;
 use crate::restore::restore_box;
 use crate::worker::DurableWorker;
 use crate::DurableError;
 
-/// How the mover paces itself.
-#[derive(Debug, Clone)]
+/// How the mover paces itself, and reaches other nodes.
+#[derive(Clone)]
 pub struct MoverSettings {
     /// How long a node's lease stays lapsed before its boxes are re-homed.
     pub grace: Duration,
     /// How often a round runs when nothing wakes it sooner.
     pub every: Duration,
+    /// How a box moving here is streamed from its node while that node is
+    /// up (`None`: always through the object store).
+    pub links: Option<Arc<dyn NodeLinks>>,
 }
 
 /// Starts the mover over `manager`, moving boxes through `worker`'s object store.
@@ -71,7 +78,7 @@ async fn round(manager: &Arc<BoxManager>, worker: &Arc<DurableWorker>, settings:
         }
     }
     for mv in arriving.into_iter().filter(|m| m.error.is_none()) {
-        if let Err(e) = receive(manager, worker, &mv, grace_ms).await {
+        if let Err(e) = receive(manager, worker, &mv, grace_ms, settings.links.as_deref()).await {
             let _ = manager.move_failed(&mv, &e.to_string());
         }
     }
@@ -82,6 +89,27 @@ async fn round(manager: &Arc<BoxManager>, worker: &Arc<DurableWorker>, settings:
 
 fn config(e: impl ToString) -> DurableError {
     DurableError::Config(e.to_string())
+}
+
+/// Receives box `mv` streamed from its source node, through `links`.
+async fn stream_from(
+    manager: &BoxManager,
+    links: &dyn NodeLinks,
+    mv: &BoxMove,
+    staging: &std::path::Path,
+    into: (&std::path::Path, &str),
+    adopt: impl FnOnce(&moat_core::Received) -> Result<(), DurableError>,
+) -> Result<crate::restore::Restored, DurableError> {
+    let nodes = manager.nodes().map_err(config)?;
+    let now = moat_core::clock::now_ms();
+    let Some(source) = nodes.iter().find(|n| n.offer.name == mv.from && n.lease_until_ms > now) else {
+        return Err(config(format!("node {} is not up", mv.from)));
+    };
+    let mut input = links
+        .open(&mv.from, &source.offer.address, &mv.box_id)
+        .await
+        .map_err(crate::io_err(format!("reach node {}", mv.from)))?;
+    crate::node_stream::receive_parts(&mut input, staging, into, adopt).await
 }
 
 /// The source's side: the box held still, its last change uploaded, the move ready.
@@ -106,19 +134,38 @@ async fn receive(
     worker: &DurableWorker,
     mv: &BoxMove,
     grace_ms: u64,
+    nodes: Option<&dyn NodeLinks>,
 ) -> Result<(), DurableError> {
     let staging = &worker.dirs().staging;
     let Some(rec) = manager.box_by_id(&mv.box_id).map_err(config)? else { return Ok(()) };
     // Whatever this node holds of the box is of an older epoch.
     manager.discard_local(&rec.id).await.map_err(config)?;
-    let links = manager.durable_links(&rec.id).map_err(config)?;
     std::fs::create_dir_all(staging).map_err(crate::io_err(format!("create {}", staging.display())))?;
     let started = std::time::Instant::now();
-    let restored =
-        restore_box(&worker.uploader().store, &links, staging, (&worker.dirs().roots, rec.id.as_str()), |received| {
-            manager.adopt_received(&rec, received).map_err(config)
-        })
-        .await?;
+    let into = (worker.dirs().roots.as_path(), rec.id.as_str());
+    let adopt = |received: &moat_core::Received| manager.adopt_received(&rec, received).map_err(config);
+    // From the source node while it is up (a lost node's box: from the
+    // object store alone), else from the object store.
+    let streamed = match nodes.filter(|_| mv.reason != MoveReason::Lost) {
+        Some(nodes) => match stream_from(manager, nodes, mv, staging, into, adopt).await {
+            Ok(restored) => Some(restored),
+            Err(e) => {
+                tracing::warn!(box_id = %rec.id, from = %mv.from, error = %e,
+                    "cannot stream the box from its node; receiving it from the object store");
+                None
+            }
+        },
+        None => None,
+    };
+    let via = if streamed.is_some() { "its node" } else { "the object store" };
+    let restored = match streamed {
+        Some(restored) => restored,
+        None => {
+            let adopt = |received: &moat_core::Received| manager.adopt_received(&rec, received).map_err(config);
+            let links = manager.durable_links(&rec.id).map_err(config)?;
+            restore_box(&worker.uploader().store, &links, staging, into, adopt).await?
+        }
+    };
     // Received and charged here, the record still the source's.
     moat_core::fault::point("receive-before-take");
     let taken = manager.take_box(mv, grace_ms).map_err(config);
@@ -129,7 +176,7 @@ async fn receive(
     tracing::info!(
         box_id = %rec.id, name = %rec.name, from = %mv.from, reason = mv.reason.as_str(),
         as_of_ms = restored.as_of_ms, fetched_bytes = restored.fetched_bytes,
-        took_ms = started.elapsed().as_millis() as u64, "box received"
+        took_ms = started.elapsed().as_millis() as u64, via, "box received"
     );
     if mv.reason == MoveReason::Lost {
         tracing::warn!(box_id = %rec.id, name = %rec.name, lost = %mv.from, "a lost node's box answers here now");

@@ -10,15 +10,65 @@
 //! `z` the end of the box. The receiver bounds every frame and the number
 //! of parts before it allocates.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 
 use moat_box::sys;
-use moat_core::Received;
+use moat_core::ids::BoxId;
+use moat_core::{BoxManager, Received};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::restore::{Incoming, Restored};
+use crate::worker::DurableWorker;
 use crate::{btrfs, io_err, DurableError};
+
+/// How a node reaches another to have a box streamed to it (the fleet's
+/// links, set by the binary).
+pub trait NodeLinks: Send + Sync {
+    /// A connection to node `node` at `address` carrying box `id`'s parts
+    /// (as [`send_parts`] writes them).
+    fn open<'a>(&'a self, node: &'a str, address: &'a str, id: &'a BoxId) -> Opening<'a>;
+}
+
+/// A connection being opened by [`NodeLinks::open`].
+pub type Opening<'a> = Pin<Box<dyn Future<Output = std::io::Result<Box<dyn AsyncRead + Unpin + Send>>> + Send + 'a>>;
+
+/// The parts of box `id` to stream to node `to` for its move there: its
+/// checkpoints, then its last uploaded snapshot (the source's side of the
+/// move is done: the box held still, its last change uploaded). Refused
+/// unless this node holds the box and a move of it to `to` is ready.
+pub async fn parts_for_move(
+    manager: &BoxManager,
+    worker: &DurableWorker,
+    to: &str,
+    id: &BoxId,
+) -> Result<Vec<Part>, DurableError> {
+    let refused = |why: &str| Err(DurableError::Config(format!("box {id} is not sent to node {to}: {why}")));
+    let config = |e: moat_core::ManagerError| DurableError::Config(e.to_string());
+    let Some(mv) = manager.box_move(id).map_err(config)? else { return refused("it is moving nowhere") };
+    if mv.to != to || mv.from != manager.node() || !mv.ready {
+        return refused("no ready move of it from this node to that one");
+    }
+    let Some(head) = manager.durable_links(id).map_err(config)?.pop() else { return refused("it was never uploaded") };
+    let snapshot = worker.uploader().box_dir(id).join(&head.snapshot);
+    if head.checkpoint.is_some() || !snapshot.is_dir() {
+        return refused("its last upload's snapshot is not here");
+    }
+    let mut parts: Vec<Part> = manager
+        .checkpoints_here(id)
+        .await
+        .map_err(config)?
+        .into_iter()
+        .map(|c| Part {
+            path: worker.dirs().checkpoints.join(id.as_str()).join(&c.label),
+            header: PartHeader { checkpoint: Some(c.label), as_of_ms: c.created_ms },
+        })
+        .collect();
+    parts.push(Part { path: snapshot, header: PartHeader { checkpoint: None, as_of_ms: head.taken_at_ms } });
+    Ok(parts)
+}
 
 /// Largest data frame.
 const MAX_DATA: usize = 1 << 20;
@@ -45,7 +95,7 @@ pub struct Part {
     pub header: PartHeader,
 }
 
-async fn frame<W: AsyncWrite + Unpin>(out: &mut W, tag: u8, bytes: &[u8]) -> std::io::Result<()> {
+async fn frame<W: AsyncWrite + Unpin + ?Sized>(out: &mut W, tag: u8, bytes: &[u8]) -> std::io::Result<()> {
     let len = u32::try_from(bytes.len()).map_err(std::io::Error::other)?;
     let mut head = [0u8; 5];
     head[0] = tag;
@@ -56,7 +106,7 @@ async fn frame<W: AsyncWrite + Unpin>(out: &mut W, tag: u8, bytes: &[u8]) -> std
 
 /// Sends `parts` (checkpoints oldest first, the root last) to `out`; the
 /// stream bytes sent. A failure is told to the receiver too (`x`).
-pub async fn send_parts<W: AsyncWrite + Unpin>(parts: &[Part], out: &mut W) -> Result<u64, DurableError> {
+pub async fn send_parts<W: AsyncWrite + Unpin + ?Sized>(parts: &[Part], out: &mut W) -> Result<u64, DurableError> {
     let mut sent = 0;
     let mut parent: Option<PathBuf> = None;
     for part in parts {
@@ -78,7 +128,11 @@ pub async fn send_parts<W: AsyncWrite + Unpin>(parts: &[Part], out: &mut W) -> R
 }
 
 /// `btrfs send` of `path` (against `parent`) as data frames.
-async fn send_one<W: AsyncWrite + Unpin>(path: &Path, parent: Option<&Path>, out: &mut W) -> Result<u64, DurableError> {
+async fn send_one<W: AsyncWrite + Unpin + ?Sized>(
+    path: &Path,
+    parent: Option<&Path>,
+    out: &mut W,
+) -> Result<u64, DurableError> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
     let (path, parent) = (path.to_path_buf(), parent.map(Path::to_path_buf));
     let what = format!("btrfs send of {}", path.display());

@@ -124,6 +124,14 @@ impl Dialer {
 }
 
 impl Link {
+    /// Asks the node (as a node of the fleet) for `ask`; the connection
+    /// then carries the answer, read by the caller.
+    pub async fn ask_node(mut self, ask: &crate::listen::NodeAsk) -> io::Result<TlsStream<TcpStream>> {
+        let bytes = serde_json::to_vec(ask).map_err(io::Error::other)?;
+        frame::write(&mut self.tls, Kind::Message, &bytes).await?;
+        Ok(self.tls)
+    }
+
     /// Sends `request` (one answered by messages only) and returns the
     /// node's events, to be read here rather than passed on as they are.
     pub async fn request(self, request: &[u8]) -> io::Result<Events> {

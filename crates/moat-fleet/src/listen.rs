@@ -8,6 +8,9 @@
 //! sends goes back as a frame; the one carrying a descriptor (a session's
 //! stream to the box's agent) goes as a session frame, and the connection
 //! then carries the session's bytes until either side ends it.
+//!
+//! Another node of the fleet may ask one thing ([`NodeAsk`]): a box moving
+//! to it, streamed by the node's [`BoxSource`].
 
 use std::io;
 use std::net::SocketAddr;
@@ -36,6 +39,29 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most fleet connections open at once (every session through a front door holds one).
 const MAX_CONNECTIONS: usize = 16 << 10;
 
+/// What a node may ask another node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum NodeAsk {
+    /// The files of box `box_id`, moving to the asking node.
+    SendBox {
+        /// The box.
+        box_id: String,
+    },
+}
+
+/// Sends a box's files to the node it is moving to (the durable boxes').
+pub trait BoxSource: Send + Sync {
+    /// Writes box `box_id`'s files to `out`, for its move to node `to`
+    /// (refused unless it is moving there).
+    fn send_box<'a>(
+        &'a self,
+        to: &'a str,
+        box_id: &'a str,
+        out: &'a mut (dyn tokio::io::AsyncWrite + Unpin + Send),
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<()>> + Send + 'a>>;
+}
+
 /// What a node answers fleet connections with.
 pub struct NodeListener<A> {
     /// Its TLS setup ([`crate::tls::Identity::server_config`]).
@@ -46,6 +72,9 @@ pub struct NodeListener<A> {
     pub answerer: Arc<A>,
     /// How long a peer has for its handshake and its request.
     pub handshake_timeout: Duration,
+    /// What sends boxes to the nodes they move to (`None`: other nodes are
+    /// refused).
+    pub boxes: Option<Arc<dyn BoxSource>>,
 }
 
 /// Why a node could not answer the fleet.
@@ -80,7 +109,12 @@ pub enum NodeError {
 /// renews names the port bound) as the member `dir` holds (a node), with
 /// `answerer` (the daemon's `Privileged`), until the listener fails. Peers
 /// are checked with a store connection of its own.
-pub async fn serve_node<A: Answer>(dir: &FleetDir, listener: TcpListener, answerer: Arc<A>) -> Result<(), NodeError> {
+pub async fn serve_node<A: Answer>(
+    dir: &FleetDir,
+    listener: TcpListener,
+    answerer: Arc<A>,
+    boxes: Option<Arc<dyn BoxSource>>,
+) -> Result<(), NodeError> {
     if dir.member.role != Role::Node {
         return Err(NodeError::NotNode { role: dir.member.role, name: dir.member.name.clone() });
     }
@@ -97,6 +131,7 @@ pub async fn serve_node<A: Answer>(dir: &FleetDir, listener: TcpListener, answer
         peers,
         answerer,
         handshake_timeout: HANDSHAKE_TIMEOUT,
+        boxes,
     });
     tracing::info!(%addr, node = %dir.member.name, "answering the fleet");
     node.serve(listener).await.map_err(listen)
@@ -130,21 +165,30 @@ impl<A: Answer> NodeListener<A> {
     async fn connection(&self, tcp: TcpStream) -> io::Result<()> {
         tcp.set_nodelay(true)?;
         let acceptor = TlsAcceptor::from(Arc::clone(&self.tls));
-        let (tls, request) = tokio::time::timeout(self.handshake_timeout, async {
+        let (tls, request, node) = tokio::time::timeout(self.handshake_timeout, async {
             let mut tls = acceptor.accept(tcp).await?;
             let (_, session) = tls.get_ref();
             if session.alpn_protocol() != Some(crate::tls::ALPN) {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer speaks another protocol"));
             }
-            self.peers.admit(session.peer_certificates(), Role::Front, None).await.map_err(io::Error::other)?;
+            let certs = session.peer_certificates();
+            // A front door, or (where boxes are sent) another node.
+            let node = match self.peers.admit(certs, Role::Front, None).await {
+                Ok(_) => None,
+                Err(front) if self.boxes.is_none() => return Err(io::Error::other(front)),
+                Err(_) => Some(self.peers.admit(certs, Role::Node, None).await.map_err(io::Error::other)?.name),
+            };
             let request = frame::read(&mut tls, MAX_REQUEST).await?;
-            Ok((tls, request))
+            Ok((tls, request, node))
         })
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the peer took too long to ask"))??;
         let Some((Kind::Message, request)) = request else {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "no request"));
         };
+        if let (Some(node), Some(boxes)) = (node, &self.boxes) {
+            return node_request(boxes.as_ref(), &node, &request, tls).await;
+        }
         let (ours, theirs) = Packets::pair()?;
         let (ours, theirs) = (Packets::new(ours)?, Packets::new(theirs)?);
         let answerer = Arc::clone(&self.answerer);
@@ -166,6 +210,28 @@ impl<A: Answer> NodeListener<A> {
         }
         drop(ours);
         Ok(())
+    }
+}
+
+/// Answers another node's request on `tls`.
+async fn node_request(
+    boxes: &dyn BoxSource,
+    node: &str,
+    request: &[u8],
+    mut tls: TlsStream<TcpStream>,
+) -> io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let ask: NodeAsk =
+        serde_json::from_slice(request).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    match ask {
+        NodeAsk::SendBox { box_id } => {
+            let sent = boxes.send_box(node, &box_id, &mut tls).await;
+            if let Err(e) = &sent {
+                tracing::warn!(to = node, box_id, error = %e, "cannot stream a box to the node it moves to");
+            }
+            let _ = tls.shutdown().await;
+            sent
+        }
     }
 }
 

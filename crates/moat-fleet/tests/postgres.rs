@@ -87,6 +87,7 @@ async fn a_fleet_made_joined_and_routed_through_postgres() {
         peers: Arc::clone(&peers),
         answerer: Arc::new(Core("n1")),
         handshake_timeout: Duration::from_secs(5),
+        boxes: None,
     });
     tokio::spawn(listen.serve(listener));
     let router = Router::new(Arc::clone(&store), Dialer::new(front.identity.client_config().unwrap(), peers));

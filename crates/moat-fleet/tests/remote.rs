@@ -147,6 +147,7 @@ async fn fleet() -> Fleet {
         peers: Arc::clone(&peers),
         answerer: Arc::new(Core { leases: leases_tx }),
         handshake_timeout: Duration::from_millis(300),
+        boxes: None,
     });
     tokio::spawn(node.serve(listener));
     let front = identity(&ca, &f1);

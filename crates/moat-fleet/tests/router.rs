@@ -183,6 +183,7 @@ async fn fleet() -> Fleet {
             peers: Arc::clone(&peers),
             answerer: Arc::clone(&core),
             handshake_timeout: Duration::from_secs(2),
+            boxes: None,
         });
         tokio::spawn(node.serve(listener));
         cores.push(core);

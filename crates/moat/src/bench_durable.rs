@@ -6,8 +6,9 @@
 //!   bytes from a file (what `aws s3 cp` does), as throughput;
 //! - the upload of a 100 MiB change (an incremental) next to the plain
 //!   upload of that incremental stream;
-//! - a move of the suspended box (what the target does: fetch, verify,
-//!   `btrfs receive`, a writable snapshot) next to `btrfs send | btrfs
+//! - a move of the suspended box through the object store (what the target
+//!   does: fetch, verify, `btrfs receive`, a writable snapshot), and one
+//!   streamed node to node (over loopback TCP), next to `btrfs send | btrfs
 //!   receive` of the same subvolume on this host.
 //!
 //! The box's data is random (incompressible: zstd only costs). Everything
@@ -23,6 +24,7 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use moat_core::ids::BoxId;
 use moat_core::store::durable::DurableLink;
+use moat_durable::node_stream::{receive_parts, send_parts, Part, PartHeader};
 use moat_durable::{restore_box, ObjectStoreConfig, Uploader};
 use object_store::{ObjectStore, WriteMultipart};
 
@@ -126,11 +128,33 @@ async fn bench(work: &Path) -> Result<()> {
         bail!("btrfs send | btrfs receive failed: {piped}");
     }
     rows.push(Row {
-        what: "move of a suspended 1.1 GiB box",
+        what: "move through the object store",
         ours,
         peer: "btrfs send | btrfs receive, this host",
         theirs,
         bytes: moved.fetched_bytes,
+        target: "time <= 1.3x",
+    });
+
+    // The move streamed node to node (both nodes up), over a loopback TCP
+    // connection (the fleet's TLS left out).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let parts = [Part { path: snapshot.clone(), header: PartHeader { checkpoint: None, as_of_ms: 0 } }];
+    let started = Instant::now();
+    let sending = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await?;
+        send_parts(&parts, &mut conn).await.map_err(anyhow::Error::from)
+    });
+    let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    let streamed = receive_parts(&mut conn, &mnt.join("staging"), (&mnt.join("boxes"), "streamed"), |_| Ok(())).await?;
+    sending.await??;
+    rows.push(Row {
+        what: "move streamed node to node",
+        ours: started.elapsed(),
+        peer: "btrfs send | btrfs receive, this host",
+        theirs,
+        bytes: streamed.fetched_bytes,
         target: "time <= 1.3x",
     });
     print(&rows);

@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use moat_core::BoxManager;
 use moat_durable::mover::MoverSettings;
+use moat_durable::node_stream::NodeLinks;
 use moat_durable::{DurableWorker, ObjectStoreConfig, PoolDirs, Uploader, WorkerSettings};
 
 /// How often the object store's garbage is collected.
@@ -54,8 +55,14 @@ pub struct DurableArgs {
 }
 
 /// Starts uploading `manager`'s boxes (in the pool at `pool_root`) if an
-/// object store was given.
-pub fn start(args: &DurableArgs, manager: &Arc<BoxManager>, pool_root: &Path) -> Result<Option<Arc<DurableWorker>>> {
+/// object store was given; on a fleet node, the mover too, reaching other
+/// nodes through `links`.
+pub fn start(
+    args: &DurableArgs,
+    manager: &Arc<BoxManager>,
+    pool_root: &Path,
+    links: Option<Arc<dyn NodeLinks>>,
+) -> Result<Option<Arc<DurableWorker>>> {
     let Some(url) = &args.object_store else { return Ok(None) };
     let config =
         ObjectStoreConfig::new(url, args.s3_endpoint.clone(), args.s3_region.clone(), args.s3_credentials.as_deref())?;
@@ -79,7 +86,8 @@ pub fn start(args: &DurableArgs, manager: &Arc<BoxManager>, pool_root: &Path) ->
     let worker = DurableWorker::start(Arc::clone(manager), uploader, dirs, settings);
     moat_durable::gc::start(store, config.prefix.clone(), Arc::clone(manager), GC_EVERY, GC_MIN_AGE);
     if !manager.node().is_empty() {
-        let settings = MoverSettings { grace: Duration::from_secs(args.node_grace), every: Duration::from_secs(2) };
+        let settings =
+            MoverSettings { grace: Duration::from_secs(args.node_grace), every: Duration::from_secs(2), links };
         moat_durable::mover::start(Arc::clone(manager), Arc::clone(&worker), settings);
     }
     Ok(Some(worker))

@@ -27,6 +27,7 @@ mod image_push;
 mod image_unpack;
 mod microvm;
 mod node;
+mod node_links;
 mod nodes;
 mod paths;
 mod privsep;

@@ -273,7 +273,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // become a blocking thread that exits when idle.
     let gateway = crate::gateway_supervisor::supervise(egress, gateway, Arc::clone(&manager));
     manager.spawn_meter();
-    let _durable = crate::durable::start(&args.durable, &manager, &pool_root)?;
+    // A fleet node streams boxes moving between it and a live node directly.
+    let links: Option<Arc<dyn moat_durable::node_stream::NodeLinks>> = match &node {
+        Some(node) => Some(crate::node_links::FleetLinks::new(&node.dir).await?),
+        None => None,
+    };
+    let durable = crate::durable::start(&args.durable, &manager, &pool_root, links)?;
 
     let host_key = load_or_create_host_key(&state_dir.join("ssh_host_ed25519_key"))?;
     let host_key = host_key.to_openssh(russh::keys::ssh_key::LineEnding::LF).context("encode the host key")?;
@@ -295,8 +300,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let (Some(node), Some((listener, offer))) = (node, listener) {
         tokio::spawn(crate::node::keep_lease(Arc::clone(&privileged.manager), offer));
         let answerer = Arc::clone(&privileged);
+        let boxes = durable.map(|worker| {
+            let manager = Arc::clone(&privileged.manager);
+            Arc::new(crate::node_links::BoxSender { manager, worker }) as Arc<dyn moat_fleet::listen::BoxSource>
+        });
         tokio::spawn(async move {
-            if let Err(e) = moat_fleet::listen::serve_node(&node.dir, listener, answerer).await {
+            if let Err(e) = moat_fleet::listen::serve_node(&node.dir, listener, answerer, boxes).await {
                 tracing::error!(error = %format!("{e:#}"), "the fleet listener failed");
             }
         });

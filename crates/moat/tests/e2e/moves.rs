@@ -71,6 +71,9 @@ pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) 
     assert!(said.contains("its processes end"), "the move says what a namespace box loses: {said}");
     assert_eq!(node_of(fleet, env, "mv1"), "n2");
     assert_eq!(alice(fleet, env, Some("mv1"), &["cat /root/f"]).ok().stdout, "edited\n");
+    // Both nodes up: streamed from n1 to n2, not through the object store.
+    let n1_log = std::fs::read_to_string(fleet.nodes[0].state_dir.with_extension("log")).unwrap_or_default();
+    assert!(n1_log.contains("box streamed to the node it moves to"), "n1 streamed nothing");
     // Its checkpoint came with it.
     alice(fleet, env, None, &["restore", "mv1", "before-edit"]).ok();
     assert_eq!(alice(fleet, env, Some("mv1"), &["cat /root/f"]).ok().stdout, "moved-data\n");
