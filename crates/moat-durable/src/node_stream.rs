@@ -76,6 +76,9 @@ const MAX_DATA: usize = 1 << 20;
 const MAX_HEADER: usize = 64 << 10;
 /// Most parts a box is sent in (its checkpoints and its root).
 const MAX_PARTS: usize = 1024;
+/// How long the source node may send nothing before the receive is given up
+/// (and the box received from the object store instead).
+const STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What a part is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,17 +181,24 @@ async fn send_one<W: AsyncWrite + Unpin + ?Sized>(
     sent_all.map(|()| sent)
 }
 
-/// Reads one frame, bounded by `max`.
+/// Reads one frame, bounded by `max`, within [`STALL`].
 async fn read_frame<R: AsyncRead + Unpin>(input: &mut R, max: usize) -> Result<(u8, Vec<u8>), DurableError> {
+    let stalled = || DurableError::Config(format!("the source node sent nothing for {} s", STALL.as_secs()));
     let mut head = [0u8; 5];
-    input.read_exact(&mut head).await.map_err(io_err("read from the source node"))?;
+    tokio::time::timeout(STALL, input.read_exact(&mut head))
+        .await
+        .map_err(|_| stalled())?
+        .map_err(io_err("read from the source node"))?;
     let [tag, a, b, c, d] = head;
     let len = u32::from_be_bytes([a, b, c, d]) as usize;
     if len > max {
         return Err(DurableError::Config(format!("the source node sent a frame of {len} bytes (at most {max})")));
     }
     let mut bytes = vec![0u8; len];
-    input.read_exact(&mut bytes).await.map_err(io_err("read from the source node"))?;
+    tokio::time::timeout(STALL, input.read_exact(&mut bytes))
+        .await
+        .map_err(|_| stalled())?
+        .map_err(io_err("read from the source node"))?;
     Ok((tag, bytes))
 }
 
