@@ -98,13 +98,15 @@ pub struct Part {
     pub header: PartHeader,
 }
 
+/// Writes one frame, in one write (a small head written alone would wait
+/// on the peer's acknowledgement where Nagle's algorithm is on).
 async fn frame<W: AsyncWrite + Unpin + ?Sized>(out: &mut W, tag: u8, bytes: &[u8]) -> std::io::Result<()> {
     let len = u32::try_from(bytes.len()).map_err(std::io::Error::other)?;
-    let mut head = [0u8; 5];
-    head[0] = tag;
-    head[1..].copy_from_slice(&len.to_be_bytes());
-    out.write_all(&head).await?;
-    out.write_all(bytes).await
+    let mut framed = Vec::with_capacity(5 + bytes.len());
+    framed.push(tag);
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(bytes);
+    out.write_all(&framed).await
 }
 
 /// Sends `parts` (checkpoints oldest first, the root last) to `out`; the
@@ -143,13 +145,13 @@ async fn send_one<W: AsyncWrite + Unpin + ?Sized>(
         use std::io::Read;
         let mut child = btrfs::send(&path, parent.as_deref())?;
         let mut stdout = child.stdout.take().ok_or_else(|| DurableError::Config("btrfs send: no stdout".into()))?;
+        // One buffer (a pipe read is 64 KiB or so): each chunk a copy of what was read.
+        let mut buf = vec![0u8; MAX_DATA];
         let read = loop {
-            let mut chunk = vec![0u8; MAX_DATA];
-            match stdout.read(&mut chunk) {
+            match stdout.read(&mut buf) {
                 Ok(0) => break Ok(()),
                 Ok(n) => {
-                    chunk.truncate(n);
-                    if tx.blocking_send(chunk).is_err() {
+                    if tx.blocking_send(buf.get(..n).unwrap_or_default().to_vec()).is_err() {
                         break Err(std::io::Error::other("the connection ended"));
                     }
                 }
@@ -269,9 +271,9 @@ async fn receive_one<R: AsyncRead + Unpin>(input: &mut R, dir: &Path) -> Result<
         }
         drop(stdin);
         let what = format!("btrfs receive into {}", into.display());
-        let done = btrfs::finish(child, &what);
-        fed.map_err(io_err(what))?;
-        done
+        // Its own error first (a write fails once it has stopped).
+        btrfs::finish(child, &what)?;
+        fed.map_err(io_err(what))
     });
     let mut bytes = 0u64;
     let read = loop {

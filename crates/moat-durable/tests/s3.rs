@@ -74,16 +74,45 @@ fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corrupt_object_is_refused() {
+/// What the object store tests start from: a real SeaweedFS with a bucket
+/// `moat`, a btrfs pool holding `dirs`, a state store, and an uploader from
+/// that pool to `s3://moat/PREFIX`. Dropped in field order: the pool first.
+struct Rig {
+    fs: Btrfs,
+    store: Store,
+    client: Arc<dyn object_store::ObjectStore>,
+    up: Uploader,
+    _state: tempfile::TempDir,
+    _s3: SeaweedFs,
+}
+
+fn rig(prefix: &str, dirs: &[&str], full_every: u64) -> Rig {
     assert!(is_root(), "this test needs root (btrfs on a loop device)");
     let s3 = SeaweedFs::start();
     s3.create_bucket("moat");
     let fs = Btrfs::new();
-    let pool = fs.root();
-    for d in ["boxes", "durable"] {
-        std::fs::create_dir(pool.join(d)).unwrap();
+    for d in dirs {
+        std::fs::create_dir(fs.root().join(d)).unwrap();
     }
+    let state = tempfile::tempdir().unwrap();
+    let store = Store::open(&state.path().join("moat.db")).unwrap();
+    let url = format!("s3://moat/{prefix}");
+    let config = ObjectStoreConfig::new_with_keys(&url, Some(s3.endpoint()), None, "any", "any").unwrap();
+    let client = config.client().unwrap();
+    let up = Uploader {
+        store: Arc::clone(&client),
+        prefix: config.prefix.clone(),
+        snapshots: fs.root().join("durable"),
+        full_every,
+        node: "n1".into(),
+    };
+    Rig { fs, store, client, up, _state: state, _s3: s3 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corrupt_object_is_refused() {
+    let rig = rig("fleet1", &["boxes", "durable"], 4);
+    let (pool, store, client, up) = (rig.fs.root(), &rig.store, &rig.client, &rig.up);
     let id = BoxId::random();
     sys::subvolume_create(&pool.join("boxes"), id.as_str()).unwrap();
     let root = pool.join("boxes").join(id.as_str());
@@ -91,18 +120,6 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     std::fs::write(root.join("home/agent/src/main.rs"), "fn main() {}\n").unwrap();
     std::fs::write(root.join("big"), vec![7u8; 20 << 20]).unwrap();
     std::os::unix::fs::symlink("home/agent", root.join("link")).unwrap();
-
-    let state = tempfile::tempdir().unwrap();
-    let store = Store::open(&state.path().join("moat.db")).unwrap();
-    let config = ObjectStoreConfig::new_with_keys("s3://moat/fleet1", Some(s3.endpoint()), None, "any", "any").unwrap();
-    let client = config.client().unwrap();
-    let up = Uploader {
-        store: Arc::clone(&client),
-        prefix: config.prefix.clone(),
-        snapshots: pool.join("durable"),
-        full_every: 4,
-        node: String::new(),
-    };
 
     // A full stream first.
     assert!(up.changed(&id, &root, None).unwrap());
@@ -186,7 +203,6 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
         .unwrap()
         .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("incoming-"));
     assert_eq!(left.count(), 0, "nothing is left behind");
-    drop(store);
 }
 
 /// The keys under `prefix`.
@@ -203,29 +219,12 @@ async fn keys(client: &Arc<dyn object_store::ObjectStore>, prefix: &str) -> Vec<
 async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
     use moat_core::{AccountId, BackendKind, Limits, Name};
     use moat_durable::gc;
-    assert!(is_root(), "this test needs root (btrfs on a loop device)");
-    let s3 = SeaweedFs::start();
-    s3.create_bucket("moat");
-    let fs = Btrfs::new();
-    let pool = fs.root();
-    for d in ["boxes", "durable", "staging"] {
-        std::fs::create_dir(pool.join(d)).unwrap();
-    }
-    let state = tempfile::tempdir().unwrap();
-    let store = Store::open(&state.path().join("moat.db")).unwrap();
+    let rig = rig("gc", &["boxes", "durable", "staging"], 2);
+    let (pool, store, client, up) = (rig.fs.root(), &rig.store, &rig.client, &rig.up);
     let made = (&Name::new("debian").unwrap(), Limits::default(), BackendKind::Ns);
     let live =
         store.insert_new(&AccountId("a".into()), &Name::new("live").unwrap(), made, 1, &Default::default()).unwrap().id;
     let gone = BoxId::random();
-    let config = ObjectStoreConfig::new_with_keys("s3://moat/gc", Some(s3.endpoint()), None, "any", "any").unwrap();
-    let client = config.client().unwrap();
-    let up = Uploader {
-        store: Arc::clone(&client),
-        prefix: config.prefix.clone(),
-        snapshots: pool.join("durable"),
-        full_every: 2,
-        node: String::new(),
-    };
     for id in [&live, &gone] {
         sys::subvolume_create(&pool.join("boxes"), id.as_str()).unwrap();
     }
@@ -250,7 +249,7 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
     assert_eq!(links.iter().map(|l| l.parent_seq.is_none()).collect::<Vec<_>>(), [true, false, true, false]);
 
     // A checkpoint's link keeps its run (the full before it) while it exists.
-    let done = gc::collect(&client, "gc", &store, std::time::Duration::from_secs(3600)).await.unwrap();
+    let done = gc::collect(&client, "gc", store, std::time::Duration::from_secs(3600)).await.unwrap();
     assert_eq!(done.objects, 1, "only gone's object: {done:?}");
     assert_eq!(store.durable_links(&live).unwrap(), links);
     let (staging, boxes) = (pool.join("staging"), pool.join("boxes"));
@@ -271,7 +270,7 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
 
     // The checkpoint gone, its run is garbage. A young unnamed object may be
     // an upload about to be recorded: kept.
-    let done = gc::collect(&client, "gc", &store, std::time::Duration::from_secs(3600)).await.unwrap();
+    let done = gc::collect(&client, "gc", store, std::time::Duration::from_secs(3600)).await.unwrap();
     assert_eq!(done.objects, 2, "live's two links before its newest full: {done:?}");
     let head = [links[2].key.clone(), links[3].key.clone()];
     assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, [&head[..], &[stray.clone()]].concat());
@@ -281,7 +280,7 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
     assert_eq!(keys(&client, "gc/boxes/not-a-box-id").await, [not_ours], "a key naming no box is not moat's");
 
     // Old enough: the stray goes; what the record names never does.
-    let done = gc::collect(&client, "gc", &store, std::time::Duration::ZERO).await.unwrap();
+    let done = gc::collect(&client, "gc", store, std::time::Duration::ZERO).await.unwrap();
     assert_eq!(done.objects, 1);
     assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, head);
     let kept = store.durable_links(&live).unwrap();
@@ -292,7 +291,7 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
     assert_eq!(files, ["0", "1", "2", "3"], "the box restores whole from what was kept");
 
     // rm: everything of the box at once.
-    let done = gc::forget_box(&client, "gc", &store, &live).await.unwrap();
+    let done = gc::forget_box(&client, "gc", store, &live).await.unwrap();
     assert_eq!(done.objects, 2);
     assert!(keys(&client, &format!("gc/boxes/{live}")).await.is_empty());
     assert!(store.durable_links(&live).unwrap().is_empty());
@@ -303,25 +302,8 @@ async fn an_image_goes_up_whole_comes_back_read_only_elsewhere_and_goes_when_no_
     use moat_core::store::images::StoredImage;
     use moat_core::{AccountId, Name};
     use moat_durable::{gc, images};
-    assert!(is_root(), "this test needs root (btrfs on a loop device)");
-    let s3 = SeaweedFs::start();
-    s3.create_bucket("moat");
-    let fs = Btrfs::new();
-    let pool = fs.root();
-    for d in ["images", "durable", "staging", "elsewhere"] {
-        std::fs::create_dir(pool.join(d)).unwrap();
-    }
-    let state = tempfile::tempdir().unwrap();
-    let store = Store::open(&state.path().join("moat.db")).unwrap();
-    let config = ObjectStoreConfig::new_with_keys("s3://moat/img", Some(s3.endpoint()), None, "any", "any").unwrap();
-    let client = config.client().unwrap();
-    let up = Uploader {
-        store: Arc::clone(&client),
-        prefix: config.prefix.clone(),
-        snapshots: pool.join("durable"),
-        full_every: 4,
-        node: "n1".into(),
-    };
+    let rig = rig("img", &["images", "durable", "staging", "elsewhere"], 4);
+    let (pool, store, client, up) = (rig.fs.root(), &rig.store, &rig.client, &rig.up);
     // An image as a pull leaves it (a writable subvolume is sent too).
     let key = "oci-test1";
     sys::subvolume_create(&pool.join("images"), key).unwrap();
@@ -375,11 +357,11 @@ async fn an_image_goes_up_whole_comes_back_read_only_elsewhere_and_goes_when_no_
     let stray = "img/images/oci-test1-cut-short.btrfs.zst";
     client.put(&object_store::path::Path::from(stray), vec![1u8; 10].into()).await.unwrap();
     let hour = std::time::Duration::from_secs(3600);
-    assert_eq!(gc::collect(&client, "img", &store, hour).await.unwrap().objects, 0, "a young stray may be an upload");
-    assert_eq!(gc::collect(&client, "img", &store, std::time::Duration::ZERO).await.unwrap().objects, 1);
+    assert_eq!(gc::collect(&client, "img", store, hour).await.unwrap().objects, 0, "a young stray may be an upload");
+    assert_eq!(gc::collect(&client, "img", store, std::time::Duration::ZERO).await.unwrap().objects, 1);
     assert_eq!(keys(&client, "img/images").await, [kept.object.clone()]);
     store.remove_image(&stored.account, &stored.name).unwrap();
-    assert_eq!(gc::collect(&client, "img", &store, hour).await.unwrap().objects, 1);
+    assert_eq!(gc::collect(&client, "img", store, hour).await.unwrap().objects, 1);
     assert!(keys(&client, "img/images").await.is_empty());
     assert_eq!(store.durable_image(key).unwrap(), None);
 }

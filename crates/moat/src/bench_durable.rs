@@ -113,11 +113,14 @@ async fn bench(work: &Path) -> Result<()> {
     up.prune(&id, Some(&incr.link.snapshot));
 
     // The move of the suspended box: the target's whole side (its last
-    // upload is done at suspend, before a move asks).
+    // upload is done at suspend, before a move asks). Each move starts with
+    // nothing dirty in the page cache (the one before's writes flushed).
+    settle()?;
     let started = Instant::now();
     let moved = restore_box(&store, &links, &mnt.join("staging"), (&mnt.join("boxes"), "moved"), |_| Ok(())).await?;
     let ours = started.elapsed();
     let snapshot = dirs.join(&incr.link.snapshot);
+    settle()?;
     let started = Instant::now();
     let piped = Command::new("sh")
         .arg("-c")
@@ -141,12 +144,15 @@ async fn bench(work: &Path) -> Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let parts = [Part { path: snapshot.clone(), header: PartHeader { checkpoint: None, as_of_ms: 0 } }];
+    settle()?;
     let started = Instant::now();
     let sending = tokio::spawn(async move {
         let (mut conn, _) = listener.accept().await?;
+        conn.set_nodelay(true)?;
         send_parts(&parts, &mut conn).await.map_err(anyhow::Error::from)
     });
     let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    conn.set_nodelay(true)?;
     let streamed = receive_parts(&mut conn, &mnt.join("staging"), (&mnt.join("boxes"), "streamed"), |_| Ok(())).await?;
     sending.await??;
     rows.push(Row {
@@ -186,6 +192,14 @@ fn print(rows: &[Row]) {
             r.target
         );
     }
+}
+
+/// Flushes every dirty page, so that a timed step does not pay for the last one's writes.
+fn settle() -> Result<()> {
+    if !Command::new("sync").status()?.success() {
+        bail!("sync failed");
+    }
+    Ok(())
 }
 
 /// Writes `mib` MiB of random bytes to `path`, synced.
@@ -246,7 +260,7 @@ fn mount_btrfs(work: &Path, mnt: &Path) -> Result<()> {
         }
         Ok(())
     };
-    run(Command::new("truncate").arg("-s").arg("6G").arg(&img))?;
+    run(Command::new("truncate").arg("-s").arg("10G").arg(&img))?;
     run(Command::new("mkfs.btrfs").arg("-q").arg(&img))?;
     run(Command::new("mount").arg("-o").arg("loop").arg(&img).arg(mnt))
 }
