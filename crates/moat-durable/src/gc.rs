@@ -135,13 +135,19 @@ pub async fn collect(
         } else {
             let links = records.links(&id).map_err(config)?;
             let needed = crate::chain::needed(&links);
-            let (kept, old): (Vec<(usize, &DurableLink)>, Vec<(usize, &DurableLink)>) =
-                links.iter().enumerate().partition(|(i, _)| needed.contains(i));
-            let named: HashSet<&str> = kept.iter().map(|(_, l)| l.key.as_str()).collect();
-            let old_keys: HashSet<&str> = old.iter().map(|(_, l)| l.key.as_str()).collect();
+            let (mut kept, mut old) = (Vec::new(), Vec::new());
+            for (i, link) in links.iter().enumerate() {
+                if needed.contains(&i) {
+                    kept.push(link)
+                } else {
+                    old.push(link)
+                }
+            }
+            let named: HashSet<&str> = kept.iter().map(|l| l.key.as_str()).collect();
+            let old_keys: HashSet<&str> = old.iter().map(|l| l.key.as_str()).collect();
             if !old.is_empty() {
                 // Rows first: a link is never left naming a deleted object.
-                let seqs: Vec<u64> = old.iter().map(|(_, l)| l.seq).collect();
+                let seqs: Vec<u64> = old.iter().map(|l| l.seq).collect();
                 records.forget_links(&id, &seqs).map_err(config)?;
             }
             objects

@@ -166,7 +166,7 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     // checkpoint comes back as it was saved.
     let staging = pool.join("durable");
     let (mut charged, mut kept) = (Vec::new(), Vec::new());
-    let restored = restore_box(&client, &links, &staging, (&pool.join("boxes"), "restored"), |received| {
+    let restored = restore_box(client, &links, &staging, (&pool.join("boxes"), "restored"), |received| {
         charged = received.subvolumes.clone();
         for (label, subvolume, saved_ms) in &received.checkpoints {
             kept.push((label.clone(), tree(subvolume), *saved_ms));
@@ -195,7 +195,7 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     client.put(&key, bytes.into()).await.unwrap();
-    let err = restore_box(&client, &links, &staging, (&pool.join("boxes"), "again"), |_| Ok(())).await.unwrap_err();
+    let err = restore_box(client, &links, &staging, (&pool.join("boxes"), "again"), |_| Ok(())).await.unwrap_err();
     assert!(matches!(err, DurableError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("is corrupt") && err.to_string().contains("nothing was received"), "{err}");
     assert!(!pool.join("boxes/again").exists());
@@ -249,12 +249,12 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
     assert_eq!(links.iter().map(|l| l.parent_seq.is_none()).collect::<Vec<_>>(), [true, false, true, false]);
 
     // A checkpoint's link keeps its run (the full before it) while it exists.
-    let done = gc::collect(&client, "gc", store, std::time::Duration::from_secs(3600)).await.unwrap();
+    let done = gc::collect(client, "gc", store, std::time::Duration::from_secs(3600)).await.unwrap();
     assert_eq!(done.objects, 1, "only gone's object: {done:?}");
     assert_eq!(store.durable_links(&live).unwrap(), links);
     let (staging, boxes) = (pool.join("staging"), pool.join("boxes"));
     let mut c1_back = Vec::new();
-    restore_box(&client, &links, &staging, (&boxes, "c1-back"), |r| {
+    restore_box(client, &links, &staging, (&boxes, "c1-back"), |r| {
         c1_back = r.checkpoints.iter().map(|(label, subvolume, _)| (label.clone(), tree(subvolume))).collect();
         Ok(())
     })
@@ -270,30 +270,30 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
 
     // The checkpoint gone, its run is garbage. A young unnamed object may be
     // an upload about to be recorded: kept.
-    let done = gc::collect(&client, "gc", store, std::time::Duration::from_secs(3600)).await.unwrap();
+    let done = gc::collect(client, "gc", store, std::time::Duration::from_secs(3600)).await.unwrap();
     assert_eq!(done.objects, 2, "live's two links before its newest full: {done:?}");
     let head = [links[2].key.clone(), links[3].key.clone()];
-    assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, [&head[..], &[stray.clone()]].concat());
-    assert!(keys(&client, &format!("gc/boxes/{gone}")).await.is_empty());
+    assert_eq!(keys(client, &format!("gc/boxes/{live}")).await, [&head[..], std::slice::from_ref(&stray)].concat());
+    assert!(keys(client, &format!("gc/boxes/{gone}")).await.is_empty());
     assert!(store.durable_links(&gone).unwrap().is_empty());
     assert_eq!(store.durable_links(&live).unwrap(), links[2..], "the rows went with the objects");
-    assert_eq!(keys(&client, "gc/boxes/not-a-box-id").await, [not_ours], "a key naming no box is not moat's");
+    assert_eq!(keys(client, "gc/boxes/not-a-box-id").await, [not_ours], "a key naming no box is not moat's");
 
     // Old enough: the stray goes; what the record names never does.
-    let done = gc::collect(&client, "gc", store, std::time::Duration::ZERO).await.unwrap();
+    let done = gc::collect(client, "gc", store, std::time::Duration::ZERO).await.unwrap();
     assert_eq!(done.objects, 1);
-    assert_eq!(keys(&client, &format!("gc/boxes/{live}")).await, head);
+    assert_eq!(keys(client, &format!("gc/boxes/{live}")).await, head);
     let kept = store.durable_links(&live).unwrap();
-    let back = restore_box(&client, &kept, &pool.join("staging"), (&pool.join("boxes"), "back"), |_| Ok(())).await;
+    let back = restore_box(client, &kept, &pool.join("staging"), (&pool.join("boxes"), "back"), |_| Ok(())).await;
     let back = back.unwrap();
     let files: Vec<String> =
         (0..4).map(|i| std::fs::read_to_string(back.root.join(format!("f{i}"))).unwrap()).collect();
     assert_eq!(files, ["0", "1", "2", "3"], "the box restores whole from what was kept");
 
     // rm: everything of the box at once.
-    let done = gc::forget_box(&client, "gc", store, &live).await.unwrap();
+    let done = gc::forget_box(client, "gc", store, &live).await.unwrap();
     assert_eq!(done.objects, 2);
-    assert!(keys(&client, &format!("gc/boxes/{live}")).await.is_empty());
+    assert!(keys(client, &format!("gc/boxes/{live}")).await.is_empty());
     assert!(store.durable_links(&live).unwrap().is_empty());
 }
 
@@ -312,16 +312,16 @@ async fn an_image_goes_up_whole_comes_back_read_only_elsewhere_and_goes_when_no_
     std::fs::write(image.join("usr/bin/tool"), vec![3u8; 1 << 20]).unwrap();
     std::os::unix::fs::symlink("usr/bin", image.join("bin")).unwrap();
 
-    let kept = images::upload_image(&up, &pool.join("images"), key).await.unwrap();
+    let kept = images::upload_image(up, &pool.join("images"), key).await.unwrap();
     assert!(kept.object.starts_with("img/images/oci-test1-"), "{}", kept.object);
-    assert_eq!(keys(&client, "img/images").await, [kept.object.clone()]);
+    assert_eq!(keys(client, "img/images").await, std::slice::from_ref(&kept.object));
     assert!(std::fs::read_dir(pool.join("durable/images")).unwrap().next().is_none(), "its snapshot is gone");
     assert!(store.add_durable_image(&kept).unwrap());
-    assert!(images::upload_image(&up, &pool.join("images"), "oci-none").await.is_err(), "no such image here");
+    assert!(images::upload_image(up, &pool.join("images"), "oci-none").await.is_err(), "no such image here");
 
     // Another node's pool: fetched, checked, kept read-only; staging empty.
     let elsewhere = pool.join("elsewhere");
-    images::fetch_image(&client, &kept, &pool.join("staging"), &elsewhere).await.unwrap();
+    images::fetch_image(client, &kept, &pool.join("staging"), &elsewhere).await.unwrap();
     assert_eq!(tree(&elsewhere.join(key)), tree(&image));
     let written = std::fs::write(elsewhere.join(key).join("new"), "x");
     assert!(written.is_err(), "a fetched image is read-only");
@@ -334,7 +334,7 @@ async fn an_image_goes_up_whole_comes_back_read_only_elsewhere_and_goes_when_no_
     bytes[mid] ^= 0x01;
     client.put(&object, bytes.into()).await.unwrap();
     let again = pool.join("again");
-    let err = images::fetch_image(&client, &kept, &pool.join("staging"), &again).await.unwrap_err();
+    let err = images::fetch_image(client, &kept, &pool.join("staging"), &again).await.unwrap_err();
     assert!(matches!(err, DurableError::Corrupt { .. }), "{err}");
     assert!(!again.join(key).exists());
     assert_eq!(std::fs::read_dir(pool.join("staging")).unwrap().count(), 0);
@@ -357,12 +357,12 @@ async fn an_image_goes_up_whole_comes_back_read_only_elsewhere_and_goes_when_no_
     let stray = "img/images/oci-test1-cut-short.btrfs.zst";
     client.put(&object_store::path::Path::from(stray), vec![1u8; 10].into()).await.unwrap();
     let hour = std::time::Duration::from_secs(3600);
-    assert_eq!(gc::collect(&client, "img", store, hour).await.unwrap().objects, 0, "a young stray may be an upload");
-    assert_eq!(gc::collect(&client, "img", store, std::time::Duration::ZERO).await.unwrap().objects, 1);
-    assert_eq!(keys(&client, "img/images").await, [kept.object.clone()]);
+    assert_eq!(gc::collect(client, "img", store, hour).await.unwrap().objects, 0, "a young stray may be an upload");
+    assert_eq!(gc::collect(client, "img", store, std::time::Duration::ZERO).await.unwrap().objects, 1);
+    assert_eq!(keys(client, "img/images").await, std::slice::from_ref(&kept.object));
     store.remove_image(&stored.account, &stored.name).unwrap();
-    assert_eq!(gc::collect(&client, "img", store, hour).await.unwrap().objects, 1);
-    assert!(keys(&client, "img/images").await.is_empty());
+    assert_eq!(gc::collect(client, "img", store, hour).await.unwrap().objects, 1);
+    assert!(keys(client, "img/images").await.is_empty());
     assert_eq!(store.durable_image(key).unwrap(), None);
 }
 
