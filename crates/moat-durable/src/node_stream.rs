@@ -70,7 +70,8 @@ pub async fn parts_for_move(
     Ok(parts)
 }
 
-/// Largest data frame.
+/// Largest data frame, and the size asked of the pipes to and from btrfs
+/// (a default pipe holds 64 KiB: every read or write a wake-up).
 const MAX_DATA: usize = 1 << 20;
 /// Largest header frame.
 const MAX_HEADER: usize = 64 << 10;
@@ -145,6 +146,7 @@ async fn send_one<W: AsyncWrite + Unpin + ?Sized>(
         use std::io::Read;
         let mut child = btrfs::send(&path, parent.as_deref())?;
         let mut stdout = child.stdout.take().ok_or_else(|| DurableError::Config("btrfs send: no stdout".into()))?;
+        widen(&stdout);
         // One buffer (a pipe read is 64 KiB or so): each chunk a copy of what was read.
         let mut buf = vec![0u8; MAX_DATA];
         let read = loop {
@@ -262,6 +264,7 @@ async fn receive_one<R: AsyncRead + Unpin>(input: &mut R, dir: &Path) -> Result<
         use std::io::Write;
         let mut child = btrfs::receive(&into)?;
         let mut stdin = child.stdin.take().ok_or_else(|| DurableError::Config("btrfs receive: no stdin".into()))?;
+        widen(&stdin);
         let mut fed = Ok(());
         while let Some(chunk) = rx.blocking_recv() {
             if let Err(e) = stdin.write_all(&chunk) {
@@ -301,6 +304,12 @@ async fn receive_one<R: AsyncRead + Unpin>(input: &mut R, dir: &Path) -> Result<
     let received = receiver.await.map_err(|e| DurableError::Config(format!("btrfs receive panicked: {e}")))?;
     read?;
     received.map(|()| bytes)
+}
+
+/// Asks for a pipe of [`MAX_DATA`] (best effort: the default works, slower).
+fn widen(pipe: &impl std::os::fd::AsFd) {
+    let size = i32::try_from(MAX_DATA).unwrap_or(i32::MAX);
+    let _ = nix::fcntl::fcntl(pipe.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(size));
 }
 
 /// The one subvolume a receive made in `dir`.
