@@ -98,12 +98,7 @@ fn needed_runs(links: &[DurableLink]) -> Vec<(usize, usize)> {
 /// no other upload uses, so no key is ever written twice).
 pub fn object_key(prefix: &str, id: &BoxId, seq: u64, snapshot: &str, full: bool) -> String {
     let kind = if full { "full" } else { "incr" };
-    let name = format!("boxes/{id}/{seq:010}-{kind}-{snapshot}.btrfs.zst");
-    if prefix.is_empty() {
-        name
-    } else {
-        format!("{prefix}/{name}")
-    }
+    crate::under(prefix, &format!("boxes/{id}/{seq:010}-{kind}-{snapshot}.btrfs.zst"))
 }
 
 #[cfg(test)]

@@ -100,7 +100,7 @@ impl Records for Store {
         self.durable_images().map_err(|e| e.to_string())
     }
     fn image_in_use(&self, key: &str) -> Result<bool, String> {
-        Ok(self.images(None).map_err(|e| e.to_string())?.iter().any(|i| i.key.as_str() == key))
+        self.image_key_in_use(key).map_err(|e| e.to_string())
     }
     fn forget_image(&self, key: &str) -> Result<(), String> {
         self.forget_durable_image(key).map_err(|e| e.to_string())
@@ -114,7 +114,7 @@ pub async fn collect(
     records: &dyn Records,
     min_age: Duration,
 ) -> Result<Collected, DurableError> {
-    let root = if prefix.is_empty() { "boxes".to_string() } else { format!("{prefix}/boxes") };
+    let root = crate::under(prefix, "boxes");
     let listed: Vec<ObjectMeta> =
         store.list(Some(&object_store::path::Path::from(root.as_str()))).try_collect().await?;
     let mut by_box: BTreeMap<String, Vec<ObjectMeta>> = BTreeMap::new();
@@ -194,7 +194,7 @@ async fn collect_images(
             unused.insert(image.object);
         }
     }
-    let root = if prefix.is_empty() { "images".to_string() } else { format!("{prefix}/images") };
+    let root = crate::under(prefix, "images");
     let listed: Vec<ObjectMeta> =
         store.list(Some(&object_store::path::Path::from(root.as_str()))).try_collect().await?;
     let doomed = |m: &&ObjectMeta| {
@@ -221,7 +221,7 @@ pub async fn forget_box(
     records: &dyn Records,
     id: &BoxId,
 ) -> Result<Collected, DurableError> {
-    let dir = if prefix.is_empty() { format!("boxes/{id}") } else { format!("{prefix}/boxes/{id}") };
+    let dir = crate::under(prefix, &format!("boxes/{id}"));
     let listed: Vec<ObjectMeta> = store.list(Some(&object_store::path::Path::from(dir.as_str()))).try_collect().await?;
     let mut done = Collected::default();
     for meta in listed {

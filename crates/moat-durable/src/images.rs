@@ -13,18 +13,13 @@ use moat_core::clock::now_ms;
 use moat_core::store::durable::DurableImage;
 use object_store::ObjectStore;
 
-use crate::restore::{fetch_verified, receive_one, Incoming};
+use crate::restore::{fetch_verified, receive_file, Incoming};
 use crate::upload::Uploader;
 use crate::{io_err, DurableError};
 
 /// The key an upload of image `key` goes to (`rand`: this upload's own).
 pub fn object_key(prefix: &str, key: &str, rand: &str) -> String {
-    let name = format!("images/{key}-{rand}.btrfs.zst");
-    if prefix.is_empty() {
-        name
-    } else {
-        format!("{prefix}/{name}")
-    }
+    crate::under(prefix, &format!("images/{key}-{rand}.btrfs.zst"))
 }
 
 /// Uploads image `key` (its subvolume in `images_dir`): the record to keep.
@@ -33,10 +28,7 @@ pub async fn upload_image(uploader: &Uploader, images_dir: &Path, key: &str) -> 
     if !image.is_dir() {
         return Err(DurableError::Config(format!("image {key} is not on this node")));
     }
-    let mut rand = [0u8; 4];
-    // A failure leaves zeros: the time still makes the name this upload's.
-    let _ = getrandom::fill(&mut rand);
-    let rand = format!("{}-{}", now_ms(), hex::encode(rand));
+    let rand = crate::unique_name();
     // Sent from a read-only snapshot named as the image, whatever the
     // image's own subvolume is: what a receive makes is then named `key`.
     let out = uploader.snapshots.join("images").join(&rand);
@@ -71,10 +63,7 @@ pub async fn fetch_image(
     let incoming = Incoming::new(staging, &image.key)?;
     let file = incoming.dir.join("image.zst");
     fetch_verified(store, (&image.object, &image.sha256), &file).await?;
-    let (dir, object) = (incoming.dir.clone(), image.object.clone());
-    tokio::task::spawn_blocking(move || receive_one(&file, &dir, &object))
-        .await
-        .map_err(|e| DurableError::Config(format!("a receive panicked: {e}")))??;
+    receive_file(file, incoming.dir.clone(), image.object.clone()).await?;
     let received = incoming.dir.join(&image.key);
     if !received.is_dir() {
         return Err(DurableError::Config(format!(

@@ -77,3 +77,20 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> 
     let what = what.into();
     move |source| DurableError::Io { what, source }
 }
+
+/// `name` under the object store prefix `prefix` (none when it is empty).
+pub(crate) fn under(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}/{name}")
+    }
+}
+
+/// A name no other upload or receive uses: the time, and random bytes (a
+/// failure to get them leaves zeros: the time still makes it this one's).
+pub(crate) fn unique_name() -> String {
+    let mut rand = [0u8; 4];
+    let _ = getrandom::fill(&mut rand);
+    format!("{}-{}", moat_core::clock::now_ms(), hex::encode(rand))
+}

@@ -14,13 +14,12 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
-use moat_box::sys;
 use moat_core::ids::BoxId;
 use moat_core::{BoxManager, Received};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::restore::{Incoming, Restored};
+use crate::restore::{root_of, Incoming, Restored};
 use crate::worker::DurableWorker;
 use crate::{btrfs, io_err, DurableError};
 
@@ -242,17 +241,9 @@ pub async fn receive_parts<R: AsyncRead + Unpin>(
     let Some((head, received)) = parts.last().filter(|(h, _)| h.checkpoint.is_none()) else {
         return Err(DurableError::Config("the source node sent no root".into()));
     };
-    sys::subvolume_snapshot(received, parent, name, false)
-        .map_err(io_err(format!("make {name} a writable snapshot of what was received")))?;
-    let root = parent.join(name);
-    let received = Received {
-        subvolumes: parts.iter().filter_map(|(_, p)| sys::subvolume_id(p).ok()).collect(),
-        checkpoints: parts.iter().filter_map(|(h, p)| Some((h.checkpoint.clone()?, p.clone(), h.as_of_ms))).collect(),
-    };
-    if let Err(e) = adopt(&received) {
-        let _ = sys::subvolume_delete(parent, name);
-        return Err(e);
-    }
+    let subvolumes: Vec<(Option<String>, PathBuf, u64)> =
+        parts.iter().map(|(h, p)| (h.checkpoint.clone(), p.clone(), h.as_of_ms)).collect();
+    let root = root_of(received, &subvolumes, (parent, name), adopt)?;
     Ok(Restored { root, as_of_ms: head.as_of_ms, fetched_bytes })
 }
 

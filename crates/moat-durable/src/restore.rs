@@ -58,11 +58,7 @@ pub async fn restore_box(
         fetched_bytes += fetch_verified(store, (&link.key, &link.sha256), &incoming.file(link)).await?;
     }
     for link in &plan {
-        let (file, dir) = (incoming.file(link), incoming.dir.clone());
-        let key = link.key.clone();
-        tokio::task::spawn_blocking(move || receive_one(&file, &dir, &key))
-            .await
-            .map_err(|e| DurableError::Config(format!("a receive panicked: {e}")))??;
+        receive_file(incoming.file(link), incoming.dir.clone(), link.key.clone()).await?;
     }
     let received = incoming.dir.join(&head.snapshot);
     if !received.is_dir() {
@@ -71,21 +67,43 @@ pub async fn restore_box(
             head.snapshot
         )));
     }
-    sys::subvolume_snapshot(&received, parent, name, false)
+    let subvolumes: Vec<(Option<String>, PathBuf, u64)> =
+        plan.iter().map(|l| (l.checkpoint.clone(), incoming.dir.join(&l.snapshot), l.taken_at_ms)).collect();
+    let root = root_of(&received, &subvolumes, (parent, name), adopt)?;
+    Ok(Restored { root, as_of_ms: head.taken_at_ms, fetched_bytes })
+}
+
+/// Makes `<parent>/<name>` a writable snapshot of `head`, received with
+/// `subvolumes` (each with the checkpoint it is, if one, and as of when),
+/// and has `adopt` take them (if it fails, the root is deleted): the end
+/// of every receive, from the object store or from another node.
+pub(crate) fn root_of(
+    head: &Path,
+    subvolumes: &[(Option<String>, PathBuf, u64)],
+    (parent, name): (&Path, &str),
+    adopt: impl FnOnce(&Received) -> Result<(), DurableError>,
+) -> Result<PathBuf, DurableError> {
+    sys::subvolume_snapshot(head, parent, name, false)
         .map_err(io_err(format!("make {name} a writable snapshot of what was received")))?;
-    let root = parent.join(name);
     let received = Received {
-        subvolumes: plan.iter().filter_map(|l| sys::subvolume_id(&incoming.dir.join(&l.snapshot)).ok()).collect(),
-        checkpoints: plan
+        subvolumes: subvolumes.iter().filter_map(|(_, path, _)| sys::subvolume_id(path).ok()).collect(),
+        checkpoints: subvolumes
             .iter()
-            .filter_map(|l| Some((l.checkpoint.clone()?, incoming.dir.join(&l.snapshot), l.taken_at_ms)))
+            .filter_map(|(label, path, as_of)| Some((label.clone()?, path.clone(), *as_of)))
             .collect(),
     };
     if let Err(e) = adopt(&received) {
         let _ = sys::subvolume_delete(parent, name);
         return Err(e);
     }
-    Ok(Restored { root, as_of_ms: head.taken_at_ms, fetched_bytes })
+    Ok(parent.join(name))
+}
+
+/// [`receive_one`] off the async workers.
+pub(crate) async fn receive_file(file: PathBuf, dir: PathBuf, key: String) -> Result<(), DurableError> {
+    tokio::task::spawn_blocking(move || receive_one(&file, &dir, &key))
+        .await
+        .map_err(|e| DurableError::Config(format!("a receive panicked: {e}")))?
 }
 
 /// Fetches object `key` into `file`, hashing it as it lands; refuses it
@@ -114,7 +132,7 @@ pub(crate) async fn fetch_verified(
 }
 
 /// Receives one verified object into `dir`.
-pub(crate) fn receive_one(file: &Path, dir: &Path, key: &str) -> Result<(), DurableError> {
+fn receive_one(file: &Path, dir: &Path, key: &str) -> Result<(), DurableError> {
     let input = File::open(file).map_err(io_err(format!("open {}", file.display())))?;
     let mut child = btrfs::receive(dir)?;
     let fed = child.stdin.take().map(|stdin| unpack(input, stdin));
@@ -146,9 +164,7 @@ pub(crate) struct Incoming {
 
 impl Incoming {
     pub(crate) fn new(staging: &Path, name: &str) -> Result<Self, DurableError> {
-        let mut rand = [0u8; 4];
-        let _ = getrandom::fill(&mut rand);
-        let dir = staging.join(format!("incoming-{name}-{}", hex::encode(rand)));
+        let dir = staging.join(format!("incoming-{name}-{}", crate::unique_name()));
         std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
         Ok(Self { dir })
     }

@@ -100,10 +100,7 @@ impl Uploader {
         let dir = self.box_dir(id);
         std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
         let taken_at_ms = checkpoint.map_or_else(now_ms, |(_, saved_ms)| saved_ms);
-        let mut rand = [0u8; 4];
-        // A failure leaves zeros: the time still makes the name this upload's.
-        let _ = getrandom::fill(&mut rand);
-        let name = format!("{}-{}", now_ms(), hex::encode(rand));
+        let name = crate::unique_name();
         sys::subvolume_snapshot(source, &dir, &name, true)
             .map_err(io_err(format!("snapshot {} read-only", source.display())))?;
         let next = next_link(links, self.full_every, |s| dir.join(s).exists());

@@ -94,7 +94,7 @@ impl BoxManager {
 
     /// Whether any image of anyone's has pool key `key`.
     pub fn image_key_in_use(&self, key: &str) -> Result<bool, ManagerError> {
-        Ok(self.db(|s| s.images(None))?.iter().any(|i| i.key.as_str() == key))
+        Ok(self.db(|s| s.image_key_in_use(key))?)
     }
 
     /// Pool keys of images (anyone's) that no record keeps in the object store.

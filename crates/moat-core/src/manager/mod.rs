@@ -515,12 +515,17 @@ impl BoxManager {
         if self.db(|s| s.get(account, &spec.name))?.is_some() {
             return Err(StoreError::NameTaken(spec.name).into());
         }
-        // Before its settings are read from its files (a pulled image may be
-        // in the object store only).
-        self.ensure_image(&spec.image, progress).await.map_err(|e| match (e, &pulled) {
-            (ManagerError::NoSuchImage(_), Some(image)) => ManagerError::ImageNotHere(image.name.clone()),
-            (e, _) => e,
-        })?;
+        // A pulled image is here before its settings are read from its files
+        // (it may be in the object store only); a built-in one is made after
+        // the warm pool is asked, off the path of a create that takes a box.
+        let mut progress = Some(progress);
+        if let Some(image) = &pulled {
+            let sink = progress.take().unwrap_or_else(|| Box::new(|_: &str| {}));
+            self.ensure_image(&spec.image, sink).await.map_err(|e| match e {
+                ManagerError::NoSuchImage(_) => ManagerError::ImageNotHere(image.name.clone()),
+                e => e,
+            })?;
+        }
         let session = pulled.as_ref().map(|p| self.image_session(p)).transpose()?.unwrap_or_default();
         let service = match (spec.run, &pulled) {
             (false, _) => None,
@@ -532,6 +537,9 @@ impl BoxManager {
             if let Some(made) = self.take_warm(account, &spec).await {
                 return made;
             }
+        }
+        if let Some(sink) = progress {
+            self.ensure_image(&spec.image, sink).await?;
         }
         let made = (&spec.image, spec.limits, self.backend_of(&spec));
         let rec = self.db(|s| s.insert_new(account, &spec.name, made, now(), &spec.policy)).map_err(|e| match e {

@@ -123,6 +123,11 @@ impl Store {
         self.query(&sql, &[])?.iter().map(image_from_row).collect()
     }
 
+    /// Whether any image of anyone's has pool key `key` (its object is needed).
+    pub fn image_key_in_use(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.query_row("SELECT 1 FROM images WHERE key = ?1 LIMIT 1", &args![key])?.is_some())
+    }
+
     /// Forgets the image kept under `key` (its object is to be deleted).
     pub fn forget_durable_image(&self, key: &str) -> Result<(), StoreError> {
         self.execute("DELETE FROM durable_images WHERE key = ?1", &args![key])?;
