@@ -117,6 +117,33 @@ pub fn gateway_filter() -> Vec<sock_filter> {
     parser_filter(true)
 }
 
+/// [`gateway_filter`], and files too: for a gateway that Landlock already
+/// holds to its package cache and the operator's OSV database
+/// ([`crate::sys::landlock_only_beneath_trees`]), opening, writing,
+/// renaming and removing files there.
+pub fn gateway_files_filter() -> Vec<sock_filter> {
+    let mut prog = prologue();
+    for nr in FILE_CALLS {
+        if_syscall(&mut prog, *nr, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
+    }
+    parser_rules(prog, true, &IOCTL_REQUESTS)
+}
+
+/// What a gateway with files may do to them (beneath its Landlock trees).
+const FILE_CALLS: &[libc::c_long] = &[
+    libc::SYS_openat,
+    libc::SYS_getdents64,
+    libc::SYS_lseek,
+    libc::SYS_pread64,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_rename,
+    libc::SYS_renameat,
+    libc::SYS_renameat2,
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
+];
+
 /// A VM box's supervisor's allow list, once QEMU (pid `qemu`) runs: the
 /// front door's, and it may also wait for QEMU to end, kill it (a boot that
 /// failed), read its logs back, and ask how much of what it wrote to the
@@ -197,9 +224,10 @@ pub fn front_door(uid: u32, gid: u32) -> io::Result<()> {
     drop_to(uid, gid, &front_door_filter())
 }
 
-/// As [`front_door`], under [`gateway_filter`].
-pub fn gateway(uid: u32, gid: u32) -> io::Result<()> {
-    drop_to(uid, gid, &gateway_filter())
+/// As [`front_door`], under [`gateway_filter`] (or, with `files`,
+/// [`gateway_files_filter`]: only once Landlock holds it).
+pub fn gateway(uid: u32, gid: u32, files: bool) -> io::Result<()> {
+    drop_to(uid, gid, &if files { gateway_files_filter() } else { gateway_filter() })
 }
 
 /// As [`front_door`], under [`supervisor_filter`], for a VM box's
@@ -338,6 +366,14 @@ mod tests {
         assert_eq!(call(libc::SYS_splice, 3), SECCOMP_RET_ALLOW);
         assert_eq!(call(libc::SYS_pipe2, 0), SECCOMP_RET_ALLOW);
         assert_eq!(call(libc::SYS_execve, 0), SECCOMP_RET_KILL_PROCESS);
+        assert_eq!(call(libc::SYS_openat, 0), SECCOMP_RET_ERRNO | libc::EACCES as u32);
+        // With its files (Landlock holds it to them), it opens and renames.
+        let files = gateway_files_filter();
+        for nr in [libc::SYS_openat, libc::SYS_renameat2, libc::SYS_unlink, libc::SYS_socket] {
+            assert_eq!(run(&files, nr as u32, [libc::AF_INET as u64, 0, 0, 0, 0, 0]), SECCOMP_RET_ALLOW, "{nr}");
+        }
+        assert_eq!(run(&files, libc::SYS_execve as u32, [0; 6]), SECCOMP_RET_KILL_PROCESS);
+        assert_eq!(run(&files, libc::SYS_socket as u32, [libc::AF_VSOCK as u64, 0, 0, 0, 0, 0]), EPERM);
         // The front door still may not.
         for nr in [libc::SYS_socket, libc::SYS_splice] {
             assert_eq!(run(&front_door_filter(), nr as u32, [2, 0, 0, 0, 0, 0]), SECCOMP_RET_KILL_PROCESS);

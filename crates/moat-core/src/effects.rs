@@ -189,6 +189,7 @@ mod tests {
             tokens: None,
             status: Some(201),
             opaque,
+            package: None,
         }
     }
 

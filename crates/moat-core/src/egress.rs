@@ -120,6 +120,28 @@ pub struct LogEntry {
     /// A connection the gateway passed through without looking inside.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub opaque: bool,
+    /// The package file this request was for, where it was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package: Option<PackageFile>,
+}
+
+/// A package file a box asked for, as the gateway read it off the index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackageFile {
+    /// The ecosystem.
+    pub ecosystem: crate::policy::Ecosystem,
+    /// The package's name, normalised.
+    pub name: String,
+    /// The version.
+    pub version: String,
+    /// The file.
+    pub file: String,
+    /// The hash the index promised (and the file had, where it came in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<String>,
+    /// Served from the host's cache rather than the registry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cached: bool,
 }
 
 /// How long a box's connection or DNS query waits for its owner's answer in

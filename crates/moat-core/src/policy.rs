@@ -9,9 +9,13 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+mod lockfile;
+pub mod packages;
 mod preset;
 mod push;
 
+pub use lockfile::{integrity, read_lock, MAX_LOCK_FILE};
+pub use packages::{Ecosystem, PackageRules, PackagesChange};
 pub use preset::{preset, Preset, DEFAULT_REGISTRIES};
 pub use push::{glob_whole, PushRule, RefChange, PUSH_PORT};
 
@@ -54,6 +58,9 @@ pub enum PolicyError {
     /// A bad ref pattern.
     #[error("{0:?} is not a ref pattern (refs/..., '*' for any run, no '..')")]
     BadRefs(String),
+    /// A bad package rule or lock.
+    #[error("{0}")]
+    BadPackages(String),
     /// No such preset.
     #[error("no preset named {0:?} (presets: {presets})", presets = Preset::names())]
     NoPreset(String),
@@ -347,6 +354,10 @@ pub struct Policy {
     /// decide pushes to it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub push: Vec<PushRule>,
+    /// Package rules (see [`PackageRules`]): once there are any, the
+    /// registries the gateway knows are looked inside on every connection.
+    #[serde(default, skip_serializing_if = "PackageRules::is_empty")]
+    pub packages: PackageRules,
 }
 
 /// What the policy says about a connection, before any request on it is seen.
@@ -371,6 +382,12 @@ impl Policy {
     /// and its connections are looked inside).
     pub fn has_push_rules(&self, host: &HostName) -> bool {
         self.push.iter().any(|r| r.host == *host)
+    }
+
+    /// Whether the gateway reads `host`'s traffic as a package registry's
+    /// because package rules are set (see [`Ecosystem::of_host`]).
+    pub fn has_package_rules(&self, host: &HostName) -> bool {
+        !self.packages.is_empty() && Ecosystem::of_host(host).is_some()
     }
 
     /// Whether a deny rule refuses the name on some port, for every request
@@ -399,12 +416,14 @@ impl Policy {
         // is looked inside on every port, whatever else allows it (raw TCP
         // to it, git over SSH among it, is refused).
         let pushed = self.has_push_rules(host);
+        // Package rules are read inside what the host answers, likewise.
+        let packaged = self.has_package_rules(host);
         let mut allowing = self.allow.iter().filter(|r| r.covers(host, port)).peekable();
         if allowing.peek().is_none() {
             return if pushed { Verdict::PerRequest } else { Verdict::Deny(None) };
         }
         match allowing.find(|r| !r.is_per_request()) {
-            Some(rule) if !per_request_deny && !pushed => Verdict::Allow(rule.clone()),
+            Some(rule) if !per_request_deny && !pushed && !packaged => Verdict::Allow(rule.clone()),
             _ => Verdict::PerRequest,
         }
     }
@@ -459,6 +478,7 @@ impl Policy {
                 }
             }
             PolicyChange::RemovePush(rule) => self.push.retain(|r| r != &rule),
+            PolicyChange::Packages(change) => self.packages.apply(change)?,
         }
         Ok(())
     }
@@ -483,6 +503,8 @@ pub enum PolicyChange {
     AllowPush(PushRule),
     /// Remove a push rule equal to this one.
     RemovePush(PushRule),
+    /// Change the package rules.
+    Packages(PackagesChange),
 }
 
 #[cfg(test)]

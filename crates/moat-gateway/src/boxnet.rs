@@ -15,6 +15,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::ask::{Asked, Asker, Recent};
 use crate::fake::FakeAddrs;
 use crate::log::{LogSink, Logger};
+use crate::packages::Registries;
 use crate::refusal::Refusal;
 use crate::secrets::meter::{Armed, Meters};
 use crate::upstream::Upstream;
@@ -42,6 +43,8 @@ pub struct BoxNet {
     secrets: RwLock<Arc<Vec<Armed>>>,
     /// Bumped whenever the secrets are replaced.
     secrets_changed: watch::Sender<u64>,
+    /// The package cache and OSV database every box shares.
+    pub registries: Arc<Registries>,
 }
 
 impl BoxNet {
@@ -53,6 +56,7 @@ impl BoxNet {
         log: LogSink,
         upstream: Arc<Upstream>,
         asker: Arc<Asker>,
+        registries: Arc<Registries>,
     ) -> Arc<Self> {
         let logger = Logger::new(id.clone(), log);
         Arc::new(Self {
@@ -68,6 +72,7 @@ impl BoxNet {
             recent: Recent::default(),
             secrets: RwLock::new(Arc::new(Vec::new())),
             secrets_changed: watch::channel(0).0,
+            registries,
         })
     }
 
@@ -221,7 +226,15 @@ mod tests {
         let config = UpstreamConfig { dns: "127.0.0.1:9".parse().unwrap(), allow: Vec::new(), tls: None };
         let policy = Policy { ask: true, ..Policy::default() };
         let id = BoxId::parse("b1").unwrap();
-        let net = BoxNet::new(id, policy.clone(), None, log, Arc::new(Upstream::new(config)), Arc::clone(&asker));
+        let net = BoxNet::new(
+            id,
+            policy.clone(),
+            None,
+            log,
+            Arc::new(Upstream::new(config)),
+            Arc::clone(&asker),
+            Arc::new(crate::packages::Registries::new(Default::default())),
+        );
         (net, asker, rx, policy)
     }
 

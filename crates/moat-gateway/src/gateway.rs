@@ -13,6 +13,7 @@ use crate::ask::Asker;
 use crate::boxnet::BoxNet;
 use crate::log::LogSink;
 use crate::messages::{FromGateway, Role, ToGateway};
+use crate::packages::Registries;
 use crate::secrets::meter::Meters;
 use crate::tls::intercept;
 use crate::tls::leaves::LeafSigner;
@@ -40,18 +41,25 @@ pub struct Gateway {
     log: LogSink,
     asker: Arc<Asker>,
     meters: Meters,
+    registries: Arc<Registries>,
 }
 
 impl Gateway {
     /// A gateway reaching out through `upstream`, logging to `log`, asking
     /// boxes' owners through `questions`.
-    pub fn new(upstream: UpstreamConfig, log: LogSink, questions: mpsc::UnboundedSender<FromGateway>) -> Self {
+    pub fn new(
+        upstream: UpstreamConfig,
+        registries: Registries,
+        log: LogSink,
+        questions: mpsc::UnboundedSender<FromGateway>,
+    ) -> Self {
         Self {
             boxes: Mutex::new(HashMap::new()),
             upstream: Arc::new(Upstream::new(upstream)),
             log,
             asker: Arc::new(Asker::new(questions)),
             meters: Meters::default(),
+            registries: Arc::new(registries),
         }
     }
 
@@ -78,6 +86,7 @@ impl Gateway {
                     self.log.clone(),
                     Arc::clone(&self.upstream),
                     Arc::clone(&self.asker),
+                    Arc::clone(&self.registries),
                 );
                 let mut tasks = Vec::new();
                 for (role, fd) in roles.into_iter().zip(fds) {

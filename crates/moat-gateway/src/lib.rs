@@ -18,7 +18,8 @@
 //!   request loop; [`proxy::judge`] decides each HTTP request, purely;
 //!   [`refusal`]: every reason the gateway refuses or ends something;
 //!   [`proxy::push`] holds a push until its rules are checked, with
-//!   [`git`]: smart HTTP's command list and pack, read for push rules.
+//!   [`git`]: smart HTTP's command list and pack, read for push rules;
+//!   [`packages`]: PyPI, npm and crates.io read as their own protocols.
 //! - [`http`]: request and response heads and chunked framing; [`tls`]: the
 //!   ClientHello, the box's leaves and TLS the gateway looks inside.
 //! - [`secrets`]: injection into requests, meters and token counts, scrubbing
@@ -42,6 +43,7 @@ pub mod git;
 pub mod http;
 pub mod log;
 pub mod messages;
+pub mod packages;
 pub mod proxy;
 pub mod refusal;
 pub mod secrets;

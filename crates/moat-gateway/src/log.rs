@@ -75,5 +75,6 @@ pub fn entry(kind: LogKind, name: impl Into<String>, port: u16, verdict: LogVerd
         tokens: None,
         status: None,
         opaque: false,
+        package: None,
     }
 }

@@ -9,7 +9,7 @@ use moat_core::policy::{HostName, Rule};
 use tokio::io::AsyncWrite;
 
 use crate::git::report;
-use crate::http::response::{answer_git, answer_own};
+use crate::http::response::{answer_git, answer_own, answer_package};
 
 /// Why a connection or a request does not go through (or ended early).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,6 +121,20 @@ pub enum Refusal {
         body: Vec<u8>,
     },
 
+    // Packages.
+    /// A package or file the box's package rules refuse, or one the
+    /// gateway cannot check against its index.
+    #[error("{why} ({rule})")]
+    Package {
+        /// The rule, as `policy NAME` shows it.
+        rule: String,
+        /// Why, for the client's output.
+        why: String,
+    },
+    /// A registry's index the gateway cannot read (refused, not guessed at).
+    #[error("{0}")]
+    BadIndex(String),
+
     // Secrets.
     /// A head with bytes that are not text, where secrets are written in.
     #[error("a head that is not text")]
@@ -200,6 +214,8 @@ impl Refusal {
     pub async fn answer<W: AsyncWrite + Unpin>(&self, w: &mut W) {
         match self {
             Self::Git { content_type, body, .. } => answer_git(w, content_type, body).await,
+            // The reason phrase too: pip prints it, npm and cargo the body.
+            Self::Package { .. } | Self::BadIndex(_) => answer_package(w, &self.to_string()).await,
             _ => answer_own(w, self.status(), &self.to_string()).await,
         }
     }

@@ -177,6 +177,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         id: moat_core::record::GATEWAY_ID,
         netns: Some(net.path()),
         hello: net.gateway_hello(),
+        packages: Default::default(),
     };
     // Polled by this thread (see `serve`: the gateway dies with the thread
     // that started it).

@@ -17,13 +17,68 @@ const LOG_BACKLOG: usize = 16 << 10;
 /// Entries per message, at most.
 const LOG_BATCH: usize = 512;
 
+/// Where the gateway keeps package files, and reads advisories.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PackageArgs {
+    /// The package cache's directory (the gateway's own).
+    #[arg(long)]
+    pub package_cache: Option<PathBuf>,
+    /// Its bound, in bytes.
+    #[arg(long, default_value_t = 0)]
+    pub package_cache_bytes: u64,
+    /// The operator's OSV export.
+    #[arg(long)]
+    pub osv_db: Option<PathBuf>,
+}
+
+impl PackageArgs {
+    /// Its flags, for the gateway's command line.
+    pub fn flags(&self) -> Vec<std::ffi::OsString> {
+        let mut out = Vec::new();
+        if let Some(dir) = &self.package_cache {
+            out.extend(["--package-cache".into(), dir.clone().into_os_string()]);
+            out.extend(["--package-cache-bytes".into(), self.package_cache_bytes.to_string().into()]);
+        }
+        if let Some(dir) = &self.osv_db {
+            out.extend(["--osv-db".into(), dir.clone().into_os_string()]);
+        }
+        out
+    }
+}
+
 /// Runs the gateway as `id` (uid and gid), dialling from `netns` if given.
-pub fn run(id: u32, netns: Option<PathBuf>) -> Result<()> {
+/// Its package cache is opened and the OSV database read first; then
+/// Landlock holds it to the cache's directory alone.
+pub fn run(id: u32, netns: Option<PathBuf>, packages: PackageArgs) -> Result<()> {
     let start = crate::privsep::ChildStart::new(c"moat-gateway")?;
     dial_from(netns.as_deref())?;
-    moat_box::confine::gateway(id, id).context("confine the gateway")?;
+    let cache = packages.package_cache.as_deref().map(open_dir).transpose()?;
+    let files = match &cache {
+        Some(dir) => {
+            let held = moat_box::sys::landlock_only_beneath_trees(&[(std::os::fd::AsFd::as_fd(dir), true)])
+                .context("landlock the gateway")?;
+            if !held {
+                tracing::warn!("this kernel has no Landlock: the gateway keeps no package files");
+            }
+            held
+        }
+        None => false,
+    };
+    let config = moat_gateway::packages::PackagesConfig {
+        cache_dir: cache.filter(|_| files),
+        cache_bytes: packages.package_cache_bytes,
+        osv_db: packages.osv_db,
+    };
+    // Read as root, before the drop: the OSV export is the operator's.
+    let registries = moat_gateway::packages::Registries::new(config);
+    moat_box::confine::gateway(id, id, files).context("confine the gateway")?;
     let runtime = start.runtime()?;
-    runtime.block_on(serve(start.link))
+    runtime.block_on(serve(start.link, registries))
+}
+
+fn open_dir(dir: &std::path::Path) -> Result<std::os::fd::OwnedFd> {
+    let file = std::fs::File::open(dir).with_context(|| format!("open {}", dir.display()))?;
+    Ok(file.into())
 }
 
 /// Enters `netns`, the network upstream connections leave from (the
@@ -36,14 +91,14 @@ pub fn dial_from(netns: Option<&std::path::Path>) -> Result<()> {
     Ok(())
 }
 
-async fn serve(link: std::os::fd::OwnedFd) -> Result<()> {
+async fn serve(link: std::os::fd::OwnedFd, registries: moat_gateway::packages::Registries) -> Result<()> {
     let link = Arc::new(Packets::new(link)?);
     let Some(hello) = link.recv(MAX_MESSAGE).await? else { bail!("moat serve went away") };
     let hello: GatewayHello = serde_json::from_slice(&hello.bytes).context("read the configuration")?;
     let upstream = hello.upstream().map_err(anyhow::Error::msg)?;
     let (log_tx, log_rx) = mpsc::channel(LOG_BACKLOG);
     let (ask_tx, mut ask_rx) = mpsc::unbounded_channel();
-    let gateway = Gateway::new(upstream, log_tx, ask_tx);
+    let gateway = Gateway::new(upstream, registries, log_tx, ask_tx);
     tokio::spawn(send_logs(Arc::clone(&link), log_rx));
     let questions = Arc::clone(&link);
     tokio::spawn(async move {

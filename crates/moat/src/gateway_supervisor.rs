@@ -162,6 +162,8 @@ pub struct GatewayConfig {
     pub netns: Option<PathBuf>,
     /// What it is told at start.
     pub hello: GatewayHello,
+    /// Its package cache and OSV database.
+    pub packages: crate::gateway::PackageArgs,
 }
 
 /// Runs the gateway until this process ends, restarting it whenever it dies,
@@ -199,6 +201,8 @@ async fn run_once(egress: &Egress, config: &GatewayConfig, news: &News) -> Resul
     if let Some(netns) = &config.netns {
         args.extend(["--netns".as_ref(), netns.as_os_str()]);
     }
+    let package_flags = config.packages.flags();
+    args.extend(package_flags.iter().map(|f| f.as_os_str()));
     let (mut child, link) = crate::privsep::spawn_child("moat-gateway", &args)?;
     link.send(&serde_json::to_vec(&config.hello)?, &[]).await.context("configure the gateway")?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();

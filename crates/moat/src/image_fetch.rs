@@ -115,7 +115,7 @@ pub enum FromFetch {
 pub fn run(id: u32, netns: Option<std::path::PathBuf>) -> Result<()> {
     let start = crate::privsep::ChildStart::new(c"moat-image-fetch")?;
     crate::gateway::dial_from(netns.as_deref())?;
-    moat_box::confine::gateway(id, id).context("confine the fetcher")?;
+    moat_box::confine::gateway(id, id, false).context("confine the fetcher")?;
     let runtime = start.runtime()?;
     runtime.block_on(serve(start.link))
 }

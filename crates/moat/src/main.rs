@@ -127,6 +127,8 @@ enum Cmd {
         /// The network namespace to dial from.
         #[arg(long)]
         netns: Option<PathBuf>,
+        #[command(flatten)]
+        packages: gateway::PackageArgs,
     },
     /// (internal) a pull's registry client; run by `moat serve`.
     #[command(hide = true)]
@@ -200,7 +202,7 @@ fn main() {
         Cmd::Nodes { json, at } => nodes::list(&at, json),
         Cmd::Node { command } => nodes::run(command),
         Cmd::FrontRouter { id } => front_router::run(id),
-        Cmd::Gateway { id, netns } => gateway::run(id, netns),
+        Cmd::Gateway { id, netns, packages } => gateway::run(id, netns, packages),
         Cmd::Image { command } => image(command),
         Cmd::Doctor { state_dir } => doctor::run(&state_dir),
         Cmd::Purge { state_dir } => purge::run(&state_dir),

@@ -142,3 +142,13 @@ pub fn secrets_key(path: &Path) -> Result<[u8; 32]> {
     file.write_all(&key).and_then(|()| file.sync_all()).with_context(|| format!("write {}", path.display()))?;
     Ok(key)
 }
+
+/// The package cache's directory, STATE_DIR/packages: the gateway's (`id`)
+/// own, reachable by no one else (the state dir is private).
+pub fn package_cache(state_dir: &Path, id: u32) -> Result<PathBuf> {
+    let dir = state_dir.join("packages");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    std::os::unix::fs::chown(&dir, Some(id), Some(id)).with_context(|| format!("chown {}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    Ok(dir)
+}

@@ -109,6 +109,15 @@ pub struct ServeArgs {
     /// layer at most this unpacked).
     #[arg(long, value_parser = parse_size, default_value = "8G")]
     max_image_size: u64,
+    /// Most bytes of package files (PyPI, npm, crates.io) the gateway keeps
+    /// for every box to share, checked against their indexes; 0: none
+    /// (files are still checked) [in STATE_DIR/packages].
+    #[arg(long, value_parser = parse_size, default_value = "4G")]
+    package_cache: u64,
+    /// An OSV export (a directory of OSV JSON records, kept fresh by the
+    /// operator; moat never fetches it) for `policy NAME packages advisories`.
+    #[arg(long)]
+    osv_db: Option<PathBuf>,
     /// Seconds a registry may send nothing mid-answer before a pull fails.
     #[arg(long, default_value_t = 30)]
     pull_stall_timeout: u64,
@@ -251,6 +260,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
             upstream_dns,
             upstream_allow: args.upstream_allow,
             upstream_roots: crate::gateway_supervisor::upstream_roots(&args.upstream_ca)?,
+        },
+        packages: crate::gateway::PackageArgs {
+            package_cache: Some(crate::paths::package_cache(&state_dir, args.gateway_id)?),
+            package_cache_bytes: args.package_cache,
+            osv_db: args.osv_db,
         },
     };
     // Pulls leave through the gateway's upstream settings, as its uid.

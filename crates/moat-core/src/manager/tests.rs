@@ -628,6 +628,7 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
         tokens: Some(7),
         status: None,
         opaque: false,
+        package: None,
     };
     f.manager.record_egress(vec![(copy.id.clone(), entry)]);
     let used = f.manager.secrets(&f.alice).unwrap()[0].used.clone();

@@ -278,6 +278,7 @@ impl BoxManager {
             tokens: None,
             status: Some(r.status),
             opaque: false,
+            package: None,
         };
         let first = {
             let mut pending = self.web_log.lock().unwrap_or_else(PoisonError::into_inner);

@@ -71,6 +71,7 @@ mod tests {
             tokens: None,
             status: Some(201),
             opaque,
+            package: None,
         };
         let (a, b) = (BoxId::random(), BoxId::random());
         store

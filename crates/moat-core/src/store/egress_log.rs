@@ -98,6 +98,7 @@ mod tests {
             tokens: None,
             status: None,
             opaque: false,
+            package: None,
         };
         let (a, b) = (BoxId::random(), BoxId::random());
         store.append_egress(&[(a.clone(), entry(1, "one")), (b.clone(), entry(2, "other"))]).unwrap();

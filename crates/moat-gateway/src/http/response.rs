@@ -167,6 +167,19 @@ pub async fn answer_own<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str
     let _ = w.write_all(reply.as_bytes()).await;
 }
 
+/// The gateway's refusal of a package request: 403 with the reason in the
+/// status line (pip prints it) and in a JSON body's `error` (npm prints
+/// that; cargo prints the body).
+pub async fn answer_package<W: AsyncWrite + Unpin>(w: &mut W, why: &str) {
+    let why: String = why.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let body = serde_json::json!({ "error": format!("moat: {why}") }).to_string() + "\n";
+    let reply = format!(
+        "HTTP/1.1 403 Forbidden by moat: {why}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = w.write_all(reply.as_bytes()).await;
+}
+
 /// The gateway's own answer in git's smart HTTP (a refused push, on git's
 /// own channel): 200, the service's content type, then the connection ends.
 pub async fn answer_git<W: AsyncWrite + Unpin>(w: &mut W, content_type: &str, body: &[u8]) {

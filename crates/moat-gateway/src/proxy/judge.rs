@@ -115,6 +115,7 @@ mod tests {
             deny: deny.iter().map(|r| rule(r)).collect(),
             ask: false,
             push: Vec::new(),
+            packages: Default::default(),
         }
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moat_core::egress::{LogEntry, LogKind, LogVerdict};
-use moat_core::policy::{HostName, Policy, Verdict};
+use moat_core::policy::{Ecosystem, HostName, Policy, Verdict};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
@@ -22,6 +22,7 @@ use crate::boxnet::BoxNet;
 use crate::http::chunked::ChunkedReader;
 use crate::http::request::{self, Body, Head, Request};
 use crate::log::entry;
+use crate::packages;
 use crate::refusal::Refusal;
 use crate::secrets::inject;
 use crate::secrets::meter::{Armed, Metered};
@@ -145,6 +146,51 @@ async fn requests(
         };
         req_log.rule = Some(rule.to_string());
         log.rule.get_or_insert_with(|| rule.to_string());
+        // A registry's reads are answered by the gateway itself, under the
+        // box's package rules (see crate::packages).
+        if !bound && Ecosystem::of_host(name).is_some() && matches!(request.method.as_str(), "GET" | "HEAD") {
+            let raw: Vec<u8> = buf.drain(..request.head_len.min(buf.len())).collect();
+            let lines = request::head_lines(&raw).unwrap_or_default();
+            let outcome = if !matches!(request.body, Body::Length(0)) {
+                Err(Refusal::BadRequest("a GET with a body"))
+            } else if up.is_some() {
+                Err(Refusal::Package {
+                    rule: "packages".into(),
+                    why: "a registry read after other requests on one connection".into(),
+                })
+            } else {
+                let asked =
+                    packages::answer::Asked { net, host: name, port, tls, policy, request: &request, lines: &lines };
+                let mut writer = to_box.lock().await;
+                packages::answer::answer(&net.registries, &asked, &mut *writer, &mut req_log).await
+            };
+            log.received += req_log.received;
+            match outcome {
+                Ok(()) => {
+                    req_log.verdict = LogVerdict::Allow;
+                    log.verdict = LogVerdict::Allow;
+                    net.log(req_log);
+                    if request.close {
+                        let _ = to_box.lock().await.shutdown().await;
+                        break Ok(());
+                    }
+                    continue;
+                }
+                Err(why) => {
+                    if let Refusal::Package { rule, .. } = &why {
+                        req_log.rule = Some(rule.clone());
+                    }
+                    req_log.reason = Some(why.to_string());
+                    net.log(req_log);
+                    if up.is_none() {
+                        refuse(&to_box, &why).await;
+                    } else {
+                        answer_after(&mut up, bound, &expect_tx, &to_box, why.clone()).await;
+                    }
+                    break Err(why);
+                }
+            }
+        }
         // A push goes nowhere until its commands (and pack, where a rule
         // asks for a fast-forward) are read and covered.
         if let Allowed::Push { repo, rules, body: true } = &rule {

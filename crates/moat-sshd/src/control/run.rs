@@ -35,6 +35,7 @@ pub async fn run(
         Plan::Call(call) => call,
         Plan::ReadSecret(call) => call(read_value(&mut input).await?),
         Plan::ReadPassword(call) => call(read_password(&mut input).await?),
+        Plan::ReadText(max, call) => call(read_text(&mut input, max).await?)?,
         Plan::Race(spec) => return super::race::race(spec, account, api, out).await,
     };
     // (The answer is shown with the operation in hand: `ask ID ANSWER` says what it answered.)
@@ -131,6 +132,15 @@ async fn read_password(input: &mut mpsc::Receiver<Vec<u8>>) -> Result<moat_api::
     let bad = |message: String| ApiError { status: 2, message: format!("image login: {message}") };
     let text = std::str::from_utf8(&value).map_err(|_| bad("the password is not text".into()))?;
     moat_api::Password::new(text).map_err(bad)
+}
+
+/// Text from stdin, to its end (`max` bytes at most).
+async fn read_text(input: &mut mpsc::Receiver<Vec<u8>>, max: usize) -> Result<String, ApiError> {
+    let value = read_stdin(input, max).await;
+    if value.len() > max {
+        return Err(ApiError { status: 2, message: format!("stdin holds more than {max} bytes") });
+    }
+    String::from_utf8(value).map_err(|_| ApiError { status: 2, message: "stdin is not UTF-8 text".into() })
 }
 
 async fn read_value(input: &mut mpsc::Receiver<Vec<u8>>) -> Result<SecretValue, ApiError> {

@@ -28,6 +28,7 @@ mod ls;
 mod mv;
 mod new;
 mod policy;
+mod policy_packages;
 mod promote;
 pub mod race;
 mod restore;
@@ -104,9 +105,15 @@ pub enum Plan {
     /// Read a registry password from stdin, to its end, then make the call
     /// this makes of it (`image login`).
     ReadPassword(Box<dyn FnOnce(moat_api::Password) -> Call + Send>),
+    /// Read text from stdin, to its end or `max` bytes, and then make the
+    /// call this makes of it (`policy NAME packages lock`).
+    ReadText(usize, TextCall),
     /// Several calls and box sessions (`race`).
     Race(race::RaceSpec),
 }
+
+/// What makes a call of text read from stdin (or refuses the text).
+pub type TextCall = Box<dyn FnOnce(String) -> Result<Call, ApiError> + Send>;
 
 /// How a verb shows the core's answer to its operation, for people or (with
 /// `--json`) for scripts; an answer it does not expect is an error.
@@ -148,7 +155,7 @@ impl Plan {
     pub fn creates(&self) -> Option<&Name> {
         match self {
             Plan::Call(call) => call.op.creates(),
-            Plan::Print(_) | Plan::ReadSecret(_) | Plan::ReadPassword(_) | Plan::Race(_) => None,
+            Plan::Print(_) | Plan::ReadSecret(_) | Plan::ReadPassword(_) | Plan::ReadText(..) | Plan::Race(_) => None,
         }
     }
 }
@@ -160,6 +167,7 @@ impl std::fmt::Debug for Plan {
             Plan::Call(call) => f.debug_tuple("Call").field(call).finish(),
             Plan::ReadSecret(_) => f.write_str("ReadSecret(..)"),
             Plan::ReadPassword(_) => f.write_str("ReadPassword(..)"),
+            Plan::ReadText(max, _) => write!(f, "ReadText({max}, ..)"),
             Plan::Race(spec) => f.debug_tuple("Race").field(spec).finish(),
         }
     }

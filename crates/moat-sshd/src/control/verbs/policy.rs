@@ -29,6 +29,18 @@ pub const VERB: Verb = Verb {
                       commit descends from the old one
   policy NAME preset none|registries|github-read
                       replace the policy with a preset
+  policy NAME packages min-age AGE [--unknown-age allow|deny] | min-age off
+                      refuse PyPI, npm and crates.io versions published less than AGE ago
+                      (e.g. 7d); index pages drop them, so installers pick the newest older
+                      one; versions whose index gives no time are let in unless 'deny'
+  policy NAME packages deny|allow-only|rm ECOSYSTEM:PATTERN
+                      refuse names ('deny pypi:reqeusts'), or let in only matching names of
+                      that ecosystem ('allow-only npm:@acme/*'); ecosystems: pypi, npm, crates
+  policy NAME packages lock < FILE     only the exact versions (and hashes) of a
+                      requirements.txt, package-lock.json or Cargo.lock; 'unlock ECOSYSTEM'
+  policy NAME packages advisories [--severity low|medium|high|critical|malicious] | off
+                      refuse versions the operator's OSV database names (malicious ones always)
+  policy NAME packages clear           drop every package rule
 ",
     parse,
 };
@@ -46,6 +58,9 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
         let words: Vec<&str> = words.iter().map(String::as_str).collect();
         PushRule::parse(&words).map_err(|e| usage(format!("policy: {e}")))
     };
+    if action == "packages" {
+        return super::policy_packages::parse(name, words, render);
+    }
     let pushing = words.first().is_some_and(|w| w == "push");
     let change = match action.as_str() {
         "--json" => {
@@ -62,7 +77,9 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
             _ => return Err(usage("policy: usage: policy NAME preset none|registries|github-read")),
         },
         other => {
-            return Err(usage(format!("policy: unknown action {other:?} (allow, deny, rm, preset, or --json)")));
+            return Err(usage(format!(
+                "policy: unknown action {other:?} (allow, deny, rm, preset, packages, or --json)"
+            )));
         }
     };
     Ok(Plan::Call(Call::new(Op::ChangePolicy { name, change }, render)))
@@ -86,6 +103,9 @@ pub fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     }
     for rule in &policy.push {
         let _ = writeln!(out, "allow {rule}");
+    }
+    for line in policy.packages.lines() {
+        let _ = writeln!(out, "{line}");
     }
     if policy.ask {
         out.push_str("ask mode: names no rule allows or denies are put to you first (ssh HOST ask)\n");

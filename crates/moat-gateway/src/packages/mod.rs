@@ -1,0 +1,158 @@
+//! The registries the gateway knows (PyPI, npm, crates.io), read as their
+//! own protocols: on a connection it looks inside to one of their hosts,
+//! the gateway answers every GET itself. It fetches a package's index and
+//! drops the versions the box's package rules refuse (so installers pick the
+//! newest allowed one), and it lets a file in only once its hash matched
+//! what the index promised, keeping it in the cache every box shares.
+//!
+//! - [`route`]: what a request asks for; [`index`] with [`pypi`], [`npm`],
+//!   [`crates_io`]: an index, read and rewritten; [`fetch`]: the gateway's
+//!   own GET; [`cache`]: the shared, checked files; [`advisories`]: the
+//!   operator's OSV database; [`answer`]: one request, answered.
+
+pub mod advisories;
+pub mod answer;
+pub mod cache;
+pub mod crates_io;
+pub mod fetch;
+pub mod index;
+pub mod npm;
+pub mod pypi;
+pub mod route;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use moat_core::policy::packages::{Candidate, PackageRules, Refused, Severity};
+
+use advisories::Advisories;
+use cache::FileCache;
+use index::Index;
+use route::Package;
+
+/// How long an index read for one box serves the next (installers ask the
+/// same index many times in a run, and fifty copies ask it at once).
+const INDEX_FRESH: Duration = Duration::from_secs(60);
+/// Bytes of index bodies kept, at most.
+const INDEX_BYTES: usize = 64 << 20;
+
+/// The package cache (its directory, open) and how large it may grow, and
+/// where the operator's OSV database is (read at start).
+#[derive(Debug, Default)]
+pub struct PackagesConfig {
+    /// The cache's directory (the gateway's own), if it has one.
+    pub cache_dir: Option<std::os::fd::OwnedFd>,
+    /// Its bound, in bytes.
+    pub cache_bytes: u64,
+    /// The OSV export, if the operator gave one.
+    pub osv_db: Option<PathBuf>,
+}
+
+/// What every box's package requests share.
+pub struct Registries {
+    cache: Option<FileCache>,
+    advisories: RwLock<Arc<Advisories>>,
+    indexes: Mutex<Indexes>,
+}
+
+/// An index as read, with the answer it came in.
+pub struct Read {
+    /// The index.
+    pub index: Index,
+    /// The body, as the registry sent it (decoded).
+    pub body: Vec<u8>,
+    /// Its content type.
+    pub content_type: String,
+}
+
+#[derive(Default)]
+struct Indexes {
+    by_url: HashMap<String, (Instant, Arc<Read>)>,
+    bytes: usize,
+}
+
+impl Registries {
+    /// The shared state under `config` (a cache that cannot be opened is
+    /// left out, and said so: files then pass checked, but not kept).
+    pub fn new(config: PackagesConfig) -> Self {
+        let cache = config.cache_dir.and_then(|dir| match FileCache::open(dir, config.cache_bytes) {
+            Ok(cache) => Some(cache),
+            Err(e) => {
+                tracing::warn!(error = %e, "no package cache");
+                None
+            }
+        });
+        let advisories = match &config.osv_db {
+            Some(dir) => {
+                let db = Advisories::load(dir);
+                tracing::info!(records = db.records, dir = %dir.display(), "OSV database read");
+                db
+            }
+            None => Advisories::default(),
+        };
+        Self { cache, advisories: RwLock::new(Arc::new(advisories)), indexes: Mutex::new(Indexes::default()) }
+    }
+
+    /// The cache, if there is one.
+    pub fn cache(&self) -> Option<&FileCache> {
+        self.cache.as_ref()
+    }
+
+    /// Why `rules` refuse version `c` (`now`: seconds since the epoch),
+    /// advisories included, if they do.
+    pub fn refuse(&self, rules: &PackageRules, c: &Candidate<'_>, now: u64) -> Option<Refused> {
+        if let Some(refused) = rules.refuse_version(c, now) {
+            return Some(refused);
+        }
+        let level = rules.advisories?;
+        let db = Arc::clone(&self.advisories.read().unwrap_or_else(PoisonError::into_inner));
+        let named = db.naming(c.ecosystem, c.name, c.version);
+        let hit = named.iter().find(|a| a.malicious || (level != Severity::Malicious && a.severity >= Some(level)))?;
+        let what = if hit.malicious { "reports it malicious".to_string() } else { "names it".to_string() };
+        Some(Refused {
+            rule: format!("packages advisories --severity {}", level.name()),
+            why: format!("{} {} {}: advisory {} {what}", c.ecosystem, c.name, c.version, hit.id),
+        })
+    }
+
+    /// The index at `url` if read lately.
+    pub fn recent_index(&self, url: &str) -> Option<Arc<Read>> {
+        let indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, read) = indexes.by_url.get(url)?;
+        (at.elapsed() < INDEX_FRESH).then(|| Arc::clone(read))
+    }
+
+    /// Keeps `read` as the index at `url` for a while.
+    pub fn keep_index(&self, url: String, read: Arc<Read>) {
+        let mut indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
+        let Indexes { by_url, bytes } = &mut *indexes;
+        by_url.retain(|_, (at, _)| at.elapsed() < INDEX_FRESH);
+        *bytes = by_url.values().map(|(_, r)| r.body.len()).sum();
+        if *bytes + read.body.len() > INDEX_BYTES {
+            return;
+        }
+        *bytes += read.body.len();
+        by_url.insert(url, (Instant::now(), read));
+    }
+}
+
+/// The URL an index of `package` is read at (its host, and target).
+pub fn index_url(package: &Package) -> (&'static str, String) {
+    use moat_core::policy::Ecosystem;
+    match package.ecosystem {
+        Ecosystem::Pypi => ("pypi.org", format!("/simple/{}/", package.name)),
+        Ecosystem::Npm => ("registry.npmjs.org", format!("/{}", package.raw.replace('/', "%2f"))),
+        Ecosystem::Crates => {
+            let lower = package.raw.to_ascii_lowercase();
+            let prefix = match lower.len() {
+                1 => "1".to_string(),
+                2 => "2".to_string(),
+                3 => format!("3/{}", lower.get(..1).unwrap_or_default()),
+                _ => format!("{}/{}", lower.get(..2).unwrap_or_default(), lower.get(2..4).unwrap_or_default()),
+            };
+            ("index.crates.io", format!("/{prefix}/{lower}"))
+        }
+    }
+}
