@@ -263,6 +263,11 @@ pub enum Op {
         /// The box.
         name: Name,
     },
+    /// The package files a box asked registries for.
+    Packages {
+        /// The box.
+        name: Name,
+    },
     /// A box's effects (what it did outside that a restore does not undo).
     Effects {
         /// The box.
@@ -600,6 +605,8 @@ pub enum Reply {
     Name(Name),
     /// To `Effects`.
     Effects(Vec<Effect>),
+    /// Package file requests (log entries that name one), oldest first.
+    Packages(Vec<moat_core::egress::LogEntry>),
     /// To `Restore`: the label the state before it is kept under, and what
     /// the box did since the checkpoint that the restore does not undo.
     Restored {
@@ -885,7 +892,7 @@ mod tests {
                 let words: Vec<&str> = text.split(' ').skip(1).collect();
                 PushRule::parse(&words).as_ref() == Ok(rule)
             }
-            PolicyChange::Preset(_) | PolicyChange::Ask(_) => true,
+            PolicyChange::Preset(_) | PolicyChange::Ask(_) | PolicyChange::Packages(_) => true,
         }
     }
 

@@ -541,6 +541,7 @@ async fn run(
             Reply::Restored { kept, effects: m.effects(account, &name, &Since::Checkpoint(label)).await? }
         }
         Op::Effects { name, since } => Reply::Effects(m.effects(account, &name, &since).await?),
+        Op::Packages { name } => Reply::Packages(m.packages(account, &name).await?),
         Op::ServiceLog { name } => {
             Reply::Text(String::from_utf8_lossy(&m.service_log(account, &name).await?).into_owned())
         }

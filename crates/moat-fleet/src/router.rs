@@ -409,6 +409,7 @@ fn named_box(op: &Op) -> Option<&Name> {
         | Op::Log { name, .. }
         | Op::ServiceLog { name }
         | Op::Effects { name, .. }
+        | Op::Packages { name }
         | Op::OpenSession { name, .. }
         | Op::Expose { name, .. }
         | Op::Unexpose { name, .. }

@@ -53,24 +53,27 @@ pub fn run(id: u32, netns: Option<PathBuf>, packages: PackageArgs) -> Result<()>
     let start = crate::privsep::ChildStart::new(c"moat-gateway")?;
     dial_from(netns.as_deref())?;
     let cache = packages.package_cache.as_deref().map(open_dir).transpose()?;
-    let files = match &cache {
-        Some(dir) => {
-            let held = moat_box::sys::landlock_only_beneath_trees(&[(std::os::fd::AsFd::as_fd(dir), true)])
-                .context("landlock the gateway")?;
-            if !held {
-                tracing::warn!("this kernel has no Landlock: the gateway keeps no package files");
-            }
-            held
-        }
-        None => false,
-    };
+    let tree = cache.as_ref().map(std::os::fd::OwnedFd::try_clone).transpose()?;
     let config = moat_gateway::packages::PackagesConfig {
-        cache_dir: cache.filter(|_| files),
+        cache_dir: cache,
         cache_bytes: packages.package_cache_bytes,
         osv_db: packages.osv_db,
     };
-    // Read as root, before the drop: the OSV export is the operator's.
-    let registries = moat_gateway::packages::Registries::new(config);
+    // Read as root, before the drop: the OSV export is the operator's. Then
+    // Landlock holds the gateway to the cache's directory alone.
+    let mut registries = moat_gateway::packages::Registries::new(config);
+    let files = match &tree {
+        Some(dir) => moat_box::sys::landlock_only_beneath_trees(&[(std::os::fd::AsFd::as_fd(dir), true)])
+            .context("landlock the gateway")?,
+        None => false,
+    };
+    drop(tree);
+    if !files {
+        if registries.cache().is_some() {
+            tracing::warn!("this kernel has no Landlock: the gateway keeps no package files");
+        }
+        registries.forget_cache();
+    }
     moat_box::confine::gateway(id, id, files).context("confine the gateway")?;
     let runtime = start.runtime()?;
     runtime.block_on(serve(start.link, registries))

@@ -15,6 +15,7 @@ mod images;
 mod meter;
 mod moves;
 mod network;
+mod packages;
 mod secrets;
 mod services;
 mod session;

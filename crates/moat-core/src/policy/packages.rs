@@ -168,7 +168,7 @@ impl HashAlgorithm {
     }
 
     /// The digest's length in bytes.
-    pub fn len(self) -> usize {
+    pub fn digest_len(self) -> usize {
         match self {
             HashAlgorithm::Sha1 => 20,
             HashAlgorithm::Sha256 => 32,
@@ -184,7 +184,7 @@ impl FileHash {
             .into_iter()
             .find(|a| a.name().eq_ignore_ascii_case(algorithm))?;
         let hex = hex.to_ascii_lowercase();
-        let ok = hex.len() == algorithm.len() * 2 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+        let ok = hex.len() == algorithm.digest_len() * 2 && hex.bytes().all(|b| b.is_ascii_hexdigit());
         ok.then_some(Self { algorithm, hex })
     }
 

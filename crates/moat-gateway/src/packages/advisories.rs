@@ -170,7 +170,7 @@ pub fn compare(a: &str, b: &str) -> std::cmp::Ordering {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
 

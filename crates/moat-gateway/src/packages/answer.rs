@@ -149,9 +149,6 @@ async fn index<W: AsyncWrite + Unpin + ?Sized>(
     log: &mut LogEntry,
 ) -> Result<(), Refusal> {
     let rules = &asked.policy.packages;
-    if let Some(refused) = rules.refuse_name(package.ecosystem, &package.name) {
-        return Err(Refusal::Package { rule: refused.rule, why: refused.why });
-    }
     let json = header(asked.lines, "accept").is_some_and(|a| a.contains("application/vnd.pypi.simple.v1+json"));
     let read = match read_index(registries, asked, package, json).await? {
         Ok(read) => read,
@@ -159,26 +156,33 @@ async fn index<W: AsyncWrite + Unpin + ?Sized>(
     };
     let now = now();
     let keep = |e: &Entry| registries.refuse(rules, &candidate(package, e), now).is_none();
-    let body = read
-        .index
-        .rewrite(&read.body, &keep)
-        .map_err(|why| Refusal::BadIndex(format!("the index of {} {}: {why}", package.ecosystem, package.name)))?;
     let left = read.index.entries.iter().filter(|e| keep(e)).count();
-    if left == 0 && !read.index.entries.is_empty() {
-        // Nothing left to pick: say why the newest went, rather than an empty list.
-        let newest = read.index.entries.iter().max_by_key(|e| e.published.unwrap_or(0));
-        let refused = newest.and_then(|e| registries.refuse(rules, &candidate(package, e), now));
-        if let Some(refused) = refused {
-            return Err(Refusal::Package {
-                rule: refused.rule,
-                why: format!("every version is refused; the newest: {}", refused.why),
-            });
+    let all = read.index.entries.len();
+    // Where some versions pass, the index lists them alone (installers pick
+    // the newest of those); where none does (a refused name, every version
+    // too new), it goes whole, and the download is refused with the rule,
+    // which pip, npm and cargo all print (pip shows nothing of an index's).
+    let body = if left == 0 {
+        if all > 0 {
+            log.reason = Some("every version is refused: the index goes whole, its downloads are refused".into());
         }
-    }
-    let dropped = read.index.entries.len() - left;
-    if dropped > 0 {
-        log.reason = Some(format!("{dropped} of {} files left out by the package rules", read.index.entries.len()));
-    }
+        None
+    } else {
+        if left < all {
+            let mut rules: Vec<String> = read
+                .index
+                .entries
+                .iter()
+                .filter_map(|e| registries.refuse(rules, &candidate(package, e), now).map(|r| r.rule))
+                .collect();
+            rules.sort();
+            rules.dedup();
+            log.reason = Some(format!("{} of {all} files left out by {}", all - left, rules.join(", ")));
+        }
+        read.index
+            .rewrite(&read.body, &keep)
+            .map_err(|why| Refusal::BadIndex(format!("the index of {} {}: {why}", package.ecosystem, package.name)))?
+    };
     let body = body.as_deref().unwrap_or(&read.body);
     let content_type = if read.content_type.is_empty() { "application/octet-stream" } else { &read.content_type };
     write_head(to_box, 200, "OK", content_type, body.len() as u64, asked.request.close).await?;

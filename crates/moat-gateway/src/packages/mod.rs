@@ -95,6 +95,11 @@ impl Registries {
         Self { cache, advisories: RwLock::new(Arc::new(advisories)), indexes: Mutex::new(Indexes::default()) }
     }
 
+    /// Keeps no files (a gateway that may not open them).
+    pub fn forget_cache(&mut self) {
+        self.cache = None;
+    }
+
     /// The cache, if there is one.
     pub fn cache(&self) -> Option<&FileCache> {
         self.cache.as_ref()

@@ -146,7 +146,7 @@ pub fn route_python_file(file: &str) -> Option<Wanted> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -410,18 +410,18 @@ pub fn packages_install_through_the_registries_preset(env: &Env) {
 
 /// A box's cargo: its own CARGO_HOME, the system's CAs (which hold the
 /// box's own, that the gateway's interception signs with), no retries.
-const CARGO_ENV: &str =
+pub const CARGO_ENV: &str =
     "export CARGO_HOME=/root/cargo-home CARGO_HTTP_CAINFO=/etc/ssl/certs/ca-certificates.crt CARGO_NET_RETRY=0";
 
 /// Resolves and downloads a project's dependencies into CARGO_HOME.
 /// (`cargo fetch` asks rustc for the host's target first, and the box has
 /// no Rust toolchain, hundreds of MB to bring in; `cargo vendor` resolves
 /// and downloads the same way without one. Its advice on stdout is dropped.)
-const CARGO_FETCH: &str = "cargo vendor /tmp/vendor 2>&1 >/dev/null";
+pub const CARGO_FETCH: &str = "cargo vendor /tmp/vendor 2>&1 >/dev/null";
 
 /// Shell words that make a library project at `dir` with one dependency
 /// (a line of its manifest) and enter it.
-fn cargo_project(dir: &str, dependency: &str) -> String {
+pub fn cargo_project(dir: &str, dependency: &str) -> String {
     format!(
         "mkdir -p {dir}/src && cd {dir} && touch src/lib.rs && printf '%s\\n' '[package]' 'name = \"app\"' 'version = \"0.1.0\"' 'edition = \"2021\"' '[dependencies]' '{dependency}' > Cargo.toml"
     )
@@ -429,7 +429,7 @@ fn cargo_project(dir: &str, dependency: &str) -> String {
 
 /// Copies the host's own cargo (the one running these tests; static but
 /// for glibc) into box `name` with scp, as a user brings a tool.
-fn bring_cargo(env: &Env, name: &str) {
+pub fn bring_cargo(env: &Env, name: &str) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").into());
     let mut scp = Command::new("timeout");
     scp.arg("300").arg("scp").args(env.daemon.ssh_opts(&env.alice)).arg("-P").arg(env.daemon.port.to_string());

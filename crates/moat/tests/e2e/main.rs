@@ -28,6 +28,7 @@ mod isolation;
 mod lifecycle;
 mod microvm;
 mod moves;
+mod packages;
 mod privsep;
 mod pty;
 mod push;
@@ -178,6 +179,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     egress::methods_and_presets,
     egress::https_looked_inside_only_where_rules_need_it,
     egress::packages_install_through_the_registries_preset,
+    packages::package_rules_decide_what_comes_in,
     egress::ask_mode_puts_names_to_the_owner,
     egress::log_follow_streams,
     secrets::reach_only_their_host_and_header,

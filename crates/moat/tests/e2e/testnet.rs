@@ -50,7 +50,7 @@ fn sh(cmd: &mut Command) {
 }
 
 /// Writes a gzipped tar of `files` (name, text) to `path`.
-fn tar_gz(path: &Path, files: &[(&str, &str)]) {
+pub fn tar_gz(path: &Path, files: &[(&str, &str)]) {
     let script = "import io, sys, tarfile\n\
         t = tarfile.open(sys.argv[1], 'w:gz')\n\
         for name, text in zip(sys.argv[2::2], sys.argv[3::2]):\n\
@@ -194,6 +194,11 @@ impl TestNet {
                 ("package/index.js", "module.exports = { value: 1 };"),
             ],
         );
+        // The operator's OSV export: a malicious npm package.
+        std::fs::create_dir_all(self.dir.join("osv/npm")).expect("osv dir");
+        let record = r#"{"id": "MAL-2026-7", "summary": "Malicious code in evil (npm)",
+            "affected": [{"package": {"ecosystem": "npm", "name": "evil"}, "versions": ["1.0.0"]}]}"#;
+        std::fs::write(self.dir.join("osv/npm/MAL-2026-7.json"), record).expect("OSV record");
         // A .crate is a gzipped tar of one directory, NAME-VERSION.
         std::fs::create_dir_all(data.join("crates")).expect("crates dir");
         tar_gz(
@@ -278,6 +283,8 @@ impl TestNet {
             format!("{WEB}/32"),
             "--upstream-ca".into(),
             self.dir.join("ca.pem").display().to_string(),
+            "--osv-db".into(),
+            self.dir.join("osv").display().to_string(),
         ]
     }
 

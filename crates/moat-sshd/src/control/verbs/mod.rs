@@ -27,6 +27,7 @@ mod log;
 mod ls;
 mod mv;
 mod new;
+mod packages;
 mod policy;
 mod policy_packages;
 mod promote;
@@ -68,6 +69,7 @@ pub const VERBS: &[Verb] = &[
     set::VERB,
     usage::VERB,
     policy::VERB,
+    packages::VERB,
     log::VERB,
     effects::VERB,
     ask::VERB,

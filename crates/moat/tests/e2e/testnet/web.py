@@ -13,6 +13,30 @@ import base64, gzip, hashlib, http.server, json, os, socket, ssl, subprocess, sy
 
 addr, cert, key, udp_log, data = sys.argv[1:6]
 
+def is_package_file(name):
+    return not name.endswith((".published", ".served", ".broken"))
+
+def normal(name):
+    return "-".join(p for p in name.lower().replace("_", "-").replace(".", "-").split("-") if p)
+
+def sha256_of(registry, name):
+    with open(os.path.join(data, registry, name), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+def published(registry, name):
+    path = os.path.join(data, registry, name + ".published")
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip()
+    return "2020-01-01T00:00:00Z"
+
+def served(registry, name):
+    path = os.path.join(data, registry, name)
+    if os.path.exists(path + ".served"):
+        path += ".served"
+    with open(path, "rb") as f:
+        return f.read()
+
 class Server(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -102,27 +126,44 @@ class Server(http.server.BaseHTTPRequestHandler):
         self.reply(200, echo, [("Content-Type", "application/json"), ("X-Echo-Auth", self.headers.get("Authorization") or "")])
 
     def pypi(self):
-        files = sorted(os.listdir(os.path.join(data, "pypi")))
+        # PEP 691 JSON (hashes, upload times) when asked for, else PEP 503
+        # HTML (hashes in the links). Beside a file, FILE.published holds its
+        # upload time (default: long ago), FILE.served other bytes to serve
+        # than those the index hashes (a tampered mirror), and NAME.broken
+        # an index page to answer instead.
+        files = sorted(f for f in os.listdir(os.path.join(data, "pypi")) if is_package_file(f))
         parts = [p for p in self.path.split("/") if p]
         if parts[:1] == ["simple"] and len(parts) == 2:
-            links = "".join(f'<a href="/files/{f}">{f}</a>\n' for f in files if f.startswith(parts[1] + "-"))
+            broken = os.path.join(data, "pypi", parts[1] + ".broken")
+            if os.path.exists(broken):
+                with open(broken, "rb") as f:
+                    return self.reply(200, f.read(), [("Content-Type", "application/vnd.pypi.simple.v1+json")])
+            mine = [f for f in files if normal(f.split("-")[0]) == normal(parts[1])]
+            if "application/vnd.pypi.simple.v1+json" in (self.headers.get("Accept") or ""):
+                page = {"meta": {"api-version": "1.1"}, "name": parts[1], "files": [
+                    {"filename": f, "url": f"/files/{f}", "hashes": {"sha256": sha256_of("pypi", f)},
+                     "upload-time": published("pypi", f)} for f in mine]}
+                return self.reply(200, json.dumps(page).encode(), [("Content-Type", "application/vnd.pypi.simple.v1+json")])
+            links = "".join(f'<a href="/files/{f}#sha256={sha256_of("pypi", f)}">{f}</a>\n' for f in mine)
             return self.reply(200, f"<html><body>\n{links}</body></html>\n".encode(), [("Content-Type", "text/html")])
         if parts[:1] == ["files"] and len(parts) == 2 and parts[1] in files:
-            with open(os.path.join(data, "pypi", parts[1]), "rb") as f:
-                return self.reply(200, f.read(), [("Content-Type", "application/octet-stream")])
+            return self.reply(200, served("pypi", parts[1]), [("Content-Type", "application/octet-stream")])
         self.reply(404, b"not found\n")
 
     def npm(self):
         # A package document per name, listing each version's tarball with
         # the hashes npm checks; the tarballs themselves.
-        tarballs = sorted(os.listdir(os.path.join(data, "npm")))
+        tarballs = sorted(f for f in os.listdir(os.path.join(data, "npm")) if is_package_file(f))
         parts = [p for p in self.path.split("/") if p]
         if len(parts) == 3 and parts[1] == "-" and parts[2] in tarballs:
-            with open(os.path.join(data, "npm", parts[2]), "rb") as f:
-                return self.reply(200, f.read(), [("Content-Type", "application/octet-stream")])
+            return self.reply(200, served("npm", parts[2]), [("Content-Type", "application/octet-stream")])
         if len(parts) != 1:
             return self.reply(404, b'{"error":"not found"}')
-        name, versions = parts[0], {}
+        broken = os.path.join(data, "npm", parts[0] + ".broken")
+        if os.path.exists(broken):
+            with open(broken, "rb") as f:
+                return self.reply(200, f.read(), [("Content-Type", "application/json")])
+        name, versions, times = parts[0], {}, {}
         for tarball in tarballs:
             if not tarball.startswith(name + "-"):
                 continue
@@ -135,9 +176,10 @@ class Server(http.server.BaseHTTPRequestHandler):
                          "shasum": hashlib.sha1(raw).hexdigest(),
                          "integrity": "sha512-" + base64.b64encode(hashlib.sha512(raw).digest()).decode()},
             }
+            times[version] = published("npm", tarball)
         if not versions:
             return self.reply(404, b'{"error":"not found"}')
-        doc = {"name": name, "dist-tags": {"latest": max(versions)}, "versions": versions}
+        doc = {"name": name, "dist-tags": {"latest": max(versions)}, "versions": versions, "time": times}
         self.reply(200, json.dumps(doc).encode(), [("Content-Type", "application/json")])
 
     def crates_index(self):
@@ -151,14 +193,14 @@ class Server(http.server.BaseHTTPRequestHandler):
         name = parts[-1] if parts else ""
         prefix = {1: ["1"], 2: ["2"], 3: ["3", name[:1]]}.get(len(name), [name[:2], name[2:4]])
         lines = []
-        for file in sorted(os.listdir(os.path.join(data, "crates"))):
+        for file in sorted(f for f in os.listdir(os.path.join(data, "crates")) if is_package_file(f)):
             crate, _, version = file[:-len(".crate")].rpartition("-")
             if crate != name or parts != prefix + [name]:
                 continue
             with open(os.path.join(data, "crates", file), "rb") as f:
                 cksum = hashlib.sha256(f.read()).hexdigest()
             lines.append(json.dumps({"name": name, "vers": version, "deps": [], "cksum": cksum,
-                                     "features": {}, "yanked": False}))
+                                     "features": {}, "yanked": False, "pubtime": published("crates", file)}))
         if not lines:
             return self.reply(404, b"not found\n")
         self.reply(200, "".join(line + "\n" for line in lines).encode(), [("Content-Type", "text/plain")])
@@ -169,8 +211,7 @@ class Server(http.server.BaseHTTPRequestHandler):
         file = f"{parts[1]}-{parts[2]}.crate" if len(parts) == 4 and parts[3] == "download" else ""
         if parts[:1] != ["crates"] or file not in os.listdir(os.path.join(data, "crates")):
             return self.reply(404, b"not found\n")
-        with open(os.path.join(data, "crates", file), "rb") as f:
-            self.reply(200, f.read(), [("Content-Type", "application/x-tar")])
+        self.reply(200, served("crates", file), [("Content-Type", "application/x-tar")])
 
     do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = answer
 

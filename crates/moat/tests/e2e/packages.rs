@@ -1,0 +1,221 @@
+//! Package rules: the gateway reads the stand-in PyPI, npm and crates.io as
+//! their own protocols, driven by the real pip, npm and cargo in a box. A
+//! fresh version is left out of the index (installers pick the older one),
+//! a denied name, a version off the lock, a malicious version (the OSV
+//! export) and a file whose hash does not match its index are refused with
+//! the rule in the client's output; a malformed index is refused, and the
+//! gateway serves on; a second box installs from the shared cache (the
+//! stand-in sees one download); `packages NAME` lists what came in.
+
+use std::process::Stdio;
+
+use crate::egress::sh;
+use crate::fixture::unique;
+use crate::Env;
+
+/// A wheel of `name` `version` (`import NAME; NAME.VERSION`).
+fn wheel(env: &Env, name: &str, version: &str) -> String {
+    let file = format!("{name}-{version}-py3-none-any.whl");
+    let path = env.net.dir.join("data/pypi").join(&file);
+    let script = format!(
+        "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\n\
+         z.writestr('{name}/__init__.py', 'VERSION = \"{version}\"\\n')\n\
+         z.writestr('{name}-{version}.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n')\n\
+         z.writestr('{name}-{version}.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+         z.writestr('{name}-{version}.dist-info/RECORD', '')\n"
+    );
+    let ok = std::process::Command::new("python3").args(["-c", &script]).arg(&path).status().unwrap().success();
+    assert!(ok, "wheel {file}");
+    file
+}
+
+/// An npm tarball of `name` `version`.
+fn tarball(env: &Env, name: &str, version: &str) -> String {
+    let file = format!("{name}-{version}.tgz");
+    let json = format!(r#"{{"name": "{name}", "version": "{version}", "main": "index.js"}}"#);
+    let js = format!("module.exports = {{ version: \"{version}\" }};");
+    crate::testnet::tar_gz(
+        &env.net.dir.join("data/npm").join(&file),
+        &[("package/package.json", &json), ("package/index.js", &js)],
+    );
+    file
+}
+
+/// A .crate of `name` `version`.
+fn krate(env: &Env, name: &str, version: &str) {
+    let file = format!("{name}-{version}.crate");
+    let toml = format!("[package]\nname = \"{name}\"\nversion = \"{version}\"\nedition = \"2021\"\n");
+    let dir = format!("{name}-{version}");
+    crate::testnet::tar_gz(
+        &env.net.dir.join("data/crates").join(file),
+        &[(&format!("{dir}/Cargo.toml"), &toml), (&format!("{dir}/src/lib.rs"), "pub const V: u32 = 1;\n")],
+    );
+}
+
+/// Marks a stand-in file published `secs` ago.
+fn published_ago(env: &Env, registry: &str, file: &str, secs: u64) {
+    let date = std::process::Command::new("date")
+        .args(["-u", "-d", &format!("{secs} seconds ago"), "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
+    let path = env.net.dir.join("data").join(registry).join(format!("{file}.published"));
+    std::fs::write(path, date.stdout).unwrap();
+}
+
+/// How often the stand-ins served `path` of `host`.
+fn downloads(env: &Env, host: &str, path: &str) -> usize {
+    let line = format!("GET {host} {path}\n");
+    env.net.received().matches(&line).count()
+}
+
+/// A package name of this run (no '-': a wheel's name has none).
+fn package_name(prefix: &str) -> String {
+    unique(prefix).replace('-', "")
+}
+
+fn policy(env: &Env, name: &str, words: &[&str]) {
+    let mut all = vec!["policy", name, "packages"];
+    all.extend_from_slice(words);
+    env.alice(None, &all).ok();
+}
+
+pub fn package_rules_decide_what_comes_in(env: &Env) {
+    let new = package_name("ok");
+    // PyPI: an old version and one published an hour ago.
+    let old_wheel = wheel(env, &new, "1.0");
+    let fresh_wheel = wheel(env, &new, "2.0");
+    published_ago(env, "pypi", &fresh_wheel, 3600);
+    let denied = package_name("typo");
+    wheel(env, &denied, "1.0");
+    let tampered = package_name("tamper");
+    let tampered_wheel = wheel(env, &tampered, "1.0");
+    std::fs::write(env.net.dir.join("data/pypi").join(format!("{tampered_wheel}.served")), b"not the wheel").unwrap();
+    let broken = package_name("broken");
+    std::fs::write(env.net.dir.join("data/pypi").join(format!("{broken}.broken")), b"{\"files\": 7").unwrap();
+    // npm: the same, and a version the OSV export reports malicious.
+    tarball(env, &new, "1.0.0");
+    let fresh_tgz = tarball(env, &new, "2.0.0");
+    published_ago(env, "npm", &fresh_tgz, 3600);
+    tarball(env, "evil", "1.0.0");
+    std::fs::write(env.net.dir.join("data/npm").join(format!("{broken}.broken")), b"[1, 2").unwrap();
+    // crates.io: the same.
+    krate(env, &new, "1.0.0");
+    krate(env, &new, "2.0.0");
+    published_ago(env, "crates", &format!("{new}-2.0.0.crate"), 3600);
+
+    let a = unique("pkg");
+    env.new_box(&a, &["--policy", "registries"]);
+    policy(env, &a, &["min-age", "1d"]);
+    policy(env, &a, &["deny", &format!("pypi:{denied}")]);
+    policy(env, &a, &["advisories"]);
+    let shown = env.alice(None, &["policy", &a]).ok().stdout;
+    for want in
+        ["packages min-age 1d --unknown-age allow", &format!("packages deny pypi:{denied}"), "packages advisories"]
+    {
+        assert!(shown.contains(want), "policy lacks {want:?}:\n{shown}");
+    }
+    let pip = |name: &str, what: &str| {
+        sh(env, name, &format!("rm -rf /tmp/dl; pip download -q --disable-pip-version-check --no-deps --no-cache-dir -d /tmp/dl {what} 2>&1; ls /tmp/dl"))
+    };
+
+    // min-age: pip picks the older version (the fresh one is not in the index it sees).
+    let (_, out) = pip(&a, &new);
+    assert_eq!(out.trim(), old_wheel, "pip under min-age");
+    // A version asked by name is refused, the rule in pip's output.
+    let (_, out) = pip(&a, &format!("{new}==2.0"));
+    assert!(!out.contains(&fresh_wheel), "{out}");
+    // A denied name: refused, the rule in pip's output.
+    let (_, out) = pip(&a, &denied);
+    assert!(out.contains(&format!("packages deny pypi:{denied}")), "pip of a denied name:\n{out}");
+    // A file whose hash is not its index's: refused, and not kept.
+    let (_, out) = pip(&a, &tampered);
+    assert!(out.contains("not the sha256:"), "pip of a tampered file:\n{out}");
+    // A malformed index: refused (pip shows no index's error; the log says
+    // why), and the gateway serves on.
+    let (_, out) = pip(&a, &broken);
+    assert!(out.contains("No matching distribution"), "pip of a broken index:\n{out}");
+    let log = crate::egress::log(env, &a);
+    assert!(
+        log.contains(&format!("the index of pypi {broken}: no \"files\" list")) || log.contains("not JSON"),
+        "{log}"
+    );
+    let (_, out) = pip(&a, &new);
+    assert_eq!(out.trim(), old_wheel, "the gateway serves on after a malformed index");
+
+    // npm: min-age picks 1.0.0; a malicious version is refused by its advisory.
+    let (status, out) = sh(
+        env,
+        &a,
+        &format!("mkdir -p /tmp/app && cd /tmp/app && npm install --no-audit {new} 2>&1 && node -e 'console.log(require(\"{new}\").version)'"),
+    );
+    assert_eq!((status, out.lines().last()), (Some(0), Some("1.0.0")), "npm under min-age:\n{out}");
+    let (status, out) = sh(env, &a, "cd /tmp/app && npm install --no-audit evil 2>&1");
+    assert_ne!(status, Some(0));
+    assert!(out.contains("MAL-2026-7"), "npm of a malicious version:\n{out}");
+    let (status, out) = sh(env, &a, &format!("cd /tmp/app && npm install --no-audit {broken} 2>&1"));
+    assert!(status != Some(0) && out.contains("moat"), "npm of a broken document:\n{out}");
+
+    // A lock: only its versions and hashes pass.
+    let wrong = format!("{new}==1.0 --hash=sha256:{}\n", "0".repeat(64));
+    let mut cmd = env.daemon.ssh(&env.alice, None, &["policy", &a, "packages", "lock"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), wrong.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    let done = child.wait_with_output().unwrap();
+    assert!(done.status.success(), "lock: {}", String::from_utf8_lossy(&done.stderr));
+    assert!(String::from_utf8_lossy(&done.stdout).contains("packages lock pypi: 1 versions"));
+    let (_, out) = pip(&a, &new);
+    assert!(out.contains("packages lock"), "pip of a file off the lock:\n{out}");
+    policy(env, &a, &["unlock", "pypi"]);
+
+    // cargo: min-age picks 1.0.0 from the sparse index.
+    crate::egress::bring_cargo(env, &a);
+    let (status, out) = sh(
+        env,
+        &a,
+        &format!(
+            "{}; {} && {} && ls $CARGO_HOME/registry/cache/*/",
+            crate::egress::CARGO_ENV,
+            crate::egress::cargo_project("/tmp/crate", &format!("{new} = \"*\"")),
+            crate::egress::CARGO_FETCH
+        ),
+    );
+    assert_eq!(status, Some(0), "cargo:\n{out}");
+    assert!(out.contains(&format!("{new}-1.0.0.crate")) && !out.contains("2.0.0"), "cargo under min-age:\n{out}");
+
+    // What came in, from the host's side.
+    let listed = env.alice(None, &["packages", &a, "--json"]).ok().stdout;
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
+    let row = |eco: &str, version: &str, verdict: &str| {
+        rows.iter()
+            .any(|r| r["ecosystem"] == eco && r["name"] == new && r["version"] == version && r["verdict"] == verdict)
+    };
+    assert!(row("pypi", "1.0", "allow") && row("npm", "1.0.0", "allow") && row("crates", "1.0.0", "allow"), "{listed}");
+    assert!(rows.iter().any(|r| r["name"] == "evil" && r["verdict"] == "deny"), "{listed}");
+    assert!(rows.iter().all(|r| r["source"] == "upstream" || r["source"] == "cache"), "{listed}");
+    let log = crate::egress::log(env, &a);
+    assert!(log.contains("packages min-age 1d"), "the log names the rule:\n{log}");
+
+    // A second box is served from the cache: the stand-in saw one download.
+    let b = unique("pkg");
+    env.new_box(&b, &["--policy", "registries"]);
+    let (_, out) = pip(&b, &new);
+    assert!(out.contains(&fresh_wheel), "without rules the newest comes in: {out}");
+    let (_, out) = pip(&b, &format!("{new}==1.0"));
+    assert_eq!(out.trim(), old_wheel);
+    assert_eq!(
+        downloads(env, "pypi.org", &format!("/files/{old_wheel}")),
+        1,
+        "the second box's wheel came from the registry"
+    );
+    let listed = env.alice(None, &["packages", &b, "--json"]).ok().stdout;
+    assert!(listed.contains("\"source\": \"cache\"") || listed.contains("\"source\":\"cache\""), "{listed}");
+    // The tampered file was never kept: every ask goes to the registry, and is refused.
+    let (_, out) = pip(&b, &tampered);
+    assert!(out.contains("not the sha256:"), "{out}");
+    assert_eq!(downloads(env, "pypi.org", &format!("/files/{tampered_wheel}")), 2);
+    for name in [&a, &b] {
+        env.alice(None, &["rm", name]).ok();
+    }
+}
