@@ -615,12 +615,19 @@ pub enum Reply {
         /// Effects since the checkpoint.
         effects: Vec<Effect>,
     },
-    /// To `Diff` (after its changes): each box's effects since they split.
+    /// To `Diff` (after its changes): each box's effects, and the package
+    /// files each let in, since they split.
     Diffed {
         /// `a`'s.
         a: Vec<Effect>,
         /// `b`'s.
         b: Vec<Effect>,
+        /// `a`'s package files.
+        #[serde(default)]
+        a_packages: Vec<moat_core::egress::LogEntry>,
+        /// `b`'s package files.
+        #[serde(default)]
+        b_packages: Vec<moat_core::egress::LogEntry>,
     },
     /// To `Checkpoints`.
     Checkpoints(Vec<moat_core::Checkpoint>),

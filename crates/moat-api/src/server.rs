@@ -530,8 +530,9 @@ async fn run(
         Op::Dup { src, dst } => Reply::Box(BoxInfo::from(&m.dup(account, &src, &dst).await?)),
         Op::Diff { a, b } => {
             m.diff(account, &a, &b, changes).await?;
+            let (a_packages, b_packages) = m.split_packages(account, &a, &b).await?;
             let (a, b) = m.split_effects(account, &a, &b).await?;
-            Reply::Diffed { a, b }
+            Reply::Diffed { a, b, a_packages, b_packages }
         }
         Op::Promote { child } => Reply::Name(m.promote(account, &child).await?),
         Op::Checkpoint { name, label } => Reply::Name(m.checkpoint(account, &name, label).await?),

@@ -40,9 +40,14 @@ impl BoxManager {
         b: &Name,
     ) -> Result<(Vec<Effect>, Vec<Effect>), ManagerError> {
         let (ra, rb) = (self.get(account, a)?, self.get(account, b)?);
-        let made = |r: &crate::BoxRecord| self.db(|s| s.created_ms(&r.id)).map(|ms| ms.unwrap_or(r.created_at * 1000));
-        let split_ms = made(&ra)?.max(made(&rb)?);
+        let split_ms = self.split_ms(&ra, &rb)?;
         let (ia, ib) = (ra.id.clone(), rb.id.clone());
         Ok((self.db(|s| s.effects_since(&ia, split_ms))?, self.db(|s| s.effects_since(&ib, split_ms))?))
+    }
+
+    /// When two boxes split: when the younger was made, to the millisecond.
+    pub(super) fn split_ms(&self, a: &crate::BoxRecord, b: &crate::BoxRecord) -> Result<u64, ManagerError> {
+        let made = |r: &crate::BoxRecord| self.db(|s| s.created_ms(&r.id)).map(|ms| ms.unwrap_or(r.created_at * 1000));
+        Ok(made(a)?.max(made(b)?))
     }
 }

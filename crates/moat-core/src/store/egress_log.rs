@@ -47,10 +47,10 @@ impl Store {
     /// A box's entries that name a package file, oldest first (at most
     /// [`MAX_READ`], the newest). (A box's own text in an entry is JSON
     /// escaped: its quotes cannot spell the key.)
-    pub fn package_entries(&self, id: &BoxId) -> Result<Vec<LogEntry>, StoreError> {
+    pub fn package_entries(&self, id: &BoxId, since_ms: u64) -> Result<Vec<LogEntry>, StoreError> {
         let sql = "SELECT entry FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 \
                    AND entry LIKE '%\"package\":{%' ORDER BY rowid DESC LIMIT ?3";
-        let entries: Vec<LogEntry> = self.newest_json(sql, id, 0, MAX_READ)?;
+        let entries: Vec<LogEntry> = self.newest_json(sql, id, since_ms, MAX_READ)?;
         Ok(entries.into_iter().filter(|e| e.package.is_some()).collect())
     }
 

@@ -197,6 +197,17 @@ pub fn package_rules_decide_what_comes_in(env: &Env) {
     let log = crate::egress::log(env, &a);
     assert!(log.contains("packages min-age 1d"), "the log names the rule:\n{log}");
 
+    // A copy's packages show in `diff`: what each let in since the split.
+    let copy = unique("pkg");
+    env.alice(None, &["dup", &a, &copy]).ok();
+    let (_, out) = pip(&copy, &new);
+    assert_eq!(out.trim(), old_wheel, "the copy keeps the rules");
+    let diff = env.alice(None, &["diff", &a, &copy]).ok().stdout;
+    let added = format!("{copy} since the split let in these package files:\n  pypi {new} 1.0 ({old_wheel})\n");
+    assert!(diff.contains(&added), "diff lacks the copy's package:\n{diff}");
+    assert!(!diff.contains(&format!("{a} since the split let in")), "{diff}");
+    env.alice(None, &["rm", &copy]).ok();
+
     // A second box is served from the cache: the stand-in saw one download.
     let b = unique("pkg");
     env.new_box(&b, &["--policy", "registries"]);

@@ -314,7 +314,7 @@ fn answers_render_as_their_verb_says() {
     // An answer the verb does not expect is handed back, not shown.
     assert!((call.render)(Reply::Done, &call.op, false).is_err());
     let Plan::Call(diff) = plan("diff a b --json").unwrap() else { panic!("not a call") };
-    let none = || Reply::Diffed { a: Vec::new(), b: Vec::new() };
+    let none = || Reply::Diffed { a: Vec::new(), b: Vec::new(), a_packages: Vec::new(), b_packages: Vec::new() };
     assert_eq!((diff.render)(none(), &diff.op, true).unwrap(), "[]\n");
     assert_eq!((diff.render)(none(), &diff.op, false).unwrap(), "");
     // Effects since the split, then after a restore, in words.
@@ -329,7 +329,12 @@ fn answers_render_as_their_verb_says() {
         sent: 10,
         received: 20,
     };
-    let text = (diff.render)(Reply::Diffed { a: Vec::new(), b: vec![post.clone()] }, &diff.op, false).unwrap();
+    let text = (diff.render)(
+        Reply::Diffed { a: Vec::new(), b: vec![post.clone()], a_packages: Vec::new(), b_packages: Vec::new() },
+        &diff.op,
+        false,
+    )
+    .unwrap();
     assert_eq!(
         text,
         "b since the split did what a restore does not undo:\n  1 request to api.github.com: POST /repos/o/r/pulls\\u{1b}[2J 201\n"
