@@ -134,6 +134,12 @@ pub enum Refusal {
     /// A registry's index the gateway cannot read (refused, not guessed at).
     #[error("{0}")]
     BadIndex(String),
+    /// A package file whose bytes were going to the box as they came, and
+    /// whose hash turned out wrong: the box has all but its last piece, and
+    /// the connection ends there (nothing more is written: any bytes would
+    /// be read as the file's).
+    #[error("{0}")]
+    PackageCut(String),
 
     // Secrets.
     /// A head with bytes that are not text, where secrets are written in.
@@ -216,6 +222,7 @@ impl Refusal {
             Self::Git { content_type, body, .. } => answer_git(w, content_type, body).await,
             // The reason phrase too: pip prints it, npm and cargo the body.
             Self::Package { .. } | Self::BadIndex(_) => answer_package(w, &self.to_string()).await,
+            Self::PackageCut(_) => {}
             _ => answer_own(w, self.status(), &self.to_string()).await,
         }
     }

@@ -94,6 +94,11 @@ pub struct BenchArgs {
     /// pull, and `new` from a pulled image against the debian image.
     #[arg(long, conflicts_with_all = ["fleet", "http", "durable"])]
     images: bool,
+    /// Measure package installs instead (pip of 50 MiB of wheels, npm of a
+    /// 300-package tree, from a stand-in registry): with package rules on,
+    /// from the shared cache, and with the registry's TLS passed through.
+    #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images"])]
+    packages: bool,
 }
 
 /// Sorted samples of one measurement.
@@ -142,6 +147,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.images {
         return crate::bench_images::run(&args.state_dir);
+    }
+    if args.packages {
+        return crate::bench_packages::run(&args.state_dir);
     }
     let _ = crate::purge::run(&args.state_dir);
     let result = tokio::runtime::Runtime::new()?.block_on(bench(&args));

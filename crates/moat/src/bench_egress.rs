@@ -47,6 +47,13 @@ pub struct BenchNet {
 impl BenchNet {
     /// Makes the namespace and starts the servers in it.
     pub fn start() -> Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// As [`start`](Self::start), its HTTPS server also answering for
+    /// `registry`'s files (by Host and path), and its DNS server for the
+    /// registries' names.
+    pub fn start_with(registry: Option<Arc<Registry>>) -> Result<Self> {
         let name = format!("moat-bench-{}", std::process::id());
         let ip = |args: &[&str]| -> Result<()> {
             let out = Command::new("ip").args(args).output().context("run ip (apt-get install iproute2)")?;
@@ -70,8 +77,8 @@ impl BenchNet {
                 UdpSocket::bind((SERVER, 53))?,
             ))
         })?;
-        tokio::spawn(serve_http(http, None));
-        tokio::spawn(serve_http(https, Some(tls)));
+        tokio::spawn(serve_http(http, None, None));
+        tokio::spawn(serve_http(https, Some(tls), registry));
         std::thread::spawn(move || serve_dns(dns));
         net.ca = ca;
         Ok(net)
@@ -189,31 +196,42 @@ pub fn push_body(mib: usize) -> Result<Vec<u8>> {
     Ok(body)
 }
 
+/// Files a stand-in registry serves: (host, path) to (content type, body).
+pub type Registry = std::collections::HashMap<(String, String), (String, Vec<u8>)>;
+
+/// The registries' names the DNS server answers besides [`NAME`]'s.
+pub const REGISTRY_NAMES: [&str; 2] = ["pypi.org", "registry.npmjs.org"];
+
 /// Answers `GET /bytes/N` with N bytes, then closes; a POST (a push) is
-/// read whole and answered with git's `unpack ok`.
-async fn serve_http(listener: std::net::TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {
+/// read whole and answered with git's `unpack ok`; a file of `registry`,
+/// with that file.
+async fn serve_http(
+    listener: std::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    registry: Option<Arc<Registry>>,
+) {
     let Ok(listener) = listener.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(listener)) else {
         return;
     };
     while let Ok((stream, _)) = listener.accept().await {
-        let tls = tls.clone();
+        let (tls, registry) = (tls.clone(), registry.clone());
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             match tls {
                 Some(config) => {
                     if let Ok(stream) = tokio_rustls::TlsAcceptor::from(config).accept(stream).await {
-                        let _ = answer(stream).await;
+                        let _ = answer(stream, registry.as_deref()).await;
                     }
                 }
                 None => {
-                    let _ = answer(stream).await;
+                    let _ = answer(stream, None).await;
                 }
             }
         });
     }
 }
 
-async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> std::io::Result<()> {
+async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin, registry: Option<&Registry>) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -224,6 +242,23 @@ async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> std::io::Res
         head.extend_from_slice(&buf[..n]);
     }
     let text = String::from_utf8_lossy(&head).into_owned();
+    if let Some(registry) = registry {
+        let host =
+            text.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("host:").map(|h| h.trim().to_string()));
+        let target = text.split_whitespace().nth(1).unwrap_or_default();
+        let path = target.split('?').next().unwrap_or_default().replace("%2f", "/").replace("%2F", "/");
+        if let Some((content_type, body)) = host.and_then(|h| registry.get(&(h, path))) {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await?;
+            if !text.starts_with("HEAD ") {
+                stream.write_all(body).await?;
+            }
+            return stream.shutdown().await;
+        }
+    }
     if text.starts_with("POST ") {
         let end = head.windows(4).position(|w| w == b"\r\n\r\n").map_or(head.len(), |i| i + 4);
         let length: usize = text
@@ -263,11 +298,14 @@ async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> std::io::Res
     stream.shutdown().await
 }
 
-/// Answers A queries for [`NAME`] and the names below it with [`SERVER`];
+/// Answers A queries for [`NAME`], the names below it and the registries'
+/// ([`REGISTRY_NAMES`]) with [`SERVER`];
 /// everything else NXDOMAIN.
 fn serve_dns(socket: UdpSocket) {
     let below = format!(".{NAME}");
-    let ours = |name: &HostName| name.as_str() == NAME || name.as_str().ends_with(&below);
+    let ours = |name: &HostName| {
+        name.as_str() == NAME || name.as_str().ends_with(&below) || REGISTRY_NAMES.contains(&name.as_str())
+    };
     let mut buf = [0u8; 512];
     while let Ok((n, peer)) = socket.recv_from(&mut buf) {
         let Ok(query) = dns::parse_query(&buf[..n]) else { continue };

@@ -22,6 +22,10 @@ use crate::refusal::Refusal;
 
 /// Largest package file let in.
 const MAX_FILE: u64 = 4 << 30;
+/// Files larger than this go to the box as they come (all but the last
+/// piece until the hash matched); smaller ones wait whole, so that a
+/// refusal reaches the client as a message rather than a cut download.
+const STREAM_ABOVE: u64 = 1 << 20;
 
 /// What one request is, for [`answer`].
 pub struct Asked<'a> {
@@ -49,7 +53,7 @@ pub async fn answer<W: AsyncWrite + Unpin + ?Sized>(
     log: &mut LogEntry,
 ) -> Result<(), Refusal> {
     let head_only = asked.request.method == "HEAD";
-    match route(asked.host, &asked.request.target) {
+    let answered = match route(asked.host, &asked.request.target) {
         Wanted::Index(package) => index(registries, asked, &package, to_box, head_only, log).await,
         Wanted::File { package, version, file } => {
             self::file(registries, asked, &package, &version, &file, to_box, head_only, log).await
@@ -58,8 +62,14 @@ pub async fn answer<W: AsyncWrite + Unpin + ?Sized>(
             rule: "packages".into(),
             why: "not a package file the gateway can check against its index".into(),
         }),
-        Wanted::Other => relay(asked, to_box, head_only, log).await,
-    }
+        Wanted::Other => {
+            let _turn = registries.reads.acquire().await.map_err(|_| Refusal::Io("the gateway is stopping".into()))?;
+            relay(asked, to_box, head_only, log).await
+        }
+    };
+    // TLS holds the last records until flushed: the box would wait on them.
+    answered?;
+    Ok(to_box.flush().await?)
 }
 
 /// The box's header `name` (lower case), if it sent one.
@@ -115,6 +125,7 @@ async fn read_index(
         }
     }
     headers.push(("Accept", accept.to_string()));
+    let _turn = registries.reads.acquire().await.map_err(|_| Refusal::Io("the gateway is stopping".into()))?;
     let mut fetched = fetch::get(asked.net, &host, 443, true, &target, &headers).await?;
     if fetched.head.status != 200 {
         return Ok(Err(fetched));
@@ -255,36 +266,66 @@ async fn file<W: AsyncWrite + Unpin + ?Sized>(
     if fetched.head.status != 200 {
         return relay_fetched(&mut fetched, to_box, head_only, log).await;
     }
-    // Held whole, on the host, until its hash is known.
+    // Kept on the host as it comes, until its hash is known. A large file
+    // whose answer gives its length goes to the box a piece behind, the last
+    // piece only once the hash matched (a wrong file ends short, which
+    // every client reads as broken); others wait whole.
     let mut spool = match registries.cache().map(|c| c.spool()) {
         Some(Ok(spool)) => spool,
         Some(Err(e)) => return Err(Refusal::Io(format!("the package cache: {e}"))),
         None => return Err(Refusal::Io("the gateway has no package cache to check files in".into())),
     };
+    let streamed = fetched.length().filter(|n| *n > STREAM_ABOVE && *n <= MAX_FILE);
+    if let Some(length) = streamed {
+        write_head(to_box, 200, "OK", "application/octet-stream", length, asked.request.close).await?;
+        log.status = Some(200);
+    }
     let mut hasher = Hasher::new(hash.algorithm);
     let mut size = 0u64;
+    let mut held: Vec<u8> = Vec::new();
     while let Some(piece) = fetched.next().await? {
         size += piece.len() as u64;
-        if size > MAX_FILE {
-            return Err(Refusal::Unreachable(format!("{file} is larger than {} GiB", MAX_FILE >> 30)));
+        if size > streamed.unwrap_or(MAX_FILE) {
+            let why = format!("{file} is longer than its registry said, or than {} GiB", MAX_FILE >> 30);
+            return Err(if streamed.is_some() { Refusal::PackageCut(why) } else { Refusal::Unreachable(why) });
         }
         hasher.update(&piece);
         spool.file.write_all(&piece)?;
+        if streamed.is_some() && !head_only && !held.is_empty() {
+            to_box.write_all(&held).await?;
+            log.received += held.len() as u64;
+        }
+        held = piece;
     }
     let got = hasher.finish();
     if got != hash.hex {
-        return Err(Refusal::Package {
-            rule: "packages".into(),
-            why: format!("{file}: its hash is {}:{got}, not the {hash} its index promised", hash.algorithm.name()),
+        let why = format!("{file}: its hash is {}:{got}, not the {hash} its index promised", hash.algorithm.name());
+        return Err(match streamed {
+            Some(_) => Refusal::PackageCut(why),
+            None => Refusal::Package { rule: "packages".into(), why },
         });
+    }
+    if streamed.is_some() && size != streamed.unwrap_or(0) {
+        return Err(Refusal::PackageCut(format!("{file} ended short of the length its registry said")));
+    }
+    let kept = |spool| {
+        if let Some(cache) = registries.cache() {
+            if let Err(e) = cache.keep(spool, &hash, size) {
+                tracing::warn!(error = %e, "cannot keep a package file");
+            }
+        }
+    };
+    if streamed.is_some() {
+        if !head_only {
+            to_box.write_all(&held).await?;
+            log.received += held.len() as u64;
+        }
+        kept(spool);
+        return Ok(());
     }
     spool.file.rewind()?;
     let mut served = spool.file.try_clone()?;
-    if let Some(cache) = registries.cache() {
-        if let Err(e) = cache.keep(spool, &hash, size) {
-            tracing::warn!(error = %e, "cannot keep a package file");
-        }
-    }
+    kept(spool);
     send_file(&mut served, size, to_box, head_only, asked.request.close, log).await
 }
 

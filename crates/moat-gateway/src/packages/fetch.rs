@@ -76,6 +76,15 @@ pub async fn get(
 }
 
 impl Fetch {
+    /// The body's length as the box will see it, where the answer says it
+    /// (framed by length, with no content coding to undo).
+    pub fn length(&self) -> Option<u64> {
+        match (&self.framing, &self.decoder) {
+            (Framing::Length(n), Some(Decoder::Identity)) => Some(*n),
+            _ => None,
+        }
+    }
+
     /// The value of header `name` (lower case), if it has one.
     pub fn header(&self, name: &str) -> Option<String> {
         response::header(&self.head, name).next()

@@ -37,6 +37,10 @@ use route::Package;
 const INDEX_FRESH: Duration = Duration::from_secs(60);
 /// Bytes of index bodies kept, at most.
 const INDEX_BYTES: usize = 64 << 20;
+/// Answers read whole into memory at once, every box together (each up to
+/// [`index::MAX_INDEX`]): a box opening hundreds of connections for large
+/// documents waits its turn instead of filling the gateway's memory.
+const READS_AT_ONCE: usize = 16;
 
 /// The package cache (its directory, open) and how large it may grow, and
 /// where the operator's OSV database is (read at start).
@@ -52,6 +56,8 @@ pub struct PackagesConfig {
 
 /// What every box's package requests share.
 pub struct Registries {
+    /// Turns to read an answer whole into memory.
+    pub reads: tokio::sync::Semaphore,
     cache: Option<FileCache>,
     advisories: RwLock<Arc<Advisories>>,
     indexes: Mutex<Indexes>,
@@ -92,7 +98,12 @@ impl Registries {
             }
             None => Advisories::default(),
         };
-        Self { cache, advisories: RwLock::new(Arc::new(advisories)), indexes: Mutex::new(Indexes::default()) }
+        Self {
+            reads: tokio::sync::Semaphore::new(READS_AT_ONCE),
+            cache,
+            advisories: RwLock::new(Arc::new(advisories)),
+            indexes: Mutex::new(Indexes::default()),
+        }
     }
 
     /// Keeps no files (a gateway that may not open them).

@@ -177,8 +177,10 @@ async fn requests(
                     continue;
                 }
                 Err(why) => {
-                    if let Refusal::Package { rule, .. } = &why {
-                        req_log.rule = Some(rule.clone());
+                    match &why {
+                        Refusal::Package { rule, .. } => req_log.rule = Some(rule.clone()),
+                        Refusal::PackageCut(_) | Refusal::BadIndex(_) => req_log.rule = Some("packages".into()),
+                        _ => {}
                     }
                     req_log.reason = Some(why.to_string());
                     net.log(req_log);

@@ -13,13 +13,15 @@ use crate::egress::sh;
 use crate::fixture::unique;
 use crate::Env;
 
-/// A wheel of `name` `version` (`import NAME; NAME.VERSION`).
-fn wheel(env: &Env, name: &str, version: &str) -> String {
+/// A wheel of `name` `version` (`import NAME; NAME.VERSION`), carrying
+/// `mib` MiB of noise.
+fn wheel(env: &Env, name: &str, version: &str, mib: usize) -> String {
     let file = format!("{name}-{version}-py3-none-any.whl");
     let path = env.net.dir.join("data/pypi").join(&file);
     let script = format!(
-        "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\n\
+        "import os, sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\n\
          z.writestr('{name}/__init__.py', 'VERSION = \"{version}\"\\n')\n\
+         z.writestr('{name}/noise.bin', os.urandom({mib} << 20))\n\
          z.writestr('{name}-{version}.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n')\n\
          z.writestr('{name}-{version}.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
          z.writestr('{name}-{version}.dist-info/RECORD', '')\n"
@@ -82,13 +84,14 @@ fn policy(env: &Env, name: &str, words: &[&str]) {
 pub fn package_rules_decide_what_comes_in(env: &Env) {
     let new = package_name("ok");
     // PyPI: an old version and one published an hour ago.
-    let old_wheel = wheel(env, &new, "1.0");
-    let fresh_wheel = wheel(env, &new, "2.0");
+    // (3 MiB: an answer larger than TLS and socket buffers must reach the box whole.)
+    let old_wheel = wheel(env, &new, "1.0", 3);
+    let fresh_wheel = wheel(env, &new, "2.0", 0);
     published_ago(env, "pypi", &fresh_wheel, 3600);
     let denied = package_name("typo");
-    wheel(env, &denied, "1.0");
+    wheel(env, &denied, "1.0", 0);
     let tampered = package_name("tamper");
-    let tampered_wheel = wheel(env, &tampered, "1.0");
+    let tampered_wheel = wheel(env, &tampered, "1.0", 0);
     std::fs::write(env.net.dir.join("data/pypi").join(format!("{tampered_wheel}.served")), b"not the wheel").unwrap();
     let broken = package_name("broken");
     std::fs::write(env.net.dir.join("data/pypi").join(format!("{broken}.broken")), b"{\"files\": 7").unwrap();

@@ -1,0 +1,256 @@
+//! `moat bench --packages`: installs in a box through the gateway's package
+//! path, next to the same installs straight from the same stand-in registry:
+//!
+//! - `pip install` of 25 wheels of 2 MiB each (50 MiB);
+//! - `npm install` of a tree of 300 small packages (each depends on two
+//!   more: 300 package documents and 300 tarballs).
+//!
+//! Each runs in three boxes of moat's debian image under one `moat serve`:
+//! the first with package rules on (`registries` and `min-age 1d`: every
+//! index read, every file checked and kept), a second one after it (its
+//! files from the shared cache), and a box whose policy allows the two hosts
+//! plainly (TLS passed through untouched: the registry as the client sees
+//! it without moat's package path). The registry answers from memory on the
+//! bench's test internet (see [`crate::bench_egress::Registry`]).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine as _;
+use sha2::Digest as _;
+
+use crate::bench::ms;
+use crate::bench_egress::{BenchNet, Registry, SERVER};
+use crate::bench_fleet_rig::{moat, path, serve, Server};
+
+/// Wheels, and MiB each.
+const WHEELS: usize = 25;
+const WHEEL_MIB: usize = 2;
+/// npm packages in the tree.
+const NPM_PACKAGES: usize = 300;
+/// A publish time long past (every rule lets it in).
+const LONG_AGO: &str = "2020-01-01T00:00:00Z";
+
+/// Writes the wheels and tarballs under `dir` (Python's zipfile and
+/// tarfile make them as the real tools do) and returns the registry.
+fn make_registry(dir: &Path) -> Result<Registry> {
+    let script = r#"
+import io, json, os, sys, tarfile, zipfile
+out, wheels, mib, packages = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.makedirs(out, exist_ok=True)
+for i in range(wheels):
+    name = f"benchw{i}"
+    with zipfile.ZipFile(f"{out}/{name}-1.0-py3-none-any.whl", "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{name}/__init__.py", "")
+        z.writestr(f"{name}/data.bin", os.urandom(mib << 20))
+        z.writestr(f"{name}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        z.writestr(f"{name}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{name}-1.0.dist-info/RECORD", "")
+for i in range(packages):
+    deps = {f"bench-p{c}": "1.0.0" for c in (2 * i + 1, 2 * i + 2) if c < packages}
+    pkg = json.dumps({"name": f"bench-p{i}", "version": "1.0.0", "main": "index.js", "dependencies": deps})
+    with tarfile.open(f"{out}/bench-p{i}-1.0.0.tgz", "w:gz") as t:
+        for name, text in (("package/package.json", pkg), ("package/index.js", f"module.exports = {i};")):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            t.addfile(info, io.BytesIO(data))
+    with open(f"{out}/bench-p{i}.deps", "w") as f:
+        json.dump(deps, f)
+"#;
+    let ok = Command::new("python3")
+        .args(["-c", script])
+        .arg(dir)
+        .args([WHEELS.to_string(), WHEEL_MIB.to_string(), NPM_PACKAGES.to_string()])
+        .status()
+        .context("python3 (apt-get install python3)")?
+        .success();
+    if !ok {
+        bail!("making the registry's files failed");
+    }
+    let mut registry = Registry::new();
+    let mut put = |host: &str, path: String, content_type: &str, body: Vec<u8>| {
+        registry.insert((host.to_string(), path), (content_type.to_string(), body));
+    };
+    for i in 0..WHEELS {
+        let (name, file) = (format!("benchw{i}"), format!("benchw{i}-1.0-py3-none-any.whl"));
+        let body = std::fs::read(dir.join(&file))?;
+        let page = serde_json::json!({
+            "meta": {"api-version": "1.1"}, "name": name, "versions": ["1.0"],
+            "files": [{"filename": file, "url": format!("https://pypi.org/files/{file}"),
+                       "hashes": {"sha256": hex::encode(sha2::Sha256::digest(&body))}, "upload-time": LONG_AGO}],
+        });
+        put(
+            "pypi.org",
+            format!("/simple/{name}/"),
+            "application/vnd.pypi.simple.v1+json",
+            page.to_string().into_bytes(),
+        );
+        put("pypi.org", format!("/files/{file}"), "application/octet-stream", body);
+    }
+    for i in 0..NPM_PACKAGES {
+        let (name, file) = (format!("bench-p{i}"), format!("bench-p{i}-1.0.0.tgz"));
+        let body = std::fs::read(dir.join(&file))?;
+        let deps: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.deps")))?)?;
+        let integrity =
+            format!("sha512-{}", base64::engine::general_purpose::STANDARD.encode(sha2::Sha512::digest(&body)));
+        let doc = serde_json::json!({
+            "name": name, "dist-tags": {"latest": "1.0.0"},
+            "versions": {"1.0.0": {"name": name, "version": "1.0.0", "dependencies": deps,
+                "dist": {"tarball": format!("https://registry.npmjs.org/{name}/-/{file}"), "integrity": integrity}}},
+            "time": {"created": LONG_AGO, "modified": LONG_AGO, "1.0.0": LONG_AGO},
+        });
+        put("registry.npmjs.org", format!("/{name}"), "application/json", doc.to_string().into_bytes());
+        put("registry.npmjs.org", format!("/{name}/-/{file}"), "application/octet-stream", body);
+    }
+    Ok(registry)
+}
+
+/// The pip and npm commands, trusting `ca` (a path in the box; `None`:
+/// the TLS is not verified, for the direct box, whose client sees the
+/// stand-in's own certificate), in a directory of their own (`run`).
+fn installs(ca: Option<&str>, run: usize) -> (String, String) {
+    let wheels: Vec<String> = (0..WHEELS).map(|i| format!("benchw{i}")).collect();
+    let (pip_trust, npm_trust) = match ca {
+        Some(ca) => (format!("--cert {ca}"), format!("--cafile {ca}")),
+        None => ("--trusted-host pypi.org".to_string(), "--strict-ssl=false".to_string()),
+    };
+    let pip = format!(
+        "pip install -q --no-deps --no-cache-dir --disable-pip-version-check --target /tmp/pip{run} \
+         --index-url https://pypi.org/simple/ {pip_trust} {}",
+        wheels.join(" ")
+    );
+    let npm = format!(
+        "mkdir -p /tmp/npm{run} && cd /tmp/npm{run} && npm install --no-audit --no-fund --no-package-lock \
+         --cache /tmp/npm-cache{run} --registry https://registry.npmjs.org/ {npm_trust} bench-p0@1.0.0 >/dev/null"
+    );
+    (pip, npm)
+}
+
+/// Runs the packages benchmark under `state_dir`.
+pub fn run(state_dir: &Path) -> Result<()> {
+    if state_dir.exists() {
+        bail!(
+            "{} is left from an earlier bench: `moat purge --state-dir {}/single` and remove it",
+            path(state_dir),
+            path(state_dir)
+        );
+    }
+    std::fs::create_dir(state_dir).with_context(|| format!("create {}", path(state_dir)))?;
+    let result = measure(state_dir);
+    let single = state_dir.join("single");
+    if single.exists() {
+        if let Err(e) = crate::purge::run(&single) {
+            eprintln!("bench: cannot purge {}: {e:#}", single.display());
+        }
+    }
+    let _ = std::fs::remove_dir_all(state_dir);
+    result
+}
+
+fn measure(state_dir: &Path) -> Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let _entered = runtime.enter();
+    eprintln!("bench: the registry's files ({WHEELS} wheels of {WHEEL_MIB} MiB, {NPM_PACKAGES} npm packages)");
+    let registry = make_registry(&state_dir.join("files"))?;
+    let net = BenchNet::start_with(Some(Arc::new(registry)))?;
+    std::fs::write(state_dir.join("upstream-ca.pem"), &net.ca)?;
+    let single = state_dir.join("single");
+    eprintln!("bench: moat's debian image (built on first use)");
+    moat(&["image", "build", "debian", "--state-dir", &path(&single)])?;
+    let key = state_dir.join("client_key");
+    crate::bench::keygen(&key)?;
+    let flags = [
+        "--listen",
+        "127.0.0.1:0",
+        "--authorized-keys",
+        &path(&key.with_extension("pub")),
+        "--warm-boxes",
+        "0",
+        "--upstream-netns",
+        &path(&net.path()),
+        "--upstream-dns",
+        &format!("{SERVER}:53"),
+        "--upstream-allow",
+        &format!("{SERVER}/32"),
+        "--upstream-ca",
+        &path(&state_dir.join("upstream-ca.pem")),
+    ];
+    let mut server: Server = serve(single.clone(), &flags)?;
+    let result = boxes(&key, &server);
+    server.kill();
+    result
+}
+
+fn boxes(key: &Path, server: &Server) -> Result<()> {
+    let port = server.addr.port().to_string();
+    let ssh = |user: &str, command: &str| -> Command {
+        let mut cmd = Command::new("ssh");
+        cmd.args(["-F", "/dev/null", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no"])
+            .args(["-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-i"])
+            .arg(key)
+            .args(["-p", &port, &format!("{user}@127.0.0.1"), command]);
+        cmd
+    };
+    let control = |command: &str| -> Result<()> {
+        let out = ssh("moat", command).stdin(Stdio::null()).output()?;
+        if !out.status.success() {
+            bail!("{command}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
+    };
+    let timed = |user: &str, command: &str| -> Result<Duration> {
+        let started = Instant::now();
+        let out = ssh(user, command).stdin(Stdio::null()).output()?;
+        if !out.status.success() {
+            // The box's egress log says what the gateway made of it.
+            let log = ssh("moat", &format!("log {user}")).stdin(Stdio::null()).output()?;
+            let log = String::from_utf8_lossy(&log.stdout).into_owned();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines.get(lines.len().saturating_sub(15)..).unwrap_or_default().join("\n");
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            let errs: Vec<&str> = err.lines().collect();
+            let last = errs.get(errs.len().saturating_sub(3)..).unwrap_or_default().join(" / ");
+            bail!("{command} in {user} failed: {last}\n{user}'s log, newest last:\n{tail}");
+        }
+        Ok(started.elapsed())
+    };
+    // The rules box and the one after it share the cache; the direct box
+    // reaches the hosts with TLS passed through.
+    for name in ["rules", "cached"] {
+        control(&format!("new {name} --policy registries"))?;
+        control(&format!("policy {name} packages min-age 1d"))?;
+    }
+    control("new direct")?;
+    control("policy direct allow pypi.org")?;
+    control("policy direct allow registry.npmjs.org")?;
+    let mut rows = Vec::new();
+    for (label, tool) in [("pip install, 25 wheels (50 MiB)", 0), ("npm install, 300 packages", 1)] {
+        eprintln!("bench: {label}: with rules, from the cache, direct");
+        let pick = |(pip, npm): (String, String)| if tool == 0 { pip } else { npm };
+        let rules = timed("rules", &pick(installs(Some("/etc/moat/ca.pem"), tool)))?;
+        let cached = timed("cached", &pick(installs(Some("/etc/moat/ca.pem"), tool)))?;
+        let direct = timed("direct", &pick(installs(None, tool)))?;
+        rows.push((label, rules, cached, direct));
+    }
+    println!();
+    println!(
+        "{:<34} {:>12} {:>12} {:>12} {:>14} {:>14}",
+        "install", "rules", "cached", "direct", "rules/direct", "direct/cached"
+    );
+    for (label, rules, cached, direct) in rows {
+        println!(
+            "{label:<34} {:>12} {:>12} {:>12} {:>13.2}x {:>13.2}x",
+            ms(rules),
+            ms(cached),
+            ms(direct),
+            rules.as_secs_f64() / direct.as_secs_f64(),
+            direct.as_secs_f64() / cached.as_secs_f64()
+        );
+    }
+    println!("targets: rules/direct under 1.10x; direct/cached at least 3x");
+    Ok(())
+}
