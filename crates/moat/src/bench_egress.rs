@@ -196,8 +196,16 @@ pub fn push_body(mib: usize) -> Result<Vec<u8>> {
     Ok(body)
 }
 
-/// Files a stand-in registry serves: (host, path) to (content type, body).
-pub type Registry = std::collections::HashMap<(String, String), (String, Vec<u8>)>;
+/// A stand-in registry: its files, (host, path) to (content type, body),
+/// and how long it takes to answer (milliseconds, as a registry across the
+/// internet would; changed between rounds).
+#[derive(Default)]
+pub struct Registry {
+    /// The files.
+    pub files: std::collections::HashMap<(String, String), (String, Vec<u8>)>,
+    /// Milliseconds before each answer.
+    pub delay_ms: std::sync::atomic::AtomicU64,
+}
 
 /// The registries' names the DNS server answers besides [`NAME`]'s.
 pub const REGISTRY_NAMES: [&str; 2] = ["pypi.org", "registry.npmjs.org"];
@@ -247,7 +255,9 @@ async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin, registry: Optio
             text.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("host:").map(|h| h.trim().to_string()));
         let target = text.split_whitespace().nth(1).unwrap_or_default();
         let path = target.split('?').next().unwrap_or_default().replace("%2f", "/").replace("%2F", "/");
-        if let Some((content_type, body)) = host.and_then(|h| registry.get(&(h, path))) {
+        if let Some((content_type, body)) = host.and_then(|h| registry.files.get(&(h, path))) {
+            let delay = registry.delay_ms.load(std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
             let head = format!(
                 "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()

@@ -34,15 +34,27 @@ const NPM_PACKAGES: usize = 300;
 /// A publish time long past (every rule lets it in).
 const LONG_AGO: &str = "2020-01-01T00:00:00Z";
 
+/// The names of each round's packages (a round of its own starts with an
+/// empty cache): wheels `PREFIX0..`, npm packages `PREFIX0..` (the tree's root).
+const ROUNDS: [(&str, &str); 2] = [("benchw", "bench-p"), ("benchx", "bench-q")];
+
 /// Writes the wheels and tarballs under `dir` (Python's zipfile and
 /// tarfile make them as the real tools do) and returns the registry.
 fn make_registry(dir: &Path) -> Result<Registry> {
+    let mut registry = Registry::default();
+    for (wheel, package) in ROUNDS {
+        add_round(dir, wheel, package, &mut registry)?;
+    }
+    Ok(registry)
+}
+
+fn add_round(dir: &Path, wheel_prefix: &str, npm_prefix: &str, registry: &mut Registry) -> Result<()> {
     let script = r#"
 import io, json, os, sys, tarfile, zipfile
-out, wheels, mib, packages = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+out, wheels, mib, packages, w, p = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 os.makedirs(out, exist_ok=True)
 for i in range(wheels):
-    name = f"benchw{i}"
+    name = f"{w}{i}"
     with zipfile.ZipFile(f"{out}/{name}-1.0-py3-none-any.whl", "w", zipfile.ZIP_STORED) as z:
         z.writestr(f"{name}/__init__.py", "")
         z.writestr(f"{name}/data.bin", os.urandom(mib << 20))
@@ -50,33 +62,33 @@ for i in range(wheels):
         z.writestr(f"{name}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr(f"{name}-1.0.dist-info/RECORD", "")
 for i in range(packages):
-    deps = {f"bench-p{c}": "1.0.0" for c in (2 * i + 1, 2 * i + 2) if c < packages}
-    pkg = json.dumps({"name": f"bench-p{i}", "version": "1.0.0", "main": "index.js", "dependencies": deps})
-    with tarfile.open(f"{out}/bench-p{i}-1.0.0.tgz", "w:gz") as t:
+    deps = {f"{p}{c}": "1.0.0" for c in (2 * i + 1, 2 * i + 2) if c < packages}
+    pkg = json.dumps({"name": f"{p}{i}", "version": "1.0.0", "main": "index.js", "dependencies": deps})
+    with tarfile.open(f"{out}/{p}{i}-1.0.0.tgz", "w:gz") as t:
         for name, text in (("package/package.json", pkg), ("package/index.js", f"module.exports = {i};")):
             data = text.encode()
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             t.addfile(info, io.BytesIO(data))
-    with open(f"{out}/bench-p{i}.deps", "w") as f:
+    with open(f"{out}/{p}{i}.deps", "w") as f:
         json.dump(deps, f)
 "#;
     let ok = Command::new("python3")
         .args(["-c", script])
         .arg(dir)
         .args([WHEELS.to_string(), WHEEL_MIB.to_string(), NPM_PACKAGES.to_string()])
+        .args([wheel_prefix, npm_prefix])
         .status()
         .context("python3 (apt-get install python3)")?
         .success();
     if !ok {
         bail!("making the registry's files failed");
     }
-    let mut registry = Registry::new();
     let mut put = |host: &str, path: String, content_type: &str, body: Vec<u8>| {
-        registry.insert((host.to_string(), path), (content_type.to_string(), body));
+        registry.files.insert((host.to_string(), path), (content_type.to_string(), body));
     };
     for i in 0..WHEELS {
-        let (name, file) = (format!("benchw{i}"), format!("benchw{i}-1.0-py3-none-any.whl"));
+        let (name, file) = (format!("{wheel_prefix}{i}"), format!("{wheel_prefix}{i}-1.0-py3-none-any.whl"));
         let body = std::fs::read(dir.join(&file))?;
         let page = serde_json::json!({
             "meta": {"api-version": "1.1"}, "name": name, "versions": ["1.0"],
@@ -92,7 +104,7 @@ for i in range(packages):
         put("pypi.org", format!("/files/{file}"), "application/octet-stream", body);
     }
     for i in 0..NPM_PACKAGES {
-        let (name, file) = (format!("bench-p{i}"), format!("bench-p{i}-1.0.0.tgz"));
+        let (name, file) = (format!("{npm_prefix}{i}"), format!("{npm_prefix}{i}-1.0.0.tgz"));
         let body = std::fs::read(dir.join(&file))?;
         let deps: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.deps")))?)?;
         let integrity =
@@ -106,14 +118,15 @@ for i in range(packages):
         put("registry.npmjs.org", format!("/{name}"), "application/json", doc.to_string().into_bytes());
         put("registry.npmjs.org", format!("/{name}/-/{file}"), "application/octet-stream", body);
     }
-    Ok(registry)
+    Ok(())
 }
 
 /// The pip and npm commands, trusting `ca` (a path in the box; `None`:
 /// the TLS is not verified, for the direct box, whose client sees the
 /// stand-in's own certificate), in a directory of their own (`run`).
-fn installs(ca: Option<&str>, run: usize) -> (String, String) {
-    let wheels: Vec<String> = (0..WHEELS).map(|i| format!("benchw{i}")).collect();
+fn installs(ca: Option<&str>, round: usize, run: usize) -> (String, String) {
+    let (wheel, package) = ROUNDS.get(round).copied().unwrap_or(ROUNDS[0]);
+    let wheels: Vec<String> = (0..WHEELS).map(|i| format!("{wheel}{i}")).collect();
     let (pip_trust, npm_trust) = match ca {
         Some(ca) => (format!("--cert {ca}"), format!("--cafile {ca}")),
         None => ("--trusted-host pypi.org".to_string(), "--strict-ssl=false".to_string()),
@@ -125,7 +138,7 @@ fn installs(ca: Option<&str>, run: usize) -> (String, String) {
     );
     let npm = format!(
         "mkdir -p /tmp/npm{run} && cd /tmp/npm{run} && npm install --no-audit --no-fund --no-package-lock \
-         --cache /tmp/npm-cache{run} --registry https://registry.npmjs.org/ {npm_trust} bench-p0@1.0.0 >/dev/null"
+         --cache /tmp/npm-cache{run} --registry https://registry.npmjs.org/ {npm_trust} {package}0@1.0.0 >/dev/null"
     );
     (pip, npm)
 }
@@ -155,8 +168,8 @@ fn measure(state_dir: &Path) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let _entered = runtime.enter();
     eprintln!("bench: the registry's files ({WHEELS} wheels of {WHEEL_MIB} MiB, {NPM_PACKAGES} npm packages)");
-    let registry = make_registry(&state_dir.join("files"))?;
-    let net = BenchNet::start_with(Some(Arc::new(registry)))?;
+    let registry = Arc::new(make_registry(&state_dir.join("files"))?);
+    let net = BenchNet::start_with(Some(Arc::clone(&registry)))?;
     std::fs::write(state_dir.join("upstream-ca.pem"), &net.ca)?;
     let single = state_dir.join("single");
     eprintln!("bench: moat's debian image (built on first use)");
@@ -180,12 +193,12 @@ fn measure(state_dir: &Path) -> Result<()> {
         &path(&state_dir.join("upstream-ca.pem")),
     ];
     let mut server: Server = serve(single.clone(), &flags)?;
-    let result = boxes(&key, &server);
+    let result = boxes(&key, &server, &registry);
     server.kill();
     result
 }
 
-fn boxes(key: &Path, server: &Server) -> Result<()> {
+fn boxes(key: &Path, server: &Server, registry: &Registry) -> Result<()> {
     let port = server.addr.port().to_string();
     let ssh = |user: &str, command: &str| -> Command {
         let mut cmd = Command::new("ssh");
@@ -218,23 +231,34 @@ fn boxes(key: &Path, server: &Server) -> Result<()> {
         }
         Ok(started.elapsed())
     };
-    // The rules box and the one after it share the cache; the direct box
-    // reaches the hosts with TLS passed through.
-    for name in ["rules", "cached"] {
-        control(&format!("new {name} --policy registries"))?;
-        control(&format!("policy {name} packages min-age 1d"))?;
-    }
-    control("new direct")?;
-    control("policy direct allow pypi.org")?;
-    control("policy direct allow registry.npmjs.org")?;
     let mut rows = Vec::new();
-    for (label, tool) in [("pip install, 25 wheels (50 MiB)", 0), ("npm install, 300 packages", 1)] {
-        eprintln!("bench: {label}: with rules, from the cache, direct");
-        let pick = |(pip, npm): (String, String)| if tool == 0 { pip } else { npm };
-        let rules = timed("rules", &pick(installs(Some("/etc/moat/ca.pem"), tool)))?;
-        let cached = timed("cached", &pick(installs(Some("/etc/moat/ca.pem"), tool)))?;
-        let direct = timed("direct", &pick(installs(None, tool)))?;
-        rows.push((label, rules, cached, direct));
+    // Two rounds: the registry answering at once (on this host), and after
+    // 30 ms each (a registry across the internet; the test internet has no
+    // delay of its own). Each round's boxes and packages are new: its
+    // first install finds nothing in the cache.
+    for (round, delay) in [(0, 0u64), (1, 30)] {
+        registry.delay_ms.store(delay, std::sync::atomic::Ordering::Relaxed);
+        // The rules box and the one after it share the cache; the direct box
+        // reaches the hosts with TLS passed through.
+        for name in ["rules", "cached", "direct"] {
+            control(&format!("rm {name}")).ok();
+        }
+        for name in ["rules", "cached"] {
+            control(&format!("new {name} --policy registries"))?;
+            control(&format!("policy {name} packages min-age 1d"))?;
+        }
+        control("new direct")?;
+        control("policy direct allow pypi.org")?;
+        control("policy direct allow registry.npmjs.org")?;
+        for (label, tool) in [("pip install, 25 wheels (50 MiB)", 0), ("npm install, 300 packages", 1)] {
+            eprintln!("bench: {label}, registry answering after {delay} ms: with rules, from the cache, direct");
+            let pick = |(pip, npm): (String, String)| if tool == 0 { pip } else { npm };
+            let run = round * 2 + tool;
+            let rules = timed("rules", &pick(installs(Some("/etc/moat/ca.pem"), round, run)))?;
+            let cached = timed("cached", &pick(installs(Some("/etc/moat/ca.pem"), round, run)))?;
+            let direct = timed("direct", &pick(installs(None, round, run)))?;
+            rows.push((format!("{label}, +{delay} ms"), rules, cached, direct));
+        }
     }
     println!();
     println!(
@@ -243,7 +267,7 @@ fn boxes(key: &Path, server: &Server) -> Result<()> {
     );
     for (label, rules, cached, direct) in rows {
         println!(
-            "{label:<34} {:>12} {:>12} {:>12} {:>13.2}x {:>13.2}x",
+            "{label:<42} {:>12} {:>12} {:>12} {:>13.2}x {:>13.2}x",
             ms(rules),
             ms(cached),
             ms(direct),
