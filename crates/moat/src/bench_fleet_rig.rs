@@ -212,6 +212,19 @@ pub fn path(p: &Path) -> String {
     p.display().to_string()
 }
 
+/// Makes the bench's state dir `state_dir`, refusing one an earlier bench
+/// left (its pool may still be mounted).
+pub fn fresh_state_dir(state_dir: &Path) -> Result<()> {
+    if state_dir.exists() {
+        bail!(
+            "{} is left from an earlier bench: `moat purge --state-dir {}/single` and remove it",
+            path(state_dir),
+            path(state_dir)
+        );
+    }
+    std::fs::create_dir(state_dir).with_context(|| format!("create {}", path(state_dir)))
+}
+
 /// This binary with `args`, in a process group of its own (a Ctrl-C at the
 /// terminal reaches the bench, which tears down in order).
 fn moat_command(args: &[&str]) -> Command {

@@ -59,13 +59,6 @@ struct Wrk {
 
 /// Runs the HTTP benchmark with `runs` runs of the wake measurement.
 pub fn run(state_dir: &Path, runs: usize) -> Result<()> {
-    if state_dir.exists() {
-        bail!(
-            "{} is left from an earlier bench: `moat purge --state-dir {}/single` and remove it",
-            state_dir.display(),
-            state_dir.display()
-        );
-    }
     for tool in ["nginx", "wrk", "curl", "nsenter"] {
         if Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status()?.code()
             != Some(0)
@@ -73,7 +66,7 @@ pub fn run(state_dir: &Path, runs: usize) -> Result<()> {
             bail!("{tool} is not installed (scripts/deps.sh installs nginx-light, wrk and curl)");
         }
     }
-    std::fs::create_dir(state_dir).with_context(|| format!("create {}", state_dir.display()))?;
+    crate::bench_fleet_rig::fresh_state_dir(state_dir)?;
     let mut rig = HttpRig { dir: state_dir.to_path_buf(), server: None, nginx: None };
     let key = state_dir.join("client_key");
     crate::bench::keygen(&key)?;

@@ -77,13 +77,6 @@ fn timed(cmd: &mut Command) -> Result<Duration> {
 
 /// Runs the images benchmark under `state_dir`.
 pub fn run(state_dir: &Path) -> Result<()> {
-    if state_dir.exists() {
-        bail!(
-            "{} is left from an earlier bench: `moat purge --state-dir {}/single` and remove it",
-            path(state_dir),
-            path(state_dir)
-        );
-    }
     for tool in ["docker-registry", "skopeo", "umoci", "ip"] {
         if Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status()?.code()
             != Some(0)
@@ -91,7 +84,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
             bail!("{tool} is not installed (scripts/deps.sh installs docker-registry, skopeo and umoci)");
         }
     }
-    std::fs::create_dir(state_dir).with_context(|| format!("create {}", path(state_dir)))?;
+    crate::bench_fleet_rig::fresh_state_dir(state_dir)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let _entered = runtime.enter();
     let net = BenchNet::start()?;

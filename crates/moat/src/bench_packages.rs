@@ -145,14 +145,7 @@ fn installs(ca: Option<&str>, round: usize, run: usize) -> (String, String) {
 
 /// Runs the packages benchmark under `state_dir`.
 pub fn run(state_dir: &Path) -> Result<()> {
-    if state_dir.exists() {
-        bail!(
-            "{} is left from an earlier bench: `moat purge --state-dir {}/single` and remove it",
-            path(state_dir),
-            path(state_dir)
-        );
-    }
-    std::fs::create_dir(state_dir).with_context(|| format!("create {}", path(state_dir)))?;
+    crate::bench_fleet_rig::fresh_state_dir(state_dir)?;
     let result = measure(state_dir);
     let single = state_dir.join("single");
     if single.exists() {

@@ -120,14 +120,27 @@ async fn read_index(
     let private = headers.iter().any(|(n, _)| *n == "Authorization");
     let key = format!("{host}{target} {accept}");
     if !private {
-        if let Some(read) = registries.recent_index(&key) {
+        if let Some(read) = registries.recent_index(&key, false) {
             return Ok(Ok(read));
         }
     }
     headers.push(("Accept", accept.to_string()));
     let _turn = registries.reads.acquire().await.map_err(|_| Refusal::Io("the gateway is stopping".into()))?;
-    let mut fetched = fetch::get(asked.net, &host, 443, true, &target, &headers).await?;
+    let mut fetched = match fetch::get(asked.net, &host, 443, true, &target, &headers).await {
+        Ok(fetched) => fetched,
+        // The registry is down: the last read serves (its files come from the cache).
+        Err(down @ Refusal::Unreachable(_)) => match registries.recent_index(&key, true).filter(|_| !private) {
+            Some(read) => return Ok(Ok(read)),
+            None => return Err(down),
+        },
+        Err(other) => return Err(other),
+    };
     if fetched.head.status != 200 {
+        if fetched.head.status >= 500 {
+            if let Some(read) = registries.recent_index(&key, true).filter(|_| !private) {
+                return Ok(Ok(read));
+            }
+        }
         return Ok(Err(fetched));
     }
     let content_type = fetched.header("content-type").unwrap_or_default();

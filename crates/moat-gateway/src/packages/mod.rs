@@ -33,7 +33,9 @@ use index::Index;
 use route::Package;
 
 /// How long an index read for one box serves the next (installers ask the
-/// same index many times in a run, and fifty copies ask it at once).
+/// same index many times in a run, and fifty copies ask it at once). After
+/// that it is read again, and the old read serves only while the registry
+/// cannot be reached (so a box reinstalls from the cache with it down).
 const INDEX_FRESH: Duration = Duration::from_secs(60);
 /// Bytes of index bodies kept, at most.
 const INDEX_BYTES: usize = 64 << 20;
@@ -133,21 +135,31 @@ impl Registries {
         })
     }
 
-    /// The index at `url` if read lately.
-    pub fn recent_index(&self, url: &str) -> Option<Arc<Read>> {
+    /// The index at `url` if read lately (`stale`: however long ago, for
+    /// when the registry cannot be reached).
+    pub fn recent_index(&self, url: &str, stale: bool) -> Option<Arc<Read>> {
         let indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
         let (at, read) = indexes.by_url.get(url)?;
-        (at.elapsed() < INDEX_FRESH).then(|| Arc::clone(read))
+        (stale || at.elapsed() < INDEX_FRESH).then(|| Arc::clone(read))
     }
 
-    /// Keeps `read` as the index at `url` for a while.
+    /// Keeps `read` as the index at `url`: fresh for [`INDEX_FRESH`], then
+    /// kept for when the registry is down, the oldest going first once
+    /// [`INDEX_BYTES`] are held.
     pub fn keep_index(&self, url: String, read: Arc<Read>) {
         let mut indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
         let Indexes { by_url, bytes } = &mut *indexes;
-        by_url.retain(|_, (at, _)| at.elapsed() < INDEX_FRESH);
-        *bytes = by_url.values().map(|(_, r)| r.body.len()).sum();
-        if *bytes + read.body.len() > INDEX_BYTES {
+        if let Some((_, old)) = by_url.remove(&url) {
+            *bytes -= old.body.len();
+        }
+        if read.body.len() > INDEX_BYTES {
             return;
+        }
+        while *bytes + read.body.len() > INDEX_BYTES {
+            let Some(oldest) = by_url.iter().min_by_key(|(_, (at, _))| *at).map(|(u, _)| u.clone()) else { break };
+            if let Some((_, gone)) = by_url.remove(&oldest) {
+                *bytes -= gone.body.len();
+            }
         }
         *bytes += read.body.len();
         by_url.insert(url, (Instant::now(), read));

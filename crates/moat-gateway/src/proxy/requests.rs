@@ -184,11 +184,7 @@ async fn requests(
                     }
                     req_log.reason = Some(why.to_string());
                     net.log(req_log);
-                    if up.is_none() {
-                        refuse(&to_box, &why).await;
-                    } else {
-                        answer_after(&mut up, bound, &expect_tx, &to_box, why.clone()).await;
-                    }
+                    refuse_in_turn(&mut up, bound, &expect_tx, &to_box, &why).await;
                     break Err(why);
                 }
             }
@@ -203,11 +199,7 @@ async fn requests(
             if let Err(why) = push::hold(&mut from_box, &mut buf, &request, push).await {
                 req_log.reason = Some(why.to_string());
                 net.log(req_log);
-                if up.is_none() {
-                    refuse(&to_box, &why).await;
-                } else {
-                    answer_after(&mut up, bound, &expect_tx, &to_box, why.clone()).await;
-                }
+                refuse_in_turn(&mut up, bound, &expect_tx, &to_box, &why).await;
                 break Err(why);
             }
         }
@@ -551,6 +543,22 @@ async fn answer_after(
         let _ = (&mut copier.0).await;
     }
     refuse(to_box, &why).await;
+}
+
+/// Answers the box with `why`: at once where nothing went to the host on
+/// this connection, else after the answers before it (see [`answer_after`]).
+async fn refuse_in_turn(
+    up: &mut Option<(StreamWriter, AbortOnDrop)>,
+    bound: bool,
+    expect_tx: &tokio::sync::mpsc::Sender<Expect>,
+    to_box: &tokio::sync::Mutex<StreamWriter>,
+    why: &Refusal,
+) {
+    if up.is_none() {
+        refuse(to_box, why).await;
+    } else {
+        answer_after(up, bound, expect_tx, to_box, why.clone()).await;
+    }
 }
 
 /// Answers the box with an error of the gateway's own (only where no answer

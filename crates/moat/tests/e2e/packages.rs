@@ -5,7 +5,8 @@
 //! export) and a file whose hash does not match its index are refused with
 //! the rule in the client's output; a malformed index is refused, and the
 //! gateway serves on; a second box installs from the shared cache (the
-//! stand-in sees one download); `packages NAME` lists what came in.
+//! stand-in sees one download), and a third with the index down;
+//! `packages NAME` lists what came in.
 
 use std::process::Stdio;
 
@@ -229,7 +230,18 @@ pub fn package_rules_decide_what_comes_in(env: &Env) {
     let (_, out) = pip(&b, &tampered);
     assert!(out.contains("not the sha256:"), "{out}");
     assert_eq!(downloads(env, "pypi.org", &format!("/files/{tampered_wheel}")), 2);
-    for name in [&a, &b] {
+
+    // The registry down: a new box reinstalls what the cache holds, from the
+    // last index read (once it is no longer fresh, a minute on).
+    std::fs::write(env.net.dir.join("data/pypi").join(format!("{new}.down")), b"").unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(61));
+    let c = unique("pkg");
+    env.new_box(&c, &["--policy", "registries"]);
+    let (_, out) = pip(&c, &format!("{new}==1.0"));
+    assert_eq!(out.trim(), old_wheel, "a reinstall with the index down");
+    assert!(env.net.received().contains(&format!("GET pypi.org /simple/{new}/")), "the index was not asked");
+    assert_eq!(downloads(env, "pypi.org", &format!("/files/{old_wheel}")), 1);
+    for name in [&a, &b, &c] {
         env.alice(None, &["rm", name]).ok();
     }
 }

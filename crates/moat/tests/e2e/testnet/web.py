@@ -14,7 +14,7 @@ import base64, gzip, hashlib, http.server, json, os, socket, ssl, subprocess, sy
 addr, cert, key, udp_log, data = sys.argv[1:6]
 
 def is_package_file(name):
-    return not name.endswith((".published", ".served", ".broken"))
+    return not name.endswith((".published", ".served", ".broken", ".down"))
 
 def normal(name):
     return "-".join(p for p in name.lower().replace("_", "-").replace(".", "-").split("-") if p)
@@ -129,11 +129,13 @@ class Server(http.server.BaseHTTPRequestHandler):
         # PEP 691 JSON (hashes, upload times) when asked for, else PEP 503
         # HTML (hashes in the links). Beside a file, FILE.published holds its
         # upload time (default: long ago), FILE.served other bytes to serve
-        # than those the index hashes (a tampered mirror), and NAME.broken
-        # an index page to answer instead.
+        # than those the index hashes (a tampered mirror), NAME.broken an
+        # index page to answer instead, and NAME.down a 503 (the index down).
         files = sorted(f for f in os.listdir(os.path.join(data, "pypi")) if is_package_file(f))
         parts = [p for p in self.path.split("/") if p]
         if parts[:1] == ["simple"] and len(parts) == 2:
+            if os.path.exists(os.path.join(data, "pypi", parts[1] + ".down")):
+                return self.reply(503, b"down\n")
             broken = os.path.join(data, "pypi", parts[1] + ".broken")
             if os.path.exists(broken):
                 with open(broken, "rb") as f:
