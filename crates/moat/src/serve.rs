@@ -115,7 +115,8 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_size, default_value = "4G")]
     package_cache: u64,
     /// An OSV export (a directory of OSV JSON records, kept fresh by the
-    /// operator; moat never fetches it) for `policy NAME packages advisories`.
+    /// operator; moat never fetches it) for `policy NAME packages advisories`,
+    /// read when the gateway starts (restart `moat serve` to read a new one).
     #[arg(long)]
     osv_db: Option<PathBuf>,
     /// Seconds a registry may send nothing mid-answer before a pull fails.
