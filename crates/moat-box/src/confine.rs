@@ -118,8 +118,8 @@ pub fn gateway_filter() -> Vec<sock_filter> {
 }
 
 /// [`gateway_filter`], and files too: for a gateway that Landlock already
-/// holds to its package cache and the operator's OSV database
-/// ([`crate::sys::landlock_only_beneath_trees`]), opening, writing,
+/// holds to its package cache ([`crate::sys::landlock_only_beneath`]),
+/// opening, writing,
 /// renaming and removing files there.
 pub fn gateway_files_filter() -> Vec<sock_filter> {
     let mut prog = prologue();

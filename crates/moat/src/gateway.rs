@@ -63,8 +63,9 @@ pub fn run(id: u32, netns: Option<PathBuf>, packages: PackageArgs) -> Result<()>
     // Landlock holds the gateway to the cache's directory alone.
     let mut registries = moat_gateway::packages::Registries::new(config);
     let files = match &tree {
-        Some(dir) => moat_box::sys::landlock_only_beneath_trees(&[(std::os::fd::AsFd::as_fd(dir), true)])
-            .context("landlock the gateway")?,
+        Some(dir) => {
+            moat_box::sys::landlock_only_beneath(std::os::fd::AsFd::as_fd(dir)).context("landlock the gateway")?
+        }
         None => false,
     };
     drop(tree);

@@ -88,12 +88,6 @@ pub fn landlock(read: &[&Path], read_write: &[&Path]) -> io::Result<Option<Owned
 /// and none elsewhere (descriptors already open stay usable). `Ok(false)`
 /// where the kernel has no Landlock. Needs no_new_privs (or CAP_SYS_ADMIN) first.
 pub fn landlock_only_beneath(tree: std::os::fd::BorrowedFd<'_>) -> io::Result<bool> {
-    landlock_only_beneath_trees(&[(tree, true)])
-}
-
-/// As [`landlock_only_beneath`], for several trees: every access beneath
-/// those marked `true`, reading alone beneath the others.
-pub fn landlock_only_beneath_trees(trees: &[(std::os::fd::BorrowedFd<'_>, bool)]) -> io::Result<bool> {
     let Some(abi) = landlock_abi() else { return Ok(false) };
     let handled = landlock_fs_rights(abi);
     let Some(ruleset) = landlock(&[], &[])? else { return Ok(false) };
@@ -102,17 +96,14 @@ pub fn landlock_only_beneath_trees(trees: &[(std::os::fd::BorrowedFd<'_>, bool)]
         allowed_access: u64,
         parent_fd: i32,
     }
-    for (tree, write) in trees {
-        let allowed_access = if *write { handled } else { handled & LANDLOCK_READ & !1 };
-        let rule = PathBeneath { allowed_access, parent_fd: tree.as_raw_fd() };
-        // SAFETY: `rule` is a path-beneath attribute alive across the call, on the
-        // ruleset we own and `tree`, open for the call.
-        let rc = unsafe {
-            libc::syscall(libc::SYS_landlock_add_rule, ruleset.as_raw_fd(), 1u32, &rule as *const PathBeneath, 0u32)
-        };
-        if rc < 0 {
-            return Err(io::Error::other(format!("landlock rule: {}", io::Error::last_os_error())));
-        }
+    let rule = PathBeneath { allowed_access: handled, parent_fd: tree.as_raw_fd() };
+    // SAFETY: `rule` is a path-beneath attribute alive across the call, on the
+    // ruleset we own and `tree`, open for the call.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_landlock_add_rule, ruleset.as_raw_fd(), 1u32, &rule as *const PathBeneath, 0u32)
+    };
+    if rc < 0 {
+        return Err(io::Error::other(format!("landlock rule: {}", io::Error::last_os_error())));
     }
     // SAFETY: the call reads only the ruleset descriptor, which we own.
     if unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32) } < 0 {

@@ -18,7 +18,7 @@ use std::io;
 use nix::errno::Errno;
 
 pub use btrfs::*;
-pub use landlock::{landlock, landlock_abi, landlock_only_beneath, landlock_only_beneath_trees};
+pub use landlock::{landlock, landlock_abi, landlock_only_beneath};
 pub use mount::*;
 pub use net::*;
 pub use process::*;

@@ -7,7 +7,7 @@ use std::io::{Read as _, Seek as _, Write as _};
 use std::sync::Arc;
 
 use moat_core::egress::{LogEntry, PackageFile};
-use moat_core::policy::packages::{Candidate, FileHash, HashAlgorithm};
+use moat_core::policy::packages::{Candidate, HashAlgorithm};
 use moat_core::policy::{HostName, Policy, Verdict};
 use sha2::Digest as _;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -17,6 +17,7 @@ use super::index::{Entry, Index, MAX_INDEX};
 use super::route::{route, Package, Wanted};
 use super::{index_url, Read, Registries};
 use crate::boxnet::BoxNet;
+use crate::git::pack::hex;
 use crate::http::request::Request;
 use crate::refusal::Refusal;
 
@@ -178,10 +179,13 @@ async fn index<W: AsyncWrite + Unpin + ?Sized>(
         Ok(read) => read,
         Err(mut other) => return relay_fetched(&mut other, to_box, head_only, log).await,
     };
+    // Each entry judged once (an npm document may list thousands).
     let now = now();
-    let keep = |e: &Entry| registries.refuse(rules, &candidate(package, e), now).is_none();
-    let left = read.index.entries.iter().filter(|e| keep(e)).count();
-    let all = read.index.entries.len();
+    let refusals: Vec<_> =
+        read.index.entries.iter().map(|e| registries.refuse(rules, &candidate(package, e), now)).collect();
+    let keep: Vec<bool> = refusals.iter().map(Option::is_none).collect();
+    let left = keep.iter().filter(|k| **k).count();
+    let all = keep.len();
     // Where some versions pass, the index lists them alone (installers pick
     // the newest of those); where none does (a refused name, every version
     // too new), it goes whole, and the download is refused with the rule,
@@ -193,13 +197,8 @@ async fn index<W: AsyncWrite + Unpin + ?Sized>(
         None
     } else {
         if left < all {
-            let mut rules: Vec<String> = read
-                .index
-                .entries
-                .iter()
-                .filter_map(|e| registries.refuse(rules, &candidate(package, e), now).map(|r| r.rule))
-                .collect();
-            rules.sort();
+            let mut rules: Vec<&str> = refusals.iter().flatten().map(|r| r.rule.as_str()).collect();
+            rules.sort_unstable();
             rules.dedup();
             log.reason = Some(format!("{} of {all} files left out by {}", all - left, rules.join(", ")));
         }
@@ -456,20 +455,9 @@ impl Hasher {
 
     fn finish(self) -> String {
         match self {
-            Self::Sha1(h) => hex_of(&sha1::Digest::finalize(h)),
-            Self::Sha256(h) => hex_of(&h.finalize()),
-            Self::Sha512(h) => hex_of(&h.finalize()),
+            Self::Sha1(h) => hex(&sha1::Digest::finalize(h)),
+            Self::Sha256(h) => hex(&h.finalize()),
+            Self::Sha512(h) => hex(&h.finalize()),
         }
     }
-}
-
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The hash of `data` by `algorithm` (for tests and the cache's checks).
-pub fn hash_of(algorithm: HashAlgorithm, data: &[u8]) -> FileHash {
-    let mut h = Hasher::new(algorithm);
-    h.update(data);
-    FileHash { algorithm, hex: h.finish() }
 }

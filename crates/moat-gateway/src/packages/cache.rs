@@ -105,7 +105,7 @@ impl FileCache {
     pub fn spool(&self) -> io::Result<Spool<'_>> {
         let mut id = [0u8; 8];
         getrandom::fill(&mut id).map_err(|e| io::Error::other(e.to_string()))?;
-        let name = format!("{SPOOL}{}", hex_of(&id));
+        let name = format!("{SPOOL}{}", crate::git::pack::hex(&id));
         let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let fd = rustix::fs::openat(&self.dir, name.as_str(), flags, Mode::from_raw_mode(0o600))?;
         Ok(Spool { file: File::from(fd), dir: &self.dir, name, kept: false })
@@ -159,10 +159,6 @@ fn key(hash: &FileHash) -> String {
 fn key_hash(name: &str) -> Option<FileHash> {
     let (algorithm, hex) = name.split_once('-')?;
     FileHash::new(algorithm, hex)
-}
-
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

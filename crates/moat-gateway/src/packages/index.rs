@@ -3,6 +3,8 @@
 //! without the versions the box's rules refuse. One format per file:
 //! [`pypi`] (PEP 691 JSON and PEP 503 HTML), [`npm`], [`crates_io`].
 
+use std::collections::HashSet;
+
 use moat_core::policy::packages::FileHash;
 
 use super::route::Package;
@@ -76,24 +78,22 @@ impl Index {
         }
     }
 
-    /// `body` without the entries `keep` refuses (`None`: it keeps all, and
-    /// `body` goes as it came).
-    pub fn rewrite(&self, body: &[u8], keep: &dyn Fn(&Entry) -> bool) -> Result<Option<Vec<u8>>, String> {
-        if self.entries.iter().all(keep) {
+    /// `body` without the entries `keep` says no to (`keep[i]` for
+    /// `entries[i]`; `None`: it keeps all, and `body` goes as it came).
+    pub fn rewrite(&self, body: &[u8], keep: &[bool]) -> Result<Option<Vec<u8>>, String> {
+        let judged = self.entries.iter().zip(keep.iter().chain(std::iter::repeat(&true)));
+        let (kept, dropped): (Vec<_>, Vec<_>) = judged.partition(|(_, keep)| **keep);
+        if dropped.is_empty() {
             return Ok(None);
         }
-        let dropped = |file: &str, version: &str| {
-            self.entries
-                .iter()
-                .any(|e| !keep(e) && (e.file == file || (self.format == Format::Npm && e.version == version)))
-        };
+        let files: HashSet<&str> = dropped.iter().map(|(e, _)| e.file.as_str()).collect();
+        let versions: HashSet<&str> = dropped.iter().map(|(e, _)| e.version.as_str()).collect();
+        let kept_versions: HashSet<&str> = kept.iter().map(|(e, _)| e.version.as_str()).collect();
         let out = match self.format {
-            Format::PypiJson => pypi::rewrite_json(body, &|file| !dropped(file, ""))?,
-            Format::PypiHtml => pypi::rewrite_html(body, &|file| !dropped(file, ""))?,
-            Format::Npm => npm::rewrite(body, &|version| !dropped("", version))?,
-            Format::Crates => {
-                crates_io::rewrite(body, &|version| self.entries.iter().any(|e| e.version == version && keep(e)))?
-            }
+            Format::PypiJson => pypi::rewrite_json(body, &|file| !files.contains(file))?,
+            Format::PypiHtml => pypi::rewrite_html(body, &|file| !files.contains(file))?,
+            Format::Npm => npm::rewrite(body, &|version| !versions.contains(version))?,
+            Format::Crates => crates_io::rewrite(body, &|version| kept_versions.contains(version))?,
         };
         Ok(Some(out))
     }
@@ -103,4 +103,23 @@ impl Index {
 pub fn epoch(text: &str) -> Option<u64> {
     let at = chrono::DateTime::parse_from_rfc3339(text.trim()).ok()?;
     u64::try_from(at.timestamp()).ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use moat_core::policy::Ecosystem;
+
+    #[test]
+    fn a_rewrite_leaves_out_what_keep_refuses_and_nothing_else() {
+        let package = Package { ecosystem: Ecosystem::Crates, raw: "demo".into(), name: "demo".into() };
+        let body = b"{\"name\":\"demo\",\"vers\":\"1.0.0\"}\n{\"name\":\"demo\",\"vers\":\"2.0.0\"}\n";
+        let index = Index::parse(&package, "text/plain", body).unwrap();
+        assert_eq!(index.rewrite(body, &[true, true]).unwrap(), None, "kept whole: sent as it came");
+        let out = index.rewrite(body, &[true, false]).unwrap().unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "{\"name\":\"demo\",\"vers\":\"1.0.0\"}\n");
+        let none = index.rewrite(body, &[false, false]).unwrap().unwrap();
+        assert!(none.is_empty());
+    }
 }

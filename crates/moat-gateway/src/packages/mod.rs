@@ -22,7 +22,7 @@ pub mod route;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use moat_core::policy::packages::{Candidate, PackageRules, Refused, Severity};
@@ -61,7 +61,8 @@ pub struct Registries {
     /// Turns to read an answer whole into memory.
     pub reads: tokio::sync::Semaphore,
     cache: Option<FileCache>,
-    advisories: RwLock<Arc<Advisories>>,
+    /// Read once, at the gateway's start.
+    advisories: Advisories,
     indexes: Mutex<Indexes>,
 }
 
@@ -103,7 +104,7 @@ impl Registries {
         Self {
             reads: tokio::sync::Semaphore::new(READS_AT_ONCE),
             cache,
-            advisories: RwLock::new(Arc::new(advisories)),
+            advisories,
             indexes: Mutex::new(Indexes::default()),
         }
     }
@@ -125,8 +126,7 @@ impl Registries {
             return Some(refused);
         }
         let level = rules.advisories?;
-        let db = Arc::clone(&self.advisories.read().unwrap_or_else(PoisonError::into_inner));
-        let named = db.naming(c.ecosystem, c.name, c.version);
+        let named = self.advisories.naming(c.ecosystem, c.name, c.version);
         let hit = named.iter().find(|a| a.malicious || (level != Severity::Malicious && a.severity >= Some(level)))?;
         let what = if hit.malicious { "reports it malicious".to_string() } else { "names it".to_string() };
         Some(Refused {
@@ -174,13 +174,7 @@ pub fn index_url(package: &Package) -> (&'static str, String) {
         Ecosystem::Npm => ("registry.npmjs.org", format!("/{}", package.raw.replace('/', "%2f"))),
         Ecosystem::Crates => {
             let lower = package.raw.to_ascii_lowercase();
-            let prefix = match lower.len() {
-                1 => "1".to_string(),
-                2 => "2".to_string(),
-                3 => format!("3/{}", lower.get(..1).unwrap_or_default()),
-                _ => format!("{}/{}", lower.get(..2).unwrap_or_default(), lower.get(2..4).unwrap_or_default()),
-            };
-            ("index.crates.io", format!("/{prefix}/{lower}"))
+            ("index.crates.io", format!("/{}/{lower}", route::crate_prefix(&lower).join("/")))
         }
     }
 }

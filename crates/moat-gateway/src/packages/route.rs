@@ -95,7 +95,7 @@ pub fn route(host: &HostName, target: &str) -> Wanted {
 }
 
 /// The directories of a sparse index a crate's file sits under.
-fn crate_prefix(name: &str) -> Vec<String> {
+pub fn crate_prefix(name: &str) -> Vec<String> {
     let lower = name.to_ascii_lowercase();
     match lower.len() {
         0 => vec!["".into()],
