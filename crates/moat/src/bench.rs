@@ -18,7 +18,11 @@
 //! - with `--durable`, instead: durable boxes' streams against a plain upload
 //!   and `btrfs send | receive` (see [`crate::bench_durable`]);
 //! - with `--images`, instead: pulled images against skopeo and umoci (see
-//!   [`crate::bench_images`]).
+//!   [`crate::bench_images`]);
+//! - with `--packages`, instead: package installs through the gateway's
+//!   package path against the registry direct (see [`crate::bench_packages`]);
+//! - with `--density N`, instead: N suspended boxes on one host against idle
+//!   bubblewrap sandboxes (see [`crate::bench_density`]).
 //!
 //! Timings are reported, never asserted: this is not a test.
 
@@ -99,6 +103,11 @@ pub struct BenchArgs {
     /// from the shared cache, and with the registry's TLS passed through.
     #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images"])]
     packages: bool,
+    /// Measure density instead: this many busybox boxes made over ssh and
+    /// left to suspend; host memory per box against idle bubblewrap
+    /// sandboxes, the daemon's RSS, `ls`, a restart, resumes, the first limit hit.
+    #[arg(long, value_name = "N", conflicts_with_all = ["fleet", "http", "durable", "images", "packages"])]
+    density: Option<usize>,
 }
 
 /// Sorted samples of one measurement.
@@ -150,6 +159,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.packages {
         return crate::bench_packages::run(&args.state_dir);
+    }
+    if let Some(boxes) = args.density {
+        return crate::bench_density::run(&args.state_dir, boxes);
     }
     let _ = crate::purge::run(&args.state_dir);
     let result = tokio::runtime::Runtime::new()?.block_on(bench(&args));
@@ -646,7 +658,7 @@ fn ssh(key: &Path, port: u16, user: &str) -> Command {
 }
 
 /// As [`ssh`], running `command` (its words).
-fn ssh_command(key: &Path, port: u16, user: &str, command: &[&str]) -> Command {
+pub(crate) fn ssh_command(key: &Path, port: u16, user: &str, command: &[&str]) -> Command {
     let mut cmd = Command::new("ssh");
     cmd.args([
         "-F",

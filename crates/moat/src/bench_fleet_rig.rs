@@ -36,6 +36,11 @@ pub struct Server {
 }
 
 impl Server {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Ends the process (its boxes stay, for `moat purge`).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

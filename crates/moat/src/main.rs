@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod bench_burst;
+mod bench_density;
 mod bench_durable;
 mod bench_egress;
 mod bench_fleet;
