@@ -186,7 +186,7 @@ async fn bench(args: &BenchArgs) -> Result<()> {
         allow_vm_without_landlock: false,
     };
     let (backend, _) = paths::backend(dir, agent.clone(), u64::MAX, &vm_args)?;
-    let (store, _uid_block) = crate::paths::open_store(dir, None, "")?;
+    let store = crate::paths::open_store(dir, None, "")?;
     let manager = BoxManager::new(store, Arc::new(backend), ManagerConfig::default());
     // Every box gets its gateway, as under `moat serve`; it reaches a test
     // internet of the bench's own.

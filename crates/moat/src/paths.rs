@@ -87,16 +87,23 @@ pub fn backend(
 
 /// The store (the state dir's SQLite database, or PostgreSQL at `dsn`), as
 /// fleet node `node` (`""`: a single host), handing out host uids from the
-/// block of them this state dir holds on this host (see [`crate::uid_block`])
-/// for as long as the claim is kept.
-pub fn open_store(state_dir: &Path, dsn: Option<&str>, node: &str) -> Result<(Store, crate::uid_block::Claim)> {
+/// blocks of them this state dir holds on this host, and claiming more as
+/// its boxes fill them (see [`crate::uid_block`]); the claim lasts as long
+/// as the store.
+pub fn open_store(state_dir: &Path, dsn: Option<&str>, node: &str) -> Result<Store> {
     let mut store = match dsn {
         Some(dsn) => Store::connect(dsn).context("open the state store")?.for_node(node),
         None => open_database(&state_dir.join("moat.db"))?,
     };
-    let claim = crate::uid_block::claim(state_dir, store.slot_block_in_use()?)?;
-    store.use_slot_block(claim.block)?;
-    Ok((store, claim))
+    let claim = crate::uid_block::claim(state_dir, &store.slot_blocks_in_use()?)?;
+    let (blocks, moves) = (claim.blocks().to_vec(), claim.moves().to_vec());
+    let claim = std::sync::Mutex::new(claim);
+    let more: moat_core::store::MoreSlots = Box::new(move || {
+        let mut claim = claim.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        claim.grow().map_err(|e| format!("{e:#}"))
+    });
+    store.use_slot_blocks(&blocks, &moves, Some(more))?;
+    Ok(store)
 }
 
 /// The state dir's SQLite database, readable by root alone.

@@ -192,7 +192,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let node = args.fleet.node(&state_dir)?;
     let dsn = args.fleet.store.clone().or_else(|| node.as_ref().map(|n| n.dir.config.store.clone()));
     let node_name = node.as_ref().map_or(String::new(), |n| n.name.clone());
-    let (store, _uid_block) = paths::open_store(&state_dir, dsn.as_deref(), &node_name)?;
+    let store = paths::open_store(&state_dir, dsn.as_deref(), &node_name)?;
     // A node renews its lease before anything else: until then no box may be
     // placed on it, and its front doors' routers would call it lost.
     let listener = match &node {

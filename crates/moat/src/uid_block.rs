@@ -1,15 +1,16 @@
-//! Which block of host uid slots each moat state dir on this host uses (see
+//! Which blocks of host uid slots each moat state dir on this host uses (see
 //! `moat_core::record::SLOTS_PER_BLOCK`), so that two servers never map two
 //! boxes onto the same host uids.
 //!
 //! A host-wide registry holds one file per claimed block, naming the state dir
-//! that claimed it; the state dir remembers its block too. A server holds a
-//! lock on its block's file for as long as it runs. A block is another's while
-//! that server runs or any process runs under the block's uids (its boxes
-//! outlive their server); otherwise it is stale and may be taken. A state dir
-//! whose block was taken meanwhile moves to a free one: its boxes are not
-//! running (or the block would not have been taken), and a box's files do not
-//! depend on its uids. Claims are made under a lock on the registry.
+//! that claimed it; the state dir remembers its blocks too. A server holds a
+//! lock on each of its blocks' files for as long as it runs, and claims one
+//! more when its boxes fill the ones it has. A block is another's while that
+//! server runs or any process runs under the block's uids (its boxes outlive
+//! their server); otherwise it is stale and may be taken. Boxes in a block
+//! that was taken meanwhile move to a free one: they are not running (or the
+//! block would not have been taken), and a box's files do not depend on its
+//! uids. Claims are made under a lock on the registry.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -21,60 +22,150 @@ use nix::fcntl::{Flock, FlockArg};
 /// The host-wide registry.
 pub const REGISTRY: &str = "/var/lib/moat/uid-blocks";
 
-/// The file in a state dir that remembers its block.
+/// The file in a state dir that remembers its blocks.
 const MINE: &str = "uid-block";
 
-/// A block held for as long as this value lives.
+/// Blocks held for as long as this value lives.
 pub struct Claim {
-    /// The block.
-    pub block: u32,
-    _lock: Flock<fs::File>,
+    registry: PathBuf,
+    /// The state dir, resolved.
+    me: PathBuf,
+    /// Where the state dir remembers its blocks.
+    mine: PathBuf,
+    in_use: fn(u32) -> bool,
+    /// The blocks held, in the order the store hands them out.
+    blocks: Vec<u32>,
+    /// Boxes to move: from a block lost meanwhile to the one that replaces it.
+    moves: Vec<(u32, u32)>,
+    _locks: Vec<Flock<fs::File>>,
 }
 
-/// Claims a block for `state_dir`: the one it has, else `preferred` (the block
-/// its boxes' slots are in, for a state dir from before blocks), else the
-/// lowest free one.
-pub fn claim(state_dir: &Path, preferred: Option<u32>) -> Result<Claim> {
-    claim_in(Path::new(REGISTRY), state_dir, preferred, &uids_in_use)
+/// Claims blocks for `state_dir`: each of `in_use` (the blocks its boxes'
+/// slots are in) it can keep, a free one for each it cannot, or (no boxes)
+/// the first block it remembers, else the lowest free one.
+pub fn claim(state_dir: &Path, in_use: &[u32]) -> Result<Claim> {
+    claim_in(Path::new(REGISTRY), state_dir, in_use, uids_in_use)
 }
 
-/// Gives `state_dir`'s block back (at purge).
+/// Gives `state_dir`'s blocks back (at purge).
 pub fn release(state_dir: &Path) {
     let registry = Path::new(REGISTRY);
-    let (Ok(me), Some(block)) = (fs::canonicalize(state_dir), remembered(state_dir)) else { return };
-    if holder(registry, block).as_deref() == Some(me.as_path()) {
-        let _ = fs::remove_file(entry(registry, block));
+    let Ok(me) = fs::canonicalize(state_dir) else { return };
+    for block in remembered(state_dir) {
+        if holder(registry, block).as_deref() == Some(me.as_path()) {
+            let _ = fs::remove_file(entry(registry, block));
+        }
     }
 }
 
-fn claim_in(registry: &Path, state_dir: &Path, preferred: Option<u32>, in_use: &dyn Fn(u32) -> bool) -> Result<Claim> {
+impl Claim {
+    /// The blocks held, in the order the store hands them out.
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+
+    /// Boxes to move before any runs: `(from, to)`, a block lost meanwhile
+    /// and the one that replaces it.
+    pub fn moves(&self) -> &[(u32, u32)] {
+        &self.moves
+    }
+
+    /// Claims one more block (the state dir's boxes fill the ones it holds).
+    pub fn grow(&mut self) -> Result<u32> {
+        let _registry = lock_registry(&self.registry)?;
+        let Some(block) = self.pick(&self.blocks) else { bail!("{}", all_held()) };
+        self.take(block)?;
+        Ok(block)
+    }
+
+    /// A block free for this state dir outside `not`: one nobody ever
+    /// claimed first, so a stopped server's block is taken over only when
+    /// there is no other. The caller holds the registry's lock.
+    fn pick(&self, not: &[u32]) -> Option<u32> {
+        let candidates = || (0..SLOT_BLOCKS).filter(|b| !not.contains(b));
+        candidates()
+            .find(|b| holder(&self.registry, *b).is_none())
+            .or_else(|| candidates().find(|b| self.free(*b)))
+    }
+
+    /// Whether `block` is this state dir's to take. The caller holds the
+    /// registry's lock.
+    fn free(&self, block: u32) -> bool {
+        match holder(&self.registry, block) {
+            None => true,
+            Some(other) if other == self.me => true,
+            Some(other) => {
+                !(remembered(&other).contains(&block) && (locked(&self.registry, block) || (self.in_use)(block)))
+            }
+        }
+    }
+
+    /// Records and locks `block` as this state dir's. The caller holds the
+    /// registry's lock.
+    fn take(&mut self, block: u32) -> Result<()> {
+        let path = entry(&self.registry, block);
+        fs::write(&path, self.me.as_os_str().as_encoded_bytes()).context("record the uid block")?;
+        let file = fs::File::open(&path).context("open the uid block's entry")?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| e)
+            .context("another moat server is running on this state dir")?;
+        self._locks.push(lock);
+        self.blocks.push(block);
+        let list: String = self.blocks.iter().map(|b| format!("{b}\n")).collect();
+        fs::write(&self.mine, list).context("remember the uid blocks")
+    }
+}
+
+fn claim_in(registry: &Path, state_dir: &Path, in_use: &[u32], in_use_by: fn(u32) -> bool) -> Result<Claim> {
     fs::create_dir_all(registry).with_context(|| format!("create {}", registry.display()))?;
     let me = fs::canonicalize(state_dir).with_context(|| format!("resolve {}", state_dir.display()))?;
+    let _registry = lock_registry(registry)?;
+    let before = remembered(state_dir);
+    let mut claim = Claim {
+        registry: registry.to_path_buf(),
+        mine: me.join(MINE),
+        me,
+        in_use: in_use_by,
+        blocks: Vec::new(),
+        moves: Vec::new(),
+        _locks: Vec::new(),
+    };
+    let mut wanted: Vec<u32> = in_use.iter().copied().filter(|b| *b < SLOT_BLOCKS).collect();
+    if wanted.is_empty() {
+        wanted.extend(before.first().copied().filter(|b| *b < SLOT_BLOCKS));
+    }
+    // Blocks the boxes are in stay theirs where they can; a replacement is
+    // never one of them, so no box moves onto another's slot.
+    let (kept, lost): (Vec<u32>, Vec<u32>) = wanted.iter().partition(|b| claim.free(**b));
+    for block in kept {
+        claim.take(block)?;
+    }
+    for from in lost {
+        let not: Vec<u32> = wanted.iter().chain(&claim.blocks).copied().collect();
+        let Some(to) = claim.pick(&not) else { bail!("{}", all_held()) };
+        claim.take(to)?;
+        claim.moves.push((from, to));
+    }
+    if claim.blocks.is_empty() {
+        let Some(block) = claim.pick(&[]) else { bail!("{}", all_held()) };
+        claim.take(block)?;
+    }
+    // Blocks remembered but no longer needed go back to the registry.
+    for block in before.into_iter().filter(|b| !claim.blocks.contains(b)) {
+        if holder(registry, block).as_deref() == Some(claim.me.as_path()) {
+            let _ = fs::remove_file(entry(registry, block));
+        }
+    }
+    Ok(claim)
+}
+
+fn lock_registry(registry: &Path) -> Result<Flock<fs::File>> {
     let lock = fs::File::create(registry.join(".lock")).context("open the uid block registry's lock")?;
-    let _registry = Flock::lock(lock, FlockArg::LockExclusive).map_err(|(_, e)| e).context("lock the uid registry")?;
-    let free = |block: u32| match holder(registry, block) {
-        None => true,
-        Some(other) if other == me => true,
-        Some(other) => !(remembered(&other) == Some(block) && (locked(registry, block) || in_use(block))),
-    };
-    let wanted = remembered(state_dir).or(preferred).filter(|b| *b < SLOT_BLOCKS);
-    // Blocks nobody ever claimed before stale ones, so a stopped server's block
-    // is taken over only when there is no other.
-    let block = wanted
-        .filter(|b| free(*b))
-        .or_else(|| (0..SLOT_BLOCKS).find(|b| holder(registry, *b).is_none()))
-        .or_else(|| (0..SLOT_BLOCKS).find(|b| free(*b)));
-    let Some(block) = block else {
-        bail!("all {SLOT_BLOCKS} host uid blocks are held by running moat servers or their boxes")
-    };
-    let path = entry(registry, block);
-    fs::write(&path, me.as_os_str().as_encoded_bytes()).context("record the uid block")?;
-    fs::write(state_dir.join(MINE), format!("{block}\n")).context("remember the uid block")?;
-    let file = fs::File::open(&path).context("open the uid block's entry")?;
-    let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
-        .map_err(|(_, e)| e)
-        .context("another moat server is running on this state dir")?;
-    Ok(Claim { block, _lock: lock })
+    Flock::lock(lock, FlockArg::LockExclusive).map_err(|(_, e)| e).context("lock the uid registry")
+}
+
+fn all_held() -> String {
+    format!("all {SLOT_BLOCKS} host uid blocks are held by running moat servers or their boxes")
 }
 
 fn entry(registry: &Path, block: u32) -> PathBuf {
@@ -99,9 +190,11 @@ fn locked(registry: &Path, block: u32) -> bool {
     }
 }
 
-/// The block `state_dir` says it holds.
-fn remembered(state_dir: &Path) -> Option<u32> {
-    fs::read_to_string(state_dir.join(MINE)).ok()?.trim().parse().ok()
+/// The blocks `state_dir` says it holds (one per line; one alone before
+/// a state dir could hold several).
+fn remembered(state_dir: &Path) -> Vec<u32> {
+    let text = fs::read_to_string(state_dir.join(MINE)).unwrap_or_default();
+    text.split_whitespace().filter_map(|b| b.parse().ok()).collect()
 }
 
 /// Whether any process on the host runs under one of `block`'s uids.
@@ -124,23 +217,22 @@ mod tests {
     fn state_dirs_get_distinct_blocks_that_last_and_stale_ones_are_taken_over() {
         let registry = tempfile::tempdir().unwrap();
         let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let nothing_runs = |_: u32| false;
-        let claim = |dir: &Path, preferred| claim_in(registry.path(), dir, preferred, &nothing_runs);
-        let first = claim(one.path(), None).unwrap();
-        assert_eq!(first.block, 0);
+        let claim = |dir: &Path, in_use: &[u32]| claim_in(registry.path(), dir, in_use, |_| false);
+        let first = claim(one.path(), &[]).unwrap();
+        assert_eq!((first.blocks(), first.moves()), (&[0][..], &[][..]));
         // A second server on the same state dir is refused while the first runs.
-        assert!(claim(one.path(), None).is_err());
-        let second = claim(two.path(), None).unwrap();
-        assert_eq!(second.block, 1);
+        assert!(claim(one.path(), &[]).is_err());
+        let second = claim(two.path(), &[]).unwrap();
+        assert_eq!(second.blocks(), [1]);
         drop((first, second));
         // Restarts keep their blocks.
-        assert_eq!(claim(one.path(), None).unwrap().block, 0);
-        // A state dir from before blocks whose boxes sit in a running server's
-        // block moves to a free one.
-        let held = claim(two.path(), None).unwrap();
+        assert_eq!(claim(one.path(), &[]).unwrap().blocks(), [0]);
+        // Boxes in a running server's block move to a free one.
+        let held = claim(two.path(), &[]).unwrap();
         let legacy = tempfile::tempdir().unwrap();
-        assert_eq!(claim(legacy.path(), Some(1)).unwrap().block, 2);
-        drop(held);
+        let moved = claim(legacy.path(), &[1]).unwrap();
+        assert_eq!((moved.blocks(), moved.moves()), (&[2][..], &[(1, 2)][..]));
+        drop((held, moved));
         // A block whose server is down and whose uids run nothing is taken over
         // once no block was never claimed; while its boxes run, it is not.
         let others = tempfile::tempdir().unwrap();
@@ -148,12 +240,40 @@ mod tests {
             .map(|i| {
                 let dir = others.path().join(i.to_string());
                 fs::create_dir(&dir).unwrap();
-                claim(&dir, None).unwrap()
+                claim(&dir, &[]).unwrap()
             })
             .collect();
         let late = tempfile::tempdir().unwrap();
-        let busy = |b: u32| b == 0;
-        assert_eq!(claim_in(registry.path(), late.path(), None, &busy).unwrap().block, 1);
+        assert_eq!(claim_in(registry.path(), late.path(), &[], |b| b == 0).unwrap().blocks(), [1]);
         drop(all);
+    }
+
+    #[test]
+    fn a_state_dir_grows_into_more_blocks_and_keeps_them() {
+        let registry = tempfile::tempdir().unwrap();
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let claim = |dir: &Path, in_use: &[u32]| claim_in(registry.path(), dir, in_use, |_| false);
+        let mut first = claim(one.path(), &[]).unwrap();
+        let second = claim(two.path(), &[]).unwrap();
+        assert_eq!((first.blocks(), second.blocks()), (&[0][..], &[1][..]));
+        // Full: the next block is one nobody holds, and it is remembered.
+        assert_eq!(first.grow().unwrap(), 2);
+        assert_eq!(first.blocks(), [0, 2]);
+        assert_eq!(remembered(one.path()), [0, 2]);
+        drop(first);
+        // A restart keeps both while boxes are in both.
+        let again = claim(one.path(), &[0, 2]).unwrap();
+        assert_eq!((again.blocks(), again.moves()), (&[0, 2][..], &[][..]));
+        drop(again);
+        // Once the second is empty, a restart gives it back to the registry.
+        let again = claim(one.path(), &[0]).unwrap();
+        assert_eq!(again.blocks(), [0]);
+        assert_eq!(holder(registry.path(), 2), None);
+        // Blocks of a running server are never grown into.
+        let mut again = again;
+        assert_eq!(again.grow().unwrap(), 2);
+        assert_eq!(again.grow().unwrap(), 3);
+        drop(second);
+        release(one.path());
     }
 }

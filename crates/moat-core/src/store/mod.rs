@@ -25,7 +25,7 @@ mod testing;
 pub mod web;
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 use self::sql::{args, Db, Engine, Exec, Row, Value};
 use crate::backend::BackendKind;
@@ -95,11 +95,18 @@ pub enum StoreError {
     NoMember(String),
 }
 
+/// Gives this server one more block of uid slots when every slot of its
+/// blocks is taken (the host's registry decides which), or says why not.
+pub type MoreSlots = Box<dyn Fn() -> Result<u32, String> + Send + Sync>;
+
 /// The state store, on either engine.
 pub struct Store {
     db: Db,
-    /// The uid slots this server may hand out (see [`SLOTS_PER_BLOCK`]).
-    slots: std::ops::Range<u32>,
+    /// The blocks of uid slots this server hands out from, lowest slot of
+    /// the first block first (see [`SLOTS_PER_BLOCK`]).
+    slot_blocks: Mutex<Vec<u32>>,
+    /// Where another block comes from when those are full (none: they are all).
+    more_slots: Option<MoreSlots>,
     /// The fleet node this process is (`""`: a single host).
     node: String,
 }
@@ -147,7 +154,7 @@ impl Store {
 
     fn on(db: Db) -> Result<Self, StoreError> {
         schema::migrate(&db)?;
-        Ok(Self { db, slots: 0..SLOTS_PER_BLOCK, node: String::new() })
+        Ok(Self { db, slot_blocks: Mutex::new(vec![0]), more_slots: None, node: String::new() })
     }
 
     /// The same store, as fleet node `name`: boxes it adds are on `name`, and
@@ -185,44 +192,77 @@ impl Store {
         self.db.transaction(f)
     }
 
-    /// The lowest uid slot of this node's that no box here has (inside the
-    /// transaction that gives it, under the insert lock on PostgreSQL).
+    /// The lowest uid slot of this node's blocks that no box here has,
+    /// taking one more block when they are full (inside the transaction that
+    /// gives it, under the insert lock on PostgreSQL).
     pub(crate) fn free_slot(&self, tx: &mut dyn Exec) -> Result<u32, StoreError> {
-        let used = tx.query(
-            "SELECT slot FROM boxes WHERE node = ?2 AND slot >= ?1 ORDER BY slot",
-            &args![self.slots.start, &self.node],
-        )?;
-        let mut slot = self.slots.start;
+        loop {
+            let blocks = self.slot_blocks.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            for block in blocks {
+                if let Some(slot) = self.free_slot_in(tx, block)? {
+                    return Ok(slot);
+                }
+            }
+            let Some(more) = &self.more_slots else { return Err(StoreError::NoSlot) };
+            let block = more().map_err(|why| {
+                tracing::warn!("no block of uid slots to add: {why}");
+                StoreError::NoSlot
+            })?;
+            self.slot_blocks.lock().unwrap_or_else(PoisonError::into_inner).push(block);
+        }
+    }
+
+    /// The lowest slot of `block` no box on this node has, if any.
+    fn free_slot_in(&self, tx: &mut dyn Exec, block: u32) -> Result<Option<u32>, StoreError> {
+        let (start, end) = (block * SLOTS_PER_BLOCK, ((block + 1) * SLOTS_PER_BLOCK).min(MAX_SLOTS));
+        let range = "FROM boxes WHERE node = ?1 AND slot >= ?2 AND slot < ?3";
+        let taken = tx.query_row(&format!("SELECT COUNT(*) {range}"), &args![&self.node, start, end])?;
+        if taken.map(|r| r.get::<u32>(0)).transpose()?.unwrap_or(0) >= end.saturating_sub(start) {
+            return Ok(None);
+        }
+        let used = tx.query(&format!("SELECT slot {range} ORDER BY slot"), &args![&self.node, start, end])?;
+        let mut slot = start;
         for row in used {
             if row.get::<u32>(0)? != slot {
                 break;
             }
             slot += 1;
         }
-        if slot >= self.slots.end.min(MAX_SLOTS) {
-            return Err(StoreError::NoSlot);
-        }
-        Ok(slot)
+        Ok((slot < end).then_some(slot))
     }
 
-    /// The block of uid slots the boxes already here use, if any.
-    pub fn slot_block_in_use(&self) -> Result<Option<u32>, StoreError> {
-        let lowest = self.query_row("SELECT MIN(slot) FROM boxes WHERE node = ?1", &args![&self.node])?;
-        let lowest: Option<u32> = lowest.map(|r| r.get(0)).transpose()?.flatten();
-        Ok(lowest.map(|slot| slot / SLOTS_PER_BLOCK))
-    }
-
-    /// Hands out slots of `block` only (block 0 unless set), moving boxes whose
-    /// slots lie outside it into it (same place in the block). Only for boxes
-    /// that are not running: a slot is which host uids the next boot maps, and
-    /// files on disk do not depend on it (they are mapped at mount time).
-    pub fn use_slot_block(&mut self, block: u32) -> Result<(), StoreError> {
-        let slots = block * SLOTS_PER_BLOCK..(block + 1) * SLOTS_PER_BLOCK;
-        self.execute(
-            "UPDATE boxes SET slot = ?1 + slot % ?3 WHERE node = ?4 AND (slot < ?1 OR slot >= ?2)",
-            &args![slots.start, slots.end, SLOTS_PER_BLOCK, &self.node],
+    /// The blocks of uid slots the boxes already here use, lowest first.
+    pub fn slot_blocks_in_use(&self) -> Result<Vec<u32>, StoreError> {
+        let rows = self.query(
+            "SELECT DISTINCT slot / ?2 FROM boxes WHERE node = ?1 ORDER BY 1",
+            &args![&self.node, SLOTS_PER_BLOCK],
         )?;
-        self.slots = slots;
+        rows.iter().map(|r| r.get(0)).collect()
+    }
+
+    /// Hands out slots of `blocks` only (block 0 unless set), first moving
+    /// the boxes of each `(from, to)` of `moves` from block `from` to block
+    /// `to` (same place in the block); more come from `more` when they are
+    /// full. Moves are only for boxes that are not running: a slot is which
+    /// host uids the next boot maps, and files on disk do not depend on it
+    /// (they are mapped at mount time).
+    pub fn use_slot_blocks(
+        &mut self,
+        blocks: &[u32],
+        moves: &[(u32, u32)],
+        more: Option<MoreSlots>,
+    ) -> Result<(), StoreError> {
+        self.transaction(|tx| {
+            for &(from, to) in moves {
+                tx.execute(
+                    "UPDATE boxes SET slot = ?1 + slot % ?3 WHERE node = ?4 AND slot >= ?2 AND slot < ?2 + ?3",
+                    &args![to * SLOTS_PER_BLOCK, from * SLOTS_PER_BLOCK, SLOTS_PER_BLOCK, &self.node],
+                )?;
+            }
+            Ok(())
+        })?;
+        *self.slot_blocks.get_mut().unwrap_or_else(PoisonError::into_inner) = blocks.to_vec();
+        self.more_slots = more;
         Ok(())
     }
 
@@ -539,7 +579,7 @@ mod tests {
     on_both_engines!(
         insert_get_list_delete_survive_reopen,
         dup_records_lineage_and_promote_swaps_names,
-        slots_come_from_the_servers_block_only,
+        slots_come_from_the_servers_blocks_only,
         freed_slots_are_reused_lowest_first,
         a_box_made_now_is_known_to_the_millisecond,
     );
@@ -661,33 +701,61 @@ mod tests {
         assert_eq!(store.get(&a, &names("web-prev")).unwrap().unwrap().id, web.id);
     }
 
-    fn slots_come_from_the_servers_block_only(db: &TestDb) {
+    fn slots_come_from_the_servers_blocks_only(db: &TestDb) {
         let mut store = db.open();
-        store.use_slot_block(3).unwrap();
+        store.use_slot_blocks(&[3], &[], None).unwrap();
         let a = AccountId("a".into());
-        let first = store
-            .insert_new(
+        let new = |store: &Store, name: &str| {
+            store.insert_new(
                 &a,
-                &names("one"),
+                &names(name),
                 (&names("debian"), Limits::default(), BackendKind::Ns),
                 1,
                 &Policy::default(),
             )
-            .unwrap();
-        let second = store
-            .insert_new(
-                &a,
-                &names("two"),
-                (&names("debian"), Limits::default(), BackendKind::Ns),
-                1,
-                &Policy::default(),
-            )
-            .unwrap();
+        };
+        let (first, second) = (new(&store, "one").unwrap(), new(&store, "two").unwrap());
         assert_eq!((first.slot, second.slot), (3 * SLOTS_PER_BLOCK, 3 * SLOTS_PER_BLOCK + 1));
+        assert_eq!(store.slot_blocks_in_use().unwrap(), [3]);
         // Moved to another block, boxes keep their places in it.
-        store.use_slot_block(5).unwrap();
+        store.use_slot_blocks(&[5], &[(3, 5)], None).unwrap();
         let moved = store.get(&a, &names("two")).unwrap().unwrap();
         assert_eq!(moved.slot, 5 * SLOTS_PER_BLOCK + 1);
+        // A full block: the next box is refused without a source of more,
+        // and takes the first slot of the block it gives when there is one.
+        store
+            .execute(
+                "WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1) \
+                 INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, created_at) \
+                 SELECT 'filler' || i, 'filler', 'f' || i, 'busybox', 1, 1, 1, ?2 + i, 'stopped', 0 FROM n",
+                &args![SLOTS_PER_BLOCK, 5 * SLOTS_PER_BLOCK],
+            )
+            .unwrap();
+        assert!(matches!(new(&store, "full"), Err(StoreError::NoSlot)));
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let more: MoreSlots = Box::new({
+            let asked = std::sync::Arc::clone(&asked);
+            move || Ok(8 + asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
+        });
+        store.use_slot_blocks(&[5], &[], Some(more)).unwrap();
+        assert_eq!(new(&store, "full").unwrap().slot, 8 * SLOTS_PER_BLOCK);
+        assert_eq!(new(&store, "next").unwrap().slot, 8 * SLOTS_PER_BLOCK + 1, "one block asked for, and kept");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(store.slot_blocks_in_use().unwrap(), [5, 8]);
+        // A slot freed in the first block is the next one given.
+        store.execute("DELETE FROM boxes WHERE name = 'f100'", &[]).unwrap();
+        assert_eq!(new(&store, "gap").unwrap().slot, 5 * SLOTS_PER_BLOCK + 100);
+        // A registry with nothing to give: refused.
+        store.use_slot_blocks(&[5, 8], &[], Some(Box::new(|| Err("none free".into())))).unwrap();
+        store
+            .execute(
+                "WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1) \
+                 INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, created_at) \
+                 SELECT 'g' || i, 'filler', 'g' || i, 'busybox', 1, 1, 1, ?2 + i, 'stopped', 0 FROM n",
+                &args![SLOTS_PER_BLOCK, 8 * SLOTS_PER_BLOCK],
+            )
+            .unwrap();
+        assert!(matches!(new(&store, "none"), Err(StoreError::NoSlot)));
     }
 
     #[test]
