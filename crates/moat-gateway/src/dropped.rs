@@ -30,17 +30,17 @@ pub async fn serve(net: Arc<BoxNet>, fd: OwnedFd) {
     let Ok(fd) = moat_core::async_fd::register(fd, tokio::io::Interest::READABLE) else {
         return;
     };
-    let mut buf = vec![0u8; 64 << 10];
     loop {
         let Ok(mut ready) = fd.readable().await else { return };
         let got = ready.try_io(|fd| {
-            rustix::net::recv(fd.get_ref(), buf.as_mut_slice(), rustix::net::RecvFlags::DONTWAIT)
-                .map(|(n, _)| n)
-                .map_err(std::io::Error::from)
+            crate::scratch::with(|buf| {
+                let (n, _) = rustix::net::recv(fd.get_ref(), &mut *buf, rustix::net::RecvFlags::DONTWAIT)?;
+                Ok::<_, std::io::Error>(entries(buf.get(..n).unwrap_or_default()))
+            })
         });
         match got {
-            Ok(Ok(n)) => {
-                for entry in entries(buf.get(..n).unwrap_or_default()) {
+            Ok(Ok(entries)) => {
+                for entry in entries {
                     net.log(entry);
                 }
             }

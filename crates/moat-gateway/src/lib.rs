@@ -46,6 +46,7 @@ pub mod messages;
 pub mod packages;
 pub mod proxy;
 pub mod refusal;
+pub mod scratch;
 pub mod secrets;
 pub mod tls;
 pub mod upstream;

@@ -142,6 +142,12 @@ fn measure(state_dir: &Path, boxes: usize) -> Result<()> {
     let mut server = serve(single.clone(), &flags)?;
     let result = density(state_dir, &key, &mut server, &flags, boxes);
     server.kill();
+    if result.is_err() {
+        // What the daemon said last is the lead.
+        let log = std::fs::read_to_string(single.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        eprintln!("bench: the daemon's last words:\n{}", lines[lines.len().saturating_sub(30)..].join("\n"));
+    }
     result
 }
 
@@ -204,6 +210,7 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
     let master = Master::open(key, server, socket.clone())?;
     std::thread::sleep(Duration::from_secs(2));
     let before = Meminfo::settled()?;
+    let slabs_before = slabs();
 
     eprintln!("bench: creating {wanted} busybox boxes, {CREATORS} at once over one connection");
     let started = Instant::now();
@@ -246,6 +253,7 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
     eprintln!("bench: {made} boxes in {:.1} s; waiting for all to suspend", created_in.as_secs_f64());
     wait_all_suspended(key, server, &socket, made)?;
     let after = Meminfo::settled()?;
+    let slabs_grown = slab_growth(&slabs_before, &slabs(), made);
     let daemon = rss_kib(server.pid())?;
     let helpers = helpers_rss_kib(server.pid())?;
 
@@ -299,6 +307,8 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
     for (what, mib) in ours.iter().skip(1) {
         println!("| {what} | {mib:.3} | | |");
     }
+    let slab_top: Vec<String> = slabs_grown.iter().map(|(name, kib)| format!("{name} {kib:.1}")).collect();
+    println!("| slab caches grown most (KiB per box) | {} | | |", slab_top.join(", "));
     println!("| daemon RSS | {:.1} MiB | | |", daemon as f64 / 1024.0);
     for (what, kib) in &helpers {
         println!("| {what} RSS | {:.1} MiB | | |", *kib as f64 / 1024.0);
@@ -446,6 +456,34 @@ fn debug_duration(text: &str) -> Option<Duration> {
         _ => return None,
     };
     Some(Duration::from_secs_f64(secs))
+}
+
+/// Each slab cache's bytes (`/proc/slabinfo`: objects times their size).
+fn slabs() -> HashMap<String, i64> {
+    let text = std::fs::read_to_string("/proc/slabinfo").unwrap_or_default();
+    text.lines()
+        .skip(2)
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let name = words.next()?.to_string();
+            let (_active, objects, size) = (words.next()?, words.next()?, words.next()?);
+            Some((name, objects.parse::<i64>().ok()? * size.parse::<i64>().ok()?))
+        })
+        .collect()
+}
+
+/// The slab caches that grew most between `before` and `after`, KiB per `n`.
+fn slab_growth(before: &HashMap<String, i64>, after: &HashMap<String, i64>, n: usize) -> Vec<(String, f64)> {
+    let mut grown: Vec<(String, f64)> = after
+        .iter()
+        .map(|(name, bytes)| {
+            let grew = bytes - before.get(name).copied().unwrap_or(0);
+            (name.clone(), grew as f64 / 1024.0 / n.max(1) as f64)
+        })
+        .collect();
+    grown.sort_by(|a, b| b.1.total_cmp(&a.1));
+    grown.truncate(8);
+    grown
 }
 
 /// A process's resident memory, in KiB.

@@ -153,13 +153,23 @@ async fn run_once<A: Answer>(
     }
 }
 
-/// Both processes: each box session holds a few descriptors; the default soft limit (1024) is a
-/// few hundred sessions. Take what the hard limit allows.
+/// Both processes: each box session holds a few descriptors, and the daemon
+/// and the gateway hold seven of each box's sockets (its DNS, proxy and
+/// dropped-packet sockets, kept to attach a restarted gateway): the default
+/// soft limit (1024) is a few hundred sessions, a common hard one (20,000)
+/// under 3,000 boxes. Root (the daemon, before it starts its children, which
+/// inherit it) raises the hard limit to what the kernel allows a process
+/// (`fs.nr_open`); anyone takes what the hard limit allows.
 pub fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
+    let most = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|n| n.trim().parse::<u64>().ok());
+    if let Some(most) = most.filter(|most| *most > hard) {
+        if setrlimit(Resource::RLIMIT_NOFILE, most, most).is_ok() {
+            return;
+        }
     }
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
 }
 
 /// What a confined child (the front door, the gateway) starts from: logging

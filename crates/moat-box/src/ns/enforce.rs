@@ -247,11 +247,30 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     }
     mount(Some("sysfs"), "sys", Some("sysfs"), nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None::<&str>)
         .context(|| "mount /sys".into())?;
+    // One tmpfs holds /dev, /dev/shm, /run and the empty directory that
+    // masks parts of /sys, each a bind of a directory of it. Every superblock
+    // a box mounts gives every memory cgroup on the host one more slot in its
+    // shrinker map (520 bytes per 64 superblocks, kernel 6.7 on), so a box's
+    // cost on a host of N boxes grows with N times its superblocks: four
+    // (proc, sysfs, devpts and this) rather than nine.
+    let owner = format!("uid={0},gid={0}", plan.uid_base);
+    mount(Some("tmpfs"), "dev", Some("tmpfs"), MsFlags::empty(), Some(format!("mode=755,{owner}").as_str()))
+        .context(|| "mount the box's tmpfs".into())?;
+    let box_owned = |dir: &str, mode: u32| -> io::Result<()> {
+        std::fs::create_dir(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
+        let id = Some(Uid::from_raw(plan.uid_base));
+        nix::unistd::chown(dir, id, Some(Gid::from_raw(plan.uid_base))).map_err(io::Error::from)
+    };
+    // The mask is root's (the host's): the box cannot write into it.
+    std::fs::create_dir("dev/.mask")?;
+    std::fs::set_permissions("dev/.mask", std::fs::Permissions::from_mode(0o555))?;
+    box_owned("dev/.run", 0o755)?;
+    box_owned("dev/.dev", 0o755)?;
     for dir in MASKED_SYS {
         let target = Path::new("sys").join(dir);
         if target.is_dir() {
-            let flags = nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
-            mount(Some("tmpfs"), &target, Some("tmpfs"), flags, Some("size=0,mode=555"))
+            bind("dev/.mask", &target, nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY)
                 .context(|| format!("mask /sys/{dir}"))?;
         }
     }
@@ -261,16 +280,9 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
         mount(Some(source.as_path()), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
             .context(|| format!("bind {}", target.display()))?;
     }
-
-    let owner = format!("uid={0},gid={0}", plan.uid_base);
-    mount(
-        Some("tmpfs"),
-        "dev",
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some(format!("mode=755,size=64k,{owner}").as_str()),
-    )
-    .context(|| "mount /dev".into())?;
+    bind("dev/.run", "run", nosuid).context(|| "mount /run".into())?;
+    // /dev last: it covers the tmpfs's root (and the directories above).
+    bind("dev/.dev", "dev", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC).context(|| "mount /dev".into())?;
     for dev in DEVICES {
         let target = Path::new("dev").join(dev);
         File::create(&target)?;
@@ -283,15 +295,7 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     let devpts = format!("newinstance,ptmxmode=0666,mode=0620,gid={},max={}", plan.devpts_gid, super::plan::MAX_PTYS);
     mount(Some("devpts"), "dev/pts", Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(devpts.as_str()))
         .context(|| "mount /dev/pts".into())?;
-    std::fs::create_dir("dev/shm")?;
-    mount(
-        Some("tmpfs"),
-        "dev/shm",
-        Some("tmpfs"),
-        nosuid | MsFlags::MS_NOEXEC,
-        Some(format!("mode=1777,{owner}").as_str()),
-    )
-    .context(|| "mount /dev/shm".into())?;
+    box_owned("dev/shm", 0o1777)?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -301,8 +305,15 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     ] {
         std::os::unix::fs::symlink(target, Path::new("dev").join(link))?;
     }
-    mount(Some("tmpfs"), "run", Some("tmpfs"), nosuid, Some(format!("mode=755,{owner}").as_str()))
-        .context(|| "mount /run".into())?;
+    Ok(())
+}
+
+/// Binds `source` onto `target` with `flags` (a bind takes its flags only
+/// when remounted).
+fn bind(source: &str, target: impl AsRef<Path>, flags: MsFlags) -> io::Result<()> {
+    let target = target.as_ref();
+    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+    mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags, None::<&str>)?;
     Ok(())
 }
 

@@ -92,13 +92,16 @@ fn type_name(qtype: u16) -> String {
 
 /// Serves DNS over UDP on `socket` until the task is dropped.
 pub async fn serve_udp(net: Arc<BoxNet>, socket: UdpSocket) {
-    let mut buf = vec![0u8; 4096];
     loop {
-        let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
+        if socket.readable().await.is_err() {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
-        };
-        if let Some(reply) = answer(&net, buf.get(..n).unwrap_or_default()) {
+        }
+        let received = crate::scratch::with(|buf| {
+            let (n, peer) = socket.try_recv_from(buf)?;
+            Ok::<_, std::io::Error>((answer(&net, buf.get(..n).unwrap_or_default()), peer))
+        });
+        if let Ok((Some(reply), peer)) = received {
             let _ = socket.send_to(&reply, peer).await;
         }
     }

@@ -54,6 +54,9 @@ pub fn box_config(signer: LeafSigner) -> Result<Arc<ServerConfig>, String> {
     // A box that offers only h2 fails the handshake rather than speaking
     // frames the gateway does not read.
     config.alpn_protocols = vec![HTTP_1_1.to_vec()];
+    // Every box has its own config: rustls's default of 256 sessions is
+    // allocated up front (~30 KiB a box); a box's few clients need far fewer.
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(32);
     Ok(Arc::new(config))
 }
 
