@@ -163,7 +163,8 @@ fn ssh(key: &Path, server: &Server, user: &str, master: Option<&Path>) -> Comman
 
 /// Runs `command` over `master`; its stdout, or its stderr as the error.
 fn control(key: &Path, server: &Server, master: &Path, command: &str) -> Result<String> {
-    let out = ssh(key, server, moat_core::ids::CONTROL_USER, Some(master)).arg(command).stdin(Stdio::null()).output()?;
+    let out =
+        ssh(key, server, moat_core::ids::CONTROL_USER, Some(master)).arg(command).stdin(Stdio::null()).output()?;
     if !out.status.success() {
         bail!("{command}: {} ({})", String::from_utf8_lossy(&out.stderr).trim(), out.status);
     }
@@ -211,6 +212,7 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
     std::thread::sleep(Duration::from_secs(2));
     let before = Meminfo::settled()?;
     let slabs_before = slabs();
+    let threads_before = host_threads();
 
     eprintln!("bench: creating {wanted} busybox boxes, {CREATORS} at once over one connection");
     let started = Instant::now();
@@ -254,6 +256,7 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
     wait_all_suspended(key, server, &socket, made)?;
     let after = Meminfo::settled()?;
     let slabs_grown = slab_growth(&slabs_before, &slabs(), made);
+    let threads = (host_threads() - threads_before) as f64 / made as f64;
     let daemon = rss_kib(server.pid())?;
     let helpers = helpers_rss_kib(server.pid())?;
 
@@ -309,6 +312,7 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
     }
     let slab_top: Vec<String> = slabs_grown.iter().map(|(name, kib)| format!("{name} {kib:.1}")).collect();
     println!("| slab caches grown most (KiB per box) | {} | | |", slab_top.join(", "));
+    println!("| host threads (pids) per box | {threads:.2} | | |");
     println!("| daemon RSS | {:.1} MiB | | |", daemon as f64 / 1024.0);
     for (what, kib) in &helpers {
         println!("| {what} RSS | {:.1} MiB | | |", *kib as f64 / 1024.0);
@@ -339,7 +343,11 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
         ms(running.pct(99)),
         suspended.pct(50).as_secs_f64() / running.pct(50).as_secs_f64().max(1e-9)
     );
-    println!("| resume as the client sees it (difference), p50 / p99 | {} / {} | | |", ms(extra.pct(50)), ms(extra.pct(99)));
+    println!(
+        "| resume as the client sees it (difference), p50 / p99 | {} / {} | | |",
+        ms(extra.pct(50)),
+        ms(extra.pct(99))
+    );
     if !daemon_side.is_empty() {
         let parts = |what: &str, part: &dyn Fn(&[Duration; 3]) -> Duration| {
             let s = Samples::sorted(daemon_side.iter().map(part).collect());
@@ -486,6 +494,12 @@ fn slab_growth(before: &HashMap<String, i64>, after: &HashMap<String, i64>, n: u
     grown
 }
 
+/// Threads on the host, each a pid (`/proc/loadavg`'s fourth field, after the slash).
+fn host_threads() -> i64 {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().nth(3).and_then(|f| f.split_once('/')?.1.parse().ok()).unwrap_or(0)
+}
+
 /// A process's resident memory, in KiB.
 fn rss_kib(pid: u32) -> Result<i64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -524,7 +538,8 @@ fn idle_bwraps(n: usize) -> Result<f64> {
     let result = (|| -> Result<f64> {
         for _ in 0..n {
             let child = Command::new("bwrap")
-                .args(["--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+                // Killing bwrap leaves its sandbox (its PID 1 is a second bwrap) unless told.
+                .args(["--die-with-parent", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
                 .args(["--tmpfs", "/tmp", "sleep", "infinity"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -551,7 +566,8 @@ mod tests {
 
     #[test]
     fn durations_as_debug_prints_them() {
-        for d in [Duration::from_nanos(950), Duration::from_micros(812), Duration::from_millis(3), Duration::from_secs(2)]
+        for d in
+            [Duration::from_nanos(950), Duration::from_micros(812), Duration::from_millis(3), Duration::from_secs(2)]
         {
             let back = debug_duration(&format!("{d:?}")).unwrap();
             assert!((back.as_secs_f64() - d.as_secs_f64()).abs() < 1e-6 * d.as_secs_f64().max(1e-6), "{d:?}");

@@ -168,9 +168,28 @@ pub fn raise_fd_limit() {
         if setrlimit(Resource::RLIMIT_NOFILE, most, most).is_ok() {
             return;
         }
+        // Raising a hard limit takes CAP_SYS_RESOURCE, which some roots lack
+        // (containers, some VMs); a service manager can set it instead.
+        if hard < DESCRIPTORS_FOR_10K_BOXES && nix::unistd::geteuid().is_root() {
+            tracing::warn!(
+                limit = hard,
+                boxes = hard / DESCRIPTORS_PER_BOX,
+                "the open-file limit allows about this many boxes (the daemon and the gateway hold \
+                 {DESCRIPTORS_PER_BOX} of each box's sockets, with room for sessions); raise its hard \
+                 limit (LimitNOFILE= in a systemd unit) for more"
+            );
+        }
     }
     let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
 }
+
+/// Descriptors each box takes in the daemon and in the gateway: its seven
+/// sockets (DNS over UDP and TCP and the proxy, on IPv4 and IPv6, and its
+/// dropped-packet reports), and one to spare for its sessions.
+const DESCRIPTORS_PER_BOX: u64 = 8;
+
+/// Below this, the warning above.
+const DESCRIPTORS_FOR_10K_BOXES: u64 = 10_000 * DESCRIPTORS_PER_BOX;
 
 /// What a confined child (the front door, the gateway) starts from: logging
 /// to stderr, its name in ps, no descriptor but stdin (its socket to us),

@@ -83,9 +83,7 @@ impl Claim {
     /// there is no other. The caller holds the registry's lock.
     fn pick(&self, not: &[u32]) -> Option<u32> {
         let candidates = || (0..SLOT_BLOCKS).filter(|b| !not.contains(b));
-        candidates()
-            .find(|b| holder(&self.registry, *b).is_none())
-            .or_else(|| candidates().find(|b| self.free(*b)))
+        candidates().find(|b| holder(&self.registry, *b).is_none()).or_else(|| candidates().find(|b| self.free(*b)))
     }
 
     /// Whether `block` is this state dir's to take. The caller holds the

@@ -308,14 +308,24 @@ pub fn host_details_masked_and_agent_outlives_oom(env: &Env) {
     env.new_box(&name, &["--memory", "64M"]);
     let probe = "wc -c < /proc/cmdline; find /sys/fs/btrfs /sys/block /sys/devices/virtual/block -mindepth 1 | wc -l; \
                  cat /sys/block/loop*/loop/backing_file 2>/dev/null | wc -l; \
-                 cat /proc/1/oom_score_adj /proc/self/oom_score_adj";
+                 cat /proc/1/oom_score_adj /proc/self/oom_score_adj; \
+                 touch /sys/block/x 2>/dev/null && echo writable || echo read-only; \
+                 stat -c '%a %u' /dev/shm /run /dev; touch /dev/shm/a /run/a && echo written; ls -A /dev | grep -c '^[.]'; \
+                 awk '{for (i = 7; i <= NF; i++) if ($i == \"-\") print $(i + 1), $3}' /proc/self/mountinfo \
+                   | sort -u | grep -cE '^(proc|sysfs|devpts|tmpfs) '";
     let out = env.alice(Some(&name), &[probe]).ok();
     let lines: Vec<&str> = out.stdout.lines().collect();
     // PID 1 is at -999 where the host has CAP_SYS_RESOURCE (this machine's root
-    // lacks it), else 0; either way below what the box runs.
+    // lacks it), else 0; either way below what the box runs. /dev, /dev/shm
+    // and /run are the box's, and with the masks they are one tmpfs: the box
+    // makes four superblocks of its own (proc, sysfs, devpts, tmpfs), each a
+    // cost to every memory cgroup on the host.
     assert!(
-        matches!(lines[..], ["0", "0", "0", "-999" | "0", "500"]),
-        "cmdline bytes, sys entries, backing files, oom: {}",
+        matches!(
+            lines[..],
+            ["0", "0", "0", "-999" | "0", "500", "read-only", "1777 0", "755 0", "755 0", "written", "0", "4"]
+        ),
+        "cmdline bytes, sys entries, backing files, oom, masks, /dev/shm /run /dev, dot files in /dev, superblocks: {}",
         out.stdout
     );
     // A hog in a small box dies; the box (its PID 1) lives on.

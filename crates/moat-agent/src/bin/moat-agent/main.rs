@@ -57,19 +57,83 @@ fn main() {
     // Commands the box runs must not inherit the host's door.
     let _ = nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
     login::alias_root_as_host_name();
-    statfs::serve();
-    let reaper = Arc::new(Reaper::start());
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                let reaper = Arc::clone(&reaper);
-                // At pids.max a thread cannot be made; PID 1 must not panic (the
-                // box would die with it): drop this connection instead.
-                let _ = std::thread::Builder::new().spawn(move || serve(stream, &reaper));
-            }
-            // A transient accept error (EMFILE, ECONNABORTED) must not kill PID 1.
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+    idle_loop(listener);
+}
+
+/// PID 1's one thread while the box is idle: it accepts the host's
+/// connections (each served on a thread of its own), reaps children when
+/// SIGCHLD comes, and answers the box's statfs calls. Idle, a box is then one
+/// thread: ten thousand suspended boxes are ten thousand host pids, not thirty
+/// thousand (`kernel.pid_max` is 32,768 on hosts that leave it alone).
+fn idle_loop(listener: UnixListener) -> ! {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    use std::os::fd::AsFd;
+
+    // Blocked before any thread is made, so that every thread has it blocked
+    // and it waits for the signalfd; what the box runs starts with every
+    // signal unblocked (spawn resets the mask).
+    let mut sigchld = SigSet::empty();
+    sigchld.add(Signal::SIGCHLD);
+    let children = sigchld
+        .thread_block()
+        .and_then(|()| SignalFd::with_flags(&sigchld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK));
+    let (reaper, children) = match children {
+        Ok(fd) => (Arc::new(Reaper::driven()), Some(fd)),
+        Err(_) => {
+            let _ = sigchld.thread_unblock();
+            (Arc::new(Reaper::start()), None)
         }
+    };
+    let statfs = statfs::Statfs::open();
+    // Readiness says a connection waits; accept must not then wait for
+    // another if that one went away meanwhile.
+    let _ = listener.set_nonblocking(true);
+    loop {
+        let readable = |fd: Option<&PollFd>| fd.and_then(PollFd::revents).is_some_and(|r| !r.is_empty());
+        let (connection, signalled, call) = {
+            let listening = PollFd::new(listener.as_fd(), PollFlags::POLLIN);
+            let child_fd = children.as_ref().map(|c| PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            let statfs_fd = statfs.as_ref().map(|s| PollFd::new(s.fd(), PollFlags::POLLIN));
+            let (has_children, has_statfs) = (child_fd.is_some(), statfs_fd.is_some());
+            let mut fds: Vec<PollFd> = [Some(listening), child_fd, statfs_fd].into_iter().flatten().collect();
+            // A second's timeout reaps what a lost wake-up would leave.
+            let _ = poll(&mut fds, PollTimeout::from(1000u16));
+            let mut fds = fds.iter();
+            let connection = readable(fds.next());
+            let signalled = has_children && readable(fds.next());
+            (connection, signalled, has_statfs && readable(fds.next()))
+        };
+        if let Some(children) = &children {
+            if signalled {
+                while let Ok(Some(_)) = children.read_signal() {}
+            }
+            reaper.reap();
+        }
+        if call {
+            if let Some(statfs) = &statfs {
+                statfs.answer_one();
+            }
+        }
+        if connection {
+            accept_one(&listener, &reaper);
+        }
+    }
+}
+
+/// Accepts one connection and serves it on a thread of its own.
+fn accept_one(listener: &UnixListener, reaper: &Arc<Reaper>) {
+    match listener.accept() {
+        Ok((stream, _)) => {
+            let reaper = Arc::clone(reaper);
+            // At pids.max a thread cannot be made; PID 1 must not panic (the
+            // box would die with it): drop this connection instead.
+            let _ = std::thread::Builder::new().spawn(move || serve(stream, &reaper));
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        // A transient accept error (EMFILE, ECONNABORTED) must not kill PID 1.
+        Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
     }
 }
 

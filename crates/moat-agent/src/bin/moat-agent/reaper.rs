@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use moat_agent::protocol::ExitStatus;
 use nix::errno::Errno;
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 #[derive(Default)]
@@ -22,11 +22,27 @@ pub struct Reaper {
 }
 
 impl Reaper {
+    /// Reaps on a thread of its own.
     pub fn start() -> Self {
-        let waiters = Arc::new((Mutex::new(Waiters::default()), Condvar::new()));
-        let shared = Arc::clone(&waiters);
+        let reaper = Self::driven();
+        let shared = Arc::clone(&reaper.waiters);
         std::thread::spawn(move || reap_forever(&shared));
-        Self { waiters }
+        reaper
+    }
+
+    /// Reaps when its owner calls [`Reaper::reap`] (on SIGCHLD): no thread.
+    pub fn driven() -> Self {
+        Self { waiters: Arc::new((Mutex::new(Waiters::default()), Condvar::new())) }
+    }
+
+    /// Reaps every child that has ended, without waiting for more.
+    pub fn reap(&self) {
+        while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
+                return;
+            }
+            deliver(&self.waiters.0, status);
+        }
     }
 
     /// Runs `spawn` (which forks) with the waiter table locked, so that the child's
@@ -49,24 +65,27 @@ fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn reap_forever(waiters: &(Mutex<Waiters>, Condvar)) {
     let (lock, wake) = waiters;
     loop {
-        let status = match waitpid(Pid::from_raw(-1), None) {
-            Ok(WaitStatus::Exited(pid, code)) => Some((pid, ExitStatus::Code(code))),
-            Ok(WaitStatus::Signaled(pid, sig, core_dumped)) => {
-                Some((pid, ExitStatus::Signal { signo: sig as i32, core_dumped }))
-            }
-            Ok(_) | Err(Errno::EINTR) => None,
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(status) => deliver(lock, status),
+            Err(Errno::EINTR) => {}
             Err(_) => {
                 // No children at all: sleep until a spawn (or a while) passes.
                 let guard = lock_ignoring_poison(lock);
                 let _ = wake.wait_timeout(guard, Duration::from_secs(1));
-                None
-            }
-        };
-        if let Some((pid, status)) = status {
-            // Orphans reparented to PID 1 have no waiter; reaping them is the point.
-            if let Some(tx) = lock_ignoring_poison(lock).by_pid.remove(&pid.as_raw()) {
-                let _ = tx.send(status);
             }
         }
+    }
+}
+
+/// Hands an ended child's status to whoever waits for it.
+fn deliver(lock: &Mutex<Waiters>, status: WaitStatus) {
+    let (pid, status) = match status {
+        WaitStatus::Exited(pid, code) => (pid, ExitStatus::Code(code)),
+        WaitStatus::Signaled(pid, sig, core_dumped) => (pid, ExitStatus::Signal { signo: sig as i32, core_dumped }),
+        _ => return,
+    };
+    // Orphans reparented to PID 1 have no waiter; reaping them is the point.
+    if let Some(tx) = lock_ignoring_poison(lock).by_pid.remove(&pid.as_raw()) {
+        let _ = tx.send(status);
     }
 }

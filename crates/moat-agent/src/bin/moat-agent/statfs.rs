@@ -10,8 +10,8 @@
 //!
 //! The caller's path is read, and the answer written, through
 //! `/proc/PID/mem`, and resolved through `/proc/PID/{root,cwd,fd}`, so it
-//! means what it means to the caller. This thread must never call statfs
-//! itself: the call would wait for this thread.
+//! means what it means to the caller. The thread answering must never call
+//! statfs itself: the call would wait for that thread.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -32,32 +32,43 @@ pub fn set(limit: u64, used: u64) {
     LIMIT.store(limit, Ordering::Relaxed);
 }
 
-/// Starts answering, if the host passed a listener.
-pub fn serve() {
-    // SAFETY: fd 4 was set up by the host for us alone and nothing else in this
-    // process uses it; it stays open for the life of the process.
-    let listener = unsafe { BorrowedFd::borrow_raw(LISTENER_FD) };
-    if nix::fcntl::fcntl(listener, nix::fcntl::FcntlArg::F_GETFD).is_err() {
-        return;
+/// The host's seccomp listener, answered by PID 1's one thread.
+pub struct Statfs {
+    listener: BorrowedFd<'static>,
+    root_dev: u64,
+}
+
+impl Statfs {
+    /// The listener, if the host passed one.
+    pub fn open() -> Option<Self> {
+        // SAFETY: fd 4 was set up by the host for us alone and nothing else in
+        // this process uses it; it stays open for the life of the process.
+        let listener = unsafe { BorrowedFd::borrow_raw(LISTENER_FD) };
+        nix::fcntl::fcntl(listener, nix::fcntl::FcntlArg::F_GETFD).ok()?;
+        let root_dev = std::fs::metadata("/").ok()?.dev();
+        Some(Self { listener, root_dev })
     }
-    let Ok(root) = std::fs::metadata("/") else { return };
-    let root_dev = root.dev();
-    let _ = std::thread::Builder::new().name("statfs".into()).spawn(move || loop {
+
+    /// What to poll for a call waiting.
+    pub fn fd(&self) -> BorrowedFd<'static> {
+        self.listener
+    }
+
+    /// Answers the call waiting. Called when the listener polls readable:
+    /// the receive then does not wait (a caller that died meanwhile makes it
+    /// fail with ENOENT at once).
+    pub fn answer_one(&self) {
         // SAFETY: seccomp_notif is plain data; the kernel wants it zeroed.
         let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
         // SAFETY: `req` is a seccomp_notif the kernel fills in; the listener is open.
-        if unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } < 0 {
-            match nix::errno::Errno::last() {
-                // Interrupted, or the caller died before we read it.
-                nix::errno::Errno::EINTR | nix::errno::Errno::ENOENT => continue,
-                _ => return,
-            }
+        if unsafe { libc::ioctl(self.listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } < 0 {
+            return;
         }
-        let mut resp = answer(&req, root_dev);
+        let mut resp = answer(&req, self.root_dev);
         // SAFETY: `resp` is a filled seccomp_notif_resp; a caller that died
         // meanwhile makes this fail with ENOENT, which changes nothing.
-        let _ = unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) };
-    });
+        let _ = unsafe { libc::ioctl(self.listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) };
+    }
 }
 
 /// The answer to one call: written into the caller, or "let the kernel do it".
