@@ -538,7 +538,6 @@ fn idle_bwraps(n: usize) -> Result<f64> {
     let result = (|| -> Result<f64> {
         for _ in 0..n {
             let child = Command::new("bwrap")
-                // Killing bwrap leaves its sandbox (its PID 1 is a second bwrap) unless told.
                 .args(["--die-with-parent", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
                 .args(["--tmpfs", "/tmp", "sleep", "infinity"])
                 .stdin(Stdio::null())
@@ -554,6 +553,13 @@ fn idle_bwraps(n: usize) -> Result<f64> {
         Ok((after.used - before.used) as f64 / 1024.0 / n.max(1) as f64)
     })();
     for mut child in sandboxes {
+        // Its PID 1 first (killing that ends everything in the sandbox's
+        // namespace); killing bwrap alone leaves it running.
+        let pid = child.id();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        for inner in children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(inner), nix::sys::signal::SIGKILL);
+        }
         let _ = child.kill();
         let _ = child.wait();
     }
