@@ -157,8 +157,10 @@ pub const WEB_EDGE_ID: u32 = UID_BASE - 4;
 pub const UIDS_PER_BOX: u32 = 1 << 16;
 /// Slots that fit below `u32::MAX` (uid -1 is reserved by the kernel).
 pub const MAX_SLOTS: u32 = (u32::MAX - UID_BASE) / UIDS_PER_BOX - 1;
-/// Slots are handed to servers in blocks of this many, one block per state dir
-/// on a host, so two moat servers never give two boxes the same host uids.
+/// Slots are handed to servers in blocks of this many, each block one state
+/// dir's on a host (a state dir takes another when its boxes fill those it
+/// holds), so two moat servers never give two boxes the same host uids.
 pub const SLOTS_PER_BLOCK: u32 = 1024;
-/// How many blocks there are (how many servers one host can run).
+/// How many blocks there are (between them, the servers of one host hold at
+/// most this many).
 pub const SLOT_BLOCKS: u32 = MAX_SLOTS / SLOTS_PER_BLOCK;
