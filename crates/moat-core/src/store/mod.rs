@@ -723,14 +723,18 @@ mod tests {
         assert_eq!(moved.slot, 5 * SLOTS_PER_BLOCK + 1);
         // A full block: the next box is refused without a source of more,
         // and takes the first slot of the block it gives when there is one.
-        store
-            .execute(
-                "WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1) \
-                 INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, created_at) \
-                 SELECT 'filler' || i, 'filler', 'f' || i, 'busybox', 1, 1, 1, ?2 + i, 'stopped', 0 FROM n",
-                &args![SLOTS_PER_BLOCK, 5 * SLOTS_PER_BLOCK],
-            )
-            .unwrap();
+        // Boxes in every slot of `block` but its first two, named PREFIXi.
+        let fill = |store: &Store, prefix: &str, block: u32| {
+            store
+                .execute(
+                    "WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1) \
+                     INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, created_at) \
+                     SELECT ?3 || i, 'filler', ?3 || i, 'busybox', 1, 1, 1, ?2 + i, 'stopped', 0 FROM n",
+                    &args![SLOTS_PER_BLOCK, block * SLOTS_PER_BLOCK, prefix],
+                )
+                .unwrap();
+        };
+        fill(&store, "f", 5);
         assert!(matches!(new(&store, "full"), Err(StoreError::NoSlot)));
         let asked = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let more: MoreSlots = Box::new({
@@ -747,14 +751,7 @@ mod tests {
         assert_eq!(new(&store, "gap").unwrap().slot, 5 * SLOTS_PER_BLOCK + 100);
         // A registry with nothing to give: refused.
         store.use_slot_blocks(&[5, 8], &[], Some(Box::new(|| Err("none free".into())))).unwrap();
-        store
-            .execute(
-                "WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1) \
-                 INSERT INTO boxes (id, account, name, image, cpus, memory, pids, slot, state, created_at) \
-                 SELECT 'g' || i, 'filler', 'g' || i, 'busybox', 1, 1, 1, ?2 + i, 'stopped', 0 FROM n",
-                &args![SLOTS_PER_BLOCK, 8 * SLOTS_PER_BLOCK],
-            )
-            .unwrap();
+        fill(&store, "g", 8);
         assert!(matches!(new(&store, "none"), Err(StoreError::NoSlot)));
     }
 
