@@ -165,7 +165,9 @@ pub fn raise_fd_limit() {
     let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
     let most = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|n| n.trim().parse::<u64>().ok());
     if let Some(most) = most.filter(|most| *most > hard) {
-        if setrlimit(Resource::RLIMIT_NOFILE, most, most).is_ok() {
+        // The soft limit stays bounded: children inherit it, and some tools
+        // close or size tables up to it (fs.nr_open may be a billion).
+        if setrlimit(Resource::RLIMIT_NOFILE, most.min(SOFT_MOST), most).is_ok() {
             return;
         }
         // Raising a hard limit takes CAP_SYS_RESOURCE, which some roots lack
@@ -182,6 +184,9 @@ pub fn raise_fd_limit() {
     }
     let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
 }
+
+/// The soft limit at most, where the hard limit could be raised.
+const SOFT_MOST: u64 = 1 << 20;
 
 /// Descriptors each box takes in the daemon and in the gateway: its seven
 /// sockets (DNS over UDP and TCP and the proxy, on IPv4 and IPv6, and its

@@ -312,7 +312,8 @@ pub fn host_details_masked_and_agent_outlives_oom(env: &Env) {
                  touch /sys/block/x 2>/dev/null && echo writable || echo read-only; \
                  stat -c '%a %u' /dev/shm /run /dev; touch /dev/shm/a /run/a && echo written; ls -A /dev | grep -c '^[.]'; \
                  awk '{for (i = 7; i <= NF; i++) if ($i == \"-\") print $(i + 1), $3}' /proc/self/mountinfo \
-                   | sort -u | grep -cE '^(proc|sysfs|devpts|tmpfs) '";
+                   | sort -u | grep -cE '^(proc|sysfs|devpts|tmpfs) '; \
+                 ls /proc/self/fd | tr '\\n' ' '";
     let out = env.alice(Some(&name), &[probe]).ok();
     let lines: Vec<&str> = out.stdout.lines().collect();
     // PID 1 is at -999 where the host has CAP_SYS_RESOURCE (this machine's root
@@ -323,9 +324,24 @@ pub fn host_details_masked_and_agent_outlives_oom(env: &Env) {
     assert!(
         matches!(
             lines[..],
-            ["0", "0", "0", "-999" | "0", "500", "read-only", "1777 0", "755 0", "755 0", "written", "0", "4"]
+            [
+                "0",
+                "0",
+                "0",
+                "-999" | "0",
+                "500",
+                "read-only",
+                "1777 0",
+                "755 0",
+                "755 0",
+                "written",
+                "0",
+                "4",
+                "0 1 2 3 "
+            ]
         ),
-        "cmdline bytes, sys entries, backing files, oom, masks, /dev/shm /run /dev, dot files in /dev, superblocks: {}",
+        "cmdline bytes, sys entries, backing files, oom, masks, /dev/shm /run /dev, dot files in /dev, superblocks, \
+         fds a command holds (none of the agent's, such as its statfs listener): {}",
         out.stdout
     );
     // A hog in a small box dies; the box (its PID 1) lives on.

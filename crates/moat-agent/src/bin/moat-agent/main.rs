@@ -90,6 +90,8 @@ fn idle_loop(listener: UnixListener) -> ! {
     // Readiness says a connection waits; accept must not then wait for
     // another if that one went away meanwhile.
     let _ = listener.set_nonblocking(true);
+    // Statuses reaped but not yet handed over: look again soon.
+    let mut behind = false;
     loop {
         let readable = |fd: Option<&PollFd>| fd.and_then(PollFd::revents).is_some_and(|r| !r.is_empty());
         let (connection, signalled, call) = {
@@ -99,7 +101,7 @@ fn idle_loop(listener: UnixListener) -> ! {
             let (has_children, has_statfs) = (child_fd.is_some(), statfs_fd.is_some());
             let mut fds: Vec<PollFd> = [Some(listening), child_fd, statfs_fd].into_iter().flatten().collect();
             // A second's timeout reaps what a lost wake-up would leave.
-            let _ = poll(&mut fds, PollTimeout::from(1000u16));
+            let _ = poll(&mut fds, PollTimeout::from(if behind { 10u16 } else { 1000 }));
             let mut fds = fds.iter();
             let connection = readable(fds.next());
             let signalled = has_children && readable(fds.next());
@@ -109,7 +111,7 @@ fn idle_loop(listener: UnixListener) -> ! {
             if signalled {
                 while let Ok(Some(_)) = children.read_signal() {}
             }
-            reaper.reap();
+            behind = !reaper.reap();
         }
         if call {
             if let Some(statfs) = &statfs {

@@ -16,9 +16,11 @@ struct Waiters {
     by_pid: HashMap<i32, Sender<ExitStatus>>,
 }
 
-/// Reaps children on a thread of its own.
+/// Reaps children, on a thread of its own or when its owner says.
 pub struct Reaper {
     waiters: Arc<(Mutex<Waiters>, Condvar)>,
+    /// Statuses reaped while a spawn held the waiters (driven reaping only).
+    undelivered: Mutex<Vec<WaitStatus>>,
 }
 
 impl Reaper {
@@ -32,17 +34,30 @@ impl Reaper {
 
     /// Reaps when its owner calls [`Reaper::reap`] (on SIGCHLD): no thread.
     pub fn driven() -> Self {
-        Self { waiters: Arc::new((Mutex::new(Waiters::default()), Condvar::new())) }
+        Self { waiters: Arc::new((Mutex::new(Waiters::default()), Condvar::new())), undelivered: Mutex::default() }
     }
 
-    /// Reaps every child that has ended, without waiting for more.
-    pub fn reap(&self) {
+    /// Reaps every child that has ended, without waiting for more, and hands
+    /// each status to its waiter. Never waits for the waiters' lock (a spawn
+    /// holds it until its child has exec'd, which a stopped child never
+    /// does): `false` if statuses wait for it, to be tried again soon.
+    pub fn reap(&self) -> bool {
+        let mut undelivered = lock_ignoring_poison(&self.undelivered);
         while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             if status == WaitStatus::StillAlive {
-                return;
+                break;
             }
-            deliver(&self.waiters.0, status);
+            undelivered.push(status);
         }
+        let mut waiters = match self.waiters.0.try_lock() {
+            Ok(waiters) => waiters,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return undelivered.is_empty(),
+        };
+        for status in undelivered.drain(..) {
+            deliver(&mut waiters, status);
+        }
+        true
     }
 
     /// Runs `spawn` (which forks) with the waiter table locked, so that the child's
@@ -66,7 +81,7 @@ fn reap_forever(waiters: &(Mutex<Waiters>, Condvar)) {
     let (lock, wake) = waiters;
     loop {
         match waitpid(Pid::from_raw(-1), None) {
-            Ok(status) => deliver(lock, status),
+            Ok(status) => deliver(&mut lock_ignoring_poison(lock), status),
             Err(Errno::EINTR) => {}
             Err(_) => {
                 // No children at all: sleep until a spawn (or a while) passes.
@@ -78,14 +93,14 @@ fn reap_forever(waiters: &(Mutex<Waiters>, Condvar)) {
 }
 
 /// Hands an ended child's status to whoever waits for it.
-fn deliver(lock: &Mutex<Waiters>, status: WaitStatus) {
+fn deliver(waiters: &mut Waiters, status: WaitStatus) {
     let (pid, status) = match status {
         WaitStatus::Exited(pid, code) => (pid, ExitStatus::Code(code)),
         WaitStatus::Signaled(pid, sig, core_dumped) => (pid, ExitStatus::Signal { signo: sig as i32, core_dumped }),
         _ => return,
     };
     // Orphans reparented to PID 1 have no waiter; reaping them is the point.
-    if let Some(tx) = lock_ignoring_poison(lock).by_pid.remove(&pid.as_raw()) {
+    if let Some(tx) = waiters.by_pid.remove(&pid.as_raw()) {
         let _ = tx.send(status);
     }
 }

@@ -95,6 +95,9 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
                 libc::write(adj, c"500".as_ptr().cast(), 3);
                 libc::close(adj);
             }
+            // Nothing of the agent's above stdio survives exec, whatever a
+            // caller forgot to mark (the error pipe is already close-on-exec).
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
             libc::syscall(
                 libc::SYS_rt_sigprocmask,
                 libc::SIG_SETMASK,

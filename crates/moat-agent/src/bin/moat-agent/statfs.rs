@@ -45,6 +45,9 @@ impl Statfs {
         // this process uses it; it stays open for the life of the process.
         let listener = unsafe { BorrowedFd::borrow_raw(LISTENER_FD) };
         nix::fcntl::fcntl(listener, nix::fcntl::FcntlArg::F_GETFD).ok()?;
+        // What the box runs must not hold it: it could take PID 1's calls
+        // (stalling its loop) or answer root's statfs, or put descriptors into it.
+        nix::fcntl::fcntl(listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC)).ok()?;
         let root_dev = std::fs::metadata("/").ok()?.dev();
         Some(Self { listener, root_dev })
     }
