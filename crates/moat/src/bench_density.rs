@@ -87,7 +87,7 @@ impl Meminfo {
     /// Settled: the page cache and slabs the last work left dropped first
     /// (what is reclaimable is not a box's cost).
     fn settled() -> Result<Self> {
-        // SAFETY-free: a write to procfs; failure leaves the cache as it is.
+        // Failing, it leaves the cache as it is (the figures then count it).
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
         std::thread::sleep(Duration::from_millis(500));
         Self::read()

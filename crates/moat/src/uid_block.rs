@@ -51,8 +51,13 @@ pub fn claim(state_dir: &Path, in_use: &[u32]) -> Result<Claim> {
 pub fn release(state_dir: &Path) {
     let registry = Path::new(REGISTRY);
     let Ok(me) = fs::canonicalize(state_dir) else { return };
-    for block in remembered(state_dir) {
-        if holder(registry, block).as_deref() == Some(me.as_path()) {
+    give_back(registry, &me, remembered(state_dir));
+}
+
+/// Removes the registry's entries of `blocks` that name `me`.
+fn give_back(registry: &Path, me: &Path, blocks: impl IntoIterator<Item = u32>) {
+    for block in blocks {
+        if holder(registry, block).as_deref() == Some(me) {
             let _ = fs::remove_file(entry(registry, block));
         }
     }
@@ -149,11 +154,7 @@ fn claim_in(registry: &Path, state_dir: &Path, in_use: &[u32], in_use_by: fn(u32
         claim.take(block)?;
     }
     // Blocks remembered but no longer needed go back to the registry.
-    for block in before.into_iter().filter(|b| !claim.blocks.contains(b)) {
-        if holder(registry, block).as_deref() == Some(claim.me.as_path()) {
-            let _ = fs::remove_file(entry(registry, block));
-        }
-    }
+    give_back(registry, &claim.me, before.into_iter().filter(|b| !claim.blocks.contains(b)));
     Ok(claim)
 }
 

@@ -256,17 +256,20 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     let owner = format!("uid={0},gid={0}", plan.uid_base);
     mount(Some("tmpfs"), "dev", Some("tmpfs"), MsFlags::empty(), Some(format!("mode=755,{owner}").as_str()))
         .context(|| "mount the box's tmpfs".into())?;
-    let box_owned = |dir: &str, mode: u32| -> io::Result<()> {
-        std::fs::create_dir(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
-        let id = Some(Uid::from_raw(plan.uid_base));
-        nix::unistd::chown(dir, id, Some(Gid::from_raw(plan.uid_base))).map_err(io::Error::from)
+    // A directory of `mode`, the box root's where `box_owned`.
+    let dir = |path: &str, mode: u32, box_owned: bool| -> io::Result<()> {
+        std::fs::create_dir(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        if box_owned {
+            let (uid, gid) = (Uid::from_raw(plan.uid_base), Gid::from_raw(plan.uid_base));
+            nix::unistd::chown(path, Some(uid), Some(gid))?;
+        }
+        Ok(())
     };
     // The mask is root's (the host's): the box cannot write into it.
-    std::fs::create_dir("dev/.mask")?;
-    std::fs::set_permissions("dev/.mask", std::fs::Permissions::from_mode(0o555))?;
-    box_owned("dev/.run", 0o755)?;
-    box_owned("dev/.dev", 0o755)?;
+    dir("dev/.mask", 0o555, false)?;
+    dir("dev/.run", 0o755, true)?;
+    dir("dev/.dev", 0o755, true)?;
     for dir in MASKED_SYS {
         let target = Path::new("sys").join(dir);
         if target.is_dir() {
@@ -295,7 +298,7 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     let devpts = format!("newinstance,ptmxmode=0666,mode=0620,gid={},max={}", plan.devpts_gid, super::plan::MAX_PTYS);
     mount(Some("devpts"), "dev/pts", Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(devpts.as_str()))
         .context(|| "mount /dev/pts".into())?;
-    box_owned("dev/shm", 0o1777)?;
+    dir("dev/shm", 0o1777, true)?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
