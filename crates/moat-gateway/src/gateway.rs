@@ -25,12 +25,30 @@ struct Attached {
     tasks: Vec<JoinHandle<()>>,
 }
 
-impl Drop for Attached {
-    fn drop(&mut self) {
+impl Attached {
+    /// Serves the box on `sockets` too.
+    fn listen(&mut self, roles: Vec<Role>, sockets: Vec<OwnedFd>) -> std::io::Result<()> {
+        if roles.len() != sockets.len() {
+            return Err(std::io::Error::other("sockets and roles differ in number"));
+        }
+        for (role, fd) in roles.into_iter().zip(sockets) {
+            self.tasks.push(spawn_listener(&self.net, role, fd)?);
+        }
+        Ok(())
+    }
+
+    /// Ends the box's connections and closes its sockets.
+    fn close(&mut self) {
         self.net.cut();
-        for task in &self.tasks {
+        for task in self.tasks.drain(..) {
             task.abort();
         }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -69,9 +87,6 @@ impl Gateway {
         let mut boxes = self.boxes.lock().unwrap_or_else(PoisonError::into_inner);
         match msg {
             ToGateway::Attach { box_id, policy, ca_key, roles } => {
-                if roles.len() != fds.len() {
-                    return Err(std::io::Error::other("attach: sockets and roles differ in number"));
-                }
                 // Without its CA a box still gets everything but the hosts
                 // whose rules need HTTPS looked inside.
                 let tls = ca_key.map(|key| LeafSigner::new(&key.0).and_then(intercept::box_config)).transpose();
@@ -88,12 +103,15 @@ impl Gateway {
                     Arc::clone(&self.asker),
                     Arc::clone(&self.registries),
                 );
-                let mut tasks = Vec::new();
-                for (role, fd) in roles.into_iter().zip(fds) {
-                    tasks.push(spawn_listener(&net, role, fd)?);
-                }
+                let mut attached = Attached { net, tasks: Vec::new() };
+                attached.listen(roles, fds).map_err(|e| std::io::Error::new(e.kind(), format!("attach: {e}")))?;
                 // A box attached again (a gateway restart, a reboot) replaces the old.
-                boxes.insert(box_id, Attached { net, tasks });
+                boxes.insert(box_id, attached);
+            }
+            ToGateway::Listen { box_id, roles } => {
+                if let Some(b) = boxes.get_mut(&box_id) {
+                    b.listen(roles, fds).map_err(|e| std::io::Error::new(e.kind(), format!("listen: {e}")))?;
+                }
             }
             ToGateway::Policy { box_id, policy } => {
                 if let Some(b) = boxes.get(&box_id) {
@@ -105,9 +123,9 @@ impl Gateway {
                     b.net.set_secrets(secrets, &self.meters);
                 }
             }
-            ToGateway::Cut { box_id } => {
-                if let Some(b) = boxes.get(&box_id) {
-                    b.net.cut();
+            ToGateway::Suspend { box_id } => {
+                if let Some(b) = boxes.get_mut(&box_id) {
+                    b.close();
                 }
             }
             ToGateway::Detach { box_id } => {

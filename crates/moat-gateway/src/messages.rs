@@ -27,7 +27,8 @@ pub struct GatewayHello {
     pub upstream_roots: String,
 }
 
-/// What a listener handed over with [`ToGateway::Attach`] is for (both
+/// What a listener handed over with [`ToGateway::Attach`] or
+/// [`ToGateway::Listen`] is for (both
 /// sides of the trust line agree on it: see `moat_core::egress`).
 pub use moat_core::egress::Role;
 
@@ -60,10 +61,19 @@ pub enum ToGateway {
         /// The secrets.
         secrets: Vec<BoxSecret>,
     },
-    /// End a box's open connections (it was suspended).
-    Cut {
+    /// A box was suspended: end its open connections and close its sockets
+    /// (it sends nothing until it resumes, and gets new ones then).
+    Suspend {
         /// The box.
         box_id: BoxId,
+    },
+    /// Serve an attached box (just resumed) on the attached sockets, one per
+    /// role listed, in order.
+    Listen {
+        /// The box.
+        box_id: BoxId,
+        /// What each attached socket is.
+        roles: Vec<Role>,
     },
     /// Stop serving a box and close its sockets.
     Detach {
@@ -130,7 +140,7 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<FromGateway>(&bad).is_err(), "{bad}");
         }
-        assert!(serde_json::from_str::<ToGateway>(r#"{"cut":{"box_id":"0123abcd"}}"#).is_ok());
-        assert!(serde_json::from_str::<ToGateway>(r#"{"cut":{"box_id":"not hex"}}"#).is_err());
+        assert!(serde_json::from_str::<ToGateway>(r#"{"suspend":{"box_id":"0123abcd"}}"#).is_ok());
+        assert!(serde_json::from_str::<ToGateway>(r#"{"suspend":{"box_id":"not hex"}}"#).is_err());
     }
 }

@@ -2,8 +2,11 @@
 //! gateway listeners made inside its network namespace
 //! ([`moat_box::host::egress`]), keeps them (so a restarted gateway gets the
 //! same sockets, and connections waiting in their backlogs survive), and runs
-//! the gateway process, confined like the front door, to serve them. While the gateway is down a box's connections wait unanswered
-//! and its DNS queries go unanswered: nothing gets out (fail closed).
+//! the gateway process, confined like the front door, to serve them. While
+//! the gateway is down a box's connections wait unanswered and its DNS
+//! queries go unanswered: nothing gets out (fail closed). A suspended box has
+//! no listeners: they are closed as it freezes and made again before it
+//! thaws.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -26,8 +29,14 @@ type Outgoing = (ToGateway, Vec<OwnedFd>);
 struct Attachment {
     /// The box's PID 1 on the host (what it runs is shown with questions).
     pid: u32,
+    /// Its network namespace, where its sockets are made.
+    netns: PathBuf,
     policy: Policy,
     ca_key: Option<CaKey>,
+    /// Empty while it is suspended: a frozen box sends nothing, and ten
+    /// thousand suspended boxes would otherwise hold seven descriptors each
+    /// here and in the gateway (made again as it resumes, in well under a
+    /// millisecond).
     sockets: Vec<(Role, OwnedFd)>,
     /// Its secrets, opened (only ever sent to the gateway).
     secrets: Vec<BoxSecret>,
@@ -42,13 +51,25 @@ impl Attachment {
     }
 
     fn message(&self, id: &BoxId) -> Option<Outgoing> {
-        let fds: std::io::Result<Vec<OwnedFd>> = self.sockets.iter().map(|(_, fd)| fd.try_clone()).collect();
-        let fds = fds.inspect_err(|e| tracing::error!(box_id = %id, error = %e, "cannot pass a box's sockets")).ok()?;
-        let roles = self.sockets.iter().map(|(role, _)| *role).collect();
+        let (roles, fds) = self.to_pass(id)?;
         let attach =
             ToGateway::Attach { box_id: id.clone(), policy: self.policy.clone(), ca_key: self.ca_key.clone(), roles };
         Some((attach, fds))
     }
+
+    /// Its sockets' roles, and copies of the sockets to pass.
+    fn to_pass(&self, id: &BoxId) -> Option<(Vec<Role>, Vec<OwnedFd>)> {
+        let fds: std::io::Result<Vec<OwnedFd>> = self.sockets.iter().map(|(_, fd)| fd.try_clone()).collect();
+        let fds = fds.inspect_err(|e| tracing::error!(box_id = %id, error = %e, "cannot pass a box's sockets")).ok()?;
+        Some((self.sockets.iter().map(|(role, _)| *role).collect(), fds))
+    }
+}
+
+/// Box `id`'s gateway sockets, made in its network namespace `netns`.
+fn make_sockets(id: &BoxId, netns: &std::path::Path) -> Option<Vec<(Role, OwnedFd)>> {
+    listeners_when_free(netns)
+        .inspect_err(|e| tracing::error!(box_id = %id, error = %e, "no gateway for this box: it reaches nothing"))
+        .ok()
 }
 
 #[derive(Default)]
@@ -74,18 +95,10 @@ impl Egress {
             let _ = link.send(msg);
         }
     }
-}
 
-impl moat_core::NetworkHooks for Egress {
-    fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
+    /// Keeps what serving box `rec` takes, and hands it to the gateway.
+    fn attach(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy, sockets: Vec<(Role, OwnedFd)>) {
         let NetAttach::Netns(netns) = &handle.network;
-        let sockets = match listeners_when_free(netns) {
-            Ok(sockets) => sockets,
-            Err(e) => {
-                tracing::error!(box_id = %rec.id, error = %e, "no gateway for this box: it reaches nothing");
-                return;
-            }
-        };
         let ca_key = handle.ca_key.as_ref().and_then(|path| {
             std::fs::read_to_string(path)
                 .inspect_err(|e| tracing::error!(box_id = %rec.id, error = %e, "cannot read the box's CA key"))
@@ -93,6 +106,7 @@ impl moat_core::NetworkHooks for Egress {
         });
         let attachment = Attachment {
             pid: handle.pid,
+            netns: netns.clone(),
             policy: policy.clone(),
             ca_key: ca_key.map(CaKey),
             sockets,
@@ -104,9 +118,39 @@ impl moat_core::NetworkHooks for Egress {
         }
         state.boxes.insert(rec.id.clone(), attachment);
     }
+}
+
+impl moat_core::NetworkHooks for Egress {
+    fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
+        let NetAttach::Netns(netns) = &handle.network;
+        if let Some(sockets) = make_sockets(&rec.id, netns) {
+            self.attach(rec, handle, policy, sockets);
+        }
+    }
+
+    fn up_suspended(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
+        self.attach(rec, handle, policy, Vec::new());
+    }
 
     fn suspended(&self, id: &BoxId) {
-        Self::tell(&self.state(), (ToGateway::Cut { box_id: id.clone() }, Vec::new()));
+        let mut state = self.state();
+        if let Some(a) = state.boxes.get_mut(id) {
+            a.sockets.clear();
+        }
+        Self::tell(&state, (ToGateway::Suspend { box_id: id.clone() }, Vec::new()));
+    }
+
+    fn resuming(&self, id: &BoxId) {
+        // Made unlocked: entering a namespace takes a thread. The box's own
+        // lock keeps its other hooks away meanwhile.
+        let Some(netns) = self.state().boxes.get(id).map(|a| a.netns.clone()) else { return };
+        let Some(sockets) = make_sockets(id, &netns) else { return };
+        let mut state = self.state();
+        let Some(a) = state.boxes.get_mut(id) else { return };
+        a.sockets = sockets;
+        if let Some((roles, fds)) = a.to_pass(id) {
+            Self::tell(&state, (ToGateway::Listen { box_id: id.clone(), roles }, fds));
+        }
     }
 
     fn down(&self, id: &BoxId) {

@@ -6,20 +6,25 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moat_core::egress::{Role, DNS_PORT, PROXY_PORT};
 
-/// As [`listeners_in`], waiting up to a second for a gateway of a daemon
-/// that just exited to let go of the ports.
+/// As [`listeners_in`], waiting up to a second for the ports to be let go
+/// of: by the gateway of a daemon that just exited, or by the gateway still
+/// closing what the box had before it was suspended a moment ago.
 pub fn listeners_when_free(netns: &Path) -> io::Result<Vec<(Role, OwnedFd)>> {
-    for _ in 0..20 {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut pause = Duration::from_millis(1);
+    loop {
         match listeners_in(netns) {
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
             other => return other,
         }
     }
-    listeners_in(netns)
 }
 
 /// The gateway's listeners in the box's network namespace at `netns`: DNS

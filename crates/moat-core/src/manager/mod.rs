@@ -599,7 +599,7 @@ impl BoxManager {
         self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(handle.pid)))?;
         rec.state = BoxState::Running;
         rec.pid = Some(handle.pid);
-        self.network_up(&rec, &handle);
+        self.network_up(&rec, &handle, false);
         self.tell_service(&rec).await;
         self.schedule_idle(&rec.id);
         Ok(rec)
@@ -654,7 +654,7 @@ impl BoxManager {
                         .await?;
                     let running = handle.is_some();
                     if let Some(handle) = &handle {
-                        self.network_up(&rec, handle);
+                        self.network_up(&rec, handle, false);
                     }
                     let state = if running { BoxState::Running } else { BoxState::Stopped };
                     if state != rec.state {
@@ -672,7 +672,7 @@ impl BoxManager {
                     // resume finds its gateway there.
                     let r = rec.clone();
                     if let Some(handle) = self.blocking(move |b| b.handle(&r)).await? {
-                        self.network_up(&rec, &handle);
+                        self.network_up(&rec, &handle, true);
                     }
                 }
             }

@@ -15,11 +15,20 @@ use crate::record::BoxRecord;
 /// cannot fail the lifecycle: a box whose egress cannot be served reaches
 /// nothing, which is safe.
 pub trait NetworkHooks: Send + Sync {
-    /// The box runs (booted, or found running or suspended at daemon start)
-    /// with this policy; its network is at `handle.network`.
+    /// The box runs (booted, or found running at daemon start) with this
+    /// policy; its network is at `handle.network`.
     fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy);
-    /// The box was suspended: its open connections should end.
+    /// As [`up`](Self::up), for a box found suspended at daemon start: it
+    /// needs serving only once it resumes.
+    fn up_suspended(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
+        self.up(rec, handle, policy);
+        self.suspended(&rec.id);
+    }
+    /// The box was suspended: its open connections should end, and it needs
+    /// nothing held for it until it resumes (a frozen box sends nothing).
     fn suspended(&self, id: &BoxId);
+    /// The suspended box is about to thaw: what serves it must be back first.
+    fn resuming(&self, _id: &BoxId) {}
     /// The box's processes ended (stopped or removed).
     fn down(&self, id: &BoxId);
     /// The box's policy changed.
@@ -45,11 +54,14 @@ impl BoxManager {
         }
     }
 
-    pub(super) fn network_up(&self, rec: &BoxRecord, handle: &BoxHandle) {
+    /// Tells the hooks box `rec` is up at `handle` (`suspended`: found so at
+    /// daemon start).
+    pub(super) fn network_up(&self, rec: &BoxRecord, handle: &BoxHandle, suspended: bool) {
         if self.network.get().is_none() {
             return;
         }
         match self.db(|s| s.policy(&rec.id)) {
+            Ok(policy) if suspended => self.tell_network(|hooks| hooks.up_suspended(rec, handle, &policy)),
             Ok(policy) => self.tell_network(|hooks| hooks.up(rec, handle, &policy)),
             Err(e) => tracing::error!(box_id = %rec.id, error = %e, "cannot read the box's policy; it reaches nothing"),
         }

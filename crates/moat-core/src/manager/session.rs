@@ -68,6 +68,7 @@ impl BoxManager {
             let started = std::time::Instant::now();
             self.meter_box(rec).await?;
             let metered = started.elapsed();
+            self.tell_network(|hooks| hooks.resuming(&rec.id));
             let r = rec.clone();
             self.blocking(move |b| b.thaw(&r)).await??;
             let thawed = started.elapsed();
@@ -85,7 +86,7 @@ impl BoxManager {
         let r = rec.clone();
         let handle = self.blocking(move |b| b.start(&r)).await??;
         self.db(|s| s.set_state(&rec.id, BoxState::Running, Some(handle.pid)))?;
-        self.network_up(rec, &handle);
+        self.network_up(rec, &handle, false);
         self.tell_service(rec).await;
         // The new cgroup's CPU counter starts from zero.
         self.db(|s| s.reset_meter_cpu(&rec.id))?;

@@ -285,7 +285,8 @@ async fn a_copied_machine_waits_suspended_for_its_first_session() {
     let (handle, _session) = f.manager.open_session(&f.alice, &name("try")).await.unwrap();
     assert!(f.backend.is_running(&copy));
     assert_eq!(f.manager.get(&f.alice, &name("try")).unwrap().pid, Some(handle.pid));
-    assert_eq!(net.take(), ["up try 0", "secrets []"]);
+    // Resuming, it has nothing attached yet: it is attached as it boots.
+    assert_eq!(net.take(), ["resuming", "up try 0", "secrets []"]);
 }
 
 #[tokio::test]
@@ -438,8 +439,14 @@ impl NetworkHooks for NetLog {
     fn up(&self, rec: &BoxRecord, _: &BoxHandle, policy: &Policy) {
         self.push(format!("up {} {}", rec.name, policy.allow.len()));
     }
+    fn up_suspended(&self, rec: &BoxRecord, _: &BoxHandle, policy: &Policy) {
+        self.push(format!("up suspended {} {}", rec.name, policy.allow.len()));
+    }
     fn suspended(&self, _: &BoxId) {
         self.push("suspended".into());
+    }
+    fn resuming(&self, _: &BoxId) {
+        self.push("resuming".into());
     }
     fn down(&self, _: &BoxId) {
         self.push("down".into());
@@ -493,6 +500,16 @@ async fn the_network_follows_the_lifecycle_and_dup_keeps_the_policy() {
     f.manager.start(&f.alice, &name("web")).await.unwrap();
     f.manager.remove(&f.alice, &name("web")).await.unwrap();
     assert_eq!(net.take(), ["suspended", "down", "up web 1", "secrets []", "down"]);
+    // A resume gets the box served again before it thaws; a box found
+    // suspended at daemon start is attached to be served once it resumes.
+    f.manager.suspend(&f.alice, &name("try")).await.unwrap();
+    f.manager.start(&f.alice, &name("try")).await.unwrap();
+    f.manager.suspend(&f.alice, &name("try")).await.unwrap();
+    assert_eq!(net.take(), ["suspended", "resuming", "suspended"]);
+    let again = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), ManagerConfig::default());
+    again.set_network_hooks(net.clone());
+    again.recover().await.unwrap();
+    assert_eq!(net.take(), ["up suspended try 1", "secrets []"]);
 }
 
 #[tokio::test]

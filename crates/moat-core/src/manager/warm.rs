@@ -110,7 +110,7 @@ impl BoxManager {
             })
             .await??;
         let rec = self.db(|s| s.adopt(&warm.id, account, &spec.name, now(), &spec.policy, warm.pid))?;
-        self.network_up(&rec, &handle);
+        self.network_up(&rec, &handle, false);
         self.schedule_idle(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, pid = ?rec.pid, "box created (warm)");
         Ok(rec)

@@ -584,7 +584,57 @@ pub fn gateway_is_unprivileged_and_fails_closed(env: &Env) {
     // So does a running box after a daemon restart.
     daemon.restart();
     wait_for_egress(|| fetch(&daemon).status == Some(0));
+
+    // A suspended box has no listener left (nothing, daemon or gateway,
+    // holds one of its sockets), and has them again before it thaws: its
+    // first command gets out, after a gateway restart and a daemon restart
+    // too (which find the box suspended).
+    let info = ssh(&daemon, None, &["info", "gw", "--json"]).ok().stdout;
+    let id = serde_json::from_str::<serde_json::Value>(&info).unwrap()["id"].as_str().unwrap().to_string();
+    let pid = crate::isolation::first_pid(&id);
+    assert!(gateway_listeners(pid) >= 3, "a running box has the gateway's listeners");
+    let suspend = |d: &Daemon| {
+        ssh(d, None, &["suspend", "gw"]).ok();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while gateway_listeners(pid) > 0 {
+            assert!(Instant::now() < deadline, "a suspended box still has {} listeners", gateway_listeners(pid));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    suspend(&daemon);
+    assert_eq!(fetch(&daemon).ok().stdout, "GET /through host=web.test body=0\n");
+    suspend(&daemon);
+    let gateway = gateway_pid(&daemon);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(gateway as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    while gateway_pid(&daemon) == gateway {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(fetch(&daemon).ok().stdout, "GET /through host=web.test body=0\n");
+    suspend(&daemon);
+    daemon.restart();
+    assert_eq!(gateway_listeners(pid), 0, "a box found suspended at start got listeners");
+    assert_eq!(fetch(&daemon).ok().stdout, "GET /through host=web.test body=0\n");
     daemon.purge();
+}
+
+/// How many of the gateway's listeners (DNS over UDP and TCP, the proxy)
+/// are bound in the network namespace of process `pid`.
+fn gateway_listeners(pid: u32) -> usize {
+    let ports = [moat_core::egress::DNS_PORT, moat_core::egress::PROXY_PORT].map(|p| format!(":{p:04X}"));
+    let mut bound = 0;
+    for table in ["tcp", "tcp6", "udp", "udp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state)) = (fields.get(1), fields.get(3)) else { continue };
+            // A TCP socket that listens (0A), or any bound UDP one.
+            let listens = table.starts_with("udp") || *state == "0A";
+            if listens && ports.iter().any(|p| local.ends_with(p.as_str())) {
+                bound += 1;
+            }
+        }
+    }
+    bound
 }
 
 pub(crate) fn wait_for_egress(works: impl Fn() -> bool) {

@@ -375,6 +375,12 @@ pub fn two_servers_never_share_host_uids(env: &Env) {
 }
 
 /// The host pid of box `name`'s PID 1 (its agent).
+/// A process of box `id` (its network namespace is the box's).
+pub(crate) fn first_pid(id: &str) -> u32 {
+    let procs = std::fs::read_to_string(box_cgroup(id, "pids").join("cgroup.procs")).unwrap();
+    procs.lines().next().unwrap_or_else(|| panic!("box {id} has no process")).parse().unwrap()
+}
+
 fn agent_pid(env: &Env, name: &str) -> u32 {
     let dir = box_cgroup(&box_id(env, name), "pids");
     let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
