@@ -20,6 +20,7 @@ packages=(
   postgresql                      # PostgreSQL 15: the store's tests on its second engine (a private cluster, no service)
   chromium chromium-driver        # the web URL tests' browser (headless, driven through chromedriver)
   nginx-light wrk                 # moat bench --http: the reverse proxy it is measured against, and the load
+  libnginx-mod-stream haproxy     # moat bench --proxies: the proxies the gateway is measured against
   docker-registry apache2-utils   # image pulls' tests: a real OCI registry (no service started), htpasswd
   umoci skopeo libcap2-bin        # the images those tests make and push, with a file capability (setcap)
 )

@@ -581,7 +581,7 @@ async fn run(
         Op::Whoami => Reply::Whoami(Whoami {
             account: account.clone(),
             fingerprint: account.0.clone(),
-            boxes: m.list(account)?.len(),
+            boxes: m.count(account)?,
             limits: AccountLimits::from(m.config()),
         }),
         Op::Expose { name, port, public } => {

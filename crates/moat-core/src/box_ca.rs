@@ -34,6 +34,29 @@ pub fn issuer(key_pem: &str) -> Result<Issuer<'static, KeyPair>, rcgen::Error> {
     Ok(Issuer::new(ca_params(CA_NAME), KeyPair::from_pem(key_pem)?))
 }
 
+/// A server certificate's parameters for host `name`, valid for two years,
+/// naming the key of the CA that signs it.
+pub fn leaf_params(name: &str) -> Result<CertificateParams, rcgen::Error> {
+    let mut params = CertificateParams::new(vec![name.to_string()])?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, name);
+    params.distinguished_name = dn;
+    valid_for(&mut params, 2);
+    params.use_authority_key_identifier_extension = true;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    Ok(params)
+}
+
+/// A server certificate for `name` and its own new key, as PEM, signed by
+/// the CA whose private key is `ca_key_pem` (for a server that reads both
+/// from files).
+pub fn leaf_pem(ca_key_pem: &str, name: &str) -> Result<(String, String), rcgen::Error> {
+    let key = KeyPair::generate()?;
+    let cert = leaf_params(name)?.signed_by(&key, &issuer(ca_key_pem)?)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
 /// Makes a certificate valid from the start of last year until the start of
 /// the year `years` from now.
 pub fn valid_for(params: &mut CertificateParams, years: i32) {
@@ -72,6 +95,8 @@ mod tests {
         let signer = issuer(&key).unwrap();
         assert!(signer.key().serialize_pem() == key, "the issuer signs with the CA's own key");
         assert!(issuer(&mint().unwrap().0).is_err(), "a certificate is no key");
-        assert_eq!(format!("{:?}", CaKey(key)), "CaKey(..)");
+        assert_eq!(format!("{:?}", CaKey(key.clone())), "CaKey(..)");
+        let (leaf, leaf_key) = leaf_pem(&key, "bench.test").unwrap();
+        assert!(leaf.starts_with("-----BEGIN CERTIFICATE-----") && leaf_key.contains("PRIVATE KEY"), "{leaf}");
     }
 }

@@ -108,6 +108,12 @@ pub struct BenchArgs {
     /// sandboxes, the daemon's RSS, `ls`, a restart, resumes, the first limit hit.
     #[arg(long, value_name = "N", conflicts_with_all = ["fleet", "http", "durable", "images", "packages"])]
     density: Option<usize>,
+    /// Measure the gateway against proxies instead: HTTPS downloads
+    /// (--egress-mib, --egress-runs) with TLS passed through and with TLS
+    /// ended and made again, against nginx's stream module and HAProxy doing
+    /// the same (each where installed); throughput and host CPU per GiB.
+    #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density"])]
+    proxies: bool,
 }
 
 /// Sorted samples of one measurement.
@@ -202,8 +208,15 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     // Polled by this thread (see `serve`: the gateway dies with the thread
     // that started it).
     let gateway = crate::gateway_supervisor::supervise(egress, gateway, Arc::clone(&manager));
+    let measured = async {
+        if args.proxies {
+            crate::bench_proxy_peer::measure(&manager, &net, dir, args.egress_runs, args.egress_mib).await
+        } else {
+            measure(args, &manager, &net).await
+        }
+    };
     tokio::select! {
-        r = measure(args, &manager, &net) => r,
+        r = measured => r,
         () = gateway => bail!("the gateway supervisor ended"),
     }
 }

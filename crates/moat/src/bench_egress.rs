@@ -425,19 +425,27 @@ pub struct Side {
     pub roots: String,
     /// A header every request carries.
     pub header: Option<String>,
+    /// Where it connects, if not to the address its resolver gives.
+    pub to: Option<Ipv4Addr>,
 }
 
 impl Side {
     /// The client of the test internet itself.
     pub fn direct(net: &BenchNet) -> Self {
-        Self { netns: net.path(), resolver: SocketAddr::from((SERVER, 53)), roots: net.ca.clone(), header: None }
+        Self {
+            netns: net.path(),
+            resolver: SocketAddr::from((SERVER, 53)),
+            roots: net.ca.clone(),
+            header: None,
+            to: None,
+        }
     }
 
     /// A box's client: its namespace, its gateway, its trust bundle.
     pub fn boxed(netns: &Path, box_root: &Path, net: &BenchNet) -> Result<Self> {
         let ca = std::fs::read_to_string(box_root.join("etc/moat/ca.pem")).context("the box's CA")?;
         let resolver = SocketAddr::from((Ipv4Addr::LOCALHOST, moat_core::egress::DNS_PORT));
-        Ok(Self { netns: netns.to_path_buf(), resolver, roots: format!("{}\n{ca}", net.ca), header: None })
+        Ok(Self { netns: netns.to_path_buf(), resolver, roots: format!("{}\n{ca}", net.ca), header: None, to: None })
     }
 
     /// The same client, sending the placeholder of secret [`SECRET`] that
@@ -459,6 +467,12 @@ impl Side {
     pub fn https(&self, n: usize) -> Result<Vec<Duration>> {
         let config = intercept::upstream_config(&self.roots).map_err(anyhow::Error::msg)?;
         self.fetches(n, Some(&config), 100)
+    }
+
+    /// Times `n` HTTPS downloads of `bytes` each.
+    pub fn https_download(&self, n: usize, bytes: u64) -> Result<Vec<Duration>> {
+        let config = intercept::upstream_config(&self.roots).map_err(anyhow::Error::msg)?;
+        self.fetches(n, Some(&config), bytes)
     }
 
     /// Times `n` plain HTTP downloads of `bytes` each.
@@ -484,7 +498,10 @@ impl Side {
     /// Times `n` requests for `size` bytes, each on a new connection.
     fn fetches(&self, n: usize, tls: Option<&Arc<rustls::ClientConfig>>, size: u64) -> Result<Vec<Duration>> {
         in_netns(&self.netns, || {
-            let (ip, _) = lookup(self.resolver)?;
+            let ip = match self.to {
+                Some(ip) => ip,
+                None => lookup(self.resolver)?.0,
+            };
             (0..n)
                 .map(|_| {
                     let t = Instant::now();

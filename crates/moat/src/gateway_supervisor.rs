@@ -38,6 +38,8 @@ struct Attachment {
     /// here and in the gateway (made again as it resumes, in well under a
     /// millisecond).
     sockets: Vec<(Role, OwnedFd)>,
+    /// Whether it runs (and so should have sockets).
+    running: bool,
     /// Its secrets, opened (only ever sent to the gateway).
     secrets: Vec<BoxSecret>,
 }
@@ -55,6 +57,15 @@ impl Attachment {
         let attach =
             ToGateway::Attach { box_id: id.clone(), policy: self.policy.clone(), ca_key: self.ca_key.clone(), roles };
         Some((attach, fds))
+    }
+
+    /// Makes the sockets of a running box that has none: a resume found its
+    /// ports still held by a gateway that never let them go (hung, and since
+    /// restarted).
+    fn make_missing_sockets(&mut self, id: &BoxId) {
+        if self.running && self.sockets.is_empty() {
+            self.sockets = make_sockets(id, &self.netns).unwrap_or_default();
+        }
     }
 
     /// Its sockets' roles, and copies of the sockets to pass.
@@ -97,7 +108,14 @@ impl Egress {
     }
 
     /// Keeps what serving box `rec` takes, and hands it to the gateway.
-    fn attach(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy, sockets: Vec<(Role, OwnedFd)>) {
+    fn attach(
+        &self,
+        rec: &BoxRecord,
+        handle: &BoxHandle,
+        policy: &Policy,
+        sockets: Vec<(Role, OwnedFd)>,
+        running: bool,
+    ) {
         let NetAttach::Netns(netns) = &handle.network;
         let ca_key = handle.ca_key.as_ref().and_then(|path| {
             std::fs::read_to_string(path)
@@ -110,6 +128,7 @@ impl Egress {
             policy: policy.clone(),
             ca_key: ca_key.map(CaKey),
             sockets,
+            running,
             secrets: Vec::new(),
         };
         let mut state = self.state();
@@ -124,18 +143,19 @@ impl moat_core::NetworkHooks for Egress {
     fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
         let NetAttach::Netns(netns) = &handle.network;
         if let Some(sockets) = make_sockets(&rec.id, netns) {
-            self.attach(rec, handle, policy, sockets);
+            self.attach(rec, handle, policy, sockets, true);
         }
     }
 
     fn up_suspended(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
-        self.attach(rec, handle, policy, Vec::new());
+        self.attach(rec, handle, policy, Vec::new(), false);
     }
 
     fn suspended(&self, id: &BoxId) {
         let mut state = self.state();
         if let Some(a) = state.boxes.get_mut(id) {
             a.sockets.clear();
+            a.running = false;
         }
         Self::tell(&state, (ToGateway::Suspend { box_id: id.clone() }, Vec::new()));
     }
@@ -144,9 +164,11 @@ impl moat_core::NetworkHooks for Egress {
         // Made unlocked: entering a namespace takes a thread. The box's own
         // lock keeps its other hooks away meanwhile.
         let Some(netns) = self.state().boxes.get(id).map(|a| a.netns.clone()) else { return };
-        let Some(sockets) = make_sockets(id, &netns) else { return };
+        let sockets = make_sockets(id, &netns);
         let mut state = self.state();
         let Some(a) = state.boxes.get_mut(id) else { return };
+        a.running = true;
+        let Some(sockets) = sockets else { return };
         a.sockets = sockets;
         if let Some((roles, fds)) = a.to_pass(id) {
             Self::tell(&state, (ToGateway::Listen { box_id: id.clone(), roles }, fds));
@@ -253,7 +275,8 @@ async fn run_once(egress: &Egress, config: &GatewayConfig, news: &News) -> Resul
     {
         // Under the lock: every box now, then every change after, in order.
         let mut state = egress.state();
-        for (id, attachment) in &state.boxes {
+        for (id, attachment) in &mut state.boxes {
+            attachment.make_missing_sockets(id);
             for msg in attachment.messages(id) {
                 let _ = tx.send(msg);
             }

@@ -12,6 +12,7 @@ mod bench_http;
 mod bench_images;
 mod bench_packages;
 mod bench_pg;
+mod bench_proxy_peer;
 mod bench_resume;
 mod bench_vm;
 mod doctor;

@@ -172,13 +172,13 @@ pub fn raise_fd_limit() {
         }
         // Raising a hard limit takes CAP_SYS_RESOURCE, which some roots lack
         // (containers, some VMs); a service manager can set it instead.
-        if hard < DESCRIPTORS_FOR_10K_BOXES && nix::unistd::geteuid().is_root() {
+        if hard < DESCRIPTORS_FOR_10K_RUNNING && nix::unistd::geteuid().is_root() {
             tracing::warn!(
                 limit = hard,
                 boxes = hard / DESCRIPTORS_PER_BOX,
-                "the open-file limit allows about this many boxes (the daemon and the gateway hold \
-                 {DESCRIPTORS_PER_BOX} of each box's sockets, with room for sessions); raise its hard \
-                 limit (LimitNOFILE= in a systemd unit) for more"
+                "the open-file limit allows about this many running boxes (the daemon and the gateway \
+                 hold {DESCRIPTORS_PER_BOX} of each running box's sockets, with room for sessions; a \
+                 suspended box holds none); raise its hard limit (LimitNOFILE= in a systemd unit) for more"
             );
         }
     }
@@ -188,13 +188,13 @@ pub fn raise_fd_limit() {
 /// The soft limit at most, where the hard limit could be raised.
 const SOFT_MOST: u64 = 1 << 20;
 
-/// Descriptors each box takes in the daemon and in the gateway: its seven
-/// sockets (DNS over UDP and TCP and the proxy, on IPv4 and IPv6, and its
-/// dropped-packet reports), and one to spare for its sessions.
+/// Descriptors each running box takes in the daemon and in the gateway: its
+/// seven sockets (DNS over UDP and TCP and the proxy, on IPv4 and IPv6, and
+/// its dropped-packet reports), and one to spare for its sessions.
 const DESCRIPTORS_PER_BOX: u64 = 8;
 
 /// Below this, the warning above.
-const DESCRIPTORS_FOR_10K_BOXES: u64 = 10_000 * DESCRIPTORS_PER_BOX;
+const DESCRIPTORS_FOR_10K_RUNNING: u64 = 10_000 * DESCRIPTORS_PER_BOX;
 
 /// What a confined child (the front door, the gateway) starts from: logging
 /// to stderr, its name in ps, no descriptor but stdin (its socket to us),

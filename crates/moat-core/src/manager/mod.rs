@@ -430,12 +430,13 @@ impl BoxManager {
         if limits.disk > max.disk {
             return over("--disk", crate::limits::format_size(max.disk));
         }
-        let boxes = self.db(|s| s.list(Some(account)))?;
-        if boxes.len() >= self.config.max_boxes {
-            return Err(ManagerError::TooManyBoxes(boxes.len()));
+        let (boxes, memory) = self.db(|s| s.account_totals(account))?;
+        let boxes = usize::try_from(boxes).unwrap_or(usize::MAX);
+        if boxes >= self.config.max_boxes {
+            return Err(ManagerError::TooManyBoxes(boxes));
         }
         use crate::limits::{format_measured, format_size};
-        let memory = boxes.iter().map(|b| b.limits.memory).fold(limits.memory, u64::saturating_add);
+        let memory = memory.saturating_add(limits.memory);
         if memory > self.config.max_memory_per_account {
             let (asked, max) = (format_size(memory), format_size(self.config.max_memory_per_account));
             return Err(ManagerError::MemoryBudget { asked, max });
@@ -467,6 +468,11 @@ impl BoxManager {
     /// The account's boxes.
     pub fn list(&self, account: &AccountId) -> Result<Vec<BoxRecord>, ManagerError> {
         Ok(self.db(|s| s.list(Some(account)))?)
+    }
+
+    /// How many boxes the account has.
+    pub fn count(&self, account: &AccountId) -> Result<usize, ManagerError> {
+        Ok(usize::try_from(self.db(|s| s.account_totals(account))?.0).unwrap_or(usize::MAX))
     }
 
     /// Makes sure `image` exists here: building it if moat knows how, or

@@ -69,13 +69,14 @@ impl BoxManager {
             self.meter_box(rec).await?;
             let metered = started.elapsed();
             self.tell_network(|hooks| hooks.resuming(&rec.id));
+            let listening = started.elapsed();
             let r = rec.clone();
             self.blocking(move |b| b.thaw(&r)).await??;
             let thawed = started.elapsed();
             self.db(|s| s.set_state(&rec.id, BoxState::Running, rec.pid))?;
             tracing::info!(
-                box_id = %rec.id, name = %rec.name, meter = ?metered, thaw = ?(thawed - metered),
-                store = ?(started.elapsed() - thawed), "box resumed"
+                box_id = %rec.id, name = %rec.name, meter = ?metered, listen = ?(listening - metered),
+                thaw = ?(thawed - listening), store = ?(started.elapsed() - thawed), "box resumed"
             );
         }
         let r = rec.clone();

@@ -364,6 +364,34 @@ async fn a_fleet_nodes_disk_budget_counts_the_other_nodes() {
 }
 
 #[tokio::test]
+async fn an_accounts_memory_budget_counts_its_boxes_limits_only() {
+    let f = fixture();
+    let config = ManagerConfig { max_memory_per_account: 3 << 30, ..ManagerConfig::default() };
+    let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
+    let spec = |n: &str, gib: u64| BoxSpec {
+        name: name(n),
+        image: name("busybox"),
+        limits: Limits { memory: gib << 30, ..Limits::default() },
+        policy: Policy::default(),
+        backend: None,
+        run: false,
+    };
+    let bob = AccountId("SHA256:bob".into());
+    m.create(&bob, spec("big", 3), Box::new(|_: &str| {})).await.unwrap();
+    for n in ["a", "b"] {
+        m.create(&f.alice, spec(n, 1), Box::new(|_: &str| {})).await.unwrap();
+    }
+    assert!(matches!(
+        m.create(&f.alice, spec("c", 2), Box::new(|_: &str| {})).await,
+        Err(ManagerError::MemoryBudget { .. })
+    ));
+    m.create(&f.alice, spec("c", 1), Box::new(|_: &str| {})).await.unwrap();
+    assert_eq!((m.count(&f.alice).unwrap(), m.count(&bob).unwrap()), (3, 1));
+    m.remove(&f.alice, &name("a")).await.unwrap();
+    assert_eq!(m.count(&f.alice).unwrap(), 2);
+}
+
+#[tokio::test]
 async fn quotas_and_limits() {
     let f = fixture();
     let config = ManagerConfig { max_boxes: 1, ..ManagerConfig::default() };

@@ -435,6 +435,16 @@ impl Store {
         self.query(&sql, &args![account.map(|a| a.0.as_str())])?.iter().map(from_row).collect()
     }
 
+    /// How many boxes `account` has, and the memory their limits add up to
+    /// (what a `new` is checked against: counted, not listed, so a create
+    /// does not read ten thousand rows).
+    pub fn account_totals(&self, account: &AccountId) -> Result<(u64, u64), StoreError> {
+        let sql =
+            "SELECT CAST(COUNT(*) AS BIGINT), CAST(COALESCE(SUM(memory), 0) AS BIGINT) FROM boxes WHERE account = ?1";
+        let row = self.query_row(sql, &args![account.0.as_str()])?;
+        row.map(|r| Ok((r.get::<u64>(0)?, r.get::<u64>(1)?))).transpose().map(Option::unwrap_or_default)
+    }
+
     /// Every account's boxes on this node (all of them on a single host), by name.
     pub fn list_here(&self) -> Result<Vec<BoxRecord>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM {FROM} WHERE b.node = ?1 ORDER BY b.name, b.account");
@@ -661,8 +671,12 @@ mod tests {
         assert_eq!((got.id, got.state, got.pid), (web.id.clone(), BoxState::Running, Some(42)));
         assert_eq!(store.list(Some(&alice)).unwrap().len(), 2);
         assert_eq!(store.list(None).unwrap().len(), 3);
+        let memory = Limits::default().memory;
+        assert_eq!(store.account_totals(&alice).unwrap(), (2, 2 * memory));
         store.delete(&web.id).unwrap();
         assert!(store.get(&alice, &names("web")).unwrap().is_none());
+        assert_eq!(store.account_totals(&alice).unwrap(), (1, memory));
+        assert_eq!(store.account_totals(&AccountId("SHA256:carol".into())).unwrap(), (0, 0));
     }
 
     fn dup_records_lineage_and_promote_swaps_names(db: &TestDb) {

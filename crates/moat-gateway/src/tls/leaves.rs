@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::box_ca;
 use moat_core::policy::HostName;
-use rcgen::{CertificateParams, DistinguishedName, DnType, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{Issuer, KeyPair};
 use rustls::crypto::ring::sign::any_ecdsa_type;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
@@ -44,14 +44,7 @@ impl LeafSigner {
         if let Some(leaf) = leaves.get(name) {
             return Ok(Arc::clone(leaf));
         }
-        let mut params = CertificateParams::new(vec![name.as_str().to_string()]).map_err(|e| e.to_string())?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, name.as_str());
-        params.distinguished_name = dn;
-        box_ca::valid_for(&mut params, 2);
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let params = box_ca::leaf_params(name.as_str()).map_err(|e| e.to_string())?;
         let cert = params.signed_by(&self.leaf_key, &self.issuer).map_err(|e| e.to_string())?;
         let chain: Vec<CertificateDer<'static>> = vec![cert.der().clone()];
         let leaf = Arc::new(CertifiedKey::new(chain, Arc::clone(&self.signing_key)));

@@ -610,6 +610,17 @@ pub fn gateway_is_unprivileged_and_fails_closed(env: &Env) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(fetch(&daemon).ok().stdout, "GET /through host=web.test body=0\n");
+    // Suspended and resumed while the gateway hangs (it never lets the old
+    // ports go): nothing gets out, and once the hung gateway is replaced,
+    // the box is served again.
+    let gateway = gateway_pid(&daemon);
+    let gateway_pid_t = nix::unistd::Pid::from_raw(gateway as i32);
+    nix::sys::signal::kill(gateway_pid_t, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    ssh(&daemon, None, &["suspend", "gw"]).ok();
+    let hung = fetch(&daemon);
+    nix::sys::signal::kill(gateway_pid_t, nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert_ne!(hung.status, Some(0), "a box got out while its gateway hung");
+    wait_for_egress(|| fetch(&daemon).status == Some(0));
     suspend(&daemon);
     daemon.restart();
     assert_eq!(gateway_listeners(pid), 0, "a box found suspended at start got listeners");
