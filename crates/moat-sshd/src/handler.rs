@@ -94,6 +94,7 @@ impl ConnHandler {
         match ChannelSlot::take(&self.channels) {
             Some(slot) => Some((ctx, slot, reply)),
             None => {
+                tracing::warn!(peer = ?self.peer, most = MAX_CHANNELS, "a channel refused: the connection has the most open");
                 reply.reject(ChannelOpenFailure::ResourceShortage).await;
                 None
             }

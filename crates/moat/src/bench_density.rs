@@ -362,7 +362,13 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
         parts("  of which the store's write", &|p| p[3]);
     }
     match first_failure {
-        Some((i, e)) => println!("\nfirst limit hit: `new {}` (box {} of {wanted}) failed: {e}", box_name(i), i + 1),
+        Some((i, e)) => {
+            println!("\nfirst limit hit: `new {}` (box {} of {wanted}) failed: {e}", box_name(i), i + 1);
+            // The client may say little (ssh's 255); the daemon says more.
+            let log = without_colours(&std::fs::read_to_string(server.dir.with_extension("log")).unwrap_or_default());
+            let said: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).collect();
+            println!("the daemon's last warnings:\n{}", said[said.len().saturating_sub(10)..].join("\n"));
+        }
         None => println!("\nno limit hit: all {wanted} boxes made"),
     }
     let verdict = |ok: bool| if ok { "met" } else { "**not met**" };

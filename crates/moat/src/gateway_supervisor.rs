@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use moat_box::host::egress::listeners_when_free;
+use moat_box::host::egress::{listeners_in, listeners_when_free};
 use moat_core::box_ca::CaKey;
 use moat_core::policy::Policy;
 use moat_core::secrets::BoxSecret;
@@ -59,13 +59,10 @@ impl Attachment {
         Some((attach, fds))
     }
 
-    /// Makes the sockets of a running box that has none: a resume found its
-    /// ports still held by a gateway that never let them go (hung, and since
-    /// restarted).
-    fn make_missing_sockets(&mut self, id: &BoxId) {
-        if self.running && self.sockets.is_empty() {
-            self.sockets = make_sockets(id, &self.netns).unwrap_or_default();
-        }
+    /// Runs without the sockets it should have: a resume found its ports
+    /// still held by a gateway slow to let go of them (or hung).
+    fn unserved(&self) -> bool {
+        self.running && self.sockets.is_empty()
     }
 
     /// Its sockets' roles, and copies of the sockets to pass.
@@ -104,6 +101,30 @@ impl Egress {
     fn tell(state: &State, msg: Outgoing) {
         if let Some(link) = &state.link {
             let _ = link.send(msg);
+        }
+    }
+
+    /// Makes the sockets of running boxes that have none, once their ports
+    /// are free, and hands them over (off this thread: entering a namespace
+    /// takes one of its own).
+    async fn serve_unserved(&self) {
+        let unserved: Vec<(BoxId, PathBuf)> = self
+            .state()
+            .boxes
+            .iter()
+            .filter(|(_, a)| a.unserved())
+            .map(|(id, a)| (id.clone(), a.netns.clone()))
+            .collect();
+        for (id, netns) in unserved {
+            let Ok(Ok(sockets)) = tokio::task::spawn_blocking(move || listeners_in(&netns)).await else { continue };
+            let mut state = self.state();
+            // Suspended or served meanwhile: these just close.
+            let Some(a) = state.boxes.get_mut(&id).filter(|a| a.unserved()) else { continue };
+            a.sockets = sockets;
+            if let Some((roles, fds)) = a.to_pass(&id) {
+                Self::tell(&state, (ToGateway::Listen { box_id: id.clone(), roles }, fds));
+            }
+            tracing::info!(box_id = %id, "the box's gateway sockets are made at last");
         }
     }
 
@@ -258,6 +279,9 @@ pub async fn supervise(egress: Arc<Egress>, config: GatewayConfig, manager: Arc<
     }
 }
 
+/// How often running boxes without their sockets are tried again.
+const UNSERVED_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the gateway says, on its way to the manager.
 type News = mpsc::UnboundedSender<FromGateway>;
 
@@ -275,8 +299,7 @@ async fn run_once(egress: &Egress, config: &GatewayConfig, news: &News) -> Resul
     {
         // Under the lock: every box now, then every change after, in order.
         let mut state = egress.state();
-        for (id, attachment) in &mut state.boxes {
-            attachment.make_missing_sockets(id);
+        for (id, attachment) in &state.boxes {
             for msg in attachment.messages(id) {
                 let _ = tx.send(msg);
             }
@@ -300,7 +323,15 @@ async fn run_once(egress: &Egress, config: &GatewayConfig, news: &News) -> Resul
         }
         anyhow::Ok(())
     };
+    let retry = async {
+        let mut every = tokio::time::interval(UNSERVED_RETRY);
+        loop {
+            every.tick().await;
+            egress.serve_unserved().await;
+        }
+    };
     tokio::select! {
+        () = retry => anyhow::bail!("the retries of unserved boxes ended"),
         status = child.wait() => Ok(status?),
         r = send => {
             r.context("talking to the gateway")?;

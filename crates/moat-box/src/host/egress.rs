@@ -44,14 +44,20 @@ pub fn listeners_in(netns: &Path) -> io::Result<Vec<(Role, OwnedFd)>> {
             })();
             match made {
                 Ok(sockets) => out.extend(sockets),
-                // A namespace without IPv6 has no IPv6 to serve.
-                Err(_) if !required => {}
+                // A namespace without IPv6 has no IPv6 to serve (a port
+                // still held is waited for, as on IPv4).
+                Err(e) if !required && e.kind() != io::ErrorKind::AddrInUse => {}
                 Err(e) => return Err(io::Error::new(e.kind(), format!("listen on {host} in the box: {e}"))),
             }
         }
         // Without it, dropped UDP and ICMP are still dropped, just not logged.
         match super::nflog::dropped_packets() {
             Ok(fd) => out.push((Role::Dropped, fd)),
+            // The log group is still bound by the socket being let go of
+            // (a suspended box's, the gateway closing it): waited for.
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
+                return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("dropped packets' log: {e}")))
+            }
             Err(e) => tracing::warn!(error = %e, "dropped UDP and ICMP will not be logged"),
         }
         Ok(out)

@@ -675,9 +675,20 @@ impl BoxManager {
                 }
                 BoxState::Suspended => {
                     // Its network namespace lives on, frozen: attach it so a
-                    // resume finds its gateway there.
+                    // resume finds its gateway there. Frozen again first: a
+                    // crash during its resume may have thawed it, and a
+                    // suspended box is served only once it resumes.
                     let r = rec.clone();
-                    if let Some(handle) = self.blocking(move |b| b.handle(&r)).await? {
+                    let handle = self
+                        .blocking(move |b| {
+                            let handle = b.handle(&r);
+                            if let Some(Err(e)) = handle.as_ref().map(|_| b.suspend(&r)) {
+                                tracing::warn!(box_id = %r.id, error = %e, "cannot freeze a suspended box again");
+                            }
+                            handle
+                        })
+                        .await?;
+                    if let Some(handle) = handle {
                         self.network_up(&rec, &handle, true);
                     }
                 }

@@ -116,8 +116,10 @@ pub async fn serve_tcp(net: Arc<BoxNet>, listener: TcpListener) {
         };
         let Ok(permit) = Arc::clone(&net.connections).try_acquire_owned() else { continue };
         let net = Arc::clone(&net);
+        // Subscribed before the task runs: a cut just after the accept
+        // ends this stream too.
+        let cut = net.on_cut();
         tokio::spawn(async move {
-            let cut = net.on_cut();
             tokio::select! {
                 _ = serve_stream(&net, stream) => {}
                 _ = cut => {}

@@ -46,6 +46,9 @@ pub async fn serve(net: Arc<BoxNet>, listener: TcpListener) {
             continue;
         };
         let net = Arc::clone(&net);
+        // Subscribed here, not in the task: a cut just after the accept
+        // ends this connection too.
+        let cut = net.on_cut();
         tokio::spawn(async move {
             let Some(dialled) = original_destination(&stream) else { return };
             let Ok(permit) = Arc::clone(&net.connections).try_acquire_owned() else {
@@ -54,7 +57,6 @@ pub async fn serve(net: Arc<BoxNet>, listener: TcpListener) {
                 net.log(e);
                 return;
             };
-            let cut = net.on_cut();
             tokio::select! {
                 _ = connection(&net, stream, dialled) => {}
                 _ = cut => {}
