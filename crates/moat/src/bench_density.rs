@@ -179,6 +179,10 @@ impl Master {
         let child = crate::bench::ssh_command(key, server.addr.port(), moat_core::ids::CONTROL_USER, &[])
             .args(["-N", "-o", "ControlMaster=yes", "-o"])
             .arg(format!("ControlPath={}", socket.display()))
+            // What it says (debug1, to a file) is the lead if a command on it fails.
+            .arg("-v")
+            .arg("-E")
+            .arg(socket.with_extension("log"))
             .stdin(Stdio::null())
             .spawn()
             .context("ssh (apt-get install openssh-client)")?;
@@ -236,7 +240,13 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
                         Err(e) => {
                             stop.store(true, Ordering::Relaxed);
                             let mut first = first_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                            first.get_or_insert((i, format!("{e:#}")));
+                            first.get_or_insert_with(|| {
+                                // What the control connection said just then is the lead.
+                                let said = std::fs::read_to_string(socket.with_extension("log")).unwrap_or_default();
+                                let lines: Vec<&str> = said.lines().collect();
+                                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                                (i, format!("{e:#}\nthe control connection's last words:\n{tail}"))
+                            });
                         }
                     }
                 }
