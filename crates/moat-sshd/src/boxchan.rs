@@ -181,10 +181,13 @@ fn winsize(cols: u32, rows: u32) -> WinSize {
     WinSize { cols: clamp(cols), rows: clamp(rows) }
 }
 
-/// Ends a channel with an exit status, as sshd does: EOF, status, close.
+/// Ends a channel with an exit status: status, EOF, close. The status goes
+/// first: a client that has sent its own EOF closes the channel once it sees
+/// ours (OpenSSH's does, over a ControlMaster connection often), and a
+/// status arriving after that close is dropped: the client exits 255.
 async fn finish(tx: &ChannelWriteHalf<Msg>, status: u32) {
-    let _ = tx.eof().await;
     let _ = tx.exit_status(status).await;
+    let _ = tx.eof().await;
     let _ = tx.close().await;
 }
 
@@ -384,9 +387,10 @@ async fn pump_output(
                 return finish(&tx, u32::try_from(code).unwrap_or(EXIT_MOAT_FAILED)).await;
             }
             Ok(Some(AgentMsg::Exit(ExitStatus::Signal { signo, core_dumped }))) => {
-                // As sshd: exit-signal instead of exit-status; the client exits 255.
-                let _ = tx.eof().await;
+                // As sshd: exit-signal instead of exit-status (the client
+                // exits 255), before EOF as in `finish`.
                 let _ = handle.exit_signal_request(id, sig(signo), core_dumped, String::new(), String::new()).await;
+                let _ = tx.eof().await;
                 let _ = tx.close().await;
                 return;
             }

@@ -74,8 +74,9 @@ pub fn unaccepted_env_still_runs_the_command(env: &Env) {
 }
 
 /// One ControlMaster connection runs 100 commands (each channel frees its
-/// slot when it closes), and a master with no open channel does not keep the
-/// box awake: it suspends, and the next command through the master resumes it.
+/// slot when it closes), then 400 four at a time, each with its own exit
+/// status; a master with no open channel does not keep the box awake: it
+/// suspends, and the next command through the master resumes it.
 pub fn controlmaster_100_commands_then_idle_suspends(env: &Env) {
     let name = unique("mux");
     env.new_box(&name, &["--idle", "2"]);
@@ -88,6 +89,26 @@ pub fn controlmaster_100_commands_then_idle_suspends(env: &Env) {
         let out = through(&format!("echo {i}")).ok();
         assert_eq!(out.stdout, format!("{i}\n"), "command {i} through the master");
     }
+    // Four at a time, every exit status arrives: one sent after our EOF was
+    // lost about one time in thirty (the client closes once it has both
+    // EOFs, and exits 255 without a word).
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let through = &through;
+            s.spawn(move || {
+                for i in 0..100 {
+                    let want = 3 + (i + t) % 4;
+                    let ran = through(&format!("echo {i}; exit {want}"));
+                    assert_eq!(
+                        (ran.status, ran.stdout.as_str()),
+                        (Some(want), format!("{i}\n").as_str()),
+                        "{}",
+                        ran.stderr
+                    );
+                }
+            });
+        }
+    });
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let info: serde_json::Value =
