@@ -219,11 +219,19 @@ enum Peer {
     Haproxy,
 }
 
-/// A peer proxy running; stopped when dropped.
+/// A peer proxy running; stopped when dropped: asked first (SIGTERM), so
+/// that nginx's master ends its workers (killed, it would leave them).
 struct Running(Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
