@@ -28,8 +28,8 @@ pub struct GatewayHello {
 }
 
 /// What a listener handed over with [`ToGateway::Attach`] or
-/// [`ToGateway::Listen`] is for (both
-/// sides of the trust line agree on it: see `moat_core::egress`).
+/// [`ToGateway::Listen`] is for (both sides of the trust line agree on it:
+/// see `moat_core::egress`).
 pub use moat_core::egress::Role;
 
 /// From the privileged side.

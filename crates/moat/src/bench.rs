@@ -522,23 +522,13 @@ async fn egress_samples(
             "pushpath" => bench_egress::push_by_path()?,
             _ => bench_egress::policy(look)?,
         };
-        let spec = BoxSpec {
-            name: name.clone(),
-            image: Name::new("busybox")?,
-            limits: Limits::default(),
-            policy,
-            backend: None,
-            run: false,
-        };
-        manager.create(account, spec, Box::new(|_: &str| {})).await?;
+        bench_egress::make_box(manager, account, box_name, policy).await?;
         let secret = Name::new(bench_egress::SECRET)?;
         if box_name == "secret" {
             manager.grant_secret(account, &secret, &name).await?;
         }
-        let (handle, _session) = manager.open_session(account, &name).await?;
-        let moat_core::NetAttach::Netns(netns) = &handle.network;
+        let (side, _session) = bench_egress::box_side(manager, account, box_name, &args.state_dir, net).await?;
         let root = args.state_dir.join("pool/boxes").join(manager.get(account, &name)?.id.as_str());
-        let side = bench_egress::Side::boxed(netns, &root, net)?;
         sides.push(if box_name == "secret" { side.with_secret(&root)? } else { side });
     }
     let direct = bench_egress::Side::direct(net);

@@ -414,6 +414,41 @@ fn drain(stream: &mut impl Read) -> Result<u64> {
     }
 }
 
+/// Makes busybox box `name` of `account` with `policy` (not yet running).
+pub async fn make_box(
+    manager: &Arc<moat_core::BoxManager>,
+    account: &moat_core::AccountId,
+    name: &str,
+    policy: Policy,
+) -> Result<()> {
+    let spec = moat_core::BoxSpec {
+        name: moat_core::Name::new(name)?,
+        image: moat_core::Name::new("busybox")?,
+        limits: moat_core::Limits::default(),
+        policy,
+        backend: None,
+        run: false,
+    };
+    manager.create(account, spec, Box::new(|_: &str| {})).await?;
+    Ok(())
+}
+
+/// A client in box `name` (made under `state_dir`), and the session that
+/// keeps it running (a box without one is suspended).
+pub async fn box_side(
+    manager: &Arc<moat_core::BoxManager>,
+    account: &moat_core::AccountId,
+    name: &str,
+    state_dir: &Path,
+    net: &BenchNet,
+) -> Result<(Side, moat_core::SessionGuard)> {
+    let name = moat_core::Name::new(name)?;
+    let (handle, session) = manager.open_session(account, &name).await?;
+    let moat_core::NetAttach::Netns(netns) = &handle.network;
+    let root = state_dir.join("pool/boxes").join(manager.get(account, &name)?.id.as_str());
+    Ok((Side::boxed(netns, &root, net)?, session))
+}
+
 /// Where a measurement's client runs.
 #[derive(Clone)]
 pub struct Side {

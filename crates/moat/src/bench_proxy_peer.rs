@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use moat_core::{AccountId, BoxManager, BoxSpec, Limits, Name};
+use moat_core::{AccountId, BoxManager};
 
 use crate::bench_egress::{BenchNet, Side, NAME, SERVER};
 
@@ -59,22 +59,11 @@ pub async fn measure(manager: &Arc<BoxManager>, net: &BenchNet, state_dir: &Path
     let account = AccountId("bench".into());
     let (mut sides, mut sessions) = (Vec::new(), Vec::new());
     for (name, look) in [("pass", false), ("look", true)] {
-        let name = Name::new(name)?;
-        let spec = BoxSpec {
-            name: name.clone(),
-            image: Name::new("busybox")?,
-            limits: Limits::default(),
-            policy: crate::bench_egress::policy(look)?,
-            backend: None,
-            run: false,
-        };
-        manager.create(&account, spec, Box::new(|_: &str| {})).await?;
+        crate::bench_egress::make_box(manager, &account, name, crate::bench_egress::policy(look)?).await?;
         // Held until the end: a box without a session is suspended.
-        let (handle, session) = manager.open_session(&account, &name).await?;
+        let (side, session) = crate::bench_egress::box_side(manager, &account, name, state_dir, net).await?;
+        sides.push(side);
         sessions.push(session);
-        let moat_core::NetAttach::Netns(netns) = &handle.network;
-        let root = state_dir.join("pool/boxes").join(manager.get(&account, &name)?.id.as_str());
-        sides.push(Side::boxed(netns, &root, net)?);
     }
     let bytes = mib << 20;
     let peers_dir = state_dir.join("proxy-peers");

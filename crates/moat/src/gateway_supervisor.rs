@@ -65,6 +65,14 @@ impl Attachment {
         self.running && self.sockets.is_empty()
     }
 
+    /// Keeps `sockets` as the running box's, and the message that hands them
+    /// to the gateway.
+    fn listen_on(&mut self, id: &BoxId, sockets: Vec<(Role, OwnedFd)>) -> Option<Outgoing> {
+        self.sockets = sockets;
+        let (roles, fds) = self.to_pass(id)?;
+        Some((ToGateway::Listen { box_id: id.clone(), roles }, fds))
+    }
+
     /// Its sockets' roles, and copies of the sockets to pass.
     fn to_pass(&self, id: &BoxId) -> Option<(Vec<Role>, Vec<OwnedFd>)> {
         let fds: std::io::Result<Vec<OwnedFd>> = self.sockets.iter().map(|(_, fd)| fd.try_clone()).collect();
@@ -120,9 +128,8 @@ impl Egress {
             let mut state = self.state();
             // Suspended or served meanwhile: these just close.
             let Some(a) = state.boxes.get_mut(&id).filter(|a| a.unserved()) else { continue };
-            a.sockets = sockets;
-            if let Some((roles, fds)) = a.to_pass(&id) {
-                Self::tell(&state, (ToGateway::Listen { box_id: id.clone(), roles }, fds));
+            if let Some(msg) = a.listen_on(&id, sockets) {
+                Self::tell(&state, msg);
             }
             tracing::info!(box_id = %id, "the box's gateway sockets are made at last");
         }
@@ -189,10 +196,8 @@ impl moat_core::NetworkHooks for Egress {
         let mut state = self.state();
         let Some(a) = state.boxes.get_mut(id) else { return };
         a.running = true;
-        let Some(sockets) = sockets else { return };
-        a.sockets = sockets;
-        if let Some((roles, fds)) = a.to_pass(id) {
-            Self::tell(&state, (ToGateway::Listen { box_id: id.clone(), roles }, fds));
+        if let Some(msg) = sockets.and_then(|sockets| a.listen_on(id, sockets)) {
+            Self::tell(&state, msg);
         }
     }
 

@@ -681,11 +681,11 @@ impl BoxManager {
                     let r = rec.clone();
                     let handle = self
                         .blocking(move |b| {
-                            let handle = b.handle(&r);
-                            if let Some(Err(e)) = handle.as_ref().map(|_| b.suspend(&r)) {
+                            let handle = b.handle(&r)?;
+                            if let Err(e) = b.suspend(&r) {
                                 tracing::warn!(box_id = %r.id, error = %e, "cannot freeze a suspended box again");
                             }
-                            handle
+                            Some(handle)
                         })
                         .await?;
                     if let Some(handle) = handle {

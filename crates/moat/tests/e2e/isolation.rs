@@ -374,20 +374,24 @@ pub fn two_servers_never_share_host_uids(env: &Env) {
     env.alice(None, &["rm", &ours]).ok();
 }
 
-/// The host pid of box `name`'s PID 1 (its agent).
 /// A process of box `id` (its network namespace is the box's).
 pub(crate) fn first_pid(id: &str) -> u32 {
-    let procs = std::fs::read_to_string(box_cgroup(id, "pids").join("cgroup.procs")).unwrap();
+    let procs = box_procs(id);
     procs.lines().next().unwrap_or_else(|| panic!("box {id} has no process")).parse().unwrap()
 }
 
+/// The host pid of box `name`'s PID 1 (its agent).
 fn agent_pid(env: &Env, name: &str) -> u32 {
-    let dir = box_cgroup(&box_id(env, name), "pids");
-    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+    let procs = box_procs(&box_id(env, name));
     let agent = procs
         .lines()
         .find(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "moat-agent"));
     agent.unwrap_or_else(|| panic!("no agent among {procs}")).parse().unwrap()
+}
+
+/// The host pids of box `id`'s processes, a line each.
+fn box_procs(id: &str) -> String {
+    std::fs::read_to_string(box_cgroup(id, "pids").join("cgroup.procs")).unwrap()
 }
 
 /// Box `id`'s cgroup directory holding `controller` (v1), or its one
