@@ -118,15 +118,21 @@ impl Backend for HostBackend {
 
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         let machine = self.machine(rec.backend)?;
+        let started = std::time::Instant::now();
         machine.lay_out(rec)?;
-        self.make_own(machine, rec)
+        let laid_out = started.elapsed();
+        self.make_own(machine, rec)?;
+        tracing::debug!(box_id = %rec.id, laid_out = ?laid_out, made_own = ?started.elapsed() - laid_out, "box files made");
+        Ok(())
     }
 
     fn start(&self, rec: &BoxRecord) -> Result<BoxHandle, BackendError> {
         let machine = self.machine(rec.backend)?;
         // A restore left unfinished is finished before the box runs on its root.
         self.host.pool.finish_restore_of(&rec.id).map_err(|e| BackendError::new("finish the box's restore", e))?;
+        let started = std::time::Instant::now();
         let pid = machine.start(rec)?;
+        tracing::debug!(box_id = %rec.id, took = ?started.elapsed(), "box booted");
         Ok(self.handle_for(machine, rec, pid))
     }
 

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The cgroup limits a box runs under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Limits {
     /// CPU bandwidth, in whole CPUs.
     pub cpus: u32,

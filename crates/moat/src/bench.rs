@@ -114,6 +114,11 @@ pub struct BenchArgs {
     /// the same (each where installed); throughput and host CPU per GiB.
     #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density"])]
     proxies: bool,
+    /// Measure creates in bursts only: --iterations rounds (at most 50) of
+    /// --burst `new`s at once, each round against as many bubblewrap
+    /// sandboxes at once.
+    #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density", "proxies"])]
+    bursts: bool,
 }
 
 /// Sorted samples of one measurement.
@@ -127,6 +132,10 @@ impl Samples {
     pub fn sorted(mut v: Vec<Duration>) -> Self {
         v.sort();
         Self(v)
+    }
+    /// Every sample, shortest first.
+    pub fn iter(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.0.iter().copied()
     }
     /// The `p`th percentile (the sample at index `len * p / 100`).
     pub fn pct(&self, p: usize) -> Duration {
@@ -151,6 +160,13 @@ pub fn time_command(cmd: &mut Command) -> Result<Duration> {
 
 /// Runs the benchmark and prints the table.
 pub fn run(args: BenchArgs) -> Result<()> {
+    // The daemon's own log lines, when asked for (`RUST_LOG=moat_core=debug`).
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     if args.fleet {
         return crate::bench_fleet::run(&args.state_dir, args.iterations);
     }
@@ -211,6 +227,8 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     let measured = async {
         if args.proxies {
             crate::bench_proxy_peer::measure(&manager, &net, dir, args.egress_runs, args.egress_mib).await
+        } else if args.bursts {
+            crate::bench_burst::rounds(&manager, args.iterations.clamp(1, 50), args.burst.max(1)).await
         } else {
             measure(args, &manager, &net).await
         }
@@ -587,7 +605,7 @@ async fn egress_samples(
 }
 
 /// Waits (at most 2 s) until a warm box of `image` is ready.
-async fn wait_warm(manager: &BoxManager, image: &Name) {
+pub async fn wait_warm(manager: &BoxManager, image: &Name) {
     let deadline = Instant::now() + Duration::from_secs(2);
     while !manager.warm_ready(image) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(1)).await;

@@ -10,7 +10,58 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use moat_core::{AccountId, BoxManager, BoxSpec, Name};
 
-use crate::bench::{bwrap_true, run_true, time_command, Samples};
+use crate::bench::{bwrap_true, ms, run_true, time_command, wait_warm, Samples};
+
+/// `moat bench --bursts`: `rounds` bursts of `size` busybox creates, each
+/// after a quiet second (a warm box ready, the spares below it made again),
+/// and as many bursts of bwraps; one table of every create's time, the p95s
+/// side by side.
+pub async fn rounds(manager: &Arc<BoxManager>, rounds: usize, size: usize) -> Result<()> {
+    let account = AccountId("bench".into());
+    let image = Name::new("busybox")?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        eprintln!("bench: burst {}/{rounds}: {size} creates at once, then {size} bwraps at once", round + 1);
+        wait_warm(manager, &image).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let spec = |i: usize| -> Result<BoxSpec> {
+            Ok(BoxSpec {
+                name: Name::new(&format!("burst{round}-{i}"))?,
+                image: image.clone(),
+                limits: moat_core::Limits::default(),
+                policy: Default::default(),
+                backend: None,
+                run: false,
+            })
+        };
+        ours.push(moat(manager, &account, size, spec).await?);
+        theirs.push(tokio::task::spawn_blocking(move || bwrap(size)).await??);
+    }
+    println!("| burst of {size} ({rounds} rounds) | p50 | p95 | max | bwrap p50 | p95 | max | ratio (p95) |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let line = |what: &str, a: &Samples, b: &Samples| {
+        let ratio = a.pct(95).as_secs_f64() / b.pct(95).as_secs_f64();
+        println!(
+            "| {what} | {} | {} | {} | {} | {} | {} | {ratio:.2}x |",
+            ms(a.pct(50)),
+            ms(a.pct(95)),
+            ms(a.pct(100)),
+            ms(b.pct(50)),
+            ms(b.pct(95)),
+            ms(b.pct(100))
+        );
+    };
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        line(&format!("round {}", i + 1), a, b);
+    }
+    let all = |rounds: &[Samples]| Samples::sorted(rounds.iter().flat_map(|s| s.iter()).collect());
+    let (a, b) = (all(&ours), all(&theirs));
+    line("all rounds", &a, &b);
+    let ratio = a.pct(95).as_secs_f64() / b.pct(95).as_secs_f64();
+    let met = if ratio <= 3.0 { "met" } else { "**not met**" };
+    println!("\nbursts of {size}: p95 {ratio:.2}x bubblewrap's burst p95 (target: at most 3x: {met})");
+    Ok(())
+}
 
 /// A burst of `size` creates at once, with boxes made by `spec(i)`; each
 /// one's time to `true`. The boxes are removed afterwards.

@@ -54,9 +54,10 @@ pub struct ServeArgs {
     /// Most checkpoints one box may have (a restore keeps one more).
     #[arg(long, default_value_t = 32)]
     max_checkpoints: usize,
-    /// Boxes kept booted ahead of demand, one per image `new` asked for
-    /// last (0: none); `new` with the default limits takes one.
-    #[arg(long, default_value_t = 1)]
+    /// Boxes kept booted ahead of demand (0: none): one of each of the
+    /// kinds (image, limits, backend) `new` asked for last, which a `new`
+    /// of that kind takes.
+    #[arg(long, default_value_t = 3)]
     warm_boxes: usize,
     /// Most CPUs one box may ask for [default: this host's].
     #[arg(long)]

@@ -9,11 +9,9 @@ pub mod netns;
 pub mod plan;
 pub mod seccomp;
 pub mod spare;
+mod stock;
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use moat_core::{fault, BackendError, BoxId, BoxRecord, ChangeSink, Copied, Name};
 
@@ -21,6 +19,15 @@ use crate::host::{helper, Host};
 use crate::machine::{Machine, StillWork};
 use plan::SpawnPlan;
 use spare::{Spare, SpareRoot};
+use stock::Stock;
+
+/// Helpers kept waiting in cgroups of their own: each is a process and a
+/// network namespace, so a few.
+const SPARE_HELPERS: usize = 4;
+
+/// Snapshots kept of each image in use: each costs a subvolume's root and
+/// nothing else, so enough for a burst of creates.
+const SPARE_ROOTS: usize = 16;
 
 /// What only the namespace machine needs.
 #[derive(Debug, Clone, Default)]
@@ -34,9 +41,9 @@ pub struct NsMachine {
     host: Host,
     config: NsConfig,
     /// The next `start`'s helper, already in a cgroup (see [`spare`]).
-    spare: Arc<Mutex<Option<Spare>>>,
+    spare: Stock<(), Spare>,
     /// The next `create`'s root, per image (see [`spare`]).
-    spare_roots: Arc<Mutex<HashMap<Name, SpareRoot>>>,
+    spare_roots: Stock<Name, SpareRoot>,
 }
 
 impl NsMachine {
@@ -44,7 +51,7 @@ impl NsMachine {
     /// removed.
     pub fn new(host: Host, config: NsConfig) -> Self {
         spare::remove_stale(&host.cgroups, &host.pool);
-        Self { host, config, spare: Arc::default(), spare_roots: Arc::default() }
+        Self { host, config, spare: Stock::new(SPARE_HELPERS), spare_roots: Stock::new(SPARE_ROOTS) }
     }
 
     /// Boots the box's PID 1; returns its host pid.
@@ -54,7 +61,7 @@ impl NsMachine {
         std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
         // A previous boot's processes (if any) must be gone before a new PID 1.
         cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
-        let spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let spare = self.spare.take(&());
         self.refill_spare();
         let plan = |cgroup_procs| {
             SpawnPlan::for_box(
@@ -89,10 +96,10 @@ impl NsMachine {
 
     /// Ends the spares prepared ahead (before the pool is let go).
     pub fn discard_spares(&self) {
-        if let Some(spare) = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        for spare in self.spare.drain() {
             spare.discard(&self.host.cgroups);
         }
-        for (_, root) in self.spare_roots.lock().unwrap_or_else(PoisonError::into_inner).drain() {
+        for root in self.spare_roots.drain() {
             let _ = self.host.pool.delete_spare_root(&root.name);
         }
     }
@@ -101,7 +108,7 @@ impl NsMachine {
     /// this build of the image, else a snapshot made now. Either way a new
     /// spare is prepared in the background.
     fn take_root(&self, image: &Name, id: &BoxId) -> Result<PathBuf, BackendError> {
-        let spare = self.spare_roots.lock().unwrap_or_else(PoisonError::into_inner).remove(image);
+        let spare = self.spare_roots.take(image);
         self.refill_root(image);
         if let Some(spare) = spare {
             if self.host.pool.image_dev(image) == Some(spare.image_dev) {
@@ -116,53 +123,21 @@ impl NsMachine {
     }
 
     fn refill_root(&self, image: &Name) {
-        let (slot, pool, image) = (Arc::clone(&self.spare_roots), Arc::clone(&self.host.pool), image.clone());
-        std::thread::spawn(move || {
-            if slot.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&image) {
-                return;
-            }
-            match SpareRoot::prepare(&pool, &image) {
-                Ok(root) => {
-                    // Another refill may have won the race; keep one.
-                    let leftover = match slot.lock().unwrap_or_else(PoisonError::into_inner).entry(image) {
-                        Entry::Occupied(_) => Some(root),
-                        Entry::Vacant(free) => {
-                            free.insert(root);
-                            None
-                        }
-                    };
-                    if let Some(root) = leftover {
-                        let _ = pool.delete_spare_root(&root.name);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "could not prepare a spare root"),
-            }
+        let (pool, name) = (std::sync::Arc::clone(&self.host.pool), image.clone());
+        self.spare_roots.refill(image.clone(), move || {
+            SpareRoot::prepare(&pool, &name)
+                .inspect_err(|e| tracing::warn!(error = %e, "could not prepare a spare root"))
+                .ok()
         });
     }
 
     /// Prepares the next spare helper in the background, if there is none.
     fn refill_spare(&self) {
-        let (slot, cgroups, helper) =
-            (Arc::clone(&self.spare), self.host.cgroups.clone(), self.host.config.helper.clone());
-        std::thread::spawn(move || {
-            if slot.lock().unwrap_or_else(PoisonError::into_inner).is_some() {
-                return;
-            }
-            match Spare::prepare(&cgroups, &helper) {
-                Ok(spare) => {
-                    let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-                    match slot.take() {
-                        // Another refill won the race; keep one.
-                        Some(other) => {
-                            *slot = Some(other);
-                            drop(slot);
-                            spare.discard(&cgroups);
-                        }
-                        None => *slot = Some(spare),
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "could not prepare a spare helper"),
-            }
+        let (cgroups, helper) = (self.host.cgroups.clone(), self.host.config.helper.clone());
+        self.spare.refill((), move || {
+            Spare::prepare(&cgroups, &helper)
+                .inspect_err(|e| tracing::warn!(error = %e, "could not prepare a spare helper"))
+                .ok()
         });
     }
 

@@ -1,15 +1,17 @@
 //! The raw kernel calls moat needs that no safe wrapper offers: btrfs subvolume
 //! ioctls, the new mount API (`open_tree`, `mount_setattr`, `move_mount`),
-//! seccomp and interface flags. Each is a thin, typed wrapper; callers never see
+//! seccomp, interface flags and netlink. Each is a thin, typed wrapper; callers never see
 //! a raw pointer.
 //!
 //! One file per kind of call: [`btrfs`], [`mount`], [`seccomp`], [`net`],
-//! [`process`], [`landlock`]; callers use the flat names re-exported here.
+//! [`process`], [`landlock`], [`netlink`]; callers use the flat names
+//! re-exported here (netlink by its module's name).
 
 mod btrfs;
 mod landlock;
 mod mount;
 mod net;
+pub mod netlink;
 mod process;
 mod seccomp;
 

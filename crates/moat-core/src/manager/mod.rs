@@ -285,8 +285,8 @@ pub struct ManagerConfig {
     pub max_disk_per_account: u64,
     /// Most checkpoints one box may have.
     pub max_checkpoints: usize,
-    /// Boxes kept booted ahead of demand (one per image, for the images `new`
-    /// asked for last); 0: none.
+    /// Boxes kept booted ahead of demand (one of each kind, image, limits
+    /// and backend, for the kinds `new` asked for last); 0: none.
     pub warm_boxes: usize,
     /// What isolates a box whose `new` does not say.
     pub default_backend: BackendKind,
@@ -510,6 +510,7 @@ impl BoxManager {
         spec: BoxSpec,
         progress: ProgressSink,
     ) -> Result<BoxRecord, ManagerError> {
+        let started = std::time::Instant::now();
         spec.limits.validate()?;
         reserved(&spec.name)?;
         if !self.serving() {
@@ -567,10 +568,10 @@ impl BoxManager {
                 })
             })
             .await?;
-        tracing::info!(box_id = %rec.id, name = %rec.name, pid = ?rec.pid, "box created");
+        tracing::info!(box_id = %rec.id, name = %rec.name, pid = ?rec.pid, took = ?started.elapsed(), "box created");
         // The next `new` of this image may find one ready.
         if pulled.is_none() {
-            self.refill_warm(&spec.image);
+            self.refill_warm(self.kind_of(&spec));
         }
         Ok(rec)
     }

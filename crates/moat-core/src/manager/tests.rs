@@ -758,10 +758,20 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
     assert_eq!((second.account.clone(), second.state, second.pid), (f.alice.clone(), BoxState::Running, ready.pid));
     assert_eq!(f.backend.host_name(&second.id).as_deref(), Some("second"), "not given its name");
     assert_ne!(first.id, second.id);
-    // Other limits are made anew.
-    let big = BoxSpec { limits: Limits { cpus: 2, ..Limits::default() }, ..spec("big") };
-    let big = warm.create(&f.alice, big, Box::new(|_: &str| {})).await.unwrap();
-    assert!(warm.store.get_by_id(&big.id).unwrap().unwrap().account == f.alice);
+    // Other limits are made anew, and the pool's one place goes to a box of
+    // them, which the next `new` of them takes.
+    let big = |n: &str| BoxSpec { limits: Limits { cpus: 2, ..Limits::default() }, ..spec(n) };
+    let made = warm.create(&f.alice, big("big"), Box::new(|_: &str| {})).await.unwrap();
+    assert!(warm.store.get_by_id(&made.id).unwrap().unwrap().account == f.alice);
+    let warm_limits = |m: &BoxManager| -> Vec<Limits> {
+        let all = m.store.list(None).unwrap().into_iter();
+        all.filter(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some()).map(|b| b.limits).collect()
+    };
+    eventually("a warm box of the new limits alone", || warm_limits(&warm) == [big("x").limits]).await;
+    eventually("it ready", || warm.warm_ready_for(&big("x"))).await;
+    let ready = warm.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap();
+    let again = warm.create(&f.alice, big("big2"), Box::new(|_: &str| {})).await.unwrap();
+    assert_eq!(again.id, ready.id, "the warm box of the same limits was not taken");
     // A taken name is refused, warm box or not.
     let taken = warm.create(&f.alice, spec("second"), Box::new(|_: &str| {})).await;
     assert!(matches!(taken, Err(ManagerError::Store(StoreError::NameTaken(_)))), "{taken:?}");

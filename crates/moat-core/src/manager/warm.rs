@@ -1,9 +1,11 @@
-//! Boxes booted ahead of demand. `new` takes one of the image and limits it
-//! asks for, if one is ready, and gives it its owner, name and policy: the
-//! root, identity, cgroup, namespaces and agent were made before anyone
-//! asked. A warm box is a real box in state `creating`, owned by an account
-//! no key can be, so a crash or a restart rolls it back like any half-made
-//! box, and it holds a uid slot like any other.
+//! Boxes booted ahead of demand. `new` takes one of the image, limits and
+//! backend it asks for, if one is ready, and gives it its owner, name and
+//! policy: the root, identity, cgroup, namespaces and agent were made before
+//! anyone asked. The pool holds one box of each of the kinds `new` asked
+//! for last, as many kinds as the operator allows. A warm box is a real box
+//! in state `creating`, owned by an account no key can be, so a crash or a
+//! restart rolls it back like any half-made box, and it holds a uid slot
+//! like any other.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
@@ -13,7 +15,7 @@ use crate::backend::BackendError;
 use crate::ids::{AccountId, Name};
 use crate::limits::Limits;
 use crate::policy::Policy;
-use crate::record::{BoxRecord, BoxState};
+use crate::record::{BackendKind, BoxRecord, BoxState};
 
 pub use crate::ids::WARM_ACCOUNT;
 
@@ -21,13 +23,24 @@ pub use crate::ids::WARM_ACCOUNT;
 /// `new`s back to back are not slowed by one being made beside them.
 const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// The warm boxes, by image, the images one is being made for, and the
-/// images `new` asked for, the latest last.
+/// How many kinds `new` asked for are remembered: more than any pool holds.
+const KINDS_REMEMBERED: usize = 64;
+
+/// What a warm box must be to be given for a `new`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct Kind {
+    image: Name,
+    limits: Limits,
+    backend: BackendKind,
+}
+
+/// The warm boxes, by kind, the kinds one is being made of, and the kinds
+/// `new` asked for, the latest last.
 #[derive(Default)]
 pub(super) struct Warm {
-    ready: HashMap<Name, BoxRecord>,
-    making: HashSet<Name>,
-    asked: Vec<Name>,
+    ready: HashMap<Kind, BoxRecord>,
+    making: HashSet<Kind>,
+    asked: Vec<Kind>,
 }
 
 fn warm_account() -> AccountId {
@@ -39,34 +52,44 @@ impl BoxManager {
         self.warm.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Makes a warm box of `image` in the background (as after a `new` of
-    /// it), if the operator allows warm boxes and the image is built.
+    /// The kind of box `spec` asks for.
+    pub(super) fn kind_of(&self, spec: &BoxSpec) -> Kind {
+        Kind { image: spec.image.clone(), limits: spec.limits, backend: self.backend_of(spec) }
+    }
+
+    /// The kind of a `new` of `image` with nothing else said.
+    fn default_kind(&self, image: &Name) -> Kind {
+        Kind { image: image.clone(), limits: Limits::default(), backend: self.config.default_backend }
+    }
+
+    /// Makes a warm box of `image` with the default limits in the background
+    /// (as after a `new` of it), if the operator allows warm boxes and the
+    /// image is built.
     pub fn prepare_warm(self: &Arc<Self>, image: &Name) {
-        self.refill_warm(image);
+        self.refill_warm(self.default_kind(image));
     }
 
-    /// Whether a warm box of `image` is ready.
+    /// Whether a warm box of `image` with the default limits is ready.
     pub fn warm_ready(&self, image: &Name) -> bool {
-        self.warm().ready.contains_key(image)
+        self.warm().ready.contains_key(&self.default_kind(image))
     }
 
-    /// Makes the box `spec` asks for of a warm one, if one of its image and
-    /// limits is ready (`None`: make it the usual way). A warm box that
-    /// cannot be given is removed.
+    /// Whether a warm box of the kind `spec` asks for is ready.
+    #[cfg(test)]
+    pub(super) fn warm_ready_for(&self, spec: &BoxSpec) -> bool {
+        self.warm().ready.contains_key(&self.kind_of(spec))
+    }
+
+    /// Makes the box `spec` asks for of a warm one, if one of its kind is
+    /// ready (`None`: make it the usual way). A warm box that cannot be
+    /// given is removed.
     pub(super) async fn take_warm(
         self: &Arc<Self>,
         account: &AccountId,
         spec: &BoxSpec,
     ) -> Option<Result<BoxRecord, ManagerError>> {
-        let warm = {
-            let mut warm = self.warm();
-            match warm.ready.get(&spec.image) {
-                Some(w) if w.limits == spec.limits && w.backend == self.backend_of(spec) => {
-                    warm.ready.remove(&spec.image)
-                }
-                _ => None,
-            }
-        }?;
+        let kind = self.kind_of(spec);
+        let warm = self.warm().ready.remove(&kind)?;
         // Held throughout: the box is nobody's to touch until it is given or gone.
         let lock = self.lock_for(&warm.id);
         let guard = lock.lock().await;
@@ -87,7 +110,7 @@ impl BoxManager {
             }
         };
         drop(guard);
-        self.refill_warm(&spec.image);
+        self.refill_warm(kind);
         outcome
     }
 
@@ -138,33 +161,40 @@ impl BoxManager {
         }
     }
 
-    /// Makes a warm box of `image` in the background, if none is ready or
+    /// Makes a warm box of `kind` in the background, if none is ready or
     /// being made. With the operator's number held already, a ready box of
-    /// another image makes room (the images `new` asked for last are kept).
-    pub(super) fn refill_warm(self: &Arc<Self>, image: &Name) {
+    /// another kind makes room (the kinds `new` asked for last are kept).
+    pub(super) fn refill_warm(self: &Arc<Self>, kind: Kind) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         // An image not built takes no place in the pool (one that did held
         // it against the image a `new` asked for meanwhile).
-        if self.config.warm_boxes == 0 || !super::in_place(|| self.backend.has_image(image)) {
+        if self.config.warm_boxes == 0 || !super::in_place(|| self.backend.has_image(&kind.image)) {
             return;
         }
         let evicted = {
             let mut warm = self.warm();
-            warm.asked.retain(|i| i != image);
-            warm.asked.push(image.clone());
-            if self.config.warm_boxes == 0 || warm.ready.contains_key(image) || warm.making.contains(image) {
+            warm.asked.retain(|k| k != &kind);
+            warm.asked.push(kind.clone());
+            if warm.asked.len() > KINDS_REMEMBERED {
+                warm.asked.remove(0);
+            }
+            if warm.ready.contains_key(&kind) || warm.making.contains(&kind) {
                 return;
             }
             let mut evicted = None;
             if warm.ready.len() + warm.making.len() >= self.config.warm_boxes {
-                // The ready box of the image asked for longest ago.
-                let Some(other) = warm.asked.iter().find(|i| warm.ready.contains_key(*i)).cloned() else { return };
+                // The ready box of the kind asked for longest ago (a kind
+                // forgotten, first of all).
+                let remembered = |k: &&Kind| warm.asked.contains(k);
+                let forgotten = warm.ready.keys().find(|k| !remembered(k)).cloned();
+                let oldest = || warm.asked.iter().find(|k| warm.ready.contains_key(*k)).cloned();
+                let Some(other) = forgotten.or_else(oldest) else { return };
                 evicted = warm.ready.remove(&other);
             }
-            warm.making.insert(image.clone());
+            warm.making.insert(kind.clone());
             evicted
         };
-        let (manager, image) = (Arc::clone(self), image.clone());
+        let manager = Arc::clone(self);
         runtime.spawn(async move {
             if let Some(old) = evicted {
                 let lock = manager.lock_for(&old.id);
@@ -172,24 +202,23 @@ impl BoxManager {
                 manager.discard_warm(&old).await;
             }
             tokio::time::sleep(REFILL_AFTER).await;
-            let made = manager.make_warm(&image).await;
+            let made = manager.make_warm(&kind).await;
             let mut warm = manager.warm();
-            warm.making.remove(&image);
+            warm.making.remove(&kind);
             match made {
                 Ok(Some(rec)) => {
-                    warm.ready.insert(image, rec);
+                    warm.ready.insert(kind, rec);
                 }
                 Ok(None) => {}
-                Err(e) => tracing::warn!(%image, error = %e, "could not make a warm box"),
+                Err(e) => tracing::warn!(image = %kind.image, error = %e, "could not make a warm box"),
             }
         });
     }
 
-    /// Makes and boots a box of `image` with the default limits, owned by
-    /// [`WARM_ACCOUNT`]; `None` if the image is not built (a warm box never
-    /// builds one).
-    async fn make_warm(&self, image: &Name) -> Result<Option<BoxRecord>, ManagerError> {
-        let i = image.clone();
+    /// Makes and boots a box of `kind`, owned by [`WARM_ACCOUNT`]; `None` if
+    /// the image is not built (a warm box never builds one).
+    async fn make_warm(&self, kind: &Kind) -> Result<Option<BoxRecord>, ManagerError> {
+        let i = kind.image.clone();
         if !self.blocking(move |b| b.has_image(&i)).await? {
             return Ok(None);
         }
@@ -197,7 +226,7 @@ impl BoxManager {
         let _ = getrandom::fill(&mut id);
         let name =
             Name::new(&format!("warm-{}", hex::encode(id))).map_err(|_| ManagerError::NameTooLong("warm".into()))?;
-        let made = (image, Limits::default(), self.config.default_backend);
+        let made = (&kind.image, kind.limits, kind.backend);
         let rec = self.db(|s| s.insert_new(&warm_account(), &name, made, now(), &Policy::default()))?;
         let r = rec.clone();
         let booted = self
