@@ -209,7 +209,9 @@ async fn bench(args: &BenchArgs) -> Result<()> {
     };
     let (backend, _) = paths::backend(dir, agent.clone(), u64::MAX, &vm_args)?;
     let store = crate::paths::open_store(dir, None, "")?;
-    let manager = BoxManager::new(store, Arc::new(backend), ManagerConfig::default());
+    // As `moat serve` runs: the pool keeps the last three kinds `new` asked for.
+    let config = ManagerConfig { warm_boxes: 3, ..ManagerConfig::default() };
+    let manager = BoxManager::new(store, Arc::new(backend), config);
     // Every box gets its gateway, as under `moat serve`; it reaches a test
     // internet of the bench's own.
     let net = BenchNet::start()?;
@@ -265,10 +267,11 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
                 // A pool refills between a user's `new`s; give it the time one would.
                 wait_warm(manager, &image).await;
             } else {
-                // Limits other than the defaults: no warm box fits. The same
-                // pause between commands: the spares behind an on-demand
-                // create (a helper in a cgroup, a root) refill meanwhile.
-                spec.limits.pids += 1;
+                // Limits no box was made with before: no warm box fits. The
+                // same pause between commands: the spares behind an
+                // on-demand create (a helper in a cgroup, a root) refill
+                // meanwhile.
+                spec.limits.pids += 1 + u32::try_from(i).unwrap_or(0);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let t = Instant::now();

@@ -51,7 +51,13 @@ impl NsMachine {
     /// removed.
     pub fn new(host: Host, config: NsConfig) -> Self {
         spare::remove_stale(&host.cgroups, &host.pool);
-        Self { host, config, spare: Stock::new(SPARE_HELPERS), spare_roots: Stock::new(SPARE_ROOTS) }
+        let cgroups = host.cgroups.clone();
+        let spare = Stock::new(SPARE_HELPERS, move |spare: Spare| spare.discard(&cgroups));
+        let pool = std::sync::Arc::clone(&host.pool);
+        let spare_roots = Stock::new(SPARE_ROOTS, move |root: SpareRoot| {
+            let _ = pool.delete_spare_root(&root.name);
+        });
+        Self { host, config, spare, spare_roots }
     }
 
     /// Boots the box's PID 1; returns its host pid.
@@ -96,12 +102,8 @@ impl NsMachine {
 
     /// Ends the spares prepared ahead (before the pool is let go).
     pub fn discard_spares(&self) {
-        for spare in self.spare.drain() {
-            spare.discard(&self.host.cgroups);
-        }
-        for root in self.spare_roots.drain() {
-            let _ = self.host.pool.delete_spare_root(&root.name);
-        }
+        self.spare.close();
+        self.spare_roots.close();
     }
 
     /// A root for a new box of `image`: the spare snapshot if there is one of
@@ -109,16 +111,22 @@ impl NsMachine {
     /// spare is prepared in the background.
     fn take_root(&self, image: &Name, id: &BoxId) -> Result<PathBuf, BackendError> {
         let spare = self.spare_roots.take(image);
-        self.refill_root(image);
         if let Some(spare) = spare {
-            if self.host.pool.image_dev(image) == Some(spare.image_dev) {
+            let current = self.host.pool.image_dev(image) == Some(spare.image_dev);
+            if current {
                 if let Ok(root) = self.host.pool.adopt_spare_root(&spare.name, id) {
+                    self.refill_root(image);
                     return Ok(root);
                 }
             }
-            // A rebuilt image, or a failed rename: the spare is of no use.
+            // A failed rename, or a rebuilt image (whose other spares are
+            // of the old build too): the spare is of no use.
             let _ = self.host.pool.delete_spare_root(&spare.name);
+            if !current {
+                self.spare_roots.forget(image);
+            }
         }
+        self.refill_root(image);
         self.host.pool.snapshot_image(image, id).map_err(|e| BackendError::new(format!("snapshot image {image}"), e))
     }
 

@@ -243,8 +243,8 @@ fn rules() -> Vec<Message> {
     let mut batch = vec![
         batch_marker(NFNL_MSG_BATCH_BEGIN),
         table,
-        base_chain("out", "nat", -100),
-        base_chain("dropped", "filter", 0),
+        base_chain("add chain out", "out", "nat", -100),
+        base_chain("add chain dropped", "dropped", "filter", 0),
         report,
     ];
     batch.extend(out.iter().map(|r| rule("out", r)));
@@ -268,8 +268,8 @@ fn batch_marker(kind: u16) -> Message {
 }
 
 /// A chain on the output hook, accepting what no rule ends.
-fn base_chain(name: &'static str, kind: &str, priority: i32) -> Message {
-    let mut m = nft("add chain", NFT_MSG_NEWCHAIN, 0);
+fn base_chain(what: &'static str, name: &str, kind: &str, priority: i32) -> Message {
+    let mut m = nft(what, NFT_MSG_NEWCHAIN, 0);
     m.string(NFTA_CHAIN_TABLE, TABLE).string(NFTA_CHAIN_NAME, name);
     m.nest(NFTA_CHAIN_HOOK).be32(NFTA_HOOK_HOOKNUM, NF_INET_LOCAL_OUT);
     m.attr(NFTA_HOOK_PRIORITY, &priority.to_be_bytes()).end();
@@ -278,7 +278,12 @@ fn base_chain(name: &'static str, kind: &str, priority: i32) -> Message {
 }
 
 fn rule(chain: &str, exprs: &[Expr]) -> Message {
-    let mut m = nft("add rule", NFT_MSG_NEWRULE, NLM_F_APPEND);
+    let what = match chain {
+        "out" => "add a rule to chain out",
+        "dropped" => "add a rule to chain dropped",
+        _ => "add a rule to chain report",
+    };
+    let mut m = nft(what, NFT_MSG_NEWRULE, NLM_F_APPEND);
     m.string(NFTA_RULE_TABLE, TABLE).string(NFTA_RULE_CHAIN, chain);
     m.nest(NFTA_RULE_EXPRESSIONS);
     for expr in exprs {
@@ -376,6 +381,8 @@ mod tests {
                     run("ip", &["route", "show", "table", "all"]),
                     run("ip", &["-6", "route", "show", "table", "all"]),
                     run("nft", &["list", "ruleset"]),
+                    // The bytecode itself: registers, lengths, byte order.
+                    run("nft", &["--debug=netlink", "list", "ruleset"]),
                 ];
                 Some(listed.concat())
             })
@@ -399,7 +406,8 @@ mod tests {
         })
         .expect("a namespace, as before");
         assert_eq!(ours, theirs);
-        for said in ["redirect to :53", "redirect to :1", "log group 1", "src 198.18.0.1", "jump report"] {
+        let bytecode = "[ payload load 16b @ network header + 24 => reg 1 ]";
+        for said in ["redirect to :53", "redirect to :1", "log group 1", "src 198.18.0.1", "jump report", bytecode] {
             assert!(ours.contains(said), "{said:?} not in:\n{ours}");
         }
     }

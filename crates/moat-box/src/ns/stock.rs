@@ -6,9 +6,9 @@
 //! kernel work they wait on is shared: concurrent btrfs snapshots go in one
 //! transaction commit, concurrent cgroup joins wait out one RCU grace
 //! period. And a batch waits for a quiet moment, no spare taken for
-//! [`QUIET`]: made during a burst, its kernel work would hold up the
-//! creates in flight (a btrfs commit stalls every rename of a spare root
-//! meanwhile).
+//! [`QUIET`] (or [`MOST_WAIT`] at most, so that steady demand still gets
+//! spares): made during a burst, its kernel work would hold up the creates
+//! in flight (a btrfs commit stalls every rename of a spare root meanwhile).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -18,13 +18,26 @@ use std::time::{Duration, Instant};
 /// How long no spare of a key is taken before its refill starts.
 pub const QUIET: Duration = Duration::from_millis(100);
 
+/// How long a refill waits for quiet at most.
+pub const MOST_WAIT: Duration = Duration::from_secs(1);
+
+type Discard<T> = Arc<dyn Fn(T) + Send + Sync>;
+
 /// The spares of one kind, by key.
 pub struct Stock<K, T> {
-    slots: Arc<Mutex<HashMap<K, Slot<T>>>>,
+    shared: Arc<Mutex<Shared<K, T>>>,
+    /// How a spare no longer wanted is undone.
+    discard: Discard<T>,
     /// How many spares of a key a refill makes ready.
     depth: usize,
     /// How long no spare is taken before a refill starts.
     quiet: Duration,
+}
+
+struct Shared<K, T> {
+    slots: HashMap<K, Slot<T>>,
+    /// No spare is made or kept any more: what a batch makes is discarded.
+    closed: bool,
 }
 
 struct Slot<T> {
@@ -40,19 +53,21 @@ impl<T> Slot<T> {
 }
 
 impl<K: Hash + Eq + Clone + Send + 'static, T: Send + 'static> Stock<K, T> {
-    /// A stock refilled up to `depth` spares a key.
-    pub fn new(depth: usize) -> Self {
-        Self { slots: Arc::default(), depth: depth.max(1), quiet: QUIET }
+    /// A stock refilled up to `depth` spares a key; a spare not wanted any
+    /// more is given to `discard`.
+    pub fn new(depth: usize, discard: impl Fn(T) + Send + Sync + 'static) -> Self {
+        let shared = Shared { slots: HashMap::new(), closed: false };
+        Self { shared: Arc::new(Mutex::new(shared)), discard: Arc::new(discard), depth: depth.max(1), quiet: QUIET }
     }
 
-    fn slots(slots: &Mutex<HashMap<K, Slot<T>>>) -> MutexGuard<'_, HashMap<K, Slot<T>>> {
-        slots.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(shared: &Mutex<Shared<K, T>>) -> MutexGuard<'_, Shared<K, T>> {
+        shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A spare of `key`, if one is ready.
     pub fn take(&self, key: &K) -> Option<T> {
-        let mut slots = Self::slots(&self.slots);
-        let slot = slots.entry(key.clone()).or_insert_with(Slot::empty);
+        let mut shared = Self::lock(&self.shared);
+        let slot = shared.slots.entry(key.clone()).or_insert_with(Slot::empty);
         slot.last_taken = Some(Instant::now());
         slot.ready.pop()
     }
@@ -62,46 +77,81 @@ impl<K: Hash + Eq + Clone + Send + 'static, T: Send + 'static> Stock<K, T> {
     /// ready; unless that many are, or a batch is waiting or being made.
     pub fn refill(&self, key: K, make: impl Fn() -> Option<T> + Send + Sync + 'static) {
         {
-            let mut slots = Self::slots(&self.slots);
-            let slot = slots.entry(key.clone()).or_insert_with(Slot::empty);
+            let mut shared = Self::lock(&self.shared);
+            if shared.closed {
+                return;
+            }
+            let slot = shared.slots.entry(key.clone()).or_insert_with(Slot::empty);
             if slot.making || slot.ready.len() >= self.depth {
                 return;
             }
             slot.making = true;
         }
-        let (slots, depth, quiet) = (Arc::clone(&self.slots), self.depth, self.quiet);
-        std::thread::spawn(move || {
+        let (shared, discard, depth, quiet) =
+            (Arc::clone(&self.shared), Arc::clone(&self.discard), self.depth, self.quiet);
+        let unmark = (Arc::clone(&shared), key.clone());
+        let batch = move || {
+            let asked = Instant::now();
             let missing = loop {
                 let (last_taken, ready) = {
-                    let slots = Self::slots(&slots);
-                    let slot = slots.get(&key);
+                    let shared = Self::lock(&shared);
+                    let slot = shared.slots.get(&key);
                     (slot.and_then(|s| s.last_taken), slot.map_or(0, |s| s.ready.len()))
                 };
-                match last_taken.map(|t| quiet.saturating_sub(t.elapsed())) {
-                    Some(wait) if !wait.is_zero() => std::thread::sleep(wait),
-                    _ => break depth.saturating_sub(ready),
+                let wait = last_taken.map_or(Duration::ZERO, |t| quiet.saturating_sub(t.elapsed()));
+                if wait.is_zero() || asked.elapsed() >= MOST_WAIT {
+                    break depth.saturating_sub(ready);
                 }
+                std::thread::sleep(wait.min(MOST_WAIT.saturating_sub(asked.elapsed())));
             };
             let made: Vec<T> = std::thread::scope(|s| {
-                let batch: Vec<_> = (0..missing).map(|_| s.spawn(&make)).collect();
+                let batch: Vec<_> =
+                    (0..missing).filter_map(|_| std::thread::Builder::new().spawn_scoped(s, &make).ok()).collect();
                 batch.into_iter().filter_map(|spare| spare.join().ok().flatten()).collect()
             });
-            let mut slots = Self::slots(&slots);
-            let slot = slots.entry(key).or_insert_with(Slot::empty);
+            let mut shared = Self::lock(&shared);
+            let closed = shared.closed;
+            let slot = shared.slots.entry(key).or_insert_with(Slot::empty);
             slot.making = false;
-            slot.ready.extend(made);
-        });
+            if closed {
+                drop(shared);
+                made.into_iter().for_each(|spare| discard(spare));
+            } else {
+                slot.ready.extend(made);
+            }
+        };
+        // Without a thread, no batch: the next refill may try again.
+        if std::thread::Builder::new().spawn(batch).is_err() {
+            let (shared, key) = unmark;
+            let mut shared = Self::lock(&shared);
+            if let Some(slot) = shared.slots.get_mut(&key) {
+                slot.making = false;
+            }
+        }
     }
 
     /// How many spares of `key` are ready.
     #[cfg(test)]
     fn ready(&self, key: &K) -> usize {
-        Self::slots(&self.slots).get(key).map_or(0, |slot| slot.ready.len())
+        Self::lock(&self.shared).slots.get(key).map_or(0, |slot| slot.ready.len())
     }
 
-    /// Every spare ready (a batch still being made is kept when done).
-    pub fn drain(&self) -> Vec<T> {
-        Self::slots(&self.slots).values_mut().flat_map(|slot| std::mem::take(&mut slot.ready)).collect()
+    /// Discards every spare of `key` ready (one made of something that
+    /// changed since).
+    pub fn forget(&self, key: &K) {
+        let stale = Self::lock(&self.shared).slots.get_mut(key).map(|slot| std::mem::take(&mut slot.ready));
+        stale.into_iter().flatten().for_each(|spare| (self.discard)(spare));
+    }
+
+    /// Discards every spare ready, and from now on every spare a batch
+    /// still being made makes; no refill starts again.
+    pub fn close(&self) {
+        let ready: Vec<T> = {
+            let mut shared = Self::lock(&self.shared);
+            shared.closed = true;
+            shared.slots.values_mut().flat_map(|slot| std::mem::take(&mut slot.ready)).collect()
+        };
+        ready.into_iter().for_each(|spare| (self.discard)(spare));
     }
 }
 
@@ -126,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_burst_of_refills_makes_one_batch() {
-        let stock: Stock<u8, usize> = Stock::new(3);
+        let stock: Stock<u8, usize> = Stock::new(3, drop);
         let made = Arc::new(AtomicUsize::new(0));
         let (gate, opened) = std::sync::mpsc::channel::<()>();
         let opened = Arc::new(Mutex::new(opened));
@@ -148,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_failed_make_can_be_made_again() {
-        let stock: Stock<u8, usize> = Stock::new(1);
+        let stock: Stock<u8, usize> = Stock::new(1, drop);
         stock.refill(1, || None);
         // Once the failed make has ended, a refill is accepted again.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -160,25 +210,61 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_apart_and_drained_spares_are_gone() {
-        let stock: Stock<u8, usize> = Stock::new(2);
+    fn keys_are_apart_and_forgotten_or_closed_spares_are_discarded() {
+        let discarded = Arc::new(Mutex::new(Vec::new()));
+        let d = Arc::clone(&discarded);
+        let stock: Stock<u8, usize> =
+            Stock::new(2, move |spare| d.lock().unwrap_or_else(PoisonError::into_inner).push(spare));
+        let discarded = || discarded.lock().unwrap_or_else(PoisonError::into_inner).clone();
         stock.refill(2, || Some(2));
         stock.refill(3, || Some(3));
+        stock.refill(4, || Some(4));
         assert_eq!(wait_for(&stock, 2, 2), [2, 2]);
         assert_eq!(stock.take(&2), None, "a spare is taken once");
         let deadline = Instant::now() + Duration::from_secs(5);
-        let mut drained = Vec::new();
-        while drained.len() < 2 && Instant::now() < deadline {
-            drained.extend(stock.drain());
+        while (stock.ready(&3) < 2 || stock.ready(&4) < 2) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(drained, vec![3, 3]);
+        stock.forget(&3);
+        assert_eq!(discarded(), [3, 3]);
         assert_eq!(stock.take(&3), None);
+        // A batch still being made when the stock closes is discarded when done.
+        let (gate, opened) = std::sync::mpsc::channel::<()>();
+        let opened = Mutex::new(opened);
+        stock.refill(5, move || opened.lock().unwrap_or_else(PoisonError::into_inner).recv().ok().map(|()| 5));
+        stock.close();
+        assert_eq!(discarded(), [3, 3, 4, 4]);
+        gate.send(()).unwrap_or_default();
+        gate.send(()).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while discarded().len() < 6 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(discarded(), [3, 3, 4, 4, 5, 5]);
+        assert_eq!(stock.take(&5), None, "a closed stock keeps nothing");
+        stock.refill(6, || Some(6));
+        std::thread::sleep(QUIET * 2);
+        assert_eq!(stock.take(&6), None, "a closed stock makes nothing");
+    }
+
+    #[test]
+    fn steady_takes_put_a_refill_off_for_a_second_at_most() {
+        let stock: Stock<u8, usize> = Stock::new(1, drop);
+        let started = Instant::now();
+        stock.refill(1, move || usize::try_from(started.elapsed().as_millis()).ok());
+        let mut made = None;
+        while made.is_none() && started.elapsed() < Duration::from_secs(5) {
+            made = stock.take(&1);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let made = made.expect("a spare made under steady takes");
+        assert!(made as u128 >= MOST_WAIT.as_millis() - 5, "made after {made} ms");
     }
 
     #[test]
     fn a_refill_waits_for_takes_to_stop() {
         // Quiet for long, so that a slow test machine's pause is no gap.
-        let stock: Stock<u8, usize> = Stock { quiet: Duration::from_millis(500), ..Stock::new(2) };
+        let stock: Stock<u8, usize> = Stock { quiet: Duration::from_millis(500), ..Stock::new(2, drop) };
         let started = Instant::now();
         // Takes every 10 ms for 300 ms: the refill asked for at the first
         // starts only once they stop.

@@ -146,7 +146,7 @@ pub fn request(protocol: SockProtocol, mut messages: Vec<Message>) -> io::Result
                 let code = word(HEADER) as i32;
                 if code != 0 {
                     let what = seq.checked_sub(1).and_then(|i| messages.get(i as usize)).map_or("?", |m| m.what);
-                    let e = io::Error::from_raw_os_error(-code);
+                    let e = io::Error::from_raw_os_error(code.wrapping_neg());
                     return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
                 }
                 waiting.retain(|s| *s != seq);

@@ -550,7 +550,13 @@ impl BoxManager {
             self.ensure_image(&spec.image, sink).await?;
         }
         let made = (&spec.image, spec.limits, self.backend_of(&spec));
-        let rec = self.db(|s| s.insert_new(account, &spec.name, made, now(), &spec.policy)).map_err(|e| match e {
+        let insert = || self.db(|s| s.insert_new(account, &spec.name, made, now(), &spec.policy));
+        // Boxes booted ahead give way to a box someone asked for.
+        let inserted = match insert() {
+            Err(StoreError::NodeFull { .. }) if self.give_way_warm().await => insert(),
+            inserted => inserted,
+        };
+        let rec = inserted.map_err(|e| match e {
             StoreError::NodeFull { .. } | StoreError::NodeUnavailable(_) => ManagerError::NoRoomHere(e),
             e => e.into(),
         })?;

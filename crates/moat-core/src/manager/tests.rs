@@ -758,15 +758,23 @@ async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
     assert_eq!((second.account.clone(), second.state, second.pid), (f.alice.clone(), BoxState::Running, ready.pid));
     assert_eq!(f.backend.host_name(&second.id).as_deref(), Some("second"), "not given its name");
     assert_ne!(first.id, second.id);
-    // Other limits are made anew, and the pool's one place goes to a box of
-    // them, which the next `new` of them takes.
-    let big = |n: &str| BoxSpec { limits: Limits { cpus: 2, ..Limits::default() }, ..spec(n) };
+    // Other limits are made anew. Asked for once, they take no place in the
+    // pool; asked for again, the pool's one place goes to a box of them,
+    // which the next `new` of them takes.
+    let big = |n: &str| BoxSpec { limits: Limits { cpus: 1, ..Limits::default() }, ..spec(n) };
+    eventually("a warm box again", || warm.warm_ready(&name("busybox"))).await;
+    let default_warm = warm.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap().id;
     let made = warm.create(&f.alice, big("big"), Box::new(|_: &str| {})).await.unwrap();
+    assert_ne!(made.id, default_warm, "other limits took the default limits' warm box");
     assert!(warm.store.get_by_id(&made.id).unwrap().unwrap().account == f.alice);
     let warm_limits = |m: &BoxManager| -> Vec<Limits> {
         let all = m.store.list(None).unwrap().into_iter();
         all.filter(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some()).map(|b| b.limits).collect()
     };
+    eventually("the default limits' warm box", || warm_limits(&warm) == [Limits::default()]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(warm_limits(&warm), [Limits::default()], "limits asked for once took the pool's place");
+    warm.create(&f.alice, big("big1"), Box::new(|_: &str| {})).await.unwrap();
     eventually("a warm box of the new limits alone", || warm_limits(&warm) == [big("x").limits]).await;
     eventually("it ready", || warm.warm_ready_for(&big("x"))).await;
     let ready = warm.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap();
@@ -825,4 +833,43 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
         assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_boxes_give_way_to_a_box_asked_for_on_a_full_node() {
+    let f = fixture();
+    let store = Store::open(&f.db).unwrap().for_node("n1");
+    let offer = crate::store::nodes::NodeOffer {
+        name: "n1".into(),
+        address: "127.0.0.2:7000".into(),
+        cpus: 64,
+        memory: 64 << 30,
+        disk: 1 << 40,
+        max_boxes: 2,
+    };
+    store.renew_lease(&offer).unwrap();
+    let config = ManagerConfig { warm_boxes: 1, ..ManagerConfig::default() };
+    let m = BoxManager::new(store, f.backend.clone(), config);
+    // Limits of their own, none the warm box's.
+    let spec = |n: &str, pids| BoxSpec {
+        name: name(n),
+        image: name("busybox"),
+        limits: Limits { pids, ..Limits::default() },
+        policy: Policy::default(),
+        backend: None,
+        run: false,
+    };
+    m.prepare_warm(&name("busybox"));
+    eventually("a warm box", || m.warm_ready(&name("busybox"))).await;
+    m.create(&f.alice, spec("one", 101), Box::new(|_: &str| {})).await.unwrap();
+    // The node holds two boxes, one of them warm: the next box asked for
+    // takes the warm one's room.
+    let warm_id = m.store.list(None).unwrap().into_iter().find(|b| b.account.0 == WARM_ACCOUNT).unwrap().id;
+    let two = m.create(&f.alice, spec("two", 102), Box::new(|_: &str| {})).await.unwrap();
+    assert_ne!(two.id, warm_id);
+    assert!(m.store.get_by_id(&warm_id).unwrap().is_none(), "the warm box was kept");
+    assert_eq!(f.backend.host_name(&warm_id), None, "the warm box still runs");
+    // With no warm box left to give way, a full node says so.
+    let full = m.create(&f.alice, spec("three", 103), Box::new(|_: &str| {})).await;
+    assert!(matches!(full, Err(ManagerError::NoRoomHere(StoreError::NodeFull { .. }))), "{full:?}");
 }

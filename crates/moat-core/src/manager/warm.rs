@@ -23,7 +23,8 @@ pub use crate::ids::WARM_ACCOUNT;
 /// `new`s back to back are not slowed by one being made beside them.
 const REFILL_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// How many kinds `new` asked for are remembered: more than any pool holds.
+/// How many kinds `new` asked for are remembered (a pool of more keeps the
+/// kinds it holds, but may forget how often they were asked for).
 const KINDS_REMEMBERED: usize = 64;
 
 /// What a warm box must be to be given for a `new`.
@@ -35,12 +36,12 @@ pub(super) struct Kind {
 }
 
 /// The warm boxes, by kind, the kinds one is being made of, and the kinds
-/// `new` asked for, the latest last.
+/// `new` asked for, the latest last, with how often.
 #[derive(Default)]
 pub(super) struct Warm {
     ready: HashMap<Kind, BoxRecord>,
     making: HashSet<Kind>,
-    asked: Vec<Kind>,
+    asked: Vec<(Kind, u32)>,
 }
 
 fn warm_account() -> AccountId {
@@ -139,6 +140,18 @@ impl BoxManager {
         Ok(rec)
     }
 
+    /// Removes every ready warm box, so that a box asked for has their room
+    /// on a full node; whether there was any.
+    pub(super) async fn give_way_warm(&self) -> bool {
+        let ready: Vec<BoxRecord> = self.warm().ready.drain().map(|(_, rec)| rec).collect();
+        for rec in &ready {
+            let lock = self.lock_for(&rec.id);
+            let _guard = lock.lock().await;
+            self.discard_warm(rec).await;
+        }
+        !ready.is_empty()
+    }
+
     /// Removes a warm box the store still records as one (its lock held).
     /// If its files or processes cannot be removed, the record stays, and
     /// the next start rolls it back as any half-made box.
@@ -173,21 +186,26 @@ impl BoxManager {
         }
         let evicted = {
             let mut warm = self.warm();
-            warm.asked.retain(|k| k != &kind);
-            warm.asked.push(kind.clone());
+            let asks = warm.asked.iter().position(|(k, _)| k == &kind).map_or(0, |i| warm.asked.remove(i).1);
+            let asks = asks.saturating_add(1);
+            warm.asked.push((kind.clone(), asks));
             if warm.asked.len() > KINDS_REMEMBERED {
                 warm.asked.remove(0);
             }
-            if warm.ready.contains_key(&kind) || warm.making.contains(&kind) {
+            // A kind other than the default's is booted ahead once asked for
+            // again: one-off limits would each cost a box made and thrown
+            // away (and another kind's place).
+            let wanted = asks >= 2 || kind == self.default_kind(&kind.image);
+            if !wanted || warm.ready.contains_key(&kind) || warm.making.contains(&kind) {
                 return;
             }
             let mut evicted = None;
             if warm.ready.len() + warm.making.len() >= self.config.warm_boxes {
                 // The ready box of the kind asked for longest ago (a kind
                 // forgotten, first of all).
-                let remembered = |k: &&Kind| warm.asked.contains(k);
+                let remembered = |k: &&Kind| warm.asked.iter().any(|(a, _)| a == *k);
                 let forgotten = warm.ready.keys().find(|k| !remembered(k)).cloned();
-                let oldest = || warm.asked.iter().find(|k| warm.ready.contains_key(*k)).cloned();
+                let oldest = || warm.asked.iter().map(|(k, _)| k).find(|k| warm.ready.contains_key(*k)).cloned();
                 let Some(other) = forgotten.or_else(oldest) else { return };
                 evicted = warm.ready.remove(&other);
             }
