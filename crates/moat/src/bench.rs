@@ -245,16 +245,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     let n = args.iterations;
     let dir = &args.state_dir;
     let account = AccountId("bench".into());
-    let spec = |name: &str| -> Result<BoxSpec> {
-        Ok(BoxSpec {
-            name: Name::new(name)?,
-            image: Name::new("busybox")?,
-            limits: Limits::default(),
-            policy: Default::default(),
-            backend: None,
-            run: false,
-        })
-    };
+    let spec = busybox;
 
     eprintln!("bench: create a box and run true, {n} times with a warm box ready and {n} times made on demand");
     let image = Name::new("busybox")?;
@@ -605,6 +596,18 @@ async fn egress_samples(
         manager.remove(account, &Name::new(name)?).await?;
     }
     Ok(samples)
+}
+
+/// A busybox box called `name`, with everything else as `new` gives it.
+pub fn busybox(name: &str) -> Result<BoxSpec> {
+    Ok(BoxSpec {
+        name: Name::new(name)?,
+        image: Name::new("busybox")?,
+        limits: Limits::default(),
+        policy: Default::default(),
+        backend: None,
+        run: false,
+    })
 }
 
 /// Waits (at most 2 s) until a warm box of `image` is ready.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use moat_core::{AccountId, BoxManager, BoxSpec, Name};
 
-use crate::bench::{bwrap_true, ms, run_true, time_command, wait_warm, Samples};
+use crate::bench::{busybox, bwrap_true, ms, run_true, time_command, wait_warm, Samples};
 
 /// `moat bench --bursts`: `rounds` bursts of `size` busybox creates, each
 /// after a quiet second (a warm box ready, the spares below it made again),
@@ -24,17 +24,7 @@ pub async fn rounds(manager: &Arc<BoxManager>, rounds: usize, size: usize) -> Re
         eprintln!("bench: burst {}/{rounds}: {size} creates at once, then {size} bwraps at once", round + 1);
         wait_warm(manager, &image).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let spec = |i: usize| -> Result<BoxSpec> {
-            Ok(BoxSpec {
-                name: Name::new(&format!("burst{round}-{i}"))?,
-                image: image.clone(),
-                limits: moat_core::Limits::default(),
-                policy: Default::default(),
-                backend: None,
-                run: false,
-            })
-        };
-        ours.push(moat(manager, &account, size, spec).await?);
+        ours.push(moat(manager, &account, size, |i| busybox(&format!("burst{round}-{i}"))).await?);
         theirs.push(tokio::task::spawn_blocking(move || bwrap(size)).await??);
     }
     println!("| burst of {size} ({rounds} rounds) | p50 | p95 | max | bwrap p50 | p95 | max | ratio (p95) |");

@@ -421,14 +421,7 @@ pub async fn make_box(
     name: &str,
     policy: Policy,
 ) -> Result<()> {
-    let spec = moat_core::BoxSpec {
-        name: moat_core::Name::new(name)?,
-        image: moat_core::Name::new("busybox")?,
-        limits: moat_core::Limits::default(),
-        policy,
-        backend: None,
-        run: false,
-    };
+    let spec = moat_core::BoxSpec { policy, ..crate::bench::busybox(name)? };
     manager.create(account, spec, Box::new(|_: &str| {})).await?;
     Ok(())
 }

@@ -247,9 +247,9 @@ fn rules() -> Vec<Message> {
         base_chain("add chain dropped", "dropped", "filter", 0),
         report,
     ];
-    batch.extend(out.iter().map(|r| rule("out", r)));
-    batch.extend(dropped.iter().map(|r| rule("dropped", r)));
-    batch.push(rule("report", &[Expr::Limit, Expr::Log]));
+    batch.extend(out.iter().map(|r| rule("add a rule to chain out", "out", r)));
+    batch.extend(dropped.iter().map(|r| rule("add a rule to chain dropped", "dropped", r)));
+    batch.push(rule("add a rule to chain report", "report", &[Expr::Limit, Expr::Log]));
     batch.push(batch_marker(NFNL_MSG_BATCH_END));
     batch
 }
@@ -277,12 +277,7 @@ fn base_chain(what: &'static str, name: &str, kind: &str, priority: i32) -> Mess
     m
 }
 
-fn rule(chain: &str, exprs: &[Expr]) -> Message {
-    let what = match chain {
-        "out" => "add a rule to chain out",
-        "dropped" => "add a rule to chain dropped",
-        _ => "add a rule to chain report",
-    };
+fn rule(what: &'static str, chain: &str, exprs: &[Expr]) -> Message {
     let mut m = nft(what, NFT_MSG_NEWRULE, NLM_F_APPEND);
     m.string(NFTA_RULE_TABLE, TABLE).string(NFTA_RULE_CHAIN, chain);
     m.nest(NFTA_RULE_EXPRESSIONS);

@@ -89,7 +89,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, T: Send + 'static> Stock<K, T> {
         }
         let (shared, discard, depth, quiet) =
             (Arc::clone(&self.shared), Arc::clone(&self.discard), self.depth, self.quiet);
-        let unmark = (Arc::clone(&shared), key.clone());
+        let key_again = key.clone();
         let batch = move || {
             let asked = Instant::now();
             let missing = loop {
@@ -122,9 +122,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, T: Send + 'static> Stock<K, T> {
         };
         // Without a thread, no batch: the next refill may try again.
         if std::thread::Builder::new().spawn(batch).is_err() {
-            let (shared, key) = unmark;
-            let mut shared = Self::lock(&shared);
-            if let Some(slot) = shared.slots.get_mut(&key) {
+            if let Some(slot) = Self::lock(&self.shared).slots.get_mut(&key_again) {
                 slot.making = false;
             }
         }
