@@ -64,7 +64,13 @@ pub fn if_syscall(prog: &mut Vec<sock_filter>, nr: libc::c_long, block: &[sock_f
 /// A block that allows the call when the low half of its first argument is
 /// one of `allowed`, and fails it with `errno` otherwise.
 pub fn arg0_one_of(allowed: &[u32], errno: i32) -> Vec<sock_filter> {
-    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(0))];
+    arg_one_of(0, allowed, errno)
+}
+
+/// A block that allows the call when the low half of argument `arg` is one
+/// of `allowed`, and fails it with `errno` otherwise.
+pub fn arg_one_of(arg: u32, allowed: &[u32], errno: i32) -> Vec<sock_filter> {
+    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(arg))];
     for (i, value) in allowed.iter().enumerate() {
         let to_allow = u8::try_from(allowed.len() - i).unwrap_or(u8::MAX);
         block.push(jump(BPF_JEQ_K, *value, to_allow, 0));

@@ -233,17 +233,28 @@ impl Pool {
         self.root.join("vm-states")
     }
 
-    /// Where box `id`'s whole machine is kept while it is saved (a parked VM
-    /// box, or a copy of a running one until its first session): it belongs
-    /// to the disk it was saved with, and goes with it.
+    /// Where box `id`'s machine is kept while it is saved (a parked VM box,
+    /// or a copy of a running one until its first session): its devices'
+    /// state, with its memory beside it in [`Pool::vm_memory`] (or within, for
+    /// a machine booted before memory files). It belongs to the disk it was
+    /// saved with, and goes with it.
     pub fn saved_machine(&self, id: &BoxId) -> PathBuf {
         self.vm_states_dir().join(format!("{id}.state"))
     }
 
-    /// Removes box `id`'s saved machine and any save of it cut short.
+    /// Box `id`'s guest memory: a file its QEMU maps as the guest's RAM
+    /// while the machine runs, and which stays as the memory of its saved
+    /// machine (the saved state then holds only the devices'), so a save
+    /// writes no memory and a copy of one is a reflink.
+    pub fn vm_memory(&self, id: &BoxId) -> PathBuf {
+        self.vm_states_dir().join(format!("{id}.mem"))
+    }
+
+    /// Removes box `id`'s saved machine, any save of it cut short, and its
+    /// guest memory (only ever called when no QEMU of it runs).
     pub fn forget_saved_machine(&self, id: &BoxId) -> std::io::Result<()> {
         let saved = self.saved_machine(id);
-        for path in [saved.with_extension("partial"), saved] {
+        for path in [saved.with_extension("partial"), saved, self.vm_memory(id)] {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
                 _ => {}

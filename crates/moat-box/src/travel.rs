@@ -1,5 +1,5 @@
 //! What a VM box takes along when it moves to another node, besides its
-//! disk: its saved machine (so its processes go on there) and its TLS CA's
+//! disk: its saved machine and its memory (so its processes go on there) and its TLS CA's
 //! key (which its running guest trusts). Both are put beside the disk in the
 //! box's subvolume, which `btrfs send` carries and the guest never sees (it
 //! sees only its disk), and are taken out again on the node that received it.
@@ -31,9 +31,12 @@ pub fn pack(pool: &Pool, id: &BoxId) -> io::Result<bool> {
     if !saved.exists() {
         return Ok(false);
     }
+    let memory = pool.vm_memory(id);
+    // Copies within the pool are reflinks (`copy_file_range`), holes kept.
     let packed = fs::create_dir(&travel)
         .and_then(|()| fs::copy(&saved, travel.join("machine.state")))
-        .and_then(|_| fs::copy(pool.ca_key_path(id), travel.join("ca.pem")));
+        .and_then(|_| if memory.exists() { fs::copy(&memory, travel.join("machine.mem")).map(drop) } else { Ok(()) })
+        .and_then(|()| fs::copy(pool.ca_key_path(id), travel.join("ca.pem")));
     if let Err(e) = packed {
         let _ = fs::remove_dir_all(&travel);
         return Err(io::Error::new(
@@ -55,6 +58,10 @@ pub fn unpack(pool: &Pool, id: &BoxId) -> io::Result<Option<String>> {
     let key = fs::read_to_string(travel.join("ca.pem"))?;
     fs::create_dir_all(pool.vm_states_dir())?;
     fs::copy(travel.join("machine.state"), pool.saved_machine(id))?;
+    let memory = travel.join("machine.mem");
+    if memory.exists() {
+        fs::copy(&memory, pool.vm_memory(id))?;
+    }
     fs::remove_dir_all(&travel)?;
     Ok(Some(key))
 }

@@ -193,26 +193,54 @@ impl VmMachine {
             cmdline: qemu::cmdline(self.config.accel, crate::vm::probe::host_tsc_khz()),
             mac: qemu::random_mac(),
             incoming: false,
+            memory_file: false,
         }
     }
 
     /// Where a box's machine is saved while it is parked, or a copy's
     /// machine until it first runs (outside the box's subvolume: the
     /// memory is not the box's disk use).
-    fn memory_path(&self, id: &moat_core::BoxId) -> PathBuf {
+    fn saved_path(&self, id: &moat_core::BoxId) -> PathBuf {
         self.host.pool.saved_machine(id)
     }
 
-    /// Writes the running box's whole machine to `to`, runs `meanwhile`
-    /// while it stands still just as saved (its disk flushed), and with
-    /// `go_on` leaves it as it was (running, or paused); without, it stays
-    /// stopped as saved, its disk never written again (it is to be ended).
-    fn save_memory(
+    /// The file that is the guest's memory this boot, the box's uid's alone:
+    /// a new one for a fresh boot (nothing of an earlier machine in it), the
+    /// one saved beside the machine for a resume; `None` for a machine saved
+    /// before memory files (its memory is in its save).
+    fn memory_file(&self, rec: &BoxRecord, resume: bool) -> std::io::Result<Option<PathBuf>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.host.pool.vm_memory(&rec.id);
+        if resume {
+            if !path.exists() {
+                return Ok(None);
+            }
+        } else {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            std::fs::create_dir_all(self.host.pool.vm_states_dir())?;
+            let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+            // Sparse: only what the guest touches takes room.
+            file.set_len(self.spec(rec).memory_mib << 20)?;
+        }
+        // A copy's is a reflink root made.
+        std::os::unix::fs::chown(&path, Some(rec.uid_base()), Some(rec.uid_base()))?;
+        Ok(Some(path))
+    }
+
+    /// Writes the running box's machine to `to` (its devices; its memory too
+    /// if it has no memory file), runs `meanwhile` while it stands still just
+    /// as saved (its disk flushed), and with `go_on` leaves it as it was
+    /// (running, or paused); without, it stays stopped as saved, its disk and
+    /// memory never written again (it is to be ended).
+    fn save_machine(
         &self,
         rec: &BoxRecord,
         to: &Path,
         go_on: bool,
-        meanwhile: impl FnOnce() -> Result<(), crate::pool::PoolError>,
+        meanwhile: impl FnOnce() -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
         use std::os::unix::fs::OpenOptionsExt;
         let fail = |e: std::io::Error| BackendError::new(format!("save {}'s machine", rec.name), e);
@@ -229,8 +257,9 @@ impl VmMachine {
         let hold = supervise::Hold::take(&run_dir).inspect_err(
             |e| tracing::warn!(box_id = %rec.id, error = %e, "could not hold the agent's link for a save"),
         );
-        let saved = qmp.save(&file).map_err(fail);
-        let done = saved.and_then(|()| meanwhile().map_err(|e| BackendError::new(format!("copy {}", rec.name), e)));
+        // A QEMU maps a memory file exactly when one is there (see `memory_file`).
+        let saved = qmp.save(&file, self.host.pool.vm_memory(&rec.id).exists()).map_err(fail);
+        let done = saved.and_then(|()| meanwhile());
         if let Ok(hold) = hold {
             if let Err(e) = hold.release() {
                 tracing::warn!(box_id = %rec.id, error = %e, "could not let the agent's link go after a save");
@@ -334,6 +363,9 @@ impl VmMachine {
         let started = std::time::Instant::now();
         let initramfs = self.write_initramfs(rec, &run_dir)?;
         tracing::debug!(box_id = %rec.id, took = ?started.elapsed(), "vm initramfs written");
+        let memory = self
+            .memory_file(rec, saved.is_some())
+            .map_err(|e| BackendError::new(format!("make {}'s memory file", rec.name), e))?;
         self.host.cgroups.create(&rec.id, &rec.limits).map_err(|e| BackendError::new("create cgroup", e))?;
         let plan = VmPlan {
             qemu: self.config.qemu.clone(),
@@ -341,10 +373,11 @@ impl VmMachine {
             initramfs,
             disk: self.disk_path(rec),
             run_dir,
-            machine: MachineSpec { incoming: saved.is_some(), ..self.spec(rec) },
+            machine: MachineSpec { incoming: saved.is_some(), memory_file: memory.is_some(), ..self.spec(rec) },
             uid: rec.uid_base(),
             cgroup_procs: self.host.cgroups.procs_files(&rec.id),
             incoming: saved.map(Path::to_path_buf),
+            memory,
             boot_timeout_ms: BOOT_TIMEOUT.as_millis() as u64,
         };
         let json = serde_json::to_vec(&plan).map_err(|e| BackendError::new("encode the plan", e))?;
@@ -354,6 +387,18 @@ impl VmMachine {
         })?;
         tracing::debug!(box_id = %rec.id, prepared = ?helper - started, up = ?helper.elapsed(), "vm booted");
         Ok(pid)
+    }
+
+    /// Makes `dst`'s memory file a copy of `src`'s, if it has one: a reflink,
+    /// which first writes out the pages the guest dirtied since they were
+    /// last written (the machine is stopped meanwhile, or not running).
+    fn copy_memory(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<(), BackendError> {
+        let from = self.host.pool.vm_memory(&src.id);
+        if !from.exists() {
+            return Ok(());
+        }
+        clone_file(&from, &self.host.pool.vm_memory(&dst.id))
+            .map_err(|e| BackendError::new(format!("copy {}'s memory", src.name), e))
     }
 
     /// Marks `rec`, just copied, for its guest to be re-keyed on its first run.
@@ -401,7 +446,7 @@ impl Machine for VmMachine {
     }
 
     fn start(&self, rec: &BoxRecord) -> Result<u32, BackendError> {
-        let saved = self.memory_path(&rec.id);
+        let saved = self.saved_path(&rec.id);
         if saved.exists() {
             let started = std::time::Instant::now();
             let resumed = self.boot(rec, Some(&saved));
@@ -451,14 +496,15 @@ impl Machine for VmMachine {
     }
 
     fn park(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        let saved = self.memory_path(&rec.id);
+        let saved = self.saved_path(&rec.id);
         let partial = saved.with_extension("partial");
         let mut kept = false;
-        if self.host.runs(&rec.id) {
+        let ran = self.host.runs(&rec.id);
+        if ran {
             // QEMU answers QMP only when not frozen; its vCPUs stay paused,
             // and after the save it never runs them or writes its disk again.
             self.host.cgroups.thaw(&rec.id).map_err(|e| BackendError::new(format!("thaw {}", rec.name), e))?;
-            match self.save_memory(rec, &partial, false, || Ok(())) {
+            match self.save_machine(rec, &partial, false, || Ok(())) {
                 Ok(()) => kept = true,
                 Err(e) => tracing::warn!(box_id = %rec.id, error = %e, "could not save a parked machine"),
             }
@@ -468,6 +514,9 @@ impl Machine for VmMachine {
         // this leaves a partial file the next park or removal replaces).
         if kept {
             std::fs::rename(&partial, &saved).map_err(|e| BackendError::new("keep the saved machine", e))?;
+        } else if ran {
+            // The memory of a machine that was not saved.
+            let _ = std::fs::remove_file(self.host.pool.vm_memory(&rec.id));
         }
         Ok(())
     }
@@ -505,7 +554,7 @@ impl Machine for VmMachine {
     }
 
     fn copy(&self, src: &BoxRecord, dst: &BoxRecord) -> Result<Copied, BackendError> {
-        let memory = self.memory_path(&dst.id);
+        let saved = self.saved_path(&dst.id);
         if self.host.runs(&src.id) {
             // The machine is saved with its vCPUs paused and its disk
             // flushed, then its disk copied: the copy resumes as the very
@@ -516,9 +565,13 @@ impl Machine for VmMachine {
             let frozen = cgroups.is_frozen(&src.id);
             let copied = cgroups.thaw(&src.id).map_err(|e| BackendError::new(format!("thaw {}", src.name), e));
             let copied = copied.and_then(|()| {
-                self.save_memory(src, &memory, true, || {
+                self.save_machine(src, &saved, true, || {
                     fault::point("dup-while-frozen");
-                    self.host.pool.snapshot_box(&src.id, &dst.id).map(drop)
+                    self.host
+                        .pool
+                        .snapshot_box(&src.id, &dst.id)
+                        .map_err(|e| BackendError::new(format!("copy {}", src.name), e))?;
+                    self.copy_memory(src, dst)
                 })
             });
             if frozen {
@@ -531,11 +584,13 @@ impl Machine for VmMachine {
         let pool = &self.host.pool;
         pool.snapshot_box(&src.id, &dst.id).map_err(|e| BackendError::new(format!("copy {}", src.name), e))?;
         self.mark_copy(dst)?;
-        let saved = self.memory_path(&src.id);
-        if !saved.exists() {
+        let src_saved = self.saved_path(&src.id);
+        if !src_saved.exists() {
             return Ok(Copied::Files);
         }
-        clone_file(&saved, &memory).map_err(|e| BackendError::new(format!("copy {}'s saved machine", src.name), e))?;
+        clone_file(&src_saved, &saved)
+            .map_err(|e| BackendError::new(format!("copy {}'s saved machine", src.name), e))?;
+        self.copy_memory(src, dst)?;
         Ok(Copied::Machine)
     }
 

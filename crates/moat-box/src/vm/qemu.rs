@@ -57,6 +57,8 @@ impl Fds {
     pub const QMP: i32 = 8;
     /// A saved machine to resume (`-incoming`), when there is one.
     pub const INCOMING: i32 = 9;
+    /// The guest's memory, a file mapped shared (see [`MachineSpec::memory_file`]).
+    pub const MEMORY: i32 = 11;
 }
 
 /// What a box's machine is.
@@ -74,6 +76,13 @@ pub struct MachineSpec {
     pub mac: String,
     /// Resume a saved machine from [`Fds::INCOMING`] rather than boot.
     pub incoming: bool,
+    /// The guest's RAM is the file at [`Fds::MEMORY`], mapped shared, and
+    /// left out of saves (QEMU's `x-ignore-shared`, see [`Qmp::save`] and
+    /// [`Qmp::load`]): a saved machine is its devices' state beside that
+    /// file. Without, RAM is QEMU's own and a save writes it (a machine saved
+    /// so is resumed so).
+    #[serde(default)]
+    pub memory_file: bool,
 }
 
 /// Memory QEMU itself needs beside the guest's, within the box's limit.
@@ -117,9 +126,13 @@ pub fn args(machine: &MachineSpec) -> Vec<String> {
         Accel::Kvm => "kvm".to_string(),
         Accel::Tcg => format!("tcg,tb-size={TCG_CACHE_MIB}"),
     };
+    let board = match machine.memory_file {
+        true => "microvm,x-option-roms=off,memory-backend=ram",
+        false => "microvm,x-option-roms=off",
+    };
     let mut args: Vec<String> = [
         "-M",
-        "microvm,x-option-roms=off",
+        board,
         "-accel",
         &accel,
         "-m",
@@ -171,22 +184,44 @@ pub fn args(machine: &MachineSpec) -> Vec<String> {
     .iter()
     .map(ToString::to_string)
     .collect();
+    if machine.memory_file {
+        args.extend([
+            "-object".to_string(),
+            format!(
+                "memory-backend-file,id=ram,size={}M,mem-path=/proc/self/fd/{},share=on",
+                machine.memory_mib,
+                Fds::MEMORY
+            ),
+        ]);
+    }
     if machine.incoming {
-        args.extend(["-incoming".to_string(), format!("fd:{}", Fds::INCOMING)]);
+        // A machine whose memory is its file is loaded once told to ignore
+        // that file's block (QEMU 7.2 sets no capability from its command line).
+        let from = if machine.memory_file { "defer".to_string() } else { format!("fd:{}", Fds::INCOMING) };
+        args.extend(["-incoming".to_string(), from]);
     }
     args
 }
 
+/// The `fallocate` modes QEMU may use: discarding (punching holes) and
+/// zeroing or allocating within the length its rlimit bounds. Allocating past
+/// a file's end while keeping its length is not among them: the guest's
+/// memory file is outside the box's disk quota, and a QEMU the guest took
+/// over could fill the pool that way (RLIMIT_FSIZE does not see it).
+const FALLOCATE_MODES: [u32; 3] =
+    [0, (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u32, libc::FALLOC_FL_ZERO_RANGE as u32];
+
 /// QEMU's own seccomp filter, beneath `-sandbox on` (which leaves socket
-/// families alone): the socket families a namespace box may use, and no
-/// other. AF_VSOCK, in particular, would reach this host's hypervisor from
-/// a QEMU the guest took over.
-pub fn socket_filter() -> Vec<libc::sock_filter> {
-    use crate::bpf::{arg0_one_of, if_syscall, prologue, stmt, BPF_RET_K, SECCOMP_RET_ALLOW};
+/// families and file sizes alone): the socket families a namespace box may
+/// use, and no other (AF_VSOCK, in particular, would reach this host's
+/// hypervisor from a QEMU the guest took over); and [`FALLOCATE_MODES`].
+pub fn filter() -> Vec<libc::sock_filter> {
+    use crate::bpf::{arg0_one_of, arg_one_of, if_syscall, prologue, stmt, BPF_RET_K, SECCOMP_RET_ALLOW};
     let mut prog = prologue();
     let families = arg0_one_of(&crate::host::ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT);
     if_syscall(&mut prog, libc::SYS_socket, &families);
     if_syscall(&mut prog, libc::SYS_socketpair, &families);
+    if_syscall(&mut prog, libc::SYS_fallocate, &arg_one_of(1, &FALLOCATE_MODES, libc::EOPNOTSUPP));
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
     prog
 }
@@ -251,10 +286,12 @@ impl Qmp {
         Ok(status.get("running").and_then(serde_json::Value::as_bool).unwrap_or(false))
     }
 
-    /// Writes the whole machine (memory and devices) to `file`, its vCPUs
-    /// paused for good measure (`cont` runs it on); waits until it is written.
-    pub fn save(&mut self, file: &std::fs::File) -> io::Result<()> {
+    /// Writes the machine to `file`, its vCPUs paused for good measure
+    /// (`cont` runs it on); waits until it is written. With `memory_file`
+    /// (its RAM is a file it maps shared) only its devices are written.
+    pub fn save(&mut self, file: &std::fs::File, memory_file: bool) -> io::Result<()> {
         self.execute("stop", serde_json::Value::Null)?;
+        self.ignore_shared(memory_file)?;
         // The default bandwidth cap (128 MiB/s) is for links, not a local file.
         self.execute("migrate-set-parameters", serde_json::json!({ "max-bandwidth": 64u64 << 30 }))?;
         self.send_fd("moat-save", file)?;
@@ -275,6 +312,20 @@ impl Qmp {
                 _ => std::thread::sleep(Duration::from_millis(2)),
             }
         }
+    }
+
+    /// Loads a saved machine from descriptor `fd` into a QEMU started with
+    /// `-incoming defer`, its RAM the file it was saved beside (see [`Qmp::save`]).
+    pub fn load(&mut self, fd: i32) -> io::Result<()> {
+        self.ignore_shared(true)?;
+        self.execute("migrate-incoming", serde_json::json!({ "uri": format!("fd:{fd}") })).map(drop)
+    }
+
+    /// Whether saves and loads pass over RAM mapped shared from a file (both
+    /// ends must agree: the stream's layout depends on it).
+    fn ignore_shared(&mut self, on: bool) -> io::Result<()> {
+        let capability = serde_json::json!({ "capability": "x-ignore-shared", "state": on });
+        self.execute("migrate-set-capabilities", serde_json::json!({ "capabilities": [capability] })).map(drop)
     }
 
     /// Hands QEMU a descriptor by `name` (QMP `getfd`).
@@ -339,7 +390,7 @@ mod tests {
     fn qemu_gets_no_vsock_socket() {
         use crate::bpf::test::run;
         use crate::bpf::{SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO};
-        let prog = socket_filter();
+        let prog = filter();
         let nr = |n: libc::c_long| n as u32;
         let refused = SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32;
         for family in [libc::AF_VSOCK, libc::AF_PACKET, libc::AF_ALG] {
@@ -351,6 +402,21 @@ mod tests {
     }
 
     #[test]
+    fn qemu_cannot_allocate_past_a_files_end() {
+        use crate::bpf::test::run;
+        use crate::bpf::{SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO};
+        let prog = filter();
+        let fallocate = |mode: i32| run(&prog, libc::SYS_fallocate as u32, [9, mode as u64, 0, 1 << 40, 0, 0]);
+        let refused = SECCOMP_RET_ERRNO | libc::EOPNOTSUPP as u32;
+        for mode in [libc::FALLOC_FL_KEEP_SIZE, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE] {
+            assert_eq!(fallocate(mode), refused, "{mode:#x}");
+        }
+        for mode in [0, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, libc::FALLOC_FL_ZERO_RANGE] {
+            assert_eq!(fallocate(mode), SECCOMP_RET_ALLOW, "{mode:#x}");
+        }
+    }
+
+    #[test]
     fn a_machine_opens_nothing_by_a_path_of_the_host() {
         let m = MachineSpec {
             accel: Accel::Tcg,
@@ -359,12 +425,16 @@ mod tests {
             cmdline: cmdline(Accel::Tcg, None),
             mac: random_mac(),
             incoming: true,
+            memory_file: true,
         };
         let args = args(&m);
         let joined = args.join(" ");
         assert!(joined.contains("-sandbox on,"), "{joined}");
         assert!(joined.contains("-nodefaults"));
         assert!(args.iter().all(|a| !a.contains("/var/") && !a.contains("/boot/")), "{joined}");
-        assert!(joined.ends_with("-incoming fd:9"), "{joined}");
+        assert!(joined.ends_with("-incoming defer"), "{joined}");
+        let without = super::args(&MachineSpec { memory_file: false, ..m });
+        assert!(without.join(" ").ends_with("-incoming fd:9"), "{joined}");
+        assert!(joined.contains("mem-path=/proc/self/fd/11,share=on"), "{joined}");
     }
 }

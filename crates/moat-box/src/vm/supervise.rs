@@ -52,6 +52,9 @@ pub struct VmPlan {
     pub cgroup_procs: Vec<PathBuf>,
     /// A saved machine to resume rather than boot.
     pub incoming: Option<PathBuf>,
+    /// The file that is the guest's memory (with [`MachineSpec::memory_file`]).
+    #[serde(default)]
+    pub memory: Option<PathBuf>,
     /// How long the guest may take to come up.
     pub boot_timeout_ms: u64,
 }
@@ -193,6 +196,12 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     let disk_read = std::fs::File::open(&plan.disk).map_err(context("open the disk"))?;
     let incoming =
         plan.incoming.as_ref().map(std::fs::File::open).transpose().map_err(context("open saved machine"))?;
+    let memory = plan
+        .memory
+        .as_ref()
+        .map(|path| std::fs::OpenOptions::new().read(true).write(true).open(path))
+        .transpose()
+        .map_err(context("open the guest's memory"))?;
     let (agent_link, qemu_agent) = UnixStream::pair()?;
     let qmp_path = qmp_socket(&plan.run_dir);
     let qmp = listen(&qmp_path).map_err(context("listen for QMP"))?;
@@ -226,21 +235,32 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     if let Some(saved) = &incoming {
         fds.push((saved.as_fd(), Fds::INCOMING));
     }
+    if let Some(memory) = &memory {
+        fds.push((memory.as_fd(), Fds::MEMORY));
+    }
     // QEMU reads its program, libraries and firmware, the kernel and its
-    // initramfs, and uses /dev/kvm; it writes no file and makes none (its
-    // disk, sockets and saved machines are descriptors it is handed).
+    // initramfs, and uses /dev/kvm; it writes no file but the guest's memory
+    // (reopened through its descriptor) and makes none (its disk, sockets and
+    // saved machines are descriptors it is handed).
     let (kernel_path, initramfs_path) = (plan.kernel.as_path(), plan.initramfs.as_path());
     let read: Vec<&Path> = ["/usr", "/lib", "/lib64", "/etc", "/proc", "/sys", "/dev"]
         .iter()
         .map(Path::new)
         .chain([kernel_path, initramfs_path])
         .collect();
-    let ruleset = sys::landlock(&read, &[Path::new("/dev/kvm"), Path::new("/dev/null")])
-        .map_err(context("confine qemu with landlock"))?;
-    sys::child_setup(&mut cmd, &fds, qemu::socket_filter(), ruleset.as_ref().map(AsFd::as_fd))?;
+    let written: Vec<&Path> =
+        [Path::new("/dev/kvm"), Path::new("/dev/null")].into_iter().chain(plan.memory.as_deref()).collect();
+    let ruleset = sys::landlock(&read, &written).map_err(context("confine qemu with landlock"))?;
+    // No file QEMU writes grows longer than the box's disk or its memory
+    // (with room for the devices' state of a save holding it all): its
+    // memory file and saves are outside the box's disk quota.
+    let longest = disk.metadata()?.len().max((plan.machine.memory_mib + 64) << 20);
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_FSIZE, longest, longest)
+        .map_err(|e| io::Error::other(format!("limit qemu's file sizes: {e}")))?;
+    sys::child_setup(&mut cmd, &fds, qemu::filter(), ruleset.as_ref().map(AsFd::as_fd))?;
     let mut child = cmd.spawn().map_err(context("run qemu"))?;
     drop(cmd);
-    drop((kernel, initramfs, disk, disk_read, qemu_agent, tap, qmp, incoming, ruleset));
+    drop((kernel, initramfs, disk, disk_read, qemu_agent, tap, qmp, incoming, memory, ruleset));
     // From here on everything it reads is hostile: no privilege left to lose.
     crate::confine::supervisor(plan.uid, plan.uid, child.id()).map_err(context("confine the supervisor"))?;
 
@@ -253,7 +273,7 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     std::thread::spawn(move || keep_console(errors, logs.1, None));
     let timeout = Duration::from_millis(plan.boot_timeout_ms);
     let came_up = match resume_qmp {
-        Some(qmp) => resumed(qmp, timeout),
+        Some(qmp) => resumed(qmp, plan.machine.memory_file, timeout),
         None => booted(&up, timeout),
     };
     if let Err(e) = came_up {
@@ -433,10 +453,14 @@ fn booted(up: &mpsc::Receiver<()>, timeout: Duration) -> io::Result<()> {
 }
 
 /// Waits until QEMU, loading a saved machine, runs it (`qmp`: a connection
-/// to its QMP socket made before it ran).
-fn resumed(qmp: UnixStream, timeout: Duration) -> io::Result<()> {
+/// to its QMP socket made before it ran); one whose memory is its file is
+/// told to load first (it was started to wait: see [`qemu::args`]).
+fn resumed(qmp: UnixStream, memory_file: bool, timeout: Duration) -> io::Result<()> {
     let deadline = std::time::Instant::now() + timeout;
     let mut conn = qemu::Qmp::on(qmp, timeout)?;
+    if memory_file {
+        conn.load(Fds::INCOMING)?;
+    }
     while std::time::Instant::now() < deadline {
         let status = conn.execute("query-status", serde_json::Value::Null)?;
         match status.get("status").and_then(|s| s.as_str()) {

@@ -319,10 +319,22 @@ pub fn restart_and_park_keep_the_guest_running(env: &Env) {
         std::thread::sleep(Duration::from_millis(500));
     }
     let saved = daemon.state_dir.join("pool/vm-states");
-    assert_eq!(std::fs::read_dir(&saved).map(Iterator::count).unwrap_or(0), 1, "no saved machine in {saved:?}");
+    let files = |extension: &str| -> Vec<std::path::PathBuf> {
+        let entries = std::fs::read_dir(&saved).into_iter().flatten().filter_map(Result::ok);
+        entries.map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == extension)).collect()
+    };
+    let (states, memories) = (files("state"), files("mem"));
+    assert_eq!((states.len(), memories.len()), (1, 1), "no saved machine in {saved:?}");
+    // The save is the devices' state alone: the guest's memory is its file.
+    use std::os::unix::fs::MetadataExt;
+    let state_bytes = std::fs::metadata(&states[0]).unwrap().len();
+    let memory_bytes = std::fs::metadata(&memories[0]).unwrap().blocks() * 512;
+    assert!(state_bytes < 4 << 20, "the saved state holds {state_bytes} bytes: the memory went into it");
+    assert!(memory_bytes > 8 << 20, "the guest's memory file holds only {memory_bytes} bytes");
     let out = ssh(&daemon, Some("keeper"), &["ps | grep -q '[s]leep 1000' && echo still-running; cat /root/data"]).ok();
     assert_eq!(out.stdout, "still-running\nprecious\n");
-    assert_eq!(std::fs::read_dir(&saved).map(Iterator::count).unwrap_or(0), 0, "the saved machine was kept");
+    assert_eq!(files("state").len(), 0, "the saved machine was kept");
+    assert_eq!(files("mem"), memories, "the resumed guest's memory is not the file it was saved with");
     daemon.purge();
 }
 
