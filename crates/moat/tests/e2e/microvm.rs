@@ -107,17 +107,23 @@ pub fn box_runs_its_own_kernel_over_ssh(env: &Env) {
         if own.iter().any(|o| target.starts_with(o)) {
             continue;
         }
-        // Files: this box's own (its disk, its initramfs, owned by the uid
-        // QEMU runs as) and the guest kernel; nothing else of moat's.
-        let ours = target.contains(&format!("/{id}/")) || target.contains("/pool/vm-kernels/");
+        // Files: this box's own (its disk, its initramfs and its memory,
+        // owned by the uid QEMU runs as) and the guest kernel; nothing else of moat's.
+        let memory = target.ends_with(&format!("/pool/vm-states/{id}.mem"));
+        let ours = target.contains(&format!("/{id}/")) || target.contains("/pool/vm-kernels/") || memory;
         assert!(ours && !std::fs::metadata(&fd).unwrap().is_dir(), "QEMU holds {target} (fd {})", fd.display());
-        if target.ends_with("initramfs.cpio") {
+        if target.ends_with("initramfs.cpio") || memory {
             use std::os::unix::fs::MetadataExt;
             assert_eq!(std::fs::metadata(&fd).unwrap().uid().to_string(), field("Uid:"), "QEMU's uid is not the box's");
         }
         handed_files += 1;
     }
-    assert!(handed_files >= 3, "QEMU holds no kernel, initramfs or disk");
+    assert!(handed_files >= 4, "QEMU holds no kernel, initramfs, disk or memory");
+    // Its memory file is outside the box's disk quota: QEMU makes no file
+    // longer than the box's disk or memory.
+    let limits = std::fs::read_to_string(format!("/proc/{qemu}/limits")).unwrap();
+    let fsize = limits.lines().find(|l| l.starts_with("Max file size")).unwrap_or_default();
+    assert!(!fsize.contains("unlimited"), "QEMU may make a file of any size: {fsize}");
     // Its supervisor, which reads the guest's link and QEMU's answers, holds
     // no more than QEMU does: the box's uid, no capability, no privilege to
     // gain, its own seccomp filter.
