@@ -126,6 +126,7 @@ impl Gateway {
             ToGateway::Suspend { box_id } => {
                 if let Some(b) = boxes.get_mut(&box_id) {
                     b.close();
+                    tracing::debug!(%box_id, "a suspended box's sockets closed");
                 }
             }
             ToGateway::Detach { box_id } => {

@@ -53,13 +53,15 @@ pub async fn samples(
     let kernel = probe::distribution_kernel().context("no guest kernel in /boot")?;
     // As the backend learnt it (remembered under the state dir).
     let accel = crate::microvm::accel_here(state_dir, &kernel, agent);
-    let spec = |name: &str| -> Result<BoxSpec> {
+    // `extra_mib` more memory than the measured boxes': limits of their own,
+    // which no warm box has.
+    let spec_with = |name: &str, extra_mib: u64| -> Result<BoxSpec> {
         Ok(BoxSpec {
             name: Name::new(name)?,
             image: Name::new("busybox")?,
             limits: Limits {
                 cpus: 1,
-                memory: (GUEST_MIB + moat_box::vm::qemu::overhead_mib(accel)) << 20,
+                memory: (GUEST_MIB + moat_box::vm::qemu::overhead_mib(accel) + extra_mib) << 20,
                 ..Limits::default()
             },
             policy: Default::default(),
@@ -67,6 +69,7 @@ pub async fn samples(
             run: false,
         })
     };
+    let spec = |name: &str| spec_with(name, 0);
 
     eprintln!(
         "bench: a VM box created to its first command output, and raw QEMU booting the same kernel to its first \
@@ -88,7 +91,7 @@ pub async fn samples(
     let unpacked = moat_box::vm::vmlinux::unpacked(&kernel, &state_dir.join("pool/vm-kernels"))?;
     let stock = Guest { kernel: &kernel, agent, disk: Some(&disk), memory_mib: GUEST_MIB, as_box: None };
     let as_box = Guest { as_box: Some(&unpacked), ..stock };
-    let (mut raw, mut raw_as_box, mut created) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut raw, mut raw_as_box, mut created, mut warm) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..runs {
         // In turn, so that a slow patch of the host weighs on all alike.
         for (guest, took) in [(stock, &mut raw), (as_box, &mut raw_as_box)] {
@@ -97,14 +100,20 @@ pub async fn samples(
             took.push(probe::boot(guest, accel, Duration::from_secs(60))?.took);
             let _ = std::fs::remove_file(&disk);
         }
-        let name = Name::new(&format!("vm-{i}"))?;
-        let t = Instant::now();
-        manager.create(account, spec(name.as_str())?, Box::new(|_: &str| {})).await?;
-        let (handle, session) = manager.open_session(account, &name).await?;
-        first_byte(&handle.agent, "echo x").await?;
-        created.push(t.elapsed());
-        drop(session);
-        manager.remove(account, &name).await?;
+        // Booted on demand (limits of its own), then with a warm box ready
+        // (asked for every round, the kind is booted ahead after the first).
+        for (spec, took) in
+            [(spec_with(&format!("vm-{i}"), 1 + i as u64)?, &mut created), (spec(&format!("vm-warm-{i}"))?, &mut warm)]
+        {
+            let name = spec.name.clone();
+            let t = Instant::now();
+            manager.create(account, spec, Box::new(|_: &str| {})).await?;
+            let (handle, session) = manager.open_session(account, &name).await?;
+            first_byte(&handle.agent, "echo x").await?;
+            took.push(t.elapsed());
+            drop(session);
+            manager.remove(account, &name).await?;
+        }
     }
 
     eprintln!("bench: dup of a running {GUEST_MIB} MiB VM box, idle and holding {HELD_MIB} MiB, {runs} times each");
@@ -157,6 +166,12 @@ pub async fn samples(
                 moat_box::vm::qemu::BOOT_OPTIONS
             ),
             Samples::sorted(raw_as_box),
+        ),
+        (
+            "VM box: create + first output of `echo x`, a warm box of its kind ready".into(),
+            Samples::sorted(warm),
+            raw_peer.clone(),
+            raw.clone(),
         ),
     ];
     for (what, (returned, output)) in

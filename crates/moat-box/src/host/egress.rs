@@ -19,6 +19,7 @@ pub fn listeners_when_free(netns: &Path) -> io::Result<Vec<(Role, OwnedFd)>> {
     loop {
         match listeners_in(netns) {
             Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                tracing::debug!(error = %e, "a gateway port is still held");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(50));
             }

@@ -212,9 +212,13 @@ impl VmMachine {
         use std::os::unix::fs::OpenOptionsExt;
         let path = self.host.pool.vm_memory(&rec.id);
         if resume {
-            if !path.exists() {
-                return Ok(None);
-            }
+            let memory = match std::fs::File::open(&path) {
+                Ok(memory) => memory,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            // Read while QEMU starts: the guest touches it at once.
+            std::thread::spawn(move || crate::sys::read_ahead_data(&memory));
         } else {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),

@@ -54,6 +54,19 @@ impl BoxManager {
         }
     }
 
+    /// Tells the hooks the suspended box `id` is about to thaw, on a thread
+    /// of the blocking pool: its listeners wait for the gateway to let go of
+    /// the old ones, which needs the daemon's message to the gateway sent
+    /// meanwhile (waited for in place, the message sat queued behind this
+    /// worker until the wait's full second ran out: one resume in five, in
+    /// `moat bench`'s back-to-back suspend and resume).
+    pub(super) async fn network_resuming(&self, id: &BoxId) {
+        if let Some(hooks) = self.network.get().cloned() {
+            let id = id.clone();
+            let _ = tokio::task::spawn_blocking(move || hooks.resuming(&id)).await;
+        }
+    }
+
     /// Tells the hooks box `rec` is up at `handle` (`suspended`: found so at
     /// daemon start).
     pub(super) fn network_up(&self, rec: &BoxRecord, handle: &BoxHandle, suspended: bool) {

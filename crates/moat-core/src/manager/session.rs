@@ -68,7 +68,7 @@ impl BoxManager {
             let started = std::time::Instant::now();
             self.meter_box(rec).await?;
             let metered = started.elapsed();
-            self.tell_network(|hooks| hooks.resuming(&rec.id));
+            self.network_resuming(&rec.id).await;
             let listening = started.elapsed();
             let r = rec.clone();
             self.blocking(move |b| b.thaw(&r)).await??;
