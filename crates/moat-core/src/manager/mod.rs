@@ -288,6 +288,9 @@ pub struct ManagerConfig {
     /// Boxes kept booted ahead of demand (one of each kind, image, limits
     /// and backend, for the kinds `new` asked for last); 0: none.
     pub warm_boxes: usize,
+    /// How long a warm box of a kind other than an image's default is kept
+    /// once its kind is no longer asked for (a VM's QEMU runs all the while).
+    pub warm_kept: Duration,
     /// What isolates a box whose `new` does not say.
     pub default_backend: BackendKind,
 }
@@ -304,6 +307,7 @@ impl Default for ManagerConfig {
             max_disk_per_account: 256 << 30,
             max_checkpoints: 32,
             warm_boxes: 1,
+            warm_kept: Duration::from_secs(600),
             default_backend: BackendKind::Ns,
         }
     }

@@ -729,6 +729,45 @@ async fn restore_puts_a_box_back_boots_it_and_can_be_undone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_box_of_a_kind_no_longer_asked_for_goes() {
+    let f = fixture();
+    let kept = std::time::Duration::from_millis(1000);
+    let config = ManagerConfig { warm_boxes: 2, warm_kept: kept, ..ManagerConfig::default() };
+    let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
+    let spec = |n: &str, cpus: u32| BoxSpec {
+        name: name(n),
+        image: name("busybox"),
+        limits: Limits { cpus, ..Limits::default() },
+        policy: Policy::default(),
+        backend: None,
+        run: false,
+    };
+    let warm_ids = || -> Vec<BoxId> {
+        let all = m.store.list(None).unwrap().into_iter();
+        all.filter(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some()).map(|b| b.id).collect()
+    };
+    // Asked for twice: booted ahead, with the default kind's box beside it.
+    m.create(&f.alice, spec("a", 1), Box::new(|_: &str| {})).await.unwrap();
+    m.create(&f.alice, spec("b", 1), Box::new(|_: &str| {})).await.unwrap();
+    eventually("a warm box of the kind asked for", || m.warm_ready_for(&spec("x", 1))).await;
+    let asked_for = warm_ids();
+    // Asked for again while it waits: it stays past its time from the first asks.
+    tokio::time::sleep(kept / 2).await;
+    m.refill_warm(m.kind_of(&spec("x", 1)));
+    tokio::time::sleep(kept * 3 / 4).await;
+    assert!(m.warm_ready_for(&spec("x", 1)), "a warm box went while its kind was asked for");
+    // Unasked for its time, it goes, processes and record; the default kind's stays.
+    eventually("the unasked kind's box gone", || !m.warm_ready_for(&spec("x", 1))).await;
+    let gone: Vec<&BoxId> = asked_for.iter().filter(|id| m.store.get_by_id(id).unwrap().is_none()).collect();
+    assert_eq!(gone.len(), 1, "{asked_for:?}");
+    assert!(f.backend.host_name(gone[0]).is_none(), "the expired warm box still runs");
+    m.prepare_warm(&name("busybox"));
+    eventually("the default kind's box", || m.warm_ready(&name("busybox"))).await;
+    tokio::time::sleep(kept * 2).await;
+    assert!(m.warm_ready(&name("busybox")), "the default kind's warm box expired");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_takes_a_box_booted_ahead_and_a_restart_rolls_warm_ones_back() {
     let f = fixture();
     let warm = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), ManagerConfig::default());

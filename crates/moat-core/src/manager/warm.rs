@@ -2,17 +2,20 @@
 //! backend it asks for, if one is ready, and gives it its owner, name and
 //! policy: the root, identity, cgroup, namespaces and agent were made before
 //! anyone asked. The pool holds one box of each of the kinds `new` asked
-//! for last, as many kinds as the operator allows. A warm box is a real box
+//! for last, as many kinds as the operator allows; a kind other than an
+//! image's default keeps its box only while it is asked for
+//! ([`ManagerConfig::warm_kept`](super::ManagerConfig)). A warm box is a real box
 //! in state `creating`, owned by an account no key can be, so a crash or a
 //! restart rolls it back like any half-made box, and it holds a uid slot
 //! like any other.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
+use std::time::Instant;
 
 use super::{now, BoxManager, BoxSpec, ManagerError};
 use crate::backend::BackendError;
-use crate::ids::{AccountId, Name};
+use crate::ids::{AccountId, BoxId, Name};
 use crate::limits::Limits;
 use crate::policy::Policy;
 use crate::record::{BackendKind, BoxRecord, BoxState};
@@ -36,12 +39,26 @@ pub(super) struct Kind {
 }
 
 /// The warm boxes, by kind, the kinds one is being made of, and the kinds
-/// `new` asked for, the latest last, with how often.
+/// `new` asked for, the latest last.
 #[derive(Default)]
 pub(super) struct Warm {
     ready: HashMap<Kind, BoxRecord>,
     making: HashSet<Kind>,
-    asked: Vec<(Kind, u32)>,
+    asked: Vec<Asked>,
+}
+
+/// A kind `new` asked for: how often, and when last.
+struct Asked {
+    kind: Kind,
+    times: u32,
+    last: Instant,
+}
+
+impl Warm {
+    /// When `kind` was last asked for (`None`: not remembered).
+    fn last_asked(&self, kind: &Kind) -> Option<Instant> {
+        self.asked.iter().find(|a| &a.kind == kind).map(|a| a.last)
+    }
 }
 
 fn warm_account() -> AccountId {
@@ -186,9 +203,9 @@ impl BoxManager {
         }
         let evicted = {
             let mut warm = self.warm();
-            let asks = warm.asked.iter().position(|(k, _)| k == &kind).map_or(0, |i| warm.asked.remove(i).1);
+            let asks = warm.asked.iter().position(|a| a.kind == kind).map_or(0, |i| warm.asked.remove(i).times);
             let asks = asks.saturating_add(1);
-            warm.asked.push((kind.clone(), asks));
+            warm.asked.push(Asked { kind: kind.clone(), times: asks, last: Instant::now() });
             if warm.asked.len() > KINDS_REMEMBERED {
                 warm.asked.remove(0);
             }
@@ -203,9 +220,9 @@ impl BoxManager {
             if warm.ready.len() + warm.making.len() >= self.config.warm_boxes {
                 // The ready box of the kind asked for longest ago (a kind
                 // forgotten, first of all).
-                let remembered = |k: &&Kind| warm.asked.iter().any(|(a, _)| a == *k);
+                let remembered = |k: &&Kind| warm.last_asked(k).is_some();
                 let forgotten = warm.ready.keys().find(|k| !remembered(k)).cloned();
-                let oldest = || warm.asked.iter().map(|(k, _)| k).find(|k| warm.ready.contains_key(*k)).cloned();
+                let oldest = || warm.asked.iter().map(|a| &a.kind).find(|k| warm.ready.contains_key(*k)).cloned();
                 let Some(other) = forgotten.or_else(oldest) else { return };
                 evicted = warm.ready.remove(&other);
             }
@@ -221,16 +238,54 @@ impl BoxManager {
             }
             tokio::time::sleep(REFILL_AFTER).await;
             let made = manager.make_warm(&kind).await;
-            let mut warm = manager.warm();
-            warm.making.remove(&kind);
-            match made {
-                Ok(Some(rec)) => {
-                    warm.ready.insert(kind, rec);
+            let kept = {
+                let mut warm = manager.warm();
+                warm.making.remove(&kind);
+                match made {
+                    Ok(Some(rec)) => {
+                        let id = rec.id.clone();
+                        warm.ready.insert(kind.clone(), rec);
+                        Some(id)
+                    }
+                    Ok(None) => None,
+                    Err(e) => {
+                        tracing::warn!(image = %kind.image, error = %e, "could not make a warm box");
+                        None
+                    }
                 }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(image = %kind.image, error = %e, "could not make a warm box"),
+            };
+            if let Some(id) = kept.filter(|_| kind != manager.default_kind(&kind.image)) {
+                manager.expire_warm(kind, id).await;
             }
         });
+    }
+
+    /// Removes warm box `id` of `kind` once its kind has gone unasked for
+    /// [`warm_kept`](super::ManagerConfig::warm_kept) (unless it was taken
+    /// or replaced first).
+    async fn expire_warm(&self, kind: Kind, id: BoxId) {
+        let kept = self.config.warm_kept;
+        loop {
+            let last = self.warm().last_asked(&kind);
+            if let Some(due) = last.map(|at| at + kept).filter(|due| *due > Instant::now()) {
+                tokio::time::sleep_until(due.into()).await;
+                continue;
+            }
+            let expired = {
+                let mut warm = self.warm();
+                match warm.ready.get(&kind) {
+                    Some(rec) if rec.id == id => warm.ready.remove(&kind),
+                    _ => None,
+                }
+            };
+            if let Some(rec) = expired {
+                let lock = self.lock_for(&rec.id);
+                let _guard = lock.lock().await;
+                self.discard_warm(&rec).await;
+                tracing::info!(box_id = %rec.id, image = %kind.image, "a warm box of a kind no longer asked for is removed");
+            }
+            return;
+        }
     }
 
     /// Makes and boots a box of `kind`, owned by [`WARM_ACCOUNT`]; `None` if
