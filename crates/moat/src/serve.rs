@@ -220,6 +220,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_checkpoints: args.max_checkpoints,
         warm_boxes: args.warm_boxes,
         default_backend,
+        ..ManagerConfig::default()
     };
     let registries = crate::registries::of_this_host();
     let default_policy = moat_core::policy::preset(&args.default_policy, &registries)
