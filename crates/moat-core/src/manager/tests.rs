@@ -218,17 +218,14 @@ fn name(s: &str) -> Name {
     Name::new(s).unwrap()
 }
 
+/// A busybox box called `n` with `limits`, nothing else said.
+fn busybox(n: &str, limits: Limits) -> BoxSpec {
+    BoxSpec { name: name(n), image: name("busybox"), limits, policy: Policy::default(), backend: None, run: false }
+}
+
 impl Fixture {
     async fn new_box(&self, n: &str) -> Result<BoxRecord, ManagerError> {
-        let spec = BoxSpec {
-            name: name(n),
-            image: name("busybox"),
-            limits: Limits::default(),
-            policy: Policy::default(),
-            backend: None,
-            run: false,
-        };
-        self.manager.create(&self.alice, spec, Box::new(|_: &str| {})).await
+        self.manager.create(&self.alice, busybox(n, Limits::default()), Box::new(|_: &str| {})).await
     }
     fn names(&self) -> Vec<String> {
         let mut v: Vec<String> =
@@ -396,14 +393,7 @@ async fn quotas_and_limits() {
     let f = fixture();
     let config = ManagerConfig { max_boxes: 1, ..ManagerConfig::default() };
     let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
-    let spec = |n: &str, cpus| BoxSpec {
-        name: name(n),
-        image: name("busybox"),
-        limits: Limits { cpus, ..Limits::default() },
-        policy: Policy::default(),
-        backend: None,
-        run: false,
-    };
+    let spec = |n: &str, cpus| busybox(n, Limits { cpus, ..Limits::default() });
     assert!(matches!(
         m.create(&f.alice, spec("a", 65), Box::new(|_: &str| {})).await,
         Err(ManagerError::OverMax { .. })
@@ -734,14 +724,7 @@ async fn a_warm_box_of_a_kind_no_longer_asked_for_goes() {
     let kept = std::time::Duration::from_millis(1000);
     let config = ManagerConfig { warm_boxes: 2, warm_kept: kept, ..ManagerConfig::default() };
     let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
-    let spec = |n: &str, cpus: u32| BoxSpec {
-        name: name(n),
-        image: name("busybox"),
-        limits: Limits { cpus, ..Limits::default() },
-        policy: Policy::default(),
-        backend: None,
-        run: false,
-    };
+    let spec = |n: &str, cpus: u32| busybox(n, Limits { cpus, ..Limits::default() });
     let warm_ids = || -> Vec<BoxId> {
         let all = m.store.list(None).unwrap().into_iter();
         all.filter(|b| b.account.0 == WARM_ACCOUNT && b.pid.is_some()).map(|b| b.id).collect()
