@@ -97,6 +97,13 @@ impl Backend for HostBackend {
         self.host.pool.has_image(image)
     }
 
+    fn image_removed(&self, image: &Name) {
+        self.ns.forget_image(image);
+        if let Ok(vm) = &self.vm {
+            vm.forget_image(image);
+        }
+    }
+
     fn save_image(&self, rec: &BoxRecord, key: &Name) -> Result<(), BackendError> {
         if rec.backend != BackendKind::Ns {
             return Err(BackendError::msg("a VM box cannot be saved as an image yet"));

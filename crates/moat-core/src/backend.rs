@@ -136,6 +136,10 @@ pub enum Copied {
 pub trait Backend: Send + Sync + 'static {
     /// Whether `image` is ready to make boxes from.
     fn has_image(&self, image: &Name) -> bool;
+    /// `image` is gone from the pool: what the backend made of it ahead of
+    /// boxes (spare snapshots, VM disks) goes too. Boxes made of it keep
+    /// their files.
+    fn image_removed(&self, _image: &Name) {}
     /// Builds `image` (a name this backend knows how to build).
     fn build_image(&self, image: &Name, progress: Progress<'_>) -> Result<(), BackendError>;
     /// Whether `image`'s /etc/passwd has a line for user `name` (an image's

@@ -100,6 +100,11 @@ impl NsMachine {
         })
     }
 
+    /// Discards the spare roots of `image`, which is gone.
+    pub fn forget_image(&self, image: &Name) {
+        self.spare_roots.forget(image);
+    }
+
     /// Ends the spares prepared ahead (before the pool is let go).
     pub fn discard_spares(&self) {
         self.spare.close();

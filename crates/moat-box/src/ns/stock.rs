@@ -43,12 +43,14 @@ struct Shared<K, T> {
 struct Slot<T> {
     ready: Vec<T>,
     making: bool,
+    /// The batch being made was forgotten: what it makes is discarded.
+    forgotten: bool,
     last_taken: Option<Instant>,
 }
 
 impl<T> Slot<T> {
     fn empty() -> Self {
-        Self { ready: Vec::new(), making: false, last_taken: None }
+        Self { ready: Vec::new(), making: false, forgotten: false, last_taken: None }
     }
 }
 
@@ -113,7 +115,8 @@ impl<K: Hash + Eq + Clone + Send + 'static, T: Send + 'static> Stock<K, T> {
             let closed = shared.closed;
             let slot = shared.slots.entry(key).or_insert_with(Slot::empty);
             slot.making = false;
-            if closed {
+            let forgotten = std::mem::take(&mut slot.forgotten);
+            if closed || forgotten {
                 drop(shared);
                 made.into_iter().for_each(|spare| discard(spare));
             } else {
@@ -134,10 +137,13 @@ impl<K: Hash + Eq + Clone + Send + 'static, T: Send + 'static> Stock<K, T> {
         Self::lock(&self.shared).slots.get(key).map_or(0, |slot| slot.ready.len())
     }
 
-    /// Discards every spare of `key` ready (one made of something that
-    /// changed since).
+    /// Discards every spare of `key` (made of something that changed or
+    /// went since): those ready now, and those a batch being made makes.
     pub fn forget(&self, key: &K) {
-        let stale = Self::lock(&self.shared).slots.get_mut(key).map(|slot| std::mem::take(&mut slot.ready));
+        let stale = Self::lock(&self.shared).slots.get_mut(key).map(|slot| {
+            slot.forgotten = slot.making;
+            std::mem::take(&mut slot.ready)
+        });
         stale.into_iter().flatten().for_each(|spare| (self.discard)(spare));
     }
 
@@ -226,19 +232,35 @@ mod tests {
         stock.forget(&3);
         assert_eq!(discarded(), [3, 3]);
         assert_eq!(stock.take(&3), None);
+        // A batch still being made when its key is forgotten is discarded
+        // when done; the next batch of it is kept.
+        let (gate, opened) = std::sync::mpsc::channel::<()>();
+        let opened = Mutex::new(opened);
+        stock.refill(7, move || opened.lock().unwrap_or_else(PoisonError::into_inner).recv().ok().map(|()| 7));
+        stock.forget(&7);
+        gate.send(()).unwrap_or_default();
+        gate.send(()).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while discarded().len() < 4 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(discarded(), [3, 3, 7, 7]);
+        assert_eq!(stock.ready(&7), 0, "a forgotten batch's spares were kept");
+        stock.refill(7, || Some(8));
+        assert_eq!(wait_for(&stock, 7, 2), [8, 8]);
         // A batch still being made when the stock closes is discarded when done.
         let (gate, opened) = std::sync::mpsc::channel::<()>();
         let opened = Mutex::new(opened);
         stock.refill(5, move || opened.lock().unwrap_or_else(PoisonError::into_inner).recv().ok().map(|()| 5));
         stock.close();
-        assert_eq!(discarded(), [3, 3, 4, 4]);
+        assert_eq!(discarded(), [3, 3, 7, 7, 4, 4]);
         gate.send(()).unwrap_or_default();
         gate.send(()).unwrap_or_default();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while discarded().len() < 6 && Instant::now() < deadline {
+        while discarded().len() < 8 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(discarded(), [3, 3, 4, 4, 5, 5]);
+        assert_eq!(discarded(), [3, 3, 7, 7, 4, 4, 5, 5]);
         assert_eq!(stock.take(&5), None, "a closed stock keeps nothing");
         stock.refill(6, || Some(6));
         std::thread::sleep(QUIET * 2);

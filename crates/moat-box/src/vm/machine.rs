@@ -106,8 +106,19 @@ impl VmMachine {
         }
         let dir = self.host.pool.vm_bases_dir();
         std::fs::create_dir_all(&dir).map_err(|e| BackendError::new(format!("create {}", dir.display()), e))?;
-        // Disks of older builds of this image go (boxes made from them keep
-        // their reflinks); only names of the form IMAGE.ID.raw are its.
+        // Disks of older builds of this image go.
+        self.forget_image(image);
+        let partial = base.with_extension("partial");
+        disk::ext4_image(&tree, &partial)
+            .and_then(|()| std::fs::rename(&partial, &base))
+            .and_then(|()| std::fs::File::open(&base))
+            .map_err(|e| BackendError::new(format!("make a disk of image {image}"), e))
+    }
+
+    /// Removes the disks made of every build of `image` (boxes made from
+    /// them keep their reflinks); only names of the form IMAGE.ID.raw are its.
+    pub fn forget_image(&self, image: &Name) {
+        let dir = self.host.pool.vm_bases_dir();
         for old in std::fs::read_dir(&dir).into_iter().flatten().filter_map(Result::ok) {
             let name = old.file_name().to_string_lossy().into_owned();
             let id = name.strip_prefix(&format!("{image}.")).and_then(|rest| rest.strip_suffix(".raw"));
@@ -115,11 +126,6 @@ impl VmMachine {
                 let _ = std::fs::remove_file(old.path());
             }
         }
-        let partial = base.with_extension("partial");
-        disk::ext4_image(&tree, &partial)
-            .and_then(|()| std::fs::rename(&partial, &base))
-            .and_then(|()| std::fs::File::open(&base))
-            .map_err(|e| BackendError::new(format!("make a disk of image {image}"), e))
     }
 
     /// A new box's directory: its disk a reflink of the image's, as large as

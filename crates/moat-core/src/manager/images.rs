@@ -225,6 +225,9 @@ impl BoxManager {
         if let Ok(puller) = self.puller() {
             puller.forget(key, &layers);
         }
+        if let Some(key) = key {
+            self.backend.image_removed(key);
+        }
     }
 
     /// Keeps the account's login for `registry`, sealed.

@@ -290,6 +290,30 @@ pub(crate) fn login(env: &Env, registry: &str, password: &str) -> crate::fixture
 }
 
 /// What the pool holds that a pull is making (none once it ended).
+/// A subvolume's field from `btrfs subvolume show` (`None`: not one, or gone).
+fn subvolume_field(path: &Path, name: &str) -> Option<String> {
+    let out = Command::new("btrfs").args(["subvolume", "show"]).arg(path).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines().find_map(|l| l.trim_start().strip_prefix(name).map(|v| v.trim().to_string()))
+}
+
+fn pool_entries(state: &Path, dir: &str) -> impl Iterator<Item = std::fs::DirEntry> {
+    std::fs::read_dir(state.join("pool").join(dir)).into_iter().flatten().filter_map(Result::ok)
+}
+
+/// The UUIDs of the images in `state`'s pool.
+fn image_uuids(state: &Path) -> Vec<String> {
+    pool_entries(state, "images").filter_map(|e| subvolume_field(&e.path(), "UUID:")).collect()
+}
+
+/// A spare root in `state`'s pool made of one of the images `parents`, if any.
+fn spare_of(state: &Path, parents: &[String]) -> Option<String> {
+    pool_entries(state, "boxes").filter(|e| e.file_name().to_string_lossy().starts_with("spare-")).find_map(|e| {
+        let parent = subvolume_field(&e.path(), "Parent UUID:")?;
+        parents.contains(&parent).then(|| e.file_name().to_string_lossy().into_owned())
+    })
+}
+
 fn partials(env: &Env) -> Vec<String> {
     let layers = env.daemon.state_dir.join("pool/layers");
     let mut found: Vec<String> = std::fs::read_dir(layers)
@@ -386,7 +410,17 @@ pub fn pull_login_new_and_hostile_images(env: &Env) {
     for name in [&c, &d] {
         env.alice(None, &["rm", name]).ok();
     }
+    let state = &env.daemon.state_dir;
+    let images_before = image_uuids(state);
     env.alice(None, &["image", "rm", "tpl"]).ok();
+    // Its spare roots (snapshots made ahead for its next box) go with it.
+    let gone: Vec<String> = images_before.into_iter().filter(|u| !image_uuids(state).contains(u)).collect();
+    assert_eq!(gone.len(), 1, "image rm removed {} image subvolumes", gone.len());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while let Some(orphan) = spare_of(state, &gone) {
+        assert!(std::time::Instant::now() < deadline, "spare root {orphan} outlived its image");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     // A User the image has no line for: one line at `new`, no box.
     env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:nouser")]).ok();
     let nobody = unique("img");
