@@ -202,6 +202,8 @@ impl Backend for HostBackend {
     fn received(&self, rec: &BoxRecord, received: &Received) -> Result<(), BackendError> {
         let machine = self.machine(rec.backend)?;
         let pool = &self.host.pool;
+        // A machine saved here before (a move away and back) is not this box's now.
+        pool.forget_saved_machine(&rec.id).map_err(|e| BackendError::new("remove a saved machine", e))?;
         let limit = rec.limits.disk + machine.disk_slack();
         let made = pool
             .set_disk_limit(&rec.id, limit)
@@ -230,6 +232,7 @@ impl Backend for HostBackend {
             })
             .and_then(|key| pool.store_ca_key(&rec.id, &key).map_err(|e| BackendError::new("store the CA key", e)));
         made.inspect_err(|_| {
+            let _ = pool.forget_saved_machine(&rec.id);
             let _ = pool.delete_box(&rec.id);
         })
     }

@@ -57,11 +57,12 @@ pub fn unpack(pool: &Pool, id: &BoxId) -> io::Result<Option<String>> {
     }
     let key = fs::read_to_string(travel.join("ca.pem"))?;
     fs::create_dir_all(pool.vm_states_dir())?;
-    fs::copy(travel.join("machine.state"), pool.saved_machine(id))?;
+    // The memory first: a saved state is what says there is a machine.
     let memory = travel.join("machine.mem");
     if memory.exists() {
         fs::copy(&memory, pool.vm_memory(id))?;
     }
+    fs::copy(travel.join("machine.state"), pool.saved_machine(id))?;
     fs::remove_dir_all(&travel)?;
     Ok(Some(key))
 }

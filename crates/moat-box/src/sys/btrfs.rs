@@ -314,29 +314,6 @@ pub fn trim(path: &Path) -> io::Result<u64> {
     Ok(range.len)
 }
 
-/// Starts reading what sparse `file` holds into the page cache, its holes
-/// left alone (a reflink's pages are its own, not its source's: without, a
-/// copy's guest memory is read a fault at a time); the bytes asked for.
-pub fn read_ahead_data(file: &std::fs::File) -> io::Result<u64> {
-    use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
-    use nix::unistd::{lseek, Whence};
-    let len = i64::try_from(file.metadata()?.len()).map_err(io::Error::other)?;
-    let (mut at, mut asked) = (0i64, 0u64);
-    while at < len {
-        let start = match lseek(file, at, Whence::SeekData) {
-            Ok(start) => start,
-            // No data past `at`.
-            Err(nix::errno::Errno::ENXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let end = lseek(file, start, Whence::SeekHole)?;
-        posix_fadvise(file, start, end - start, PosixFadviseAdvice::POSIX_FADV_WILLNEED)?;
-        asked += u64::try_from(end - start).unwrap_or(0);
-        at = end;
-    }
-    Ok(asked)
-}
-
 /// `FICLONE`: `_IOW(0x94, 9, int)`.
 const FICLONE: libc::Ioctl = 0x4004_9409;
 

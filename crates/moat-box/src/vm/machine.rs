@@ -217,14 +217,17 @@ impl VmMachine {
     fn memory_file(&self, rec: &BoxRecord, resume: bool) -> std::io::Result<Option<PathBuf>> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = self.host.pool.vm_memory(&rec.id);
+        let length = self.spec(rec).memory_mib << 20;
         if resume {
-            let memory = match std::fs::File::open(&path) {
-                Ok(memory) => memory,
+            match std::fs::metadata(&path) {
+                // Its QEMU could have made it longer: outside the disk quota.
+                Ok(meta) if meta.len() != length => {
+                    return Err(std::io::Error::other(format!("the memory file is {} bytes, not {length}", meta.len())))
+                }
+                Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(e),
-            };
-            // Read while QEMU starts: the guest touches it at once.
-            std::thread::spawn(move || crate::sys::read_ahead_data(&memory));
+            }
         } else {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -233,7 +236,7 @@ impl VmMachine {
             std::fs::create_dir_all(self.host.pool.vm_states_dir())?;
             let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
             // Sparse: only what the guest touches takes room.
-            file.set_len(self.spec(rec).memory_mib << 20)?;
+            file.set_len(length)?;
         }
         // A copy's is a reflink root made.
         std::os::unix::fs::chown(&path, Some(rec.uid_base()), Some(rec.uid_base()))?;
@@ -394,9 +397,34 @@ impl VmMachine {
         let helper = std::time::Instant::now();
         let pid = helper::run(&self.host.config.helper, "box-vm", &json).inspect_err(|_| {
             let _ = self.host.cgroups.destroy(&rec.id);
+            if saved.is_none() {
+                let _ = std::fs::remove_file(self.host.pool.vm_memory(&rec.id));
+            }
         })?;
         tracing::debug!(box_id = %rec.id, prepared = ?helper - started, up = ?helper.elapsed(), "vm booted");
         Ok(pid)
+    }
+
+    /// Makes a parked machine's memory file (if it has one: else its save
+    /// holds it) and its save `partial` durable before the save is named a
+    /// machine to resume (a crash between would pair the devices' state with
+    /// older memory), and drops the memory from the page cache: a parked box
+    /// holds no host memory, and its next run's pages are charged to it.
+    fn settle_memory(&self, rec: &BoxRecord, partial: &Path) -> std::io::Result<()> {
+        let path = self.host.pool.vm_memory(&rec.id);
+        match std::fs::File::open(&path) {
+            Ok(memory) => {
+                let length = self.spec(rec).memory_mib << 20;
+                if memory.metadata()?.len() != length {
+                    return Err(std::io::Error::other("its QEMU changed the memory file's length"));
+                }
+                memory.sync_all()?;
+                nix::fcntl::posix_fadvise(&memory, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::File::open(partial)?.sync_all()
     }
 
     /// Makes `dst`'s memory file a copy of `src`'s, if it has one: a reflink,
@@ -523,7 +551,15 @@ impl Machine for VmMachine {
         // Only a machine whose QEMU is gone is one to resume (a crash before
         // this leaves a partial file the next park or removal replaces).
         if kept {
-            std::fs::rename(&partial, &saved).map_err(|e| BackendError::new("keep the saved machine", e))?;
+            if let Err(e) = self.settle_memory(rec, &partial) {
+                tracing::warn!(box_id = %rec.id, error = %e, "a parked machine's memory is not kept");
+                let _ = std::fs::remove_file(&partial);
+                let _ = std::fs::remove_file(self.host.pool.vm_memory(&rec.id));
+                return Ok(());
+            }
+            std::fs::rename(&partial, &saved)
+                .and_then(|()| std::fs::File::open(self.host.pool.vm_states_dir())?.sync_all())
+                .map_err(|e| BackendError::new("keep the saved machine", e))?;
         } else if ran {
             // The memory of a machine that was not saved.
             let _ = std::fs::remove_file(self.host.pool.vm_memory(&rec.id));
@@ -646,8 +682,9 @@ impl Machine for VmMachine {
 
 /// Makes `to` a new copy-on-write copy of `from` (both in the pool).
 fn clone_file(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let source = std::fs::File::open(from)?;
-    let copy = std::fs::OpenOptions::new().write(true).create_new(true).open(to)?;
+    let copy = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to)?;
     crate::sys::reflink(&source, &copy).inspect_err(|_| {
         let _ = std::fs::remove_file(to);
     })

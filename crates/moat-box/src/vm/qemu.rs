@@ -214,10 +214,15 @@ const FALLOCATE_MODES: [u32; 3] =
 /// QEMU's own seccomp filter, beneath `-sandbox on` (which leaves socket
 /// families and file sizes alone): the socket families a namespace box may
 /// use, and no other (AF_VSOCK, in particular, would reach this host's
-/// hypervisor from a QEMU the guest took over); and [`FALLOCATE_MODES`].
+/// hypervisor from a QEMU the guest took over); [`FALLOCATE_MODES`]; and no
+/// io_uring, whose requests no filter sees (an fallocate among them would
+/// pass; QEMU falls back to its own I/O threads and poll).
 pub fn filter() -> Vec<libc::sock_filter> {
-    use crate::bpf::{arg0_one_of, arg_one_of, if_syscall, prologue, stmt, BPF_RET_K, SECCOMP_RET_ALLOW};
+    use crate::bpf::{arg0_one_of, arg_one_of, if_syscall, prologue, ret_errno, stmt, BPF_RET_K, SECCOMP_RET_ALLOW};
     let mut prog = prologue();
+    for nr in [libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register] {
+        if_syscall(&mut prog, nr, &[ret_errno(libc::ENOSYS)]);
+    }
     let families = arg0_one_of(&crate::host::ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT);
     if_syscall(&mut prog, libc::SYS_socket, &families);
     if_syscall(&mut prog, libc::SYS_socketpair, &families);
@@ -413,6 +418,10 @@ mod tests {
         }
         for mode in [0, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, libc::FALLOC_FL_ZERO_RANGE] {
             assert_eq!(fallocate(mode), SECCOMP_RET_ALLOW, "{mode:#x}");
+        }
+        // Nor through io_uring, which no filter sees into.
+        for nr in [libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register] {
+            assert_eq!(run(&prog, nr as u32, [0; 6]), SECCOMP_RET_ERRNO | libc::ENOSYS as u32, "{nr}");
         }
     }
 

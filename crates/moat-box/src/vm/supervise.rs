@@ -252,9 +252,10 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
         [Path::new("/dev/kvm"), Path::new("/dev/null")].into_iter().chain(plan.memory.as_deref()).collect();
     let ruleset = sys::landlock(&read, &written).map_err(context("confine qemu with landlock"))?;
     // No file QEMU writes grows longer than the box's disk or its memory
-    // (with room for the devices' state of a save holding it all): its
-    // memory file and saves are outside the box's disk quota.
-    let longest = disk.metadata()?.len().max((plan.machine.memory_mib + 64) << 20);
+    // (with room for a save holding it all: a page's header every 4 KiB, the
+    // devices' state): its memory file and saves are outside the disk quota.
+    let guest = plan.machine.memory_mib << 20;
+    let longest = disk.metadata()?.len().max(guest + guest / 256 + (64 << 20));
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_FSIZE, longest, longest)
         .map_err(|e| io::Error::other(format!("limit qemu's file sizes: {e}")))?;
     sys::child_setup(&mut cmd, &fds, qemu::filter(), ruleset.as_ref().map(AsFd::as_fd))?;

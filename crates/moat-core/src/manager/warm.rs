@@ -266,25 +266,29 @@ impl BoxManager {
     async fn expire_warm(&self, kind: Kind, id: BoxId) {
         let kept = self.config.warm_kept;
         loop {
-            let last = self.warm().last_asked(&kind);
-            if let Some(due) = last.map(|at| at + kept).filter(|due| *due > Instant::now()) {
-                tokio::time::sleep_until(due.into()).await;
-                continue;
-            }
-            let expired = {
+            let due = {
                 let mut warm = self.warm();
-                match warm.ready.get(&kind) {
-                    Some(rec) if rec.id == id => warm.ready.remove(&kind),
-                    _ => None,
+                // Taken or replaced: whoever made the next one watches it.
+                if warm.ready.get(&kind).is_none_or(|rec| rec.id != id) {
+                    return;
+                }
+                match warm.last_asked(&kind).map(|at| at + kept).filter(|due| *due > Instant::now()) {
+                    Some(due) => Err(due),
+                    None => Ok(warm.ready.remove(&kind)),
                 }
             };
-            if let Some(rec) = expired {
-                let lock = self.lock_for(&rec.id);
-                let _guard = lock.lock().await;
-                self.discard_warm(&rec).await;
-                tracing::info!(box_id = %rec.id, image = %kind.image, "a warm box of a kind no longer asked for is removed");
+            match due {
+                Err(due) => tokio::time::sleep_until(due.into()).await,
+                Ok(expired) => {
+                    if let Some(rec) = expired {
+                        let lock = self.lock_for(&rec.id);
+                        let _guard = lock.lock().await;
+                        self.discard_warm(&rec).await;
+                        tracing::info!(box_id = %rec.id, image = %kind.image, "a warm box of a kind no longer asked for is removed");
+                    }
+                    return;
+                }
             }
-            return;
         }
     }
 
