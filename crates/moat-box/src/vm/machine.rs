@@ -189,12 +189,16 @@ impl VmMachine {
         Ok(base)
     }
 
-    fn spec(&self, rec: &BoxRecord) -> MachineSpec {
+    /// The guest's memory: the box's limit less what QEMU itself needs.
+    fn guest_mib(&self, rec: &BoxRecord) -> u64 {
         let overhead = qemu::overhead_mib(self.config.accel);
-        let memory_mib = (rec.limits.memory >> 20).saturating_sub(overhead).max(qemu::MIN_GUEST_MIB);
+        (rec.limits.memory >> 20).saturating_sub(overhead).max(qemu::MIN_GUEST_MIB)
+    }
+
+    fn spec(&self, rec: &BoxRecord) -> MachineSpec {
         MachineSpec {
             accel: self.config.accel,
-            memory_mib,
+            memory_mib: self.guest_mib(rec),
             cpus: rec.limits.cpus.max(1),
             cmdline: qemu::cmdline(self.config.accel, crate::vm::probe::host_tsc_khz()),
             mac: qemu::random_mac(),
@@ -217,7 +221,7 @@ impl VmMachine {
     fn memory_file(&self, rec: &BoxRecord, resume: bool) -> std::io::Result<Option<PathBuf>> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = self.host.pool.vm_memory(&rec.id);
-        let length = self.spec(rec).memory_mib << 20;
+        let length = self.guest_mib(rec) << 20;
         if resume {
             match std::fs::metadata(&path) {
                 // Its QEMU could have made it longer: outside the disk quota.
@@ -414,8 +418,7 @@ impl VmMachine {
         let path = self.host.pool.vm_memory(&rec.id);
         match std::fs::File::open(&path) {
             Ok(memory) => {
-                let length = self.spec(rec).memory_mib << 20;
-                if memory.metadata()?.len() != length {
+                if memory.metadata()?.len() != self.guest_mib(rec) << 20 {
                     return Err(std::io::Error::other("its QEMU changed the memory file's length"));
                 }
                 memory.sync_all()?;

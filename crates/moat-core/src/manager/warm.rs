@@ -265,30 +265,24 @@ impl BoxManager {
     /// or replaced first).
     async fn expire_warm(&self, kind: Kind, id: BoxId) {
         let kept = self.config.warm_kept;
-        loop {
+        let expired = loop {
             let due = {
                 let mut warm = self.warm();
                 // Taken or replaced: whoever made the next one watches it.
                 if warm.ready.get(&kind).is_none_or(|rec| rec.id != id) {
                     return;
                 }
-                match warm.last_asked(&kind).map(|at| at + kept).filter(|due| *due > Instant::now()) {
-                    Some(due) => Err(due),
-                    None => Ok(warm.ready.remove(&kind)),
-                }
+                let due = warm.last_asked(&kind).map(|at| at + kept).filter(|due| *due > Instant::now());
+                let Some(due) = due else { break warm.ready.remove(&kind) };
+                due
             };
-            match due {
-                Err(due) => tokio::time::sleep_until(due.into()).await,
-                Ok(expired) => {
-                    if let Some(rec) = expired {
-                        let lock = self.lock_for(&rec.id);
-                        let _guard = lock.lock().await;
-                        self.discard_warm(&rec).await;
-                        tracing::info!(box_id = %rec.id, image = %kind.image, "a warm box of a kind no longer asked for is removed");
-                    }
-                    return;
-                }
-            }
+            tokio::time::sleep_until(due.into()).await;
+        };
+        if let Some(rec) = expired {
+            let lock = self.lock_for(&rec.id);
+            let _guard = lock.lock().await;
+            self.discard_warm(&rec).await;
+            tracing::info!(box_id = %rec.id, image = %kind.image, "a warm box of a kind no longer asked for is removed");
         }
     }
 
