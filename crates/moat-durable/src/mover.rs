@@ -87,6 +87,10 @@ async fn round(manager: &Arc<BoxManager>, worker: &Arc<DurableWorker>, settings:
     }
 }
 
+fn is_empty_dir(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+}
+
 fn config(e: impl ToString) -> DurableError {
     DurableError::Config(e.to_string())
 }
@@ -98,6 +102,7 @@ async fn stream_from(
     mv: &BoxMove,
     staging: &std::path::Path,
     into: (&std::path::Path, &str),
+    keep_in: Option<&std::path::Path>,
     adopt: impl FnOnce(&moat_core::Received) -> Result<(), DurableError>,
 ) -> Result<crate::restore::Restored, DurableError> {
     let nodes = manager.nodes().map_err(config)?;
@@ -109,7 +114,7 @@ async fn stream_from(
         .open(&mv.from, &source.offer.address, &mv.box_id)
         .await
         .map_err(crate::io_err(format!("reach node {}", mv.from)))?;
-    crate::node_stream::receive_parts(&mut input, staging, into, adopt).await
+    crate::node_stream::receive_parts(&mut input, staging, into, keep_in, adopt).await
 }
 
 /// The source's side: the box held still, its last change uploaded, the move ready.
@@ -144,10 +149,17 @@ async fn receive(
     let started = std::time::Instant::now();
     let into = (worker.dirs().roots.as_path(), rec.id.as_str());
     let adopt = |received: &moat_core::Received| manager.adopt_received(&rec, received).map_err(config);
+    let links = manager.durable_links(&rec.id).map_err(config)?;
+    // The box's newest link is received where its uploader keeps its
+    // snapshots, emptied first (what it held is of an older epoch): the
+    // box's next upload here is an incremental against it.
+    let keep_in = worker.uploader().box_dir(&rec.id);
+    worker.uploader().prune(&rec.id, None);
+    let keep_in = (std::fs::create_dir_all(&keep_in).is_ok() && is_empty_dir(&keep_in)).then_some(keep_in);
     // From the source node while it is up (a lost node's box: from the
     // object store alone), else from the object store.
     let streamed = match nodes.filter(|_| mv.reason != MoveReason::Lost) {
-        Some(nodes) => match stream_from(manager, nodes, mv, staging, into, adopt).await {
+        Some(nodes) => match stream_from(manager, nodes, mv, staging, into, keep_in.as_deref(), adopt).await {
             Ok(restored) => Some(restored),
             Err(e) => {
                 tracing::warn!(box_id = %rec.id, from = %mv.from, error = %e,
@@ -162,8 +174,7 @@ async fn receive(
         Some(restored) => restored,
         None => {
             let adopt = |received: &moat_core::Received| manager.adopt_received(&rec, received).map_err(config);
-            let links = manager.durable_links(&rec.id).map_err(config)?;
-            restore_box(&worker.uploader().store, &links, staging, into, adopt).await?
+            restore_box(&worker.uploader().store, &links, staging, into, keep_in.as_deref(), adopt).await?
         }
     };
     // Received and charged here, the record still the source's.

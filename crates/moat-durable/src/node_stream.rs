@@ -208,15 +208,17 @@ async fn read_frame<R: AsyncRead + Unpin>(input: &mut R, max: usize) -> Result<(
 /// Receives a box sent by [`send_parts`] as `<parent>/<name>`, staging in
 /// `staging`, as [`crate::restore_box`] does from the object store: the
 /// root a writable snapshot of the last part, `adopt` called with what was
-/// received before it is deleted (if it fails, the root goes too). On any
-/// failure nothing is left.
+/// received before it is deleted (if it fails, the root goes too), the
+/// last part (the root's) received and kept in `keep_in` if given, as
+/// [`crate::restore_box`] keeps its head. On any failure nothing is left.
 pub async fn receive_parts<R: AsyncRead + Unpin>(
     input: &mut R,
     staging: &Path,
     (parent, name): (&Path, &str),
+    keep_in: Option<&Path>,
     adopt: impl FnOnce(&Received) -> Result<(), DurableError>,
 ) -> Result<Restored, DurableError> {
-    let incoming = Incoming::new(staging, name)?;
+    let mut incoming = Incoming::new(staging, name)?;
     let mut parts: Vec<(PartHeader, PathBuf)> = Vec::new();
     let mut fetched_bytes = 0;
     loop {
@@ -225,7 +227,10 @@ pub async fn receive_parts<R: AsyncRead + Unpin>(
             b'h' if parts.len() < MAX_PARTS => {
                 let header: PartHeader = serde_json::from_slice(&bytes)
                     .map_err(|e| DurableError::Config(format!("the source node sent a bad part header: {e}")))?;
-                let dir = incoming.dir.join(parts.len().to_string());
+                let dir = match keep_in.filter(|_| header.checkpoint.is_none()) {
+                    Some(dir) => incoming.keep_in(dir),
+                    None => incoming.dir.join(parts.len().to_string()),
+                };
                 std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
                 fetched_bytes += receive_one(input, &dir).await?;
                 parts.push((header, only_subvolume(&dir)?));
@@ -244,6 +249,7 @@ pub async fn receive_parts<R: AsyncRead + Unpin>(
     let subvolumes: Vec<(Option<String>, PathBuf, u64)> =
         parts.iter().map(|(h, p)| (h.checkpoint.clone(), p.clone(), h.as_of_ms)).collect();
     let root = root_of(received, &subvolumes, (parent, name), adopt)?;
+    incoming.kept();
     Ok(Restored { root, as_of_ms: head.as_of_ms, fetched_bytes })
 }
 

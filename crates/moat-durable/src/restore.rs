@@ -39,12 +39,13 @@ pub struct Restored {
 /// subvolumes' ids (under simple quotas their data stays charged to them:
 /// the caller counts it against the box as it counts a local box's writes)
 /// and the box's checkpoints among them (the caller keeps a snapshot of
-/// each); if it fails, the root is deleted too.
+/// each); if it fails, the root is deleted too. `keep_in`: see [`Incoming::keep_in`].
 pub async fn restore_box(
     store: &Arc<dyn ObjectStore>,
     links: &[DurableLink],
     staging: &Path,
     (parent, name): (&Path, &str),
+    keep_in: Option<&Path>,
     adopt: impl FnOnce(&Received) -> Result<(), DurableError>,
 ) -> Result<Restored, DurableError> {
     let plan = restore_plan(links).map_err(|e| match e {
@@ -52,24 +53,34 @@ pub async fn restore_box(
         e => e,
     })?;
     let Some(head) = plan.last() else { return Err(ChainError::Empty(name.to_string()).into()) };
-    let incoming = Incoming::new(staging, name)?;
+    let mut incoming = Incoming::new(staging, name)?;
     let mut fetched_bytes = 0;
     for link in &plan {
         fetched_bytes += fetch_verified(store, (&link.key, &link.sha256), &incoming.file(link)).await?;
     }
-    for link in &plan {
-        receive_file(incoming.file(link), incoming.dir.clone(), link.key.clone()).await?;
+    let head_dir = match keep_in.filter(|_| head.checkpoint.is_none()) {
+        Some(dir) => incoming.keep_in(dir),
+        None => incoming.dir.clone(),
+    };
+    for (i, link) in plan.iter().enumerate() {
+        let dir = if i + 1 == plan.len() { &head_dir } else { &incoming.dir };
+        receive_file(incoming.file(link), dir.clone(), link.key.clone()).await?;
     }
-    let received = incoming.dir.join(&head.snapshot);
+    let received = head_dir.join(&head.snapshot);
     if !received.is_dir() {
         return Err(DurableError::Config(format!(
             "the streams of {name} received no subvolume {} (a stream not of this chain?)",
             head.snapshot
         )));
     }
-    let subvolumes: Vec<(Option<String>, PathBuf, u64)> =
-        plan.iter().map(|l| (l.checkpoint.clone(), incoming.dir.join(&l.snapshot), l.taken_at_ms)).collect();
+    let dir_of = |i: usize| if i + 1 == plan.len() { &head_dir } else { &incoming.dir };
+    let subvolumes: Vec<(Option<String>, PathBuf, u64)> = plan
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.checkpoint.clone(), dir_of(i).join(&l.snapshot), l.taken_at_ms))
+        .collect();
     let root = root_of(&received, &subvolumes, (parent, name), adopt)?;
+    incoming.kept();
     Ok(Restored { root, as_of_ms: head.taken_at_ms, fetched_bytes })
 }
 
@@ -151,7 +162,7 @@ pub fn clear_staging(staging: &Path) {
     let Ok(entries) = std::fs::read_dir(staging) else { return };
     for entry in entries.flatten() {
         if entry.file_name().to_string_lossy().starts_with("incoming-") {
-            drop(Incoming { dir: entry.path() });
+            drop(Incoming { dir: entry.path(), keep_in: None });
         }
     }
 }
@@ -160,13 +171,33 @@ pub fn clear_staging(staging: &Path) {
 /// dropped.
 pub(crate) struct Incoming {
     pub(crate) dir: PathBuf,
+    /// Where the head is received instead, and what it holds deleted too
+    /// unless [`Incoming::kept`].
+    keep_in: Option<PathBuf>,
 }
 
 impl Incoming {
     pub(crate) fn new(staging: &Path, name: &str) -> Result<Self, DurableError> {
         let dir = staging.join(format!("incoming-{name}-{}", crate::unique_name()));
         std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
-        Ok(Self { dir })
+        Ok(Self { dir, keep_in: None })
+    }
+
+    /// Has the box's head (its newest link, a root's) received in `dir`, an
+    /// empty directory, and kept there once the box is: the box's uploader
+    /// keeps its snapshots there, so it finds the head link's snapshot and
+    /// the box's next upload is an incremental against it (its received
+    /// UUID is what the stream names as its parent: the chain stays whole),
+    /// not a full stream. Received there, not moved there: btrfs refuses to
+    /// move a read-only subvolume to another directory.
+    pub(crate) fn keep_in(&mut self, dir: &Path) -> PathBuf {
+        self.keep_in = Some(dir.to_path_buf());
+        dir.to_path_buf()
+    }
+
+    /// The box is made: what was received in [`Incoming::keep_in`] stays.
+    pub(crate) fn kept(&mut self) {
+        self.keep_in = None;
     }
 
     fn file(&self, link: &DurableLink) -> PathBuf {
@@ -178,6 +209,9 @@ impl Drop for Incoming {
     fn drop(&mut self) {
         delete_received(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(dir) = &self.keep_in {
+            delete_received(dir);
+        }
     }
 }
 

@@ -162,11 +162,22 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     let links = store.durable_links(&id).unwrap();
     assert_eq!(links.len(), 3);
 
-    // Restored, the box has every file, and its root is writable; its
+    // Restored (on another node: its uploader keeps its snapshots
+    // elsewhere), the box has every file, and its root is writable; its
     // checkpoint comes back as it was saved.
     let staging = pool.join("durable");
+    let there = Uploader {
+        store: Arc::clone(client),
+        prefix: up.prefix.clone(),
+        snapshots: pool.join("durable-n2"),
+        full_every: 4,
+        node: "n2".into(),
+    };
+    std::fs::create_dir_all(there.box_dir(&id)).unwrap();
+    let head_there = there.box_dir(&id).join(&incr.link.snapshot);
     let (mut charged, mut kept) = (Vec::new(), Vec::new());
-    let restored = restore_box(client, &links, &staging, (&pool.join("boxes"), "restored"), |received| {
+    let into = (pool.join("boxes"), "restored");
+    let restored = restore_box(client, &links, &staging, (&into.0, into.1), Some(&there.box_dir(&id)), |received| {
         charged = received.subvolumes.clone();
         for (label, subvolume, saved_ms) in &received.checkpoints {
             kept.push((label.clone(), tree(subvolume), *saved_ms));
@@ -182,6 +193,23 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     assert!(tree(&checkpoints.join("c1")).contains_key("at-c1") && !tree(&root).contains_key("at-c1"));
     std::fs::write(restored.root.join("written-after"), "ok").unwrap();
     assert!(sys::subvolume_id(&restored.root).unwrap() != sys::subvolume_id(&root).unwrap());
+
+    // That node kept what it received of the head: its next upload is an
+    // incremental against it (not the whole box again), and the chain,
+    // restored once more, has the change.
+    assert!(head_there.is_dir(), "the received head is kept as the head link's snapshot");
+    assert!(there.changed(&id, &restored.root, links.last()).unwrap());
+    let after = there.upload(&id, &restored.root, &links).await.unwrap();
+    assert_eq!((after.link.seq, after.link.parent_seq), (3, Some(2)), "an incremental: {after:?}");
+    assert!(after.raw_bytes < 1 << 20, "it carries only the change: {after:?}");
+    store.add_durable_link(&after.link).unwrap();
+    there.prune(&id, Some(&after.link.snapshot));
+    let moved_links = store.durable_links(&id).unwrap();
+    let again = restore_box(client, &moved_links, &staging, (&pool.join("boxes"), "after-move"), None, |_| Ok(()))
+        .await
+        .unwrap();
+    assert_eq!(tree(&again.root), tree(&restored.root));
+    assert_eq!(std::fs::read(again.root.join("written-after")).unwrap(), b"ok");
     let left: Vec<_> = std::fs::read_dir(&staging)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -195,7 +223,8 @@ async fn a_box_uploads_full_then_incremental_restores_with_every_file_and_a_corr
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     client.put(&key, bytes.into()).await.unwrap();
-    let err = restore_box(client, &links, &staging, (&pool.join("boxes"), "again"), |_| Ok(())).await.unwrap_err();
+    let err =
+        restore_box(client, &links, &staging, (&pool.join("boxes"), "again"), None, |_| Ok(())).await.unwrap_err();
     assert!(matches!(err, DurableError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("is corrupt") && err.to_string().contains("nothing was received"), "{err}");
     assert!(!pool.join("boxes/again").exists());
@@ -254,7 +283,7 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
     assert_eq!(store.durable_links(&live).unwrap(), links);
     let (staging, boxes) = (pool.join("staging"), pool.join("boxes"));
     let mut c1_back = Vec::new();
-    restore_box(client, &links, &staging, (&boxes, "c1-back"), |r| {
+    restore_box(client, &links, &staging, (&boxes, "c1-back"), None, |r| {
         c1_back = r.checkpoints.iter().map(|(label, subvolume, _)| (label.clone(), tree(subvolume))).collect();
         Ok(())
     })
@@ -284,7 +313,7 @@ async fn gc_deletes_what_no_record_needs_and_never_what_one_names() {
     assert_eq!(done.objects, 1);
     assert_eq!(keys(client, &format!("gc/boxes/{live}")).await, head);
     let kept = store.durable_links(&live).unwrap();
-    let back = restore_box(client, &kept, &pool.join("staging"), (&pool.join("boxes"), "back"), |_| Ok(())).await;
+    let back = restore_box(client, &kept, &pool.join("staging"), (&pool.join("boxes"), "back"), None, |_| Ok(())).await;
     let back = back.unwrap();
     let files: Vec<String> =
         (0..4).map(|i| std::fs::read_to_string(back.root.join(format!("f{i}"))).unwrap()).collect();
@@ -372,7 +401,7 @@ async fn a_box_streamed_node_to_node_arrives_with_its_checkpoints_and_a_bad_stre
     assert!(is_root(), "this test needs root (btrfs on a loop device)");
     let fs = Btrfs::new();
     let pool = fs.root();
-    for d in ["boxes", "checkpoints", "durable", "staging", "target"] {
+    for d in ["boxes", "checkpoints", "durable", "staging", "target", "kept"] {
         std::fs::create_dir(pool.join(d)).unwrap();
     }
     sys::subvolume_create(&pool.join("boxes"), "b").unwrap();
@@ -391,7 +420,8 @@ async fn a_box_streamed_node_to_node_arrives_with_its_checkpoints_and_a_bad_stre
     let sending = tokio::spawn(async move { send_parts(&parts, &mut a).await });
     let mut kept = Vec::new();
     let target = pool.join("target");
-    let got = receive_parts(&mut b, &pool.join("staging"), (&target, "b"), |received| {
+    let kept_in = pool.join("kept");
+    let got = receive_parts(&mut b, &pool.join("staging"), (&target, "b"), Some(&kept_in), |received| {
         assert_eq!(received.subvolumes.len(), 2);
         for (label, subvolume, saved_ms) in &received.checkpoints {
             kept.push((label.clone(), tree(subvolume), *saved_ms));
@@ -406,6 +436,8 @@ async fn a_box_streamed_node_to_node_arrives_with_its_checkpoints_and_a_bad_stre
     assert_eq!(kept, [("c1".to_string(), tree(&pool.join("checkpoints/c1")), 7)]);
     std::fs::write(got.root.join("writable"), "yes").unwrap();
     assert_eq!(std::fs::read_dir(pool.join("staging")).unwrap().count(), 0, "staging is empty");
+    assert_eq!(tree(&kept_in.join("head")), tree(&pool.join("durable/head")), "the root's part is kept where asked");
+    sys::subvolume_delete(&kept_in, "head").unwrap();
 
     // A stream that is not one (a source that fails, or garbage): refused, nothing left.
     let (mut a, mut b) = tokio::io::duplex(1 << 16);
@@ -413,15 +445,19 @@ async fn a_box_streamed_node_to_node_arrives_with_its_checkpoints_and_a_bad_stre
         use tokio::io::AsyncWriteExt;
         let _ = a.write_all(b"h\0\0\0\x02{}d\0\0\0\x05junk!e\0\0\0\0z\0\0\0\0").await;
     });
-    let err = receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), |_| Ok(())).await.unwrap_err();
+    let err =
+        receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), Some(&kept_in), |_| Ok(())).await.unwrap_err();
     assert!(!err.to_string().is_empty());
+    assert_eq!(std::fs::read_dir(&kept_in).unwrap().count(), 0, "nothing is kept of a bad stream");
     assert!(!target.join("bad").exists());
     assert_eq!(std::fs::read_dir(pool.join("staging")).unwrap().count(), 0, "staging is empty");
     let (mut a, mut b) = tokio::io::duplex(1 << 16);
     let missing = [Part { path: pool.join("nowhere"), header: PartHeader { checkpoint: None, as_of_ms: 1 } }];
     let sending = tokio::spawn(async move { send_parts(&missing, &mut a).await });
-    let err = receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), |_| Ok(())).await.unwrap_err();
+    let err =
+        receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), Some(&kept_in), |_| Ok(())).await.unwrap_err();
     assert!(err.to_string().contains("could not send the box"), "{err}");
+    assert_eq!(std::fs::read_dir(&kept_in).unwrap().count(), 0, "nothing is kept of a failed send");
     assert!(sending.await.unwrap().is_err());
     assert!(!target.join("bad").exists());
 }

@@ -117,7 +117,8 @@ async fn bench(work: &Path) -> Result<()> {
     // nothing dirty in the page cache (the one before's writes flushed).
     settle()?;
     let started = Instant::now();
-    let moved = restore_box(&store, &links, &mnt.join("staging"), (&mnt.join("boxes"), "moved"), |_| Ok(())).await?;
+    let moved =
+        restore_box(&store, &links, &mnt.join("staging"), (&mnt.join("boxes"), "moved"), None, |_| Ok(())).await?;
     let ours = started.elapsed();
     let snapshot = dirs.join(&incr.link.snapshot);
     settle()?;
@@ -153,7 +154,8 @@ async fn bench(work: &Path) -> Result<()> {
     });
     let mut conn = tokio::net::TcpStream::connect(addr).await?;
     conn.set_nodelay(true)?;
-    let streamed = receive_parts(&mut conn, &mnt.join("staging"), (&mnt.join("boxes"), "streamed"), |_| Ok(())).await?;
+    let streamed =
+        receive_parts(&mut conn, &mnt.join("staging"), (&mnt.join("boxes"), "streamed"), None, |_| Ok(())).await?;
     sending.await??;
     rows.push(Row {
         what: "move streamed node to node",

@@ -248,7 +248,7 @@ impl Fleet {
 }
 
 /// `text` without its terminal colour sequences (tracing's log colours).
-fn strip_ansi(text: &str) -> String {
+pub fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::fixture::{moat_bin, run, Ran};
-use crate::fleet::{Fleet, NODE_GRACE_SECS};
+use crate::fleet::{strip_ansi, Fleet, NODE_GRACE_SECS};
 use crate::Env;
 
 fn alice(fleet: &Fleet, env: &Env, user: Option<&str>, args: &[&str]) -> Ran {
@@ -85,6 +85,16 @@ pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) 
     // The received box's disk is charged and limited as a box made there.
     let usage = alice(fleet, env, Some("mv1"), &["head -c 30000000 /dev/zero > /root/big; sync; du -sk /root/big"]);
     assert_eq!(usage.status, Some(0), "{}", usage.stderr);
+    // Its next upload, from n2, is an incremental against what n2 received,
+    // not the whole box again.
+    let written = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    alice(fleet, env, None, &["suspend", "mv1"]).ok();
+    durable_after(fleet, env, "mv1", written);
+    let n2_log =
+        strip_ansi(&std::fs::read_to_string(fleet.nodes[1].state_dir.with_extension("log")).unwrap_or_default());
+    let uploads: Vec<&str> =
+        n2_log.lines().filter(|l| l.contains("box made durable") && l.contains("name=mv1")).collect();
+    assert!(!uploads.is_empty() && uploads.iter().all(|l| l.contains("full=false")), "n2's uploads: {uploads:?}");
 
     // Refusals, one line each; the box stays where it is.
     for (to, says) in [("n2", "already"), ("nope", "no node named nope")] {
