@@ -55,9 +55,18 @@ pub async fn restore_box(
     let Some(head) = plan.last() else { return Err(ChainError::Empty(name.to_string()).into()) };
     let mut incoming = Incoming::new(staging, name)?;
     let mut fetched_bytes = 0;
+    let started = std::time::Instant::now();
     for link in &plan {
         fetched_bytes += fetch_verified(store, (&link.key, &link.sha256), &incoming.file(link)).await?;
     }
+    tracing::debug!(
+        box_name = name,
+        links = plan.len(),
+        fetched_bytes,
+        took_ms = started.elapsed().as_millis() as u64,
+        "a box's streams fetched and checked"
+    );
+    let started = std::time::Instant::now();
     let head_dir = match keep_in.filter(|_| head.checkpoint.is_none()) {
         Some(dir) => incoming.keep_in(dir),
         None => incoming.dir.clone(),
@@ -66,6 +75,7 @@ pub async fn restore_box(
         let dir = if i + 1 == plan.len() { &head_dir } else { &incoming.dir };
         receive_file(incoming.file(link), dir.clone(), link.key.clone()).await?;
     }
+    tracing::debug!(box_name = name, took_ms = started.elapsed().as_millis() as u64, "a box's streams received");
     let received = head_dir.join(&head.snapshot);
     if !received.is_dir() {
         return Err(DurableError::Config(format!(
@@ -132,7 +142,8 @@ pub(crate) async fn fetch_verified(
         verifier.update(&chunk);
         out.write_all(&chunk).map_err(io_err(format!("write {}", file.display())))?;
     }
-    out.sync_all().map_err(io_err(format!("write {}", file.display())))?;
+    // Not synced: it is read back by this boot (a crash clears staging),
+    // and an fsync of a whole box here cost a disk's worth of time per GiB.
     match verifier.check(sha256) {
         Ok(bytes) => Ok(bytes),
         Err(found) => {

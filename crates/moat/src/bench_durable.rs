@@ -8,8 +8,12 @@
 //!   upload of that incremental stream;
 //! - a move of the suspended box through the object store (what the target
 //!   does: fetch, verify, `btrfs receive`, a writable snapshot), and one
-//!   streamed node to node (over loopback TCP), next to `btrfs send | btrfs
-//!   receive` of the same subvolume on this host.
+//!   streamed node to node (over loopback TCP, as the fleet does: with its
+//!   mutual TLS; and without it, to show what TLS costs), next to `btrfs
+//!   send | btrfs receive` of the same subvolume on this host, and next to
+//!   that pipe followed by a writable snapshot of what it received (what a
+//!   box needs: btrfs writes out a subvolume's data before snapshotting it,
+//!   which the bare pipe leaves to later writeback).
 //!
 //! The box's data is random (incompressible: zstd only costs). Everything
 //! it makes (a loop-mounted btrfs, SeaweedFS's directory) is removed after.
@@ -59,7 +63,7 @@ async fn bench(work: &Path) -> Result<()> {
     let config = ObjectStoreConfig::new_with_keys("s3://bench/durable", Some(s3.endpoint()), None, "any", "any")?;
     s3.create_bucket("bench")?;
     let store = config.client()?;
-    for d in ["boxes", "durable", "staging", "raw", "plain"] {
+    for d in ["boxes", "durable", "staging", "raw", "raw-writable", "plain"] {
         std::fs::create_dir_all(mnt.join(d))?;
     }
     let id = BoxId::random();
@@ -115,13 +119,13 @@ async fn bench(work: &Path) -> Result<()> {
     // The move of the suspended box: the target's whole side (its last
     // upload is done at suspend, before a move asks). Each move starts with
     // nothing dirty in the page cache (the one before's writes flushed).
-    settle()?;
+    settle(&mnt)?;
     let started = Instant::now();
     let moved =
         restore_box(&store, &links, &mnt.join("staging"), (&mnt.join("boxes"), "moved"), None, |_| Ok(())).await?;
     let ours = started.elapsed();
     let snapshot = dirs.join(&incr.link.snapshot);
-    settle()?;
+    settle(&mnt)?;
     let started = Instant::now();
     let piped = Command::new("sh")
         .arg("-c")
@@ -131,40 +135,44 @@ async fn bench(work: &Path) -> Result<()> {
     if !piped.success() {
         bail!("btrfs send | btrfs receive failed: {piped}");
     }
-    rows.push(Row {
-        what: "move through the object store",
-        ours,
-        peer: "btrfs send | btrfs receive, this host",
-        theirs,
-        bytes: moved.fetched_bytes,
-        target: "time <= 1.3x",
-    });
-
-    // The move streamed node to node (both nodes up), over a loopback TCP
-    // connection (the fleet's TLS left out).
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let parts = [Part { path: snapshot.clone(), header: PartHeader { checkpoint: None, as_of_ms: 0 } }];
-    settle()?;
+    let target = "time <= 1.3x (vs the pipe)";
+    settle(&mnt)?;
     let started = Instant::now();
-    let sending = tokio::spawn(async move {
-        let (mut conn, _) = listener.accept().await?;
-        conn.set_nodelay(true)?;
-        send_parts(&parts, &mut conn).await.map_err(anyhow::Error::from)
-    });
-    let mut conn = tokio::net::TcpStream::connect(addr).await?;
-    conn.set_nodelay(true)?;
-    let streamed =
-        receive_parts(&mut conn, &mnt.join("staging"), (&mnt.join("boxes"), "streamed"), None, |_| Ok(())).await?;
-    sending.await??;
-    rows.push(Row {
-        what: "move streamed node to node",
-        ours: started.elapsed(),
-        peer: "btrfs send | btrfs receive, this host",
-        theirs,
-        bytes: streamed.fetched_bytes,
-        target: "time <= 1.3x",
-    });
+    let piped = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "btrfs send -q {} | btrfs receive -q {dir} && btrfs subvolume snapshot {dir}/{} {dir}/writable >/dev/null",
+            snapshot.display(),
+            incr.link.snapshot,
+            dir = mnt.join("raw-writable").display(),
+        ))
+        .status()?;
+    let theirs_writable = started.elapsed();
+    if !piped.success() {
+        bail!("btrfs send | btrfs receive, then a snapshot, failed: {piped}");
+    }
+    for peer in [RAW, RAW_WRITABLE] {
+        let theirs = if peer == RAW { theirs } else { theirs_writable };
+        rows.push(Row {
+            what: "move through the object store",
+            ours,
+            peer,
+            theirs,
+            bytes: moved.fetched_bytes,
+            target,
+        });
+    }
+
+    // The move streamed node to node (both nodes up), over loopback TCP:
+    // with the fleet's mutual TLS (what a move does), and without.
+    for (what, tls) in [("move streamed node to node (TLS)", true), ("move streamed node to node, no TLS", false)] {
+        settle(&mnt)?;
+        let (ours, bytes) = streamed(&snapshot, &mnt, tls).await?;
+        for peer in [RAW, RAW_WRITABLE] {
+            let theirs = if peer == RAW { theirs } else { theirs_writable };
+            rows.push(Row { what, ours, peer, theirs, bytes, target });
+        }
+    }
     print(&rows);
     println!(
         "\nnode loss to the first answer elsewhere is measured end to end by the e2e test \
@@ -196,8 +204,64 @@ fn print(rows: &[Row]) {
     }
 }
 
-/// Flushes every dirty page, so that a timed step does not pay for the last one's writes.
-fn settle() -> Result<()> {
+const RAW: &str = "btrfs send | btrfs receive, this host";
+const RAW_WRITABLE: &str = "the same, then a writable snapshot";
+
+/// One move of `snapshot` streamed over loopback TCP (with the fleet's
+/// mutual TLS if `tls`) into a new box root under `mnt`: how long, how many
+/// bytes.
+async fn streamed(snapshot: &Path, mnt: &Path, tls: bool) -> Result<(Duration, u64)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let parts = [Part { path: snapshot.to_path_buf(), header: PartHeader { checkpoint: None, as_of_ms: 0 } }];
+    let (server, client) = fleet_tls()?;
+    let name = if tls { "streamed-tls" } else { "streamed" };
+    let started = Instant::now();
+    let sending = tokio::spawn(async move {
+        let (conn, _) = listener.accept().await?;
+        conn.set_nodelay(true)?;
+        if tls {
+            let mut conn = tokio_rustls::TlsAcceptor::from(server).accept(conn).await?;
+            send_parts(&parts, &mut conn).await?;
+            tokio::io::AsyncWriteExt::shutdown(&mut conn).await?;
+        } else {
+            let mut conn = conn;
+            send_parts(&parts, &mut conn).await?;
+        }
+        anyhow::Ok(())
+    });
+    let conn = tokio::net::TcpStream::connect(addr).await?;
+    conn.set_nodelay(true)?;
+    let (staging, into) = (mnt.join("staging"), mnt.join("boxes"));
+    let got = if tls {
+        let server_name = rustls::pki_types::ServerName::try_from("n1")?;
+        let mut conn = tokio_rustls::TlsConnector::from(client).connect(server_name, conn).await?;
+        receive_parts(&mut conn, &staging, (&into, name), None, |_| Ok(())).await?
+    } else {
+        let mut conn = conn;
+        receive_parts(&mut conn, &staging, (&into, name), None, |_| Ok(())).await?
+    };
+    sending.await??;
+    Ok((started.elapsed(), got.fetched_bytes))
+}
+
+/// The TLS setup of two fleet nodes (n1 answers, n2 dials), from a new CA.
+fn fleet_tls() -> Result<(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>)> {
+    use moat_fleet::pki::{Ca, Role};
+    let ca = Ca::mint()?;
+    let identity = |name: &str| -> Result<moat_fleet::tls::Identity> {
+        let leaf = ca.issue(Role::Node, name)?;
+        Ok(moat_fleet::tls::Identity::from_pem(ca.cert_pem(), &leaf.cert.pem(), &leaf.key.serialize_pem())?)
+    };
+    Ok((identity("n1")?.server_config()?, identity("n2")?.client_config()?))
+}
+
+/// Flushes every dirty page and waits for btrfs to finish deleting what was
+/// deleted, so that a timed step does not pay for the last one's writes.
+fn settle(mnt: &Path) -> Result<()> {
+    if !Command::new("btrfs").args(["subvolume", "sync"]).arg(mnt).stdout(Stdio::null()).status()?.success() {
+        bail!("btrfs subvolume sync failed");
+    }
     if !Command::new("sync").status()?.success() {
         bail!("sync failed");
     }
