@@ -17,6 +17,9 @@
 //!   nginx reverse-proxying the same box port (see [`crate::bench_http`]);
 //! - with `--durable`, instead: durable boxes' streams against a plain upload
 //!   and `btrfs send | receive` (see [`crate::bench_durable`]);
+//! - with `--node-loss`, instead: a lost node's 1 GiB box answering from
+//!   another node, against the floor of lease and grace (see
+//!   [`crate::bench_node_loss`]);
 //! - with `--images`, instead: pulled images against skopeo and umoci (see
 //!   [`crate::bench_images`]);
 //! - with `--packages`, instead: package installs through the gateway's
@@ -114,10 +117,15 @@ pub struct BenchArgs {
     /// the same (each where installed); throughput and host CPU per GiB.
     #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density"])]
     proxies: bool,
+    /// Measure a node's loss instead (a fleet of two nodes keeping boxes
+    /// in a real SeaweedFS, --node-grace 20): `kill -9` of the node holding
+    /// a suspended box of 1 GiB, to `ssh box true` answering from the other.
+    #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density", "proxies"])]
+    node_loss: bool,
     /// Measure creates in bursts only: --iterations rounds (at most 50) of
     /// --burst `new`s at once, each round against as many bubblewrap
     /// sandboxes at once.
-    #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density", "proxies"])]
+    #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density", "proxies", "node_loss"])]
     bursts: bool,
 }
 
@@ -142,6 +150,20 @@ impl Samples {
         let i = (self.0.len() * p / 100).min(self.0.len().saturating_sub(1));
         self.0.get(i).copied().unwrap_or_default()
     }
+}
+
+/// `text` without the terminal colour codes tracing writes (`ESC [ ... m`).
+pub fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|c| c.is_ascii_alphabetic());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 pub fn ms(d: Duration) -> String {
@@ -175,6 +197,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.durable {
         return crate::bench_durable::run(&args.state_dir);
+    }
+    if args.node_loss {
+        return crate::bench_node_loss::run(&args.state_dir);
     }
     if args.images {
         return crate::bench_images::run(&args.state_dir);

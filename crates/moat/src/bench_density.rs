@@ -375,7 +375,9 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
         Some((i, e)) => {
             println!("\nfirst limit hit: `new {}` (box {} of {wanted}) failed: {e}", box_name(i), i + 1);
             // The client may say little (ssh's 255); the daemon says more.
-            let log = without_colours(&std::fs::read_to_string(server.dir.with_extension("log")).unwrap_or_default());
+            let log = crate::bench::without_colours(
+                &std::fs::read_to_string(server.dir.with_extension("log")).unwrap_or_default(),
+            );
             let said: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).collect();
             println!("the daemon's last warnings:\n{}", said[said.len().saturating_sub(10)..].join("\n"));
         }
@@ -446,7 +448,7 @@ fn resume_random(key: &Path, server: &Server, names: &[String]) -> Result<(Vec<D
 /// store, each.
 fn resumed_on_host(log: &Path) -> Result<Vec<[Duration; 4]>> {
     let text = std::fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
-    Ok(without_colours(&text)
+    Ok(crate::bench::without_colours(&text)
         .lines()
         .filter(|l| l.contains("box resumed"))
         .filter_map(|l| {
@@ -455,20 +457,6 @@ fn resumed_on_host(log: &Path) -> Result<Vec<[Duration; 4]>> {
             Some([part("meter")?, part("listen")?, part("thaw")?, part("store")?])
         })
         .collect())
-}
-
-/// `text` without the terminal colour codes tracing writes (`ESC [ ... m`).
-fn without_colours(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            chars.by_ref().find(|c| c.is_ascii_alphabetic());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// A `Duration` as `{:?}` prints it (`812.5µs`, `1.2ms`, `3s`).
@@ -601,6 +589,6 @@ mod tests {
         }
         assert_eq!(debug_duration("soon"), None);
         let line = "\x1b[2m2026\x1b[0m box resumed \x1b[3mthaw\x1b[0m\x1b[2m=\x1b[0m1.5ms";
-        assert_eq!(without_colours(line), "2026 box resumed thaw=1.5ms");
+        assert_eq!(crate::bench::without_colours(line), "2026 box resumed thaw=1.5ms");
     }
 }

@@ -345,14 +345,14 @@ fn cleanup(work: &Path) -> Result<()> {
 /// SeaweedFS (`weed server -s3`) in its own process group, ended on drop.
 /// (moat-testkit has the tests' own, which panics and is a dev-dependency
 /// the binary cannot use: the same reason `bench_pg` has its PostgreSQL.)
-struct Weed {
+pub(crate) struct Weed {
     child: Child,
     port: u16,
     _dir: PathBuf,
 }
 
 impl Weed {
-    fn start(dir: &Path) -> Result<Self> {
+    pub(crate) fn start(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         // Every port p also opens p+10000 (gRPC): pick a base well below 55535.
         let base = 21000 + (std::process::id() % 2000) as u16 * 4;
@@ -384,12 +384,12 @@ impl Weed {
         Ok(weed)
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// Makes bucket `name`, retrying while SeaweedFS elects its leader.
-    fn create_bucket(&self, name: &str) -> Result<()> {
+    pub(crate) fn create_bucket(&self, name: &str) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let ok = Command::new("curl")

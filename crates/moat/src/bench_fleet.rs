@@ -188,7 +188,7 @@ fn placement(rig: &Rig, n: usize) -> Result<(Samples, Samples)> {
 }
 
 /// `ssh -F CONFIG -p PORT [user@]IP ARGS` as the bench's client.
-fn ssh_to(rig: &Rig, addr: SocketAddr, user: Option<&str>, args: &[&str]) -> Command {
+pub(crate) fn ssh_to(rig: &Rig, addr: SocketAddr, user: Option<&str>, args: &[&str]) -> Command {
     let mut cmd = rig.ssh();
     cmd.args(["-p", &addr.port().to_string()]);
     cmd.arg(match user {
@@ -209,7 +209,7 @@ fn timed(mut make: impl FnMut() -> Command) -> Result<Duration> {
 }
 
 /// Runs `cmd`; its stdout, or why it failed.
-fn output(mut cmd: Command) -> Result<String> {
+pub(crate) fn output(mut cmd: Command) -> Result<String> {
     let out = cmd.stdin(std::process::Stdio::null()).output()?;
     if !out.status.success() {
         bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -221,7 +221,7 @@ fn output(mut cmd: Command) -> Result<String> {
 /// (it stops between two runs and tears down; the rig's servers are in
 /// process groups of their own, so a Ctrl-C at the terminal reaches only the
 /// bench and the client it is timing).
-fn watch_signals() -> Result<Arc<AtomicBool>> {
+pub(crate) fn watch_signals() -> Result<Arc<AtomicBool>> {
     use tokio::signal::unix::{signal, SignalKind};
     let stop = Arc::new(AtomicBool::new(false));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

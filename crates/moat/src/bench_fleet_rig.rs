@@ -86,6 +86,11 @@ impl Rig {
     /// Starts it all in `dir` (which must not exist) and its store's cluster
     /// in `pg_dir`.
     pub fn start(dir: &Path, pg_dir: &Path, stop: Arc<AtomicBool>) -> Result<Rig> {
+        Self::start_with(dir, pg_dir, stop, &[])
+    }
+
+    /// [`Rig::start`], each node's `moat serve` also given `node_flags`.
+    pub fn start_with(dir: &Path, pg_dir: &Path, stop: Arc<AtomicBool>, node_flags: &[&str]) -> Result<Rig> {
         // Not private: sshd reads the bastion's authorized_keys as its user.
         // (Each state dir in it is, and the fleet CA's key is 0600.)
         std::fs::create_dir(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -130,7 +135,8 @@ impl Rig {
             let host = format!("127.0.0.{}", i + 2);
             let (listen, advertise) = (format!("{host}:0"), format!("{host}:0"));
             // Its own authorized_keys lists nobody: the fleet's keys are the accounts.
-            let flags = ["--listen", &listen, "--authorized-keys", "/dev/null", "--advertise", &advertise];
+            let mut flags = vec!["--listen", &listen, "--authorized-keys", "/dev/null", "--advertise", &advertise];
+            flags.extend(node_flags);
             let node = serve(at, &flags)?;
             rig.nodes.push(node);
         }

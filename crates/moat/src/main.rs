@@ -10,6 +10,7 @@ mod bench_fleet;
 mod bench_fleet_rig;
 mod bench_http;
 mod bench_images;
+mod bench_node_loss;
 mod bench_packages;
 mod bench_pg;
 mod bench_proxy_peer;

@@ -53,6 +53,12 @@ pub fn run(state_dir: &Path) -> Result<()> {
     }
     drop(store);
     let backend = Arc::into_inner(backend).context("backend still shared")?;
+    // What still runs here that the store does not list here: a lost
+    // node's copies of boxes re-homed elsewhere (they hold the pool).
+    for name in backend.host().cgroups.box_names() {
+        eprintln!("ending box {name}, which the store no longer lists here");
+        backend.host().cgroups.destroy(&name).with_context(|| format!("end box {name}"))?;
+    }
     backend.host().cgroups.remove_parents();
     let pool = backend.into_pool().context("the pool is still in use")?;
     pool.unmount()?;
