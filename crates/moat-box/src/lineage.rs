@@ -77,7 +77,8 @@ impl Pool {
     }
 
     /// Charges box `id`, received from the object store as a writable
-    /// snapshot of the subvolumes `received` (read-only, about to be deleted),
+    /// snapshot of the subvolumes `received` (read-only; deleted, but for the
+    /// newest, kept as the parent of the box's next upload until that upload),
     /// for their data as it would be charged had the box written it here:
     /// under simple quotas data stays charged to the subvolume that wrote
     /// it, so those subvolumes join the box's qgroup (limited to

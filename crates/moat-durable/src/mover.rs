@@ -22,6 +22,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use moat_core::ids::BoxId;
+use moat_core::store::durable::DurableLink;
 use moat_core::store::moves::{BoxMove, MoveReason};
 use moat_core::BoxManager;
 
@@ -85,6 +87,26 @@ async fn round(manager: &Arc<BoxManager>, worker: &Arc<DurableWorker>, settings:
     if let Err(e) = manager.discard_stale().await {
         tracing::warn!(error = %e, "cannot discard stale copies of boxes");
     }
+    prune_snapshots_of_boxes_elsewhere(manager, worker);
+}
+
+/// Drops the uploader's snapshots of every box this node does not hold
+/// (moved away, re-homed while this node was lost, received and not
+/// taken): each pins a whole box's data, and under simple quotas a
+/// received one stays charged to its account. (Run between the round's
+/// receives, never during one: a box received and not yet taken is not
+/// this node's.)
+fn prune_snapshots_of_boxes_elsewhere(manager: &BoxManager, worker: &DurableWorker) {
+    let Ok(here) = manager.boxes_here() else { return };
+    let here: std::collections::HashSet<BoxId> = here.into_iter().map(|r| r.id).collect();
+    let Ok(entries) = std::fs::read_dir(&worker.uploader().snapshots) else { return };
+    for entry in entries.flatten() {
+        let Some(id) = BoxId::parse(&entry.file_name().to_string_lossy()) else { continue };
+        if !here.contains(&id) {
+            tracing::info!(box_id = %id, "dropping the upload snapshots of a box not on this node");
+            worker.uploader().prune(&id, None);
+        }
+    }
 }
 
 fn is_empty_dir(dir: &std::path::Path) -> bool {
@@ -102,7 +124,7 @@ async fn stream_from(
     mv: &BoxMove,
     staging: &std::path::Path,
     into: (&std::path::Path, &str),
-    keep_in: Option<&std::path::Path>,
+    keep: Option<(&std::path::Path, &DurableLink)>,
     adopt: impl FnOnce(&moat_core::Received) -> Result<(), DurableError>,
 ) -> Result<crate::restore::Restored, DurableError> {
     let nodes = manager.nodes().map_err(config)?;
@@ -114,7 +136,7 @@ async fn stream_from(
         .open(&mv.from, &source.offer.address, &mv.box_id)
         .await
         .map_err(crate::io_err(format!("reach node {}", mv.from)))?;
-    crate::node_stream::receive_parts(&mut input, staging, into, keep_in, adopt).await
+    crate::node_stream::receive_parts(&mut input, staging, into, keep, adopt).await
 }
 
 /// The source's side: the box held still, its last change uploaded, the move ready.
@@ -159,7 +181,17 @@ async fn receive(
     // From the source node while it is up (a lost node's box: from the
     // object store alone), else from the object store.
     let streamed = match nodes.filter(|_| mv.reason != MoveReason::Lost) {
-        Some(nodes) => match stream_from(manager, nodes, mv, staging, into, keep_in.as_deref(), adopt).await {
+        Some(nodes) => match stream_from(
+            manager,
+            nodes,
+            mv,
+            staging,
+            into,
+            keep_in.as_deref().zip(links.last().filter(|head| head.checkpoint.is_none())),
+            adopt,
+        )
+        .await
+        {
             Ok(restored) => Some(restored),
             Err(e) => {
                 tracing::warn!(box_id = %rec.id, from = %mv.from, error = %e,
@@ -174,7 +206,9 @@ async fn receive(
         Some(restored) => restored,
         None => {
             let adopt = |received: &moat_core::Received| manager.adopt_received(&rec, received).map_err(config);
-            restore_box(&worker.uploader().store, &links, staging, into, keep_in.as_deref(), adopt).await?
+            // What a failed stream received there is gone (or else not kept in).
+            let keep_in = keep_in.as_deref().filter(|dir| is_empty_dir(dir));
+            restore_box(&worker.uploader().store, &links, staging, into, keep_in, adopt).await?
         }
     };
     // Received and charged here, the record still the source's.
@@ -182,6 +216,7 @@ async fn receive(
     let taken = manager.take_box(mv, grace_ms).map_err(config);
     if !matches!(taken, Ok(true)) {
         let _ = manager.discard_local(&rec.id).await;
+        worker.uploader().prune(&rec.id, None);
         return taken.map(drop);
     }
     tracing::info!(

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
 use moat_core::ids::BoxId;
+use moat_core::store::durable::DurableLink;
 use moat_core::{BoxManager, Received};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -208,14 +209,17 @@ async fn read_frame<R: AsyncRead + Unpin>(input: &mut R, max: usize) -> Result<(
 /// Receives a box sent by [`send_parts`] as `<parent>/<name>`, staging in
 /// `staging`, as [`crate::restore_box`] does from the object store: the
 /// root a writable snapshot of the last part, `adopt` called with what was
-/// received before it is deleted (if it fails, the root goes too), the
-/// last part (the root's) received and kept in `keep_in` if given, as
-/// [`crate::restore_box`] keeps its head. On any failure nothing is left.
+/// received before it is deleted (if it fails, the root goes too). With
+/// `keep` (a directory and the box's newest link), the root's part is
+/// received and kept in that directory, as [`crate::restore_box`] keeps its
+/// head, if it says it is that link's (as of its time) and arrives under
+/// that link's name; a root part of another name fails the receive. On any
+/// failure nothing is left.
 pub async fn receive_parts<R: AsyncRead + Unpin>(
     input: &mut R,
     staging: &Path,
     (parent, name): (&Path, &str),
-    keep_in: Option<&Path>,
+    keep: Option<(&Path, &DurableLink)>,
     adopt: impl FnOnce(&Received) -> Result<(), DurableError>,
 ) -> Result<Restored, DurableError> {
     let mut incoming = Incoming::new(staging, name)?;
@@ -227,13 +231,23 @@ pub async fn receive_parts<R: AsyncRead + Unpin>(
             b'h' if parts.len() < MAX_PARTS => {
                 let header: PartHeader = serde_json::from_slice(&bytes)
                     .map_err(|e| DurableError::Config(format!("the source node sent a bad part header: {e}")))?;
-                let dir = match keep_in.filter(|_| header.checkpoint.is_none()) {
-                    Some(dir) => incoming.keep_in(dir),
+                let kept = keep.filter(|(_, head)| header.checkpoint.is_none() && header.as_of_ms == head.taken_at_ms);
+                let dir = match kept {
+                    Some((dir, _)) => incoming.keep_in(dir),
                     None => incoming.dir.join(parts.len().to_string()),
                 };
                 std::fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
                 fetched_bytes += receive_one(input, &dir).await?;
-                parts.push((header, only_subvolume(&dir)?));
+                let received = only_subvolume(&dir)?;
+                if let Some((dir, head)) = kept.filter(|(dir, head)| received != dir.join(&head.snapshot)) {
+                    return Err(DurableError::Config(format!(
+                        "the source node sent the root as {}, not as its last upload {} in {}",
+                        received.display(),
+                        head.snapshot,
+                        dir.display()
+                    )));
+                }
+                parts.push((header, received));
             }
             b'z' => break,
             b'x' => {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use moat_box::sys;
 use moat_core::ids::BoxId;
+use moat_core::store::durable::DurableLink;
 use moat_core::store::Store;
 use moat_durable::{restore_box, DurableError, ObjectStoreConfig, Uploader};
 use moat_testkit::SeaweedFs;
@@ -421,7 +422,20 @@ async fn a_box_streamed_node_to_node_arrives_with_its_checkpoints_and_a_bad_stre
     let mut kept = Vec::new();
     let target = pool.join("target");
     let kept_in = pool.join("kept");
-    let got = receive_parts(&mut b, &pool.join("staging"), (&target, "b"), Some(&kept_in), |received| {
+    let head = DurableLink {
+        box_id: BoxId::random(),
+        seq: 1,
+        parent_seq: Some(0),
+        key: String::new(),
+        snapshot: "head".into(),
+        sha256: String::new(),
+        bytes: 0,
+        taken_at_ms: 9,
+        uploaded_at_ms: 9,
+        node: "n1".into(),
+        checkpoint: None,
+    };
+    let got = receive_parts(&mut b, &pool.join("staging"), (&target, "b"), Some((&kept_in, &head)), |received| {
         assert_eq!(received.subvolumes.len(), 2);
         for (label, subvolume, saved_ms) in &received.checkpoints {
             kept.push((label.clone(), tree(subvolume), *saved_ms));
@@ -439,14 +453,28 @@ async fn a_box_streamed_node_to_node_arrives_with_its_checkpoints_and_a_bad_stre
     assert_eq!(tree(&kept_in.join("head")), tree(&pool.join("durable/head")), "the root's part is kept where asked");
     sys::subvolume_delete(&kept_in, "head").unwrap();
 
+    // A root that is not the last upload it should be (another name) is
+    // refused, and nothing of it is kept.
+    let other = DurableLink { snapshot: "other".into(), ..head.clone() };
+    let again = [Part { path: pool.join("durable/head"), header: PartHeader { checkpoint: None, as_of_ms: 9 } }];
+    let (mut a, mut b) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move { send_parts(&again, &mut a).await });
+    let err = receive_parts(&mut b, &pool.join("staging"), (&target, "b2"), Some((&kept_in, &other)), |_| Ok(()))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not as its last upload other"), "{err}");
+    assert!(!target.join("b2").exists());
+    assert_eq!(std::fs::read_dir(&kept_in).unwrap().count(), 0, "nothing is kept of a root of another name");
+
     // A stream that is not one (a source that fails, or garbage): refused, nothing left.
     let (mut a, mut b) = tokio::io::duplex(1 << 16);
     tokio::spawn(async move {
         use tokio::io::AsyncWriteExt;
         let _ = a.write_all(b"h\0\0\0\x02{}d\0\0\0\x05junk!e\0\0\0\0z\0\0\0\0").await;
     });
-    let err =
-        receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), Some(&kept_in), |_| Ok(())).await.unwrap_err();
+    let err = receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), Some((&kept_in, &head)), |_| Ok(()))
+        .await
+        .unwrap_err();
     assert!(!err.to_string().is_empty());
     assert_eq!(std::fs::read_dir(&kept_in).unwrap().count(), 0, "nothing is kept of a bad stream");
     assert!(!target.join("bad").exists());
@@ -454,8 +482,9 @@ async fn a_box_streamed_node_to_node_arrives_with_its_checkpoints_and_a_bad_stre
     let (mut a, mut b) = tokio::io::duplex(1 << 16);
     let missing = [Part { path: pool.join("nowhere"), header: PartHeader { checkpoint: None, as_of_ms: 1 } }];
     let sending = tokio::spawn(async move { send_parts(&missing, &mut a).await });
-    let err =
-        receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), Some(&kept_in), |_| Ok(())).await.unwrap_err();
+    let err = receive_parts(&mut b, &pool.join("staging"), (&target, "bad"), Some((&kept_in, &head)), |_| Ok(()))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("could not send the box"), "{err}");
     assert_eq!(std::fs::read_dir(&kept_in).unwrap().count(), 0, "nothing is kept of a failed send");
     assert!(sending.await.unwrap().is_err());

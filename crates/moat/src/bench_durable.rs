@@ -63,7 +63,7 @@ async fn bench(work: &Path) -> Result<()> {
     let config = ObjectStoreConfig::new_with_keys("s3://bench/durable", Some(s3.endpoint()), None, "any", "any")?;
     s3.create_bucket("bench")?;
     let store = config.client()?;
-    for d in ["boxes", "durable", "staging", "raw", "raw-writable", "plain"] {
+    for d in ["boxes", "durable", "staging", "raw", "raw-writable", "plain", "kept-moved"] {
         std::fs::create_dir_all(mnt.join(d))?;
     }
     let id = BoxId::random();
@@ -121,8 +121,15 @@ async fn bench(work: &Path) -> Result<()> {
     // nothing dirty in the page cache (the one before's writes flushed).
     settle(&mnt)?;
     let started = Instant::now();
-    let moved =
-        restore_box(&store, &links, &mnt.join("staging"), (&mnt.join("boxes"), "moved"), None, |_| Ok(())).await?;
+    let moved = restore_box(
+        &store,
+        &links,
+        &mnt.join("staging"),
+        (&mnt.join("boxes"), "moved"),
+        Some(&mnt.join("kept-moved")),
+        |_| Ok(()),
+    )
+    .await?;
     let ours = started.elapsed();
     let snapshot = dirs.join(&incr.link.snapshot);
     settle(&mnt)?;
@@ -167,17 +174,14 @@ async fn bench(work: &Path) -> Result<()> {
     // with the fleet's mutual TLS (what a move does), and without.
     for (what, tls) in [("move streamed node to node (TLS)", true), ("move streamed node to node, no TLS", false)] {
         settle(&mnt)?;
-        let (ours, bytes) = streamed(&snapshot, &mnt, tls).await?;
+        let (ours, bytes) = streamed(&snapshot, &incr.link, &mnt, tls).await?;
         for peer in [RAW, RAW_WRITABLE] {
             let theirs = if peer == RAW { theirs } else { theirs_writable };
             rows.push(Row { what, ours, peer, theirs, bytes, target });
         }
     }
     print(&rows);
-    println!(
-        "\nnode loss to the first answer elsewhere is measured end to end by the e2e test \
-         fleet_a_lost_nodes_boxes_are_re_homed_and_it_serves_none_on_return (lease 10 s + --node-grace + a mover round + the receive)"
-    );
+    println!("\nnode loss to the first answer elsewhere: `moat bench --node-loss`");
     drop(s3);
     Ok(())
 }
@@ -210,10 +214,11 @@ const RAW_WRITABLE: &str = "the same, then a writable snapshot";
 /// One move of `snapshot` streamed over loopback TCP (with the fleet's
 /// mutual TLS if `tls`) into a new box root under `mnt`: how long, how many
 /// bytes.
-async fn streamed(snapshot: &Path, mnt: &Path, tls: bool) -> Result<(Duration, u64)> {
+async fn streamed(snapshot: &Path, head: &DurableLink, mnt: &Path, tls: bool) -> Result<(Duration, u64)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let parts = [Part { path: snapshot.to_path_buf(), header: PartHeader { checkpoint: None, as_of_ms: 0 } }];
+    let parts =
+        [Part { path: snapshot.to_path_buf(), header: PartHeader { checkpoint: None, as_of_ms: head.taken_at_ms } }];
     let (server, client) = fleet_tls()?;
     let name = if tls { "streamed-tls" } else { "streamed" };
     let started = Instant::now();
@@ -233,13 +238,17 @@ async fn streamed(snapshot: &Path, mnt: &Path, tls: bool) -> Result<(Duration, u
     let conn = tokio::net::TcpStream::connect(addr).await?;
     conn.set_nodelay(true)?;
     let (staging, into) = (mnt.join("staging"), mnt.join("boxes"));
+    // Kept as a move keeps the box's head (its next upload's parent).
+    let kept = mnt.join(format!("kept-{name}"));
+    std::fs::create_dir_all(&kept)?;
+    let keep = Some((kept.as_path(), head));
     let got = if tls {
         let server_name = rustls::pki_types::ServerName::try_from("n1")?;
         let mut conn = tokio_rustls::TlsConnector::from(client).connect(server_name, conn).await?;
-        receive_parts(&mut conn, &staging, (&into, name), None, |_| Ok(())).await?
+        receive_parts(&mut conn, &staging, (&into, name), keep, |_| Ok(())).await?
     } else {
         let mut conn = conn;
-        receive_parts(&mut conn, &staging, (&into, name), None, |_| Ok(())).await?
+        receive_parts(&mut conn, &staging, (&into, name), keep, |_| Ok(())).await?
     };
     sending.await??;
     Ok((started.elapsed(), got.fetched_bytes))

@@ -53,11 +53,15 @@ pub fn run(state_dir: &Path) -> Result<()> {
     }
     drop(store);
     let backend = Arc::into_inner(backend).context("backend still shared")?;
-    // What still runs here that the store does not list here: a lost
-    // node's copies of boxes re-homed elsewhere (they hold the pool).
-    for name in backend.host().cgroups.box_names() {
+    // What still runs from this pool that the store does not list here: a
+    // lost node's copies of boxes re-homed elsewhere (they hold the pool).
+    // Only those: the cgroup parent may be shared with other daemons.
+    let boxes = backend.host().pool.boxes_dir();
+    for name in backend.host().cgroups.box_names().into_iter().filter(|name| boxes.join(name).exists()) {
         eprintln!("ending box {name}, which the store no longer lists here");
-        backend.host().cgroups.destroy(&name).with_context(|| format!("end box {name}"))?;
+        if let Err(e) = backend.host().cgroups.destroy(&name) {
+            eprintln!("cannot end box {name}: {e}");
+        }
     }
     backend.host().cgroups.remove_parents();
     let pool = backend.into_pool().context("the pool is still in use")?;
