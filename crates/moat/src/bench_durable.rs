@@ -133,33 +133,18 @@ async fn bench(work: &Path) -> Result<()> {
     let ours = started.elapsed();
     let snapshot = dirs.join(&incr.link.snapshot);
     settle(&mnt)?;
-    let started = Instant::now();
-    let piped = Command::new("sh")
-        .arg("-c")
-        .arg(format!("btrfs send -q {} | btrfs receive -q {}", snapshot.display(), mnt.join("raw").display()))
-        .status()?;
-    let theirs = started.elapsed();
-    if !piped.success() {
-        bail!("btrfs send | btrfs receive failed: {piped}");
-    }
-    let target = "time <= 1.3x (vs the pipe)";
+    let raw =
+        timed_shell(&format!("btrfs send -q {} | btrfs receive -q {}", snapshot.display(), mnt.join("raw").display()))?;
     settle(&mnt)?;
-    let started = Instant::now();
-    let piped = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "btrfs send -q {} | btrfs receive -q {dir} && btrfs subvolume snapshot {dir}/{} {dir}/writable >/dev/null",
-            snapshot.display(),
-            incr.link.snapshot,
-            dir = mnt.join("raw-writable").display(),
-        ))
-        .status()?;
-    let theirs_writable = started.elapsed();
-    if !piped.success() {
-        bail!("btrfs send | btrfs receive, then a snapshot, failed: {piped}");
-    }
-    for peer in [RAW, RAW_WRITABLE] {
-        let theirs = if peer == RAW { theirs } else { theirs_writable };
+    let raw_writable = timed_shell(&format!(
+        "btrfs send -q {} | btrfs receive -q {dir} && btrfs subvolume snapshot {dir}/{} {dir}/writable >/dev/null",
+        snapshot.display(),
+        incr.link.snapshot,
+        dir = mnt.join("raw-writable").display(),
+    ))?;
+    let peers = [(RAW, raw), (RAW_WRITABLE, raw_writable)];
+    let target = "time <= 1.3x (vs the pipe)";
+    for (peer, theirs) in peers {
         rows.push(Row {
             what: "move through the object store",
             ours,
@@ -175,8 +160,7 @@ async fn bench(work: &Path) -> Result<()> {
     for (what, tls) in [("move streamed node to node (TLS)", true), ("move streamed node to node, no TLS", false)] {
         settle(&mnt)?;
         let (ours, bytes) = streamed(&snapshot, &incr.link, &mnt, tls).await?;
-        for peer in [RAW, RAW_WRITABLE] {
-            let theirs = if peer == RAW { theirs } else { theirs_writable };
+        for (peer, theirs) in peers {
             rows.push(Row { what, ours, peer, theirs, bytes, target });
         }
     }
@@ -263,6 +247,16 @@ fn fleet_tls() -> Result<(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>)>
         Ok(moat_fleet::tls::Identity::from_pem(ca.cert_pem(), &leaf.cert.pem(), &leaf.key.serialize_pem())?)
     };
     Ok((identity("n1")?.server_config()?, identity("n2")?.client_config()?))
+}
+
+/// How long `sh -c script` takes; an error if it fails.
+fn timed_shell(script: &str) -> Result<Duration> {
+    let started = Instant::now();
+    let status = Command::new("sh").arg("-c").arg(script).status()?;
+    if !status.success() {
+        bail!("{script} failed: {status}");
+    }
+    Ok(started.elapsed())
 }
 
 /// Flushes every dirty page and waits for btrfs to finish deleting what was

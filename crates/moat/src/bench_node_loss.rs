@@ -6,8 +6,8 @@
 //!
 //! The peer is the floor the design sets: nothing may take a lost node's
 //! boxes before its lease lapses (at least `LEASE - LEASE_RENEW` after the
-//! kill: it was renewed at most that long before) and the grace passes (a node that is only
-//! slow must not find its boxes taken). The rest is moat's: noticing,
+//! kill: it was renewed at most that long before) and the grace passes (a
+//! node that is only slow must not find its boxes taken). The rest is moat's: noticing,
 //! fetching the box from the object store, receiving it, the first session.
 
 use std::path::{Path, PathBuf};
@@ -102,8 +102,7 @@ fn measure(rig: &Rig) -> Result<Measured> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         rig.check_stop()?;
-        let info: serde_json::Value =
-            serde_json::from_str(&output(ssh_to(rig, front, None, &["info", "big", "--json"]))?)?;
+        let info = info(rig, front)?;
         let durable = &info["durable"];
         if durable["as_of_ms"].as_u64().is_some_and(|t| t > written) && durable["pending"] == false {
             break;
@@ -129,12 +128,17 @@ fn measure(rig: &Rig) -> Result<Measured> {
         }
         std::thread::sleep(Duration::from_millis(250));
     };
-    let info: serde_json::Value = serde_json::from_str(&output(ssh_to(rig, front, None, &["info", "big", "--json"]))?)?;
+    let info = info(rig, front)?;
     if info["node"] != "n2" {
         bail!("box big answered, but from node {} (not n2)", info["node"]);
     }
     let (received, fetched_bytes) = received_in_log(&rig.nodes[1].dir.with_extension("log"))?;
     Ok(Measured { answered, received, fetched_bytes })
+}
+
+/// `info big --json` through the front door at `front`.
+fn info(rig: &Rig, front: std::net::SocketAddr) -> Result<serde_json::Value> {
+    Ok(serde_json::from_str(&output(ssh_to(rig, front, None, &["info", "big", "--json"]))?)?)
 }
 
 /// How long node n2 took to receive the box, and how much it fetched, from

@@ -232,34 +232,40 @@ mod tests {
         stock.forget(&3);
         assert_eq!(discarded(), [3, 3]);
         assert_eq!(stock.take(&3), None);
+        // A batch of `key` whose two spares are made once the gate it gives
+        // back is opened.
+        let gated_refill = |key: u8| {
+            let (gate, opened) = std::sync::mpsc::channel::<()>();
+            let opened = Mutex::new(opened);
+            let make = move || opened.lock().unwrap_or_else(PoisonError::into_inner).recv().ok().map(|()| key.into());
+            stock.refill(key, make);
+            move || {
+                gate.send(()).unwrap_or_default();
+                gate.send(()).unwrap_or_default();
+            }
+        };
+        let wait_discarded = |n: usize| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while discarded().len() < n && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
         // A batch still being made when its key is forgotten is discarded
         // when done; the next batch of it is kept.
-        let (gate, opened) = std::sync::mpsc::channel::<()>();
-        let opened = Mutex::new(opened);
-        stock.refill(7, move || opened.lock().unwrap_or_else(PoisonError::into_inner).recv().ok().map(|()| 7));
+        let open = gated_refill(7);
         stock.forget(&7);
-        gate.send(()).unwrap_or_default();
-        gate.send(()).unwrap_or_default();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while discarded().len() < 4 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        open();
+        wait_discarded(4);
         assert_eq!(discarded(), [3, 3, 7, 7]);
         assert_eq!(stock.ready(&7), 0, "a forgotten batch's spares were kept");
         stock.refill(7, || Some(8));
         assert_eq!(wait_for(&stock, 7, 2), [8, 8]);
         // A batch still being made when the stock closes is discarded when done.
-        let (gate, opened) = std::sync::mpsc::channel::<()>();
-        let opened = Mutex::new(opened);
-        stock.refill(5, move || opened.lock().unwrap_or_else(PoisonError::into_inner).recv().ok().map(|()| 5));
+        let open = gated_refill(5);
         stock.close();
         assert_eq!(discarded(), [3, 3, 7, 7, 4, 4]);
-        gate.send(()).unwrap_or_default();
-        gate.send(()).unwrap_or_default();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while discarded().len() < 8 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        open();
+        wait_discarded(8);
         assert_eq!(discarded(), [3, 3, 7, 7, 4, 4, 5, 5]);
         assert_eq!(stock.take(&5), None, "a closed stock keeps nothing");
         stock.refill(6, || Some(6));

@@ -221,14 +221,9 @@ impl VmMachine {
     fn memory_file(&self, rec: &BoxRecord, resume: bool) -> std::io::Result<Option<PathBuf>> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = self.host.pool.vm_memory(&rec.id);
-        let length = self.guest_mib(rec) << 20;
         if resume {
             match std::fs::metadata(&path) {
-                // Its QEMU could have made it longer: outside the disk quota.
-                Ok(meta) if meta.len() != length => {
-                    return Err(std::io::Error::other(format!("the memory file is {} bytes, not {length}", meta.len())))
-                }
-                Ok(_) => {}
+                Ok(meta) => self.check_memory_length(rec, meta.len())?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(e),
             }
@@ -240,7 +235,7 @@ impl VmMachine {
             std::fs::create_dir_all(self.host.pool.vm_states_dir())?;
             let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
             // Sparse: only what the guest touches takes room.
-            file.set_len(length)?;
+            file.set_len(self.guest_mib(rec) << 20)?;
         }
         // A copy's is a reflink root made.
         std::os::unix::fs::chown(&path, Some(rec.uid_base()), Some(rec.uid_base()))?;
@@ -409,6 +404,16 @@ impl VmMachine {
         Ok(pid)
     }
 
+    /// An error unless `len` is the guest's memory: a memory file its QEMU
+    /// made longer (outside the disk quota) is neither kept nor resumed.
+    fn check_memory_length(&self, rec: &BoxRecord, len: u64) -> std::io::Result<()> {
+        let want = self.guest_mib(rec) << 20;
+        if len == want {
+            return Ok(());
+        }
+        Err(std::io::Error::other(format!("the memory file is {len} bytes, not {want}")))
+    }
+
     /// Makes a parked machine's memory file (if it has one: else its save
     /// holds it) and its save `partial` durable before the save is named a
     /// machine to resume (a crash between would pair the devices' state with
@@ -418,9 +423,7 @@ impl VmMachine {
         let path = self.host.pool.vm_memory(&rec.id);
         match std::fs::File::open(&path) {
             Ok(memory) => {
-                if memory.metadata()?.len() != self.guest_mib(rec) << 20 {
-                    return Err(std::io::Error::other("its QEMU changed the memory file's length"));
-                }
+                self.check_memory_length(rec, memory.metadata()?.len())?;
                 memory.sync_all()?;
                 nix::fcntl::posix_fadvise(&memory, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)?;
             }

@@ -289,7 +289,6 @@ pub(crate) fn login(env: &Env, registry: &str, password: &str) -> crate::fixture
     }
 }
 
-/// What the pool holds that a pull is making (none once it ended).
 /// A subvolume's field from `btrfs subvolume show` (`None`: not one, or gone).
 fn subvolume_field(path: &Path, name: &str) -> Option<String> {
     let out = Command::new("btrfs").args(["subvolume", "show"]).arg(path).output().ok()?;
@@ -314,6 +313,7 @@ fn spare_of(state: &Path, parents: &[String]) -> Option<String> {
     })
 }
 
+/// What the pool holds that a pull is making (none once it ended).
 fn partials(env: &Env) -> Vec<String> {
     let layers = env.daemon.state_dir.join("pool/layers");
     let mut found: Vec<String> = std::fs::read_dir(layers)

@@ -87,7 +87,7 @@ pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) 
     assert_eq!(usage.status, Some(0), "{}", usage.stderr);
     // Its next upload, from n2, is an incremental against what n2 received,
     // not the whole box again.
-    let written = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let written = now_ms();
     alice(fleet, env, None, &["suspend", "mv1"]).ok();
     durable_after(fleet, env, "mv1", written);
     let n2_log =
