@@ -22,8 +22,14 @@ fn info(fleet: &Fleet, env: &Env, name: &str) -> serde_json::Value {
 
 /// Where node `node` (1-based) keeps box `name`'s root.
 fn root_on(fleet: &Fleet, env: &Env, node: usize, name: &str) -> PathBuf {
+    pool_dir_on(fleet, env, node, "boxes", name)
+}
+
+/// Box `name`'s entry in directory `dir` of node `node`'s pool (its root in
+/// `boxes`, its upload snapshots in `durable`).
+fn pool_dir_on(fleet: &Fleet, env: &Env, node: usize, dir: &str, name: &str) -> PathBuf {
     let id = info(fleet, env, name)["id"].as_str().unwrap().to_string();
-    fleet.nodes[node - 1].state_dir.join("pool/boxes").join(id)
+    fleet.nodes[node - 1].state_dir.join("pool").join(dir).join(id)
 }
 
 /// A busybox box `name` on node `node` holding `/root/f` = `text`.
@@ -64,6 +70,7 @@ pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) 
     alice(fleet, env, None, &["checkpoint", "mv1", "before-edit"]).ok();
     alice(fleet, env, Some("mv1"), &["echo edited > /root/f; sync"]).ok();
     let on_n1 = root_on(fleet, env, 1, "mv1");
+    let uploads_on_n1 = pool_dir_on(fleet, env, 1, "durable", "mv1");
     assert!(on_n1.is_dir());
     let out = alice(fleet, env, None, &["move", "mv1", "--node", "n2"]).ok();
     let said = format!("{}{}", out.stdout, out.stderr);
@@ -79,8 +86,10 @@ pub fn a_box_moves_to_another_node_with_its_files(env: &Env, fleet: &mut Fleet) 
     assert_eq!(alice(fleet, env, Some("mv1"), &["cat /root/f"]).ok().stdout, "moved-data\n");
     let text = alice(fleet, env, None, &["info", "mv1"]).ok().stdout;
     assert!(text.contains("moved:    from node n1 at "), "{text}");
-    // The source's copy goes (in the mover's next round).
+    // The source's copy goes (in the mover's next round), and so do its
+    // upload snapshots of the box.
     wait_gone(&on_n1, Duration::from_secs(15));
+    wait_gone(&uploads_on_n1, Duration::from_secs(15));
     assert!(root_on(fleet, env, 2, "mv1").is_dir());
     // The received box's disk is charged and limited as a box made there.
     let usage = alice(fleet, env, Some("mv1"), &["head -c 30000000 /dev/zero > /root/big; sync; du -sk /root/big"]);
@@ -255,6 +264,7 @@ pub fn a_move_killed_at_each_step_lands_once_with_every_file(env: &Env, fleet: &
         let name = format!("crash{i}");
         box_with_file(fleet, env, &name, 1, point);
         let on_n1 = root_on(fleet, env, 1, &name);
+        let uploads_on_n1 = pool_dir_on(fleet, env, 1, "durable", &name);
         let node = &mut fleet.nodes[crashes - 1];
         node.env = vec![("MOAT_FAULT".into(), point.into())];
         node.restart();
@@ -280,6 +290,7 @@ pub fn a_move_killed_at_each_step_lands_once_with_every_file(env: &Env, fleet: &
         let said = alice(fleet, env, Some(&name), &["cat /root/f"]).ok().stdout;
         assert_eq!(said, format!("{point}\n"), "{point}: the box's file");
         wait_gone(&on_n1, Duration::from_secs(15));
+        wait_gone(&uploads_on_n1, Duration::from_secs(15));
         let listed = alice(fleet, env, None, &["ls", "--json"]).ok().stdout;
         let boxes: serde_json::Value = serde_json::from_str(&listed).unwrap();
         let count = boxes.as_array().unwrap().iter().filter(|b| b["name"] == name.as_str()).count();
