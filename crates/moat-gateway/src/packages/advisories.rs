@@ -130,17 +130,39 @@ impl Advisories {
     }
 }
 
-/// `database_specific.severity` (GitHub's LOW, MODERATE, HIGH, CRITICAL).
+/// How bad `v` (a record, or one of its `affected`) says it is: the worst
+/// of its CVSS vectors (`severity[].score`, scored) and of the word in its
+/// `database_specific` or `ecosystem_specific` (GitHub's LOW, MODERATE,
+/// HIGH, CRITICAL). A deny rule errs on the side of the worse reading.
 fn severity_of(v: &Value) -> Option<Severity> {
-    let text = ["database_specific", "ecosystem_specific"]
+    let word = ["database_specific", "ecosystem_specific"]
         .iter()
-        .find_map(|k| v.get(*k).and_then(|d| d.get("severity")).and_then(Value::as_str))?;
-    match text.to_ascii_uppercase().as_str() {
-        "LOW" => Some(Severity::Low),
-        "MODERATE" | "MEDIUM" => Some(Severity::Medium),
-        "HIGH" => Some(Severity::High),
-        "CRITICAL" => Some(Severity::Critical),
-        _ => None,
+        .find_map(|k| v.get(*k).and_then(|d| d.get("severity")).and_then(Value::as_str))
+        .and_then(|text| match text.to_ascii_uppercase().as_str() {
+            "LOW" => Some(Severity::Low),
+            "MODERATE" | "MEDIUM" => Some(Severity::Medium),
+            "HIGH" => Some(Severity::High),
+            "CRITICAL" => Some(Severity::Critical),
+            _ => None,
+        });
+    let vectors = v.get("severity").and_then(Value::as_array).into_iter().flatten();
+    let scored = vectors.filter_map(|s| s.get("score").and_then(Value::as_str)).filter_map(scored);
+    word.into_iter().chain(scored).max()
+}
+
+/// The rating of a CVSS vector (`CVSS:3.1/AV:N/...`, `CVSS:4.0/...`, or a
+/// v2 vector without a prefix), by its base score; `None` for 0.0 or a
+/// vector that does not parse. The records come from outside: a vector the
+/// scorer cannot take is skipped, never the gateway's end.
+fn scored(vector: &str) -> Option<Severity> {
+    let cvss: cvss::Cvss = vector.parse().ok()?;
+    let rating = std::panic::catch_unwind(|| cvss.severity()).ok()?;
+    match rating {
+        cvss::Severity::None => None,
+        cvss::Severity::Low => Some(Severity::Low),
+        cvss::Severity::Medium => Some(Severity::Medium),
+        cvss::Severity::High => Some(Severity::High),
+        cvss::Severity::Critical => Some(Severity::Critical),
     }
 }
 
@@ -191,5 +213,34 @@ mod tests {
         assert!(db.naming(Ecosystem::Npm, "lib", "9.0.0").is_empty(), "withdrawn");
         assert_eq!(compare("1.10", "1.9"), std::cmp::Ordering::Greater);
         assert_eq!(compare("1.0.0-rc.1", "1.0.0"), std::cmp::Ordering::Less);
+    }
+
+    #[test]
+    fn cvss_vectors_are_scored_and_the_worse_reading_wins() {
+        let record = |severity: Value| {
+            let mut db = Advisories::default();
+            db.add(&serde_json::json!({"id": "GHSA-v", "severity": severity,
+                "affected": [{"package": {"ecosystem": "PyPI", "name": "p"}, "versions": ["1.0"]}]}));
+            db.naming(Ecosystem::Pypi, "p", "1.0").first().and_then(|n| n.severity)
+        };
+        let v31 = |vector: &str| serde_json::json!([{"type": "CVSS_V3", "score": vector}]);
+        // Base scores from FIRST's calculator: 9.8, 6.1, 3.1, 0.0.
+        assert_eq!(record(v31("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H")), Some(Severity::Critical));
+        assert_eq!(record(v31("CVSS:3.1/AV:N/AC:L/PR:N/UI:R/S:C/C:L/I:L/A:N")), Some(Severity::Medium));
+        assert_eq!(record(v31("CVSS:3.0/AV:N/AC:H/PR:N/UI:R/S:U/C:L/I:N/A:N")), Some(Severity::Low));
+        assert_eq!(record(v31("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:N/I:N/A:N")), None);
+        // v4.0 (9.3) and v2 (7.5), as OSV records carry them.
+        let v4 = serde_json::json!([{"type": "CVSS_V4", "score": "CVSS:4.0/AV:N/AC:L/AT:N/PR:N/UI:N/VC:H/VI:H/VA:H/SC:N/SI:N/SA:N"}]);
+        assert_eq!(record(v4), Some(Severity::Critical));
+        let v2 = serde_json::json!([{"type": "CVSS_V2", "score": "AV:N/AC:L/Au:N/C:P/I:P/A:P"}]);
+        assert_eq!(record(v2), Some(Severity::High));
+        // Garbage is skipped; of two readings the worse one counts.
+        assert_eq!(record(v31("CVSS:3.1/AV:Q")), None);
+        assert_eq!(record(serde_json::json!([{"type": "CVSS_V3", "score": 7}])), None);
+        let mut db = Advisories::default();
+        db.add(&serde_json::json!({"id": "GHSA-w", "database_specific": {"severity": "LOW"},
+            "severity": [{"type": "CVSS_V3", "score": "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H"}],
+            "affected": [{"package": {"ecosystem": "npm", "name": "q"}, "versions": ["2.0.0"]}]}));
+        assert_eq!(db.naming(Ecosystem::Npm, "q", "2.0.0")[0].severity, Some(Severity::Critical));
     }
 }
