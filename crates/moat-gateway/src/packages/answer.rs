@@ -121,7 +121,7 @@ async fn read_index(
     let private = headers.iter().any(|(n, _)| *n == "Authorization");
     let key = format!("{host}{target} {accept}");
     if !private {
-        if let Some(read) = registries.recent_index(&key, false) {
+        if let Some(read) = registries.recent_index(&key) {
             return Ok(Ok(read));
         }
     }
@@ -130,7 +130,7 @@ async fn read_index(
     let mut fetched = match fetch::get(asked.net, &host, 443, true, &target, &headers).await {
         Ok(fetched) => fetched,
         // The registry is down: the last read serves (its files come from the cache).
-        Err(down @ Refusal::Unreachable(_)) => match registries.recent_index(&key, true).filter(|_| !private) {
+        Err(down @ Refusal::Unreachable(_)) => match registries.last_index(&key, package).filter(|_| !private) {
             Some(read) => return Ok(Ok(read)),
             None => return Err(down),
         },
@@ -138,7 +138,7 @@ async fn read_index(
     };
     if fetched.head.status != 200 {
         if fetched.head.status >= 500 {
-            if let Some(read) = registries.recent_index(&key, true).filter(|_| !private) {
+            if let Some(read) = registries.last_index(&key, package).filter(|_| !private) {
                 return Ok(Ok(read));
             }
         }

@@ -2,7 +2,9 @@
 //! matched what the index promised, named by that hash, bounded in bytes,
 //! the least recently used out first. A file is written under a temporary
 //! name and renamed into place only once checked, so a half-written or
-//! unchecked file is never served. Every call is relative to the open
+//! unchecked file is never served. The last index read of each package is
+//! kept beside them (named by what it was read as), so that a gateway
+//! started while a registry is down still lets boxes reinstall. Every call is relative to the open
 //! directory (the gateway cannot walk the private state dir above it, and
 //! Landlock holds it to this one). File work is plain blocking I/O on the
 //! page cache, in small pieces.
@@ -19,6 +21,8 @@ use moat_core::policy::packages::FileHash;
 
 /// Prefix of files being written.
 const SPOOL: &str = "tmp-";
+/// Prefix of kept indexes.
+const INDEX: &str = "index-";
 
 /// The cache.
 pub struct FileCache {
@@ -65,7 +69,8 @@ impl FileCache {
             }
             let stat = rustix::fs::statat(&dir, name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
             let is_file = rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
-            if name.starts_with(SPOOL) || !is_file || key_hash(&name).is_none() {
+            let known = key_hash(&name).is_some() || is_index_name(&name);
+            if name.starts_with(SPOOL) || !is_file || !known {
                 let _ = rustix::fs::unlinkat(&dir, name.as_str(), rustix::fs::AtFlags::empty());
                 continue;
             }
@@ -89,16 +94,48 @@ impl FileCache {
 
     /// The kept file with `hash`, opened, and its size.
     pub fn get(&self, hash: &FileHash) -> Option<(File, u64)> {
-        let key = key(hash);
+        self.open_kept(&key(hash))
+    }
+
+    /// The entry `name`, opened, and its size (now its most recent use).
+    fn open_kept(&self, name: &str) -> Option<(File, u64)> {
         let mut state = self.state();
         state.tick += 1;
         let tick = state.tick;
-        let (size, used) = state.files.get_mut(&key)?;
+        let (size, used) = state.files.get_mut(name)?;
         *used = tick;
         let size = *size;
         drop(state);
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        rustix::fs::openat(&self.dir, key.as_str(), flags, Mode::empty()).ok().map(|fd| (File::from(fd), size))
+        rustix::fs::openat(&self.dir, name, flags, Mode::empty()).ok().map(|fd| (File::from(fd), size))
+    }
+
+    /// Keeps `body` (answered as `content_type`) as the index read as
+    /// `key`, in place of the one kept before.
+    pub fn keep_index(&self, key: &str, content_type: &str, body: &[u8]) -> io::Result<()> {
+        if key.contains(['\t', '\n']) || content_type.contains(['\t', '\n']) {
+            return Err(io::Error::other("an index key or type with a tab or newline"));
+        }
+        let mut spool = self.spool()?;
+        let head = format!("{key}\t{content_type}\n");
+        spool.file.write_all(head.as_bytes())?;
+        spool.file.write_all(body)?;
+        self.keep_as(spool, index_name(key), (head.len() + body.len()) as u64, true)
+    }
+
+    /// The index kept as `key`, if there is one: its content type and body.
+    pub fn index(&self, key: &str) -> Option<(String, Vec<u8>)> {
+        let (mut file, size) = self.open_kept(&index_name(key))?;
+        if size > (super::index::MAX_INDEX as u64) << 1 {
+            return None;
+        }
+        let mut kept = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut kept).ok()?;
+        let end = kept.iter().position(|b| *b == b'\n')?;
+        let head = std::str::from_utf8(kept.get(..end)?).ok()?;
+        let (kept_key, content_type) = head.split_once('\t')?;
+        // A name is a hash of the key: the head says it is this key's.
+        (kept_key == key).then(|| (content_type.to_string(), kept.get(end + 1..).unwrap_or_default().to_vec()))
     }
 
     /// A new file to write a download into.
@@ -112,20 +149,27 @@ impl FileCache {
     }
 
     /// Keeps `spool` (`size` bytes, checked to have `hash`), then makes room.
-    pub fn keep(&self, mut spool: Spool<'_>, hash: &FileHash, size: u64) -> io::Result<()> {
-        let key = key(hash);
-        if self.state().files.contains_key(&key) {
+    pub fn keep(&self, spool: Spool<'_>, hash: &FileHash, size: u64) -> io::Result<()> {
+        self.keep_as(spool, key(hash), size, false)
+    }
+
+    /// Keeps `spool` (`size` bytes) as `name` (`replace`: in place of an
+    /// entry of that name; else such an entry stays), then makes room.
+    fn keep_as(&self, mut spool: Spool<'_>, name: String, size: u64, replace: bool) -> io::Result<()> {
+        if !replace && self.state().files.contains_key(&name) {
             return Ok(());
         }
         spool.file.flush()?;
-        rustix::fs::renameat(&self.dir, spool.name.as_str(), &self.dir, key.as_str())?;
+        rustix::fs::renameat(&self.dir, spool.name.as_str(), &self.dir, name.as_str())?;
         spool.kept = true;
         {
             let mut state = self.state();
             state.tick += 1;
             let tick = state.tick;
             state.total += size;
-            state.files.insert(key, (size, tick));
+            if let Some((old, _)) = state.files.insert(name, (size, tick)) {
+                state.total -= old;
+            }
         }
         self.evict();
         Ok(())
@@ -159,6 +203,16 @@ fn key(hash: &FileHash) -> String {
 fn key_hash(name: &str) -> Option<FileHash> {
     let (algorithm, hex) = name.split_once('-')?;
     FileHash::new(algorithm, hex)
+}
+
+/// A kept index's name: `index-` and the SHA-256 of what it was read as.
+fn index_name(key: &str) -> String {
+    use sha2::Digest as _;
+    format!("{INDEX}{}", crate::git::pack::hex(&sha2::Sha256::digest(key.as_bytes())))
+}
+
+fn is_index_name(name: &str) -> bool {
+    name.strip_prefix(INDEX).is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -197,6 +251,31 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
         // Another run finds what this one kept.
         assert_eq!(FileCache::open(open(), 10).unwrap().bytes(), 8);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_index_is_kept_in_place_of_the_last_and_found_by_another_run() {
+        let dir = std::env::temp_dir().join(format!("moat-pkgindex-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = || OwnedFd::from(File::open(&dir).unwrap());
+        let cache = FileCache::open(open(), 1 << 20).unwrap();
+        let key = "pypi.org/simple/demo/ text/html";
+        assert_eq!(cache.index(key), None);
+        cache.keep_index(key, "text/html", b"<a>1</a>").unwrap();
+        cache.keep_index(key, "text/html; charset=utf-8", b"<a>2</a>").unwrap();
+        let want = Some(("text/html; charset=utf-8".to_string(), b"<a>2</a>".to_vec()));
+        assert_eq!(cache.index(key), want);
+        assert_eq!(cache.index("pypi.org/simple/other/ text/html"), None);
+        assert_eq!(cache.bytes(), (key.len() + "text/html; charset=utf-8".len() + 2 + 8) as u64, "replaced, not added");
+        assert!(cache.keep_index("a\nb", "text/html", b"x").is_err());
+        drop(cache);
+        let again = FileCache::open(open(), 1 << 20).unwrap();
+        assert_eq!(again.index(key), want, "a gateway started later finds it");
+        // An index past the bound goes, as files do.
+        let small = FileCache::open(open(), 4).unwrap();
+        assert_eq!(small.index(key), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -35,7 +35,8 @@ use route::Package;
 /// How long an index read for one box serves the next (installers ask the
 /// same index many times in a run, and fifty copies ask it at once). After
 /// that it is read again, and the old read serves only while the registry
-/// cannot be reached (so a box reinstalls from the cache with it down).
+/// cannot be reached (so a box reinstalls from the cache with it down; the
+/// last read is kept in the cache too, for a gateway started meanwhile).
 const INDEX_FRESH: Duration = Duration::from_secs(60);
 /// Bytes of index bodies kept, at most.
 const INDEX_BYTES: usize = 64 << 20;
@@ -135,25 +136,49 @@ impl Registries {
         })
     }
 
-    /// The index at `url` if read lately (`stale`: however long ago, for
-    /// when the registry cannot be reached).
-    pub fn recent_index(&self, url: &str, stale: bool) -> Option<Arc<Read>> {
+    /// The index at `url` if read lately.
+    pub fn recent_index(&self, url: &str) -> Option<Arc<Read>> {
         let indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
         let (at, read) = indexes.by_url.get(url)?;
-        (stale || at.elapsed() < INDEX_FRESH).then(|| Arc::clone(read))
+        (at.elapsed() < INDEX_FRESH).then(|| Arc::clone(read))
+    }
+
+    /// The last index of `package` read at `url`, however long ago (for
+    /// when the registry cannot be reached): in memory, or kept in the
+    /// cache by this gateway or one before it.
+    pub fn last_index(&self, url: &str, package: &Package) -> Option<Arc<Read>> {
+        if let Some((_, read)) = self.indexes.lock().unwrap_or_else(PoisonError::into_inner).by_url.get(url) {
+            return Some(Arc::clone(read));
+        }
+        let (content_type, body) = self.cache.as_ref()?.index(url)?;
+        let index = Index::parse(package, &content_type, &body).ok()?;
+        Some(Arc::new(Read { index, body, content_type }))
     }
 
     /// Keeps `read` as the index at `url`: fresh for [`INDEX_FRESH`], then
     /// kept for when the registry is down, the oldest going first once
-    /// [`INDEX_BYTES`] are held.
+    /// [`INDEX_BYTES`] are held; and in the cache, when it changed.
     pub fn keep_index(&self, url: String, read: Arc<Read>) {
+        let changed = self.keep_index_in_memory(url.clone(), Arc::clone(&read));
+        // Written outside the lock: other boxes' reads do not wait on the disk.
+        if let Some(cache) = self.cache.as_ref().filter(|_| changed) {
+            if let Err(e) = cache.keep_index(&url, &read.content_type, &read.body) {
+                tracing::warn!(error = %e, "cannot keep a package index");
+            }
+        }
+    }
+
+    /// Keeps `read` in memory; whether it differs from the read it replaces.
+    fn keep_index_in_memory(&self, url: String, read: Arc<Read>) -> bool {
         let mut indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
         let Indexes { by_url, bytes } = &mut *indexes;
-        if let Some((_, old)) = by_url.remove(&url) {
+        let old = by_url.remove(&url);
+        if let Some((_, old)) = &old {
             *bytes -= old.body.len();
         }
+        let changed = old.is_none_or(|(_, old)| old.body != read.body || old.content_type != read.content_type);
         if read.body.len() > INDEX_BYTES {
-            return;
+            return changed;
         }
         while *bytes + read.body.len() > INDEX_BYTES {
             let Some(oldest) = by_url.iter().min_by_key(|(_, (at, _))| *at).map(|(u, _)| u.clone()) else { break };
@@ -163,6 +188,7 @@ impl Registries {
         }
         *bytes += read.body.len();
         by_url.insert(url, (Instant::now(), read));
+        changed
     }
 }
 

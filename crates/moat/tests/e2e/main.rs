@@ -235,6 +235,7 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
 /// one kills the shared daemon's gateway, which would cut the others' egress).
 const ALONE_LAST: &[(&str, TestFn)] = tests![
     secrets::windowed_limits_restart_with_the_gateway,
+    packages::a_killed_gateway_keeps_no_half_file_and_its_indexes,
     hygiene::doctor_boots_a_guest,
     microvm::box_runs_its_own_kernel_over_ssh,
     microvm::suspend_resume_dup_checkpoint_and_rm,

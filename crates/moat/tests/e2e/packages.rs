@@ -245,3 +245,81 @@ pub fn package_rules_decide_what_comes_in(env: &Env) {
         env.alice(None, &["rm", name]).ok();
     }
 }
+
+/// A gateway killed mid-download keeps nothing of the file: the one that
+/// replaces it fetches the file whole again, checked. And a gateway that
+/// starts while a registry's index is down serves the last index the one
+/// before it read, so a box still installs from the cache. (Alone after
+/// the rest: it kills the shared daemon's gateway, which would cut the
+/// other tests' egress.)
+pub fn a_killed_gateway_keeps_no_half_file_and_its_indexes(env: &Env) {
+    use crate::egress::{gateway_pid, wait_for_egress};
+    let name = package_name("killed");
+    let file = wheel(env, &name, "1.0", 8);
+    let pypi = env.net.dir.join("data/pypi");
+    std::fs::write(pypi.join(format!("{file}.slow")), b"").unwrap();
+    let hash = {
+        let out = std::process::Command::new("sha256sum").arg(pypi.join(&file)).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_string()
+    };
+    let cache = env.daemon.state_dir.join("packages");
+    let kept = |prefix: &str| -> Vec<String> {
+        let names = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned());
+        names.filter(|n| n.starts_with(prefix)).collect()
+    };
+    let kill_gateway = || {
+        let gateway = gateway_pid(&env.daemon);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(gateway as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while gateway_pid(&env.daemon) == gateway {
+            assert!(std::time::Instant::now() < deadline, "the gateway was not started again");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let a = unique("pkg");
+    env.new_box(&a, &["--policy", "registries"]);
+    let pip = format!(
+        "rm -rf /tmp/dl; pip download -q --retries 0 --disable-pip-version-check --no-deps --no-cache-dir -d /tmp/dl {name}==1.0 2>&1; ls /tmp/dl"
+    );
+
+    // Killed while the file comes (8 MiB at 1 MiB/s).
+    let quoted = format!("bash -c '{}'", pip.replace('\'', "'\\''"));
+    let mut slow = env.daemon.ssh(&env.alice, Some(&a), &[&quoted]);
+    slow.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let slow = slow.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while downloads(env, "pypi.org", &format!("/files/{file}")) == 0 {
+        assert!(std::time::Instant::now() < deadline, "pip never asked for the file");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(!kept("tmp-").is_empty(), "no download in flight: {:?}", kept(""));
+    kill_gateway();
+    let out = slow.wait_with_output().unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(!listed.lines().any(|l| l == file), "pip finished through a killed gateway:\n{listed}");
+    // The gateway that replaced it swept the half-written file, kept nothing
+    // under the file's hash, and fetches it whole.
+    assert!(kept("tmp-").is_empty(), "a half-written download survived: {:?}", kept("tmp-"));
+    assert!(!kept("sha256-").contains(&format!("sha256-{hash}")), "a killed download was kept");
+    std::fs::remove_file(pypi.join(format!("{file}.slow"))).unwrap();
+    wait_for_egress(|| sh(env, &a, "curl -s -o /dev/null https://pypi.org/simple/").0 == Some(0));
+    let (_, out) = sh(env, &a, &pip);
+    assert_eq!(out.trim(), file, "pip after the gateway's restart");
+    assert_eq!(downloads(env, "pypi.org", &format!("/files/{file}")), 2, "the file came whole from the registry");
+    assert!(kept("sha256-").contains(&format!("sha256-{hash}")), "the checked file is kept");
+    let (_, sum) = sh(env, &a, &format!("sha256sum /tmp/dl/{file}"));
+    assert!(sum.starts_with(&hash), "the box got other bytes: {sum}");
+
+    // The index down, and a gateway started since: the index it kept serves.
+    assert!(!kept("index-").is_empty(), "no index kept in {}", cache.display());
+    std::fs::write(pypi.join(format!("{name}.down")), b"").unwrap();
+    let asked = env.net.received().matches(&format!("GET pypi.org /simple/{name}/")).count();
+    kill_gateway();
+    let (_, out) = sh(env, &a, &pip);
+    assert_eq!(out.trim(), file, "a reinstall with the index down, by a gateway started since");
+    let now = env.net.received().matches(&format!("GET pypi.org /simple/{name}/")).count();
+    assert!(now > asked, "the index was not asked: it must be down to test this");
+    assert_eq!(downloads(env, "pypi.org", &format!("/files/{file}")), 2, "the file came from the cache");
+    env.alice(None, &["rm", &a]).ok();
+}

@@ -9,12 +9,12 @@ which static.crates.io serves; any other host answers with what it received (met
 llm.test stands in for an LLM API: /echo answers with the request's headers
 and a usage object, /gzip the same gzip-compressed whatever was asked, /stream
 as server-sent events. Every request is appended to argv[5]/received.log."""
-import base64, gzip, hashlib, http.server, json, os, socket, ssl, subprocess, sys, threading
+import base64, gzip, hashlib, http.server, json, os, socket, ssl, subprocess, sys, threading, time
 
 addr, cert, key, udp_log, data = sys.argv[1:6]
 
 def is_package_file(name):
-    return not name.endswith((".published", ".served", ".broken", ".down"))
+    return not name.endswith((".published", ".served", ".broken", ".down", ".slow"))
 
 def normal(name):
     return "-".join(p for p in name.lower().replace("_", "-").replace(".", "-").split("-") if p)
@@ -129,8 +129,9 @@ class Server(http.server.BaseHTTPRequestHandler):
         # PEP 691 JSON (hashes, upload times) when asked for, else PEP 503
         # HTML (hashes in the links). Beside a file, FILE.published holds its
         # upload time (default: long ago), FILE.served other bytes to serve
-        # than those the index hashes (a tampered mirror), NAME.broken an
-        # index page to answer instead, and NAME.down a 503 (the index down).
+        # than those the index hashes (a tampered mirror), FILE.slow that it
+        # goes at 1 MiB/s, NAME.broken an index page to answer instead, and
+        # NAME.down a 503 (the index down).
         files = sorted(f for f in os.listdir(os.path.join(data, "pypi")) if is_package_file(f))
         parts = [p for p in self.path.split("/") if p]
         if parts[:1] == ["simple"] and len(parts) == 2:
@@ -149,7 +150,16 @@ class Server(http.server.BaseHTTPRequestHandler):
             links = "".join(f'<a href="/files/{f}#sha256={sha256_of("pypi", f)}">{f}</a>\n' for f in mine)
             return self.reply(200, f"<html><body>\n{links}</body></html>\n".encode(), [("Content-Type", "text/html")])
         if parts[:1] == ["files"] and len(parts) == 2 and parts[1] in files:
-            return self.reply(200, served("pypi", parts[1]), [("Content-Type", "application/octet-stream")])
+            body = served("pypi", parts[1])
+            if os.path.exists(os.path.join(data, "pypi", parts[1] + ".slow")):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                for at in range(0, len(body), 64 << 10):
+                    self.wfile.write(body[at:at + (64 << 10)])
+                    time.sleep(1 / 16)
+                return
+            return self.reply(200, body, [("Content-Type", "application/octet-stream")])
         self.reply(404, b"not found\n")
 
     def npm(self):
