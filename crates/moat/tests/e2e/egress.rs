@@ -431,9 +431,14 @@ pub fn cargo_project(dir: &str, dependency: &str) -> String {
 /// for glibc) into box `name` with scp, as a user brings a tool.
 pub fn bring_cargo(env: &Env, name: &str) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").into());
+    bring(env, name, &cargo, "/usr/local/bin/cargo");
+}
+
+/// Copies the host's file `from` to `to` in box `name`, with scp.
+pub fn bring(env: &Env, name: &str, from: &str, to: &str) {
     let mut scp = Command::new("timeout");
     scp.arg("300").arg("scp").args(env.daemon.ssh_opts(&env.alice)).arg("-P").arg(env.daemon.port.to_string());
-    run(scp.arg(cargo).arg(format!("{name}@127.0.0.1:/usr/local/bin/cargo"))).ok();
+    run(scp.arg(from).arg(format!("{name}@127.0.0.1:{to}"))).ok();
 }
 
 pub fn ask_mode_puts_names_to_the_owner(env: &Env) {

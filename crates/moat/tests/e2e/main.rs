@@ -180,6 +180,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     egress::https_looked_inside_only_where_rules_need_it,
     egress::packages_install_through_the_registries_preset,
     packages::package_rules_decide_what_comes_in,
+    packages::uv_installs_under_the_same_rules,
     egress::ask_mode_puts_names_to_the_owner,
     egress::log_follow_streams,
     secrets::reach_only_their_host_and_header,

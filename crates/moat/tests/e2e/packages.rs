@@ -1,5 +1,5 @@
 //! Package rules: the gateway reads the stand-in PyPI, npm and crates.io as
-//! their own protocols, driven by the real pip, npm and cargo in a box. A
+//! their own protocols, driven by the real pip, uv, npm and cargo in a box. A
 //! fresh version is left out of the index (installers pick the older one),
 //! a denied name, a version off the lock, a malicious version (the OSV
 //! export) and a file whose hash does not match its index are refused with
@@ -245,6 +245,57 @@ pub fn package_rules_decide_what_comes_in(env: &Env) {
         env.alice(None, &["rm", name]).ok();
     }
 }
+
+/// uv (the binary of its PyPI wheel, as a user brings it) installs under
+/// the same rules as pip: its own resolver, HTTP client and TLS stack, which
+/// read the index as JSON and trust the gateway's CA from the box's
+/// environment alone.
+pub fn uv_installs_under_the_same_rules(env: &Env) {
+    let name = package_name("uv");
+    let old_wheel = wheel(env, &name, "1.0", 2);
+    let fresh_wheel = wheel(env, &name, "2.0", 0);
+    published_ago(env, "pypi", &fresh_wheel, 3600);
+    let denied = package_name("uvtypo");
+    wheel(env, &denied, "1.0", 0);
+    let tampered = package_name("uvtamper");
+    let tampered_wheel = wheel(env, &tampered, "1.0", 0);
+    std::fs::write(env.net.dir.join("data/pypi").join(format!("{tampered_wheel}.served")), b"not the wheel").unwrap();
+
+    let a = unique("pkg");
+    env.new_box(&a, &["--policy", "registries"]);
+    policy(env, &a, &["min-age", "1d"]);
+    policy(env, &a, &["deny", &format!("pypi:{denied}")]);
+    crate::egress::bring(env, &a, UV, "/usr/local/bin/uv");
+    let uv = |what: &str| {
+        sh(env, &a, &format!("rm -rf /tmp/uvt; uv pip install --no-cache --target /tmp/uvt {what} 2>&1; ls /tmp/uvt"))
+    };
+
+    // min-age: uv resolves to the older version; asked for the fresh one by
+    // name, it finds none.
+    let (_, out) = uv(&name);
+    assert!(out.contains(&format!("{name}-1.0.dist-info")), "uv under min-age:\n{out}");
+    let (_, out) = uv(&format!("{name}==2.0"));
+    assert!(out.contains(&format!("there is no version of {name}==2.0")), "uv of a fresh version:\n{out}");
+    // A denied name and a tampered file: refused, the rule in uv's output.
+    let (_, out) = uv(&denied);
+    assert!(out.contains(&format!("packages deny pypi:{denied}")), "uv of a denied name:\n{out}");
+    let (_, out) = uv(&tampered);
+    assert!(out.contains("not the sha256:"), "uv of a tampered file:\n{out}");
+    // uv reads a wheel more than once (its metadata first): the registry
+    // saw one download, the rest came from the cache.
+    assert_eq!(downloads(env, "pypi.org", &format!("/files/{old_wheel}")), 1);
+    let listed = env.alice(None, &["packages", &a, "--json"]).ok().stdout;
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r["ecosystem"] == "pypi" && r["name"] == name && r["version"] == "1.0" && r["verdict"] == "allow"),
+        "{listed}"
+    );
+    env.alice(None, &["rm", &a]).ok();
+}
+
+/// Where scripts/deps.sh puts uv's binary.
+const UV: &str = "/usr/local/libexec/moat-test/uv";
 
 /// A gateway killed mid-download keeps nothing of the file: the one that
 /// replaces it fetches the file whole again, checked. And a gateway that
