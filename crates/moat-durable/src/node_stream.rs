@@ -277,10 +277,14 @@ async fn receive_one<R: AsyncRead + Unpin>(input: &mut R, dir: &Path) -> Result<
         let mut stdin = child.stdin.take().ok_or_else(|| DurableError::Config("btrfs receive: no stdin".into()))?;
         widen(&stdin);
         let mut fed = Ok(());
+        let mut first = true;
         while let Some(chunk) = rx.blocking_recv() {
             if let Err(e) = stdin.write_all(&chunk) {
                 fed = Err(e);
                 break;
+            }
+            if std::mem::take(&mut first) && moat_core::fault::armed(MID_PART) {
+                crash_once_begun(&into);
             }
         }
         drop(stdin);
@@ -315,6 +319,20 @@ async fn receive_one<R: AsyncRead + Unpin>(input: &mut R, dir: &Path) -> Result<
     let received = receiver.await.map_err(|e| DurableError::Config(format!("btrfs receive panicked: {e}")))?;
     read?;
     received.map(|()| bytes)
+}
+
+/// The fault point a crash test stops a node at mid-receive: after a
+/// part's first data, once btrfs has begun its subvolume.
+const MID_PART: &str = "receive-mid-part";
+
+/// Aborts at [`MID_PART`] once `dir` holds what btrfs began receiving (the
+/// rest of the stream never comes: a half-written subvolume is left).
+fn crash_once_begun(dir: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    moat_core::fault::point(MID_PART);
 }
 
 /// Asks for a pipe of [`MAX_DATA`] (best effort: the default works, slower).

@@ -258,11 +258,23 @@ fn wait_dead(daemon: &crate::fixture::Daemon, within: Duration) {
 
 pub fn a_move_killed_at_each_step_lands_once_with_every_file(env: &Env, fleet: &mut Fleet) {
     // (fault point, the node that crashes there: 1 sends, 2 receives)
-    let points =
-        [("upload-before-record", 1), ("move-before-ready", 1), ("move-after-ready", 1), ("receive-before-take", 2)];
+    // (receive-mid-part: n2 stops with the box's root half received where
+    // its uploader keeps its snapshots, a subvolume btrfs began and never
+    // finished.)
+    let points = [
+        ("upload-before-record", 1),
+        ("move-before-ready", 1),
+        ("move-after-ready", 1),
+        ("receive-before-take", 2),
+        ("receive-mid-part", 2),
+    ];
     for (i, (point, crashes)) in points.into_iter().enumerate() {
         let name = format!("crash{i}");
         box_with_file(fleet, env, &name, 1, point);
+        // 8 MiB of noise: the box's stream is many frames, so a receive
+        // stopped after the first is half done.
+        let big = "head -c 8M /dev/urandom > /root/big; sync; sha256sum /root/big";
+        let sum = alice(fleet, env, Some(&name), &[big]).ok().stdout;
         let on_n1 = root_on(fleet, env, 1, &name);
         let uploads_on_n1 = pool_dir_on(fleet, env, 1, "durable", &name);
         let node = &mut fleet.nodes[crashes - 1];
@@ -287,8 +299,15 @@ pub fn a_move_killed_at_each_step_lands_once_with_every_file(env: &Env, fleet: &
             std::thread::sleep(Duration::from_millis(300));
         }
         let _ = { mv }.wait();
-        let said = alice(fleet, env, Some(&name), &["cat /root/f"]).ok().stdout;
-        assert_eq!(said, format!("{point}\n"), "{point}: the box's file");
+        let said = alice(fleet, env, Some(&name), &["cat /root/f; sha256sum /root/big"]).ok().stdout;
+        assert_eq!(said, format!("{point}\n{sum}"), "{point}: the box's files");
+        // What n2 keeps of the box's uploads is whole: every snapshot there
+        // read-only (btrfs makes a received one so only at its end).
+        let kept = pool_dir_on(fleet, env, 2, "durable", &name);
+        for snapshot in std::fs::read_dir(&kept).into_iter().flatten().flatten() {
+            let ro = run(Command::new("btrfs").args(["property", "get", "-ts"]).arg(snapshot.path()).arg("ro")).ok();
+            assert_eq!(ro.stdout.trim(), "ro=true", "{point}: {} is half received", snapshot.path().display());
+        }
         wait_gone(&on_n1, Duration::from_secs(15));
         wait_gone(&uploads_on_n1, Duration::from_secs(15));
         let listed = alice(fleet, env, None, &["ls", "--json"]).ok().stdout;
