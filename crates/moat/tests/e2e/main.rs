@@ -244,6 +244,7 @@ const ALONE_LAST: &[(&str, TestFn)] = tests![
     microvm::secrets_reach_their_host_from_a_guest,
     microvm::dup_while_a_session_streams_in,
     microvm::guest_packets_around_the_gateway_go_nowhere,
+    microvm::a_guest_port_answers_its_web_url,
     image_service::vm_boxes_of_pulled_images_and_templates,
 ];
 

@@ -377,6 +377,37 @@ pub fn secrets_reach_their_host_from_a_guest(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
+/// A VM box's port answers its web URL: the guest's loopback is its own
+/// kernel's, so the edge asks the box's agent to connect there (a
+/// namespace box's port the privileged side connects to itself).
+pub fn a_guest_port_answers_its_web_url(env: &Env) {
+    let edge = env.daemon.edge.clone().expect("the shared daemon runs an HTTP edge");
+    let name = unique("vmweb");
+    env.new_box(&name, &["--backend", "vm", "--image", "busybox"]);
+    let page = unique("guest-page");
+    let setup =
+        format!("mkdir -p /www && echo {page} > /www/index.html && (busybox httpd -p 127.0.0.1:8000 -h /www &)");
+    env.alice(Some(&name), &[&setup]).ok();
+    env.alice(None, &["expose", &name, "8000", "--public"]).ok();
+    let url = crate::web::url_of(env, &name, 8000);
+    let host = url.trim_start_matches("https://").trim_end_matches('/').to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = crate::web_hostile::get(&edge, &host, "/");
+        if answer.contains(&page) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the guest's server never answered through the edge:\n{answer}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // A port nothing listens on in the guest: the page says so.
+    env.alice(None, &["expose", &name, "8001", "--public"]).ok();
+    let other = crate::web::url_of(env, &name, 8001);
+    let answer = crate::web_hostile::get(&edge, other.trim_start_matches("https://").trim_end_matches('/'), "/");
+    assert!(answer.starts_with("HTTP/1.1 502") && answer.contains("Start a server on port 8001"), "{answer}");
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// Copies of a VM box taken while a session streams into it: every copy's
 /// link to its agent works (a frame half-way to the guest at the instant of
 /// the save would leave the copy's link out of step).

@@ -93,7 +93,7 @@ fn start_app(env: &Env, name: &str, ports: &[u16]) {
 }
 
 /// The URL `urls NAME --json` gives for `port`.
-fn url_of(env: &Env, name: &str, port: u16) -> String {
+pub fn url_of(env: &Env, name: &str, port: u16) -> String {
     let listed: Value = serde_json::from_str(&env.alice(None, &["urls", name, "--json"]).ok().stdout).unwrap();
     let found = listed.as_array().unwrap().iter().find(|e| e["port"] == port).unwrap_or_else(|| panic!("{listed}"));
     found["url"].as_str().unwrap().to_string()

@@ -72,7 +72,7 @@ fn exchange(edge: &Edge, host: &str, raw: &[u8]) -> (String, Duration) {
     (read_all(&mut tls), started.elapsed())
 }
 
-fn get(edge: &Edge, host: &str, path: &str) -> String {
+pub fn get(edge: &Edge, host: &str, path: &str) -> String {
     exchange(edge, host, format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).0
 }
 
@@ -143,6 +143,25 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_ne!(crate::privsep::front_door(edge.port), edge_pid);
+
+    // The privileged side connects to a namespace box's port itself: one
+    // nothing listens on gets the page saying so; a server on ::1 alone is
+    // reached too (127.0.0.1 is tried first, as the agent would).
+    let public_host = |port: &str| {
+        ssh(None, &["expose", "a", port, "--public"]);
+        let urls: Value = serde_json::from_str(&ssh(None, &["urls", "a", "--json"]).stdout).unwrap();
+        let url = urls.as_array().unwrap().iter().find(|u| u["port"].to_string() == port).unwrap()["url"].clone();
+        url.as_str().unwrap().trim_start_matches("https://").trim_end_matches('/').to_string()
+    };
+    let nobody = get(&edge, &public_host("8009"), "/");
+    assert!(nobody.starts_with("HTTP/1.1 502") && nobody.contains("Start a server on port 8009"), "{nobody}");
+    ssh(Some("a"), &["(busybox httpd -p '[::1]:8002' -h /www &)"]);
+    let six = public_host("8002");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !get(&edge, &six, "/").contains("fine-a") {
+        assert!(Instant::now() < deadline, "a server on ::1 alone never answered: {}", get(&edge, &six, "/"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // A host not under the domain, and a second Host, are refused.
     let (answer, _) = exchange(&edge, &a, b"GET / HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n");
