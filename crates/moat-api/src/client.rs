@@ -9,7 +9,7 @@ use moat_core::web::{Owner, WebHost, WebRefusal, WebRequestLog, WebSecret, WebVe
 use moat_core::{AccountId, Name};
 use tokio::sync::{mpsc, Mutex};
 
-use crate::proto::{ApiError, Event, Op, Reply, Request, WebOp, WebSessionMsg, WebStreamTo, MAX_EVENT};
+use crate::proto::{ApiError, Event, Op, Reply, Request, WebOp, WebSessionMsg, MAX_EVENT};
 use crate::wire::Packets;
 
 /// Byte the front door sends on the dialer to ask for a connection.
@@ -44,43 +44,23 @@ impl WebLease {
         }
     }
 
-    /// Another stream to the box port, in this session (no check again, and
-    /// the box woken if it was suspended meanwhile).
-    pub async fn stream(&self) -> Result<WebStream, ApiError> {
+    /// Another stream connected to the box's agent, in this session (no
+    /// check and no wake again: the session holds the box up).
+    pub async fn stream(&self) -> Result<OwnedFd, ApiError> {
         let _turn = self.asking.lock().await;
         let ask = serde_json::to_vec(&WebSessionMsg::Stream).map_err(|e| lost(&e.into()))?;
         self.conn.send(&ask, &[]).await.map_err(|e| lost(&e))?;
         let msg = self.conn.recv(MAX_EVENT).await.map_err(|e| lost(&e))?;
         let msg = msg.ok_or_else(|| lost(&io::ErrorKind::UnexpectedEof.into()))?;
         match serde_json::from_slice::<Event>(&msg.bytes).map_err(|e| lost(&e.into()))? {
-            Event::Outcome(Ok(Reply::WebStream(to))) => WebStream::new(to, msg.fds.into_iter().next()),
+            Event::Outcome(Ok(Reply::Session)) => {
+                msg.fds.into_iter().next().ok_or_else(|| lost(&io::ErrorKind::InvalidData.into()))
+            }
             Event::Outcome(Err(e)) => Err(e),
             other => Err(ApiError {
                 status: 255,
                 message: format!("unexpected answer from moat's privileged side: {other:?}"),
             }),
-        }
-    }
-}
-
-/// A stream to a web session's box port, as the privileged side made it.
-#[derive(Debug)]
-pub enum WebStream {
-    /// Connected to the port itself.
-    Port(OwnedFd),
-    /// Connected to the box's agent: ask it to `Connect` to the port.
-    Agent(OwnedFd),
-    /// Nothing listens on the port.
-    NoListener,
-}
-
-impl WebStream {
-    fn new(to: WebStreamTo, fd: Option<OwnedFd>) -> Result<Self, ApiError> {
-        match (to, fd) {
-            (WebStreamTo::Port, Some(fd)) => Ok(Self::Port(fd)),
-            (WebStreamTo::Agent, Some(fd)) => Ok(Self::Agent(fd)),
-            (WebStreamTo::NoListener, None) => Ok(Self::NoListener),
-            _ => Err(lost(&io::ErrorKind::InvalidData.into())),
         }
     }
 }
@@ -188,18 +168,17 @@ impl ApiClient {
     }
 
     /// A web session on the box `host` names (resuming it if suspended): a
-    /// stream to its port, the lease that keeps the box up (and takes the
-    /// log of the requests carried), and who the visitor is; or why not.
+    /// stream connected to its agent, the lease that keeps the box up (and
+    /// takes the log of the requests carried), and who the visitor is; or
+    /// why not.
     pub async fn web_open(
         &self,
         host: &WebHost,
         cookie: Option<&WebSecret>,
-    ) -> Result<Result<(WebStream, WebLease, String), WebRefusal>, ApiError> {
+    ) -> Result<Result<(OwnedFd, WebLease, String), WebRefusal>, ApiError> {
         let req = Request::Web(WebOp::Open { host: host.clone(), cookie: cookie.cloned() });
         match self.exchange(&req, None).await? {
-            (Reply::WebSession { who, to }, fd, conn) => {
-                Ok(Ok((WebStream::new(to, fd)?, WebLease { conn, asking: Mutex::new(()) }, who)))
-            }
+            (Reply::WebSession { who }, Some(fd), conn) => Ok(Ok((fd, WebLease { conn, asking: Mutex::new(()) }, who))),
             (Reply::Web(WebVerdict::Refuse(r)), _, _) => Ok(Err(r)),
             (reply, _, _) => Err(ApiError::unexpected(&reply)),
         }

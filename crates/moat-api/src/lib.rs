@@ -19,9 +19,9 @@ pub mod route;
 pub mod server;
 pub mod wire;
 
-pub use client::{ApiClient, Lease, WebLease, WebStream};
+pub use client::{ApiClient, Lease, WebLease};
 pub use proto::{
     AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, ImageInfo, Op, Password, Reply, Request, Route, WebOp,
-    WebSessionMsg, WebStreamTo, Whoami,
+    WebSessionMsg, Whoami,
 };
 pub use wire::Packets;

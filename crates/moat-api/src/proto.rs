@@ -583,24 +583,9 @@ impl From<&ManagerConfig> for AccountLimits {
 pub enum WebSessionMsg {
     /// A request it carried, for the box's log.
     Log(moat_core::web::WebRequestLog),
-    /// Another connection to the same box port: answered with
-    /// `Reply::WebStream` (and the stream, unless nothing listens), or an
-    /// error.
+    /// Another stream to the same box's agent (for another connection to the
+    /// port): answered with `Reply::Session` and the stream, or an error.
     Stream,
-}
-
-/// What the stream attached to a web session's answer reaches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WebStreamTo {
-    /// The box port itself: a TCP connection the privileged side made in
-    /// the box's own network.
-    Port,
-    /// The box's agent, which the edge asks to `Connect` to the port (a
-    /// microVM guest's loopback is not the host's).
-    Agent,
-    /// Nothing: nothing listens on the port (no stream is attached).
-    NoListener,
 }
 
 /// A successful answer.
@@ -666,16 +651,11 @@ pub enum Reply {
     Web(WebVerdict),
     /// To `WebOp::SignIn`: the session cookie's value.
     WebCookie(WebSecret),
-    /// To `WebOp::Open`: the visitor is `who`; a stream to the port, as
-    /// `to` says, is attached.
+    /// To `WebOp::Open`: the stream to the agent is attached; the visitor is `who`.
     WebSession {
         /// Who the visitor is (an account, or `public`).
         who: String,
-        /// What the attached stream reaches.
-        to: WebStreamTo,
     },
-    /// To `WebSessionMsg::Stream`: a stream to the port, as it says, is attached.
-    WebStream(WebStreamTo),
     /// To `Urls` (and `Expose`: the one port).
     Exposures(Vec<Exposure>),
     /// To `Url`: the sign-in link, and how many seconds it works.

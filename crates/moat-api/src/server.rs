@@ -9,14 +9,14 @@ use std::sync::Arc;
 use moat_core::effects::Since;
 use moat_core::egress::Question;
 use moat_core::policy::{HostName, Policy};
-use moat_core::web::{PortConnection, WebHost, WebRefusal, WebVerdict};
+use moat_core::web::{WebHost, WebRefusal, WebVerdict};
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Change, ChangeSink, ManagerError, WebOpenError};
 use tokio::sync::Semaphore;
 
 use crate::client::DIAL;
 use crate::proto::{
-    AccountLimits, ApiError, BoxInfo, Event, ImageInfo, Op, Reply, Request, Route, WebOp, WebSessionMsg, WebStreamTo,
-    Whoami, MAX_REQUEST,
+    AccountLimits, ApiError, BoxInfo, Event, ImageInfo, Op, Reply, Request, Route, WebOp, WebSessionMsg, Whoami,
+    MAX_REQUEST,
 };
 use crate::wire::Packets;
 
@@ -346,19 +346,19 @@ async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Res
         Err(WebOpenError::Refused(r)) => return send(conn, &refused(r), None).await,
         Err(WebOpenError::Failed(e)) => return send(conn, &Event::Outcome(Err(api_error(e))), None).await,
     };
-    let (to, fd) = match port_stream(m, &id, &handle, &host).await {
-        Ok(stream) => stream,
+    let fd = match agent_stream(handle.clone(), &host.name).await {
+        Ok(fd) => fd,
         Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
     };
-    send(conn, &Event::Outcome(Ok(Reply::WebSession { who, to })), fd.as_ref()).await?;
+    send(conn, &Event::Outcome(Ok(Reply::WebSession { who })), Some(&fd)).await?;
     drop(fd);
     // The session lasts as long as the edge keeps this connection; on it,
-    // the requests it carried, and its asks for more connections to the port.
+    // the requests it carried, and its asks for more streams to the box.
     while let Some(msg) = conn.recv(MAX_REQUEST).await? {
         match serde_json::from_slice::<WebSessionMsg>(&msg.bytes) {
             Ok(WebSessionMsg::Log(entry)) => m.record_web(&id, &host, entry),
-            Ok(WebSessionMsg::Stream) => match port_stream(m, &id, &handle, &host).await {
-                Ok((to, fd)) => send(conn, &Event::Outcome(Ok(Reply::WebStream(to))), fd.as_ref()).await?,
+            Ok(WebSessionMsg::Stream) => match wake_and_stream(m, &id, &handle, &host.name).await {
+                Ok(fd) => send(conn, &Event::Outcome(Ok(Reply::Session)), Some(&fd)).await?,
                 Err(e) => send(conn, &Event::Outcome(Err(e)), None).await?,
             },
             Err(_) => {}
@@ -368,20 +368,16 @@ async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Res
     Ok(())
 }
 
-/// A stream to a web session's box port (the box resumed first if it was
-/// suspended meanwhile): connected to the port from the host where the
-/// box's loopback is the host kernel's, else to the box's agent.
-async fn port_stream(
+/// Another stream to the agent of a web session's box, resumed first if
+/// it was suspended meanwhile.
+async fn wake_and_stream(
     m: &BoxManager,
     id: &moat_core::BoxId,
     handle: &moat_core::BoxHandle,
-    host: &WebHost,
-) -> Result<(WebStreamTo, Option<OwnedFd>), ApiError> {
-    match m.web_connect(id, host.port).await.map_err(api_error)? {
-        PortConnection::Connected(fd) => Ok((WebStreamTo::Port, Some(fd))),
-        PortConnection::NoListener => Ok((WebStreamTo::NoListener, None)),
-        PortConnection::ThroughAgent => Ok((WebStreamTo::Agent, Some(agent_stream(handle.clone(), &host.name).await?))),
-    }
+    name: &moat_core::Name,
+) -> Result<OwnedFd, ApiError> {
+    m.wake(id).await.map_err(api_error)?;
+    agent_stream(handle.clone(), name).await
 }
 
 /// The URLs of `exposures`, where the edge serves them.

@@ -165,19 +165,6 @@ impl Backend for HostBackend {
         self.host.cgroups.first_pid(&rec.id, rec.pid).map(|pid| self.handle_for(machine, rec, pid))
     }
 
-    fn box_socket(&self, rec: &BoxRecord, v6: bool) -> Result<Option<std::os::fd::OwnedFd>, BackendError> {
-        if !self.machine(rec.backend)?.loopback_on_host() {
-            return Ok(None);
-        }
-        let cgroups = &self.host.cgroups;
-        let not_running = || BackendError::msg(format!("box {} is not running", rec.name));
-        let pid = cgroups.first_pid(&rec.id, rec.pid).ok_or_else(not_running)?;
-        let still_the_box = || cgroups.pids(&rec.id).iter().any(|p| u32::try_from(*p) == Ok(pid));
-        crate::host::port_socket::box_socket(pid, still_the_box, v6)
-            .map(Some)
-            .map_err(|e| BackendError::new(format!("make a socket in box {}'s network", rec.name), e))
-    }
-
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.machine(rec.backend)?.stop(rec)?;
         // A saved machine is of the processes that just ended.

@@ -180,14 +180,6 @@ pub trait Backend: Send + Sync + 'static {
     /// How to reach the box if it is running (judged from the host, as
     /// `is_running`): for a box booted before the daemon restarted.
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle>;
-    /// A TCP socket (non-blocking, not connected) made in the running box's
-    /// own network on the host's kernel, of IPv6 if `v6`: moat connects it
-    /// to a port on the box's loopback itself, with no agent in between.
-    /// `None` where the box's loopback is not the host kernel's (a microVM
-    /// guest's: its agent connects there).
-    fn box_socket(&self, _rec: &BoxRecord, _v6: bool) -> Result<Option<std::os::fd::OwnedFd>, BackendError> {
-        Ok(None)
-    }
     /// Sets (`Some`) or removes (`None`) variables in the box's
     /// `/etc/environment`, which every session reads.
     fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError>;

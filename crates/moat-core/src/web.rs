@@ -218,18 +218,6 @@ impl WebSecret {
     }
 }
 
-/// How the privileged side reached a web session's box port.
-#[derive(Debug)]
-pub enum PortConnection {
-    /// Connected from the host, in the box's own network (a TCP socket).
-    Connected(std::os::fd::OwnedFd),
-    /// Nothing listens on the port.
-    NoListener,
-    /// The box's loopback is not the host kernel's (a microVM guest's): its
-    /// agent connects to the port.
-    ThroughAgent,
-}
-
 /// One request through the edge, for the box's log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,7 +1,6 @@
 //! Connections to box ports: each is a web session the privileged side
-//! opened (waking the box if it was suspended), whose stream reaches the
-//! port (connected by the privileged side, or through the box's agent),
-//! speaking HTTP/1.1 to the box's server. A connection whose
+//! opened (waking the box if it was suspended), whose agent stream was asked
+//! for the port, speaking HTTP/1.1 to the box's server. A connection whose
 //! answer ended is kept a moment for the next request to the same port
 //! ([`Pool`]); its session keeps the box awake meanwhile, no longer.
 
@@ -14,7 +13,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use moat_agent::client::{send, AgentReader};
 use moat_agent::protocol::{AgentMsg, HostMsg};
-use moat_api::{ApiClient, WebLease, WebStream};
+use moat_api::{ApiClient, WebLease};
 use moat_core::web::{WebHost, WebRefusal, WebSecret};
 use tokio::net::UnixStream;
 
@@ -50,11 +49,9 @@ pub enum OpenError {
 }
 
 /// Opens a connection to `host`'s box port for a visitor with `cookie`: in
-/// the web session another connection to that port holds, if one does (no
-/// new session); else in a new session, for which the privileged side
-/// checks the cookie again and wakes the box. The privileged side connects
-/// to the port itself where the box's loopback is the host kernel's; else
-/// the edge asks the box's agent to.
+/// the web session another connection to that port holds, if one does (a
+/// new stream to the agent, no new session); else in a new session, for
+/// which the privileged side checks the cookie again and wakes the box.
 pub async fn open(
     api: &ApiClient,
     pool: &Pool,
@@ -62,57 +59,36 @@ pub async fn open(
     cookie: Option<&WebSecret>,
 ) -> Result<BoxConn, OpenError> {
     let held = match pool.session(host) {
-        Some(lease) => lease.stream().await.ok().map(|stream| (stream, lease)),
+        Some(lease) => lease.stream().await.ok().map(|fd| (fd, lease)),
         None => None,
     };
-    let (stream, lease) = match held {
+    let (fd, lease) = match held {
         Some(held) => held,
         None => match api.web_open(host, cookie).await {
-            Ok(Ok((stream, lease, _))) => {
+            Ok(Ok((fd, lease, _))) => {
                 let lease = Arc::new(lease);
                 pool.hold_session(host, &lease);
-                (stream, lease)
+                (fd, lease)
             }
             Ok(Err(refusal)) => return Err(refusal.into()),
             Err(e) => return Err(OpenError::Failed(e.message)),
         },
     };
     let failed = |e: io::Error| OpenError::Failed(e.to_string());
-    match stream {
-        WebStream::Port(fd) => {
-            let stream = std::net::TcpStream::from(fd);
-            stream.set_nonblocking(true).map_err(failed)?;
-            let stream = tokio::net::TcpStream::from_std(stream).map_err(failed)?;
-            // Requests and answers are small: no waiting to fill a segment.
-            stream.set_nodelay(true).map_err(failed)?;
-            handshake(stream, lease).await
-        }
-        WebStream::Agent(fd) => {
-            let stream = std::os::unix::net::UnixStream::from(fd);
-            stream.set_nonblocking(true).map_err(failed)?;
-            let mut stream = UnixStream::from_std(stream).map_err(failed)?;
-            send(&mut stream, &HostMsg::Connect { port: host.port }).await.map_err(failed)?;
-            let mut agent = AgentReader::new(&mut stream);
-            let answer = tokio::time::timeout(AGENT_ANSWER, agent.recv()).await;
-            match answer.map_err(|_| OpenError::Failed("the box's agent did not answer".into()))? {
-                Ok(Some(AgentMsg::Connected)) => {}
-                Ok(Some(_)) => return Err(OpenError::NoListener),
-                Ok(None) => return Err(OpenError::Failed("the box's agent closed the connection".into())),
-                Err(e) => return Err(failed(e)),
-            }
-            let (early, _) = agent.into_parts();
-            handshake(moat_core::rewind::Rewind::new(early, stream), lease).await
-        }
-        WebStream::NoListener => Err(OpenError::NoListener),
+    let stream = std::os::unix::net::UnixStream::from(fd);
+    stream.set_nonblocking(true).map_err(failed)?;
+    let mut stream = UnixStream::from_std(stream).map_err(failed)?;
+    send(&mut stream, &HostMsg::Connect { port: host.port }).await.map_err(failed)?;
+    let mut agent = AgentReader::new(&mut stream);
+    let answer = tokio::time::timeout(AGENT_ANSWER, agent.recv()).await;
+    match answer.map_err(|_| OpenError::Failed("the box's agent did not answer".into()))? {
+        Ok(Some(AgentMsg::Connected)) => {}
+        Ok(Some(_)) => return Err(OpenError::NoListener),
+        Ok(None) => return Err(OpenError::Failed("the box's agent closed the connection".into())),
+        Err(e) => return Err(failed(e)),
     }
-}
-
-/// Starts HTTP/1.1 on `io`, a connection to a box port, its driver a task
-/// of its own.
-async fn handshake<T>(io: T, lease: Arc<WebLease>) -> Result<BoxConn, OpenError>
-where
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
+    let (early, _) = agent.into_parts();
+    let io = moat_core::rewind::Rewind::new(early, stream);
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(io))
         .await

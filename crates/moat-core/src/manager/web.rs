@@ -5,7 +5,6 @@
 //! signs every visitor out, and nothing of them is on disk to steal.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use crate::backend::BoxHandle;
 use crate::egress::{LogEntry, LogKind, LogVerdict};
 use crate::ids::{AccountId, BoxId, Name};
 use crate::record::{BoxRecord, BoxState};
-use crate::web::{Exposure, Owner, PortConnection, WebHost, WebRefusal, WebRequestLog, WebSecret};
+use crate::web::{Exposure, Owner, WebHost, WebRefusal, WebRequestLog, WebSecret};
 
 /// How long a sign-in link works (once).
 pub const LINK_LIFETIME: Duration = Duration::from_secs(5 * 60);
@@ -24,9 +23,6 @@ pub const COOKIE_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 const MAX_HELD: usize = 100_000;
 /// How long a web request's log entry waits for others to be written with.
 const LOG_BATCH_DELAY: Duration = Duration::from_millis(200);
-/// How long a box port has to take a connection from the host (its
-/// loopback: only a backlog left full waits).
-const PORT_CONNECT: Duration = Duration::from_secs(5);
 /// Who a public URL's visitor is, in the log.
 pub const PUBLIC: &str = "public";
 
@@ -250,41 +246,16 @@ impl BoxManager {
         Ok((handle, guard, rec.id, who))
     }
 
-    /// Box `id`, resumed if it is suspended: for a web session's next
-    /// connection (the session keeps the box from the idle rule, but
-    /// `suspend` freezes it anyway). One store read when it runs.
-    async fn woken(&self, id: &BoxId) -> Result<BoxRecord, ManagerError> {
-        let gone = || ManagerError::Backend(crate::BackendError::msg("the box is gone"));
-        let rec = self.db(|s| s.get_by_id(id))?.ok_or_else(gone)?;
+    /// Resumes box `id` if it is suspended: a web session's next stream (the
+    /// session keeps the box from the idle rule, but `suspend` freezes it
+    /// anyway). One store read when it runs.
+    pub async fn wake(&self, id: &BoxId) -> Result<(), ManagerError> {
+        let Some(rec) = self.db(|s| s.get_by_id(id))? else { return Ok(()) };
         if rec.state != BoxState::Suspended {
-            return Ok(rec);
+            return Ok(());
         }
         let (rec, _guard) = self.locked(&rec.account, &rec.name).await?;
-        self.bring_up(&rec).await?;
-        Ok(rec)
-    }
-
-    /// Connects to `port` on the loopback of a web session's box `id`
-    /// (resumed first if it was suspended), from the host where the box's
-    /// loopback is the host kernel's: 127.0.0.1, then ::1, as its agent
-    /// would.
-    pub async fn web_connect(&self, id: &BoxId, port: u16) -> Result<PortConnection, ManagerError> {
-        let rec = self.woken(id).await?;
-        for (v6, ip) in [(false, IpAddr::from(Ipv4Addr::LOCALHOST)), (true, IpAddr::from(Ipv6Addr::LOCALHOST))] {
-            let rec = rec.clone();
-            let Some(fd) = self.blocking(move |b| b.box_socket(&rec, v6)).await?? else {
-                return Ok(PortConnection::ThroughAgent);
-            };
-            let socket = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
-            match tokio::time::timeout(PORT_CONNECT, socket.connect(SocketAddr::new(ip, port))).await {
-                Ok(Ok(stream)) => {
-                    let stream = stream.into_std().map_err(|e| crate::BackendError::new("a box port's socket", e))?;
-                    return Ok(PortConnection::Connected(stream.into()));
-                }
-                Ok(Err(_)) | Err(_) => continue,
-            }
-        }
-        Ok(PortConnection::NoListener)
+        self.bring_up(&rec).await.map(|_| ())
     }
 
     /// Logs a request the edge carried to box `id` (as `web` entries of its

@@ -377,9 +377,8 @@ pub fn secrets_reach_their_host_from_a_guest(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
-/// A VM box's port answers its web URL: the guest's loopback is its own
-/// kernel's, so the edge asks the box's agent to connect there (a
-/// namespace box's port the privileged side connects to itself).
+/// A VM box's port answers its web URL: the edge asks the box's agent, in
+/// the guest, to connect to the guest's own loopback.
 pub fn a_guest_port_answers_its_web_url(env: &Env) {
     let edge = env.daemon.edge.clone().expect("the shared daemon runs an HTTP edge");
     let name = unique("vmweb");

@@ -144,9 +144,8 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
     }
     assert_ne!(crate::privsep::front_door(edge.port), edge_pid);
 
-    // The privileged side connects to a namespace box's port itself: one
-    // nothing listens on gets the page saying so; a server on ::1 alone is
-    // reached too (127.0.0.1 is tried first, as the agent would).
+    // A port nothing listens on gets the page saying so; a server on ::1
+    // alone is reached too (the box's agent tries 127.0.0.1, then ::1).
     let public_host = |port: &str| {
         ssh(None, &["expose", "a", port, "--public"]);
         let urls: Value = serde_json::from_str(&ssh(None, &["urls", "a", "--json"]).stdout).unwrap();
