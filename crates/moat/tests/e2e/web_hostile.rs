@@ -146,16 +146,16 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
 
     // A port nothing listens on gets the page saying so; a server on ::1
     // alone is reached too (the box's agent tries 127.0.0.1, then ::1).
-    let public_host = |port: &str| {
-        ssh(None, &["expose", "a", port, "--public"]);
+    let public_host = |port: u16| {
+        ssh(None, &["expose", "a", &port.to_string(), "--public"]);
         let urls: Value = serde_json::from_str(&ssh(None, &["urls", "a", "--json"]).stdout).unwrap();
-        let url = urls.as_array().unwrap().iter().find(|u| u["port"].to_string() == port).unwrap()["url"].clone();
+        let url = urls.as_array().unwrap().iter().find(|u| u["port"] == port).unwrap()["url"].clone();
         url.as_str().unwrap().trim_start_matches("https://").trim_end_matches('/').to_string()
     };
-    let nobody = get(&edge, &public_host("8009"), "/");
+    let nobody = get(&edge, &public_host(8009), "/");
     assert!(nobody.starts_with("HTTP/1.1 502") && nobody.contains("Start a server on port 8009"), "{nobody}");
     ssh(Some("a"), &["(busybox httpd -p '[::1]:8002' -h /www &)"]);
-    let six = public_host("8002");
+    let six = public_host(8002);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !get(&edge, &six, "/").contains("fine-a") {
         assert!(Instant::now() < deadline, "a server on ::1 alone never answered: {}", get(&edge, &six, "/"));
