@@ -45,6 +45,9 @@ pub struct BoxNet {
     secrets_changed: watch::Sender<u64>,
     /// The package cache and OSV database every box shares.
     pub registries: Arc<Registries>,
+    /// The gateway's own connections to registries for this box's reads,
+    /// kept between them (no connection carries two boxes' requests).
+    pub registry_conns: Arc<crate::packages::fetch::Idle>,
 }
 
 impl BoxNet {
@@ -73,6 +76,7 @@ impl BoxNet {
             secrets: RwLock::new(Arc::new(Vec::new())),
             secrets_changed: watch::channel(0).0,
             registries,
+            registry_conns: Arc::default(),
         })
     }
 

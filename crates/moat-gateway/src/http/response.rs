@@ -14,6 +14,8 @@ const MAX_HEADERS: usize = 128;
 
 /// A response head, as read.
 pub struct ResponseHead {
+    /// The minor version of HTTP/1 it answered in (0 or 1).
+    pub version: u8,
     /// The status code.
     pub status: u16,
     /// The reason phrase, control characters removed.
@@ -38,8 +40,9 @@ pub async fn read_head<R: AsyncRead + Unpin>(
                 let status = resp.code.ok_or("no status")?;
                 let reason: String = resp.reason.unwrap_or("").chars().filter(|c| !c.is_control()).collect();
                 let headers = resp.headers.iter().map(|h| (h.name.to_string(), h.value.to_vec())).collect();
+                let version = resp.version.unwrap_or(0);
                 buf.drain(..n);
-                return Ok(Some(ResponseHead { status, reason, headers }));
+                return Ok(Some(ResponseHead { version, status, reason, headers }));
             }
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
             Ok(httparse::Status::Partial) => return Err("response head too large"),

@@ -1,27 +1,63 @@
-//! The gateway's own GET to a registry, on a box's behalf: a connection of
-//! its own (`Connection: close`), the body undone of its transfer and
-//! content codings and handed over in pieces, with a stall limit, so that a
-//! slow or hostile registry holds nothing but this one request.
+//! The gateway's own GET to a registry, on a box's behalf: the body undone
+//! of its transfer and content codings and handed over in pieces, with a
+//! stall limit, so that a slow or hostile registry holds nothing but this
+//! one request. A connection whose answer was read to its exact end is kept
+//! a while for the same box's next read of that host ([`Idle`]): a registry
+//! read costs a request, not a TCP and TLS handshake each.
 
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use moat_core::policy::HostName;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::boxnet::BoxNet;
 use crate::http::chunked::Dechunk;
 use crate::http::response::{self, Decoder, Framing, ResponseHead};
+use crate::proxy::requests::Io;
 use crate::refusal::Refusal;
 
 /// How long a registry may go quiet mid-answer.
 const STALL: Duration = Duration::from_secs(60);
+/// How long a kept connection waits for the box's next read.
+const IDLE_FOR: Duration = Duration::from_secs(15);
+/// Most connections kept for one box.
+const MAX_IDLE: usize = 8;
+
+/// Where a connection goes: host, port, TLS.
+type Key = (HostName, u16, bool);
+
+/// A kept connection: where it goes, and since when it waits.
+type Kept = (Key, Box<dyn Io>, Instant);
+
+/// One box's connections to registries whose last answer ended cleanly.
+#[derive(Default)]
+pub struct Idle(Mutex<Vec<Kept>>);
+
+impl Idle {
+    fn take(&self, key: &Key) -> Option<Box<dyn Io>> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.retain(|(_, _, since)| since.elapsed() < IDLE_FOR);
+        let at = kept.iter().rposition(|(k, _, _)| k == key)?;
+        Some(kept.swap_remove(at).1)
+    }
+
+    fn give(&self, key: Key, conn: Box<dyn Io>) {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.retain(|(_, _, since)| since.elapsed() < IDLE_FOR);
+        if kept.len() >= MAX_IDLE {
+            kept.remove(0);
+        }
+        kept.push((key, conn, Instant::now()));
+    }
+}
 
 /// An answer being read.
 pub struct Fetch {
     /// Its head.
     pub head: ResponseHead,
-    up: Box<dyn AsyncRead + Send + Unpin>,
+    up: Option<Box<dyn Io>>,
     buf: Vec<u8>,
     framing: Framing,
     dechunk: Dechunk,
@@ -29,10 +65,16 @@ pub struct Fetch {
     /// Body bytes left, under [`Framing::Length`].
     left: u64,
     done: bool,
+    /// Where the connection goes back once the answer was read to its end.
+    home: Option<(Arc<Idle>, Key)>,
+    /// Bytes came past the answer's end.
+    overrun: bool,
 }
 
 /// Asks `host:port` (over TLS if `tls`) for `target`, with `headers` (name,
-/// value) besides the gateway's own.
+/// value) besides the gateway's own: on a connection kept from the box's
+/// last read of that host if one is (asked again on a new one if that one
+/// turns out closed before any byte of an answer), else a new one.
 pub async fn get(
     net: &BoxNet,
     host: &HostName,
@@ -41,14 +83,7 @@ pub async fn get(
     target: &str,
     headers: &[(&str, String)],
 ) -> Result<Fetch, Refusal> {
-    let unreachable = |e: &dyn std::fmt::Display| Refusal::Unreachable(e.to_string());
-    let mut up: Box<dyn crate::proxy::requests::Io> = if tls {
-        Box::new(net.upstream.dial_tls(host, port).await.map_err(|e| unreachable(&e))?)
-    } else {
-        Box::new(net.upstream.dial(host, port).await.map_err(|e| unreachable(&e))?)
-    };
-    let mut request =
-        format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: gzip\r\nConnection: close\r\n");
+    let mut request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: gzip\r\n");
     for (name, value) in headers {
         // Values come from the box's own head, already read as text lines.
         if !value.contains(['\r', '\n']) {
@@ -56,14 +91,29 @@ pub async fn get(
         }
     }
     request.push_str("\r\n");
-    up.write_all(request.as_bytes()).await?;
-    let mut buf = Vec::new();
-    let counted = AtomicU64::new(0);
-    let head = match tokio::time::timeout(STALL, response::read_head(&mut up, &mut buf, &counted)).await {
-        Ok(Ok(Some(head))) => head,
-        Ok(Ok(None)) => return Err(Refusal::Unreachable(format!("{host} closed without an answer"))),
-        Ok(Err(why)) => return Err(Refusal::Unreachable(format!("{host}: {why}"))),
-        Err(_) => return Err(Refusal::Unreachable(format!("{host} did not answer in {}s", STALL.as_secs()))),
+    let key: Key = (host.clone(), port, tls);
+    let idle = &net.registry_conns;
+    let (up, buf, head) = loop {
+        let kept = idle.take(&key);
+        let reused = kept.is_some();
+        let mut up = match kept {
+            Some(up) => up,
+            None => dial(net, host, port, tls).await?,
+        };
+        let mut buf = Vec::new();
+        let counted = AtomicU64::new(0);
+        let asked = async {
+            up.write_all(request.as_bytes()).await.map_err(|_| "closed")?;
+            response::read_head(&mut up, &mut buf, &counted).await
+        };
+        match tokio::time::timeout(STALL, asked).await {
+            Ok(Ok(Some(head))) => break (up, buf, head),
+            // A kept connection the registry closed meanwhile: a new one.
+            Ok(Ok(None) | Err(_)) if reused && counted.load(std::sync::atomic::Ordering::Relaxed) == 0 => continue,
+            Ok(Ok(None)) => return Err(Refusal::Unreachable(format!("{host} closed without an answer"))),
+            Ok(Err(why)) => return Err(Refusal::Unreachable(format!("{host}: {why}"))),
+            Err(_) => return Err(Refusal::Unreachable(format!("{host} did not answer in {}s", STALL.as_secs()))),
+        }
     };
     let framing = response::framing(&head, false).map_err(|why| Refusal::Unreachable(format!("{host}: {why}")))?;
     let decoder = response::decoder(&head).map_err(|why| Refusal::Unreachable(format!("{host}: {why}")))?;
@@ -72,7 +122,34 @@ pub async fn get(
         _ => 0,
     };
     let done = matches!(framing, Framing::None) || (matches!(framing, Framing::Length(0)));
-    Ok(Fetch { head, up: Box::new(up), buf, framing, dechunk: Dechunk::default(), decoder: Some(decoder), left, done })
+    // Kept after this answer only where its end is its framing's, not the
+    // connection's.
+    let again = head.version == 1
+        && !response::header(&head, "connection").any(|v| v.split(',').any(|t| t.trim() == "close"))
+        && matches!(framing, Framing::Length(_) | Framing::Chunked | Framing::None);
+    let home = again.then(|| (Arc::clone(idle), key));
+    Ok(Fetch {
+        head,
+        up: Some(up),
+        buf,
+        framing,
+        dechunk: Dechunk::default(),
+        decoder: Some(decoder),
+        left,
+        done,
+        home,
+        overrun: false,
+    })
+}
+
+/// A new connection to `host:port`, over TLS if `tls`.
+async fn dial(net: &BoxNet, host: &HostName, port: u16, tls: bool) -> Result<Box<dyn Io>, Refusal> {
+    let unreachable = |e: &dyn std::fmt::Display| Refusal::Unreachable(e.to_string());
+    Ok(if tls {
+        Box::new(net.upstream.dial_tls(host, port).await.map_err(|e| unreachable(&e))?)
+    } else {
+        Box::new(net.upstream.dial(host, port).await.map_err(|e| unreachable(&e))?)
+    })
 }
 
 impl Fetch {
@@ -97,11 +174,13 @@ impl Fetch {
             if self.done {
                 let Some(decoder) = self.decoder.take() else { return Ok(None) };
                 let tail = decoder.finish().map_err(bad)?;
+                self.keep();
                 return Ok((!tail.is_empty()).then_some(tail));
             }
             if self.buf.is_empty() {
                 let mut chunk = vec![0u8; 64 << 10];
-                let n = match tokio::time::timeout(STALL, self.up.read(&mut chunk)).await {
+                let Some(up) = self.up.as_mut() else { return Err(bad("cut short")) };
+                let n = match tokio::time::timeout(STALL, up.read(&mut chunk)).await {
                     Ok(Ok(n)) => n,
                     Ok(Err(e)) => return Err(bad(&e.to_string())),
                     Err(_) => return Err(bad("stalled")),
@@ -122,12 +201,14 @@ impl Fetch {
                     let n = (raw.len() as u64).min(self.left) as usize;
                     self.left -= n as u64;
                     self.done = self.left == 0;
+                    self.overrun |= n < raw.len();
                     raw.get(..n).unwrap_or_default().to_vec()
                 }
                 Framing::Chunked => {
                     let mut out = Vec::with_capacity(raw.len());
-                    self.dechunk.feed(&raw, &mut out).map_err(bad)?;
+                    let used = self.dechunk.feed(&raw, &mut out).map_err(bad)?;
                     self.done = self.dechunk.done();
+                    self.overrun |= used < raw.len();
                     out
                 }
                 Framing::UntilClose => raw,
@@ -137,6 +218,17 @@ impl Fetch {
             let decoded = decoder.decode(&body).map_err(bad)?;
             if !decoded.is_empty() {
                 return Ok(Some(decoded));
+            }
+        }
+    }
+
+    /// The answer was read to its end: its connection goes back for the
+    /// box's next read, unless bytes came past that end (a registry that
+    /// answers more than it was asked is not asked again on it).
+    fn keep(&mut self) {
+        if let (Some((idle, key)), Some(up)) = (self.home.take(), self.up.take()) {
+            if self.buf.is_empty() && !self.overrun {
+                idle.give(key, up);
             }
         }
     }

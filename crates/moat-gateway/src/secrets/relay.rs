@@ -309,6 +309,7 @@ mod tests {
     #[test]
     fn only_json_and_events_are_read_for_token_counts() {
         let head = |t: &str| ResponseHead {
+            version: 1,
             status: 200,
             reason: "OK".into(),
             headers: vec![("Content-Type".into(), t.as_bytes().to_vec())],

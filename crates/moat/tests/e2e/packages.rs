@@ -282,8 +282,20 @@ pub fn uv_installs_under_the_same_rules(env: &Env) {
     let (_, out) = uv(&tampered);
     assert!(out.contains("not the sha256:"), "uv of a tampered file:\n{out}");
     // uv reads a wheel more than once (its metadata first): the registry
-    // saw one download, the rest came from the cache.
+    // saw one download, the rest came from the cache; and the gateway read
+    // the index and fetched the wheel on one connection.
     assert_eq!(downloads(env, "pypi.org", &format!("/files/{old_wheel}")), 1);
+    let peers: std::collections::HashSet<String> = env
+        .net
+        .received()
+        .split("----\n")
+        .filter(|r| {
+            r.starts_with(&format!("GET pypi.org /simple/{name}/"))
+                || r.starts_with(&format!("GET pypi.org /files/{old_wheel}"))
+        })
+        .filter_map(|r| r.lines().find_map(|l| l.strip_prefix("peer ")).map(String::from))
+        .collect();
+    assert_eq!(peers.len(), 1, "the index and the wheel came over {peers:?}");
     let listed = env.alice(None, &["packages", &a, "--json"]).ok().stdout;
     let rows: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
     assert!(

@@ -8,7 +8,8 @@ index.crates.io a sparse cargo index of the .crate files in argv[5]/crates,
 which static.crates.io serves; any other host answers with what it received (method, path, Host, body size).
 llm.test stands in for an LLM API: /echo answers with the request's headers
 and a usage object, /gzip the same gzip-compressed whatever was asked, /stream
-as server-sent events. Every request is appended to argv[5]/received.log."""
+as server-sent events. Every request is appended to argv[5]/received.log,
+with the address and port it came from (a connection's requests share one)."""
 import base64, gzip, hashlib, http.server, json, os, socket, ssl, subprocess, sys, threading, time
 
 addr, cert, key, udp_log, data = sys.argv[1:6]
@@ -66,7 +67,8 @@ class Server(http.server.BaseHTTPRequestHandler):
         host = (self.headers.get("Host") or "").split(":")[0]
         body = self.body()
         with open(os.path.join(data, "received.log"), "a") as log:
-            log.write(f"{self.command} {host} {self.path}\n{self.headers}{body.decode('latin-1')}\n----\n")
+            peer = "%s:%s" % self.client_address[:2]
+            log.write(f"{self.command} {host} {self.path}\n{self.headers}{body.decode('latin-1')}\npeer {peer}\n----\n")
         if host == "llm.test":
             return self.llm(body)
         if host == "github.com":
