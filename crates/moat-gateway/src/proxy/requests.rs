@@ -45,6 +45,10 @@ const NEXT_REQUEST: Duration = Duration::from_secs(120);
 const MAX_PIPELINED: usize = 32;
 /// How long the answers to requests before a refused one may take.
 const REFUSED_DRAIN: Duration = Duration::from_secs(10);
+/// How long, and how much, a refused box's further bytes are read before
+/// its connection closes (see [`linger`]).
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1 << 20;
 /// Buffer for each direction of a splice.
 const SPLICE_BUFFER: usize = 64 << 10;
 
@@ -309,8 +313,29 @@ async fn requests(
         }
         let _ = to_box.lock().await.shutdown().await;
     }
+    if result.is_err() {
+        linger(&mut from_box).await;
+    }
     log.received = received.load(Ordering::Relaxed);
     result
+}
+
+/// Reads what the box still sends after a refusal, a little while, before
+/// the connection closes: closed with the box's bytes unread, it would be
+/// reset, and the box's client could lose the refusal it was sent (a client
+/// still sending its body when the refusal comes, most often).
+async fn linger(from_box: &mut StreamReader) {
+    let mut sink = vec![0u8; 16 << 10];
+    let mut left = LINGER_BYTES;
+    let _ = tokio::time::timeout(LINGER, async {
+        while left > 0 {
+            match from_box.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// A request's head as it goes out.

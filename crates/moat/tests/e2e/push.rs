@@ -40,6 +40,9 @@ else:
 head = "POST /moat/%s.git/git-receive-pack HTTP/1.1\r\nHost: github.com\r\n" % repo
 head += "Content-Type: application/x-git-receive-pack-request\r\n"
 if mode == "split":
+    # The pack's first bytes after the commands: still coming, a little at a
+    # time, when the refusal is sent (which must reach the client whole).
+    body += b"PACK" + b"\0" * 508
     head += "Transfer-Encoding: chunked\r\n\r\n"
     data = head.encode() + b"".join(b"%x\r\n%s\r\n" % (len(body[i:i+3]), body[i:i+3]) for i in range(0, len(body), 3)) + b"0\r\n\r\n"
 else:
