@@ -212,7 +212,7 @@ pub const REGISTRY_NAMES: [&str; 2] = ["pypi.org", "registry.npmjs.org"];
 
 /// Answers `GET /bytes/N` with N bytes, then closes; a POST (a push) is
 /// read whole and answered with git's `unpack ok`; a file of `registry`,
-/// with that file.
+/// with that file (and the connection stays open for the next).
 async fn serve_http(
     listener: std::net::TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -242,33 +242,35 @@ async fn serve_http(
 async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin, registry: Option<&Registry>) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 || head.len() > 8192 {
-            return Ok(());
+    // A registry's files are answered on a kept-alive connection, as real
+    // registries do; anything else once, then the connection closes.
+    let text = loop {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 || head.len() > 8192 {
+                return Ok(());
+            }
+            head.extend_from_slice(&buf[..n]);
         }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&head).into_owned();
-    if let Some(registry) = registry {
+        let end = head.windows(4).position(|w| w == b"\r\n\r\n").map_or(head.len(), |i| i + 4);
+        let text = String::from_utf8_lossy(&head[..end]).into_owned();
+        let Some(registry) = registry else { break text };
         let host =
             text.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("host:").map(|h| h.trim().to_string()));
         let target = text.split_whitespace().nth(1).unwrap_or_default();
         let path = target.split('?').next().unwrap_or_default().replace("%2f", "/").replace("%2F", "/");
-        if let Some((content_type, body)) = host.and_then(|h| registry.files.get(&(h, path))) {
-            let delay = registry.delay_ms.load(std::sync::atomic::Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            stream.write_all(head.as_bytes()).await?;
-            if !text.starts_with("HEAD ") {
-                stream.write_all(body).await?;
-            }
-            return stream.shutdown().await;
+        let Some((content_type, body)) = host.and_then(|h| registry.files.get(&(h, path))) else { break text };
+        let delay = registry.delay_ms.load(std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let answer_head =
+            format!("HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n", body.len());
+        stream.write_all(answer_head.as_bytes()).await?;
+        if !text.starts_with("HEAD ") {
+            stream.write_all(body).await?;
         }
-    }
+        // What follows the head is the next request's.
+        head.drain(..end);
+    };
     if text.starts_with("POST ") {
         let end = head.windows(4).position(|w| w == b"\r\n\r\n").map_or(head.len(), |i| i + 4);
         let length: usize = text
