@@ -82,18 +82,34 @@ fn policy(env: &Env, name: &str, words: &[&str]) {
     env.alice(None, &all).ok();
 }
 
-pub fn package_rules_decide_what_comes_in(env: &Env) {
-    let new = package_name("ok");
-    // PyPI: an old version and one published an hour ago.
-    // (3 MiB: an answer larger than TLS and socket buffers must reach the box whole.)
-    let old_wheel = wheel(env, &new, "1.0", 3);
-    let fresh_wheel = wheel(env, &new, "2.0", 0);
+/// What a test puts on the stand-in PyPI: a package with an old version
+/// (of `old_mib` MiB) and one published an hour ago, a name to deny, and a
+/// package whose file is served other than its index promises.
+struct Pypi {
+    name: String,
+    old_wheel: String,
+    fresh_wheel: String,
+    denied: String,
+    tampered: String,
+    tampered_wheel: String,
+}
+
+fn pypi_packages(env: &Env, prefix: &str, old_mib: usize) -> Pypi {
+    let name = package_name(prefix);
+    let old_wheel = wheel(env, &name, "1.0", old_mib);
+    let fresh_wheel = wheel(env, &name, "2.0", 0);
     published_ago(env, "pypi", &fresh_wheel, 3600);
-    let denied = package_name("typo");
+    let denied = package_name(&format!("{prefix}typo"));
     wheel(env, &denied, "1.0", 0);
-    let tampered = package_name("tamper");
+    let tampered = package_name(&format!("{prefix}tamper"));
     let tampered_wheel = wheel(env, &tampered, "1.0", 0);
     std::fs::write(env.net.dir.join("data/pypi").join(format!("{tampered_wheel}.served")), b"not the wheel").unwrap();
+    Pypi { name, old_wheel, fresh_wheel, denied, tampered, tampered_wheel }
+}
+
+pub fn package_rules_decide_what_comes_in(env: &Env) {
+    // (3 MiB: an answer larger than TLS and socket buffers must reach the box whole.)
+    let Pypi { name: new, old_wheel, fresh_wheel, denied, tampered, tampered_wheel } = pypi_packages(env, "ok", 3);
     let broken = package_name("broken");
     std::fs::write(env.net.dir.join("data/pypi").join(format!("{broken}.broken")), b"{\"files\": 7").unwrap();
     // npm: the same, and a version the OSV export reports malicious.
@@ -251,15 +267,7 @@ pub fn package_rules_decide_what_comes_in(env: &Env) {
 /// read the index as JSON and trust the gateway's CA from the box's
 /// environment alone.
 pub fn uv_installs_under_the_same_rules(env: &Env) {
-    let name = package_name("uv");
-    let old_wheel = wheel(env, &name, "1.0", 2);
-    let fresh_wheel = wheel(env, &name, "2.0", 0);
-    published_ago(env, "pypi", &fresh_wheel, 3600);
-    let denied = package_name("uvtypo");
-    wheel(env, &denied, "1.0", 0);
-    let tampered = package_name("uvtamper");
-    let tampered_wheel = wheel(env, &tampered, "1.0", 0);
-    std::fs::write(env.net.dir.join("data/pypi").join(format!("{tampered_wheel}.served")), b"not the wheel").unwrap();
+    let Pypi { name, old_wheel, fresh_wheel: _, denied, tampered, tampered_wheel: _ } = pypi_packages(env, "uv", 2);
 
     let a = unique("pkg");
     env.new_box(&a, &["--policy", "registries"]);
