@@ -245,3 +245,39 @@ impl Fetch {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn conn() -> Box<dyn Io> {
+        Box::new(tokio::io::duplex(64).0)
+    }
+
+    fn key(host: &str, port: u16) -> Key {
+        (HostName::parse(host).unwrap(), port, true)
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_serves_only_its_own_host_and_port_once() {
+        let idle = Idle::default();
+        idle.give(key("pypi.org", 443), conn());
+        assert!(idle.take(&key("registry.npmjs.org", 443)).is_none());
+        assert!(idle.take(&key("pypi.org", 80)).is_none());
+        assert!(idle.take(&key("pypi.org", 443)).is_some());
+        assert!(idle.take(&key("pypi.org", 443)).is_none(), "taken twice");
+    }
+
+    #[tokio::test]
+    async fn at_most_max_idle_are_kept_the_oldest_going_first() {
+        let idle = Idle::default();
+        for port in 0..MAX_IDLE as u16 + 2 {
+            idle.give(key("pypi.org", port), conn());
+        }
+        assert!(idle.take(&key("pypi.org", 0)).is_none() && idle.take(&key("pypi.org", 1)).is_none());
+        for port in 2..MAX_IDLE as u16 + 2 {
+            assert!(idle.take(&key("pypi.org", port)).is_some(), "{port}");
+        }
+    }
+}
