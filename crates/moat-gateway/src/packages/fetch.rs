@@ -5,7 +5,7 @@
 //! a while for the same box's next read of that host ([`Idle`]): a registry
 //! read costs a request, not a TCP and TLS handshake each.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -109,7 +109,7 @@ pub async fn get(
         match tokio::time::timeout(STALL, asked).await {
             Ok(Ok(Some(head))) => break (up, buf, head),
             // A kept connection the registry closed meanwhile: a new one.
-            Ok(Ok(None) | Err(_)) if reused && counted.load(std::sync::atomic::Ordering::Relaxed) == 0 => continue,
+            Ok(Ok(None) | Err(_)) if reused && counted.load(Ordering::Relaxed) == 0 => continue,
             Ok(Ok(None)) => return Err(Refusal::Unreachable(format!("{host} closed without an answer"))),
             Ok(Err(why)) => return Err(Refusal::Unreachable(format!("{host}: {why}"))),
             Err(_) => return Err(Refusal::Unreachable(format!("{host} did not answer in {}s", STALL.as_secs()))),

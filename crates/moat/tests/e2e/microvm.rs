@@ -388,8 +388,7 @@ pub fn a_guest_port_answers_its_web_url(env: &Env) {
         format!("mkdir -p /www && echo {page} > /www/index.html && (busybox httpd -p 127.0.0.1:8000 -h /www &)");
     env.alice(Some(&name), &[&setup]).ok();
     env.alice(None, &["expose", &name, "8000", "--public"]).ok();
-    let url = crate::web::url_of(env, &name, 8000);
-    let host = url.trim_start_matches("https://").trim_end_matches('/').to_string();
+    let host = crate::web::host_of(&crate::web::url_of(env, &name, 8000));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let answer = crate::web_hostile::get(&edge, &host, "/");
@@ -401,8 +400,8 @@ pub fn a_guest_port_answers_its_web_url(env: &Env) {
     }
     // A port nothing listens on in the guest: the page says so.
     env.alice(None, &["expose", &name, "8001", "--public"]).ok();
-    let other = crate::web::url_of(env, &name, 8001);
-    let answer = crate::web_hostile::get(&edge, other.trim_start_matches("https://").trim_end_matches('/'), "/");
+    let other = crate::web::host_of(&crate::web::url_of(env, &name, 8001));
+    let answer = crate::web_hostile::get(&edge, &other, "/");
     assert!(answer.starts_with("HTTP/1.1 502") && answer.contains("Start a server on port 8001"), "{answer}");
     env.alice(None, &["rm", &name]).ok();
 }

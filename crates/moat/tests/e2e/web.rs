@@ -94,9 +94,19 @@ fn start_app(env: &Env, name: &str, ports: &[u16]) {
 
 /// The URL `urls NAME --json` gives for `port`.
 pub fn url_of(env: &Env, name: &str, port: u16) -> String {
-    let listed: Value = serde_json::from_str(&env.alice(None, &["urls", name, "--json"]).ok().stdout).unwrap();
+    url_in(&env.alice(None, &["urls", name, "--json"]).ok().stdout, port)
+}
+
+/// The URL for `port` in what `urls --json` printed (`listed`).
+pub fn url_in(listed: &str, port: u16) -> String {
+    let listed: Value = serde_json::from_str(listed).unwrap();
     let found = listed.as_array().unwrap().iter().find(|e| e["port"] == port).unwrap_or_else(|| panic!("{listed}"));
     found["url"].as_str().unwrap().to_string()
+}
+
+/// The host (and edge port) of a box's URL, as a client names it.
+pub fn host_of(url: &str) -> String {
+    url.trim_start_matches("https://").trim_end_matches('/').to_string()
 }
 
 /// The first line `url ARGS` prints: a sign-in link.
@@ -127,7 +137,7 @@ pub fn private_urls_sign_in_share_and_wake_in_a_browser(env: &Env) {
     let exposed = env.alice(None, &["expose", &name, "8000"]).ok().stdout;
     assert!(exposed.contains("private") && exposed.contains(&format!("url {name} 8000")), "{exposed}");
     let url = url_of(env, &name, 8000);
-    let host = url.trim_start_matches("https://").trim_end_matches('/').to_string();
+    let host = host_of(&url);
     assert!(host.starts_with(&format!("8000-{name}-")) && host.contains(&format!(".{DOMAIN}:")), "{url}");
 
     // Private: the 401 page says how to get in, and nothing reached the box.

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use serde_json::Value;
 
 use crate::fixture::{run, Daemon, Edge};
 use crate::hygiene::connect_from;
@@ -121,9 +120,7 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
         );
         ssh(Some(b), &[&setup]);
         ssh(None, &["expose", b, "8000", "--public"]);
-        let urls: Value = serde_json::from_str(&ssh(None, &["urls", b, "--json"]).stdout).unwrap();
-        let url = urls[0]["url"].as_str().unwrap().to_string();
-        hosts.push(url.trim_start_matches("https://").trim_end_matches('/').to_string());
+        hosts.push(crate::web::host_of(&crate::web::url_in(&ssh(None, &["urls", b, "--json"]).stdout, 8000)));
     }
     let (a, b) = (hosts[0].clone(), hosts[1].clone());
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -148,9 +145,7 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
     // alone is reached too (the box's agent tries 127.0.0.1, then ::1).
     let public_host = |port: u16| {
         ssh(None, &["expose", "a", &port.to_string(), "--public"]);
-        let urls: Value = serde_json::from_str(&ssh(None, &["urls", "a", "--json"]).stdout).unwrap();
-        let url = urls.as_array().unwrap().iter().find(|u| u["port"] == port).unwrap()["url"].clone();
-        url.as_str().unwrap().trim_start_matches("https://").trim_end_matches('/').to_string()
+        crate::web::host_of(&crate::web::url_in(&ssh(None, &["urls", "a", "--json"]).stdout, port))
     };
     let nobody = get(&edge, &public_host(8009), "/");
     assert!(nobody.starts_with("HTTP/1.1 502") && nobody.contains("Start a server on port 8009"), "{nobody}");
