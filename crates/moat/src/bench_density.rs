@@ -5,6 +5,8 @@
 //! - host memory per suspended box (MemTotal - MemAvailable, before and
 //!   after, split into the kernel's own counters), next to as many idle
 //!   bubblewrap sandboxes (`bwrap --unshare-all ... sleep`), the peer;
+//! - the file systems each box mounted of its own (each costs every memory
+//!   cgroup on the host a slot, so they set how the cost grows with N);
 //! - the daemon's RSS, and its helpers' (front door, gateway);
 //! - `ls` and `ls --json` over one connection, next to `whoami` (the floor:
 //!   a control command that reads no box);
@@ -266,6 +268,7 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
     wait_all_suspended(key, server, &socket, made)?;
     let after = Meminfo::settled()?;
     let slabs_grown = slab_growth(&slabs_before, &slabs(), made);
+    let (file_systems, fs_types) = own_file_systems();
     let threads = (host_threads() - threads_before) as f64 / made as f64;
     let daemon = rss_kib(server.pid())?;
     let helpers = helpers_rss_kib(server.pid())?;
@@ -322,6 +325,7 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
     }
     let slab_top: Vec<String> = slabs_grown.iter().map(|(name, kib)| format!("{name} {kib:.1}")).collect();
     println!("| slab caches grown most (KiB per box) | {} | | |", slab_top.join(", "));
+    println!("| file systems of its own per box ({}) | {file_systems:.2} | | |", fs_types.join(", "));
     println!("| host threads (pids) per box | {threads:.2} | | |");
     println!("| daemon RSS | {:.1} MiB | | |", daemon as f64 / 1024.0);
     for (what, kib) in &helpers {
@@ -501,6 +505,41 @@ fn slab_growth(before: &HashMap<String, i64>, after: &HashMap<String, i64>, n: u
     grown.sort_by(|a, b| b.1.total_cmp(&a.1));
     grown.truncate(8);
     grown
+}
+
+/// The file systems the boxes mounted of their own (superblocks: in no
+/// mount of this process's namespace, as the shared /sys and LXCFS are),
+/// per box, with their types. Each is a slot in every memory cgroup's
+/// shrinker map (1 KiB per 64 slots from Linux 6.7 on), so on a host of N
+/// boxes each box's cgroup costs N times this many slots.
+fn own_file_systems() -> (f64, Vec<String>) {
+    // (device, file system type) of each mount in `pid`'s namespace.
+    let mounts = |pid: &str| -> HashMap<String, String> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let dev = l.split_whitespace().nth(2)?;
+                let fs_type = l.split_once(" - ")?.1.split_whitespace().next()?;
+                Some((dev.to_string(), fs_type.to_string()))
+            })
+            .collect()
+    };
+    let host = mounts("self");
+    let agents: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "moat-agent"))
+        .collect();
+    let mut own: HashMap<String, String> = HashMap::new();
+    for pid in &agents {
+        own.extend(mounts(pid).into_iter().filter(|(dev, _)| !host.contains_key(dev)));
+    }
+    let mut types: Vec<String> = own.values().cloned().collect();
+    types.sort();
+    types.dedup();
+    (own.len() as f64 / agents.len().max(1) as f64, types)
 }
 
 /// Threads on the host, each a pid (`/proc/loadavg`'s fourth field, after the slash).

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use moat_box::ns::hostview::HostView;
-use moat_box::ns::{NsConfig, NsMachine};
+use moat_box::ns::{sysview, NsConfig, NsMachine};
 use moat_box::pool::Pool;
 use moat_box::{Host, HostBackend, HostConfig};
 use moat_core::Store;
@@ -39,6 +39,11 @@ pub fn private_dir(dir: &Path) -> Result<()> {
 /// Where the per-box /proc totals (LXCFS) are mounted.
 pub fn host_view_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("lxcfs")
+}
+
+/// Where the sysfs every box binds as its /sys is mounted.
+pub fn shared_sys_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("sys")
 }
 
 /// The host's machinery over the state dir's pool: this executable as the
@@ -80,7 +85,11 @@ pub fn backend(
     vm: &crate::microvm::VmArgs,
 ) -> Result<(HostBackend, moat_core::BackendKind)> {
     let host = host(state_dir, agent, account_disk)?;
-    let ns = NsMachine::new(host.clone(), NsConfig { host_view: HostView::ensure(&host_view_dir(state_dir)) });
+    let config = NsConfig {
+        host_view: HostView::ensure(&host_view_dir(state_dir)),
+        shared_sys: sysview::ensure(&shared_sys_dir(state_dir)),
+    };
+    let ns = NsMachine::new(host.clone(), config);
     let (vm, default) = crate::microvm::machine(state_dir, &host, vm);
     Ok((HostBackend::new(host, ns, vm), default))
 }

@@ -10,6 +10,7 @@ pub mod plan;
 pub mod seccomp;
 pub mod spare;
 mod stock;
+pub mod sysview;
 
 use std::path::PathBuf;
 
@@ -34,6 +35,9 @@ const SPARE_ROOTS: usize = 16;
 pub struct NsConfig {
     /// Per-box /proc totals (LXCFS), where available.
     pub host_view: Option<hostview::HostView>,
+    /// The sysfs every box binds as its /sys (see [`sysview`]); `None`: each
+    /// box mounts its own.
+    pub shared_sys: Option<std::path::PathBuf>,
 }
 
 /// The namespace machine.
@@ -78,6 +82,7 @@ impl NsMachine {
                 self.host.config.agent.clone(),
             )
             .with_host_view(rec, self.config.host_view.as_ref(), host_cpus())
+            .with_sys(self.config.shared_sys.clone())
         };
         if let Some(spare) = spare {
             // The spare's helper is in the cgroup already: it joins nothing.

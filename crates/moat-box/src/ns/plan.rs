@@ -72,6 +72,10 @@ pub struct SpawnPlan {
     pub binds: Vec<(PathBuf, PathBuf)>,
     /// The CPUs PID 1 (and so every process) runs on; empty: all.
     pub cpus: Vec<usize>,
+    /// The sysfs bound read-only as the box's /sys (see [`super::sysview`]);
+    /// `None`: the box mounts one of its own.
+    #[serde(default)]
+    pub sys: Option<PathBuf>,
 }
 
 impl SpawnPlan {
@@ -95,6 +99,7 @@ impl SpawnPlan {
             devpts_gid: uid_base + TTY_GID,
             binds: Vec::new(),
             cpus: Vec::new(),
+            sys: None,
         }
     }
 
@@ -108,6 +113,12 @@ impl SpawnPlan {
     ) -> Self {
         self.binds = view.map(|v| v.binds().to_vec()).unwrap_or_default();
         self.cpus = super::hostview::cpu_affinity(rec.limits.cpus, rec.slot, host_cpus);
+        self
+    }
+
+    /// Binds `sys` as the box's /sys rather than mounting a sysfs of its own.
+    pub fn with_sys(mut self, sys: Option<PathBuf>) -> Self {
+        self.sys = sys;
         self
     }
 

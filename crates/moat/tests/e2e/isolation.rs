@@ -117,6 +117,12 @@ pub fn boxes_cannot_reach_each_other(env: &Env) {
     // And no other interface than lo exists to reach anything else.
     let links = env.alice(Some(&b), &["ls /sys/class/net"]).ok().stdout;
     assert_eq!(links.trim(), "lo");
+    // That /sys is one sysfs every box binds (a superblock of its own would
+    // cost every memory cgroup on the host), not the host's.
+    let sys_dev = |name: &str| env.alice(Some(name), &["stat -c %d /sys"]).ok().stdout;
+    assert_eq!(sys_dev(&a), sys_dev(&b));
+    let host_sys = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata("/sys").unwrap());
+    assert_ne!(sys_dev(&a).trim(), host_sys.to_string());
 }
 
 /// Polls a neighbour box while something hostile runs; it must keep answering.
@@ -450,8 +456,11 @@ pub fn namespaces_refuse_changes_without_seccomp(env: &Env) {
         "{}",
         out.stderr
     );
-    // The box itself is as it was.
-    let out = env.alice(Some(&name), &["hostname; cat /sys/class/net/lo/flags"]).ok();
+    // The box itself is as it was: its own lo asked (SIOCGIFFLAGS), not /sys,
+    // which is one sysfs shared by every box.
+    let lo_flags = "python3 -c \"import fcntl, socket, struct; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+                    print(hex(struct.unpack('16sH14x', fcntl.ioctl(s, 0x8913, struct.pack('16sH14x', b'lo', 0)))[1] & 0x9))\"";
+    let out = env.alice(Some(&name), &[&format!("hostname; {lo_flags}")]).ok();
     assert_eq!(out.stdout, format!("{name}\n0x9\n"));
     env.alice(None, &["rm", &name]).ok();
 }
