@@ -370,10 +370,10 @@ fn density(state_dir: &Path, key: &Path, server: &mut Server, flags: &[&str], wa
             s
         };
         host_resume = Some(parts("resume on the host (daemon's log)", &|p| p.iter().sum()));
-        parts("  of which the meter's last sample", &|p| p[0]);
-        parts("  of which the gateway's sockets made", &|p| p[1]);
-        parts("  of which the thaw", &|p| p[2]);
-        parts("  of which the store's write", &|p| p[3]);
+        parts("  of which the gateway's sockets made", &|p| p[0]);
+        parts("  of which the thaw (the counters read first)", &|p| p[1]);
+        parts("  of which the meter's sample", &|p| p[2]);
+        parts("  of which the store's one write (sample and state)", &|p| p[3]);
     }
     match first_failure {
         Some((i, e)) => {
@@ -448,7 +448,7 @@ fn resume_random(key: &Path, server: &Server, names: &[String]) -> Result<(Vec<D
     Ok((suspended, running))
 }
 
-/// The daemon's `box resumed` lines in its log: meter, listen, thaw and
+/// The daemon's `box resumed` lines in its log: listen, thaw, meter and
 /// store, each.
 fn resumed_on_host(log: &Path) -> Result<Vec<[Duration; 4]>> {
     let text = std::fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
@@ -458,7 +458,7 @@ fn resumed_on_host(log: &Path) -> Result<Vec<[Duration; 4]>> {
         .filter_map(|l| {
             let fields: HashMap<&str, &str> = l.split_whitespace().filter_map(|w| w.split_once('=')).collect();
             let part = |k: &str| debug_duration(fields.get(k)?);
-            Some([part("meter")?, part("listen")?, part("thaw")?, part("store")?])
+            Some([part("listen")?, part("thaw")?, part("meter")?, part("store")?])
         })
         .collect())
 }

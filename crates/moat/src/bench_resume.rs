@@ -2,8 +2,9 @@
 //! one box (500 by default) to tell whether a tail exists, each split where
 //! its time goes, next to the same session on a box that stayed running:
 //!
-//! - host: `open_session`, all on the host (the meter's last sample, the
-//!   cgroup thaw, the store's state write);
+//! - host: `open_session`, all on the host (the gateway's sockets, the
+//!   counters read and the cgroup thawed, the meter's sample and the state
+//!   written in one commit);
 //! - box: from there to the first byte of `echo x` (the agent's exec).
 //!
 //! The slowest cycles are printed with their split, so a tail names its side.
@@ -87,7 +88,7 @@ pub fn print(s: &ResumeSamples) {
         println!("| {what} | {} | {} | {} | {} |", ms(all.pct(50)), ms(all.pct(95)), ms(all.pct(99)), ms(max));
     };
     row("suspended box: session + first byte", &s.resumed, Cycle::total);
-    row("  of which host (meter, thaw, store)", &s.resumed, |c| c.host);
+    row("  of which host (sockets, thaw, meter, store)", &s.resumed, |c| c.host);
     row("  of which box (exec to first byte)", &s.resumed, |c| c.agent);
     row("running box: session + first byte (peer)", &s.running, Cycle::total);
     row("  of which host", &s.running, |c| c.host);

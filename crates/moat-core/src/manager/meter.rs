@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{BoxManager, ManagerError};
+use crate::backend::MeterReading;
 use crate::clock;
 use crate::ids::{AccountId, Name};
 use crate::record::{BoxRecord, BoxState};
@@ -54,12 +55,26 @@ impl BoxManager {
     /// Bills the time since the box's last sample to the state it is in now.
     pub(super) async fn meter_box(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
         let now_ms = clock::now_ms();
+        let r = rec.clone();
+        let reading = self.blocking(move |b| b.meter(&r)).await?;
+        let (sample, state) = self.sample(rec, reading, now_ms)?;
+        self.db(|s| s.record_usage(&rec.id, &rec.account, &rec.name, &sample, state))?;
+        Ok(())
+    }
+
+    /// The sample billing the time from box `rec`'s last sample to `now_ms`
+    /// to the state it is in, its counters being `reading`; and the meter's
+    /// state after it. Nothing is written.
+    pub(super) fn sample(
+        &self,
+        rec: &BoxRecord,
+        reading: Option<MeterReading>,
+        now_ms: u64,
+    ) -> Result<(Sample, MeterState), ManagerError> {
         let last = self
             .store
             .meter_state(&rec.id)?
             .unwrap_or(MeterState { last_cpu_ns: 0, last_at_ms: rec.created_at * 1000 });
-        let r = rec.clone();
-        let reading = self.blocking(move |b| b.meter(&r)).await?;
         let dt = now_ms.saturating_sub(last.last_at_ms);
         let cpu_now = reading.map(|r| r.cpu_ns);
         let cpu = match cpu_now {
@@ -86,9 +101,7 @@ impl BoxManager {
             BoxState::Suspended => sample.suspended_ms = dt,
             BoxState::Stopped | BoxState::Creating => {}
         }
-        let state = MeterState { last_cpu_ns: cpu_now.unwrap_or(0), last_at_ms: now_ms };
-        self.db(|s| s.record_usage(&rec.id, &rec.account, &rec.name, &sample, state))?;
-        Ok(())
+        Ok((sample, MeterState { last_cpu_ns: cpu_now.unwrap_or(0), last_at_ms: now_ms }))
     }
 
     /// Samples every box, and parks boxes suspended past the operator's limit.

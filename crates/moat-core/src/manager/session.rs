@@ -66,17 +66,27 @@ impl BoxManager {
     pub(super) async fn bring_up(&self, rec: &BoxRecord) -> Result<BoxHandle, ManagerError> {
         if rec.state == BoxState::Suspended {
             let started = std::time::Instant::now();
-            self.meter_box(rec).await?;
-            let metered = started.elapsed();
+            // The suspension ends now, whatever the steps below take.
+            let now_ms = crate::clock::now_ms();
             self.network_resuming(&rec.id).await;
             let listening = started.elapsed();
+            // Its counters are read while it is still frozen, then it thaws:
+            // one trip to the blocking pool.
             let r = rec.clone();
-            self.blocking(move |b| b.thaw(&r)).await??;
+            let reading = self
+                .blocking(move |b| {
+                    let reading = b.meter(&r);
+                    b.thaw(&r).map(|()| reading)
+                })
+                .await??;
             let thawed = started.elapsed();
-            self.db(|s| s.set_state(&rec.id, BoxState::Running, rec.pid))?;
+            let (sample, meter) = self.sample(rec, reading, now_ms)?;
+            let metered = started.elapsed();
+            // The suspension billed and the box marked running: one commit.
+            self.db(|s| s.record_resume(&rec.id, &rec.account, &rec.name, &sample, meter, rec.pid))?;
             tracing::info!(
-                box_id = %rec.id, name = %rec.name, meter = ?metered, listen = ?(listening - metered),
-                thaw = ?(thawed - listening), store = ?(started.elapsed() - thawed), "box resumed"
+                box_id = %rec.id, name = %rec.name, listen = ?listening, thaw = ?(thawed - listening),
+                meter = ?(metered - thawed), store = ?(started.elapsed() - metered), "box resumed"
             );
         }
         let r = rec.clone();

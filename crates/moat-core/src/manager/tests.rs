@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::*;
 use crate::backend::{AgentAddr, BoxHandle, ChangeSink, Copied, MeterReading, Progress};
@@ -169,6 +170,7 @@ impl Backend for MemBackend {
         Ok(())
     }
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        self.check("thaw")?;
         self.state.lock().unwrap().frozen.remove(rec.id.as_str());
         Ok(())
     }
@@ -284,6 +286,34 @@ async fn a_copied_machine_waits_suspended_for_its_first_session() {
     assert_eq!(f.manager.get(&f.alice, &name("try")).unwrap().pid, Some(handle.pid));
     // Resuming, it has nothing attached yet: it is attached as it boots.
     assert_eq!(net.take(), ["resuming", "up try 0", "secrets []"]);
+}
+
+/// A resume bills the time the box was suspended as suspended and marks it
+/// running in one commit; a thaw that fails bills nothing and leaves it
+/// suspended, to be billed in full by the resume that works.
+#[tokio::test]
+async fn a_resume_bills_the_suspension_and_a_failed_one_leaves_the_box_suspended() {
+    let f = fixture();
+    f.new_box("web").await.unwrap();
+    f.manager.suspend(&f.alice, &name("web")).await.unwrap();
+    // What the ledger holds (`usage` would bill up to now first).
+    let suspended = || async {
+        let rows = Store::open(&f.db).unwrap().usage(&f.alice, 0, None).unwrap();
+        rows.iter().map(|r| r.suspended_seconds).sum::<f64>()
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    f.backend.fail("thaw");
+    assert!(f.manager.open_session(&f.alice, &name("web")).await.is_err());
+    let rec = f.manager.get(&f.alice, &name("web")).unwrap();
+    assert_eq!(rec.state, BoxState::Suspended);
+    assert_eq!(suspended().await, 0.0, "no sample for a resume that failed");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    f.backend.heal();
+    let (handle, _session) = f.manager.open_session(&f.alice, &name("web")).await.unwrap();
+    let rec = f.manager.get(&f.alice, &name("web")).unwrap();
+    assert_eq!((rec.state, rec.pid), (BoxState::Running, Some(handle.pid)));
+    let billed = suspended().await;
+    assert!((1.2..5.0).contains(&billed), "both waits billed suspended: {billed} s");
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::sql::args;
+use super::sql::{args, Exec};
 use super::{Store, StoreError};
 use crate::ids::{AccountId, BoxId, Name};
 
@@ -78,28 +78,23 @@ impl Store {
         sample: &Sample,
         state: MeterState,
     ) -> Result<(), StoreError> {
+        self.transaction(|tx| write_usage(tx, id, account, name, sample, state))
+    }
+
+    /// Records the sample that closes a suspension and marks the box running
+    /// with PID 1 `pid`, in one transaction (one commit on the resume path).
+    pub fn record_resume(
+        &self,
+        id: &BoxId,
+        account: &AccountId,
+        name: &Name,
+        sample: &Sample,
+        state: MeterState,
+        pid: Option<u32>,
+    ) -> Result<(), StoreError> {
         self.transaction(|tx| {
-            tx.execute(
-                "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms, \
-                 stored_byte_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                &args![
-                    sample.at_ms / 1000,
-                    id.as_str(),
-                    &account.0,
-                    name.as_str(),
-                    sample.cpu_ns,
-                    sample.mem_byte_ms,
-                    sample.running_ms,
-                    sample.suspended_ms,
-                    sample.stored_byte_ms
-                ],
-            )?;
-            tx.execute(
-                "INSERT INTO meter_state (box_id, last_cpu_ns, last_at_ms) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (box_id) DO UPDATE SET last_cpu_ns = ?2, last_at_ms = ?3",
-                &args![id.as_str(), state.last_cpu_ns, state.last_at_ms],
-            )?;
-            Ok(())
+            write_usage(tx, id, account, name, sample, state)?;
+            super::set_state_in(tx, id, crate::record::BoxState::Running, pid)
         })
     }
 
@@ -170,6 +165,38 @@ impl Store {
         self.execute("DELETE FROM meter_state WHERE box_id = ?1", &args![id.as_str()])?;
         Ok(())
     }
+}
+
+/// A sample and the meter's state after it, in `tx`.
+fn write_usage(
+    tx: &mut dyn Exec,
+    id: &BoxId,
+    account: &AccountId,
+    name: &Name,
+    sample: &Sample,
+    state: MeterState,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO usage_samples (at, box_id, account, name, cpu_ns, mem_byte_ms, running_ms, suspended_ms, \
+         stored_byte_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        &args![
+            sample.at_ms / 1000,
+            id.as_str(),
+            &account.0,
+            name.as_str(),
+            sample.cpu_ns,
+            sample.mem_byte_ms,
+            sample.running_ms,
+            sample.suspended_ms,
+            sample.stored_byte_ms
+        ],
+    )?;
+    tx.execute(
+        "INSERT INTO meter_state (box_id, last_cpu_ns, last_at_ms) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (box_id) DO UPDATE SET last_cpu_ns = ?2, last_at_ms = ?3",
+        &args![id.as_str(), state.last_cpu_ns, state.last_at_ms],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -20,6 +20,15 @@ mod schema;
 pub mod secrets;
 pub mod services;
 mod sql;
+/// [`Store::set_state`], in `tx`.
+pub(crate) fn set_state_in(tx: &mut dyn Exec, id: &BoxId, state: BoxState, pid: Option<u32>) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE boxes SET state = ?2, pid = ?3, state_since = ?4 WHERE id = ?1",
+        &args![id.as_str(), state.as_str(), pid, crate::clock::now()],
+    )?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod testing;
 pub mod web;
@@ -453,11 +462,7 @@ impl Store {
 
     /// Records a state change, with the PID 1 of a running box.
     pub fn set_state(&self, id: &BoxId, state: BoxState, pid: Option<u32>) -> Result<(), StoreError> {
-        self.execute(
-            "UPDATE boxes SET state = ?2, pid = ?3, state_since = ?4 WHERE id = ?1",
-            &args![id.as_str(), state.as_str(), pid, crate::clock::now()],
-        )?;
-        Ok(())
+        self.db.with(|c| set_state_in(c, id, state, pid))
     }
 
     /// Sets a box's idle grace (`None`: the daemon's default).
