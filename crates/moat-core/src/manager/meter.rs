@@ -51,6 +51,10 @@ pub struct BoxUsage {
     pub disk_bytes: Option<u64>,
 }
 
+/// Boxes sampled in one commit by the periodic meter pass: few enough that
+/// a resume meeting one of them held waits only a few milliseconds.
+pub(super) const METER_BATCH: usize = 64;
+
 impl BoxManager {
     /// Bills the time since the box's last sample to the state it is in now.
     pub(super) async fn meter_box(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
@@ -106,32 +110,70 @@ impl BoxManager {
 
     /// Samples every box, and parks boxes suspended past the operator's limit.
     /// A box that fails is logged and skipped; the others are still served.
+    ///
+    /// Boxes are sampled [`METER_BATCH`] at a time: their counters in one trip
+    /// to the blocking pool and their samples in one commit, where a commit
+    /// each kept the store's one writer busy for seconds of every pass on a
+    /// host of thousands of boxes (and a resume waited behind it). A box is
+    /// held from its sample to the commit, so that a resume or stop in between
+    /// cannot bill the same interval again; a box busy with something else is
+    /// left to the next pass (its interval only grows).
     pub async fn meter_all(self: &Arc<Self>) -> Result<(), ManagerError> {
-        for rec in self.db(crate::store::Store::list_here)? {
-            if rec.state == BoxState::Creating {
-                continue;
+        let boxes = self.db(crate::store::Store::list_here)?;
+        let boxes: Vec<BoxRecord> = boxes.into_iter().filter(|r| r.state != BoxState::Creating).collect();
+        for batch in boxes.chunks(METER_BATCH) {
+            if let Err(e) = self.meter_batch(batch).await {
+                tracing::warn!(error = %e, boxes = batch.len(), "meter pass failed for a batch of boxes");
             }
-            if let Err(e) = self.meter_and_park(&rec).await {
-                tracing::warn!(box_id = %rec.id, name = %rec.name, error = %e, "meter pass failed for a box");
+        }
+        let park = |rec: &&BoxRecord| {
+            self.config.park_after.is_some_and(|limit| {
+                rec.state == BoxState::Suspended && clock::now().saturating_sub(rec.state_since) >= limit.as_secs()
+            })
+        };
+        for rec in boxes.iter().filter(park) {
+            if let Err(e) = self.park_if_still_suspended(rec).await {
+                tracing::warn!(box_id = %rec.id, name = %rec.name, error = %e, "could not park a box");
             }
         }
         Ok(())
     }
 
-    async fn meter_and_park(&self, rec: &BoxRecord) -> Result<(), ManagerError> {
-        let lock = self.lock_for(&rec.id);
-        let _guard = lock.lock().await;
-        // Re-read under the lock; it may have changed or gone.
-        let Some(rec) = self.db(|s| s.get_by_id(&rec.id))? else { return Ok(()) };
-        self.meter_box(&rec).await?;
-        let parked = self.config.park_after.is_some_and(|limit| {
-            rec.state == BoxState::Suspended && clock::now().saturating_sub(rec.state_since) >= limit.as_secs()
-        });
-        if parked {
-            tracing::info!(box_id = %rec.id, name = %rec.name, "parking a long-suspended box (memory released)");
-            self.stop_locked(&rec, true).await?;
+    /// Samples `batch` (as listed) in one commit.
+    async fn meter_batch(&self, batch: &[BoxRecord]) -> Result<(), ManagerError> {
+        let now_ms = clock::now_ms();
+        let mut held = Vec::with_capacity(batch.len());
+        let mut boxes = Vec::with_capacity(batch.len());
+        for listed in batch {
+            let Ok(guard) = self.lock_for(&listed.id).try_lock_owned() else { continue };
+            // Re-read under the lock; it may have changed or gone.
+            if let Some(rec) = self.db(|s| s.get_by_id(&listed.id))?.filter(|r| r.state != BoxState::Creating) {
+                held.push(guard);
+                boxes.push(rec);
+            }
         }
+        let recs = boxes.clone();
+        let readings = self.blocking(move |b| recs.iter().map(|r| b.meter(r)).collect::<Vec<_>>()).await?;
+        let mut samples = Vec::with_capacity(boxes.len());
+        for (rec, reading) in boxes.into_iter().zip(readings) {
+            let (sample, state) = self.sample(&rec, reading, now_ms)?;
+            samples.push((rec, sample, state));
+        }
+        self.db(|s| s.record_usages(&samples))?;
+        drop(held);
         Ok(())
+    }
+
+    /// Parks `listed` if it is still suspended (memory released).
+    async fn park_if_still_suspended(&self, listed: &BoxRecord) -> Result<(), ManagerError> {
+        let lock = self.lock_for(&listed.id);
+        let _guard = lock.lock().await;
+        let Some(rec) = self.db(|s| s.get_by_id(&listed.id))? else { return Ok(()) };
+        if rec.state != BoxState::Suspended || rec.state_since != listed.state_since {
+            return Ok(());
+        }
+        tracing::info!(box_id = %rec.id, name = %rec.name, "parking a long-suspended box (memory released)");
+        self.stop_locked(&rec, true).await
     }
 
     /// Runs the meter every `meter_interval` until the process ends.

@@ -316,6 +316,39 @@ async fn a_resume_bills_the_suspension_and_a_failed_one_leaves_the_box_suspended
     assert!((1.2..5.0).contains(&billed), "both waits billed suspended: {billed} s");
 }
 
+/// The meter's pass samples every box (a commit per batch), leaves a box
+/// busy with something else to the next pass, which bills it all, and parks
+/// a box suspended past the limit.
+#[tokio::test]
+async fn a_meter_pass_samples_every_box_leaves_a_busy_one_to_the_next_and_parks() {
+    let f = fixture();
+    let config =
+        ManagerConfig { warm_boxes: 0, park_after: Some(Duration::ZERO), max_boxes: 100, ..ManagerConfig::default() };
+    let manager = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
+    let count = super::meter::METER_BATCH + 6;
+    for i in 0..count {
+        manager.create(&f.alice, busybox(&format!("b{i}"), Limits::default()), Box::new(|_: &str| {})).await.unwrap();
+    }
+    manager.suspend(&f.alice, &name("b0")).await.unwrap();
+    let busy = manager.get(&f.alice, &name("b1")).unwrap();
+    let held = manager.lock_for(&busy.id).lock_owned().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let running = || {
+        let rows = Store::open(&f.db).unwrap().usage(&f.alice, 0, None).unwrap();
+        rows.into_iter().map(|r| (r.name.to_string(), r.running_seconds)).collect::<HashMap<_, _>>()
+    };
+    manager.meter_all().await.unwrap();
+    let billed = running();
+    for i in 2..count {
+        assert!(billed[&format!("b{i}")] >= 1.0, "b{i} sampled: {:?}", billed.get(&format!("b{i}")));
+    }
+    assert_eq!(billed.get("b1").copied().unwrap_or(0.0), 0.0, "a busy box is left alone");
+    assert_eq!(manager.get(&f.alice, &name("b0")).unwrap().state, BoxState::Stopped, "parked");
+    drop(held);
+    manager.meter_all().await.unwrap();
+    assert!(running()["b1"] >= 1.0, "the next pass bills the busy box's whole interval");
+}
+
 #[tokio::test]
 async fn promote_is_all_or_nothing() {
     let f = fixture();

@@ -81,6 +81,19 @@ impl Store {
         self.transaction(|tx| write_usage(tx, id, account, name, sample, state))
     }
 
+    /// Records a sample and the new meter state for each box, in one
+    /// transaction.
+    pub fn record_usages(&self, samples: &[(crate::record::BoxRecord, Sample, MeterState)]) -> Result<(), StoreError> {
+        if samples.is_empty() {
+            return Ok(());
+        }
+        self.transaction(|tx| {
+            samples
+                .iter()
+                .try_for_each(|(rec, sample, state)| write_usage(tx, &rec.id, &rec.account, &rec.name, sample, *state))
+        })
+    }
+
     /// Records the sample that closes a suspension and marks the box running
     /// with PID 1 `pid`, in one transaction (one commit on the resume path).
     pub fn record_resume(
