@@ -156,8 +156,11 @@ impl BoxManager {
         let readings = self.blocking(move |b| recs.iter().map(|r| b.meter(r)).collect::<Vec<_>>()).await?;
         let mut samples = Vec::with_capacity(boxes.len());
         for (rec, reading) in boxes.into_iter().zip(readings) {
-            let (sample, state) = self.sample(&rec, reading, now_ms)?;
-            samples.push((rec, sample, state));
+            // One box that cannot be sampled must not hold the others' back.
+            match self.sample(&rec, reading, now_ms) {
+                Ok((sample, state)) => samples.push((rec, sample, state)),
+                Err(e) => tracing::warn!(box_id = %rec.id, name = %rec.name, error = %e, "cannot sample a box"),
+            }
         }
         self.db(|s| s.record_usages(&samples))?;
         drop(held);
