@@ -73,17 +73,39 @@ impl BoxManager {
             // Its counters are read while it is still frozen, then it thaws:
             // one trip to the blocking pool.
             let r = rec.clone();
-            let reading = self
-                .blocking(move |b| {
-                    let reading = b.meter(&r);
-                    b.thaw(&r).map(|()| reading)
-                })
-                .await??;
+            let thaw = self.blocking(move |b| {
+                let reading = b.meter(&r);
+                b.thaw(&r).map(|()| reading)
+            });
+            let reading = match thaw.await.and_then(|r| r.map_err(ManagerError::from)) {
+                Ok(reading) => reading,
+                Err(e) => {
+                    // What serves it lets go again, for the next resume to make.
+                    self.tell_network(|hooks| hooks.suspended(&rec.id));
+                    return Err(e);
+                }
+            };
             let thawed = started.elapsed();
-            let (sample, meter) = self.sample(rec, reading, now_ms)?;
-            let metered = started.elapsed();
             // The suspension billed and the box marked running: one commit.
-            self.db(|s| s.record_resume(&rec.id, &rec.account, &rec.name, &sample, meter, rec.pid))?;
+            let billed = self.sample(rec, reading, now_ms).and_then(|(sample, meter)| {
+                let metered = started.elapsed();
+                self.db(|s| s.record_resume(rec, &sample, meter))?;
+                Ok(metered)
+            });
+            let metered = match billed {
+                Ok(metered) => metered,
+                Err(e) => {
+                    // Undone, so that the box is what the store says: frozen
+                    // again, and what serves it let go.
+                    let r = rec.clone();
+                    let frozen = self.blocking(move |b| b.suspend(&r)).await;
+                    if let Err(again) = frozen.and_then(|r| r.map_err(ManagerError::from)) {
+                        tracing::error!(box_id = %rec.id, error = %again, "cannot freeze again a box whose resume failed");
+                    }
+                    self.tell_network(|hooks| hooks.suspended(&rec.id));
+                    return Err(e);
+                }
+            };
             tracing::info!(
                 box_id = %rec.id, name = %rec.name, listen = ?listening, thaw = ?(thawed - listening),
                 meter = ?(metered - thawed), store = ?(started.elapsed() - metered), "box resumed"

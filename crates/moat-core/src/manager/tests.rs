@@ -290,12 +290,16 @@ async fn a_copied_machine_waits_suspended_for_its_first_session() {
 
 /// A resume bills the time the box was suspended as suspended and marks it
 /// running in one commit; a thaw that fails bills nothing and leaves it
-/// suspended, to be billed in full by the resume that works.
+/// suspended (what serves its network let go again), to be billed in full by
+/// the resume that works.
 #[tokio::test]
 async fn a_resume_bills_the_suspension_and_a_failed_one_leaves_the_box_suspended() {
     let f = fixture();
+    let net = Arc::new(NetLog::default());
+    f.manager.set_network_hooks(net.clone());
     f.new_box("web").await.unwrap();
     f.manager.suspend(&f.alice, &name("web")).await.unwrap();
+    net.take();
     // What the ledger holds (`usage` would bill up to now first).
     let suspended = || async {
         let rows = Store::open(&f.db).unwrap().usage(&f.alice, 0, None).unwrap();
@@ -307,6 +311,7 @@ async fn a_resume_bills_the_suspension_and_a_failed_one_leaves_the_box_suspended
     let rec = f.manager.get(&f.alice, &name("web")).unwrap();
     assert_eq!(rec.state, BoxState::Suspended);
     assert_eq!(suspended().await, 0.0, "no sample for a resume that failed");
+    assert_eq!(net.take(), ["resuming", "suspended"], "its sockets made, then let go");
     tokio::time::sleep(Duration::from_millis(600)).await;
     f.backend.heal();
     let (handle, _session) = f.manager.open_session(&f.alice, &name("web")).await.unwrap();

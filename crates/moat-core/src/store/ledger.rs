@@ -94,20 +94,18 @@ impl Store {
         })
     }
 
-    /// Records the sample that closes a suspension and marks the box running
-    /// with PID 1 `pid`, in one transaction (one commit on the resume path).
+    /// Records the sample that closes box `rec`'s suspension and marks it
+    /// running (with its PID 1), in one transaction (one commit on the
+    /// resume path).
     pub fn record_resume(
         &self,
-        id: &BoxId,
-        account: &AccountId,
-        name: &Name,
+        rec: &crate::record::BoxRecord,
         sample: &Sample,
         state: MeterState,
-        pid: Option<u32>,
     ) -> Result<(), StoreError> {
         self.transaction(|tx| {
-            write_usage(tx, id, account, name, sample, state)?;
-            super::set_state_in(tx, id, crate::record::BoxState::Running, pid)
+            write_usage(tx, &rec.id, &rec.account, &rec.name, sample, state)?;
+            super::set_state_in(tx, &rec.id, crate::record::BoxState::Running, rec.pid)
         })
     }
 
