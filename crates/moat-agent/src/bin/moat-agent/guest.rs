@@ -40,12 +40,28 @@ fn load_modules() {
     }
 }
 
-/// The device of the virtio-serial port named [`moat_agent::AGENT_PORT`].
+/// How long the agent waits for its port to appear: the driver adds ports
+/// from a work queue after the host's control messages, so the port can
+/// come after the modules are loaded (a second or more under TCG).
+const PORT_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The device of the virtio-serial port named [`moat_agent::AGENT_PORT`],
+/// once the driver has added it and the host has named it.
 fn agent_port() -> Option<std::path::PathBuf> {
-    std::fs::read_dir("/sys/class/virtio-ports").ok()?.filter_map(Result::ok).find_map(|e| {
-        let name = std::fs::read_to_string(e.path().join("name")).ok()?;
-        (name.trim() == moat_agent::AGENT_PORT).then(|| std::path::Path::new("/dev").join(e.file_name()))
-    })
+    let deadline = std::time::Instant::now() + PORT_WAIT;
+    loop {
+        let found = std::fs::read_dir("/sys/class/virtio-ports").ok().and_then(|ports| {
+            ports.filter_map(Result::ok).find_map(|e| {
+                let name = std::fs::read_to_string(e.path().join("name")).ok()?;
+                let device = std::path::Path::new("/dev").join(e.file_name());
+                (name.trim() == moat_agent::AGENT_PORT && device.exists()).then_some(device)
+            })
+        });
+        if found.is_some() || std::time::Instant::now() >= deadline {
+            return found;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// Serves the streams the host opens over `port` until the link ends.
@@ -204,9 +220,11 @@ pub fn run(serve: impl Fn(UnixStream) + Send + Sync + 'static) -> ! {
         mount_box_filesystems();
         crate::login::alias_root_as_host_name();
     }
+    // Up means the host can talk to it: the port is found first.
+    let port = agent_port();
     let _ = writeln!(out, "{} {release}", moat_agent::GUEST_UP);
     let _ = out.flush();
-    match agent_port() {
+    match port {
         Some(port) => serve_port(&port, serve),
         None if !cmdline.split_whitespace().any(|w| w == moat_agent::PROBE_ARG) => {
             let _ = writeln!(out, "moat-agent: no {} port: nothing to serve", moat_agent::AGENT_PORT);
