@@ -185,7 +185,17 @@ impl BoxManager {
         self.meter_box(rec).await?;
         let r = rec.clone();
         self.blocking(move |b| b.suspend(&r)).await??;
-        self.db(|s| s.set_state(&rec.id, BoxState::Suspended, rec.pid))?;
+        if let Err(e) = self.db(|s| s.set_state(&rec.id, BoxState::Suspended, rec.pid)) {
+            // Thawed again, so that the box is what the store says: running
+            // (a frozen box the store calls running would take sessions and
+            // never answer them).
+            let r = rec.clone();
+            let thawed = self.blocking(move |b| b.thaw(&r)).await;
+            if let Err(again) = thawed.and_then(|r| r.map_err(ManagerError::from)) {
+                tracing::error!(box_id = %rec.id, error = %again, "cannot thaw a box whose suspension failed");
+            }
+            return Err(e.into());
+        }
         self.tell_network(|hooks| hooks.suspended(&rec.id));
         self.tell_durable(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, why, "box suspended");

@@ -321,6 +321,36 @@ async fn a_resume_bills_the_suspension_and_a_failed_one_leaves_the_box_suspended
     assert!((1.2..5.0).contains(&billed), "both waits billed suspended: {billed} s");
 }
 
+/// A suspension the store cannot record is undone: the box is thawed, so
+/// that it is what the store still says (running), and the network is not
+/// told it is suspended. (Frozen but called running, it would take sessions
+/// and never answer them.)
+#[tokio::test]
+async fn a_suspension_the_store_cannot_record_leaves_the_box_running() {
+    let f = fixture();
+    let net = Arc::new(NetLog::default());
+    f.manager.set_network_hooks(net.clone());
+    let rec = f.new_box("web").await.unwrap();
+    net.take();
+    // The one write that marks a box suspended fails; the meter's go through.
+    let db = rusqlite::Connection::open(&f.db).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER no_suspension BEFORE UPDATE OF state ON boxes WHEN NEW.state = 'suspended' \
+         BEGIN SELECT RAISE(ABORT, 'injected: the store is gone'); END;",
+    )
+    .unwrap();
+    let failed = f.manager.suspend(&f.alice, &name("web")).await.unwrap_err();
+    assert!(matches!(failed, ManagerError::Store(_)), "{failed:?}");
+    assert_eq!(f.manager.get(&f.alice, &name("web")).unwrap().state, BoxState::Running);
+    assert!(!f.backend.state.lock().unwrap().frozen.contains(rec.id.as_str()), "left frozen");
+    assert!(net.take().is_empty(), "the network was told of a suspension that did not happen");
+    // With the store back, it suspends.
+    db.execute_batch("DROP TRIGGER no_suspension").unwrap();
+    f.manager.suspend(&f.alice, &name("web")).await.unwrap();
+    assert_eq!(f.manager.get(&f.alice, &name("web")).unwrap().state, BoxState::Suspended);
+    assert!(f.backend.state.lock().unwrap().frozen.contains(rec.id.as_str()));
+}
+
 /// The meter's pass samples every box (a commit per batch), leaves a box
 /// busy with something else to the next pass, which bills it all, and parks
 /// a box suspended past the limit.
