@@ -108,8 +108,16 @@ impl BoxManager {
         Ok((sample, MeterState { last_cpu_ns: cpu_now.unwrap_or(0), last_at_ms: now_ms }))
     }
 
-    /// Samples every box, and parks boxes suspended past the operator's limit.
-    /// A box that fails is logged and skipped; the others are still served.
+    /// Samples every running box, and parks boxes suspended past the
+    /// operator's limit. A box that fails is logged and skipped; the others
+    /// are still served.
+    ///
+    /// A suspended or stopped box is not sampled (unless what it keeps in the
+    /// object store is billed, which can change while it sleeps): its
+    /// counters do not move, and its interval is billed whole by its next
+    /// sample (its resume, its stop, a `usage` question), which `usage
+    /// --since` counts pro rata. Sampled every pass, 10,000 suspended boxes
+    /// wrote 1.2 million ledger rows an hour saying nothing.
     ///
     /// Boxes are sampled [`METER_BATCH`] at a time: their counters in one trip
     /// to the blocking pool and their samples in one commit, where a commit
@@ -120,8 +128,10 @@ impl BoxManager {
     /// left to the next pass (its interval only grows).
     pub async fn meter_all(self: &Arc<Self>) -> Result<(), ManagerError> {
         let boxes = self.db(crate::store::Store::list_here)?;
-        let boxes: Vec<BoxRecord> = boxes.into_iter().filter(|r| r.state != BoxState::Creating).collect();
-        for batch in boxes.chunks(METER_BATCH) {
+        let stored = self.durable.get().is_some();
+        let due = |r: &&BoxRecord| r.state == BoxState::Running || (stored && r.state != BoxState::Creating);
+        let sampled: Vec<&BoxRecord> = boxes.iter().filter(due).collect();
+        for batch in sampled.chunks(METER_BATCH) {
             if let Err(e) = self.meter_batch(batch).await {
                 tracing::warn!(error = %e, boxes = batch.len(), "meter pass failed for a batch of boxes");
             }
@@ -140,7 +150,7 @@ impl BoxManager {
     }
 
     /// Samples `batch` (as listed) in one commit.
-    async fn meter_batch(&self, batch: &[BoxRecord]) -> Result<(), ManagerError> {
+    async fn meter_batch(&self, batch: &[&BoxRecord]) -> Result<(), ManagerError> {
         let now_ms = clock::now_ms();
         let mut held = Vec::with_capacity(batch.len());
         let mut boxes = Vec::with_capacity(batch.len());

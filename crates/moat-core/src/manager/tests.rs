@@ -384,6 +384,29 @@ async fn a_meter_pass_samples_every_box_leaves_a_busy_one_to_the_next_and_parks(
     assert!(running()["b1"] >= 1.0, "the next pass bills the busy box's whole interval");
 }
 
+/// The meter's pass leaves a suspended box alone (its counters do not
+/// move): no ledger rows while it sleeps, and its suspension is billed whole
+/// by its next sample (here `usage`'s).
+#[tokio::test]
+async fn a_meter_pass_writes_nothing_for_a_suspended_box() {
+    let f = fixture();
+    f.new_box("web").await.unwrap();
+    f.manager.suspend(&f.alice, &name("web")).await.unwrap();
+    let rows = || {
+        let db = rusqlite::Connection::open(&f.db).unwrap();
+        db.query_row("SELECT COUNT(*) FROM usage_samples", [], |r| r.get::<_, i64>(0)).unwrap()
+    };
+    let before = rows();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for _ in 0..3 {
+        f.manager.meter_all().await.unwrap();
+    }
+    assert_eq!(rows(), before, "the pass wrote rows for a suspended box");
+    let report = f.manager.usage(&f.alice, 0, None).await.unwrap();
+    let suspended = report.boxes[0].usage.suspended_seconds;
+    assert!((1.0..5.0).contains(&suspended), "its suspension billed at the next sample: {suspended} s");
+}
+
 #[tokio::test]
 async fn promote_is_all_or_nothing() {
     let f = fixture();

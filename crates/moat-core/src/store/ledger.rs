@@ -129,14 +129,18 @@ impl Store {
     }
 
     /// The account's usage per box since `since` (seconds since the epoch),
-    /// optionally for one box name only, ordered by name.
+    /// optionally for one box name only, ordered by name. A sample that bills
+    /// a suspension (one may bill a whole night, taken at the resume) counts
+    /// only its part after `since`.
     pub fn usage(&self, account: &AccountId, since: u64, name: Option<&Name>) -> Result<Vec<Usage>, StoreError> {
         // Sums of integers are cast back to integers: PostgreSQL makes them `numeric`.
         let rows = self.query(
             "SELECT (SELECT s2.name FROM usage_samples s2 WHERE s2.box_id = s.box_id \
                      ORDER BY s2.at DESC, s2.rowid DESC LIMIT 1), \
                     CAST(SUM(cpu_ns) AS BIGINT), SUM(mem_byte_ms), CAST(SUM(running_ms) AS BIGINT), \
-                    CAST(SUM(suspended_ms) AS BIGINT), CAST(SUM(egress_sent) AS BIGINT), \
+                    CAST(SUM(CASE WHEN suspended_ms > (at - ?2) * 1000 THEN (at - ?2) * 1000 \
+                                  ELSE suspended_ms END) AS BIGINT), \
+                    CAST(SUM(egress_sent) AS BIGINT), \
                     CAST(SUM(egress_received) AS BIGINT), SUM(stored_byte_ms) \
              FROM usage_samples s WHERE account = ?1 AND at >= ?2 GROUP BY box_id",
             &args![&account.0, since],
@@ -250,5 +254,9 @@ mod tests {
         let recent = store.usage(&a, 1_500, Some(&web)).unwrap();
         assert_eq!(recent.len(), 1);
         assert_eq!(recent[0].cpu_seconds, 1.0);
+        assert_eq!(recent[0].suspended_seconds, 5.0);
+        // A sample billing a whole suspension counts only its part since then.
+        let last_two = store.usage(&a, 1_998, Some(&web)).unwrap();
+        assert_eq!(last_two[0].suspended_seconds, 2.0);
     }
 }
