@@ -70,6 +70,10 @@ impl Store {
     }
 
     /// Records a sample and the new meter state, in one transaction.
+    ///
+    /// The meter's writes do not wait for the disk: a machine crash that
+    /// loses one loses its meter state with it, so that the next sample bills
+    /// the interval again.
     pub fn record_usage(
         &self,
         id: &BoxId,
@@ -78,7 +82,7 @@ impl Store {
         sample: &Sample,
         state: MeterState,
     ) -> Result<(), StoreError> {
-        self.transaction(|tx| write_usage(tx, id, account, name, sample, state))
+        self.transaction_unsynced(|tx| write_usage(tx, id, account, name, sample, state))
     }
 
     /// Records a sample and the new meter state for each box, in one
@@ -87,7 +91,7 @@ impl Store {
         if samples.is_empty() {
             return Ok(());
         }
-        self.transaction(|tx| {
+        self.transaction_unsynced(|tx| {
             samples
                 .iter()
                 .try_for_each(|(rec, sample, state)| write_usage(tx, &rec.id, &rec.account, &rec.name, sample, *state))
@@ -96,14 +100,15 @@ impl Store {
 
     /// Records the sample that closes box `rec`'s suspension and marks it
     /// running (with its PID 1), in one transaction (one commit on the
-    /// resume path).
+    /// resume path, not waiting for the disk: lost in a machine crash, it
+    /// leaves a box the store calls suspended, as every box is after one).
     pub fn record_resume(
         &self,
         rec: &crate::record::BoxRecord,
         sample: &Sample,
         state: MeterState,
     ) -> Result<(), StoreError> {
-        self.transaction(|tx| {
+        self.transaction_unsynced(|tx| {
             write_usage(tx, &rec.id, &rec.account, &rec.name, sample, state)?;
             super::set_state_in(tx, &rec.id, crate::record::BoxState::Running, rec.pid)
         })
@@ -219,7 +224,10 @@ mod tests {
     use super::*;
     use crate::store::testing::{on_both_engines, TestDb};
 
-    on_both_engines!(samples_add_up_per_box_and_survive_reopen);
+    on_both_engines!(
+        samples_add_up_per_box_and_survive_reopen,
+        an_unsynced_commit_is_a_commit_and_later_ones_wait_for_the_disk
+    );
 
     fn samples_add_up_per_box_and_survive_reopen(db: &TestDb) {
         let a = AccountId("a".into());
@@ -258,5 +266,28 @@ mod tests {
         // A sample billing a whole suspension counts only its part since then.
         let last_two = store.usage(&a, 1_998, Some(&web)).unwrap();
         assert_eq!(last_two[0].suspended_seconds, 2.0);
+    }
+
+    fn an_unsynced_commit_is_a_commit_and_later_ones_wait_for_the_disk(db: &TestDb) {
+        let store = db.open();
+        let (a, web, w) = (AccountId("a".into()), Name::new("web").unwrap(), BoxId::random());
+        let sample =
+            Sample { at_ms: 5_000, cpu_ns: 0, mem_byte_ms: 0.0, running_ms: 7, suspended_ms: 0, stored_byte_ms: 0.0 };
+        store.record_usage(&w, &a, &web, &sample, MeterState { last_cpu_ns: 3, last_at_ms: 5_000 }).unwrap();
+        // Seen by another connection, as any commit.
+        let other = db.open();
+        assert_eq!(other.meter_state(&w).unwrap(), Some(MeterState { last_cpu_ns: 3, last_at_ms: 5_000 }));
+        // A failed one leaves nothing behind, and the store as it was opened.
+        let failed = store.transaction_unsynced(|tx| {
+            tx.execute("DELETE FROM meter_state", &[])?;
+            Err::<(), _>(StoreError::NoSlot)
+        });
+        assert!(failed.is_err());
+        assert!(other.meter_state(&w).unwrap().is_some(), "rolled back");
+        if let crate::store::sql::Db::Sqlite(conn) = &store.db {
+            let conn = conn.lock().unwrap();
+            let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+            assert_eq!(sync, 2, "FULL again after it");
+        }
     }
 }

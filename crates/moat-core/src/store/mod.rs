@@ -201,6 +201,15 @@ impl Store {
         self.db.transaction(f)
     }
 
+    /// Runs `f` in one transaction whose commit does not wait for the disk
+    /// (see [`Db::transaction_unsynced`]).
+    pub(crate) fn transaction_unsynced<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Exec) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.db.transaction_unsynced(f)
+    }
+
     /// The lowest uid slot of this node's blocks that no box here has,
     /// taking one more block when they are full (inside the transaction that
     /// gives it, under the insert lock on PostgreSQL).

@@ -237,6 +237,24 @@ impl Db {
             Self::Postgres(pg) => pg.transaction(f),
         }
     }
+
+    /// As [`Db::transaction`], but its commit does not wait for the disk: a
+    /// crash (of the machine; not of the process) may lose it, never half of
+    /// it, and never what was committed before it. For writes whose loss the
+    /// next one makes good (the meter's samples: the next sample bills the
+    /// lost interval too), on paths that should not wait for a flush.
+    pub(crate) fn transaction_unsynced<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Exec) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match self {
+            Self::Sqlite(conn) => sqlite::transaction_unsynced(&mut lock(conn), f),
+            Self::Postgres(pg) => pg.transaction(|tx| {
+                tx.batch("SET LOCAL synchronous_commit = off")?;
+                f(tx)
+            }),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

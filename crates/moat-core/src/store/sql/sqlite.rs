@@ -47,6 +47,21 @@ pub(super) fn transaction<T>(
     Ok(out)
 }
 
+/// Runs `f` in a transaction on `conn` whose commit is not flushed to disk
+/// (in WAL mode: consistent, and made durable by the next commit that is).
+pub(super) fn transaction_unsynced<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&mut dyn Exec) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let out = transaction(conn, f);
+    // Every other write waits for the disk, as the store was opened.
+    let restored = conn.pragma_update(None, "synchronous", "FULL");
+    let out = out?;
+    restored?;
+    Ok(out)
+}
+
 fn value_of(v: ValueRef<'_>) -> Value {
     match v {
         ValueRef::Null => Value::Null,
