@@ -7,6 +7,7 @@
 //! Every change is one transaction, so a crash leaves either the old or the new
 //! row; the manager rolls back boxes left in `creating`.
 
+mod checkpoints;
 pub mod counters;
 pub mod durable;
 pub mod effects;
@@ -118,6 +119,8 @@ pub struct Store {
     more_slots: Option<MoreSlots>,
     /// The fleet node this process is (`""`: a single host).
     node: String,
+    /// SQLite's log copied into the database off the writers' path.
+    _checkpoints: Option<checkpoints::Checkpoints>,
 }
 
 const COLUMNS: &str = "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pids, b.slot, b.state, b.pid, \
@@ -149,7 +152,13 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        Self::on(Db::Sqlite(Mutex::new(conn)))
+        let checkpoints = checkpoints::Checkpoints::start(path);
+        if checkpoints.is_some() {
+            conn.pragma_update(None, "wal_autocheckpoint", checkpoints::FALLBACK_PAGES)?;
+        }
+        let mut store = Self::on(Db::Sqlite(Mutex::new(conn)))?;
+        store._checkpoints = checkpoints;
+        Ok(store)
     }
 
     /// Connects to the PostgreSQL database at `dsn`
@@ -163,7 +172,7 @@ impl Store {
 
     fn on(db: Db) -> Result<Self, StoreError> {
         schema::migrate(&db)?;
-        Ok(Self { db, slot_blocks: Mutex::new(vec![0]), more_slots: None, node: String::new() })
+        Ok(Self { db, slot_blocks: Mutex::new(vec![0]), more_slots: None, node: String::new(), _checkpoints: None })
     }
 
     /// The same store, as fleet node `name`: boxes it adds are on `name`, and
