@@ -43,7 +43,7 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
     reply.accept().await;
     let mut ssh = channel.into_stream();
     if ssh.write_all(&early).await.is_ok() {
-        let _ = tokio::io::copy_bidirectional(&mut ssh, &mut stream).await;
+        moat_core::splice::both_ways(ssh, stream).await;
     }
 }
 

@@ -145,7 +145,7 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
         tokio::spawn(async move {
             lease.log(&log).await;
             if let (Ok(down), Ok(up)) = (downstream.await, upstream.await) {
-                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(down), &mut TokioIo::new(up)).await;
+                moat_core::splice::both_ways(TokioIo::new(down), TokioIo::new(up)).await;
             }
             // The tunnel held the box awake, and its port's slot, until now.
             drop((lease, sender, slot));
