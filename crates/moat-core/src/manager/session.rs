@@ -20,6 +20,13 @@ pub(super) struct Sessions {
     generation: u64,
 }
 
+/// Whether a box the store has is frozen (suspended) or not.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Frozen {
+    Yes,
+    No,
+}
+
 /// Held for as long as an SSH session (shell, exec, sftp, forward) uses a box;
 /// dropping the last one starts the box's idle timer.
 pub struct SessionGuard {
@@ -97,11 +104,7 @@ impl BoxManager {
                 Err(e) => {
                     // Undone, so that the box is what the store says: frozen
                     // again, and what serves it let go.
-                    let r = rec.clone();
-                    let frozen = self.blocking(move |b| b.suspend(&r)).await;
-                    if let Err(again) = frozen.and_then(|r| r.map_err(ManagerError::from)) {
-                        tracing::error!(box_id = %rec.id, error = %again, "cannot freeze again a box whose resume failed");
-                    }
+                    self.put_back(rec, Frozen::Yes).await;
                     self.tell_network(|hooks| hooks.suspended(&rec.id));
                     return Err(e);
                 }
@@ -189,17 +192,24 @@ impl BoxManager {
             // Thawed again, so that the box is what the store says: running
             // (a frozen box the store calls running would take sessions and
             // never answer them).
-            let r = rec.clone();
-            let thawed = self.blocking(move |b| b.thaw(&r)).await;
-            if let Err(again) = thawed.and_then(|r| r.map_err(ManagerError::from)) {
-                tracing::error!(box_id = %rec.id, error = %again, "cannot thaw a box whose suspension failed");
-            }
+            self.put_back(rec, Frozen::No).await;
             return Err(e.into());
         }
         self.tell_network(|hooks| hooks.suspended(&rec.id));
         self.tell_durable(&rec.id);
         tracing::info!(box_id = %rec.id, name = %rec.name, why, "box suspended");
         Ok(())
+    }
+
+    /// Freezes or thaws box `rec` again after a step of its suspension or
+    /// resume failed, so that it is what the store still says. A failure here
+    /// is logged: the caller returns the first one.
+    async fn put_back(&self, rec: &BoxRecord, frozen: Frozen) {
+        let r = rec.clone();
+        let done = self.blocking(move |b| if frozen == Frozen::Yes { b.suspend(&r) } else { b.thaw(&r) }).await;
+        if let Err(e) = done.and_then(|r| r.map_err(ManagerError::from)) {
+            tracing::error!(box_id = %rec.id, error = %e, frozen = frozen == Frozen::Yes, "cannot put a box back as the store has it");
+        }
     }
 
     /// Ends every process of a box; its files stay. The next session boots it.

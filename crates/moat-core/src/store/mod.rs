@@ -156,9 +156,7 @@ impl Store {
         if checkpoints.is_some() {
             conn.pragma_update(None, "wal_autocheckpoint", checkpoints::FALLBACK_PAGES)?;
         }
-        let mut store = Self::on(Db::Sqlite(Mutex::new(conn)))?;
-        store._checkpoints = checkpoints;
-        Ok(store)
+        Self::on(Db::Sqlite(Mutex::new(conn))).map(|store| Self { _checkpoints: checkpoints, ..store })
     }
 
     /// Connects to the PostgreSQL database at `dsn`
