@@ -30,7 +30,7 @@ pub use ids::{AccountId, BoxId, BoxIdError, Name, NameError};
 pub use limits::{Limits, LimitsError};
 pub use manager::{
     BoxManager, BoxSpec, ImagePuller, ManagerConfig, ManagerError, NetworkHooks, ProgressSink, Pulled, RegistryLogin,
-    SessionGuard, UsageReport, WebOpenError, COOKIE_LIFETIME, LINK_LIFETIME,
+    SessionGuard, UsageReport, Wait, WebOpenError, COOKIE_LIFETIME, LINK_LIFETIME,
 };
 pub use record::{BoxRecord, BoxState};
 pub use store::{Store, StoreError};

@@ -19,7 +19,7 @@ use moat_box::host::egress::{listeners_in, listeners_when_free};
 use moat_core::box_ca::CaKey;
 use moat_core::policy::Policy;
 use moat_core::secrets::BoxSecret;
-use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach};
+use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach, Wait};
 use moat_gateway::{FromGateway, GatewayHello, Role, ToGateway, MAX_MESSAGE};
 use tokio::sync::mpsc;
 
@@ -83,7 +83,12 @@ impl Attachment {
 
 /// Box `id`'s gateway sockets, made in its network namespace `netns`.
 fn make_sockets(id: &BoxId, netns: &std::path::Path) -> Option<Vec<(Role, OwnedFd)>> {
-    listeners_when_free(netns)
+    made(id, listeners_when_free(netns))
+}
+
+/// The sockets, or nothing, said in the log (the box reaches nothing).
+fn made(id: &BoxId, sockets: std::io::Result<Vec<(Role, OwnedFd)>>) -> Option<Vec<(Role, OwnedFd)>> {
+    sockets
         .inspect_err(|e| tracing::error!(box_id = %id, error = %e, "no gateway for this box: it reaches nothing"))
         .ok()
 }
@@ -188,17 +193,26 @@ impl moat_core::NetworkHooks for Egress {
         Self::tell(&state, (ToGateway::Suspend { box_id: id.clone() }, Vec::new()));
     }
 
-    fn resuming(&self, id: &BoxId) {
-        // Made unlocked: entering a namespace takes a thread. The box's own
-        // lock keeps its other hooks away meanwhile.
-        let Some(netns) = self.state().boxes.get(id).map(|a| a.netns.clone()) else { return };
-        let sockets = make_sockets(id, &netns);
+    fn resuming(&self, id: &BoxId, wait: Wait) -> bool {
+        // Made unlocked (they may wait for the ports); the box's own lock
+        // keeps its other hooks away meanwhile.
+        let Some(netns) = self.state().boxes.get(id).map(|a| a.netns.clone()) else { return true };
+        let sockets = match wait {
+            // Ports the gateway has not let go of yet are waited for elsewhere.
+            Wait::No => match listeners_in(&netns) {
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return false,
+                made => made,
+            },
+            Wait::Yes => listeners_when_free(&netns),
+        };
+        let sockets = made(id, sockets);
         let mut state = self.state();
-        let Some(a) = state.boxes.get_mut(id) else { return };
+        let Some(a) = state.boxes.get_mut(id) else { return true };
         a.running = true;
         if let Some(msg) = sockets.and_then(|sockets| a.listen_on(id, sockets)) {
             Self::tell(&state, msg);
         }
+        true
     }
 
     fn down(&self, id: &BoxId) {

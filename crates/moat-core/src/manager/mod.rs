@@ -30,7 +30,7 @@ pub use durable::{Durability, DurableHooks, ImageFetch};
 pub use fleet::{LEASE, LEASE_RENEW};
 pub use images::{ImagePuller, Logins, Pulled, RegistryLogin, IMAGE_USER, IMAGE_WORKDIR};
 pub use meter::{SecretUsage, UsageReport};
-pub use network::NetworkHooks;
+pub use network::{NetworkHooks, Wait};
 pub use session::SessionGuard;
 pub use warm::WARM_ACCOUNT;
 pub use web::{WebOpenError, COOKIE_LIFETIME, LINK_LIFETIME, PUBLIC};

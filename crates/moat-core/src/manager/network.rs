@@ -27,8 +27,13 @@ pub trait NetworkHooks: Send + Sync {
     /// The box was suspended: its open connections should end, and it needs
     /// nothing held for it until it resumes (a frozen box sends nothing).
     fn suspended(&self, id: &BoxId);
-    /// The suspended box is about to thaw: what serves it must be back first.
-    fn resuming(&self, _id: &BoxId) {}
+    /// The suspended box is about to thaw: what serves it must be back
+    /// first. Asked first in place with [`Wait::No`], where it must not
+    /// block; `false` back (not ready yet) has it asked again with
+    /// [`Wait::Yes`] on a thread that may.
+    fn resuming(&self, _id: &BoxId, _wait: Wait) -> bool {
+        true
+    }
     /// The box's processes ended (stopped or removed).
     fn down(&self, id: &BoxId);
     /// The box's policy changed.
@@ -40,6 +45,15 @@ pub trait NetworkHooks: Send + Sync {
     fn answered(&self, id: &BoxId, question: u64, answer: crate::egress::Answer);
 }
 
+/// Whether a hook may block its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// It runs on an async worker: it must answer at once.
+    No,
+    /// It runs on a thread of its own, which it may hold.
+    Yes,
+}
+
 impl BoxManager {
     /// Sets who is told about boxes' networks (once, before boxes run).
     pub fn set_network_hooks(&self, hooks: Arc<dyn NetworkHooks>) {
@@ -47,23 +61,26 @@ impl BoxManager {
     }
 
     /// Tells the hooks, if any, off the async worker (making a box's
-    /// listeners enters its network namespace on a thread of its own).
+    /// listeners may wait up to a second for its ports).
     pub(super) fn tell_network(&self, tell: impl FnOnce(&dyn NetworkHooks)) {
         if let Some(hooks) = self.network.get() {
             super::in_place(|| tell(hooks.as_ref()));
         }
     }
 
-    /// Tells the hooks the suspended box `id` is about to thaw, on a thread
-    /// of the blocking pool: its listeners wait for the gateway to let go of
-    /// the old ones, which needs the daemon's message to the gateway sent
-    /// meanwhile (waited for in place, the message sat queued behind this
-    /// worker until the wait's full second ran out: one resume in five, in
-    /// `moat bench`'s back-to-back suspend and resume).
+    /// Tells the hooks the suspended box `id` is about to thaw: in place
+    /// (no thread to wake: a resume is a few milliseconds at most), and when
+    /// they must wait (its listeners, for the gateway to let go of the old
+    /// ones), on a thread of the blocking pool. That wait needs the daemon's
+    /// message to the gateway sent meanwhile: waited for in place, the
+    /// message sat queued behind this worker until the wait's full second
+    /// ran out (one resume in five, in `moat bench`'s back-to-back suspend
+    /// and resume).
     pub(super) async fn network_resuming(&self, id: &BoxId) {
-        if let Some(hooks) = self.network.get().cloned() {
+        let Some(hooks) = self.network.get().cloned() else { return };
+        if !hooks.resuming(id, Wait::No) {
             let id = id.clone();
-            let _ = tokio::task::spawn_blocking(move || hooks.resuming(&id)).await;
+            let _ = tokio::task::spawn_blocking(move || hooks.resuming(&id, Wait::Yes)).await;
         }
     }
 

@@ -285,7 +285,7 @@ async fn a_copied_machine_waits_suspended_for_its_first_session() {
     assert!(f.backend.is_running(&copy));
     assert_eq!(f.manager.get(&f.alice, &name("try")).unwrap().pid, Some(handle.pid));
     // Resuming, it has nothing attached yet: it is attached as it boots.
-    assert_eq!(net.take(), ["resuming", "up try 0", "secrets []"]);
+    assert_eq!(net.take(), ["resuming No", "up try 0", "secrets []"]);
 }
 
 /// A resume bills the time the box was suspended as suspended and marks it
@@ -311,7 +311,7 @@ async fn a_resume_bills_the_suspension_and_a_failed_one_leaves_the_box_suspended
     let rec = f.manager.get(&f.alice, &name("web")).unwrap();
     assert_eq!(rec.state, BoxState::Suspended);
     assert_eq!(suspended().await, 0.0, "no sample for a resume that failed");
-    assert_eq!(net.take(), ["resuming", "suspended"], "its sockets made, then let go");
+    assert_eq!(net.take(), ["resuming No", "suspended"], "its sockets made, then let go");
     tokio::time::sleep(Duration::from_millis(600)).await;
     f.backend.heal();
     let (handle, _session) = f.manager.open_session(&f.alice, &name("web")).await.unwrap();
@@ -570,9 +570,10 @@ async fn restart_recovery() {
     assert!(f.backend.is_running(&kept));
 }
 
-/// Records what the network hooks were told.
+/// Records what the network hooks were told (the flag: the next resume
+/// cannot be served in place).
 #[derive(Default)]
-struct NetLog(Mutex<Vec<String>>);
+struct NetLog(Mutex<Vec<String>>, std::sync::atomic::AtomicBool);
 
 impl NetworkHooks for NetLog {
     fn up(&self, rec: &BoxRecord, _: &BoxHandle, policy: &Policy) {
@@ -584,8 +585,9 @@ impl NetworkHooks for NetLog {
     fn suspended(&self, _: &BoxId) {
         self.push("suspended".into());
     }
-    fn resuming(&self, _: &BoxId) {
-        self.push("resuming".into());
+    fn resuming(&self, _: &BoxId, wait: Wait) -> bool {
+        self.push(format!("resuming {wait:?}"));
+        wait == Wait::Yes || !self.1.swap(false, std::sync::atomic::Ordering::SeqCst)
     }
     fn down(&self, _: &BoxId) {
         self.push("down".into());
@@ -644,7 +646,12 @@ async fn the_network_follows_the_lifecycle_and_dup_keeps_the_policy() {
     f.manager.suspend(&f.alice, &name("try")).await.unwrap();
     f.manager.start(&f.alice, &name("try")).await.unwrap();
     f.manager.suspend(&f.alice, &name("try")).await.unwrap();
-    assert_eq!(net.take(), ["suspended", "resuming", "suspended"]);
+    assert_eq!(net.take(), ["suspended", "resuming No", "suspended"]);
+    // Not ready in place: asked again where it may wait, before the thaw.
+    net.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    f.manager.start(&f.alice, &name("try")).await.unwrap();
+    f.manager.suspend(&f.alice, &name("try")).await.unwrap();
+    assert_eq!(net.take(), ["resuming No", "resuming Yes", "suspended"]);
     let again = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), ManagerConfig::default());
     again.set_network_hooks(net.clone());
     again.recover().await.unwrap();
