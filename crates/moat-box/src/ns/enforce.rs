@@ -285,8 +285,10 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     for (source, target) in &plan.binds {
         // Both ends are the host's own (the LXCFS mount, and the fresh /proc
         // and /sys just mounted), never a path the box's files could steer.
-        mount(Some(source.as_path()), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .context(|| format!("bind {}", target.display()))?;
+        super::hostview::retry_lost_lookups(|| {
+            mount(Some(source.as_path()), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        })
+        .context(|| format!("bind {}", target.display()))?;
     }
     bind("dev/.run", "run", nosuid).context(|| "mount /run".into())?;
     // /dev last: it covers the tmpfs's root (and the directories above).
