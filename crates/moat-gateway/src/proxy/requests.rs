@@ -197,7 +197,10 @@ async fn requests(
         // asks for a fast-forward) are read and covered.
         if let Allowed::Push { repo, rules, body: true } = &rule {
             if request.expects_continue {
-                let _ = to_box.lock().await.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
+                let mut w = to_box.lock().await;
+                if w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_ok() {
+                    let _ = w.flush().await;
+                }
             }
             let push = push::Push { name, repo, rules };
             if let Err(why) = push::hold(&mut from_box, &mut buf, &request, push).await {
@@ -469,8 +472,11 @@ async fn read_request(
 }
 
 /// Writes `data` to the host, adding it to `sent`.
+/// Flushed, as answers to the box are: a request's last bytes held back
+/// by TLS would leave the host waiting for them and the box for its answer.
 async fn write_counted(up: &mut StreamWriter, data: &[u8], sent: &AtomicU64) -> std::io::Result<()> {
     up.write_all(data).await?;
+    up.flush().await?;
     sent.fetch_add(data.len() as u64, Ordering::Relaxed);
     Ok(())
 }
@@ -540,9 +546,14 @@ async fn copy_responses(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if to_box.lock().await.write_all(chunk.get(..n).unwrap_or_default()).await.is_err() {
+        // Flushed: TLS keeps the last records of a write when the socket is
+        // full, and the box would wait on an answer's tail while this waits
+        // on the host's next answer.
+        let mut w = to_box.lock().await;
+        if w.write_all(chunk.get(..n).unwrap_or_default()).await.is_err() || w.flush().await.is_err() {
             break;
         }
+        drop(w);
         received.fetch_add(n as u64, Ordering::Relaxed);
     }
     let _ = to_box.lock().await.shutdown().await;
@@ -592,4 +603,32 @@ async fn refuse(to_box: &tokio::sync::Mutex<StreamWriter>, why: &Refusal) {
     let mut w = to_box.lock().await;
     why.answer(&mut *w).await;
     let _ = w.shutdown().await;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    /// The box's side keeps what it is given until flushed, as TLS keeps
+    /// its last records when the socket is full; the host keeps the
+    /// connection open after its answer (keep-alive).
+    #[tokio::test]
+    async fn an_answer_reaches_the_box_while_the_host_keeps_the_connection_open() {
+        let (mut host, up) = tokio::io::duplex(1 << 20);
+        let (to_box, mut from_gateway) = tokio::io::duplex(1 << 20);
+        let up: Stream = Box::new(up);
+        let holding: Stream = Box::new(tokio::io::BufWriter::new(to_box));
+        let (up_read, _up_write) = tokio::io::split(up);
+        let (_box_read, box_write) = tokio::io::split(holding);
+        tokio::spawn(copy_responses(up_read, Arc::new(tokio::sync::Mutex::new(box_write)), Arc::default()));
+        let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
+        host.write_all(answer).await.unwrap();
+        let mut got = vec![0u8; answer.len()];
+        tokio::time::timeout(std::time::Duration::from_secs(5), from_gateway.read_exact(&mut got))
+            .await
+            .expect("the answer is held back")
+            .unwrap();
+        assert_eq!(got, answer);
+    }
 }

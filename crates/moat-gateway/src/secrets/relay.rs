@@ -102,7 +102,7 @@ where
             let mut out = status_line(&head, &mut scrub);
             out.extend(scrub_headers(&head.headers, &mut scrub, &[]));
             out.extend_from_slice(b"\r\n");
-            if to_box.lock().await.write_all(&out).await.is_err() {
+            if write_out(&mut *to_box.lock().await, &out).await.is_err() {
                 break 'responses;
             }
         };
@@ -266,9 +266,17 @@ async fn body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let tail = scrub.finish();
     write_chunk(w, &tail, http10).await?;
     if !http10 {
-        w.write_all(b"0\r\n\r\n").await.map_err(|_| "the box went away")?;
+        write_out(w, b"0\r\n\r\n").await.map_err(|_| "the box went away")?;
     }
     Ok(())
+}
+
+/// Writes `data` and flushes it: TLS keeps the last records of a write when
+/// the socket is full, and the box would wait on them while the relay waits
+/// on the host (an answer's tail, or a streamed event, held back).
+async fn write_out<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(data).await?;
+    w.flush().await
 }
 
 async fn send<W: AsyncWrite + Unpin>(
@@ -293,11 +301,11 @@ async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8], http10: bool
     if !http10 {
         w.write_all(format!("{:x}\r\n", data.len()).as_bytes()).await.map_err(gone)?;
     }
-    w.write_all(data).await.map_err(gone)?;
-    if !http10 {
-        w.write_all(b"\r\n").await.map_err(gone)?;
+    if http10 {
+        return write_out(w, data).await.map_err(gone);
     }
-    Ok(())
+    w.write_all(data).await.map_err(gone)?;
+    write_out(w, b"\r\n").await.map_err(gone)
 }
 
 #[cfg(test)]
@@ -377,6 +385,30 @@ mod tests {
         assert!(got.contains("\r\n\r\n6\r\nsk-NEW\r\n0\r\n\r\n"), "{got}");
         assert_eq!(got.matches("sk-NEW").count(), 1, "{got}");
         assert!(got.contains("HTTP/1.1 200 [secret removed by moat]\r\n"), "{got}");
+    }
+
+    /// A writer that keeps what it is given until flushed, as TLS keeps its
+    /// last records when the socket is full.
+    #[tokio::test]
+    async fn each_answer_reaches_the_box_while_the_host_keeps_the_connection_open() {
+        let (mut host, up) = tokio::io::duplex(1 << 20);
+        let (to_box, mut from_gateway) = tokio::io::duplex(1 << 20);
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(Expect::response(false, false, false, Arc::from([]))).await.unwrap();
+        let holding = Arc::new(Mutex::new(tokio::io::BufWriter::new(to_box)));
+        tokio::spawn(relay(up, holding, rx, Arc::default()));
+        host.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").await.unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 256];
+        while !got.ends_with(b"0\r\n\r\n") {
+            let n = tokio::time::timeout(std::time::Duration::from_secs(5), from_gateway.read(&mut chunk))
+                .await
+                .expect("the answer is held back")
+                .unwrap();
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert!(String::from_utf8_lossy(&got).contains("5\r\nhello\r\n"));
+        drop(tx);
     }
 
     #[tokio::test]
