@@ -69,9 +69,9 @@ impl BoxManager {
     }
 
     /// Tells the hooks the suspended box `id` is about to thaw: in place
-    /// (no thread to wake: a resume is a few milliseconds at most), and when
-    /// they must wait (its listeners, for the gateway to let go of the old
-    /// ones), on a thread of the blocking pool. That wait needs the daemon's
+    /// first (a thread woken for the work waited for a core for milliseconds
+    /// on a busy host), and when they must wait (its listeners, for the
+    /// gateway to let go of the old ones), on a thread of the blocking pool. That wait needs the daemon's
     /// message to the gateway sent meanwhile: waited for in place, the
     /// message sat queued behind this worker until the wait's full second
     /// ran out (one resume in five, in `moat bench`'s back-to-back suspend
