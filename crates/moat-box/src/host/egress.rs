@@ -68,12 +68,20 @@ pub fn listeners_in(netns: &Path) -> io::Result<Vec<(Role, OwnedFd)>> {
 /// Runs `work` on this thread in the network namespace at `netns`, and
 /// brings the thread back to its own after. For short work that does not
 /// block (a resume's sockets, ~50 us): handed to a thread of its own, the
-/// same work waited for a core up to milliseconds on a busy host.
+/// same work waited for a core up to milliseconds on a busy host. Refuses
+/// the namespace the thread is in already: callers mean a box's, and a
+/// box's `/proc/PID/ns/net` whose process is gone and whose pid a host
+/// process took would name the host's.
 pub fn briefly_in_netns<T>(netns: &Path, work: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    use std::os::unix::fs::MetadataExt;
     let fail = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what} {}: {e}", netns.display()));
     let own = std::fs::File::open("/proc/thread-self/ns/net")
         .map_err(|e| fail("open our own namespace to return from", e))?;
     let target = std::fs::File::open(netns).map_err(|e| fail("open", e))?;
+    let (ours, theirs) = (own.metadata()?, target.metadata()?);
+    if (ours.dev(), ours.ino()) == (theirs.dev(), theirs.ino()) {
+        return Err(fail("enter", io::Error::other("it is the host's own network namespace, not a box's")));
+    }
     nix::sched::setns(&target, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| fail("enter", e.into()))?;
     let _back = Return(own);
     work()
@@ -143,8 +151,10 @@ mod tests {
             std::panic::catch_unwind(|| briefly_in_netns(Path::new(&path), || -> io::Result<()> { panic!() }));
         assert!(panicked.is_err());
         assert_eq!(namespace_here(), ours, "back after a panic");
-        // Not a namespace: refused, and this thread stays.
+        // Not a namespace, or this thread's own: refused, and it stays.
         assert!(briefly_in_netns(Path::new("/dev/null"), || Ok(())).is_err());
+        let own = briefly_in_netns(Path::new("/proc/self/ns/net"), || Ok(())).unwrap_err();
+        assert!(own.to_string().contains("the host's own"), "{own}");
         assert_eq!(namespace_here(), ours);
         done_tx.send(()).unwrap();
         holder.join().unwrap();
