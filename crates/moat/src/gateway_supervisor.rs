@@ -81,12 +81,8 @@ impl Attachment {
     }
 }
 
-/// Box `id`'s gateway sockets, made in its network namespace `netns`.
-fn make_sockets(id: &BoxId, netns: &std::path::Path) -> Option<Vec<(Role, OwnedFd)>> {
-    made(id, listeners_when_free(netns))
-}
-
-/// The sockets, or nothing, said in the log (the box reaches nothing).
+/// Box `id`'s gateway sockets, or nothing, said in the log (the box then
+/// reaches nothing).
 fn made(id: &BoxId, sockets: std::io::Result<Vec<(Role, OwnedFd)>>) -> Option<Vec<(Role, OwnedFd)>> {
     sockets
         .inspect_err(|e| tracing::error!(box_id = %id, error = %e, "no gateway for this box: it reaches nothing"))
@@ -175,7 +171,7 @@ impl Egress {
 impl moat_core::NetworkHooks for Egress {
     fn up(&self, rec: &BoxRecord, handle: &BoxHandle, policy: &Policy) {
         let NetAttach::Netns(netns) = &handle.network;
-        if let Some(sockets) = make_sockets(&rec.id, netns) {
+        if let Some(sockets) = made(&rec.id, listeners_when_free(netns)) {
             self.attach(rec, handle, policy, sockets, true);
         }
     }
@@ -201,7 +197,7 @@ impl moat_core::NetworkHooks for Egress {
             // Ports the gateway has not let go of yet are waited for elsewhere.
             Wait::No => match listeners_in(&netns) {
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return false,
-                made => made,
+                other => other,
             },
             Wait::Yes => listeners_when_free(&netns),
         };

@@ -5,3 +5,14 @@
 pub mod chunked;
 pub mod request;
 pub mod response;
+
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// Writes `data` and flushes it, for a write after which the gateway waits
+/// on something else: TLS keeps a write's last records when the socket is
+/// full, and the peer would wait on them (an answer's tail, a streamed
+/// event, a request's last bytes) while the gateway waits on the other side.
+pub async fn write_flushed<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(data).await?;
+    w.flush().await
+}

@@ -21,6 +21,7 @@ use super::SECRET_PORT;
 use crate::boxnet::BoxNet;
 use crate::http::chunked::ChunkedReader;
 use crate::http::request::{self, Body, Head, Request};
+use crate::http::write_flushed;
 use crate::log::entry;
 use crate::packages;
 use crate::refusal::Refusal;
@@ -197,10 +198,7 @@ async fn requests(
         // asks for a fast-forward) are read and covered.
         if let Allowed::Push { repo, rules, body: true } = &rule {
             if request.expects_continue {
-                let mut w = to_box.lock().await;
-                if w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_ok() {
-                    let _ = w.flush().await;
-                }
+                let _ = write_flushed(&mut *to_box.lock().await, b"HTTP/1.1 100 Continue\r\n\r\n").await;
             }
             let push = push::Push { name, repo, rules };
             if let Err(why) = push::hold(&mut from_box, &mut buf, &request, push).await {
@@ -471,12 +469,9 @@ async fn read_request(
     }
 }
 
-/// Writes `data` to the host, adding it to `sent`.
-/// Flushed, as answers to the box are: a request's last bytes held back
-/// by TLS would leave the host waiting for them and the box for its answer.
+/// Writes `data` to the host (flushed), adding it to `sent`.
 async fn write_counted(up: &mut StreamWriter, data: &[u8], sent: &AtomicU64) -> std::io::Result<()> {
-    up.write_all(data).await?;
-    up.flush().await?;
+    write_flushed(up, data).await?;
     sent.fetch_add(data.len() as u64, Ordering::Relaxed);
     Ok(())
 }
@@ -546,14 +541,9 @@ async fn copy_responses(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        // Flushed: TLS keeps the last records of a write when the socket is
-        // full, and the box would wait on an answer's tail while this waits
-        // on the host's next answer.
-        let mut w = to_box.lock().await;
-        if w.write_all(chunk.get(..n).unwrap_or_default()).await.is_err() || w.flush().await.is_err() {
+        if write_flushed(&mut *to_box.lock().await, chunk.get(..n).unwrap_or_default()).await.is_err() {
             break;
         }
-        drop(w);
         received.fetch_add(n as u64, Ordering::Relaxed);
     }
     let _ = to_box.lock().await.shutdown().await;

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, Mutex};
 
 use crate::http::chunked::Dechunk;
 use crate::http::response::{self, decoder, framing, header, Decoder, Framing, ResponseHead};
+use crate::http::write_flushed;
 use crate::refusal::Refusal;
 use crate::secrets::meter::{Metered, TokenCount};
 use crate::secrets::scrub::Scrubber;
@@ -102,7 +103,7 @@ where
             let mut out = status_line(&head, &mut scrub);
             out.extend(scrub_headers(&head.headers, &mut scrub, &[]));
             out.extend_from_slice(b"\r\n");
-            if write_out(&mut *to_box.lock().await, &out).await.is_err() {
+            if write_flushed(&mut *to_box.lock().await, &out).await.is_err() {
                 break 'responses;
             }
         };
@@ -266,17 +267,9 @@ async fn body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let tail = scrub.finish();
     write_chunk(w, &tail, http10).await?;
     if !http10 {
-        write_out(w, b"0\r\n\r\n").await.map_err(|_| "the box went away")?;
+        write_flushed(w, b"0\r\n\r\n").await.map_err(|_| "the box went away")?;
     }
     Ok(())
-}
-
-/// Writes `data` and flushes it: TLS keeps the last records of a write when
-/// the socket is full, and the box would wait on them while the relay waits
-/// on the host (an answer's tail, or a streamed event, held back).
-async fn write_out<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
-    w.write_all(data).await?;
-    w.flush().await
 }
 
 async fn send<W: AsyncWrite + Unpin>(
@@ -301,11 +294,12 @@ async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8], http10: bool
     if !http10 {
         w.write_all(format!("{:x}\r\n", data.len()).as_bytes()).await.map_err(gone)?;
     }
-    if http10 {
-        return write_out(w, data).await.map_err(gone);
-    }
     w.write_all(data).await.map_err(gone)?;
-    write_out(w, b"\r\n").await.map_err(gone)
+    if !http10 {
+        w.write_all(b"\r\n").await.map_err(gone)?;
+    }
+    // Each piece goes out as it comes (a streamed event is not held back).
+    w.flush().await.map_err(gone)
 }
 
 #[cfg(test)]
