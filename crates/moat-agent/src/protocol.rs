@@ -10,7 +10,11 @@
 //! output and finally `Exit`. The host keeps its side open until then: the end of
 //! the host's stream means the client is gone (as a closed SSH channel does), and
 //! the end of stdin is a `StdinEof` message. After `Connected` the connection
-//! turns into a raw byte stream to the TCP peer inside the box.
+//! turns into a raw byte stream to the TCP peer inside the box. `Hand` asks for
+//! the TCP connection itself where the host shares the box's kernel: the agent
+//! answers `Handed` with the connected socket attached (`SCM_RIGHTS`) and the
+//! connection ends; a microVM guest, whose sockets cannot cross, answers
+//! `Connected` and carries the bytes as for `Connect`.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
@@ -72,6 +76,13 @@ pub enum HostMsg {
     Exec(ExecRequest),
     /// Open a TCP connection to this port on the box's loopback.
     Connect {
+        /// TCP port.
+        port: u16,
+    },
+    /// Open a TCP connection to this port on the box's loopback and hand the
+    /// socket over (answered with [`AgentMsg::Handed`]), or, where it cannot
+    /// cross (a microVM guest), carry its bytes as for `Connect`.
+    Hand {
         /// TCP port.
         port: u16,
     },
@@ -164,6 +175,9 @@ pub enum AgentMsg {
     Error(String),
     /// The TCP connection is open; raw bytes follow in both directions.
     Connected,
+    /// The TCP connection is open and is the socket attached to this frame;
+    /// nothing follows.
+    Handed,
     /// Answer to `Ping`.
     Pong,
     /// Answer to [`HostMsg::Present`]: for each path asked about, in order,
@@ -216,6 +230,7 @@ mod tag {
     pub const PRESENT: u8 = 0x0d;
     pub const SERVICE: u8 = 0x0e;
     pub const SERVICE_LOG: u8 = 0x0f;
+    pub const HAND: u8 = 0x10;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -225,6 +240,7 @@ mod tag {
     pub const CONNECTED: u8 = 0x86;
     pub const PONG: u8 = 0x87;
     pub const PRESENT_ANSWER: u8 = 0x88;
+    pub const HANDED: u8 = 0x89;
 }
 
 /// Appends frames to a buffer.
@@ -398,6 +414,11 @@ impl HostMsg {
                 w.u16(*port);
                 w.finish()
             }
+            Self::Hand { port } => {
+                let mut w = Writer::new(tag::HAND);
+                w.u16(*port);
+                w.finish()
+            }
             Self::Ping => Writer::new(tag::PING).finish(),
             Self::Disk { limit, used } => {
                 let mut w = Writer::new(tag::DISK);
@@ -466,6 +487,7 @@ impl HostMsg {
                 Self::Exec(ExecRequest { command, env, pty })
             }
             tag::CONNECT => Self::Connect { port: r.u16()? },
+            tag::HAND => Self::Hand { port: r.u16()? },
             tag::PING => Self::Ping,
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
             tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
@@ -519,6 +541,7 @@ impl AgentMsg {
                 w.finish()
             }
             Self::Connected => Writer::new(tag::CONNECTED).finish(),
+            Self::Handed => Writer::new(tag::HANDED).finish(),
             Self::Pong => Writer::new(tag::PONG).finish(),
             Self::Present(present) => {
                 let mut w = Writer::new(tag::PRESENT_ANSWER);
@@ -545,6 +568,7 @@ impl AgentMsg {
             // Lossy: an error text from a box is shown, never trusted.
             tag::ERROR => Self::Error(String::from_utf8_lossy(&r.bytes()?).into_owned()),
             tag::CONNECTED => Self::Connected,
+            tag::HANDED => Self::Handed,
             tag::PONG => Self::Pong,
             tag::PRESENT_ANSWER => Self::Present(r.bytes()?.iter().map(|b| *b != 0).collect()),
             other => return Err(ProtocolError::UnknownTag(other)),
@@ -586,6 +610,7 @@ mod tests {
         }));
         host_roundtrip(HostMsg::Exec(ExecRequest::default()));
         host_roundtrip(HostMsg::Connect { port: 8000 });
+        host_roundtrip(HostMsg::Hand { port: 5173 });
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });
@@ -612,6 +637,7 @@ mod tests {
         agent_roundtrip(AgentMsg::Exit(ExitStatus::Signal { signo: 9, core_dumped: true }));
         agent_roundtrip(AgentMsg::Error("no such file".into()));
         agent_roundtrip(AgentMsg::Connected);
+        agent_roundtrip(AgentMsg::Handed);
         agent_roundtrip(AgentMsg::Pong);
         agent_roundtrip(AgentMsg::Present(vec![true, false, true]));
     }

@@ -3,8 +3,8 @@
 //! Only loopback targets are accepted: a forward is a way into the box, never a
 //! way for the client to use the box (or the host) as a proxy.
 
-use moat_agent::client::{send, AgentReader};
-use moat_agent::protocol::{AgentMsg, HostMsg};
+use moat_agent::client::{hand_answer, send, HandAnswer};
+use moat_agent::protocol::HostMsg;
 use russh::server::{ChannelOpenHandle, Msg};
 use russh::{Channel, ChannelOpenFailure};
 use tokio::io::AsyncWriteExt;
@@ -32,18 +32,27 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
     let Ok((mut stream, _session)) = ctx.connect(&name).await else {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
-    if send(&mut stream, &HostMsg::Connect { port }).await.is_err() {
+    if send(&mut stream, &HostMsg::Hand { port }).await.is_err() {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     }
-    let mut agent = AgentReader::new(&mut stream);
-    let Ok(Some(AgentMsg::Connected)) = agent.recv().await else {
-        return reply.reject(ChannelOpenFailure::ConnectFailed).await;
-    };
-    let (early, _) = agent.into_parts();
-    reply.accept().await;
-    let mut ssh = channel.into_stream();
-    if ssh.write_all(&early).await.is_ok() {
-        moat_core::splice::both_ways(ssh, stream).await;
+    match hand_answer(&stream).await {
+        // A namespace box's socket: the channel's bytes go to it directly.
+        Ok(HandAnswer::Socket(tcp)) => {
+            let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else {
+                return reply.reject(ChannelOpenFailure::ConnectFailed).await;
+            };
+            reply.accept().await;
+            moat_core::splice::both_ways(channel.into_stream(), tcp).await;
+        }
+        // A microVM guest's agent carries them over the stream.
+        Ok(HandAnswer::Carried(early)) => {
+            reply.accept().await;
+            let mut ssh = channel.into_stream();
+            if ssh.write_all(&early).await.is_ok() {
+                moat_core::splice::both_ways(ssh, stream).await;
+            }
+        }
+        Ok(HandAnswer::Other(_)) | Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
     }
 }
 

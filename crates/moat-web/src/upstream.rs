@@ -1,6 +1,8 @@
 //! Connections to box ports: each is a web session the privileged side
 //! opened (waking the box if it was suspended), whose agent stream was asked
-//! for the port, speaking HTTP/1.1 to the box's server. A connection whose
+//! for the port, speaking HTTP/1.1 to the box's server: over the TCP socket
+//! the agent handed over (a namespace box), or over the stream (a microVM
+//! guest's agent carries the bytes). A connection whose
 //! answer ended is kept a moment for the next request to the same port
 //! ([`Pool`]); its session keeps the box awake meanwhile, no longer.
 
@@ -11,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use moat_agent::client::{send, AgentReader};
+use moat_agent::client::{hand_answer, send, HandAnswer};
 use moat_agent::protocol::{AgentMsg, HostMsg};
 use moat_api::{ApiClient, WebLease};
 use moat_core::web::{WebHost, WebRefusal, WebSecret};
-use tokio::net::UnixStream;
+use tokio::net::{TcpStream, UnixStream};
 
 use crate::body::ResBody;
 
@@ -78,17 +80,28 @@ pub async fn open(
     let stream = std::os::unix::net::UnixStream::from(fd);
     stream.set_nonblocking(true).map_err(failed)?;
     let mut stream = UnixStream::from_std(stream).map_err(failed)?;
-    send(&mut stream, &HostMsg::Connect { port: host.port }).await.map_err(failed)?;
-    let mut agent = AgentReader::new(&mut stream);
-    let answer = tokio::time::timeout(AGENT_ANSWER, agent.recv()).await;
-    match answer.map_err(|_| OpenError::Failed("the box's agent did not answer".into()))? {
-        Ok(Some(AgentMsg::Connected)) => {}
-        Ok(Some(_)) => return Err(OpenError::NoListener),
-        Ok(None) => return Err(OpenError::Failed("the box's agent closed the connection".into())),
+    send(&mut stream, &HostMsg::Hand { port: host.port }).await.map_err(failed)?;
+    let answer = tokio::time::timeout(AGENT_ANSWER, hand_answer(&stream)).await;
+    let sender = match answer.map_err(|_| OpenError::Failed("the box's agent did not answer".into()))? {
+        // A namespace box's socket: the edge speaks to the box's server itself.
+        Ok(HandAnswer::Socket(tcp)) => handshake(TcpStream::from_std(tcp).map_err(failed)?).await?,
+        // A microVM guest's agent carries the bytes over the stream.
+        Ok(HandAnswer::Carried(early)) => handshake(moat_core::rewind::Rewind::new(early, stream)).await?,
+        Ok(HandAnswer::Other(AgentMsg::Error(_))) => return Err(OpenError::NoListener),
+        Ok(HandAnswer::Other(other)) => return Err(OpenError::Failed(format!("the box's agent answered {other:?}"))),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(OpenError::Failed("the box's agent closed the connection".into()))
+        }
         Err(e) => return Err(failed(e)),
-    }
-    let (early, _) = agent.into_parts();
-    let io = moat_core::rewind::Rewind::new(early, stream);
+    };
+    Ok(BoxConn { sender, lease })
+}
+
+/// An HTTP/1.1 client connection over `io`, driven by a task of its own.
+async fn handshake<T>(io: T) -> Result<SendRequest<ResBody>, OpenError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(io))
         .await
@@ -98,7 +111,7 @@ pub async fn open(
             tracing::debug!(error = %e, "a connection to a box port ended");
         }
     });
-    Ok(BoxConn { sender, lease })
+    Ok(sender)
 }
 
 /// Connections whose answer ended, per box port, each with when it did;

@@ -1,21 +1,33 @@
-//! `Connect`: a TCP connection to a port on the box's own loopback, spliced to
-//! the host connection.
+//! `Connect` and `Hand`: a TCP connection to a port on the box's own
+//! loopback, spliced to the host connection or handed to the host.
 
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use moat_agent::protocol::AgentMsg;
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use crate::frames::{self, FrameReader};
 
-pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()> {
+/// A connection to `port` on the box's loopback, IPv4 first; or the box is
+/// told nothing listens there.
+fn connect(port: u16, host: &UnixStream) -> io::Result<Option<TcpStream>> {
     let targets = [SocketAddr::from((Ipv4Addr::LOCALHOST, port)), SocketAddr::from((Ipv6Addr::LOCALHOST, port))];
     let connected =
         targets.iter().map(|addr| TcpStream::connect_timeout(addr, Duration::from_secs(5))).find_map(Result::ok);
-    let Some(mut tcp) = connected else {
-        return frames::send(&host, &AgentMsg::Error(format!("nothing listens on port {port} in the box")));
+    if connected.is_none() {
+        frames::send(host, &AgentMsg::Error(format!("nothing listens on port {port} in the box")))?;
+    }
+    Ok(connected)
+}
+
+/// Carries bytes both ways between the host connection and `port`.
+pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()> {
+    let Some(mut tcp) = connect(port, &host)? else {
+        return Ok(());
     };
     frames::send(&host, &AgentMsg::Connected)?;
     let (early, mut from_host) = reader.into_parts();
@@ -30,5 +42,28 @@ pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()
     let _ = io::copy(&mut tcp, &mut to_host);
     let _ = to_host.shutdown(Shutdown::Write);
     let _ = upstream.join();
+    Ok(())
+}
+
+/// Hands the host (which shares this kernel) the connected socket itself:
+/// no thread of the box's then carries its bytes.
+pub fn hand(port: u16, host: &UnixStream) -> io::Result<()> {
+    let Some(tcp) = connect(port, host)? else {
+        return Ok(());
+    };
+    let frame = AgentMsg::Handed.encode();
+    let fds = [tcp.as_raw_fd()];
+    let sent = sendmsg::<()>(
+        host.as_raw_fd(),
+        &[IoSlice::new(&frame)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    // Five bytes into a fresh stream go whole; anything else leaves the host
+    // waiting on a cut frame, so it is an error it sees as the close.
+    if sent != frame.len() {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
     Ok(())
 }
