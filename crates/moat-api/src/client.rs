@@ -45,24 +45,40 @@ impl WebLease {
     }
 
     /// Another stream connected to the box's agent, in this session (no
-    /// check and no wake again: the session holds the box up).
+    /// check again; the box is woken if `suspend` froze it meanwhile).
     pub async fn stream(&self) -> Result<OwnedFd, ApiError> {
+        match self.ask(&WebSessionMsg::Stream).await? {
+            (Reply::Session, Some(fd)) => Ok(fd),
+            (Reply::Session, None) => Err(lost(&io::ErrorKind::InvalidData.into())),
+            (other, _) => Err(unexpected(&Event::Outcome(Ok(other)))),
+        }
+    }
+
+    /// Resumes the box if `suspend` froze it while this session held it.
+    pub async fn wake(&self) -> Result<(), ApiError> {
+        match self.ask(&WebSessionMsg::Wake).await? {
+            (Reply::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(&Event::Outcome(Ok(other)))),
+        }
+    }
+
+    /// One ask on the session's connection, and its answer.
+    async fn ask(&self, ask: &WebSessionMsg) -> Result<(Reply, Option<OwnedFd>), ApiError> {
         let _turn = self.asking.lock().await;
-        let ask = serde_json::to_vec(&WebSessionMsg::Stream).map_err(|e| lost(&e.into()))?;
+        let ask = serde_json::to_vec(ask).map_err(|e| lost(&e.into()))?;
         self.conn.send(&ask, &[]).await.map_err(|e| lost(&e))?;
         let msg = self.conn.recv(MAX_EVENT).await.map_err(|e| lost(&e))?;
         let msg = msg.ok_or_else(|| lost(&io::ErrorKind::UnexpectedEof.into()))?;
         match serde_json::from_slice::<Event>(&msg.bytes).map_err(|e| lost(&e.into()))? {
-            Event::Outcome(Ok(Reply::Session)) => {
-                msg.fds.into_iter().next().ok_or_else(|| lost(&io::ErrorKind::InvalidData.into()))
-            }
+            Event::Outcome(Ok(reply)) => Ok((reply, msg.fds.into_iter().next())),
             Event::Outcome(Err(e)) => Err(e),
-            other => Err(ApiError {
-                status: 255,
-                message: format!("unexpected answer from moat's privileged side: {other:?}"),
-            }),
+            other => Err(unexpected(&other)),
         }
     }
+}
+
+fn unexpected(event: &Event) -> ApiError {
+    ApiError { status: 255, message: format!("unexpected answer from moat's privileged side: {event:?}") }
 }
 
 fn lost(e: &io::Error) -> ApiError {

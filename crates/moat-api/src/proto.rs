@@ -586,6 +586,10 @@ pub enum WebSessionMsg {
     /// Another stream to the same box's agent (for another connection to the
     /// port): answered with `Reply::Session` and the stream, or an error.
     Stream,
+    /// Resume the box if it is suspended (`suspend` freezes a box whatever
+    /// its sessions; the edge asks when a box it holds is slow to answer):
+    /// answered with `Reply::Done`, or an error.
+    Wake,
 }
 
 /// A successful answer.

@@ -361,6 +361,10 @@ async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Res
                 Ok(fd) => send(conn, &Event::Outcome(Ok(Reply::Session)), Some(&fd)).await?,
                 Err(e) => send(conn, &Event::Outcome(Err(e)), None).await?,
             },
+            Ok(WebSessionMsg::Wake) => {
+                let outcome = m.wake(&id).await.map(|()| Reply::Done).map_err(api_error);
+                send(conn, &Event::Outcome(outcome), None).await?;
+            }
             Err(_) => {}
         }
     }

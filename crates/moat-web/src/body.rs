@@ -67,6 +67,11 @@ where
                 if let Some(data) = frame.data_ref() {
                     this.bytes = this.bytes.saturating_add(data.len() as u64);
                 }
+                // A body of known length ends with its last frame: hyper
+                // drops it then without asking for the end.
+                if this.inner.is_end_stream() {
+                    this.finish(true);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -159,6 +164,19 @@ mod tests {
         });
         assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
         assert_eq!(seen.load(Ordering::SeqCst), 1005);
+    }
+
+    #[tokio::test]
+    async fn a_body_of_known_length_ends_clean_with_its_last_frame() {
+        let seen = Arc::new(AtomicU64::new(0));
+        let s = Arc::clone(&seen);
+        let mut body = Counted::new(full(Bytes::from_static(b"hello")), move |n, clean| {
+            s.store(if clean { n } else { u64::MAX }, Ordering::SeqCst);
+        });
+        // As hyper does: the last frame, then the body dropped unasked.
+        assert!(body.frame().await.unwrap().unwrap().is_data());
+        drop(body);
+        assert_eq!(seen.load(Ordering::SeqCst), 5);
     }
 
     /// One frame, then silence.

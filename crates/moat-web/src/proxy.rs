@@ -121,12 +121,12 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let path = logged_path(req.uri());
     let received = Arc::new(AtomicU64::new(0));
     let upstream_req = outbound(req, &host, &original_host, peer, upgrade, ctx.limits, &received)?;
-    let BoxConn { mut sender, lease } = conn;
-    let answered = tokio::time::timeout(ctx.limits.answer(), sender.send_request(upstream_req)).await;
+    let BoxConn { mut sender, session } = conn;
+    let answered = session.nudging(ctx.limits.answer(), sender.send_request(upstream_req)).await;
     let mut res = match answered {
-        Ok(Ok(res)) => res,
-        Ok(Err(e)) => return Err(Page::Unreachable(host.name.to_string(), e.to_string())),
-        Err(_) => return Err(Page::Slow(host.name.to_string(), ctx.limits.answer_secs)),
+        Some(Ok(res)) => res,
+        Some(Err(e)) => return Err(Page::Unreachable(host.name.to_string(), e.to_string())),
+        None => return Err(Page::Slow(host.name.to_string(), ctx.limits.answer_secs)),
     };
     let status = res.status();
     let entry = move |sent: u64| WebRequestLog {
@@ -143,12 +143,12 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
         let upstream = hyper::upgrade::on(&mut res);
         let log = entry(0);
         tokio::spawn(async move {
-            lease.log(&log).await;
+            session.lease.log(&log).await;
             if let (Ok(down), Ok(up)) = (downstream.await, upstream.await) {
                 moat_core::splice::both_ways(TokioIo::new(down), TokioIo::new(up)).await;
             }
             // The tunnel held the box awake, and its port's slot, until now.
-            drop((lease, sender, slot));
+            drop((session, sender, slot));
         });
         return Ok(res.map(|_| full(bytes::Bytes::new()).map_err(|never| match never {}).boxed_unsync()));
     }
@@ -157,10 +157,10 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let (parts, body) = res.into_parts();
     let body = Counted::new(body, move |sent, clean| {
         let log = entry(sent);
-        let lease_for_log = Arc::clone(&lease);
-        tokio::spawn(async move { lease_for_log.log(&log).await });
+        let for_log = Arc::clone(&session);
+        tokio::spawn(async move { for_log.lease.log(&log).await });
         if clean {
-            pool.give(host, BoxConn { sender, lease });
+            pool.give(host, BoxConn { sender, session });
         }
         drop(slot);
     });

@@ -246,9 +246,10 @@ impl BoxManager {
         Ok((handle, guard, rec.id, who))
     }
 
-    /// Resumes box `id` if it is suspended: a web session's next stream (the
-    /// session keeps the box from the idle rule, but `suspend` freezes it
-    /// anyway). One store read when it runs.
+    /// Resumes box `id` if it is suspended: a web session's next stream, or
+    /// its ask when the box is slow to answer (the session keeps the box from
+    /// the idle rule, but `suspend` freezes it anyway). One store read when
+    /// it runs.
     pub async fn wake(&self, id: &BoxId) -> Result<(), ManagerError> {
         let Some(rec) = self.db(|s| s.get_by_id(id))? else { return Ok(()) };
         if rec.state != BoxState::Suspended {

@@ -228,6 +228,26 @@ pub fn private_urls_sign_in_share_and_wake_in_a_browser(env: &Env) {
     assert!(first + Duration::from_millis(500) < started.elapsed(), "events came together: {first:?}");
     let _ = curl.wait();
 
+    // Suspended between two requests, while the edge still holds its session
+    // (and a stream to its agent), the box wakes for the second.
+    let public_host = host.replacen("8000-", "8001-", 1);
+    let get = || {
+        let out = Command::new("curl")
+            .args(["-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(&edge.ca)
+            .args(["--resolve", &format!("{public_host}:127.0.0.1"), &url_of(env, &name, 8001)])
+            .output()
+            .unwrap();
+        let code = String::from_utf8_lossy(&out.stdout).into_owned();
+        format!("{code}{}", String::from_utf8_lossy(&out.stderr).trim())
+    };
+    assert_eq!(get(), "200");
+    env.alice(None, &["suspend", &name]).ok();
+    let started = Instant::now();
+    assert_eq!(get(), "200");
+    assert!(started.elapsed() < Duration::from_secs(3), "the second request took {:?}", started.elapsed());
+    assert_eq!(state_of(env, &name), "running");
+
     // A suspended box wakes on the next request, and the page works.
     env.alice(None, &["suspend", &name]).ok();
     std::thread::sleep(Duration::from_millis(1500));

@@ -7,17 +7,31 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use moat_agent::protocol::AgentMsg;
+use moat_agent::protocol::{AgentMsg, HostMsg};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use crate::frames::{self, FrameReader};
+
+/// How long each try to connect waits, doubling, about 5 s in all. A
+/// listener whose accept queue is full (`busybox httpd` listens with a
+/// backlog of 9) drops the SYN, and the kernel sends it again only after a
+/// second: a new try sooner gets in as soon as the server accepts again.
+const TRIES_MS: [u64; 10] = [5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560];
 
 /// A connection to `port` on the box's loopback, IPv4 first; or the box is
 /// told nothing listens there.
 fn connect(port: u16, host: &UnixStream) -> io::Result<Option<TcpStream>> {
     let targets = [SocketAddr::from((Ipv4Addr::LOCALHOST, port)), SocketAddr::from((Ipv6Addr::LOCALHOST, port))];
-    let connected =
-        targets.iter().map(|addr| TcpStream::connect_timeout(addr, Duration::from_secs(5))).find_map(Result::ok);
+    let connected = targets.iter().find_map(|addr| {
+        for ms in TRIES_MS {
+            match TcpStream::connect_timeout(addr, Duration::from_millis(ms)) {
+                Ok(tcp) => return Some(tcp),
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+                Err(_) => return None,
+            }
+        }
+        None
+    });
     if connected.is_none() {
         frames::send(host, &AgentMsg::Error(format!("nothing listens on port {port} in the box")))?;
     }
@@ -46,8 +60,22 @@ pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()
 }
 
 /// Hands the host (which shares this kernel) the connected socket itself:
-/// no thread of the box's then carries its bytes.
-pub fn hand(port: u16, host: &UnixStream) -> io::Result<()> {
+/// no thread of the box's then carries its bytes. The host may ask again on
+/// the same connection, for as long as it keeps it.
+pub fn hand(port: u16, mut reader: FrameReader, host: &UnixStream) -> io::Result<()> {
+    hand_one(port, host)?;
+    loop {
+        match reader.next()? {
+            Some(HostMsg::Hand { port }) => hand_one(port, host)?,
+            Some(other) => {
+                return frames::send(host, &AgentMsg::Error(format!("unexpected message after Hand: {other:?}")))
+            }
+            None => return Ok(()),
+        }
+    }
+}
+
+fn hand_one(port: u16, host: &UnixStream) -> io::Result<()> {
     let Some(tcp) = connect(port, host)? else {
         return Ok(());
     };
