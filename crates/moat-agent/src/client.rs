@@ -59,10 +59,12 @@ pub enum HandAnswer {
 }
 
 /// Reads the agent's answer to [`HostMsg::Hand`], taking the socket that
-/// comes with a `Handed`. A box is hostile: what it hands over must be a
-/// connected TCP socket, one, on the `Handed` frame, or the answer is an
-/// error (and whatever it sent is closed).
-pub async fn hand_answer(stream: &tokio::net::UnixStream) -> io::Result<HandAnswer> {
+/// comes with a `Handed` (and saying so), or asking the agent to carry the
+/// bytes when the frame came without one (through a relay: a fleet's other
+/// node). A box is hostile: what it hands over must be a connected TCP
+/// socket, one, on the `Handed` frame, or the answer is an error (and
+/// whatever it sent is closed).
+pub async fn hand_answer(stream: &mut tokio::net::UnixStream) -> io::Result<HandAnswer> {
     use std::os::fd::OwnedFd;
 
     let invalid = |why: &str| io::Error::new(io::ErrorKind::InvalidData, format!("the box's agent {why}"));
@@ -71,8 +73,13 @@ pub async fn hand_answer(stream: &tokio::net::UnixStream) -> io::Result<HandAnsw
     loop {
         match AgentMsg::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))? {
             Some((AgentMsg::Handed, used)) if used == buf.len() => {
-                let fd = handed.ok_or_else(|| invalid("handed over no socket"))?;
-                return connected_tcp(fd).map(HandAnswer::Socket).map_err(|_| invalid("handed over no TCP connection"));
+                let Some(fd) = handed else {
+                    send(stream, &HostMsg::Carry).await?;
+                    return Ok(HandAnswer::Carried(Vec::new()));
+                };
+                let tcp = connected_tcp(fd).map_err(|_| invalid("handed over no TCP connection"))?;
+                send(stream, &HostMsg::Taken).await?;
+                return Ok(HandAnswer::Socket(tcp));
             }
             Some((AgentMsg::Handed, _)) => return Err(invalid("sent bytes after handing over a socket")),
             Some(_) if handed.is_some() => return Err(invalid("attached a descriptor to another answer")),
@@ -156,16 +163,26 @@ mod tests {
 
     /// What a (hostile) agent sends: `bytes` with `fds` attached, then its close.
     async fn answer(bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<HandAnswer> {
-        let (host, agent) = UnixStream::pair().unwrap();
+        answer_and_reply(bytes, fds).await.0
+    }
+
+    /// The host's answer to what an agent sent, and what the host sent back.
+    async fn answer_and_reply(bytes: &[u8], fds: &[BorrowedFd<'_>]) -> (io::Result<HandAnswer>, Vec<u8>) {
+        let (host, mut agent) = UnixStream::pair().unwrap();
         let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         if !fds.is_empty() {
             assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
         }
         rustix::net::sendmsg(&agent, &[IoSlice::new(bytes)], &mut control, SendFlags::empty()).unwrap();
-        drop(agent);
+        agent.shutdown(std::net::Shutdown::Write).unwrap();
         host.set_nonblocking(true).unwrap();
-        hand_answer(&tokio::net::UnixStream::from_std(host).unwrap()).await
+        let mut host = tokio::net::UnixStream::from_std(host).unwrap();
+        let answer = hand_answer(&mut host).await;
+        drop(host);
+        let mut reply = Vec::new();
+        agent.read_to_end(&mut reply).unwrap();
+        (answer, reply)
     }
 
     fn tcp_pair() -> (TcpStream, TcpStream, TcpListener) {
@@ -178,9 +195,11 @@ mod tests {
     #[tokio::test]
     async fn a_handed_tcp_connection_is_taken() {
         let (client, mut server, _listener) = tcp_pair();
-        let Ok(HandAnswer::Socket(tcp)) = answer(&AgentMsg::Handed.encode(), &[client.as_fd()]).await else {
+        let (answer, reply) = answer_and_reply(&AgentMsg::Handed.encode(), &[client.as_fd()]).await;
+        let Ok(HandAnswer::Socket(tcp)) = answer else {
             panic!("no socket");
         };
+        assert_eq!(reply, HostMsg::Taken.encode(), "the agent is told the socket was taken");
         drop(client);
         tcp.set_nonblocking(false).unwrap();
         (&tcp).write_all(b"ping").unwrap();
@@ -199,7 +218,6 @@ mod tests {
             rustix::net::socket(rustix::net::AddressFamily::INET, rustix::net::SocketType::STREAM, None).unwrap();
         let handed = AgentMsg::Handed.encode();
         for (what, fds) in [
-            ("nothing", vec![]),
             ("a listening socket", vec![listener.as_fd()]),
             ("a unix socket", vec![unix.as_fd()]),
             ("a UDP socket", vec![udp.as_fd()]),
@@ -216,6 +234,14 @@ mod tests {
         let error = AgentMsg::Error("nothing listens".into()).encode();
         assert!(answer(&error, &[client.as_fd()]).await.is_err(), "a descriptor on an error");
         assert!(answer(&handed[..3], &[]).await.is_err(), "a cut frame");
+    }
+
+    #[tokio::test]
+    async fn a_handed_frame_without_its_socket_is_carried_instead() {
+        // Through a relay (a fleet's other node) the frame comes, the socket not.
+        let (answer, reply) = answer_and_reply(&AgentMsg::Handed.encode(), &[]).await;
+        assert!(matches!(answer.unwrap(), HandAnswer::Carried(early) if early.is_empty()));
+        assert_eq!(reply, HostMsg::Carry.encode());
     }
 
     #[tokio::test]

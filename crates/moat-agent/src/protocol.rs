@@ -12,9 +12,11 @@
 //! the end of stdin is a `StdinEof` message. After `Connected` the connection
 //! turns into a raw byte stream to the TCP peer inside the box. `Hand` asks for
 //! the TCP connection itself where the host shares the box's kernel: the agent
-//! answers `Handed` with the connected socket attached (`SCM_RIGHTS`) and the
-//! connection ends; a microVM guest, whose sockets cannot cross, answers
-//! `Connected` and carries the bytes as for `Connect`.
+//! answers `Handed` with the connected socket attached (`SCM_RIGHTS`), and the
+//! host answers `Taken`, or `Carry` when no socket came with it (the stream
+//! went through a relay: a fleet's other node), and the agent then carries
+//! the bytes as for `Connect`; a microVM guest, whose sockets cannot cross,
+//! answers `Connected` at once.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
@@ -86,6 +88,12 @@ pub enum HostMsg {
         /// TCP port.
         port: u16,
     },
+    /// After `Handed`: the host has the socket (the agent lets its copy go
+    /// and waits for another `Hand`).
+    Taken,
+    /// After `Handed`: no socket came (a relay in between); carry the bytes
+    /// over this stream, as after `Connect`.
+    Carry,
     /// Liveness check; answered with `Pong`.
     Ping,
     /// The box's disk limit and what it has written, in bytes, for what
@@ -176,7 +184,7 @@ pub enum AgentMsg {
     /// The TCP connection is open; raw bytes follow in both directions.
     Connected,
     /// The TCP connection is open and is the socket attached to this frame;
-    /// nothing follows.
+    /// the host answers `Taken` or `Carry`.
     Handed,
     /// Answer to `Ping`.
     Pong,
@@ -231,6 +239,8 @@ mod tag {
     pub const SERVICE: u8 = 0x0e;
     pub const SERVICE_LOG: u8 = 0x0f;
     pub const HAND: u8 = 0x10;
+    pub const TAKEN: u8 = 0x11;
+    pub const CARRY: u8 = 0x12;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -419,6 +429,8 @@ impl HostMsg {
                 w.u16(*port);
                 w.finish()
             }
+            Self::Taken => Writer::new(tag::TAKEN).finish(),
+            Self::Carry => Writer::new(tag::CARRY).finish(),
             Self::Ping => Writer::new(tag::PING).finish(),
             Self::Disk { limit, used } => {
                 let mut w = Writer::new(tag::DISK);
@@ -488,6 +500,8 @@ impl HostMsg {
             }
             tag::CONNECT => Self::Connect { port: r.u16()? },
             tag::HAND => Self::Hand { port: r.u16()? },
+            tag::TAKEN => Self::Taken,
+            tag::CARRY => Self::Carry,
             tag::PING => Self::Ping,
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
             tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
@@ -611,6 +625,8 @@ mod tests {
         host_roundtrip(HostMsg::Exec(ExecRequest::default()));
         host_roundtrip(HostMsg::Connect { port: 8000 });
         host_roundtrip(HostMsg::Hand { port: 5173 });
+        host_roundtrip(HostMsg::Taken);
+        host_roundtrip(HostMsg::Carry);
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });

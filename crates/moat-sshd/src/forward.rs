@@ -35,7 +35,7 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
     if send(&mut stream, &HostMsg::Hand { port }).await.is_err() {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     }
-    match hand_answer(&stream).await {
+    match hand_answer(&mut stream).await {
         // A namespace box's socket: the channel's bytes go to it directly.
         Ok(HandAnswer::Socket(tcp)) => {
             let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else {

@@ -159,7 +159,7 @@ fn serve(stream: UnixStream, reaper: &Arc<Reaper>, kernel: Kernel) {
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         // A socket cannot cross a virtio port: a guest carries the bytes.
         Ok(Some(HostMsg::Hand { port })) if kernel == Kernel::Guest => tcp::splice(port, reader, stream),
-        Ok(Some(HostMsg::Hand { port })) => tcp::hand(port, reader, &stream),
+        Ok(Some(HostMsg::Hand { port })) => tcp::hand(port, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
         Ok(Some(HostMsg::Walk)) => walk::run(&stream),
         Ok(Some(HostMsg::Service { argv })) => service::set(argv, reaper, &stream),

@@ -40,10 +40,15 @@ fn connect(port: u16, host: &UnixStream) -> io::Result<Option<TcpStream>> {
 
 /// Carries bytes both ways between the host connection and `port`.
 pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()> {
-    let Some(mut tcp) = connect(port, &host)? else {
+    let Some(tcp) = connect(port, &host)? else {
         return Ok(());
     };
     frames::send(&host, &AgentMsg::Connected)?;
+    relay(tcp, reader, host)
+}
+
+/// Carries bytes both ways between the host connection and `tcp`.
+fn relay(mut tcp: TcpStream, reader: FrameReader, host: UnixStream) -> io::Result<()> {
     let (early, mut from_host) = reader.into_parts();
     tcp.write_all(&early)?;
 
@@ -60,25 +65,32 @@ pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()
 }
 
 /// Hands the host (which shares this kernel) the connected socket itself:
-/// no thread of the box's then carries its bytes. The host may ask again on
-/// the same connection, for as long as it keeps it.
-pub fn hand(port: u16, mut reader: FrameReader, host: &UnixStream) -> io::Result<()> {
-    hand_one(port, host)?;
+/// no thread of the box's then carries its bytes. The socket is let go once
+/// the host says it has it; if none reached the host (a relay between, as
+/// to a fleet's other node), the bytes are carried as for `Connect`. The
+/// host may ask again on the same connection, for as long as it keeps it.
+pub fn hand(port: u16, mut reader: FrameReader, host: UnixStream) -> io::Result<()> {
+    let mut port = port;
     loop {
+        if let Some(tcp) = connect(port, &host)? {
+            send_handed(&tcp, &host)?;
+            match reader.next()? {
+                Some(HostMsg::Taken) => drop(tcp),
+                Some(HostMsg::Carry) => return relay(tcp, reader, host),
+                _ => return Ok(()),
+            }
+        }
         match reader.next()? {
-            Some(HostMsg::Hand { port }) => hand_one(port, host)?,
+            Some(HostMsg::Hand { port: next }) => port = next,
             Some(other) => {
-                return frames::send(host, &AgentMsg::Error(format!("unexpected message after Hand: {other:?}")))
+                return frames::send(&host, &AgentMsg::Error(format!("unexpected message after Hand: {other:?}")))
             }
             None => return Ok(()),
         }
     }
 }
 
-fn hand_one(port: u16, host: &UnixStream) -> io::Result<()> {
-    let Some(tcp) = connect(port, host)? else {
-        return Ok(());
-    };
+fn send_handed(tcp: &TcpStream, host: &UnixStream) -> io::Result<()> {
     let frame = AgentMsg::Handed.encode();
     let fds = [tcp.as_raw_fd()];
     let sent = sendmsg::<()>(
