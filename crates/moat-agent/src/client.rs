@@ -58,6 +58,13 @@ pub enum HandAnswer {
     Other(AgentMsg),
 }
 
+/// Asks the agent on `stream` for a connection to `port` ([`HostMsg::Hand`])
+/// and reads its answer ([`hand_answer`]).
+pub async fn hand(stream: &mut tokio::net::UnixStream, port: u16) -> io::Result<HandAnswer> {
+    send(stream, &HostMsg::Hand { port }).await?;
+    hand_answer(stream).await
+}
+
 /// Reads the agent's answer to [`HostMsg::Hand`], taking the socket that
 /// comes with a `Handed` (and saying so), or asking the agent to carry the
 /// bytes when the frame came without one (through a relay: a fleet's other

@@ -3,8 +3,7 @@
 //! Only loopback targets are accepted: a forward is a way into the box, never a
 //! way for the client to use the box (or the host) as a proxy.
 
-use moat_agent::client::{hand_answer, send, HandAnswer};
-use moat_agent::protocol::HostMsg;
+use moat_agent::client::{hand, HandAnswer};
 use russh::server::{ChannelOpenHandle, Msg};
 use russh::{Channel, ChannelOpenFailure};
 use tokio::io::AsyncWriteExt;
@@ -32,10 +31,7 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
     let Ok((mut stream, _session)) = ctx.connect(&name).await else {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
-    if send(&mut stream, &HostMsg::Hand { port }).await.is_err() {
-        return reply.reject(ChannelOpenFailure::ConnectFailed).await;
-    }
-    match hand_answer(&mut stream).await {
+    match hand(&mut stream, port).await {
         // A namespace box's socket: the channel's bytes go to it directly.
         Ok(HandAnswer::Socket(tcp)) => {
             let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else {

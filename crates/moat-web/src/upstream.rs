@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use moat_agent::client::{hand_answer, send, HandAnswer};
-use moat_agent::protocol::{AgentMsg, HostMsg};
+use moat_agent::client::{hand, HandAnswer};
+use moat_agent::protocol::AgentMsg;
 use moat_api::{ApiClient, WebLease};
 use moat_core::web::{WebHost, WebRefusal, WebSecret};
 use tokio::net::{TcpStream, UnixStream};
@@ -154,12 +154,6 @@ async fn connect(session: Arc<Session>, fd: OwnedFd, port: u16) -> Result<BoxCon
         Err(e) => return Err(failed(e)),
     };
     Ok(BoxConn { sender, session })
-}
-
-/// Asks the agent on `stream` for a connection to `port`.
-async fn hand(stream: &mut UnixStream, port: u16) -> io::Result<HandAnswer> {
-    send(stream, &HostMsg::Hand { port }).await?;
-    hand_answer(stream).await
 }
 
 fn failed(e: io::Error) -> OpenError {

@@ -69,8 +69,7 @@ fn relay(mut tcp: TcpStream, reader: FrameReader, host: UnixStream) -> io::Resul
 /// the host says it has it; if none reached the host (a relay between, as
 /// to a fleet's other node), the bytes are carried as for `Connect`. The
 /// host may ask again on the same connection, for as long as it keeps it.
-pub fn hand(port: u16, mut reader: FrameReader, host: UnixStream) -> io::Result<()> {
-    let mut port = port;
+pub fn hand(mut port: u16, mut reader: FrameReader, host: UnixStream) -> io::Result<()> {
     loop {
         if let Some(tcp) = connect(port, &host)? {
             send_handed(&tcp, &host)?;
