@@ -197,14 +197,45 @@ pub fn push_body(mib: usize) -> Result<Vec<u8>> {
 }
 
 /// A stand-in registry: its files, (host, path) to (content type, body),
-/// and how long it takes to answer (milliseconds, as a registry across the
-/// internet would; changed between rounds).
+/// how long it takes to answer (milliseconds) and the link its answers
+/// share (bytes a second), as a registry across the internet would be;
+/// both changed between rounds.
 #[derive(Default)]
 pub struct Registry {
     /// The files.
     pub files: std::collections::HashMap<(String, String), (String, Vec<u8>)>,
     /// Milliseconds before each answer.
     pub delay_ms: std::sync::atomic::AtomicU64,
+    /// Bytes a second all answers' bodies share (0: no limit).
+    pub link_rate: std::sync::atomic::AtomicU64,
+    /// When the link is next free.
+    link_free: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Registry {
+    /// Sends `body` on `stream` at the link's rate, in turn with the other
+    /// answers' pieces (a shared link, not a limit per connection).
+    async fn send(&self, stream: &mut (impl AsyncWrite + Unpin), body: &[u8]) -> std::io::Result<()> {
+        let rate = self.link_rate.load(std::sync::atomic::Ordering::Relaxed);
+        if rate == 0 {
+            return stream.write_all(body).await;
+        }
+        for piece in body.chunks(16 << 10) {
+            let on_the_wire = Duration::from_secs_f64(piece.len() as f64 / rate as f64);
+            let done = {
+                let mut free = self.link_free.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                // A link idle a moment ago still owes that moment (a
+                // sender woken late by the timer does not fall behind).
+                let earliest = Instant::now().checked_sub(Duration::from_millis(10)).unwrap_or_else(Instant::now);
+                let done = free.map_or(earliest, |at| at.max(earliest)) + on_the_wire;
+                *free = Some(done);
+                done
+            };
+            tokio::time::sleep_until(done.into()).await;
+            stream.write_all(piece).await?;
+        }
+        Ok(())
+    }
 }
 
 /// The registries' names the DNS server answers besides [`NAME`]'s.
@@ -266,7 +297,7 @@ async fn answer(mut stream: impl AsyncRead + AsyncWrite + Unpin, registry: Optio
             format!("HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n", body.len());
         stream.write_all(answer_head.as_bytes()).await?;
         if !text.starts_with("HEAD ") {
-            stream.write_all(body).await?;
+            registry.send(&mut stream, body).await?;
         }
         // What follows the head is the next request's.
         head.drain(..end);
