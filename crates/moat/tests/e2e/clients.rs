@@ -138,15 +138,16 @@ pub(crate) fn python_client_at(port: u16, key: &crate::fixture::Key, script: &st
     run(&mut cmd)
 }
 
-/// paramiko and asyncssh each run 100 commands and an SFTP session on one
-/// connection.
+/// paramiko and asyncssh each run 100 commands, an SFTP session and port
+/// forwards to a server in the box (sequential, concurrent, 8 MiB, a closed
+/// port; asyncssh a local listener too) on one connection.
 pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
     let name = unique("py");
     env.new_box(&name, &[]);
     let out = python_client(env, "paramiko_session.py", &name).ok();
-    assert!(out.stdout.contains("paramiko: 100 commands"), "{}", out.stdout);
+    assert!(out.stdout.contains("paramiko: 100 commands, env, sftp, forwards ok"), "{}", out.stdout);
     let out = python_client(env, "asyncssh_session.py", &name).ok();
-    assert!(out.stdout.contains("asyncssh:"), "{}", out.stdout);
+    assert!(out.stdout.contains("asyncssh: 100 commands, 10 concurrent, env, sftp, forwards ok"), "{}", out.stdout);
     env.alice(None, &["rm", &name]).ok();
 }
 

@@ -1,6 +1,9 @@
 """asyncssh on ONE connection: 100 sequential and 10 concurrent commands, an env
-request the server refuses, then SFTP. Usage: HOST PORT KEY USER."""
+request the server refuses, SFTP, then port forwards to a server in the box
+(sequential, concurrent, a large answer, a closed port, a local listener).
+Usage: HOST PORT KEY USER."""
 import asyncio
+import hashlib
 import os
 import sys
 
@@ -25,7 +28,55 @@ async def main(host, port, key, user):
                 assert await f.read() == data, "sftp round trip changed the bytes"
             assert "as-blob" in await sftp.listdir(".")
             await sftp.remove("as-blob")
-    print("asyncssh: 100 commands, 10 concurrent, env, sftp ok")
+        await forwards(conn)
+    print("asyncssh: 100 commands, 10 concurrent, env, sftp, forwards ok")
+
+
+async def get(conn, path, port=8124):
+    reader, writer = await conn.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.0\r\nHost: box\r\n\r\n".encode())
+    writer.write_eof()
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], body
+
+
+async def forwards(conn):
+    r = await conn.run("mkdir -p /tmp/as-www && cd /tmp/as-www && head -c 8388608 /dev/urandom > big && sha256sum big")
+    big = r.stdout.split()[0]
+    server = await conn.create_process("cd /tmp/as-www && exec python3 -m http.server 8124 --bind 127.0.0.1")
+    for _ in range(100):
+        try:
+            await get(conn, "/")
+            break
+        except (asyncssh.ChannelOpenError, OSError):
+            await asyncio.sleep(0.1)
+    for i in range(30):
+        status, body = await get(conn, "/")
+        assert status.endswith(b"200 OK") and b"big" in body, f"forward {i}: {status!r}"
+    status, body = await get(conn, "/big")
+    assert status.endswith(b"200 OK") and hashlib.sha256(body).hexdigest() == big, "an 8 MiB answer changed"
+    results = await asyncio.gather(*(get(conn, "/") for _ in range(8)))
+    assert all(s.endswith(b"200 OK") and b"big" in b for s, b in results), "concurrent forwards"
+    # Nothing listens on 8125: the channel is refused, the connection lives on.
+    try:
+        await conn.open_connection("127.0.0.1", 8125)
+        raise AssertionError("a forward to a closed port was opened")
+    except asyncssh.ChannelOpenError:
+        pass
+    # A local listener (ssh -L's way), used by a plain socket.
+    listener = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", 8124)
+    reader, writer = await asyncio.open_connection("127.0.0.1", listener.get_port())
+    writer.write(b"GET /big HTTP/1.0\r\nHost: box\r\n\r\n")
+    data = await reader.read()
+    writer.close()
+    assert hashlib.sha256(data.partition(b"\r\n\r\n")[2]).hexdigest() == big, "-L changed an 8 MiB answer"
+    listener.close()
+    server.terminate()
+    server.close()
+    r = await conn.run("echo still")
+    assert r.stdout == "still\n", r.stdout
 
 
 asyncio.run(asyncio.wait_for(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]), 150))

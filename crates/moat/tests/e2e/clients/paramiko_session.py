@@ -1,7 +1,12 @@
 """paramiko on ONE connection: 100 commands (stdout, stderr, status), an env
-request the server refuses, then SFTP. Usage: HOST PORT KEY USER."""
+request the server refuses, SFTP, then port forwards (direct-tcpip channels) to
+a server in the box: sequential, concurrent, a large answer, a closed port.
+Usage: HOST PORT KEY USER."""
+import hashlib
 import os
 import sys
+import threading
+import time
 
 import paramiko
 
@@ -37,5 +42,65 @@ sftp.rename("pm-dir/blob", "pm-dir/blob2")
 sftp.remove("pm-dir/blob2")
 sftp.rmdir("pm-dir")
 sftp.close()
+
+# A server in the box, held by a session of its own on this connection.
+big = run("mkdir -p /tmp/pm-www && cd /tmp/pm-www && head -c 8388608 /dev/urandom > big && sha256sum big")[0].split()[0]
+server = client.get_transport().open_session()
+server.exec_command("cd /tmp/pm-www && exec python3 -m http.server 8123 --bind 127.0.0.1")
+transport = client.get_transport()
+
+
+def get(path, host="127.0.0.1"):
+    chan = transport.open_channel("direct-tcpip", (host, 8123), ("127.0.0.1", 50000), timeout=30)
+    chan.settimeout(60)
+    chan.sendall(f"GET {path} HTTP/1.0\r\nHost: box\r\n\r\n".encode())
+    chan.shutdown_write()
+    data = b""
+    while True:
+        piece = chan.recv(65536)
+        if not piece:
+            break
+        data += piece
+    chan.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], body
+
+
+for attempt in range(100):
+    try:
+        get("/")
+        break
+    except (paramiko.ChannelException, paramiko.SSHException, OSError, EOFError):
+        time.sleep(0.1)
+for i in range(30):
+    status, body = get("/", host="localhost" if i % 2 else "127.0.0.1")
+    assert status.endswith(b"200 OK") and b"big" in body, f"forward {i}: {status!r}"
+status, body = get("/big")
+assert status.endswith(b"200 OK") and hashlib.sha256(body).hexdigest() == big, "an 8 MiB answer changed"
+failures = []
+
+
+def concurrent(i):
+    try:
+        status, body = get("/")
+        assert status.endswith(b"200 OK") and b"big" in body, f"{status!r}"
+    except Exception as e:  # noqa: BLE001 - reported below
+        failures.append(f"concurrent {i}: {e!r}")
+
+
+threads = [threading.Thread(target=concurrent, args=(i,)) for i in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(120)
+assert not failures, failures
+# Nothing listens on 8124: the channel is refused, and the connection lives on.
+try:
+    transport.open_channel("direct-tcpip", ("127.0.0.1", 8124), ("127.0.0.1", 50000), timeout=30)
+    raise AssertionError("a forward to a closed port was opened")
+except paramiko.ChannelException:
+    pass
+assert run("echo still") == ("still\n", "", 0)
+server.close()
 client.close()
-print("paramiko: 100 commands, env, sftp ok")
+print("paramiko: 100 commands, env, sftp, forwards ok")
