@@ -66,7 +66,7 @@ def get(path, host="127.0.0.1"):
     return head.split(b"\r\n")[0], body
 
 
-for attempt in range(100):
+for _ in range(100):
     try:
         get("/")
         break
