@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use moat_box::ns::hostview::HostView;
-use moat_box::ns::{sysview, NsConfig, NsMachine};
+use moat_box::ns::{boxtmp, sysview, NsConfig, NsMachine};
 use moat_box::pool::Pool;
 use moat_box::{Host, HostBackend, HostConfig};
 use moat_core::Store;
@@ -44,6 +44,11 @@ pub fn host_view_dir(state_dir: &Path) -> PathBuf {
 /// Where the sysfs every box binds as its /sys is mounted.
 pub fn shared_sys_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("sys")
+}
+
+/// Where the tmpfs holding every box's /dev and /run is mounted.
+pub fn shared_tmp_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("boxtmp")
 }
 
 /// The host's machinery over the state dir's pool: this executable as the
@@ -88,6 +93,7 @@ pub fn backend(
     let config = NsConfig {
         host_view: HostView::ensure(&host_view_dir(state_dir)),
         shared_sys: sysview::ensure(&shared_sys_dir(state_dir)),
+        shared_tmp: boxtmp::ensure(&shared_tmp_dir(state_dir)),
     };
     let ns = NsMachine::new(host.clone(), config);
     let (vm, default) = crate::microvm::machine(state_dir, &host, vm);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use moat_box::host::cgroup::CgroupLayout;
 use moat_box::ns::hostview::HostView;
-use moat_box::ns::{sysview, NsConfig, NsMachine};
+use moat_box::ns::{boxtmp, sysview, NsConfig, NsMachine};
 use moat_box::{Host, HostBackend, HostConfig};
 use moat_core::{Backend, Store};
 
@@ -68,6 +68,7 @@ pub fn run(state_dir: &Path) -> Result<()> {
     pool.unmount()?;
     HostView::stop(&paths::host_view_dir(state_dir));
     sysview::stop(&paths::shared_sys_dir(state_dir));
+    boxtmp::stop(&paths::shared_tmp_dir(state_dir));
     crate::uid_block::release(state_dir);
     std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;
     Ok(())
@@ -98,6 +99,7 @@ fn run_without_pool(state_dir: &Path, why: &anyhow::Error) -> Result<()> {
     }
     HostView::stop(&paths::host_view_dir(state_dir));
     sysview::stop(&paths::shared_sys_dir(state_dir));
+    boxtmp::stop(&paths::shared_tmp_dir(state_dir));
     crate::uid_block::release(state_dir);
     std::fs::remove_dir_all(state_dir).with_context(|| format!("remove {}", state_dir.display()))?;
     Ok(())

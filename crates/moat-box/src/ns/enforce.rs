@@ -252,17 +252,28 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
         None => mount(Some("sysfs"), "sys", Some("sysfs"), read_only, None::<&str>).map_err(io::Error::from),
     }
     .context(|| "mount /sys".into())?;
-    // One tmpfs holds /dev, /dev/shm, /run and the empty directory that
-    // masks parts of /sys, each a bind of a directory of it. Every superblock
-    // a box mounts gives every memory cgroup on the host one more slot in its
-    // shrinker map (520 bytes per 64 superblocks, kernel 6.7 on), so a box's
-    // cost on a host of N boxes grows with N times its superblocks: three
-    // (proc, devpts and this; /sys is shared) rather than nine.
-    let owner = format!("uid={0},gid={0}", plan.uid_base);
-    mount(Some("tmpfs"), "dev", Some("tmpfs"), MsFlags::empty(), Some(format!("mode=755,{owner}").as_str()))
-        .context(|| "mount the box's tmpfs".into())?;
+    // A tmpfs holds /dev, /dev/shm, /run and the empty directory that masks
+    // parts of /sys, each a bind of a directory of it: the box's directory in
+    // the tmpfs every box shares (see `boxtmp`), else one of its own on /dev.
+    // Every superblock a box mounts gives every memory cgroup on the host one
+    // more slot in its shrinker map (520 bytes per 64 superblocks, kernel 6.7
+    // on), so a box's cost on a host of N boxes grows with N times its
+    // superblocks: two (proc and devpts; /sys and this tmpfs are shared).
+    let base = match &plan.tmp {
+        Some(mine) => {
+            // Its owner is root (the host's): the box never sees it whole.
+            std::fs::create_dir(mine).context(|| format!("make {}", mine.display()))?;
+            mine.clone()
+        }
+        None => {
+            let owner = format!("uid={0},gid={0}", plan.uid_base);
+            mount(Some("tmpfs"), "dev", Some("tmpfs"), MsFlags::empty(), Some(format!("mode=755,{owner}").as_str()))
+                .context(|| "mount the box's tmpfs".into())?;
+            std::path::PathBuf::from("dev")
+        }
+    };
     // A directory of `mode`, the box root's where `box_owned`.
-    let dir = |path: &str, mode: u32, box_owned: bool| -> io::Result<()> {
+    let dir = |path: &Path, mode: u32, box_owned: bool| -> io::Result<()> {
         std::fs::create_dir(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
         if box_owned {
@@ -271,14 +282,15 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
         }
         Ok(())
     };
+    let (mask, run, dev) = (base.join(".mask"), base.join(".run"), base.join(".dev"));
     // The mask is root's (the host's): the box cannot write into it.
-    dir("dev/.mask", 0o555, false)?;
-    dir("dev/.run", 0o755, true)?;
-    dir("dev/.dev", 0o755, true)?;
+    dir(&mask, 0o555, false)?;
+    dir(&run, 0o755, true)?;
+    dir(&dev, 0o755, true)?;
     for dir in MASKED_SYS {
         let target = Path::new("sys").join(dir);
         if target.is_dir() {
-            bind("dev/.mask", &target, nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY)
+            bind(&mask, &target, nosuid | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY)
                 .context(|| format!("mask /sys/{dir}"))?;
         }
     }
@@ -290,9 +302,9 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
         })
         .context(|| format!("bind {}", target.display()))?;
     }
-    bind("dev/.run", "run", nosuid).context(|| "mount /run".into())?;
-    // /dev last: it covers the tmpfs's root (and the directories above).
-    bind("dev/.dev", "dev", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC).context(|| "mount /dev".into())?;
+    bind(&run, "run", nosuid).context(|| "mount /run".into())?;
+    // /dev last: it covers the box's own tmpfs's root (and the directories above).
+    bind(&dev, "dev", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC).context(|| "mount /dev".into())?;
     for dev in DEVICES {
         let target = Path::new("dev").join(dev);
         File::create(&target)?;
@@ -305,7 +317,7 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     let devpts = format!("newinstance,ptmxmode=0666,mode=0620,gid={},max={}", plan.devpts_gid, super::plan::MAX_PTYS);
     mount(Some("devpts"), "dev/pts", Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(devpts.as_str()))
         .context(|| "mount /dev/pts".into())?;
-    dir("dev/shm", 0o1777, true)?;
+    dir(Path::new("dev/shm"), 0o1777, true)?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),

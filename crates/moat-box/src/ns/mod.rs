@@ -2,6 +2,7 @@
 //! pid, net, uts, ipc and cgroup namespaces, on a snapshot of its image, under
 //! cgroup limits, seccomp and a reduced capability set. Works on any Linux host.
 
+pub mod boxtmp;
 #[allow(unsafe_code)]
 pub mod enforce;
 pub mod hostview;
@@ -38,6 +39,9 @@ pub struct NsConfig {
     /// The sysfs every box binds as its /sys (see [`sysview`]); `None`: each
     /// box mounts its own.
     pub shared_sys: Option<std::path::PathBuf>,
+    /// The tmpfs holding every box's /dev and /run (see [`boxtmp`]); `None`:
+    /// each box mounts its own.
+    pub shared_tmp: Option<std::path::PathBuf>,
 }
 
 /// The namespace machine.
@@ -55,6 +59,9 @@ impl NsMachine {
     /// removed.
     pub fn new(host: Host, config: NsConfig) -> Self {
         spare::remove_stale(&host.cgroups, &host.pool);
+        if let Some(shared) = &config.shared_tmp {
+            boxtmp::remove_stale(shared, &host.cgroups.box_names());
+        }
         let cgroups = host.cgroups.clone();
         let spare = Stock::new(SPARE_HELPERS, move |spare: Spare| spare.discard(&cgroups));
         let pool = std::sync::Arc::clone(&host.pool);
@@ -71,6 +78,7 @@ impl NsMachine {
         std::fs::create_dir_all(&run_dir).map_err(|e| BackendError::new(format!("create {}", run_dir.display()), e))?;
         // A previous boot's processes (if any) must be gone before a new PID 1.
         cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear old cgroup", e))?;
+        self.clear_tmp(rec)?;
         let spare = self.spare.take(&());
         self.refill_spare();
         let plan = |cgroup_procs| {
@@ -83,6 +91,7 @@ impl NsMachine {
             )
             .with_host_view(rec, self.config.host_view.as_ref(), host_cpus())
             .with_sys(self.config.shared_sys.clone())
+            .with_tmp(self.config.shared_tmp.as_deref().map(|shared| boxtmp::box_dir(shared, rec.id.as_ref())))
         };
         if let Some(spare) = spare {
             // The spare's helper is in the cgroup already: it joins nothing.
@@ -103,6 +112,15 @@ impl NsMachine {
         helper::run(&self.host.config.helper, "box-spawn", &json).inspect_err(|_| {
             let _ = cgroups.destroy(&rec.id);
         })
+    }
+
+    /// Removes what the box kept in /dev and /run (its processes are gone).
+    fn clear_tmp(&self, rec: &BoxRecord) -> Result<(), BackendError> {
+        match &self.config.shared_tmp {
+            Some(shared) => boxtmp::clear(shared, rec.id.as_ref())
+                .map_err(|e| BackendError::new(format!("clear {}'s /dev and /run", rec.name), e)),
+            None => Ok(()),
+        }
     }
 
     /// Discards the spare roots of `image`, which is gone.
@@ -206,7 +224,8 @@ impl Machine for NsMachine {
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
-        self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))
+        self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
+        self.clear_tmp(rec)
     }
 
     fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {

@@ -76,6 +76,11 @@ pub struct SpawnPlan {
     /// `None`: the box mounts one of its own.
     #[serde(default)]
     pub sys: Option<PathBuf>,
+    /// The box's directory in the shared tmpfs, whose `.dev` and `.run` are
+    /// bound as its /dev and /run (see [`super::boxtmp`]); `None`: the box
+    /// mounts a tmpfs of its own.
+    #[serde(default)]
+    pub tmp: Option<PathBuf>,
 }
 
 impl SpawnPlan {
@@ -100,6 +105,7 @@ impl SpawnPlan {
             binds: Vec::new(),
             cpus: Vec::new(),
             sys: None,
+            tmp: None,
         }
     }
 
@@ -119,6 +125,13 @@ impl SpawnPlan {
     /// Binds `sys` as the box's /sys rather than mounting a sysfs of its own.
     pub fn with_sys(mut self, sys: Option<PathBuf>) -> Self {
         self.sys = sys;
+        self
+    }
+
+    /// Keeps the box's /dev and /run in `tmp`, its directory in the shared
+    /// tmpfs, rather than in a tmpfs of its own.
+    pub fn with_tmp(mut self, tmp: Option<PathBuf>) -> Self {
+        self.tmp = tmp;
         self
     }
 

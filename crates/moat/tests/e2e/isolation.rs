@@ -306,6 +306,47 @@ except OSError:
     env.alice(None, &["rm", &name]).ok();
 }
 
+/// Every box's /dev and /run are directories of one tmpfs (a superblock
+/// costs every memory cgroup on the host, so one for all rather than one
+/// each), yet each box's own: it sees nothing of another's, what it left
+/// there goes when it stops (a tree deeper than any stack among it), and
+/// nothing of it is left on the host once it is removed.
+pub fn dev_and_run_share_one_tmpfs_yet_are_each_boxs_own(env: &Env) {
+    let (a, b) = (unique("tmpa"), unique("tmpb"));
+    env.new_box(&a, &[]);
+    env.new_box(&b, &[]);
+    let fill = "echo a > /dev/shm/a-secret && echo 1 > /run/a.pid && python3 -c \"import os
+os.chdir('/dev/shm')
+for _ in range(30000):
+    os.mkdir('d'); os.chdir('d')
+print('deep')\"";
+    assert_eq!(env.alice(Some(&a), &[fill]).ok().stdout, "deep\n");
+    // Superblocks: /dev/shm's, /run's, then /proc's (each box's own).
+    let probe = "stat -c %d /dev/shm /run /proc | tr '\\n' ' '; echo; ls -A /dev/shm /run | tr '\\n' ' '";
+    let seen = |name: &str| env.alice(Some(name), &[probe]).ok().stdout;
+    let (in_a, in_b) = (seen(&a), seen(&b));
+    let devices = |out: &str| out.lines().next().unwrap().split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let (dev_a, dev_b) = (devices(&in_a), devices(&in_b));
+    assert_eq!(dev_a[0], dev_a[1], "/dev/shm and /run on one tmpfs: {in_a}");
+    assert_eq!(dev_a[..2], dev_b[..2], "one tmpfs for both boxes: {in_a} / {in_b}");
+    assert_ne!(dev_a[2], dev_b[2], "a /proc each: {in_a} / {in_b}");
+    assert!(in_a.contains("a-secret") && in_a.contains("a.pid") && in_a.contains(" d "), "{in_a}");
+    assert!(!in_b.contains("a-secret") && !in_b.contains("a.pid") && !in_b.contains(" d "), "{in_b}");
+
+    let id = box_id(env, &a);
+    let on_host = env.daemon.state_dir.join("boxtmp").join(&id);
+    assert!(on_host.join(".dev/shm/a-secret").exists(), "{} holds the box's /dev", on_host.display());
+    env.alice(None, &["stop", &a]).ok();
+    assert!(!on_host.exists(), "{} left after stop", on_host.display());
+    env.alice(None, &["start", &a]).ok();
+    let after = seen(&a);
+    let listed: Vec<&str> = after.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(listed, ["/dev/shm:", "/run:"], "{after}");
+    env.alice(None, &["rm", &a]).ok();
+    env.alice(None, &["rm", &b]).ok();
+    assert!(!on_host.exists(), "{} left after rm", on_host.display());
+}
+
 /// A box sees nothing of the host's kernel command line, the pool's quota
 /// groups or the loop devices' backing files; its PID 1 is the OOM killer's
 /// last choice, while what the box runs is not.
@@ -325,8 +366,8 @@ pub fn host_details_masked_and_agent_outlives_oom(env: &Env) {
     // PID 1 is at -999 where the host has CAP_SYS_RESOURCE (this machine's root
     // lacks it), else 0; either way below what the box runs. /dev, /dev/shm
     // and /run are the box's, and with the masks they are one tmpfs: the box
-    // makes four superblocks of its own (proc, sysfs, devpts, tmpfs), each a
-    // cost to every memory cgroup on the host.
+    // sees four superblocks (proc, sysfs, devpts, tmpfs), of which sysfs and
+    // the tmpfs are every box's (see `dev_and_run_share_one_tmpfs_...`).
     assert!(
         matches!(
             lines[..],

@@ -143,6 +143,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     isolation::cpu_limit_holds,
     isolation::memory_has_no_swap,
     isolation::host_details_masked_and_agent_outlives_oom,
+    isolation::dev_and_run_share_one_tmpfs_yet_are_each_boxs_own,
     isolation::memory_hog_contained,
     hygiene::keys_are_accounts,
     hygiene::only_public_keys,
