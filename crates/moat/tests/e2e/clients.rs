@@ -230,10 +230,13 @@ pub fn box_sees_its_own_totals(env: &Env) {
     // df / is the box's --disk, from / or from a directory fd; other mounts are theirs.
     let df = "df -B1 --output=size / | tail -1; cd /etc && python3 -c \
               'import os; s = os.fstatvfs(os.open(\".\", os.O_RDONLY)); print(s.f_blocks * s.f_frsize)'; \
-              df -B1 --output=size /proc | tail -1";
+              df -B1 --output=size /proc | tail -1; \
+              df -B1 --output=size /dev/shm | tail -1; cd /run && python3 -c \
+              'import os; s = os.fstatvfs(os.open(\".\", os.O_RDONLY)); print(s.f_blocks * s.f_frsize)'";
     let sizes = env.alice(Some(&name), &[df]).ok().stdout;
     let sizes: Vec<&str> = sizes.lines().map(str::trim).collect();
-    assert_eq!(sizes, ["2147483648", "2147483648", "0"], "df");
+    // /dev/shm and /run (a tmpfs every box shares) are the box's --memory.
+    assert_eq!(sizes, ["2147483648", "2147483648", "0", "1073741824", "1073741824"], "df");
     // LXCFS serves these files (each mounted over /proc's own).
     let mounts = env.alice(Some(&name), &["cat /proc/self/mounts"]).ok().stdout;
     for file in ["meminfo", "stat", "uptime", "diskstats", "swaps", "cpuinfo"] {

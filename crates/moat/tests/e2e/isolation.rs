@@ -332,6 +332,16 @@ print('deep')\"";
     assert_ne!(dev_a[2], dev_b[2], "a /proc each: {in_a} / {in_b}");
     assert!(in_a.contains("a-secret") && in_a.contains("a.pid") && in_a.contains(" d "), "{in_a}");
     assert!(!in_b.contains("a-secret") && !in_b.contains("a.pid") && !in_b.contains(" d "), "{in_b}");
+    // Nor what another keeps there: df counts the box's own shared memory.
+    let used = |name: &str| -> u64 {
+        let out = env.alice(Some(name), &["df -B1 --output=used /dev/shm | tail -1"]).ok().stdout;
+        out.trim().parse().unwrap_or_else(|_| panic!("df: {out:?}"))
+    };
+    let (a_before, b_before) = (used(&a), used(&b));
+    env.alice(Some(&a), &["head -c 32M /dev/zero > /dev/shm/blob"]).ok();
+    let (a_after, b_after) = (used(&a), used(&b));
+    assert!(a_after >= a_before + (30 << 20), "the box's own use: {a_before} then {a_after}");
+    assert!(b_after < b_before + (8 << 20), "another box's use seen: {b_before} then {b_after}");
 
     let id = box_id(env, &a);
     let on_host = env.daemon.state_dir.join("boxtmp").join(&id);

@@ -1,12 +1,17 @@
-//! `statfs` of the box's own root answered with the box's disk limit and use.
+//! `statfs` of the box's own root answered with the box's disk limit and use,
+//! and of its /dev and /run with its memory.
 //!
 //! The box's root is a btrfs subvolume of the host's pool, and btrfs reports
-//! the whole pool to statfs, so `df /` in a 16G box said 256G. The box's
-//! seccomp filter sends every `statfs` and `fstatfs` here (fd 4, a seccomp
-//! listener). A call about a file on the box's root filesystem is answered
-//! from the limit and use the host last told us (`HostMsg::Disk`); anything
-//! else (proc, tmpfs, a path that does not resolve) goes on to the kernel
-//! unchanged, as does everything until the host has told us the limit.
+//! the whole pool to statfs, so `df /` in a 16G box said 256G. Its /dev and
+//! /run are directories of a tmpfs every box shares (the host's `boxtmp`),
+//! whose totals are every box's together. The box's seccomp filter sends
+//! every `statfs` and `fstatfs` here (fd 4, a seccomp listener). A call about
+//! a file on the box's root filesystem is answered from the limit and use the
+//! host last told us (`HostMsg::Disk`; until then it goes on to the kernel);
+//! one about its /dev or /run as a tmpfs of its own would be, its size the
+//! box's memory and its use the box's shared memory (from /proc/meminfo,
+//! the box's own where the host shows it its totals); anything else (proc,
+//! devpts, a path that does not resolve) goes on to the kernel unchanged.
 //!
 //! The caller's path is read, and the answer written, through
 //! `/proc/PID/mem`, and resolved through `/proc/PID/{root,cwd,fd}`, so it
@@ -20,7 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The fd on which the host hands over the seccomp listener.
 const LISTENER_FD: i32 = 4;
-const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
+const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
+const TMPFS_MAGIC: u64 = 0x0102_1994;
 const BLOCK: u64 = 4096;
 
 static LIMIT: AtomicU64 = AtomicU64::new(0);
@@ -36,6 +42,8 @@ pub fn set(limit: u64, used: u64) {
 pub struct Statfs {
     listener: BorrowedFd<'static>,
     root_dev: u64,
+    /// The device of /dev and /run (`None` if it is the root's).
+    tmp_dev: Option<u64>,
 }
 
 impl Statfs {
@@ -49,7 +57,8 @@ impl Statfs {
         // (stalling its loop) or answer root's statfs, or put descriptors into it.
         nix::fcntl::fcntl(listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC)).ok()?;
         let root_dev = std::fs::metadata("/").ok()?.dev();
-        Some(Self { listener, root_dev })
+        let tmp_dev = std::fs::metadata("/dev/shm").ok().map(|m| m.dev()).filter(|dev| *dev != root_dev);
+        Some(Self { listener, root_dev, tmp_dev })
     }
 
     /// What to poll for a call waiting.
@@ -67,7 +76,7 @@ impl Statfs {
         if unsafe { libc::ioctl(self.listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } < 0 {
             return;
         }
-        let mut resp = answer(&req, self.root_dev);
+        let mut resp = answer(&req, self.root_dev, self.tmp_dev);
         // SAFETY: `resp` is a filled seccomp_notif_resp; a caller that died
         // meanwhile makes this fail with ENOENT, which changes nothing.
         let _ = unsafe { libc::ioctl(self.listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) };
@@ -75,33 +84,61 @@ impl Statfs {
 }
 
 /// The answer to one call: written into the caller, or "let the kernel do it".
-fn answer(req: &libc::seccomp_notif, root_dev: u64) -> libc::seccomp_notif_resp {
+fn answer(req: &libc::seccomp_notif, root_dev: u64, tmp_dev: Option<u64>) -> libc::seccomp_notif_resp {
     let pass =
         libc::seccomp_notif_resp { id: req.id, val: 0, error: 0, flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32 };
-    let limit = LIMIT.load(Ordering::Relaxed);
-    if limit == 0 {
-        return pass;
-    }
     let (pid, args) = (req.pid, req.data.args);
     let Ok(mem) = File::options().read(true).write(true).open(format!("/proc/{pid}/mem")) else { return pass };
-    let path = match i64::from(req.data.nr) {
+    // The file as the caller names it (its root, its cwd, its descriptor),
+    // then what it is from here.
+    let (named, path) = match i64::from(req.data.nr) {
         libc::SYS_statfs => match read_path(&mem, args[0]) {
-            Some(p) if p.starts_with('/') => format!("/proc/{pid}/root{p}"),
-            Some(p) => format!("/proc/{pid}/cwd/{p}"),
+            Some(p) if p.starts_with('/') => (p.clone(), format!("/proc/{pid}/root{p}")),
+            Some(p) => (format!("{}/{p}", link(&format!("/proc/{pid}/cwd"))), format!("/proc/{pid}/cwd/{p}")),
             None => return pass,
         },
-        libc::SYS_fstatfs => format!("/proc/{pid}/fd/{}", args[0] as i32),
+        libc::SYS_fstatfs => {
+            let fd = format!("/proc/{pid}/fd/{}", args[0] as i32);
+            (link(&fd), fd)
+        }
         _ => return pass,
     };
-    match std::fs::metadata(&path) {
-        Ok(meta) if meta.dev() == root_dev => {}
-        _ => return pass,
-    }
-    let bytes = statfs_of(limit, USED.load(Ordering::Relaxed));
+    let Ok(dev) = std::fs::metadata(&path).map(|m| m.dev()) else { return pass };
+    let bytes = if dev == root_dev {
+        match LIMIT.load(Ordering::Relaxed) {
+            0 => return pass,
+            limit => statfs_of(BTRFS_SUPER_MAGIC, limit, USED.load(Ordering::Relaxed), ROOT_FLAGS),
+        }
+    } else if Some(dev) == tmp_dev {
+        let Some((memory, shared)) = memory_and_shared() else { return pass };
+        // /dev is bound noexec, /run is not.
+        let under_dev = named == "/dev" || named.starts_with("/dev/");
+        statfs_of(TMPFS_MAGIC, memory, shared, if under_dev { DEV_FLAGS } else { RUN_FLAGS })
+    } else {
+        return pass;
+    };
     match mem.write_at(&bytes, args[1]) {
         Ok(n) if n == bytes.len() => libc::seccomp_notif_resp { id: req.id, val: 0, error: 0, flags: 0 },
         _ => libc::seccomp_notif_resp { id: req.id, val: 0, error: -libc::EFAULT, flags: 0 },
     }
+}
+
+/// Where a /proc link points ("" if it cannot be read).
+fn link(path: &str) -> String {
+    std::fs::read_link(path).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// The box's memory and the part of it that is shared memory (tmpfs among
+/// it), in bytes, from /proc/meminfo.
+fn memory_and_shared() -> Option<(u64, u64)> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| {
+        meminfo.lines().find_map(|line| {
+            let value = line.strip_prefix(key)?.strip_prefix(':')?.trim().strip_suffix("kB")?;
+            value.trim().parse::<u64>().ok()
+        })
+    };
+    Some((kib("MemTotal")? * 1024, kib("Shmem")? * 1024))
 }
 
 /// The NUL-terminated path at `addr` in the caller (at most PATH_MAX).
@@ -120,12 +157,16 @@ fn read_path(mem: &File, addr: u64) -> Option<String> {
     None
 }
 
-/// What statfs says of a btrfs root of `limit` bytes with `used` written: the
-/// bytes of the kernel's x86_64 `struct statfs` (120 of them).
-fn statfs_of(limit: u64, used: u64) -> Vec<u8> {
+const ROOT_FLAGS: u64 = libc::ST_NOSUID | libc::ST_NODEV | libc::ST_RELATIME;
+const DEV_FLAGS: u64 = libc::ST_NOSUID | libc::ST_NOEXEC | libc::ST_RELATIME;
+const RUN_FLAGS: u64 = libc::ST_NOSUID | libc::ST_NODEV | libc::ST_RELATIME;
+
+/// What statfs says of a file system of type `magic`, `limit` bytes with
+/// `used` written, mounted with `flags` (no count of inodes): the bytes of
+/// the kernel's x86_64 `struct statfs` (120 of them).
+fn statfs_of(magic: u64, limit: u64, used: u64, flags: u64) -> Vec<u8> {
     let free = limit.saturating_sub(used) / BLOCK;
-    let flags = libc::ST_NOSUID | libc::ST_NODEV | libc::ST_RELATIME;
-    let words: [u64; 7] = [BTRFS_SUPER_MAGIC as u64, BLOCK, limit / BLOCK, free, free, 0, 0];
+    let words: [u64; 7] = [magic, BLOCK, limit / BLOCK, free, free, 0, 0];
     let mut out: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
     out.extend_from_slice(&[0; 8]); // f_fsid
     for word in [255, BLOCK, flags, 0, 0, 0, 0] {
@@ -138,7 +179,7 @@ fn statfs_of(limit: u64, used: u64) -> Vec<u8> {
 mod tests {
     #[test]
     fn the_answer_is_the_kernels_statfs_layout() {
-        let bytes = super::statfs_of(2 << 30, 1 << 30);
+        let bytes = super::statfs_of(super::BTRFS_SUPER_MAGIC, 2 << 30, 1 << 30, super::ROOT_FLAGS);
         assert_eq!(bytes.len(), 120);
         let word = |i: usize| u64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
         assert_eq!((word(1), word(2), word(3), word(4)), (4096, 524_288, 262_144, 262_144));
