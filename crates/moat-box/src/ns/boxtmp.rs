@@ -1,10 +1,10 @@
 //! One tmpfs for every box's /dev, /dev/shm and /run.
 //!
-//! A tmpfs of its own was one of the three superblocks a box mounted (with
-//! its proc and devpts), and every superblock on the host gives every memory
-//! cgroup a slot in its shrinker map (see `enforce.rs`): 520 bytes, rounded
-//! to 1 KiB, per 64 superblocks, so at 10,000 boxes each tmpfs of its own cost
-//! every box ~160 KiB more. One tmpfs, mounted in the state dir as the shared
+//! A tmpfs of its own was one of the four superblocks a box made (with its
+//! proc, its devpts and the mqueue of its IPC namespace), and every
+//! superblock on the host gives every memory cgroup a slot in its shrinker
+//! map (see `enforce.rs`): 520 bytes, rounded to 1 KiB, per 64 superblocks,
+//! so at 10,000 boxes each tmpfs of its own cost every box ~156 KiB more. One tmpfs, mounted in the state dir as the shared
 //! sysfs is (and kept across daemon restarts as it is), holds a directory per
 //! box instead, bound in as its /dev and /run: a box sees only its own.
 //!

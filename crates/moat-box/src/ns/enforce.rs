@@ -258,7 +258,8 @@ fn mount_pseudo_filesystems(plan: &SpawnPlan) -> io::Result<()> {
     // Every superblock a box mounts gives every memory cgroup on the host one
     // more slot in its shrinker map (520 bytes per 64 superblocks, kernel 6.7
     // on), so a box's cost on a host of N boxes grows with N times its
-    // superblocks: two (proc and devpts; /sys and this tmpfs are shared).
+    // superblocks: three (its proc, its devpts and the mqueue the kernel
+    // mounts for its IPC namespace; /sys and this tmpfs are shared).
     let base = match &plan.tmp {
         Some(mine) => {
             // Its owner is root (the host's): the box never sees it whole.
