@@ -59,8 +59,11 @@ impl NsMachine {
     /// removed.
     pub fn new(host: Host, config: NsConfig) -> Self {
         spare::remove_stale(&host.cgroups, &host.pool);
-        if let Some(shared) = &config.shared_tmp {
-            boxtmp::remove_stale(shared, &host.cgroups.box_names());
+        let running = host.cgroups.box_names();
+        // No cgroup at all may as well be cgroups not read: removing a
+        // running box's directory would take its /dev from under it.
+        if let (Some(shared), false) = (&config.shared_tmp, running.is_empty()) {
+            boxtmp::remove_stale(shared, &running);
         }
         let cgroups = host.cgroups.clone();
         let spare = Stock::new(SPARE_HELPERS, move |spare: Spare| spare.discard(&cgroups));

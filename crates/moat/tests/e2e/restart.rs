@@ -8,6 +8,9 @@ pub fn loses_nothing(env: &Env) {
     let ssh = |d: &Daemon, user: Option<&str>, args: &[&str]| run(&mut d.ssh(&env.alice, user, args));
     ssh(&daemon, None, &["new", "keeper", "--image", "busybox"]).ok();
     ssh(&daemon, Some("keeper"), &["echo precious > /root/data; sleep 1000 >/dev/null 2>&1 &"]).ok();
+    // /dev and /run (directories of the state dir's shared tmpfs) as well.
+    ssh(&daemon, Some("keeper"), &["echo shm > /dev/shm/kept && echo run > /run/kept"]).ok();
+    let tmp_and_null = "cat /dev/shm/kept /run/kept 2>&1; echo x > /dev/null && echo null-ok";
     ssh(&daemon, None, &["checkpoint", "keeper", "saved"]).ok();
     let before = ssh(&daemon, None, &["ls", "--json"]).ok().stdout;
     let checkpoints = ssh(&daemon, None, &["checkpoints", "keeper", "--json"]).ok().stdout;
@@ -17,6 +20,7 @@ pub fn loses_nothing(env: &Env) {
     assert_eq!(ssh(&daemon, None, &["checkpoints", "keeper", "--json"]).ok().stdout, checkpoints);
     let out = ssh(&daemon, Some("keeper"), &["cat /root/data; ps | grep -q '[s]leep 1000' && echo still-running"]).ok();
     assert_eq!(out.stdout, "precious\nstill-running\n");
+    assert_eq!(ssh(&daemon, Some("keeper"), &[tmp_and_null]).ok().stdout, "shm\nrun\nnull-ok\n");
 
     // A suspended box is still suspended (and frozen) after a restart, and the next
     // session resumes it with its processes.
@@ -39,7 +43,11 @@ pub fn loses_nothing(env: &Env) {
     daemon.restart();
     let out = ssh(&daemon, Some("keeper"), &["cat /root/data"]).ok();
     assert_eq!(out.stdout, "precious\n");
+    // Booted afresh: what its /dev and /run held went with its processes.
+    let out = ssh(&daemon, Some("keeper"), &[tmp_and_null]).ok().stdout;
+    assert!(out.contains("No such file") && out.ends_with("null-ok\n") && !out.contains("shm\n"), "{out}");
     daemon.purge();
+    assert!(!env.dir.join("restart-state").exists(), "purge left the state dir (its shared tmpfs?)");
 }
 
 /// Kills every process of box `id` from the host, as a crash or the OOM killer
