@@ -65,6 +65,19 @@ pub async fn hand(stream: &mut tokio::net::UnixStream, port: u16) -> io::Result<
     hand_answer(stream).await
 }
 
+/// Asks the agent on `stream` for a connection to the unix socket at `path`
+/// in the box ([`HostMsg::ConnectPath`]); returns the bytes that came after
+/// its `Connected` (the stream is the connection now), or why it could not.
+pub async fn connect_path(stream: &mut tokio::net::UnixStream, path: &str) -> io::Result<Vec<u8>> {
+    send(stream, &HostMsg::ConnectPath { path: path.as_bytes().to_vec() }).await?;
+    let mut reader = AgentReader::new(&mut *stream);
+    match reader.recv().await? {
+        Some(AgentMsg::Connected) => Ok(reader.into_parts().0),
+        Some(AgentMsg::Error(why)) => Err(io::Error::new(io::ErrorKind::ConnectionRefused, why)),
+        other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("the box's agent answered {other:?}"))),
+    }
+}
+
 /// Reads the agent's answer to [`HostMsg::Hand`], taking the socket that
 /// comes with a `Handed` (and saying so), or asking the agent to carry the
 /// bytes when the frame came without one (through a relay: a fleet's other

@@ -16,7 +16,8 @@
 //! host answers `Taken`, or `Carry` when no socket came with it (the stream
 //! went through a relay: a fleet's other node), and the agent then carries
 //! the bytes as for `Connect`; a microVM guest, whose sockets cannot cross,
-//! answers `Connected` at once.
+//! answers `Connected` at once. `ConnectPath` is `Connect` to a unix socket in
+//! the box (`ssh -L` to a socket path), always carried.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
@@ -87,6 +88,12 @@ pub enum HostMsg {
     Hand {
         /// TCP port.
         port: u16,
+    },
+    /// Open a connection to the unix stream socket at this path in the box
+    /// and carry its bytes, as for `Connect`.
+    ConnectPath {
+        /// The socket's path, as the box names it.
+        path: Vec<u8>,
     },
     /// After `Handed`: the host has the socket (the agent lets its copy go
     /// and waits for another `Hand`).
@@ -241,6 +248,7 @@ mod tag {
     pub const HAND: u8 = 0x10;
     pub const TAKEN: u8 = 0x11;
     pub const CARRY: u8 = 0x12;
+    pub const CONNECT_PATH: u8 = 0x13;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -429,6 +437,11 @@ impl HostMsg {
                 w.u16(*port);
                 w.finish()
             }
+            Self::ConnectPath { path } => {
+                let mut w = Writer::new(tag::CONNECT_PATH);
+                w.bytes(path);
+                w.finish()
+            }
             Self::Taken => Writer::new(tag::TAKEN).finish(),
             Self::Carry => Writer::new(tag::CARRY).finish(),
             Self::Ping => Writer::new(tag::PING).finish(),
@@ -500,6 +513,7 @@ impl HostMsg {
             }
             tag::CONNECT => Self::Connect { port: r.u16()? },
             tag::HAND => Self::Hand { port: r.u16()? },
+            tag::CONNECT_PATH => Self::ConnectPath { path: r.bytes()? },
             tag::TAKEN => Self::Taken,
             tag::CARRY => Self::Carry,
             tag::PING => Self::Ping,
@@ -626,6 +640,7 @@ mod tests {
         host_roundtrip(HostMsg::Connect { port: 8000 });
         host_roundtrip(HostMsg::Hand { port: 5173 });
         host_roundtrip(HostMsg::Taken);
+        host_roundtrip(HostMsg::ConnectPath { path: b"/run/app.sock".to_vec() });
         host_roundtrip(HostMsg::Carry);
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });

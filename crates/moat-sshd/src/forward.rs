@@ -1,9 +1,10 @@
-//! `ssh -L`: direct-tcpip channels to a port on a box's own loopback.
+//! `ssh -L`: direct-tcpip channels to a port on a box's own loopback, and
+//! direct-streamlocal channels to a unix socket in the box.
 //!
 //! Only loopback targets are accepted: a forward is a way into the box, never a
 //! way for the client to use the box (or the host) as a proxy.
 
-use moat_agent::client::{hand, HandAnswer};
+use moat_agent::client::{connect_path, hand, HandAnswer};
 use russh::server::{ChannelOpenHandle, Msg};
 use russh::{Channel, ChannelOpenFailure};
 use tokio::io::AsyncWriteExt;
@@ -49,6 +50,33 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
             }
         }
         Ok(HandAnswer::Other(_)) | Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
+    }
+}
+
+/// Opens a forward to the unix socket at `path` in the channel's box (its
+/// agent connects and carries the bytes), or refuses it.
+pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelCtx, path: String) {
+    let Target::Box(name) = ctx.target().await else {
+        return reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
+    };
+    let Ok((mut stream, _session)) = ctx.connect(&name).await else {
+        return reply.reject(ChannelOpenFailure::ConnectFailed).await;
+    };
+    match connect_path(&mut stream, &path).await {
+        Ok(early) => {
+            reply.accept().await;
+            let mut ssh = channel.into_stream();
+            if ssh.write_all(&early).await.is_ok() {
+                moat_core::splice::both_ways(ssh, stream).await;
+            }
+        }
+        Err(e) => {
+            static LIMIT: LogLimit = LogLimit::every(1000);
+            if let Some(dropped) = LIMIT.allow() {
+                tracing::info!(user = %ctx.user, %path, error = %e, dropped, "socket forward not connected");
+            }
+            reply.reject(ChannelOpenFailure::ConnectFailed).await
+        }
     }
 }
 

@@ -292,6 +292,24 @@ impl russh::server::Handler for ConnHandler {
         });
         Ok(())
     }
+
+    async fn channel_open_direct_streamlocal(
+        &mut self,
+        channel: Channel<Msg>,
+        socket_path: &str,
+        reply: ChannelOpenHandle,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), reply).await else {
+            return Ok(());
+        };
+        let path = socket_path.to_string();
+        tokio::spawn(async move {
+            forward::open_path(channel, reply, ctx, path).await;
+            drop(slot);
+        });
+        Ok(())
+    }
 }
 
 /// Answers a channel request; russh sends nothing if the client wanted no answer.

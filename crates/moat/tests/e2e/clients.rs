@@ -147,7 +147,11 @@ pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
     let out = python_client(env, "paramiko_session.py", &name).ok();
     assert!(out.stdout.contains("paramiko: 100 commands, env, sftp, forwards ok"), "{}", out.stdout);
     let out = python_client(env, "asyncssh_session.py", &name).ok();
-    assert!(out.stdout.contains("asyncssh: 100 commands, 10 concurrent, env, sftp, forwards ok"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("asyncssh: 100 commands, 10 concurrent, env, sftp, forwards, socket forwards ok"),
+        "{}",
+        out.stdout
+    );
     env.alice(None, &["rm", &name]).ok();
 }
 

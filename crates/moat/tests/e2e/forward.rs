@@ -66,6 +66,57 @@ pub fn local_reaches_box_server(env: &Env) {
     }
 }
 
+/// A server on a unix socket at /run/u.sock in the box, serving "hello-over-unix".
+const UNIX_SERVER: &str = "mkdir -p /srv/u && echo hello-over-unix > /srv/u/index.html && cat > /tmp/u.py <<'PY'
+import http.server, os, socketserver
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def address_string(self):
+        return 'unix'
+os.chdir('/srv/u')
+Server('/run/u.sock', Handler).serve_forever()
+PY
+nohup python3 /tmp/u.py >/dev/null 2>&1 &";
+
+/// `ssh -L LOCAL.sock:/box/path.sock` (OpenSSH's direct-streamlocal): a
+/// server on a unix socket in the box answers through the local socket; a
+/// socket path with nothing there is refused and the tunnel lives on.
+pub fn socket_forward_reaches_box_unix_server(env: &Env) {
+    let name = unique("sfwd");
+    env.new_box(&name, &[]);
+    env.alice(Some(&name), &[UNIX_SERVER]).ok();
+    let local = env.dir.join(format!("{name}.sock"));
+    let _t = tunnel(env, &name, &format!("{}:/run/u.sock", local.display()));
+    let get = |socket: &std::path::Path| {
+        run(Command::new("curl").args(["-s", "-m", "5", "--unix-socket"]).arg(socket).arg("http://box/"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = get(&local);
+        if out.stdout == "hello-over-unix\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no answer through the socket tunnel: {:?} {}", out.status, out.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let missing = env.dir.join(format!("{name}-missing.sock"));
+    let spec = format!("{}:/run/nothing-here.sock", missing.display());
+    let mut t = tunnel_with(env, &name, &spec, &["-v"], Stdio::piped());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !missing.exists() {
+        assert!(Instant::now() < deadline, "the socket tunnel never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_ne!(get(&missing).status, Some(0));
+    assert_eq!(get(&local).stdout, "hello-over-unix\n", "the first tunnel still answers");
+    t.end();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut t.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("open failed: connect failed"), "the server did not refuse the forward: {stderr}");
+    env.alice(None, &["rm", &name]).ok();
+}
+
 pub fn outside_targets_and_other_forwards_refused(env: &Env) {
     let name = unique("nofwd");
     env.new_box(&name, &["--image", "busybox"]);

@@ -24,6 +24,7 @@ mod spawn;
 #[allow(unsafe_code)]
 mod statfs;
 mod tcp;
+mod unix_socket;
 mod walk;
 
 use std::io;
@@ -160,6 +161,7 @@ fn serve(stream: UnixStream, reaper: &Arc<Reaper>, kernel: Kernel) {
         // A socket cannot cross a virtio port: a guest carries the bytes.
         Ok(Some(HostMsg::Hand { port })) if kernel == Kernel::Guest => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::Hand { port })) => tcp::hand(port, reader, stream),
+        Ok(Some(HostMsg::ConnectPath { path })) => unix_socket::splice(&path, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
         Ok(Some(HostMsg::Walk)) => walk::run(&stream),
         Ok(Some(HostMsg::Service { argv })) => service::set(argv, reaper, &stream),

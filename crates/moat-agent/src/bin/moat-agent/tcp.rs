@@ -1,7 +1,7 @@
 //! `Connect` and `Hand`: a TCP connection to a port on the box's own
 //! loopback, spliced to the host connection or handed to the host.
 
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -16,7 +16,7 @@ use crate::frames::{self, FrameReader};
 /// listener whose accept queue is full (`busybox httpd` listens with a
 /// backlog of 9) drops the SYN, and the kernel sends it again only after a
 /// second: a new try sooner gets in as soon as the server accepts again.
-const TRIES_MS: [u64; 10] = [5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560];
+pub const TRIES_MS: [u64; 10] = [5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560];
 
 /// A connection to `port` on the box's loopback, IPv4 first; or the box is
 /// told nothing listens there.
@@ -47,18 +47,42 @@ pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()
     relay(tcp, reader, host)
 }
 
-/// Carries bytes both ways between the host connection and `tcp`.
-fn relay(mut tcp: TcpStream, reader: FrameReader, host: UnixStream) -> io::Result<()> {
-    let (early, mut from_host) = reader.into_parts();
-    tcp.write_all(&early)?;
+/// A connected socket in the box whose bytes the agent carries.
+pub trait Carried: io::Read + io::Write + Send + Sized + 'static {
+    fn clone_socket(&self) -> io::Result<Self>;
+    fn end_writing(&self);
+}
 
-    let mut to_tcp = tcp.try_clone()?;
+impl Carried for TcpStream {
+    fn clone_socket(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn end_writing(&self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+}
+
+impl Carried for UnixStream {
+    fn clone_socket(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn end_writing(&self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+}
+
+/// Carries bytes both ways between the host connection and `socket`.
+pub fn relay(mut socket: impl Carried, reader: FrameReader, host: UnixStream) -> io::Result<()> {
+    let (early, mut from_host) = reader.into_parts();
+    socket.write_all(&early)?;
+
+    let mut to_socket = socket.clone_socket()?;
     let upstream = std::thread::Builder::new().spawn(move || {
-        let _ = io::copy(&mut from_host, &mut to_tcp);
-        let _ = to_tcp.shutdown(Shutdown::Write);
+        let _ = io::copy(&mut from_host, &mut to_socket);
+        to_socket.end_writing();
     })?;
     let mut to_host = host;
-    let _ = io::copy(&mut tcp, &mut to_host);
+    let _ = io::copy(&mut socket, &mut to_host);
     let _ = to_host.shutdown(Shutdown::Write);
     let _ = upstream.join();
     Ok(())

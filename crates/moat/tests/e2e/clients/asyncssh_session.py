@@ -1,6 +1,7 @@
 """asyncssh on ONE connection: 100 sequential and 10 concurrent commands, an env
 request the server refuses, SFTP, then port forwards to a server in the box
-(sequential, concurrent, a large answer, a closed port, a local listener).
+(sequential, concurrent, a large answer, a closed port, a local listener) and
+to a unix socket in the box (direct-streamlocal).
 Usage: HOST PORT KEY USER."""
 import asyncio
 import hashlib
@@ -29,11 +30,16 @@ async def main(host, port, key, user):
             assert "as-blob" in await sftp.listdir(".")
             await sftp.remove("as-blob")
         await forwards(conn)
-    print("asyncssh: 100 commands, 10 concurrent, env, sftp, forwards ok")
+        await socket_forwards(conn)
+    print("asyncssh: 100 commands, 10 concurrent, env, sftp, forwards, socket forwards ok")
 
 
 async def get(conn, path, port=8124):
-    reader, writer = await conn.open_connection("127.0.0.1", port)
+    return await ask(await conn.open_connection("127.0.0.1", port), path)
+
+
+async def ask(connection, path):
+    reader, writer = connection
     writer.write(f"GET {path} HTTP/1.0\r\nHost: box\r\n\r\n".encode())
     writer.write_eof()
     data = await reader.read()
@@ -77,6 +83,49 @@ async def forwards(conn):
     server.close()
     r = await conn.run("echo still")
     assert r.stdout == "still\n", r.stdout
+
+
+UNIX_SERVER = """
+import http.server, os, socketserver
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def address_string(self):
+        return "unix"
+os.chdir("/tmp/as-www")
+Server("/tmp/as-www.sock", Handler).serve_forever()
+"""
+
+
+async def socket_forwards(conn):
+    """direct-streamlocal: the same files from a server on a unix socket."""
+    r = await conn.run("rm -f /tmp/as-www.sock; sha256sum /tmp/as-www/big")
+    big = r.stdout.split()[0]
+    async with conn.start_sftp_client() as sftp:
+        async with sftp.open("/tmp/as-unix.py", "w") as f:
+            await f.write(UNIX_SERVER)
+    server = await conn.create_process("exec python3 /tmp/as-unix.py")
+    for _ in range(100):
+        try:
+            await ask(await conn.open_unix_connection("/tmp/as-www.sock"), "/")
+            break
+        except (asyncssh.ChannelOpenError, OSError):
+            await asyncio.sleep(0.1)
+    status, body = await ask(await conn.open_unix_connection("/tmp/as-www.sock"), "/big")
+    assert status.endswith(b"200 OK") and hashlib.sha256(body).hexdigest() == big, "an 8 MiB answer over a socket changed"
+    async def get_root():
+        return await ask(await conn.open_unix_connection("/tmp/as-www.sock"), "/")
+
+    results = await asyncio.gather(*(get_root() for _ in range(8)))
+    assert all(s.endswith(b"200 OK") and b"big" in b for s, b in results), "concurrent socket forwards"
+    for missing in ("/tmp/no-such.sock", "relative.sock", "/tmp/as-www"):
+        try:
+            await conn.open_unix_connection(missing)
+            raise AssertionError(f"a forward to {missing} was opened")
+        except asyncssh.ChannelOpenError:
+            pass
+    server.terminate()
+    server.close()
 
 
 asyncio.run(asyncio.wait_for(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]), 150))
