@@ -66,18 +66,16 @@ pub fn local_reaches_box_server(env: &Env) {
     }
 }
 
-/// A server on a unix socket at /run/u.sock in the box, serving "hello-over-unix".
-const UNIX_SERVER: &str = "mkdir -p /srv/u && echo hello-over-unix > /srv/u/index.html && cat > /tmp/u.py <<'PY'
-import http.server, os, socketserver
-class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-class Handler(http.server.SimpleHTTPRequestHandler):
-    def address_string(self):
-        return 'unix'
-os.chdir('/srv/u')
-Server('/run/u.sock', Handler).serve_forever()
-PY
-nohup python3 /tmp/u.py >/dev/null 2>&1 &";
+/// Starts a server on a unix socket at /run/u.sock in box `name`, serving
+/// "hello-over-unix" (the e2e clients' `unix_http_server.py`).
+fn start_unix_server(env: &Env, name: &str) {
+    let script = include_str!("clients/unix_http_server.py");
+    let start = format!(
+        "mkdir -p /srv/u && echo hello-over-unix > /srv/u/index.html && cat > /tmp/u.py <<'PY'\n{script}PY\n\
+         nohup python3 /tmp/u.py /run/u.sock /srv/u >/dev/null 2>&1 &"
+    );
+    env.alice(Some(name), &[&start]).ok();
+}
 
 /// `ssh -L LOCAL.sock:/box/path.sock` (OpenSSH's direct-streamlocal): a
 /// server on a unix socket in the box answers through the local socket; a
@@ -85,7 +83,7 @@ nohup python3 /tmp/u.py >/dev/null 2>&1 &";
 pub fn socket_forward_reaches_box_unix_server(env: &Env) {
     let name = unique("sfwd");
     env.new_box(&name, &[]);
-    env.alice(Some(&name), &[UNIX_SERVER]).ok();
+    start_unix_server(env, &name);
     let local = env.dir.join(format!("{name}.sock"));
     let _t = tunnel(env, &name, &format!("{}:/run/u.sock", local.display()));
     let get = |socket: &std::path::Path| {

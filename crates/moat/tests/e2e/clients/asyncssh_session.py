@@ -85,26 +85,13 @@ async def forwards(conn):
     assert r.stdout == "still\n", r.stdout
 
 
-UNIX_SERVER = """
-import http.server, os, socketserver
-class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-class Handler(http.server.SimpleHTTPRequestHandler):
-    def address_string(self):
-        return "unix"
-os.chdir("/tmp/as-www")
-Server("/tmp/as-www.sock", Handler).serve_forever()
-"""
-
-
 async def socket_forwards(conn):
     """direct-streamlocal: the same files from a server on a unix socket."""
     r = await conn.run("rm -f /tmp/as-www.sock; sha256sum /tmp/as-www/big")
     big = r.stdout.split()[0]
     async with conn.start_sftp_client() as sftp:
-        async with sftp.open("/tmp/as-unix.py", "w") as f:
-            await f.write(UNIX_SERVER)
-    server = await conn.create_process("exec python3 /tmp/as-unix.py")
+        await sftp.put(os.path.join(os.path.dirname(os.path.abspath(__file__)), "unix_http_server.py"), "/tmp/as-unix.py")
+    server = await conn.create_process("exec python3 /tmp/as-unix.py /tmp/as-www.sock /tmp/as-www")
     for _ in range(100):
         try:
             await ask(await conn.open_unix_connection("/tmp/as-www.sock"), "/")
