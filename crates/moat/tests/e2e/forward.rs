@@ -66,6 +66,47 @@ pub fn local_reaches_box_server(env: &Env) {
     }
 }
 
+/// `ssh -D` (a SOCKS proxy, as VS Code's Remote-SSH opens one): names of the
+/// box's loopback reach its servers; any other target is refused, and the
+/// proxy goes on serving.
+pub fn dynamic_forward_reaches_only_the_box(env: &Env) {
+    let name = unique("dfwd");
+    env.new_box(&name, &[]);
+    env.alice(
+        Some(&name),
+        &["mkdir -p /srv/d && echo hello-via-socks > /srv/d/index.html && cd /srv/d && nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"],
+    )
+    .ok();
+    let port = free_port();
+    let mut cmd = env.daemon.ssh_with(
+        &env.alice,
+        Some(&name),
+        &["-N", "-o", "ExitOnForwardFailure=yes", "-D", &port.to_string()],
+        &[],
+    );
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let _t = Tunnel(cmd.spawn().unwrap());
+    let via = |url: &str| {
+        run(Command::new("curl").args(["-s", "-m", "5", "--socks5-hostname", &format!("127.0.0.1:{port}"), url]))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = via("http://localhost:8000/");
+        if out.stdout == "hello-via-socks\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no answer through ssh -D: {:?} {}", out.status, out.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(via("http://127.0.0.1:8000/").stdout, "hello-via-socks\n");
+    for outside in ["http://example.invalid/", "http://10.0.0.1:8000/", "http://127.0.0.2:8000/"] {
+        let out = via(outside);
+        assert_ne!(out.status, Some(0), "{outside} reached through ssh -D: {}", out.stdout);
+    }
+    assert_eq!(via("http://localhost:8000/").stdout, "hello-via-socks\n", "the proxy stopped serving");
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// Starts a server on a unix socket at /run/u.sock in box `name`, serving
 /// "hello-over-unix" (the e2e clients' `unix_http_server.py`).
 fn start_unix_server(env: &Env, name: &str) {

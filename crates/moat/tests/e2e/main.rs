@@ -130,6 +130,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     files::rsync_both_ways,
     forward::local_reaches_box_server,
     forward::socket_forward_reaches_box_unix_server,
+    forward::dynamic_forward_reaches_only_the_box,
     forward::outside_targets_and_other_forwards_refused,
     isolation::cannot_see_host,
     isolation::cannot_mount_load_modules_or_unshare,
