@@ -103,6 +103,8 @@ impl NsMachine {
                 Err(e) => {
                     tracing::warn!(box_id = %rec.id, error = %e, "spare helper failed; starting without it");
                     cgroups.destroy(&rec.id).map_err(|e| BackendError::new("clear cgroup", e))?;
+                    // Its PID 1 may have made the box's directory already.
+                    self.clear_tmp(rec)?;
                 }
             }
         }
