@@ -153,6 +153,9 @@ pub fn socket_forward_reaches_box_unix_server(env: &Env) {
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut t.0.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(stderr.contains("open failed: connect failed"), "the server did not refuse the forward: {stderr}");
+    // Malformed and unwanted channel opens from paramiko: refused, nothing hangs.
+    let out = crate::clients::python_client(env, "hostile_channels.py", &name).ok();
+    assert!(out.stdout.contains("hostile channel opens refused"), "{}", out.stdout);
     env.alice(None, &["rm", &name]).ok();
 }
 

@@ -1,0 +1,40 @@
+"""Channel opens no client should send, from paramiko: a direct-streamlocal
+with no path, a direct-tcpip to port 70000, x11 and forwarded-streamlocal
+from the client side. Each is refused (or ends that connection); the server
+then runs a command on a fresh connection. Usage: HOST PORT KEY USER."""
+import sys
+
+import paramiko
+
+
+def connect(host, port, key, user):
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(host, port=port, username=user, key_filename=key, look_for_keys=False, allow_agent=False)
+    return client
+
+
+def main(host, port, key, user):
+    opens = [
+        ("direct-streamlocal@openssh.com", None),
+        ("direct-tcpip", ("127.0.0.1", 70000)),
+        ("x11", None),
+        ("forwarded-streamlocal@openssh.com", None),
+    ]
+    for kind, dest in opens:
+        client = connect(host, port, key, user)
+        try:
+            client.get_transport().open_channel(kind, dest_addr=dest, src_addr=("127.0.0.1", 5000), timeout=10)
+            raise AssertionError(f"the server opened {kind} {dest}")
+        except (paramiko.ChannelException, paramiko.SSHException, EOFError):
+            pass
+        finally:
+            client.close()
+    client = connect(host, port, key, user)
+    _, out, _ = client.exec_command("echo alive")
+    assert out.read() == b"alive\n", "no command after the hostile opens"
+    client.close()
+    print("hostile channel opens refused")
+
+
+main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
