@@ -45,25 +45,37 @@ fn tunnel_with(env: &Env, name: &str, spec: &str, opts: &[&str], stderr: Stdio) 
     Tunnel(cmd.spawn().unwrap())
 }
 
+/// Starts an HTTP server on port 8000 of box `name`'s loopback whose page
+/// says `page`.
+fn serve_page_on_8000(env: &Env, name: &str, page: &str) {
+    let start = format!(
+        "mkdir -p /srv/www && echo {page} > /srv/www/index.html && cd /srv/www && \
+         nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"
+    );
+    env.alice(Some(name), &[&start]).ok();
+}
+
+/// Asks `get` until it answers `want` (a server and a tunnel starting), for
+/// up to 20 s.
+fn until_answered(what: &str, get: impl Fn() -> crate::fixture::Ran, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = get();
+        if out.stdout == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no answer through {what}: {:?} {}", out.status, out.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 pub fn local_reaches_box_server(env: &Env) {
     let name = unique("fwd");
     env.new_box(&name, &[]);
-    env.alice(
-        Some(&name),
-        &["mkdir -p /srv/www && echo hello-from-box > /srv/www/index.html && cd /srv/www && nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"],
-    )
-    .ok();
+    serve_page_on_8000(env, &name, "hello-from-box");
     let port = free_port();
     let _t = tunnel(env, &name, &format!("{port}:localhost:8000"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = curl(port);
-        if out.stdout == "hello-from-box\n" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no answer through the tunnel: {:?} {}", out.status, out.stderr);
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    until_answered("the tunnel", || curl(port), "hello-from-box\n");
 }
 
 /// `ssh -D` (a SOCKS proxy, as VS Code's Remote-SSH opens one): names of the
@@ -72,11 +84,7 @@ pub fn local_reaches_box_server(env: &Env) {
 pub fn dynamic_forward_reaches_only_the_box(env: &Env) {
     let name = unique("dfwd");
     env.new_box(&name, &[]);
-    env.alice(
-        Some(&name),
-        &["mkdir -p /srv/d && echo hello-via-socks > /srv/d/index.html && cd /srv/d && nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"],
-    )
-    .ok();
+    serve_page_on_8000(env, &name, "hello-via-socks");
     let port = free_port();
     let mut cmd = env.daemon.ssh_with(
         &env.alice,
@@ -89,15 +97,7 @@ pub fn dynamic_forward_reaches_only_the_box(env: &Env) {
     let via = |url: &str| {
         run(Command::new("curl").args(["-s", "-m", "5", "--socks5-hostname", &format!("127.0.0.1:{port}"), url]))
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = via("http://localhost:8000/");
-        if out.stdout == "hello-via-socks\n" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no answer through ssh -D: {:?} {}", out.status, out.stderr);
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    until_answered("ssh -D", || via("http://localhost:8000/"), "hello-via-socks\n");
     assert_eq!(via("http://127.0.0.1:8000/").stdout, "hello-via-socks\n");
     for outside in ["http://example.invalid/", "http://10.0.0.1:8000/", "http://127.0.0.2:8000/"] {
         let out = via(outside);
@@ -130,15 +130,7 @@ pub fn socket_forward_reaches_box_unix_server(env: &Env) {
     let get = |socket: &std::path::Path| {
         run(Command::new("curl").args(["-s", "-m", "5", "--unix-socket"]).arg(socket).arg("http://box/"))
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = get(&local);
-        if out.stdout == "hello-over-unix\n" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no answer through the socket tunnel: {:?} {}", out.status, out.stderr);
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    until_answered("the socket tunnel", || get(&local), "hello-over-unix\n");
     let missing = env.dir.join(format!("{name}-missing.sock"));
     let spec = format!("{}:/run/nothing-here.sock", missing.display());
     let mut t = tunnel_with(env, &name, &spec, &["-v"], Stdio::piped());
