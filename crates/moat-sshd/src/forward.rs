@@ -42,13 +42,7 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
             moat_core::splice::both_ways(channel.into_stream(), tcp).await;
         }
         // A microVM guest's agent carries them over the stream.
-        Ok(HandAnswer::Carried(early)) => {
-            reply.accept().await;
-            let mut ssh = channel.into_stream();
-            if ssh.write_all(&early).await.is_ok() {
-                moat_core::splice::both_ways(ssh, stream).await;
-            }
-        }
+        Ok(HandAnswer::Carried(early)) => carry(channel, reply, early, stream).await,
         Ok(HandAnswer::Other(_)) | Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
     }
 }
@@ -63,13 +57,7 @@ pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: Cha
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
     match connect_path(&mut stream, &path).await {
-        Ok(early) => {
-            reply.accept().await;
-            let mut ssh = channel.into_stream();
-            if ssh.write_all(&early).await.is_ok() {
-                moat_core::splice::both_ways(ssh, stream).await;
-            }
-        }
+        Ok(early) => carry(channel, reply, early, stream).await,
         Err(e) => {
             static LIMIT: LogLimit = LogLimit::every(1000);
             if let Some(dropped) = LIMIT.allow() {
@@ -77,6 +65,16 @@ pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: Cha
             }
             reply.reject(ChannelOpenFailure::ConnectFailed).await
         }
+    }
+}
+
+/// Accepts the channel and splices it to the agent's stream, which carries
+/// the bytes now (`early` came after the agent's answer).
+async fn carry(channel: Channel<Msg>, reply: ChannelOpenHandle, early: Vec<u8>, stream: tokio::net::UnixStream) {
+    reply.accept().await;
+    let mut ssh = channel.into_stream();
+    if ssh.write_all(&early).await.is_ok() {
+        moat_core::splice::both_ways(ssh, stream).await;
     }
 }
 
