@@ -65,11 +65,21 @@ pub async fn hand(stream: &mut tokio::net::UnixStream, port: u16) -> io::Result<
     hand_answer(stream).await
 }
 
-/// Asks the agent on `stream` for a connection to the unix socket at `path`
-/// in the box ([`HostMsg::ConnectPath`]); returns the bytes that came after
-/// its `Connected` (the stream is the connection now), or why it could not.
+/// Asks the agent on `stream` for a connection to `port` on the box's
+/// loopback that it carries the bytes of ([`HostMsg::Connect`]); returns the
+/// bytes that came after its `Connected` (the stream is the connection now),
+/// or why it could not.
+pub async fn connect(stream: &mut tokio::net::UnixStream, port: u16) -> io::Result<Vec<u8>> {
+    connected(stream, &HostMsg::Connect { port }).await
+}
+
+/// As [`connect`], to the unix socket at `path` in the box ([`HostMsg::ConnectPath`]).
 pub async fn connect_path(stream: &mut tokio::net::UnixStream, path: &str) -> io::Result<Vec<u8>> {
-    send(stream, &HostMsg::ConnectPath { path: path.as_bytes().to_vec() }).await?;
+    connected(stream, &HostMsg::ConnectPath { path: path.as_bytes().to_vec() }).await
+}
+
+async fn connected(stream: &mut tokio::net::UnixStream, ask: &HostMsg) -> io::Result<Vec<u8>> {
+    send(stream, ask).await?;
     let mut reader = AgentReader::new(&mut *stream);
     match reader.recv().await? {
         Some(AgentMsg::Connected) => Ok(reader.into_parts().0),

@@ -10,6 +10,13 @@ pub mod mux;
 pub mod protocol;
 pub mod walk;
 
+/// How long each try to connect to a port in a box waits, doubling, about
+/// 5 s in all. A listener whose accept queue is full (`busybox httpd` listens
+/// with a backlog of 9) drops the SYN, and the kernel sends it again only
+/// after a second: a new try sooner gets in as soon as the server accepts
+/// again.
+pub const CONNECT_TRIES_MS: [u64; 10] = [5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560];
+
 /// What the agent, as PID 1 of a microVM guest, prints on the console once
 /// the guest is up, followed by the kernel release it runs on.
 pub const GUEST_UP: &str = "moat-agent: guest up, kernel";

@@ -27,6 +27,11 @@ pub struct Lease {
     _conn: Packets,
 }
 
+/// Most request log entries a message carries: each is at most ~1.3 KiB of
+/// JSON (a logged path is at most 512 bytes, some escaped), well within a
+/// request's 16 KiB.
+pub const LOGS_PER_MESSAGE: usize = 8;
+
 /// Keeps a web session open (dropping it ends the session), carries the log
 /// of the requests made in it, and gives more streams to the box's agent.
 #[derive(Debug)]
@@ -37,10 +42,13 @@ pub struct WebLease {
 }
 
 impl WebLease {
-    /// Logs a request carried in this session (lost if the privileged side is gone).
-    pub async fn log(&self, entry: &WebRequestLog) {
-        if let Ok(bytes) = serde_json::to_vec(&WebSessionMsg::Log(entry.clone())) {
-            let _ = self.conn.send(&bytes, &[]).await;
+    /// Logs requests carried in this session, [`LOGS_PER_MESSAGE`] to a
+    /// message (lost if the privileged side is gone).
+    pub async fn log(&self, entries: &[WebRequestLog]) {
+        for some in entries.chunks(LOGS_PER_MESSAGE) {
+            if let Ok(bytes) = serde_json::to_vec(&WebSessionMsg::Log(some.to_vec())) {
+                let _ = self.conn.send(&bytes, &[]).await;
+            }
         }
     }
 
@@ -48,8 +56,17 @@ impl WebLease {
     /// check again; the box is woken if `suspend` froze it meanwhile).
     pub async fn stream(&self) -> Result<OwnedFd, ApiError> {
         match self.ask(&WebSessionMsg::Stream).await? {
-            (Reply::Session, Some(fd)) => Ok(fd),
-            (Reply::Session, None) => Err(lost(&io::ErrorKind::InvalidData.into())),
+            (Reply::Session, fds) => fds.into_iter().next().ok_or_else(|| lost(&io::ErrorKind::InvalidData.into())),
+            (other, _) => Err(unexpected(&Event::Outcome(Ok(other)))),
+        }
+    }
+
+    /// Up to `count` unconnected sockets in the box's own network, for the
+    /// edge to connect to its port; none where the box's agent must connect
+    /// (a microVM guest).
+    pub async fn sockets(&self, count: u8) -> Result<Vec<OwnedFd>, ApiError> {
+        match self.ask(&WebSessionMsg::Sockets { count }).await? {
+            (Reply::WebSockets, fds) => Ok(fds),
             (other, _) => Err(unexpected(&Event::Outcome(Ok(other)))),
         }
     }
@@ -63,14 +80,14 @@ impl WebLease {
     }
 
     /// One ask on the session's connection, and its answer.
-    async fn ask(&self, ask: &WebSessionMsg) -> Result<(Reply, Option<OwnedFd>), ApiError> {
+    async fn ask(&self, ask: &WebSessionMsg) -> Result<(Reply, Vec<OwnedFd>), ApiError> {
         let _turn = self.asking.lock().await;
         let ask = serde_json::to_vec(ask).map_err(|e| lost(&e.into()))?;
         self.conn.send(&ask, &[]).await.map_err(|e| lost(&e))?;
         let msg = self.conn.recv(MAX_EVENT).await.map_err(|e| lost(&e))?;
         let msg = msg.ok_or_else(|| lost(&io::ErrorKind::UnexpectedEof.into()))?;
         match serde_json::from_slice::<Event>(&msg.bytes).map_err(|e| lost(&e.into()))? {
-            Event::Outcome(Ok(reply)) => Ok((reply, msg.fds.into_iter().next())),
+            Event::Outcome(Ok(reply)) => Ok((reply, msg.fds)),
             Event::Outcome(Err(e)) => Err(e),
             other => Err(unexpected(&other)),
         }

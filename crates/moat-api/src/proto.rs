@@ -581,11 +581,19 @@ impl From<&ManagerConfig> for AccountLimits {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum WebSessionMsg {
-    /// A request it carried, for the box's log.
-    Log(moat_core::web::WebRequestLog),
+    /// Requests it carried, for the box's log.
+    Log(Vec<moat_core::web::WebRequestLog>),
     /// Another stream to the same box's agent (for another connection to the
     /// port): answered with `Reply::Session` and the stream, or an error.
     Stream,
+    /// Sockets in the box's own network, at most [`crate::wire::MAX_FDS`],
+    /// which the edge connects to the port itself: answered with
+    /// `Reply::WebSockets` and them (none: the box's agent must connect, a
+    /// microVM guest's loopback not being the host kernel's), or an error.
+    Sockets {
+        /// How many.
+        count: u8,
+    },
     /// Resume the box if it is suspended (`suspend` freezes a box whatever
     /// its sessions; the edge asks when a box it holds is slow to answer):
     /// answered with `Reply::Done`, or an error.
@@ -653,6 +661,8 @@ pub enum Reply {
     Session,
     /// To `WebOp::Check`, and to `WebOp::SignIn` and `WebOp::Open` when refused.
     Web(WebVerdict),
+    /// To `WebSessionMsg::Sockets`: the sockets are attached.
+    WebSockets,
     /// To `WebOp::SignIn`: the session cookie's value.
     WebCookie(WebSecret),
     /// To `WebOp::Open`: the stream to the agent is attached; the visitor is `who`.

@@ -102,9 +102,9 @@ pub async fn serve<A: Answer>(dialer: Packets, answerer: Arc<A>) -> io::Result<(
     }
 }
 
-async fn send(conn: &Packets, event: &Event, fd: Option<&OwnedFd>) -> io::Result<()> {
+async fn send<'a>(conn: &Packets, event: &Event, fds: impl IntoIterator<Item = &'a OwnedFd>) -> io::Result<()> {
     let bytes = serde_json::to_vec(event).map_err(io::Error::other)?;
-    let fds: Vec<_> = fd.iter().map(|fd| fd.as_fd()).collect();
+    let fds: Vec<_> = fds.into_iter().map(AsFd::as_fd).collect();
     conn.send(&bytes, &fds).await
 }
 
@@ -356,11 +356,22 @@ async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Res
     // the requests it carried, and its asks for more streams to the box.
     while let Some(msg) = conn.recv(MAX_REQUEST).await? {
         match serde_json::from_slice::<WebSessionMsg>(&msg.bytes) {
-            Ok(WebSessionMsg::Log(entry)) => m.record_web(&id, &host, entry),
+            Ok(WebSessionMsg::Log(entries)) => {
+                for entry in entries {
+                    m.record_web(&id, &host, entry);
+                }
+            }
             Ok(WebSessionMsg::Stream) => match wake_and_stream(m, &id, &handle, &host.name).await {
                 Ok(fd) => send(conn, &Event::Outcome(Ok(Reply::Session)), Some(&fd)).await?,
                 Err(e) => send(conn, &Event::Outcome(Err(e)), None).await?,
             },
+            Ok(WebSessionMsg::Sockets { count }) => {
+                let count = usize::from(count).min(crate::wire::MAX_FDS);
+                match m.web_sockets(&id, count).await {
+                    Ok(made) => send(conn, &Event::Outcome(Ok(Reply::WebSockets)), &made.unwrap_or_default()).await?,
+                    Err(e) => send(conn, &Event::Outcome(Err(api_error(e))), None).await?,
+                }
+            }
             Ok(WebSessionMsg::Wake) => {
                 let outcome = m.wake(&id).await.map(|()| Reply::Done).map_err(api_error);
                 send(conn, &Event::Outcome(outcome), None).await?;

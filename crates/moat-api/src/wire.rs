@@ -20,8 +20,9 @@ use tokio::io::Interest;
 /// Payload bytes per packet: well under the default socket buffer (208 KiB),
 /// which bounds one packet.
 const FRAGMENT: usize = 32 << 10;
-/// Most descriptors one message carries (a box's six gateway listeners).
-pub const MAX_FDS: usize = 8;
+/// Most descriptors one message carries (a box's six gateway listeners, a
+/// batch of sockets in a box's network for the HTTP edge).
+pub const MAX_FDS: usize = 32;
 
 const MORE: u8 = 0;
 const LAST: u8 = 1;

@@ -3,6 +3,7 @@
 //! pool, and what only its kind of machine can do (boot, freeze, copy while
 //! running, list its files) asked of the [`Machine`] its record names.
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use moat_agent::protocol::HostMsg;
@@ -163,6 +164,19 @@ impl Backend for HostBackend {
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle> {
         let machine = self.machine(rec.backend).ok()?;
         self.host.cgroups.first_pid(&rec.id, rec.pid).map(|pid| self.handle_for(machine, rec, pid))
+    }
+
+    fn box_sockets(&self, rec: &BoxRecord, count: usize) -> Result<Option<Vec<OwnedFd>>, BackendError> {
+        if !self.machine(rec.backend)?.loopback_on_host() {
+            return Ok(None);
+        }
+        let cgroups = &self.host.cgroups;
+        let not_running = || BackendError::msg(format!("box {} is not running", rec.name));
+        let pid = cgroups.first_pid(&rec.id, rec.pid).ok_or_else(not_running)?;
+        let still_the_box = || cgroups.pids(&rec.id).iter().any(|p| u32::try_from(*p) == Ok(pid));
+        crate::host::port_socket::box_sockets(pid, still_the_box, count)
+            .map(Some)
+            .map_err(|e| BackendError::new(format!("make sockets in box {}'s network", rec.name), e))
     }
 
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {

@@ -110,6 +110,16 @@ pub fn front_door_filter() -> Vec<sock_filter> {
     parser_filter(false)
 }
 
+/// The HTTP edge's allow list: the front door's, and it may also connect
+/// the sockets it is handed (it can make none): those the privileged side
+/// made in a box's own network, connected to the box's port; a socket of a
+/// box's network reaches only what the box itself may.
+pub fn edge_filter() -> Vec<sock_filter> {
+    let mut prog = prologue();
+    if_syscall(&mut prog, libc::SYS_connect, &[stmt(BPF_RET_K, SECCOMP_RET_ALLOW)]);
+    parser_rules(prog, false, &IOCTL_REQUESTS)
+}
+
 /// The egress gateway's allow list: the front door's, and it may also make
 /// IPv4 and IPv6 sockets (never unix, netlink, packet or vsock ones), bind
 /// them (to dial from) and connect them (to the internet).
@@ -222,6 +232,11 @@ fn parser_rules(mut prog: Vec<sock_filter>, dials: bool, ioctls: &[u32]) -> Vec<
 /// [`front_door_filter`].
 pub fn front_door(uid: u32, gid: u32) -> io::Result<()> {
     drop_to(uid, gid, &front_door_filter())
+}
+
+/// As [`front_door`], under [`edge_filter`].
+pub fn edge(uid: u32, gid: u32) -> io::Result<()> {
+    drop_to(uid, gid, &edge_filter())
 }
 
 /// As [`front_door`], under [`gateway_filter`] (or, with `files`,
@@ -351,6 +366,19 @@ mod tests {
         }
         assert_eq!(call(libc::SYS_openat, 0, 0), SECCOMP_RET_ERRNO | libc::EACCES as u32);
         assert_eq!(run(&front_door_filter(), libc::SYS_wait4 as u32, [0; 6]), SECCOMP_RET_KILL_PROCESS);
+    }
+
+    #[test]
+    fn the_edge_connects_what_it_is_handed_and_makes_no_socket() {
+        let prog = edge_filter();
+        let call = |n: libc::c_long, a0: u64| run(&prog, n as u32, [a0, 0, 0, 0, 0, 0]);
+        assert_eq!(call(libc::SYS_connect, 3), SECCOMP_RET_ALLOW);
+        assert_eq!(call(libc::SYS_accept4, 3), SECCOMP_RET_ALLOW);
+        for kill in [libc::SYS_socket, libc::SYS_bind, libc::SYS_execve, libc::SYS_splice, libc::SYS_kill] {
+            assert_eq!(call(kill, libc::AF_INET as u64), SECCOMP_RET_KILL_PROCESS, "{kill}");
+        }
+        assert_eq!(call(libc::SYS_socketpair, libc::AF_VSOCK as u64), EPERM);
+        assert_eq!(call(libc::SYS_openat, 0), SECCOMP_RET_ERRNO | libc::EACCES as u32);
     }
 
     #[test]

@@ -41,6 +41,13 @@ pub trait Machine: Send + Sync {
     /// Where the booted box's agent listens on the host.
     fn agent_socket(&self, rec: &BoxRecord) -> PathBuf;
 
+    /// Whether the box's loopback is the host kernel's (its own network
+    /// namespace, as its first process sees it), so moat may connect to its
+    /// ports itself.
+    fn loopback_on_host(&self) -> bool {
+        false
+    }
+
     /// Ends every process of the box; its files stay.
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError>;
 

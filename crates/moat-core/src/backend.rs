@@ -1,6 +1,7 @@
 //! The trait every isolation backend implements. The namespace backend and the
 //! microVM backend differ in how they isolate; above this line nothing cares.
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -180,6 +181,14 @@ pub trait Backend: Send + Sync + 'static {
     /// How to reach the box if it is running (judged from the host, as
     /// `is_running`): for a box booted before the daemon restarted.
     fn handle(&self, rec: &BoxRecord) -> Option<BoxHandle>;
+    /// `count` TCP sockets (non-blocking, unconnected, IPv6 taking IPv4
+    /// too) made in the running box's own network on the host's kernel: the
+    /// HTTP edge connects them to a port on the box's loopback itself. `None`
+    /// where the box's loopback is not the host kernel's (a microVM guest's:
+    /// its agent connects there).
+    fn box_sockets(&self, _rec: &BoxRecord, _count: usize) -> Result<Option<Vec<OwnedFd>>, BackendError> {
+        Ok(None)
+    }
     /// Sets (`Some`) or removes (`None`) variables in the box's
     /// `/etc/environment`, which every session reads.
     fn set_environment(&self, rec: &BoxRecord, vars: &[(String, Option<String>)]) -> Result<(), BackendError>;

@@ -142,8 +142,8 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     if let (StatusCode::SWITCHING_PROTOCOLS, Some(downstream)) = (status, downstream) {
         let upstream = hyper::upgrade::on(&mut res);
         let log = entry(0);
+        session.log(log);
         tokio::spawn(async move {
-            session.lease.log(&log).await;
             if let (Ok(down), Ok(up)) = (downstream.await, upstream.await) {
                 moat_core::splice::both_ways(TokioIo::new(down), TokioIo::new(up)).await;
             }
@@ -156,9 +156,7 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let pool = Arc::clone(&ctx.pool);
     let (parts, body) = res.into_parts();
     let body = Counted::new(body, move |sent, clean| {
-        let log = entry(sent);
-        let for_log = Arc::clone(&session);
-        tokio::spawn(async move { for_log.lease.log(&log).await });
+        session.log(entry(sent));
         if clean {
             pool.give(host, BoxConn { sender, session });
         }

@@ -1,42 +1,47 @@
-//! Connections to box ports: each is a web session the privileged side
-//! opened (waking the box if it was suspended), whose agent stream was asked
-//! for the port, speaking HTTP/1.1 to the box's server: over the TCP socket
-//! the agent handed over (a namespace box), or over the stream (a microVM
-//! guest's agent carries the bytes).
+//! Connections to box ports: each is made in a web session the privileged
+//! side opened (waking the box if it was suspended), and speaks HTTP/1.1 to
+//! the box's server. For a namespace box the edge connects itself, from a
+//! socket the privileged side made in the box's own network (a batch at a
+//! time, so most connections cost the edge a `connect` and nothing more);
+//! for a microVM guest, whose loopback is its own kernel's, the guest's agent
+//! connects and carries the bytes over a stream to it.
 //!
-//! Asking the privileged side for a stream, and the agent for a thread, is
-//! most of a connection's cost, so a session keeps each stream whose agent
-//! handed a socket over, for the next `Hand`. A connection whose answer
-//! ended is kept a moment for the next request to the same port ([`Pool`]),
-//! and its session as long, whether the server kept the connection or not;
-//! the session keeps the box awake meanwhile, no longer.
+//! A connection whose answer ended is kept a moment for the next request to
+//! the same port ([`Pool`]), and its session as long, whether the server kept
+//! the connection or not; the session keeps the box awake meanwhile, no
+//! longer.
 
 use std::collections::HashMap;
 use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use moat_agent::client::{hand, HandAnswer};
-use moat_agent::protocol::AgentMsg;
+use moat_agent::CONNECT_TRIES_MS;
 use moat_api::{ApiClient, WebLease};
-use moat_core::web::{WebHost, WebRefusal, WebSecret};
-use tokio::net::{TcpStream, UnixStream};
+use moat_core::web::{WebHost, WebRefusal, WebRequestLog, WebSecret};
+use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
 use crate::body::ResBody;
 
 /// How long a connection whose answer ended waits for another request.
 pub const POOL_IDLE: Duration = Duration::from_secs(1);
-/// How long the box's agent has to say whether the port took the connection.
-const AGENT_ANSWER: Duration = Duration::from_secs(10);
+/// How long the box has to take the connection (or its agent to say whether
+/// it did).
+const CONNECT_ANSWER: Duration = Duration::from_secs(10);
 /// How long a box held in a session may be silent before the privileged
 /// side is asked to wake it (`suspend` freezes a box whatever its sessions:
 /// its agent and its servers then answer nothing).
 const NUDGE_AFTER: Duration = Duration::from_millis(50);
-/// Most streams a session keeps.
-const STREAMS_KEPT: usize = 16;
+/// How many sockets in the box's network a session asks for first; each ask
+/// after doubles it, up to as many as one message carries (a busy session
+/// asks rarely, a short one leaves few unused).
+const FIRST_SOCKETS: usize = 4;
+/// How long a request's log entry waits for others to be sent with.
+const LOG_DELAY: Duration = Duration::from_millis(50);
 /// Most idle connections kept per box port.
 const POOL_PER_PORT: usize = 16;
 
@@ -48,17 +53,43 @@ pub struct BoxConn {
     pub session: Arc<Session>,
 }
 
-/// A web session, and the streams to the box's agent it keeps, each ready
-/// for another `Hand`.
+/// A web session, the sockets in its box's network it has yet to use, and
+/// the log entries of its requests yet to be sent.
 pub struct Session {
     /// Keeps the box up, and is where the requests carried are logged.
     pub lease: WebLease,
-    streams: Mutex<Vec<UnixStream>>,
+    sockets: tokio::sync::Mutex<Sockets>,
+    unlogged: Mutex<Vec<WebRequestLog>>,
+}
+
+/// Sockets in a box's network not used yet, or word that its agent connects.
+#[derive(Default)]
+struct Sockets {
+    spare: Vec<OwnedFd>,
+    asked: usize,
+    through_agent: bool,
 }
 
 impl Session {
-    fn kept(&self) -> Option<UnixStream> {
-        self.streams.lock().unwrap_or_else(PoisonError::into_inner).pop()
+    fn new(lease: WebLease) -> Arc<Self> {
+        Arc::new(Self { lease, sockets: tokio::sync::Mutex::default(), unlogged: Mutex::default() })
+    }
+
+    /// Logs a request carried in this session: with the others of the next
+    /// few milliseconds, in as few messages as they fit (a message per
+    /// request cost the privileged side more than the request).
+    pub fn log(self: &Arc<Self>, entry: WebRequestLog) {
+        let mut unlogged = self.unlogged.lock().unwrap_or_else(PoisonError::into_inner);
+        unlogged.push(entry);
+        if unlogged.len() > 1 {
+            return;
+        }
+        let session = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(LOG_DELAY).await;
+            let entries = std::mem::take(&mut *session.unlogged.lock().unwrap_or_else(PoisonError::into_inner));
+            session.lease.log(&entries).await;
+        });
     }
 
     /// `answer` within `limit`, the box woken if it is silent a while.
@@ -73,11 +104,22 @@ impl Session {
         tokio::time::timeout_at(deadline, answer).await.ok()
     }
 
-    fn keep(&self, stream: UnixStream) {
-        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        if streams.len() < STREAMS_KEPT {
-            streams.push(stream);
+    /// A socket in the box's network, or `None` where its agent connects.
+    async fn socket(&self) -> Result<Option<OwnedFd>, OpenError> {
+        let mut sockets = self.sockets.lock().await;
+        if sockets.through_agent {
+            return Ok(None);
         }
+        if let Some(fd) = sockets.spare.pop() {
+            return Ok(Some(fd));
+        }
+        sockets.asked = (sockets.asked * 2).clamp(FIRST_SOCKETS, moat_api::wire::MAX_FDS);
+        let count = u8::try_from(sockets.asked).unwrap_or(u8::MAX);
+        let mut made = self.lease.sockets(count).await.map_err(|e| OpenError::Failed(e.message))?;
+        let fd = made.pop();
+        sockets.through_agent = fd.is_none();
+        sockets.spare = made;
+        Ok(fd)
     }
 }
 
@@ -96,10 +138,9 @@ pub enum OpenError {
 }
 
 /// Opens a connection to `host`'s box port for a visitor with `cookie`: in
-/// the web session another connection to that port holds, if one does
-/// (over a stream it kept, or a new stream to the agent, with no check
-/// again); else in a new session, for which the privileged side checks the
-/// cookie again and wakes the box.
+/// the web session another connection to that port holds, if one does (with
+/// no check again); else in a new session, for which the privileged side
+/// checks the cookie again and wakes the box.
 pub async fn open(
     api: &ApiClient,
     pool: &Pool,
@@ -107,53 +148,73 @@ pub async fn open(
     cookie: Option<&WebSecret>,
 ) -> Result<BoxConn, OpenError> {
     if let Some(session) = pool.session(host) {
-        if let Some(mut stream) = session.kept() {
-            // Lost (the agent went away), a fresh stream is asked for.
-            let answer = session.nudging(AGENT_ANSWER, hand(&mut stream, host.port)).await;
-            if let Some(Ok(HandAnswer::Socket(tcp))) = answer {
-                session.keep(stream);
-                let sender = handshake(TcpStream::from_std(tcp).map_err(failed)?).await?;
-                return Ok(BoxConn { sender, session });
-            }
+        match connect(&session, None, host.port).await {
+            // The session is over (the box stopped, say): a new one says why.
+            Err(OpenError::Failed(_)) => {}
+            opened => return opened.map(|sender| BoxConn { sender, session }),
         }
-        if let Ok(fd) = session.lease.stream().await {
-            return connect(session, fd, host.port).await;
-        }
-        // The session is over (the box stopped, say): a new one says why.
     }
     let (fd, lease) = match api.web_open(host, cookie).await {
         Ok(Ok((fd, lease, _))) => (fd, lease),
         Ok(Err(refusal)) => return Err(refusal.into()),
         Err(e) => return Err(OpenError::Failed(e.message)),
     };
-    let session = Arc::new(Session { lease, streams: Mutex::default() });
+    let session = Session::new(lease);
     pool.hold_session(host, &session);
-    connect(session, fd, host.port).await
+    let sender = connect(&session, Some(fd), host.port).await?;
+    Ok(BoxConn { sender, session })
 }
 
-/// A connection to `port` through `fd`, a new stream to the box's agent
-/// (kept in `session` after, if the agent handed the socket over).
-async fn connect(session: Arc<Session>, fd: OwnedFd, port: u16) -> Result<BoxConn, OpenError> {
+/// A connection to `port` in `session`'s box: from a socket in its network,
+/// or through its agent (over `agent`, a stream to it, if given).
+async fn connect(session: &Session, agent: Option<OwnedFd>, port: u16) -> Result<SendRequest<ResBody>, OpenError> {
+    let dialled = session.nudging(CONNECT_ANSWER, dial(session, port)).await;
+    match dialled.ok_or_else(|| OpenError::Failed("the box did not take the connection".into()))?? {
+        Some(tcp) => handshake(tcp).await,
+        None => {
+            let agent = match agent {
+                Some(fd) => fd,
+                None => session.lease.stream().await.map_err(|e| OpenError::Failed(e.message))?,
+            };
+            session.nudging(CONNECT_ANSWER, through_agent(agent, port)).await.unwrap_or_else(|| {
+                Err(OpenError::Failed("the box's agent did not answer".into()))
+            })
+        }
+    }
+}
+
+/// A connection to `port` on the box's loopback from a socket in its
+/// network, 127.0.0.1 then ::1 (as its agent would); `None` where its agent
+/// must connect. A try the box does not answer soon (its server's backlog
+/// full: the SYN was dropped) is made again, sooner than the kernel would.
+async fn dial(session: &Session, port: u16) -> Result<Option<TcpStream>, OpenError> {
+    for ip in [Ipv4Addr::LOCALHOST.to_ipv6_mapped(), Ipv6Addr::LOCALHOST] {
+        for ms in CONNECT_TRIES_MS {
+            let Some(fd) = session.socket().await? else { return Ok(None) };
+            let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
+            match tokio::time::timeout(Duration::from_millis(ms), socket.connect(SocketAddr::from((ip, port)))).await {
+                Ok(Ok(tcp)) => return Ok(Some(tcp)),
+                Ok(Err(_)) => break,
+                Err(_) => continue,
+            }
+        }
+    }
+    Err(OpenError::NoListener)
+}
+
+/// A connection to `port` that the box's agent (on `fd`) makes and carries.
+async fn through_agent(fd: OwnedFd, port: u16) -> Result<SendRequest<ResBody>, OpenError> {
     let stream = std::os::unix::net::UnixStream::from(fd);
     stream.set_nonblocking(true).map_err(failed)?;
     let mut stream = UnixStream::from_std(stream).map_err(failed)?;
-    let answer = tokio::time::timeout(AGENT_ANSWER, hand(&mut stream, port)).await;
-    let sender = match answer.map_err(|_| OpenError::Failed("the box's agent did not answer".into()))? {
-        // A namespace box's socket: the edge speaks to the box's server itself.
-        Ok(HandAnswer::Socket(tcp)) => {
-            session.keep(stream);
-            handshake(TcpStream::from_std(tcp).map_err(failed)?).await?
-        }
-        // A microVM guest's agent carries the bytes over the stream.
-        Ok(HandAnswer::Carried(early)) => handshake(moat_core::rewind::Rewind::new(early, stream)).await?,
-        Ok(HandAnswer::Other(AgentMsg::Error(_))) => return Err(OpenError::NoListener),
-        Ok(HandAnswer::Other(other)) => return Err(OpenError::Failed(format!("the box's agent answered {other:?}"))),
+    match moat_agent::client::connect(&mut stream, port).await {
+        Ok(early) => handshake(moat_core::rewind::Rewind::new(early, stream)).await,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err(OpenError::NoListener),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            return Err(OpenError::Failed("the box's agent closed the connection".into()))
+            Err(OpenError::Failed("the box's agent closed the connection".into()))
         }
-        Err(e) => return Err(failed(e)),
-    };
-    Ok(BoxConn { sender, session })
+        Err(e) => Err(failed(e)),
+    }
 }
 
 fn failed(e: io::Error) -> OpenError {

@@ -1,8 +1,9 @@
 //! `moat web-edge` (internal): the unprivileged process that speaks HTTP for
 //! boxes' web URLs. Started by `moat serve --http-listen` with the dialer
 //! socket as stdin; confines itself as the front door does (no privilege,
-//! the same system call list: it opens no file and makes no socket), then
-//! waits for its configuration and listening socket, and serves.
+//! the same system call list, and `connect` for the sockets the privileged
+//! side makes in a box's network: it opens no file and makes no socket),
+//! then waits for its configuration and listening socket, and serves.
 
 use anyhow::{bail, Context, Result};
 use moat_api::{ApiClient, Packets};
@@ -14,7 +15,7 @@ pub fn run(id: u32) -> Result<()> {
     // rustls picks its provider from what is compiled in, before confinement
     // would forbid nothing it needs (it opens no file): set it explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    moat_box::confine::front_door(id, id).context("confine the HTTP edge")?;
+    moat_box::confine::edge(id, id).context("confine the HTTP edge")?;
     let runtime = start.runtime()?;
     let dialer = start.link;
     runtime.block_on(async {

@@ -107,15 +107,25 @@ pub fn in_netns<T: Send, E: From<io::Error> + Send>(
     netns: &Path,
     work: impl FnOnce() -> Result<T, E> + Send,
 ) -> Result<T, E> {
-    let fail = |what: &str, e: io::Error| E::from(io::Error::new(e.kind(), format!("{what} {}: {e}", netns.display())));
-    let ns = std::fs::File::open(netns).map_err(|e| fail("open", e))?;
+    let ns = std::fs::File::open(netns)
+        .map_err(|e| E::from(io::Error::new(e.kind(), format!("open {}: {e}", netns.display()))))?;
+    in_open_netns(&ns, work)
+}
+
+/// [`in_netns`], for a namespace already open as `ns`.
+pub fn in_open_netns<T: Send, E: From<io::Error> + Send>(
+    ns: &std::fs::File,
+    work: impl FnOnce() -> Result<T, E> + Send,
+) -> Result<T, E> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| fail("enter", e.into()))?;
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+                E::from(io::Error::new(io::Error::from(e).kind(), format!("enter a network namespace: {e}")))
+            })?;
             work()
         })
         .join()
-        .map_err(|_| fail("a thread in", io::Error::other("panicked")))?
+        .map_err(|_| E::from(io::Error::other("a thread in a network namespace panicked")))?
     })
 }
 

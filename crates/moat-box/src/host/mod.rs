@@ -12,6 +12,7 @@ pub mod helper;
 pub mod netns;
 pub mod nflog;
 pub mod own;
+pub mod port_socket;
 
 use std::path::PathBuf;
 use std::sync::Arc;

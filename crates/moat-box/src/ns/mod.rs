@@ -228,6 +228,10 @@ impl Machine for NsMachine {
         self.host.run_dir(&rec.id).join("agent.sock")
     }
 
+    fn loopback_on_host(&self) -> bool {
+        true
+    }
+
     fn stop(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.host.cgroups.destroy(&rec.id).map_err(|e| BackendError::new("stop box", e))?;
         self.clear_tmp(rec)

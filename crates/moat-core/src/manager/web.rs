@@ -5,6 +5,7 @@
 //! signs every visitor out, and nothing of them is on disk to steal.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -257,6 +258,15 @@ impl BoxManager {
         }
         let (rec, _guard) = self.locked(&rec.account, &rec.name).await?;
         self.bring_up(&rec).await.map(|_| ())
+    }
+
+    /// `count` sockets in the network of a web session's box `id`, for the
+    /// edge to connect to its port (see [`crate::Backend::box_sockets`]);
+    /// `None` where its agent must connect instead. One store read.
+    pub async fn web_sockets(&self, id: &BoxId, count: usize) -> Result<Option<Vec<OwnedFd>>, ManagerError> {
+        let gone = || ManagerError::Backend(crate::BackendError::msg("the box is gone"));
+        let rec = self.db(|s| s.get_by_id(id))?.ok_or_else(gone)?;
+        Ok(self.blocking(move |b| b.box_sockets(&rec, count)).await??)
     }
 
     /// Logs a request the edge carried to box `id` (as `web` entries of its

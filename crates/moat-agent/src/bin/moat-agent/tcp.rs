@@ -12,11 +12,7 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use crate::frames::{self, FrameReader};
 
-/// How long each try to connect waits, doubling, about 5 s in all. A
-/// listener whose accept queue is full (`busybox httpd` listens with a
-/// backlog of 9) drops the SYN, and the kernel sends it again only after a
-/// second: a new try sooner gets in as soon as the server accepts again.
-pub const TRIES_MS: [u64; 10] = [5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560];
+pub use moat_agent::CONNECT_TRIES_MS as TRIES_MS;
 
 /// A connection to `port` on the box's loopback, IPv4 first; or the box is
 /// told nothing listens there.
