@@ -157,6 +157,25 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    // The sockets the edge is given in a box's network (a batch at a time)
+    // go with their session: after a burst of connections, and the second
+    // a session lingers, the edge holds no more descriptors than before.
+    let edge_pid = crate::privsep::front_door(edge.port);
+    let held = || std::fs::read_dir(format!("/proc/{edge_pid}/fd")).unwrap().count();
+    std::thread::sleep(Duration::from_secs(2));
+    let before = held();
+    std::thread::scope(|s| {
+        // Two at a time: the edge here lets two requests at once reach a box.
+        for _ in 0..2 {
+            s.spawn(|| (0..30).for_each(|_| assert!(get(&edge, &six, "/").contains("fine-a"))));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held() > before {
+        assert!(Instant::now() < deadline, "the edge holds {} descriptors, {before} before the burst", held());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     // A host not under the domain, and a second Host, are refused.
     let (answer, _) = exchange(&edge, &a, b"GET / HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n");
     assert_eq!(status(&answer), "421", "{answer}");
