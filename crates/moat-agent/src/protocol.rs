@@ -10,14 +10,12 @@
 //! output and finally `Exit`. The host keeps its side open until then: the end of
 //! the host's stream means the client is gone (as a closed SSH channel does), and
 //! the end of stdin is a `StdinEof` message. After `Connected` the connection
-//! turns into a raw byte stream to the TCP peer inside the box. `Hand` asks for
-//! the TCP connection itself where the host shares the box's kernel: the agent
-//! answers `Handed` with the connected socket attached (`SCM_RIGHTS`), and the
-//! host answers `Taken`, or `Carry` when no socket came with it (the stream
-//! went through a relay: a fleet's other node), and the agent then carries
-//! the bytes as for `Connect`; a microVM guest, whose sockets cannot cross,
-//! answers `Connected` at once. `ConnectPath` is `Connect` to a unix socket in
-//! the box (`ssh -L` to a socket path), always carried.
+//! turns into a raw byte stream to the TCP peer inside the box. `ConnectPath` is
+//! `Connect` to a unix socket in the box (`ssh -L` to a socket path). The agent
+//! never hands the host a descriptor: a box's agent is the box's to subvert,
+//! and a socket it made could have options set under the host (a linger that
+//! blocks the host's close). Where the host shares the box's kernel, the HTTP
+//! edge connects sockets the host made in the box's network instead.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
@@ -82,25 +80,12 @@ pub enum HostMsg {
         /// TCP port.
         port: u16,
     },
-    /// Open a TCP connection to this port on the box's loopback and hand the
-    /// socket over (answered with [`AgentMsg::Handed`]), or, where it cannot
-    /// cross (a microVM guest), carry its bytes as for `Connect`.
-    Hand {
-        /// TCP port.
-        port: u16,
-    },
     /// Open a connection to the unix stream socket at this path in the box
     /// and carry its bytes, as for `Connect`.
     ConnectPath {
         /// The socket's path, as the box names it.
         path: Vec<u8>,
     },
-    /// After `Handed`: the host has the socket (the agent lets its copy go
-    /// and waits for another `Hand`).
-    Taken,
-    /// After `Handed`: no socket came (a relay in between); carry the bytes
-    /// over this stream, as after `Connect`.
-    Carry,
     /// Liveness check; answered with `Pong`.
     Ping,
     /// The box's disk limit and what it has written, in bytes, for what
@@ -190,9 +175,6 @@ pub enum AgentMsg {
     Error(String),
     /// The TCP connection is open; raw bytes follow in both directions.
     Connected,
-    /// The TCP connection is open and is the socket attached to this frame;
-    /// the host answers `Taken` or `Carry`.
-    Handed,
     /// Answer to `Ping`.
     Pong,
     /// Answer to [`HostMsg::Present`]: for each path asked about, in order,
@@ -245,9 +227,8 @@ mod tag {
     pub const PRESENT: u8 = 0x0d;
     pub const SERVICE: u8 = 0x0e;
     pub const SERVICE_LOG: u8 = 0x0f;
-    pub const HAND: u8 = 0x10;
-    pub const TAKEN: u8 = 0x11;
-    pub const CARRY: u8 = 0x12;
+    // 0x10-0x12 and 0x89 were a handed socket's (`Hand`, `Taken`, `Carry`,
+    // `Handed`): not to be reused, an older agent may still run.
     pub const CONNECT_PATH: u8 = 0x13;
 
     pub const STARTED: u8 = 0x81;
@@ -258,7 +239,6 @@ mod tag {
     pub const CONNECTED: u8 = 0x86;
     pub const PONG: u8 = 0x87;
     pub const PRESENT_ANSWER: u8 = 0x88;
-    pub const HANDED: u8 = 0x89;
 }
 
 /// Appends frames to a buffer.
@@ -432,18 +412,11 @@ impl HostMsg {
                 w.u16(*port);
                 w.finish()
             }
-            Self::Hand { port } => {
-                let mut w = Writer::new(tag::HAND);
-                w.u16(*port);
-                w.finish()
-            }
             Self::ConnectPath { path } => {
                 let mut w = Writer::new(tag::CONNECT_PATH);
                 w.bytes(path);
                 w.finish()
             }
-            Self::Taken => Writer::new(tag::TAKEN).finish(),
-            Self::Carry => Writer::new(tag::CARRY).finish(),
             Self::Ping => Writer::new(tag::PING).finish(),
             Self::Disk { limit, used } => {
                 let mut w = Writer::new(tag::DISK);
@@ -512,10 +485,7 @@ impl HostMsg {
                 Self::Exec(ExecRequest { command, env, pty })
             }
             tag::CONNECT => Self::Connect { port: r.u16()? },
-            tag::HAND => Self::Hand { port: r.u16()? },
             tag::CONNECT_PATH => Self::ConnectPath { path: r.bytes()? },
-            tag::TAKEN => Self::Taken,
-            tag::CARRY => Self::Carry,
             tag::PING => Self::Ping,
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
             tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
@@ -569,7 +539,6 @@ impl AgentMsg {
                 w.finish()
             }
             Self::Connected => Writer::new(tag::CONNECTED).finish(),
-            Self::Handed => Writer::new(tag::HANDED).finish(),
             Self::Pong => Writer::new(tag::PONG).finish(),
             Self::Present(present) => {
                 let mut w = Writer::new(tag::PRESENT_ANSWER);
@@ -596,7 +565,6 @@ impl AgentMsg {
             // Lossy: an error text from a box is shown, never trusted.
             tag::ERROR => Self::Error(String::from_utf8_lossy(&r.bytes()?).into_owned()),
             tag::CONNECTED => Self::Connected,
-            tag::HANDED => Self::Handed,
             tag::PONG => Self::Pong,
             tag::PRESENT_ANSWER => Self::Present(r.bytes()?.iter().map(|b| *b != 0).collect()),
             other => return Err(ProtocolError::UnknownTag(other)),
@@ -638,10 +606,7 @@ mod tests {
         }));
         host_roundtrip(HostMsg::Exec(ExecRequest::default()));
         host_roundtrip(HostMsg::Connect { port: 8000 });
-        host_roundtrip(HostMsg::Hand { port: 5173 });
-        host_roundtrip(HostMsg::Taken);
         host_roundtrip(HostMsg::ConnectPath { path: b"/run/app.sock".to_vec() });
-        host_roundtrip(HostMsg::Carry);
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });
@@ -668,7 +633,6 @@ mod tests {
         agent_roundtrip(AgentMsg::Exit(ExitStatus::Signal { signo: 9, core_dumped: true }));
         agent_roundtrip(AgentMsg::Error("no such file".into()));
         agent_roundtrip(AgentMsg::Connected);
-        agent_roundtrip(AgentMsg::Handed);
         agent_roundtrip(AgentMsg::Pong);
         agent_roundtrip(AgentMsg::Present(vec![true, false, true]));
     }

@@ -4,7 +4,7 @@
 //! Only loopback targets are accepted: a forward is a way into the box, never a
 //! way for the client to use the box (or the host) as a proxy.
 
-use moat_agent::client::{connect_path, hand, HandAnswer};
+use moat_agent::client::{connect, connect_path};
 use russh::server::{ChannelOpenHandle, Msg};
 use russh::{Channel, ChannelOpenFailure};
 use tokio::io::AsyncWriteExt;
@@ -32,18 +32,9 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
     let Ok((mut stream, _session)) = ctx.connect(&name).await else {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
-    match hand(&mut stream, port).await {
-        // A namespace box's socket: the channel's bytes go to it directly.
-        Ok(HandAnswer::Socket(tcp)) => {
-            let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else {
-                return reply.reject(ChannelOpenFailure::ConnectFailed).await;
-            };
-            reply.accept().await;
-            moat_core::splice::both_ways(channel.into_stream(), tcp).await;
-        }
-        // A microVM guest's agent carries them over the stream.
-        Ok(HandAnswer::Carried(early)) => carry(channel, reply, early, stream).await,
-        Ok(HandAnswer::Other(_)) | Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
+    match connect(&mut stream, port).await {
+        Ok(early) => carry(channel, reply, early, stream).await,
+        Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
     }
 }
 

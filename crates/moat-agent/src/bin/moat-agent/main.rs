@@ -50,7 +50,7 @@ fn main() {
     // The kernel runs an initramfs's init as `/init`: a microVM guest.
     if std::env::args_os().next().is_some_and(|a| a == "/init") {
         let reaper = Arc::new(Reaper::start());
-        guest::run(move |stream| serve(stream, &reaper, Kernel::Guest));
+        guest::run(move |stream| serve(stream, &reaper));
     }
     // SAFETY: the host passes fd 3 as a listening unix socket and nothing else in
     // this process has claimed it; we take sole ownership here, once.
@@ -132,7 +132,7 @@ fn accept_one(listener: &UnixListener, reaper: &Arc<Reaper>) {
             let reaper = Arc::clone(reaper);
             // At pids.max a thread cannot be made; PID 1 must not panic (the
             // box would die with it): drop this connection instead.
-            let _ = std::thread::Builder::new().spawn(move || serve(stream, &reaper, Kernel::Host));
+            let _ = std::thread::Builder::new().spawn(move || serve(stream, &reaper));
         }
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
         // A transient accept error (EMFILE, ECONNABORTED) must not kill PID 1.
@@ -140,17 +140,8 @@ fn accept_one(listener: &UnixListener, reaper: &Arc<Reaper>) {
     }
 }
 
-/// Whose kernel the box runs on: the host's (a namespace box, whose host
-/// connections are unix sockets of the host's) or its own (a microVM guest,
-/// whose host connections are carried over a virtio port).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kernel {
-    Host,
-    Guest,
-}
-
 /// Serves one connection: its first message decides what it is.
-fn serve(stream: UnixStream, reaper: &Arc<Reaper>, kernel: Kernel) {
+fn serve(stream: UnixStream, reaper: &Arc<Reaper>) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
@@ -158,9 +149,6 @@ fn serve(stream: UnixStream, reaper: &Arc<Reaper>, kernel: Kernel) {
     let result = match reader.next() {
         Ok(Some(HostMsg::Exec(req))) => exec::run(req, reader, stream, reaper),
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
-        // A socket cannot cross a virtio port: a guest carries the bytes.
-        Ok(Some(HostMsg::Hand { port })) if kernel == Kernel::Guest => tcp::splice(port, reader, stream),
-        Ok(Some(HostMsg::Hand { port })) => tcp::hand(port, reader, stream),
         Ok(Some(HostMsg::ConnectPath { path })) => unix_socket::splice(&path, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
         Ok(Some(HostMsg::Walk)) => walk::run(&stream),

@@ -1,14 +1,12 @@
-//! `Connect` and `Hand`: a TCP connection to a port on the box's own
-//! loopback, spliced to the host connection or handed to the host.
+//! `Connect`: a TCP connection to a port on the box's own loopback, spliced
+//! to the host connection.
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use moat_agent::protocol::{AgentMsg, HostMsg};
-use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use moat_agent::protocol::AgentMsg;
 
 use crate::frames::{self, FrameReader};
 
@@ -81,48 +79,5 @@ pub fn relay(mut socket: impl Carried, reader: FrameReader, host: UnixStream) ->
     let _ = io::copy(&mut socket, &mut to_host);
     let _ = to_host.shutdown(Shutdown::Write);
     let _ = upstream.join();
-    Ok(())
-}
-
-/// Hands the host (which shares this kernel) the connected socket itself:
-/// no thread of the box's then carries its bytes. The socket is let go once
-/// the host says it has it; if none reached the host (a relay between, as
-/// to a fleet's other node), the bytes are carried as for `Connect`. The
-/// host may ask again on the same connection, for as long as it keeps it.
-pub fn hand(mut port: u16, mut reader: FrameReader, host: UnixStream) -> io::Result<()> {
-    loop {
-        if let Some(tcp) = connect(port, &host)? {
-            send_handed(&tcp, &host)?;
-            match reader.next()? {
-                Some(HostMsg::Taken) => drop(tcp),
-                Some(HostMsg::Carry) => return relay(tcp, reader, host),
-                _ => return Ok(()),
-            }
-        }
-        match reader.next()? {
-            Some(HostMsg::Hand { port: next }) => port = next,
-            Some(other) => {
-                return frames::send(&host, &AgentMsg::Error(format!("unexpected message after Hand: {other:?}")))
-            }
-            None => return Ok(()),
-        }
-    }
-}
-
-fn send_handed(tcp: &TcpStream, host: &UnixStream) -> io::Result<()> {
-    let frame = AgentMsg::Handed.encode();
-    let fds = [tcp.as_raw_fd()];
-    let sent = sendmsg::<()>(
-        host.as_raw_fd(),
-        &[IoSlice::new(&frame)],
-        &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )?;
-    // Five bytes into a fresh stream go whole; anything else leaves the host
-    // waiting on a cut frame, so it is an error it sees as the close.
-    if sent != frame.len() {
-        return Err(io::ErrorKind::WriteZero.into());
-    }
     Ok(())
 }
