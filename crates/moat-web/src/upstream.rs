@@ -176,9 +176,10 @@ async fn connect(session: &Session, agent: Option<OwnedFd>, port: u16) -> Result
                 Some(fd) => fd,
                 None => session.lease.stream().await.map_err(|e| OpenError::Failed(e.message))?,
             };
-            session.nudging(CONNECT_ANSWER, through_agent(agent, port)).await.unwrap_or_else(|| {
-                Err(OpenError::Failed("the box's agent did not answer".into()))
-            })
+            session
+                .nudging(CONNECT_ANSWER, through_agent(agent, port))
+                .await
+                .unwrap_or_else(|| Err(OpenError::Failed("the box's agent did not answer".into())))
         }
     }
 }
