@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,12 +17,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use moat_api::ApiClient;
+use moat_core::web::WebHost;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
-use crate::hello::WebHello;
+use crate::hello::{EdgeLimits, WebHello};
 use crate::limits::Slots;
 use crate::proxy::{self, Ctx};
 use crate::site::{self, SiteError};
@@ -32,16 +34,66 @@ pub enum EdgeError {
     /// Its certificate.
     #[error(transparent)]
     Site(#[from] SiteError),
+    /// Its listener, or a thread for an event loop.
+    #[error(transparent)]
+    Io(#[from] io::Error),
 }
 
 /// How often idle connections to boxes are let go.
 const SWEEP: Duration = Duration::from_millis(250);
 
-/// Serves box URLs on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, hello: WebHello, api: ApiClient) -> Result<(), EdgeError> {
-    let tls = TlsAcceptor::from(site::server_config(&hello.cert_pem, &hello.key_pem)?);
+/// What the edge's event loops share.
+struct Shared {
+    tls: TlsAcceptor,
+    api: ApiClient,
+    domain: String,
+    limits: EdgeLimits,
+    sources: Arc<Slots<IpAddr>>,
+    all: Arc<Semaphore>,
+    per_box: Arc<Slots<WebHost>>,
+}
+
+/// Serves box URLs on `listener` (non-blocking) until the process ends, in
+/// `loops` event loops: this one, and threads of their own each running one
+/// (a single-threaded runtime) on a copy of the listener, each connection
+/// served wholly by the loop that accepted it, with the loop's own pool of
+/// box connections and sessions (shared, they bounced requests between
+/// threads); the limits are the loops' together.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    hello: WebHello,
+    api: ApiClient,
+    loops: usize,
+) -> Result<(), EdgeError> {
     let limits = hello.limits;
-    let ctx = Ctx::new(api, hello.domain.to_ascii_lowercase(), limits);
+    let shared = Arc::new(Shared {
+        tls: TlsAcceptor::from(site::server_config(&hello.cert_pem, &hello.key_pem)?),
+        api,
+        domain: hello.domain.to_ascii_lowercase(),
+        limits,
+        sources: Slots::new(limits.per_source),
+        all: Arc::new(Semaphore::new(limits.connections)),
+        per_box: Slots::new(limits.per_box),
+    });
+    for _ in 1..loops {
+        let (listener, shared) = (listener.try_clone()?, Arc::clone(&shared));
+        std::thread::Builder::new().name("moat-web-loop".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let served =
+                runtime.and_then(|r| r.block_on(async { accept(TcpListener::from_std(listener)?, &shared).await }));
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "an event loop of the edge could not start");
+            }
+        })?;
+    }
+    Ok(accept(TcpListener::from_std(listener)?, &shared).await?)
+}
+
+/// One event loop: accepts connections on `listener` and serves each.
+async fn accept(listener: TcpListener, shared: &Shared) -> io::Result<()> {
+    let Shared { tls, api, domain, limits, sources, all, per_box } = shared;
+    let limits = *limits;
+    let ctx = Ctx::new(api.clone(), domain.clone(), limits, Arc::clone(per_box));
     let pool = Arc::clone(&ctx.pool);
     tokio::spawn(async move {
         let mut every = tokio::time::interval(SWEEP);
@@ -50,8 +102,6 @@ pub async fn serve(listener: TcpListener, hello: WebHello, api: ApiClient) -> Re
             pool.sweep();
         }
     });
-    let sources = Slots::new(limits.per_source);
-    let all = Arc::new(Semaphore::new(limits.connections));
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -62,7 +112,7 @@ pub async fn serve(listener: TcpListener, hello: WebHello, api: ApiClient) -> Re
                 continue;
             }
         };
-        let (Some(source), Ok(permit)) = (sources.take(&peer.ip()), Arc::clone(&all).try_acquire_owned()) else {
+        let (Some(source), Ok(permit)) = (sources.take(&peer.ip()), Arc::clone(all).try_acquire_owned()) else {
             // Closed at once: its other connections, or everyone's, are at the limit.
             continue;
         };

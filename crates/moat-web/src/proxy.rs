@@ -33,7 +33,8 @@ const CHECK_REUSE: Duration = Duration::from_secs(1);
 /// Most answers kept.
 const CHECKS_KEPT: usize = 10_000;
 
-/// What every request of the edge shares.
+/// What the requests of one event loop of the edge share (the limits on
+/// requests per box port are all loops' together).
 pub struct Ctx {
     /// The privileged side.
     pub api: ApiClient,
@@ -52,16 +53,10 @@ pub struct Ctx {
 type CheckKey = (WebHost, Option<WebSecret>);
 
 impl Ctx {
-    /// A context for the edge serving `domain`.
-    pub fn new(api: ApiClient, domain: String, limits: EdgeLimits) -> Arc<Self> {
-        Arc::new(Self {
-            api,
-            domain,
-            limits,
-            pool: Arc::default(),
-            per_box: Slots::new(limits.per_box),
-            checks: Mutex::default(),
-        })
+    /// A context for an event loop of the edge serving `domain`, counting
+    /// requests in flight per box port in `per_box`.
+    pub fn new(api: ApiClient, domain: String, limits: EdgeLimits, per_box: Arc<Slots<WebHost>>) -> Arc<Self> {
+        Arc::new(Self { api, domain, limits, pool: Arc::default(), per_box, checks: Mutex::default() })
     }
 
     /// Who the visitor with `cookie` is to `host`'s box, if it may reach it.

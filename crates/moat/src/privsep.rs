@@ -222,6 +222,11 @@ impl ChildStart {
         Ok(Self { link, workers })
     }
 
+    /// How many threads its work may use: one per CPU it may run on.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
     /// The async runtime, made once the child is confined.
     pub fn runtime(&self) -> Result<tokio::runtime::Runtime> {
         tokio::runtime::Builder::new_multi_thread()
