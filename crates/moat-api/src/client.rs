@@ -33,7 +33,8 @@ pub struct Lease {
 pub const LOGS_PER_MESSAGE: usize = 8;
 
 /// Keeps a web session open (dropping it ends the session), carries the log
-/// of the requests made in it, and gives more streams to the box's agent.
+/// of the requests made in it, and gives sockets in the box's network (or
+/// streams to its agent) for more connections to its port.
 #[derive(Debug)]
 pub struct WebLease {
     conn: Packets,

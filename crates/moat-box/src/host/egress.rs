@@ -73,16 +73,23 @@ pub fn listeners_in(netns: &Path) -> io::Result<Vec<(Role, OwnedFd)>> {
 /// box's `/proc/PID/ns/net` whose process is gone and whose pid a host
 /// process took would name the host's.
 pub fn briefly_in_netns<T>(netns: &Path, work: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    let target =
+        std::fs::File::open(netns).map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", netns.display())))?;
+    briefly_in_open_netns(&target, work)
+}
+
+/// [`briefly_in_netns`], for a namespace already open as `target`.
+pub fn briefly_in_open_netns<T>(target: &std::fs::File, work: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     use std::os::unix::fs::MetadataExt;
-    let fail = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what} {}: {e}", netns.display()));
     let own = std::fs::File::open("/proc/thread-self/ns/net")
-        .map_err(|e| fail("open our own namespace to return from", e))?;
-    let target = std::fs::File::open(netns).map_err(|e| fail("open", e))?;
+        .map_err(|e| io::Error::new(e.kind(), format!("open our own namespace to return from: {e}")))?;
     let (ours, theirs) = (own.metadata()?, target.metadata()?);
     if (ours.dev(), ours.ino()) == (theirs.dev(), theirs.ino()) {
-        return Err(fail("enter", io::Error::other("it is the host's own network namespace, not a box's")));
+        let why = "enter a box's network namespace: it is the host's own";
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
     }
-    nix::sched::setns(&target, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| fail("enter", e.into()))?;
+    nix::sched::setns(target, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("enter a box's network namespace: {e}")))?;
     let _back = Return(own);
     work()
 }
@@ -107,25 +114,15 @@ pub fn in_netns<T: Send, E: From<io::Error> + Send>(
     netns: &Path,
     work: impl FnOnce() -> Result<T, E> + Send,
 ) -> Result<T, E> {
-    let ns = std::fs::File::open(netns)
-        .map_err(|e| E::from(io::Error::new(e.kind(), format!("open {}: {e}", netns.display()))))?;
-    in_open_netns(&ns, work)
-}
-
-/// [`in_netns`], for a namespace already open as `ns`.
-pub fn in_open_netns<T: Send, E: From<io::Error> + Send>(
-    ns: &std::fs::File,
-    work: impl FnOnce() -> Result<T, E> + Send,
-) -> Result<T, E> {
+    let fail = |what: &str, e: io::Error| E::from(io::Error::new(e.kind(), format!("{what} {}: {e}", netns.display())));
+    let ns = std::fs::File::open(netns).map_err(|e| fail("open", e))?;
     std::thread::scope(|s| {
         s.spawn(|| {
-            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-                E::from(io::Error::new(io::Error::from(e).kind(), format!("enter a network namespace: {e}")))
-            })?;
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| fail("enter", e.into()))?;
             work()
         })
         .join()
-        .map_err(|_| E::from(io::Error::other("a thread in a network namespace panicked")))?
+        .map_err(|_| fail("a thread in", io::Error::other("panicked")))?
     })
 }
 

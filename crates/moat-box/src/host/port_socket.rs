@@ -8,27 +8,22 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::MetadataExt;
 
 use nix::sys::socket::{setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType};
 
 /// `count` non-blocking, unconnected TCP sockets in the network namespace of
-/// process `pid`, once `still_the_box` says, after that namespace is open,
-/// that `pid` is still one of the box's: a pid the box let go of and another
-/// process took would otherwise hand out sockets of that one's network (the
-/// host's, at worst), so the host's own namespace is refused outright too.
-/// IPv6 sockets that take IPv4 too (mapped addresses): one kind reaches a
-/// server on 127.0.0.1 or on ::1.
+/// process `pid`, made on this thread (it goes back after), once
+/// `still_the_box` says, after that namespace is open, that `pid` is still
+/// one of the box's: a pid the box let go of and another process took would
+/// otherwise hand out sockets of that one's network (the host's, at worst,
+/// which is refused outright too). IPv6 sockets that take IPv4 too (mapped
+/// addresses): one kind reaches a server on 127.0.0.1 or on ::1.
 pub fn box_sockets(pid: u32, still_the_box: impl FnOnce() -> bool, count: usize) -> io::Result<Vec<OwnedFd>> {
     let ns = File::open(format!("/proc/{pid}/ns/net"))?;
     if !still_the_box() {
         return Err(io::Error::new(io::ErrorKind::NotFound, "the box's process ended"));
     }
-    let (its, ours) = (ns.metadata()?, std::fs::metadata("/proc/self/ns/net")?);
-    if (its.dev(), its.ino()) == (ours.dev(), ours.ino()) {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the process is in the host's own network"));
-    }
-    super::egress::in_open_netns(&ns, || {
+    super::egress::briefly_in_open_netns(&ns, || {
         (0..count)
             .map(|_| {
                 let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
