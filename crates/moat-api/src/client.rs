@@ -32,6 +32,17 @@ pub struct Lease {
 /// request's 16 KiB.
 pub const LOGS_PER_MESSAGE: usize = 8;
 
+/// How the edge reaches a web session's box port.
+#[derive(Debug)]
+pub enum WebReach {
+    /// From sockets in the box's own network, which it connects itself (and
+    /// asks [`WebLease::sockets`] for more).
+    Sockets(Vec<OwnedFd>),
+    /// Through the box's agent, over this stream to it (and
+    /// [`WebLease::stream`] for more).
+    Agent(OwnedFd),
+}
+
 /// Keeps a web session open (dropping it ends the session), carries the log
 /// of the requests made in it, and gives sockets in the box's network (or
 /// streams to its agent) for more connections to its port.
@@ -57,7 +68,7 @@ impl WebLease {
     /// check again; the box is woken if `suspend` froze it meanwhile).
     pub async fn stream(&self) -> Result<OwnedFd, ApiError> {
         match self.ask(&WebSessionMsg::Stream).await? {
-            (Reply::Session, fds) => fds.into_iter().next().ok_or_else(|| lost(&io::ErrorKind::InvalidData.into())),
+            (Reply::Session, fds) => one(fds),
             (other, _) => Err(unexpected(&Event::Outcome(Ok(other)))),
         }
     }
@@ -126,7 +137,7 @@ impl ApiClient {
         &self,
         req: &Request,
         updates: Option<&mpsc::Sender<Event>>,
-    ) -> Result<(Reply, Option<OwnedFd>, Packets), ApiError> {
+    ) -> Result<(Reply, Vec<OwnedFd>, Packets), ApiError> {
         let conn = self.dial().await.map_err(|e| lost(&e))?;
         let bytes = serde_json::to_vec(req).map_err(|e| lost(&e.into()))?;
         conn.send(&bytes, &[]).await.map_err(|e| lost(&e))?;
@@ -135,7 +146,7 @@ impl ApiClient {
             let msg = msg.ok_or_else(|| lost(&io::ErrorKind::UnexpectedEof.into()))?;
             let event: Event = serde_json::from_slice(&msg.bytes).map_err(|e| lost(&e.into()))?;
             match (event, updates) {
-                (Event::Outcome(outcome), _) => return Ok((outcome?, msg.fds.into_iter().next(), conn)),
+                (Event::Outcome(outcome), _) => return Ok((outcome?, msg.fds, conn)),
                 (update, Some(updates)) => {
                     // The reader went away: nobody wants the rest.
                     updates.send(update).await.map_err(|_| lost(&io::ErrorKind::BrokenPipe.into()))?;
@@ -173,7 +184,7 @@ impl ApiClient {
         let op = Op::OpenSession { name: name.clone(), owner: owner.cloned() };
         let req = Request::Act { account: account.clone(), op };
         match self.exchange(&req, None).await? {
-            (Reply::Session, Some(fd), conn) => Ok((fd, Lease { _conn: conn })),
+            (Reply::Session, fds, conn) => Ok((one(fds)?, Lease { _conn: conn })),
             (reply, _, _) => Err(ApiError::unexpected(&reply)),
         }
     }
@@ -201,21 +212,25 @@ impl ApiClient {
         }
     }
 
-    /// A web session on the box `host` names (resuming it if suspended): a
-    /// stream connected to its agent, the lease that keeps the box up (and
-    /// takes the log of the requests carried), and who the visitor is; or
+    /// A web session on the box `host` names (resuming it if suspended): the
+    /// lease that keeps the box up (and takes the log of the requests
+    /// carried), how the edge reaches the box's port (up to `sockets` sockets
+    /// in its network, or a stream to its agent), and who the visitor is; or
     /// why not.
     pub async fn web_open(
         &self,
         host: &WebHost,
         cookie: Option<&WebSecret>,
-    ) -> Result<Result<(OwnedFd, WebLease, String), WebRefusal>, ApiError> {
-        let req = Request::Web(WebOp::Open { host: host.clone(), cookie: cookie.cloned() });
-        match self.exchange(&req, None).await? {
-            (Reply::WebSession { who }, Some(fd), conn) => Ok(Ok((fd, WebLease { conn, asking: Mutex::new(()) }, who))),
-            (Reply::Web(WebVerdict::Refuse(r)), _, _) => Ok(Err(r)),
-            (reply, _, _) => Err(ApiError::unexpected(&reply)),
-        }
+        sockets: u8,
+    ) -> Result<Result<(WebLease, WebReach, String), WebRefusal>, ApiError> {
+        let req = Request::Web(WebOp::Open { host: host.clone(), cookie: cookie.cloned(), sockets });
+        let (reach, who, conn) = match self.exchange(&req, None).await? {
+            (Reply::WebSession { who, through_agent: true }, fds, conn) => (WebReach::Agent(one(fds)?), who, conn),
+            (Reply::WebSession { who, through_agent: false }, fds, conn) => (WebReach::Sockets(fds), who, conn),
+            (Reply::Web(WebVerdict::Refuse(r)), _, _) => return Ok(Err(r)),
+            (reply, _, _) => return Err(ApiError::unexpected(&reply)),
+        };
+        Ok(Ok((WebLease { conn, asking: Mutex::new(()) }, reach, who)))
     }
 
     /// The account a public key (`TYPE BASE64`) is, if it may log in.
@@ -225,4 +240,10 @@ impl ApiClient {
             reply => Err(ApiError::unexpected(&reply)),
         }
     }
+}
+
+/// The one descriptor an answer carries.
+fn one(fds: Vec<OwnedFd>) -> Result<OwnedFd, ApiError> {
+    let [fd] = <[OwnedFd; 1]>::try_from(fds).map_err(|_| lost(&io::ErrorKind::InvalidData.into()))?;
+    Ok(fd)
 }

@@ -19,7 +19,7 @@ pub mod route;
 pub mod server;
 pub mod wire;
 
-pub use client::{ApiClient, Lease, WebLease};
+pub use client::{ApiClient, Lease, WebLease, WebReach};
 pub use proto::{
     AccountLimits, ApiError, BoxInfo, DurableInfo, Event, Hello, ImageInfo, Op, Password, Reply, Request, Route, WebOp,
     WebSessionMsg, Whoami,

@@ -409,14 +409,18 @@ pub enum WebOp {
         link: WebSecret,
     },
     /// As `Check`, then a session on the box (resuming it if suspended):
-    /// the answer carries a stream connected to its agent, and the box stays
-    /// up until this request's connection closes. Meanwhile the edge sends
+    /// the answer carries up to `sockets` sockets in the box's own network
+    /// (as `WebSessionMsg::Sockets` would), or, where its agent must connect
+    /// (a microVM guest), a stream to the agent; the box stays up until this
+    /// request's connection closes. Meanwhile the edge sends
     /// [`WebSessionMsg`]s on it.
     Open {
         /// The URL's box port.
         host: WebHost,
         /// The visitor's session cookie, if it sent one.
         cookie: Option<WebSecret>,
+        /// How many sockets in the box's network to attach.
+        sockets: u8,
     },
 }
 
@@ -665,10 +669,14 @@ pub enum Reply {
     WebSockets,
     /// To `WebOp::SignIn`: the session cookie's value.
     WebCookie(WebSecret),
-    /// To `WebOp::Open`: the stream to the agent is attached; the visitor is `who`.
+    /// To `WebOp::Open`: sockets in the box's network are attached, or a
+    /// stream to its agent; the visitor is `who`.
     WebSession {
         /// Who the visitor is (an account, or `public`).
         who: String,
+        /// The attached descriptor is a stream to the box's agent, which
+        /// connects to its ports (a microVM guest's loopback is its own).
+        through_agent: bool,
     },
     /// To `Urls` (and `Expose`: the one port).
     Exposures(Vec<Exposure>),

@@ -324,7 +324,7 @@ async fn send_log(
 async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Result<()> {
     let m = &ctx.manager;
     let refused = |r: WebRefusal| Event::Outcome(Ok(Reply::Web(WebVerdict::Refuse(r))));
-    let (host, cookie) = match op {
+    let (host, cookie, sockets) = match op {
         WebOp::Check { host, cookie } => {
             let verdict = match m.web_check(&host, cookie.as_ref()) {
                 Ok((_, who)) => WebVerdict::Allow { who },
@@ -339,19 +339,26 @@ async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Res
             };
             return send(conn, &event, None).await;
         }
-        WebOp::Open { host, cookie } => (host, cookie),
+        WebOp::Open { host, cookie, sockets } => (host, cookie, sockets),
     };
     let (handle, guard, id, who) = match m.web_open(&host, cookie.as_ref()).await {
         Ok(opened) => opened,
         Err(WebOpenError::Refused(r)) => return send(conn, &refused(r), None).await,
         Err(WebOpenError::Failed(e)) => return send(conn, &Event::Outcome(Err(api_error(e))), None).await,
     };
-    let fd = match agent_stream(handle.clone(), &host.name).await {
-        Ok(fd) => fd,
-        Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
+    // Sockets in the box's network for the edge to connect itself; a stream
+    // to its agent where the agent must connect.
+    let reach = match m.web_sockets(&id, usize::from(sockets).min(crate::wire::MAX_FDS)).await {
+        Ok(Some(made)) => Ok((false, made)),
+        Ok(None) => agent_stream(handle.clone(), &host.name).await.map(|fd| (true, vec![fd])),
+        Err(e) => Err(api_error(e)),
     };
-    send(conn, &Event::Outcome(Ok(Reply::WebSession { who })), Some(&fd)).await?;
-    drop(fd);
+    match reach {
+        Ok((through_agent, fds)) => {
+            send(conn, &Event::Outcome(Ok(Reply::WebSession { who, through_agent })), &fds).await?;
+        }
+        Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
+    }
     // The session lasts as long as the edge keeps this connection; on it,
     // the requests it carried, and its asks for more streams to the box.
     while let Some(msg) = conn.recv(MAX_REQUEST).await? {

@@ -16,11 +16,15 @@ pub struct WebHello {
     pub key_pem: String,
     /// The limits.
     pub limits: EdgeLimits,
+    /// Event loops (a thread each) to serve in; 0: one per CPU but one.
+    pub loops: usize,
 }
 
 impl std::fmt::Debug for WebHello {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebHello").field("domain", &self.domain).field("limits", &self.limits).finish_non_exhaustive()
+        f.debug_struct("WebHello").field("domain", &self.domain).field("limits", &self.limits)
+            .field("loops", &self.loops)
+            .finish_non_exhaustive()
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use moat_agent::CONNECT_TRIES_MS;
-use moat_api::{ApiClient, WebLease};
+use moat_api::{ApiClient, WebLease, WebReach};
 use moat_core::web::{WebHost, WebRefusal, WebRequestLog, WebSecret};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
@@ -36,11 +36,12 @@ const CONNECT_ANSWER: Duration = Duration::from_secs(10);
 /// side is asked to wake it (`suspend` freezes a box whatever its sessions:
 /// its agent and its servers then answer nothing).
 const NUDGE_AFTER: Duration = Duration::from_millis(50);
-/// How many sockets in the box's network a session asks for first; each ask
-/// after doubles it, up to as many as one message carries (a busy session
+/// How many sockets in the box's network a session's opening brings; each
+/// ask after doubles it, up to as many as one message carries (a busy session
 /// asks rarely, a short one leaves few unused).
-const FIRST_SOCKETS: usize = 4;
-/// How long a request's log entry waits for others to be sent with.
+const FIRST_SOCKETS: u8 = 4;
+/// How long after a message of log entries the next is sent: those of the
+/// requests meanwhile go in it together.
 const LOG_DELAY: Duration = Duration::from_millis(50);
 /// Most idle connections kept per box port.
 const POOL_PER_PORT: usize = 16;
@@ -59,36 +60,59 @@ pub struct Session {
     /// Keeps the box up, and is where the requests carried are logged.
     pub lease: WebLease,
     sockets: tokio::sync::Mutex<Sockets>,
-    unlogged: Mutex<Vec<WebRequestLog>>,
+    unlogged: Mutex<Unlogged>,
 }
 
 /// Sockets in a box's network not used yet, or word that its agent connects.
-#[derive(Default)]
 struct Sockets {
     spare: Vec<OwnedFd>,
     asked: usize,
     through_agent: bool,
 }
 
+/// Log entries not sent yet, and whether a task is sending them.
+#[derive(Default)]
+struct Unlogged {
+    entries: Vec<WebRequestLog>,
+    sending: bool,
+}
+
 impl Session {
-    fn new(lease: WebLease) -> Arc<Self> {
-        Arc::new(Self { lease, sockets: tokio::sync::Mutex::default(), unlogged: Mutex::default() })
+    /// A session reaching its box as `reach` says (a stream to its agent
+    /// is returned: it is the first connection's).
+    fn new(lease: WebLease, reach: WebReach) -> (Arc<Self>, Option<OwnedFd>) {
+        let (sockets, agent) = match reach {
+            WebReach::Sockets(spare) => (Sockets { spare, asked: FIRST_SOCKETS.into(), through_agent: false }, None),
+            WebReach::Agent(fd) => (Sockets { spare: Vec::new(), asked: 0, through_agent: true }, Some(fd)),
+        };
+        let session = Self { lease, sockets: tokio::sync::Mutex::new(sockets), unlogged: Mutex::default() };
+        (Arc::new(session), agent)
     }
 
-    /// Logs a request carried in this session: with the others of the next
-    /// few milliseconds, in as few messages as they fit (a message per
-    /// request cost the privileged side more than the request).
+    /// Logs a request carried in this session: at once if no message went
+    /// in the last few milliseconds, else with the others of those in one
+    /// message when they end (a message per request cost the privileged side
+    /// more than the request; one held back would be lost with the edge).
     pub fn log(self: &Arc<Self>, entry: WebRequestLog) {
         let mut unlogged = self.unlogged.lock().unwrap_or_else(PoisonError::into_inner);
-        unlogged.push(entry);
-        if unlogged.len() > 1 {
+        unlogged.entries.push(entry);
+        if std::mem::replace(&mut unlogged.sending, true) {
             return;
         }
         let session = Arc::clone(self);
         tokio::spawn(async move {
-            tokio::time::sleep(LOG_DELAY).await;
-            let entries = std::mem::take(&mut *session.unlogged.lock().unwrap_or_else(PoisonError::into_inner));
-            session.lease.log(&entries).await;
+            loop {
+                let entries = {
+                    let mut unlogged = session.unlogged.lock().unwrap_or_else(PoisonError::into_inner);
+                    unlogged.sending = !unlogged.entries.is_empty();
+                    std::mem::take(&mut unlogged.entries)
+                };
+                if entries.is_empty() {
+                    return;
+                }
+                session.lease.log(&entries).await;
+                tokio::time::sleep(LOG_DELAY).await;
+            }
         });
     }
 
@@ -113,7 +137,7 @@ impl Session {
         if let Some(fd) = sockets.spare.pop() {
             return Ok(Some(fd));
         }
-        sockets.asked = (sockets.asked * 2).clamp(FIRST_SOCKETS, moat_api::wire::MAX_FDS);
+        sockets.asked = (sockets.asked * 2).clamp(FIRST_SOCKETS.into(), moat_api::wire::MAX_FDS);
         let count = u8::try_from(sockets.asked).unwrap_or(u8::MAX);
         let mut made = self.lease.sockets(count).await.map_err(|e| OpenError::Failed(e.message))?;
         let fd = made.pop();
@@ -154,14 +178,14 @@ pub async fn open(
             opened => return opened.map(|sender| BoxConn { sender, session }),
         }
     }
-    let (fd, lease) = match api.web_open(host, cookie).await {
-        Ok(Ok((fd, lease, _))) => (fd, lease),
+    let (lease, reach) = match api.web_open(host, cookie, FIRST_SOCKETS).await {
+        Ok(Ok((lease, reach, _))) => (lease, reach),
         Ok(Err(refusal)) => return Err(refusal.into()),
         Err(e) => return Err(OpenError::Failed(e.message)),
     };
-    let session = Session::new(lease);
+    let (session, agent) = Session::new(lease, reach);
     pool.hold_session(host, &session);
-    let sender = connect(&session, Some(fd), host.port).await?;
+    let sender = connect(&session, agent, host.port).await?;
     Ok(BoxConn { sender, session })
 }
 

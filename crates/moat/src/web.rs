@@ -53,6 +53,10 @@ pub struct WebArgs {
     /// Seconds a box has to begin answering a request.
     #[arg(long, default_value_t = EdgeLimits::default().answer_secs)]
     http_answer_timeout: u64,
+    /// Event loops (threads) the HTTP edge serves in [default: one per CPU
+    /// but one, at least one: the boxes' servers need a CPU too].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    http_loops: Option<u16>,
 }
 
 /// The HTTP edge as [`crate::privsep::supervise`] runs it.
@@ -115,7 +119,8 @@ impl WebArgs {
             ..EdgeLimits::default()
         };
         let site = WebSite { domain: domain.clone(), port: self.http_url_port.unwrap_or(addr.port()) };
-        let hello = WebHello { domain, cert_pem, key_pem, limits };
+        let loops = self.http_loops.map_or(0, usize::from);
+        let hello = WebHello { domain, cert_pem, key_pem, limits, loops };
         Ok(Some(Planned { listener, edge: WebEdge { id: self.http_edge_id, hello }, site }))
     }
 }

@@ -23,7 +23,7 @@ pub fn run(id: u32) -> Result<()> {
     // CPUs, one loop carried 0.89-0.94x nginx's requests a second, two
     // 0.81-0.86x).
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let loops = start.workers().saturating_sub(1).max(1);
+    let per_cpu = start.workers().saturating_sub(1).max(1);
     let dialer = start.link;
     runtime.block_on(async {
         let dialer = Packets::new(dialer)?;
@@ -32,6 +32,7 @@ pub fn run(id: u32) -> Result<()> {
         let hello: WebHello = serde_json::from_slice(&hello.bytes).context("read the configuration")?;
         let listener = std::net::TcpListener::from(listener);
         listener.set_nonblocking(true)?;
+        let loops = if hello.loops == 0 { per_cpu } else { hello.loops };
         moat_web::serve(listener, hello, ApiClient::new(dialer), loops).await?;
         Ok(())
     })

@@ -104,6 +104,10 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
         "2",
         "--http-answer-timeout",
         "3",
+        // Three event loops, though this host's CPUs would give one: every
+        // limit below holds across the loops a connection may land in.
+        "--http-loops",
+        "3",
     ];
     let daemon = Daemon::start(env.dir.join("web-hostile-state"), env.daemon.keys_file.clone(), &flags);
     let edge = daemon.edge.clone().expect("an edge");
@@ -161,6 +165,11 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
     // go with their session: after a burst of connections, and the second
     // a session lingers, the edge holds no more descriptors than before.
     let edge_pid = crate::privsep::front_door(edge.port);
+    let loops = std::fs::read_dir(format!("/proc/{edge_pid}/task"))
+        .unwrap()
+        .filter(|t| std::fs::read_to_string(t.as_ref().unwrap().path().join("comm")).unwrap().trim() == "moat-web-loop")
+        .count();
+    assert_eq!(loops, 2, "the edge's event loops besides its first");
     let held = || std::fs::read_dir(format!("/proc/{edge_pid}/fd")).unwrap().count();
     std::thread::sleep(Duration::from_secs(2));
     let before = held();
