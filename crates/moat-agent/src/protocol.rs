@@ -45,11 +45,25 @@ pub struct PtySpec {
     pub size: WinSize,
 }
 
+/// What a session runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Run {
+    /// A login shell.
+    #[default]
+    Shell,
+    /// A shell command line, run as `$SHELL -c`.
+    Command(Vec<u8>),
+    /// An SFTP server: the box's own `sftp-server` if it has one, else the
+    /// agent's (see the agent's `sftp`), so that `sftp` and `scp` work in any
+    /// image.
+    Sftp,
+}
+
 /// What to run inside the box.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ExecRequest {
-    /// A shell command line, run as `$SHELL -c`; `None` starts a login shell.
-    pub command: Option<Vec<u8>>,
+    /// The program.
+    pub run: Run,
     /// Extra environment variables (already filtered by the host).
     pub env: Vec<(String, String)>,
     /// Allocate a terminal.
@@ -393,9 +407,10 @@ impl HostMsg {
         match self {
             Self::Exec(req) => {
                 let mut w = Writer::new(tag::EXEC);
-                match &req.command {
-                    Some(cmd) => w.u8(1).bytes(cmd),
-                    None => w.u8(0),
+                match &req.run {
+                    Run::Shell => w.u8(0),
+                    Run::Command(cmd) => w.u8(1).bytes(cmd),
+                    Run::Sftp => w.u8(2),
                 };
                 w.u32(u32::try_from(req.env.len()).unwrap_or(0));
                 for (k, v) in &req.env {
@@ -465,9 +480,11 @@ impl HostMsg {
         let mut r = Reader { rest: body };
         let msg = match tag {
             tag::EXEC => {
-                let command = match r.u8()? {
-                    0 => None,
-                    _ => Some(r.bytes()?),
+                let run = match r.u8()? {
+                    0 => Run::Shell,
+                    1 => Run::Command(r.bytes()?),
+                    2 => Run::Sftp,
+                    kind => return Err(ProtocolError::UnknownTag(kind)),
                 };
                 let n = r.u32()? as usize;
                 // Each pair takes at least 8 bytes; refuse counts the body cannot hold.
@@ -482,7 +499,7 @@ impl HostMsg {
                     0 => None,
                     _ => Some(PtySpec { term: r.string()?, size: winsize(&mut r)? }),
                 };
-                Self::Exec(ExecRequest { command, env, pty })
+                Self::Exec(ExecRequest { run, env, pty })
             }
             tag::CONNECT => Self::Connect { port: r.u16()? },
             tag::CONNECT_PATH => Self::ConnectPath { path: r.bytes()? },
@@ -599,8 +616,9 @@ mod tests {
 
     #[test]
     fn host_messages_roundtrip() {
+        host_roundtrip(HostMsg::Exec(ExecRequest { run: Run::Sftp, ..Default::default() }));
         host_roundtrip(HostMsg::Exec(ExecRequest {
-            command: Some(b"make test".to_vec()),
+            run: Run::Command(b"make test".to_vec()),
             env: vec![("LANG".into(), "C.UTF-8".into())],
             pty: Some(PtySpec { term: "xterm".into(), size: WinSize { cols: 80, rows: 24 } }),
         }));

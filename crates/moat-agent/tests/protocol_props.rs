@@ -5,7 +5,7 @@
 
 #![allow(missing_docs)]
 
-use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize};
+use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, Run, WinSize};
 use proptest::prelude::*;
 
 fn check_host(bytes: &[u8]) {
@@ -28,7 +28,7 @@ fn check_agent(bytes: &[u8]) {
 fn samples() -> Vec<Vec<u8>> {
     vec![
         HostMsg::Exec(ExecRequest {
-            command: Some(b"echo hi".to_vec()),
+            run: Run::Command(b"echo hi".to_vec()),
             env: vec![("LANG".into(), "C.UTF-8".into())],
             pty: Some(PtySpec { term: "xterm".into(), size: WinSize { cols: 80, rows: 24 } }),
         })

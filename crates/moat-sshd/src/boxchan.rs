@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use moat_agent::client::{send, AgentReader};
-use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, WinSize, MAX_CHUNK};
+use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, PtySpec, Run, WinSize, MAX_CHUNK};
 use moat_api::{ApiClient, ApiError, Lease, Op, Reply, Request, Route};
 use moat_core::ids::CONTROL_USER;
 use moat_core::web::Owner;
@@ -292,11 +292,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Finds and runs an sftp server inside the box (images put it in different places).
-const SFTP_COMMAND: &str = "for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server \
-/usr/lib/sftp-server /usr/libexec/sftp-server; do [ -x \"$p\" ] && exec \"$p\"; done; \
-echo 'moat: this box has no sftp-server (install openssh-sftp-server)' >&2; exit 127";
-
 async fn run_in_box(
     name: &Name,
     program: Program,
@@ -311,12 +306,12 @@ async fn run_in_box(
         Err(e) => return fail(&tx, &e.message, EXIT_MOAT_FAILED).await,
     };
     let (read, mut write) = stream.into_split();
-    let command = match program {
-        Program::Exec(cmd) => Some(cmd),
-        Program::Shell => None,
-        Program::Sftp => Some(SFTP_COMMAND.as_bytes().to_vec()),
+    let run = match program {
+        Program::Exec(cmd) => Run::Command(cmd),
+        Program::Shell => Run::Shell,
+        Program::Sftp => Run::Sftp,
     };
-    let req = ExecRequest { command, env, pty };
+    let req = ExecRequest { run, env, pty };
     if let Err(e) = send(&mut write, &HostMsg::Exec(req)).await {
         return fail(&tx, &format!("box {name}: {e}"), EXIT_MOAT_FAILED).await;
     }

@@ -21,3 +21,6 @@ pub mod setup;
 pub mod words;
 
 pub use server::{serve, ServerConfig};
+
+/// The version line the front door sends (see `server`).
+pub const BANNER: &str = "SSH-2.0-moat OpenSSH-compatible";

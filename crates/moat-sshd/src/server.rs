@@ -153,8 +153,12 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
         keepalive_interval: Some(Duration::from_secs(30)),
         keepalive_max: 4,
         nodelay: true,
-        // No library name or version for scanners to match against.
-        server_id: russh::SshId::Standard("SSH-2.0-moat".into()),
+        // No library name or version for scanners to match against. The
+        // comment is for SFTP clients (asyncssh, WinSCP) that send SYMLINK's
+        // two paths in OpenSSH's order only to servers naming OpenSSH: a box's
+        // SFTP server (the image's `sftp-server`, or the agent's) takes that
+        // order.
+        server_id: russh::SshId::Standard(crate::BANNER.into()),
         preferred: russh::Preferred { kex: KEX_ORDER.into(), ..Default::default() },
         ..Default::default()
     });

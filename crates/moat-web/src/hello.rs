@@ -22,7 +22,9 @@ pub struct WebHello {
 
 impl std::fmt::Debug for WebHello {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebHello").field("domain", &self.domain).field("limits", &self.limits)
+        f.debug_struct("WebHello")
+            .field("domain", &self.domain)
+            .field("limits", &self.limits)
             .field("loops", &self.loops)
             .finish_non_exhaustive()
     }

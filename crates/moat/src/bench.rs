@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use moat_agent::client::{send, AgentReader};
-use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg};
+use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg, Run};
 use moat_api::server::Privileged;
 use moat_api::Hello;
 use moat_core::{AccountId, AgentAddr, BoxManager, BoxSpec, Limits, ManagerConfig, Name};
@@ -662,7 +662,7 @@ type Execution = (AgentReader<tokio::net::unix::OwnedReadHalf>, tokio::net::unix
 async fn exec(addr: &AgentAddr, command: &str) -> Result<Execution> {
     let AgentAddr::Unix(path) = addr;
     let (read, mut write) = tokio::net::UnixStream::connect(path).await?.into_split();
-    let req = ExecRequest { command: Some(command.as_bytes().to_vec()), ..Default::default() };
+    let req = ExecRequest { run: Run::Command(command.as_bytes().to_vec()), ..Default::default() };
     send(&mut write, &HostMsg::Exec(req)).await?;
     Ok((AgentReader::new(read), write))
 }

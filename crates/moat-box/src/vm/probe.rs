@@ -112,7 +112,7 @@ pub fn boot(guest: Guest<'_>, accel: Accel, timeout: Duration) -> Result<Booted,
 /// it is the unix socket `port`): how long a ping took, and (with a disk to
 /// run programs from) what `uname -r` printed.
 fn talk(port: &Path, has_disk: bool, timeout: Duration) -> (Option<Duration>, Option<String>) {
-    use moat_agent::protocol::{ExecRequest, HostMsg};
+    use moat_agent::protocol::{ExecRequest, HostMsg, Run};
     let Some(mux) = std::os::unix::net::UnixStream::connect(port).ok().and_then(|link| {
         let reader = link.try_clone().ok()?;
         moat_agent::mux::Mux::start(Box::new(reader), Box::new(link), None).ok()
@@ -124,7 +124,7 @@ fn talk(port: &Path, has_disk: bool, timeout: Duration) -> (Option<Duration>, Op
     let answered = pong.filter(|(_, done)| *done).map(|_| started.elapsed());
     let uname = has_disk
         .then(|| {
-            let exec = ExecRequest { command: Some(b"uname -r".to_vec()), env: Vec::new(), pty: None };
+            let exec = ExecRequest { run: Run::Command(b"uname -r".to_vec()), env: Vec::new(), pty: None };
             exchange(&mux, &HostMsg::Exec(exec), timeout)
         })
         .flatten()

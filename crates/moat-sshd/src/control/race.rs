@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use moat_agent::client::{send, AgentReader};
-use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg};
+use moat_agent::protocol::{AgentMsg, ExecRequest, ExitStatus, HostMsg, Run};
 use moat_api::{ApiClient, ApiError, Event, Op, Reply, Request};
 use moat_core::effects::Since;
 use moat_core::{AccountId, Name};
@@ -331,7 +331,7 @@ async fn run_one(
         stream.set_nonblocking(true).map_err(|e| e.to_string())?;
         let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
         let (read, mut write) = stream.into_split();
-        let req = ExecRequest { command: Some(command.as_bytes().to_vec()), env: Vec::new(), pty: None };
+        let req = ExecRequest { run: Run::Command(command.as_bytes().to_vec()), env: Vec::new(), pty: None };
         send(&mut write, &HostMsg::Exec(req)).await.map_err(|e| e.to_string())?;
         relay_output(AgentReader::new(read), copy, tx).await
     };

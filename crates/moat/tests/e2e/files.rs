@@ -58,6 +58,44 @@ pub fn sftp_batch(env: &Env) {
     assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
 }
 
+/// An image without `sftp-server` (busybox's) still serves sftp and scp
+/// (SFTP since OpenSSH 9): the agent's own server answers, as the session's
+/// user, and OpenSSH's client gets what it would from OpenSSH's server.
+pub fn sftp_and_scp_without_the_images_sftp_server(env: &Env) {
+    let name = unique("sftp-own");
+    env.new_box(&name, &["--image", "busybox"]);
+    let listed = env.alice(Some(&name), &["ls /usr/lib/openssh /usr/libexec 2>&1 | grep -c sftp-server"]);
+    assert_eq!(listed.stdout.trim(), "0", "the image has an sftp-server of its own");
+    let src = payload(env, &format!("{name}.bin"), 3 << 20);
+    let back = env.dir.join(format!("{name}.back"));
+    let batch = env.dir.join(format!("{name}.batch"));
+    // A leading `-` lets the batch go on past a command's expected failure.
+    let script = format!(
+        "mkdir d\nput {} d/in.bin\nrename d/in.bin d/r.bin\nsymlink d/r.bin ln\nchmod 640 d/r.bin\n\
+         ls -l d\nget ln {}\ndf\n-mkdir d\n-rm nothing-here\n",
+        src.display(),
+        back.display()
+    );
+    std::fs::write(&batch, script).unwrap();
+    let mut cmd = Command::new("timeout");
+    cmd.arg("300").arg("sftp").args(env.daemon.ssh_opts(&env.alice)).arg("-P").arg(env.daemon.port.to_string());
+    cmd.arg("-b").arg(&batch).arg(format!("{name}@127.0.0.1"));
+    let out = run(&mut cmd).ok();
+    assert!(out.stdout.contains("-rw-r-----") && out.stdout.contains("r.bin"), "{}", out.stdout);
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
+    assert!(out.stderr.contains("remote mkdir") && out.stderr.contains("No such file"), "{}", out.stderr);
+    let inside = env.alice(Some(&name), &["readlink ln; stat -c '%a %s' d/r.bin"]).ok();
+    assert_eq!(inside.stdout, format!("d/r.bin\n640 {}\n", 3 << 20));
+
+    run(scp(env).arg(&src).arg(format!("{name}@127.0.0.1:/tmp/scp.bin"))).ok();
+    let scp_back = env.dir.join(format!("{name}.scp-back"));
+    run(scp(env).arg(format!("{name}@127.0.0.1:/tmp/scp.bin")).arg(&scp_back)).ok();
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&scp_back).unwrap());
+    // The server ends with its session: nothing of it is left in the box.
+    let left = env.alice(Some(&name), &["ps -o comm | grep -c moat-sftp"]);
+    assert_eq!(left.stdout.trim(), "0", "{}", left.stdout);
+}
+
 pub fn rsync_both_ways(env: &Env) {
     let name = unique("rsync");
     env.new_box(&name, &[]);

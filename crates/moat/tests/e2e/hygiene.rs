@@ -210,7 +210,7 @@ pub fn one_source_cannot_lock_itself_out(env: &Env) {
 fn read_past_banner(mut conn: &TcpStream) -> bool {
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let (mut got, mut buf) = (0, [0u8; 512]);
-    while got <= b"SSH-2.0-moat\r\n".len() {
+    while got <= moat_sshd::BANNER.len() + 2 {
         match conn.read(&mut buf) {
             Ok(0) | Err(_) => return false,
             Ok(n) => got += n,
@@ -237,9 +237,9 @@ pub(crate) fn connect_from(from: &str, target: SocketAddr) -> Option<TcpStream> 
 pub fn banner_and_key_exchanges(env: &Env) {
     let mut socket = TcpStream::connect(("127.0.0.1", env.daemon.port)).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut banner = [0u8; 14];
+    let mut banner = vec![0u8; moat_sshd::BANNER.len() + 2];
     socket.read_exact(&mut banner).unwrap();
-    assert_eq!(&banner, b"SSH-2.0-moat\r\n");
+    assert_eq!(banner, b"SSH-2.0-moat OpenSSH-compatible\r\n");
     for kex in
         ["diffie-hellman-group14-sha256", "diffie-hellman-group-exchange-sha256", "diffie-hellman-group18-sha512"]
     {

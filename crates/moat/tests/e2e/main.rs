@@ -127,6 +127,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     pty::shell_resize_and_ctrl_c,
     files::scp_both_ways,
     files::sftp_batch,
+    files::sftp_and_scp_without_the_images_sftp_server,
     files::rsync_both_ways,
     forward::local_reaches_box_server,
     forward::socket_forward_reaches_box_unix_server,

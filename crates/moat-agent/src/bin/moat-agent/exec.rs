@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg, WinSize};
+use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg, Run, WinSize};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -366,21 +366,41 @@ impl Setting {
     }
 }
 
+/// Where images keep OpenSSH's `sftp-server`.
+const SFTP_SERVERS: [&str; 4] = [
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/lib/sftp-server",
+    "/usr/libexec/sftp-server",
+];
+
+/// The agent's own binary, as the child it forked sees it: it is in no
+/// directory of the box (the host execs it from a descriptor).
+const AGENT_ITSELF: &str = "/proc/self/exe";
+
 fn program_for(req: &ExecRequest) -> Program {
     let setting = Setting::read(&req.env, req.pty.as_ref().map(|p| p.term.as_str()));
     let shell = setting.account.shell.clone();
     let has_shell = std::path::Path::new(&shell).is_file();
-    let (path, argv) = match &req.command {
+    let (path, argv) = match &req.run {
+        Run::Sftp => {
+            // The image's own server, where images put it; else the agent's.
+            let own = SFTP_SERVERS.iter().find(|p| std::path::Path::new(p).is_file());
+            match own {
+                Some(path) => (path.to_string(), vec![cstring(*path)]),
+                None => (AGENT_ITSELF.into(), vec![cstring(crate::sftp::ARGV0)]),
+            }
+        }
         // An image without a shell still runs its own programs: the words of
         // the command, the first found on PATH.
-        Some(cmd) if !has_shell && !String::from_utf8_lossy(cmd).trim().is_empty() => {
+        Run::Command(cmd) if !has_shell && !String::from_utf8_lossy(cmd).trim().is_empty() => {
             let text = String::from_utf8_lossy(cmd).into_owned();
             let words: Vec<&str> = text.split_whitespace().collect();
             let program = on_path(words.first().copied().unwrap_or_default(), &setting.path());
             (program, words.iter().map(|w| cstring(*w)).collect())
         }
-        Some(cmd) => (shell.clone(), vec![cstring(shell.clone()), cstring("-c"), cstring(cmd.clone())]),
-        None => {
+        Run::Command(cmd) => (shell.clone(), vec![cstring(shell.clone()), cstring("-c"), cstring(cmd.clone())]),
+        Run::Shell => {
             // A leading '-' in argv[0] is how a shell learns it is a login shell.
             let name = shell.rsplit('/').next().unwrap_or("sh");
             (shell.clone(), vec![cstring(format!("-{name}"))])

@@ -28,6 +28,11 @@ async def main(host, port, key, user):
             async with sftp.open("as-blob", "rb") as f:
                 assert await f.read() == data, "sftp round trip changed the bytes"
             assert "as-blob" in await sftp.listdir(".")
+            # asyncssh sends SYMLINK's paths in OpenSSH's order only to a
+            # server whose banner names OpenSSH (the box's server takes it).
+            await sftp.symlink("as-blob", "as-link")
+            assert await sftp.readlink("as-link") == "as-blob", "symlink's paths were swapped"
+            await sftp.remove("as-link")
             await sftp.remove("as-blob")
         await forwards(conn)
         await socket_forwards(conn)

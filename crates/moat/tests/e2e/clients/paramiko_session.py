@@ -38,6 +38,9 @@ assert sftp.stat("pm-dir/blob").st_size == len(data)
 with sftp.open("pm-dir/blob", "rb") as f:
     assert f.read() == data, "sftp round trip changed the bytes"
 assert sftp.listdir("pm-dir") == ["blob"]
+sftp.symlink("blob", "pm-dir/link")
+assert sftp.readlink("pm-dir/link") == "blob", "symlink's paths were swapped"
+sftp.remove("pm-dir/link")
 sftp.rename("pm-dir/blob", "pm-dir/blob2")
 sftp.remove("pm-dir/blob2")
 sftp.rmdir("pm-dir")

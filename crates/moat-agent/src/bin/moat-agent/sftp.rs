@@ -1,0 +1,1008 @@
+//! An SFTP server (version 3, with OpenSSH's extensions) for images that have
+//! no `sftp-server` of their own: `sftp`, and `scp` (which speaks SFTP since
+//! OpenSSH 9), then work in any box, even one without a shell. The agent runs
+//! it as a program of its own (its own binary exec'd again, as the session's
+//! user, in the session's directory) on the session's stdin and stdout, and it
+//! answers one request at a time, as OpenSSH's server does.
+//!
+//! Everything it reads is the client's: a packet over [`MAX_PACKET`] ends the
+//! session, a malformed one is answered `SSH_FX_BAD_MESSAGE`, handles are
+//! bounded, and no input makes it panic.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::{self, File, Metadata, ReadDir};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+use nix::sys::time::TimeSpec;
+
+/// The `argv[0]` the agent runs as this server under.
+pub const ARGV0: &str = "moat-sftp-server";
+
+/// Longest packet either side sends (OpenSSH's `SFTP_MAX_MSG_LENGTH`).
+const MAX_PACKET: usize = 256 * 1024;
+/// Most bytes one read answers, and one write should carry.
+const MAX_DATA: usize = MAX_PACKET - 1024;
+/// Most handles open at once.
+const MAX_HANDLES: usize = 512;
+/// Most names one `READDIR` answer carries.
+const NAMES_PER_READDIR: usize = 100;
+
+mod kind {
+    pub const INIT: u8 = 1;
+    pub const VERSION: u8 = 2;
+    pub const OPEN: u8 = 3;
+    pub const CLOSE: u8 = 4;
+    pub const READ: u8 = 5;
+    pub const WRITE: u8 = 6;
+    pub const LSTAT: u8 = 7;
+    pub const FSTAT: u8 = 8;
+    pub const SETSTAT: u8 = 9;
+    pub const FSETSTAT: u8 = 10;
+    pub const OPENDIR: u8 = 11;
+    pub const READDIR: u8 = 12;
+    pub const REMOVE: u8 = 13;
+    pub const MKDIR: u8 = 14;
+    pub const RMDIR: u8 = 15;
+    pub const REALPATH: u8 = 16;
+    pub const STAT: u8 = 17;
+    pub const RENAME: u8 = 18;
+    pub const READLINK: u8 = 19;
+    pub const SYMLINK: u8 = 20;
+    pub const STATUS: u8 = 101;
+    pub const HANDLE: u8 = 102;
+    pub const DATA: u8 = 103;
+    pub const NAME: u8 = 104;
+    pub const ATTRS: u8 = 105;
+    pub const EXTENDED: u8 = 200;
+    pub const EXTENDED_REPLY: u8 = 201;
+}
+
+mod status {
+    pub const OK: u32 = 0;
+    pub const EOF: u32 = 1;
+    pub const NO_SUCH_FILE: u32 = 2;
+    pub const PERMISSION_DENIED: u32 = 3;
+    pub const FAILURE: u32 = 4;
+    pub const BAD_MESSAGE: u32 = 5;
+    pub const OP_UNSUPPORTED: u32 = 8;
+}
+
+mod attr {
+    pub const SIZE: u32 = 0x1;
+    pub const UIDGID: u32 = 0x2;
+    pub const PERMISSIONS: u32 = 0x4;
+    pub const ACMODTIME: u32 = 0x8;
+    pub const EXTENDED: u32 = 0x8000_0000;
+}
+
+mod open {
+    pub const READ: u32 = 0x1;
+    pub const WRITE: u32 = 0x2;
+    pub const APPEND: u32 = 0x4;
+    pub const CREAT: u32 = 0x8;
+    pub const TRUNC: u32 = 0x10;
+    pub const EXCL: u32 = 0x20;
+}
+
+/// The extensions announced in `VERSION`, with their versions.
+const EXTENSIONS: [(&str, &str); 8] = [
+    ("posix-rename@openssh.com", "1"),
+    ("statvfs@openssh.com", "2"),
+    ("fstatvfs@openssh.com", "2"),
+    ("hardlink@openssh.com", "1"),
+    ("fsync@openssh.com", "1"),
+    ("lsetstat@openssh.com", "1"),
+    ("limits@openssh.com", "1"),
+    ("expand-path@openssh.com", "1"),
+];
+
+/// Serves SFTP on stdin and stdout until the client ends it; the process's
+/// exit status.
+pub fn serve_stdio() -> i32 {
+    match serve(io::stdin().lock(), io::stdout().lock()) {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "moat-sftp-server: {e}");
+            1
+        }
+    }
+}
+
+/// Serves SFTP on `input` and `output` until `input` ends.
+pub fn serve(input: impl Read, output: impl Write) -> io::Result<()> {
+    let mut input = BufReader::with_capacity(MAX_PACKET, input);
+    let mut output = BufWriter::with_capacity(MAX_PACKET, output);
+    let mut server = Server::default();
+    let Some(first) = read_packet(&mut input)? else { return Ok(()) };
+    if first.first() != Some(&kind::INIT) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "the first packet is not SSH_FXP_INIT"));
+    }
+    let mut version = Packet::new(kind::VERSION);
+    version.u32(3);
+    for (name, value) in EXTENSIONS {
+        version.string(name.as_bytes()).string(value.as_bytes());
+    }
+    output.write_all(&version.finish())?;
+    output.flush()?;
+    while let Some(packet) = read_packet(&mut input)? {
+        let mut fields = Fields(&packet);
+        let (Some(kind), Some(id)) = (fields.u8(), fields.u32()) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a packet too short for its id"));
+        };
+        let answer = server.answer(kind, &mut fields).unwrap_or_else(|| Err(Fail::bad_message()));
+        output.write_all(&encode(id, answer))?;
+        // Pipelined requests are answered together, in one write.
+        if input.buffer().is_empty() {
+            output.flush()?;
+        }
+    }
+    output.flush()
+}
+
+/// The next packet's type and body, `None` at the end of the input.
+fn read_packet(input: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match input.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len == 0 || len > MAX_PACKET {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a packet of {len} bytes")));
+    }
+    let mut packet = vec![0u8; len];
+    input.read_exact(&mut packet)?;
+    Ok(Some(packet))
+}
+
+/// A request's fields, read from the front; `None` once one is missing.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1)?.first().copied()
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn string(&mut self) -> Option<&'a [u8]> {
+        let len = self.u32()? as usize;
+        self.take(len)
+    }
+
+    fn path(&mut self) -> Option<PathBuf> {
+        let bytes = self.string()?;
+        // An empty path is the current directory, as OpenSSH's server takes it.
+        Some(if bytes.is_empty() { PathBuf::from(".") } else { PathBuf::from(OsStr::from_bytes(bytes)) })
+    }
+
+    fn attrs(&mut self) -> Option<Attrs> {
+        let flags = self.u32()?;
+        let mut attrs = Attrs::default();
+        if flags & attr::SIZE != 0 {
+            attrs.size = Some(self.u64()?);
+        }
+        if flags & attr::UIDGID != 0 {
+            attrs.ids = Some((self.u32()?, self.u32()?));
+        }
+        if flags & attr::PERMISSIONS != 0 {
+            attrs.mode = Some(self.u32()?);
+        }
+        if flags & attr::ACMODTIME != 0 {
+            attrs.times = Some((self.u32()?, self.u32()?));
+        }
+        if flags & attr::EXTENDED != 0 {
+            for _ in 0..self.u32()? {
+                self.string()?;
+                self.string()?;
+            }
+        }
+        Some(attrs)
+    }
+}
+
+/// A file's attributes, as much of them as a request or an answer carries.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Attrs {
+    size: Option<u64>,
+    ids: Option<(u32, u32)>,
+    mode: Option<u32>,
+    times: Option<(u32, u32)>,
+}
+
+impl Attrs {
+    fn of(meta: &Metadata) -> Self {
+        // SFTP version 3 has 32-bit times: later ones are cut, as OpenSSH's.
+        let time = |t: i64| u32::try_from(t.max(0)).unwrap_or(u32::MAX);
+        Self {
+            size: Some(meta.size()),
+            ids: Some((meta.uid(), meta.gid())),
+            mode: Some(meta.mode()),
+            times: Some((time(meta.atime()), time(meta.mtime()))),
+        }
+    }
+}
+
+/// An answer's body, after its type and id.
+enum Reply {
+    Status(u32, String),
+    Handle(u32),
+    Data(Vec<u8>),
+    Names(Vec<(Vec<u8>, Vec<u8>, Attrs)>),
+    Attrs(Attrs),
+    Extended(Vec<u8>),
+}
+
+/// A request that failed: its status code and message.
+#[derive(Debug)]
+struct Fail(u32, String);
+
+impl Fail {
+    fn bad_message() -> Self {
+        Self(status::BAD_MESSAGE, "Bad message".into())
+    }
+
+    fn failure(why: &str) -> Self {
+        Self(status::FAILURE, why.into())
+    }
+}
+
+impl From<io::Error> for Fail {
+    fn from(e: io::Error) -> Self {
+        let code = match e.raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => status::NO_SUCH_FILE,
+            Some(libc::EACCES | libc::EPERM) => status::PERMISSION_DENIED,
+            Some(libc::ENOSYS | libc::EOPNOTSUPP) => status::OP_UNSUPPORTED,
+            _ => status::FAILURE,
+        };
+        let mut text = e.to_string();
+        if let Some(at) = text.find(" (os error") {
+            text.truncate(at);
+        }
+        Self(code, text)
+    }
+}
+
+impl From<nix::Error> for Fail {
+    fn from(e: nix::Error) -> Self {
+        io::Error::from(e).into()
+    }
+}
+
+type Answer = Result<Reply, Fail>;
+
+/// An open file or directory.
+enum Handle {
+    File(File),
+    Dir {
+        path: PathBuf,
+        entries: ReadDir,
+        /// `.` and `..` go first, as `readdir` gives them.
+        dots_sent: bool,
+    },
+}
+
+#[derive(Default)]
+struct Server {
+    handles: HashMap<u32, Handle>,
+    next_handle: u32,
+}
+
+impl Server {
+    /// The answer to a request of `kind` (its id read); `None` when a field
+    /// is missing.
+    fn answer(&mut self, kind: u8, f: &mut Fields<'_>) -> Option<Answer> {
+        Some(match kind {
+            kind::OPEN => {
+                let (path, flags, attrs) = (f.path()?, f.u32()?, f.attrs()?);
+                self.open_file(&path, flags, attrs)
+            }
+            kind::CLOSE => {
+                let handle = f.string()?;
+                self.close(handle)
+            }
+            kind::READ => {
+                let (handle, offset, len) = (f.string()?, f.u64()?, f.u32()?);
+                self.file(handle).and_then(|file| read_at(file, offset, len as usize))
+            }
+            kind::WRITE => {
+                let (handle, offset, data) = (f.string()?, f.u64()?, f.string()?);
+                self.file(handle).and_then(|file| Ok(file.write_all_at(data, offset).map(|()| ok())?))
+            }
+            kind::LSTAT => stat(&f.path()?, false),
+            kind::STAT => stat(&f.path()?, true),
+            kind::FSTAT => {
+                let handle = f.string()?;
+                match self.handle(handle) {
+                    Ok(Handle::File(file)) => file.metadata().map(|m| Reply::Attrs(Attrs::of(&m))).map_err(Fail::from),
+                    Ok(Handle::Dir { path, .. }) => stat(path, true),
+                    Err(e) => Err(e),
+                }
+            }
+            kind::SETSTAT => {
+                let (path, attrs) = (f.path()?, f.attrs()?);
+                set_attrs(Target::Path(&path, true), attrs)
+            }
+            kind::FSETSTAT => {
+                let (handle, attrs) = (f.string()?, f.attrs()?);
+                self.file(handle).and_then(|file| set_attrs(Target::File(file), attrs))
+            }
+            kind::OPENDIR => {
+                let path = f.path()?;
+                match fs::read_dir(&path) {
+                    Ok(entries) => self.keep(Handle::Dir { path, entries, dots_sent: false }),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            kind::READDIR => {
+                let handle = f.string()?;
+                self.read_dir(handle)
+            }
+            kind::REMOVE => fs::remove_file(f.path()?).map(|()| ok()).map_err(Fail::from),
+            kind::MKDIR => {
+                let (path, attrs) = (f.path()?, f.attrs()?);
+                let mode = attrs.mode.map_or(0o777, |m| m & 0o7777);
+                fs::DirBuilder::new().mode(mode).create(path).map(|()| ok()).map_err(Fail::from)
+            }
+            kind::RMDIR => fs::remove_dir(f.path()?).map(|()| ok()).map_err(Fail::from),
+            kind::REALPATH => realpath(&f.path()?),
+            kind::RENAME => {
+                let (from, to) = (f.path()?, f.path()?);
+                rename_no_replace(&from, &to)
+            }
+            kind::READLINK => match fs::read_link(f.path()?) {
+                Ok(target) => {
+                    let target = target.into_os_string().into_vec();
+                    Ok(Reply::Names(vec![(target.clone(), target, Attrs::default())]))
+                }
+                Err(e) => Err(e.into()),
+            },
+            kind::SYMLINK => {
+                // OpenSSH's order, which its clients follow: the target first.
+                let (target, link) = (f.path()?, f.path()?);
+                std::os::unix::fs::symlink(target, link).map(|()| ok()).map_err(Fail::from)
+            }
+            kind::EXTENDED => {
+                let name = f.string()?;
+                self.extended(name, f)?
+            }
+            kind::INIT => Err(Fail::failure("the session is already initialised")),
+            _ => Err(Fail(status::OP_UNSUPPORTED, "Operation unsupported".into())),
+        })
+    }
+
+    fn extended(&mut self, name: &[u8], f: &mut Fields<'_>) -> Option<Answer> {
+        Some(match name {
+            b"posix-rename@openssh.com" => {
+                let (from, to) = (f.path()?, f.path()?);
+                fs::rename(from, to).map(|()| ok()).map_err(Fail::from)
+            }
+            b"hardlink@openssh.com" => {
+                let (from, to) = (f.path()?, f.path()?);
+                fs::hard_link(from, to).map(|()| ok()).map_err(Fail::from)
+            }
+            b"statvfs@openssh.com" => nix::sys::statvfs::statvfs(&f.path()?).map(statvfs_reply).map_err(Fail::from),
+            b"fstatvfs@openssh.com" => {
+                let handle = f.string()?;
+                self.file(handle)
+                    .and_then(|file| nix::sys::statvfs::fstatvfs(file).map(statvfs_reply).map_err(Fail::from))
+            }
+            b"fsync@openssh.com" => {
+                let handle = f.string()?;
+                self.file(handle).and_then(|file| Ok(file.sync_all().map(|()| ok())?))
+            }
+            b"lsetstat@openssh.com" => {
+                let (path, attrs) = (f.path()?, f.attrs()?);
+                set_attrs(Target::Path(&path, false), attrs)
+            }
+            b"limits@openssh.com" => {
+                let mut reply = Vec::with_capacity(32);
+                for limit in [MAX_PACKET, MAX_DATA, MAX_DATA, MAX_HANDLES] {
+                    reply.extend_from_slice(&(limit as u64).to_be_bytes());
+                }
+                Ok(Reply::Extended(reply))
+            }
+            b"expand-path@openssh.com" => realpath(&expand_home(&f.path()?)),
+            _ => Err(Fail(status::OP_UNSUPPORTED, "Operation unsupported".into())),
+        })
+    }
+
+    fn open_file(&mut self, path: &Path, flags: u32, attrs: Attrs) -> Answer {
+        let mut oflag = match (flags & open::READ != 0, flags & open::WRITE != 0) {
+            (true, true) => OFlag::O_RDWR,
+            (false, true) => OFlag::O_WRONLY,
+            _ => OFlag::O_RDONLY,
+        };
+        for (bit, o) in [
+            (open::APPEND, OFlag::O_APPEND),
+            (open::CREAT, OFlag::O_CREAT),
+            (open::TRUNC, OFlag::O_TRUNC),
+            (open::EXCL, OFlag::O_EXCL),
+        ] {
+            if flags & bit != 0 {
+                oflag |= o;
+            }
+        }
+        let mode = Mode::from_bits_truncate(attrs.mode.map_or(0o666, |m| m & 0o7777));
+        if self.handles.len() >= MAX_HANDLES {
+            return Err(Fail::failure("too many open handles"));
+        }
+        let fd = nix::fcntl::open(path, oflag | OFlag::O_CLOEXEC | OFlag::O_NOCTTY, mode)?;
+        self.keep(Handle::File(File::from(fd)))
+    }
+
+    fn keep(&mut self, handle: Handle) -> Answer {
+        if self.handles.len() >= MAX_HANDLES {
+            return Err(Fail::failure("too many open handles"));
+        }
+        let id = self.next_handle;
+        self.next_handle = self.next_handle.wrapping_add(1);
+        self.handles.insert(id, handle);
+        Ok(Reply::Handle(id))
+    }
+
+    fn close(&mut self, handle: &[u8]) -> Answer {
+        let id = handle_id(handle)?;
+        match self.handles.remove(&id) {
+            Some(_) => Ok(ok()),
+            None => Err(bad_handle()),
+        }
+    }
+
+    fn handle(&mut self, handle: &[u8]) -> Result<&mut Handle, Fail> {
+        let id = handle_id(handle)?;
+        self.handles.get_mut(&id).ok_or_else(bad_handle)
+    }
+
+    fn file(&mut self, handle: &[u8]) -> Result<&File, Fail> {
+        match self.handle(handle)? {
+            Handle::File(file) => Ok(file),
+            Handle::Dir { .. } => Err(bad_handle()),
+        }
+    }
+
+    fn read_dir(&mut self, handle: &[u8]) -> Answer {
+        let Handle::Dir { path, entries, dots_sent } = self.handle(handle)? else { return Err(bad_handle()) };
+        let mut names = Vec::new();
+        if !std::mem::replace(dots_sent, true) {
+            for (name, at) in [(".", path.clone()), ("..", path.join(".."))] {
+                if let Ok(meta) = fs::symlink_metadata(&at) {
+                    names.push(named(name.as_bytes().to_vec(), &meta));
+                }
+            }
+        }
+        while names.len() < NAMES_PER_READDIR {
+            let Some(entry) = entries.next() else { break };
+            let entry = entry?;
+            // One that went meanwhile is left out, as `ls` leaves it.
+            if let Ok(meta) = entry.metadata() {
+                names.push(named(entry.file_name().into_vec(), &meta));
+            }
+        }
+        if names.is_empty() {
+            return Err(Fail(status::EOF, "End of file".into()));
+        }
+        Ok(Reply::Names(names))
+    }
+}
+
+fn ok() -> Reply {
+    Reply::Status(status::OK, "Success".into())
+}
+
+fn bad_handle() -> Fail {
+    Fail::failure("no such handle")
+}
+
+fn handle_id(handle: &[u8]) -> Result<u32, Fail> {
+    Ok(u32::from_be_bytes(handle.try_into().map_err(|_| bad_handle())?))
+}
+
+fn read_at(file: &File, offset: u64, len: usize) -> Answer {
+    let mut data = vec![0u8; len.min(MAX_DATA)];
+    let mut got = 0;
+    while got < data.len() {
+        let Some(at) = offset.checked_add(got as u64) else { break };
+        match file.read_at(data.get_mut(got..).unwrap_or_default(), at) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if got == 0 => return Err(e.into()),
+            Err(_) => break,
+        }
+    }
+    if got == 0 {
+        return Err(Fail(status::EOF, "End of file".into()));
+    }
+    data.truncate(got);
+    Ok(Reply::Data(data))
+}
+
+fn stat(path: &Path, follow: bool) -> Answer {
+    let meta = if follow { fs::metadata(path) } else { fs::symlink_metadata(path) };
+    Ok(Reply::Attrs(Attrs::of(&meta?)))
+}
+
+/// What `SETSTAT`, `FSETSTAT` and `lsetstat` change.
+enum Target<'a> {
+    /// A path, and whether a symlink there is followed.
+    Path(&'a Path, bool),
+    File(&'a File),
+}
+
+fn set_attrs(target: Target<'_>, attrs: Attrs) -> Answer {
+    use nix::sys::stat::{futimens, utimensat, UtimensatFlags};
+    if let Some(size) = attrs.size {
+        match target {
+            Target::Path(path, _) => nix::unistd::truncate(path, i64::try_from(size).unwrap_or(i64::MAX))?,
+            Target::File(file) => file.set_len(size)?,
+        }
+    }
+    if let Some(mode) = attrs.mode {
+        let perms = fs::Permissions::from_mode(mode & 0o7777);
+        match target {
+            // A symlink's own mode cannot be changed on Linux, nor matters.
+            Target::Path(path, false) if fs::symlink_metadata(path)?.file_type().is_symlink() => {}
+            Target::Path(path, _) => fs::set_permissions(path, perms)?,
+            Target::File(file) => file.set_permissions(perms)?,
+        }
+    }
+    if let Some((uid, gid)) = attrs.ids {
+        match target {
+            Target::Path(path, true) => std::os::unix::fs::chown(path, Some(uid), Some(gid))?,
+            Target::Path(path, false) => std::os::unix::fs::lchown(path, Some(uid), Some(gid))?,
+            Target::File(file) => std::os::unix::fs::fchown(file, Some(uid), Some(gid))?,
+        }
+    }
+    if let Some((atime, mtime)) = attrs.times {
+        let (atime, mtime) = (TimeSpec::new(atime.into(), 0), TimeSpec::new(mtime.into(), 0));
+        match target {
+            Target::Path(path, follow) => {
+                let how = if follow { UtimensatFlags::FollowSymlink } else { UtimensatFlags::NoFollowSymlink };
+                utimensat(nix::fcntl::AT_FDCWD, path, &atime, &mtime, how)?;
+            }
+            Target::File(file) => futimens(file, &atime, &mtime)?,
+        }
+    }
+    Ok(ok())
+}
+
+/// `RENAME` as version 3 has it: refused if the new name exists.
+fn rename_no_replace(from: &Path, to: &Path) -> Answer {
+    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+    match renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(ok()),
+        // A file system without the flag: looked at first, then renamed.
+        Err(nix::Error::EINVAL) => {
+            if fs::symlink_metadata(to).is_ok() {
+                return Err(Fail::failure("File exists"));
+            }
+            fs::rename(from, to).map(|()| ok()).map_err(Fail::from)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The absolute path `path` names: resolved where it exists, else its
+/// directory resolved and the rest taken as written (a name about to be
+/// made, as OpenSSH's server allows).
+fn realpath(path: &Path) -> Answer {
+    let resolved = match fs::canonicalize(path) {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let absolute = std::env::current_dir()?.join(path);
+            let mut clean = PathBuf::from("/");
+            for part in absolute.components() {
+                match part {
+                    Component::ParentDir => {
+                        clean.pop();
+                    }
+                    Component::Normal(name) => clean.push(name),
+                    Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+                }
+            }
+            clean
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let name = resolved.into_os_string().into_vec();
+    Ok(Reply::Names(vec![(name.clone(), name, Attrs::default())]))
+}
+
+/// `~` and `~/...` as the session's home.
+fn expand_home(path: &Path) -> PathBuf {
+    let home = || std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+    match path.strip_prefix("~") {
+        Ok(rest) => home().join(rest),
+        Err(_) => path.to_path_buf(),
+    }
+}
+
+fn statvfs_reply(s: nix::sys::statvfs::Statvfs) -> Reply {
+    let fields = [
+        s.block_size(),
+        s.fragment_size(),
+        s.blocks(),
+        s.blocks_free(),
+        s.blocks_available(),
+        s.files(),
+        s.files_free(),
+        s.files_available(),
+        s.filesystem_id(),
+        s.flags().bits(),
+        s.name_max(),
+    ];
+    let mut reply = Vec::with_capacity(fields.len() * 8);
+    for field in fields {
+        // 64 bits here; narrower on some targets.
+        #[allow(clippy::unnecessary_cast)]
+        reply.extend_from_slice(&(field as u64).to_be_bytes());
+    }
+    Reply::Extended(reply)
+}
+
+/// A name as `READDIR` gives it: with an `ls -l` line.
+fn named(name: Vec<u8>, meta: &Metadata) -> (Vec<u8>, Vec<u8>, Attrs) {
+    let mut long = format!(
+        "{} {:>4} {:<8} {:<8} {:>8} {} ",
+        mode_string(meta.mode()),
+        meta.nlink(),
+        meta.uid(),
+        meta.gid(),
+        meta.size(),
+        ls_time(meta.mtime(), now())
+    )
+    .into_bytes();
+    long.extend_from_slice(&name);
+    (name, long, Attrs::of(meta))
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// `drwxr-xr-x` and the like.
+fn mode_string(mode: u32) -> String {
+    let kind = match mode & libc::S_IFMT {
+        libc::S_IFDIR => 'd',
+        libc::S_IFLNK => 'l',
+        libc::S_IFCHR => 'c',
+        libc::S_IFBLK => 'b',
+        libc::S_IFIFO => 'p',
+        libc::S_IFSOCK => 's',
+        _ => '-',
+    };
+    let mut s = String::with_capacity(10);
+    s.push(kind);
+    for (shift, special, set, unset) in [(6, 0o4000, 's', 'S'), (3, 0o2000, 's', 'S'), (0, 0o1000, 't', 'T')] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(match (bits & 1 != 0, mode & special != 0) {
+            (true, true) => set,
+            (false, true) => unset,
+            (true, false) => 'x',
+            (false, false) => '-',
+        });
+    }
+    s
+}
+
+/// `ls -l`'s time: month, day and time within half a year, else the year.
+fn ls_time(at: i64, now: i64) -> String {
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let (year, month, day) = civil_from_days(at.div_euclid(86_400));
+    let month = MONTHS.get(month.saturating_sub(1) as usize).unwrap_or(&"Jan");
+    let recent = (now - at).abs() < 182 * 86_400;
+    if recent {
+        let secs = at.rem_euclid(86_400);
+        format!("{month} {day:>2} {:02}:{:02}", secs / 3600, secs % 3600 / 60)
+    } else {
+        format!("{month} {day:>2} {year:>5}")
+    }
+}
+
+/// Year, month (1-12) and day of the day `days` after 1970-01-01 (Howard
+/// Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// An outgoing packet: its length is filled in at the end.
+struct Packet(Vec<u8>);
+
+impl Packet {
+    fn new(kind: u8) -> Self {
+        Self(vec![0, 0, 0, 0, kind])
+    }
+
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
+    fn string(&mut self, s: &[u8]) -> &mut Self {
+        self.u32(u32::try_from(s.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(s);
+        self
+    }
+
+    fn attrs(&mut self, a: &Attrs) -> &mut Self {
+        let flags = [
+            (a.size.is_some(), attr::SIZE),
+            (a.ids.is_some(), attr::UIDGID),
+            (a.mode.is_some(), attr::PERMISSIONS),
+            (a.times.is_some(), attr::ACMODTIME),
+        ];
+        self.u32(flags.iter().filter(|(set, _)| *set).fold(0, |all, (_, bit)| all | bit));
+        if let Some(size) = a.size {
+            self.u64(size);
+        }
+        if let Some((uid, gid)) = a.ids {
+            self.u32(uid).u32(gid);
+        }
+        if let Some(mode) = a.mode {
+            self.u32(mode);
+        }
+        if let Some((atime, mtime)) = a.times {
+            self.u32(atime).u32(mtime);
+        }
+        self
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        let len = u32::try_from(self.0.len() - 4).unwrap_or(u32::MAX);
+        if let Some(prefix) = self.0.get_mut(..4) {
+            prefix.copy_from_slice(&len.to_be_bytes());
+        }
+        self.0
+    }
+}
+
+/// The answer to request `id`, as a packet.
+fn encode(id: u32, answer: Answer) -> Vec<u8> {
+    let reply = answer.unwrap_or_else(|Fail(code, text)| Reply::Status(code, text));
+    let mut p;
+    match reply {
+        Reply::Status(code, text) => {
+            p = Packet::new(kind::STATUS);
+            p.u32(id).u32(code).string(text.as_bytes()).string(b"");
+        }
+        Reply::Handle(handle) => {
+            p = Packet::new(kind::HANDLE);
+            p.u32(id).string(&handle.to_be_bytes());
+        }
+        Reply::Data(data) => {
+            p = Packet::new(kind::DATA);
+            p.u32(id).string(&data);
+        }
+        Reply::Names(names) => {
+            p = Packet::new(kind::NAME);
+            p.u32(id).u32(u32::try_from(names.len()).unwrap_or(0));
+            for (name, long, attrs) in &names {
+                p.string(name).string(long).attrs(attrs);
+            }
+        }
+        Reply::Attrs(attrs) => {
+            p = Packet::new(kind::ATTRS);
+            p.u32(id).attrs(&attrs);
+        }
+        Reply::Extended(body) => {
+            p = Packet::new(kind::EXTENDED_REPLY);
+            p.u32(id);
+            p.0.extend_from_slice(&body);
+        }
+    }
+    p.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request packet: type, id, then `body`.
+    fn request(kind: u8, id: u32, body: &[&[u8]]) -> Vec<u8> {
+        let mut p = Packet::new(kind);
+        p.u32(id);
+        for field in body {
+            p.0.extend_from_slice(field);
+        }
+        p.finish()
+    }
+
+    fn s(bytes: impl AsRef<[u8]>) -> Vec<u8> {
+        let bytes = bytes.as_ref();
+        let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    fn n32(v: u32) -> Vec<u8> {
+        v.to_be_bytes().to_vec()
+    }
+
+    fn n64(v: u64) -> Vec<u8> {
+        v.to_be_bytes().to_vec()
+    }
+
+    /// An answer: its type, its id, the rest.
+    type Answered = (u8, u32, Vec<u8>);
+
+    /// The answers to `requests`, sent after INIT in one go.
+    fn session(requests: &[Vec<u8>]) -> (io::Result<()>, Vec<Answered>) {
+        let mut input = Packet::new(kind::INIT);
+        input.u32(3);
+        let mut input = input.finish();
+        for r in requests {
+            input.extend_from_slice(r);
+        }
+        let mut output = Vec::new();
+        let served = serve(&input[..], &mut output);
+        let mut answers = Vec::new();
+        let mut rest = &output[..];
+        while rest.len() >= 4 {
+            let len = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+            let body = &rest[4..4 + len];
+            let id = if body[0] == kind::VERSION { 0 } else { u32::from_be_bytes(body[1..5].try_into().unwrap()) };
+            answers.push((body[0], id, body[5.min(body.len())..].to_vec()));
+            rest = &rest[4 + len..];
+        }
+        (served, answers)
+    }
+
+    fn status_of(answer: &Answered) -> u32 {
+        assert_eq!(answer.0, kind::STATUS, "{answer:?}");
+        u32::from_be_bytes(answer.2[..4].try_into().unwrap())
+    }
+
+    #[test]
+    fn files_are_written_read_listed_and_renamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| s(dir.path().join(name).as_os_str().as_bytes());
+        let no_attrs = n32(0);
+        let write_flags = n32(open::WRITE | open::CREAT | open::TRUNC);
+        let (served, answers) = session(&[
+            request(kind::OPEN, 1, &[&path("f"), &write_flags, &no_attrs]),
+            request(kind::WRITE, 2, &[&s(n32(0)), &n64(0), &s(b"hello world")]),
+            request(kind::CLOSE, 3, &[&s(n32(0))]),
+            request(kind::OPEN, 4, &[&path("f"), &n32(open::READ), &no_attrs]),
+            request(kind::READ, 5, &[&s(n32(1)), &n64(6), &n32(100)]),
+            request(kind::READ, 6, &[&s(n32(1)), &n64(11), &n32(100)]),
+            request(kind::STAT, 7, &[&path("f")]),
+            request(kind::OPENDIR, 8, &[&path("")]),
+            request(kind::SYMLINK, 9, &[&path("f"), &path("link")]),
+            request(kind::READLINK, 10, &[&path("link")]),
+            request(kind::OPEN, 11, &[&path("g"), &write_flags, &no_attrs]),
+            // Version 3's rename keeps an existing name; OpenSSH's replaces it.
+            request(kind::RENAME, 12, &[&path("g"), &path("f")]),
+            request(kind::EXTENDED, 13, &[&s(b"posix-rename@openssh.com"), &path("g"), &path("f")]),
+            request(kind::STAT, 14, &[&path("f")]),
+            request(kind::REALPATH, 15, &[&s(format!("{}/x/../new", dir.path().display()))]),
+            request(kind::CLOSE, 16, &[&s(n32(77))]),
+            request(kind::EXTENDED, 17, &[&s(b"limits@openssh.com")]),
+        ]);
+        served.unwrap();
+        let version = &answers[0];
+        assert_eq!(version.0, kind::VERSION);
+        assert!(version.2.windows(24).any(|w| w == b"posix-rename@openssh.com"), "{version:?}");
+        let by_id = |id: u32| answers.iter().find(|a| a.1 == id && a.0 != kind::VERSION).unwrap();
+        assert_eq!(by_id(1).0, kind::HANDLE);
+        assert_eq!(status_of(by_id(2)), status::OK);
+        assert_eq!(by_id(5).0, kind::DATA);
+        assert_eq!(&by_id(5).2[4..], b"world");
+        assert_eq!(status_of(by_id(6)), status::EOF);
+        let size = u64::from_be_bytes(by_id(7).2[4..12].try_into().unwrap());
+        assert_eq!(size, 11);
+        assert_eq!(status_of(by_id(9)), status::OK);
+        let target = dir.path().join("f");
+        let target = target.as_os_str().as_bytes();
+        assert_eq!(by_id(10).0, kind::NAME);
+        assert_eq!(&by_id(10).2[8..8 + target.len()], target, "the link's target: its first string");
+        assert_eq!(status_of(by_id(12)), status::FAILURE, "rename over an existing name");
+        assert_eq!(status_of(by_id(13)), status::OK);
+        let size = u64::from_be_bytes(by_id(14).2[4..12].try_into().unwrap());
+        assert_eq!(size, 0, "f is now the empty g");
+        let real = format!("{}/new", dir.path().canonicalize().unwrap().display());
+        assert!(by_id(15).2.windows(real.len()).any(|w| w == real.as_bytes()), "{:?}", by_id(15));
+        assert_eq!(status_of(by_id(16)), status::FAILURE, "no such handle");
+        assert_eq!(by_id(17).0, kind::EXTENDED_REPLY);
+    }
+
+    #[test]
+    fn directories_list_in_batches_then_end() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..150 {
+            fs::write(dir.path().join(format!("f{i}")), b"").unwrap();
+        }
+        let handle = s(n32(0));
+        let (_, answers) = session(&[
+            request(kind::OPENDIR, 1, &[&s(dir.path().as_os_str().as_bytes())]),
+            request(kind::READDIR, 2, &[&handle]),
+            request(kind::READDIR, 3, &[&handle]),
+            request(kind::READDIR, 4, &[&handle]),
+        ]);
+        let count = |a: &Answered| u32::from_be_bytes(a.2[..4].try_into().unwrap());
+        assert_eq!((answers[2].0, count(&answers[2])), (kind::NAME, 100));
+        assert_eq!((answers[3].0, count(&answers[3])), (kind::NAME, 52), "150 files, '.' and '..'");
+        assert_eq!(status_of(&answers[4]), status::EOF);
+    }
+
+    #[test]
+    fn hostile_packets_get_an_answer_or_end_the_session() {
+        // Fields missing: a bad message, and the session goes on.
+        let (served, answers) =
+            session(&[request(kind::OPEN, 1, &[&n32(1000)]), request(kind::REALPATH, 2, &[&s(".")])]);
+        served.unwrap();
+        assert_eq!(status_of(&answers[1]), status::BAD_MESSAGE);
+        assert_eq!(answers[2].0, kind::NAME);
+        // An unknown type, an unknown extension: unsupported.
+        let (_, answers) = session(&[request(99, 1, &[]), request(kind::EXTENDED, 2, &[&s(b"nope@example.com")])]);
+        assert_eq!(status_of(&answers[1]), status::OP_UNSUPPORTED);
+        assert_eq!(status_of(&answers[2]), status::OP_UNSUPPORTED);
+        // A packet longer than the limit ends the session (its body is never read).
+        let (served, _) = session(&[n32(u32::MAX)]);
+        assert_eq!(served.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        // A huge read is cut to what one packet carries.
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big");
+        fs::write(&big, vec![7u8; MAX_PACKET * 2]).unwrap();
+        let (_, answers) = session(&[
+            request(kind::OPEN, 1, &[&s(big.as_os_str().as_bytes()), &n32(open::READ), &n32(0)]),
+            request(kind::READ, 2, &[&s(n32(0)), &n64(0), &n32(u32::MAX)]),
+        ]);
+        assert_eq!(answers[2].2.len(), 4 + MAX_DATA);
+        // Handles are bounded.
+        let opens: Vec<_> = (0..MAX_HANDLES as u32 + 1)
+            .map(|i| request(kind::OPENDIR, i, &[&s(dir.path().as_os_str().as_bytes())]))
+            .collect();
+        let (_, answers) = session(&opens);
+        assert_eq!(status_of(answers.last().unwrap()), status::FAILURE);
+        assert_eq!(answers.iter().filter(|a| a.0 == kind::HANDLE).count(), MAX_HANDLES);
+    }
+
+    #[test]
+    fn ls_lines_read_as_ls_writes_them() {
+        assert_eq!(mode_string(0o100_644), "-rw-r--r--");
+        assert_eq!(mode_string(0o040_755 | 0o1000), "drwxr-xr-t");
+        assert_eq!(mode_string(0o104_755), "-rwsr-xr-x");
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_454), (2026, 1, 1));
+        assert_eq!(ls_time(1_767_225_600 + 3_600 + 120, 1_767_225_600 + 86_400), "Jan  1 01:02");
+        assert_eq!(ls_time(0, 1_767_225_600), "Jan  1  1970");
+    }
+}
