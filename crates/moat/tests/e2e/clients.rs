@@ -1,6 +1,6 @@
 //! Client software nobody here wrote, used the way it is by default: git over
-//! ssh, OpenSSH's env passing and ControlMaster, paramiko, asyncssh and
-//! Ansible (Debian's packages, installed by scripts/deps.sh); and the rules by
+//! ssh, OpenSSH's env passing and ControlMaster, paramiko, asyncssh, Ansible
+//! and PuTTY (Debian's packages, installed by scripts/deps.sh); and the rules by
 //! which an SSH user name picks a box or the control plane.
 
 use std::path::Path;
@@ -168,6 +168,48 @@ pub fn ansible_playbook_on_two_boxes(env: &Env) {
     assert_eq!(out.status, Some(0), "ansible failed\nstdout: {}\nstderr: {}", out.stdout, out.stderr);
     env.alice(None, &["rm", &a]).ok();
     env.alice(None, &["rm", &b]).ok();
+}
+
+/// PuTTY's tools (not OpenSSH's code, nor a Python library's): `plink` runs
+/// a command, `psftp` a batch and `pscp` copies both ways, against a box
+/// whose image has no sftp-server (the agent's answers).
+pub fn putty_plink_psftp_and_pscp(env: &Env) {
+    let name = unique("putty");
+    env.new_box(&name, &["--image", "busybox"]);
+    let ppk = env.dir.join(format!("{name}.ppk"));
+    let made = Command::new("puttygen").arg(&env.alice.path).args(["-O", "private", "-o"]).arg(&ppk).output().unwrap();
+    assert!(made.status.success(), "puttygen: {}", String::from_utf8_lossy(&made.stderr));
+    // PuTTY pins the host key by its fingerprint (it has no known_hosts file here).
+    let keyscan = format!("ssh-keyscan -p {} -t ed25519 127.0.0.1 | ssh-keygen -l -E sha256 -f -", env.daemon.port);
+    let scanned = run(Command::new("sh").arg("-c").arg(keyscan)).ok();
+    let fingerprint = scanned.stdout.split_whitespace().nth(1).expect("a fingerprint").to_string();
+    let putty = |tool: &str| {
+        let mut cmd = Command::new("timeout");
+        cmd.args(["120", tool, "-batch", "-P", &env.daemon.port.to_string(), "-hostkey", &fingerprint, "-i"]).arg(&ppk);
+        cmd
+    };
+    let out = run(putty("plink").arg(format!("{name}@127.0.0.1")).arg("echo plink:$(id -u)")).ok();
+    assert_eq!(out.stdout, "plink:0\n");
+
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i * 31 % 253) as u8).collect();
+    let (src, back, batch) =
+        (env.dir.join(format!("{name}.src")), env.dir.join(format!("{name}.back")), env.dir.join(format!("{name}.b")));
+    std::fs::write(&src, &data).unwrap();
+    let script = format!(
+        "mkdir pd\nput {} pd/a\nren pd/a pd/b\nchmod 600 pd/b\nls pd\nget pd/b {}\n",
+        src.display(),
+        back.display()
+    );
+    std::fs::write(&batch, script).unwrap();
+    let out = run(putty("psftp").arg("-b").arg(&batch).arg(format!("{name}@127.0.0.1"))).ok();
+    assert!(out.stdout.contains("-rw-------") && out.stdout.contains(" b\n"), "{}", out.stdout);
+    assert_eq!(std::fs::read(&back).unwrap(), data);
+
+    let (up, down) = (format!("{name}@127.0.0.1:/tmp/pscp.bin"), env.dir.join(format!("{name}.pscp")));
+    run(putty("pscp").arg("-q").arg(&src).arg(&up)).ok();
+    run(putty("pscp").arg("-q").arg(&up).arg(&down)).ok();
+    assert_eq!(std::fs::read(&down).unwrap(), data);
+    env.alice(None, &["rm", &name]).ok();
 }
 
 /// A command meant for a box never acts on the control plane.

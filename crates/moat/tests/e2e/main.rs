@@ -117,6 +117,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     clients::controlmaster_100_commands_then_idle_suspends,
     clients::paramiko_and_asyncssh_reuse_one_connection,
     clients::ansible_playbook_on_two_boxes,
+    clients::putty_plink_psftp_and_pscp,
     clients::user_names_never_misroute,
     clients::box_sees_its_own_totals,
     exec::streams_status_and_stderr,
