@@ -59,6 +59,14 @@ pub enum Run {
     Sftp,
 }
 
+/// What an agent older than [`Run::Sftp`] runs in its place (a box started
+/// before an upgrade keeps its agent): such an agent takes every kind but a
+/// login shell's for a command line, which this is, the one the host sent
+/// before.
+const SFTP_FOR_OLDER_AGENTS: &str = "for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server \
+/usr/lib/sftp-server /usr/libexec/sftp-server; do [ -x \"$p\" ] && exec \"$p\"; done; \
+echo 'moat: this box has no sftp-server (install openssh-sftp-server, or restart the box)' >&2; exit 127";
+
 /// What to run inside the box.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ExecRequest {
@@ -410,7 +418,7 @@ impl HostMsg {
                 match &req.run {
                     Run::Shell => w.u8(0),
                     Run::Command(cmd) => w.u8(1).bytes(cmd),
-                    Run::Sftp => w.u8(2),
+                    Run::Sftp => w.u8(2).bytes(SFTP_FOR_OLDER_AGENTS.as_bytes()),
                 };
                 w.u32(u32::try_from(req.env.len()).unwrap_or(0));
                 for (k, v) in &req.env {
@@ -483,7 +491,10 @@ impl HostMsg {
                 let run = match r.u8()? {
                     0 => Run::Shell,
                     1 => Run::Command(r.bytes()?),
-                    2 => Run::Sftp,
+                    2 => {
+                        r.bytes()?;
+                        Run::Sftp
+                    }
                     kind => return Err(ProtocolError::UnknownTag(kind)),
                 };
                 let n = r.u32()? as usize;
@@ -617,6 +628,15 @@ mod tests {
     #[test]
     fn host_messages_roundtrip() {
         host_roundtrip(HostMsg::Exec(ExecRequest { run: Run::Sftp, ..Default::default() }));
+        // An agent from before `Run::Sftp` read any kind but 0 as a command
+        // line: it finds the shell loop it was sent before.
+        let sftp = HostMsg::Exec(ExecRequest { run: Run::Sftp, ..Default::default() }).encode();
+        let as_command = [&sftp[..5], &[1], &sftp[6..]].concat();
+        let old = HostMsg::Exec(ExecRequest {
+            run: Run::Command(SFTP_FOR_OLDER_AGENTS.as_bytes().to_vec()),
+            ..Default::default()
+        });
+        assert_eq!(HostMsg::decode(&as_command).unwrap().map(|(m, _)| m), Some(old));
         host_roundtrip(HostMsg::Exec(ExecRequest {
             run: Run::Command(b"make test".to_vec()),
             env: vec![("LANG".into(), "C.UTF-8".into())],
