@@ -13,7 +13,7 @@ packages=(
   lxcfs                           # a box's own totals in /proc (meminfo, cpuinfo, uptime)
   iproute2 nftables               # a box's network: routes to lo, redirects to the egress gateway
   openssl                         # the e2e test internet's CA
-  git python3-paramiko python3-asyncssh ansible-core putty-tools   # client software the e2e suite drives
+  git python3-paramiko python3-asyncssh ansible-core putty-tools sshfs   # client software the e2e suite drives
   qemu-system-x86 linux-image-cloud-amd64 cpio   # microVM guests: QEMU, the guest kernel, initramfs
   lz4 zstd xz-utils               # to unpack a guest kernel once (its format decides which)
   python3-pip                     # pip, for SeaweedFS below

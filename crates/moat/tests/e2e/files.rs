@@ -96,6 +96,67 @@ pub fn sftp_and_scp_without_the_images_sftp_server(env: &Env) {
     assert_eq!(left.stdout.trim(), "0", "{}", left.stdout);
 }
 
+/// sshfs (a box's tree mounted over SFTP, as editors use a remote tree) on a
+/// busybox box, whose SFTP is the agent's: what is made, copied, renamed
+/// over, linked, cut, chmod-ed, timed and removed through the mount is what
+/// the box sees.
+pub fn sshfs_mount_is_the_boxs_tree(env: &Env) {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let name = unique("sshfs");
+    env.new_box(&name, &["--image", "busybox"]);
+    let mnt = env.dir.join(format!("{name}-mnt"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut sshfs = Command::new("timeout");
+    sshfs.args(["60", "sshfs", "-F", "/dev/null", "-p", &env.daemon.port.to_string()]);
+    for opt in ["IdentitiesOnly=yes", "StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "BatchMode=yes"] {
+        sshfs.args(["-o", opt]);
+    }
+    sshfs.arg("-o").arg(format!("IdentityFile={}", env.alice.path.display()));
+    run(sshfs.arg(format!("{name}@127.0.0.1:/root")).arg(&mnt)).ok();
+    let _mounted = Unmount(mnt.clone());
+
+    std::fs::write(mnt.join("f.txt"), "hello\n").unwrap();
+    assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "hello\n");
+    std::fs::create_dir_all(mnt.join("x/y")).unwrap();
+    let data: Vec<u8> = (0..(3u32 << 20)).map(|i| (i % 241) as u8).collect();
+    std::fs::write(mnt.join("x/y/blob"), &data).unwrap();
+    std::fs::rename(mnt.join("x/y/blob"), mnt.join("x/y/blob2")).unwrap();
+    assert_eq!(std::fs::read(mnt.join("x/y/blob2")).unwrap(), data);
+    std::fs::write(mnt.join("o.txt"), "other\n").unwrap();
+    std::fs::rename(mnt.join("o.txt"), mnt.join("f.txt")).unwrap();
+    symlink("x/y/blob2", mnt.join("l")).unwrap();
+    std::fs::hard_link(mnt.join("x/y/blob2"), mnt.join("hard")).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(mnt.join("f.txt")).unwrap();
+    f.set_len(3).unwrap();
+    f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000)).unwrap();
+    drop(f);
+    std::fs::set_permissions(mnt.join("f.txt"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    let seen = env
+        .alice(Some(&name), &["cd /root && readlink l && cat f.txt && echo && stat -c '%s %a %h %Y' f.txt x/y/blob2"]);
+    assert_eq!(
+        seen.ok().stdout,
+        format!("x/y/blob2\noth\n3 640 1 1600000000\n{} 644 2 {}\n", 3 << 20, {
+            let m = std::fs::metadata(mnt.join("x/y/blob2")).unwrap();
+            std::os::unix::fs::MetadataExt::mtime(&m)
+        })
+    );
+    std::fs::remove_dir_all(mnt.join("x")).unwrap();
+    for gone in ["l", "hard", "f.txt"] {
+        std::fs::remove_file(mnt.join(gone)).unwrap();
+    }
+    let left = env.alice(Some(&name), &["ls -A /root"]).ok();
+    assert_eq!(left.stdout, "", "the box still holds: {}", left.stdout);
+}
+
+/// Unmounts a FUSE mount when dropped (a failed test's too).
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount").arg("-u").arg("-z").arg(&self.0).status();
+    }
+}
+
 pub fn rsync_both_ways(env: &Env) {
     let name = unique("rsync");
     env.new_box(&name, &[]);

@@ -129,6 +129,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     files::scp_both_ways,
     files::sftp_batch,
     files::sftp_and_scp_without_the_images_sftp_server,
+    files::sshfs_mount_is_the_boxs_tree,
     files::rsync_both_ways,
     forward::local_reaches_box_server,
     forward::socket_forward_reaches_box_unix_server,
