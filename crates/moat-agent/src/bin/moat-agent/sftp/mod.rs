@@ -9,86 +9,30 @@
 //! session, a malformed one is answered `SSH_FX_BAD_MESSAGE`, handles are
 //! bounded, and no input makes it panic.
 
+mod ls;
+mod wire;
+
 use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::fs::{self, File, Metadata, ReadDir};
+use std::fs::{self, File, ReadDir};
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use nix::sys::time::TimeSpec;
 
+use ls::named;
+use wire::{encode, kind, open, read_packet, status, Answer, Attrs, Fail, Fields, Packet, Reply, MAX_DATA, MAX_PACKET};
+
 /// The `argv[0]` the agent runs as this server under.
 pub const ARGV0: &str = "moat-sftp-server";
 
-/// Longest packet either side sends (OpenSSH's `SFTP_MAX_MSG_LENGTH`).
-const MAX_PACKET: usize = 256 * 1024;
-/// Most bytes one read answers, and one write should carry.
-const MAX_DATA: usize = MAX_PACKET - 1024;
 /// Most handles open at once.
 const MAX_HANDLES: usize = 512;
 /// Most names one `READDIR` answer carries.
 const NAMES_PER_READDIR: usize = 100;
-
-mod kind {
-    pub const INIT: u8 = 1;
-    pub const VERSION: u8 = 2;
-    pub const OPEN: u8 = 3;
-    pub const CLOSE: u8 = 4;
-    pub const READ: u8 = 5;
-    pub const WRITE: u8 = 6;
-    pub const LSTAT: u8 = 7;
-    pub const FSTAT: u8 = 8;
-    pub const SETSTAT: u8 = 9;
-    pub const FSETSTAT: u8 = 10;
-    pub const OPENDIR: u8 = 11;
-    pub const READDIR: u8 = 12;
-    pub const REMOVE: u8 = 13;
-    pub const MKDIR: u8 = 14;
-    pub const RMDIR: u8 = 15;
-    pub const REALPATH: u8 = 16;
-    pub const STAT: u8 = 17;
-    pub const RENAME: u8 = 18;
-    pub const READLINK: u8 = 19;
-    pub const SYMLINK: u8 = 20;
-    pub const STATUS: u8 = 101;
-    pub const HANDLE: u8 = 102;
-    pub const DATA: u8 = 103;
-    pub const NAME: u8 = 104;
-    pub const ATTRS: u8 = 105;
-    pub const EXTENDED: u8 = 200;
-    pub const EXTENDED_REPLY: u8 = 201;
-}
-
-mod status {
-    pub const OK: u32 = 0;
-    pub const EOF: u32 = 1;
-    pub const NO_SUCH_FILE: u32 = 2;
-    pub const PERMISSION_DENIED: u32 = 3;
-    pub const FAILURE: u32 = 4;
-    pub const BAD_MESSAGE: u32 = 5;
-    pub const OP_UNSUPPORTED: u32 = 8;
-}
-
-mod attr {
-    pub const SIZE: u32 = 0x1;
-    pub const UIDGID: u32 = 0x2;
-    pub const PERMISSIONS: u32 = 0x4;
-    pub const ACMODTIME: u32 = 0x8;
-    pub const EXTENDED: u32 = 0x8000_0000;
-}
-
-mod open {
-    pub const READ: u32 = 0x1;
-    pub const WRITE: u32 = 0x2;
-    pub const APPEND: u32 = 0x4;
-    pub const CREAT: u32 = 0x8;
-    pub const TRUNC: u32 = 0x10;
-    pub const EXCL: u32 = 0x20;
-}
 
 /// The extensions announced in `VERSION`, with their versions.
 const EXTENSIONS: [(&str, &str); 8] = [
@@ -144,151 +88,6 @@ pub fn serve(input: impl Read, output: impl Write) -> io::Result<()> {
     }
     output.flush()
 }
-
-/// The next packet's type and body, `None` at the end of the input.
-fn read_packet(input: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
-    let mut len = [0u8; 4];
-    match input.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let len = u32::from_be_bytes(len) as usize;
-    if len == 0 || len > MAX_PACKET {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a packet of {len} bytes")));
-    }
-    let mut packet = vec![0u8; len];
-    input.read_exact(&mut packet)?;
-    Ok(Some(packet))
-}
-
-/// A request's fields, read from the front; `None` once one is missing.
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Fields<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = (self.0.get(..n)?, self.0.get(n..)?);
-        self.0 = rest;
-        Some(head)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1)?.first().copied()
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_be_bytes(self.take(8)?.try_into().ok()?))
-    }
-
-    fn string(&mut self) -> Option<&'a [u8]> {
-        let len = self.u32()? as usize;
-        self.take(len)
-    }
-
-    fn path(&mut self) -> Option<PathBuf> {
-        let bytes = self.string()?;
-        // An empty path is the current directory, as OpenSSH's server takes it.
-        Some(if bytes.is_empty() { PathBuf::from(".") } else { PathBuf::from(OsStr::from_bytes(bytes)) })
-    }
-
-    fn attrs(&mut self) -> Option<Attrs> {
-        let flags = self.u32()?;
-        let mut attrs = Attrs::default();
-        if flags & attr::SIZE != 0 {
-            attrs.size = Some(self.u64()?);
-        }
-        if flags & attr::UIDGID != 0 {
-            attrs.ids = Some((self.u32()?, self.u32()?));
-        }
-        if flags & attr::PERMISSIONS != 0 {
-            attrs.mode = Some(self.u32()?);
-        }
-        if flags & attr::ACMODTIME != 0 {
-            attrs.times = Some((self.u32()?, self.u32()?));
-        }
-        if flags & attr::EXTENDED != 0 {
-            for _ in 0..self.u32()? {
-                self.string()?;
-                self.string()?;
-            }
-        }
-        Some(attrs)
-    }
-}
-
-/// A file's attributes, as much of them as a request or an answer carries.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Attrs {
-    size: Option<u64>,
-    ids: Option<(u32, u32)>,
-    mode: Option<u32>,
-    times: Option<(u32, u32)>,
-}
-
-impl Attrs {
-    fn of(meta: &Metadata) -> Self {
-        // SFTP version 3 has 32-bit times: later ones are cut, as OpenSSH's.
-        let time = |t: i64| u32::try_from(t.max(0)).unwrap_or(u32::MAX);
-        Self {
-            size: Some(meta.size()),
-            ids: Some((meta.uid(), meta.gid())),
-            mode: Some(meta.mode()),
-            times: Some((time(meta.atime()), time(meta.mtime()))),
-        }
-    }
-}
-
-/// An answer's body, after its type and id.
-enum Reply {
-    Status(u32, String),
-    Handle(u32),
-    Data(Vec<u8>),
-    Names(Vec<(Vec<u8>, Vec<u8>, Attrs)>),
-    Attrs(Attrs),
-    Extended(Vec<u8>),
-}
-
-/// A request that failed: its status code and message.
-#[derive(Debug)]
-struct Fail(u32, String);
-
-impl Fail {
-    fn bad_message() -> Self {
-        Self(status::BAD_MESSAGE, "Bad message".into())
-    }
-
-    fn failure(why: &str) -> Self {
-        Self(status::FAILURE, why.into())
-    }
-}
-
-impl From<io::Error> for Fail {
-    fn from(e: io::Error) -> Self {
-        let code = match e.raw_os_error() {
-            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => status::NO_SUCH_FILE,
-            Some(libc::EACCES | libc::EPERM) => status::PERMISSION_DENIED,
-            Some(libc::ENOSYS | libc::EOPNOTSUPP) => status::OP_UNSUPPORTED,
-            _ => status::FAILURE,
-        };
-        let mut text = e.to_string();
-        if let Some(at) = text.find(" (os error") {
-            text.truncate(at);
-        }
-        Self(code, text)
-    }
-}
-
-impl From<nix::Error> for Fail {
-    fn from(e: nix::Error) -> Self {
-        io::Error::from(e).into()
-    }
-}
-
-type Answer = Result<Reply, Fail>;
 
 /// An open file or directory.
 enum Handle {
@@ -660,179 +459,10 @@ fn statvfs_reply(s: nix::sys::statvfs::Statvfs) -> Reply {
     Reply::Extended(reply)
 }
 
-/// A name as `READDIR` gives it: with an `ls -l` line.
-fn named(name: Vec<u8>, meta: &Metadata) -> (Vec<u8>, Vec<u8>, Attrs) {
-    let mut long = format!(
-        "{} {:>4} {:<8} {:<8} {:>8} {} ",
-        mode_string(meta.mode()),
-        meta.nlink(),
-        meta.uid(),
-        meta.gid(),
-        meta.size(),
-        ls_time(meta.mtime(), now())
-    )
-    .into_bytes();
-    long.extend_from_slice(&name);
-    (name, long, Attrs::of(meta))
-}
-
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
-/// `drwxr-xr-x` and the like.
-fn mode_string(mode: u32) -> String {
-    let kind = match mode & libc::S_IFMT {
-        libc::S_IFDIR => 'd',
-        libc::S_IFLNK => 'l',
-        libc::S_IFCHR => 'c',
-        libc::S_IFBLK => 'b',
-        libc::S_IFIFO => 'p',
-        libc::S_IFSOCK => 's',
-        _ => '-',
-    };
-    let mut s = String::with_capacity(10);
-    s.push(kind);
-    for (shift, special, set, unset) in [(6, 0o4000, 's', 'S'), (3, 0o2000, 's', 'S'), (0, 0o1000, 't', 'T')] {
-        let bits = (mode >> shift) & 7;
-        s.push(if bits & 4 != 0 { 'r' } else { '-' });
-        s.push(if bits & 2 != 0 { 'w' } else { '-' });
-        s.push(match (bits & 1 != 0, mode & special != 0) {
-            (true, true) => set,
-            (false, true) => unset,
-            (true, false) => 'x',
-            (false, false) => '-',
-        });
-    }
-    s
-}
-
-/// `ls -l`'s time: month, day and time within half a year, else the year.
-fn ls_time(at: i64, now: i64) -> String {
-    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    let (year, month, day) = civil_from_days(at.div_euclid(86_400));
-    let month = MONTHS.get(month.saturating_sub(1) as usize).unwrap_or(&"Jan");
-    let recent = (now - at).abs() < 182 * 86_400;
-    if recent {
-        let secs = at.rem_euclid(86_400);
-        format!("{month} {day:>2} {:02}:{:02}", secs / 3600, secs % 3600 / 60)
-    } else {
-        format!("{month} {day:>2} {year:>5}")
-    }
-}
-
-/// Year, month (1-12) and day of the day `days` after 1970-01-01 (Howard
-/// Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-/// An outgoing packet: its length is filled in at the end.
-struct Packet(Vec<u8>);
-
-impl Packet {
-    fn new(kind: u8) -> Self {
-        Self(vec![0, 0, 0, 0, kind])
-    }
-
-    fn u32(&mut self, v: u32) -> &mut Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-
-    fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-
-    fn string(&mut self, s: &[u8]) -> &mut Self {
-        self.u32(u32::try_from(s.len()).unwrap_or(u32::MAX));
-        self.0.extend_from_slice(s);
-        self
-    }
-
-    fn attrs(&mut self, a: &Attrs) -> &mut Self {
-        let flags = [
-            (a.size.is_some(), attr::SIZE),
-            (a.ids.is_some(), attr::UIDGID),
-            (a.mode.is_some(), attr::PERMISSIONS),
-            (a.times.is_some(), attr::ACMODTIME),
-        ];
-        self.u32(flags.iter().filter(|(set, _)| *set).fold(0, |all, (_, bit)| all | bit));
-        if let Some(size) = a.size {
-            self.u64(size);
-        }
-        if let Some((uid, gid)) = a.ids {
-            self.u32(uid).u32(gid);
-        }
-        if let Some(mode) = a.mode {
-            self.u32(mode);
-        }
-        if let Some((atime, mtime)) = a.times {
-            self.u32(atime).u32(mtime);
-        }
-        self
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        let len = u32::try_from(self.0.len() - 4).unwrap_or(u32::MAX);
-        if let Some(prefix) = self.0.get_mut(..4) {
-            prefix.copy_from_slice(&len.to_be_bytes());
-        }
-        self.0
-    }
-}
-
-/// The answer to request `id`, as a packet.
-fn encode(id: u32, answer: Answer) -> Vec<u8> {
-    let reply = answer.unwrap_or_else(|Fail(code, text)| Reply::Status(code, text));
-    let mut p;
-    match reply {
-        Reply::Status(code, text) => {
-            p = Packet::new(kind::STATUS);
-            p.u32(id).u32(code).string(text.as_bytes()).string(b"");
-        }
-        Reply::Handle(handle) => {
-            p = Packet::new(kind::HANDLE);
-            p.u32(id).string(&handle.to_be_bytes());
-        }
-        Reply::Data(data) => {
-            p = Packet::new(kind::DATA);
-            p.u32(id).string(&data);
-        }
-        Reply::Names(names) => {
-            p = Packet::new(kind::NAME);
-            p.u32(id).u32(u32::try_from(names.len()).unwrap_or(0));
-            for (name, long, attrs) in &names {
-                p.string(name).string(long).attrs(attrs);
-            }
-        }
-        Reply::Attrs(attrs) => {
-            p = Packet::new(kind::ATTRS);
-            p.u32(id).attrs(&attrs);
-        }
-        Reply::Extended(body) => {
-            p = Packet::new(kind::EXTENDED_REPLY);
-            p.u32(id);
-            p.0.extend_from_slice(&body);
-        }
-    }
-    p.finish()
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
     use super::*;
 
     /// A request packet: type, id, then `body`.
@@ -993,16 +623,5 @@ mod tests {
         let (_, answers) = session(&opens);
         assert_eq!(status_of(answers.last().unwrap()), status::FAILURE);
         assert_eq!(answers.iter().filter(|a| a.0 == kind::HANDLE).count(), MAX_HANDLES);
-    }
-
-    #[test]
-    fn ls_lines_read_as_ls_writes_them() {
-        assert_eq!(mode_string(0o100_644), "-rw-r--r--");
-        assert_eq!(mode_string(0o040_755 | 0o1000), "drwxr-xr-t");
-        assert_eq!(mode_string(0o104_755), "-rwsr-xr-x");
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_454), (2026, 1, 1));
-        assert_eq!(ls_time(1_767_225_600 + 3_600 + 120, 1_767_225_600 + 86_400), "Jan  1 01:02");
-        assert_eq!(ls_time(0, 1_767_225_600), "Jan  1  1970");
     }
 }
