@@ -6,8 +6,8 @@ use std::os::unix::fs::MetadataExt;
 
 use super::wire::Attrs;
 
-/// A name as `READDIR` gives it: with an `ls -l` line.
-pub(super) fn named(name: Vec<u8>, meta: &Metadata) -> (Vec<u8>, Vec<u8>, Attrs) {
+/// A name as `READDIR` gives it: with an `ls -l` line (as of `now`).
+pub(super) fn named(name: Vec<u8>, meta: &Metadata, now: i64) -> (Vec<u8>, Vec<u8>, Attrs) {
     let mut long = format!(
         "{} {:>4} {:<8} {:<8} {:>8} {} ",
         mode_string(meta.mode()),
@@ -15,14 +15,15 @@ pub(super) fn named(name: Vec<u8>, meta: &Metadata) -> (Vec<u8>, Vec<u8>, Attrs)
         meta.uid(),
         meta.gid(),
         meta.size(),
-        ls_time(meta.mtime(), now())
+        ls_time(meta.mtime(), now)
     )
     .into_bytes();
     long.extend_from_slice(&name);
     (name, long, Attrs::of(meta))
 }
 
-fn now() -> i64 {
+/// Seconds since 1970.
+pub(super) fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))

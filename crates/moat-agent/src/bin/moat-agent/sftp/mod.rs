@@ -125,7 +125,7 @@ impl Server {
             }
             kind::WRITE => {
                 let (handle, offset, data) = (f.string()?, f.u64()?, f.string()?);
-                self.file(handle).and_then(|file| Ok(file.write_all_at(data, offset).map(|()| ok())?))
+                self.file(handle).and_then(|file| done(file.write_all_at(data, offset)))
             }
             kind::LSTAT => stat(&f.path()?, false),
             kind::STAT => stat(&f.path()?, true),
@@ -147,22 +147,20 @@ impl Server {
             }
             kind::OPENDIR => {
                 let path = f.path()?;
-                match fs::read_dir(&path) {
-                    Ok(entries) => self.keep(Handle::Dir { path, entries, dots_sent: false }),
-                    Err(e) => Err(e.into()),
-                }
+                let opened = self.room().and_then(|()| Ok(fs::read_dir(&path)?));
+                opened.and_then(|entries| self.keep(Handle::Dir { path, entries, dots_sent: false }))
             }
             kind::READDIR => {
                 let handle = f.string()?;
                 self.read_dir(handle)
             }
-            kind::REMOVE => fs::remove_file(f.path()?).map(|()| ok()).map_err(Fail::from),
+            kind::REMOVE => done(fs::remove_file(f.path()?)),
             kind::MKDIR => {
                 let (path, attrs) = (f.path()?, f.attrs()?);
                 let mode = attrs.mode.map_or(0o777, |m| m & 0o7777);
-                fs::DirBuilder::new().mode(mode).create(path).map(|()| ok()).map_err(Fail::from)
+                done(fs::DirBuilder::new().mode(mode).create(path))
             }
-            kind::RMDIR => fs::remove_dir(f.path()?).map(|()| ok()).map_err(Fail::from),
+            kind::RMDIR => done(fs::remove_dir(f.path()?)),
             kind::REALPATH => realpath(&f.path()?),
             kind::RENAME => {
                 let (from, to) = (f.path()?, f.path()?);
@@ -178,7 +176,7 @@ impl Server {
             kind::SYMLINK => {
                 // OpenSSH's order, which its clients follow: the target first.
                 let (target, link) = (f.path()?, f.path()?);
-                std::os::unix::fs::symlink(target, link).map(|()| ok()).map_err(Fail::from)
+                done(std::os::unix::fs::symlink(target, link))
             }
             kind::EXTENDED => {
                 let name = f.string()?;
@@ -193,11 +191,11 @@ impl Server {
         Some(match name {
             b"posix-rename@openssh.com" => {
                 let (from, to) = (f.path()?, f.path()?);
-                fs::rename(from, to).map(|()| ok()).map_err(Fail::from)
+                done(fs::rename(from, to))
             }
             b"hardlink@openssh.com" => {
                 let (from, to) = (f.path()?, f.path()?);
-                fs::hard_link(from, to).map(|()| ok()).map_err(Fail::from)
+                done(fs::hard_link(from, to))
             }
             b"statvfs@openssh.com" => nix::sys::statvfs::statvfs(&f.path()?).map(statvfs_reply).map_err(Fail::from),
             b"fstatvfs@openssh.com" => {
@@ -207,7 +205,7 @@ impl Server {
             }
             b"fsync@openssh.com" => {
                 let handle = f.string()?;
-                self.file(handle).and_then(|file| Ok(file.sync_all().map(|()| ok())?))
+                self.file(handle).and_then(|file| done(file.sync_all()))
             }
             b"lsetstat@openssh.com" => {
                 let (path, attrs) = (f.path()?, f.attrs()?);
@@ -242,16 +240,24 @@ impl Server {
             }
         }
         let mode = Mode::from_bits_truncate(attrs.mode.map_or(0o666, |m| m & 0o7777));
-        if self.handles.len() >= MAX_HANDLES {
-            return Err(Fail::failure("too many open handles"));
-        }
+        // Checked first: a file O_CREAT made must not be left by a refusal.
+        self.room()?;
         let fd = nix::fcntl::open(path, oflag | OFlag::O_CLOEXEC | OFlag::O_NOCTTY, mode)?;
         self.keep(Handle::File(File::from(fd)))
     }
 
-    fn keep(&mut self, handle: Handle) -> Answer {
+    /// Whether another handle may be opened.
+    fn room(&self) -> Result<(), Fail> {
         if self.handles.len() >= MAX_HANDLES {
             return Err(Fail::failure("too many open handles"));
+        }
+        Ok(())
+    }
+
+    /// Keeps `handle` under an id no open handle has (ids wrap around).
+    fn keep(&mut self, handle: Handle) -> Answer {
+        while self.handles.contains_key(&self.next_handle) {
+            self.next_handle = self.next_handle.wrapping_add(1);
         }
         let id = self.next_handle;
         self.next_handle = self.next_handle.wrapping_add(1);
@@ -281,11 +287,11 @@ impl Server {
 
     fn read_dir(&mut self, handle: &[u8]) -> Answer {
         let Handle::Dir { path, entries, dots_sent } = self.handle(handle)? else { return Err(bad_handle()) };
-        let mut names = Vec::new();
+        let (mut names, now) = (Vec::new(), ls::now());
         if !std::mem::replace(dots_sent, true) {
             for (name, at) in [(".", path.clone()), ("..", path.join(".."))] {
                 if let Ok(meta) = fs::symlink_metadata(&at) {
-                    names.push(named(name.as_bytes().to_vec(), &meta));
+                    names.push(named(name.as_bytes().to_vec(), &meta, now));
                 }
             }
         }
@@ -294,7 +300,7 @@ impl Server {
             let entry = entry?;
             // One that went meanwhile is left out, as `ls` leaves it.
             if let Ok(meta) = entry.metadata() {
-                names.push(named(entry.file_name().into_vec(), &meta));
+                names.push(named(entry.file_name().into_vec(), &meta, now));
             }
         }
         if names.is_empty() {
@@ -306,6 +312,11 @@ impl Server {
 
 fn ok() -> Reply {
     Reply::Status(status::OK, "Success".into())
+}
+
+/// `Success`, or why not.
+fn done<E: Into<Fail>>(result: Result<(), E>) -> Answer {
+    result.map(|()| ok()).map_err(Into::into)
 }
 
 fn bad_handle() -> Fail {
@@ -395,7 +406,7 @@ fn rename_no_replace(from: &Path, to: &Path) -> Answer {
             if fs::symlink_metadata(to).is_ok() {
                 return Err(Fail::failure("File exists"));
             }
-            fs::rename(from, to).map(|()| ok()).map_err(Fail::from)
+            done(fs::rename(from, to))
         }
         Err(e) => Err(e.into()),
     }
