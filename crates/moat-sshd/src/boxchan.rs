@@ -255,28 +255,32 @@ async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWrit
     });
     let api = ctx.api.clone();
     let account = ctx.account.clone();
-    let mut work = tokio::spawn(async move { control::run(plan, &account, &api, &out_tx, in_rx).await });
+    // Returning (or this task's end with the connection's) stops the work.
+    let mut work = AbortOnDrop(tokio::spawn(async move { control::run(plan, &account, &api, &out_tx, in_rx).await }));
     let _stdin = AbortOnDrop(stdin);
     loop {
         let output = tokio::select! {
             output = out_rx.recv() => output,
-            _ = &mut gone_rx => {
-                work.abort();
-                return;
-            }
+            _ = &mut gone_rx => return,
         };
         let Some(output) = output else { break };
-        let sent = match output {
-            control::Output::Stdout(text) => tx.data(text.as_bytes()).await,
-            control::Output::Stderr(text) => tx.extended_data(1, text.as_bytes()).await,
+        let sending = async {
+            match output {
+                control::Output::Stdout(text) => tx.data(text.as_bytes()).await,
+                control::Output::Stderr(text) => tx.extended_data(1, text.as_bytes()).await,
+            }
         };
-        if sent.is_err() {
+        // A closed channel's window never opens again: its close ends the wait.
+        let sent = tokio::select! {
+            sent = sending => sent.is_ok(),
+            _ = &mut gone_rx => false,
+        };
+        if !sent {
             // The client has gone: stop the work rather than run it unread.
-            work.abort();
             return;
         }
     }
-    match (&mut work).await {
+    match (&mut work.0).await {
         Ok(Ok(())) => finish(tx, 0).await,
         Ok(Err(e)) => fail(tx, &e.message, e.status).await,
         Err(e) => fail(tx, &format!("internal error: {e}"), EXIT_MOAT_FAILED).await,
@@ -284,9 +288,9 @@ async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWrit
 }
 
 /// Ends a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -317,7 +321,7 @@ async fn run_in_box(
     }
     let id = tx.id();
     let handle = ctx.handle.clone();
-    let mut output = tokio::spawn(pump_output(AgentReader::new(read), tx, handle, id));
+    let mut output = AbortOnDrop(tokio::spawn(pump_output(AgentReader::new(read), tx, handle, id)));
 
     loop {
         // Once the output side has closed the channel, russh drops the client's
@@ -325,9 +329,13 @@ async fn run_in_box(
         // this channel's slot and the box's session for the whole connection.
         let msg = tokio::select! {
             msg = rx.wait() => msg,
-            _ = &mut output => return,
+            _ = &mut output.0 => return,
         };
-        let Some(msg) = msg else { break };
+        // The client closed the channel: nothing more goes to it, and output
+        // waiting for its window would wait forever. Returning drops both
+        // ends of the agent's stream, so the process's output pipes close
+        // (it gets EPIPE, as under sshd) and the box's session ends.
+        let Some(msg) = msg else { return };
         let sent = match msg {
             ChannelMsg::Data { data } => {
                 let mut result = Ok(());
@@ -347,7 +355,7 @@ async fn run_in_box(
                 Some(n) => send(&mut write, &HostMsg::Signal(n)).await,
                 None => Ok(()),
             },
-            ChannelMsg::Close => break,
+            ChannelMsg::Close => return,
             _ => Ok(()),
         };
         if sent.is_err() {
@@ -355,9 +363,8 @@ async fn run_in_box(
             break;
         }
     }
-    // Dropping our end tells the agent the client is gone.
     drop(write);
-    let _ = output.await;
+    let _ = (&mut output.0).await;
 }
 
 async fn pump_output(

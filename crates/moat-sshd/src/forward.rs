@@ -5,9 +5,14 @@
 //! way for the client to use the box (or the host) as a proxy.
 
 use moat_agent::client::{connect, connect_path};
+use std::io;
+use std::pin::pin;
+
 use russh::server::{ChannelOpenHandle, Msg};
-use russh::{Channel, ChannelOpenFailure};
+use russh::{Channel, ChannelMsg, ChannelOpenFailure, ChannelReadHalf, ChannelWriteHalf};
 use tokio::io::AsyncWriteExt;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
 
 use crate::boxchan::{ChannelCtx, Target};
 use crate::ratelimit::LogLimit;
@@ -59,14 +64,88 @@ pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: Cha
     }
 }
 
-/// Accepts the channel and splices it to the agent's stream, which carries
-/// the bytes now (`early` came after the agent's answer).
-async fn carry(channel: Channel<Msg>, reply: ChannelOpenHandle, early: Vec<u8>, stream: tokio::net::UnixStream) {
+/// Accepts the channel and carries bytes between it and the agent's stream
+/// (`early` came after the agent's answer), each way to its end then a
+/// half-close, as sshd does, until both ways have ended or the client closes
+/// the channel. A closed channel's window never opens again: the box's bytes
+/// still on their way to it are dropped then, not waited for (a server in
+/// the box still streaming would otherwise hold the forward for good).
+async fn carry(channel: Channel<Msg>, reply: ChannelOpenHandle, early: Vec<u8>, stream: UnixStream) {
     reply.accept().await;
-    let mut ssh = channel.into_stream();
-    if ssh.write_all(&early).await.is_ok() {
-        moat_core::splice::both_ways(ssh, stream).await;
+    let (mut rx, tx) = channel.split();
+    let (mut from_box, mut to_box) = stream.into_split();
+    let mut sending = pin!(to_client(&mut from_box, &tx, early));
+    let mut receiving = Box::pin(from_client(&mut rx, &mut to_box));
+    let mut box_done = false;
+    // `None`: the box's side failed, so nothing more can reach it or come
+    // from it.
+    let end = tokio::select! {
+        end = &mut receiving => Some(end),
+        sent = &mut sending => {
+            box_done = true;
+            match sent {
+                // The box's side ended cleanly: the client's end ends the channel.
+                Ok(()) => Some((&mut receiving).await),
+                Err(_) => None,
+            }
+        }
+    };
+    drop(receiving);
+    match end {
+        Some(ClientEnd::Closed) => return,
+        Some(ClientEnd::Eof) if !box_done => {
+            tokio::select! {
+                _ = &mut sending => {}
+                () = closed(&mut rx) => return,
+            }
+        }
+        _ => {}
     }
+    let _ = tx.close().await;
+}
+
+/// How the client's side of a forward ended.
+enum ClientEnd {
+    /// It sent EOF: it sends nothing more, and may still read.
+    Eof,
+    /// It closed the channel, or the connection ended.
+    Closed,
+}
+
+/// The client's bytes to the box, to the client's EOF (then the box's side
+/// is shut for writing) or its close. Once the box stops taking them, the
+/// rest are dropped.
+async fn from_client(rx: &mut ChannelReadHalf, to_box: &mut OwnedWriteHalf) -> ClientEnd {
+    let mut box_takes = true;
+    while let Some(msg) = rx.wait().await {
+        match msg {
+            ChannelMsg::Data { data } if box_takes => box_takes = to_box.write_all(&data).await.is_ok(),
+            ChannelMsg::Eof => {
+                let _ = to_box.shutdown().await;
+                return ClientEnd::Eof;
+            }
+            ChannelMsg::Close => break,
+            _ => {}
+        }
+    }
+    ClientEnd::Closed
+}
+
+/// Waits for the client's close, dropping whatever else it sends.
+async fn closed(rx: &mut ChannelReadHalf) {
+    while let Some(msg) = rx.wait().await {
+        if matches!(msg, ChannelMsg::Close) {
+            return;
+        }
+    }
+}
+
+/// The box's bytes to the client (`early` first), then EOF.
+async fn to_client(from_box: &mut OwnedReadHalf, tx: &ChannelWriteHalf<Msg>, early: Vec<u8>) -> io::Result<()> {
+    let mut writer = tx.make_writer();
+    writer.write_all(&early).await?;
+    tokio::io::copy(from_box, &mut writer).await?;
+    tx.eof().await.map_err(io::Error::other)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! routing. Everything it does not implement, russh refuses.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -10,6 +11,7 @@ use moat_api::ApiClient;
 use moat_core::AccountId;
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
 use russh::{Channel, ChannelId, ChannelOpenFailure};
+use tokio::sync::watch;
 
 use crate::boxchan::{self, ChannelCtx};
 use crate::forward;
@@ -60,6 +62,9 @@ pub struct ConnHandler {
     /// the channel's task owns it, so an entry dies with its channel even when
     /// russh never reports the close (it drops the client's reply to ours).
     setups: HashMap<ChannelId, Weak<ChannelSetup>>,
+    /// Dropped with the handler, when the connection ends: every channel's
+    /// task ends then too (see [`Self::spawn_channel`]).
+    ended: watch::Sender<()>,
 }
 
 impl ConnHandler {
@@ -78,7 +83,25 @@ impl ConnHandler {
             authenticated,
             channels: Arc::default(),
             setups: HashMap::new(),
+            ended: watch::Sender::new(()),
         }
+    }
+
+    /// Runs a channel's task (holding `slot`) until it ends or the connection
+    /// does. A write to a channel waits for the client's window, which a
+    /// client that left (or stopped reading, then left) never opens again:
+    /// without this, such a task would wait forever, holding the box awake
+    /// and its processes' pipes open, and the agent's writes blocked.
+    fn spawn_channel(&self, slot: ChannelSlot, task: impl Future<Output = ()> + Send + 'static) {
+        let mut ended = self.ended.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = task => {}
+                // (Nothing is ever sent: this is the sender's drop.)
+                _ = ended.changed() => {}
+            }
+            drop(slot);
+        });
     }
 
     /// Lets a new channel in if the connection is authenticated and under its
@@ -190,10 +213,7 @@ impl russh::server::Handler for ConnHandler {
         let setup = Arc::new(ChannelSetup::default());
         self.setups.retain(|_, setup| setup.strong_count() > 0);
         self.setups.insert(channel.id(), Arc::downgrade(&setup));
-        tokio::spawn(async move {
-            boxchan::serve(channel, ctx, setup).await;
-            drop(slot);
-        });
+        self.spawn_channel(slot, boxchan::serve(channel, ctx, setup));
         Ok(())
     }
 
@@ -286,10 +306,7 @@ impl russh::server::Handler for ConnHandler {
             return Ok(());
         };
         let host = host_to_connect.to_string();
-        tokio::spawn(async move {
-            forward::open(channel, reply, ctx, host, port_to_connect).await;
-            drop(slot);
-        });
+        self.spawn_channel(slot, forward::open(channel, reply, ctx, host, port_to_connect));
         Ok(())
     }
 
@@ -304,10 +321,7 @@ impl russh::server::Handler for ConnHandler {
             return Ok(());
         };
         let path = socket_path.to_string();
-        tokio::spawn(async move {
-            forward::open_path(channel, reply, ctx, path).await;
-            drop(slot);
-        });
+        self.spawn_channel(slot, forward::open_path(channel, reply, ctx, path));
         Ok(())
     }
 }

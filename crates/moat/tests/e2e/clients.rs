@@ -155,6 +155,29 @@ pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
+/// Clients that stop reading and then leave without a word, or close their
+/// channels (sessions and forwards whose windows are full): the processes
+/// writing to them end (their pipes and sockets close, as under sshd), the
+/// connection that closed more channels than it may hold open still opens
+/// one, and the box, with no session left, suspends (billing stops).
+pub fn abandoned_channels_free_the_box(env: &Env) {
+    let name = unique("gone");
+    env.new_box(&name, &["--image", "busybox", "--idle", "2"]);
+    let out = python_client(env, "abandoned_channels.py", &name).ok();
+    assert!(out.stdout.contains("abandoned channels freed"), "{}", out.stdout);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info: serde_json::Value =
+            serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout).unwrap();
+        if info["state"] == "suspended" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the box never suspended after its clients left: {info}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// An Ansible playbook (copy, template, shell) against two boxes, leaving no
 /// `~NAME` directory behind.
 pub fn ansible_playbook_on_two_boxes(env: &Env) {

@@ -116,6 +116,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     clients::unaccepted_env_still_runs_the_command,
     clients::controlmaster_100_commands_then_idle_suspends,
     clients::paramiko_and_asyncssh_reuse_one_connection,
+    clients::abandoned_channels_free_the_box,
     clients::ansible_playbook_on_two_boxes,
     clients::putty_plink_psftp_and_pscp,
     clients::user_names_never_misroute,

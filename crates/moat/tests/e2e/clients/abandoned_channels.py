@@ -1,0 +1,87 @@
+"""Clients that stop reading, then leave or close, from paramiko: channels
+whose window is full (the client reads nothing) when the client goes away
+without a word, or closes them. A box's `yes` and a server in the box that
+streams (busybox nc running `yes` per connection, on port 7000) are what
+fill them. Afterwards no such process may be left in the box (its pipes and
+sockets must close, as under sshd), and the connection that closed more
+channels than one connection may hold open must still open one.
+Usage: HOST PORT KEY USER."""
+import os
+import sys
+import time
+
+import paramiko
+
+WINDOW = 32768
+# More than the 32 channels a connection may hold open at once.
+ROUNDS = 40
+
+
+def connect(host, port, key, user):
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(host, port=port, username=user, key_filename=key, look_for_keys=False, allow_agent=False)
+    return client
+
+
+def stuck_session(transport, marker):
+    """A session whose output fills its window: nothing reads it."""
+    channel = transport.open_session(window_size=WINDOW, max_packet_size=WINDOW)
+    channel.exec_command(f"exec yes {marker}")
+    return channel
+
+
+def stuck_forward(transport):
+    return transport.open_channel(
+        "direct-tcpip", ("127.0.0.1", 7000), ("127.0.0.1", 5000), window_size=WINDOW, max_packet_size=WINDOW
+    )
+
+
+def run(client, command):
+    _, out, _ = client.exec_command(command)
+    return out.read().decode()
+
+
+def main(host, port, key, user):
+    client = connect(host, port, key, user)
+    run(client, "printf '#!/bin/sh\\nexec yes fwd-marker\\n' > /root/stream.sh && chmod +x /root/stream.sh")
+    run(client, "busybox nc -ll -p 7000 -e /root/stream.sh </dev/null >/dev/null 2>&1 &")
+    time.sleep(0.5)
+
+    # A client that goes away (its process ends: no close, no disconnect
+    # message) while its windows are full.
+    child = os.fork()
+    if child == 0:
+        gone = connect(host, port, key, user)
+        held = [stuck_session(gone.get_transport(), "gone-marker") for _ in range(4)]
+        held += [stuck_forward(gone.get_transport()) for _ in range(4)]
+        time.sleep(1.5)
+        os._exit(0)
+    os.waitpid(child, 0)
+
+    # A client that closes channels whose windows are full, more of them
+    # than one connection may hold.
+    transport = client.get_transport()
+    for _ in range(ROUNDS):
+        channel = stuck_session(transport, "close-marker")
+        time.sleep(0.05)
+        channel.close()
+    for _ in range(ROUNDS):
+        channel = stuck_forward(transport)
+        time.sleep(0.05)
+        channel.close()
+    assert run(client, "echo alive") == "alive\n", "no channel after closing full ones"
+
+    deadline = time.time() + 20
+    while True:
+        left = run(client, "ps -o args | grep -c -e '^yes [a-z]*-marker' || true").strip()
+        if left == "0":
+            break
+        assert time.time() < deadline, f"{left} processes of abandoned channels still run:\n" + run(client, "ps -o pid,args")
+        time.sleep(0.5)
+    run(client, "pkill nc")
+    client.close()
+    print("abandoned channels freed")
+
+
+main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
