@@ -1,7 +1,7 @@
-//! Bytes both ways between two connections (a port forward, a WebSocket
-//! tunnel), as sshd carries them: each direction ends at its reader's end
-//! (the other writer is then shut down: a half-close) or at a failure; a
-//! failure one way does not cut the other short. A server that answers and
+//! Bytes both ways between two connections (the web edge's WebSocket
+//! tunnels), as sshd carries a port forward's: each direction ends at its
+//! reader's end (the other writer is then shut down: a half-close) or at a
+//! failure; a failure one way does not cut the other short. A server that answers and
 //! closes while the client is still sending loses no byte of its answer;
 //! `tokio::io::copy_bidirectional` stops both ways at the first failure.
 

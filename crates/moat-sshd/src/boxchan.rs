@@ -288,7 +288,7 @@ async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWrit
 }
 
 /// Ends a task when dropped.
-pub(crate) struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {

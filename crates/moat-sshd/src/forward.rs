@@ -4,10 +4,10 @@
 //! Only loopback targets are accepted: a forward is a way into the box, never a
 //! way for the client to use the box (or the host) as a proxy.
 
-use moat_agent::client::{connect, connect_path};
 use std::io;
 use std::pin::pin;
 
+use moat_agent::client::{connect, connect_path};
 use russh::server::{ChannelOpenHandle, Msg};
 use russh::{Channel, ChannelMsg, ChannelOpenFailure, ChannelReadHalf, ChannelWriteHalf};
 use tokio::io::AsyncWriteExt;

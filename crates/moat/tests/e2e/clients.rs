@@ -109,16 +109,7 @@ pub fn controlmaster_100_commands_then_idle_suspends(env: &Env) {
             });
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let info: serde_json::Value =
-            serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout).unwrap();
-        if info["state"] == "suspended" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the box never suspended with only an idle master connected: {info}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    wait_suspended(env, &name, "with only an idle master connected");
     run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &["-o", &path, "-O", "check"], &[])).ok();
     assert_eq!(through("echo back").ok().stdout, "back\n");
     let _ = run(&mut env.daemon.ssh_with(&env.alice, Some(&name), &["-o", &path, "-O", "exit"], &[]));
@@ -165,17 +156,23 @@ pub fn abandoned_channels_free_the_box(env: &Env) {
     env.new_box(&name, &["--image", "busybox", "--idle", "2"]);
     let out = python_client(env, "abandoned_channels.py", &name).ok();
     assert!(out.stdout.contains("abandoned channels freed"), "{}", out.stdout);
+    wait_suspended(env, &name, "after its clients left");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// Waits (at most 30 s) for `name` to be suspended, reading `info` (which
+/// opens no session on it).
+fn wait_suspended(env: &Env, name: &str, when: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let info: serde_json::Value =
-            serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout).unwrap();
+            serde_json::from_str(&env.alice(None, &["info", name, "--json"]).ok().stdout).unwrap();
         if info["state"] == "suspended" {
-            break;
+            return;
         }
-        assert!(Instant::now() < deadline, "the box never suspended after its clients left: {info}");
+        assert!(Instant::now() < deadline, "the box never suspended {when}: {info}");
         std::thread::sleep(Duration::from_millis(250));
     }
-    env.alice(None, &["rm", &name]).ok();
 }
 
 /// An Ansible playbook (copy, template, shell) against two boxes, leaving no
