@@ -104,6 +104,10 @@ async fn carry(channel: Channel<Msg>, reply: ChannelOpenHandle, early: Vec<u8>, 
     let _ = tx.close().await;
 }
 
+/// Bytes read from the box at a time: a whole SSH packet's worth and more
+/// (tokio's copy reads 8 KiB, so its packets were a quarter full).
+const COPY_BUF: usize = 64 << 10;
+
 /// How the client's side of a forward ended.
 enum ClientEnd {
     /// It sent EOF: it sends nothing more, and may still read.
@@ -144,7 +148,7 @@ async fn closed(rx: &mut ChannelReadHalf) {
 async fn to_client(from_box: &mut OwnedReadHalf, tx: &ChannelWriteHalf<Msg>, early: Vec<u8>) -> io::Result<()> {
     let mut writer = tx.make_writer();
     writer.write_all(&early).await?;
-    tokio::io::copy(from_box, &mut writer).await?;
+    tokio::io::copy_buf(&mut tokio::io::BufReader::with_capacity(COPY_BUF, from_box), &mut writer).await?;
     tx.eof().await.map_err(io::Error::other)
 }
 
