@@ -272,6 +272,7 @@ const VM_PASS_TESTS: &[(&str, TestFn)] = tests![
     exec::processes_outlive_the_session,
     clients::git_clone_push_pull_with_defaults,
     clients::paramiko_and_asyncssh_reuse_one_connection,
+    clients::abandoned_channels_free_the_box,
     clients::ansible_playbook_on_two_boxes,
     storage::diff_lists_changes,
     storage::promote_swaps_parent_and_child,
