@@ -122,9 +122,14 @@ pub(crate) fn python_client(env: &Env, script: &str, user: &str) -> Ran {
 
 /// Runs a client script against the SSH server on `port`, as `key`.
 pub(crate) fn python_client_at(port: u16, key: &crate::fixture::Key, script: &str, user: &str) -> Ran {
+    python_client_with(port, key, script, user, &[])
+}
+
+/// [`python_client_at`], with `more` arguments after the user.
+fn python_client_with(port: u16, key: &crate::fixture::Key, script: &str, user: &str, more: &[&str]) -> Ran {
     let mut cmd = Command::new("timeout");
     cmd.arg("180").arg(PYTHON).arg(clients_dir().join(script));
-    cmd.args(["127.0.0.1", &port.to_string()]).arg(&key.path).arg(user);
+    cmd.args(["127.0.0.1", &port.to_string()]).arg(&key.path).arg(user).args(more);
     cmd.env("PYTHONWARNINGS", "ignore");
     run(&mut cmd)
 }
@@ -154,7 +159,8 @@ pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
 pub fn abandoned_channels_free_the_box(env: &Env) {
     let name = unique("gone");
     env.new_box(&name, &["--image", "busybox", "--idle", "2"]);
-    let out = python_client(env, "abandoned_channels.py", &name).ok();
+    let vm: &[&str] = if crate::in_vm_pass() { &["vm"] } else { &[] };
+    let out = python_client_with(env.daemon.port, &env.alice, "abandoned_channels.py", &name, vm).ok();
     assert!(out.stdout.contains("abandoned channels freed"), "{}", out.stdout);
     wait_suspended(env, &name, "after its clients left");
     env.alice(None, &["rm", &name]).ok();

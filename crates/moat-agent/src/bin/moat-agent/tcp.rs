@@ -3,10 +3,13 @@
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use moat_agent::protocol::AgentMsg;
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::frames::{self, FrameReader};
 
@@ -44,15 +47,15 @@ pub fn splice(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()
 /// A connected socket in the box whose bytes the agent carries.
 pub trait Carried: io::Read + io::Write + Send + Sized + 'static {
     fn clone_socket(&self) -> io::Result<Self>;
-    fn end_writing(&self);
+    fn end(&self, how: Shutdown);
 }
 
 impl Carried for TcpStream {
     fn clone_socket(&self) -> io::Result<Self> {
         self.try_clone()
     }
-    fn end_writing(&self) {
-        let _ = self.shutdown(Shutdown::Write);
+    fn end(&self, how: Shutdown) {
+        let _ = self.shutdown(how);
     }
 }
 
@@ -60,8 +63,8 @@ impl Carried for UnixStream {
     fn clone_socket(&self) -> io::Result<Self> {
         self.try_clone()
     }
-    fn end_writing(&self) {
-        let _ = self.shutdown(Shutdown::Write);
+    fn end(&self, how: Shutdown) {
+        let _ = self.shutdown(how);
     }
 }
 
@@ -72,12 +75,37 @@ pub fn relay(mut socket: impl Carried, reader: FrameReader, host: UnixStream) ->
 
     let mut to_socket = socket.clone_socket()?;
     let upstream = std::thread::Builder::new().spawn(move || {
-        let _ = io::copy(&mut from_host, &mut to_socket);
-        to_socket.end_writing();
+        let ended = io::copy(&mut from_host, &mut to_socket);
+        to_socket.end(Shutdown::Write);
+        // The host's writing ended. Once its end is closed whole (the client
+        // closed the channel or left), nothing the box's side sends can go
+        // anywhere: stop reading it too, or a server that sends nothing and
+        // never closes would hold this relay (a thread and a connection of
+        // the box's) for good.
+        if ended.is_ok() {
+            hung_up(&from_host);
+            to_socket.end(Shutdown::Read);
+        }
     })?;
     let mut to_host = host;
     let _ = io::copy(&mut socket, &mut to_host);
     let _ = to_host.shutdown(Shutdown::Write);
     let _ = upstream.join();
     Ok(())
+}
+
+/// Waits until `host` is closed at both ends: the host closed it whole, or
+/// it half-closed it and the relay's writing to it has ended too (poll
+/// reports a hangup only then, not at a half close).
+fn hung_up(host: &UnixStream) {
+    loop {
+        let mut fds = [PollFd::new(host.as_fd(), PollFlags::empty())];
+        let woken = poll(&mut fds, PollTimeout::NONE);
+        let revents = fds.first().and_then(PollFd::revents).unwrap_or(PollFlags::empty());
+        match woken {
+            Err(Errno::EINTR) => {}
+            Ok(_) if revents.is_empty() => {}
+            _ => return,
+        }
+    }
 }
