@@ -6,6 +6,7 @@
 //! carries exactly one operation (an exec, a TCP connection into the box, or a
 //! ping), so a transport only has to provide independent byte streams.
 
+pub mod hangup;
 pub mod mux;
 pub mod protocol;
 pub mod walk;

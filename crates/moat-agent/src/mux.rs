@@ -9,7 +9,11 @@
 //! the receiver has granted ([`WINDOW`] at first, then whatever it credits
 //! back as its side's reader takes the bytes), so a stream nobody reads
 //! holds up only itself. A frame that breaks the rules (too long, past its
-//! window) ends its stream; a link that cannot be read ends them all. The
+//! window) ends its stream; a link that cannot be read ends them all. An
+//! end whose socket was closed whole (not just for writing) says so
+//! ([`STOP`]): the other end then shuts its own socket, so that what still
+//! writes or waits there (a session's output, a forward's relay) is told,
+//! where a close of one direction would leave it waiting for good. The
 //! other end may be hostile (for the host, the guest is): nothing it sends
 //! can make this side allocate more than a window per stream.
 
@@ -32,6 +36,9 @@ const OPEN: u8 = 0;
 const DATA: u8 = 1;
 const CLOSE: u8 = 2;
 const CREDIT: u8 = 3;
+/// This end's socket of the stream was closed whole: nothing more is read
+/// or taken here. (An end that does not know it ends the stream: the same.)
+const STOP: u8 = 4;
 
 /// One end of a link carrying streams.
 #[derive(Clone)]
@@ -73,6 +80,8 @@ struct Stream {
     /// Bytes of the other end's not yet credited back (at most WINDOW).
     unanswered: u32,
     credit: Arc<Credit>,
+    /// This end's socket, to shut when the other end stops the stream.
+    socket: UnixStream,
     /// Directions finished: this end's bytes out, the other end's in.
     out_done: bool,
     in_done: bool,
@@ -229,6 +238,7 @@ impl Mux {
                 inbound: Some(inbound),
                 unanswered: 0,
                 credit: Arc::clone(&credit),
+                socket: ours.try_clone()?,
                 out_done: false,
                 in_done: false,
             };
@@ -277,7 +287,11 @@ impl Mux {
     fn pump_out(&self, id: u32, mut from: UnixStream, credit: &Credit) {
         let mut buf = vec![0u8; MAX_FRAME as usize];
         loop {
-            let Some(allowed) = credit.take(MAX_FRAME) else { return };
+            let Some(allowed) = credit.take(MAX_FRAME) else {
+                // The stream is gone: whoever writes here is told so.
+                let _ = from.shutdown(std::net::Shutdown::Read);
+                return;
+            };
             let n = match from.read(&mut buf[..allowed as usize]) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
@@ -290,6 +304,15 @@ impl Mux {
         }
         let _ = self.send(id, CLOSE, &[]);
         self.finished(id, true);
+        // Poll reports a hangup once the socket is shut both ways: closed
+        // whole at this end, or each direction ended. Only the first leaves
+        // the other end's bytes with nobody to take them.
+        crate::hangup::wait(&from);
+        let in_open =
+            self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).get(&id).is_some_and(|s| !s.in_done);
+        if in_open {
+            let _ = self.send(id, STOP, &[]);
+        }
     }
 
     /// The other end's bytes of stream `id` into this end's socket, each
@@ -345,6 +368,12 @@ impl Mux {
                     // No more from the other end: the inbound pump drains and shuts down.
                     if let Some(s) = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&id) {
                         s.inbound = None;
+                    }
+                }
+                STOP => {
+                    if let Some(s) = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
+                        s.credit.end();
+                        let _ = s.socket.shutdown(std::net::Shutdown::Read);
                     }
                 }
                 CREDIT if len == 4 => {
@@ -451,6 +480,37 @@ mod tests {
         for c in clients {
             c.join().unwrap();
         }
+    }
+
+    #[test]
+    fn a_close_whole_at_one_end_reaches_the_other_and_a_half_close_does_not() {
+        let (host, accepted) = linked();
+        let mut ours = host.open().unwrap();
+        let mut theirs = accepted.recv_timeout(Duration::from_secs(10)).unwrap();
+        // A half close: the other end reads its end, and may still write.
+        ours.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        theirs.read_to_end(&mut got).unwrap();
+        theirs.write_all(b"still").unwrap();
+        let mut back = [0u8; 5];
+        ours.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"still");
+        let waiting = std::thread::spawn(move || {
+            crate::hangup::wait(&theirs);
+            theirs
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!waiting.is_finished(), "a half close was taken for the end's close");
+        // Closed whole: the other end's socket is shut both ways, and what
+        // it writes there fails rather than waiting for a reader.
+        drop(ours);
+        let started = std::time::Instant::now();
+        while !waiting.is_finished() {
+            assert!(started.elapsed() < Duration::from_secs(10), "the close never reached the other end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut theirs = waiting.join().unwrap();
+        assert!(theirs.write_all(&[0u8; 1 << 20]).is_err());
     }
 
     #[test]

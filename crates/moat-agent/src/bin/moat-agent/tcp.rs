@@ -3,13 +3,10 @@
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
-use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use moat_agent::protocol::AgentMsg;
-use nix::errno::Errno;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::frames::{self, FrameReader};
 
@@ -83,7 +80,7 @@ pub fn relay(mut socket: impl Carried, reader: FrameReader, host: UnixStream) ->
         // never closes would hold this relay (a thread and a connection of
         // the box's) for good.
         if ended.is_ok() {
-            hung_up(&from_host);
+            moat_agent::hangup::wait(&from_host);
             to_socket.end(Shutdown::Read);
         }
     })?;
@@ -92,20 +89,4 @@ pub fn relay(mut socket: impl Carried, reader: FrameReader, host: UnixStream) ->
     let _ = to_host.shutdown(Shutdown::Write);
     let _ = upstream.join();
     Ok(())
-}
-
-/// Waits until `host` is closed at both ends: the host closed it whole, or
-/// it half-closed it and the relay's writing to it has ended too (poll
-/// reports a hangup only then, not at a half close).
-fn hung_up(host: &UnixStream) {
-    loop {
-        let mut fds = [PollFd::new(host.as_fd(), PollFlags::empty())];
-        let woken = poll(&mut fds, PollTimeout::NONE);
-        let revents = fds.first().and_then(PollFd::revents).unwrap_or(PollFlags::empty());
-        match woken {
-            Err(Errno::EINTR) => {}
-            Ok(_) if revents.is_empty() => {}
-            _ => return,
-        }
-    }
 }

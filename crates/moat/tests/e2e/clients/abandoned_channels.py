@@ -7,9 +7,9 @@ on port 7001) is forwarded to and left too. Afterwards no such process may be
 left in the box (its pipes and sockets must close, as under sshd), the box's
 agent may hold no more threads than before (one carried each forward to the
 silent server, waiting on it for good; not checked where the third argument
-after USER is "vm": a microVM guest's link does not yet tell the guest that
-the host's end closed), and the connection that closed more channels than
-one connection may hold open must still open one.
+after USER is "vm": a microVM guest still keeps about one thread for each
+such forward), and the connection that closed more channels than one
+connection may hold open must still open one.
 Usage: HOST PORT KEY USER [vm]."""
 import os
 import sys
