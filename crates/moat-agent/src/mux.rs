@@ -288,8 +288,12 @@ impl Mux {
         let mut buf = vec![0u8; MAX_FRAME as usize];
         loop {
             let Some(allowed) = credit.take(MAX_FRAME) else {
-                // The stream is gone: whoever writes here is told so.
+                // The stream is gone, or the other end stopped it while this
+                // waited for credit: whoever writes here is told so, and this
+                // direction is done (a stopped stream must still be forgotten
+                // once its other direction ends, or it holds a slot).
                 let _ = from.shutdown(std::net::Shutdown::Read);
+                self.finished(id, true);
                 return;
             };
             let n = match from.read(&mut buf[..allowed as usize]) {
