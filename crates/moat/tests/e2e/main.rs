@@ -126,6 +126,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     exec::programs_start_with_default_signals,
     exec::tar_100mb_through_stdin,
     exec::processes_outlive_the_session,
+    exec::sessions_leave_the_agent_small,
     pty::shell_resize_and_ctrl_c,
     files::scp_both_ways,
     files::sftp_batch,

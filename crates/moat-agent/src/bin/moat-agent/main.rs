@@ -4,10 +4,10 @@
 //! per connection (see `moat_agent::protocol`), and reaps every orphan in the box.
 //! It is built as a static binary so it runs in any image, libc or not.
 
-// `unsafe` lives in six places: fork and exec (spawn), the terminal size
+// `unsafe` lives in seven places: fork and exec (spawn), the terminal size
 // ioctl (exec), the seccomp listener's ioctls (statfs), a guest's network
-// and file system ioctls (guest_net, guest), and taking the inherited
-// listening socket (here).
+// and file system ioctls (guest_net, guest), giving memory back (rest), and
+// taking the inherited listening socket (here).
 #[allow(unsafe_code)]
 mod exec;
 mod frames;
@@ -18,6 +18,8 @@ mod guest_net;
 mod host_files;
 mod login;
 mod reaper;
+#[allow(unsafe_code)]
+mod rest;
 mod service;
 mod sftp;
 #[allow(unsafe_code)]
@@ -98,6 +100,7 @@ fn idle_loop(listener: UnixListener) -> ! {
     let _ = listener.set_nonblocking(true);
     // Statuses reaped but not yet handed over: look again soon.
     let mut behind = false;
+    let mut sessions = rest::Sessions::default();
     loop {
         let readable = |fd: Option<&PollFd>| fd.and_then(PollFd::revents).is_some_and(|r| !r.is_empty());
         let (connection, signalled, call) = {
@@ -125,23 +128,27 @@ fn idle_loop(listener: UnixListener) -> ! {
             }
         }
         if connection {
-            accept_one(&listener, &reaper);
+            sessions.add(accept_one(&listener, &reaper));
         }
+        sessions.reclaim();
     }
 }
 
 /// Accepts one connection and serves it on a thread of its own.
-fn accept_one(listener: &UnixListener, reaper: &Arc<Reaper>) {
+fn accept_one(listener: &UnixListener, reaper: &Arc<Reaper>) -> Option<std::thread::JoinHandle<()>> {
     match listener.accept() {
         Ok((stream, _)) => {
             let reaper = Arc::clone(reaper);
             // At pids.max a thread cannot be made; PID 1 must not panic (the
             // box would die with it): drop this connection instead.
-            let _ = std::thread::Builder::new().spawn(move || serve(stream, &reaper));
+            std::thread::Builder::new().spawn(move || serve(stream, &reaper)).ok()
         }
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
         // A transient accept error (EMFILE, ECONNABORTED) must not kill PID 1.
-        Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        Err(_) => {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            None
+        }
     }
 }
 
