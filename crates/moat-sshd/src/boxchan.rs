@@ -24,6 +24,8 @@ use crate::setup::ChannelSetup;
 
 /// Exit status for failures of moat itself rather than of the command (as ssh).
 const EXIT_MOAT_FAILED: u32 = 255;
+/// How long an agent that refused a session has to say why.
+const AGENT_LAST_WORD: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The subsystem moat serves (inside the box).
 pub const SFTP_SUBSYSTEM: &str = "sftp";
@@ -316,12 +318,19 @@ async fn run_in_box(
         Program::Sftp => Run::Sftp,
     };
     let req = ExecRequest { run, env, pty };
+    let mut read = AgentReader::new(read);
     if let Err(e) = send(&mut write, &HostMsg::Exec(req)).await {
-        return fail(&tx, &format!("box {name}: {e}"), EXIT_MOAT_FAILED).await;
+        // An agent that could not take the session says why before it
+        // closes (a box at its process limit): that, not the broken pipe.
+        let why = match tokio::time::timeout(AGENT_LAST_WORD, read.recv()).await {
+            Ok(Ok(Some(AgentMsg::Error(why)))) => why,
+            _ => e.to_string(),
+        };
+        return fail(&tx, &format!("box {name}: {why}"), EXIT_MOAT_FAILED).await;
     }
     let id = tx.id();
     let handle = ctx.handle.clone();
-    let mut output = AbortOnDrop(tokio::spawn(pump_output(AgentReader::new(read), tx, handle, id)));
+    let mut output = AbortOnDrop(tokio::spawn(pump_output(read, tx, handle, id)));
 
     loop {
         // Once the output side has closed the channel, russh drops the client's

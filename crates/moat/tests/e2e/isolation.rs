@@ -575,3 +575,34 @@ pub fn memory_has_no_swap(env: &Env) {
     }
     env.alice(None, &["rm", &name]).ok();
 }
+
+/// A box whose own processes fill its pids limit leaves its agent no thread
+/// for a new session: the session is told so in a line (not "Broken pipe"),
+/// and the box is still removed.
+pub fn a_full_box_says_why_a_session_cannot_start(env: &Env) {
+    let name = unique("full");
+    env.new_box(&name, &["--pids", "24"]);
+    // Takes every pid freed, within 10 ms, for good.
+    let filler = "nohup python3 -c 'import os, time\nwhile True:\n try:\n  if os.fork() == 0:\n   time.sleep(1000)\n   os._exit(0)\n except OSError:\n  time.sleep(0.01)' >/dev/null 2>&1 &";
+    env.alice(Some(&name), &[filler]).ok();
+    let id = box_id(env, &name);
+    let pids_dir = ["/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
+        .iter()
+        .map(|p| std::path::Path::new(p).join(&id))
+        .find(|p| p.exists())
+        .unwrap();
+    let read = |file: &str| std::fs::read_to_string(pids_dir.join(file)).unwrap().trim().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read("pids.current") != read("pids.max") {
+        assert!(Instant::now() < deadline, "the box never filled: {} of {}", read("pids.current"), read("pids.max"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for _ in 0..3 {
+        let out = env.alice(Some(&name), &["echo", "hi"]);
+        assert_ne!(out.status, Some(0), "a session ran in a full box");
+        assert!(out.stderr.contains("no room for another process"), "{}", out.stderr);
+        assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    }
+    env.alice(None, &["rm", &name]).ok();
+    assert!(!pids_dir.exists());
+}

@@ -143,6 +143,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     isolation::root_is_not_host_root,
     isolation::boxes_cannot_reach_each_other,
     isolation::fork_bomb_contained,
+    isolation::a_full_box_says_why_a_session_cannot_start,
     isolation::two_servers_never_share_host_uids,
     isolation::no_vsock_fd_theft_or_pty_exhaustion,
     isolation::i386_calls_kill_the_caller,

@@ -139,9 +139,16 @@ fn accept_one(listener: &UnixListener, reaper: &Arc<Reaper>) -> Option<std::thre
     match listener.accept() {
         Ok((stream, _)) => {
             let reaper = Arc::clone(reaper);
+            let told = stream.try_clone();
             // At pids.max a thread cannot be made; PID 1 must not panic (the
-            // box would die with it): drop this connection instead.
-            std::thread::Builder::new().spawn(move || serve(stream, &reaper)).ok()
+            // box would die with it): say why and drop this connection. (The
+            // answer fits the socket's buffer: written without waiting.)
+            let session = std::thread::Builder::new().spawn(move || serve(stream, &reaper));
+            if let (Err(e), Ok(told)) = (&session, told) {
+                let _ = told.set_nonblocking(true);
+                let _ = frames::send(&told, &AgentMsg::Error(no_room(e)));
+            }
+            session.ok()
         }
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
         // A transient accept error (EMFILE, ECONNABORTED) must not kill PID 1.
@@ -150,6 +157,15 @@ fn accept_one(listener: &UnixListener, reaper: &Arc<Reaper>) -> Option<std::thre
             None
         }
     }
+}
+
+/// Why a session found no thread to run on: nearly always the box's process
+/// limit, which its own processes fill.
+fn no_room(e: &io::Error) -> String {
+    format!(
+        "no room for another process or thread ({e}): the box's processes fill its --pids limit; \
+         end some, or `stop` and `start` the box"
+    )
 }
 
 /// Serves one connection: its first message decides what it is.
