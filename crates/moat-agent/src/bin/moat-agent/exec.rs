@@ -38,7 +38,21 @@ struct Flags {
 
 type Shared = Arc<Mutex<UnixStream>>;
 
-pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper: &Reaper) -> io::Result<()> {
+/// Runs one session's program, streaming its output until it exits. A session
+/// that could not start for want of a thread or a process (the box's pids
+/// limit) is told so.
+pub fn run(req: ExecRequest, reader: FrameReader, stream: UnixStream, reaper: &Reaper) -> io::Result<()> {
+    let told = stream.try_clone()?;
+    let result = session(req, reader, stream, reaper);
+    if let Err(e) = &result {
+        if e.raw_os_error() == Some(libc::EAGAIN) {
+            let _ = frames::send(&told, &AgentMsg::Error(crate::no_room(e)));
+        }
+    }
+    result
+}
+
+fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper: &Reaper) -> io::Result<()> {
     // A box named since it booted answers to its new name from its first session.
     crate::login::alias_root_as_host_name();
     let program = program_for(&req);
@@ -81,7 +95,11 @@ pub fn run(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
         Err(e) => {
             flags.host_gone.store(true, Ordering::Relaxed);
             let shell = program.path.to_string_lossy().into_owned();
-            return frames::send(&stream, &AgentMsg::Error(format!("cannot run {shell}: {e}")));
+            let why = match e.raw_os_error() {
+                Some(libc::EAGAIN) => crate::no_room(&e),
+                _ => format!("cannot run {shell}: {e}"),
+            };
+            return frames::send(&stream, &AgentMsg::Error(why));
         }
     };
     send(&writer, &AgentMsg::Started { pid: pid.as_raw() as u32 })?;

@@ -161,7 +161,7 @@ fn accept_one(listener: &UnixListener, reaper: &Arc<Reaper>) -> Option<std::thre
 
 /// Why a session found no thread to run on: nearly always the box's process
 /// limit, which its own processes fill.
-fn no_room(e: &io::Error) -> String {
+pub(crate) fn no_room(e: &io::Error) -> String {
     format!(
         "no room for another process or thread ({e}): the box's processes fill its --pids limit; \
          end some, or `stop` and `start` the box"
