@@ -17,6 +17,16 @@ fn box_id(env: &Env, name: &str) -> String {
     info["id"].as_str().unwrap().to_string()
 }
 
+/// The box's pids cgroup (v1's own hierarchy, or v2's).
+fn pids_dir(env: &Env, name: &str) -> std::path::PathBuf {
+    let id = box_id(env, name);
+    ["/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
+        .iter()
+        .map(|p| std::path::Path::new(p).join(&id))
+        .find(|p| p.exists())
+        .unwrap()
+}
+
 pub fn cannot_see_host(env: &Env) {
     let name = unique("see");
     env.new_box(&name, &[]);
@@ -147,12 +157,7 @@ pub fn fork_bomb_contained(env: &Env) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let id = box_id(env, &bomb);
-    let pids_dir = ["/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
-        .iter()
-        .map(|p| std::path::Path::new(p).join(&id))
-        .find(|p| p.exists())
-        .unwrap();
+    let pids_dir = pids_dir(env, &bomb);
     let max_hits = || -> u64 {
         let events = std::fs::read_to_string(pids_dir.join("pids.events")).unwrap();
         events.split_whitespace().nth(1).unwrap().parse().unwrap()
@@ -585,12 +590,7 @@ pub fn a_full_box_says_why_a_session_cannot_start(env: &Env) {
     // Takes every pid freed, within 10 ms, for good.
     let filler = "nohup python3 -c 'import os, time\nwhile True:\n try:\n  if os.fork() == 0:\n   time.sleep(1000)\n   os._exit(0)\n except OSError:\n  time.sleep(0.01)' >/dev/null 2>&1 &";
     env.alice(Some(&name), &[filler]).ok();
-    let id = box_id(env, &name);
-    let pids_dir = ["/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
-        .iter()
-        .map(|p| std::path::Path::new(p).join(&id))
-        .find(|p| p.exists())
-        .unwrap();
+    let pids_dir = pids_dir(env, &name);
     let read = |file: &str| std::fs::read_to_string(pids_dir.join(file)).unwrap().trim().to_string();
     let deadline = Instant::now() + Duration::from_secs(30);
     while read("pids.current") != read("pids.max") {

@@ -2,11 +2,11 @@
 //! agent, frozen with whatever it held at its busiest: each ended session's
 //! thread stack (glibc keeps up to 40 MiB of them for reuse) and the free
 //! pages of its heap. The host starts the agent with glibc's stack cache
-//! off and one malloc arena (`GLIBC_TUNABLES`, see moat-box's spawn); here
-//! ended session threads are joined, which unmaps their stacks, and the
+//! off and one malloc arena (`GLIBC_TUNABLES`, see moat-box's ns/enforce.rs);
+//! here ended session threads are joined, which unmaps their stacks, and the
 //! heap is trimmed. Measured after 24 sessions at once, each streaming 4 MB
 //! (e2e `exec_sessions_leave_the_agent_small`): 3,440 KiB of private memory
-//! held before, ~230 KiB now; a fresh box's agent 96 KiB (120 before).
+//! held before, ~210 KiB now; a fresh box's agent 96 KiB (120 before).
 
 use std::thread::JoinHandle;
 
