@@ -145,13 +145,7 @@ pub fn sessions_leave_the_agent_small(env: &Env) {
 
 /// The private (anonymous) memory of `name`'s PID 1, from the host.
 fn agent_private_kib(env: &Env, name: &str) -> u64 {
-    let info: serde_json::Value =
-        serde_json::from_str(&env.alice(None, &["info", name, "--json"]).ok().stdout).unwrap();
-    let id = info["id"].as_str().unwrap().to_string();
-    let procs = ["/sys/fs/cgroup/memory/moat", "/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
-        .iter()
-        .find_map(|dir| std::fs::read_to_string(format!("{dir}/{id}/cgroup.procs")).ok())
-        .unwrap_or_else(|| panic!("no cgroup of {name} ({id})"));
+    let procs = std::fs::read_to_string(crate::isolation::pids_dir(env, name).join("cgroup.procs")).unwrap();
     // PID 1 is the process of the box whose parent is outside it.
     let pids: Vec<&str> = procs.lines().collect();
     let agent = pids

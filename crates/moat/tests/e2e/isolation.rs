@@ -18,7 +18,7 @@ fn box_id(env: &Env, name: &str) -> String {
 }
 
 /// The box's pids cgroup (v1's own hierarchy, or v2's).
-fn pids_dir(env: &Env, name: &str) -> std::path::PathBuf {
+pub(crate) fn pids_dir(env: &Env, name: &str) -> std::path::PathBuf {
     let id = box_id(env, name);
     ["/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"]
         .iter()

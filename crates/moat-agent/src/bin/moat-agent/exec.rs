@@ -94,12 +94,12 @@ fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
         Ok(ok) => ok,
         Err(e) => {
             flags.host_gone.store(true, Ordering::Relaxed);
+            // A fork refused for want of pids: `run` says so, as for a thread.
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                return Err(e);
+            }
             let shell = program.path.to_string_lossy().into_owned();
-            let why = match e.raw_os_error() {
-                Some(libc::EAGAIN) => crate::no_room(&e),
-                _ => format!("cannot run {shell}: {e}"),
-            };
-            return frames::send(&stream, &AgentMsg::Error(why));
+            return frames::send(&stream, &AgentMsg::Error(format!("cannot run {shell}: {e}")));
         }
     };
     send(&writer, &AgentMsg::Started { pid: pid.as_raw() as u32 })?;
