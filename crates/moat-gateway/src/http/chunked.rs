@@ -57,7 +57,10 @@ impl ChunkedReader {
                     self.line.clear();
                     self.state = match self.state {
                         Chunked::Size => {
-                            let size = line.split(|&c| c == b';').next().unwrap_or_default();
+                            let (size, extensions) = line.split_at(line.iter().position(|&c| c == b';').unwrap_or(line.len()));
+                            if !extensions.iter().all(|&c| c == b'\t' || (b' '..=b'~').contains(&c)) {
+                                return Err("a control character in a chunk extension");
+                            }
                             let size = std::str::from_utf8(size).map_err(|_| "bad chunk size")?;
                             if size.is_empty() || size.len() > 15 || !size.bytes().all(|c| c.is_ascii_hexdigit()) {
                                 return Err("bad chunk size");
@@ -68,7 +71,8 @@ impl ChunkedReader {
                             }
                         }
                         _ if line.is_empty() => Chunked::Done,
-                        _ => Chunked::Trailers,
+                        _ if trailer_ok(&line) => Chunked::Trailers,
+                        _ => return Err("a trailer that is not a header field"),
                     };
                 }
                 Chunked::Data(left) => {
@@ -97,6 +101,20 @@ impl ChunkedReader {
     pub fn done(&self) -> bool {
         self.state == Chunked::Done
     }
+}
+
+/// Whether a trailer line is a header field (`name: value`) other than one
+/// that frames or routes a message. Anything else would be forwarded as the
+/// box sent it, and a server that skips trailers without parsing them could
+/// read a request line hidden there as a request of its own.
+fn trailer_ok(line: &[u8]) -> bool {
+    let Some(colon) = line.iter().position(|&c| c == b':') else { return false };
+    let (name, value) = line.split_at(colon);
+    let tchar = |c: &u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(c);
+    let framing = ["content-length", "transfer-encoding", "host", "trailer", "connection"]
+        .iter()
+        .any(|f| name.eq_ignore_ascii_case(f.as_bytes()));
+    !name.is_empty() && name.iter().all(tchar) && !framing && value.iter().all(|&c| c == b'\t' || c >= b' ' && c != 0x7f)
 }
 
 /// Decodes a chunked body.
@@ -184,7 +202,15 @@ mod tests {
             assert_eq!(a + b, body.len() - 4, "{split}");
             assert!(r.done());
         }
-        for bad in [&b"5\r\nhelloXX"[..], b"zz\r\n", b"5\nhello", b"1234567890123456\r\n"] {
+        let bad_trailers = [
+            &b"0\r\nX: y\r\nPOST /smuggled HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+            b"0\r\n x: folded\r\n\r\n",
+            b"0\r\nContent-Length: 5\r\n\r\n",
+            b"0\r\nX: a\x00b\r\n\r\n",
+            b"0\r\n: empty name\r\n\r\n",
+            b"5;a\rb\r\nhello\r\n0\r\n\r\n",
+        ];
+        for bad in [&b"5\r\nhelloXX"[..], b"zz\r\n", b"5\nhello", b"1234567890123456\r\n"].into_iter().chain(bad_trailers) {
             assert!(ChunkedReader::default().feed(bad).is_err(), "{bad:?}");
         }
     }

@@ -202,8 +202,9 @@ fn split_host(value: &str) -> Result<(HostName, Option<u16>), &'static str> {
 
 /// The target as servers read it, so that rules match what the server will
 /// serve: escapes of unreserved characters decoded (`%70` is `p`), other
-/// escapes in upper case. Refused: dot segments (in any spelling), a
-/// backslash, a fragment, or an escape that is not two hex digits.
+/// escapes in upper case. Refused: dot segments (in any spelling, with
+/// `;parameters` too), a backslash (escaped too), an escaped NUL, a
+/// fragment, or an escape that is not two hex digits.
 pub fn normalise_target(target: &str) -> Result<String, &'static str> {
     let bytes = target.as_bytes();
     let mut out = String::with_capacity(target.len());
@@ -232,7 +233,13 @@ pub fn normalise_target(target: &str) -> Result<String, &'static str> {
         i += 1;
     }
     let path = out.split('?').next().unwrap_or_default();
-    if path.split('/').any(|seg| seg == "." || seg == "..") || path.contains("%2F..") || path.contains("..%2F") {
+    // Servers differ on what ends a segment: `/`, its escape, a backslash's
+    // escape (IIS), and `;` before parameters (`..;` is `..` to Tomcat).
+    if path.contains("%5C") || path.contains("%00") {
+        return Err("an escaped backslash or NUL in the path");
+    }
+    let dots = |seg: &str| matches!(seg.split(';').next(), Some("." | ".."));
+    if path.split('/').flat_map(|seg| seg.split("%2F")).any(dots) {
         return Err("dot segments in the path");
     }
     Ok(out)
@@ -308,6 +315,10 @@ mod tests {
         assert!(normalise_target("/a%zz").is_err());
         assert!(normalise_target("/a\\b").is_err());
         assert!(normalise_target("/a/./b").is_err());
+        for fronted in ["/public/..;/admin", "/public/%2e%2e;/admin", "/public/..%5cadmin", "/a%2f..%2fb", "/a/.;x/b", "/a%00"] {
+            assert!(normalise_target(fronted).is_err(), "{fronted}");
+        }
+        assert_eq!(normalise_target("/a/..b/c;v=1").unwrap(), "/a/..b/c;v=1");
         assert!(normalise_target("/a?x=/../").is_ok());
     }
 }

@@ -345,7 +345,11 @@ mod tests {
         let got = relay_all(&upstream, 3).await;
         assert!(!got.contains("sk-REAL"), "{got}");
         assert!(got.contains("X-Echo: [secret removed by moat]"), "{got}");
-        assert!(got.contains("your key is [secret removed by moat]"), "{got}");
+        // The body as the box reads it (its chunks' sizes are the scrubber's).
+        let first = got.split_once("\r\n\r\n").unwrap().1;
+        let mut body = Vec::new();
+        crate::http::chunked::Dechunk::default().feed(first.as_bytes(), &mut body).unwrap();
+        assert!(String::from_utf8(body).unwrap().starts_with("your key is [secret removed by moat]"), "{got}");
         assert!(!got.to_ascii_lowercase().contains("content-encoding: gzip"), "{got}");
         assert!(got.contains("cannot be checked for secrets: a content coding"), "{got}");
     }

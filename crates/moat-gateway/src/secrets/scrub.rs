@@ -1,37 +1,44 @@
-//! Cutting a box's secret values out of what reaches it: every form in which
-//! a host may echo a value (as it is, in a JSON string, percent-encoded) is
-//! replaced, however the bytes are split across reads, and what is held back
-//! between reads says nothing of the values.
+//! Cutting a box's secret values out of what reaches it: a value is found as
+//! it is and however a host may escape it on the way back (JSON and
+//! JavaScript string escapes, percent-encoding of any of its characters,
+//! HTML character references, in any mix), however the bytes are split across
+//! reads, and what is held back between reads says nothing of the values. A
+//! value transformed otherwise (base64, cut in parts) is not found: a bound
+//! host must not echo the credentials it is sent.
 
 /// What a value is replaced with.
 const REMOVED: &[u8] = b"[secret removed by moat]";
 
+/// The longest escape of one character this reads (`&#x00007E;`).
+const LONGEST_ESCAPE: usize = 10;
+
 /// Cuts secret values out of a stream of bytes. What it holds back for the
 /// next bytes is decided without looking at the values (the trailing run of
-/// printable bytes, as long as the longest form less one): were it the tail
-/// that starts a value, the sizes of the pieces the box gets would tell it,
-/// byte by byte, what the value starts with. A streamed response (server-sent
-/// events, whose events end in a newline) still reaches the box event by event.
+/// printable bytes, as long as the longest spelling less one): were it the
+/// tail that starts a value, the sizes of the pieces the box gets would tell
+/// it, byte by byte, what the value starts with. A streamed response
+/// (server-sent events, whose events end in a newline) still reaches the box
+/// event by event.
 pub struct Scrubber {
-    forms: Vec<Vec<u8>>,
+    values: Vec<Vec<u8>>,
+    /// Whether a value holds a space, which a form writes as `+`.
+    spaces: bool,
     longest: usize,
     pending: Vec<u8>,
 }
 
 impl Scrubber {
-    /// Cuts out each of `values` as it is, and as JSON strings and URLs
-    /// write it.
+    /// Cuts out each of `values`, however escaped.
     pub fn new(values: &[String]) -> Self {
-        let mut forms: Vec<Vec<u8>> = Vec::new();
+        let mut kept: Vec<Vec<u8>> = Vec::new();
         for v in values.iter().filter(|v| !v.is_empty()) {
-            for form in encodings(v) {
-                if !forms.contains(&form) {
-                    forms.push(form);
-                }
+            if !kept.iter().any(|k| k == v.as_bytes()) {
+                kept.push(v.as_bytes().to_vec());
             }
         }
-        let longest = forms.iter().map(Vec::len).max().unwrap_or(0);
-        Self { forms, longest, pending: Vec::new() }
+        let longest = kept.iter().map(Vec::len).max().unwrap_or(0) * LONGEST_ESCAPE;
+        let spaces = kept.iter().any(|v| v.contains(&b' '));
+        Self { values: kept, spaces, longest, pending: Vec::new() }
     }
 
     /// What of `data` (and what came before) is safe to pass on now.
@@ -43,7 +50,8 @@ impl Scrubber {
     }
 
     /// How much of the end of what is pending could be the start of a value
-    /// (values are printable ASCII): the same whatever the values are.
+    /// (values are printable ASCII, and so are their escapes): the same
+    /// whatever the values are.
     fn held(&self) -> usize {
         let printable = self.pending.iter().rev().take_while(|b| (0x20..0x7f).contains(*b)).count();
         printable.min(self.longest.saturating_sub(1))
@@ -56,7 +64,8 @@ impl Scrubber {
     }
 
     fn cut(&mut self) {
-        for value in &self.forms {
+        // As it is: a value with escapes of its own (`%41`) reads otherwise decoded.
+        for value in &self.values {
             let mut at = 0;
             while let Some(i) = self.pending.get(at..).and_then(|p| find(p, value)) {
                 let start = at + i;
@@ -64,36 +73,122 @@ impl Scrubber {
                 at = start + REMOVED.len();
             }
         }
+        // Decoded, `+` as itself (a JSON string) and, for a value with a
+        // space, as a space (a form).
+        for plus_is_space in [false, true] {
+            if plus_is_space && !self.spaces {
+                break;
+            }
+            let (text, starts) = decode(&self.pending, plus_is_space);
+            let mut cuts = Vec::new();
+            let mut at = 0;
+            while let Some((i, n)) = self
+                .values
+                .iter()
+                .filter_map(|v| text.get(at..).and_then(|t| find(t, v)).map(|i| (at + i, v.len())))
+                .min()
+            {
+                if let (Some(&from), Some(&to)) = (starts.get(i), starts.get(i + n)) {
+                    cuts.push(from..to);
+                }
+                at = i + n;
+            }
+            for range in cuts.into_iter().rev() {
+                self.pending.splice(range, REMOVED.iter().copied());
+            }
+        }
     }
 }
 
-/// The ways a response may spell `value`: as it is; in a JSON string
-/// (quotes and backslashes escaped, with or without `/` escaped, or every
-/// character that is not a letter or digit as `\u00XX`); percent-encoded,
-/// in either case of hex.
-fn encodings(value: &str) -> Vec<Vec<u8>> {
-    let json = value.replace('\\', "\\\\").replace('"', "\\\"");
-    let mut forms = vec![value.to_string(), json.clone(), json.replace('/', "\\/")];
-    let escaped = |f: &dyn Fn(u8) -> String| -> String {
-        value.bytes().map(|b| if b.is_ascii_alphanumeric() { char::from(b).to_string() } else { f(b) }).collect()
-    };
-    forms.push(escaped(&|b| format!("\\u{b:04x}")));
-    forms.push(escaped(&|b| format!("\\u{b:04X}")));
-    let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
-    let percent = |upper: bool| -> String {
-        value
-            .bytes()
-            .map(|b| match (unreserved(b), upper) {
-                (true, _) => char::from(b).to_string(),
-                (false, true) => format!("%{b:02X}"),
-                (false, false) => format!("%{b:02x}"),
-            })
-            .collect()
-    };
-    forms.push(percent(true));
-    forms.push(percent(false));
-    forms.into_iter().map(String::into_bytes).collect()
+/// `hay` with every escape read as the byte it stands for (a character
+/// outside ASCII as NUL, which no value holds), and where each byte of the
+/// result starts in `hay` (and, last, its length).
+fn decode(hay: &[u8], plus_is_space: bool) -> (Vec<u8>, Vec<usize>) {
+    let mut text = Vec::with_capacity(hay.len());
+    let mut starts = Vec::with_capacity(hay.len() + 1);
+    let mut i = 0;
+    while let Some(rest) = hay.get(i..).filter(|r| !r.is_empty()) {
+        let (byte, len) = escape(rest, plus_is_space).unwrap_or((rest.first().copied().unwrap_or(0), 1));
+        starts.push(i);
+        text.push(byte);
+        i += len;
+    }
+    starts.push(hay.len());
+    (text, starts)
 }
+
+/// The byte the escape at the start of `s` stands for, and its length.
+fn escape(s: &[u8], plus_is_space: bool) -> Option<(u8, usize)> {
+    let number = |digits: &[u8], radix: u32| -> Option<u8> {
+        let text = std::str::from_utf8(digits).ok()?;
+        if text.is_empty() || !text.chars().all(|c| c.is_digit(radix)) {
+            return None;
+        }
+        Some(u32::from_str_radix(text, radix).ok().and_then(|n| u8::try_from(n).ok()).filter(u8::is_ascii).unwrap_or(0))
+    };
+    match s {
+        [b'%', rest @ ..] => Some((number(rest.get(..2)?, 16)?, 3)),
+        [b'\\', b'u', rest @ ..] => Some((number(rest.get(..4)?, 16)?, 6)),
+        [b'\\', b'x', rest @ ..] => Some((number(rest.get(..2)?, 16)?, 4)),
+        [b'\\', c @ (b'"' | b'\\' | b'/' | b'\''), ..] => Some((*c, 2)),
+        [b'&', b'#', b'x' | b'X', rest @ ..] => {
+            let end = rest.iter().take(7).position(|&c| c == b';')?;
+            Some((number(rest.get(..end)?, 16)?, end + 4))
+        }
+        [b'&', b'#', rest @ ..] => {
+            let end = rest.iter().take(8).position(|&c| c == b';')?;
+            Some((number(rest.get(..end)?, 10)?, end + 3))
+        }
+        [b'&', rest @ ..] => {
+            let end = rest.iter().take(8).position(|&c| c == b';')?;
+            let name = rest.get(..end)?;
+            let (_, c) = ENTITIES.iter().find(|(n, _)| n.as_bytes() == name)?;
+            Some((*c, end + 2))
+        }
+        [b'+', ..] if plus_is_space => Some((b' ', 1)),
+        _ => None,
+    }
+}
+
+/// HTML's named references to printable ASCII.
+const ENTITIES: [(&str, u8); 36] = [
+    ("quot", b'"'),
+    ("QUOT", b'"'),
+    ("amp", b'&'),
+    ("AMP", b'&'),
+    ("lt", b'<'),
+    ("LT", b'<'),
+    ("gt", b'>'),
+    ("GT", b'>'),
+    ("apos", b'\''),
+    ("excl", b'!'),
+    ("num", b'#'),
+    ("dollar", b'$'),
+    ("percnt", b'%'),
+    ("lpar", b'('),
+    ("rpar", b')'),
+    ("ast", b'*'),
+    ("midast", b'*'),
+    ("plus", b'+'),
+    ("comma", b','),
+    ("period", b'.'),
+    ("sol", b'/'),
+    ("colon", b':'),
+    ("semi", b';'),
+    ("equals", b'='),
+    ("quest", b'?'),
+    ("commat", b'@'),
+    ("lsqb", b'['),
+    ("lbrack", b'['),
+    ("bsol", b'\\'),
+    ("rsqb", b']'),
+    ("rbrack", b']'),
+    ("Hat", b'^'),
+    ("lowbar", b'_'),
+    ("grave", b'`'),
+    ("lcub", b'{'),
+    ("verbar", b'|'),
+];
 
 pub(crate) fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     if needle.is_empty() || hay.len() < needle.len() {
@@ -140,12 +235,38 @@ mod tests {
 
     #[test]
     fn values_are_cut_as_json_and_urls_spell_them() {
-        let value = "sk+a/b\"c";
-        for form in ["sk+a/b\\\"c", "sk+a\\/b\\\"c", "sk\\u002ba\\u002fb\\u0022c", "sk%2Ba%2Fb%22c", "sk%2ba%2fb%22c"] {
+        let value = "sk+a/b\"c<&>";
+        for form in [
+            "sk+a/b\\\"c<&>",
+            "sk+a\\/b\\\"c<&>",
+            "sk\\u002ba\\u002fb\\u0022c\\u003c\\u0026\\u003e",
+            "sk%2Ba%2Fb%22c%3C%26%3E",
+            "sk%2ba%2fb%22c%3c%26%3e",
+            // HTML, Go's JSON (only <, & and > escaped), Python's quote (`/` left).
+            "sk+a/b&quot;c&lt;&amp;&gt;",
+            "sk&#43;a&#x2F;b&#34;c&#60;&#38;&#62;",
+            "sk+a/b\\\"c\\u003c\\u0026\\u003e",
+            "sk%2Ba/b%22c%3C%26%3E",
+            "%73%6B%2B%61/b\\x22c&lt;%26\\u003E",
+        ] {
             let mut s = Scrubber::new(&[value.to_string()]);
             let mut out = s.push(format!("x {form} y").as_bytes());
             out.extend(s.finish());
             assert_eq!(out, b"x [secret removed by moat] y", "{form}");
         }
+        // A value with a space, as a form writes it; one whose own text
+        // looks like an escape, as it is.
+        for (value, form) in [("sk a+b", "sk+a%2Bb"), ("sk%41&amp;\\u0041", "sk%41&amp;\\u0041")] {
+            let mut s = Scrubber::new(&[value.to_string()]);
+            let mut out = s.push(format!("x {form} y").as_bytes());
+            out.extend(s.finish());
+            assert_eq!(out, b"x [secret removed by moat] y", "{form}");
+        }
+        // Escapes that stand for no value pass as they came.
+        let mut s = Scrubber::new(&["sk-value-0123456789".to_string()]);
+        let text = b"%zz &bogus; &#x110000; \\u12 + sk-value-012345678 %E2%82%AC";
+        let mut out = s.push(text);
+        out.extend(s.finish());
+        assert_eq!(out, text);
     }
 }

@@ -249,6 +249,13 @@ pub fn methods_and_presets(env: &Env) {
         "exec 3<>/dev/tcp/web.test/80; printf 'GET /1 HTTP/1.1\\r\\nHost: web.test\\r\\n\\r\\nPOST /2 HTTP/1.1\\r\\nHost: web.test\\r\\nContent-Length: 0\\r\\n\\r\\n' >&3; timeout 3 cat <&3",
     );
     assert!(out.contains("GET /1") && !out.contains("POST /2"), "{out}");
+    // One hidden in a GET's chunked trailers, for a server that skips them.
+    let (_, out) = sh(
+        env,
+        &name,
+        "exec 3<>/dev/tcp/web.test/80; printf 'GET /3 HTTP/1.1\\r\\nHost: web.test\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n0\\r\\nX: y\\r\\nPOST /4 HTTP/1.1\\r\\nHost: web.test\\r\\nContent-Length: 0\\r\\n\\r\\n' >&3; timeout 3 cat <&3",
+    );
+    assert!(!out.contains("POST /4"), "{out}");
     // Bad rules and presets are usage errors that change nothing.
     for bad in [&["allow", "10.0.0.1"][..], &["allow", "x.test:0"], &["preset", "everything"], &["open", "x.test"]] {
         let mut args = vec!["policy", name.as_str()];
