@@ -10,8 +10,9 @@ use moat_core::egress::{Answer, LogEntry};
 use moat_core::policy::{HostName, Policy};
 use moat_core::secrets::BoxSecret;
 use moat_core::BoxId;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
+use crate::admission::Gate;
 use crate::ask::{Asked, Asker, Recent};
 use crate::fake::FakeAddrs;
 use crate::log::{LogSink, Logger};
@@ -20,8 +21,18 @@ use crate::refusal::Refusal;
 use crate::secrets::meter::{Armed, Meters};
 use crate::upstream::Upstream;
 
-/// Most connections one box may have open through the gateway at once.
-pub const MAX_CONNECTIONS: usize = 512;
+/// What every attached box uses.
+#[derive(Clone)]
+pub struct Shared {
+    /// Where log entries go.
+    pub log: LogSink,
+    /// The way out.
+    pub upstream: Arc<Upstream>,
+    /// Ask mode's questions.
+    pub asker: Arc<Asker>,
+    /// The package cache and OSV database.
+    pub registries: Arc<Registries>,
+}
 
 /// One attached box.
 pub struct BoxNet {
@@ -30,8 +41,8 @@ pub struct BoxNet {
     policy: RwLock<Arc<Policy>>,
     fakes: Mutex<FakeAddrs>,
     cut: watch::Sender<u64>,
-    /// Open connections.
-    pub connections: Arc<Semaphore>,
+    /// Its connections' count, its account's and the gateway's.
+    pub gate: Gate,
     logger: Logger,
     /// The way out.
     pub upstream: Arc<Upstream>,
@@ -51,23 +62,16 @@ pub struct BoxNet {
 }
 
 impl BoxNet {
-    /// A box with `policy`.
-    pub fn new(
-        id: BoxId,
-        policy: Policy,
-        tls: Option<Arc<rustls::ServerConfig>>,
-        log: LogSink,
-        upstream: Arc<Upstream>,
-        asker: Arc<Asker>,
-        registries: Arc<Registries>,
-    ) -> Arc<Self> {
+    /// A box with `policy`, its connections counted by `gate`.
+    pub fn new(id: BoxId, policy: Policy, tls: Option<Arc<rustls::ServerConfig>>, gate: Gate, shared: &Shared) -> Arc<Self> {
+        let Shared { log, upstream, asker, registries } = shared.clone();
         let logger = Logger::new(id.clone(), log);
         Arc::new(Self {
             id,
             policy: RwLock::new(Arc::new(policy)),
             fakes: Mutex::new(FakeAddrs::default()),
             cut: watch::channel(0).0,
-            connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            gate,
             logger,
             upstream,
             tls,
@@ -230,15 +234,14 @@ mod tests {
         let config = UpstreamConfig { dns: "127.0.0.1:9".parse().unwrap(), allow: Vec::new(), tls: None };
         let policy = Policy { ask: true, ..Policy::default() };
         let id = BoxId::parse("b1").unwrap();
-        let net = BoxNet::new(
-            id,
-            policy.clone(),
-            None,
+        let shared = Shared {
             log,
-            Arc::new(Upstream::new(config)),
-            Arc::clone(&asker),
-            Arc::new(crate::packages::Registries::new(Default::default())),
-        );
+            upstream: Arc::new(Upstream::new(config)),
+            asker: Arc::clone(&asker),
+            registries: Arc::new(crate::packages::Registries::new(Default::default())),
+        };
+        let gate = crate::admission::Admission::for_descriptors(1024).gate(&moat_core::AccountId("SHA256:a".into()));
+        let net = BoxNet::new(id, policy.clone(), None, gate, &shared);
         (net, asker, rx, policy)
     }
 

@@ -9,8 +9,9 @@ use moat_core::BoxId;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::admission::Admission;
 use crate::ask::Asker;
-use crate::boxnet::BoxNet;
+use crate::boxnet::{BoxNet, Shared};
 use crate::log::LogSink;
 use crate::messages::{FromGateway, Role, ToGateway};
 use crate::packages::Registries;
@@ -55,11 +56,9 @@ impl Drop for Attached {
 /// The boxes being served.
 pub struct Gateway {
     boxes: Mutex<HashMap<BoxId, Attached>>,
-    upstream: Arc<Upstream>,
-    log: LogSink,
-    asker: Arc<Asker>,
+    shared: Shared,
+    admission: Admission,
     meters: Meters,
-    registries: Arc<Registries>,
 }
 
 impl Gateway {
@@ -71,13 +70,17 @@ impl Gateway {
         log: LogSink,
         questions: mpsc::UnboundedSender<FromGateway>,
     ) -> Self {
+        let shared = Shared {
+            log,
+            upstream: Arc::new(Upstream::new(upstream)),
+            asker: Arc::new(Asker::new(questions)),
+            registries: Arc::new(registries),
+        };
         Self {
             boxes: Mutex::new(HashMap::new()),
-            upstream: Arc::new(Upstream::new(upstream)),
-            log,
-            asker: Arc::new(Asker::new(questions)),
+            shared,
+            admission: Admission::for_this_process(),
             meters: Meters::default(),
-            registries: Arc::new(registries),
         }
     }
 
@@ -86,7 +89,7 @@ impl Gateway {
     pub fn handle(&self, msg: ToGateway, fds: Vec<OwnedFd>) -> std::io::Result<()> {
         let mut boxes = self.boxes.lock().unwrap_or_else(PoisonError::into_inner);
         match msg {
-            ToGateway::Attach { box_id, policy, ca_key, roles } => {
+            ToGateway::Attach { box_id, account, policy, ca_key, roles } => {
                 // Without its CA a box still gets everything but the hosts
                 // whose rules need HTTPS looked inside.
                 let tls = ca_key.map(|key| LeafSigner::new(&key.0).and_then(intercept::box_config)).transpose();
@@ -94,15 +97,8 @@ impl Gateway {
                     tracing::error!(box_id = %box_id, error = %e, "cannot use the box's CA");
                     None
                 });
-                let net = BoxNet::new(
-                    box_id.clone(),
-                    policy,
-                    tls,
-                    self.log.clone(),
-                    Arc::clone(&self.upstream),
-                    Arc::clone(&self.asker),
-                    Arc::clone(&self.registries),
-                );
+                let gate = self.admission.gate(&account);
+                let net = BoxNet::new(box_id.clone(), policy, tls, gate, &self.shared);
                 let mut attached = Attached { net, tasks: Vec::new() };
                 attached.listen(roles, fds).map_err(|e| std::io::Error::new(e.kind(), format!("attach: {e}")))?;
                 // A box attached again (a gateway restart, a reboot) replaces the old.
@@ -131,9 +127,9 @@ impl Gateway {
             }
             ToGateway::Detach { box_id } => {
                 boxes.remove(&box_id);
-                self.asker.withdraw(&box_id);
+                self.shared.asker.withdraw(&box_id);
             }
-            ToGateway::Answer { id, answer } => self.asker.answered(id, answer),
+            ToGateway::Answer { id, answer } => self.shared.asker.answered(id, answer),
         }
         Ok(())
     }

@@ -11,7 +11,8 @@
 //! - [`messages`]: what the privileged side and the gateway say to each
 //!   other; [`gateway`]: the attached boxes and what each message does.
 //! - [`boxnet`]: one attached box (policy, fake addresses, secrets, the cut
-//!   switch); [`log`]: its audit entries; [`ask`]: ask mode's questions.
+//!   switch); [`log`]: its audit entries; [`ask`]: ask mode's questions;
+//!   [`admission`]: how many connections a box, an account and all carry.
 //! - [`dns`]: the DNS wire format and the server a box looks names up in;
 //!   [`fake`]: the fake addresses names are given.
 //! - [`proxy`]: every TCP connection, from the dialled address to the
@@ -33,6 +34,7 @@
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
+pub mod admission;
 pub mod ask;
 pub mod boxnet;
 pub mod dns;

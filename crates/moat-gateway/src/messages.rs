@@ -9,7 +9,7 @@ use moat_core::box_ca::CaKey;
 use moat_core::egress::{Answer, LogEntry};
 use moat_core::policy::{HostName, Policy};
 use moat_core::secrets::BoxSecret;
-use moat_core::BoxId;
+use moat_core::{AccountId, BoxId};
 use serde::{Deserialize, Serialize};
 
 /// Largest message either side reads.
@@ -40,6 +40,8 @@ pub enum ToGateway {
     Attach {
         /// The box's host-side id.
         box_id: BoxId,
+        /// Its owner (whose boxes' connections count together).
+        account: AccountId,
         /// Its policy.
         policy: Policy,
         /// The private key of the TLS CA the box trusts, if it has one.

@@ -15,9 +15,15 @@ use crate::http::response::{answer_git, answer_own, answer_package};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     // Where the box dialled.
-    /// The box has [`crate::boxnet::MAX_CONNECTIONS`] open.
+    /// The box has [`crate::admission::PER_BOX`] open.
     #[error("too many open connections")]
     TooManyConnections,
+    /// The box's account has its share of the gateway's connections open.
+    #[error("its account's boxes have too many open connections")]
+    AccountConnections,
+    /// The gateway carries as many connections as its descriptors allow.
+    #[error("the gateway carries as many connections as it can")]
+    GatewayFull,
     /// A fake address the box was never given.
     #[error("an address the gateway gave no name")]
     NoName,

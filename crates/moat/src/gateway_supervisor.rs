@@ -19,7 +19,7 @@ use moat_box::host::egress::{listeners_in, listeners_when_free};
 use moat_core::box_ca::CaKey;
 use moat_core::policy::Policy;
 use moat_core::secrets::BoxSecret;
-use moat_core::{BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach, Wait};
+use moat_core::{AccountId, BoxHandle, BoxId, BoxManager, BoxRecord, NetAttach, Wait};
 use moat_gateway::{FromGateway, GatewayHello, Role, ToGateway, MAX_MESSAGE};
 use tokio::sync::mpsc;
 
@@ -31,6 +31,8 @@ struct Attachment {
     pid: u32,
     /// Its network namespace, where its sockets are made.
     netns: PathBuf,
+    /// Its owner.
+    account: AccountId,
     policy: Policy,
     ca_key: Option<CaKey>,
     /// Empty while it is suspended: a frozen box sends nothing, and ten
@@ -55,7 +57,13 @@ impl Attachment {
     fn message(&self, id: &BoxId) -> Option<Outgoing> {
         let (roles, fds) = self.to_pass(id)?;
         let attach =
-            ToGateway::Attach { box_id: id.clone(), policy: self.policy.clone(), ca_key: self.ca_key.clone(), roles };
+            ToGateway::Attach {
+            box_id: id.clone(),
+            account: self.account.clone(),
+            policy: self.policy.clone(),
+            ca_key: self.ca_key.clone(),
+            roles,
+        };
         Some((attach, fds))
     }
 
@@ -154,6 +162,7 @@ impl Egress {
         let attachment = Attachment {
             pid: handle.pid,
             netns: netns.clone(),
+            account: rec.account.clone(),
             policy: policy.clone(),
             ca_key: ca_key.map(CaKey),
             sockets,

@@ -114,7 +114,7 @@ pub async fn serve_tcp(net: Arc<BoxNet>, listener: TcpListener) {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(permit) = Arc::clone(&net.connections).try_acquire_owned() else { continue };
+        let Ok(permit) = net.gate.admit() else { continue };
         let net = Arc::clone(&net);
         // Subscribed before the task runs: a cut just after the accept
         // ends this stream too.

@@ -51,11 +51,14 @@ pub async fn serve(net: Arc<BoxNet>, listener: TcpListener) {
         let cut = net.on_cut();
         tokio::spawn(async move {
             let Some(dialled) = original_destination(&stream) else { return };
-            let Ok(permit) = Arc::clone(&net.connections).try_acquire_owned() else {
-                let mut e = entry(LogKind::Tcp, dialled.ip().to_string(), dialled.port(), LogVerdict::Deny);
-                e.reason = Some(Refusal::TooManyConnections.to_string());
-                net.log(e);
-                return;
+            let permit = match net.gate.admit() {
+                Ok(permit) => permit,
+                Err(why) => {
+                    let mut e = entry(LogKind::Tcp, dialled.ip().to_string(), dialled.port(), LogVerdict::Deny);
+                    e.reason = Some(why.to_string());
+                    net.log(e);
+                    return;
+                }
             };
             tokio::select! {
                 _ = connection(&net, stream, dialled) => {}
