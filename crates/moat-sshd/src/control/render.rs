@@ -38,7 +38,7 @@ impl ChangeStream {
                     ChangeKind::Modified => 'M',
                     ChangeKind::Deleted => 'D',
                 };
-                let _ = writeln!(out, "{mark} {}", c.path);
+                let _ = writeln!(out, "{mark} {}", printable(&c.path));
             }
             self.started = true;
         }
@@ -169,17 +169,25 @@ pub fn effects_summary(heading: &str, effects: &[Effect]) -> String {
     out
 }
 
-/// What a box sent, safe for a terminal: control bytes escaped.
-fn printable(s: &str) -> String {
+/// What a box sent, safe for a terminal: control and invisible characters
+/// escaped.
+pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c.is_control() {
+        if c.is_control() || invisible(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
     }
     out
+}
+
+/// Characters that change how text around them shows without showing
+/// themselves: the bidirectional controls (a name that reads backwards),
+/// zero-width ones, and the byte-order mark.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
 }
 
 /// Pretty JSON and a newline: what `--json` prints (times also as strings).
@@ -206,5 +214,15 @@ mod tests {
         assert_eq!(format_measured(10_788_864), "10.3M");
         assert_eq!(format_measured(3 << 30), "3.0G");
         assert_eq!(format_measured(512), "512");
+    }
+
+    #[test]
+    fn a_box_cannot_write_to_its_owners_terminal() {
+        let path = "/root/evil\nD fakepath\u{1b}[31mRED\u{1b}]0;pwned\u{7}RED\u{202E}gnp.exe";
+        let change = Change { path: path.into(), change: ChangeKind::Added };
+        let shown = ChangeStream::new(false).next(&[change]);
+        assert_eq!(shown.lines().count(), 1, "{shown}");
+        assert!(!shown.chars().any(|c| c.is_control() && c != '\n' || invisible(c)), "{shown:?}");
+        assert!(shown.starts_with("A /root/evil\\nD fakepath\\u{1b}[31m"), "{shown}");
     }
 }

@@ -9,7 +9,7 @@ use moat_api::{ApiError, Op, Reply};
 
 use super::{Call, Plan, Verb};
 use crate::control::args::{name_arg, no_more, rest, usage, UsageError};
-use crate::control::render::to_json;
+use crate::control::render::{printable, to_json};
 
 pub const VERB: Verb = Verb {
     names: &["packages"],
@@ -58,10 +58,11 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         let source = if p.cached { "cache" } else { "upstream" };
         let verdict = format!("{:?}", e.verdict).to_ascii_lowercase();
         let hash = p.hash.as_deref().unwrap_or("-");
-        let _ = write!(out, "{:<6} {} {} {} {source} {hash} {verdict}", p.ecosystem, p.name, p.version, p.file);
+        let (name, version, file) = (printable(&p.name), printable(&p.version), printable(&p.file));
+        let _ = write!(out, "{:<6} {name} {version} {file} {source} {hash} {verdict}", p.ecosystem);
         if verdict != "allow" {
             if let Some(reason) = &e.reason {
-                let _ = write!(out, ": {reason}");
+                let _ = write!(out, ": {}", printable(reason));
             }
         }
         out.push('\n');
