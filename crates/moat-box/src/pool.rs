@@ -44,6 +44,14 @@ pub enum PoolError {
     /// What the pool cannot do.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// Too little free space for a pool image.
+    #[error("only {} MiB free for a storage pool under {} (at least 2 GiB, nine tenths of the free space)", room >> 20, dir.display())]
+    NoRoom {
+        /// The state directory.
+        dir: PathBuf,
+        /// Nine tenths of its file system's free bytes.
+        room: u64,
+    },
     /// An external tool failed.
     #[error("{tool} failed: {stderr}")]
     Tool {
@@ -81,8 +89,10 @@ impl Pool {
             }
         } else {
             let image = state_dir.join("pool.img");
-            if !image.exists() {
-                format_image(&image, loop_size)?;
+            if image.exists() {
+                warn_if_overcommitted(&image, state_dir);
+            } else {
+                format_image(&image, loop_size.min(room_for_image(state_dir)?))?;
             }
             run(Command::new("mount").args(["-o", MOUNT_OPTIONS]).arg(&image).arg(&root), "mount")?;
             PoolKind::Loop { image }
@@ -444,6 +454,45 @@ pub(crate) fn names_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The least pool worth making.
+const SMALLEST_POOL: u64 = 2 << 30;
+
+/// How large a pool image the file system under `dir` can hold: nine tenths
+/// of its free space, the rest left to the host. A sparse image larger than
+/// that would let boxes (each under its own limit) fill the host's disk, and
+/// the host's own files (the state database among them) with it.
+fn room_for_image(dir: &Path) -> Result<u64, PoolError> {
+    let room = free_bytes(dir).map_err(|e| io_err("statvfs", dir)(e.into()))? / 10 * 9;
+    if room < SMALLEST_POOL {
+        return Err(PoolError::NoRoom { dir: dir.to_path_buf(), room });
+    }
+    Ok(room)
+}
+
+/// Says so in the log when the pool's image can grow beyond what its file
+/// system has free (made before pools were sized by it, or the host's own
+/// files grew since).
+fn warn_if_overcommitted(image: &Path, dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(meta), Ok(free)) = (fs::metadata(image), free_bytes(dir)) else { return };
+    let can_hold = meta.blocks().saturating_mul(512).saturating_add(free);
+    if meta.len() > can_hold {
+        tracing::warn!(
+            image = %image.display(),
+            size_gib = meta.len() >> 30,
+            room_gib = can_hold >> 30,
+            "the pool's image can grow beyond its file system's free space: boxes could fill the host's disk; \
+             free space there, or move the state directory to a larger disk or to btrfs"
+        );
+    }
+}
+
+/// What the file system under `dir` has free (for an unprivileged writer).
+fn free_bytes(dir: &Path) -> nix::Result<u64> {
+    let fs = nix::sys::statvfs::statvfs(dir)?;
+    Ok(fs.blocks_available().saturating_mul(fs.fragment_size()))
+}
+
 fn format_image(image: &Path, size: u64) -> Result<(), PoolError> {
     let tmp = image.with_extension("img.new");
     let file = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
@@ -476,5 +525,27 @@ impl Pool {
             PoolKind::Native => Ok(()),
             PoolKind::Loop { .. } => run(Command::new("umount").arg(&self.root), "umount"),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_image_is_no_larger_than_its_file_system_can_hold() {
+        // A small file system of its own (root, as the suite runs).
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"]).arg(dir.path()).status();
+        if !mounted.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: cannot mount a tmpfs (not root?)");
+            return;
+        }
+        let refused = room_for_image(dir.path());
+        let _ = Command::new("umount").arg(dir.path()).status();
+        let Err(PoolError::NoRoom { room, .. }) = refused else { panic!("{refused:?}") };
+        assert!(room < 64 << 20 && room > 50 << 20, "{room}");
+        assert!(refused.unwrap_err().to_string().contains("MiB free for a storage pool"));
     }
 }

@@ -63,7 +63,13 @@ pub struct BoxNet {
 
 impl BoxNet {
     /// A box with `policy`, its connections counted by `gate`.
-    pub fn new(id: BoxId, policy: Policy, tls: Option<Arc<rustls::ServerConfig>>, gate: Gate, shared: &Shared) -> Arc<Self> {
+    pub fn new(
+        id: BoxId,
+        policy: Policy,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        gate: Gate,
+        shared: &Shared,
+    ) -> Arc<Self> {
         let Shared { log, upstream, asker, registries } = shared.clone();
         let logger = Logger::new(id.clone(), log);
         Arc::new(Self {

@@ -126,7 +126,9 @@ fn microvm(state_dir: &Path) -> (String, Option<Accel>) {
     let disk = std::env::temp_dir().join(format!("moat-doctor-{}.ext4", std::process::id()));
     let has_disk = paths::open_pool(state_dir).ok().is_some_and(|pool| {
         let image = moat_core::Name::new("busybox").ok();
-        image.is_some_and(|i| pool.has_image(&i) && moat_box::vm::disk::ext4_image(&pool.image_path(&i), &disk).is_ok())
+        image.is_some_and(|i| {
+            pool.has_image(&i) && moat_box::vm::disk::ext4_image(&pool.image_path(&i), &disk, u64::MAX).is_ok()
+        })
     });
     let guest = Guest {
         kernel: &kernel,

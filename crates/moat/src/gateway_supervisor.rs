@@ -56,8 +56,7 @@ impl Attachment {
 
     fn message(&self, id: &BoxId) -> Option<Outgoing> {
         let (roles, fds) = self.to_pass(id)?;
-        let attach =
-            ToGateway::Attach {
+        let attach = ToGateway::Attach {
             box_id: id.clone(),
             account: self.account.clone(),
             policy: self.policy.clone(),

@@ -9,6 +9,7 @@
 //! hostile input to the host's kernel): what moat writes into a box goes
 //! through the host's mini-root of files for it ([`super::files`]).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -58,8 +59,9 @@ pub struct VmMachine {
     config: VmConfig,
     /// The kernel QEMU loads: [`VmConfig::kernel`] unpacked where it can be.
     boot_kernel: PathBuf,
-    /// Held while an image's disk is made.
-    bases: Mutex<()>,
+    /// Per image, held while its disk is made (another image's box need
+    /// not wait for it).
+    bases: Mutex<HashMap<Name, Arc<Mutex<()>>>>,
     /// The start of every initramfs (see [`VmMachine::initramfs_base`]).
     initramfs: Mutex<Option<Arc<Vec<u8>>>>,
 }
@@ -81,7 +83,7 @@ impl VmMachine {
                 config.kernel.clone()
             }
         };
-        Ok(Self { host, config, boot_kernel, bases: Mutex::new(()), initramfs: Mutex::default() })
+        Ok(Self { host, config, boot_kernel, bases: Mutex::default(), initramfs: Mutex::default() })
     }
 
     fn box_run_dir(&self, rec: &BoxRecord) -> PathBuf {
@@ -93,14 +95,16 @@ impl VmMachine {
     }
 
     /// The disk of this build of `image` (made from its tree the first
-    /// time), open: keyed by the image's subvolume id, which btrfs never
-    /// hands out twice.
-    fn base(&self, image: &Name) -> Result<std::fs::File, BackendError> {
+    /// time, unless it would be larger than `at_most`), open: keyed by the
+    /// image's subvolume id, which btrfs never hands out twice.
+    fn base(&self, image: &Name, at_most: u64) -> Result<std::fs::File, BackendError> {
         let tree = self.host.pool.image_path(image);
         let build =
             crate::sys::subvolume_id(&tree).map_err(|e| BackendError::new(format!("image {image} is not built"), e))?;
         let base = self.host.pool.vm_bases_dir().join(format!("{image}.{build}.raw"));
-        let _held = self.bases.lock().unwrap_or_else(PoisonError::into_inner);
+        let lock =
+            Arc::clone(self.bases.lock().unwrap_or_else(PoisonError::into_inner).entry(image.clone()).or_default());
+        let _held = lock.lock().unwrap_or_else(PoisonError::into_inner);
         if let Ok(file) = std::fs::File::open(&base) {
             return Ok(file);
         }
@@ -109,7 +113,7 @@ impl VmMachine {
         // Disks of older builds of this image go.
         self.forget_image(image);
         let partial = base.with_extension("partial");
-        disk::ext4_image(&tree, &partial)
+        disk::ext4_image(&tree, &partial, at_most)
             .and_then(|()| std::fs::rename(&partial, &base))
             .and_then(|()| std::fs::File::open(&base))
             .map_err(|e| BackendError::new(format!("make a disk of image {image}"), e))
@@ -471,7 +475,7 @@ impl VmMachine {
 impl Machine for VmMachine {
     fn lay_out(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         let started = std::time::Instant::now();
-        let base = self.base(&rec.image)?;
+        let base = self.base(&rec.image, rec.limits.disk)?;
         self.host.pool.create_box(&rec.id).map_err(|e| BackendError::new("create the box's subvolume", e))?;
         if let Err(e) = self.make_box_dir(rec, &base) {
             let _ = self.host.pool.delete_box(&rec.id);

@@ -57,7 +57,8 @@ impl ChunkedReader {
                     self.line.clear();
                     self.state = match self.state {
                         Chunked::Size => {
-                            let (size, extensions) = line.split_at(line.iter().position(|&c| c == b';').unwrap_or(line.len()));
+                            let (size, extensions) =
+                                line.split_at(line.iter().position(|&c| c == b';').unwrap_or(line.len()));
                             if !extensions.iter().all(|&c| c == b'\t' || (b' '..=b'~').contains(&c)) {
                                 return Err("a control character in a chunk extension");
                             }
@@ -114,7 +115,10 @@ fn trailer_ok(line: &[u8]) -> bool {
     let framing = ["content-length", "transfer-encoding", "host", "trailer", "connection"]
         .iter()
         .any(|f| name.eq_ignore_ascii_case(f.as_bytes()));
-    !name.is_empty() && name.iter().all(tchar) && !framing && value.iter().all(|&c| c == b'\t' || c >= b' ' && c != 0x7f)
+    !name.is_empty()
+        && name.iter().all(tchar)
+        && !framing
+        && value.iter().all(|&c| c == b'\t' || c >= b' ' && c != 0x7f)
 }
 
 /// Decodes a chunked body.
@@ -210,7 +214,9 @@ mod tests {
             b"0\r\n: empty name\r\n\r\n",
             b"5;a\rb\r\nhello\r\n0\r\n\r\n",
         ];
-        for bad in [&b"5\r\nhelloXX"[..], b"zz\r\n", b"5\nhello", b"1234567890123456\r\n"].into_iter().chain(bad_trailers) {
+        for bad in
+            [&b"5\r\nhelloXX"[..], b"zz\r\n", b"5\nhello", b"1234567890123456\r\n"].into_iter().chain(bad_trailers)
+        {
             assert!(ChunkedReader::default().feed(bad).is_err(), "{bad:?}");
         }
     }
