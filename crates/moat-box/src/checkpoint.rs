@@ -77,12 +77,16 @@ impl Pool {
 
     /// Box `id`'s checkpoints, oldest first, with when each was made and
     /// (with `held`: a walk of each tree) the bytes only it holds (shared with
-    /// no other checkpoint, root or image).
+    /// no other checkpoint, root or image). The walks are the host's work on
+    /// trees a box filled: one call's take at most [`HELD_WALKS`] together,
+    /// one call's at a time; a tree not walked by then shows none.
     pub fn checkpoints(&self, id: &BoxId, held: bool) -> Vec<Checkpoint> {
+        let _walking = held.then(|| WALKING.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let deadline = std::time::Instant::now() + HELD_WALKS;
         self.saved(id)
             .into_iter()
             .map(|(created_ms, label)| {
-                let held_bytes = if held { exclusive_bytes(&self.checkpoint_path(id, &label)) } else { None };
+                let held_bytes = if held { exclusive_bytes(&self.checkpoint_path(id, &label), deadline) } else { None };
                 Checkpoint { label, created_ms, held_bytes }
             })
             .collect()
@@ -322,11 +326,33 @@ fn write_synced(path: &Path, text: &str) -> io::Result<()> {
     fs::File::open(path.parent().unwrap_or(Path::new("/")))?.sync_all()
 }
 
+/// How long one `checkpoints` call may walk trees for the bytes each holds.
+pub const HELD_WALKS: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Held while checkpoints' trees are walked (one call's at a time).
+static WALKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Bytes under `path` that share their extents with nothing else on the
 /// filesystem (`btrfs filesystem du`; the tree is read-only, so it cannot
-/// change while it is walked).
-fn exclusive_bytes(path: &Path) -> Option<u64> {
-    let out = Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(path).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
+/// change while it is walked), unless the walk is not over by `deadline`.
+fn exclusive_bytes(path: &Path, deadline: std::time::Instant) -> Option<u64> {
+    let mut du = Command::new("btrfs")
+        .args(["filesystem", "du", "-s", "--raw"])
+        .arg(path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    // One line of output (-s): the pipe cannot fill while it runs.
+    while du.try_wait().ok()?.is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = du.kill();
+            let _ = du.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut du.stdout.take()?, &mut text).ok()?;
     text.lines().last()?.split_whitespace().nth(1)?.parse().ok()
 }

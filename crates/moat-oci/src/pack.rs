@@ -55,6 +55,10 @@ pub fn pack(root: &OwnedFd, changes: &[Changed], out: impl Write, max: u64) -> i
     let mut whited_out: Vec<String> = Vec::new();
     let mut linked: HashMap<(u64, u64), String> = HashMap::new();
     let mut skipped = 0;
+    // What the files' lengths leave of `max`: a file too long for it is
+    // refused before a byte of it is read (a sparse file's holes would
+    // otherwise be compressed, zero by zero, until the bound).
+    let mut unpromised = max;
     for change in changes {
         match change {
             Changed::Deleted(path) => {
@@ -72,7 +76,7 @@ pub fn pack(root: &OwnedFd, changes: &[Changed], out: impl Write, max: u64) -> i
                 whited_out.push(path.clone());
             }
             Changed::Present(path) => {
-                if !add(&mut tar, root, path, &mut linked)? {
+                if !add(&mut tar, root, path, &mut linked, &mut unpromised)? {
                     skipped += 1;
                 }
             }
@@ -92,6 +96,7 @@ fn add<W: Write>(
     root: &OwnedFd,
     path: &str,
     linked: &mut HashMap<(u64, u64), String>,
+    unpromised: &mut u64,
 ) -> io::Result<bool> {
     let open = |flags: OFlag| -> io::Result<OwnedFd> {
         let how = OpenHow::new().flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).resolve(
@@ -141,6 +146,12 @@ fn add<W: Write>(
                 tar.append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), *v)))?;
             }
             let size = u64::try_from(st.st_size).unwrap_or(0);
+            *unpromised = unpromised.checked_sub(size).ok_or_else(|| {
+                io::Error::other(format!(
+                    "{path} is {size} bytes long (a layer holds a sparse file's holes too): the layer would be \
+                     over --max-image-size"
+                ))
+            })?;
             header.set_entry_type(tar::EntryType::Regular);
             header.set_size(size);
             // Exactly the size the header says, even if the file changed.
@@ -284,5 +295,11 @@ mod tests {
         }
         let err = pack(&root, &[Changed::Present("big".into())], io::sink(), 4096).unwrap_err();
         assert!(err.to_string().contains("max-image-size"), "{err}");
+        // A sparse file far beyond the bound is refused at once, unread.
+        std::fs::File::create(t.join("sparse")).unwrap().set_len(1 << 40).unwrap();
+        let started = std::time::Instant::now();
+        let err = pack(&root, &[Changed::Present("sparse".into())], io::sink(), 1 << 30).unwrap_err();
+        assert!(err.to_string().contains("sparse is 1099511627776 bytes long"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 }

@@ -270,6 +270,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
             osv_db: args.osv_db,
         },
     };
+    // A push's scratch files are its own: what a stopped daemon left is nobody's.
+    let _ = std::fs::remove_dir_all(pool.root().join("pushes"));
     // Pulls leave through the gateway's upstream settings, as its uid.
     manager.set_image_puller(Arc::new(crate::image_pull::Puller {
         pool,
