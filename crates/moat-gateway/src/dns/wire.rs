@@ -126,7 +126,9 @@ fn show_name(labels: &[&[u8]]) -> String {
             out.push('.');
         }
         for &b in *label {
-            if b.is_ascii_graphic() && b != b'\\' {
+            // A dot inside a label is escaped, as in a zone file: a label
+            // "\bweb.test" is not the name web.test.
+            if b.is_ascii_graphic() && b != b'\\' && b != b'.' {
                 out.push(b as char);
             } else {
                 out.push_str(&format!("\\{b:03}"));
@@ -331,6 +333,10 @@ mod tests {
             let query = parse_query(&q).unwrap();
             assert_eq!(query.name, None, "{wire:?}");
         }
+        // Shown as what it is: not the name "web.test".
+        let mut q = vec![0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        q.extend_from_slice(b"\x09\x08web.test\x00\x00\x01\x00\x01");
+        assert_eq!(parse_query(&q).unwrap().shown, "\\008web\\046test");
         let mut q = vec![0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1];
         assert_eq!(parse_query(&q), Err(DnsError::BadName));
         q[5] = 2;
