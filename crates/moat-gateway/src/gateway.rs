@@ -62,11 +62,13 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A gateway reaching out through `upstream`, logging to `log`, asking
-    /// boxes' owners through `questions`.
+    /// A gateway reaching out through `upstream`, taking connections as
+    /// `admission` allows, logging to `log`, asking boxes' owners through
+    /// `questions`.
     pub fn new(
         upstream: UpstreamConfig,
         registries: Registries,
+        admission: Admission,
         log: LogSink,
         questions: mpsc::UnboundedSender<FromGateway>,
     ) -> Self {
@@ -79,7 +81,7 @@ impl Gateway {
         Self {
             boxes: Mutex::new(HashMap::new()),
             shared,
-            admission: Admission::for_this_process(),
+            admission,
             meters: Meters::default(),
         }
     }

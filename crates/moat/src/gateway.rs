@@ -75,9 +75,12 @@ pub fn run(id: u32, netns: Option<PathBuf>, packages: PackageArgs) -> Result<()>
         }
         registries.forget_cache();
     }
+    // Its connection limits come of its descriptor limit, read before the
+    // filter (which has no getrlimit).
+    let admission = moat_gateway::admission::Admission::for_this_process();
     moat_box::confine::gateway(id, id, files).context("confine the gateway")?;
     let runtime = start.runtime()?;
-    runtime.block_on(serve(start.link, registries))
+    runtime.block_on(serve(start.link, registries, admission))
 }
 
 fn open_dir(dir: &std::path::Path) -> Result<std::os::fd::OwnedFd> {
@@ -95,14 +98,18 @@ pub fn dial_from(netns: Option<&std::path::Path>) -> Result<()> {
     Ok(())
 }
 
-async fn serve(link: std::os::fd::OwnedFd, registries: moat_gateway::packages::Registries) -> Result<()> {
+async fn serve(
+    link: std::os::fd::OwnedFd,
+    registries: moat_gateway::packages::Registries,
+    admission: moat_gateway::admission::Admission,
+) -> Result<()> {
     let link = Arc::new(Packets::new(link)?);
     let Some(hello) = link.recv(MAX_MESSAGE).await? else { bail!("moat serve went away") };
     let hello: GatewayHello = serde_json::from_slice(&hello.bytes).context("read the configuration")?;
     let upstream = hello.upstream().map_err(anyhow::Error::msg)?;
     let (log_tx, log_rx) = mpsc::channel(LOG_BACKLOG);
     let (ask_tx, mut ask_rx) = mpsc::unbounded_channel();
-    let gateway = Gateway::new(upstream, registries, log_tx, ask_tx);
+    let gateway = Gateway::new(upstream, registries, admission, log_tx, ask_tx);
     tokio::spawn(send_logs(Arc::clone(&link), log_rx));
     let questions = Arc::clone(&link);
     tokio::spawn(async move {
