@@ -78,12 +78,7 @@ impl Gateway {
             asker: Arc::new(Asker::new(questions)),
             registries: Arc::new(registries),
         };
-        Self {
-            boxes: Mutex::new(HashMap::new()),
-            shared,
-            admission,
-            meters: Meters::default(),
-        }
+        Self { boxes: Mutex::new(HashMap::new()), shared, admission, meters: Meters::default() }
     }
 
     /// Acts on one message (`fds`: the sockets attached to it). Must run

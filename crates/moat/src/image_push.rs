@@ -235,10 +235,17 @@ impl Puller {
     }
 }
 
-/// What changed from `base` to `tree`, as a layer names it.
+/// What changed from `base` to `tree`, as a layer names it. A name that is
+/// not UTF-8 is refused: the comparison spells its bytes as U+FFFD, and
+/// the layer would carry another file under it (or none).
 fn changes(base: &Path, tree: &Path) -> Result<Vec<Changed>> {
     let mut changes = Vec::new();
+    let mut unnamed = None;
     moat_box::diff::diff(base, tree, &mut |batch| {
+        if let Some(c) = batch.iter().find(|c| c.path.contains('\u{FFFD}')) {
+            unnamed = Some(c.path.clone());
+            return false;
+        }
         changes.extend(batch.into_iter().map(|c| {
             let path = c.path.trim_start_matches('/').to_string();
             match c.change {
@@ -248,7 +255,14 @@ fn changes(base: &Path, tree: &Path) -> Result<Vec<Changed>> {
         }));
         true
     })
-    .context("compare the template with its base")?;
+    .map_err(|e| match &unnamed {
+        Some(path) => anyhow::anyhow!(
+            "{} has a name that is not UTF-8 (shown with U+FFFD): a layer cannot carry it here; rename it and \
+             save the template again",
+            path.escape_default()
+        ),
+        None => anyhow::Error::new(e).context("compare the template with its base"),
+    })?;
     Ok(changes)
 }
 
@@ -258,5 +272,22 @@ async fn ask(link: &Packets, question: &ToFetch, progress: Progress<'_>) -> Resu
     match next(link, progress).await? {
         FromFetch::Answer(yes) => Ok(yes),
         _ => bail!("the fetcher answered out of turn"),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_refused_not_mistaken() {
+        use std::os::unix::ffi::OsStrExt;
+        let (base, tree) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(tree.path().join("fine"), b"x").unwrap();
+        assert_eq!(changes(base.path(), tree.path()).unwrap(), [Changed::Present("fine".into())]);
+        std::fs::write(tree.path().join(std::ffi::OsStr::from_bytes(b"bad\xffname")), b"y").unwrap();
+        let refused = changes(base.path(), tree.path()).unwrap_err().to_string();
+        assert!(refused.starts_with("/bad\\u{fffd}name has a name that is not UTF-8"), "{refused}");
     }
 }

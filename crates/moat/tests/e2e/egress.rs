@@ -684,3 +684,85 @@ pub(crate) fn gateway_pid(daemon: &Daemon) -> u32 {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A box flooding DNS loses its own entries, not another's: past a burst,
+/// its queries are logged at a rate and the rest counted; its allowed
+/// connection is logged whatever it did before.
+pub fn a_flooding_box_loses_only_its_own_entries(env: &Env) {
+    let name = unique("flood");
+    env.new_box(&name, &[]);
+    env.alice(None, &["policy", &name, "allow", "web.test:80"]).ok();
+    let flood = "import socket, time\n\
+         ns = [l.split()[1] for l in open(\"/etc/resolv.conf\") if l.startswith(\"nameserver\")][0]\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         t = time.monotonic()\n\
+         for i in range(5000): s.sendto(b\"\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x01x\\x04test\\x00\\x00\\x01\\x00\\x01\", (ns, 53))\n\
+         print(time.monotonic() - t)\n";
+    let (status, took) = sh(env, &name, &format!("python3 -c '{flood}'"));
+    assert_eq!(status, Some(0), "{took}");
+    let took: f64 = took.trim().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (status, out) = sh(env, &name, "curl -sS -m 10 http://web.test/after");
+    assert_eq!((status, out.as_str()), (Some(0), "GET /after host=web.test body=0\n"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = log(env, &name);
+        if text.contains("allow http web.test:80 GET /after") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the box's request was not logged:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let logged = text.lines().filter(|l| l.contains(" x.test")).count();
+    let most = 1000 + (100.0 * (took + 2.0)) as usize;
+    assert!((1000..=most).contains(&logged), "{logged} of 5000 queries logged in {took:.2} s");
+    assert!(text.contains("queries and refusals of this box not logged: more than 100 a second"), "{text}");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// One account's boxes hold at most their share of the gateway's
+/// connections (a quarter of what its descriptor limit allows, or a box's
+/// 512), and another account's box still gets out meanwhile.
+pub fn one_account_cannot_starve_the_others(env: &Env) {
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", env.daemon.pid())).unwrap();
+    let soft: usize = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap();
+    let share = (soft / 2 / 8 / 4).clamp(16, 512);
+    let bob = |user: Option<&str>, args: &[&str]| run(&mut env.daemon.ssh(&env.bob, user, args));
+    let greedy = unique("greedy");
+    assert_eq!(bob(None, &["new", &greedy]).ok().stdout.trim(), greedy);
+    bob(None, &["policy", &greedy, "allow", "web.test:80"]).ok();
+    let victim = unique("victim");
+    env.new_box(&victim, &[]);
+    env.alice(None, &["policy", &victim, "allow", "web.test:80"]).ok();
+    // Connections that send nothing: each holds a place while the gateway
+    // waits for its request.
+    let hold = "import socket, time, sys\n\
+         held = []\n\
+         for i in range(600):\n\
+          s = socket.create_connection((\"web.test\", 80)); held.append(s)\n\
+         time.sleep(1.5)\n\
+         open_ = 0\n\
+         for s in held:\n\
+          s.setblocking(False)\n\
+          try: open_ += 1 if s.recv(1) else 0\n\
+          except BlockingIOError: open_ += 1\n\
+          except OSError: pass\n\
+         print(open_); sys.stdout.flush(); time.sleep(8)\n";
+    let mut cmd = env.daemon.ssh(&env.bob, Some(&greedy), &[&format!("python3 -c '{hold}'")]);
+    let (mut child, _stdin, lines) = spawn_with_lines(&mut cmd);
+    let held: usize = lines.recv_timeout(Duration::from_secs(60)).unwrap().trim().parse().unwrap();
+    let (status, out) = sh(env, &victim, "curl -sS -m 10 http://web.test/meanwhile");
+    assert_eq!((status, out.as_str()), (Some(0), "GET /meanwhile host=web.test body=0\n"));
+    let _ = child.wait();
+    assert_eq!(held, share, "connections held of 600 (limit {soft} descriptors)");
+    let text = bob(None, &["log", &greedy]).ok().stdout;
+    let why =
+        if share < 512 { "its account's boxes have too many open connections" } else { "too many open connections" };
+    assert!(text.contains(why), "{text}");
+    bob(None, &["rm", &greedy]).ok();
+    env.alice(None, &["rm", &victim]).ok();
+}

@@ -185,6 +185,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     egress::deny_by_default_allow_by_name,
     egress::nothing_leaks_around_the_names,
     egress::udp_is_logged_at_most_50_a_second,
+    egress::a_flooding_box_loses_only_its_own_entries,
     egress::methods_and_presets,
     egress::https_looked_inside_only_where_rules_need_it,
     egress::packages_install_through_the_registries_preset,
@@ -244,6 +245,7 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
 /// seconds, which would starve the timing-sensitive tests beside it (and
 /// one kills the shared daemon's gateway, which would cut the others' egress).
 const ALONE_LAST: &[(&str, TestFn)] = tests![
+    egress::one_account_cannot_starve_the_others,
     secrets::windowed_limits_restart_with_the_gateway,
     packages::a_killed_gateway_keeps_no_half_file_and_its_indexes,
     hygiene::doctor_boots_a_guest,
