@@ -129,10 +129,10 @@ pub fn diff_lists_changes(env: &Env) {
     let out = env.alice(None, &["diff", &a, &c]).ok().stdout;
     assert!(out.lines().any(|l| l == "D /srv/edit"), "{out}");
     // A name the box chose cannot forge a line or reach the owner's terminal.
-    env.alice(Some(&b), &["touch \"/srv/$(printf 'evil\\nD /forged\\033]0;title\\007')\""]).ok();
+    env.alice(Some(&b), &["touch \"/srv/$(printf 'evil\\nD forged\\033]0;title\\007')\""]).ok();
     let out = env.alice(None, &["diff", &a, &b]).ok().stdout;
-    assert!(!out.lines().any(|l| l.starts_with("D /forged")), "{out}");
-    assert!(out.lines().any(|l| l == "A /srv/evil\\nD /forged\\u{1b}]0;title\\u{7}"), "{out}");
+    assert!(!out.lines().any(|l| l.starts_with("D forged")), "{out}");
+    assert!(out.lines().any(|l| l == "A /srv/evil\\nD forged\\u{1b}]0;title\\u{7}"), "{out}");
     assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out}");
 }
 
