@@ -41,6 +41,12 @@ impl AuthorizedKeys {
         let listed = text.lines().filter_map(parse_line).find(|k| key_text(k).as_deref() == Some(key))?;
         Some(account_id(&listed))
     }
+
+    /// Whether a key of `account` is listed now.
+    pub fn lists(&self, account: &AccountId) -> bool {
+        let Ok(text) = std::fs::read_to_string(&self.path) else { return false };
+        text.lines().filter_map(parse_line).any(|k| account_id(&k) == *account)
+    }
 }
 
 /// A public key as `TYPE BASE64`, without its comment.
@@ -110,6 +116,10 @@ mod tests {
         // Only the exact text of a listed key matches.
         assert_eq!(keys.account_for_text(KEY), None);
         assert_eq!(keys.account_for_text(""), None);
+        // Whether an account is listed follows the file as it is now.
+        assert!(keys.lists(&account) && !keys.lists(&account_id(&bob)));
+        std::fs::write(dir.join("authorized_keys"), format!("{OTHER}\n")).unwrap();
+        assert!(!keys.lists(&account) && keys.lists(&account_id(&bob)));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -4,7 +4,7 @@
 //! before the request reaches the box (the box never sees its visitors'
 //! sessions).
 
-use http::header::{HeaderMap, HeaderValue, COOKIE};
+use http::header::{HeaderMap, HeaderValue, COOKIE, SET_COOKIE};
 use moat_core::web::WebSecret;
 
 /// The cookie's name. `__Host-` makes browsers refuse it unless it is
@@ -52,6 +52,33 @@ pub fn take(headers: &mut HeaderMap) -> Option<WebSecret> {
     ours
 }
 
+/// A box's `Set-Cookie` fields as its visitor gets them: for the box's own
+/// URL only (a `Domain` attribute is taken out: with it, one box's page set
+/// cookies every other box's URL received, and could fill them until every
+/// request was too large), and never the edge's own cookie (with it, a box
+/// signed its visitors out, or in as someone else).
+pub fn confine(headers: &mut HeaderMap) {
+    let fields: Vec<HeaderValue> = headers.get_all(SET_COOKIE).iter().cloned().collect();
+    if fields.is_empty() {
+        return;
+    }
+    headers.remove(SET_COOKIE);
+    for field in fields {
+        // One that is not text is dropped: its attributes cannot be read.
+        let Ok(text) = field.to_str() else { continue };
+        let mut parts = text.split(';');
+        let pair = parts.next().unwrap_or_default();
+        if pair.split('=').next().unwrap_or_default().trim().eq_ignore_ascii_case(NAME) {
+            continue;
+        }
+        let domain = |attr: &&str| attr.split('=').next().unwrap_or_default().trim().eq_ignore_ascii_case("domain");
+        let kept: Vec<&str> = std::iter::once(pair).chain(parts.filter(|a| !domain(a))).collect();
+        if let Ok(value) = HeaderValue::from_str(&kept.join(";")) {
+            headers.append(SET_COOKIE, value);
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -69,6 +96,23 @@ mod tests {
         only.insert(COOKIE, HeaderValue::from_str(&format!("{NAME}=nothex")).unwrap());
         assert_eq!(take(&mut only), None);
         assert!(only.get(COOKIE).is_none(), "not passed on either");
+    }
+
+    #[test]
+    fn a_box_sets_cookies_for_its_own_url_only() {
+        let mut headers = HeaderMap::new();
+        for field in [
+            "tossed=from-evil; Domain=h4.test; Path=/",
+            "app=1; Path=/; domain =.h4.test; HttpOnly",
+            "__Host-moat=000; Path=/; Secure",
+            "__HOST-MOAT=000; Path=/; Secure",
+            "plain=2",
+        ] {
+            headers.append(SET_COOKIE, HeaderValue::from_static(field));
+        }
+        confine(&mut headers);
+        let kept: Vec<_> = headers.get_all(SET_COOKIE).iter().map(|v| v.to_str().unwrap()).collect();
+        assert_eq!(kept, ["tossed=from-evil; Path=/", "app=1; Path=/; HttpOnly", "plain=2"]);
     }
 
     #[test]

@@ -18,10 +18,12 @@ pub mod edge;
 pub mod hello;
 pub mod host;
 pub mod limits;
+pub mod origin;
 pub mod pages;
 pub mod proxy;
 pub mod site;
 pub mod upstream;
+pub mod yielding;
 
 pub use edge::serve;
 pub use hello::{EdgeLimits, WebHello};

@@ -33,6 +33,9 @@ pub enum Page {
     /// The request was malformed in a way hyper let through.
     #[error("bad request: {0}")]
     Bad(&'static str),
+    /// A page of another box asked to change something in this one.
+    #[error("a page of another box ({1}) may not change box {0}")]
+    CrossBox(String, String),
 }
 
 impl Page {
@@ -49,6 +52,7 @@ impl Page {
             Page::Host(_) | Page::Bad(_) => StatusCode::BAD_REQUEST,
             Page::NoListener(..) | Page::Unreachable(..) => StatusCode::BAD_GATEWAY,
             Page::Slow(..) => StatusCode::GATEWAY_TIMEOUT,
+            Page::CrossBox(..) => StatusCode::FORBIDDEN,
         }
     }
 
@@ -75,6 +79,9 @@ impl Page {
             }
             Page::Host(_) => "Box URLs look like https://PORT-NAME-OWNER.DOMAIN/ (see: ssh HOST urls).".to_string(),
             Page::NoListener(name, port) => format!("Start a server on port {port} in box {name} and reload."),
+            Page::CrossBox(..) => "Every box URL is one site to a browser: a page of one box may read another's, \
+                                   not post to it or open a WebSocket to it. Open this box's own URL."
+                .to_string(),
             _ => "Try again in a moment.".to_string(),
         }
     }

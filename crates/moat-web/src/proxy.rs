@@ -98,6 +98,9 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     if req.uri().path() == SIGN_IN_PATH {
         return sign_in(&req, ctx, &host).await;
     }
+    if let Some(origin) = crate::origin::foreign(&req, &host, &ctx.domain, wants_upgrade(&req)) {
+        return Err(Page::CrossBox(host.name.to_string(), origin));
+    }
     let cookie = cookie::take(req.headers_mut());
     let who = ctx.check(&host, cookie.as_ref()).await?;
     let slot = ctx.per_box.take(&host).ok_or_else(|| Page::Crowded(host.name.to_string()))?;
@@ -116,7 +119,7 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let path = logged_path(req.uri());
     let received = Arc::new(AtomicU64::new(0));
     let upstream_req = outbound(req, &host, &original_host, peer, upgrade, ctx.limits, &received)?;
-    let BoxConn { mut sender, session } = conn;
+    let BoxConn { mut sender, driver, session } = conn;
     let answered = session.nudging(ctx.limits.answer(), sender.send_request(upstream_req)).await;
     let mut res = match answered {
         Some(Ok(res)) => res,
@@ -124,6 +127,10 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
         None => return Err(Page::Slow(host.name.to_string(), ctx.limits.answer_secs)),
     };
     let status = res.status();
+    if status == StatusCode::SWITCHING_PROTOCOLS && downstream.is_none() {
+        return Err(Page::Unreachable(host.name.to_string(), "it switched protocols unasked".into()));
+    }
+    cookie::confine(res.headers_mut());
     let entry = move |sent: u64| WebRequestLog {
         at_ms,
         method: method.to_string(),
@@ -143,7 +150,7 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
                 moat_core::splice::both_ways(TokioIo::new(down), TokioIo::new(up)).await;
             }
             // The tunnel held the box awake, and its port's slot, until now.
-            drop((session, sender, slot));
+            drop((session, sender, driver, slot));
         });
         return Ok(res.map(|_| full(bytes::Bytes::new()).map_err(|never| match never {}).boxed_unsync()));
     }
@@ -153,7 +160,7 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let body = Counted::new(body, move |sent, clean| {
         session.log(entry(sent));
         if clean {
-            pool.give(host, BoxConn { sender, session });
+            pool.give(host, BoxConn { sender, driver, session });
         }
         drop(slot);
     });
@@ -215,9 +222,18 @@ fn outbound(
     received: &Arc<AtomicU64>,
 ) -> Result<Request<ResBody>, Page> {
     let (mut parts, body) = req.into_parts();
+    // hyper takes `gzip, chunked` and hands over the gzip'd bytes as if
+    // they were the body: the box would read them as the body itself.
+    let fields = parts.headers.get_all(header::TRANSFER_ENCODING);
+    let codings = fields.iter().flat_map(|v| v.as_bytes().split(|b| *b == b','));
+    if codings.map(<[u8]>::trim_ascii).any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
+        return Err(Page::Bad("a transfer coding other than chunked"));
+    }
     let upgrade_to = parts.headers.get(header::UPGRADE).cloned();
     strip_hop_by_hop(&mut parts.headers, true);
-    for name in ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded", "x-real-ip"] {
+    for name in
+        ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-forwarded-port", "forwarded", "x-real-ip"]
+    {
         parts.headers.remove(name);
     }
     let set = |headers: &mut HeaderMap, name: HeaderName, value: &str| -> Result<(), Page> {

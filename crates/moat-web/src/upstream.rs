@@ -26,6 +26,7 @@ use moat_core::web::{WebHost, WebRefusal, WebRequestLog, WebSecret};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
 use crate::body::ResBody;
+use crate::yielding::Yielding;
 
 /// How long a connection whose answer ended waits for another request.
 pub const POOL_IDLE: Duration = Duration::from_secs(1);
@@ -50,8 +51,20 @@ const POOL_PER_PORT: usize = 16;
 pub struct BoxConn {
     /// Sends requests on it.
     pub sender: SendRequest<ResBody>,
+    /// The task reading it: ended with it.
+    pub driver: Driver,
     /// The session.
     pub session: Arc<Session>,
+}
+
+/// A connection's task, ended when this is dropped: a connection given up
+/// on (its answer late, its body cut short) is not read on.
+pub struct Driver(tokio::task::AbortHandle);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A web session, the sockets in its box's network it has yet to use, and
@@ -175,7 +188,7 @@ pub async fn open(
         match connect(&session, None, host.port).await {
             // The session is over (the box stopped, say): a new one says why.
             Err(OpenError::Failed(_)) => {}
-            opened => return opened.map(|sender| BoxConn { sender, session }),
+            opened => return opened.map(|(sender, driver)| BoxConn { sender, driver, session }),
         }
     }
     let (lease, reach) = match api.web_open(host, cookie, FIRST_SOCKETS).await {
@@ -185,13 +198,17 @@ pub async fn open(
     };
     let (session, agent) = Session::new(lease, reach);
     pool.hold_session(host, &session);
-    let sender = connect(&session, agent, host.port).await?;
-    Ok(BoxConn { sender, session })
+    let (sender, driver) = connect(&session, agent, host.port).await?;
+    Ok(BoxConn { sender, driver, session })
 }
 
 /// A connection to `port` in `session`'s box: from a socket in its network,
 /// or through its agent (over `agent`, a stream to it, if given).
-async fn connect(session: &Session, agent: Option<OwnedFd>, port: u16) -> Result<SendRequest<ResBody>, OpenError> {
+async fn connect(
+    session: &Session,
+    agent: Option<OwnedFd>,
+    port: u16,
+) -> Result<(SendRequest<ResBody>, Driver), OpenError> {
     let dialled = session.nudging(CONNECT_ANSWER, dial(session, port)).await;
     match dialled.ok_or_else(|| OpenError::Failed("the box did not take the connection".into()))?? {
         Some(tcp) => handshake(tcp).await,
@@ -228,7 +245,7 @@ async fn dial(session: &Session, port: u16) -> Result<Option<TcpStream>, OpenErr
 }
 
 /// A connection to `port` that the box's agent (on `fd`) makes and carries.
-async fn through_agent(fd: OwnedFd, port: u16) -> Result<SendRequest<ResBody>, OpenError> {
+async fn through_agent(fd: OwnedFd, port: u16) -> Result<(SendRequest<ResBody>, Driver), OpenError> {
     let stream = std::os::unix::net::UnixStream::from(fd);
     stream.set_nonblocking(true).map_err(failed)?;
     let mut stream = UnixStream::from_std(stream).map_err(failed)?;
@@ -246,21 +263,22 @@ fn failed(e: io::Error) -> OpenError {
     OpenError::Failed(e.to_string())
 }
 
-/// An HTTP/1.1 client connection over `io`, driven by a task of its own.
-async fn handshake<T>(io: T) -> Result<SendRequest<ResBody>, OpenError>
+/// An HTTP/1.1 client connection over `io`, driven by a task of its own
+/// (which gives its turn back now and then: see [`Yielding`]).
+async fn handshake<T>(io: T) -> Result<(SendRequest<ResBody>, Driver), OpenError>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake(TokioIo::new(io))
+        .handshake(TokioIo::new(Yielding::new(io)))
         .await
         .map_err(|e| OpenError::Failed(e.to_string()))?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "a connection to a box port ended");
         }
     });
-    Ok(sender)
+    Ok((sender, Driver(task.abort_handle())))
 }
 
 /// Connections whose answer ended, per box port, each with when it did;

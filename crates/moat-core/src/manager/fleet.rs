@@ -87,6 +87,11 @@ impl BoxManager {
         self.db(|s| s.account_for_fleet_key(key)).ok().flatten()
     }
 
+    /// Whether the fleet's keys list a key of `account`.
+    pub fn fleet_lists(&self, account: &crate::ids::AccountId) -> bool {
+        self.db(|s| s.fleet_keys()).is_ok_and(|keys| keys.iter().any(|k| k.account == *account))
+    }
+
     /// The nodes whose lease lapsed.
     pub fn lost_nodes(&self) -> Result<Vec<String>, ManagerError> {
         let now = now_ms();

@@ -331,6 +331,8 @@ pub struct BoxManager {
     network: std::sync::OnceLock<Arc<dyn NetworkHooks>>,
     durable: std::sync::OnceLock<Arc<dyn DurableHooks>>,
     puller: std::sync::OnceLock<Arc<dyn ImagePuller>>,
+    /// Whether an account's key is still listed (unset: every account is).
+    accounts: std::sync::OnceLock<web::AccountCheck>,
     egress_follow: tokio::sync::broadcast::Sender<(BoxId, crate::egress::LogEntry)>,
     questions: ask::Questions,
     sealer: std::sync::OnceLock<crate::secrets::Sealer>,
@@ -357,6 +359,7 @@ impl BoxManager {
             network: std::sync::OnceLock::new(),
             durable: std::sync::OnceLock::new(),
             puller: std::sync::OnceLock::new(),
+            accounts: std::sync::OnceLock::new(),
             egress_follow: tokio::sync::broadcast::channel(4096).0,
             questions: ask::Questions::default(),
             sealer: std::sync::OnceLock::new(),

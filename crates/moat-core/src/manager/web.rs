@@ -10,6 +10,9 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{BoxManager, ManagerError, SessionGuard};
+
+/// Whether an account's key is listed now.
+pub type AccountCheck = Arc<dyn Fn(&AccountId) -> bool + Send + Sync>;
 use crate::backend::BoxHandle;
 use crate::egress::{LogEntry, LogKind, LogVerdict};
 use crate::ids::{AccountId, BoxId, Name};
@@ -210,6 +213,12 @@ impl BoxManager {
         Ok(rec)
     }
 
+    /// Tells the manager how to know whether an account's key is still
+    /// listed: web sessions of one that is not are refused.
+    pub fn set_account_check(&self, listed: AccountCheck) {
+        let _ = self.accounts.set(listed);
+    }
+
     /// Whether a request to `host` with `cookie` may reach the box, and as
     /// whom; with the box.
     pub fn web_check(&self, host: &WebHost, cookie: Option<&WebSecret>) -> Result<(BoxRecord, String), WebRefusal> {
@@ -218,6 +227,8 @@ impl BoxManager {
         let public = exposed.iter().find(|(p, _)| *p == host.port).ok_or(WebRefusal::NotFound)?.1;
         let grant = cookie.and_then(|c| self.grants().cookies.get(c).cloned());
         let grant = grant.filter(|g| g.box_id == rec.id && g.port == host.port && g.until > Instant::now());
+        // A key taken out of the keys ends its account's web sessions too.
+        let grant = grant.filter(|g| self.accounts.get().is_none_or(|listed| listed(&g.account)));
         match grant {
             Some(g) if g.account == rec.account => Ok((rec, g.account.0)),
             Some(g) if self.db(|s| s.shares(&rec.id)).map_err(|_| WebRefusal::Busy)?.contains(&g.account) => {

@@ -119,7 +119,9 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
             "mkdir -p /www/cgi-bin && echo fine-{b} > /www/index.html && \
              printf '#!/bin/sh\\nsleep 600\\n' > /www/cgi-bin/slow && \
              printf '#!/bin/sh\\ncat >/dev/null\\necho Content-Type: text/plain\\necho\\necho got\\n' > /www/cgi-bin/read && \
-             chmod +x /www/cgi-bin/slow /www/cgi-bin/read && \
+             printf '#!/bin/sh\\necho \"Set-Cookie: tossed=1; Domain={DOMAIN}; Path=/\"\\necho \"Set-Cookie: __Host-moat=000; Path=/; Secure\"\\necho Content-Type: text/plain\\necho\\necho cookies\\n' > /www/cgi-bin/cookies && \
+             printf '#!/bin/sh\\nwhile :; do printf \"HTTP/1.1 100 Continue\\\\r\\\\n\\\\r\\\\n\"; done\\n' > /www/continue && \
+             chmod +x /www/cgi-bin/slow /www/cgi-bin/read /www/cgi-bin/cookies /www/continue && \
              (busybox httpd -p 127.0.0.1:8000 -h /www &)"
         );
         ssh(Some(b), &[&setup]);
@@ -274,5 +276,45 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
     std::thread::sleep(Duration::from_millis(200));
     assert!(connect(&edge, &a, "127.0.0.2").is_some(), "a slot given back is free again");
     drop(open);
+
+    // Every box URL is one site to a browser: a page of box b may not post
+    // to box a (nor open a WebSocket to it); a page of a itself may.
+    let post = |origin: &str| {
+        let raw = format!(
+            "POST /cgi-bin/read HTTP/1.1\r\nHost: {a}\r\nOrigin: https://{origin}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+        );
+        exchange(&edge, &a, raw.as_bytes()).0
+    };
+    let across = post(&b);
+    assert_eq!(status(&across), "403", "{across}");
+    assert!(across.contains("a page of another box"), "{across}");
+    assert!(post(&a).contains("got"));
+    let ws = format!(
+        "GET / HTTP/1.1\r\nHost: {a}\r\nOrigin: https://{b}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    assert_eq!(status(&exchange(&edge, &a, ws.as_bytes()).0), "403");
+
+    // A box sets cookies for its own URL only, and never the edge's.
+    let cookies = get(&edge, &a, "/cgi-bin/cookies");
+    assert!(cookies.contains("cookies"), "{cookies}");
+    let set: Vec<&str> = cookies.lines().filter(|l| l.to_ascii_lowercase().starts_with("set-cookie:")).collect();
+    assert_eq!(set, ["set-cookie: tossed=1; Path=/"], "{cookies}");
+
+    // A box that answers `100 Continue` without end holds neither the
+    // edge nor its own answer deadline (3 s).
+    ssh(Some("a"), &["(busybox nc -ll -p 8100 -e /www/continue &)"]);
+    let flooding = public_host(8100);
+    let (answer, took) = exchange(&edge, &flooding, format!("GET / HTTP/1.1\r\nHost: {flooding}\r\n\r\n").as_bytes());
+    assert_eq!(status(&answer), "504", "{answer}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    let started = Instant::now();
+    let mut held = connect(&edge, &flooding, "127.0.0.1").unwrap();
+    held.write_all(format!("GET / HTTP/1.1\r\nHost: {flooding}\r\n\r\n").as_bytes()).unwrap();
+    held.flush().unwrap();
+    for _ in 0..3 {
+        others_answer(&edge, &b);
+    }
+    assert!(started.elapsed() < Duration::from_secs(6));
+    drop(held);
     drop(daemon);
 }
