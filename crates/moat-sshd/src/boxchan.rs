@@ -150,6 +150,9 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx, setup: Arc<ChannelSet
                     p.size = winsize(col_width, row_height);
                 }
             }
+            Some(ChannelMsg::Exec { command, .. }) if command.contains(&0) => {
+                return fail(&tx, "the command holds a NUL byte: refused", EXIT_MOAT_FAILED).await;
+            }
             Some(ChannelMsg::Exec { command, .. }) => break Program::Exec(command),
             Some(ChannelMsg::RequestShell { .. }) => break Program::Shell,
             Some(ChannelMsg::RequestSubsystem { name, .. }) if name == SFTP_SUBSYSTEM => break Program::Sftp,

@@ -29,7 +29,7 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
         _ => {
             static LIMIT: LogLimit = LogLimit::every(1000);
             if let Some(dropped) = LIMIT.allow() {
-                tracing::info!(user = %ctx.user, %host, port, dropped, "refused port forward");
+                tracing::info!(user = ?ctx.user, ?host, port, dropped, "refused port forward");
             }
             return reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
         }
@@ -57,7 +57,7 @@ pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: Cha
         Err(e) => {
             static LIMIT: LogLimit = LogLimit::every(1000);
             if let Some(dropped) = LIMIT.allow() {
-                tracing::info!(user = %ctx.user, %path, error = %e, dropped, "socket forward not connected");
+                tracing::info!(user = ?ctx.user, ?path, error = ?e.to_string(), dropped, "socket forward not connected");
             }
             reply.reject(ChannelOpenFailure::ConnectFailed).await
         }

@@ -11,8 +11,9 @@ use moat_api::ApiClient;
 use moat_core::AccountId;
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
 use russh::{Channel, ChannelId, ChannelOpenFailure};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
+use crate::accounts::{AccountLoad, CHANNELS_PER_ACCOUNT, CONNECTIONS_PER_ACCOUNT};
 use crate::boxchan::{self, ChannelCtx};
 use crate::forward;
 use crate::ratelimit::LogLimit;
@@ -23,29 +24,35 @@ use crate::setup::ChannelSetup;
 pub struct Shared {
     /// The privileged side: accounts, boxes, sessions.
     pub api: ApiClient,
+    /// What each account holds.
+    pub load: AccountLoad,
 }
 
 /// Most channels (sessions and forwards) open at once on one connection, as
 /// OpenSSH's MaxSessions; each holds a connection to a box's agent.
 const MAX_CHANNELS: usize = 32;
 
-/// Counts an open channel of a connection; given back on drop.
-struct ChannelSlot(Arc<AtomicUsize>);
+/// Counts an open channel of a connection, and holds its account's place
+/// for it; given back on drop.
+struct ChannelSlot {
+    open: Arc<AtomicUsize>,
+    _account: OwnedSemaphorePermit,
+}
 
 impl ChannelSlot {
-    fn take(open: &Arc<AtomicUsize>) -> Option<Self> {
+    fn take(open: &Arc<AtomicUsize>, account: OwnedSemaphorePermit) -> Option<Self> {
         let was = open.fetch_add(1, Ordering::Relaxed);
         if was >= MAX_CHANNELS {
             open.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        Some(Self(Arc::clone(open)))
+        Some(Self { open: Arc::clone(open), _account: account })
     }
 }
 
 impl Drop for ChannelSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -56,6 +63,9 @@ pub struct ConnHandler {
     login: Option<(AccountId, String)>,
     /// Held until authentication succeeds, bounding unauthenticated connections.
     slot: Option<UnauthSlot>,
+    /// Its account's place for it, once authenticated (`None` then: the
+    /// account had none left, and the connection is ended).
+    account_place: Option<OwnedSemaphorePermit>,
     authenticated: Arc<AtomicBool>,
     channels: Arc<AtomicUsize>,
     /// Each open session channel's setup (environment, program chosen). Weak:
@@ -80,6 +90,7 @@ impl ConnHandler {
             peer,
             login: None,
             slot: Some(slot),
+            account_place: None,
             authenticated,
             channels: Arc::default(),
             setups: HashMap::new(),
@@ -114,7 +125,15 @@ impl ConnHandler {
         reply: ChannelOpenHandle,
     ) -> Option<(ChannelCtx, ChannelSlot, ChannelOpenHandle)> {
         let ctx = ctx?;
-        match ChannelSlot::take(&self.channels) {
+        let Some(account) = self.shared.load.channel(&ctx.account) else {
+            static LIMIT: LogLimit = LogLimit::every(1000);
+            if let Some(dropped) = LIMIT.allow() {
+                tracing::warn!(account = %ctx.account, most = CHANNELS_PER_ACCOUNT, dropped, "a channel refused: the account has the most open");
+            }
+            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+            return None;
+        };
+        match ChannelSlot::take(&self.channels, account) {
             Some(slot) => Some((ctx, slot, reply)),
             None => {
                 tracing::warn!(peer = ?self.peer, most = MAX_CHANNELS, "a channel refused: the connection has the most open");
@@ -178,7 +197,8 @@ impl russh::server::Handler for ConnHandler {
     async fn auth_publickey(&mut self, user: &str, key: VerifiedPublicKey<'_>) -> Result<Auth, Self::Error> {
         match self.account_for(key.public_key).await {
             Some(account) => {
-                tracing::info!(peer = ?self.peer, %account, user, "authenticated");
+                tracing::info!(peer = ?self.peer, %account, ?user, "authenticated");
+                self.account_place = self.shared.load.connection(&account);
                 self.login = Some((account, user.to_string()));
                 Ok(Auth::Accept)
             }
@@ -192,10 +212,15 @@ impl russh::server::Handler for ConnHandler {
         }
     }
 
-    async fn auth_succeeded(&mut self, _session: &mut Session) -> Result<(), Self::Error> {
+    async fn auth_succeeded(&mut self, session: &mut Session) -> Result<(), Self::Error> {
         self.authenticated.store(true, Ordering::Relaxed);
         if let Some(slot) = self.slot.take() {
             slot.release();
+        }
+        if self.account_place.is_none() {
+            let why = format!("your account has {CONNECTIONS_PER_ACCOUNT} connections open, the most it may; close some");
+            tracing::warn!(peer = ?self.peer, "a connection ended: its account has the most open");
+            session.disconnect(russh::Disconnect::TooManyConnections, &why, "en")?;
         }
         Ok(())
     }
@@ -258,10 +283,12 @@ impl russh::server::Handler for ConnHandler {
     async fn exec_request(
         &mut self,
         channel: ChannelId,
-        _data: &[u8],
+        data: &[u8],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let ok = self.setup(channel).is_some_and(|s| s.start());
+        // As sshd: a command holding a NUL is refused (no program could be
+        // given it whole; cut there, it would run as something else).
+        let ok = !data.contains(&0) && self.setup(channel).is_some_and(|s| s.start());
         answer(session, channel, ok)
     }
 

@@ -7,6 +7,7 @@
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
+pub mod accounts;
 pub mod admission;
 pub mod auth;
 pub mod boxchan;

@@ -148,7 +148,10 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
         // Rejections take a constant time; OpenSSH's initial "none" probe need not.
         auth_rejection_time: Duration::from_millis(300),
         auth_rejection_time_initial: Some(Duration::ZERO),
-        max_auth_attempts: 6,
+        // OpenSSH's MaxAuthTries (6) counts keys, not the client's first
+        // "none" probe, which russh counts too: a user whose right key is the
+        // sixth in ssh-agent gets in, as with sshd.
+        max_auth_attempts: 7,
         inactivity_timeout: Some(config.idle_timeout),
         keepalive_interval: Some(Duration::from_secs(30)),
         keepalive_max: 4,
@@ -162,7 +165,7 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
         preferred: russh::Preferred { kex: KEX_ORDER.into(), ..Default::default() },
         ..Default::default()
     });
-    let shared = Arc::new(Shared { api });
+    let shared = Arc::new(Shared { api, load: Default::default() });
     let admission = Admission::new(config.admission);
     let grace = config.banner_grace.min(config.auth_timeout);
     loop {

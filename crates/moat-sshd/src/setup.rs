@@ -28,7 +28,8 @@ impl ChannelSetup {
     /// Takes `name=value` if it is allowed and fits; returns whether it did.
     /// Refused variables are dropped, as sshd drops what AcceptEnv does not name.
     pub fn offer_env(&self, name: &str, value: &str) -> bool {
-        if self.started() || !env_allowed(name) || name.len() + value.len() > MAX_ENV_BYTES {
+        let nul = name.contains('\0') || value.contains('\0');
+        if self.started() || nul || !env_allowed(name) || name.len() + value.len() > MAX_ENV_BYTES {
             return false;
         }
         let mut env = self.env.lock().unwrap_or_else(PoisonError::into_inner);
@@ -67,6 +68,7 @@ mod tests {
         assert!(setup.offer_env("LC_ALL", "C") && setup.offer_env("GIT_PROTOCOL", "version=2"));
         assert!(!setup.offer_env("LD_PRELOAD", "/x.so") && !setup.offer_env("PATH", "/evil"));
         assert!(!setup.offer_env("LANG", &"x".repeat(MAX_ENV_BYTES)));
+        assert!(!setup.offer_env("LANG", "C\0.UTF-8") && !setup.offer_env("LC_\0X", "C"));
         for i in 0..100 {
             setup.offer_env(&format!("LC_{i}"), "x");
         }
