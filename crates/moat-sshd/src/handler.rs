@@ -218,7 +218,8 @@ impl russh::server::Handler for ConnHandler {
             slot.release();
         }
         if self.account_place.is_none() {
-            let why = format!("your account has {CONNECTIONS_PER_ACCOUNT} connections open, the most it may; close some");
+            let why =
+                format!("your account has {CONNECTIONS_PER_ACCOUNT} connections open, the most it may; close some");
             tracing::warn!(peer = ?self.peer, "a connection ended: its account has the most open");
             session.disconnect(russh::Disconnect::TooManyConnections, &why, "en")?;
         }

@@ -350,3 +350,27 @@ pub fn box_sees_its_own_totals(env: &Env) {
     assert_eq!(env.alice(Some(&name), &["cat /proc/swaps"]).ok().stdout.lines().count(), 1, "a swap device in the box");
     env.alice(None, &["rm", &name]).ok();
 }
+
+/// One account's channels over 20 connections stop at its share (512),
+/// and another account logs in and runs a verb meanwhile; a command
+/// holding a NUL is refused (asyncssh: run alone, it holds bob's share).
+pub fn an_account_holds_at_most_its_share_of_channels(env: &Env) {
+    let name = crate::fixture::unique("share");
+    let out = run(&mut env.daemon.ssh(&env.bob, None, &["new", &name, "--image", "busybox"])).ok();
+    assert_eq!(out.stdout.trim(), name);
+    let other = env.alice.path.to_str().unwrap();
+    let out = python_client_with(env.daemon.port, &env.bob, "account_share.py", "moat", &[other, &name, "512"]).ok();
+    assert!(out.stdout.contains("held 512, refused 128"), "{}", out.stdout);
+    run(&mut env.daemon.ssh(&env.bob, None, &["rm", &name])).ok();
+}
+
+/// paramiko with several keys, the listed one last: it asks for the
+/// authentication service again before each key, and the fourth gets in
+/// (russh ignored the second ask: paramiko waited 30 s and failed).
+pub fn paramiko_tries_its_keys_in_turn(env: &Env) {
+    let name = crate::fixture::unique("keys");
+    env.new_box(&name, &["--image", "busybox"]);
+    let out = python_client(env, "paramiko_keys.py", &name).ok();
+    assert!(out.stdout.contains("the fourth key got in"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}

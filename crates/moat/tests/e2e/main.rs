@@ -116,6 +116,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     clients::unaccepted_env_still_runs_the_command,
     clients::controlmaster_100_commands_then_idle_suspends,
     clients::paramiko_and_asyncssh_reuse_one_connection,
+    clients::paramiko_tries_its_keys_in_turn,
     clients::abandoned_channels_free_the_box,
     clients::ansible_playbook_on_two_boxes,
     clients::putty_plink_psftp_and_pscp,
@@ -245,6 +246,7 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
 /// seconds, which would starve the timing-sensitive tests beside it (and
 /// one kills the shared daemon's gateway, which would cut the others' egress).
 const ALONE_LAST: &[(&str, TestFn)] = tests![
+    clients::an_account_holds_at_most_its_share_of_channels,
     egress::one_account_cannot_starve_the_others,
     secrets::windowed_limits_restart_with_the_gateway,
     packages::a_killed_gateway_keeps_no_half_file_and_its_indexes,
