@@ -51,6 +51,7 @@ struct Shared {
     sources: Arc<Slots<IpAddr>>,
     all: Arc<Semaphore>,
     per_box: Arc<Slots<WebHost>>,
+    per_visitor: Arc<Slots<(IpAddr, WebHost)>>,
 }
 
 /// Serves box URLs on `listener` (non-blocking) until the process ends, in
@@ -74,6 +75,7 @@ pub async fn serve(
         sources: Slots::new(limits.per_source),
         all: Arc::new(Semaphore::new(limits.connections)),
         per_box: Slots::new(limits.per_box),
+        per_visitor: Slots::new(crate::limits::visitor_share(limits.per_box)),
     });
     for _ in 1..loops {
         let (listener, shared) = (listener.try_clone()?, Arc::clone(&shared));
@@ -91,9 +93,9 @@ pub async fn serve(
 
 /// One event loop: accepts connections on `listener` and serves each.
 async fn accept(listener: TcpListener, shared: &Shared) -> io::Result<()> {
-    let Shared { tls, api, domain, limits, sources, all, per_box } = shared;
+    let Shared { tls, api, domain, limits, sources, all, per_box, per_visitor } = shared;
     let limits = *limits;
-    let ctx = Ctx::new(api.clone(), domain.clone(), limits, Arc::clone(per_box));
+    let ctx = Ctx::new(api.clone(), domain.clone(), limits, Arc::clone(per_box), Arc::clone(per_visitor));
     let pool = Arc::clone(&ctx.pool);
     tokio::spawn(async move {
         let mut every = tokio::time::interval(SWEEP);
@@ -112,7 +114,8 @@ async fn accept(listener: TcpListener, shared: &Shared) -> io::Result<()> {
                 continue;
             }
         };
-        let (Some(source), Ok(permit)) = (sources.take(&peer.ip()), Arc::clone(all).try_acquire_owned()) else {
+        let from = crate::limits::source_of(peer.ip());
+        let (Some(source), Ok(permit)) = (sources.take(&from), Arc::clone(all).try_acquire_owned()) else {
             // Closed at once: its other connections, or everyone's, are at the limit.
             continue;
         };
@@ -135,7 +138,7 @@ async fn accept(listener: TcpListener, shared: &Shared) -> io::Result<()> {
                 // No keep-alive pings: they would keep a quiet connection
                 // from ever being closed as one.
                 .max_concurrent_streams(100);
-            let ip = peer.ip();
+            let ip = crate::limits::source_of(peer.ip());
             let service = service_fn(move |req| {
                 let ctx = Arc::clone(&ctx);
                 async move { Ok::<_, Infallible>(proxy::handle(req, ctx, ip).await) }

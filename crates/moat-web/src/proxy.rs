@@ -46,6 +46,8 @@ pub struct Ctx {
     pub pool: Arc<Pool>,
     /// Requests in flight per box port.
     pub per_box: Arc<Slots<WebHost>>,
+    /// Requests in flight per box port and visitor.
+    pub per_visitor: Arc<Slots<(IpAddr, WebHost)>>,
     checks: Mutex<HashMap<CheckKey, (String, Instant)>>,
 }
 
@@ -54,9 +56,16 @@ type CheckKey = (WebHost, Option<WebSecret>);
 
 impl Ctx {
     /// A context for an event loop of the edge serving `domain`, counting
-    /// requests in flight per box port in `per_box`.
-    pub fn new(api: ApiClient, domain: String, limits: EdgeLimits, per_box: Arc<Slots<WebHost>>) -> Arc<Self> {
-        Arc::new(Self { api, domain, limits, pool: Arc::default(), per_box, checks: Mutex::default() })
+    /// requests in flight per box port in `per_box`, and per box port and
+    /// visitor in `per_visitor`.
+    pub fn new(
+        api: ApiClient,
+        domain: String,
+        limits: EdgeLimits,
+        per_box: Arc<Slots<WebHost>>,
+        per_visitor: Arc<Slots<(IpAddr, WebHost)>>,
+    ) -> Arc<Self> {
+        Arc::new(Self { api, domain, limits, pool: Arc::default(), per_box, per_visitor, checks: Mutex::default() })
     }
 
     /// Who the visitor with `cookie` is to `host`'s box, if it may reach it.
@@ -103,7 +112,9 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     }
     let cookie = cookie::take(req.headers_mut());
     let who = ctx.check(&host, cookie.as_ref()).await?;
-    let slot = ctx.per_box.take(&host).ok_or_else(|| Page::Crowded(host.name.to_string()))?;
+    let crowded = || Page::Crowded(host.name.to_string());
+    let visitor = ctx.per_visitor.take(&(peer, host.clone())).ok_or_else(crowded)?;
+    let slot = (ctx.per_box.take(&host).ok_or_else(crowded)?, visitor);
     let conn = match ctx.pool.take(&host) {
         Some(conn) => conn,
         None => match upstream::open(&ctx.api, &ctx.pool, &host, cookie.as_ref()).await {

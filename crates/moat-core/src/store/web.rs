@@ -92,16 +92,26 @@ impl Store {
 
     /// The box called `name` of the account whose slug is `owner` (slugs are
     /// not stored: every box of that name is a candidate, and one must match).
+    ///
+    /// A slug is 40 bits of the account's hash: a key made to match
+    /// another's slug (2^40 tries) and a box of the same name would make one
+    /// URL two boxes'. Such a URL names neither (rather than whichever
+    /// account sorts first, which let the later one take the URL over).
     pub fn box_of_owner(&self, owner: &Owner, name: &Name) -> Result<Option<BoxRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM {FROM} WHERE b.name = ?1 ORDER BY b.account");
+        let sql = format!("SELECT {COLUMNS} FROM {FROM} WHERE b.name = ?1");
         let rows = self.query(&sql, &args![name.as_str()])?;
+        let mut found = None;
         for row in rows {
             let rec = from_row(&row)?;
             if Owner::of(&rec.account) == *owner {
-                return Ok(Some(rec));
+                if found.is_some() {
+                    tracing::warn!(%owner, %name, "two accounts' boxes share one web address: it names neither");
+                    return Ok(None);
+                }
+                found = Some(rec);
             }
         }
-        Ok(None)
+        Ok(found)
     }
 }
 
@@ -112,7 +122,7 @@ mod tests {
     use crate::web::Owner;
     use crate::{BackendKind, Limits};
 
-    on_both_engines!(ports_and_shares_follow_their_box);
+    on_both_engines!(ports_and_shares_follow_their_box, a_slug_two_accounts_share_names_neither_box);
 
     fn ports_and_shares_follow_their_box(db: &TestDb) {
         let store = db.open();
@@ -140,5 +150,19 @@ mod tests {
         store.delete(&a.id).unwrap();
         assert!(store.exposed(&a.id).unwrap().is_empty() && store.shares(&a.id).unwrap().is_empty());
         assert!(!store.unshare(&a.id, &bob).unwrap());
+    }
+
+    fn a_slug_two_accounts_share_names_neither_box(db: &TestDb) {
+        let store = db.open();
+        // Two account ids of one slug (found by a birthday search over the
+        // slug's 40 bits: 1.7 million hashes).
+        let (first, second) = (AccountId("SHA256:122835".into()), AccountId("SHA256:1732799".into()));
+        assert_eq!(Owner::of(&first), Owner::of(&second));
+        let web = Name::new("web").unwrap();
+        let made = (&Name::new("debian").unwrap(), Limits::default(), BackendKind::Ns);
+        let a = store.insert_new(&first, &web, made, 1, &Default::default()).unwrap();
+        assert_eq!(store.box_of_owner(&Owner::of(&first), &web).unwrap().unwrap().id, a.id);
+        store.insert_new(&second, &web, made, 1, &Default::default()).unwrap();
+        assert!(store.box_of_owner(&Owner::of(&first), &web).unwrap().is_none());
     }
 }
