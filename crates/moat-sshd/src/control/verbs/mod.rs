@@ -211,11 +211,27 @@ pub fn parse(words: &[String]) -> Result<Plan, UsageError> {
     let Some((word, args)) = words.split_first() else {
         return Ok(Plan::Print(help()));
     };
+    if let Some(flag) = repeated_flag(args) {
+        return Err(usage(format!("{word}: {flag} given twice")));
+    }
     match (verb(word), closest_verb(word)) {
         (Some(verb), _) => (verb.parse)(args),
         (None, Some(meant)) => Err(usage(format!("unknown command {word:?} (did you mean {meant:?}? see 'help')"))),
         (None, None) => Err(usage(format!("unknown command {word:?} (see 'help')"))),
     }
+}
+
+/// Flags that add up when given again: `secret limit`'s windows
+/// (`--requests 10 --per 1m --requests 500 --per 1d`).
+const ADD_UP: &[&str] = &["--requests", "--tokens", "--per"];
+
+/// A flag given twice before any `--`, of those that do not add up (the
+/// second would silently win: `new x --image busybox --image debian`).
+fn repeated_flag(args: &[String]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    let flags = args.iter().take_while(|a| *a != "--").filter(|a| a.starts_with("--") && a.len() > 2);
+    let flags = flags.map(|a| a.split('=').next().unwrap_or(a)).filter(|flag| !ADD_UP.contains(flag));
+    flags.find(|flag| !seen.insert(*flag))
 }
 
 /// The verb a word that is none is most likely a typo of (`lst`: `ls`).

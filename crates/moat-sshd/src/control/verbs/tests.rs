@@ -558,3 +558,13 @@ fn image_verbs_parse_and_refuse() {
         assert!(!e.0.contains('\n'), "{bad}: {e}");
     }
 }
+
+#[test]
+fn a_flag_given_twice_is_a_usage_error() {
+    for line in ["new x --image busybox --image debian", "new x --memory 1G --memory=2G", "ls --json --json"] {
+        let e = plan(line).unwrap_err();
+        assert!(e.to_string().contains("given twice"), "{line}: {e}");
+    }
+    // After `--` the words are the command's.
+    assert!(plan("race web 2 -- grep --json --json x").is_ok());
+}
