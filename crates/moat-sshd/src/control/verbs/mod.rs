@@ -230,7 +230,7 @@ const ADD_UP: &[&str] = &["--requests", "--tokens", "--per"];
 fn repeated_flag(args: &[String]) -> Option<&str> {
     let mut seen = std::collections::HashSet::new();
     let flags = args.iter().take_while(|a| *a != "--").filter(|a| a.starts_with("--") && a.len() > 2);
-    let flags = flags.map(|a| a.split('=').next().unwrap_or(a)).filter(|flag| !ADD_UP.contains(flag));
+    let mut flags = flags.map(|a| a.split('=').next().unwrap_or(a)).filter(|flag| !ADD_UP.contains(flag));
     flags.find(|flag| !seen.insert(*flag))
 }
 
