@@ -692,11 +692,14 @@ pub fn a_flooding_box_loses_only_its_own_entries(env: &Env) {
     let name = unique("flood");
     env.new_box(&name, &[]);
     env.alice(None, &["policy", &name, "allow", "web.test:80"]).ok();
+    // Each query waits for its answer: none is lost in a full socket
+    // buffer on a busy host, so each reaches the gateway to be counted.
     let flood = "import socket, time\n\
          ns = [l.split()[1] for l in open(\"/etc/resolv.conf\") if l.startswith(\"nameserver\")][0]\n\
          s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.settimeout(5)\n\
          t = time.monotonic()\n\
-         for i in range(5000): s.sendto(b\"\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x01x\\x04test\\x00\\x00\\x01\\x00\\x01\", (ns, 53))\n\
+         for i in range(3000): s.sendto(b\"\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x01x\\x04test\\x00\\x00\\x01\\x00\\x01\", (ns, 53)); s.recv(512)\n\
          print(time.monotonic() - t)\n";
     let (status, took) = sh(env, &name, &format!("python3 -c '{flood}'"));
     assert_eq!(status, Some(0), "{took}");
@@ -715,7 +718,7 @@ pub fn a_flooding_box_loses_only_its_own_entries(env: &Env) {
     };
     let logged = text.lines().filter(|l| l.contains(" x.test")).count();
     let most = 1000 + (100.0 * (took + 2.0)) as usize;
-    assert!((1000..=most).contains(&logged), "{logged} of 5000 queries logged in {took:.2} s");
+    assert!((1000..=most).contains(&logged), "{logged} of 3000 queries logged in {took:.2} s");
     assert!(text.contains("queries and refusals of this box not logged: more than 100 a second"), "{text}");
     env.alice(None, &["rm", &name]).ok();
 }
