@@ -18,6 +18,7 @@ pub mod policy;
 pub mod record;
 pub mod rewind;
 pub mod secrets;
+pub mod slots;
 pub mod splice;
 pub mod store;
 pub mod web;

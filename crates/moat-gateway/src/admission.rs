@@ -5,9 +5,9 @@
 //! every other account's connections need: the gateway's `accept` failed
 //! for everyone.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
+use moat_core::slots::{Slot, Slots};
 use moat_core::AccountId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -30,8 +30,7 @@ const ACCOUNT_SHARE: usize = 4;
 /// The gateway's connection limits, and each account's count.
 pub struct Admission {
     all: Arc<Semaphore>,
-    per_account: usize,
-    accounts: Mutex<HashMap<AccountId, Arc<Semaphore>>>,
+    accounts: Arc<Slots<AccountId>>,
 }
 
 impl Admission {
@@ -40,11 +39,7 @@ impl Admission {
         let all = usize::try_from(descriptors / FOR_CONNECTIONS / FDS_PER_CONNECTION)
             .unwrap_or(usize::MAX)
             .clamp(64, Semaphore::MAX_PERMITS);
-        Self {
-            all: Arc::new(Semaphore::new(all)),
-            per_account: (all / ACCOUNT_SHARE).max(16),
-            accounts: Mutex::default(),
-        }
+        Self { all: Arc::new(Semaphore::new(all)), accounts: Slots::new((all / ACCOUNT_SHARE).max(16)) }
     }
 
     /// Limits for this process's descriptor limit (its soft one: what it
@@ -56,31 +51,35 @@ impl Admission {
 
     /// The counts a new box of `account` answers to.
     pub fn gate(&self, account: &AccountId) -> Gate {
-        let mut accounts = self.accounts.lock().unwrap_or_else(PoisonError::into_inner);
-        let account = accounts.entry(account.clone()).or_insert_with(|| Arc::new(Semaphore::new(self.per_account)));
-        Gate { own: Arc::new(Semaphore::new(PER_BOX)), account: Arc::clone(account), all: Arc::clone(&self.all) }
+        Gate {
+            own: Arc::new(Semaphore::new(PER_BOX)),
+            account: account.clone(),
+            accounts: Arc::clone(&self.accounts),
+            all: Arc::clone(&self.all),
+        }
     }
 }
 
 /// One box's way in: its own count, its account's and the gateway's.
 pub struct Gate {
     own: Arc<Semaphore>,
-    account: Arc<Semaphore>,
+    account: AccountId,
+    accounts: Arc<Slots<AccountId>>,
     all: Arc<Semaphore>,
 }
 
 /// A connection's places in each count, given back when dropped.
 pub struct Admitted {
-    _places: [OwnedSemaphorePermit; 3],
+    _places: (OwnedSemaphorePermit, Slot<AccountId>, OwnedSemaphorePermit),
 }
 
 impl Gate {
     /// A place for one more connection, or which limit refused it.
     pub fn admit(&self) -> Result<Admitted, Refusal> {
         let own = Arc::clone(&self.own).try_acquire_owned().map_err(|_| Refusal::TooManyConnections)?;
-        let account = Arc::clone(&self.account).try_acquire_owned().map_err(|_| Refusal::AccountConnections)?;
+        let account = self.accounts.take(&self.account).ok_or(Refusal::AccountConnections)?;
         let all = Arc::clone(&self.all).try_acquire_owned().map_err(|_| Refusal::GatewayFull)?;
-        Ok(Admitted { _places: [own, account, all] })
+        Ok(Admitted { _places: (own, account, all) })
     }
 }
 

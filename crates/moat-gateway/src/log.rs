@@ -45,15 +45,15 @@ struct Bucket {
 }
 
 impl Bucket {
-    /// Takes a token (after refilling for the time passed); `Err`: none left.
-    fn take(&mut self, now: Instant) -> Result<(), ()> {
+    /// Takes a token (after refilling for the time passed), if one is left.
+    fn take(&mut self, now: Instant) -> bool {
         self.tokens = (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * RATE).min(BURST);
         self.at = now;
-        if self.tokens < 1.0 {
-            return Err(());
+        let left = self.tokens >= 1.0;
+        if left {
+            self.tokens -= 1.0;
         }
-        self.tokens -= 1.0;
-        Ok(())
+        left
     }
 }
 
@@ -73,7 +73,7 @@ impl Logger {
         }
         let skipped = {
             let mut bucket = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
-            if bucket.take(Instant::now()).is_err() {
+            if !bucket.take(Instant::now()) {
                 bucket.skipped += 1;
                 return;
             }

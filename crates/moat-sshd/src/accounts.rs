@@ -5,11 +5,10 @@
 //! one could log in (checking a key takes one too). Per connection, channels
 //! are bounded as OpenSSH bounds them (see `handler.rs`); here, per account.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
+use moat_core::slots::{Slot, Slots};
 use moat_core::AccountId;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Most connections one account may have open at once.
 pub const CONNECTIONS_PER_ACCOUNT: usize = 256;
@@ -19,35 +18,26 @@ pub const CONNECTIONS_PER_ACCOUNT: usize = 256;
 pub const CHANNELS_PER_ACCOUNT: usize = 512;
 
 /// Each account's connections and channels.
-#[derive(Default)]
 pub struct AccountLoad {
-    accounts: Mutex<HashMap<AccountId, Load>>,
+    connections: Arc<Slots<AccountId>>,
+    channels: Arc<Slots<AccountId>>,
 }
 
-#[derive(Clone)]
-struct Load {
-    connections: Arc<Semaphore>,
-    channels: Arc<Semaphore>,
+impl Default for AccountLoad {
+    fn default() -> Self {
+        Self { connections: Slots::new(CONNECTIONS_PER_ACCOUNT), channels: Slots::new(CHANNELS_PER_ACCOUNT) }
+    }
 }
 
 impl AccountLoad {
-    fn of(&self, account: &AccountId) -> Load {
-        let mut accounts = self.accounts.lock().unwrap_or_else(PoisonError::into_inner);
-        let load = accounts.entry(account.clone()).or_insert_with(|| Load {
-            connections: Arc::new(Semaphore::new(CONNECTIONS_PER_ACCOUNT)),
-            channels: Arc::new(Semaphore::new(CHANNELS_PER_ACCOUNT)),
-        });
-        load.clone()
-    }
-
     /// A place for one more connection of `account`, if it has one left.
-    pub fn connection(&self, account: &AccountId) -> Option<OwnedSemaphorePermit> {
-        self.of(account).connections.try_acquire_owned().ok()
+    pub fn connection(&self, account: &AccountId) -> Option<Slot<AccountId>> {
+        self.connections.take(account)
     }
 
     /// A place for one more channel of `account`, if it has one left.
-    pub fn channel(&self, account: &AccountId) -> Option<OwnedSemaphorePermit> {
-        self.of(account).channels.try_acquire_owned().ok()
+    pub fn channel(&self, account: &AccountId) -> Option<Slot<AccountId>> {
+        self.channels.take(account)
     }
 }
 

@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use moat_api::ApiClient;
+use moat_core::slots::Slot;
 use moat_core::AccountId;
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
 use russh::{Channel, ChannelId, ChannelOpenFailure};
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::watch;
 
 use crate::accounts::{AccountLoad, CHANNELS_PER_ACCOUNT, CONNECTIONS_PER_ACCOUNT};
 use crate::boxchan::{self, ChannelCtx};
@@ -36,11 +37,11 @@ const MAX_CHANNELS: usize = 32;
 /// for it; given back on drop.
 struct ChannelSlot {
     open: Arc<AtomicUsize>,
-    _account: OwnedSemaphorePermit,
+    _account: Slot<AccountId>,
 }
 
 impl ChannelSlot {
-    fn take(open: &Arc<AtomicUsize>, account: OwnedSemaphorePermit) -> Option<Self> {
+    fn take(open: &Arc<AtomicUsize>, account: Slot<AccountId>) -> Option<Self> {
         let was = open.fetch_add(1, Ordering::Relaxed);
         if was >= MAX_CHANNELS {
             open.fetch_sub(1, Ordering::Relaxed);
@@ -65,7 +66,7 @@ pub struct ConnHandler {
     slot: Option<UnauthSlot>,
     /// Its account's place for it, once authenticated (`None` then: the
     /// account had none left, and the connection is ended).
-    account_place: Option<OwnedSemaphorePermit>,
+    account_place: Option<Slot<AccountId>>,
     authenticated: Arc<AtomicBool>,
     channels: Arc<AtomicUsize>,
     /// Each open session channel's setup (environment, program chosen). Weak:

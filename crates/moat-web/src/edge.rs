@@ -24,9 +24,9 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::hello::{EdgeLimits, WebHello};
-use crate::limits::Slots;
 use crate::proxy::{self, Ctx};
 use crate::site::{self, SiteError};
+use moat_core::slots::Slots;
 
 /// The edge could not start.
 #[derive(Debug, thiserror::Error)]

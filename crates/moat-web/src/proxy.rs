@@ -22,9 +22,9 @@ use crate::body::{full, Counted, Deadlined, ResBody};
 use crate::cookie;
 use crate::hello::EdgeLimits;
 use crate::host;
-use crate::limits::Slots;
 use crate::pages::Page;
 use crate::upstream::{self, BoxConn, OpenError, Pool};
+use moat_core::slots::Slots;
 
 /// How long an allowed answer of the privileged side is reused for the same
 /// URL and cookie (an `unshare` or `unexpose` takes at most this long to bite

@@ -311,8 +311,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // The same store the manager holds (no second connection); on a single
     // host with SQLite it has no fleet keys and the file alone answers.
     let store_keys = Arc::clone(&manager);
-    let listed = (Arc::clone(&manager), keys.clone());
-    manager.set_account_check(Arc::new(move |account| listed.0.fleet_lists(account) || listed.1.lists(account)));
+    let (fleet, file) = (Arc::clone(&manager), keys.clone());
+    manager.set_account_check(Arc::new(move |account| fleet.fleet_lists(account) || file.lists(account)));
     let authorize = move |key: &str| store_keys.account_for_fleet_key(key).or_else(|| keys.account_for_text(key));
     let web = args.web.plan(&state_dir)?;
     let site = web.as_ref().map(|w| w.site.clone());
