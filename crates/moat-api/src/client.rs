@@ -24,7 +24,15 @@ pub struct ApiClient {
 /// Keeps a box session open; dropping it ends the session.
 #[derive(Debug)]
 pub struct Lease {
-    _conn: Packets,
+    conn: Packets,
+}
+
+impl Lease {
+    /// Resolves when the session ends from the server's side: the account's
+    /// access to the box was taken away (or the daemon went).
+    pub async fn ended(&self) {
+        while let Ok(Some(_)) = self.conn.recv(1).await {}
+    }
 }
 
 /// Most request log entries a message carries: each is at most ~1.3 KiB of
@@ -184,7 +192,7 @@ impl ApiClient {
         let op = Op::OpenSession { name: name.clone(), owner: owner.cloned() };
         let req = Request::Act { account: account.clone(), op };
         match self.exchange(&req, None).await? {
-            (Reply::Session, fds, conn) => Ok((one(fds)?, Lease { _conn: conn })),
+            (Reply::Session, fds, conn) => Ok((one(fds)?, Lease { conn })),
             (reply, _, _) => Err(ApiError::unexpected(&reply)),
         }
     }

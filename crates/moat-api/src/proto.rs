@@ -548,6 +548,10 @@ pub struct Whoami {
     /// Its key's SHA-256 fingerprint, as `ssh-keygen -l` shows it (an
     /// account is its key, so today this is the account's id too).
     pub fingerprint: String,
+    /// The slug that names its boxes to accounts they are shared with
+    /// (`ssh NAME.OWNER@HOST`, `url NAME PORT --owner OWNER`).
+    #[serde(default)]
+    pub owner: String,
     /// How many boxes it has.
     pub boxes: usize,
     /// The operator's caps (`moat serve --max-boxes` and the like).

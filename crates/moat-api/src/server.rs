@@ -128,6 +128,11 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         Request::Web(op) => return answer_web(conn, ctx, op).await,
         Request::Act { account, op } => (account, op),
     };
+    // A key taken out of the keys: its connections already open can do no more.
+    if !ctx.manager.account_listed(&account) {
+        let err = ApiError { status: 255, message: "your key is no longer listed on this server".into() };
+        return send(conn, &Event::Outcome(Err(err)), None).await;
+    }
     if let Op::OpenSession { name, owner } = op {
         let (fd, guard) = match open_session(&ctx.manager, &account, &name, owner.as_ref()).await {
             Ok(opened) => opened,
@@ -135,8 +140,12 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         };
         send(conn, &Event::Outcome(Ok(Reply::Session)), Some(&fd)).await?;
         drop(fd);
-        // The session lasts as long as the front door keeps this connection.
-        while conn.recv(1).await?.is_some() {}
+        // The session lasts as long as the front door keeps this connection,
+        // and the account its access: closing it tells the front door.
+        tokio::select! {
+            () = until_closed(conn) => {}
+            () = guard.revoked() => tracing::info!(box_name = %name, %account, "session ended: access taken away"),
+        }
         drop(guard);
         return Ok(());
     }
@@ -355,13 +364,22 @@ async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Res
     };
     match reach {
         Ok((through_agent, fds)) => {
-            send(conn, &Event::Outcome(Ok(Reply::WebSession { who, through_agent })), &fds).await?;
+            send(conn, &Event::Outcome(Ok(Reply::WebSession { who: who.clone(), through_agent })), &fds).await?;
         }
         Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
     }
-    // The session lasts as long as the edge keeps this connection; on it,
-    // the requests it carried, and its asks for more streams to the box.
-    while let Some(msg) = conn.recv(MAX_REQUEST).await? {
+    // The session lasts as long as the edge keeps this connection (and the
+    // visitor its access: closing it tells the edge); on it, the requests it
+    // carried, and its asks for more streams to the box.
+    loop {
+        let msg = tokio::select! {
+            msg = conn.recv(MAX_REQUEST) => msg?,
+            () = guard.revoked() => {
+                tracing::info!(box_name = %host.name, %who, "web session ended: access taken away");
+                break;
+            }
+        };
+        let Some(msg) = msg else { break };
         match serde_json::from_slice::<WebSessionMsg>(&msg.bytes) {
             Ok(WebSessionMsg::Log(entries)) => {
                 for entry in entries {
@@ -409,6 +427,11 @@ fn with_urls(mut exposures: Vec<moat_core::web::Exposure>, web: Option<&WebSite>
         e.url = web.map(|w| w.url(&host));
     }
     exposures
+}
+
+/// Resolves when the other end closes `conn` (what it sends meanwhile is dropped).
+async fn until_closed(conn: &Packets) {
+    while let Ok(Some(_)) = conn.recv(1).await {}
 }
 
 async fn open_session(
@@ -603,6 +626,7 @@ async fn run(
         Op::Whoami => Reply::Whoami(Whoami {
             account: account.clone(),
             fingerprint: account.0.clone(),
+            owner: moat_core::web::Owner::of(account).to_string(),
             boxes: m.count(account)?,
             limits: AccountLimits::from(m.config()),
         }),

@@ -306,14 +306,41 @@ async fn run_in_box(
     program: Program,
     pty: Option<PtySpec>,
     env: Vec<(String, String)>,
-    mut rx: ChannelReadHalf,
+    rx: ChannelReadHalf,
     tx: ChannelWriteHalf<Msg>,
     ctx: &ChannelCtx,
 ) {
-    let (stream, _session) = match ctx.connect(name).await {
+    let (stream, session) = match ctx.connect(name).await {
         Ok(s) => s,
         Err(e) => return fail(&tx, &e.message, EXIT_MOAT_FAILED).await,
     };
+    let id = tx.id();
+    tokio::select! {
+        () = carry_session(name, program, pty, env, rx, tx, ctx, stream) => {}
+        // Returning drops the stream to the agent: the session ends in the box
+        // as when the client goes.
+        () = session.ended() => {
+            let why = format!("moat: your access to box {name} was taken away\n");
+            let _ = ctx.handle.extended_data(id, 1, why.into_bytes()).await;
+            let _ = ctx.handle.exit_status_request(id, EXIT_MOAT_FAILED).await;
+            let _ = ctx.handle.eof(id).await;
+            let _ = ctx.handle.close(id).await;
+        }
+    }
+}
+
+/// Runs `program` in the box over `stream`, the agent's, until it ends.
+#[allow(clippy::too_many_arguments)]
+async fn carry_session(
+    name: &Name,
+    program: Program,
+    pty: Option<PtySpec>,
+    env: Vec<(String, String)>,
+    mut rx: ChannelReadHalf,
+    tx: ChannelWriteHalf<Msg>,
+    ctx: &ChannelCtx,
+    stream: UnixStream,
+) {
     let (read, mut write) = stream.into_split();
     let run = match program {
         Program::Exec(cmd) => Run::Command(cmd),

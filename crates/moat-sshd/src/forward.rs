@@ -8,6 +8,7 @@ use std::io;
 use std::pin::pin;
 
 use moat_agent::client::{connect, connect_path};
+use moat_api::Lease;
 use russh::server::{ChannelOpenHandle, Msg};
 use russh::{Channel, ChannelMsg, ChannelOpenFailure, ChannelReadHalf, ChannelWriteHalf};
 use tokio::io::AsyncWriteExt;
@@ -34,11 +35,11 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
             return reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
         }
     };
-    let Ok((mut stream, _session)) = ctx.connect(&name).await else {
+    let Ok((mut stream, session)) = ctx.connect(&name).await else {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
     match connect(&mut stream, port).await {
-        Ok(early) => carry(channel, reply, early, stream).await,
+        Ok(early) => carry_while(&session, &ctx, channel, reply, early, stream).await,
         Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
     }
 }
@@ -49,17 +50,36 @@ pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: Cha
     let Target::Box(name) = ctx.target().await else {
         return reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
     };
-    let Ok((mut stream, _session)) = ctx.connect(&name).await else {
+    let Ok((mut stream, session)) = ctx.connect(&name).await else {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
     match connect_path(&mut stream, &path).await {
-        Ok(early) => carry(channel, reply, early, stream).await,
+        Ok(early) => carry_while(&session, &ctx, channel, reply, early, stream).await,
         Err(e) => {
             static LIMIT: LogLimit = LogLimit::every(1000);
             if let Some(dropped) = LIMIT.allow() {
                 tracing::info!(user = ?ctx.user, ?path, error = ?e.to_string(), dropped, "socket forward not connected");
             }
             reply.reject(ChannelOpenFailure::ConnectFailed).await
+        }
+    }
+}
+
+/// [`carry`] for as long as the session lasts: access to the box taken
+/// away closes the channel (and the stream to the box with it).
+async fn carry_while(
+    session: &Lease,
+    ctx: &ChannelCtx,
+    channel: Channel<Msg>,
+    reply: ChannelOpenHandle,
+    early: Vec<u8>,
+    stream: UnixStream,
+) {
+    let id = channel.id();
+    tokio::select! {
+        () = carry(channel, reply, early, stream) => {}
+        () = session.ended() => {
+            let _ = ctx.handle.close(id).await;
         }
     }
 }

@@ -313,6 +313,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let store_keys = Arc::clone(&manager);
     let (fleet, file) = (Arc::clone(&manager), keys.clone());
     manager.set_account_check(Arc::new(move |account| fleet.fleet_lists(account) || file.lists(account)));
+    // A key taken out ends its sessions (ssh, forwards, web) within a second.
+    manager.spawn_access_sweep();
     let authorize = move |key: &str| store_keys.account_for_fleet_key(key).or_else(|| keys.account_for_text(key));
     let web = args.web.plan(&state_dir)?;
     let site = web.as_ref().map(|w| w.site.clone());

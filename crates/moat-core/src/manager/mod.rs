@@ -5,6 +5,7 @@
 //! tokio's blocking pool; one lock per box keeps two sessions from booting the
 //! same box twice.
 
+mod access;
 mod ask;
 mod checkpoints;
 mod copies;
@@ -328,6 +329,7 @@ pub struct BoxManager {
     image_lock: tokio::sync::Mutex<()>,
     diff_turns: tokio::sync::Semaphore,
     sessions: Mutex<HashMap<BoxId, session::Sessions>>,
+    holders: access::Holders,
     network: std::sync::OnceLock<Arc<dyn NetworkHooks>>,
     durable: std::sync::OnceLock<Arc<dyn DurableHooks>>,
     puller: std::sync::OnceLock<Arc<dyn ImagePuller>>,
@@ -356,6 +358,7 @@ impl BoxManager {
             image_lock: tokio::sync::Mutex::new(()),
             diff_turns: tokio::sync::Semaphore::new(DIFFS_AT_ONCE),
             sessions: Mutex::new(HashMap::new()),
+            holders: access::Holders::default(),
             network: std::sync::OnceLock::new(),
             durable: std::sync::OnceLock::new(),
             puller: std::sync::OnceLock::new(),

@@ -30,12 +30,15 @@ enum Frozen {
 /// Held for as long as an SSH session (shell, exec, sftp, forward) uses a box;
 /// dropping the last one starts the box's idle timer.
 pub struct SessionGuard {
-    manager: Arc<BoxManager>,
-    id: BoxId,
+    pub(super) manager: Arc<BoxManager>,
+    pub(super) id: BoxId,
+    /// Who signed in, where an account did (see [`super::access`]).
+    pub(super) held: Option<super::access::Held>,
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
+        self.let_go();
         let generation = {
             let mut sessions = self.manager.sessions.lock().unwrap_or_else(PoisonError::into_inner);
             // Gone if the box was removed meanwhile.
@@ -66,7 +69,7 @@ impl BoxManager {
             s.open += 1;
             s.generation += 1;
         }
-        Ok((addr, SessionGuard { manager: Arc::clone(self), id: rec.id }))
+        Ok((addr, SessionGuard { manager: Arc::clone(self), id: rec.id, held: None }))
     }
 
     /// Makes a box run, whatever state it is in; the caller holds its lock.

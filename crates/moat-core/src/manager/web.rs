@@ -136,6 +136,8 @@ impl BoxManager {
         if !self.db(|s| s.unshare(&rec.id, other))? {
             return Err(ManagerError::NotShared { name: name.clone(), with: other.clone() });
         }
+        // Its ssh sessions and forwards end now (and its web sessions, below).
+        self.end_sessions_of(&rec.id, other);
         let mut grants = self.grants();
         grants.cookies.retain(|_, g| !(g.box_id == rec.id && g.account == *other));
         grants.links.retain(|_, g| !(g.box_id == rec.id && g.account == *other));
@@ -169,7 +171,8 @@ impl BoxManager {
         owner: Option<&Owner>,
     ) -> Result<(BoxHandle, SessionGuard), ManagerError> {
         let rec = self.reachable(account, name, owner)?;
-        self.open_session(&rec.account, &rec.name).await
+        let (handle, guard) = self.open_session(&rec.account, &rec.name).await?;
+        Ok((handle, guard.held_by(account)))
     }
 
     /// A one-time sign-in link's host and secret, for `account`, to port
@@ -255,6 +258,8 @@ impl BoxManager {
             BoxState::Running | BoxState::Suspended => {}
         }
         let (handle, guard) = self.open_session(&rec.account, &rec.name).await?;
+        // A visitor signed in holds the session: taking its access away ends it.
+        let guard = if who == PUBLIC { guard } else { guard.held_by(&AccountId(who.clone())) };
         Ok((handle, guard, rec.id, who))
     }
 

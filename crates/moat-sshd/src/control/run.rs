@@ -240,6 +240,7 @@ mod tests {
         let me = Whoami {
             account: AccountId("SHA256:abc".into()),
             fingerprint: "SHA256:abc".into(),
+            owner: "0123456789".into(),
             boxes: 1,
             limits: AccountLimits::from(&ManagerConfig::default()),
         };

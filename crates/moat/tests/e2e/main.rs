@@ -8,6 +8,7 @@
 
 #![allow(missing_docs)]
 
+mod access;
 mod browser;
 mod checkpoints;
 mod clients;
@@ -107,6 +108,8 @@ const FIRST: &[(&str, TestFn)] = tests![control::first_new_builds_default_image]
 
 /// The rest, [`WORKERS`] at once.
 const TESTS: &[(&str, TestFn)] = tests![
+    access::unshare_ends_the_other_accounts_sessions_and_forwards,
+    access::a_removed_key_ends_its_sessions_and_connections,
     control::new_ls_info_rm,
     control::bad_input_is_one_line_and_leaves_nothing,
     control::help_and_control_shell,

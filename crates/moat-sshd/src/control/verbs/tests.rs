@@ -302,12 +302,19 @@ fn answers_render_as_their_verb_says() {
     let me = moat_api::Whoami {
         account: moat_core::AccountId("SHA256:abc".into()),
         fingerprint: "SHA256:abc".into(),
+        owner: "0123456789".into(),
         boxes: 2,
         limits: moat_api::AccountLimits::from(&moat_core::ManagerConfig::default()),
     };
     let text = (call.render)(Reply::Whoami(me.clone()), &call.op, false).unwrap();
     assert!(text.starts_with("account:      SHA256:abc\nfingerprint:  SHA256:abc "), "{text}");
     assert!(text.contains("boxes:        2 of at most 32\n"), "{text}");
+    assert!(
+        text.contains(
+            "owner:        0123456789 (names your boxes to those you share them with: NAME.0123456789@HOST)\n"
+        ),
+        "{text}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&(call.render)(Reply::Whoami(me), &call.op, true).unwrap()).unwrap();
     assert_eq!(json["limits"]["max_boxes"], 32);

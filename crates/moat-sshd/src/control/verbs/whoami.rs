@@ -25,9 +25,11 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     }
     let l = &me.limits;
     Ok(format!(
-        "account:      {}\nfingerprint:  {} (as ssh-keygen -l shows your key)\nboxes:        {} of at most {}\nper box:      at most {} cpus, {} memory, {} processes, {} disk, {} checkpoints\nall boxes:    at most {} memory and {} disk together\n",
+        "account:      {}\nfingerprint:  {} (as ssh-keygen -l shows your key)\nowner:        {} (names your boxes to those you share them with: NAME.{}@HOST)\nboxes:        {} of at most {}\nper box:      at most {} cpus, {} memory, {} processes, {} disk, {} checkpoints\nall boxes:    at most {} memory and {} disk together\n",
         me.account,
         me.fingerprint,
+        me.owner,
+        me.owner,
         me.boxes,
         l.max_boxes,
         l.per_box.cpus,

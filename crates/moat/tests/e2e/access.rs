@@ -1,0 +1,198 @@
+//! Taking access away ends what is open: `unshare` ends the other account's
+//! sessions and forwards on the box at once, and a key taken out of the keys
+//! file ends its account's sessions and refuses what its connections still
+//! open ask for.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::fixture::{run, spawn_with_lines, unique, Key};
+use crate::forward::free_port;
+use crate::Env;
+
+/// A session printing a line every 200 ms until it is ended.
+const TICKS: &str = "while :; do echo tick; sleep 0.2; done";
+
+/// A key of its own, listed in the daemon's keys file until [`Listed`] drops.
+struct Listed<'a> {
+    file: &'a Path,
+    key: Key,
+}
+
+impl<'a> Listed<'a> {
+    fn add(env: &'a Env, name: &str) -> Self {
+        let key = Key::generate(&env.dir, name);
+        let file = env.daemon.keys_file.as_path();
+        rewrite(file, |keys| format!("{keys}{}", key.public));
+        Self { file, key }
+    }
+
+    fn remove(&self) {
+        rewrite(self.file, |keys| keys.replace(&self.key.public, ""));
+    }
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// Rewrites the keys file whole (renamed into place: the daemon, reading it
+/// for other tests meanwhile, never sees half of it).
+fn rewrite(file: &Path, change: impl FnOnce(&str) -> String) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let keys = std::fs::read_to_string(file).unwrap();
+    let part = file.with_extension("part");
+    std::fs::write(&part, change(&keys)).unwrap();
+    std::fs::rename(&part, file).unwrap();
+}
+
+fn fingerprint(env: &Env, key: &Key) -> String {
+    let who: Value = serde_json::from_str(&run(&mut env.daemon.ssh(key, None, &["whoami", "--json"])).ok().stdout)
+        .expect("whoami --json");
+    who["fingerprint"].as_str().unwrap().to_string()
+}
+
+/// Waits for the session printing `lines` to end (its ssh to exit), for up
+/// to `within`; its status and what it said on stderr.
+fn ends_within(child: &mut Child, lines: &Receiver<String>, within: Duration) -> (Option<i32>, String) {
+    let deadline = Instant::now() + within;
+    loop {
+        while lines.try_recv().is_ok() {}
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (status.code(), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the session went on {within:?} after its access was taken away");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A ticking session through `user` as `key`, seen ticking.
+fn ticking(env: &Env, key: &Key, user: &str) -> (Child, Receiver<String>) {
+    let mut cmd = env.daemon.ssh(key, Some(user), &[TICKS]);
+    let (child, _stdin, lines) = spawn_with_lines(cmd.stderr(Stdio::piped()));
+    assert_eq!(lines.recv_timeout(Duration::from_secs(30)).as_deref(), Ok("tick"), "the session never ticked");
+    (child, lines)
+}
+
+pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
+    let name = unique("taken");
+    env.new_box(&name, &[]);
+    // A server in the box that streams a line every 200 ms to whoever connects.
+    let server = "nohup python3 -c 'import socket, time\n\
+         s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind((\"127.0.0.1\", 7000)); s.listen()\n\
+         while True:\n    c, _ = s.accept()\n    try:\n        while True: c.sendall(b\"x\\n\"); time.sleep(0.2)\n    \
+         except OSError: c.close()\n' >/dev/null 2>&1 &";
+    env.alice(Some(&name), &[server]).ok();
+    let carol = Listed::add(env, "carol-unshared");
+    let carol_fp = fingerprint(env, &carol.key);
+    let owner = {
+        let me: Value = serde_json::from_str(&env.alice(None, &["whoami", "--json"]).ok().stdout).unwrap();
+        me["owner"].as_str().expect("whoami names the account's owner slug").to_string()
+    };
+    env.alice(None, &["share", &name, &carol_fp]).ok();
+    let shared = format!("{name}.{owner}");
+    let (mut session, lines) = ticking(env, &carol.key, &shared);
+    let port = free_port();
+    let spec = format!("{port}:127.0.0.1:7000");
+    let mut tunnel = env
+        .daemon
+        .ssh_with(&carol.key, Some(&shared), &["-N", "-o", "ExitOnForwardFailure=yes", "-L", &spec], &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stream = connected(port);
+    let mut forwarded = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    forwarded.read_line(&mut line).unwrap();
+    assert_eq!(line, "x\n");
+
+    env.alice(None, &["unshare", &name, &carol_fp]).ok();
+    let (status, said) = ends_within(&mut session, &lines, Duration::from_secs(3));
+    assert_ne!(status, Some(0), "{said}");
+    assert!(said.contains("access to box") && said.contains("taken away"), "{said}");
+    // The forward's connection ends too (the lines already on their way first).
+    stream.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let started = Instant::now();
+    loop {
+        line.clear();
+        match forwarded.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => assert!(started.elapsed() < Duration::from_secs(3), "the forward still carries after unshare"),
+        }
+    }
+    let _ = tunnel.kill();
+    let _ = tunnel.wait();
+    // And nothing new opens.
+    let again = run(&mut env.daemon.ssh(&carol.key, Some(&shared), &["true"]));
+    assert_ne!(again.status, Some(0));
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// A connection to the forward's local port (ssh may take a moment to listen).
+fn connected(port: u16) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => return stream,
+            Err(e) => assert!(Instant::now() < deadline, "no forward on {port}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn a_removed_key_ends_its_sessions_and_connections(env: &Env) {
+    let dave = Listed::add(env, "dave-removed");
+    let name = unique("dave");
+    let made = run(&mut env.daemon.ssh(&dave.key, None, &["new", &name, "--image", "busybox"])).ok();
+    assert_eq!(made.stdout.trim(), name);
+    let (mut session, lines) = ticking(env, &dave.key, &name);
+    // A connection kept open (as an IDE or a ControlMaster keeps one).
+    let socket = env.dir.join(format!("{name}.ctl"));
+    let control = format!("ControlPath={}", socket.display());
+    let mut master = env
+        .daemon
+        .ssh_with(&dave.key, None, &["-M", "-N", "-o", &control], &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let through_master = || run(&mut env.daemon.ssh_with(&dave.key, None, &["-o", &control], &["ls"]));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while through_master().status != Some(0) {
+        assert!(Instant::now() < deadline, "the master connection never served a command");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    dave.remove();
+    let (status, said) = ends_within(&mut session, &lines, Duration::from_secs(4));
+    assert_ne!(status, Some(0), "{said}");
+    assert!(said.contains("taken away"), "{said}");
+    let refused = through_master();
+    assert_ne!(refused.status, Some(0), "{}", refused.stdout);
+    assert!(refused.stderr.contains("no longer listed"), "{}", refused.stderr);
+    let _ = master.kill();
+    let _ = master.wait();
+    let _ = std::fs::remove_file(&socket);
+
+    // Listed again, the account finds its box as it left it, and removes it.
+    rewrite(dave.file, |keys| format!("{keys}{}", dave.key.public));
+    let gone = run(&mut env.daemon.ssh(&dave.key, None, &["rm", &name]));
+    assert_eq!(gone.status, Some(0), "{}", gone.stderr);
+}
