@@ -48,6 +48,9 @@ impl std::fmt::Debug for Login {
     }
 }
 
+/// Fewest bytes of a blob each stall period must bring.
+pub const MIN_PER_STALL: u64 = 64 << 10;
+
 /// The bounds one pull is held to.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Bounds {
@@ -99,6 +102,14 @@ pub enum ClientError {
         what: String,
         /// The bound.
         limit: u64,
+    },
+    /// Too few bytes came in a stall period.
+    #[error("{what}: under 64 KiB in {secs} s (the registry is too slow)")]
+    TooSlow {
+        /// What.
+        what: String,
+        /// The period.
+        secs: u64,
     },
     /// No bytes came for too long.
     #[error("{what}: no bytes for {secs} s (the registry stalled)")]
@@ -467,7 +478,13 @@ impl Registry {
         if desc.size > MAX_DOCUMENT {
             return Err(ClientError::TooLarge { what: "the image config".into(), limit: MAX_DOCUMENT });
         }
-        self.blob(&desc, "the image config", &mut config, &mut |_| {}).await?;
+        // A document, held to the documents' bound in all.
+        let what = "the image config";
+        let mut quiet = |_| {};
+        let fetch = self.blob(&desc, what, &mut config, &mut quiet);
+        tokio::time::timeout(self.bounds.document, fetch)
+            .await
+            .map_err(|_| ClientError::Stalled { what: what.to_string(), secs: self.bounds.document.as_secs() })??;
         Ok(Resolved { manifest_digest, manifest, config, documents })
     }
 
@@ -488,6 +505,10 @@ impl Registry {
         let stall = self.bounds.stall;
         let mut hasher = Sha256::new();
         let mut got = 0u64;
+        // A byte now and then is not progress: each stall period must bring
+        // MIN_PER_STALL (or the rest), else a registry trickling one byte
+        // every few seconds held the pull (and its slot) for days.
+        let (mut period, mut at_period) = (tokio::time::Instant::now(), 0u64);
         loop {
             let chunk = tokio::time::timeout(stall, resp.chunk())
                 .await
@@ -495,6 +516,12 @@ impl Registry {
                 .map_err(http_err(what))?;
             let Some(chunk) = chunk else { break };
             got = got.saturating_add(chunk.len() as u64);
+            if period.elapsed() >= stall {
+                if got - at_period < MIN_PER_STALL {
+                    return Err(ClientError::TooSlow { what: what.to_string(), secs: stall.as_secs() });
+                }
+                (period, at_period) = (tokio::time::Instant::now(), got);
+            }
             if got > desc.size {
                 return Err(too_large());
             }

@@ -4,8 +4,10 @@
 //! say: every document's and blob's digest is computed here again, each
 //! layer's diff id against the config. Layers already made (by any pull, of
 //! any account) are not fetched again; a pull that fails leaves no layer it
-//! was making and no blob. One pull runs at a time.
+//! was making and no blob. Pulls run side by side; two that need one layer
+//! take turns making it (the second finds it made).
 
+use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -51,13 +53,31 @@ pub struct Puller {
     pub bounds: Bounds,
     /// The runtime the fetcher's link is driven on.
     pub runtime: tokio::runtime::Handle,
-    /// One pull at a time (two pulls of one layer would make it twice).
-    pub one: Mutex<()>,
+    /// What pulls are making, by name (a layer's chain id, an image's key):
+    /// two pulls of one layer would make it twice; pulls of other layers go
+    /// side by side.
+    pub making: Making,
+}
+
+/// Locks by name, each held while one pull makes the thing so named.
+#[derive(Default)]
+pub struct Making(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Making {
+    /// Waits for `name` to be free, and holds it.
+    async fn hold(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Those no pull holds or waits for are forgotten.
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+            Arc::clone(locks.entry(name.to_string()).or_default())
+        };
+        lock.lock_owned().await
+    }
 }
 
 impl ImagePuller for Puller {
     fn pull(&self, reference: &str, logins: Logins<'_>, progress: Progress<'_>) -> Result<Pulled, String> {
-        let _one = self.one.lock().unwrap_or_else(|e| e.into_inner());
         self.runtime.block_on(self.pull_async(reference, logins, progress)).map_err(|e| format!("{e:#}"))
     }
 
@@ -181,8 +201,12 @@ impl Puller {
         let blobs: Vec<Digest> = manifest.layers.iter().map(|(d, _)| d.digest.clone()).collect();
         let chains = chain(&blobs);
         let count = manifest.layers.len();
+        // What this pull may write, all its layers together (the compressed
+        // bound alone let a 33 MB image of zeros fill the disk with 1 TiB).
+        let mut unpacked = 0u64;
         for (i, ((desc, compression), chain_id)) in manifest.layers.iter().zip(&chains).enumerate() {
             let label = format!("layer {}/{count} {}", i + 1, desc.digest.short());
+            let _making = self.making.hold(chain_id.hex()).await;
             if layers::has(&self.pool, chain_id.hex()) {
                 progress(&format!("{label}: have it"));
                 continue;
@@ -197,16 +221,21 @@ impl Puller {
                     parent.as_deref(),
                     chain_id.hex(),
                     diff_ids.get(i),
+                    self.bounds.max_image.saturating_sub(unpacked),
                     progress,
                 )
                 .await;
-            if let Err(e) = result {
-                layers::abort(&self.pool, chain_id.hex());
-                return Err(e);
+            match result {
+                Ok(bytes) => unpacked = unpacked.saturating_add(bytes),
+                Err(e) => {
+                    layers::abort(&self.pool, chain_id.hex());
+                    return Err(e);
+                }
             }
         }
         let hex = manifest_digest.hex().get(..32).unwrap_or_default();
         let key = Name::new(&format!("{}{hex}", moat_core::images::PULLED_PREFIX))?;
+        let _making = self.making.hold(key.as_str()).await;
         layers::make_image(&self.pool, &key, chains.last().map(|c| c.hex()))?;
         self.pool.ensure_quotas()?;
         progress(&format!("{full}: ready ({manifest_digest})"));
@@ -235,7 +264,8 @@ impl Puller {
         Ok((child, link))
     }
 
-    /// Fetches one layer's blob, checks it, and unpacks it onto its parent.
+    /// Fetches one layer's blob, checks it, and unpacks it onto its parent,
+    /// writing at most `budget` bytes; the bytes it wrote.
     #[allow(clippy::too_many_arguments)]
     async fn make_layer(
         &self,
@@ -246,11 +276,14 @@ impl Puller {
         parent: Option<&str>,
         chain_id: &str,
         diff_id: Option<&Digest>,
+        budget: u64,
         progress: Progress<'_>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let blobs = layers::blobs_dir(&self.pool);
         std::fs::create_dir_all(&blobs)?;
-        let path = blobs.join(format!("{}.partial", desc.digest.hex()));
+        // Named by the layer (which this pull holds), not the blob: another
+        // pull may fetch the same blob for a layer of another chain.
+        let path = blobs.join(format!("{chain_id}.partial"));
         let result = async {
             let mut file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path)?;
             let ask = ToFetch::Blob { desc: desc.clone(), label: label.to_string() };
@@ -264,8 +297,7 @@ impl Puller {
             );
             progress(&format!("{label}: unpacking"));
             let tree = layers::begin(&self.pool, parent, chain_id)?;
-            let report =
-                unpack(&tree, file, compression, self.bounds.max_image).await.with_context(|| label.to_string())?;
+            let report = unpack(&tree, file, compression, budget).await.with_context(|| label.to_string())?;
             if let (Some(expected), Some(got)) = (diff_id, &report.diff_id) {
                 ensure!(got == expected, "{label} unpacks to {got}, not the config's diff id {expected}");
             }
@@ -276,7 +308,7 @@ impl Puller {
                 progress(&line);
             }
             layers::seal(&self.pool, chain_id)?;
-            Ok(())
+            Ok(report.bytes)
         }
         .await;
         let _ = std::fs::remove_file(&path);

@@ -9,6 +9,10 @@ use std::path::Path;
 
 use moat_oci::manifest::Compression;
 
+/// The unpacker's heap at most: a zstd window (128 MiB at most by default)
+/// and the tar's buffers, with room.
+pub const MAX_DATA: u64 = 384 << 20;
+
 /// Runs the unpacker; the process's exit status.
 pub fn main(tree: &Path, compression: &str, max: u64) -> i32 {
     let compression = match compression {
@@ -17,6 +21,12 @@ pub fn main(tree: &Path, compression: &str, max: u64) -> i32 {
         "zstd" => Compression::Zstd,
         other => return fail(&format!("unknown compression {other:?}")),
     };
+    // A tar's long names and PAX headers are read whole by the tar crate
+    // before any check of ours: a 16 KB layer asked for 1 GiB so. Past this,
+    // an allocation fails and the unpacker ends, as the layer does.
+    if let Err(e) = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_DATA, MAX_DATA, MAX_DATA) {
+        return fail(&format!("bound the unpacker's memory: {e}"));
+    }
     let root = match moat_box::unpacker::enter(tree) {
         Ok(root) => root,
         Err(e) => return fail(&format!("confine the unpacker: {e}")),

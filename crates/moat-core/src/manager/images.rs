@@ -3,12 +3,16 @@
 //! layers) is the puller's, set once at start by the binary. Registry logins
 //! are sealed with the secrets key and opened only to hand to the puller.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{BoxManager, ManagerError};
 use crate::backend::Progress;
 use crate::ids::{AccountId, Name};
 use crate::secrets::SecretValue;
+use crate::slots::{Slot, Slots};
 use crate::store::images::StoredImage;
 
 /// A registry login, opened.
@@ -82,6 +86,57 @@ pub const IMAGE_WORKDIR: &str = "MOAT_IMAGE_WORKDIR";
 /// The label logins are sealed under (the registry is inside the value).
 const LOGIN_LABEL: &str = "registry-login";
 
+/// Pulls and pushes running at once on this server: each holds a blocking
+/// thread (the pool the backend's work shares) and a registry connection.
+pub const TRANSFERS_AT_ONCE: usize = 4;
+/// Pulls and pushes one account may have running or waiting.
+pub const TRANSFERS_PER_ACCOUNT: usize = 8;
+
+/// Whose pulls and pushes run: one at a time per account, the next waiting
+/// its turn (a wait holds no thread, and ends with its client), at most
+/// [`TRANSFERS_PER_ACCOUNT`] running or waiting (more are refused), and
+/// [`TRANSFERS_AT_ONCE`] running in all. A slow registry holds its account's
+/// turn and one of the server's, never every blocking thread.
+pub(super) struct Transfers {
+    asked: Arc<Slots<AccountId>>,
+    turns: Mutex<HashMap<AccountId, Arc<Semaphore>>>,
+    all: Arc<Semaphore>,
+}
+
+/// A pull's or push's turn, given back when dropped.
+pub(super) struct Turn {
+    _asked: Slot<AccountId>,
+    _mine: OwnedSemaphorePermit,
+    _ours: OwnedSemaphorePermit,
+}
+
+impl Default for Transfers {
+    fn default() -> Self {
+        Self {
+            asked: Slots::new(TRANSFERS_PER_ACCOUNT),
+            turns: Mutex::default(),
+            all: Arc::new(Semaphore::new(TRANSFERS_AT_ONCE)),
+        }
+    }
+}
+
+impl Transfers {
+    /// Waits for a turn of `account`'s (refused if it has too many asked).
+    async fn turn(&self, account: &AccountId) -> Result<Turn, ManagerError> {
+        let asked = self.asked.take(account).ok_or(ManagerError::TooManyTransfers(TRANSFERS_PER_ACCOUNT))?;
+        let mine = {
+            let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+            // Accounts no pull holds or waits for are forgotten.
+            turns.retain(|_, turn| Arc::strong_count(turn) > 1);
+            Arc::clone(turns.entry(account.clone()).or_insert_with(|| Arc::new(Semaphore::new(1))))
+        };
+        let closed = |_| ManagerError::Closing;
+        let mine = mine.acquire_owned().await.map_err(closed)?;
+        let ours = Arc::clone(&self.all).acquire_owned().await.map_err(closed)?;
+        Ok(Turn { _asked: asked, _mine: mine, _ours: ours })
+    }
+}
+
 impl BoxManager {
     /// Sets the puller (once; later calls are ignored).
     pub fn set_image_puller(&self, puller: Arc<dyn ImagePuller>) {
@@ -103,7 +158,9 @@ impl BoxManager {
     ) -> Result<StoredImage, ManagerError> {
         let puller = self.puller()?;
         let logins = self.logins(account)?;
+        let turn = self.transfers.turn(account).await?;
         let pulled = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             let find = move |registry: &str| logins.iter().find(|l| l.registry == registry).cloned();
             puller.pull(&reference, &find, &mut progress)
         })
@@ -190,7 +247,9 @@ impl BoxManager {
         let puller = self.puller()?;
         let image = self.db(|s| s.image(account, name))?.ok_or_else(|| ManagerError::NoSuchImage(name.clone()))?;
         let logins = self.logins(account)?;
+        let turn = self.transfers.turn(account).await?;
         tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             let find = move |registry: &str| logins.iter().find(|l| l.registry == registry).cloned();
             puller.push(&image, &reference, &find, &mut progress)
         })

@@ -225,6 +225,12 @@ pub enum ManagerError {
     /// This server pulls no images.
     #[error("this server pulls no images")]
     NoPuller,
+    /// The account has as many pulls and pushes running or waiting as it may.
+    #[error("you have {0} pulls and pushes running or waiting already (they go one at a time): wait for them")]
+    TooManyTransfers(usize),
+    /// What it waited for is gone: the server is shutting down.
+    #[error("this server is shutting down")]
+    Closing,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -330,6 +336,8 @@ pub struct BoxManager {
     diff_turns: tokio::sync::Semaphore,
     sessions: Mutex<HashMap<BoxId, session::Sessions>>,
     holders: access::Holders,
+    /// Pulls and pushes running, per account and in all (see [`images`]).
+    transfers: images::Transfers,
     network: std::sync::OnceLock<Arc<dyn NetworkHooks>>,
     durable: std::sync::OnceLock<Arc<dyn DurableHooks>>,
     puller: std::sync::OnceLock<Arc<dyn ImagePuller>>,
@@ -359,6 +367,7 @@ impl BoxManager {
             diff_turns: tokio::sync::Semaphore::new(DIFFS_AT_ONCE),
             sessions: Mutex::new(HashMap::new()),
             holders: access::Holders::default(),
+            transfers: images::Transfers::default(),
             network: std::sync::OnceLock::new(),
             durable: std::sync::OnceLock::new(),
             puller: std::sync::OnceLock::new(),

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::fixture::unique;
+use crate::fixture::{run, unique};
 use crate::testnet::{TestNet, WEB};
 use crate::Env;
 
@@ -535,6 +535,10 @@ pub fn hostile_registries_are_refused_and_leave_nothing(env: &Env) {
         ("endless", "is over"),
         ("bomb", "unpacks to more than"),
         ("escape", "escapes the image"),
+        // Each layer alone is under the bound; the image is not.
+        ("zeros", "unpacks to more than"),
+        // The tar crate reads a long name whole: the unpacker's heap is bounded.
+        ("longname", "out of memory"),
     ] {
         let t = std::time::Instant::now();
         let out = pull(repo);
@@ -544,6 +548,29 @@ pub fn hostile_registries_are_refused_and_leave_nothing(env: &Env) {
         assert!(t.elapsed().as_secs() < 30, "{repo} took {:?}", t.elapsed());
         assert!(partials(env).is_empty(), "{repo} left {:?}", partials(env));
     }
+    // A registry that trickles (a byte a second, under the 3 s stall bound)
+    // is told as too slow; meanwhile the account's next pull waits its turn
+    // (and goes when the trickle ends), and another account's pulls go on.
+    let trickle = std::thread::scope(|scope| {
+        let ended = |repo| move || (pull(repo), std::time::Instant::now());
+        let trickle = scope.spawn(ended("trickle"));
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let again = scope.spawn(ended("good"));
+        let t = std::time::Instant::now();
+        let bobs =
+            run(&mut env.daemon.ssh(&env.bob, None, &["image", "pull", "registry.test:5001/good", "--as", "h-bob"]));
+        assert_eq!(bobs.status, Some(0), "{}", bobs.stderr);
+        assert!(t.elapsed().as_secs() < 20, "bob's pull waited {:?} behind alice's", t.elapsed());
+        let (trickle, trickle_ended) = trickle.join().unwrap();
+        let (again, again_ended) = again.join().unwrap();
+        assert_eq!(again.status, Some(0), "{}", again.stderr);
+        assert!(again_ended > trickle_ended, "alice's second pull did not wait for her first");
+        trickle
+    });
+    assert_ne!(trickle.status, Some(0));
+    assert!(one_error(&trickle).contains("too slow"), "{}", trickle.stderr);
+    assert!(partials(env).is_empty(), "trickle left {:?}", partials(env));
+    run(&mut env.daemon.ssh(&env.bob, None, &["image", "rm", "h-bob"])).ok();
     let listed = env.alice(None, &["image", "ls"]).ok().stdout;
     let names: Vec<&str> =
         listed.lines().skip(1).filter_map(|l| l.split_whitespace().next()).filter(|n| n.starts_with("h-")).collect();

@@ -11,6 +11,9 @@ repository, each broken its own way:
   endless   its manifest never ends (bytes forever, no length)
   bomb      its layer is a gzip of 1 GiB of zeros (about 1 MiB)
   escape    its layer writes ../../outside
+  trickle   its blob sends a byte a second (never a stall, never done)
+  zeros     three layers, each a gzip of 200 MiB of zeros: 600 MiB from 600 KB
+  longname  its layer's first entry is a GNU long name of 400 MiB (400 KB gzipped)
 
 Blobs are kept by digest; manifests by repository. Every request is
 appended to argv[5]/hostile.log."""
@@ -72,6 +75,44 @@ escape[148:156] = b"        "
 escape[148:155] = ("%06o\0" % sum(escape[0:512])).encode()
 image("escape", bytes(escape))
 
+TRICKLE = image("trickle", tar_of([("hostile/trickle", b"t" * 4096)]))
+
+def gzip_of(*pieces):
+    """A gzip of the pieces: bytes, or (byte, count) for count of that byte."""
+    z, out = zlib.compressobj(6, zlib.DEFLATED, 31), []
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            chunk, left = piece[0] * (1 << 20), piece[1]
+            while left:
+                n = min(left, len(chunk)); out.append(z.compress(chunk[:n])); left -= n
+        else:
+            out.append(z.compress(piece))
+    out.append(z.flush())
+    return b"".join(out)
+
+def header(name, size, kind=b"0"):
+    info = tarfile.TarInfo(name); info.size = size
+    block = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
+    block[156:157] = kind
+    block[148:156] = b"        "
+    block[148:155] = ("%06o\0" % sum(block[0:512])).encode()
+    return bytes(block)
+
+GZ = "application/vnd.oci.image.layer.v1.tar+gzip"
+def layers_image(repo, layers):
+    """An image of several gzipped layers (their diff ids unchecked: all zeros)."""
+    config = json.dumps({"os": "linux", "architecture": "amd64", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    manifests[repo] = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(config), "size": len(config)},
+        "layers": [{"mediaType": GZ, "digest": blob(l), "size": len(l)} for l in layers]}).encode()
+
+ZERO_FILE = 200 << 20
+layers_image("zeros", [gzip_of(header(f"zeros{i}", ZERO_FILE), (b"\0", ZERO_FILE), bytes(1024)) for i in range(3)])
+LONG = 400 << 20
+layers_image("longname", [gzip_of(header("././@LongLink", LONG, b"L"), (b"a", LONG), bytes(-LONG % 512),
+                                   header("short", 0), bytes(1024))])
+
 class Server(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -126,6 +167,17 @@ class Server(http.server.BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.write(data[:100]); self.wfile.flush()
                 time.sleep(120)
+                return
+            if repo == "trickle" and digest == TRICKLE:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    time.sleep(2)
+                    for i in range(len(data)):
+                        self.wfile.write(data[i:i + 1]); self.wfile.flush(); time.sleep(1)
+                except OSError:
+                    pass
                 return
             return self.reply(200, data)
         self.reply(404, b'{"errors":[{"code":"NAME_UNKNOWN"}]}')
