@@ -7,27 +7,47 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::protocol::{AgentMsg, HostMsg};
 
 /// Reads [`AgentMsg`] frames from the agent.
+///
+/// The agent is the box's (a microVM guest's root can speak for it), so its
+/// frames are hostile input: a read of many tiny frames is decoded in one
+/// pass (the buffer is moved once per read, not once per frame: that was
+/// quadratic), each frame spends the task's cooperative budget (a flood
+/// yields the thread to other sessions), and a buffer a big frame grew is
+/// given back.
 pub struct AgentReader<R> {
     inner: R,
     buf: Vec<u8>,
+    /// Where the frames not decoded yet start in `buf`.
+    start: usize,
 }
+
+/// What an emptied buffer keeps once a big frame (at most 1 MiB) grew it past
+/// 16 times this (a session's buffer stayed that large for nothing).
+const KEPT_CAPACITY: usize = 64 << 10;
 
 impl<R: AsyncRead + Unpin> AgentReader<R> {
     /// Wraps the read half of a connection.
     pub fn new(inner: R) -> Self {
-        Self { inner, buf: Vec::new() }
+        Self { inner, buf: Vec::new(), start: 0 }
     }
 
     /// The next message; `None` when the agent closed the connection cleanly.
     pub async fn recv(&mut self) -> io::Result<Option<AgentMsg>> {
         loop {
-            match AgentMsg::decode(&self.buf) {
+            let pending = self.buf.get(self.start..).unwrap_or_default();
+            match AgentMsg::decode(pending) {
                 Ok(Some((msg, used))) => {
-                    self.buf.drain(..used);
+                    self.start += used;
+                    tokio::task::coop::consume_budget().await;
                     return Ok(Some(msg));
                 }
                 Ok(None) => {}
                 Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+            self.buf.drain(..self.start);
+            self.start = 0;
+            if self.buf.is_empty() && self.buf.capacity() > 16 * KEPT_CAPACITY {
+                self.buf.shrink_to(KEPT_CAPACITY);
             }
             if self.inner.read_buf(&mut self.buf).await? == 0 {
                 return if self.buf.is_empty() { Ok(None) } else { Err(io::ErrorKind::UnexpectedEof.into()) };
@@ -36,7 +56,8 @@ impl<R: AsyncRead + Unpin> AgentReader<R> {
     }
 
     /// Bytes that arrived after the last frame, and the read half.
-    pub fn into_parts(self) -> (Vec<u8>, R) {
+    pub fn into_parts(mut self) -> (Vec<u8>, R) {
+        self.buf.drain(..self.start);
         (self.buf, self.inner)
     }
 }
@@ -104,5 +125,35 @@ mod tests {
         for hostile in [AgentMsg::Pong.encode(), AgentMsg::Connected.encode()[..3].to_vec(), vec![0xff; 9]] {
             assert!(answer(&hostile).await.0.is_err(), "{hostile:?}");
         }
+    }
+    /// A guest that floods tiny frames into one read: every frame comes out,
+    /// in order, and the reading task yields to others while they do (it
+    /// held its thread for the whole read before).
+    #[test]
+    fn a_flood_of_frames_is_read_whole_and_yields() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let mut flood = Vec::new();
+            for _ in 0..20_000 {
+                flood.extend_from_slice(&AgentMsg::Pong.encode());
+            }
+            flood.extend_from_slice(&AgentMsg::Stdout(b"last".to_vec()).encode());
+            let other_ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let other = {
+                let other_ran = std::sync::Arc::clone(&other_ran);
+                tokio::spawn(async move { other_ran.store(true, std::sync::atomic::Ordering::SeqCst) })
+            };
+            // A byte slice is always ready: only the budget makes this task yield.
+            let mut reader = AgentReader::new(&flood[..]);
+            let mut ran_meanwhile = false;
+            for _ in 0..20_000 {
+                assert!(matches!(reader.recv().await.unwrap(), Some(AgentMsg::Pong)));
+                ran_meanwhile |= other_ran.load(std::sync::atomic::Ordering::SeqCst);
+            }
+            assert!(matches!(reader.recv().await.unwrap(), Some(AgentMsg::Stdout(last)) if last == b"last"));
+            assert!(reader.recv().await.unwrap().is_none());
+            assert!(ran_meanwhile, "the other task waited for the whole flood");
+            other.await.unwrap();
+        });
     }
 }

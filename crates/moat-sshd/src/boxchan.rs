@@ -406,12 +406,19 @@ async fn carry_session(
     let _ = (&mut output.0).await;
 }
 
+/// Messages a session's agent may send besides output and its end (it says
+/// `Started` once).
+pub(crate) const MAX_UNASKED: usize = 16;
+
 async fn pump_output(
     mut agent: AgentReader<tokio::net::unix::OwnedReadHalf>,
     tx: ChannelWriteHalf<Msg>,
     handle: Handle,
     id: ChannelId,
 ) {
+    // An agent is the box's (a microVM guest's root can speak for it): what a
+    // session does not carry is let by a few times, then ends it.
+    let mut unasked = 0;
     loop {
         match agent.recv().await {
             Ok(Some(AgentMsg::Stdout(data))) => {
@@ -436,7 +443,10 @@ async fn pump_output(
                 return;
             }
             Ok(Some(AgentMsg::Error(msg))) => return fail(&tx, &msg, 127).await,
-            Ok(Some(_)) => {}
+            Ok(Some(_)) if unasked < MAX_UNASKED => unasked += 1,
+            Ok(Some(_)) => {
+                return fail(&tx, "the box's agent sends what a session does not carry", EXIT_MOAT_FAILED).await
+            }
             Ok(None) | Err(_) => return fail(&tx, "lost the connection to the box", EXIT_MOAT_FAILED).await,
         }
     }

@@ -350,6 +350,7 @@ async fn relay_output(
     tx: &mpsc::Sender<RunEvent>,
 ) -> Result<ExitStatus, String> {
     let (mut out, mut err) = (Lines::default(), Lines::default());
+    let mut unasked = 0;
     loop {
         let msg = reader.recv().await.map_err(|e| e.to_string())?;
         let (lines, stderr, data) = match msg {
@@ -364,7 +365,11 @@ async fn relay_output(
                 return Ok(status);
             }
             Some(AgentMsg::Error(e)) => return Err(e),
-            Some(_) => continue,
+            Some(_) if unasked < crate::boxchan::MAX_UNASKED => {
+                unasked += 1;
+                continue;
+            }
+            Some(_) => return Err("the box's agent sends what a command does not carry".into()),
             None => return Err("the box's agent hung up".into()),
         };
         for text in lines.feed(&data) {
