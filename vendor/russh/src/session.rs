@@ -302,6 +302,57 @@ impl Encrypted {
         }
     }
 
+    /// moat: `len` bytes of data arrived on `channel`; whether they were
+    /// within the window the peer was given (more is dropped, as sshd does:
+    /// what a stopped reader holds back is bounded by that window). The
+    /// window comes back as the reader takes the data ([`Self::give_back`]).
+    pub(crate) fn data_arrived(&mut self, channel: ChannelId, len: usize) -> bool {
+        let Some(channel) = self.channels.get_mut(&channel) else {
+            return false;
+        };
+        match u32::try_from(len) {
+            Ok(len) if len <= channel.sender_window_size => {
+                channel.sender_window_size -= len;
+                true
+            }
+            _ => {
+                debug!("channel {:?}: data past its window dropped", channel.sender_channel);
+                false
+            }
+        }
+    }
+
+    /// moat: gives the peer back, as window, what the reader of `channel`
+    /// took, once the window left is under half of `target` (never more
+    /// than `target` in all); whether a window adjustment went out.
+    pub(crate) fn give_back(
+        &mut self,
+        channel: ChannelId,
+        taken: &crate::channels::taken::Taken,
+        target: u32,
+    ) -> Result<bool, crate::Error> {
+        let Some(channel) = self.channels.get_mut(&channel) else {
+            return Ok(false);
+        };
+        if channel.sender_window_size >= target / 2 {
+            return Ok(false);
+        }
+        let took = taken.take_bytes();
+        let room = target.saturating_sub(channel.sender_window_size);
+        let grant = u32::try_from(took).unwrap_or(u32::MAX).min(room);
+        taken.put_back(took - grant as usize);
+        if grant == 0 {
+            return Ok(false);
+        }
+        push_packet!(self.write, {
+            self.write.push(msg::CHANNEL_WINDOW_ADJUST);
+            channel.recipient_channel.encode(&mut self.write)?;
+            grant.encode(&mut self.write)?;
+        });
+        channel.sender_window_size += grant;
+        Ok(true)
+    }
+
     pub fn adjust_window_size(
         &mut self,
         channel: ChannelId,

@@ -151,6 +151,18 @@ pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
+/// A program that does not read its stdin holds back only its own channel:
+/// the others of the connection answer meanwhile (russh granted the window as
+/// data arrived and then waited for the channel's queue inside the session
+/// loop: `echo` beside it took 12.7 s).
+pub fn an_unread_channel_stalls_no_other(env: &Env) {
+    let name = unique("unread");
+    env.new_box(&name, &["--image", "busybox"]);
+    let out = python_client_with(env.daemon.port, &env.alice, "unread_stdin.py", &name, &[]).ok();
+    assert!(out.stdout.contains("unread stdin stalls no other channel"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// Clients that stop reading and then leave without a word, or close their
 /// channels (sessions and forwards whose windows are full): the processes
 /// writing to them end (their pipes and sockets close, as under sshd), the

@@ -119,6 +119,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     clients::unaccepted_env_still_runs_the_command,
     clients::controlmaster_100_commands_then_idle_suspends,
     clients::paramiko_and_asyncssh_reuse_one_connection,
+    clients::an_unread_channel_stalls_no_other,
     clients::paramiko_tries_its_keys_in_turn,
     clients::abandoned_channels_free_the_box,
     clients::ansible_playbook_on_two_boxes,

@@ -1,7 +1,18 @@
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
+use super::taken::Taken;
 use super::WindowSizeRef;
 use crate::ChannelMsg;
+
+/// moat: most messages a channel's backlog holds. Data runs are one entry
+/// each (bounded by the window the peer was given); past this many requests
+/// in between, the peer is flooding a channel whose reader stopped.
+pub(crate) const MAX_BACKLOG: usize = 4096;
 
 /// A handle to the [`super::Channel`]'s to be able to transmit messages
 /// to it and update it's `window_size`.
@@ -9,6 +20,28 @@ use crate::ChannelMsg;
 pub struct ChannelRef {
     pub(super) sender: Sender<ChannelMsg>,
     pub(super) window_size: WindowSizeRef,
+    /// moat: what the reader takes (a server's channels; `None`: the window
+    /// is given back on arrival, as russh did).
+    pub(crate) taken: Option<Arc<Taken>>,
+    /// moat: messages the reader had no room for yet, in order.
+    backlog: VecDeque<Held>,
+}
+
+/// A message held back; consecutive data of one stream in one buffer.
+#[derive(Debug)]
+enum Held {
+    Data { ext: Option<u32>, bytes: BytesMut },
+    Other(ChannelMsg),
+}
+
+impl Held {
+    fn into_msg(self) -> ChannelMsg {
+        match self {
+            Held::Data { ext: None, bytes } => ChannelMsg::Data { data: bytes.freeze() },
+            Held::Data { ext: Some(ext), bytes } => ChannelMsg::ExtendedData { data: bytes.freeze(), ext },
+            Held::Other(msg) => msg,
+        }
+    }
 }
 
 impl ChannelRef {
@@ -16,11 +49,92 @@ impl ChannelRef {
         Self {
             sender,
             window_size: WindowSizeRef::new(0),
+            taken: None,
+            backlog: VecDeque::new(),
         }
+    }
+
+    pub(crate) fn with_taken(self, taken: Arc<Taken>) -> Self {
+        self.with_taken_opt(Some(taken))
+    }
+
+    pub(crate) fn with_taken_opt(mut self, taken: Option<Arc<Taken>>) -> Self {
+        self.taken = taken;
+        self
+    }
+
+    pub(crate) fn with_window_size(mut self, window_size: WindowSizeRef) -> Self {
+        self.window_size = window_size;
+        self
     }
 
     pub(crate) fn window_size(&self) -> &WindowSizeRef {
         &self.window_size
+    }
+
+    /// moat: hands `msg` to the reader without waiting, behind what waits
+    /// already; false if it was dropped, the backlog full (the peer floods a
+    /// reader that does not read).
+    pub(crate) fn deliver(&mut self, msg: ChannelMsg) -> bool {
+        let msg = if self.backlog.is_empty() {
+            match self.sender.try_send(msg) {
+                Ok(()) | Err(TrySendError::Closed(_)) => return true,
+                Err(TrySendError::Full(msg)) => msg,
+            }
+        } else {
+            msg
+        };
+        let held = self.hold(msg);
+        if let Some(taken) = &self.taken {
+            taken.set_backlogged(true);
+        }
+        // The reader may have made room meanwhile: it saw no backlog then.
+        self.drain();
+        held
+    }
+
+    /// Keeps `msg` in the backlog (data joins the data before it); false if
+    /// the backlog is full.
+    fn hold(&mut self, msg: ChannelMsg) -> bool {
+        let (ext, data) = match msg {
+            ChannelMsg::Data { data } => (None, data),
+            ChannelMsg::ExtendedData { data, ext } => (Some(ext), data),
+            other if self.backlog.len() < MAX_BACKLOG => {
+                self.backlog.push_back(Held::Other(other));
+                return true;
+            }
+            _ => return false,
+        };
+        if let Some(Held::Data { ext: last, bytes }) = self.backlog.back_mut() {
+            if *last == ext {
+                bytes.extend_from_slice(&data);
+                return true;
+            }
+        }
+        if self.backlog.len() >= MAX_BACKLOG {
+            return false;
+        }
+        self.backlog.push_back(Held::Data { ext, bytes: BytesMut::from(&data[..]) });
+        true
+    }
+
+    /// moat: hands on what the reader has room for now.
+    pub(crate) fn drain(&mut self) {
+        while let Some(held) = self.backlog.pop_front() {
+            match self.sender.try_send(held.into_msg()) {
+                Ok(()) => {}
+                Err(TrySendError::Closed(_)) => self.backlog.clear(),
+                Err(TrySendError::Full(msg)) => {
+                    self.backlog.push_front(Held::Other(msg));
+                    break;
+                }
+            }
+        }
+        if self.backlog.is_empty() {
+            if let Some(taken) = &self.taken {
+                taken.set_backlogged(false);
+            }
+        }
     }
 }
 

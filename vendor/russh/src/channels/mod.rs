@@ -12,6 +12,8 @@ pub mod io;
 mod channel_ref;
 pub use channel_ref::ChannelRef;
 
+pub(crate) mod taken;
+
 mod channel_stream;
 pub use channel_stream::ChannelStream;
 
@@ -145,6 +147,8 @@ impl WindowSizeRef {
 /// Allows you to read from a channel without borrowing the session
 pub struct ChannelReadHalf {
     pub(crate) receiver: Receiver<ChannelMsg>,
+    /// moat: counts what is taken, for the window (see [`taken`]).
+    pub(crate) taken: Option<Arc<taken::Taken>>,
 }
 
 impl std::fmt::Debug for ChannelReadHalf {
@@ -156,7 +160,16 @@ impl std::fmt::Debug for ChannelReadHalf {
 impl ChannelReadHalf {
     /// Awaits an incoming [`ChannelMsg`], this method returns [`None`] if the channel has been closed.
     pub async fn wait(&mut self) -> Option<ChannelMsg> {
-        self.receiver.recv().await
+        let msg = self.receiver.recv().await;
+        self.took(msg.as_ref());
+        msg
+    }
+
+    /// moat: the reader took `msg` off the queue.
+    pub(crate) fn took(&self, msg: Option<&ChannelMsg>) {
+        if let (Some(taken), Some(msg)) = (&self.taken, msg) {
+            taken.took(msg);
+        }
     }
 
     /// Make a reader for the [`Channel`] to receive [`ChannelMsg::Data`]
@@ -467,10 +480,11 @@ impl<S: From<(ChannelId, ChannelMsg)> + Send + Sync + 'static> Channel<S> {
         max_packet_size: u32,
         window_size: u32,
         channel_buffer_size: usize,
+        taken: Option<Arc<taken::Taken>>,
     ) -> (Self, ChannelRef) {
         let (tx, rx) = tokio::sync::mpsc::channel(channel_buffer_size);
         let window_size = WindowSizeRef::new(window_size);
-        let read_half = ChannelReadHalf { receiver: rx };
+        let read_half = ChannelReadHalf { receiver: rx, taken: taken.clone() };
         let write_half = ChannelWriteHalf {
             id,
             sender,
@@ -483,10 +497,7 @@ impl<S: From<(ChannelId, ChannelMsg)> + Send + Sync + 'static> Channel<S> {
                 write_half,
                 read_half,
             },
-            ChannelRef {
-                sender: tx,
-                window_size,
-            },
+            ChannelRef::new(tx).with_window_size(window_size).with_taken_opt(taken),
         )
     }
 

@@ -759,7 +759,7 @@ impl<H: Handler> Handle<H> {
                             max_packet_size,
                             window_size: window_size_ref,
                         },
-                        read_half: ChannelReadHalf { receiver },
+                        read_half: ChannelReadHalf { receiver, taken: None },
                     });
                 }
                 Some(ChannelMsg::OpenFailure(reason)) => {

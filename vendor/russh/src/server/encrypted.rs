@@ -848,6 +848,7 @@ mod tests {
             priority_sender,
             sender,
             channel_buffer_size: config.channel_buffer_size,
+            wake: Arc::default(),
         };
 
         Session {
@@ -1469,9 +1470,7 @@ impl Session {
                 // Forward the close to the channel before removing it, so that
                 // consumers waiting on `Channel::wait()` receive an explicit
                 // `ChannelMsg::Close` instead of just seeing `None`.
-                if let Some(chan) = self.channels.get(&channel_num) {
-                    chan.send(ChannelMsg::Close).await.unwrap_or(())
-                }
+                self.deliver(channel_num, ChannelMsg::Close)?;
                 self.channels.remove(&channel_num);
                 debug!("handler.channel_close {channel_num:?}");
                 handler.channel_close(channel_num, self).await
@@ -1482,9 +1481,7 @@ impl Session {
                 if !self.common.is_established_channel(channel_num) {
                     return Ok(());
                 }
-                if let Some(chan) = self.channels.get(&channel_num) {
-                    chan.send(ChannelMsg::Eof).await.unwrap_or(())
-                }
+                self.deliver(channel_num, ChannelMsg::Eof)?;
                 debug!("handler.channel_eof {channel_num:?}");
                 handler.channel_eof(channel_num, self).await
             }
@@ -1504,8 +1501,16 @@ impl Session {
                 map_err!(ensure_end(r))?;
                 let target = self.target_window_size;
 
-                #[allow(clippy::collapsible_if)]
-                if let Some(ref mut enc) = self.common.encrypted {
+                // moat: the window shrinks as data arrives and comes back as
+                // the channel's reader takes it (`channels::taken`); the
+                // session never waits for the reader.
+                let taken = self.channels.get(&channel_num).and_then(|c| c.taken.clone());
+                if let (Some(enc), Some(taken)) = (self.common.encrypted.as_mut(), &taken) {
+                    if !enc.data_arrived(channel_num, data.len()) {
+                        return Ok(());
+                    }
+                    enc.give_back(channel_num, taken, target)?;
+                } else if let Some(ref mut enc) = self.common.encrypted {
                     if enc.adjust_window_size(channel_num, &data, target)? {
                         let window = handler.adjust_window(channel_num, self.target_window_size);
                         if window > 0 {
@@ -1514,22 +1519,14 @@ impl Session {
                     }
                 }
                 self.flush()?;
+                let msg = match ext {
+                    Some(ext) => ChannelMsg::ExtendedData { ext, data: data.clone() },
+                    None => ChannelMsg::Data { data: data.clone() },
+                };
+                self.deliver(channel_num, msg)?;
                 if let Some(ext) = ext {
-                    if let Some(chan) = self.channels.get(&channel_num) {
-                        chan.send(ChannelMsg::ExtendedData {
-                            ext,
-                            data: data.clone(),
-                        })
-                        .await
-                        .unwrap_or(())
-                    }
                     handler.extended_data(channel_num, ext, &data, self).await
                 } else {
-                    if let Some(chan) = self.channels.get(&channel_num) {
-                        chan.send(ChannelMsg::Data { data: data.clone() })
-                            .await
-                            .unwrap_or(())
-                    }
                     handler.data(channel_num, &data, self).await
                 }
             }
@@ -1673,14 +1670,14 @@ impl Session {
                         }
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get(&channel_num) {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
                             // Only the first `i` entries were decoded from the
                             // request; the rest of `modes` is padding and must
                             // not be passed on as if the client had sent it.
                             #[allow(clippy::indexing_slicing)] // `i <= modes.len()` checked above
                             let terminal_modes = modes[..i].to_vec();
                             let _ = chan
-                                .send(ChannelMsg::RequestPty {
+                                .deliver(ChannelMsg::RequestPty {
                                     want_reply: true,
                                     term: term.clone(),
                                     col_width,
@@ -1688,8 +1685,7 @@ impl Session {
                                     pix_width,
                                     pix_height,
                                     terminal_modes,
-                                })
-                                .await;
+                                });
                         }
 
                         debug!("handler.pty_request {channel_num:?}");
@@ -1714,16 +1710,15 @@ impl Session {
                         let x11_screen_number = map_err!(u32::decode(r))?;
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get(&channel_num) {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
                             let _ = chan
-                                .send(ChannelMsg::RequestX11 {
+                                .deliver(ChannelMsg::RequestX11 {
                                     want_reply: true,
                                     single_connection,
                                     x11_authentication_cookie: x11_auth_cookie.clone(),
                                     x11_authentication_protocol: x11_auth_protocol.clone(),
                                     x11_screen_number,
-                                })
-                                .await;
+                                });
                         }
                         debug!("handler.x11_request {channel_num:?}");
                         handler
@@ -1742,14 +1737,13 @@ impl Session {
                         let env_value = map_err!(String::decode(r))?;
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get(&channel_num) {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
                             let _ = chan
-                                .send(ChannelMsg::SetEnv {
+                                .deliver(ChannelMsg::SetEnv {
                                     want_reply: true,
                                     variable_name: env_variable.clone(),
                                     variable_value: env_value.clone(),
-                                })
-                                .await;
+                                });
                         }
 
                         debug!("handler.env_request {channel_num:?}");
@@ -1759,20 +1753,18 @@ impl Session {
                     }
                     "shell" => {
                         map_err!(ensure_end(r))?;
-                        if let Some(chan) = self.channels.get(&channel_num) {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
                             let _ = chan
-                                .send(ChannelMsg::RequestShell { want_reply: true })
-                                .await;
+                                .deliver(ChannelMsg::RequestShell { want_reply: true });
                         }
                         debug!("handler.shell_request {channel_num:?}");
                         handler.shell_request(channel_num, self).await
                     }
                     "auth-agent-req@openssh.com" => {
                         map_err!(ensure_end(r))?;
-                        if let Some(chan) = self.channels.get(&channel_num) {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
                             let _ = chan
-                                .send(ChannelMsg::AgentForward { want_reply: true })
-                                .await;
+                                .deliver(ChannelMsg::AgentForward { want_reply: true });
                         }
                         debug!("handler.agent_request {channel_num:?}");
 
@@ -1787,13 +1779,12 @@ impl Session {
                     "exec" => {
                         let req = map_err!(Bytes::decode(r))?;
                         map_err!(ensure_end(r))?;
-                        if let Some(chan) = self.channels.get(&channel_num) {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
                             let _ = chan
-                                .send(ChannelMsg::Exec {
+                                .deliver(ChannelMsg::Exec {
                                     want_reply: true,
                                     command: req.to_vec(),
-                                })
-                                .await;
+                                });
                         }
                         debug!("handler.exec_request {channel_num:?}");
                         handler.exec_request(channel_num, &req, self).await
@@ -1802,13 +1793,12 @@ impl Session {
                         let name = map_err!(String::decode(r))?;
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get(&channel_num) {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
                             let _ = chan
-                                .send(ChannelMsg::RequestSubsystem {
+                                .deliver(ChannelMsg::RequestSubsystem {
                                     want_reply: true,
                                     name: name.clone(),
-                                })
-                                .await;
+                                });
                         }
                         debug!("handler.subsystem_request {channel_num:?}");
                         handler.subsystem_request(channel_num, &name, self).await
@@ -1820,15 +1810,14 @@ impl Session {
                         let pix_height = map_err!(u32::decode(r))?;
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get(&channel_num) {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
                             let _ = chan
-                                .send(ChannelMsg::WindowChange {
+                                .deliver(ChannelMsg::WindowChange {
                                     col_width,
                                     row_height,
                                     pix_width,
                                     pix_height,
-                                })
-                                .await;
+                                });
                         }
 
                         debug!("handler.window_change {channel_num:?}");
@@ -1846,12 +1835,10 @@ impl Session {
                     "signal" => {
                         let signal = Sig::from_name(&map_err!(String::decode(r))?);
                         map_err!(ensure_end(r))?;
-                        if let Some(chan) = self.channels.get(&channel_num) {
-                            chan.send(ChannelMsg::Signal {
+                        if let Some(chan) = self.channels.get_mut(&channel_num) {
+                            let _ = chan.deliver(ChannelMsg::Signal {
                                 signal: signal.clone(),
-                            })
-                            .await
-                            .unwrap_or(())
+                            });
                         }
                         debug!("handler.signal {channel_num:?} {signal:?}");
                         handler.signal(channel_num, signal, self).await
@@ -2074,6 +2061,12 @@ impl Session {
             channel_params.recipient_maximum_packet_size,
             channel_params.recipient_window_size,
             self.common.config.channel_buffer_size,
+            // moat: its window comes back as its reader takes the data.
+            Some({
+                let taken = crate::channels::taken::Taken::new(&self.sender.wake);
+                taken.set_id(sender_channel);
+                taken
+            }),
         );
 
         let pending = PendingChannelOpen {

@@ -1112,6 +1112,7 @@ where
         priority_sender,
         sender,
         channel_buffer_size: config.channel_buffer_size,
+        wake: Arc::default(),
     };
 
     let common = read_ssh_id(config, &mut stream).await?;

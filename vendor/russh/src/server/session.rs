@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::*;
 use crate::channels::{Channel, ChannelMsg, ChannelReadHalf, ChannelRef, ChannelWriteHalf};
+use crate::channels::taken::{Taken, Wake};
 use crate::helpers::NameList;
 use crate::kex::{EXTENSION_SUPPORT_AS_CLIENT, KexCause, SessionKexState};
 use crate::{ChannelOpenFailure, map_err, msg};
@@ -113,6 +114,8 @@ pub struct Handle {
     pub(crate) priority_sender: UnboundedSender<Msg>,
     pub(crate) sender: Sender<Msg>,
     pub(crate) channel_buffer_size: usize,
+    /// moat: woken when a channel's reader took something (see `channels::taken`).
+    pub(crate) wake: Arc<Wake>,
 }
 
 impl Handle {
@@ -247,15 +250,16 @@ impl Handle {
     /// [PROTOCOL.agent](https://datatracker.ietf.org/doc/html/draft-miller-ssh-agent).
     pub async fn channel_open_agent(&self) -> Result<Channel<Msg>, Error> {
         let (sender, receiver) = channel(self.channel_buffer_size);
-        let channel_ref = ChannelRef::new(sender);
+        let channel_ref = ChannelRef::new(sender).with_taken(Taken::new(&self.wake));
         let window_size_ref = channel_ref.window_size().clone();
+        let taken = channel_ref.taken.clone();
 
         self.sender
             .send(Msg::ChannelOpenAgent { channel_ref })
             .await
             .map_err(|_| Error::SendError)?;
 
-        self.wait_channel_confirmation(receiver, window_size_ref)
+        self.wait_channel_confirmation(receiver, window_size_ref, taken)
             .await
     }
 
@@ -266,15 +270,16 @@ impl Handle {
     /// `confirmed` field of the corresponding `Channel`.
     pub async fn channel_open_session(&self) -> Result<Channel<Msg>, Error> {
         let (sender, receiver) = channel(self.channel_buffer_size);
-        let channel_ref = ChannelRef::new(sender);
+        let channel_ref = ChannelRef::new(sender).with_taken(Taken::new(&self.wake));
         let window_size_ref = channel_ref.window_size().clone();
+        let taken = channel_ref.taken.clone();
 
         self.sender
             .send(Msg::ChannelOpenSession { channel_ref })
             .await
             .map_err(|_| Error::SendError)?;
 
-        self.wait_channel_confirmation(receiver, window_size_ref)
+        self.wait_channel_confirmation(receiver, window_size_ref, taken)
             .await
     }
 
@@ -291,8 +296,9 @@ impl Handle {
         originator_port: u32,
     ) -> Result<Channel<Msg>, Error> {
         let (sender, receiver) = channel(self.channel_buffer_size);
-        let channel_ref = ChannelRef::new(sender);
+        let channel_ref = ChannelRef::new(sender).with_taken(Taken::new(&self.wake));
         let window_size_ref = channel_ref.window_size().clone();
+        let taken = channel_ref.taken.clone();
 
         self.sender
             .send(Msg::ChannelOpenDirectTcpIp {
@@ -304,7 +310,7 @@ impl Handle {
             })
             .await
             .map_err(|_| Error::SendError)?;
-        self.wait_channel_confirmation(receiver, window_size_ref)
+        self.wait_channel_confirmation(receiver, window_size_ref, taken)
             .await
     }
 
@@ -314,8 +320,9 @@ impl Handle {
         socket_path: A,
     ) -> Result<Channel<Msg>, Error> {
         let (sender, receiver) = channel(self.channel_buffer_size);
-        let channel_ref = ChannelRef::new(sender);
+        let channel_ref = ChannelRef::new(sender).with_taken(Taken::new(&self.wake));
         let window_size_ref = channel_ref.window_size().clone();
+        let taken = channel_ref.taken.clone();
 
         self.sender
             .send(Msg::ChannelOpenDirectStreamLocal {
@@ -324,7 +331,7 @@ impl Handle {
             })
             .await
             .map_err(|_| Error::SendError)?;
-        self.wait_channel_confirmation(receiver, window_size_ref)
+        self.wait_channel_confirmation(receiver, window_size_ref, taken)
             .await
     }
 
@@ -336,8 +343,9 @@ impl Handle {
         originator_port: u32,
     ) -> Result<Channel<Msg>, Error> {
         let (sender, receiver) = channel(self.channel_buffer_size);
-        let channel_ref = ChannelRef::new(sender);
+        let channel_ref = ChannelRef::new(sender).with_taken(Taken::new(&self.wake));
         let window_size_ref = channel_ref.window_size().clone();
+        let taken = channel_ref.taken.clone();
 
         self.sender
             .send(Msg::ChannelOpenForwardedTcpIp {
@@ -349,7 +357,7 @@ impl Handle {
             })
             .await
             .map_err(|_| Error::SendError)?;
-        self.wait_channel_confirmation(receiver, window_size_ref)
+        self.wait_channel_confirmation(receiver, window_size_ref, taken)
             .await
     }
 
@@ -358,8 +366,9 @@ impl Handle {
         server_socket_path: A,
     ) -> Result<Channel<Msg>, Error> {
         let (sender, receiver) = channel(self.channel_buffer_size);
-        let channel_ref = ChannelRef::new(sender);
+        let channel_ref = ChannelRef::new(sender).with_taken(Taken::new(&self.wake));
         let window_size_ref = channel_ref.window_size().clone();
+        let taken = channel_ref.taken.clone();
 
         self.sender
             .send(Msg::ChannelOpenForwardedStreamLocal {
@@ -368,7 +377,7 @@ impl Handle {
             })
             .await
             .map_err(|_| Error::SendError)?;
-        self.wait_channel_confirmation(receiver, window_size_ref)
+        self.wait_channel_confirmation(receiver, window_size_ref, taken)
             .await
     }
 
@@ -378,8 +387,9 @@ impl Handle {
         originator_port: u32,
     ) -> Result<Channel<Msg>, Error> {
         let (sender, receiver) = channel(self.channel_buffer_size);
-        let channel_ref = ChannelRef::new(sender);
+        let channel_ref = ChannelRef::new(sender).with_taken(Taken::new(&self.wake));
         let window_size_ref = channel_ref.window_size().clone();
+        let taken = channel_ref.taken.clone();
 
         self.sender
             .send(Msg::ChannelOpenX11 {
@@ -389,7 +399,7 @@ impl Handle {
             })
             .await
             .map_err(|_| Error::SendError)?;
-        self.wait_channel_confirmation(receiver, window_size_ref)
+        self.wait_channel_confirmation(receiver, window_size_ref, taken)
             .await
     }
 
@@ -397,6 +407,7 @@ impl Handle {
         &self,
         mut receiver: Receiver<ChannelMsg>,
         window_size_ref: WindowSizeRef,
+        taken: Option<Arc<Taken>>,
     ) -> Result<Channel<Msg>, Error> {
         loop {
             match receiver.recv().await {
@@ -414,7 +425,7 @@ impl Handle {
                             max_packet_size,
                             window_size: window_size_ref,
                         },
-                        read_half: ChannelReadHalf { receiver },
+                        read_half: ChannelReadHalf { receiver, taken },
                     });
                 }
                 Some(ChannelMsg::OpenFailure(reason)) => {
@@ -472,6 +483,43 @@ impl Handle {
 }
 
 impl Session {
+    /// moat: numbers a channel the server opened, for its reader's counts.
+    fn insert_channel(&mut self, id: ChannelId, channel_ref: ChannelRef) {
+        if let Some(taken) = &channel_ref.taken {
+            taken.set_id(id);
+        }
+        self.channels.insert(id, channel_ref);
+    }
+
+    /// moat: hands `msg` to channel `id`'s reader without waiting (see
+    /// `channels::taken`); a peer flooding a stopped reader past what its
+    /// backlog holds is cut off.
+    pub(crate) fn deliver(&mut self, id: ChannelId, msg: ChannelMsg) -> Result<(), Error> {
+        let Some(chan) = self.channels.get_mut(&id) else { return Ok(()) };
+        if chan.deliver(msg) {
+            return Ok(());
+        }
+        debug!("channel {id:?}: the peer floods a reader that does not read");
+        Err(Error::Inconsistent)
+    }
+
+    /// moat: for each channel whose reader took something, hands on what
+    /// its backlog holds and gives the window back (see `channels::taken`).
+    pub(crate) fn taken_back(&mut self) -> Result<(), Error> {
+        let target = self.target_window_size;
+        for taken in self.sender.wake.dirty() {
+            taken.seen();
+            let Some(id) = taken.id() else { continue };
+            if let Some(chan) = self.channels.get_mut(&id) {
+                chan.drain();
+            }
+            if let Some(enc) = self.common.encrypted.as_mut() {
+                enc.give_back(id, &taken, target)?;
+            }
+        }
+        Ok(())
+    }
+
     fn maybe_decompress(&mut self, buffer: &SSHBuffer) -> Result<IncomingSshPacket, Error> {
         if let Some(ref mut enc) = self.common.encrypted {
             let mut decomp = Vec::new();
@@ -537,11 +585,11 @@ impl Session {
             }
             Msg::ChannelOpenAgent { channel_ref } => {
                 let id = self.channel_open_agent()?;
-                self.channels.insert(id, channel_ref);
+                self.insert_channel(id, channel_ref);
             }
             Msg::ChannelOpenSession { channel_ref } => {
                 let id = self.channel_open_session()?;
-                self.channels.insert(id, channel_ref);
+                self.insert_channel(id, channel_ref);
             }
             Msg::ChannelOpenDirectTcpIp {
                 host_to_connect,
@@ -556,14 +604,14 @@ impl Session {
                     &originator_address,
                     originator_port,
                 )?;
-                self.channels.insert(id, channel_ref);
+                self.insert_channel(id, channel_ref);
             }
             Msg::ChannelOpenDirectStreamLocal {
                 socket_path,
                 channel_ref,
             } => {
                 let id = self.channel_open_direct_streamlocal(&socket_path)?;
-                self.channels.insert(id, channel_ref);
+                self.insert_channel(id, channel_ref);
             }
             Msg::ChannelOpenForwardedTcpIp {
                 connected_address,
@@ -578,14 +626,14 @@ impl Session {
                     &originator_address,
                     originator_port,
                 )?;
-                self.channels.insert(id, channel_ref);
+                self.insert_channel(id, channel_ref);
             }
             Msg::ChannelOpenForwardedStreamLocal {
                 server_socket_path,
                 channel_ref,
             } => {
                 let id = self.channel_open_forwarded_streamlocal(&server_socket_path)?;
-                self.channels.insert(id, channel_ref);
+                self.insert_channel(id, channel_ref);
             }
             Msg::ChannelOpenX11 {
                 originator_address,
@@ -593,7 +641,7 @@ impl Session {
                 channel_ref,
             } => {
                 let id = self.channel_open_x11(&originator_address, originator_port)?;
-                self.channels.insert(id, channel_ref);
+                self.insert_channel(id, channel_ref);
             }
             Msg::TcpIpForward {
                 address,
@@ -659,6 +707,7 @@ impl Session {
 
         let reading = start_reading(stream_read, buffer, opening_cipher);
         pin!(reading);
+        let wake = Arc::clone(&self.sender.wake);
         let mut is_reading = None;
 
         #[allow(clippy::panic)] // false positive in macro
@@ -780,6 +829,8 @@ impl Session {
                     debug!("timeout");
                     return Err(crate::Error::InactivityTimeout.into());
                 }
+                // moat: a channel's reader took something (see `channels::taken`).
+                () = wake.notify.notified() => self.taken_back()?,
                 msg = self.priority_receiver.recv(), if !self.kex.active() => {
                     match msg {
                         Some(msg) => self.dispatch_msg(msg)?,
