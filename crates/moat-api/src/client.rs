@@ -59,9 +59,17 @@ pub struct WebLease {
     conn: Packets,
     /// One ask for a stream at a time: its answer is the next message.
     asking: Mutex<()>,
+    /// Readable (at its end) once the session is over on the privileged side.
+    life: Option<OwnedFd>,
 }
 
 impl WebLease {
+    /// The session's life line, once: a socket that reads its end when the
+    /// privileged side ends the session (the visitor's access taken away).
+    pub fn take_life_line(&mut self) -> Option<OwnedFd> {
+        self.life.take()
+    }
+
     /// Logs requests carried in this session, [`LOGS_PER_MESSAGE`] to a
     /// message (lost if the privileged side is gone).
     pub async fn log(&self, entries: &[WebRequestLog]) {
@@ -232,13 +240,20 @@ impl ApiClient {
         sockets: u8,
     ) -> Result<Result<(WebLease, WebReach, String), WebRefusal>, ApiError> {
         let req = Request::Web(WebOp::Open { host: host.clone(), cookie: cookie.cloned(), sockets });
-        let (reach, who, conn) = match self.exchange(&req, None).await? {
-            (Reply::WebSession { who, through_agent: true }, fds, conn) => (WebReach::Agent(one(fds)?), who, conn),
-            (Reply::WebSession { who, through_agent: false }, fds, conn) => (WebReach::Sockets(fds), who, conn),
+        let (reach, who, conn, life) = match self.exchange(&req, None).await? {
+            (Reply::WebSession { who, through_agent, life_line }, mut fds, conn) => {
+                let life = if life_line {
+                    Some(fds.pop().ok_or_else(|| lost(&io::ErrorKind::InvalidData.into()))?)
+                } else {
+                    None
+                };
+                let reach = if through_agent { WebReach::Agent(one(fds)?) } else { WebReach::Sockets(fds) };
+                (reach, who, conn, life)
+            }
             (Reply::Web(WebVerdict::Refuse(r)), _, _) => return Ok(Err(r)),
             (reply, _, _) => return Err(ApiError::unexpected(&reply)),
         };
-        Ok(Ok((WebLease { conn, asking: Mutex::new(()) }, reach, who)))
+        Ok(Ok((WebLease { conn, asking: Mutex::new(()), life }, reach, who)))
     }
 
     /// The account a public key (`TYPE BASE64`) is, if it may log in.

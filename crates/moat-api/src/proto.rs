@@ -681,6 +681,12 @@ pub enum Reply {
         /// The attached descriptor is a stream to the box's agent, which
         /// connects to its ports (a microVM guest's loopback is its own).
         through_agent: bool,
+        /// The last descriptor attached is the session's life line: one end
+        /// of a socket pair whose other end the privileged side closes when
+        /// the session ends (the visitor's access taken away), so the edge ends
+        /// its requests in flight then.
+        #[serde(default)]
+        life_line: bool,
     },
     /// To `Urls` (and `Expose`: the one port).
     Exposures(Vec<Exposure>),

@@ -362,9 +362,13 @@ async fn answer_web(conn: &Packets, ctx: &Arc<Privileged>, op: WebOp) -> io::Res
         Ok(None) => agent_stream(handle.clone(), &host.name).await.map(|fd| (true, vec![fd])),
         Err(e) => Err(api_error(e)),
     };
+    // Its other end is held until the session ends, here.
+    let (life_line, _life) = Packets::pair()?;
     match reach {
-        Ok((through_agent, fds)) => {
-            send(conn, &Event::Outcome(Ok(Reply::WebSession { who: who.clone(), through_agent })), &fds).await?;
+        Ok((through_agent, mut fds)) => {
+            fds.push(life_line);
+            let reply = Reply::WebSession { who: who.clone(), through_agent, life_line: true };
+            send(conn, &Event::Outcome(Ok(reply)), &fds).await?;
         }
         Err(e) => return send(conn, &Event::Outcome(Err(e)), None).await,
     }

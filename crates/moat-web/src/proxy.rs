@@ -156,9 +156,14 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
         let upstream = hyper::upgrade::on(&mut res);
         let log = entry(0);
         session.log(log);
+        let ended = session.ended();
         tokio::spawn(async move {
             if let (Ok(down), Ok(up)) = (downstream.await, upstream.await) {
-                moat_core::splice::both_ways(TokioIo::new(down), TokioIo::new(up)).await;
+                // A tunnel ends with its session too (the visitor's access taken away).
+                tokio::select! {
+                    () = moat_core::splice::both_ways(TokioIo::new(down), TokioIo::new(up)) => {}
+                    () = ended => {}
+                }
             }
             // The tunnel held the box awake, and its port's slot, until now.
             drop((session, sender, driver, slot));

@@ -74,6 +74,26 @@ pub struct Session {
     pub lease: WebLease,
     sockets: tokio::sync::Mutex<Sockets>,
     unlogged: Mutex<Unlogged>,
+    /// Turns true when the privileged side ends the session (the visitor's
+    /// access taken away): its connections and tunnels end then.
+    ended: tokio::sync::watch::Receiver<bool>,
+    /// The task watching the session's life line (ended with the session).
+    watcher: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(watcher) = &self.watcher {
+            watcher.abort();
+        }
+    }
+}
+
+/// Resolves once `ended` turns true (never, if its sender is gone first).
+pub async fn ended(mut ended: tokio::sync::watch::Receiver<bool>) {
+    if ended.wait_for(|ended| *ended).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Sockets in a box's network not used yet, or word that its agent connects.
@@ -93,13 +113,35 @@ struct Unlogged {
 impl Session {
     /// A session reaching its box as `reach` says (a stream to its agent
     /// is returned: it is the first connection's).
-    fn new(lease: WebLease, reach: WebReach) -> (Arc<Self>, Option<OwnedFd>) {
+    fn new(mut lease: WebLease, reach: WebReach) -> (Arc<Self>, Option<OwnedFd>) {
         let (sockets, agent) = match reach {
             WebReach::Sockets(spare) => (Sockets { spare, asked: FIRST_SOCKETS.into(), through_agent: false }, None),
             WebReach::Agent(fd) => (Sockets { spare: Vec::new(), asked: 0, through_agent: true }, Some(fd)),
         };
-        let session = Self { lease, sockets: tokio::sync::Mutex::new(sockets), unlogged: Mutex::default() };
+        let (end, ended) = tokio::sync::watch::channel(false);
+        let watcher = lease.take_life_line().map(|line| {
+            tokio::spawn(async move {
+                // Nothing is ever sent on it: readable means its other end closed.
+                if let Ok(line) = moat_core::async_fd::register(line, tokio::io::Interest::READABLE) {
+                    let _ = line.readable().await;
+                    let _ = end.send(true);
+                }
+            })
+            .abort_handle()
+        });
+        let session =
+            Self { lease, sockets: tokio::sync::Mutex::new(sockets), unlogged: Mutex::default(), ended, watcher };
         (Arc::new(session), agent)
+    }
+
+    /// Whether the privileged side ended the session.
+    pub fn is_ended(&self) -> bool {
+        *self.ended.borrow()
+    }
+
+    /// Resolves once the privileged side ends the session.
+    pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        ended(self.ended.clone())
     }
 
     /// Logs a request carried in this session: at once if no message went
@@ -184,7 +226,7 @@ pub async fn open(
     host: &WebHost,
     cookie: Option<&WebSecret>,
 ) -> Result<BoxConn, OpenError> {
-    if let Some(session) = pool.session(host) {
+    if let Some(session) = pool.session(host).filter(|s| !s.is_ended()) {
         match connect(&session, None, host.port).await {
             // The session is over (the box stopped, say): a new one says why.
             Err(OpenError::Failed(_)) => {}
@@ -210,15 +252,18 @@ async fn connect(
     port: u16,
 ) -> Result<(SendRequest<ResBody>, Driver), OpenError> {
     let dialled = session.nudging(CONNECT_ANSWER, dial(session, port)).await;
+    if session.is_ended() {
+        return Err(OpenError::Failed("the session ended".into()));
+    }
     match dialled.ok_or_else(|| OpenError::Failed("the box did not take the connection".into()))?? {
-        Some(tcp) => handshake(tcp).await,
+        Some(tcp) => handshake(tcp, session.ended()).await,
         None => {
             let agent = match agent {
                 Some(fd) => fd,
                 None => session.lease.stream().await.map_err(|e| OpenError::Failed(e.message))?,
             };
             session
-                .nudging(CONNECT_ANSWER, through_agent(agent, port))
+                .nudging(CONNECT_ANSWER, through_agent(agent, port, session.ended()))
                 .await
                 .unwrap_or_else(|| Err(OpenError::Failed("the box's agent did not answer".into())))
         }
@@ -245,12 +290,16 @@ async fn dial(session: &Session, port: u16) -> Result<Option<TcpStream>, OpenErr
 }
 
 /// A connection to `port` that the box's agent (on `fd`) makes and carries.
-async fn through_agent(fd: OwnedFd, port: u16) -> Result<(SendRequest<ResBody>, Driver), OpenError> {
+async fn through_agent(
+    fd: OwnedFd,
+    port: u16,
+    ended: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SendRequest<ResBody>, Driver), OpenError> {
     let stream = std::os::unix::net::UnixStream::from(fd);
     stream.set_nonblocking(true).map_err(failed)?;
     let mut stream = UnixStream::from_std(stream).map_err(failed)?;
     match moat_agent::client::connect(&mut stream, port).await {
-        Ok(early) => handshake(moat_core::rewind::Rewind::new(early, stream)).await,
+        Ok(early) => handshake(moat_core::rewind::Rewind::new(early, stream), ended).await,
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err(OpenError::NoListener),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
             Err(OpenError::Failed("the box's agent closed the connection".into()))
@@ -264,8 +313,12 @@ fn failed(e: io::Error) -> OpenError {
 }
 
 /// An HTTP/1.1 client connection over `io`, driven by a task of its own
-/// (which gives its turn back now and then: see [`Yielding`]).
-async fn handshake<T>(io: T) -> Result<(SendRequest<ResBody>, Driver), OpenError>
+/// (which gives its turn back now and then: see [`Yielding`]) until the
+/// connection or its session (`ended`) ends.
+async fn handshake<T>(
+    io: T,
+    ended: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SendRequest<ResBody>, Driver), OpenError>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -274,8 +327,13 @@ where
         .await
         .map_err(|e| OpenError::Failed(e.to_string()))?;
     let task = tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "a connection to a box port ended");
+        tokio::select! {
+            done = conn.with_upgrades() => {
+                if let Err(e) = done {
+                    tracing::debug!(error = %e, "a connection to a box port ended");
+                }
+            }
+            () = ended => tracing::debug!("a connection to a box port ended with its session"),
         }
     });
     Ok((sender, Driver(task.abort_handle())))

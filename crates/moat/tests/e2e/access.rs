@@ -99,6 +99,14 @@ pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
          while True:\n    c, _ = s.accept()\n    try:\n        while True: c.sendall(b\"x\\n\"); time.sleep(0.2)\n    \
          except OSError: c.close()\n' >/dev/null 2>&1 &";
     env.alice(Some(&name), &[server]).ok();
+    // And a web page that streams a line every 200 ms (HTTP/1.0: until it closes).
+    let web = "nohup python3 -c 'import http.server, time\n\
+         class S(http.server.BaseHTTPRequestHandler):\n    \
+         def do_GET(self):\n        self.send_response(200); self.end_headers()\n        \
+         while True: self.wfile.write(b\"w\\n\"); self.wfile.flush(); time.sleep(0.2)\n\
+         http.server.ThreadingHTTPServer((\"127.0.0.1\", 7001), S).serve_forever()\n' >/dev/null 2>&1 &";
+    env.alice(Some(&name), &[web]).ok();
+    env.alice(None, &["expose", &name, "7001"]).ok();
     let carol = Listed::add(env, "carol-unshared");
     let carol_fp = fingerprint(env, &carol.key);
     let owner = {
@@ -118,6 +126,7 @@ pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
         .spawn()
         .unwrap();
     let stream = connected(port);
+    let mut page = web_stream(env, &carol.key, &name, &owner);
     let mut forwarded = BufReader::new(stream.try_clone().unwrap());
     let mut line = String::new();
     forwarded.read_line(&mut line).unwrap();
@@ -139,10 +148,37 @@ pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
     }
     let _ = tunnel.kill();
     let _ = tunnel.wait();
+    // The web page's stream ends too (curl exits once the edge closes it).
+    let (status, said) = ends_within(&mut page.0, &page.1, Duration::from_secs(4));
+    assert_ne!(status, Some(0), "the page ended cleanly? {said}");
     // And nothing new opens.
     let again = run(&mut env.daemon.ssh(&carol.key, Some(&shared), &["true"]));
     assert_ne!(again.status, Some(0));
     env.alice(None, &["rm", &name]).ok();
+}
+
+/// A streaming page of `name` (port 7001, private, shared with `key`)
+/// signed in to as `key` and seen streaming: curl, and its lines.
+fn web_stream(env: &Env, key: &Key, name: &str, owner: &str) -> (Child, Receiver<String>) {
+    let edge = env.daemon.edge.clone().expect("the shared daemon runs an HTTP edge");
+    let link = run(&mut env.daemon.ssh(key, None, &["url", name, "7001", "--owner", owner])).ok();
+    let link = link.stdout.lines().next().unwrap().to_string();
+    let host = link.trim_start_matches("https://").split('/').next().unwrap().to_string();
+    let bare = host.split(':').next().unwrap();
+    let resolve = format!("{bare}:{}:127.0.0.1", edge.port);
+    let jar = env.dir.join(format!("{name}.cookies"));
+    let curl = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-s", "--cacert"]).arg(&edge.ca).args(["--resolve", &resolve, "-b"]).arg(&jar).arg("-c").arg(&jar);
+        cmd.args(extra);
+        cmd
+    };
+    let signed = run(&mut curl(&["-o", "/dev/null", "-w", "%{http_code}", &link])).ok();
+    assert_eq!(signed.stdout, "303", "the sign-in link");
+    let mut cmd = curl(&["-N", &format!("https://{host}/stream")]);
+    let (child, _stdin, lines) = spawn_with_lines(cmd.stderr(Stdio::piped()));
+    assert_eq!(lines.recv_timeout(Duration::from_secs(30)).as_deref(), Ok("w"), "the page never streamed");
+    (child, lines)
 }
 
 /// A connection to the forward's local port (ssh may take a moment to listen).
