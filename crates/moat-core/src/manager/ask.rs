@@ -19,7 +19,10 @@ use crate::policy::{HostName, Rule, DEFAULT_PORTS};
 
 /// Most questions open at once, over all boxes (a box that asks for
 /// thousands of names gets its gateway's refusals, not our memory).
-const MAX_OPEN: usize = 1024;
+const MAX_OPEN: usize = 4096;
+/// Most of them one account's: one account's boxes asking without end fill
+/// this, not the table every account's questions share (they filled it).
+const MAX_OPEN_PER_ACCOUNT: usize = 256;
 
 /// The questions open now, and who is told of new ones.
 pub(super) struct Questions {
@@ -69,7 +72,8 @@ impl BoxManager {
             }
         };
         let mut open = self.questions.open();
-        if open.len() >= MAX_OPEN {
+        if open.len() >= MAX_OPEN || open.values().filter(|q| q.account == rec.account).count() >= MAX_OPEN_PER_ACCOUNT
+        {
             return false;
         }
         let question = Question { id, box_name: rec.name.to_string(), name, port, running, asked_ms: now_ms() };

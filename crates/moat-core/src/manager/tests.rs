@@ -683,6 +683,32 @@ async fn questions_reach_their_owner_only_and_always_adds_a_rule_first() {
     assert!(!f.manager.ask(&BoxId::parse("0000000000000000").unwrap(), 1, "x.org".into(), None, Vec::new()));
 }
 
+/// One account's boxes asking without end fill their account's share of
+/// open questions, not the table every account's share.
+#[tokio::test]
+async fn one_accounts_questions_leave_room_for_the_others() {
+    let f = fixture();
+    let web = f.new_box("web").await.unwrap();
+    let mut put = 0;
+    while f.manager.ask(&web.id, put, format!("n{put}.example"), None, Vec::new()) {
+        put += 1;
+        assert!(put <= 4096, "no bound on one account's questions");
+    }
+    assert_eq!(put, 256);
+    let bob = AccountId("SHA256:bob".into());
+    let spec = BoxSpec {
+        name: name("other"),
+        image: name("busybox"),
+        limits: Limits::default(),
+        policy: Policy::default(),
+        backend: None,
+        run: false,
+    };
+    let other = f.manager.create(&bob, spec, Box::new(|_: &str| {})).await.unwrap();
+    assert!(f.manager.ask(&other.id, 1, "pypi.org".into(), None, Vec::new()));
+    assert_eq!(f.manager.questions(&bob).len(), 1);
+}
+
 /// On a fleet node a question's number comes from the store, so no other
 /// node holds the same, and a number this node does not hold is declined as
 /// another node's (the router then asks the next).
