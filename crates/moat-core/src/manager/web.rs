@@ -224,10 +224,15 @@ impl BoxManager {
 
     /// Whether a request to `host` with `cookie` may reach the box, and as
     /// whom; with the box.
+    ///
+    /// A box or port that is not there is told as a private one (sign in):
+    /// the owner slug comes from the account's public key, so a 404 beside a
+    /// 401 told anyone who has that key which boxes and ports it exposes.
     pub fn web_check(&self, host: &WebHost, cookie: Option<&WebSecret>) -> Result<(BoxRecord, String), WebRefusal> {
-        let rec = self.web_box(host)?;
+        let hidden = |_| WebRefusal::SignIn;
+        let rec = self.web_box(host).map_err(hidden)?;
         let exposed = self.db(|s| s.exposed(&rec.id)).map_err(|_| WebRefusal::Busy)?;
-        let public = exposed.iter().find(|(p, _)| *p == host.port).ok_or(WebRefusal::NotFound)?.1;
+        let public = exposed.iter().find(|(p, _)| *p == host.port).ok_or(WebRefusal::SignIn)?.1;
         let grant = cookie.and_then(|c| self.grants().cookies.get(c).cloned());
         let grant = grant.filter(|g| g.box_id == rec.id && g.port == host.port && g.until > Instant::now());
         // A key taken out of the keys ends its account's web sessions too.

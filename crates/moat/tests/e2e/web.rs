@@ -278,7 +278,12 @@ pub fn private_urls_sign_in_share_and_wake_in_a_browser(env: &Env) {
     assert!(bob.wait_for_text("503").contains(&format!("start {name}")));
     env.alice(None, &["unexpose", &name, "8001"]).ok();
     bob.goto(&format!("https://{}/", host.replacen("8000-", "8001-", 1)));
-    bob.wait_for_text("404");
+    // Told as a private URL, as a box that is not there is: whoever knows a
+    // key's slug learns nothing of which boxes and ports it exposes.
+    let gone = bob.wait_for_text("401");
+    let nosuch = host.replacen("8000-", "8001-", 1).replacen(&format!("-{name}-"), "-nosuchbox-", 1);
+    bob.goto(&format!("https://{nosuch}/"));
+    assert_eq!(bob.wait_for_text("401"), gone.replace(&name, "nosuchbox"));
     env.alice(None, &["rm", &name]).ok();
 }
 
