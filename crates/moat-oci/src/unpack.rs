@@ -213,13 +213,18 @@ impl Layer<'_> {
             Err(e) => return Err(entry_err(rel)(e)),
         }
         let mut dir = openat2(self.root, ".", how()).map_err(entry_err(rel))?;
+        let mut walked = PathBuf::new();
         for part in rel.components() {
             let Component::Normal(part) = part else { return Err(UnpackError::Escape(shown(rel))) };
             match nix::sys::stat::mkdirat(&dir, part, Mode::from_bits_truncate(0o755)) {
                 Ok(()) | Err(Errno::EEXIST) => {}
                 Err(e) => return Err(entry_err(rel)(e)),
             }
-            dir = openat2(&dir, part, how()).map_err(entry_err(rel))?;
+            // Resolved from the image's root each time: a symlink on the way
+            // (`var/run -> /run`) means what it means in the image, not
+            // relative to the directory it sits in.
+            walked.push(part);
+            dir = openat2(self.root, &walked, how()).map_err(entry_err(rel))?;
         }
         Ok(dir)
     }
@@ -632,6 +637,28 @@ mod tests {
         let tar = Tar::new().file(".wh..", "").bytes();
         assert!(apply_tar(&root, &tar).is_err());
         assert!(outside.path().exists() && dir.path().exists());
+    }
+
+    /// A later layer writes under a symlink an earlier one made (`var/run ->
+    /// /run`, as Debian's images have): the directories it needs are made
+    /// where the link points inside the image.
+    #[test]
+    fn directories_are_made_through_the_images_own_symlinks() {
+        let (dir, root) = tree();
+        let p = dir.path();
+        let lower = Tar::new()
+            .dir("run")
+            .dir("run/lock")
+            .dir("var")
+            .add(tar::EntryType::Symlink, "var/run", b"", 0o777, Some("/run"))
+            .add(tar::EntryType::Symlink, "var/lock", b"", 0o777, Some("../run/lock"))
+            .bytes();
+        apply_tar(&root, &lower).unwrap();
+        let upper = Tar::new().file("var/run/nginx/nginx.pid", "1").file("var/lock/sub/x", "2").bytes();
+        apply_tar(&root, &upper).unwrap();
+        assert_eq!(std::fs::read_to_string(p.join("run/nginx/nginx.pid")).unwrap(), "1");
+        assert_eq!(std::fs::read_to_string(p.join("run/lock/sub/x")).unwrap(), "2");
+        assert!(std::fs::symlink_metadata(p.join("var/run")).unwrap().file_type().is_symlink());
     }
 
     #[test]
