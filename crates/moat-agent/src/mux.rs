@@ -202,6 +202,28 @@ impl Mux {
         }
     }
 
+    /// As [`Mux::hold`], for at most `limit`: false, and not held, if a
+    /// frame is still half written then (the other end stopped reading the
+    /// link: a guest that froze its agent). An unbounded hold kept the
+    /// supervisor's one control thread waiting for good.
+    pub fn hold_within(&self, limit: std::time::Duration) -> bool {
+        let mut state = self.inner.held.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.held = true;
+        let (mut state, _) = self
+            .inner
+            .held
+            .changed
+            .wait_timeout_while(state, limit, |s| s.writing)
+            .unwrap_or_else(PoisonError::into_inner);
+        if !state.writing {
+            return true;
+        }
+        state.held = false;
+        drop(state);
+        self.inner.held.changed.notify_all();
+        false
+    }
+
     /// Writes to the link again after [`Mux::hold`].
     pub fn go(&self) {
         self.inner.held.state.lock().unwrap_or_else(PoisonError::into_inner).held = false;
@@ -570,6 +592,32 @@ mod tests {
         assert_eq!(why, io::ErrorKind::WouldBlock);
         // The queue's worth, and the frame its writer holds.
         assert!(opened <= OUTBOX + 1, "{opened} streams opened on a full link");
+    }
+
+    #[test]
+    fn a_hold_on_a_link_nobody_reads_gives_up() {
+        let (a, _unread) = UnixStream::pair().unwrap();
+        let probe = a.try_clone().unwrap();
+        let host = Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), None).unwrap();
+        // Each stream may send a window's worth unanswered: enough of them
+        // fill the link, and a frame's write then waits on it.
+        for _ in 0..16 {
+            let Ok(mut busy) = host.open() else { break };
+            std::thread::spawn(move || {
+                let chunk = vec![7u8; 64 << 10];
+                while busy.write_all(&chunk).is_ok() {}
+            });
+        }
+        let full = |_: &usize| {
+            let sent = nix::sys::socket::send(probe.as_raw_fd(), &[0], nix::sys::socket::MsgFlags::MSG_DONTWAIT);
+            sent == Err(nix::errno::Errno::EAGAIN)
+        };
+        assert!((0..10_000_000).find(full).is_some(), "the link never filled");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!host.hold_within(Duration::from_millis(200)), "held a link with a frame half written");
+        let (linked, _rx) = linked();
+        assert!(linked.hold_within(Duration::from_secs(1)), "a link that is read is held");
+        linked.go();
     }
 
     #[test]

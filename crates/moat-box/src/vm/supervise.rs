@@ -332,8 +332,8 @@ fn serve_control(control: &UnixListener, mux: &moat_agent::mux::Mux, link: &Unix
         let Ok(mut conn) = conn else { continue };
         let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
         let answer = match read_word(&conn).as_str() {
+            "hold" if !mux.hold_within(DRAIN) => "busy: the guest reads nothing of its link\n",
             "hold" => {
-                mux.hold();
                 let deadline = std::time::Instant::now() + DRAIN;
                 while sys::unread_by_peer(link.as_fd()).is_ok_and(|n| n > 0) && std::time::Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(1));
