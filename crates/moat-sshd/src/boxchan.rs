@@ -315,18 +315,33 @@ async fn run_in_box(
         Err(e) => return fail(&tx, &e.message, EXIT_MOAT_FAILED).await,
     };
     let id = tx.id();
-    tokio::select! {
-        () = carry_session(name, program, pty, env, rx, tx, ctx, stream) => {}
-        // Returning drops the stream to the agent: the session ends in the box
-        // as when the client goes.
-        () = session.ended() => {
-            let why = format!("moat: your access to box {name} was taken away\n");
-            let _ = ctx.handle.extended_data(id, 1, why.into_bytes()).await;
-            let _ = ctx.handle.exit_status_request(id, EXIT_MOAT_FAILED).await;
-            let _ = ctx.handle.eof(id).await;
-            let _ = ctx.handle.close(id).await;
-        }
+    // Ending the work drops the stream to the agent: the session ends in the
+    // box as when the client goes.
+    if while_leased(&session, carry_session(name, program, pty, env, rx, tx, ctx, stream)).await {
+        let why = format!("moat: your access to box {name} was taken away\n");
+        let _ = ctx.handle.extended_data(id, 1, why.into_bytes()).await;
+        let _ = ctx.handle.exit_status_request(id, EXIT_MOAT_FAILED).await;
+        let _ = ctx.handle.eof(id).await;
+        let _ = ctx.handle.close(id).await;
     }
+}
+
+/// How long work goes on after its lease ended before that is taken for
+/// access taken away (see [`while_leased`]).
+const LEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Runs `work` for as long as `session` lasts; whether it was cut short
+/// because the account's access to the box was taken away. The lease's end
+/// is taken so only if `work` does not end on its own within [`LEASE_GRACE`]
+/// of it: through a fleet's router the lease ends with the session's stream,
+/// and what is still on its way to the client must get there.
+pub(crate) async fn while_leased(session: &Lease, work: impl std::future::Future<Output = ()>) -> bool {
+    tokio::pin!(work);
+    tokio::select! {
+        () = &mut work => return false,
+        () = session.ended() => {}
+    }
+    tokio::time::timeout(LEASE_GRACE, &mut work).await.is_err()
 }
 
 /// Runs `program` in the box over `stream`, the agent's, until it ends.

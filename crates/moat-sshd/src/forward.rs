@@ -76,11 +76,8 @@ async fn carry_while(
     stream: UnixStream,
 ) {
     let id = channel.id();
-    tokio::select! {
-        () = carry(channel, reply, early, stream) => {}
-        () = session.ended() => {
-            let _ = ctx.handle.close(id).await;
-        }
+    if crate::boxchan::while_leased(session, carry(channel, reply, early, stream)).await {
+        let _ = ctx.handle.close(id).await;
     }
 }
 

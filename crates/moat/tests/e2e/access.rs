@@ -210,11 +210,15 @@ pub fn a_removed_key_ends_its_sessions_and_connections(env: &Env) {
         .spawn()
         .unwrap();
     let through_master = || run(&mut env.daemon.ssh_with(&dave.key, None, &["-o", &control], &["ls"]));
+    // The master listens on its socket once it is connected (a command before
+    // that would connect on its own, and after the key's removal be refused
+    // at its login instead).
     let deadline = Instant::now() + Duration::from_secs(20);
-    while through_master().status != Some(0) {
-        assert!(Instant::now() < deadline, "the master connection never served a command");
+    while run(&mut env.daemon.ssh_with(&dave.key, None, &["-o", &control, "-O", "check"], &[])).status != Some(0) {
+        assert!(Instant::now() < deadline, "the master connection never came up");
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert_eq!(through_master().status, Some(0));
 
     dave.remove();
     let (status, said) = ends_within(&mut session, &lines, Duration::from_secs(4));

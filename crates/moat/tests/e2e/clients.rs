@@ -151,6 +151,27 @@ pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
+/// Requests flooded at a channel whose reader stopped: the channel's backlog
+/// holds 4,096, then the connection ends (at the flood, not on a later EOF).
+pub fn a_request_flood_at_a_stopped_reader_ends_its_connection(env: &Env) {
+    let name = unique("flood");
+    env.new_box(&name, &["--image", "busybox"]);
+    let out = python_client_with(env.daemon.port, &env.alice, "request_flood.py", &name, &[]).ok();
+    assert!(out.stdout.contains("a request flood at a stopped reader ends its connection"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// asyncssh re-keys in the middle of an upload (it sends the packet that set
+/// off the re-key after its KEXINIT): russh reset the connection there, so
+/// every asyncssh upload died at its 1 GB re-key.
+pub fn asyncssh_rekeys_while_it_sends(env: &Env) {
+    let name = unique("rekey");
+    env.new_box(&name, &["--image", "busybox"]);
+    let out = python_client_with(env.daemon.port, &env.alice, "asyncssh_rekey.py", &name, &[]).ok();
+    assert!(out.stdout.contains("asyncssh re-keys while it sends"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// A program that does not read its stdin holds back only its own channel:
 /// the others of the connection answer meanwhile (russh granted the window as
 /// data arrived and then waited for the channel's queue inside the session

@@ -1670,14 +1670,16 @@ impl Session {
                         }
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
+                        {
                             // Only the first `i` entries were decoded from the
                             // request; the rest of `modes` is padding and must
                             // not be passed on as if the client had sent it.
                             #[allow(clippy::indexing_slicing)] // `i <= modes.len()` checked above
                             let terminal_modes = modes[..i].to_vec();
-                            let _ = chan
-                                .deliver(ChannelMsg::RequestPty {
+                            // moat: a flood the reader's backlog cannot hold ends the connection now.
+                            self.deliver(
+                                channel_num,
+                                ChannelMsg::RequestPty {
                                     want_reply: true,
                                     term: term.clone(),
                                     col_width,
@@ -1685,7 +1687,8 @@ impl Session {
                                     pix_width,
                                     pix_height,
                                     terminal_modes,
-                                });
+                                },
+                            )?;
                         }
 
                         debug!("handler.pty_request {channel_num:?}");
@@ -1710,16 +1713,13 @@ impl Session {
                         let x11_screen_number = map_err!(u32::decode(r))?;
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
-                            let _ = chan
-                                .deliver(ChannelMsg::RequestX11 {
+                        self.deliver(channel_num, ChannelMsg::RequestX11 {
                                     want_reply: true,
                                     single_connection,
                                     x11_authentication_cookie: x11_auth_cookie.clone(),
                                     x11_authentication_protocol: x11_auth_protocol.clone(),
                                     x11_screen_number,
-                                });
-                        }
+                                })?;
                         debug!("handler.x11_request {channel_num:?}");
                         handler
                             .x11_request(
@@ -1737,14 +1737,11 @@ impl Session {
                         let env_value = map_err!(String::decode(r))?;
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
-                            let _ = chan
-                                .deliver(ChannelMsg::SetEnv {
+                        self.deliver(channel_num, ChannelMsg::SetEnv {
                                     want_reply: true,
                                     variable_name: env_variable.clone(),
                                     variable_value: env_value.clone(),
-                                });
-                        }
+                                })?;
 
                         debug!("handler.env_request {channel_num:?}");
                         handler
@@ -1753,19 +1750,13 @@ impl Session {
                     }
                     "shell" => {
                         map_err!(ensure_end(r))?;
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
-                            let _ = chan
-                                .deliver(ChannelMsg::RequestShell { want_reply: true });
-                        }
+                        self.deliver(channel_num, ChannelMsg::RequestShell { want_reply: true })?;
                         debug!("handler.shell_request {channel_num:?}");
                         handler.shell_request(channel_num, self).await
                     }
                     "auth-agent-req@openssh.com" => {
                         map_err!(ensure_end(r))?;
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
-                            let _ = chan
-                                .deliver(ChannelMsg::AgentForward { want_reply: true });
-                        }
+                        self.deliver(channel_num, ChannelMsg::AgentForward { want_reply: true })?;
                         debug!("handler.agent_request {channel_num:?}");
 
                         let response = handler.agent_request(channel_num, self).await?;
@@ -1779,13 +1770,10 @@ impl Session {
                     "exec" => {
                         let req = map_err!(Bytes::decode(r))?;
                         map_err!(ensure_end(r))?;
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
-                            let _ = chan
-                                .deliver(ChannelMsg::Exec {
+                        self.deliver(channel_num, ChannelMsg::Exec {
                                     want_reply: true,
                                     command: req.to_vec(),
-                                });
-                        }
+                                })?;
                         debug!("handler.exec_request {channel_num:?}");
                         handler.exec_request(channel_num, &req, self).await
                     }
@@ -1793,13 +1781,10 @@ impl Session {
                         let name = map_err!(String::decode(r))?;
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
-                            let _ = chan
-                                .deliver(ChannelMsg::RequestSubsystem {
+                        self.deliver(channel_num, ChannelMsg::RequestSubsystem {
                                     want_reply: true,
                                     name: name.clone(),
-                                });
-                        }
+                                })?;
                         debug!("handler.subsystem_request {channel_num:?}");
                         handler.subsystem_request(channel_num, &name, self).await
                     }
@@ -1810,15 +1795,12 @@ impl Session {
                         let pix_height = map_err!(u32::decode(r))?;
                         map_err!(ensure_end(r))?;
 
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
-                            let _ = chan
-                                .deliver(ChannelMsg::WindowChange {
+                        self.deliver(channel_num, ChannelMsg::WindowChange {
                                     col_width,
                                     row_height,
                                     pix_width,
                                     pix_height,
-                                });
-                        }
+                                })?;
 
                         debug!("handler.window_change {channel_num:?}");
                         handler
@@ -1835,11 +1817,9 @@ impl Session {
                     "signal" => {
                         let signal = Sig::from_name(&map_err!(String::decode(r))?);
                         map_err!(ensure_end(r))?;
-                        if let Some(chan) = self.channels.get_mut(&channel_num) {
-                            let _ = chan.deliver(ChannelMsg::Signal {
+                        self.deliver(channel_num, ChannelMsg::Signal {
                                 signal: signal.clone(),
-                            });
-                        }
+                            })?;
                         debug!("handler.signal {channel_num:?} {signal:?}");
                         handler.signal(channel_num, signal, self).await
                     }

@@ -1211,23 +1211,22 @@ async fn reply<H: Handler + Send>(
     // unbounded channel that is not drained until the rekey the peer may never
     // finish completes.
     //
-    //   * Once the PEER's own KEXINIT has arrived, nothing of theirs is
-    //     legitimately still in flight, so such a message is a protocol
-    //     violation -- reject it.
-    //   * Before it arrives (we initiated the rekey; the peer may not have seen
-    //     our KEXINIT yet) their in-flight messages are legal. Handle them as
-    //     usual, but bound the total so a peer that stalls the rekey and floods
-    //     cannot grow memory without limit. `pending_len` is reset when the
-    //     rekey completes (see `begin_rekey` and the kex-done path).
+    //   * moat: whether or not the peer's own KEXINIT has arrived, handle
+    //     them as usual, but bound the total so a peer that stalls the rekey
+    //     and floods cannot grow memory without limit. `pending_len` is reset
+    //     when the rekey completes (see `begin_rekey` and the kex-done path).
+    //     (russh refused them after the peer's KEXINIT; see below.)
     #[allow(clippy::collapsible_if)]
     if !is_kex_msg && session.common.encrypted.is_some() {
-        if let (Some(&msg_type), SessionKexState::InProgress(kex)) =
+        if let (Some(&msg_type), SessionKexState::InProgress(_)) =
             (pkt.buffer.first(), &session.kex)
         {
             if msg_type >= msg::USERAUTH_REQUEST {
-                if kex.peer_kexinit_received() {
-                    return Err(crate::Error::Inconsistent.into());
-                }
+                // moat: handled as usual after the peer's KEXINIT too, within
+                // the same bound. asyncssh sends its KEXINIT and then the
+                // packet that set off the re-key (its CHANNEL_DATA), and
+                // OpenSSH's sshd takes it: refusing it reset every asyncssh
+                // upload at its re-key (1 GB by default).
                 session.pending_len = session.pending_len.saturating_add(pkt.buffer.len() as u32);
                 if u64::from(session.pending_len) > 2 * u64::from(session.common.config.window_size)
                 {
