@@ -558,6 +558,24 @@ mod tests {
         }
     }
 
+    /// Opens up to `streams` streams on `host`, each writing for good, and
+    /// returns once its link (whose other end is `probe`'s, never read) is
+    /// full: when a byte more would block, waited for rather than guessed.
+    fn fill(host: &Mux, probe: &UnixStream, streams: usize) {
+        for _ in 0..streams {
+            let Ok(mut busy) = host.open() else { break };
+            std::thread::spawn(move || {
+                let chunk = vec![7u8; 64 << 10];
+                while busy.write_all(&chunk).is_ok() {}
+            });
+        }
+        let full = |_: &usize| {
+            let sent = nix::sys::socket::send(probe.as_raw_fd(), &[0], nix::sys::socket::MsgFlags::MSG_DONTWAIT);
+            sent == Err(nix::errno::Errno::EAGAIN)
+        };
+        assert!((0..10_000_000).find(full).is_some(), "the link never filled");
+    }
+
     #[test]
     fn a_link_nobody_reads_never_holds_up_opening_a_stream() {
         // The other end never reads the link: once the socket and the queue
@@ -565,18 +583,7 @@ mod tests {
         let (a, _unread) = UnixStream::pair().unwrap();
         let probe = a.try_clone().unwrap();
         let host = Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), None).unwrap();
-        let mut busy = host.open().unwrap();
-        std::thread::spawn(move || {
-            let chunk = vec![7u8; 64 << 10];
-            while busy.write_all(&chunk).is_ok() {}
-        });
-        // Full when a byte more would block (the bytes go nowhere: nobody
-        // reads), waited for rather than guessed with a sleep.
-        let full = |_: &usize| {
-            let sent = nix::sys::socket::send(probe.as_raw_fd(), &[0], nix::sys::socket::MsgFlags::MSG_DONTWAIT);
-            sent == Err(nix::errno::Errno::EAGAIN)
-        };
-        assert!((0..10_000_000).find(full).is_some(), "the link never filled");
+        fill(&host, &probe, 1);
         let (done, refused) = mpsc::channel();
         std::thread::spawn(move || {
             let mut held = Vec::new();
@@ -601,18 +608,7 @@ mod tests {
         let host = Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), None).unwrap();
         // Each stream may send a window's worth unanswered: enough of them
         // fill the link, and a frame's write then waits on it.
-        for _ in 0..16 {
-            let Ok(mut busy) = host.open() else { break };
-            std::thread::spawn(move || {
-                let chunk = vec![7u8; 64 << 10];
-                while busy.write_all(&chunk).is_ok() {}
-            });
-        }
-        let full = |_: &usize| {
-            let sent = nix::sys::socket::send(probe.as_raw_fd(), &[0], nix::sys::socket::MsgFlags::MSG_DONTWAIT);
-            sent == Err(nix::errno::Errno::EAGAIN)
-        };
-        assert!((0..10_000_000).find(full).is_some(), "the link never filled");
+        fill(&host, &probe, 16);
         std::thread::sleep(Duration::from_millis(100));
         assert!(!host.hold_within(Duration::from_millis(200)), "held a link with a frame half written");
         let (linked, _rx) = linked();
