@@ -11,6 +11,7 @@ pub mod egress;
 pub mod fault;
 pub mod ids;
 pub mod images;
+pub mod keyed_locks;
 pub mod limits;
 pub mod manager;
 pub mod near;

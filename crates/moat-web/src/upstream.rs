@@ -57,8 +57,8 @@ pub struct BoxConn {
     pub session: Arc<Session>,
 }
 
-/// A connection's task, ended when this is dropped: a connection given up
-/// on (its answer late, its body cut short) is not read on.
+/// A task ended when this is dropped: a connection's (one given up on, its
+/// answer late or its body cut short, is not read on) or a session's watcher.
 pub struct Driver(tokio::task::AbortHandle);
 
 impl Drop for Driver {
@@ -78,15 +78,7 @@ pub struct Session {
     /// access taken away): its connections and tunnels end then.
     ended: tokio::sync::watch::Receiver<bool>,
     /// The task watching the session's life line (ended with the session).
-    watcher: Option<tokio::task::AbortHandle>,
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        if let Some(watcher) = &self.watcher {
-            watcher.abort();
-        }
-    }
+    _watcher: Option<Driver>,
 }
 
 /// Resolves once `ended` turns true (never, if its sender is gone first).
@@ -119,18 +111,26 @@ impl Session {
             WebReach::Agent(fd) => (Sockets { spare: Vec::new(), asked: 0, through_agent: true }, Some(fd)),
         };
         let (end, ended) = tokio::sync::watch::channel(false);
-        let watcher = lease.take_life_line().map(|line| {
-            tokio::spawn(async move {
-                // Nothing is ever sent on it: readable means its other end closed.
-                if let Ok(line) = moat_core::async_fd::register(line, tokio::io::Interest::READABLE) {
-                    let _ = line.readable().await;
-                    let _ = end.send(true);
-                }
+        let watcher = lease
+            .take_life_line()
+            .map(|line| {
+                tokio::spawn(async move {
+                    // Nothing is ever sent on it: readable means its other end closed.
+                    if let Ok(line) = moat_core::async_fd::register(line, tokio::io::Interest::READABLE) {
+                        let _ = line.readable().await;
+                        let _ = end.send(true);
+                    }
+                })
+                .abort_handle()
             })
-            .abort_handle()
-        });
-        let session =
-            Self { lease, sockets: tokio::sync::Mutex::new(sockets), unlogged: Mutex::default(), ended, watcher };
+            .map(Driver);
+        let session = Self {
+            lease,
+            sockets: tokio::sync::Mutex::new(sockets),
+            unlogged: Mutex::default(),
+            ended,
+            _watcher: watcher,
+        };
         (Arc::new(session), agent)
     }
 

@@ -7,12 +7,11 @@
 //! was making and no blob. Pulls run side by side; two that need one layer
 //! take turns making it (the second finds it made).
 
-use std::collections::HashMap;
 use std::io::{Read, Seek};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -20,6 +19,7 @@ use moat_api::Packets;
 use moat_box::layers;
 use moat_box::pool::Pool;
 use moat_core::backend::Progress;
+use moat_core::keyed_locks::KeyedLocks;
 use moat_core::manager::Logins;
 use moat_core::{ImagePuller, Name, Pulled};
 use moat_gateway::GatewayHello;
@@ -56,24 +56,7 @@ pub struct Puller {
     /// What pulls are making, by name (a layer's chain id, an image's key):
     /// two pulls of one layer would make it twice; pulls of other layers go
     /// side by side.
-    pub making: Making,
-}
-
-/// Locks by name, each held while one pull makes the thing so named.
-#[derive(Default)]
-pub struct Making(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-impl Making {
-    /// Waits for `name` to be free, and holds it.
-    async fn hold(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Those no pull holds or waits for are forgotten.
-            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-            Arc::clone(locks.entry(name.to_string()).or_default())
-        };
-        lock.lock_owned().await
-    }
+    pub making: KeyedLocks<String>,
 }
 
 impl ImagePuller for Puller {
@@ -206,7 +189,7 @@ impl Puller {
         let mut unpacked = 0u64;
         for (i, ((desc, compression), chain_id)) in manifest.layers.iter().zip(&chains).enumerate() {
             let label = format!("layer {}/{count} {}", i + 1, desc.digest.short());
-            let _making = self.making.hold(chain_id.hex()).await;
+            let _making = self.making.hold(&chain_id.hex().to_string()).await;
             if layers::has(&self.pool, chain_id.hex()) {
                 progress(&format!("{label}: have it"));
                 continue;
@@ -235,7 +218,7 @@ impl Puller {
         }
         let hex = manifest_digest.hex().get(..32).unwrap_or_default();
         let key = Name::new(&format!("{}{hex}", moat_core::images::PULLED_PREFIX))?;
-        let _making = self.making.hold(key.as_str()).await;
+        let _making = self.making.hold(&key.to_string()).await;
         layers::make_image(&self.pool, &key, chains.last().map(|c| c.hex()))?;
         self.pool.ensure_quotas()?;
         progress(&format!("{full}: ready ({manifest_digest})"));

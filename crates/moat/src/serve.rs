@@ -285,7 +285,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             document: Duration::from_secs(args.pull_stall_timeout.max(1) * 2),
         },
         runtime: tokio::runtime::Handle::current(),
-        making: crate::image_pull::Making::default(),
+        making: moat_core::keyed_locks::KeyedLocks::default(),
     }));
     // Polled by this (main) thread, never a runtime worker: the children die
     // with the thread that started them (PR_SET_PDEATHSIG), and a worker may

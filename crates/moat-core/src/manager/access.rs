@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -18,11 +18,15 @@ use crate::ids::{AccountId, BoxId};
 /// How often the keys are read again for the accounts holding sessions.
 pub const SWEEP: Duration = Duration::from_secs(1);
 
-/// Who holds each open session.
+/// Who holds each open session, and which accounts were found listed lately.
 #[derive(Default)]
 pub(super) struct Holders {
     next: AtomicU64,
     held: std::sync::Mutex<HashMap<u64, Holder>>,
+    /// When each account's key was last found listed: trusted for a
+    /// [`SWEEP`] (the keys are not read again on every request of a busy
+    /// account; a removed key is refused as soon as its sessions end).
+    listed_at: std::sync::Mutex<HashMap<AccountId, Instant>>,
 }
 
 struct Holder {
@@ -100,15 +104,28 @@ impl BoxManager {
         if gone.is_empty() {
             return 0;
         }
+        self.holders.listed_at.lock().unwrap_or_else(PoisonError::into_inner).retain(|a, _| !gone.contains(a));
         let ended = self.holders.end(|h| gone.contains(&h.account));
         tracing::info!(sessions = ended, accounts = gone.len(), "ended the sessions of keys no longer listed");
         ended
     }
 
     /// Whether `account`'s key is listed (every account is where no check
-    /// was set).
+    /// was set); read again at most once a [`SWEEP`] for an account found listed.
     pub fn account_listed(&self, account: &AccountId) -> bool {
-        self.accounts.get().is_none_or(|listed| listed(account))
+        let Some(listed) = self.accounts.get() else { return true };
+        let now = Instant::now();
+        let mut listed_at = self.holders.listed_at.lock().unwrap_or_else(PoisonError::into_inner);
+        if listed_at.get(account).is_some_and(|at| now.duration_since(*at) < SWEEP) {
+            return true;
+        }
+        listed_at.retain(|_, at| now.duration_since(*at) < SWEEP);
+        drop(listed_at);
+        let yes = listed(account);
+        if yes {
+            self.holders.listed_at.lock().unwrap_or_else(PoisonError::into_inner).insert(account.clone(), now);
+        }
+        yes
     }
 
     /// Looks at the keys every [`SWEEP`], on a thread of its own (the keys

@@ -3,14 +3,14 @@
 //! layers) is the puller's, set once at start by the binary. Registry logins
 //! are sealed with the secrets key and opened only to hand to the puller.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 use super::{BoxManager, ManagerError};
 use crate::backend::Progress;
 use crate::ids::{AccountId, Name};
+use crate::keyed_locks::KeyedLocks;
 use crate::secrets::SecretValue;
 use crate::slots::{Slot, Slots};
 use crate::store::images::StoredImage;
@@ -99,14 +99,14 @@ pub const TRANSFERS_PER_ACCOUNT: usize = 8;
 /// turn and one of the server's, never every blocking thread.
 pub(super) struct Transfers {
     asked: Arc<Slots<AccountId>>,
-    turns: Mutex<HashMap<AccountId, Arc<Semaphore>>>,
+    turns: KeyedLocks<AccountId>,
     all: Arc<Semaphore>,
 }
 
 /// A pull's or push's turn, given back when dropped.
 pub(super) struct Turn {
     _asked: Slot<AccountId>,
-    _mine: OwnedSemaphorePermit,
+    _mine: OwnedMutexGuard<()>,
     _ours: OwnedSemaphorePermit,
 }
 
@@ -114,7 +114,7 @@ impl Default for Transfers {
     fn default() -> Self {
         Self {
             asked: Slots::new(TRANSFERS_PER_ACCOUNT),
-            turns: Mutex::default(),
+            turns: KeyedLocks::default(),
             all: Arc::new(Semaphore::new(TRANSFERS_AT_ONCE)),
         }
     }
@@ -124,15 +124,8 @@ impl Transfers {
     /// Waits for a turn of `account`'s (refused if it has too many asked).
     async fn turn(&self, account: &AccountId) -> Result<Turn, ManagerError> {
         let asked = self.asked.take(account).ok_or(ManagerError::TooManyTransfers(TRANSFERS_PER_ACCOUNT))?;
-        let mine = {
-            let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-            // Accounts no pull holds or waits for are forgotten.
-            turns.retain(|_, turn| Arc::strong_count(turn) > 1);
-            Arc::clone(turns.entry(account.clone()).or_insert_with(|| Arc::new(Semaphore::new(1))))
-        };
-        let closed = |_| ManagerError::Closing;
-        let mine = mine.acquire_owned().await.map_err(closed)?;
-        let ours = Arc::clone(&self.all).acquire_owned().await.map_err(closed)?;
+        let mine = self.turns.hold(account).await;
+        let ours = Arc::clone(&self.all).acquire_owned().await.map_err(|_| ManagerError::Closing)?;
         Ok(Turn { _asked: asked, _mine: mine, _ours: ours })
     }
 }

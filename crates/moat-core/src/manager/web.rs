@@ -236,7 +236,7 @@ impl BoxManager {
         let grant = cookie.and_then(|c| self.grants().cookies.get(c).cloned());
         let grant = grant.filter(|g| g.box_id == rec.id && g.port == host.port && g.until > Instant::now());
         // A key taken out of the keys ends its account's web sessions too.
-        let grant = grant.filter(|g| self.accounts.get().is_none_or(|listed| listed(&g.account)));
+        let grant = grant.filter(|g| self.account_listed(&g.account));
         match grant {
             Some(g) if g.account == rec.account => Ok((rec, g.account.0)),
             Some(g) if self.db(|s| s.shares(&rec.id)).map_err(|_| WebRefusal::Busy)?.contains(&g.account) => {
