@@ -257,10 +257,23 @@ pub fn supervisor(uid: u32, gid: u32, qemu: u32) -> io::Result<()> {
     crate::sys::install_seccomp(&supervisor_filter(qemu))
 }
 
+/// The environment variable in which the daemon tells a confined child its
+/// pid (see [`drop_to`]).
+pub const PARENT_VAR: &str = "MOAT_PARENT";
+
 fn drop_to(uid: u32, gid: u32, filter: &[sock_filter]) -> io::Result<()> {
     drop_ids(uid, gid)?;
     // Changing ids resets it; set it after.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    // A parent gone before that line sends nothing: a process the daemon
+    // started (it says whose child it is) ends rather than live on as an
+    // orphan holding its socket (seen once in a full test run: a front door
+    // whose daemon a test killed as it started).
+    if let Some(parent) = std::env::var(PARENT_VAR).ok().and_then(|p| p.parse::<i32>().ok()) {
+        if nix::unistd::getppid().as_raw() != parent {
+            return Err(io::Error::other(format!("the daemon that started this process (pid {parent}) is gone")));
+        }
+    }
     nix::sys::prctl::set_no_new_privs()?;
     crate::sys::install_seccomp(filter)
 }

@@ -112,6 +112,7 @@ pub fn spawn_child(arg0: &str, args: &[&std::ffi::OsStr]) -> Result<(tokio::proc
     cmd.arg0(arg0)
         .args(args)
         .env_clear()
+        .env(moat_box::confine::PARENT_VAR, std::process::id().to_string())
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -53,6 +53,28 @@ pub fn drop_bounding_set(keep: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
+/// Has `cmd`'s child die with the thread that spawns it (SIGKILL), and not
+/// start at all if that one is gone already: a helper that would otherwise
+/// outlive a daemon killed while it waited (a probe's QEMU, its guest hung,
+/// lived on for good).
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: the hook runs in the child between fork and exec and calls only
+    // prctl and getppid, which are async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Has `cmd`'s child, before it execs: die with its parent (the thread that
 /// spawned it), never gain privileges, run under seccomp `filter` and the
 /// Landlock `ruleset` (see [`super::landlock`]), and find each `(fd, n)` as

@@ -207,6 +207,9 @@ fn run(guest: Guest<'_>, initramfs: &Path, accel: Accel, timeout: Duration) -> R
         drive.push(disk);
         qemu.arg("-drive").arg(drive).args(["-device", "virtio-blk-device,drive=root"]);
     }
+    // A daemon killed while it probes takes its QEMU with it (a guest that
+    // hangs at boot would keep it for good).
+    crate::sys::die_with_parent(&mut qemu);
     let mut child =
         qemu.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(ProbeError::NoQemu)?;
     let (tx, rx) = mpsc::channel();
