@@ -80,6 +80,29 @@ pub async fn connect_path(stream: &mut tokio::net::UnixStream, path: &str) -> io
     connected(stream, &HostMsg::ConnectPath { path: path.as_bytes().to_vec() }).await
 }
 
+/// As [`connect`], for the connection the agent told as `Arrived` with `id`
+/// ([`HostMsg::Take`]).
+pub async fn take(stream: &mut tokio::net::UnixStream, id: u64) -> io::Result<Vec<u8>> {
+    connected(stream, &HostMsg::Take { id }).await
+}
+
+/// Asks the agent on `stream` to listen on `port` of the box's loopback (0:
+/// any free one) for as long as `stream` stays open ([`HostMsg::Listen`]);
+/// returns the port listened on, and the reader of the `Arrived` messages
+/// that follow.
+pub async fn listen(
+    mut stream: tokio::net::UnixStream,
+    port: u16,
+) -> io::Result<(u16, AgentReader<tokio::net::UnixStream>)> {
+    send(&mut stream, &HostMsg::Listen { port }).await?;
+    let mut reader = AgentReader::new(stream);
+    match reader.recv().await? {
+        Some(AgentMsg::Listening { port: bound }) if bound != 0 && (port == 0 || bound == port) => Ok((bound, reader)),
+        Some(AgentMsg::Error(why)) => Err(io::Error::new(io::ErrorKind::AddrInUse, why)),
+        other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("the box's agent answered {other:?}"))),
+    }
+}
+
 async fn connected(stream: &mut tokio::net::UnixStream, ask: &HostMsg) -> io::Result<Vec<u8>> {
     send(stream, ask).await?;
     let mut reader = AgentReader::new(&mut *stream);

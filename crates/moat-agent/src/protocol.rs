@@ -11,7 +11,11 @@
 //! the host's stream means the client is gone (as a closed SSH channel does), and
 //! the end of stdin is a `StdinEof` message. After `Connected` the connection
 //! turns into a raw byte stream to the TCP peer inside the box. `ConnectPath` is
-//! `Connect` to a unix socket in the box (`ssh -L` to a socket path). The agent
+//! `Connect` to a unix socket in the box (`ssh -L` to a socket path). `Listen`
+//! opens a port on the box's loopback for as long as the host's connection
+//! lasts (`ssh -R`): each connection the box makes to it is told as `Arrived`
+//! and waits until the host takes it with `Take` on a connection of its own,
+//! which then carries its bytes as after `Connected`. The agent
 //! never hands the host a descriptor: a box's agent is the box's to subvert,
 //! and a socket it made could have options set under the host (a linger that
 //! blocks the host's close). Where the host shares the box's kernel, the HTTP
@@ -108,6 +112,18 @@ pub enum HostMsg {
         /// The socket's path, as the box names it.
         path: Vec<u8>,
     },
+    /// Listen on this port of the box's loopback (0: any free port) for as
+    /// long as the connection lasts. Answered with `Listening`, then an
+    /// `Arrived` for each connection made to it; or `Error`.
+    Listen {
+        /// TCP port.
+        port: u16,
+    },
+    /// Carry the bytes of a connection told as `Arrived`, as for `Connect`.
+    Take {
+        /// The `Arrived` connection's id.
+        id: u64,
+    },
     /// Liveness check; answered with `Pong`.
     Ping,
     /// The box's disk limit and what it has written, in bytes, for what
@@ -197,6 +213,18 @@ pub enum AgentMsg {
     Error(String),
     /// The TCP connection is open; raw bytes follow in both directions.
     Connected,
+    /// Answer to `Listen`: the port listened on.
+    Listening {
+        /// TCP port (the one chosen, when any was asked for).
+        port: u16,
+    },
+    /// A connection was made to the `Listen` port; `Take` carries it.
+    Arrived {
+        /// The connection's id, for `Take`.
+        id: u64,
+        /// The port it came from, on the box's loopback.
+        from_port: u16,
+    },
     /// Answer to `Ping`.
     Pong,
     /// Answer to [`HostMsg::Present`]: for each path asked about, in order,
@@ -252,6 +280,8 @@ mod tag {
     // 0x10-0x12 and 0x89 were a handed socket's (`Hand`, `Taken`, `Carry`,
     // `Handed`): not to be reused, an older agent may still run.
     pub const CONNECT_PATH: u8 = 0x13;
+    pub const LISTEN: u8 = 0x14;
+    pub const TAKE: u8 = 0x15;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -261,6 +291,8 @@ mod tag {
     pub const CONNECTED: u8 = 0x86;
     pub const PONG: u8 = 0x87;
     pub const PRESENT_ANSWER: u8 = 0x88;
+    pub const LISTENING: u8 = 0x8a;
+    pub const ARRIVED: u8 = 0x8b;
 }
 
 /// Appends frames to a buffer.
@@ -440,6 +472,16 @@ impl HostMsg {
                 w.bytes(path);
                 w.finish()
             }
+            Self::Listen { port } => {
+                let mut w = Writer::new(tag::LISTEN);
+                w.u16(*port);
+                w.finish()
+            }
+            Self::Take { id } => {
+                let mut w = Writer::new(tag::TAKE);
+                w.u64(*id);
+                w.finish()
+            }
             Self::Ping => Writer::new(tag::PING).finish(),
             Self::Disk { limit, used } => {
                 let mut w = Writer::new(tag::DISK);
@@ -514,6 +556,8 @@ impl HostMsg {
             }
             tag::CONNECT => Self::Connect { port: r.u16()? },
             tag::CONNECT_PATH => Self::ConnectPath { path: r.bytes()? },
+            tag::LISTEN => Self::Listen { port: r.u16()? },
+            tag::TAKE => Self::Take { id: r.u64()? },
             tag::PING => Self::Ping,
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
             tag::PUT_FILE => Self::PutFile { path: r.string()?, mode: r.u32()?, data: r.bytes()? },
@@ -567,6 +611,16 @@ impl AgentMsg {
                 w.finish()
             }
             Self::Connected => Writer::new(tag::CONNECTED).finish(),
+            Self::Listening { port } => {
+                let mut w = Writer::new(tag::LISTENING);
+                w.u16(*port);
+                w.finish()
+            }
+            Self::Arrived { id, from_port } => {
+                let mut w = Writer::new(tag::ARRIVED);
+                w.u64(*id).u16(*from_port);
+                w.finish()
+            }
             Self::Pong => Writer::new(tag::PONG).finish(),
             Self::Present(present) => {
                 let mut w = Writer::new(tag::PRESENT_ANSWER);
@@ -593,6 +647,8 @@ impl AgentMsg {
             // Lossy: an error text from a box is shown, never trusted.
             tag::ERROR => Self::Error(String::from_utf8_lossy(&r.bytes()?).into_owned()),
             tag::CONNECTED => Self::Connected,
+            tag::LISTENING => Self::Listening { port: r.u16()? },
+            tag::ARRIVED => Self::Arrived { id: r.u64()?, from_port: r.u16()? },
             tag::PONG => Self::Pong,
             tag::PRESENT_ANSWER => Self::Present(r.bytes()?.iter().map(|b| *b != 0).collect()),
             other => return Err(ProtocolError::UnknownTag(other)),
@@ -645,6 +701,8 @@ mod tests {
         host_roundtrip(HostMsg::Exec(ExecRequest::default()));
         host_roundtrip(HostMsg::Connect { port: 8000 });
         host_roundtrip(HostMsg::ConnectPath { path: b"/run/app.sock".to_vec() });
+        host_roundtrip(HostMsg::Listen { port: 0 });
+        host_roundtrip(HostMsg::Take { id: u64::MAX });
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });
@@ -671,6 +729,8 @@ mod tests {
         agent_roundtrip(AgentMsg::Exit(ExitStatus::Signal { signo: 9, core_dumped: true }));
         agent_roundtrip(AgentMsg::Error("no such file".into()));
         agent_roundtrip(AgentMsg::Connected);
+        agent_roundtrip(AgentMsg::Listening { port: 8080 });
+        agent_roundtrip(AgentMsg::Arrived { id: 7, from_port: 40_000 });
         agent_roundtrip(AgentMsg::Pong);
         agent_roundtrip(AgentMsg::Present(vec![true, false, true]));
     }

@@ -21,6 +21,7 @@ use tokio::net::UnixStream;
 
 use crate::control;
 use crate::setup::ChannelSetup;
+use crate::task::AbortOnDrop;
 
 /// Exit status for failures of moat itself rather than of the command (as ssh).
 const EXIT_MOAT_FAILED: u32 = 255;
@@ -289,15 +290,6 @@ async fn run_control(program: Program, mut rx: ChannelReadHalf, tx: &ChannelWrit
         Ok(Ok(())) => finish(tx, 0).await,
         Ok(Err(e)) => fail(tx, &e.message, e.status).await,
         Err(e) => fail(tx, &format!("internal error: {e}"), EXIT_MOAT_FAILED).await,
-    }
-}
-
-/// Ends a task when dropped.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

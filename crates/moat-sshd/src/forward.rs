@@ -39,7 +39,10 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
     match connect(&mut stream, port).await {
-        Ok(early) => carry_while(&session, &ctx, channel, reply, early, stream).await,
+        Ok(early) => {
+            reply.accept().await;
+            carry_while(&session, &ctx, channel, early, stream).await;
+        }
         Err(_) => reply.reject(ChannelOpenFailure::ConnectFailed).await,
     }
 }
@@ -54,7 +57,10 @@ pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: Cha
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
     match connect_path(&mut stream, &path).await {
-        Ok(early) => carry_while(&session, &ctx, channel, reply, early, stream).await,
+        Ok(early) => {
+            reply.accept().await;
+            carry_while(&session, &ctx, channel, early, stream).await;
+        }
         Err(e) => {
             static LIMIT: LogLimit = LogLimit::every(1000);
             if let Some(dropped) = LIMIT.allow() {
@@ -67,28 +73,26 @@ pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: Cha
 
 /// [`carry`] for as long as the session lasts: access to the box taken
 /// away closes the channel (and the stream to the box with it).
-async fn carry_while(
+pub(crate) async fn carry_while(
     session: &Lease,
     ctx: &ChannelCtx,
     channel: Channel<Msg>,
-    reply: ChannelOpenHandle,
     early: Vec<u8>,
     stream: UnixStream,
 ) {
     let id = channel.id();
-    if crate::boxchan::while_leased(session, carry(channel, reply, early, stream)).await {
+    if crate::boxchan::while_leased(session, carry(channel, early, stream)).await {
         let _ = ctx.handle.close(id).await;
     }
 }
 
-/// Accepts the channel and carries bytes between it and the agent's stream
-/// (`early` came after the agent's answer), each way to its end then a
-/// half-close, as sshd does, until both ways have ended or the client closes
-/// the channel. A closed channel's window never opens again: the box's bytes
-/// still on their way to it are dropped then, not waited for (a server in
-/// the box still streaming would otherwise hold the forward for good).
-async fn carry(channel: Channel<Msg>, reply: ChannelOpenHandle, early: Vec<u8>, stream: UnixStream) {
-    reply.accept().await;
+/// Carries bytes between the open channel and the agent's stream (`early`
+/// came after the agent's answer), each way to its end then a half-close, as
+/// sshd does, until both ways have ended or the client closes the channel. A
+/// closed channel's window never opens again: the box's bytes still on their
+/// way to it are dropped then, not waited for (a server in the box still
+/// streaming would otherwise hold the forward for good).
+async fn carry(channel: Channel<Msg>, early: Vec<u8>, stream: UnixStream) {
     let (mut rx, tx) = channel.split();
     let (mut from_box, mut to_box) = stream.into_split();
     let mut sending = pin!(to_client(&mut from_box, &tx, early));

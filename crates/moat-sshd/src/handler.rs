@@ -18,6 +18,7 @@ use crate::accounts::{AccountLoad, CHANNELS_PER_ACCOUNT, CONNECTIONS_PER_ACCOUNT
 use crate::boxchan::{self, ChannelCtx};
 use crate::forward;
 use crate::ratelimit::LogLimit;
+use crate::remote_forward::RemoteForwards;
 use crate::server::UnauthSlot;
 use crate::setup::ChannelSetup;
 
@@ -35,26 +36,58 @@ const MAX_CHANNELS: usize = 32;
 
 /// Counts an open channel of a connection, and holds its account's place
 /// for it; given back on drop.
-struct ChannelSlot {
+pub(crate) struct ChannelSlot {
     open: Arc<AtomicUsize>,
     _account: Slot<AccountId>,
-}
-
-impl ChannelSlot {
-    fn take(open: &Arc<AtomicUsize>, account: Slot<AccountId>) -> Option<Self> {
-        let was = open.fetch_add(1, Ordering::Relaxed);
-        if was >= MAX_CHANNELS {
-            open.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(Self { open: Arc::clone(open), _account: account })
-    }
 }
 
 impl Drop for ChannelSlot {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Room for one connection's channels: its own count, and its account's.
+#[derive(Clone)]
+pub(crate) struct ChannelRoom {
+    shared: Arc<Shared>,
+    open: Arc<AtomicUsize>,
+}
+
+impl ChannelRoom {
+    /// A place for one more channel of `account`'s, or why there is none.
+    pub(crate) fn take(&self, account: &AccountId) -> Result<ChannelSlot, String> {
+        let Some(place) = self.shared.load.channel(account) else {
+            return Err(format!("the account has the most channels open ({CHANNELS_PER_ACCOUNT})"));
+        };
+        let was = self.open.fetch_add(1, Ordering::Relaxed);
+        if was >= MAX_CHANNELS {
+            self.open.fetch_sub(1, Ordering::Relaxed);
+            return Err(format!("the connection has the most channels open ({MAX_CHANNELS})"));
+        }
+        Ok(ChannelSlot { open: Arc::clone(&self.open), _account: place })
+    }
+}
+
+/// Runs a channel's task (holding `slot`) until it ends or the connection
+/// does (`ended` changes: its sender is the connection's handler). A write
+/// to a channel waits for the client's window, which a client that left (or
+/// stopped reading, then left) never opens again: without this, such a task
+/// would wait forever, holding the box awake and its processes' pipes open,
+/// and the agent's writes blocked.
+pub(crate) fn spawn_channel(
+    mut ended: watch::Receiver<()>,
+    slot: ChannelSlot,
+    task: impl Future<Output = ()> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        tokio::select! {
+            () = task => {}
+            // (Nothing is ever sent: this is the sender's drop.)
+            _ = ended.changed() => {}
+        }
+        drop(slot);
+    });
 }
 
 /// One connection's state.
@@ -68,13 +101,15 @@ pub struct ConnHandler {
     /// account had none left, and the connection is ended).
     account_place: Option<Slot<AccountId>>,
     authenticated: Arc<AtomicBool>,
-    channels: Arc<AtomicUsize>,
+    channels: ChannelRoom,
     /// Each open session channel's setup (environment, program chosen). Weak:
     /// the channel's task owns it, so an entry dies with its channel even when
     /// russh never reports the close (it drops the client's reply to ours).
     setups: HashMap<ChannelId, Weak<ChannelSetup>>,
+    /// The ports the client asked the box to forward to it (`ssh -R`).
+    remote_forwards: RemoteForwards,
     /// Dropped with the handler, when the connection ends: every channel's
-    /// task ends then too (see [`Self::spawn_channel`]).
+    /// task ends then too (see [`spawn_channel`]).
     ended: watch::Sender<()>,
 }
 
@@ -87,33 +122,22 @@ impl ConnHandler {
         authenticated: Arc<AtomicBool>,
     ) -> Self {
         Self {
+            channels: ChannelRoom { shared: Arc::clone(&shared), open: Arc::default() },
             shared,
             peer,
             login: None,
             slot: Some(slot),
             account_place: None,
             authenticated,
-            channels: Arc::default(),
             setups: HashMap::new(),
+            remote_forwards: RemoteForwards::default(),
             ended: watch::Sender::new(()),
         }
     }
 
-    /// Runs a channel's task (holding `slot`) until it ends or the connection
-    /// does. A write to a channel waits for the client's window, which a
-    /// client that left (or stopped reading, then left) never opens again:
-    /// without this, such a task would wait forever, holding the box awake
-    /// and its processes' pipes open, and the agent's writes blocked.
+    /// Runs a channel's task until it ends or the connection does.
     fn spawn_channel(&self, slot: ChannelSlot, task: impl Future<Output = ()> + Send + 'static) {
-        let mut ended = self.ended.subscribe();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = task => {}
-                // (Nothing is ever sent: this is the sender's drop.)
-                _ = ended.changed() => {}
-            }
-            drop(slot);
-        });
+        spawn_channel(self.ended.subscribe(), slot, task);
     }
 
     /// Lets a new channel in if the connection is authenticated and under its
@@ -126,18 +150,13 @@ impl ConnHandler {
         reply: ChannelOpenHandle,
     ) -> Option<(ChannelCtx, ChannelSlot, ChannelOpenHandle)> {
         let ctx = ctx?;
-        let Some(account) = self.shared.load.channel(&ctx.account) else {
-            static LIMIT: LogLimit = LogLimit::every(1000);
-            if let Some(dropped) = LIMIT.allow() {
-                tracing::warn!(account = %ctx.account, most = CHANNELS_PER_ACCOUNT, dropped, "a channel refused: the account has the most open");
-            }
-            reply.reject(ChannelOpenFailure::ResourceShortage).await;
-            return None;
-        };
-        match ChannelSlot::take(&self.channels, account) {
-            Some(slot) => Some((ctx, slot, reply)),
-            None => {
-                tracing::warn!(peer = ?self.peer, most = MAX_CHANNELS, "a channel refused: the connection has the most open");
+        match self.channels.take(&ctx.account) {
+            Ok(slot) => Some((ctx, slot, reply)),
+            Err(why) => {
+                static LIMIT: LogLimit = LogLimit::every(1000);
+                if let Some(dropped) = LIMIT.allow() {
+                    tracing::warn!(peer = ?self.peer, account = %ctx.account, dropped, "a channel refused: {why}");
+                }
                 reply.reject(ChannelOpenFailure::ResourceShortage).await;
                 None
             }
@@ -337,6 +356,28 @@ impl russh::server::Handler for ConnHandler {
         let host = host_to_connect.to_string();
         self.spawn_channel(slot, forward::open(channel, reply, ctx, host, port_to_connect));
         Ok(())
+    }
+
+    async fn tcpip_forward(
+        &mut self,
+        address: &str,
+        port: &mut u32,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let Some(ctx) = self.ctx(session) else {
+            return Ok(false);
+        };
+        let room = self.channels.clone();
+        Ok(self.remote_forwards.add(ctx, room, self.ended.subscribe(), address, port).await)
+    }
+
+    async fn cancel_tcpip_forward(
+        &mut self,
+        address: &str,
+        port: u32,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        Ok(self.remote_forwards.cancel(address, port))
     }
 
     async fn channel_open_direct_streamlocal(

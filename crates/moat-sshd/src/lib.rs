@@ -17,8 +17,10 @@ pub mod handler;
 pub mod penalty;
 pub mod quickack;
 pub mod ratelimit;
+pub mod remote_forward;
 pub mod server;
 pub mod setup;
+pub mod task;
 pub mod words;
 
 pub use server::{serve, ServerConfig};

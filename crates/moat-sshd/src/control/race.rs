@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use super::run::Output;
 use super::verbs::race::{Keep, RaceSpec};
+use crate::task::AbortOnDrop;
 
 /// One copy's run, as it ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,22 +88,6 @@ async fn remove(api: &ApiClient, account: &AccountId, name: Name, id: Option<&st
             let _ = call(api, account, Op::Remove { name }).await;
         }
         return;
-    }
-}
-
-/// Ends a task when dropped.
-struct AbortOnDrop<T = ()>(tokio::task::JoinHandle<T>);
-
-impl<T> AbortOnDrop<T> {
-    /// Its outcome (`None`: it failed).
-    async fn join(mut self) -> Option<T> {
-        (&mut self.0).await.ok()
-    }
-}
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -1,4 +1,5 @@
-//! Port forwarding: -L into the box works; everything else is refused.
+//! Port forwarding: -L and -D into the box, -R from the box to the client;
+//! everything else is refused.
 
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -170,13 +171,9 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut t.0.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(stderr.contains("administratively prohibited"), "the server did not refuse the forward: {stderr}");
-    // Remote forwarding (-R) is refused.
-    let mut cmd = env.daemon.ssh_with(
-        &env.alice,
-        Some(&name),
-        &["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9"],
-        &["true"],
-    );
+    // A remote forward (-R) needs a box: the control plane has no loopback.
+    let mut cmd =
+        env.daemon.ssh_with(&env.alice, None, &["-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9"], &["ls"]);
     let out = run(&mut cmd);
     assert_eq!(out.status, Some(255), "{}", out.stderr);
     assert!(out.stderr.contains("forwarding failed"), "{}", out.stderr);
@@ -198,4 +195,70 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
     cmd.env("DISPLAY", ":0");
     let out = run(&mut cmd).ok();
     assert_eq!(out.stdout, "[]\n");
+}
+
+/// `ssh -R 9000:127.0.0.1:PORT` (OpenSSH): programs in the box reach a
+/// server on the client's side through the box's loopback (a page, and 8 MiB
+/// whose digest matches); a port the box already uses is refused; the port
+/// closes in the box when ssh ends. paramiko and asyncssh ask for any free
+/// port and carry bytes both ways, then cancel.
+pub fn remote_forward_reaches_the_client(env: &Env) {
+    let name = unique("rfwd");
+    env.new_box(&name, &[]);
+    let www = env.dir.join(format!("{name}-www"));
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "hello-from-client\n").unwrap();
+    let big: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(www.join("big"), &big).unwrap();
+    let local = free_port();
+    let server = Command::new("python3")
+        .args(["-m", "http.server", &local.to_string(), "--bind", "127.0.0.1"])
+        .current_dir(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _server = Tunnel(server);
+    let in_box = |cmd: &str| env.alice(Some(&name), &[cmd]);
+    let mut forward = remote(env, &name, &format!("9000:127.0.0.1:{local}"));
+    until_answered("the remote forward", || in_box("curl -s -m 5 http://127.0.0.1:9000/"), "hello-from-client\n");
+    let digest = |bytes: &[u8]| {
+        let mut cmd = Command::new("sha256sum");
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), bytes).unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+    };
+    let got = in_box("curl -s -m 60 http://127.0.0.1:9000/big | sha256sum").ok();
+    assert_eq!(got.stdout, digest(&big), "8 MiB through the remote forward changed");
+
+    // A port the box already listens on is refused, as sshd refuses one in use.
+    in_box("nohup python3 -m http.server 9001 --bind 127.0.0.1 >/dev/null 2>&1 &").ok();
+    let listens = || in_box("curl -s -m 5 -o /dev/null http://127.0.0.1:9001/ && echo ok");
+    until_answered("the box's own server", listens, "ok\n");
+    let mut cmd = env.daemon.ssh_with(
+        &env.alice,
+        Some(&name),
+        &["-o", "ExitOnForwardFailure=yes", "-R", &format!("9001:127.0.0.1:{local}")],
+        &["true"],
+    );
+    let out = run(&mut cmd);
+    assert_eq!(out.status, Some(255), "{}", out.stderr);
+    assert!(out.stderr.contains("forwarding failed"), "{}", out.stderr);
+
+    forward.end();
+    let closed = || in_box("curl -s -m 5 http://127.0.0.1:9000/; echo rc=$?");
+    until_answered("the closed remote forward", closed, "rc=7\n");
+
+    let out = crate::clients::python_client(env, "remote_forward.py", &name).ok();
+    assert!(out.stdout.contains("remote forwards: paramiko and asyncssh ok"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// Runs `ssh -N -R SPEC` to box `name` in the background until dropped.
+fn remote(env: &Env, name: &str, spec: &str) -> Tunnel {
+    let opts = ["-N", "-o", "ExitOnForwardFailure=yes", "-R", spec];
+    let mut cmd = env.daemon.ssh_with(&env.alice, Some(name), &opts, &[]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    Tunnel(cmd.spawn().unwrap())
 }

@@ -16,6 +16,7 @@ mod guest;
 #[allow(unsafe_code)]
 mod guest_net;
 mod host_files;
+mod listen;
 mod login;
 mod reaper;
 #[allow(unsafe_code)]
@@ -178,6 +179,8 @@ fn serve(stream: UnixStream, reaper: &Arc<Reaper>) {
         Ok(Some(HostMsg::Exec(req))) => exec::run(req, reader, stream, reaper),
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::ConnectPath { path })) => unix_socket::splice(&path, reader, stream),
+        Ok(Some(HostMsg::Listen { port })) => listen::serve(port, reader, stream),
+        Ok(Some(HostMsg::Take { id })) => listen::take(id, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
         Ok(Some(HostMsg::Walk)) => walk::run(&stream),
         Ok(Some(HostMsg::Service { argv })) => service::set(argv, reaper, &stream),

@@ -1,0 +1,222 @@
+//! `Listen` and `Take`: a port on the box's loopback whose connections go to
+//! the SSH client (`ssh -R`).
+//!
+//! The host's `Listen` connection holds the port: it closes when that
+//! connection does. Each connection a program in the box makes to it waits
+//! here, told to the host as `Arrived`, until the host takes it (`Take`, on a
+//! connection of its own, which then carries its bytes as `Connect`'s does).
+//! What nobody takes is closed: a host that never takes (or a client that
+//! refuses every channel) cannot pile connections up in the box.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use moat_agent::protocol::AgentMsg;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use crate::frames::{self, FrameReader};
+
+/// Connections one port holds untaken at most; more are closed as they come.
+const MOST_WAITING: usize = 16;
+
+/// How long a connection waits to be taken before it is closed.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A connection made to a listened port, not taken yet.
+struct Waiting {
+    socket: TcpStream,
+    /// The `Listen` it came through.
+    port: u64,
+    since: Instant,
+}
+
+/// Every port's waiting connections, by id.
+static WAITING: Mutex<BTreeMap<u64, Waiting>> = Mutex::new(BTreeMap::new());
+
+/// Ids of connections, and of `Listen`s (one sequence: never reused).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn waiting() -> std::sync::MutexGuard<'static, BTreeMap<u64, Waiting>> {
+    WAITING.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Listens on `port` of the box's loopback (IPv4, and IPv6 on the same port
+/// where it can) until the host's connection ends.
+pub fn serve(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()> {
+    let listeners = match bind(port) {
+        Ok(listeners) => listeners,
+        Err(e) => {
+            return frames::send(&host, &AgentMsg::Error(format!("cannot listen on port {port} in the box: {e}")))
+        }
+    };
+    let bound = listeners.first().and_then(|l| l.local_addr().ok()).map_or(port, |a| a.port());
+    frames::send(&host, &AgentMsg::Listening { port: bound })?;
+    let me = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let (_, mut host_reader) = reader.into_parts();
+    let served = accept_until_gone(me, &listeners, &mut host_reader, &host);
+    waiting().retain(|_, w| w.port != me);
+    served
+}
+
+/// The listening sockets for `port`: IPv4's first, which picks the port when
+/// any was asked for.
+fn bind(port: u16) -> io::Result<Vec<TcpListener>> {
+    let v4 = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
+    let port = v4.local_addr()?.port();
+    let mut listeners = vec![v4];
+    // A box without IPv6 still has its IPv4 port.
+    listeners.extend(TcpListener::bind(SocketAddr::from((Ipv6Addr::LOCALHOST, port))).ok());
+    for listener in &listeners {
+        listener.set_nonblocking(true)?;
+    }
+    Ok(listeners)
+}
+
+/// Accepts connections and tells the host of each, until the host's side of
+/// the connection ends (it sends nothing after `Listen`).
+fn accept_until_gone(
+    me: u64,
+    listeners: &[TcpListener],
+    host_reader: &mut UnixStream,
+    host: &UnixStream,
+) -> io::Result<()> {
+    loop {
+        let mut fds: Vec<PollFd> = listeners.iter().map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)).collect();
+        fds.push(PollFd::new(host_reader.as_fd(), PollFlags::POLLIN));
+        match poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let ready: Vec<bool> = fds.iter().map(|fd| fd.revents().is_some_and(|r| !r.is_empty())).collect();
+        drop(fds);
+        if ready.last().copied().unwrap_or(true) {
+            // The host's end (or bytes it should not send): the port closes.
+            let mut byte = [0u8; 1];
+            match host_reader.read(&mut byte) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                _ => return Ok(()),
+            }
+        }
+        let now = Instant::now();
+        waiting().retain(|_, w| now.duration_since(w.since) < WAIT);
+        for (listener, _) in listeners.iter().zip(&ready).filter(|(_, ready)| **ready) {
+            while let Ok((socket, from)) = listener.accept() {
+                let mut table = waiting();
+                if table.values().filter(|w| w.port == me).count() >= MOST_WAITING
+                    || socket.set_nonblocking(false).is_err()
+                {
+                    continue;
+                }
+                let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+                table.insert(id, Waiting { socket, port: me, since: now });
+                drop(table);
+                frames::send(host, &AgentMsg::Arrived { id, from_port: from.port() })?;
+            }
+        }
+    }
+}
+
+/// Carries the bytes of the waiting connection `id`, or tells the host it is
+/// gone (taken, closed for waiting too long, or its port closed).
+pub fn take(id: u64, reader: FrameReader, host: UnixStream) -> io::Result<()> {
+    let Some(taken) = waiting().remove(&id) else {
+        return frames::send(&host, &AgentMsg::Error(format!("no connection {id} waits to be taken")));
+    };
+    frames::send(&host, &AgentMsg::Connected)?;
+    crate::tcp::relay(taken.socket, reader, host)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use std::io::Write;
+
+    use moat_agent::protocol::HostMsg;
+
+    use super::*;
+
+    /// The next message from the agent's side of `host`.
+    fn next(host: &mut UnixStream) -> AgentMsg {
+        let mut buf = Vec::new();
+        loop {
+            if let Some((msg, _)) = AgentMsg::decode(&buf).unwrap() {
+                return msg;
+            }
+            let mut byte = [0u8; 1];
+            assert_eq!(host.read(&mut byte).unwrap(), 1, "the agent closed");
+            buf.push(byte[0]);
+        }
+    }
+
+    /// Runs `HostMsg` `first` as the agent would, on a thread.
+    fn agent(first: HostMsg) -> (UnixStream, std::thread::JoinHandle<io::Result<()>>) {
+        let (host, theirs) = UnixStream::pair().unwrap();
+        let reader = FrameReader::new(theirs.try_clone().unwrap());
+        let run = std::thread::spawn(move || match first {
+            HostMsg::Listen { port } => serve(port, reader, theirs),
+            HostMsg::Take { id } => take(id, reader, theirs),
+            other => panic!("{other:?}"),
+        });
+        (host, run)
+    }
+
+    #[test]
+    fn a_connection_is_told_taken_and_carried_and_the_port_closes_with_the_host() {
+        let (mut listening, run) = agent(HostMsg::Listen { port: 0 });
+        let AgentMsg::Listening { port } = next(&mut listening) else { panic!("not listening") };
+        let mut boxed = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
+        let AgentMsg::Arrived { id, from_port } = next(&mut listening) else { panic!("not told") };
+        assert_eq!(from_port, boxed.local_addr().unwrap().port());
+        // An id nobody was told of is no connection.
+        let (mut wrong, _) = agent(HostMsg::Take { id: id + 1000 });
+        assert!(matches!(next(&mut wrong), AgentMsg::Error(_)));
+        let (mut taken, _) = agent(HostMsg::Take { id });
+        assert_eq!(next(&mut taken), AgentMsg::Connected);
+        boxed.write_all(b"from the box").unwrap();
+        let mut got = [0u8; 12];
+        taken.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"from the box");
+        taken.write_all(b"to the box").unwrap();
+        let mut got = [0u8; 10];
+        boxed.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"to the box");
+        // Taken once only.
+        let (mut again, _) = agent(HostMsg::Take { id });
+        assert!(matches!(next(&mut again), AgentMsg::Error(_)));
+        drop(listening);
+        run.join().unwrap().unwrap();
+        let refused = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
+    }
+
+    #[test]
+    fn untaken_connections_past_the_most_are_closed() {
+        let (mut listening, _run) = agent(HostMsg::Listen { port: 0 });
+        let AgentMsg::Listening { port } = next(&mut listening) else { panic!("not listening") };
+        let mut boxed: Vec<TcpStream> =
+            (0..MOST_WAITING + 4).map(|_| TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap()).collect();
+        for _ in 0..MOST_WAITING {
+            assert!(matches!(next(&mut listening), AgentMsg::Arrived { .. }));
+        }
+        // The ones past the most are closed: each reads its end.
+        for extra in boxed.drain(MOST_WAITING..) {
+            let mut extra = extra;
+            extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            assert_eq!(extra.read(&mut [0u8; 1]).unwrap(), 0);
+        }
+    }
+
+    #[test]
+    fn a_port_in_use_is_refused() {
+        let used = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let (mut listening, run) = agent(HostMsg::Listen { port: used.local_addr().unwrap().port() });
+        assert!(matches!(next(&mut listening), AgentMsg::Error(why) if why.contains("cannot listen")));
+        run.join().unwrap().unwrap();
+    }
+}

@@ -1,0 +1,140 @@
+//! `ssh -R`: a port on the box's loopback whose connections go to the client.
+//!
+//! A forward holds a connection to the box's agent, which listens for as
+//! long as it lasts, and a session of the box (it stays awake meanwhile, as
+//! for any open channel; access taken away ends the forward). Each
+//! connection a program in the box makes to the port is taken on a
+//! connection of its own and carried over a `forwarded-tcpip` channel opened
+//! to the client, counted as the client's own channels are. The port is
+//! always on the box's loopback, whatever address the client named (sshd's
+//! `GatewayPorts no`): nothing outside the box could reach another.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use moat_agent::client::{listen, take, AgentReader};
+use moat_agent::protocol::AgentMsg;
+use moat_api::Lease;
+use moat_core::Name;
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+
+use crate::boxchan::{while_leased, ChannelCtx, Target};
+use crate::handler::{spawn_channel, ChannelRoom};
+use crate::ratelimit::LogLimit;
+use crate::task::AbortOnDrop;
+
+/// Most forwards one connection holds at once.
+const MOST: usize = 16;
+
+/// How long the box may take to listen (a suspended VM box resumes first).
+const LISTEN_WITHIN: Duration = Duration::from_secs(30);
+
+/// A connection's forwards, by the address and port the client names them by.
+#[derive(Default)]
+pub struct RemoteForwards {
+    open: HashMap<(String, u32), AbortOnDrop>,
+}
+
+impl RemoteForwards {
+    /// Listens on `port` (0: any free one, then set to it) of the box the
+    /// connection's user names, for the client; whether it does.
+    pub(crate) async fn add(
+        &mut self,
+        ctx: ChannelCtx,
+        room: ChannelRoom,
+        ended: watch::Receiver<()>,
+        address: &str,
+        port: &mut u32,
+    ) -> bool {
+        self.open.retain(|_, forward| !forward.0.is_finished());
+        let Ok(asked) = u16::try_from(*port) else {
+            return false;
+        };
+        if self.open.len() >= MOST || self.open.contains_key(&(address.to_string(), *port)) {
+            return false;
+        }
+        let Target::Box(name) = ctx.target().await else {
+            return false;
+        };
+        let listening = tokio::time::timeout(LISTEN_WITHIN, async {
+            let (stream, session) = ctx.connect(&name).await.map_err(|e| e.message)?;
+            let (bound, arrivals) = listen(stream, asked).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((bound, arrivals, session))
+        });
+        let (bound, arrivals, session) = match listening.await {
+            Ok(Ok(listening)) => listening,
+            failed => {
+                let why = failed.unwrap_or_else(|_| Err("the box did not answer".into())).err();
+                static LIMIT: LogLimit = LogLimit::every(1000);
+                if let Some(dropped) = LIMIT.allow() {
+                    tracing::info!(user = ?ctx.user, port = asked, ?why, dropped, "remote forward refused");
+                }
+                return false;
+            }
+        };
+        *port = u32::from(bound);
+        let forward = Arc::new(Forward { ctx, room, ended, name, address: address.to_string(), port: bound });
+        self.open.insert((address.to_string(), *port), AbortOnDrop(tokio::spawn(forward.run(arrivals, session))));
+        true
+    }
+
+    /// Stops listening on a forward's port (its connections go on); whether
+    /// there was such a forward.
+    pub fn cancel(&mut self, address: &str, port: u32) -> bool {
+        self.open.remove(&(address.to_string(), port)).is_some()
+    }
+}
+
+/// One listening port.
+struct Forward {
+    ctx: ChannelCtx,
+    room: ChannelRoom,
+    /// Changes when the connection ends: every carried channel ends then.
+    ended: watch::Receiver<()>,
+    name: Name,
+    /// What the client named the forward by, for its channels.
+    address: String,
+    port: u16,
+}
+
+impl Forward {
+    /// Takes each connection the agent tells of, until it stops telling (the
+    /// box stopped, or said something else) or the session ends.
+    async fn run(self: Arc<Self>, mut arrivals: AgentReader<UnixStream>, session: Lease) {
+        while_leased(&session, async {
+            while let Ok(Some(AgentMsg::Arrived { id, from_port })) = arrivals.recv().await {
+                match self.room.take(&self.ctx.account) {
+                    Ok(slot) => spawn_channel(self.ended.clone(), slot, Arc::clone(&self).carry(id, from_port)),
+                    // Left waiting, the connection is closed by the agent.
+                    Err(why) => {
+                        static LIMIT: LogLimit = LogLimit::every(1000);
+                        if let Some(dropped) = LIMIT.allow() {
+                            tracing::warn!(account = %self.ctx.account, dropped, "a forwarded connection refused: {why}");
+                        }
+                    }
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Carries the box's connection `id` over a channel to the client.
+    async fn carry(self: Arc<Self>, id: u64, from_port: u16) {
+        let Ok((mut stream, session)) = self.ctx.connect(&self.name).await else {
+            return;
+        };
+        let Ok(early) = take(&mut stream, id).await else {
+            return;
+        };
+        let (address, port) = (self.address.clone(), u32::from(self.port));
+        // The client refusing it (its own target down) closes the box's end.
+        let Ok(channel) =
+            self.ctx.handle.channel_open_forwarded_tcpip(address, port, "127.0.0.1", u32::from(from_port)).await
+        else {
+            return;
+        };
+        crate::forward::carry_while(&session, &self.ctx, channel, early, stream).await;
+    }
+}
