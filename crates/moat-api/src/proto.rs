@@ -571,6 +571,9 @@ pub struct AccountLimits {
     pub max_disk: u64,
     /// Most checkpoints per box (`--max-checkpoints`).
     pub max_checkpoints: usize,
+    /// Most images, pulled and saved (`--max-images`).
+    #[serde(default)]
+    pub max_images: usize,
 }
 
 impl From<&ManagerConfig> for AccountLimits {
@@ -581,6 +584,7 @@ impl From<&ManagerConfig> for AccountLimits {
             max_memory: c.max_memory_per_account,
             max_disk: c.max_disk_per_account,
             max_checkpoints: c.max_checkpoints,
+            max_images: c.max_images,
         }
     }
 }

@@ -54,6 +54,9 @@ pub struct ServeArgs {
     /// Most checkpoints one box may have (a restore keeps one more).
     #[arg(long, default_value_t = 32)]
     max_checkpoints: usize,
+    /// Most images (pulled and saved) one account may have.
+    #[arg(long, default_value_t = 32)]
+    max_images: usize,
     /// Boxes kept booted ahead of demand (0: none): one of each of the
     /// kinds (image, limits, backend) `new` asked for last, which a `new`
     /// of that kind takes.
@@ -218,6 +221,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_memory_per_account: args.max_memory_per_account.unwrap_or(host_memory.saturating_mul(4)),
         max_disk_per_account,
         max_checkpoints: args.max_checkpoints,
+        max_images: args.max_images,
         warm_boxes: args.warm_boxes,
         default_backend,
         ..ManagerConfig::default()

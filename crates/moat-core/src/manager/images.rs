@@ -152,6 +152,8 @@ impl BoxManager {
         let puller = self.puller()?;
         let logins = self.logins(account)?;
         let turn = self.transfers.turn(account).await?;
+        // Within the turn: no other pull of the account's adds one meanwhile.
+        self.room_for_image(account, name.as_ref())?;
         let pulled = tokio::task::spawn_blocking(move || {
             let _turn = turn;
             let find = move |registry: &str| logins.iter().find(|l| l.registry == registry).cloned();
@@ -199,6 +201,7 @@ impl BoxManager {
             return Err(ManagerError::Pull(format!("{image} is a built-in image's name: save it as another")));
         }
         let rec = self.get(account, box_name)?;
+        self.room_for_image(account, Some(&image))?;
         let base = self.db(|s| s.images(Some(account)))?.into_iter().find(|i| i.key == rec.image);
         let key = Name::new(&format!("{}t{}", crate::images::PULLED_PREFIX, crate::ids::BoxId::random()))
             .map_err(|_| ManagerError::NameTooLong(image.to_string()))?;
@@ -226,6 +229,18 @@ impl BoxManager {
         }
         self.tell_durable_image(&saved.key);
         Ok(saved)
+    }
+
+    /// Refuses a new image of the account's past `--max-images`: one that
+    /// replaces an image of the same name takes no new place (a pull without
+    /// `--as` names its image only once pulled, so at the most it is refused).
+    fn room_for_image(&self, account: &AccountId, name: Option<&Name>) -> Result<(), ManagerError> {
+        let images = self.db(|s| s.images(Some(account)))?;
+        let replaces = name.is_some_and(|name| images.iter().any(|i| &i.name == name));
+        match images.len() >= self.config.max_images && !replaces {
+            true => Err(ManagerError::TooManyImages(images.len())),
+            false => Ok(()),
+        }
     }
 
     /// Pushes the account's image `name` to `reference`; the line that

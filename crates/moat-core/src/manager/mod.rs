@@ -73,6 +73,9 @@ pub enum ManagerError {
     /// The account has as many boxes as the operator allows.
     #[error("you have {0} boxes, the most this server allows; remove one first")]
     TooManyBoxes(usize),
+    /// The account has as many images as the operator allows.
+    #[error("you have {0} images, the most this server allows; remove one first (image rm NAME)")]
+    TooManyImages(usize),
     /// A limit above the operator's maximum.
     #[error("{what} may be at most {max} on this server")]
     OverMax {
@@ -292,6 +295,9 @@ pub struct ManagerConfig {
     pub max_disk_per_account: u64,
     /// Most checkpoints one box may have.
     pub max_checkpoints: usize,
+    /// Most images (pulled and saved) one account may have: each holds disk
+    /// outside its boxes', up to `--max-image-size` or a box's disk.
+    pub max_images: usize,
     /// Boxes kept booted ahead of demand (one of each kind, image, limits
     /// and backend, for the kinds `new` asked for last); 0: none.
     pub warm_boxes: usize,
@@ -313,6 +319,7 @@ impl Default for ManagerConfig {
             max_memory_per_account: 256 << 30,
             max_disk_per_account: 256 << 30,
             max_checkpoints: 32,
+            max_images: 32,
             warm_boxes: 1,
             warm_kept: Duration::from_secs(600),
             default_backend: BackendKind::Ns,

@@ -72,6 +72,9 @@ impl Backend for MemBackend {
     fn build_image(&self, _image: &Name, _progress: Progress<'_>) -> Result<(), BackendError> {
         Err(BackendError::msg("no builds here"))
     }
+    fn save_image(&self, _rec: &BoxRecord, _key: &Name) -> Result<(), BackendError> {
+        Ok(())
+    }
     fn create(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         self.check("create")?;
         self.state.lock().unwrap().files.insert(rec.id.as_str().into(), rec.name.to_string());
@@ -507,6 +510,27 @@ async fn an_accounts_memory_budget_counts_its_boxes_limits_only() {
     assert_eq!((m.count(&f.alice).unwrap(), m.count(&bob).unwrap()), (3, 1));
     m.remove(&f.alice, &name("a")).await.unwrap();
     assert_eq!(m.count(&f.alice).unwrap(), 2);
+}
+
+/// An account's images are counted: past `--max-images` a new one is
+/// refused (each holds disk outside its boxes'), one of a name it has
+/// replaces it, and other accounts count their own.
+#[tokio::test]
+async fn images_past_the_most_are_refused_and_a_replacement_is_not() {
+    let f = fixture();
+    let config = ManagerConfig { max_images: 2, warm_boxes: 0, ..ManagerConfig::default() };
+    let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
+    m.create(&f.alice, busybox("a", Limits::default()), Box::new(|_: &str| {})).await.unwrap();
+    m.save_image(&f.alice, &name("a"), name("t1")).await.unwrap();
+    m.save_image(&f.alice, &name("a"), name("t2")).await.unwrap();
+    let refused = m.save_image(&f.alice, &name("a"), name("t3")).await;
+    assert!(matches!(refused, Err(ManagerError::TooManyImages(2))), "{refused:?}");
+    m.save_image(&f.alice, &name("a"), name("t1")).await.unwrap();
+    let bob = AccountId("SHA256:bob".into());
+    m.create(&bob, busybox("b", Limits::default()), Box::new(|_: &str| {})).await.unwrap();
+    m.save_image(&bob, &name("b"), name("t3")).await.unwrap();
+    m.remove_image(&f.alice, &name("t2")).unwrap();
+    m.save_image(&f.alice, &name("a"), name("t3")).await.unwrap();
 }
 
 #[tokio::test]

@@ -131,6 +131,7 @@ pub fn whoami_shows_the_key_and_its_limits(env: &Env) {
             text.contains("\nall boxes:    at most ") && text.contains(" memory and 256G disk together\n"),
             "{text}"
         );
+        assert!(text.contains("\nimages:       at most 32 (pulled and saved)\n"), "{text}");
 
         let json = run(&mut env.daemon.ssh(key, Some("moat"), &["whoami", "--json"])).ok().stdout;
         let me: serde_json::Value = serde_json::from_str(&json).expect("whoami --json is JSON");

@@ -25,7 +25,7 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     }
     let l = &me.limits;
     Ok(format!(
-        "account:      {}\nfingerprint:  {} (as ssh-keygen -l shows your key)\nowner:        {} (names your boxes to those you share them with: NAME.{}@HOST)\nboxes:        {} of at most {}\nper box:      at most {} cpus, {} memory, {} processes, {} disk, {} checkpoints\nall boxes:    at most {} memory and {} disk together\n",
+        "account:      {}\nfingerprint:  {} (as ssh-keygen -l shows your key)\nowner:        {} (names your boxes to those you share them with: NAME.{}@HOST)\nboxes:        {} of at most {}\nper box:      at most {} cpus, {} memory, {} processes, {} disk, {} checkpoints\nall boxes:    at most {} memory and {} disk together\nimages:       at most {} (pulled and saved)\n",
         me.account,
         me.fingerprint,
         me.owner,
@@ -39,5 +39,6 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         l.max_checkpoints,
         format_size(l.max_memory),
         format_size(l.max_disk),
+        l.max_images,
     ))
 }
