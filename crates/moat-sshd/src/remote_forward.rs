@@ -28,8 +28,9 @@ use crate::task::AbortOnDrop;
 /// Most forwards one connection holds at once.
 const MOST: usize = 16;
 
-/// How long the box may take to listen (a suspended VM box resumes first).
-const LISTEN_WITHIN: Duration = Duration::from_secs(30);
+/// How long the box may take to listen (a parked VM box boots first). The
+/// connection waits meanwhile: russh answers a global request in turn.
+const LISTEN_WITHIN: Duration = Duration::from_secs(15);
 
 /// A connection's forwards, by the address and port the client names them by.
 #[derive(Default)]
