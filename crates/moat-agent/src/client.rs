@@ -103,6 +103,21 @@ pub async fn listen(
     }
 }
 
+/// As [`listen`], on a unix socket made at `path` in the box
+/// ([`HostMsg::ListenPath`]).
+pub async fn listen_path(
+    mut stream: tokio::net::UnixStream,
+    path: &str,
+) -> io::Result<AgentReader<tokio::net::UnixStream>> {
+    send(&mut stream, &HostMsg::ListenPath { path: path.as_bytes().to_vec() }).await?;
+    let mut reader = AgentReader::new(stream);
+    match reader.recv().await? {
+        Some(AgentMsg::Listening { port: 0 }) => Ok(reader),
+        Some(AgentMsg::Error(why)) => Err(io::Error::new(io::ErrorKind::AddrInUse, why)),
+        other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("the box's agent answered {other:?}"))),
+    }
+}
+
 async fn connected(stream: &mut tokio::net::UnixStream, ask: &HostMsg) -> io::Result<Vec<u8>> {
     send(stream, ask).await?;
     let mut reader = AgentReader::new(&mut *stream);

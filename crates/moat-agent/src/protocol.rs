@@ -119,6 +119,13 @@ pub enum HostMsg {
         /// TCP port.
         port: u16,
     },
+    /// `Listen` on a unix stream socket made at this path in the box (as
+    /// the box's sessions' user, mode 0600), removed when the connection
+    /// ends; answered with `Listening` of port 0.
+    ListenPath {
+        /// The socket's path, as the box names it.
+        path: Vec<u8>,
+    },
     /// Carry the bytes of a connection told as `Arrived`, as for `Connect`.
     Take {
         /// The `Arrived` connection's id.
@@ -213,16 +220,16 @@ pub enum AgentMsg {
     Error(String),
     /// The TCP connection is open; raw bytes follow in both directions.
     Connected,
-    /// Answer to `Listen`: the port listened on.
+    /// Answer to `Listen` and `ListenPath`: the port listened on.
     Listening {
-        /// TCP port (the one chosen, when any was asked for).
+        /// TCP port (the one chosen, when any was asked for; 0 for a path).
         port: u16,
     },
     /// A connection was made to the `Listen` port; `Take` carries it.
     Arrived {
         /// The connection's id, for `Take`.
         id: u64,
-        /// The port it came from, on the box's loopback.
+        /// The port it came from, on the box's loopback (0: a socket path's).
         from_port: u16,
     },
     /// Answer to `Ping`.
@@ -282,6 +289,7 @@ mod tag {
     pub const CONNECT_PATH: u8 = 0x13;
     pub const LISTEN: u8 = 0x14;
     pub const TAKE: u8 = 0x15;
+    pub const LISTEN_PATH: u8 = 0x16;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -477,6 +485,11 @@ impl HostMsg {
                 w.u16(*port);
                 w.finish()
             }
+            Self::ListenPath { path } => {
+                let mut w = Writer::new(tag::LISTEN_PATH);
+                w.bytes(path);
+                w.finish()
+            }
             Self::Take { id } => {
                 let mut w = Writer::new(tag::TAKE);
                 w.u64(*id);
@@ -557,6 +570,7 @@ impl HostMsg {
             tag::CONNECT => Self::Connect { port: r.u16()? },
             tag::CONNECT_PATH => Self::ConnectPath { path: r.bytes()? },
             tag::LISTEN => Self::Listen { port: r.u16()? },
+            tag::LISTEN_PATH => Self::ListenPath { path: r.bytes()? },
             tag::TAKE => Self::Take { id: r.u64()? },
             tag::PING => Self::Ping,
             tag::DISK => Self::Disk { limit: r.u64()?, used: r.u64()? },
@@ -703,6 +717,7 @@ mod tests {
         host_roundtrip(HostMsg::ConnectPath { path: b"/run/app.sock".to_vec() });
         host_roundtrip(HostMsg::Listen { port: 0 });
         host_roundtrip(HostMsg::Take { id: u64::MAX });
+        host_roundtrip(HostMsg::ListenPath { path: b"/run/user.sock".to_vec() });
         host_roundtrip(HostMsg::Ping);
         host_roundtrip(HostMsg::Disk { limit: 16 << 30, used: u64::MAX });
         host_roundtrip(HostMsg::PutFile { path: "etc/hostname".into(), mode: 0o644, data: b"web\n".to_vec() });

@@ -18,7 +18,7 @@ use crate::accounts::{AccountLoad, CHANNELS_PER_ACCOUNT, CONNECTIONS_PER_ACCOUNT
 use crate::boxchan::{self, ChannelCtx};
 use crate::forward;
 use crate::ratelimit::LogLimit;
-use crate::remote_forward::RemoteForwards;
+use crate::remote_forward::{Listened, RemoteForwards};
 use crate::server::UnauthSlot;
 use crate::setup::ChannelSetup;
 
@@ -133,6 +133,14 @@ impl ConnHandler {
             remote_forwards: RemoteForwards::default(),
             ended: watch::Sender::new(()),
         }
+    }
+
+    /// Listens in the box for the client (`ssh -R`); what on, if it does.
+    /// (`ctx` comes from `Self::ctx`: the session may not be held across an await.)
+    async fn remote_forward(&mut self, asked: Listened, ctx: Option<ChannelCtx>) -> Option<Listened> {
+        let ctx = ctx?;
+        let room = self.channels.clone();
+        self.remote_forwards.add(ctx, room, self.ended.subscribe(), asked).await
     }
 
     /// Runs a channel's task until it ends or the connection does.
@@ -364,11 +372,14 @@ impl russh::server::Handler for ConnHandler {
         port: &mut u32,
         session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        let Some(ctx) = self.ctx(session) else {
-            return Ok(false);
-        };
-        let room = self.channels.clone();
-        Ok(self.remote_forwards.add(ctx, room, self.ended.subscribe(), address, port).await)
+        let asked = Listened::Port(address.to_string(), *port);
+        Ok(match self.remote_forward(asked, self.ctx(session)).await {
+            Some(Listened::Port(_, bound)) => {
+                *port = bound;
+                true
+            }
+            _ => false,
+        })
     }
 
     async fn cancel_tcpip_forward(
@@ -377,7 +388,20 @@ impl russh::server::Handler for ConnHandler {
         port: u32,
         _session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        Ok(self.remote_forwards.cancel(address, port))
+        Ok(self.remote_forwards.cancel(&Listened::Port(address.to_string(), port)))
+    }
+
+    async fn streamlocal_forward(&mut self, socket_path: &str, session: &mut Session) -> Result<bool, Self::Error> {
+        let asked = Listened::Path(socket_path.to_string());
+        Ok(self.remote_forward(asked, self.ctx(session)).await.is_some())
+    }
+
+    async fn cancel_streamlocal_forward(
+        &mut self,
+        socket_path: &str,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        Ok(self.remote_forwards.cancel(&Listened::Path(socket_path.to_string())))
     }
 
     async fn channel_open_direct_streamlocal(

@@ -1,4 +1,5 @@
-//! `ssh -R`: a port on the box's loopback whose connections go to the client.
+//! `ssh -R`: a port on the box's loopback, or a unix socket in the box, whose
+//! connections go to the client.
 //!
 //! A forward holds a connection to the box's agent, which listens for as
 //! long as it lasts, and a session of the box (it stays awake meanwhile, as
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use moat_agent::client::{listen, take, AgentReader};
+use moat_agent::client::{listen, listen_path, take, AgentReader};
 use moat_agent::protocol::AgentMsg;
 use moat_api::Lease;
 use moat_core::Name;
@@ -32,72 +33,87 @@ const MOST: usize = 16;
 /// connection waits meanwhile: russh answers a global request in turn.
 const LISTEN_WITHIN: Duration = Duration::from_secs(15);
 
-/// A connection's forwards, by the address and port the client names them by.
+/// What a forward listens on, as the client names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Listened {
+    /// `tcpip-forward`: an address (only a name: the port is the box's
+    /// loopback's) and a port.
+    Port(String, u32),
+    /// `streamlocal-forward@openssh.com`: a unix socket's path in the box.
+    Path(String),
+}
+
+/// A connection's forwards, by what the client names them by.
 #[derive(Default)]
 pub struct RemoteForwards {
-    open: HashMap<(String, u32), AbortOnDrop>,
+    open: HashMap<Listened, AbortOnDrop>,
 }
 
 impl RemoteForwards {
-    /// Listens on `port` (0: any free one, then set to it) of the box the
-    /// connection's user names, for the client; whether it does.
+    /// Listens on `asked` in the box the connection's user names, for the
+    /// client; what it listens on (a port asked as 0 is one chosen), if it
+    /// does.
     pub(crate) async fn add(
         &mut self,
         ctx: ChannelCtx,
         room: ChannelRoom,
         ended: watch::Receiver<()>,
-        address: &str,
-        port: &mut u32,
-    ) -> bool {
+        asked: Listened,
+    ) -> Option<Listened> {
         self.open.retain(|_, forward| !forward.0.is_finished());
-        let Ok(asked) = u16::try_from(*port) else {
-            return false;
-        };
-        if self.open.len() >= MOST || self.open.contains_key(&(address.to_string(), *port)) {
-            return false;
+        if self.open.len() >= MOST || self.open.contains_key(&asked) {
+            return None;
         }
         let Target::Box(name) = ctx.target().await else {
-            return false;
+            return None;
         };
         let listening = tokio::time::timeout(LISTEN_WITHIN, async {
             let (stream, session) = ctx.connect(&name).await.map_err(|e| e.message)?;
-            let (bound, arrivals) = listen(stream, asked).await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((bound, arrivals, session))
+            let listened = match &asked {
+                Listened::Port(address, port) => {
+                    let port = u16::try_from(*port).map_err(|_| format!("no port {port}"))?;
+                    let (bound, arrivals) = listen(stream, port).await.map_err(|e| e.to_string())?;
+                    (Listened::Port(address.clone(), u32::from(bound)), arrivals)
+                }
+                Listened::Path(path) => {
+                    let arrivals = listen_path(stream, path).await.map_err(|e| e.to_string())?;
+                    (asked.clone(), arrivals)
+                }
+            };
+            Ok::<_, String>((listened, session))
         });
-        let (bound, arrivals, session) = match listening.await {
+        let ((listened, arrivals), session) = match listening.await {
             Ok(Ok(listening)) => listening,
             failed => {
                 let why = failed.unwrap_or_else(|_| Err("the box did not answer".into())).err();
                 static LIMIT: LogLimit = LogLimit::every(1000);
                 if let Some(dropped) = LIMIT.allow() {
-                    tracing::info!(user = ?ctx.user, port = asked, ?why, dropped, "remote forward refused");
+                    tracing::info!(user = ?ctx.user, ?asked, ?why, dropped, "remote forward refused");
                 }
-                return false;
+                return None;
             }
         };
-        *port = u32::from(bound);
-        let forward = Arc::new(Forward { ctx, room, ended, name, address: address.to_string(), port: bound });
-        self.open.insert((address.to_string(), *port), AbortOnDrop(tokio::spawn(forward.run(arrivals, session))));
-        true
+        let forward = Arc::new(Forward { ctx, room, ended, name, listened: listened.clone() });
+        self.open.insert(listened.clone(), AbortOnDrop(tokio::spawn(forward.run(arrivals, session))));
+        Some(listened)
     }
 
-    /// Stops listening on a forward's port (its connections go on); whether
-    /// there was such a forward.
-    pub fn cancel(&mut self, address: &str, port: u32) -> bool {
-        self.open.remove(&(address.to_string(), port)).is_some()
+    /// Stops listening on a forward's port or socket (its connections go
+    /// on); whether there was such a forward.
+    pub fn cancel(&mut self, listened: &Listened) -> bool {
+        self.open.remove(listened).is_some()
     }
 }
 
-/// One listening port.
+/// One listening port or socket.
 struct Forward {
     ctx: ChannelCtx,
     room: ChannelRoom,
     /// Changes when the connection ends: every carried channel ends then.
     ended: watch::Receiver<()>,
     name: Name,
-    /// What the client named the forward by, for its channels.
-    address: String,
-    port: u16,
+    /// What the client names it by, for its channels.
+    listened: Listened,
 }
 
 impl Forward {
@@ -129,11 +145,15 @@ impl Forward {
         let Ok(early) = take(&mut stream, id).await else {
             return;
         };
-        let (address, port) = (self.address.clone(), u32::from(self.port));
+        let handle = &self.ctx.handle;
+        let channel = match &self.listened {
+            Listened::Port(address, port) => {
+                handle.channel_open_forwarded_tcpip(address.clone(), *port, "127.0.0.1", u32::from(from_port)).await
+            }
+            Listened::Path(path) => handle.channel_open_forwarded_streamlocal(path.clone()).await,
+        };
         // The client refusing it (its own target down) closes the box's end.
-        let Ok(channel) =
-            self.ctx.handle.channel_open_forwarded_tcpip(address, port, "127.0.0.1", u32::from(from_port)).await
-        else {
+        let Ok(channel) = channel else {
             return;
         };
         crate::forward::carry_while(&session, &self.ctx, channel, early, stream).await;

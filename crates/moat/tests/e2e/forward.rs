@@ -200,8 +200,8 @@ pub fn outside_targets_and_other_forwards_refused(env: &Env) {
 /// `ssh -R 9000:127.0.0.1:PORT` (OpenSSH): programs in the box reach a
 /// server on the client's side through the box's loopback (a page, and 8 MiB
 /// whose digest matches); a port the box already uses is refused; the port
-/// closes in the box when ssh ends. paramiko and asyncssh ask for any free
-/// port and carry bytes both ways, then cancel.
+/// closes in the box when ssh ends; the same through a socket path. paramiko
+/// and asyncssh ask for any free port and carry bytes both ways, then cancel.
 pub fn remote_forward_reaches_the_client(env: &Env) {
     let name = unique("rfwd");
     env.new_box(&name, &[]);
@@ -249,6 +249,14 @@ pub fn remote_forward_reaches_the_client(env: &Env) {
     forward.end();
     let closed = || in_box("curl -s -m 5 http://127.0.0.1:9000/; echo rc=$?");
     until_answered("the closed remote forward", closed, "rc=7\n");
+
+    // To a socket path (streamlocal-forward): made mode 0600, gone with ssh.
+    let mut socket = remote(env, &name, &format!("/run/fwd.sock:127.0.0.1:{local}"));
+    let through_socket = || in_box("curl -s -m 5 --unix-socket /run/fwd.sock http://client/");
+    until_answered("the socket remote forward", through_socket, "hello-from-client\n");
+    assert_eq!(in_box("stat -c %a /run/fwd.sock").ok().stdout, "600\n");
+    socket.end();
+    until_answered("the socket's removal", || in_box("test -e /run/fwd.sock; echo $?"), "1\n");
 
     let out = crate::clients::python_client(env, "remote_forward.py", &name).ok();
     assert!(out.stdout.contains("remote forwards: paramiko and asyncssh ok"), "{}", out.stdout);

@@ -311,6 +311,12 @@ fn account_in(passwd: &str, group: &str, user: &str) -> Account {
     Account { ids, home, shell, name }
 }
 
+/// The uid and gid the box's sessions run as (the image's `User`), or
+/// `None` for root.
+pub fn session_ids() -> Option<(u32, u32)> {
+    Setting::read(&[], None).account.ids
+}
+
 /// `word` found on `path` (a program named with a `/` is taken as it is).
 fn on_path(word: &str, path: &str) -> String {
     if word.contains('/') {

@@ -180,6 +180,7 @@ fn serve(stream: UnixStream, reaper: &Arc<Reaper>) {
         Ok(Some(HostMsg::Connect { port })) => tcp::splice(port, reader, stream),
         Ok(Some(HostMsg::ConnectPath { path })) => unix_socket::splice(&path, reader, stream),
         Ok(Some(HostMsg::Listen { port })) => listen::serve(port, reader, stream),
+        Ok(Some(HostMsg::ListenPath { path })) => listen::serve_path(&path, exec::session_ids(), reader, stream),
         Ok(Some(HostMsg::Take { id })) => listen::take(id, reader, stream),
         Ok(Some(HostMsg::Ping)) => frames::send(&stream, &AgentMsg::Pong),
         Ok(Some(HostMsg::Walk)) => walk::run(&stream),
