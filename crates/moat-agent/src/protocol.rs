@@ -196,6 +196,10 @@ pub enum HostMsg {
     Stdin(Vec<u8>),
     /// The client will send no more stdin.
     StdinEof,
+    /// The client reads no more output (OpenSSH's `eow@openssh.com`): the
+    /// process's stdout is closed, as sshd closes it, so its next write
+    /// fails (SIGPIPE) instead of running on for nobody.
+    OutputClosed,
     /// The client's terminal changed size.
     Resize(WinSize),
     /// Deliver this signal to the process.
@@ -290,6 +294,7 @@ mod tag {
     pub const LISTEN: u8 = 0x14;
     pub const TAKE: u8 = 0x15;
     pub const LISTEN_PATH: u8 = 0x16;
+    pub const OUTPUT_CLOSED: u8 = 0x17;
 
     pub const STARTED: u8 = 0x81;
     pub const STDOUT: u8 = 0x82;
@@ -522,6 +527,7 @@ impl HostMsg {
                 w.finish()
             }
             Self::StdinEof => Writer::new(tag::STDIN_EOF).finish(),
+            Self::OutputClosed => Writer::new(tag::OUTPUT_CLOSED).finish(),
             Self::Resize(size) => {
                 let mut w = Writer::new(tag::RESIZE);
                 w.u16(size.cols).u16(size.rows);
@@ -583,6 +589,7 @@ impl HostMsg {
             tag::SERVICE_LOG => Self::ServiceLog,
             tag::STDIN => Self::Stdin(r.bytes()?),
             tag::STDIN_EOF => Self::StdinEof,
+            tag::OUTPUT_CLOSED => Self::OutputClosed,
             tag::RESIZE => Self::Resize(winsize(&mut r)?),
             tag::SIGNAL => Self::Signal(r.i32()?),
             other => return Err(ProtocolError::UnknownTag(other)),
@@ -731,6 +738,7 @@ mod tests {
         host_roundtrip(HostMsg::ServiceLog);
         host_roundtrip(HostMsg::Stdin(vec![0, 1, 2, 255]));
         host_roundtrip(HostMsg::StdinEof);
+        host_roundtrip(HostMsg::OutputClosed);
         host_roundtrip(HostMsg::Resize(WinSize { cols: 120, rows: 40 }));
         host_roundtrip(HostMsg::Signal(2));
     }

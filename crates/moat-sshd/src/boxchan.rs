@@ -7,6 +7,7 @@
 //! full, it would stop draining input, and russh's session loop, blocked
 //! handing us input, could not process the window adjustments.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use moat_agent::client::{send, AgentReader};
@@ -42,6 +43,9 @@ pub struct ChannelCtx {
     pub user: String,
     /// The connection's handle, for replies russh's channel API lacks.
     pub handle: Handle,
+    /// The connection's two ends, client's first, as sshd gives a session
+    /// them (`SSH_CLIENT`, `SSH_CONNECTION`), when known.
+    pub ends: Option<(SocketAddr, SocketAddr)>,
 }
 
 /// What a channel talks to, by its SSH user name.
@@ -109,6 +113,18 @@ impl ChannelCtx {
         let stream = stream.map_err(|e| ApiError { status: 255, message: format!("box {name}: {e}") })?;
         Ok((stream, lease))
     }
+}
+
+/// `SSH_CLIENT` and `SSH_CONNECTION`, as sshd sets them: bash reads
+/// `~/.bashrc` for a command only when it sees them (Debian's and most
+/// builds), which is where nvm, pyenv and `~/.local/bin` go on `PATH`.
+fn ssh_variables(ends: Option<(SocketAddr, SocketAddr)>) -> Vec<(String, String)> {
+    let Some((client, server)) = ends else { return Vec::new() };
+    let ip = |a: &SocketAddr| a.ip().to_canonical().to_string();
+    vec![
+        ("SSH_CLIENT".into(), format!("{} {} {}", ip(&client), client.port(), server.port())),
+        ("SSH_CONNECTION".into(), format!("{} {} {} {}", ip(&client), client.port(), ip(&server), server.port())),
+    ]
 }
 
 /// What a command through a user name that is not a box hears.
@@ -307,6 +323,8 @@ async fn run_in_box(
         Err(e) => return fail(&tx, &e.message, EXIT_MOAT_FAILED).await,
     };
     let id = tx.id();
+    let mut env = env;
+    env.extend(ssh_variables(ctx.ends));
     // Ending the work drops the stream to the agent: the session ends in the
     // box as when the client goes.
     if while_leased(&session, carry_session(name, program, pty, env, rx, tx, ctx, stream)).await {
@@ -394,6 +412,7 @@ async fn carry_session(
                 result
             }
             ChannelMsg::Eof => send(&mut write, &HostMsg::StdinEof).await,
+            ChannelMsg::Eow => send(&mut write, &HostMsg::OutputClosed).await,
             ChannelMsg::WindowChange { col_width, row_height, .. } => {
                 send(&mut write, &HostMsg::Resize(winsize(col_width, row_height))).await
             }

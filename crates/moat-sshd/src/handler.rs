@@ -30,9 +30,27 @@ pub struct Shared {
     pub load: AccountLoad,
 }
 
-/// Most channels (sessions and forwards) open at once on one connection, as
-/// OpenSSH's MaxSessions; each holds a connection to a box's agent.
-const MAX_CHANNELS: usize = 32;
+/// Most session channels (shells, commands, sftp, verbs) open at once on
+/// one connection, as OpenSSH's MaxSessions; each holds a connection to a
+/// box's agent.
+const MAX_SESSIONS: usize = 32;
+
+/// Most forwarded connections (`-L`, `-D`, and each `-R` port and what it
+/// carries) open at once on one connection. OpenSSH bounds them by nothing
+/// but its file descriptors; here each holds a connection to the privileged
+/// side, so they are bounded, apart from sessions (an IDE's tunnels and
+/// what a program in the box opens through `-R` must not take the client's
+/// sessions), and the account's places bound them all.
+const MAX_FORWARDS: usize = 256;
+
+/// What a channel is, for the bound of its kind on its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChannelKind {
+    /// A session channel.
+    Session,
+    /// A forward, or a `-R` port.
+    Forward,
+}
 
 /// Counts an open channel of a connection, and holds its account's place
 /// for it; given back on drop.
@@ -47,25 +65,35 @@ impl Drop for ChannelSlot {
     }
 }
 
-/// Room for one connection's channels: its own count, and its account's.
+/// Room for one connection's channels: its own count of each kind, and its
+/// account's places.
 #[derive(Clone)]
 pub(crate) struct ChannelRoom {
     shared: Arc<Shared>,
-    open: Arc<AtomicUsize>,
+    sessions: Arc<AtomicUsize>,
+    forwards: Arc<AtomicUsize>,
 }
 
 impl ChannelRoom {
-    /// A place for one more channel of `account`'s, or why there is none.
-    pub(crate) fn take(&self, account: &AccountId) -> Result<ChannelSlot, String> {
+    fn new(shared: Arc<Shared>) -> Self {
+        Self { shared, sessions: Arc::default(), forwards: Arc::default() }
+    }
+
+    /// A place for one more channel of `kind` of `account`'s, or why there
+    /// is none.
+    pub(crate) fn take(&self, account: &AccountId, kind: ChannelKind) -> Result<ChannelSlot, String> {
         let Some(place) = self.shared.load.channel(account) else {
             return Err(format!("the account has the most channels open ({CHANNELS_PER_ACCOUNT})"));
         };
-        let was = self.open.fetch_add(1, Ordering::Relaxed);
-        if was >= MAX_CHANNELS {
-            self.open.fetch_sub(1, Ordering::Relaxed);
-            return Err(format!("the connection has the most channels open ({MAX_CHANNELS})"));
+        let (open, most) = match kind {
+            ChannelKind::Session => (&self.sessions, MAX_SESSIONS),
+            ChannelKind::Forward => (&self.forwards, MAX_FORWARDS),
+        };
+        if open.fetch_add(1, Ordering::Relaxed) >= most {
+            open.fetch_sub(1, Ordering::Relaxed);
+            return Err(format!("the connection has the most {kind:?} channels open ({most})").to_lowercase());
         }
-        Ok(ChannelSlot { open: Arc::clone(&self.open), _account: place })
+        Ok(ChannelSlot { open: Arc::clone(open), _account: place })
     }
 }
 
@@ -94,6 +122,8 @@ pub(crate) fn spawn_channel(
 pub struct ConnHandler {
     shared: Arc<Shared>,
     peer: Option<SocketAddr>,
+    /// The address the client connected to.
+    local: Option<SocketAddr>,
     login: Option<(AccountId, String)>,
     /// Held until authentication succeeds, bounding unauthenticated connections.
     slot: Option<UnauthSlot>,
@@ -117,14 +147,15 @@ impl ConnHandler {
     /// A handler for a new connection from `peer`.
     pub fn new(
         shared: Arc<Shared>,
-        peer: Option<SocketAddr>,
+        (peer, local): (Option<SocketAddr>, Option<SocketAddr>),
         slot: UnauthSlot,
         authenticated: Arc<AtomicBool>,
     ) -> Self {
         Self {
-            channels: ChannelRoom { shared: Arc::clone(&shared), open: Arc::default() },
+            channels: ChannelRoom::new(Arc::clone(&shared)),
             shared,
             peer,
+            local,
             login: None,
             slot: Some(slot),
             account_place: None,
@@ -155,10 +186,11 @@ impl ConnHandler {
     async fn admit(
         &self,
         ctx: Option<ChannelCtx>,
+        kind: ChannelKind,
         reply: ChannelOpenHandle,
     ) -> Option<(ChannelCtx, ChannelSlot, ChannelOpenHandle)> {
         let ctx = ctx?;
-        match self.channels.take(&ctx.account) {
+        match self.channels.take(&ctx.account, kind) {
             Ok(slot) => Some((ctx, slot, reply)),
             Err(why) => {
                 static LIMIT: LogLimit = LogLimit::every(1000);
@@ -199,7 +231,8 @@ impl ConnHandler {
 
     fn ctx(&self, session: &Session) -> Option<ChannelCtx> {
         let (account, user) = self.login.clone()?;
-        Some(ChannelCtx { api: self.shared.api.clone(), account, user, handle: session.handle() })
+        let ends = self.peer.zip(self.local);
+        Some(ChannelCtx { api: self.shared.api.clone(), account, user, handle: session.handle(), ends })
     }
 }
 
@@ -260,7 +293,7 @@ impl russh::server::Handler for ConnHandler {
         reply: ChannelOpenHandle,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), reply).await else {
+        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), ChannelKind::Session, reply).await else {
             return Ok(());
         };
         reply.accept().await;
@@ -358,7 +391,7 @@ impl russh::server::Handler for ConnHandler {
         reply: ChannelOpenHandle,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), reply).await else {
+        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), ChannelKind::Forward, reply).await else {
             return Ok(());
         };
         let host = host_to_connect.to_string();
@@ -411,7 +444,7 @@ impl russh::server::Handler for ConnHandler {
         reply: ChannelOpenHandle,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), reply).await else {
+        let Some((ctx, slot, reply)) = self.admit(self.ctx(session), ChannelKind::Forward, reply).await else {
             return Ok(());
         };
         let path = socket_path.to_string();

@@ -26,4 +26,4 @@ pub mod words;
 pub use server::{serve, ServerConfig};
 
 /// The version line the front door sends (see `server`).
-pub const BANNER: &str = "SSH-2.0-moat OpenSSH-compatible";
+pub const BANNER: &str = "SSH-2.0-OpenSSH_moat";

@@ -22,7 +22,7 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 
 use crate::boxchan::{while_leased, ChannelCtx, Target};
-use crate::handler::{spawn_channel, ChannelRoom};
+use crate::handler::{spawn_channel, ChannelKind, ChannelRoom};
 use crate::ratelimit::LogLimit;
 use crate::task::AbortOnDrop;
 
@@ -64,6 +64,20 @@ impl RemoteForwards {
         if self.open.len() >= MOST || self.open.contains_key(&asked) {
             return None;
         }
+        if let Listened::Port(_, port) = &asked {
+            u16::try_from(*port).ok()?;
+        }
+        // Held while it listens, as a forward's channel is.
+        let place = match room.take(&ctx.account, ChannelKind::Forward) {
+            Ok(place) => place,
+            Err(why) => {
+                static LIMIT: LogLimit = LogLimit::every(1000);
+                if let Some(dropped) = LIMIT.allow() {
+                    tracing::warn!(account = %ctx.account, dropped, "a remote forward refused: {why}");
+                }
+                return None;
+            }
+        };
         let Target::Box(name) = ctx.target().await else {
             return None;
         };
@@ -94,7 +108,14 @@ impl RemoteForwards {
             }
         };
         let forward = Arc::new(Forward { ctx, room, ended, name, listened: listened.clone() });
-        self.open.insert(listened.clone(), AbortOnDrop(tokio::spawn(forward.run(arrivals, session))));
+        let run = forward.run(arrivals, session);
+        self.open.insert(
+            listened.clone(),
+            AbortOnDrop(tokio::spawn(async move {
+                run.await;
+                drop(place);
+            })),
+        );
         Some(listened)
     }
 
@@ -122,7 +143,7 @@ impl Forward {
     async fn run(self: Arc<Self>, mut arrivals: AgentReader<UnixStream>, session: Lease) {
         while_leased(&session, async {
             while let Ok(Some(AgentMsg::Arrived { id, from_port })) = arrivals.recv().await {
-                match self.room.take(&self.ctx.account) {
+                match self.room.take(&self.ctx.account, ChannelKind::Forward) {
                     Ok(slot) => spawn_channel(self.ended.clone(), slot, Arc::clone(&self).carry(id, from_port)),
                     // Left waiting, the connection is closed by the agent.
                     Err(why) => {

@@ -156,11 +156,12 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
         keepalive_interval: Some(Duration::from_secs(30)),
         keepalive_max: 4,
         nodelay: true,
-        // No library name or version for scanners to match against. The
-        // comment is for SFTP clients (asyncssh, WinSCP) that send SYMLINK's
-        // two paths in OpenSSH's order only to servers naming OpenSSH: a box's
-        // SFTP server (the image's `sftp-server`, or the agent's) takes that
-        // order.
+        // No library name or version for scanners to match against. It
+        // starts with "OpenSSH" for clients that speak OpenSSH's extensions
+        // only to a server so named: OpenSSH's own sends `eow@openssh.com`
+        // (without it, `ssh box yes | head` ran on for good), and SFTP clients
+        // (asyncssh, WinSCP) send SYMLINK's two paths in OpenSSH's order, which
+        // a box's SFTP server (the image's `sftp-server`, or the agent's) takes.
         server_id: russh::SshId::Standard(crate::BANNER.into()),
         preferred: russh::Preferred { kex: KEX_ORDER.into(), ..Default::default() },
         ..Default::default()
@@ -187,7 +188,8 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
         let grace = if penalties.is_penalized(peer.ip()) { grace.min(PENALIZED_GRACE) } else { grace };
         let slot = UnauthSlot { _pending: pending, holder: Arc::clone(&holder) };
         let authenticated = Arc::new(AtomicBool::new(false));
-        let handler = ConnHandler::new(Arc::clone(&shared), Some(peer), slot, Arc::clone(&authenticated));
+        let ends = (Some(peer), stream.local_addr().ok());
+        let handler = ConnHandler::new(Arc::clone(&shared), ends, slot, Arc::clone(&authenticated));
         let russh_config = Arc::clone(&russh_config);
         let auth_timeout = config.auth_timeout;
         let admission = admission.clone();

@@ -17,16 +17,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The files LXCFS serves that a box gets, relative to both the LXCFS mount
-/// and the box's root.
-const FILES: &[&str] = &[
-    "proc/meminfo",
-    "proc/cpuinfo",
-    "proc/stat",
-    "proc/uptime",
-    "proc/diskstats",
-    "proc/swaps",
-    "sys/devices/system/cpu/online",
-];
+/// and the box's root. Not `/proc/uptime`: LXCFS counts it from the box's
+/// start while every process's start time is still counted from the host's
+/// boot, so `ps -o etime` went negative (and printed years); a box sees the
+/// host's uptime, as a Docker container does.
+const FILES: &[&str] =
+    &["proc/meminfo", "proc/cpuinfo", "proc/stat", "proc/diskstats", "proc/swaps", "sys/devices/system/cpu/online"];
 
 /// A running LXCFS mount.
 #[derive(Debug, Clone)]

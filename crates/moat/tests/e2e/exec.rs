@@ -31,6 +31,65 @@ pub fn death_by_signal_is_reported_as_openssh(env: &Env) {
     assert_eq!(out.stdout, "status=137\n");
 }
 
+/// `ssh box yes | head -c N`: once what the client writes to closes, it
+/// says so (eow@openssh.com) and the program's output is closed as sshd
+/// closes it: the command ends (SIGPIPE) and ssh returns, where before both
+/// ran on for good; and `| grep -m1` of a command that keeps printing.
+pub fn a_reader_that_closes_ends_the_command(env: &Env) {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let name = unique("eow");
+    env.new_box(&name, &["--image", "busybox"]);
+    // `ssh box REMOTE | TAIL`: what TAIL printed, and how long ssh took.
+    // REMOTE ends by itself within 30 s, so a failure here is slow, not stuck.
+    let piped = |remote: &str, tail: &[&str]| {
+        let started = Instant::now();
+        let mut ssh = env.daemon.ssh(&env.alice, Some(&name), &[remote]);
+        let mut ssh = ssh.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let (program, args) = tail.split_first().unwrap();
+        let printed =
+            std::process::Command::new(program).args(args).stdin(ssh.stdout.take().unwrap()).output().unwrap();
+        ssh.wait().unwrap();
+        (printed.stdout, started.elapsed())
+    };
+    let (printed, took) = piped("timeout 30 yes", &["head", "-c", "100000"]);
+    assert_eq!(printed.len(), 100_000);
+    assert!(took < Duration::from_secs(20), "ssh ran on for {took:?} after head left");
+    let marker = "i=0; while [ $i -lt 150 ]; do i=$((i+1)); echo line $i; [ $i = 3 ] && echo ready; sleep 0.2; done";
+    let (printed, took) = piped(marker, &["grep", "-m1", "ready"]);
+    assert_eq!(printed, b"ready\n");
+    assert!(took < Duration::from_secs(20), "ssh ran on for {took:?} after grep left");
+    // Nothing of either is left running in the box.
+    let left = env.alice(Some(&name), &["sleep 1; ps -o comm | grep -c '^yes$' || true"]).ok();
+    assert_eq!(left.stdout, "0\n");
+    env.alice(None, &["rm", &name]).ok();
+}
+
+/// A session gets `SSH_CLIENT` and `SSH_CONNECTION` (and `SSH_TTY` with a
+/// terminal) as under sshd, so bash reads `~/.bashrc` for a command (where
+/// nvm and pyenv put themselves on `PATH`); a client cannot set them.
+pub fn sessions_get_sshs_variables_and_bashrc(env: &Env) {
+    let name = unique("sshvars");
+    env.new_box(&name, &[]);
+    let port = env.daemon.port;
+    let out = env.alice(Some(&name), &["echo $SSH_CLIENT; echo $SSH_CONNECTION; echo tty=$SSH_TTY"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let client: Vec<&str> = lines[0].split(' ').collect();
+    assert_eq!((client.len(), client[0], client[2]), (3, "127.0.0.1", port.to_string().as_str()), "{}", out.stdout);
+    assert_eq!(lines[1], format!("127.0.0.1 {} 127.0.0.1 {port}", client[1]), "{}", out.stdout);
+    assert_eq!(lines[2], "tty=");
+    let mut cmd = env.daemon.ssh_with(&env.alice, Some(&name), &["-tt"], &["echo tty=$SSH_TTY"]);
+    let out = crate::fixture::run(&mut cmd).ok();
+    assert!(out.stdout.starts_with("tty=/dev/pts/"), "{:?}", out.stdout);
+    let mut cmd =
+        env.daemon.ssh_with(&env.alice, Some(&name), &["-o", "SetEnv=SSH_CLIENT=forged"], &["echo $SSH_CLIENT"]);
+    let out = crate::fixture::run(&mut cmd).ok();
+    assert!(out.stdout.starts_with("127.0.0.1 "), "{:?}", out.stdout);
+    env.alice(Some(&name), &["sed -i '1i export FROM_BASHRC=yes' ~/.bashrc"]).ok();
+    assert_eq!(env.alice(Some(&name), &["echo $FROM_BASHRC"]).ok().stdout, "yes\n");
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// Whatever the daemon was started with (see `fixture::signals_left_behind`),
 /// a program in a box starts with every signal at its default and none
 /// blocked, as under sshd.

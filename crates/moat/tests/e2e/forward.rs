@@ -77,6 +77,21 @@ pub fn local_reaches_box_server(env: &Env) {
     let port = free_port();
     let _t = tunnel(env, &name, &format!("{port}:localhost:8000"));
     until_answered("the tunnel", || curl(port), "hello-from-box\n");
+    // 48 connections at once over the one SSH connection: forwards are not
+    // held to the 32 sessions a connection may have (as under sshd).
+    let held: Vec<std::net::TcpStream> = (0..48)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            std::io::Write::write_all(&mut s, b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            s
+        })
+        .collect();
+    for (i, mut s) in held.into_iter().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+        assert!(answer.ends_with("hello-from-box\n"), "connection {i}: {answer:?}");
+    }
 }
 
 /// `ssh -D` (a SOCKS proxy, as VS Code's Remote-SSH opens one): names of the

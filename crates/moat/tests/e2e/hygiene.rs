@@ -239,7 +239,7 @@ pub fn banner_and_key_exchanges(env: &Env) {
     socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut banner = vec![0u8; moat_sshd::BANNER.len() + 2];
     socket.read_exact(&mut banner).unwrap();
-    assert_eq!(banner, b"SSH-2.0-moat OpenSSH-compatible\r\n");
+    assert_eq!(banner, b"SSH-2.0-OpenSSH_moat\r\n");
     for kex in
         ["diffie-hellman-group14-sha256", "diffie-hellman-group-exchange-sha256", "diffie-hellman-group18-sha512"]
     {

@@ -130,6 +130,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     clients::box_sees_its_own_totals,
     exec::streams_status_and_stderr,
     exec::death_by_signal_is_reported_as_openssh,
+    exec::a_reader_that_closes_ends_the_command,
+    exec::sessions_get_sshs_variables_and_bashrc,
     exec::programs_start_with_default_signals,
     exec::tar_100mb_through_stdin,
     exec::processes_outlive_the_session,
@@ -273,6 +275,7 @@ const ALONE_LAST: &[(&str, TestFn)] = tests![
 const VM_PASS_TESTS: &[(&str, TestFn)] = tests![
     exec::streams_status_and_stderr,
     exec::death_by_signal_is_reported_as_openssh,
+    exec::a_reader_that_closes_ends_the_command,
     exec::programs_start_with_default_signals,
     pty::shell_resize_and_ctrl_c,
     files::scp_both_ways,

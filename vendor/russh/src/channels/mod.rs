@@ -26,6 +26,9 @@ pub enum ChannelMsg {
         max_packet_size: u32,
         window_size: u32,
     },
+    /// moat: the peer will read no more of the channel's data (OpenSSH's
+    /// `eow@openssh.com`, sent when what it writes the data to has closed).
+    Eow,
     Data {
         data: Bytes,
     },

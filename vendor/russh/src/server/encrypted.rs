@@ -1823,6 +1823,14 @@ impl Session {
                         debug!("handler.signal {channel_num:?} {signal:?}");
                         handler.signal(channel_num, signal, self).await
                     }
+                    // moat: what the client writes the channel's data to has
+                    // closed (`ssh box yes | head`); sshd closes the program's
+                    // output then, so it ends (SIGPIPE) instead of running on.
+                    "eow@openssh.com" => {
+                        map_err!(ensure_end(r))?;
+                        self.deliver(channel_num, ChannelMsg::Eow)?;
+                        Ok(())
+                    }
                     x => {
                         warn!("unknown channel request {x}");
                         self.channel_failure(channel_num)?;

@@ -34,6 +34,9 @@ struct Flags {
     exited: AtomicBool,
     /// The host connection is gone: pumps stop at once.
     host_gone: AtomicBool,
+    /// The client reads no more output: the stdout pump stops, closing the
+    /// pipe's reading end.
+    output_closed: AtomicBool,
 }
 
 type Shared = Arc<Mutex<UnixStream>>;
@@ -55,7 +58,7 @@ pub fn run(req: ExecRequest, reader: FrameReader, stream: UnixStream, reaper: &R
 fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper: &Reaper) -> io::Result<()> {
     // A box named since it booted answers to its new name from its first session.
     crate::login::alias_root_as_host_name();
-    let program = program_for(&req);
+    let mut program = program_for(&req);
     let writer: Shared = Arc::new(Mutex::new(stream.try_clone()?));
     let flags = Arc::new(Flags::default());
 
@@ -70,10 +73,14 @@ fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             for fd in [&pair.master, &pair.slave] {
                 nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
             }
+            // As sshd sets it for a session with a terminal.
+            if let Ok(tty) = nix::unistd::ttyname(&pair.slave) {
+                program.envp.push(cstring(format!("SSH_TTY={}", tty.display())));
+            }
             let io = ChildIo { stdin: &pair.slave, stdout: &pair.slave, stderr: &pair.slave, controlling_tty: true };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
             stdin = Some(File::from(pair.master.try_clone()?));
-            pumps.push(start_pump(pair.master.try_clone()?, AgentMsg::Stdout, &writer, &flags)?);
+            pumps.push(start_pump(pair.master.try_clone()?, Output::Terminal, &writer, &flags)?);
             terminal = Some(pair.master);
             spawned
         }
@@ -84,8 +91,8 @@ fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             let io = ChildIo { stdin: &in_r, stdout: &out_w, stderr: &err_w, controlling_tty: false };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
             stdin = Some(File::from(in_w));
-            pumps.push(start_pump(out_r, AgentMsg::Stdout, &writer, &flags)?);
-            pumps.push(start_pump(err_r, AgentMsg::Stderr, &writer, &flags)?);
+            pumps.push(start_pump(out_r, Output::Stdout, &writer, &flags)?);
+            pumps.push(start_pump(err_r, Output::Stderr, &writer, &flags)?);
             terminal = None;
             spawned
         }
@@ -129,6 +136,7 @@ fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
                 }
             }
             Ok(Some(HostMsg::StdinEof)) if terminal.is_none() => stdin = None,
+            Ok(Some(HostMsg::OutputClosed)) => flags.output_closed.store(true, Ordering::Relaxed),
             Ok(Some(HostMsg::Resize(size))) => {
                 if let Some(master) = &terminal {
                     // SAFETY: TIOCSWINSZ reads one Winsize from a valid pointer on an
@@ -166,24 +174,35 @@ fn winsize(size: WinSize) -> Winsize {
     Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 }
 }
 
-/// Copies one output fd to the host as frames made by `wrap`.
+/// What a pump reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Stdout,
+    Stderr,
+    /// A terminal's master: stdout and stderr in one, and stdin's way in too.
+    Terminal,
+}
+
+/// Copies one output fd to the host, as frames of its kind.
 ///
 /// Once the process has exited, a pump forwards only what is already buffered:
 /// a background job that keeps the pipe open must not hold the session open
-/// (OpenSSH would wait for it; `ssh box 'server &'` should return).
-fn start_pump(
-    fd: OwnedFd,
-    wrap: fn(Vec<u8>) -> AgentMsg,
-    writer: &Shared,
-    flags: &Arc<Flags>,
-) -> io::Result<JoinHandle<()>> {
+/// (OpenSSH would wait for it; `ssh box 'server &'` should return). A stdout
+/// pump stops when the client reads no more output (a terminal's is left:
+/// sshd leaves it too).
+fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) -> io::Result<JoinHandle<()>> {
+    let wrap = match kind {
+        Output::Stdout | Output::Terminal => AgentMsg::Stdout,
+        Output::Stderr => AgentMsg::Stderr,
+    };
     let (writer, flags) = (Arc::clone(writer), Arc::clone(flags));
     // Builder, not thread::spawn: at the box's pids.max the agent must fail the
     // session, not panic.
     std::thread::Builder::new().spawn(move || {
         let mut buf = vec![0u8; moat_agent::protocol::MAX_CHUNK];
         loop {
-            if flags.host_gone.load(Ordering::Relaxed) {
+            let unread = kind == Output::Stdout && flags.output_closed.load(Ordering::Relaxed);
+            if flags.host_gone.load(Ordering::Relaxed) || unread {
                 return;
             }
             let exited = flags.exited.load(Ordering::Relaxed);

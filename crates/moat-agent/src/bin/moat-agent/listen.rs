@@ -17,7 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,33 @@ const MOST_WAITING: usize = 16;
 
 /// How long a connection waits to be taken before it is closed.
 const WAIT: Duration = Duration::from_secs(10);
+
+/// Most ports and sockets listened on at once in the box: each holds a
+/// thread and a few of the agent's descriptors (whose soft limit, 1024,
+/// its box's programs inherit), which 254 forwards once used up.
+const MOST_LISTENING: usize = 64;
+
+/// How many are listened on now.
+static LISTENING: AtomicUsize = AtomicUsize::new(0);
+
+/// One of [`LISTENING`], given back on drop.
+struct ListenPlace;
+
+impl ListenPlace {
+    fn take() -> Result<Self, String> {
+        if LISTENING.fetch_add(1, Ordering::Relaxed) >= MOST_LISTENING {
+            LISTENING.fetch_sub(1, Ordering::Relaxed);
+            return Err(format!("the box listens for the client on {MOST_LISTENING} ports and sockets already"));
+        }
+        Ok(Self)
+    }
+}
+
+impl Drop for ListenPlace {
+    fn drop(&mut self) {
+        LISTENING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// What a `Listen` listens on.
 enum Listener {
@@ -129,6 +156,10 @@ fn waiting() -> std::sync::MutexGuard<'static, BTreeMap<u64, Waiting>> {
 /// Listens on `port` of the box's loopback (IPv4, and IPv6 on the same port
 /// where it can) until the host's connection ends.
 pub fn serve(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()> {
+    let _place = match ListenPlace::take() {
+        Ok(place) => place,
+        Err(why) => return frames::send(&host, &AgentMsg::Error(why)),
+    };
     let listeners = match bind(port) {
         Ok(listeners) => listeners,
         Err(e) => {
@@ -154,6 +185,10 @@ pub fn serve_path(path: &[u8], ids: Option<(u32, u32)>, reader: FrameReader, hos
         let why = format!("{shown:?} is not an absolute socket path (at most 107 bytes)");
         return frames::send(&host, &AgentMsg::Error(why));
     }
+    let _place = match ListenPlace::take() {
+        Ok(place) => place,
+        Err(why) => return frames::send(&host, &AgentMsg::Error(why)),
+    };
     let path = Path::new(OsStr::from_bytes(path));
     let made = as_session_user(ids, || {
         let listener = UnixListener::bind(path)?;
