@@ -9,6 +9,7 @@ use std::pin::pin;
 
 use moat_agent::client::{connect, connect_path};
 use moat_api::Lease;
+use moat_core::Name;
 use russh::server::{ChannelOpenHandle, Msg};
 use russh::{Channel, ChannelMsg, ChannelOpenFailure, ChannelReadHalf, ChannelWriteHalf};
 use tokio::io::AsyncWriteExt;
@@ -18,15 +19,18 @@ use tokio::net::UnixStream;
 use crate::boxchan::{ChannelCtx, Target};
 use crate::ratelimit::LogLimit;
 
-/// Whether `host` names the box's own loopback.
-pub fn is_loopback(host: &str) -> bool {
-    matches!(host, "localhost" | "127.0.0.1" | "::1" | "[::1]" | "ip6-localhost")
+/// Whether `host` names the box's own loopback: a loopback name or address,
+/// `0.0.0.0` (which Linux connects to the loopback, as sshd's connect would),
+/// or the box's own host name (what a dev server in it prints in its URL).
+pub fn names_the_box(host: &str, name: &Name) -> bool {
+    matches!(host, "localhost" | "127.0.0.1" | "::1" | "[::1]" | "ip6-localhost" | "0.0.0.0")
+        || host.eq_ignore_ascii_case(name.as_str())
 }
 
 /// Opens a forward to `host:port` in the channel's box, or refuses it.
 pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelCtx, host: String, port: u32) {
     let (name, port) = match (ctx.target().await, u16::try_from(port)) {
-        (Target::Box(name), Ok(port)) if is_loopback(&host) => (name, port),
+        (Target::Box(name), Ok(port)) if names_the_box(&host, &name) => (name, port),
         _ => {
             static LIMIT: LogLimit = LogLimit::every(1000);
             if let Some(dropped) = LIMIT.allow() {
@@ -174,14 +178,18 @@ async fn to_client(from_box: &mut OwnedReadHalf, tx: &ChannelWriteHalf<Msg>, ear
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
-    fn only_loopback_targets() {
-        assert!(is_loopback("localhost") && is_loopback("127.0.0.1") && is_loopback("::1"));
-        for other in ["10.0.0.1", "example.com", "127.0.0.2", "0.0.0.0", "", "localhost.evil.com"] {
-            assert!(!is_loopback(other), "{other}");
+    fn only_the_boxs_own_loopback() {
+        let web = Name::new("web").unwrap();
+        for ours in ["localhost", "127.0.0.1", "::1", "0.0.0.0", "web", "WEB"] {
+            assert!(names_the_box(ours, &web), "{ours}");
+        }
+        for other in ["10.0.0.1", "example.com", "127.0.0.2", "", "localhost.evil.com", "web2", "web.example.com"] {
+            assert!(!names_the_box(other, &web), "{other}");
         }
     }
 }

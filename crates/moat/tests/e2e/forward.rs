@@ -92,6 +92,10 @@ pub fn local_reaches_box_server(env: &Env) {
         let _ = std::io::Read::read_to_string(&mut s, &mut answer);
         assert!(answer.ends_with("hello-from-box\n"), "connection {i}: {answer:?}");
     }
+    // The box's own name (what a dev server in it prints) is its loopback.
+    let by_name = free_port();
+    let _t = tunnel(env, &name, &format!("{by_name}:{name}:8000"));
+    until_answered("the tunnel to the box's name", || curl(by_name), "hello-from-box\n");
 }
 
 /// `ssh -D` (a SOCKS proxy, as VS Code's Remote-SSH opens one): names of the
