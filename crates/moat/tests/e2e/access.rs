@@ -126,6 +126,21 @@ pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
         .spawn()
         .unwrap();
     let stream = connected(port);
+    // A remote forward of carol's: a port in alice's box that reaches carol.
+    let mut remote = env
+        .daemon
+        .ssh_with(&carol.key, Some(&shared), &["-N", "-o", "ExitOnForwardFailure=yes", "-R", "7100:127.0.0.1:9"], &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let probe =
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 7100), timeout=2)\" 2>/dev/null; echo $?";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while env.alice(Some(&name), &[probe]).ok().stdout != "0\n" {
+        assert!(Instant::now() < deadline, "carol's remote forward never listened in the box");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let mut page = web_stream(env, &carol.key, &name, &owner);
     let mut forwarded = BufReader::new(stream.try_clone().unwrap());
     let mut line = String::new();
@@ -148,6 +163,14 @@ pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
     }
     let _ = tunnel.kill();
     let _ = tunnel.wait();
+    // Carol's remote forward's port closes in the box.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env.alice(Some(&name), &[probe]).ok().stdout != "1\n" {
+        assert!(Instant::now() < deadline, "carol's remote forward still listens after unshare");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = remote.kill();
+    let _ = remote.wait();
     // The web page's stream ends too (curl exits once the edge closes it).
     let (status, said) = ends_within(&mut page.0, &page.1, Duration::from_secs(4));
     assert_ne!(status, Some(0), "the page ended cleanly? {said}");
