@@ -4,8 +4,10 @@
 //! Only loopback targets are accepted: a forward is a way into the box, never a
 //! way for the client to use the box (or the host) as a proxy.
 
+use std::future::Future;
 use std::io;
 use std::pin::pin;
+use std::time::Duration;
 
 use moat_agent::client::{connect, connect_path};
 use moat_api::Lease;
@@ -27,6 +29,17 @@ pub fn names_the_box(host: &str, name: &Name) -> bool {
         || host.eq_ignore_ascii_case(name.as_str())
 }
 
+/// How long a box's agent may take to say whether it connected (it tries a
+/// listener whose queue is full for about 5 s); one that does not answer (a
+/// wedged agent, a guest that stopped reading) gets the channel refused,
+/// not left unanswered.
+pub(crate) const AGENT_ANSWER: Duration = Duration::from_secs(15);
+
+/// `work`, or a timeout error once `limit` has passed.
+pub(crate) async fn within<T>(limit: Duration, work: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()))
+}
+
 /// Opens a forward to `host:port` in the channel's box, or refuses it.
 pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelCtx, host: String, port: u32) {
     let (name, port) = match (ctx.target().await, u16::try_from(port)) {
@@ -42,7 +55,7 @@ pub async fn open(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: ChannelC
     let Ok((mut stream, session)) = ctx.connect(&name).await else {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
-    match connect(&mut stream, port).await {
+    match within(AGENT_ANSWER, connect(&mut stream, port)).await {
         Ok(early) => {
             reply.accept().await;
             carry_while(&session, &ctx, channel, early, stream).await;
@@ -60,7 +73,7 @@ pub async fn open_path(channel: Channel<Msg>, reply: ChannelOpenHandle, ctx: Cha
     let Ok((mut stream, session)) = ctx.connect(&name).await else {
         return reply.reject(ChannelOpenFailure::ConnectFailed).await;
     };
-    match connect_path(&mut stream, &path).await {
+    match within(AGENT_ANSWER, connect_path(&mut stream, &path)).await {
         Ok(early) => {
             reply.accept().await;
             carry_while(&session, &ctx, channel, early, stream).await;

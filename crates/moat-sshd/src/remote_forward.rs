@@ -163,7 +163,7 @@ impl Forward {
         let Ok((mut stream, session)) = self.ctx.connect(&self.name).await else {
             return;
         };
-        let Ok(early) = take(&mut stream, id).await else {
+        let Ok(early) = crate::forward::within(crate::forward::AGENT_ANSWER, take(&mut stream, id)).await else {
             return;
         };
         let handle = &self.ctx.handle;

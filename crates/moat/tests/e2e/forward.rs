@@ -289,3 +289,15 @@ fn remote(env: &Env, name: &str, spec: &str) -> Tunnel {
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     Tunnel(cmd.spawn().unwrap())
 }
+
+/// 256 forwards at once on one connection all open and the 257th is refused
+/// at once, while another connection's command still runs: the box's agent
+/// carries them with room to spare (254 used up its descriptors before, and
+/// the box's sessions hung).
+pub fn many_forwards_leave_the_box_answering(env: &Env) {
+    let name = unique("manyfwd");
+    env.new_box(&name, &["--image", "busybox"]);
+    let out = crate::clients::python_client(env, "many_forwards.py", &name).ok();
+    assert!(out.stdout.contains("256 forwards held, the next refused, the box still answers"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}

@@ -147,6 +147,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     forward::dynamic_forward_reaches_only_the_box,
     forward::outside_targets_and_other_forwards_refused,
     forward::remote_forward_reaches_the_client,
+    forward::many_forwards_leave_the_box_answering,
     isolation::cannot_see_host,
     isolation::cannot_mount_load_modules_or_unshare,
     isolation::no_ptrace_or_signal_outside,

@@ -1829,6 +1829,8 @@ impl Session {
                     "eow@openssh.com" => {
                         map_err!(ensure_end(r))?;
                         self.deliver(channel_num, ChannelMsg::Eow)?;
+                        // (Sent only if the client asked, as sshd answers it.)
+                        self.channel_success(channel_num)?;
                         Ok(())
                     }
                     x => {
@@ -1907,6 +1909,15 @@ impl Session {
                         } else {
                             self.request_failure();
                         }
+                        Ok(())
+                    }
+                    // moat: as sshd, a session opened after this is refused
+                    // (OpenSSH's client says so once it has its one session:
+                    // a process that took it over can open no shell).
+                    "no-more-sessions@openssh.com" => {
+                        map_err!(ensure_end(r))?;
+                        self.no_more_sessions = true;
+                        self.request_success();
                         Ok(())
                     }
                     _ => {
@@ -2072,6 +2083,10 @@ impl Session {
         );
 
         match &msg.typ {
+            ChannelType::Session if self.no_more_sessions => {
+                reply.reject(ChannelOpenFailure::AdministrativelyProhibited).await;
+                Ok(())
+            }
             ChannelType::Session => handler.channel_open_session(channel, reply, self).await,
             ChannelType::X11 {
                 originator_address,

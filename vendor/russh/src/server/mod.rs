@@ -1127,6 +1127,7 @@ where
         channels: HashMap::new(),
         open_global_requests: VecDeque::new(),
         kex: SessionKexState::Idle,
+        no_more_sessions: false,
     };
 
     session.begin_rekey()?;

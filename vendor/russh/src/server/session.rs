@@ -30,6 +30,9 @@ pub struct Session {
     pub(crate) channels: HashMap<ChannelId, ChannelRef>,
     pub(crate) open_global_requests: VecDeque<GlobalRequestResponse>,
     pub(crate) kex: SessionKexState<ServerKex>,
+    /// moat: the client said it opens no more sessions
+    /// (`no-more-sessions@openssh.com`).
+    pub(crate) no_more_sessions: bool,
 }
 
 #[derive(Debug)]

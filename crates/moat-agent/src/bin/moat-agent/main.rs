@@ -55,6 +55,7 @@ fn main() {
     // that needs CAP_SYS_PTRACE, which no box has. (What PID 1 execs is dumpable
     // again, so debuggers work on the box's own programs.)
     let _ = nix::sys::prctl::set_dumpable(false);
+    spawn::raise_own_file_limit();
     // The kernel runs an initramfs's init as `/init`: a microVM guest.
     if std::env::args_os().next().is_some_and(|a| a == "/init") {
         let reaper = Arc::new(Reaper::start());

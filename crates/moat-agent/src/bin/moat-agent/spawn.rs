@@ -22,6 +22,27 @@ pub struct Program {
     pub ids: Option<(u32, u32)>,
 }
 
+/// The descriptor limit the agent was started with, which what it runs gets
+/// back (see [`raise_own_file_limit`]).
+static CHILD_NOFILE: std::sync::OnceLock<libc::rlimit> = std::sync::OnceLock::new();
+
+/// Raises the agent's own descriptor limit to the hard one: each forward and
+/// session it carries holds a few, and 254 `-L` forwards used up the usual
+/// soft 1024 (the box's sessions and forwards then hung). What the box runs
+/// starts with the limit the agent was given, as a program expects (select()
+/// cannot take a descriptor past 1023).
+pub fn raise_own_file_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into `limit`, which outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    let _ = CHILD_NOFILE.set(limit);
+    let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+    // SAFETY: setrlimit reads one rlimit from `raised`, which outlives the call.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+}
+
 /// The fds a child gets as 0, 1 and 2; `controlling_tty` makes fd 0 its terminal.
 pub struct ChildIo<'a> {
     pub stdin: &'a OwnedFd,
@@ -53,6 +74,7 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
     let fds = [io.stdin.as_raw_fd(), io.stdout.as_raw_fd(), io.stderr.as_raw_fd()];
     let default = KernelSigaction { handler: libc::SIG_DFL, flags: 0, restorer: 0, mask: 0 };
     let unblocked: u64 = 0;
+    let nofile = CHILD_NOFILE.get().copied();
 
     // SAFETY: after fork the child runs only async-signal-safe libc calls on
     // memory prepared above (argv/envp arrays and C strings that outlive the call
@@ -94,6 +116,9 @@ pub fn spawn(program: &Program, io: &ChildIo<'_>) -> io::Result<Pid> {
             if adj >= 0 {
                 libc::write(adj, c"500".as_ptr().cast(), 3);
                 libc::close(adj);
+            }
+            if let Some(nofile) = &nofile {
+                libc::setrlimit(libc::RLIMIT_NOFILE, nofile);
             }
             // Nothing of the agent's above stdio survives exec, whatever a
             // caller forgot to mark (the error pipe is already close-on-exec).

@@ -33,6 +33,14 @@ def main(host, port, key, user):
     client = connect(host, port, key, user)
     _, out, _ = client.exec_command("echo alive")
     assert out.read() == b"alive\n", "no command after the hostile opens"
+    # After no-more-sessions@openssh.com (as sshd): no session opens.
+    transport = client.get_transport()
+    transport.global_request("no-more-sessions@openssh.com", wait=True)
+    try:
+        transport.open_session(timeout=10)
+        raise AssertionError("a session opened after no-more-sessions")
+    except (paramiko.ChannelException, paramiko.SSHException, EOFError):
+        pass
     client.close()
     print("hostile channel opens refused")
 
