@@ -85,13 +85,13 @@ impl ChannelRoom {
         let Some(place) = self.shared.load.channel(account) else {
             return Err(format!("the account has the most channels open ({CHANNELS_PER_ACCOUNT})"));
         };
-        let (open, most) = match kind {
-            ChannelKind::Session => (&self.sessions, MAX_SESSIONS),
-            ChannelKind::Forward => (&self.forwards, MAX_FORWARDS),
+        let (open, most, what) = match kind {
+            ChannelKind::Session => (&self.sessions, MAX_SESSIONS, "sessions"),
+            ChannelKind::Forward => (&self.forwards, MAX_FORWARDS, "forwards"),
         };
         if open.fetch_add(1, Ordering::Relaxed) >= most {
             open.fetch_sub(1, Ordering::Relaxed);
-            return Err(format!("the connection has the most {kind:?} channels open ({most})").to_lowercase());
+            return Err(format!("the connection has the most {what} open ({most})"));
         }
         Ok(ChannelSlot { open: Arc::clone(open), _account: place })
     }
@@ -405,10 +405,12 @@ impl russh::server::Handler for ConnHandler {
         port: &mut u32,
         session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        let asked = Listened::Port(address.to_string(), *port);
+        // A port that cannot be is refused before the box is woken.
+        let Ok(asked) = u16::try_from(*port) else { return Ok(false) };
+        let asked = Listened::Port(address.to_string(), asked);
         Ok(match self.remote_forward(asked, self.ctx(session)).await {
             Some(Listened::Port(_, bound)) => {
-                *port = bound;
+                *port = u32::from(bound);
                 true
             }
             _ => false,
@@ -421,6 +423,7 @@ impl russh::server::Handler for ConnHandler {
         port: u32,
         _session: &mut Session,
     ) -> Result<bool, Self::Error> {
+        let Ok(port) = u16::try_from(port) else { return Ok(false) };
         Ok(self.remote_forwards.cancel(&Listened::Port(address.to_string(), port)))
     }
 

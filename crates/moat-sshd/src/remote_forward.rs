@@ -38,7 +38,7 @@ const LISTEN_WITHIN: Duration = Duration::from_secs(15);
 pub enum Listened {
     /// `tcpip-forward`: an address (only a name: the port is the box's
     /// loopback's) and a port.
-    Port(String, u32),
+    Port(String, u16),
     /// `streamlocal-forward@openssh.com`: a unix socket's path in the box.
     Path(String),
 }
@@ -64,9 +64,6 @@ impl RemoteForwards {
         if self.open.len() >= MOST || self.open.contains_key(&asked) {
             return None;
         }
-        if let Listened::Port(_, port) = &asked {
-            u16::try_from(*port).ok()?;
-        }
         // Held while it listens, as a forward's channel is.
         let place = match room.take(&ctx.account, ChannelKind::Forward) {
             Ok(place) => place,
@@ -85,9 +82,8 @@ impl RemoteForwards {
             let (stream, session) = ctx.connect(&name).await.map_err(|e| e.message)?;
             let listened = match &asked {
                 Listened::Port(address, port) => {
-                    let port = u16::try_from(*port).map_err(|_| format!("no port {port}"))?;
-                    let (bound, arrivals) = listen(stream, port).await.map_err(|e| e.to_string())?;
-                    (Listened::Port(address.clone(), u32::from(bound)), arrivals)
+                    let (bound, arrivals) = listen(stream, *port).await.map_err(|e| e.to_string())?;
+                    (Listened::Port(address.clone(), bound), arrivals)
                 }
                 Listened::Path(path) => {
                     let arrivals = listen_path(stream, path).await.map_err(|e| e.to_string())?;
@@ -169,7 +165,8 @@ impl Forward {
         let handle = &self.ctx.handle;
         let channel = match &self.listened {
             Listened::Port(address, port) => {
-                handle.channel_open_forwarded_tcpip(address.clone(), *port, "127.0.0.1", u32::from(from_port)).await
+                let (address, port) = (address.clone(), u32::from(*port));
+                handle.channel_open_forwarded_tcpip(address, port, "127.0.0.1", u32::from(from_port)).await
             }
             Listened::Path(path) => handle.channel_open_forwarded_streamlocal(path.clone()).await,
         };

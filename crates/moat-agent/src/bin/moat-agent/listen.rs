@@ -9,14 +9,11 @@
 //! refuses every channel) cannot pile connections up in the box.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -160,15 +157,11 @@ pub fn serve(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()>
         Ok(place) => place,
         Err(why) => return frames::send(&host, &AgentMsg::Error(why)),
     };
-    let listeners = match bind(port) {
-        Ok(listeners) => listeners,
+    let (listeners, bound) = match bind(port) {
+        Ok(bound) => bound,
         Err(e) => {
             return frames::send(&host, &AgentMsg::Error(format!("cannot listen on port {port} in the box: {e}")))
         }
-    };
-    let bound = match listeners.first() {
-        Some(Listener::Tcp(l)) => l.local_addr().map_or(port, |a| a.port()),
-        _ => port,
     };
     frames::send(&host, &AgentMsg::Listening { port: bound })?;
     listen_until_gone(&listeners, reader, &host)
@@ -180,16 +173,15 @@ pub fn serve(port: u16, reader: FrameReader, host: UnixStream) -> io::Result<()>
 /// user's; `None`: root), mode 0600; a path where something is already is
 /// refused.
 pub fn serve_path(path: &[u8], ids: Option<(u32, u32)>, reader: FrameReader, host: UnixStream) -> io::Result<()> {
-    let shown = String::from_utf8_lossy(path).into_owned();
-    if !path.starts_with(b"/") || path.contains(&0) || path.len() > 107 {
-        let why = format!("{shown:?} is not an absolute socket path (at most 107 bytes)");
-        return frames::send(&host, &AgentMsg::Error(why));
-    }
+    let path = match crate::unix_socket::socket_path(path) {
+        Ok(path) => path,
+        Err(why) => return frames::send(&host, &AgentMsg::Error(why)),
+    };
     let _place = match ListenPlace::take() {
         Ok(place) => place,
         Err(why) => return frames::send(&host, &AgentMsg::Error(why)),
     };
-    let path = Path::new(OsStr::from_bytes(path));
+    let shown = path.display();
     let made = as_session_user(ids, || {
         let listener = UnixListener::bind(path)?;
         // (Made under the agent's umask, 022: no one else could connect meanwhile.)
@@ -225,15 +217,15 @@ fn as_session_user<T>(ids: Option<(u32, u32)>, work: impl FnOnce() -> io::Result
     done
 }
 
-/// The listening sockets for `port`: IPv4's first, which picks the port when
-/// any was asked for.
-fn bind(port: u16) -> io::Result<Vec<Listener>> {
+/// The listening sockets for `port`, and the port: IPv4's is made first, and
+/// picks the port when any was asked for.
+fn bind(port: u16) -> io::Result<(Vec<Listener>, u16)> {
     let v4 = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
     let port = v4.local_addr()?.port();
     let mut listeners = vec![Listener::Tcp(v4)];
     // A box without IPv6 still has its IPv4 port.
     listeners.extend(TcpListener::bind(SocketAddr::from((Ipv6Addr::LOCALHOST, port))).ok().map(Listener::Tcp));
-    Ok(listeners)
+    Ok((listeners, port))
 }
 
 /// Accepts connections and tells the host of each, until the host's side of
@@ -308,6 +300,9 @@ pub fn take(id: u64, reader: FrameReader, host: UnixStream) -> io::Result<()> {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use std::io::Write;
+
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
 
     use moat_agent::protocol::HostMsg;
 

@@ -27,15 +27,23 @@ pub fn splice(path: &[u8], reader: FrameReader, host: UnixStream) -> io::Result<
     }
 }
 
-/// A connection to the socket at `path`: an absolute path of at most 107
-/// bytes, no NUL among them. A listener whose queue is full is tried again
-/// (a non-blocking connect says so at once) for about 5 s, as a port is.
-fn connect_to(path: &[u8]) -> Result<UnixStream, String> {
-    let shown = String::from_utf8_lossy(path).into_owned();
+/// `path` as a socket's path: absolute, at most 107 bytes (what a socket
+/// address holds), no NUL among them; or why it is not one.
+pub fn socket_path(path: &[u8]) -> Result<&Path, String> {
     if !path.starts_with(b"/") || path.contains(&0) || path.len() > 107 {
+        let shown = String::from_utf8_lossy(path);
         return Err(format!("{shown:?} is not an absolute socket path (at most 107 bytes)"));
     }
-    let addr = UnixAddr::new(Path::new(OsStr::from_bytes(path))).map_err(|e| format!("{shown}: {e}"))?;
+    Ok(Path::new(OsStr::from_bytes(path)))
+}
+
+/// A connection to the socket at `path` (see [`socket_path`]). A listener
+/// whose queue is full is tried again (a non-blocking connect says so at
+/// once) for about 5 s, as a port is.
+fn connect_to(path: &[u8]) -> Result<UnixStream, String> {
+    let path = socket_path(path)?;
+    let shown = path.display();
+    let addr = UnixAddr::new(path).map_err(|e| format!("{shown}: {e}"))?;
     for ms in TRIES_MS {
         let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
             .map_err(|e| format!("socket: {e}"))?;
