@@ -289,7 +289,7 @@ impl Upstream {
         &self,
         name: &HostName,
         port: u16,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, UpstreamError> {
+    ) -> Result<tokio_rustls::client::TlsStream<tokio::io::BufReader<TcpStream>>, UpstreamError> {
         let Some(tls) = &self.config.tls else {
             return Err(UpstreamError::Tls(name.clone(), "this host has no TLS roots to verify it with".into()));
         };

@@ -127,6 +127,10 @@ pub struct BenchArgs {
     /// sandboxes at once.
     #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density", "proxies", "node_loss"])]
     bursts: bool,
+    /// Measure egress only: DNS answers, fresh HTTPS requests, the download
+    /// and the git pushes, through the gateway against direct.
+    #[arg(long, conflicts_with_all = ["fleet", "http", "durable", "images", "packages", "density", "proxies", "node_loss", "bursts"])]
+    egress: bool,
 }
 
 /// Sorted samples of one measurement.
@@ -256,6 +260,10 @@ async fn bench(args: &BenchArgs) -> Result<()> {
             crate::bench_proxy_peer::measure(&manager, &net, dir, args.egress_runs, args.egress_mib).await
         } else if args.bursts {
             crate::bench_burst::rounds(&manager, args.iterations.clamp(1, 50), args.burst.max(1)).await
+        } else if args.egress {
+            let egress = egress_samples(args, &manager, &AccountId("bench".into()), &net).await?;
+            print_egress(args, &egress);
+            Ok(())
         } else {
             measure(args, &manager, &net).await
         }
@@ -506,10 +514,18 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
     println!("\nburst of {burst}: p95 {burst_ratio:.2}x bubblewrap's burst p95 (target: at most 3x: {met})");
     crate::bench_resume::print(&resume);
 
+    print_egress(args, &egress);
+    Ok(())
+}
+
+/// The egress table: each row through the gateway against direct.
+fn print_egress(args: &BenchArgs, egress: &[(String, Samples, Samples)]) {
+    let n = args.iterations;
+    let ratio = |a: &Samples, b: &Samples| a.pct(50).as_secs_f64() / b.pct(50).as_secs_f64();
     println!();
     println!("| egress ({n} runs) | through the gateway p50 | p95 | direct p50 | p95 | added (p50) | ratio (p50) |");
     println!("|---|---|---|---|---|---|---|");
-    for (what, through, direct) in &egress {
+    for (what, through, direct) in egress {
         let added = through.pct(50).as_secs_f64() - direct.pct(50).as_secs_f64();
         println!(
             "| {what} | {} | {} | {} | {} | {:+.2} ms | {:.2}x |",
@@ -531,7 +547,6 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
             100.0 * rate(through) / rate(direct)
         );
     }
-    Ok(())
 }
 
 /// The pack a push row sends (the target: under 5 ms added for it).

@@ -497,7 +497,7 @@ async fn forward_body(
             sent += now as u64;
             while left > 0 {
                 let want = (chunk.len() as u64).min(left) as usize;
-                let n = from_box.read(chunk.get_mut(..want).unwrap_or_default()).await?;
+                let n = read_batch(from_box, chunk.get_mut(..want).unwrap_or_default()).await?;
                 if n == 0 {
                     return Err(Refusal::ClosedInBody);
                 }
@@ -513,7 +513,7 @@ async fn forward_body(
             buf.drain(..n);
             sent += n as u64;
             while !reader.done() {
-                let got = from_box.read(&mut chunk).await?;
+                let got = read_batch(from_box, &mut chunk).await?;
                 if got == 0 {
                     return Err(Refusal::ClosedInChunkedBody);
                 }
@@ -528,6 +528,24 @@ async fn forward_body(
         }
     }
     Ok(sent)
+}
+
+/// Reads into `buf` at least a byte (0: the end), and then whatever else
+/// `from` has ready without waiting: a body goes on in few large writes
+/// (over TLS, many records in one `writev`) rather than one a record.
+async fn read_batch(from: &mut StreamReader, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = from.read(buf).await?;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    while n > 0 && n < buf.len() {
+        let mut rest = tokio::io::ReadBuf::new(buf.get_mut(n..).unwrap_or_default());
+        match std::pin::Pin::new(&mut *from).poll_read(&mut cx, &mut rest) {
+            std::task::Poll::Ready(Ok(())) if !rest.filled().is_empty() => n += rest.filled().len(),
+            // The end, or nothing yet: the next read (with a real waker) sees it.
+            std::task::Poll::Ready(Ok(())) | std::task::Poll::Pending => break,
+            std::task::Poll::Ready(Err(e)) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 async fn copy_responses(

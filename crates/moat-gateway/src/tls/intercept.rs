@@ -15,6 +15,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::BufReader;
 use tokio::net::TcpStream;
 
 use crate::tls::leaves::LeafSigner;
@@ -71,14 +72,20 @@ impl ResolvesServerCert for Leaves {
     }
 }
 
+/// Bytes read from a socket at a time, whatever TLS asks for: rustls
+/// reads 4 KiB a call once its buffer is empty, four calls a record. (Each
+/// side of a connection looked inside holds one such buffer.)
+const READ_AHEAD: usize = 32 << 10;
+
 /// Completes the TLS handshake with the box, whose ClientHello (`early`) has
 /// already been read off `stream`.
 pub async fn accept(
     config: Arc<ServerConfig>,
     stream: TcpStream,
     early: Vec<u8>,
-) -> io::Result<tokio_rustls::server::TlsStream<Rewind<TcpStream>>> {
-    tokio_rustls::TlsAcceptor::from(config).accept(Rewind::new(early, stream)).await
+) -> io::Result<tokio_rustls::server::TlsStream<Rewind<BufReader<TcpStream>>>> {
+    let stream = Rewind::new(early, BufReader::with_capacity(READ_AHEAD, stream));
+    tokio_rustls::TlsAcceptor::from(config).accept(stream).await
 }
 
 /// Starts TLS to the real host over `stream`, verifying it is `name`.
@@ -86,8 +93,9 @@ pub async fn connect(
     config: Arc<ClientConfig>,
     stream: TcpStream,
     name: &HostName,
-) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+) -> io::Result<tokio_rustls::client::TlsStream<BufReader<TcpStream>>> {
     let server = ServerName::try_from(name.as_str().to_string()).map_err(io::Error::other)?;
+    let stream = BufReader::with_capacity(READ_AHEAD, stream);
     tokio_rustls::TlsConnector::from(config).connect(server, stream).await
 }
 
