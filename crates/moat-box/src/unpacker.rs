@@ -135,7 +135,8 @@ pub fn enter(tree: &Path) -> io::Result<OwnedFd> {
     unshare(CloneFlags::CLONE_NEWNS).map_err(ctx("unshare the mount namespace"))?;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .map_err(ctx("make mounts private"))?;
-    let userns = sys::make_userns(&format!("0 {UNPACK_UID_BASE} {IDS}\n")).map_err(ctx_io("user namespace"))?;
+    let userns =
+        sys::make_userns(&format!("0 {UNPACK_UID_BASE} {IDS}\n"), UNPACK_UID_BASE).map_err(ctx_io("user namespace"))?;
     let path = CString::new(tree.as_os_str().as_bytes()).map_err(|_| io::Error::other("a NUL in the tree's path"))?;
     let clone = sys::open_tree_clone(&path).map_err(ctx_io("open_tree"))?;
     sys::mount_set_idmap(clone.as_fd(), userns.as_fd()).map_err(ctx_io("idmapped mount"))?;

@@ -99,7 +99,7 @@ pub fn helper_main(join: &[std::path::PathBuf]) -> i32 {
 /// Starts the box (in the network namespace the caller made, if
 /// `network_ready`); returns the host pid of its PID 1.
 pub fn spawn(plan: &SpawnPlan, network_ready: bool) -> io::Result<i32> {
-    let userns = sys::make_userns(&plan.id_map()).context(|| "user namespace".into())?;
+    let userns = sys::make_userns(&plan.id_map(), plan.uid_base).context(|| "user namespace".into())?;
     let tree =
         sys::open_tree_clone(&cpath(&plan.rootfs)?).context(|| format!("open_tree {}", plan.rootfs.display()))?;
     sys::mount_set_idmap(tree.as_fd(), userns.as_fd()).context(|| "idmapped mount".into())?;

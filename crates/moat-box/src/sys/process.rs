@@ -130,16 +130,27 @@ pub fn child_setup(
     Ok(())
 }
 
-/// Makes a user namespace mapping ids 0..n to a host range (`id_map`, as `uid_map` takes it), and
-/// returns an fd that keeps it alive. A throwaway child creates it; we (root in
-/// the host namespace) write its maps, then let the child go.
-pub fn make_userns(id_map: &str) -> io::Result<OwnedFd> {
+/// `prctl(PR_SET_SECUREBITS)`'s bit that keeps capabilities across a change
+/// of ids (`<linux/securebits.h>`).
+const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+
+/// Makes a user namespace mapping ids 0..n to a host range (`id_map`, as `uid_map` takes it),
+/// owned by host uid and gid `owner`, and returns an fd that keeps it alive. A throwaway child
+/// creates it; we (root in the host namespace) write its maps, then let the child go.
+///
+/// The owner is whoever creates it, and the kernel counts what a namespace's
+/// processes hold (inotify instances and watches, message queues, queued
+/// signals) against its owner too: owned by root, every box drew on host
+/// root's allowance, and one box could leave root (and every other box)
+/// without inotify. The child takes `owner` as its effective ids, keeping its
+/// capabilities (creating a namespace may need them), before creating it.
+pub fn make_userns(id_map: &str, owner: u32) -> io::Result<OwnedFd> {
     use std::fs::File;
     use std::io::{Read, Write};
 
     use nix::fcntl::OFlag;
     use nix::sched::{unshare, CloneFlags};
-    use nix::unistd::{fork, pipe2, ForkResult};
+    use nix::unistd::{fork, pipe2, setresgid, setresuid, ForkResult, Gid, Uid};
     let (ready_r, ready_w) = pipe2(OFlag::O_CLOEXEC)?;
     let (done_r, done_w) = pipe2(OFlag::O_CLOEXEC)?;
     // SAFETY: only single-threaded helpers call this (fork in a threaded
@@ -147,7 +158,12 @@ pub fn make_userns(id_map: &str) -> io::Result<OwnedFd> {
     match unsafe { fork() }? {
         ForkResult::Child => {
             drop((ready_r, done_w));
-            let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            let (root, owner_uid, owner_gid) = (Uid::from_raw(0), Uid::from_raw(owner), Gid::from_raw(owner));
+            // SAFETY: prctl with integer arguments only.
+            let ok = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP) } == 0
+                && setresgid(Gid::from_raw(0), owner_gid, Gid::from_raw(0)).is_ok()
+                && setresuid(root, owner_uid, root).is_ok()
+                && unshare(CloneFlags::CLONE_NEWUSER).is_ok();
             let _ = File::from(ready_w).write_all(&[u8::from(ok)]);
             let _ = File::from(done_r).read(&mut [0u8; 1]);
             std::process::exit(0);
@@ -158,7 +174,7 @@ pub fn make_userns(id_map: &str) -> io::Result<OwnedFd> {
                 let mut ok = [0u8; 1];
                 File::from(ready_r).read_exact(&mut ok)?;
                 if ok[0] != 1 {
-                    return Err(io::Error::other("unshare(CLONE_NEWUSER) failed"));
+                    return Err(io::Error::other("unshare(CLONE_NEWUSER) as the namespace's owner failed"));
                 }
                 let proc = format!("/proc/{child}");
                 std::fs::write(format!("{proc}/uid_map"), id_map)?;

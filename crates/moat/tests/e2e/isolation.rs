@@ -606,3 +606,50 @@ pub fn a_full_box_says_why_a_session_cannot_start(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
     assert!(!pids_dir.exists());
 }
+
+/// What the kernel counts per user (inotify instances, POSIX message queues)
+/// is counted against a box's own host uid, never host root's: a box holding
+/// all it can get leaves root, and another box, theirs.
+pub fn per_user_kernel_allowances_are_the_boxs_own(env: &Env) {
+    use std::io::{BufRead, BufReader};
+    let (name, other) = (unique("ucnt"), unique("ucnt2"));
+    env.new_box(&name, &[]);
+    env.new_box(&other, &[]);
+    let hog = "import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+held = 0
+while libc.inotify_init() >= 0:
+    held += 1
+queues = 0
+while queues < 1000 and libc.mq_open(b\"/q%d\" % queues, os.O_CREAT | os.O_RDWR, 0o600, None) >= 0:
+    queues += 1
+print(held, queues, flush=True)
+sys.stdin.read()
+for q in range(queues):
+    libc.mq_unlink(b\"/q%d\" % q)
+";
+    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["python3", "-c", &format!("'{hog}'")]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let counts: Vec<u64> = line.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+    assert!(counts.len() == 2 && counts[0] >= 100 && counts[1] >= 1, "the box held {line:?}");
+    // Host root, while the box holds them.
+    let host = "import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init()
+q = libc.mq_open(b\"/moat-e2e-allowance\", os.O_CREAT | os.O_RDWR, 0o600, None)
+libc.mq_unlink(b\"/moat-e2e-allowance\")
+print(fd >= 0, q >= 0)";
+    let out = run(std::process::Command::new("python3").args(["-c", host])).ok();
+    assert_eq!(out.stdout, "True True\n", "host root's inotify instance, message queue");
+    // And another box.
+    let probe = "python3 -c 'import ctypes; print(ctypes.CDLL(None).inotify_init() >= 0)'";
+    assert_eq!(env.alice(Some(&other), &[probe]).ok().stdout, "True\n");
+    drop(child.stdin.take());
+    let _ = child.wait();
+    for n in [&name, &other] {
+        env.alice(None, &["rm", n]).ok();
+    }
+}

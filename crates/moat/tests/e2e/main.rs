@@ -157,6 +157,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     isolation::a_full_box_says_why_a_session_cannot_start,
     isolation::two_servers_never_share_host_uids,
     isolation::no_vsock_fd_theft_or_pty_exhaustion,
+    isolation::per_user_kernel_allowances_are_the_boxs_own,
     isolation::i386_calls_kill_the_caller,
     isolation::namespaces_refuse_changes_without_seccomp,
     isolation::cpu_limit_holds,
