@@ -106,3 +106,29 @@ fn spawn_trimmer(pool: std::sync::Weak<Pool>) {
 /// namespace.
 pub(crate) const ALLOWED_SOCKET_FAMILIES: [u32; 4] =
     [libc::AF_UNIX as u32, libc::AF_INET as u32, libc::AF_INET6 as u32, libc::AF_NETLINK as u32];
+
+/// The netlink protocols a box may open: routes and addresses (`ip`),
+/// socket lists (`ss`), audit (PAM opens it) and generic netlink. Not the
+/// kernel's device events: a box's network namespace belongs to the host's
+/// user namespace, so the host's own (other boxes' VMs starting, loop
+/// devices, pools) would reach it.
+pub(crate) const ALLOWED_NETLINK: [u32; 4] = [
+    libc::NETLINK_ROUTE as u32,
+    libc::NETLINK_SOCK_DIAG as u32,
+    libc::NETLINK_AUDIT as u32,
+    libc::NETLINK_GENERIC as u32,
+];
+
+/// The seccomp block for `socket` and `socketpair`: a family of
+/// [`ALLOWED_SOCKET_FAMILIES`] (else EAFNOSUPPORT) and, for netlink, a
+/// protocol of [`ALLOWED_NETLINK`] (else EPROTONOSUPPORT, as a kernel
+/// without it answers).
+pub(crate) fn socket_rules() -> Vec<libc::sock_filter> {
+    use crate::bpf::{arg0_one_of, arg_one_of, jump, off_arg, stmt, BPF_JEQ_K, BPF_LD_W_ABS};
+    let netlink = arg_one_of(2, &ALLOWED_NETLINK, libc::EPROTONOSUPPORT);
+    let skip = u8::try_from(netlink.len()).unwrap_or(u8::MAX);
+    let mut block = vec![stmt(BPF_LD_W_ABS, off_arg(0)), jump(BPF_JEQ_K, libc::AF_NETLINK as u32, 0, skip)];
+    block.extend(netlink);
+    block.extend(arg0_one_of(&ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT));
+    block
+}

@@ -11,7 +11,6 @@
 use libc::sock_filter;
 
 use crate::bpf::*;
-use crate::host::ALLOWED_SOCKET_FAMILIES;
 
 /// Refused with EPERM, whatever the arguments.
 const DENIED: &[libc::c_long] = &[
@@ -144,7 +143,7 @@ pub fn filter() -> Vec<sock_filter> {
     // address space, and the query), not e.g. ADDR_NO_RANDOMIZE.
     if_syscall(&mut prog, libc::SYS_personality, &arg0_one_of(&ALLOWED_PERSONALITIES, libc::EPERM));
     // socket and socketpair: the family (an int) in the low half of arg 0.
-    let block = arg0_one_of(&ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT);
+    let block = crate::host::socket_rules();
     if_syscall(&mut prog, libc::SYS_socket, &block);
     if_syscall(&mut prog, libc::SYS_socketpair, &block);
     let ioctls = denied_ioctls();
@@ -211,7 +210,7 @@ mod tests {
         }
         assert_eq!(run(&prog, nr(libc::SYS_personality), [0x0040000, 0, 0, 0, 0, 0]), EPERM);
         // Sockets: only unix, inet, inet6 and netlink; never vsock or packet.
-        for family in ALLOWED_SOCKET_FAMILIES {
+        for family in crate::host::ALLOWED_SOCKET_FAMILIES {
             for call in [libc::SYS_socket, libc::SYS_socketpair] {
                 assert_eq!(run(&prog, nr(call), [u64::from(family), 1, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
             }
@@ -219,6 +218,19 @@ mod tests {
         let eafnosupport = SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32;
         for family in [libc::AF_VSOCK, libc::AF_PACKET, libc::AF_BLUETOOTH, libc::AF_ALG, libc::AF_KEY] {
             assert_eq!(run(&prog, nr(libc::SYS_socket), [family as u64, 1, 0, 0, 0, 0]), eafnosupport, "{family}");
+        }
+        // Netlink: routes, socket lists, audit and generic; not uevents.
+        let af_netlink = libc::AF_NETLINK as u64;
+        for protocol in crate::host::ALLOWED_NETLINK {
+            assert_eq!(
+                run(&prog, nr(libc::SYS_socket), [af_netlink, 3, u64::from(protocol), 0, 0, 0]),
+                SECCOMP_RET_ALLOW
+            );
+        }
+        let eprotonosupport = SECCOMP_RET_ERRNO | libc::EPROTONOSUPPORT as u32;
+        for protocol in [libc::NETLINK_KOBJECT_UEVENT, libc::NETLINK_CONNECTOR, libc::NETLINK_NETFILTER] {
+            let call = [af_netlink, 3, protocol as u64, 0, 0, 0];
+            assert_eq!(run(&prog, nr(libc::SYS_socket), call), eprotonosupport, "{protocol}");
         }
         assert_eq!(run(&prog, nr(libc::SYS_pidfd_getfd), [0; 6]), EPERM);
         // x32 numbers and syscalls newer than the list.

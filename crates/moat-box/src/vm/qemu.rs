@@ -218,12 +218,12 @@ const FALLOCATE_MODES: [u32; 3] =
 /// io_uring, whose requests no filter sees (an fallocate among them would
 /// pass; QEMU falls back to its own I/O threads and poll).
 pub fn filter() -> Vec<libc::sock_filter> {
-    use crate::bpf::{arg0_one_of, arg_one_of, if_syscall, prologue, ret_errno, stmt, BPF_RET_K, SECCOMP_RET_ALLOW};
+    use crate::bpf::{arg_one_of, if_syscall, prologue, ret_errno, stmt, BPF_RET_K, SECCOMP_RET_ALLOW};
     let mut prog = prologue();
     for nr in [libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register] {
         if_syscall(&mut prog, nr, &[ret_errno(libc::ENOSYS)]);
     }
-    let families = arg0_one_of(&crate::host::ALLOWED_SOCKET_FAMILIES, libc::EAFNOSUPPORT);
+    let families = crate::host::socket_rules();
     if_syscall(&mut prog, libc::SYS_socket, &families);
     if_syscall(&mut prog, libc::SYS_socketpair, &families);
     if_syscall(&mut prog, libc::SYS_fallocate, &arg_one_of(1, &FALLOCATE_MODES, libc::EOPNOTSUPP));

@@ -271,6 +271,18 @@ except OSError as e:
         let out = box_python(env, &name, socket, &[family]).ok();
         assert_eq!(out.stdout.trim(), expect, "socket family {family}");
     }
+    // Netlink for routes and generic netlink, not the host's device events.
+    let netlink = "import socket, sys
+try:
+    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, int(sys.argv[1]))
+    print('allowed')
+except OSError as e:
+    print(e.errno)
+";
+    for (protocol, expect) in [("0", "allowed"), ("16", "allowed"), ("15", "93"), ("11", "93")] {
+        let out = box_python(env, &name, netlink, &[protocol]).ok();
+        assert_eq!(out.stdout.trim(), expect, "netlink protocol {protocol}");
+    }
     // pidfd_getfd(pidfd, fd, 0) is syscall 438.
     let out = box_python(env, &name, SYSCALL_ERRNO, &["438", "0", "3", "0"]).ok();
     assert_eq!(out.stdout.trim(), "1", "pidfd_getfd must be EPERM");
