@@ -29,8 +29,24 @@ pub const KEPT_CAPS: &[u32] = &[
 /// Host device nodes bind-mounted into the box's `/dev`.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
-/// `/proc` entries hidden behind `/dev/null` (host information a box does not need).
-pub const MASKED_PROC: &[&str] = &["kcore", "keys", "timer_list", "sysrq-trigger", "latency_stats", "cmdline"];
+/// `/proc` entries hidden behind `/dev/null` (host information a box does not
+/// need): among them the host's block devices (its disk, every loop device and
+/// so every moat pool on the host) and its memory zones, which tell what the
+/// box's own view of memory hides.
+pub const MASKED_PROC: &[&str] = &[
+    "kcore",
+    "keys",
+    "timer_list",
+    "sysrq-trigger",
+    "latency_stats",
+    "cmdline",
+    "partitions",
+    "zoneinfo",
+    "buddyinfo",
+    "pagetypeinfo",
+    "vmallocinfo",
+    "sched_debug",
+];
 
 /// `/sys` directories hidden behind an empty read-only tmpfs: the pool's btrfs
 /// (every tenant's quota groups) and block devices (each loop device names the

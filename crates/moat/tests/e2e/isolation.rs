@@ -380,7 +380,7 @@ print('deep')\"";
 pub fn host_details_masked_and_agent_outlives_oom(env: &Env) {
     let name = unique("mask");
     env.new_box(&name, &["--memory", "64M"]);
-    let probe = "wc -c < /proc/cmdline; find /sys/fs/btrfs /sys/block /sys/devices/virtual/block -mindepth 1 | wc -l; \
+    let probe = "cat /proc/cmdline /proc/partitions /proc/zoneinfo /proc/buddyinfo | wc -c; find /sys/fs/btrfs /sys/block /sys/devices/virtual/block -mindepth 1 | wc -l; \
                  cat /sys/block/loop*/loop/backing_file 2>/dev/null | wc -l; \
                  cat /proc/1/oom_score_adj /proc/self/oom_score_adj; \
                  touch /sys/block/x 2>/dev/null && echo writable || echo read-only; \
@@ -414,7 +414,7 @@ pub fn host_details_masked_and_agent_outlives_oom(env: &Env) {
                 "0 1 2 3 "
             ]
         ),
-        "cmdline bytes, sys entries, backing files, oom, masks, /dev/shm /run /dev, dot files in /dev, superblocks, \
+        "bytes of cmdline, partitions and memory zones, sys entries, backing files, oom, masks, /dev/shm /run /dev, dot files in /dev, superblocks, \
          fds a command holds (none of the agent's, such as its statfs listener): {}",
         out.stdout
     );
