@@ -53,6 +53,20 @@ pub fn drop_bounding_set(keep: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
+/// Has `cmd`'s child start with at most `bytes` of private memory mapped
+/// (`RLIMIT_DATA`): past it, its allocations fail.
+pub fn limit_data(cmd: &mut std::process::Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs in the child between fork and exec and calls only
+    // setrlimit, which is async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_DATA, bytes, bytes)
+                .map_err(io::Error::from)
+        });
+    }
+}
+
 /// Has `cmd`'s child die with the thread that spawns it (SIGKILL), and not
 /// start at all if that one is gone already: a helper that would otherwise
 /// outlive a daemon killed while it waited (a probe's QEMU, its guest hung,

@@ -665,3 +665,75 @@ print(fd >= 0, q >= 0)";
         env.alice(None, &["rm", n]).ok();
     }
 }
+
+/// LXCFS serves every box's /proc totals from one process outside every
+/// box's memory limit, and each file held open costs it memory: a box
+/// holding as many as it can gets "out of memory" from it past its bound
+/// (the host's memory is not the bound), and it serves again once let go.
+pub fn lxcfs_memory_is_bounded(env: &Env) {
+    use std::io::{BufRead, BufReader};
+    let (name, other) = (unique("lxh"), unique("lxo"));
+    env.new_box(&name, &[]);
+    env.new_box(&other, &[]);
+    let hog = "import os, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 25000), min(hard, 25000)))
+kids = []
+for _ in range(12):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        n, err = 0, 0
+        try:
+            while n < 24000:
+                os.open(\"/proc/meminfo\", os.O_RDONLY)
+                n += 1
+        except OSError as e:
+            err = e.errno
+        os.write(w, (\"%d %d\\n\" % (n, err)).encode())
+        sys.stdin.read()
+        os._exit(0)
+    os.close(w)
+    kids.append(r)
+total, errs = 0, set()
+for r in kids:
+    n, err = os.read(r, 100).split()
+    total += int(n)
+    errs.add(int(err))
+print(total, sorted(errs), flush=True)
+sys.stdin.read()
+";
+    let mut cmd = env.daemon.ssh(&env.alice, Some(&name), &["python3", "-c", &format!("'{hog}'")]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let pidfile = env.daemon.state_dir.join("lxcfs.pid");
+    let pid = std::fs::read_to_string(&pidfile).unwrap().trim().to_string();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    // Out of memory (12) stopped it, not the end of LXCFS (ENOTCONN).
+    assert!(line.contains("12") && !line.contains("107"), "the box's opens: {line:?}");
+    assert!(rss_kib < 300 << 10, "lxcfs holds {rss_kib} KiB with the box's files open ({line:?})");
+    // Once the box lets go, LXCFS serves everyone again (while it held
+    // them, others' opens got out of memory too: one LXCFS for all).
+    drop(child.stdin.take());
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let meminfo = loop {
+        let read = env.alice(Some(&other), &["head -1 /proc/meminfo 2>&1"]).ok().stdout;
+        if read.starts_with("MemTotal:") || Instant::now() > deadline {
+            break read;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(meminfo.starts_with("MemTotal:"), "{meminfo}");
+    for n in [&name, &other] {
+        env.alice(None, &["rm", n]).ok();
+    }
+}

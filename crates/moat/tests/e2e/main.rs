@@ -158,6 +158,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     isolation::two_servers_never_share_host_uids,
     isolation::no_vsock_fd_theft_or_pty_exhaustion,
     isolation::per_user_kernel_allowances_are_the_boxs_own,
+    isolation::lxcfs_memory_is_bounded,
     isolation::i386_calls_kill_the_caller,
     isolation::namespaces_refuse_changes_without_seccomp,
     isolation::cpu_limit_holds,
