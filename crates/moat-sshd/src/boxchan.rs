@@ -514,7 +514,9 @@ fn sig(signo: i32) -> Sig {
         libc_sig::ALRM => Sig::ALRM,
         libc_sig::TERM => Sig::TERM,
         libc_sig::USR2 => Sig::Custom("USR2".into()),
-        other => Sig::Custom(format!("SIG{other}")),
+        // RFC 4254 names no others, and a name outside its list must be
+        // `name@domain`: OpenSSH's sshd sends this one for them all.
+        _ => Sig::Custom("SIG@openssh.com".into()),
     }
 }
 
@@ -554,5 +556,9 @@ mod tests {
             assert_eq!(signo(&sig(n)), Some(n));
         }
         assert_eq!(signo(&Sig::Custom("WINCH".into())), None);
+        // SIGBUS, SIGXCPU: not named by SSH.
+        for n in [7, 24] {
+            assert!(matches!(sig(n), Sig::Custom(name) if name == "SIG@openssh.com"), "{n}");
+        }
     }
 }

@@ -7,8 +7,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-/// Most environment variables a channel may set, and the size of each.
-const MAX_ENV: usize = 64;
+/// Most environment variables a channel may set (sshd's 128), and the size of each.
+const MAX_ENV: usize = 128;
 const MAX_ENV_BYTES: usize = 4096;
 
 /// Environment variables a client may pass: Debian's sshd `AcceptEnv` (LANG,
@@ -69,7 +69,7 @@ mod tests {
         assert!(!setup.offer_env("LD_PRELOAD", "/x.so") && !setup.offer_env("PATH", "/evil"));
         assert!(!setup.offer_env("LANG", &"x".repeat(MAX_ENV_BYTES)));
         assert!(!setup.offer_env("LANG", "C\0.UTF-8") && !setup.offer_env("LC_\0X", "C"));
-        for i in 0..100 {
+        for i in 0..200 {
             setup.offer_env(&format!("LC_{i}"), "x");
         }
         assert!(setup.start() && !setup.start());
