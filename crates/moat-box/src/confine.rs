@@ -98,11 +98,7 @@ const PRCTL_OPTIONS: [u32; 2] = [libc::PR_SET_NAME as u32, libc::PR_GET_NAME as 
 /// A block allowing the call when the low half of argument `arg` is one of
 /// `allowed`; EPERM otherwise.
 fn arg_one_of(arg: u32, allowed: &[u32]) -> Vec<sock_filter> {
-    let mut block = arg0_one_of(allowed, libc::EPERM);
-    if let Some(load) = block.first_mut() {
-        *load = stmt(BPF_LD_W_ABS, off_arg(arg));
-    }
-    block
+    crate::bpf::arg_one_of(arg, allowed, libc::EPERM)
 }
 
 /// The front door's allow list; anything else kills the process.

@@ -107,24 +107,14 @@ pub fn filter() -> Vec<sock_filter> {
     if_syscall(
         &mut prog,
         libc::SYS_fcntl,
-        &arg_one_of_1(&[
-            libc::F_GETFD as u32,
-            libc::F_SETFD as u32,
-            libc::F_GETFL as u32,
-            libc::F_DUPFD_CLOEXEC as u32,
-        ]),
+        &arg_one_of(
+            1,
+            &[libc::F_GETFD as u32, libc::F_SETFD as u32, libc::F_GETFL as u32, libc::F_DUPFD_CLOEXEC as u32],
+            libc::EPERM,
+        ),
     );
     prog.push(stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS));
     prog
-}
-
-/// Allowed when argument 1's low half is one of `allowed`; EPERM otherwise.
-fn arg_one_of_1(allowed: &[u32]) -> Vec<sock_filter> {
-    let mut block = arg0_one_of(allowed, libc::EPERM);
-    if let Some(load) = block.first_mut() {
-        *load = stmt(BPF_LD_W_ABS, off_arg(1));
-    }
-    block
 }
 
 /// Confines the calling process (root, single-threaded) to unpacking into
