@@ -5,6 +5,7 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use std::time::Duration;
 
 use moat_core::effects::Since;
 use moat_core::egress::Question;
@@ -167,7 +168,7 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
     // A diff's batches wait for the front door (a few at most are held): a
     // slow reader slows the walk instead of growing memory.
     let (changes_tx, mut changes_rx) = tokio::sync::mpsc::channel::<Vec<Change>>(4);
-    let changes: Box<ChangeSink<'static>> = Box::new(move |batch| changes_tx.blocking_send(batch).is_ok());
+    let changes = changes_sink(changes_tx, CHANGES_STALL);
     let ctx = Arc::clone(ctx);
     let mut work = tokio::spawn(async move { run(&account, op, &ctx, progress, changes).await });
     let outcome = loop {
@@ -188,6 +189,19 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         Err(e) => Err(ApiError { status: 255, message: format!("internal error: {e}") }),
     };
     send(conn, &Event::Outcome(outcome), None).await
+}
+
+/// How long a diff's batch may wait for the front door to take it. A client
+/// that stops reading must not keep the walk (one of the server's few diff
+/// turns, every account's, and the open directories of its boxes, removed
+/// ones too) for good: past it the walk ends, "nobody is reading".
+const CHANGES_STALL: Duration = Duration::from_secs(60);
+
+/// Where a walk (on a blocking thread) sends its batches: to `tx`, each
+/// within `stall`, or the walk is told to stop.
+fn changes_sink(tx: tokio::sync::mpsc::Sender<Vec<Change>>, stall: Duration) -> Box<ChangeSink<'static>> {
+    let runtime = tokio::runtime::Handle::current();
+    Box::new(move |batch| matches!(runtime.block_on(tokio::time::timeout(stall, tx.send(batch))), Ok(Ok(()))))
 }
 
 /// Entries in a batch of `Log`.
@@ -650,4 +664,28 @@ async fn run(
         // Answered by `answer`, which keeps their connections.
         Op::OpenSession { .. } | Op::Log { .. } | Op::Questions { .. } => Reply::Done,
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A front door that takes no batch (its client stopped reading): the
+    /// walk is told to stop once the stall passes, not held for good.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_walk_whose_batches_nobody_takes_is_stopped() {
+        let (tx, _held) = tokio::sync::mpsc::channel(1);
+        let mut sink = changes_sink(tx, Duration::from_millis(100));
+        let (first, second, waited) = tokio::task::spawn_blocking(move || {
+            let first = sink(Vec::new());
+            let started = std::time::Instant::now();
+            let second = sink(Vec::new());
+            (first, second, started.elapsed())
+        })
+        .await
+        .unwrap();
+        assert!(first && !second, "taken {first}, then {second}");
+        assert!(waited >= Duration::from_millis(100) && waited < Duration::from_secs(5), "{waited:?}");
+    }
 }

@@ -214,6 +214,7 @@ async fn finish(tx: &ChannelWriteHalf<Msg>, status: u32) {
 }
 
 async fn fail(tx: &ChannelWriteHalf<Msg>, msg: &str, status: u32) {
+    let msg = crate::control::render::terminal_safe(msg);
     let _ = tx.extended_data(1, format!("moat: {msg}\n").as_bytes()).await;
     finish(tx, status).await;
 }

@@ -5,7 +5,7 @@
 
 mod args;
 pub mod race;
-mod render;
+pub(crate) mod render;
 mod run;
 mod time;
 mod verbs;

@@ -183,6 +183,15 @@ pub fn printable(s: &str) -> String {
     out
 }
 
+/// A message of moat's (an error, a progress line) for a terminal: its lines
+/// kept, and every other control and invisible character escaped, since
+/// such a message can quote what a box or a registry named (a path in a
+/// failed `diff`, a layer in a pull), and an escape sequence in it would
+/// reach the user's terminal.
+pub fn terminal_safe(s: &str) -> String {
+    s.split('\n').map(printable).collect::<Vec<_>>().join("\n")
+}
+
 /// Characters that change how text around them shows without showing
 /// themselves: the bidirectional controls (a name that reads backwards),
 /// zero-width ones, and the byte-order mark.
@@ -214,6 +223,16 @@ mod tests {
         assert_eq!(format_measured(10_788_864), "10.3M");
         assert_eq!(format_measured(3 << 30), "3.0G");
         assert_eq!(format_measured(512), "512");
+    }
+
+    /// A failed `diff` names the path it stopped at, which the box chose.
+    #[test]
+    fn a_message_keeps_its_lines_and_nothing_else_of_control() {
+        let msg = "compare a and b: /\u{1b}]0;PWNED\u{7}\u{1b}[2JRED\rFAKE: too deep\nsee 'help'";
+        let shown = terminal_safe(msg);
+        assert_eq!(shown.lines().count(), 2, "{shown}");
+        assert!(!shown.chars().any(|c| c.is_control() && c != '\n'), "{shown:?}");
+        assert!(shown.contains("\\u{1b}]0;PWNED\\u{7}") && shown.ends_with("\nsee 'help'"), "{shown}");
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub async fn run(
         let shown = async {
             while let Some(update) = arriving.recv().await {
                 let line = match update {
-                    Event::Progress(line) => Output::Stderr(format!("{line}\n")),
+                    Event::Progress(line) => Output::Stderr(format!("{}\n", render::terminal_safe(&line))),
                     Event::Changes(batch) => Output::Stdout(changes.next(&batch)),
                     Event::Log(entries) => Output::Stdout(render::log(&entries, json)),
                     Event::Question(q) => {
