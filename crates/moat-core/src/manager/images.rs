@@ -101,6 +101,10 @@ pub(super) struct Transfers {
     asked: Arc<Slots<AccountId>>,
     turns: KeyedLocks<AccountId>,
     all: Arc<Semaphore>,
+    /// Who is adding an image, one at a time per account: the count checked
+    /// against `--max-images` stays true until the image is kept (36 saves at
+    /// once made 36 images where 32 may be).
+    places: KeyedLocks<AccountId>,
 }
 
 /// A pull's or push's turn, given back when dropped.
@@ -116,6 +120,7 @@ impl Default for Transfers {
             asked: Slots::new(TRANSFERS_PER_ACCOUNT),
             turns: KeyedLocks::default(),
             all: Arc::new(Semaphore::new(TRANSFERS_AT_ONCE)),
+            places: KeyedLocks::default(),
         }
     }
 }
@@ -168,6 +173,7 @@ impl BoxManager {
         if crate::images::BUILDABLE.contains(&name.as_str()) {
             return Err(ManagerError::Pull(format!("{name} is a built-in image's name: pull it --as another")));
         }
+        let _place = self.transfers.places.hold(account).await;
         let image = StoredImage {
             account: account.clone(),
             name,
@@ -181,6 +187,11 @@ impl BoxManager {
             base_manifest: pulled.manifest,
             base_source: pulled.reference.clone(),
         };
+        // A save of the account's may have taken the last place meanwhile.
+        if let Err(full) = self.room_for_image(account, Some(&image.name)) {
+            self.forget_unused(&image);
+            return Err(full);
+        }
         if let Some(old) = self.db(|s| s.put_image(&image))? {
             self.forget_unused(&old);
         }
@@ -201,6 +212,7 @@ impl BoxManager {
             return Err(ManagerError::Pull(format!("{image} is a built-in image's name: save it as another")));
         }
         let rec = self.get(account, box_name)?;
+        let _place = self.transfers.places.hold(account).await;
         self.room_for_image(account, Some(&image))?;
         let base = self.db(|s| s.images(Some(account)))?.into_iter().find(|i| i.key == rec.image);
         let key = Name::new(&format!("{}t{}", crate::images::PULLED_PREFIX, crate::ids::BoxId::random()))

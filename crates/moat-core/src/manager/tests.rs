@@ -1076,3 +1076,21 @@ async fn warm_boxes_give_way_to_a_box_asked_for_on_a_full_node() {
     let full = m.create(&f.alice, spec("three", 103), Box::new(|_: &str| {})).await;
     assert!(matches!(full, Err(ManagerError::NoRoomHere(StoreError::NodeFull { .. }))), "{full:?}");
 }
+
+/// Saves at once cannot each find the last place free: 36 at once made 36
+/// images where 32 may be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_saved_at_once_keep_to_the_most() {
+    let f = fixture();
+    let config = ManagerConfig { max_images: 2, warm_boxes: 0, ..ManagerConfig::default() };
+    let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
+    m.create(&f.alice, busybox("a", Limits::default()), Box::new(|_: &str| {})).await.unwrap();
+    let mut saves = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let (m, alice) = (Arc::clone(&m), f.alice.clone());
+        saves.spawn(async move { m.save_image(&alice, &name("a"), name(&format!("t{i}"))).await.is_ok() });
+    }
+    let saved = saves.join_all().await.into_iter().filter(|ok| *ok).count();
+    assert_eq!(saved, 2);
+    assert_eq!(m.images(&f.alice).unwrap().len(), 2);
+}
