@@ -212,11 +212,11 @@ impl Walk<'_, '_> {
             // Descend where either side is a directory; a side that is not one
             // contributes nothing, so its contents count as added or deleted.
             let sub_a = match (a, l) {
-                (Some(fd), Some(e)) if e.is_dir() => Some(open_subdir(fd, name)?),
+                (Some(fd), Some(e)) if e.is_dir() => open_subdir(fd, name)?,
                 _ => None,
             };
             let sub_b = match (b, r) {
-                (Some(fd), Some(e)) if e.is_dir() => Some(open_subdir(fd, name)?),
+                (Some(fd), Some(e)) if e.is_dir() => open_subdir(fd, name)?,
                 _ => None,
             };
             if sub_a.is_some() || sub_b.is_some() {
@@ -295,9 +295,17 @@ impl Walk<'_, '_> {
     }
 }
 
-fn open_subdir(dir: &OwnedFd, name: &CStr) -> io::Result<OwnedFd> {
+/// Opens directory `name` of `dir`; `None` where it is no longer one: a
+/// running box removed it, or swapped it for a file or a symlink, since it
+/// was listed (it is reported as listed; what it held is not compared).
+fn open_subdir(dir: &OwnedFd, name: &CStr) -> io::Result<Option<OwnedFd>> {
+    use nix::errno::Errno;
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    Ok(openat(dir, name, flags, Mode::empty())?)
+    match openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Reads a directory; `admit` is asked before each entry is kept.
@@ -376,6 +384,24 @@ mod tests {
             ]
         );
         assert!(collect(a.path(), a.path()).unwrap().is_empty());
+    }
+
+    /// A running box swaps a listed directory for a symlink or a file, or
+    /// removes it, while the walk goes: that one is not descended into, and
+    /// the comparison goes on (it failed, naming no path).
+    #[test]
+    fn a_directory_gone_since_listed_is_skipped() {
+        let root = tempfile::tempdir().unwrap();
+        let dir: OwnedFd = std::fs::File::open(root.path()).unwrap().into();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        assert!(open_subdir(&dir, c"d").unwrap().is_some());
+        std::fs::remove_dir(root.path().join("d")).unwrap();
+        assert!(open_subdir(&dir, c"d").unwrap().is_none(), "removed");
+        std::os::unix::fs::symlink("/", root.path().join("d")).unwrap();
+        assert!(open_subdir(&dir, c"d").unwrap().is_none(), "a symlink");
+        std::fs::remove_file(root.path().join("d")).unwrap();
+        std::fs::write(root.path().join("d"), "f").unwrap();
+        assert!(open_subdir(&dir, c"d").unwrap().is_none(), "a file");
     }
 
     #[test]

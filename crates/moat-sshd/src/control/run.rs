@@ -94,7 +94,16 @@ pub async fn run(
             }
         }
     };
-    let reply = reply?;
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(e) => {
+            // JSON changes cut short still end as JSON; the error says why.
+            if changes.started() && json {
+                print(out, changes.end()).await?;
+            }
+            return Err(e);
+        }
+    };
     // An answer that came after changes closes them (then, as text, the
     // verb shows what follows them); any other is the verb's to show.
     let text = match changes.started() {

@@ -171,6 +171,11 @@ pub fn diff_streams_and_is_bounded(env: &Env) {
     assert!(out.stdout.lines().any(|l| l == "A /deep/1"), "printed before the limit: {:.300}", out.stdout);
     let grew = peak().saturating_sub(before);
     assert!(grew < 100, "the daemon's peak memory grew by {grew} MiB during a diff");
+    // As JSON, what was printed before the limit is still a whole array.
+    let cut = env.alice(None, &["diff", &a, &b, "--json"]);
+    assert_eq!(cut.status, Some(1));
+    let printed: serde_json::Value = serde_json::from_str(&cut.stdout).expect("a whole JSON array");
+    assert!(printed.as_array().is_some_and(|changes| !changes.is_empty()), "{:.300}", cut.stdout);
     env.alice(None, &["rm", &a]).ok();
     env.alice(None, &["rm", &b]).ok();
 }
