@@ -358,7 +358,19 @@ impl Backend for HostBackend {
     fn rename(&self, rec: &BoxRecord, name: &Name) -> Result<(), BackendError> {
         let machine = self.machine(rec.backend)?;
         identity::rename(&machine.files(rec), name).map_err(|e| BackendError::new("rename box", e))?;
-        machine.files_changed(rec, &["etc/hostname", "etc/hosts"])
+        machine.files_changed(rec, &["etc/hostname", "etc/hosts"])?;
+        // A running box's processes see the new name at once, as an adopted
+        // warm box's do, and a suspended namespace box's when they wake (a
+        // stopped one takes it from its files at start).
+        let live =
+            rec.state == BoxState::Running || (rec.state == BoxState::Suspended && rec.backend == BackendKind::Ns);
+        if live {
+            let renamed = BoxRecord { name: name.clone(), ..rec.clone() };
+            if let Err(e) = machine.adopted(&renamed) {
+                tracing::warn!(box_name = %name, error = %e, "the running box keeps its old host name until it restarts");
+            }
+        }
+        Ok(())
     }
 
     fn thaw(&self, rec: &BoxRecord) -> Result<(), BackendError> {

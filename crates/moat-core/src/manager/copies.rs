@@ -150,6 +150,9 @@ impl BoxManager {
         self.blocking(move |b| {
             b.rename(&c, &p.name)?;
             b.rename(&p, &prev_name).inspect_err(|_| {
+                // Its files may be half renamed (/etc/hostname written, then
+                // /etc/hosts refused): both go back.
+                let _ = b.rename(&p, &p.name);
                 let _ = b.rename(&c, &c.name);
             })
         })

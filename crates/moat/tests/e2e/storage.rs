@@ -190,8 +190,10 @@ pub fn promote_swaps_parent_and_child(env: &Env) {
     let prev = format!("{web}-prev");
     assert_eq!(out.stdout, format!("{prev}\n"));
     // The parent's name now means the child's filesystem; the old one is kept.
-    assert_eq!(env.alice(Some(&web), &["cat /root/app /etc/hostname"]).ok().stdout, format!("v2\n{web}\n"));
-    assert_eq!(env.alice(Some(&prev), &["cat /root/app /etc/hostname"]).ok().stdout, format!("v1\n{prev}\n"));
+    // Its running processes see the new host name too, not only its files.
+    let names = "cat /root/app /etc/hostname; hostname";
+    assert_eq!(env.alice(Some(&web), &[names]).ok().stdout, format!("v2\n{web}\n{web}\n"));
+    assert_eq!(env.alice(Some(&prev), &[names]).ok().stdout, format!("v1\n{prev}\n{prev}\n"));
     let info = json(env, &["info", &web, "--json"]);
     assert_eq!(info["parent"], prev.as_str());
     assert_ne!(env.alice(None, &["info", &child]).status, Some(0));
