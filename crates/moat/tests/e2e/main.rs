@@ -158,7 +158,6 @@ const TESTS: &[(&str, TestFn)] = tests![
     isolation::two_servers_never_share_host_uids,
     isolation::no_vsock_fd_theft_or_pty_exhaustion,
     isolation::per_user_kernel_allowances_are_the_boxs_own,
-    isolation::lxcfs_memory_is_bounded,
     isolation::i386_calls_kill_the_caller,
     isolation::namespaces_refuse_changes_without_seccomp,
     isolation::cpu_limit_holds,
@@ -256,8 +255,10 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
 
 /// Tests run alone after the rest: a TCG guest takes a whole core for
 /// seconds, which would starve the timing-sensitive tests beside it (and
-/// one kills the shared daemon's gateway, which would cut the others' egress).
+/// one kills the shared daemon's gateway, which would cut the others' egress;
+/// one fills the shared LXCFS, which would fail the others' /proc reads).
 const ALONE_LAST: &[(&str, TestFn)] = tests![
+    isolation::lxcfs_memory_is_bounded,
     clients::an_account_holds_at_most_its_share_of_channels,
     egress::one_account_cannot_starve_the_others,
     secrets::windowed_limits_restart_with_the_gateway,
