@@ -150,6 +150,11 @@ impl Samples {
         self.0.iter().copied()
     }
     /// The `p`th percentile (the sample at index `len * p / 100`).
+    /// This one's median over `other`'s.
+    pub fn ratio(&self, other: &Samples) -> f64 {
+        self.pct(50).as_secs_f64() / other.pct(50).as_secs_f64()
+    }
+
     pub fn pct(&self, p: usize) -> Duration {
         let i = (self.0.len() * p / 100).min(self.0.len().saturating_sub(1));
         self.0.get(i).copied().unwrap_or_default()
@@ -463,7 +468,6 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
         }
     };
 
-    let ratio = |a: &Samples, b: &Samples| a.pct(50).as_secs_f64() / b.pct(50).as_secs_f64();
     println!("| measurement ({n} runs) | p50 | p95 | peer | peer p50 | peer p95 | ratio (p50) |");
     println!("|---|---|---|---|---|---|---|");
     let row = |what: &str, a: &Samples, peer: &str, b: &Samples| {
@@ -473,7 +477,7 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
             ms(a.pct(95)),
             ms(b.pct(50)),
             ms(b.pct(95)),
-            ratio(a, b)
+            a.ratio(b)
         )
     };
     row("create box + run `true` (a warm box ready)", &create, "`bwrap --unshare-all --ro-bind / / true`", &bwrap);
@@ -521,7 +525,6 @@ async fn measure(args: &BenchArgs, manager: &Arc<BoxManager>, net: &BenchNet) ->
 /// The egress table: each row through the gateway against direct.
 fn print_egress(args: &BenchArgs, egress: &[(String, Samples, Samples)]) {
     let n = args.iterations;
-    let ratio = |a: &Samples, b: &Samples| a.pct(50).as_secs_f64() / b.pct(50).as_secs_f64();
     println!();
     println!("| egress ({n} runs) | through the gateway p50 | p95 | direct p50 | p95 | added (p50) | ratio (p50) |");
     println!("|---|---|---|---|---|---|---|");
@@ -534,7 +537,7 @@ fn print_egress(args: &BenchArgs, egress: &[(String, Samples, Samples)]) {
             ms(direct.pct(50)),
             ms(direct.pct(95)),
             added * 1e3,
-            ratio(through, direct)
+            through.ratio(direct)
         );
     }
     let mib = args.egress_mib as f64;

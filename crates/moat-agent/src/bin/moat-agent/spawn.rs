@@ -32,15 +32,10 @@ static CHILD_NOFILE: std::sync::OnceLock<libc::rlimit> = std::sync::OnceLock::ne
 /// starts with the limit the agent was given, as a program expects (select()
 /// cannot take a descriptor past 1023).
 pub fn raise_own_file_limit() {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes one rlimit into `limit`, which outlives the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return;
-    }
-    let _ = CHILD_NOFILE.set(limit);
-    let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
-    // SAFETY: setrlimit reads one rlimit from `raised`, which outlives the call.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
+    let _ = CHILD_NOFILE.set(libc::rlimit { rlim_cur: soft, rlim_max: hard });
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
 }
 
 /// The fds a child gets as 0, 1 and 2; `controlling_tty` makes fd 0 its terminal.
