@@ -4,9 +4,13 @@
 //! Both trees may belong to running boxes, which can swap a directory for a
 //! symlink at any moment, so the walk goes by directory fds (`openat` with
 //! `O_NOFOLLOW`, `fstatat` without following) and never resolves a path that
-//! could lead out of the tree. Files count as modified when their type, mode,
-//! owner, size, modification time, device or link target differ; content is not
-//! read (a write that restores size and mtime is not seen).
+//! could lead out of the tree. Entries count as modified when their type,
+//! mode, owner, size, modification time, device or link target differ. A
+//! regular file alike in all those but its status change time, which no
+//! program can set (it was written, then its size and mtime put back, as npm
+//! does with every file it unpacks; or it was received from elsewhere), is
+//! modified if its contents differ: both are read then. Listings from a
+//! guest carry no contents: there a changed ctime alone counts.
 
 // Reads what a box or its QEMU sends, as root: it cannot panic.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::string_slice, clippy::panic)]
@@ -14,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, OsString};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -32,8 +36,18 @@ pub struct Entry {
     gid: u32,
     size: i64,
     mtime: (i64, i64),
+    ctime: (i64, i64),
     rdev: u64,
     target: Option<OsString>,
+}
+
+/// How two entries of the same name compare.
+#[derive(Debug, PartialEq, Eq)]
+enum Likeness {
+    Same,
+    Differ,
+    /// Regular files alike but for their ctime: their contents decide.
+    SameIfContentsAre,
 }
 
 impl From<(moat_agent::walk::Entry, Option<Vec<u8>>)> for Entry {
@@ -46,6 +60,7 @@ impl From<(moat_agent::walk::Entry, Option<Vec<u8>>)> for Entry {
             gid: e.gid,
             size: i64::try_from(e.size).unwrap_or(i64::MAX),
             mtime: e.mtime,
+            ctime: e.ctime,
             rdev: e.rdev,
             target: target.map(OsString::from_vec),
         }
@@ -63,11 +78,17 @@ impl Entry {
 
     /// Directories change mtime whenever an entry does; that is reported
     /// through the entries themselves.
-    fn differs(&self, other: &Entry) -> bool {
-        if self.is_dir() && other.is_dir() {
-            (self.mode, self.uid, self.gid) != (other.mode, other.uid, other.gid)
+    fn likeness(&self, other: &Entry) -> Likeness {
+        let alike = if self.is_dir() && other.is_dir() {
+            (self.mode, self.uid, self.gid) == (other.mode, other.uid, other.gid)
         } else {
-            self != other
+            let shown = |e: &Entry| (e.kind, e.mode, e.uid, e.gid, e.size, e.mtime, e.rdev, e.target.clone());
+            shown(self) == shown(other)
+        };
+        match alike {
+            false => Likeness::Differ,
+            true if self.ctime == other.ctime || self.kind != SFlag::S_IFREG.bits() => Likeness::Same,
+            true => Likeness::SameIfContentsAre,
         }
     }
 }
@@ -85,6 +106,8 @@ const MAX_HELD: usize = 64 << 20;
 const MAX_OUTPUT: usize = 64 << 20;
 /// Longest a comparison may take.
 const MAX_TIME: Duration = Duration::from_secs(120);
+/// Files whose contents decide are read this many bytes at a time.
+const CONTENTS_CHUNK: usize = 256 << 10;
 /// Changes are handed over in batches of about this many bytes of paths.
 const BATCH_BYTES: usize = 64 << 10;
 /// Bytes a listed entry costs beyond its name (map node, metadata).
@@ -203,8 +226,15 @@ impl Walk<'_, '_> {
             let change = match (l, r) {
                 (Some(_), None) => Some(ChangeKind::Deleted),
                 (None, Some(_)) => Some(ChangeKind::Added),
-                (Some(l), Some(r)) if l.differs(r) => Some(ChangeKind::Modified),
-                _ => None,
+                (Some(l), Some(r)) => match l.likeness(r) {
+                    Likeness::Same => None,
+                    Likeness::Differ => Some(ChangeKind::Modified),
+                    Likeness::SameIfContentsAre => match (a, b) {
+                        (Some(a), Some(b)) if self.same_contents(a, b, name)? => None,
+                        _ => Some(ChangeKind::Modified),
+                    },
+                },
+                (None, None) => None,
             };
             if let Some(change) = change {
                 self.emit(Change { path: path.clone(), change })?;
@@ -250,7 +280,9 @@ impl Walk<'_, '_> {
             let (path, change) = match (order, &left, &right) {
                 (Ordering::Less, Some((l, _)), _) => (l.clone(), Some(ChangeKind::Deleted)),
                 (Ordering::Greater, _, Some((r, _))) => (r.clone(), Some(ChangeKind::Added)),
-                (_, Some((l, le)), Some((_, re))) => (l.clone(), le.differs(re).then_some(ChangeKind::Modified)),
+                (_, Some((l, le)), Some((_, re))) => {
+                    (l.clone(), (le.likeness(re) != Likeness::Same).then_some(ChangeKind::Modified))
+                }
                 _ => return Ok(()),
             };
             if path.len() > MAX_PATH {
@@ -265,6 +297,44 @@ impl Walk<'_, '_> {
             if order != Ordering::Less {
                 right = b.next().transpose()?;
             }
+        }
+    }
+
+    /// Whether file `name` holds the same bytes in directories `a` and `b`.
+    /// Either gone, or no longer a regular file, since it was listed (a
+    /// running box's files change) counts as different.
+    fn same_contents(&self, a: &OwnedFd, b: &OwnedFd, name: &CStr) -> io::Result<bool> {
+        use std::io::Read;
+        let (Some(a), Some(b)) = (open_file(a, name)?, open_file(b, name)?) else { return Ok(false) };
+        let (mut a, mut b) = (std::fs::File::from(a), std::fs::File::from(b));
+        let (mut left, mut right) = (vec![0; CONTENTS_CHUNK], vec![0; CONTENTS_CHUNK]);
+        loop {
+            if self.started.elapsed() > MAX_TIME {
+                return Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
+            }
+            let got = read_full(&mut a, &mut left)?;
+            if read_full(&mut b, &mut right)? != got || left.get(..got) != right.get(..got) {
+                return Ok(false);
+            }
+            if got < CONTENTS_CHUNK {
+                // Both ended together (a file growing meanwhile is read to where
+                // this saw it end; its next comparison sees the rest).
+                return Ok(true);
+            }
+        }
+
+        /// Fills `buf` unless the file ends first; returns how much it holds.
+        fn read_full(file: &mut std::fs::File, buf: &mut [u8]) -> io::Result<usize> {
+            let mut filled = 0;
+            while let Some(rest) = buf.get_mut(filled..).filter(|rest| !rest.is_empty()) {
+                match file.read(rest) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(filled)
         }
     }
 
@@ -308,6 +378,24 @@ fn open_subdir(dir: &OwnedFd, name: &CStr) -> io::Result<Option<OwnedFd>> {
     }
 }
 
+/// Opens file `name` of `dir` to read; `None` where it is no longer a
+/// regular file. What the name leads to is looked at before it is opened
+/// (through an `O_PATH` fd), so a FIFO or a device put there meanwhile is
+/// never opened, nor a symlink followed.
+fn open_file(dir: &OwnedFd, name: &CStr) -> io::Result<Option<OwnedFd>> {
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let place = match openat(dir, name, flags, Mode::empty()) {
+        Ok(place) => place,
+        Err(nix::errno::Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if nix::sys::stat::fstat(&place)?.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
+        return Ok(None);
+    }
+    let reopen = format!("/proc/self/fd/{}", place.as_raw_fd());
+    Ok(Some(nix::fcntl::open(reopen.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?))
+}
+
 /// Reads a directory; `admit` is asked before each entry is kept.
 fn list(dir: &OwnedFd, admit: &mut dyn FnMut(&CStr) -> io::Result<()>) -> io::Result<BTreeMap<CString, Entry>> {
     let mut entries = BTreeMap::new();
@@ -337,6 +425,7 @@ fn list(dir: &OwnedFd, admit: &mut dyn FnMut(&CStr) -> io::Result<()>) -> io::Re
                 gid: st.st_gid,
                 size: st.st_size,
                 mtime: (st.st_mtime, st.st_mtime_nsec),
+                ctime: (st.st_ctime, st.st_ctime_nsec),
                 rdev: st.st_rdev,
                 target,
             },
@@ -384,6 +473,46 @@ mod tests {
             ]
         );
         assert!(collect(a.path(), a.path()).unwrap().is_empty());
+    }
+
+    /// A file written, then given back its size and mtime (npm unpacks
+    /// every file with a 1985 mtime: a package upgraded in place can keep a
+    /// file's size), is modified; one whose ctime alone moved (a mode
+    /// changed and put back) is not; one swapped for a FIFO is, and the
+    /// FIFO is not opened (that would wait for a writer).
+    #[test]
+    fn a_rewrite_that_keeps_size_and_mtime_is_seen_by_its_contents() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(499_162_500);
+        for root in [a.path(), b.path()] {
+            for name in ["package.json", "touched", "fifo"] {
+                std::fs::write(root.join(name), r#"{"version": "1.2.3"}"#).unwrap();
+            }
+        }
+        std::fs::write(b.path().join("package.json"), r#"{"version": "1.2.4"}"#).unwrap();
+        let perms = std::fs::metadata(b.path().join("touched")).unwrap().permissions();
+        std::fs::set_permissions(b.path().join("touched"), std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        std::fs::set_permissions(b.path().join("touched"), perms).unwrap();
+        for root in [a.path(), b.path()] {
+            for name in ["package.json", "touched", "fifo"] {
+                std::fs::File::options().write(true).open(root.join(name)).unwrap().set_modified(t).unwrap();
+            }
+            // Past the kernel's clock tick: b's ctimes all differ from a's.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let changes = collect(a.path(), b.path()).unwrap();
+        let got: Vec<(ChangeKind, &str)> = changes.iter().map(|c| (c.change, c.path.as_str())).collect();
+        assert_eq!(got, vec![(ChangeKind::Modified, "/package.json")]);
+        // Swapped for a FIFO after it was listed.
+        let dir: OwnedFd = std::fs::File::open(b.path()).unwrap().into();
+        std::fs::remove_file(b.path().join("fifo")).unwrap();
+        nix::unistd::mkfifo(&b.path().join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        assert!(open_file(&dir, c"fifo").unwrap().is_none());
+        std::os::unix::fs::symlink(a.path().join("fifo"), b.path().join("link")).unwrap();
+        assert!(open_file(&dir, c"link").unwrap().is_none(), "a symlink is not followed");
+        assert!(open_file(&dir, c"gone").unwrap().is_none());
+        assert!(open_file(&dir, c"touched").unwrap().is_some());
     }
 
     /// A running box swaps a listed directory for a symlink or a file, or

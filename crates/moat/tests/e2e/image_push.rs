@@ -24,12 +24,14 @@ pub fn push_sends_what_a_template_adds_and_pulls_back(env: &Env) {
     assert_eq!(ran.status, Some(0), "{}", ran.stderr);
     env.alice(None, &["image", "pull", &format!("{host}/moat/tiny:rooted"), "--as", "ptiny"]).ok();
 
-    // A box of it adds a file, changes one, deletes one and a directory.
+    // A box of it adds a file, changes one, deletes one and a directory,
+    // and rewrites one keeping its size and mtime (as npm's 1985 mtimes do).
     let web = unique("push");
     env.alice(None, &["new", &web, "--image", "ptiny"]).ok();
     env.alice(
         Some(&web),
-        &["echo added by the box > /srv/added && echo changed > /srv/top && rm /hello2 && rm -r /home/app"],
+        &["echo added by the box > /srv/added && echo changed > /srv/top && rm /hello2 && rm -r /home/app \
+           && m=$(stat -c %Y /hello) && echo HELLO FROM A PULLED IMAGE > /hello && busybox touch -d @$m /hello"],
     )
     .ok();
     env.alice(None, &["image", "save", &web, "ptpl"]).ok();
@@ -58,7 +60,7 @@ pub fn push_sends_what_a_template_adds_and_pulls_back(env: &Env) {
         .stdout;
     assert_eq!(
         seen.lines().collect::<Vec<_>>(),
-        ["added by the box", "changed", "no hello2", "no app", "hello from a pulled image", "0", "/srv", "hi"],
+        ["added by the box", "changed", "no hello2", "no app", "HELLO FROM A PULLED IMAGE", "0", "/srv", "hi"],
         "{seen}"
     );
 

@@ -106,12 +106,26 @@ pub fn dup_of_a_box_whose_processes_died(env: &Env) {
 pub fn diff_lists_changes(env: &Env) {
     let (a, b) = (unique("diffa"), unique("diffb"));
     env.new_box(&a, &["--image", "busybox"]);
-    env.alice(Some(&a), &["mkdir -p /srv && echo 1 > /srv/edit && echo x > /srv/gone && echo same > /srv/same"]).ok();
+    // npm unpacks every file with a 1985 mtime: an upgrade in place can
+    // keep a file's size and mtime, and is still a change.
+    let npm = |version: &str| format!("echo 1.2.{version} > /srv/pkg && touch -d '1985-10-26 08:15:00' /srv/pkg");
+    env.alice(
+        Some(&a),
+        &[&format!(
+            "mkdir -p /srv && echo 1 > /srv/edit && echo x > /srv/gone && echo same > /srv/same && {}",
+            npm("3")
+        )],
+    )
+    .ok();
     env.alice(None, &["dup", &a, &b]).ok();
-    env.alice(Some(&b), &["echo 22 > /srv/edit && rm /srv/gone && mkdir /srv/new && echo n > /srv/new/file"]).ok();
+    env.alice(
+        Some(&b),
+        &[&format!("echo 22 > /srv/edit && rm /srv/gone && mkdir /srv/new && echo n > /srv/new/file && {}", npm("4"))],
+    )
+    .ok();
     let out = env.alice(None, &["diff", &a, &b]).ok().stdout;
     let srv: Vec<&str> = out.lines().filter(|l| l.contains(" /srv/")).collect();
-    assert_eq!(srv, ["M /srv/edit", "D /srv/gone", "A /srv/new", "A /srv/new/file"], "{out}");
+    assert_eq!(srv, ["M /srv/edit", "D /srv/gone", "A /srv/new", "A /srv/new/file", "M /srv/pkg"], "{out}");
     // The copy's identity files differ too (in a VM box, with the guest's
     // record of what the host wrote), and nothing else.
     let other: Vec<&str> = out.lines().filter(|l| !l.contains(" /srv/") && !l.starts_with("M /etc/")).collect();
