@@ -17,7 +17,7 @@ use std::fs::{self, File, ReadDir};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
@@ -412,25 +412,26 @@ fn rename_no_replace(from: &Path, to: &Path) -> Answer {
     }
 }
 
-/// The absolute path `path` names: resolved where it exists, else its
-/// directory resolved and the rest taken as written (a name about to be
-/// made, as OpenSSH's server allows).
+/// The absolute path `path` names: resolved where it exists, else (a name
+/// about to be made) its directory resolved and its last name added, as
+/// OpenSSH's server does: a missing directory on the way, or a missing
+/// name followed by `/`, `.` or `..`, is no such file.
 fn realpath(path: &Path) -> Answer {
+    use std::os::unix::ffi::OsStrExt;
+    let path = if path.as_os_str().is_empty() { Path::new(".") } else { path };
     let resolved = match fs::canonicalize(path) {
         Ok(p) => p,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let absolute = std::env::current_dir()?.join(path);
-            let mut clean = PathBuf::from("/");
-            for part in absolute.components() {
-                match part {
-                    Component::ParentDir => {
-                        clean.pop();
-                    }
-                    Component::Normal(name) => clean.push(name),
-                    Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-                }
+            let text = path.as_os_str().as_bytes();
+            let (dir, last) = match text.iter().rposition(|c| *c == b'/') {
+                Some(0) => (&b"/"[..], &text[1..]),
+                Some(at) => (&text[..at], &text[at + 1..]),
+                None => (&b"."[..], text),
+            };
+            if matches!(last, b"" | b"." | b"..") {
+                return Err(e.into());
             }
-            clean
+            fs::canonicalize(std::ffi::OsStr::from_bytes(dir))?.join(std::ffi::OsStr::from_bytes(last))
         }
         Err(e) => return Err(e.into()),
     };
@@ -554,6 +555,9 @@ mod tests {
             request(kind::EXTENDED, 13, &[&s(b"posix-rename@openssh.com"), &path("g"), &path("f")]),
             request(kind::STAT, 14, &[&path("f")]),
             request(kind::REALPATH, 15, &[&s(format!("{}/x/../new", dir.path().display()))]),
+            request(kind::REALPATH, 18, &[&s(format!("{}/new", dir.path().display()))]),
+            request(kind::REALPATH, 19, &[&s(format!("{}/new/", dir.path().display()))]),
+            request(kind::REALPATH, 20, &[&s(b"")]),
             request(kind::CLOSE, 16, &[&s(n32(77))]),
             request(kind::EXTENDED, 17, &[&s(b"limits@openssh.com")]),
         ]);
@@ -578,8 +582,13 @@ mod tests {
         assert_eq!(status_of(by_id(13)), status::OK);
         let size = u64::from_be_bytes(by_id(14).2[4..12].try_into().unwrap());
         assert_eq!(size, 0, "f is now the empty g");
+        // As OpenSSH's server: a name about to be made resolves, in a
+        // directory that exists only.
+        assert_eq!(status_of(by_id(15)), status::NO_SUCH_FILE, "x is missing");
         let real = format!("{}/new", dir.path().canonicalize().unwrap().display());
-        assert!(by_id(15).2.windows(real.len()).any(|w| w == real.as_bytes()), "{:?}", by_id(15));
+        assert!(by_id(18).2.windows(real.len()).any(|w| w == real.as_bytes()), "{:?}", by_id(18));
+        assert_eq!(status_of(by_id(19)), status::NO_SUCH_FILE, "a missing name followed by /");
+        assert_eq!(by_id(20).0, kind::NAME, "the empty path is the working directory");
         assert_eq!(status_of(by_id(16)), status::FAILURE, "no such handle");
         assert_eq!(by_id(17).0, kind::EXTENDED_REPLY);
     }
