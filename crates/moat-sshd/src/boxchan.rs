@@ -469,7 +469,9 @@ async fn pump_output(
                 let _ = tx.close().await;
                 return;
             }
-            Ok(Some(AgentMsg::Error(msg))) => return fail(&tx, &msg, 127).await,
+            // The shell could not be started (a command past execve's limits,
+            // no shell in the image): sshd's child says why and exits 1.
+            Ok(Some(AgentMsg::Error(msg))) => return fail(&tx, &msg, 1).await,
             Ok(Some(_)) if unasked < MAX_UNASKED => unasked += 1,
             Ok(Some(_)) => {
                 return fail(&tx, "the box's agent sends what a session does not carry", EXIT_MOAT_FAILED).await

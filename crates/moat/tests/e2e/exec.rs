@@ -18,6 +18,11 @@ pub fn streams_status_and_stderr(env: &Env) {
     assert_eq!(out.stdout, "a|b|c|");
     // A command that does not exist: the shell's 127.
     assert_eq!(env.alice(Some(&name), &["no-such-command"]).status, Some(127));
+    // One past what execve takes in one argument (128 KiB): the shell never
+    // starts, said as sshd says it, with sshd's status 1.
+    let out = env.alice(Some(&name), &[&"a".repeat(100_000), &"b".repeat(100_000)]);
+    assert_eq!(out.status, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("Argument list too long"), "{}", out.stderr);
 }
 
 pub fn death_by_signal_is_reported_as_openssh(env: &Env) {
