@@ -5,6 +5,9 @@
 /// Most edits (insertions, deletions, substitutions) a typo is taken to have.
 pub const MAX_EDITS: usize = 2;
 
+/// Shortest prefix that makes a typo of any longer word.
+const MIN_PREFIX: usize = 3;
+
 /// Longest word compared: names are DNS labels, and a longer word is nobody's
 /// typo (it also bounds the work a client's word can cost).
 const MAX_LEN: usize = 64;
@@ -12,7 +15,9 @@ const MAX_LEN: usize = 64;
 /// The candidate `typed` is most likely a typo of: one within [`MAX_EDITS`]
 /// edits (one for a word of four letters or fewer) that change at most half
 /// the letters of the longer (two edits make any two-letter word of any
-/// other), or one of which `typed` is a prefix or that is a prefix of `typed`. The fewest edits wins, then the first listed.
+/// other), or one of which `typed` is a prefix or that is a prefix of `typed`,
+/// the prefix three letters or more (`ssh HOST ls` by a local user `root` is
+/// no typo of a box `r`). The fewest edits wins, then the first listed.
 /// A candidate equal to `typed` is no typo of it.
 pub fn closest<'a>(typed: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     if typed.is_empty() || typed.len() > MAX_LEN {
@@ -25,7 +30,8 @@ pub fn closest<'a>(typed: &str, candidates: impl IntoIterator<Item = &'a str>) -
         }
         let edits = edits(typed, candidate);
         let longer = typed.chars().count().max(candidate.chars().count());
-        let prefix = typed.starts_with(candidate) || candidate.starts_with(typed);
+        let shorter = typed.chars().count().min(candidate.chars().count());
+        let prefix = shorter >= MIN_PREFIX && (typed.starts_with(candidate) || candidate.starts_with(typed));
         // A word of four letters or fewer is a typo of one edit: two make
         // too many of them near each other (`make` and `image`).
         let most = if typed.chars().count() <= 4 { 1 } else { MAX_EDITS };
@@ -89,6 +95,11 @@ mod tests {
         assert_eq!(closest("x", ["ls", "rm"]), None);
         assert_eq!(closest("b2", ["b1"]), Some("b1"));
         assert_eq!(closest("root", ["ctl-3", "first", "route-12"]), None);
+        // A prefix of one or two letters is too short to be meant: the local
+        // user `root` reaches the control plane with boxes `r` and `ro`.
+        assert_eq!(closest("root", ["r", "ro"]), None);
+        assert_eq!(closest("r", ["root"]), None);
+        assert_eq!(closest("root", ["roo"]), Some("roo"));
         assert_eq!(closest("b1", ["b1"]), None);
         assert_eq!(closest("", ["a"]), None);
         assert_eq!(closest(&"a".repeat(65), ["a"]), None);

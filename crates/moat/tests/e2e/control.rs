@@ -165,8 +165,13 @@ pub fn mistyped_boxes_and_commands_are_told_as_such(env: &Env) {
             assert_eq!(out.stderr, format!("moat: no box named \"{typed}\" (did you mean \"{name}\"?)\n"));
         }
     }
-    // A name near no box still reaches the control plane.
+    // A name near no box still reaches the control plane, and a box whose
+    // name is a letter or two of the user's (`ssh HOST ls` as root) is no
+    // typo of it.
     assert!(env.alice(Some("nosuchbox"), &["ls"]).ok().stdout.contains(&name));
+    env.new_box("ro", &["--image", "busybox"]);
+    assert!(env.alice(Some("root"), &["ls"]).ok().stdout.contains(&name));
+    env.alice(None, &["rm", "ro"]).ok();
     // A mistyped command: not a box, and not a command either.
     let out = env.alice(Some("nosuchbox"), &["lst", "--json"]);
     assert_eq!(out.status, Some(255), "{}", out.stderr);
