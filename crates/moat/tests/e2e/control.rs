@@ -103,6 +103,12 @@ pub fn bad_input_is_one_line_and_leaves_nothing(env: &Env) {
 pub fn help_and_control_shell(env: &Env) {
     let help = env.alice(None, &["help"]).ok();
     assert!(help.stdout.contains("usage: ssh HOST COMMAND"));
+    // One command's lines: `COMMAND --help` (or -h, or `help COMMAND`), status 0.
+    for words in [&["new", "--help"][..], &["diff", "a", "-h"], &["help", "diff"]] {
+        let one = env.alice(None, words).ok().stdout;
+        let verb = words.iter().find(|w| **w != "help").unwrap();
+        assert!(one.contains(&format!("\n  {verb} ")) && !one.contains("\n  promote "), "{words:?}: {one}");
+    }
     // A shell request on the control plane (no command) prints the help too.
     let mut cmd = env.daemon.ssh_with(&env.alice, Some("moat"), &["-T"], &[]);
     let shell = crate::fixture::run(&mut cmd).ok();

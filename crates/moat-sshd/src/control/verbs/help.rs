@@ -1,9 +1,13 @@
 //! `help`: every verb's lines, from the table, between a head and a tail.
 
 use super::{Plan, Verb, VERBS};
-use crate::control::args::{no_more, UsageError};
+use crate::control::args::{no_more, usage, UsageError};
 
-pub const VERB: Verb = Verb { names: &["help", "--help", "-h"], help: "  help                this text\n", parse };
+pub const VERB: Verb = Verb {
+    names: &["help", "--help", "-h"],
+    help: "  help [COMMAND]      this text, or COMMAND's lines of it (as COMMAND --help)\n",
+    parse,
+};
 
 const HEAD: &str = "\
 moat: disposable boxes over SSH
@@ -33,7 +37,17 @@ pub fn text() -> String {
     text
 }
 
+/// What `COMMAND --help` and `help COMMAND` print: the verb's lines.
+pub fn of(verb: &Verb) -> String {
+    format!("usage: ssh HOST COMMAND [ARGS]\n\n{}\n'ssh HOST help' lists every command.\n", verb.help)
+}
+
 fn parse(args: &[String]) -> Result<Plan, UsageError> {
-    no_more("help", args)?;
-    Ok(Plan::Print(text()))
+    let Some((word, rest)) = args.split_first() else { return Ok(Plan::Print(text())) };
+    no_more("help", rest)?;
+    match (super::verb(word), super::closest_verb(word)) {
+        (Some(verb), _) => Ok(Plan::Print(of(verb))),
+        (None, Some(meant)) => Err(usage(format!("help: no command {word:?} (did you mean {meant:?}?)"))),
+        (None, None) => Err(usage(format!("help: no command {word:?}"))),
+    }
 }

@@ -211,6 +211,9 @@ pub fn parse(words: &[String]) -> Result<Plan, UsageError> {
     let Some((word, args)) = words.split_first() else {
         return Ok(Plan::Print(help()));
     };
+    if let Some(verb) = verb(word).filter(|_| asks_help(args)) {
+        return Ok(Plan::Print(help::of(verb)));
+    }
     if let Some(flag) = repeated_flag(args) {
         return Err(usage(format!("{word}: {flag} given twice")));
     }
@@ -219,6 +222,12 @@ pub fn parse(words: &[String]) -> Result<Plan, UsageError> {
         (None, Some(meant)) => Err(usage(format!("unknown command {word:?} (did you mean {meant:?}? see 'help')"))),
         (None, None) => Err(usage(format!("unknown command {word:?} (see 'help')"))),
     }
+}
+
+/// Whether a verb's words ask for its help (`new --help`), before any `--`
+/// (what follows is a command: `race web 2 -- make --help`).
+fn asks_help(args: &[String]) -> bool {
+    args.iter().take_while(|a| *a != "--").any(|a| a == "--help" || a == "-h")
 }
 
 /// Flags that add up when given again: `secret limit`'s windows

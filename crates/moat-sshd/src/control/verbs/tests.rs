@@ -292,8 +292,19 @@ fn the_table_is_the_grammar_and_the_help() {
             seen.push(name);
             let e = plan(name).err().map(|e| e.0).unwrap_or_default();
             assert!(!e.contains("unknown command"), "{name} is in VERBS but parse does not know it");
+            // `VERB --help`, `VERB ARGS -h` and `help VERB` print its lines.
+            for line in [format!("{name} --help"), format!("{name} web -h"), format!("help {name}")] {
+                match plan(&line) {
+                    Ok(Plan::Print(shown)) => assert!(shown.contains(verb.help), "{line}: {shown}"),
+                    other => panic!("{line}: {other:?}"),
+                }
+            }
         }
     }
+    // After `--` a `--help` is the command's own.
+    assert!(matches!(plan("race web 2 -- make --help"), Ok(Plan::Race(_))));
+    assert_eq!(plan("help lst").unwrap_err().0, "help: no command \"lst\" (did you mean \"ls\"?)");
+    assert!(plan("help ls now").is_err());
 }
 
 #[test]
