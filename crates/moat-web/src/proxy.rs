@@ -23,7 +23,7 @@ use crate::cookie;
 use crate::hello::EdgeLimits;
 use crate::host;
 use crate::pages::Page;
-use crate::upstream::{self, BoxConn, OpenError, Pool};
+use crate::upstream::{self, BoxConn, OpenError, Pool, Visit};
 use moat_core::slots::Slots;
 
 /// How long an allowed answer of the privileged side is reused for the same
@@ -115,9 +115,10 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let crowded = || Page::Crowded(host.name.to_string());
     let visitor = ctx.per_visitor.take(&(peer, host.clone())).ok_or_else(crowded)?;
     let slot = (ctx.per_box.take(&host).ok_or_else(crowded)?, visitor);
-    let conn = match ctx.pool.take(&host) {
+    let visit = Visit { host: host.clone(), who: who.clone() };
+    let conn = match ctx.pool.take(&visit) {
         Some(conn) => conn,
-        None => match upstream::open(&ctx.api, &ctx.pool, &host, cookie.as_ref()).await {
+        None => match upstream::open(&ctx.api, &ctx.pool, &visit, cookie.as_ref()).await {
             Ok(conn) => conn,
             Err(OpenError::Refused(r)) => return Err(Page::Refused(r, Some(host))),
             Err(OpenError::NoListener) => return Err(Page::NoListener(host.name.to_string(), host.port)),
@@ -176,7 +177,7 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let body = Counted::new(body, move |sent, clean| {
         session.log(entry(sent));
         if clean {
-            pool.give(host, BoxConn { sender, driver, session });
+            pool.give(visit, BoxConn { sender, driver, session });
         }
         drop(slot);
     });

@@ -26,7 +26,7 @@ use moat_core::web::{WebHost, WebRefusal, WebRequestLog, WebSecret};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 
 use crate::body::ResBody;
-use crate::yielding::Yielding;
+use crate::yielding::{Informational, Yielding, MAX_BUFFER};
 
 /// How long a connection whose answer ended waits for another request.
 pub const POOL_IDLE: Duration = Duration::from_secs(1);
@@ -47,14 +47,58 @@ const LOG_DELAY: Duration = Duration::from_millis(50);
 /// Most idle connections kept per box port.
 const POOL_PER_PORT: usize = 16;
 
+/// A box port as one visitor reaches it (`who`: the account signed in, or
+/// `public`). Each visitor's requests go in web sessions of its own, so that
+/// taking one visitor's access away ends its tunnels, and only its.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Visit {
+    /// The box port.
+    pub host: WebHost,
+    /// Who visits.
+    pub who: String,
+}
+
 /// An HTTP/1.1 connection to a box port, and the session that keeps the box up.
 pub struct BoxConn {
     /// Sends requests on it.
-    pub sender: SendRequest<ResBody>,
+    pub sender: Sender,
     /// The task reading it: ended with it.
     pub driver: Driver,
     /// The session.
     pub session: Arc<Session>,
+}
+
+/// Sends requests on a connection to a box port, each allowed at most
+/// [`crate::yielding::MAX_INFORMATIONAL`] informational answers.
+pub struct Sender {
+    inner: SendRequest<ResBody>,
+    informational: Informational,
+}
+
+impl Sender {
+    /// Sends `req`; resolves to the box's answer's head.
+    pub fn send_request(
+        &mut self,
+        mut req: hyper::Request<ResBody>,
+    ) -> impl std::future::Future<Output = hyper::Result<hyper::Response<hyper::body::Incoming>>> {
+        self.informational.count(&mut req);
+        self.inner.send_request(req)
+    }
+
+    /// Whether the connection takes a request now.
+    pub fn is_ready(&self) -> bool {
+        self.inner.is_ready()
+    }
+
+    /// Whether the connection is gone.
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// Resolves once the connection takes a request (or is gone).
+    pub async fn ready(&mut self) -> hyper::Result<()> {
+        self.inner.ready().await
+    }
 }
 
 /// A task ended when this is dropped: a connection's (one given up on, its
@@ -216,17 +260,18 @@ pub enum OpenError {
     Failed(String),
 }
 
-/// Opens a connection to `host`'s box port for a visitor with `cookie`: in
-/// the web session another connection to that port holds, if one does (with
-/// no check again); else in a new session, for which the privileged side
-/// checks the cookie again and wakes the box.
+/// Opens a connection to a box port for a visitor with `cookie`: in the
+/// web session another of the visitor's connections to that port holds, if
+/// one does (with no check again); else in a new session, for which the
+/// privileged side checks the cookie again and wakes the box.
 pub async fn open(
     api: &ApiClient,
     pool: &Pool,
-    host: &WebHost,
+    visit: &Visit,
     cookie: Option<&WebSecret>,
 ) -> Result<BoxConn, OpenError> {
-    if let Some(session) = pool.session(host).filter(|s| !s.is_ended()) {
+    let host = &visit.host;
+    if let Some(session) = pool.session(visit).filter(|s| !s.is_ended()) {
         match connect(&session, None, host.port).await {
             // The session is over (the box stopped, say): a new one says why.
             Err(OpenError::Failed(_)) => {}
@@ -239,18 +284,14 @@ pub async fn open(
         Err(e) => return Err(OpenError::Failed(e.message)),
     };
     let (session, agent) = Session::new(lease, reach);
-    pool.hold_session(host, &session);
+    pool.hold_session(visit, &session);
     let (sender, driver) = connect(&session, agent, host.port).await?;
     Ok(BoxConn { sender, driver, session })
 }
 
 /// A connection to `port` in `session`'s box: from a socket in its network,
 /// or through its agent (over `agent`, a stream to it, if given).
-async fn connect(
-    session: &Session,
-    agent: Option<OwnedFd>,
-    port: u16,
-) -> Result<(SendRequest<ResBody>, Driver), OpenError> {
+async fn connect(session: &Session, agent: Option<OwnedFd>, port: u16) -> Result<(Sender, Driver), OpenError> {
     let dialled = session.nudging(CONNECT_ANSWER, dial(session, port)).await;
     if session.is_ended() {
         return Err(OpenError::Failed("the session ended".into()));
@@ -294,7 +335,7 @@ async fn through_agent(
     fd: OwnedFd,
     port: u16,
     ended: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SendRequest<ResBody>, Driver), OpenError> {
+) -> Result<(Sender, Driver), OpenError> {
     let stream = std::os::unix::net::UnixStream::from(fd);
     stream.set_nonblocking(true).map_err(failed)?;
     let mut stream = UnixStream::from_std(stream).map_err(failed)?;
@@ -313,19 +354,23 @@ fn failed(e: io::Error) -> OpenError {
 }
 
 /// An HTTP/1.1 client connection over `io`, driven by a task of its own
-/// (which gives its turn back now and then: see [`Yielding`]) until the
-/// connection or its session (`ended`) ends.
+/// (which gives its turn back now and then, and bounds what an answer's
+/// head costs: see [`Yielding`]) until the connection or its session
+/// (`ended`) ends.
 async fn handshake<T>(
     io: T,
     ended: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SendRequest<ResBody>, Driver), OpenError>
+) -> Result<(Sender, Driver), OpenError>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake(TokioIo::new(Yielding::new(io)))
+    let informational = Informational::default();
+    let (inner, conn) = hyper::client::conn::http1::Builder::new()
+        .max_buf_size(MAX_BUFFER)
+        .handshake(TokioIo::new(Yielding::new(io, informational.clone())))
         .await
         .map_err(|e| OpenError::Failed(e.to_string()))?;
+    let sender = Sender { inner, informational };
     let task = tokio::spawn(async move {
         tokio::select! {
             done = conn.with_upgrades() => {
@@ -339,37 +384,37 @@ where
     Ok((sender, Driver(task.abort_handle())))
 }
 
-/// Connections whose answer ended, per box port, each with when it did;
-/// and the web session each port's connections share (alive while one of
-/// them is: the last to go ends it).
+/// Connections whose answer ended, per visitor of a box port, each with
+/// when it did; and the web session each visitor's connections to a port
+/// share (alive while one of them is: the last to go ends it).
 #[derive(Default)]
 pub struct Pool {
-    idle: Mutex<HashMap<WebHost, Vec<(BoxConn, Instant)>>>,
-    sessions: Mutex<HashMap<WebHost, Weak<Session>>>,
+    idle: Mutex<HashMap<Visit, Vec<(BoxConn, Instant)>>>,
+    sessions: Mutex<HashMap<Visit, Weak<Session>>>,
     /// Each port's session as its last answer ended, kept as long as an idle
     /// connection would be: a server that closes every connection (`busybox
     /// httpd`, `python -m http.server`) would otherwise cost a new session,
     /// a check and a wake, a request.
-    lingering: Mutex<HashMap<WebHost, (Arc<Session>, Instant)>>,
+    lingering: Mutex<HashMap<Visit, (Arc<Session>, Instant)>>,
 }
 
 impl Pool {
-    /// The session `host`'s connections hold, if one still does.
-    fn session(&self, host: &WebHost) -> Option<Arc<Session>> {
-        self.sessions.lock().unwrap_or_else(PoisonError::into_inner).get(host)?.upgrade()
+    /// The session a visitor's connections to a port hold, if one still does.
+    fn session(&self, visit: &Visit) -> Option<Arc<Session>> {
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner).get(visit)?.upgrade()
     }
 
-    /// Notes `lease` as the session of `host`'s connections.
-    fn hold_session(&self, host: &WebHost, session: &Arc<Session>) {
+    /// Notes `session` as the session of a visitor's connections to a port.
+    fn hold_session(&self, visit: &Visit, session: &Arc<Session>) {
         let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
         sessions.retain(|_, s| s.strong_count() > 0);
-        sessions.insert(host.clone(), Arc::downgrade(session));
+        sessions.insert(visit.clone(), Arc::downgrade(session));
     }
 
-    /// A connection to `host` ready for a request, if one waits.
-    pub fn take(&self, host: &WebHost) -> Option<BoxConn> {
+    /// A connection of the visitor's to the port ready for a request, if one waits.
+    pub fn take(&self, visit: &Visit) -> Option<BoxConn> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let conns = idle.get_mut(host)?;
+        let conns = idle.get_mut(visit)?;
         while let Some((conn, _)) = conns.pop() {
             if conn.sender.is_ready() {
                 return Some(conn);
@@ -380,16 +425,16 @@ impl Pool {
 
     /// Keeps `conn` for the next request once it is ready for one (dropped if
     /// it never is).
-    pub fn give(self: &Arc<Self>, host: WebHost, mut conn: BoxConn) {
+    pub fn give(self: &Arc<Self>, visit: Visit, mut conn: BoxConn) {
         let now = (Arc::clone(&conn.session), Instant::now());
-        self.lingering.lock().unwrap_or_else(PoisonError::into_inner).insert(host.clone(), now);
+        self.lingering.lock().unwrap_or_else(PoisonError::into_inner).insert(visit.clone(), now);
         let pool = Arc::clone(self);
         tokio::spawn(async move {
             if tokio::time::timeout(POOL_IDLE, conn.sender.ready()).await.map_or(true, |r| r.is_err()) {
                 return;
             }
             let mut idle = pool.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            let conns = idle.entry(host).or_default();
+            let conns = idle.entry(visit).or_default();
             if conns.len() < POOL_PER_PORT {
                 conns.push((conn, Instant::now()));
             }

@@ -31,7 +31,11 @@ pub(super) struct Holders {
 
 struct Holder {
     box_id: BoxId,
-    account: AccountId,
+    /// Who signed in (none: a public URL's visitor).
+    account: Option<AccountId>,
+    /// The port of a web session: exposed no more (or no longer as it
+    /// was), the port's sessions end.
+    web_port: Option<u16>,
     end: Arc<Notify>,
 }
 
@@ -62,11 +66,22 @@ impl Holders {
 impl SessionGuard {
     /// Marks the session as `account`'s (who signed in, the box's owner or
     /// an account it is shared with): taking that account's access away ends it.
-    pub fn held_by(mut self, account: &AccountId) -> Self {
+    pub fn held_by(self, account: &AccountId) -> Self {
+        self.hold(Some(account.clone()), None)
+    }
+
+    /// Marks the session as a web session of `port`, by `account` (none for
+    /// a public URL's visitor): taking the account's access away, or the
+    /// port's exposure, ends it.
+    pub fn held_for_web(self, account: Option<&AccountId>, port: u16) -> Self {
+        self.hold(account.cloned(), Some(port))
+    }
+
+    fn hold(mut self, account: Option<AccountId>, web_port: Option<u16>) -> Self {
         let holders = &self.manager.holders;
         let key = holders.next.fetch_add(1, Ordering::Relaxed);
         let end = Arc::new(Notify::new());
-        let holder = Holder { box_id: self.id.clone(), account: account.clone(), end: Arc::clone(&end) };
+        let holder = Holder { box_id: self.id.clone(), account, web_port, end: Arc::clone(&end) };
         holders.held().insert(key, holder);
         self.held = Some(Held { key, end });
         self
@@ -92,20 +107,27 @@ impl SessionGuard {
 impl BoxManager {
     /// Ends `account`'s sessions on box `id` (a share taken back).
     pub(super) fn end_sessions_of(&self, id: &BoxId, account: &AccountId) -> usize {
-        self.holders.end(|h| h.box_id == *id && h.account == *account)
+        self.holders.end(|h| h.box_id == *id && h.account.as_ref() == Some(account))
+    }
+
+    /// Ends the web sessions of port `port` of box `id` (its exposure taken
+    /// away or changed): the tunnels they carry end; a visitor still let in
+    /// opens a new one.
+    pub(super) fn end_web_sessions(&self, id: &BoxId, port: u16) -> usize {
+        self.holders.end(|h| h.box_id == *id && h.web_port == Some(port))
     }
 
     /// Ends the sessions of every account whose key is no longer listed.
     /// One look at the keys per account holding a session.
     pub fn end_unlisted_sessions(&self) -> usize {
         let Some(listed) = self.accounts.get() else { return 0 };
-        let accounts: HashSet<AccountId> = self.holders.held().values().map(|h| h.account.clone()).collect();
+        let accounts: HashSet<AccountId> = self.holders.held().values().filter_map(|h| h.account.clone()).collect();
         let gone: HashSet<AccountId> = accounts.into_iter().filter(|a| !listed(a)).collect();
         if gone.is_empty() {
             return 0;
         }
         self.holders.listed_at.lock().unwrap_or_else(PoisonError::into_inner).retain(|a, _| !gone.contains(a));
-        let ended = self.holders.end(|h| gone.contains(&h.account));
+        let ended = self.holders.end(|h| h.account.as_ref().is_some_and(|a| gone.contains(a)));
         tracing::info!(sessions = ended, accounts = gone.len(), "ended the sessions of keys no longer listed");
         ended
     }

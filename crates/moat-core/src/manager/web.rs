@@ -84,13 +84,18 @@ impl BoxManager {
         let rec = self.get(account, name)?;
         let host = WebHost { port, name: name.clone(), owner: Owner::of(account) };
         host.label_fits().map_err(|e| ManagerError::LabelTooLong(host.label(), e.to_string()))?;
+        let before = self.db(|s| s.exposed(&rec.id))?.into_iter().find(|(p, _)| *p == port);
         self.db(|s| s.expose(&rec.id, port, public))?;
+        if before.is_some_and(|(_, was_public)| was_public != public) {
+            // Public no more (or now public): who may visit changed.
+            self.end_web_sessions(&rec.id, port);
+        }
         tracing::info!(box_id = %rec.id, name = %rec.name, port, public, "port exposed");
         Ok(Exposure { name: name.clone(), owner: host.owner, port, public, url: None, shared: false })
     }
 
     /// Stops exposing `port` of the account's box; visitors signed in to it are
-    /// signed out.
+    /// signed out, and every visitor's web sessions on it end.
     pub fn unexpose(&self, account: &AccountId, name: &Name, port: u16) -> Result<(), ManagerError> {
         let rec = self.get(account, name)?;
         if !self.db(|s| s.unexpose(&rec.id, port))? {
@@ -99,6 +104,9 @@ impl BoxManager {
         let mut grants = self.grants();
         grants.cookies.retain(|_, g| !(g.box_id == rec.id && g.port == port));
         grants.links.retain(|_, g| !(g.box_id == rec.id && g.port == port));
+        drop(grants);
+        // The tunnels open through it (WebSockets, event streams) end too.
+        self.end_web_sessions(&rec.id, port);
         Ok(())
     }
 
@@ -263,8 +271,10 @@ impl BoxManager {
             BoxState::Running | BoxState::Suspended => {}
         }
         let (handle, guard) = self.open_session(&rec.account, &rec.name).await?;
-        // A visitor signed in holds the session: taking its access away ends it.
-        let guard = if who == PUBLIC { guard } else { guard.held_by(&AccountId(who.clone())) };
+        // A visitor signed in holds the session: taking its access away ends
+        // it, as taking the port's exposure away ends anyone's.
+        let account = (who != PUBLIC).then(|| AccountId(who.clone()));
+        let guard = guard.held_for_web(account.as_ref(), host.port);
         Ok((handle, guard, rec.id, who))
     }
 

@@ -141,6 +141,9 @@ pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
         assert!(Instant::now() < deadline, "carol's remote forward never listened in the box");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The owner's page streams first: carol's request must not ride in the
+    // owner's web session (it outlived the unshare), nor the owner's in hers.
+    let mut own_page = web_stream(env, &env.alice, &name, &owner);
     let mut page = web_stream(env, &carol.key, &name, &owner);
     let mut forwarded = BufReader::new(stream.try_clone().unwrap());
     let mut line = String::new();
@@ -171,9 +174,15 @@ pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
     }
     let _ = remote.kill();
     let _ = remote.wait();
-    // The web page's stream ends too (curl exits once the edge closes it).
+    // The web page's stream ends too (curl exits once the edge closes it);
+    // the owner's goes on, until the port is exposed no more.
     let (status, said) = ends_within(&mut page.0, &page.1, Duration::from_secs(4));
     assert_ne!(status, Some(0), "the page ended cleanly? {said}");
+    while own_page.1.try_recv().is_ok() {}
+    assert_eq!(own_page.1.recv_timeout(Duration::from_secs(3)).as_deref(), Ok("w"), "the owner's page ended too");
+    env.alice(None, &["unexpose", &name, "7001"]).ok();
+    let (status, said) = ends_within(&mut own_page.0, &own_page.1, Duration::from_secs(4));
+    assert_ne!(status, Some(0), "the owner's page outlived unexpose: {said}");
     // And nothing new opens.
     let again = run(&mut env.daemon.ssh(&carol.key, Some(&shared), &["true"]));
     assert_ne!(again.status, Some(0));
@@ -189,7 +198,7 @@ fn web_stream(env: &Env, key: &Key, name: &str, owner: &str) -> (Child, Receiver
     let host = link.trim_start_matches("https://").split('/').next().unwrap().to_string();
     let bare = host.split(':').next().unwrap();
     let resolve = format!("{bare}:{}:127.0.0.1", edge.port);
-    let jar = env.dir.join(format!("{name}.cookies"));
+    let jar = env.dir.join(format!("{name}-{}.cookies", key.path.file_name().unwrap().to_string_lossy()));
     let curl = |extra: &[&str]| {
         let mut cmd = std::process::Command::new("curl");
         cmd.args(["-s", "--cacert"]).arg(&edge.ca).args(["--resolve", &resolve, "-b"]).arg(&jar).arg("-c").arg(&jar);
