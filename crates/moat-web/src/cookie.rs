@@ -56,8 +56,12 @@ pub fn take(headers: &mut HeaderMap) -> Option<WebSecret> {
 /// URL only (a `Domain` attribute is taken out: with it, one box's page set
 /// cookies every other box's URL received, and could fill them until every
 /// request was too large), and never the edge's own cookie (with it, a box
-/// signed its visitors out, or in as someone else).
+/// signed its visitors out, or in as someone else). `Clear-Site-Data` loses
+/// `"cookies"` and `"*"`: browsers clear the cookies of the whole site (the
+/// domain every box's URL is under), so a box's page signed its visitor out
+/// of every box.
 pub fn confine(headers: &mut HeaderMap) {
+    confine_clearing(headers);
     let fields: Vec<HeaderValue> = headers.get_all(SET_COOKIE).iter().cloned().collect();
     if fields.is_empty() {
         return;
@@ -76,6 +80,22 @@ pub fn confine(headers: &mut HeaderMap) {
         if let Ok(value) = HeaderValue::from_str(&kept.join(";")) {
             headers.append(SET_COOKIE, value);
         }
+    }
+}
+
+/// `Clear-Site-Data` without the directives that reach past the box's URL.
+fn confine_clearing(headers: &mut HeaderMap) {
+    let name = http::header::HeaderName::from_static("clear-site-data");
+    let fields: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
+    if fields.is_empty() {
+        return;
+    }
+    headers.remove(&name);
+    let text: Vec<&str> = fields.iter().filter_map(|f| f.to_str().ok()).collect();
+    let sitewide = |d: &&str| matches!(d.trim().trim_matches('"'), "cookies" | "*");
+    let kept: Vec<&str> = text.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|d| !sitewide(d)).collect();
+    if let (false, Ok(value)) = (kept.is_empty(), HeaderValue::from_str(&kept.join(", "))) {
+        headers.insert(name, value);
     }
 }
 
@@ -113,6 +133,19 @@ mod tests {
         confine(&mut headers);
         let kept: Vec<_> = headers.get_all(SET_COOKIE).iter().map(|v| v.to_str().unwrap()).collect();
         assert_eq!(kept, ["tossed=from-evil; Path=/", "app=1; Path=/; HttpOnly", "plain=2"]);
+    }
+
+    #[test]
+    fn a_box_clears_its_own_url_only() {
+        let mut headers = HeaderMap::new();
+        headers.append("clear-site-data", HeaderValue::from_static("\"cache\", \"cookies\""));
+        headers.append("clear-site-data", HeaderValue::from_static("\"*\",\"storage\""));
+        confine(&mut headers);
+        assert_eq!(headers.get_all("clear-site-data").iter().collect::<Vec<_>>(), ["\"cache\", \"storage\""]);
+        let mut all = HeaderMap::new();
+        all.insert("clear-site-data", HeaderValue::from_static("\"cookies\""));
+        confine(&mut all);
+        assert!(all.get("clear-site-data").is_none());
     }
 
     #[test]

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
+use bytes::Bytes;
+use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -174,6 +176,9 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     strip_hop_by_hop(res.headers_mut(), false);
     let pool = Arc::clone(&ctx.pool);
     let (parts, body) = res.into_parts();
+    // Trailers are confined as the head is (browsers ignore cookies there
+    // today; a box gets no say in what they may do tomorrow).
+    let body = body.map_frame(confine_trailers as fn(Frame<Bytes>) -> Frame<Bytes>);
     let body = Counted::new(body, move |sent, clean| {
         session.log(entry(sent));
         if clean {
@@ -182,6 +187,17 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
         drop(slot);
     });
     Ok(Response::from_parts(parts, body.boxed_unsync()))
+}
+
+/// A frame of a box's answer: its trailers, if it is them, confined.
+fn confine_trailers(frame: Frame<Bytes>) -> Frame<Bytes> {
+    match frame.into_trailers() {
+        Ok(mut trailers) => {
+            cookie::confine(&mut trailers);
+            Frame::trailers(trailers)
+        }
+        Err(frame) => frame,
+    }
 }
 
 /// Spends a sign-in link and sets the session cookie, sending the browser on
@@ -224,6 +240,34 @@ fn logged_path(uri: &Uri) -> String {
     pq.chars().take(MAX_LOGGED_PATH).collect()
 }
 
+/// Fields a server believes when a proxy in front of it sets them (Rails,
+/// Flask's ProxyFix, Express's `trust proxy`, Django, Spring read these):
+/// the edge is that proxy, so a visitor's are never passed on.
+const FROM_A_PROXY: &[&str] = &[
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-ssl",
+    "x-forwarded-scheme",
+    "x-forwarded-server",
+    "x-forwarded",
+    "forwarded",
+    "forwarded-for",
+    "x-real-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-original-host",
+    "front-end-https",
+    "x-url-scheme",
+];
+
 /// The request as the box gets it: HTTP/1.1 in origin form, `Host` the box's
 /// own `localhost:PORT` (dev servers refuse other hosts by default), the
 /// visitor's host, address and scheme in `X-Forwarded-*` (never what the
@@ -248,10 +292,8 @@ fn outbound(
     }
     let upgrade_to = parts.headers.get(header::UPGRADE).cloned();
     strip_hop_by_hop(&mut parts.headers, true);
-    for name in
-        ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-forwarded-port", "forwarded", "x-real-ip"]
-    {
-        parts.headers.remove(name);
+    for name in FROM_A_PROXY {
+        parts.headers.remove(*name);
     }
     let set = |headers: &mut HeaderMap, name: HeaderName, value: &str| -> Result<(), Page> {
         let value = HeaderValue::from_str(value).map_err(|_| Page::Bad("a host that is no header value"))?;

@@ -173,6 +173,14 @@ pub fn private_urls_sign_in_share_and_wake_in_a_browser(env: &Env) {
     assert_eq!(seen["x-forwarded-host"].as_str(), Some(host.as_str()), "{seen}");
     assert_eq!(seen["x-forwarded-for"], "127.0.0.1", "{seen}");
     assert!(seen.get("cookie").is_none_or(|c| !c.as_str().unwrap_or("").contains("__Host-moat")), "{seen}");
+    // What a visitor says a proxy said never reaches the box: the edge is its proxy.
+    let forged = "return fetch('/headers', {headers: {'X-Forwarded-Ssl': 'off', 'X-Original-URL': '/admin', \
+                  'True-Client-IP': '6.6.6.6', 'X-Forwarded-Prefix': '/evil'}}).then(r => r.text())";
+    let seen: Value = serde_json::from_str(alice.eval(forged).as_str().unwrap()).unwrap();
+    for name in ["x-forwarded-ssl", "x-original-url", "true-client-ip", "x-forwarded-prefix"] {
+        assert!(seen.get(name).is_none(), "{name} reached the box: {seen}");
+    }
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1", "{seen}");
     // A link works once.
     alice.goto(&signin);
     assert!(alice.wait_for_text("401").contains("used already"));

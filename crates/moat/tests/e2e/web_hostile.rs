@@ -119,7 +119,7 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
             "mkdir -p /www/cgi-bin && echo fine-{b} > /www/index.html && \
              printf '#!/bin/sh\\nsleep 600\\n' > /www/cgi-bin/slow && \
              printf '#!/bin/sh\\ncat >/dev/null\\necho Content-Type: text/plain\\necho\\necho got\\n' > /www/cgi-bin/read && \
-             printf '#!/bin/sh\\necho \"Set-Cookie: tossed=1; Domain={DOMAIN}; Path=/\"\\necho \"Set-Cookie: __Host-moat=000; Path=/; Secure\"\\necho Content-Type: text/plain\\necho\\necho cookies\\n' > /www/cgi-bin/cookies && \
+             printf '#!/bin/sh\\necho \"Set-Cookie: tossed=1; Domain={DOMAIN}; Path=/\"\\necho \"Set-Cookie: __Host-moat=000; Path=/; Secure\"\\necho \"Clear-Site-Data: \\\\\"cookies\\\\\", \\\\\"cache\\\\\"\"\\necho Content-Type: text/plain\\necho\\necho cookies\\n' > /www/cgi-bin/cookies && \
              printf '#!/bin/sh\\nyes \"$(printf \"HTTP/1.1 100 Continue\\\\r\\\\n\\\\r\")\"\\n' > /www/continue && \
              chmod +x /www/cgi-bin/slow /www/cgi-bin/read /www/cgi-bin/cookies /www/continue && \
              (busybox httpd -p 127.0.0.1:8000 -h /www &)"
@@ -299,6 +299,9 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
     assert!(cookies.contains("cookies"), "{cookies}");
     let set: Vec<&str> = cookies.lines().filter(|l| l.to_ascii_lowercase().starts_with("set-cookie:")).collect();
     assert_eq!(set, ["set-cookie: tossed=1; Path=/"], "{cookies}");
+    // Nor clears the cookies of the whole domain (every box's sign-ins).
+    let cleared: Vec<&str> = cookies.lines().filter(|l| l.to_ascii_lowercase().starts_with("clear-site-data:")).collect();
+    assert_eq!(cleared, ["clear-site-data: \"cache\""], "{cookies}");
 
     // A box that answers `100 Continue` without end, as fast as `yes`
     // writes, holds neither the edge nor another box: past 16 such answers
