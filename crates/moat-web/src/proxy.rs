@@ -137,6 +137,8 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let answered = session.nudging(ctx.limits.answer(), sender.send_request(upstream_req)).await;
     let mut res = match answered {
         Some(Ok(res)) => res,
+        // The body being sent failed: the visitor's, not the box's, doing.
+        Some(Err(e)) if e.is_user() => return Err(visitors_body(&e)),
         Some(Err(e)) => return Err(Page::Unreachable(host.name.to_string(), e.to_string())),
         None => return Err(Page::Slow(host.name.to_string(), ctx.limits.answer_secs)),
     };
@@ -187,6 +189,19 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
         drop(slot);
     });
     Ok(Response::from_parts(parts, body.boxed_unsync()))
+}
+
+/// The page for a request whose body failed on its way to the box: it
+/// stalled, or its chunks were not well formed (a 502 blamed the box).
+fn visitors_body(e: &hyper::Error) -> Page {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.is::<crate::body::Stalled>() {
+            return Page::Bad("a request body that stalled");
+        }
+        cause = c.source();
+    }
+    Page::Bad("a request body that is not well formed")
 }
 
 /// A frame of a box's answer: its trailers, if it is them, confined.

@@ -239,6 +239,15 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
     let answer = read_all(&mut slow);
     let took = started.elapsed();
     assert!(took > Duration::from_millis(1500) && took < Duration::from_secs(10), "{took:?}: {answer}");
+    assert_eq!(status(&answer), "400", "the visitor's doing, not the box's: {answer}");
+    assert!(answer.contains("stalled"), "{answer}");
+    // So is a body whose chunks are not well formed.
+    let bad_chunks = format!(
+        "POST /cgi-bin/read HTTP/1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\nxyz\r\n0\r\n\r\n"
+    );
+    let answer = exchange(&edge, &a, bad_chunks.as_bytes()).0;
+    assert_eq!(status(&answer), "400", "{answer}");
+    assert!(answer.contains("not well formed"), "{answer}");
 
     // A box that never answers: 504 at the answer deadline (3 s).
     let (answer, took) = exchange(&edge, &a, format!("GET /cgi-bin/slow HTTP/1.1\r\nHost: {a}\r\n\r\n").as_bytes());
