@@ -104,6 +104,11 @@ impl NodeArgs {
 }
 
 /// Keeps this node's lease for as long as the process lives.
+///
+/// Each renewal runs on the blocking pool and is waited for no longer than
+/// a renewal period: a store that hangs (answers TCP, never the query) must
+/// close the fence as surely as one that refuses, before another node may
+/// be given this node's boxes.
 pub async fn keep_lease(manager: Arc<BoxManager>, offer: NodeOffer) {
     // Act as lapsed a little before the store would call it lapsed: the
     // renewal's own time counts against it.
@@ -111,37 +116,65 @@ pub async fn keep_lease(manager: Arc<BoxManager>, offer: NodeOffer) {
     let mut renewed = Instant::now();
     let mut ticks = tokio::time::interval(LEASE_RENEW);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut in_flight: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
     loop {
         ticks.tick().await;
         let started = Instant::now();
-        match manager.renew_lease(&offer) {
+        let mut renewal = match in_flight.take() {
+            Some(hung) => hung,
+            None => {
+                let (manager, offer) = (Arc::clone(&manager), offer.clone());
+                tokio::task::spawn_blocking(move || manager.renew_lease(&offer).map_err(|e| e.to_string()))
+            }
+        };
+        let outcome = match tokio::time::timeout(LEASE_RENEW, &mut renewal).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => Err(format!("the renewal failed: {e}")),
+            Err(_) => {
+                // Still waiting on the store: the next tick looks again
+                // rather than piling up renewals behind it.
+                in_flight = Some(renewal);
+                Err("the state store has not answered".to_string())
+            }
+        };
+        match outcome {
             Ok(()) => {
                 renewed = started;
-                if let Err(e) = manager.report_backlog() {
-                    tracing::debug!(error = %e, "cannot report the upload backlog");
-                }
-                if let Err(e) = manager.report_disk() {
-                    tracing::debug!(error = %e, "cannot report the accounts' disk use");
-                }
-                if !manager.serving() {
-                    // Back after a lapse: its boxes may have been re-homed
-                    // meanwhile. The copies it holds of those go before it
-                    // serves any box again.
-                    match manager.discard_stale().await {
-                        Ok(n) => {
-                            tracing::warn!(discarded = n, node = %offer.name, "lease renewed after a lapse");
-                            manager.set_serving(true);
-                        }
-                        Err(e) => tracing::warn!(error = %e, "cannot discard stale copies: staying fenced"),
-                    }
+                let (manager, name) = (Arc::clone(&manager), offer.name.clone());
+                let after = tokio::task::spawn_blocking(move || after_renewal(&manager, &name));
+                if let Err(e) = after.await {
+                    tracing::warn!(error = %e, "the work after a renewal failed");
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, node = %offer.name, "cannot renew this node's lease");
                 if renewed.elapsed() >= margin {
-                    manager.set_serving(false);
+                    let manager = Arc::clone(&manager);
+                    if let Err(e) = tokio::task::spawn_blocking(move || manager.close_fence()).await {
+                        tracing::error!(error = %e, "cannot close the fence");
+                    }
                 }
             }
         }
+    }
+}
+
+/// What follows each renewal: the reports the fleet reads, and after a
+/// lapse the fence opened again once the copies of boxes given to other
+/// nodes meanwhile are gone. Blocking.
+fn after_renewal(manager: &Arc<BoxManager>, name: &str) {
+    if let Err(e) = manager.report_backlog() {
+        tracing::debug!(error = %e, "cannot report the upload backlog");
+    }
+    if let Err(e) = manager.report_disk() {
+        tracing::debug!(error = %e, "cannot report the accounts' disk use");
+    }
+    if manager.serving() {
+        return;
+    }
+    let discarded = tokio::runtime::Handle::current().block_on(manager.discard_stale());
+    match discarded.and_then(|n| manager.open_fence().map(|()| n)) {
+        Ok(n) => tracing::warn!(discarded = n, node = %name, "lease renewed after a lapse"),
+        Err(e) => tracing::warn!(error = %e, "cannot discard stale copies or thaw: staying fenced"),
     }
 }

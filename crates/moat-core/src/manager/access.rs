@@ -110,6 +110,11 @@ impl BoxManager {
         self.holders.end(|h| h.box_id == *id && h.account.as_ref() == Some(account))
     }
 
+    /// Ends every session on this node's boxes (its fence closed).
+    pub(super) fn end_all_sessions(&self) -> usize {
+        self.holders.end(|_| true)
+    }
+
     /// Ends the web sessions of port `port` of box `id` (its exposure taken
     /// away or changed): the tunnels they carry end; a visitor still let in
     /// opens a new one.

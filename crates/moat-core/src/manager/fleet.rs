@@ -7,11 +7,12 @@
 //! the fence never closes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{BoxManager, ManagerError};
 use crate::clock::now_ms;
-use crate::record::BoxRecord;
+use crate::record::{BoxRecord, BoxState};
 use crate::store::nodes::{NodeOffer, NodeRow, LEASE_MS};
 
 /// How long a lease lasts after its last renewal; nodes renew it every
@@ -26,11 +27,17 @@ pub const LEASE_RENEW: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub(super) struct Fence {
     open: AtomicBool,
+    /// This node's boxes as the store last listed them: the fence closes
+    /// when the store cannot be reached, so what it freezes comes from here.
+    known: Mutex<Vec<BoxRecord>>,
+    /// The boxes the fence froze; those still this node's and running by
+    /// the store are thawed when it opens.
+    frozen: Mutex<Vec<BoxRecord>>,
 }
 
 impl Default for Fence {
     fn default() -> Self {
-        Self { open: AtomicBool::new(true) }
+        Self { open: AtomicBool::new(true), known: Mutex::default(), frozen: Mutex::default() }
     }
 }
 
@@ -56,19 +63,55 @@ impl BoxManager {
         if self.node.is_empty() {
             return Ok(());
         }
-        let accounts: std::collections::HashSet<_> =
-            self.db(crate::store::Store::list_here)?.into_iter().map(|b| b.account).collect();
+        let here = self.db(crate::store::Store::list_here)?;
+        let accounts: std::collections::HashSet<_> = here.iter().map(|b| b.account.clone()).collect();
+        // Read anyway every renewal: kept for the fence.
+        *self.fence.known.lock().unwrap_or_else(PoisonError::into_inner) = here;
         let usage: Vec<_> =
             accounts.into_iter().filter_map(|a| self.backend.account_disk_usage(&a).map(|bytes| (a, bytes))).collect();
         Ok(self.db(|s| s.set_account_disk(&self.node, &usage, now_ms()))?)
     }
 
-    /// Closes the fence (the lease lapsed) or opens it (renewed and reconciled).
-    pub fn set_serving(&self, serving: bool) {
-        let was = self.fence.open.swap(serving, Ordering::SeqCst);
-        if was != serving {
-            tracing::warn!(serving, "this node's boxes are {}", if serving { "served again" } else { "fenced off" });
+    /// Closes the fence: this node's lease may have lapsed, and another node
+    /// may be given its boxes. Every box it runs is frozen where it stands
+    /// (its processes, its network, its writes) and every session on it
+    /// ends, so that no copy goes on here while another starts elsewhere;
+    /// the store is not needed for that (it may be what is gone). Blocking.
+    pub fn close_fence(&self) {
+        if !self.fence.open.swap(false, Ordering::SeqCst) {
+            return;
         }
+        let known = self.fence.known.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let sessions = self.end_all_sessions();
+        let mut frozen = Vec::new();
+        for rec in known.into_iter().filter(|rec| self.backend.is_running(rec)) {
+            match self.backend.suspend(&rec) {
+                Ok(()) => frozen.push(rec),
+                Err(e) => tracing::error!(box_id = %rec.id, name = %rec.name, error = %e, "cannot freeze a fenced box"),
+            }
+        }
+        tracing::warn!(frozen = frozen.len(), sessions, "this node's boxes are fenced off: frozen, their sessions ended");
+        *self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner) = frozen;
+    }
+
+    /// Opens the fence (the lease renewed, and the copies of boxes given to
+    /// other nodes meanwhile discarded): the boxes it froze that are still
+    /// this node's, and running by the store, run again. Blocking.
+    pub fn open_fence(&self) -> Result<(), ManagerError> {
+        let frozen = self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if !frozen.is_empty() {
+            let here = self.db(crate::store::Store::list_here)?;
+            for rec in here.iter().filter(|r| r.state == BoxState::Running && frozen.iter().any(|f| f.id == r.id)) {
+                if let Err(e) = self.backend.thaw(rec) {
+                    tracing::error!(box_id = %rec.id, name = %rec.name, error = %e, "cannot thaw a box the fence froze");
+                }
+            }
+            self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        }
+        if !self.fence.open.swap(true, Ordering::SeqCst) {
+            tracing::warn!("this node's boxes are served again");
+        }
+        Ok(())
     }
 
     /// Whether the fence is open.

@@ -484,6 +484,43 @@ async fn a_fleet_nodes_disk_budget_counts_the_other_nodes() {
     ));
 }
 
+/// A node whose lease may have lapsed freezes the boxes it runs and ends
+/// their sessions (another node may be given them: never two live copies),
+/// from what the store last listed, without the store; back, it thaws those
+/// the store still says are its own and running, and no others.
+#[tokio::test]
+async fn a_closed_fence_freezes_the_nodes_boxes_and_ends_their_sessions() {
+    let f = fixture();
+    let config = ManagerConfig { warm_boxes: 0, ..ManagerConfig::default() };
+    let store = Store::open(&f.db).unwrap().for_node("n1");
+    store.renew_lease(&crate::store::nodes::tests::offer("n1", 10)).unwrap();
+    let m = BoxManager::new(store, f.backend.clone(), config);
+    let spec = |n: &str| BoxSpec {
+        name: name(n),
+        image: name("busybox"),
+        limits: Limits::default(),
+        policy: Policy::default(),
+        backend: None,
+        run: false,
+    };
+    for n in ["web", "idle"] {
+        m.create(&f.alice, spec(n), Box::new(|_: &str| {})).await.unwrap();
+    }
+    m.suspend(&f.alice, &name("idle")).await.unwrap();
+    let (_, session) = m.open_shared_session(&f.alice, &name("web"), None).await.unwrap();
+    let id = |n: &str| m.get(&f.alice, &name(n)).unwrap().id.as_str().to_string();
+    let frozen = || f.backend.state.lock().unwrap().frozen.clone();
+    m.report_disk().unwrap();
+    m.close_fence();
+    assert!(!m.serving());
+    assert!(frozen().contains(&id("web")) && frozen().contains(&id("idle")));
+    tokio::time::timeout(Duration::from_secs(1), session.revoked()).await.expect("the session was not ended");
+    m.open_fence().unwrap();
+    assert!(m.serving());
+    assert!(!frozen().contains(&id("web")), "a running box left frozen");
+    assert!(frozen().contains(&id("idle")), "a suspended box thawed");
+}
+
 #[tokio::test]
 async fn an_accounts_memory_budget_counts_its_boxes_limits_only() {
     let f = fixture();
