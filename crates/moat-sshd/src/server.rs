@@ -17,18 +17,34 @@ use crate::penalty::{Offence, Penalties, PENALIZED_GRACE};
 use crate::quickack::QuickAck;
 use crate::ratelimit::LogLimit;
 
-/// Key exchanges offered: what modern OpenSSH prefers, and nothing else. The
-/// finite-field Diffie-Hellman groups cost the server a modular
-/// exponentiation of up to 8192 bits per attempt, so a few unauthenticated
-/// sockets asking for them ("DHEat") can keep every core busy.
+/// Key exchanges offered: what modern OpenSSH offers, but the finite-field
+/// Diffie-Hellman groups, which cost the server a modular exponentiation of
+/// up to 8192 bits per attempt, so a few unauthenticated sockets asking for
+/// them ("DHEat") can keep every core busy. The NIST curves are for clients
+/// held to FIPS algorithms (RHEL's OpenSSH in FIPS mode, JSch and sshj so
+/// set up): one scalar multiplication each, as curve25519.
 const KEX_ORDER: &[russh::kex::Name] = &[
     russh::kex::MLKEM768X25519_SHA256,
     russh::kex::CURVE25519,
     russh::kex::CURVE25519_PRE_RFC_8731,
+    russh::kex::ECDH_SHA2_NISTP256,
+    russh::kex::ECDH_SHA2_NISTP384,
+    russh::kex::ECDH_SHA2_NISTP521,
     russh::kex::EXTENSION_SUPPORT_AS_CLIENT,
     russh::kex::EXTENSION_SUPPORT_AS_SERVER,
     russh::kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT,
     russh::kex::EXTENSION_OPENSSH_STRICT_KEX_AS_SERVER,
+];
+
+/// Ciphers offered: OpenSSH's own list (russh's leaves out AES-128-GCM,
+/// which FIPS-held clients may offer alone).
+const CIPHER_ORDER: &[russh::cipher::Name] = &[
+    russh::cipher::CHACHA20_POLY1305,
+    russh::cipher::AES_256_GCM,
+    russh::cipher::AES_128_GCM,
+    russh::cipher::AES_256_CTR,
+    russh::cipher::AES_192_CTR,
+    russh::cipher::AES_128_CTR,
 ];
 
 /// Front door settings.
@@ -163,7 +179,7 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
         // (asyncssh, WinSCP) send SYMLINK's two paths in OpenSSH's order, which
         // a box's SFTP server (the image's `sftp-server`, or the agent's) takes.
         server_id: russh::SshId::Standard(crate::BANNER.into()),
-        preferred: russh::Preferred { kex: KEX_ORDER.into(), ..Default::default() },
+        preferred: russh::Preferred { kex: KEX_ORDER.into(), cipher: CIPHER_ORDER.into(), ..Default::default() },
         ..Default::default()
     });
     let shared = Arc::new(Shared { api, load: Default::default() });

@@ -16,6 +16,11 @@ pub fn streams_status_and_stderr(env: &Env) {
     // Arguments are joined with spaces and run by the box's shell, as sshd does.
     let out = env.alice(Some(&name), &["printf", "'%s|'", "a", "b c"]).ok();
     assert_eq!(out.stdout, "a|b|c|");
+    // What a background job prints soon after the command exits still
+    // comes (sshd waits for the output's end; the session ends once it has
+    // been quiet a while, though a job holds it open).
+    let out = env.alice(Some(&name), &["(sleep 1; echo late; echo late-err >&2) & echo early"]).ok();
+    assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("early\nlate\n", "late-err\n"));
     // A command that does not exist: the shell's 127.
     assert_eq!(env.alice(Some(&name), &["no-such-command"]).status, Some(127));
     // One past what execve takes in one argument (128 KiB): the shell never

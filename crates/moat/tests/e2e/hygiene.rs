@@ -249,6 +249,16 @@ pub fn banner_and_key_exchanges(env: &Env) {
     }
     let out = run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "KexAlgorithms=curve25519-sha256"], &["ls"]));
     out.ok();
+    // A client held to FIPS algorithms: NIST curves, AES-GCM or CTR alone.
+    for (kex, cipher) in [
+        ("ecdh-sha2-nistp256", "aes128-gcm@openssh.com"),
+        ("ecdh-sha2-nistp384", "aes256-gcm@openssh.com"),
+        ("ecdh-sha2-nistp521", "aes128-ctr"),
+    ] {
+        let algorithms = ["-o", &format!("KexAlgorithms={kex}"), "-c", cipher];
+        let out = run(&mut env.daemon.ssh_with(&env.alice, None, &algorithms, &["whoami"]));
+        assert_eq!(out.status, Some(0), "{kex} with {cipher}: {}", out.stderr);
+    }
 }
 
 /// An orchestrator's burst from one address is served, not reset: 100

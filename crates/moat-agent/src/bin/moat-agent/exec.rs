@@ -10,6 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use moat_agent::protocol::{AgentMsg, ExecRequest, HostMsg, Run, WinSize};
 use nix::errno::Errno;
@@ -190,6 +191,12 @@ enum Output {
 /// (OpenSSH would wait for it; `ssh box 'server &'` should return). A stdout
 /// pump stops when the client reads no more output (a terminal's is left:
 /// sshd leaves it too).
+/// How long output may go quiet after the command exits before the session
+/// ends anyway: what its background jobs print within it (`(sleep 1; echo
+/// done) &`) still reaches the client, as with sshd, which waits for the
+/// output's end however long that takes.
+const LINGER: Duration = Duration::from_millis(1500);
+
 fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) -> io::Result<JoinHandle<()>> {
     let wrap = match kind {
         Output::Stdout | Output::Terminal => AgentMsg::Stdout,
@@ -200,16 +207,25 @@ fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) ->
     // session, not panic.
     std::thread::Builder::new().spawn(move || {
         let mut buf = vec![0u8; moat_agent::protocol::MAX_CHUNK];
+        // Since the command exited, or its output last came, whichever is later.
+        let mut heard = Instant::now();
+        let mut exited = false;
         loop {
             let unread = kind == Output::Stdout && flags.output_closed.load(Ordering::Relaxed);
             if flags.host_gone.load(Ordering::Relaxed) || unread {
                 return;
             }
-            let exited = flags.exited.load(Ordering::Relaxed);
+            if !exited && flags.exited.load(Ordering::Relaxed) {
+                exited = true;
+                heard = Instant::now();
+            }
             let timeout = PollTimeout::from(if exited { 50u16 } else { 200u16 });
             let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
             match poll(&mut fds, timeout) {
-                Ok(0) if exited => return,
+                // The command exited, and what it left in the background has
+                // been quiet a while: the session ends though it holds the
+                // output open (`nohup server &`; sshd would wait for it).
+                Ok(0) if exited && heard.elapsed() >= LINGER => return,
                 Ok(0) | Err(Errno::EINTR) => continue,
                 Ok(_) => {}
                 Err(_) => return,
@@ -218,6 +234,7 @@ fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) ->
                 // EIO: every holder of the terminal's other end has closed it.
                 Ok(0) | Err(Errno::EIO) => return,
                 Ok(n) => {
+                    heard = Instant::now();
                     let chunk = buf.get(..n).unwrap_or_default().to_vec();
                     if send(&writer, &wrap(chunk)).is_err() {
                         flags.host_gone.store(true, Ordering::Relaxed);
