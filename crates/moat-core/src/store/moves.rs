@@ -288,7 +288,22 @@ impl Store {
                 .filter(|n| now_ms >= n.lease_until_ms.saturating_add(grace_ms))
                 .map(|n| n.offer.name.clone())
                 .collect();
-            let moves = moves_in(tx)?;
+            let mut moves = moves_in(tx)?;
+            // Moves under way that a lost node holds up are ended, or a box
+            // would wait for a node that may never come back: one whose
+            // target is lost (the box is still its source's: it stays there,
+            // or is re-homed below if its source is lost too), and one whose
+            // source was lost before it was ready (re-homed below from the
+            // object store, as the rest of its node's boxes). A target that
+            // returns finds its move gone and takes nothing.
+            let stale = |m: &BoxMove| {
+                m.error.is_none() && (lost.contains(&m.to) || (lost.contains(&m.from) && !m.ready))
+            };
+            for mv in moves.iter().filter(|m| stale(m)) {
+                tracing::warn!(box_id = %mv.box_id, from = %mv.from, to = %mv.to, "a move held up by a lost node is ended");
+                tx.execute("DELETE FROM box_moves WHERE box_id = ?1", &args![mv.box_id.as_str()])?;
+            }
+            moves.retain(|m| !stale(m));
             // What moves under way will add to each target.
             for mv in moves.iter().filter(|m| m.error.is_none()) {
                 if let (Some(limits), Some(n)) =
@@ -648,6 +663,42 @@ mod tests {
         assert!(n2.reconcile_lost(60_000, crate::clock::now_ms()).unwrap().is_empty());
         assert!(n2.box_move(&a.id).unwrap().is_none());
         assert_eq!(n2.get_by_id(&a.id).unwrap().unwrap().node, "n1");
+    }
+
+    /// A move held up by a lost node ends: one whose target is lost leaves
+    /// the box with its live source (it waited for that node to come back);
+    /// one whose source was lost before it was ready is re-homed from the
+    /// object store, as the rest of its node's boxes (it waited too).
+    #[test]
+    fn moves_held_up_by_a_lost_node_end() {
+        let db = TestDb::postgres();
+        let (n1, n2) = two_nodes(&db);
+        let n3 = db.open().for_node("n3");
+        n3.renew_lease(&offer("n3", 4)).unwrap();
+        let now = crate::clock::now_ms();
+        let lease = |node: &str, until: u64| {
+            n1.execute("UPDATE nodes SET lease_until_ms = ?1 WHERE name = ?2", &args![until, node]).unwrap();
+        };
+        lease("n1", now + 3_600_000);
+        lease("n2", now + 3_600_000);
+        let a = new_box(&n1, "a");
+        assert!(n1.ask_move(&move_of(&a, "n3", MoveReason::Move)).unwrap());
+        lease("n3", now - 61_000);
+        assert!(n2.reconcile_lost(60_000, now).unwrap().is_empty());
+        assert!(n2.box_move(&a.id).unwrap().is_none(), "still waiting for its lost target");
+        assert_eq!(n2.get_by_id(&a.id).unwrap().unwrap().node, "n1");
+        // The target back: it finds nothing to take.
+        let mut late = move_of(&a, "n3", MoveReason::Move);
+        late.ready = true;
+        assert!(!n3.take_box(&late, 60_000, now).unwrap());
+
+        let b = new_box(&n1, "b");
+        n1.add_durable_link(&link(&b.id, 100)).unwrap();
+        assert!(n1.ask_move(&move_of(&b, "n2", MoveReason::Move)).unwrap());
+        lease("n1", now - 61_000);
+        let asked = n2.reconcile_lost(60_000, now).unwrap();
+        let got: Vec<_> = asked.iter().map(|m| (m.box_id.clone(), m.to.as_str(), m.reason, m.ready)).collect();
+        assert_eq!(got, [(b.id.clone(), "n2", MoveReason::Lost, true)], "still waiting for its lost source");
     }
 
     /// Two reconcilers at once: one decides, the other finds the lock held.
