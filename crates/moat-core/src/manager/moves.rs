@@ -57,6 +57,10 @@ impl BoxManager {
                 if target.cordoned { "cordoned" } else { "not answering" }
             )));
         }
+        // Asked before the box's processes end for it (the take checks again).
+        if let Err(what) = target.room_for(&rec.limits) {
+            return Err(ManagerError::CannotMove(format!("node {to} is full ({what}); {name} stays here as it is")));
+        }
         if rec.state == BoxState::Creating {
             return Err(ManagerError::Busy(rec.name));
         }

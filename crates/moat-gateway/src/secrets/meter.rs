@@ -254,7 +254,10 @@ const MAX_REPORTED: u64 = 100_000_000;
 pub struct TokenCount {
     tail: Vec<u8>,
     max: [u64; TOKEN_KEYS.len()],
+    /// Bytes read since a count was last found.
+    unreported: u64,
 }
+
 
 const TOKEN_KEYS: [&[u8]; 9] = [
     b"\"input_tokens\"",
@@ -271,6 +274,7 @@ const TOKEN_KEYS: [&[u8]; 9] = [
 impl TokenCount {
     /// Reads more of the body.
     pub fn feed(&mut self, data: &[u8]) {
+        self.unreported = self.unreported.saturating_add(data.len() as u64);
         let mut window = std::mem::take(&mut self.tail);
         window.extend_from_slice(data);
         for (max, key) in self.max.iter_mut().zip(TOKEN_KEYS) {
@@ -287,6 +291,7 @@ impl TokenCount {
                     let text = std::str::from_utf8(number.get(..digits).unwrap_or_default()).unwrap_or("0");
                     let n = text.parse().unwrap_or(u64::MAX).min(MAX_REPORTED);
                     *max = (*max).max(n);
+                    self.unreported = 0;
                 }
                 at = j;
             }
@@ -300,6 +305,15 @@ impl TokenCount {
         let [input, prompt, gemini_in, output, completion, gemini_out, total, gemini_total, thoughts] = self.max;
         let parts = input.max(prompt).max(gemini_in).saturating_add(output.max(completion).max(gemini_out));
         parts.saturating_add(thoughts).max(total).max(gemini_total)
+    }
+
+    /// The tokens of a body cut before its end (the box went away, or the
+    /// host did): those reported, and a token for every [`BYTES_PER_TOKEN`]
+    /// bytes read since the last report. Streams report output tokens at
+    /// their end: a box must not take a stream's output unbilled by hanging
+    /// up before its last event.
+    pub fn total_cut(&self) -> u64 {
+        self.total().saturating_add(self.unreported.div_ceil(BYTES_PER_TOKEN))
     }
 }
 
@@ -422,6 +436,24 @@ pub(crate) mod tests {
         let mut t = TokenCount::default();
         t.feed(b"{\"cache_read_input_tokens\":999,\"input_tokens\":3,\"output_tokens\":4}");
         assert_eq!(t.total(), 7);
+    }
+
+    /// A stream cut after its deltas but before the event that counts them
+    /// is billed for what came (it was billed its input token count alone).
+    #[test]
+    fn a_stream_cut_before_its_count_is_billed_for_what_came() {
+        let mut t = TokenCount::default();
+        t.feed(b"event: message_start\ndata: {\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}\n\n");
+        assert_eq!(t.total_cut(), 11, "nothing unreported yet");
+        let delta = format!("event: content_block_delta\ndata: {{\"delta\":{{\"text\":\"{}\"}}}}\n\n", "x".repeat(950));
+        for _ in 0..20 {
+            t.feed(delta.as_bytes());
+        }
+        assert_eq!(t.total(), 11);
+        assert!(t.total_cut() >= 11 + 20 * 950 / 4, "{}", t.total_cut());
+        t.feed(b"event: message_delta\ndata: {\"usage\":{\"output_tokens\":5000}}\n\n");
+        assert_eq!(t.total(), 5010);
+        assert!(t.total_cut() < 5010 + 16, "what the report counted is not counted twice: {}", t.total_cut());
     }
 
     #[test]

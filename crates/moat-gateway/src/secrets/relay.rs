@@ -147,7 +147,11 @@ where
         if let Some(metered) = req.metered.as_mut() {
             metered.status(head.status);
             let bytes = received.load(Ordering::Relaxed).saturating_sub(start);
-            metered.finish(bytes, tokens.as_ref().map_or(0, TokenCount::total), sent.err());
+            let used = match sent {
+                Ok(()) => tokens.as_ref().map_or(0, TokenCount::total),
+                Err(_) => tokens.as_ref().map_or(0, TokenCount::total_cut),
+            };
+            metered.finish(bytes, used, sent.err());
         }
         // Either side asking for the end, or a body that ran to the close.
         let closing = header(&head, "connection").any(|v| v.split(',').any(|t| t.trim() == "close"));

@@ -417,6 +417,13 @@ pub fn fifty_news_fill_the_nodes_exactly(env: &Env, fleet: &mut Fleet) {
     let out = fleet.alice(env, 0, None, &["dup", "fb1", "fb1-copy"]);
     assert_ne!(out.status, Some(0));
     assert!(out.stderr.contains("node n1 is full"), "{}", out.stderr);
+    // A move to a full node is refused before the box's processes end for it.
+    let state = |out: Ran| serde_json::from_str::<serde_json::Value>(&out.ok().stdout).unwrap()["state"].clone();
+    let before = state(fleet.alice(env, 0, None, &["info", "fb1", "--json"]));
+    let out = fleet.alice(env, 0, None, &["move", "fb1", "--node", "n2"]);
+    assert_ne!(out.status, Some(0));
+    assert!(out.stderr.contains("node n2 is full"), "{}", out.stderr);
+    assert_eq!(state(fleet.alice(env, 0, None, &["info", "fb1", "--json"])), before, "the refused move stopped it");
     for i in 0..50 {
         let _ = fleet.alice(env, i % 2, None, &["rm", &format!("p{i}")]);
     }
