@@ -254,6 +254,35 @@ impl Rule {
         (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
             && self.path.as_ref().is_none_or(|p| glob_prefix(p.as_bytes(), target.as_bytes()))
     }
+
+    /// [`Rule::covers_request`] of a target's [`lenient_reading`], the rule's
+    /// path read the same way.
+    fn covers_request_leniently(&self, method: &str, lenient: &str) -> bool {
+        (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
+            && self.path.as_ref().is_none_or(|p| glob_prefix(lenient_reading(p).as_bytes(), lenient.as_bytes()))
+    }
+}
+
+/// A request target as the most lenient servers read its path: `%2F` as
+/// `/`, runs of `/` as one, each segment's `;parameters` dropped, all in
+/// lower case (the query is kept, lower-cased).
+pub fn lenient_reading(target: &str) -> String {
+    let (path, query) = match target.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (target, None),
+    };
+    let path = path.replace("%2F", "/").replace("%2f", "/");
+    let segments: Vec<&str> =
+        path.split('/').map(|seg| seg.split(';').next().unwrap_or_default()).filter(|seg| !seg.is_empty()).collect();
+    let mut out = format!("/{}", segments.join("/"));
+    if path.ends_with('/') && !segments.is_empty() {
+        out.push('/');
+    }
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out.to_ascii_lowercase()
 }
 
 /// Whether `text` starts with something `pattern` matches, `*` matching any
@@ -430,9 +459,17 @@ impl Policy {
 
     /// The verdict on one HTTP request on a connection to `host:port`:
     /// the deciding rule, or `Err` with the refusing rule (or none: default).
+    ///
+    /// A deny rule also refuses the path as lenient servers read it (see
+    /// [`lenient_reading`]): nginx merges `//` and decodes `%2F`, Tomcat
+    /// drops `;parameters`, IIS ignores case, so `deny host/secret*` must
+    /// refuse `//secret`, `/%2Fsecret`, `/;x/secret` and `/SECRET` too. An
+    /// allow rule matches the path as given only.
     pub fn decide_request(&self, host: &HostName, port: u16, method: &str, path: &str) -> Result<Rule, Option<Rule>> {
         let on = |r: &&Rule| r.covers(host, port) && r.covers_request(method, path);
-        if let Some(rule) = self.deny.iter().find(on) {
+        let lenient = lenient_reading(path);
+        let refuses = |r: &&Rule| on(r) || (r.covers(host, port) && r.covers_request_leniently(method, &lenient));
+        if let Some(rule) = self.deny.iter().find(refuses) {
             return Err(Some(rule.clone()));
         }
         self.allow.iter().find(on).cloned().ok_or(None)
@@ -569,6 +606,24 @@ mod tests {
         assert_eq!(p.decide(&host("evil.example.com"), 443), Verdict::Deny(Some(rule("evil.example.com:*"))));
         assert!(!p.allows_name(&host("evil.example.com")));
         assert!(p.allows_name(&host("good.example.com")));
+    }
+
+    #[test]
+    fn deny_rules_refuse_what_lenient_servers_read_as_theirs() {
+        let mut p = Policy::default();
+        p.allow(Rule::parse(&["b.example"]).unwrap());
+        p.deny(Rule::parse(&["b.example/secret*"]).unwrap());
+        p.deny(Rule::parse(&["b.example/*admin"]).unwrap());
+        let host = HostName::parse("b.example").unwrap();
+        let verdict = |path: &str| p.decide_request(&host, 443, "GET", path).is_ok();
+        for refused in ["/secret", "//secret", "/%2Fsecret", "/%2fsecret", "/;x/secret", "/SECRET", "/x/ADMIN", "/Secret/"] {
+            assert!(!verdict(refused), "{refused} let through");
+        }
+        for allowed in ["/", "/public/secrets-page", "/x/y?q=secret"] {
+            assert!(verdict(allowed), "{allowed} refused");
+        }
+        assert_eq!(lenient_reading("//A;v=1//b%2Fc/?Q=1"), "/a/b/c/?q=1");
+        assert_eq!(lenient_reading("/"), "/");
     }
 
     #[test]
