@@ -132,6 +132,9 @@ fn spawn(dir: &std::path::Path, p: u16) -> Child {
         .arg("-s3")
         .arg(format!("-s3.port={}", p + 3))
         .args(["-s3.port.iceberg=0", "-s3.port.lance=0"])
+        // It reports statistics to telemetry.seaweedfs.com unless told not
+        // to: nothing of a test or a bench leaves this host.
+        .arg("-master.telemetry=false")
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err)
