@@ -159,7 +159,8 @@ pub async fn serve(channel: Channel<Msg>, ctx: ChannelCtx, setup: Arc<ChannelSet
     let mut pty: Option<PtySpec> = None;
     let program = loop {
         match rx.wait().await {
-            Some(ChannelMsg::RequestPty { term, col_width, row_height, .. }) => {
+            // The first only: a second was refused (see `take_terminal`).
+            Some(ChannelMsg::RequestPty { term, col_width, row_height, .. }) if pty.is_none() => {
                 pty = Some(PtySpec { term, size: winsize(col_width, row_height) });
             }
             Some(ChannelMsg::WindowChange { col_width, row_height, .. }) => {

@@ -249,6 +249,9 @@ impl russh::server::Handler for ConnHandler {
 
     async fn auth_publickey_offered(&mut self, _user: &str, offer: PublicKeyOffer<'_>) -> Result<Auth, Self::Error> {
         // Refuse unknown keys before the client bothers to sign with them.
+        if is_sha1_rsa(offer.algorithm) {
+            return Ok(self.refuse());
+        }
         Ok(match self.account_for(offer.public_key).await {
             Some(_) => Auth::Accept,
             None => self.refuse(),
@@ -256,6 +259,9 @@ impl russh::server::Handler for ConnHandler {
     }
 
     async fn auth_publickey(&mut self, user: &str, key: VerifiedPublicKey<'_>) -> Result<Auth, Self::Error> {
+        if is_sha1_rsa(key.algorithm) {
+            return Ok(self.refuse());
+        }
         match self.account_for(key.public_key).await {
             Some(account) => {
                 tracing::info!(peer = ?self.peer, %account, ?user, "authenticated");
@@ -322,7 +328,7 @@ impl russh::server::Handler for ConnHandler {
         _modes: &[(russh::Pty, u32)],
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let ok = self.setup(channel).is_some_and(|s| !s.started());
+        let ok = self.setup(channel).is_some_and(|s| s.take_terminal());
         answer(session, channel, ok)
     }
 
@@ -463,4 +469,10 @@ fn answer(session: &mut Session, channel: ChannelId, ok: bool) -> Result<(), rus
     } else {
         session.channel_failure(channel)
     }
+}
+
+/// Whether a key is used with `ssh-rsa` signatures, whose SHA-1 OpenSSH
+/// refuses since 8.8 (an RSA key still signs in as rsa-sha2-256 or -512).
+fn is_sha1_rsa(algorithm: &russh::keys::Algorithm) -> bool {
+    *algorithm == russh::keys::Algorithm::Rsa { hash: None }
 }

@@ -22,6 +22,7 @@ pub fn env_allowed(name: &str) -> bool {
 pub struct ChannelSetup {
     env: Mutex<Vec<(String, String)>>,
     started: AtomicBool,
+    terminal: AtomicBool,
 }
 
 impl ChannelSetup {
@@ -38,6 +39,12 @@ impl ChannelSetup {
         }
         env.push((name.to_string(), value.to_string()));
         true
+    }
+
+    /// Takes a terminal for the channel; false once the program is chosen,
+    /// or if it has one already (sshd refuses a second `pty-req`).
+    pub fn take_terminal(&self) -> bool {
+        !self.started() && !self.terminal.swap(true, Ordering::AcqRel)
     }
 
     /// Marks the program chosen; false if one already was (a second `exec` on
@@ -77,5 +84,13 @@ mod tests {
         let env = setup.take_env();
         assert_eq!(env.len(), MAX_ENV);
         assert_eq!(env.first().unwrap(), &("LC_ALL".to_string(), "C".to_string()));
+    }
+
+    #[test]
+    fn one_terminal_before_the_program() {
+        let setup = ChannelSetup::default();
+        assert!(setup.take_terminal() && !setup.take_terminal(), "a second pty-req");
+        let late = ChannelSetup::default();
+        assert!(late.start() && !late.take_terminal(), "a pty-req after exec");
     }
 }

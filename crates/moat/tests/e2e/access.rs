@@ -268,3 +268,22 @@ pub fn a_removed_key_ends_its_sessions_and_connections(env: &Env) {
     let gone = run(&mut env.daemon.ssh(&dave.key, None, &["rm", &name]));
     assert_eq!(gone.status, Some(0), "{}", gone.stderr);
 }
+
+/// An RSA key signs in with SHA-2 signatures, and never with `ssh-rsa`'s
+/// SHA-1, which OpenSSH refuses since 8.8.
+pub fn rsa_keys_sign_in_with_sha2_only(env: &Env) {
+    let path = env.dir.join("rsa-user");
+    let made = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "rsa", "-b", "2048", "-N", "", "-C", "rsa-user", "-f"])
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let public = std::fs::read_to_string(path.with_extension("pub")).unwrap();
+    let listed = Listed { file: env.daemon.keys_file.as_path(), key: Key { path, public } };
+    rewrite(listed.file, |keys| format!("{keys}{}", listed.key.public));
+    let whoami = |extra: &[&str]| run(&mut env.daemon.ssh_with(&listed.key, None, extra, &["whoami"]));
+    assert_eq!(whoami(&[]).status, Some(0), "rsa-sha2-512");
+    let sha1 = whoami(&["-o", "PubkeyAcceptedAlgorithms=ssh-rsa"]);
+    assert_eq!(sha1.status, Some(255), "ssh-rsa (SHA-1) was accepted: {}", sha1.stdout);
+}

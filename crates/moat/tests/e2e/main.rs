@@ -110,6 +110,7 @@ const FIRST: &[(&str, TestFn)] = tests![control::first_new_builds_default_image]
 const TESTS: &[(&str, TestFn)] = tests![
     access::unshare_ends_the_other_accounts_sessions_and_forwards,
     access::a_removed_key_ends_its_sessions_and_connections,
+    access::rsa_keys_sign_in_with_sha2_only,
     control::new_ls_info_rm,
     control::bad_input_is_one_line_and_leaves_nothing,
     control::help_and_control_shell,
