@@ -252,6 +252,9 @@ pub enum Op {
         name: Name,
         /// Milliseconds since the epoch.
         since_ms: u64,
+        /// Entries before this only (milliseconds since the epoch).
+        #[serde(default)]
+        until_ms: Option<u64>,
         /// Keep sending new entries.
         follow: bool,
         /// With `follow`, the box's questions (ask mode) too.

@@ -150,8 +150,8 @@ async fn answer(conn: &Packets, ctx: &Arc<Privileged>) -> io::Result<()> {
         drop(guard);
         return Ok(());
     }
-    if let Op::Log { name, since_ms, follow, ask } = op {
-        let outcome = send_log(conn, &ctx.manager, &account, &name, since_ms, follow, ask).await?;
+    if let Op::Log { name, since_ms, until_ms, follow, ask } = op {
+        let outcome = send_log(conn, &ctx.manager, &account, &name, (since_ms, until_ms), follow, ask).await?;
         return send(conn, &Event::Outcome(outcome), None).await;
     }
     if let Op::Questions { follow } = op {
@@ -276,16 +276,15 @@ impl QuestionFeed {
     }
 }
 
-/// Sends a box's log since `since_ms` and, with `follow`, every entry after
-/// it (and with `ask`, its questions) until the front door closes the
-/// connection.
-#[allow(clippy::too_many_arguments)]
+/// Sends a box's log from `since_ms` (to before `until_ms`) and, with
+/// `follow`, every entry after it (and with `ask`, its questions) until the
+/// front door closes the connection.
 async fn send_log(
     conn: &Packets,
     manager: &Arc<BoxManager>,
     account: &AccountId,
     name: &moat_core::Name,
-    since_ms: u64,
+    (since_ms, until_ms): (u64, Option<u64>),
     follow: bool,
     ask: bool,
 ) -> io::Result<Result<Reply, ApiError>> {
@@ -295,10 +294,18 @@ async fn send_log(
         Ok(rec) => rec.id,
         Err(e) => return Ok(Err(api_error(e))),
     };
-    let backlog = match manager.egress_log(account, name, since_ms) {
-        Ok(entries) => entries,
+    let (backlog, cut) = match manager.egress_log(account, name, since_ms, until_ms) {
+        Ok(read) => read,
         Err(e) => return Ok(Err(api_error(e))),
     };
+    if let (true, Some(first)) = (cut, backlog.first()) {
+        let older = format!(
+            "older entries are not shown (the newest {} are): see them with --until {}",
+            backlog.len(),
+            first.at_ms / 1000 + 1
+        );
+        send(conn, &Event::Progress(older), None).await?;
+    }
     for batch in backlog.chunks(LOG_BATCH) {
         send(conn, &Event::Log(batch.to_vec()), None).await?;
     }

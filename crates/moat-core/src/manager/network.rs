@@ -175,10 +175,17 @@ impl BoxManager {
         }
     }
 
-    /// A box's egress log since `since_ms`.
-    pub fn egress_log(&self, account: &AccountId, name: &Name, since_ms: u64) -> Result<Vec<LogEntry>, ManagerError> {
+    /// A box's egress log from `since_ms` to before `until_ms`, and whether
+    /// older entries were left out (see [`crate::store::Store::egress_between`]).
+    pub fn egress_log(
+        &self,
+        account: &AccountId,
+        name: &Name,
+        since_ms: u64,
+        until_ms: Option<u64>,
+    ) -> Result<(Vec<LogEntry>, bool), ManagerError> {
         let rec = self.get(account, name)?;
-        Ok(self.db(|s| s.egress_since(&rec.id, since_ms))?)
+        Ok(self.db(|s| s.egress_between(&rec.id, since_ms, until_ms))?)
     }
 
     /// Entries recorded from now on, for every box (the caller filters by

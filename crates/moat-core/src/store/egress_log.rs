@@ -40,31 +40,51 @@ impl Store {
 
     /// A box's entries since `since_ms`, oldest first (at most [`MAX_READ`], the newest).
     pub fn egress_since(&self, id: &BoxId, since_ms: u64) -> Result<Vec<LogEntry>, StoreError> {
-        let sql = "SELECT entry FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 ORDER BY rowid DESC LIMIT ?3";
-        self.newest_json(sql, id, since_ms, MAX_READ)
+        Ok(self.egress_between(id, since_ms, None)?.0)
+    }
+
+    /// A box's entries from `since_ms` to before `until_ms`, oldest first: at
+    /// most [`MAX_READ`], the newest, and whether older ones were left out (a
+    /// box can make 10,000 entries to push one out of a read: the reader is
+    /// told, and pages back with `until_ms`).
+    pub fn egress_between(
+        &self,
+        id: &BoxId,
+        since_ms: u64,
+        until_ms: Option<u64>,
+    ) -> Result<(Vec<LogEntry>, bool), StoreError> {
+        let sql = "SELECT entry FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 AND at_ms < ?4 \
+                   ORDER BY rowid DESC LIMIT ?3";
+        let mut entries: Vec<LogEntry> = self.newest_json(sql, id, (since_ms, until_ms), MAX_READ + 1)?;
+        let cut = entries.len() > MAX_READ;
+        if cut {
+            entries.remove(0);
+        }
+        Ok((entries, cut))
     }
 
     /// A box's entries that name a package file, oldest first (at most
     /// [`MAX_READ`], the newest). (A box's own text in an entry is JSON
     /// escaped: its quotes cannot spell the key.)
     pub fn package_entries(&self, id: &BoxId, since_ms: u64) -> Result<Vec<LogEntry>, StoreError> {
-        let sql = "SELECT entry FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 \
+        let sql = "SELECT entry FROM egress_log WHERE box_id = ?1 AND at_ms >= ?2 AND at_ms < ?4 \
                    AND entry LIKE '%\"package\":{%' ORDER BY rowid DESC LIMIT ?3";
-        let entries: Vec<LogEntry> = self.newest_json(sql, id, since_ms, MAX_READ)?;
+        let entries: Vec<LogEntry> = self.newest_json(sql, id, (since_ms, None), MAX_READ)?;
         Ok(entries.into_iter().filter(|e| e.package.is_some()).collect())
     }
 
-    /// The JSON values `sql` selects (box id, since, limit: newest first),
-    /// oldest first; a row that does not decode (written by a later moat) is
-    /// passed over.
+    /// The JSON values `sql` selects (box id, since, limit, until: newest
+    /// first), oldest first; a row that does not decode (written by a later
+    /// moat) is passed over. No `until` is no end.
     pub(crate) fn newest_json<T: serde::de::DeserializeOwned>(
         &self,
         sql: &str,
         id: &BoxId,
-        since_ms: u64,
+        (since_ms, until_ms): (u64, Option<u64>),
         most: usize,
     ) -> Result<Vec<T>, StoreError> {
-        let rows = self.query(sql, &args![id.as_str(), since_ms, most as u64])?;
+        let until = until_ms.unwrap_or(i64::MAX as u64).min(i64::MAX as u64);
+        let rows = self.query(sql, &args![id.as_str(), since_ms, most as u64, until])?;
         let mut out = Vec::new();
         for row in rows {
             if let Ok(value) = serde_json::from_str(&row.get::<String>(0)?) {
@@ -119,5 +139,15 @@ mod tests {
         store.forget_egress(&a).unwrap();
         assert!(store.egress_since(&a, 0).unwrap().is_empty());
         assert_eq!(names(store.egress_since(&b, 0).unwrap()), ["other"]);
+
+        // An entry pushed out of a read by a flood after it: the read says
+        // so, and a read until the oldest shown finds it.
+        let mut flood = vec![(a.clone(), entry(10, "exfil"))];
+        flood.extend((0..MAX_READ as u64).map(|i| (a.clone(), entry(20 + i, "noise"))));
+        store.append_egress(&flood).unwrap();
+        let (newest, cut) = store.egress_between(&a, 0, None).unwrap();
+        assert!(cut && newest.len() == MAX_READ && newest.iter().all(|e| e.name == "noise"));
+        let (older, cut) = store.egress_between(&a, 0, Some(newest[0].at_ms)).unwrap();
+        assert_eq!((names(older), cut), (vec!["exfil".to_string()], false));
     }
 }

@@ -95,9 +95,17 @@ pub fn seconds(what: &str, value: &str) -> Result<u32, UsageError> {
 
 /// `--since`: `1700000000` (seconds since the epoch) or an age: `90s`, `30m`, `2h`, `7d`.
 pub fn parse_since(value: &str, now: u64) -> Result<u64, UsageError> {
-    let bad = || usage(format!("usage: --since {value:?}: give seconds since the epoch or an age like 30m, 2h, 7d"));
+    let bad = || {
+        usage(format!(
+            "usage: {value:?}: give a time as lists show it (2026-11-30T23:06:40Z), seconds since the epoch, \
+             or an age like 30m, 2h, 7d"
+        ))
+    };
     if let Ok(epoch) = value.parse::<u64>() {
         return Ok(epoch);
+    }
+    if let Some(at) = crate::control::time::parse_utc(value) {
+        return Ok(at);
     }
     let age = parse_duration(value).filter(|_| value.ends_with(|c: char| c.is_ascii_alphabetic())).ok_or_else(bad)?;
     Ok(now.saturating_sub(age))

@@ -11,6 +11,32 @@ pub fn utc(secs: u64) -> String {
     format!("{date}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// Seconds since the epoch of `YYYY-MM-DDTHH:MM:SSZ` (as [`utc`] writes it).
+pub fn parse_utc(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    let shape = b"dddd-dd-ddTdd:dd:ddZ";
+    let fits = b.len() == shape.len()
+        && b.iter().zip(shape).all(|(c, want)| if *want == b'd' { c.is_ascii_digit() } else { c == want });
+    if !fits {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    // Days from a civil date (Howard Hinnant's algorithm, the inverse of `civil`).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + hour * 3600 + minute * 60 + second).ok()
+}
+
 /// Milliseconds since the epoch, as text shows them ([`utc`]).
 pub fn utc_ms(ms: u64) -> String {
     utc(ms / 1000)
@@ -84,6 +110,16 @@ mod tests {
         assert_eq!(utc_ms(1_796_080_000_123), "2026-11-30T23:06:40Z");
         assert_eq!(utc(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339_ms(1_796_080_000_123), "2026-11-30T23:06:40.123Z");
+    }
+
+    #[test]
+    fn times_as_printed_read_back() {
+        for secs in [0, 951_782_400, 1_796_080_000, 4_102_444_799] {
+            assert_eq!(parse_utc(&utc(secs)), Some(secs), "{}", utc(secs));
+        }
+        for bad in ["2026-13-01T00:00:00Z", "2026-11-30 23:06:40Z", "2026-11-30T23:06:40", "2026-11-30T24:00:00Z", ""] {
+            assert_eq!(parse_utc(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -83,6 +83,13 @@ pub fn deny_by_default_allow_by_name(env: &Env) {
     let json = env.alice(None, &["log", &name, "--json"]).ok().stdout;
     let first: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
     assert!(first["verdict"].is_string() && first["kind"].is_string(), "{first}");
+    // A window: from a time as lists show it, to before another.
+    let at = first["at_utc"].as_str().unwrap().split('.').next().unwrap().to_string() + "Z";
+    let since = env.alice(None, &["log", &name, "--since", &at]).ok().stdout;
+    assert!(since.lines().count() >= log.lines().count() - 1, "{since}");
+    assert_eq!(env.alice(None, &["log", &name, "--until", &at]).ok().stdout, "");
+    let both = env.alice(None, &["log", &name, "--follow", "--until", "1"]);
+    assert_eq!(both.status, Some(2), "{}", both.stderr);
     env.alice(None, &["rm", &name]).ok();
 }
 

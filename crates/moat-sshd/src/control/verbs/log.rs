@@ -1,4 +1,4 @@
-//! `log NAME [--follow [--ask]] [--since T] [--json]`: a box's egress log
+//! `log NAME [--follow [--ask]] [--since T] [--until T] [--json]`: a box's egress log
 //! (its entries stream; see `render::log`); `log NAME --service`: its
 //! service's recent output instead.
 
@@ -10,9 +10,10 @@ use crate::control::args::{name_arg, parse_since, rest, usage, UsageError};
 pub const VERB: Verb = Verb {
     names: &["log"],
     help: "  \
-  log NAME [--follow [--ask]] [--since T] [--json]
-                      every DNS query, connection and HTTP request NAME made, and the verdict;
-                      with --ask, NAME's questions too, answered as with 'ask'
+  log NAME [--follow [--ask]] [--since T] [--until T] [--json]
+                      every DNS query, connection and HTTP request NAME made, and the verdict
+                      (the newest 10,000 from T on, and before --until T: older ones are said
+                      to be left out); with --ask, NAME's questions too, answered as with 'ask'
   log NAME --service  the recent output of NAME's service (new --run), with a line at each start
                       and exit
 ",
@@ -22,6 +23,7 @@ pub const VERB: Verb = Verb {
 fn parse(args: &[String]) -> Result<Plan, UsageError> {
     let name = name_arg("log", args.first())?;
     let (mut follow, mut ask, mut since, mut json, mut service) = (false, false, None, false, false);
+    let mut until = None;
     let mut rest = rest(args, 1).iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
@@ -33,11 +35,15 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
                 let value = rest.next().ok_or_else(|| usage("log: --since needs a value"))?;
                 since = Some(parse_since(value, moat_core::clock::now())?);
             }
+            "--until" => {
+                let value = rest.next().ok_or_else(|| usage("log: --until needs a value"))?;
+                until = Some(parse_since(value, moat_core::clock::now())?);
+            }
             other => return Err(usage(format!("log: unexpected argument {other:?}"))),
         }
     }
     if service {
-        if follow || ask || since.is_some() || json {
+        if follow || ask || since.is_some() || until.is_some() || json {
             return Err(usage("log: --service takes no other flag"));
         }
         return Ok(Plan::Call(Call::new(Op::ServiceLog { name }, output)));
@@ -45,8 +51,13 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
     if ask && !follow {
         return Err(usage("log: --ask needs --follow"));
     }
+    if follow && until.is_some() {
+        return Err(usage("log: --follow shows what comes next, --until what came before: not both"));
+    }
     let since_ms = since.unwrap_or(0).saturating_mul(1000);
-    Ok(Plan::Call(Call::new(Op::Log { name, since_ms, follow, ask }, super::nothing).json(json).answers(ask)))
+    let until_ms = until.map(|t| t.saturating_mul(1000));
+    let op = Op::Log { name, since_ms, until_ms, follow, ask };
+    Ok(Plan::Call(Call::new(op, super::nothing).json(json).answers(ask)))
 }
 
 fn output(reply: Reply, _: &Op, _: bool) -> Result<String, ApiError> {

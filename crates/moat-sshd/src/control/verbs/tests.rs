@@ -128,10 +128,10 @@ fn parses_egress_commands() {
         assert!(plan(bad).is_err(), "{bad}");
     }
     let Plan::Call(call) = plan("log web -f --json").unwrap() else { panic!("not a call") };
-    assert_eq!(call.op, Op::Log { name: n("web"), since_ms: 0, follow: true, ask: false });
+    assert_eq!(call.op, Op::Log { name: n("web"), since_ms: 0, until_ms: None, follow: true, ask: false });
     assert!(call.json && !call.answers);
     let Plan::Call(call) = plan("log web -f --ask").unwrap() else { panic!("not a call") };
-    assert_eq!(call.op, Op::Log { name: n("web"), since_ms: 0, follow: true, ask: true });
+    assert_eq!(call.op, Op::Log { name: n("web"), since_ms: 0, until_ms: None, follow: true, ask: true });
     assert!(!call.json && call.answers);
     assert_eq!(op("log web --service"), Op::ServiceLog { name: n("web") });
     let Op::Create { policy, ask, .. } = op("new web --policy github-read --ask") else { panic!("not new") };
