@@ -75,6 +75,21 @@ impl fmt::Debug for SecretValue {
     }
 }
 
+/// Headers a secret may not be written into: written there, it would change
+/// where the request goes or where it ends (or be dropped at the next hop).
+const FRAMING_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "proxy-connection",
+];
+
 /// Why a secret or a change to it is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SecretError {
@@ -84,6 +99,9 @@ pub enum SecretError {
     /// Not an HTTP header name.
     #[error("{0:?} is not an HTTP header name")]
     BadHeader(String),
+    /// A header that frames or routes the request, or lives for one hop.
+    #[error("{0:?} frames or routes the request (or lives for one hop): a secret cannot go there")]
+    FramingHeader(String),
     /// A format without exactly one `{}`, or with characters a header cannot hold.
     #[error("{0:?} is not a format: printable ASCII with exactly one {{}} where the value goes")]
     BadFormat(String),
@@ -119,6 +137,9 @@ impl SecretSpec {
         let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
         if self.header.is_empty() || self.header.len() > 64 || !self.header.bytes().all(token) {
             return Err(SecretError::BadHeader(self.header.clone()));
+        }
+        if FRAMING_HEADERS.iter().any(|h| h.eq_ignore_ascii_case(&self.header)) {
+            return Err(SecretError::FramingHeader(self.header.clone()));
         }
         let printable = self.format.bytes().all(|b| (0x20..0x7f).contains(&b));
         if self.format.matches("{}").count() != 1 || !printable || self.format.len() > 256 {
@@ -352,6 +373,9 @@ mod tests {
         let bad = [
             SecretSpec { header: "x api".into(), ..spec() },
             SecretSpec { header: "x-api:".into(), ..spec() },
+            SecretSpec { header: "Host".into(), ..spec() },
+            SecretSpec { header: "content-length".into(), ..spec() },
+            SecretSpec { header: "Transfer-Encoding".into(), ..spec() },
             SecretSpec { format: "Bearer".into(), ..spec() },
             SecretSpec { format: "{} {}".into(), ..spec() },
             SecretSpec { format: "Bearer {}\r\nX-Evil: 1".into(), ..spec() },
