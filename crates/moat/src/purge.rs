@@ -30,9 +30,17 @@ pub fn run(state_dir: &Path) -> Result<()> {
     if !state_dir.exists() {
         return Ok(());
     }
+    // The store first: a directory whose store cannot be opened (a fleet's
+    // admin directory, which holds its CA: no member, nothing to purge) is
+    // left as it is, no pool made or mounted for it.
+    let store = state_store(state_dir)
+        .with_context(|| format!("{} is not a server's state directory that can be purged", state_dir.display()))?;
+    if !state_dir.join("pool.img").exists() && !state_dir.join("pool").exists() {
+        return run_without_pool(state_dir, store, "it has none");
+    }
     let pool = match paths::open_pool(state_dir) {
         Ok(pool) => pool,
-        Err(e) => return run_without_pool(state_dir, &e),
+        Err(e) => return run_without_pool(state_dir, store, &format!("{e:#}")),
     };
     let config = HostConfig {
         run_dir: state_dir.join("run"),
@@ -45,7 +53,6 @@ pub fn run(state_dir: &Path) -> Result<()> {
     // Removal needs no machine: a VM box goes as a namespace box does.
     let ns = NsMachine::new(host.clone(), NsConfig::default());
     let backend = Arc::new(HostBackend::new(host, ns, Err("purging".into())));
-    let store = state_store(state_dir)?;
     for rec in store.list_here()? {
         eprintln!("removing box {} ({})", rec.name, rec.id);
         backend.destroy(&rec).with_context(|| format!("remove box {}", rec.name))?;
@@ -78,10 +85,9 @@ pub fn run(state_dir: &Path) -> Result<()> {
 /// filesystem the kernel made read-only after an I/O error, say): every box
 /// is ended by its cgroups, which needs no pool, and the pool is detached
 /// as it is. What the pool held goes with the state directory.
-fn run_without_pool(state_dir: &Path, why: &anyhow::Error) -> Result<()> {
-    eprintln!("the pool cannot be opened ({why:#}): ending its boxes by their cgroups");
+fn run_without_pool(state_dir: &Path, store: Store, why: &str) -> Result<()> {
+    eprintln!("no pool to open ({why}): ending its boxes by their cgroups");
     let cgroups = CgroupLayout::detect(&paths::cgroup_parent(state_dir)?).context("cgroups")?;
-    let store = state_store(state_dir)?;
     for rec in store.list_here()? {
         eprintln!("removing box {} ({})", rec.name, rec.id);
         cgroups.destroy(&rec.id).with_context(|| format!("end box {}", rec.name))?;

@@ -431,6 +431,12 @@ pub fn fifty_news_fill_the_nodes_exactly(env: &Env, fleet: &mut Fleet) {
 
 pub fn cordoned_nodes_take_no_new_boxes(env: &Env, fleet: &mut Fleet) {
     let admin = fleet.admin.display().to_string();
+    // `purge` of the fleet's admin directory (its CA) refuses, and makes no
+    // pool for it on the way (it made and mounted a 38 GB image, then failed).
+    let purged = run(Command::new(moat_bin()).args(["purge", "--state-dir", &admin]));
+    assert_ne!(purged.status, Some(0));
+    assert!(purged.stderr.contains("not a server's state directory"), "{}", purged.stderr);
+    assert!(!fleet.admin.join("pool.img").exists() && fleet.admin.join("fleet.json").exists());
     moat(&["node", "cordon", "n1", "--state-dir", &admin]).ok();
     let state = |name: &str| {
         let nodes = fleet.nodes_json();
