@@ -72,7 +72,7 @@ pub fn sftp_and_scp_without_the_images_sftp_server(env: &Env) {
     // A leading `-` lets the batch go on past a command's expected failure.
     let script = format!(
         "mkdir d\nput {} d/in.bin\nrename d/in.bin d/r.bin\nsymlink d/r.bin ln\nchmod 640 d/r.bin\n\
-         ls -l d\nget ln {}\ndf\n-mkdir d\n-rm nothing-here\n",
+         cp d/r.bin d/copy.bin\nls -l d\nget ln {}\ndf\n-mkdir d\n-rm nothing-here\n",
         src.display(),
         back.display()
     );
@@ -84,8 +84,9 @@ pub fn sftp_and_scp_without_the_images_sftp_server(env: &Env) {
     assert!(out.stdout.contains("-rw-r-----") && out.stdout.contains("r.bin"), "{}", out.stdout);
     assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
     assert!(out.stderr.contains("remote mkdir") && out.stderr.contains("No such file"), "{}", out.stderr);
-    let inside = env.alice(Some(&name), &["readlink ln; stat -c '%a %s' d/r.bin"]).ok();
-    assert_eq!(inside.stdout, format!("d/r.bin\n640 {}\n", 3 << 20));
+    // `cp` copied in the box (copy-data), byte for byte.
+    let inside = env.alice(Some(&name), &["readlink ln; stat -c '%a %s' d/r.bin; cmp d/r.bin d/copy.bin && echo same"]).ok();
+    assert_eq!(inside.stdout, format!("d/r.bin\n640 {}\nsame\n", 3 << 20));
 
     run(scp(env).arg(&src).arg(format!("{name}@127.0.0.1:/tmp/scp.bin"))).ok();
     let scp_back = env.dir.join(format!("{name}.scp-back"));

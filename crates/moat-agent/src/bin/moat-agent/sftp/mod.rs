@@ -35,7 +35,7 @@ const MAX_HANDLES: usize = 512;
 const NAMES_PER_READDIR: usize = 100;
 
 /// The extensions announced in `VERSION`, with their versions.
-const EXTENSIONS: [(&str, &str); 8] = [
+const EXTENSIONS: [(&str, &str); 9] = [
     ("posix-rename@openssh.com", "1"),
     ("statvfs@openssh.com", "2"),
     ("fstatvfs@openssh.com", "2"),
@@ -44,6 +44,7 @@ const EXTENSIONS: [(&str, &str); 8] = [
     ("lsetstat@openssh.com", "1"),
     ("limits@openssh.com", "1"),
     ("expand-path@openssh.com", "1"),
+    ("copy-data", "1"),
 ];
 
 /// Serves SFTP on stdin and stdout until the client ends it; the process's
@@ -219,6 +220,11 @@ impl Server {
                 Ok(Reply::Extended(reply))
             }
             b"expand-path@openssh.com" => realpath(&expand_home(&f.path()?)),
+            b"copy-data" => {
+                let (from, from_at, length) = (f.string()?.to_vec(), f.u64()?, f.u64()?);
+                let (to, to_at) = (f.string()?.to_vec(), f.u64()?);
+                self.copy_data((&from, from_at), length, (&to, to_at))
+            }
             _ => Err(Fail(status::OP_UNSUPPORTED, "Operation unsupported".into())),
         })
     }
@@ -283,6 +289,32 @@ impl Server {
             Handle::File(file) => Ok(file),
             Handle::Dir { .. } => Err(bad_handle()),
         }
+    }
+
+    /// `copy-data` (sftp's `cp`): `length` bytes (to the end if 0) of one
+    /// open file into another, or into the same one where the ranges do not
+    /// overlap, without the client carrying them.
+    fn copy_data(&mut self, (from, from_at): (&[u8], u64), length: u64, (to, to_at): (&[u8], u64)) -> Answer {
+        let source = self.file(from)?.try_clone()?;
+        let target = self.file(to)?.try_clone()?;
+        let span = if length == 0 { source.metadata()?.len().saturating_sub(from_at) } else { length };
+        if from == to && from_at < to_at.saturating_add(span) && to_at < from_at.saturating_add(span) {
+            return Err(Fail::failure("the ranges overlap in one file"));
+        }
+        let limit = if length == 0 { u64::MAX } else { length };
+        let mut buf = vec![0u8; MAX_DATA];
+        let mut copied = 0u64;
+        while copied < limit {
+            let want = usize::try_from(limit - copied).unwrap_or(usize::MAX).min(buf.len());
+            let chunk = buf.get_mut(..want).unwrap_or_default();
+            let n = source.read_at(chunk, from_at.saturating_add(copied))?;
+            if n == 0 {
+                break;
+            }
+            target.write_all_at(chunk.get(..n).unwrap_or_default(), to_at.saturating_add(copied))?;
+            copied += n as u64;
+        }
+        Ok(ok())
     }
 
     fn read_dir(&mut self, handle: &[u8]) -> Answer {
@@ -370,8 +402,11 @@ fn set_attrs(target: Target<'_>, attrs: Attrs) -> Answer {
     if let Some(mode) = attrs.mode {
         let perms = fs::Permissions::from_mode(mode & 0o7777);
         match target {
-            // A symlink's own mode cannot be changed on Linux, nor matters.
-            Target::Path(path, false) if fs::symlink_metadata(path)?.file_type().is_symlink() => {}
+            // A symlink's own mode cannot be changed on Linux: said, as
+            // OpenSSH's server says it (its fchmodat fails).
+            Target::Path(path, false) if fs::symlink_metadata(path)?.file_type().is_symlink() => {
+                return Err(Fail::failure("a symlink's mode cannot be changed"));
+            }
             Target::Path(path, _) => fs::set_permissions(path, perms)?,
             Target::File(file) => file.set_permissions(perms)?,
         }
@@ -417,27 +452,43 @@ fn rename_no_replace(from: &Path, to: &Path) -> Answer {
 /// OpenSSH's server does: a missing directory on the way, or a missing
 /// name followed by `/`, `.` or `..`, is no such file.
 fn realpath(path: &Path) -> Answer {
-    use std::os::unix::ffi::OsStrExt;
     let path = if path.as_os_str().is_empty() { Path::new(".") } else { path };
-    let resolved = match fs::canonicalize(path) {
-        Ok(p) => p,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let text = path.as_os_str().as_bytes();
-            let (dir, last) = match text.iter().rposition(|c| *c == b'/') {
-                Some(0) => (&b"/"[..], &text[1..]),
-                Some(at) => (&text[..at], &text[at + 1..]),
-                None => (&b"."[..], text),
-            };
-            if matches!(last, b"" | b"." | b"..") {
-                return Err(e.into());
-            }
-            fs::canonicalize(std::ffi::OsStr::from_bytes(dir))?.join(std::ffi::OsStr::from_bytes(last))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let name = resolved.into_os_string().into_vec();
+    let name = resolve(path, 0)?.into_os_string().into_vec();
     Ok(Reply::Names(vec![(name.clone(), name, Attrs::default())]))
 }
+
+/// [`realpath`]'s answer: a symlink whose target is missing leads where its
+/// target would be, by the same rule (as OpenSSH's: a link to `/gone`
+/// resolves to `/gone`, one to `/gone/deeper` is no such file).
+fn resolve(path: &Path, links: u8) -> io::Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let e = match fs::canonicalize(path) {
+        Ok(resolved) => return Ok(resolved),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => e,
+        Err(e) => return Err(e),
+    };
+    let text = path.as_os_str().as_bytes();
+    let (dir, last) = match text.iter().rposition(|c| *c == b'/') {
+        Some(0) => (&b"/"[..], &text[1..]),
+        Some(at) => (&text[..at], &text[at + 1..]),
+        None => (&b"."[..], text),
+    };
+    if matches!(last, b"" | b"." | b"..") {
+        return Err(e);
+    }
+    let dir = fs::canonicalize(std::ffi::OsStr::from_bytes(dir))?;
+    let candidate = dir.join(std::ffi::OsStr::from_bytes(last));
+    match fs::symlink_metadata(&candidate) {
+        Ok(meta) if meta.file_type().is_symlink() => match links {
+            MAX_LINKS.. => Err(io::Error::from_raw_os_error(libc::ELOOP)),
+            _ => resolve(&dir.join(fs::read_link(&candidate)?), links + 1),
+        },
+        _ => Ok(candidate),
+    }
+}
+
+/// Most symlinks [`resolve`] follows (the kernel's own limit).
+const MAX_LINKS: u8 = 40;
 
 /// `~` and `~/...` as the session's home.
 fn expand_home(path: &Path) -> PathBuf {
@@ -530,6 +581,42 @@ mod tests {
     fn status_of(answer: &Answered) -> u32 {
         assert_eq!(answer.0, kind::STATUS, "{answer:?}");
         u32::from_be_bytes(answer.2[..4].try_into().unwrap())
+    }
+
+    /// Where OpenSSH's server answers otherwise than plain calls would:
+    /// `copy-data` copies between handles (sftp's `cp`), a dangling
+    /// symlink resolves where its target would be, a symlink's mode is not
+    /// changed quietly, and `readlink` of a file that is no link is a bad
+    /// message.
+    #[test]
+    fn copies_links_and_statuses_as_openssh() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| s(dir.path().join(name).as_os_str().as_bytes());
+        std::fs::write(dir.path().join("src"), b"0123456789").unwrap();
+        std::os::unix::fs::symlink("/nonexistent", dir.path().join("to-gone")).unwrap();
+        std::os::unix::fs::symlink("/nonexistent/deeper", dir.path().join("to-deeper")).unwrap();
+        let (no_attrs, mode) = (n32(0), [n32(0x4), n32(0o600)].concat());
+        let write_flags = n32(open::WRITE | open::CREAT | open::TRUNC);
+        let (served, answers) = session(&[
+            request(kind::OPEN, 1, &[&path("src"), &n32(open::READ), &no_attrs]),
+            request(kind::OPEN, 2, &[&path("dst"), &write_flags, &no_attrs]),
+            request(kind::EXTENDED, 3, &[&s(b"copy-data"), &s(n32(0)), &n64(2), &n64(0), &s(n32(1)), &n64(0)]),
+            request(kind::EXTENDED, 4, &[&s(b"copy-data"), &s(n32(0)), &n64(0), &n64(4), &s(n32(0)), &n64(2)]),
+            request(kind::REALPATH, 5, &[&path("to-gone")]),
+            request(kind::REALPATH, 6, &[&path("to-deeper")]),
+            request(kind::EXTENDED, 7, &[&s(b"lsetstat@openssh.com"), &path("to-gone"), &mode]),
+            request(kind::READLINK, 8, &[&path("src")]),
+        ]);
+        served.unwrap();
+        assert!(answers[0].2.windows(9).any(|w| w == b"copy-data"), "announced");
+        let by_id = |id: u32| answers.iter().find(|a| a.1 == id && a.0 != kind::VERSION).unwrap();
+        assert_eq!(status_of(by_id(3)), status::OK);
+        assert_eq!(std::fs::read(dir.path().join("dst")).unwrap(), b"23456789", "from 2 to the end");
+        assert_eq!(status_of(by_id(4)), status::FAILURE, "overlapping ranges of one file");
+        assert!(by_id(5).2.windows(12).any(|w| w == b"/nonexistent"), "{:?}", by_id(5));
+        assert_eq!(status_of(by_id(6)), status::NO_SUCH_FILE);
+        assert_eq!(status_of(by_id(7)), status::FAILURE);
+        assert_eq!(status_of(by_id(8)), status::BAD_MESSAGE);
     }
 
     #[test]

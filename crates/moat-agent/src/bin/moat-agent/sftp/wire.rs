@@ -193,10 +193,13 @@ impl Fail {
 
 impl From<io::Error> for Fail {
     fn from(e: io::Error) -> Self {
+        // OpenSSH's sftp-server's mapping (`errno_to_portable`), which its
+        // clients read: `readlink` of a file that is no link is a bad message.
         let code = match e.raw_os_error() {
-            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => status::NO_SUCH_FILE,
-            Some(libc::EACCES | libc::EPERM) => status::PERMISSION_DENIED,
-            Some(libc::ENOSYS | libc::EOPNOTSUPP) => status::OP_UNSUPPORTED,
+            Some(libc::ENOENT | libc::ENOTDIR | libc::EBADF | libc::ELOOP) => status::NO_SUCH_FILE,
+            Some(libc::EACCES | libc::EPERM | libc::EFAULT) => status::PERMISSION_DENIED,
+            Some(libc::ENAMETOOLONG | libc::EINVAL) => status::BAD_MESSAGE,
+            Some(libc::ENOSYS) => status::OP_UNSUPPORTED,
             _ => status::FAILURE,
         };
         let mut text = e.to_string();
