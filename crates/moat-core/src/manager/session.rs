@@ -53,6 +53,14 @@ impl Drop for SessionGuard {
     }
 }
 
+/// How soon an idle box's suspension that failed is tried again, at first;
+/// each failure doubles it, up to [`IDLE_RETRY_MOST`].
+const IDLE_RETRY_FIRST: Duration = Duration::from_secs(5);
+/// The longest wait between tries of an idle box's suspension.
+const IDLE_RETRY_MOST: Duration = Duration::from_secs(60);
+/// Tries of an idle box's suspension (~25 minutes of failures in all).
+const IDLE_TRIES: u32 = 30;
+
 impl BoxManager {
     /// Opens a session on a box: resumes it if suspended, boots it if stopped,
     /// and returns where its agent listens. The box stays up while the guard lives.
@@ -148,17 +156,29 @@ impl BoxManager {
         self.idle_timer(id.clone(), generation);
     }
 
+    /// Suspends box `id` once it has been without a session for its idle
+    /// grace (unless one came meanwhile: `generation` moved on). A suspension
+    /// that fails (the store away for a while) is tried again, later each
+    /// time: an idle box left running is billed and holds its memory.
     fn idle_timer(self: &Arc<Self>, id: BoxId, generation: u64) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let manager = Arc::clone(self);
         runtime.spawn(async move {
-            let grace = match manager.store.get_by_id(&id) {
+            let mut wait = match manager.store.get_by_id(&id) {
                 Ok(Some(rec)) => rec.idle.map_or(manager.config.idle_grace, |s| Duration::from_secs(u64::from(s))),
-                _ => return,
+                Ok(None) => return,
+                Err(_) => manager.config.idle_grace,
             };
-            tokio::time::sleep(grace).await;
-            if let Err(e) = manager.suspend_if_idle(&id, generation).await {
-                tracing::warn!(box_id = %id, error = %e, "could not suspend an idle box");
+            let mut retry = IDLE_RETRY_FIRST;
+            for _ in 0..IDLE_TRIES {
+                tokio::time::sleep(wait).await;
+                match manager.suspend_if_idle(&id, generation).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::warn!(box_id = %id, error = %e, retry_in = ?retry, "could not suspend an idle box");
+                    }
+                }
+                (wait, retry) = (retry, (retry * 2).min(IDLE_RETRY_MOST));
             }
         });
     }

@@ -324,6 +324,35 @@ async fn a_resume_bills_the_suspension_and_a_failed_one_leaves_the_box_suspended
     assert!((1.2..5.0).contains(&billed), "both waits billed suspended: {billed} s");
 }
 
+/// An idle box whose suspension failed (the store away) is suspended once
+/// it can be: tried again, not left running and billed until a restart.
+#[tokio::test]
+async fn an_idle_suspension_that_failed_is_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("moat.db");
+    let backend = Arc::new(MemBackend::default());
+    let config = ManagerConfig { warm_boxes: 0, idle_grace: Duration::from_millis(100), ..ManagerConfig::default() };
+    let m = BoxManager::new(Store::open(&db).unwrap(), backend.clone(), config);
+    let alice = AccountId("SHA256:alice".into());
+    m.create(&alice, busybox("web", Limits::default()), Box::new(|_: &str| {})).await.unwrap();
+    let store = rusqlite::Connection::open(&db).unwrap();
+    store
+        .execute_batch(
+            "CREATE TRIGGER no_suspension BEFORE UPDATE OF state ON boxes WHEN NEW.state = 'suspended' \
+             BEGIN SELECT RAISE(ABORT, 'injected: the store is gone'); END;",
+        )
+        .unwrap();
+    drop(m.open_session(&alice, &name("web")).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(m.get(&alice, &name("web")).unwrap().state, BoxState::Running, "the store refused it");
+    store.execute_batch("DROP TRIGGER no_suspension").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while m.get(&alice, &name("web")).unwrap().state != BoxState::Suspended {
+        assert!(tokio::time::Instant::now() < deadline, "never tried again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A suspension the store cannot record is undone: the box is thawed, so
 /// that it is what the store still says (running), and the network is not
 /// told it is suspended. (Frozen but called running, it would take sessions
