@@ -1,7 +1,8 @@
 //! Cutting a box's secret values out of what reaches it: a value is found as
 //! it is and however a host may escape it on the way back (JSON and
 //! JavaScript string escapes, percent-encoding of any of its characters,
-//! HTML character references, in any mix), however the bytes are split across
+//! HTML character references, quotes doubled or shell-quoted, in any mix),
+//! however the bytes are split across
 //! reads, and what is held back between reads says nothing of the values. A
 //! value transformed otherwise (base64, cut in parts) is not found: a bound
 //! host must not echo the credentials it is sent.
@@ -126,18 +127,40 @@ fn escape(s: &[u8], plus_is_space: bool) -> Option<(u8, usize)> {
         }
         Some(u32::from_str_radix(text, radix).ok().and_then(|n| u8::try_from(n).ok()).filter(u8::is_ascii).unwrap_or(0))
     };
+    // The run of digits of `radix` (at most `most`) at the start of `s`.
+    let digits = |s: &[u8], radix: u32, most: usize| s.iter().take(most).take_while(|c| (**c as char).is_digit(radix)).count();
     match s {
         [b'%', rest @ ..] => Some((number(rest.get(..2)?, 16)?, 3)),
-        [b'\\', b'u', rest @ ..] => Some((number(rest.get(..4)?, 16)?, 6)),
-        [b'\\', b'x', rest @ ..] => Some((number(rest.get(..2)?, 16)?, 4)),
-        [b'\\', c @ (b'"' | b'\\' | b'/' | b'\''), ..] => Some((*c, 2)),
-        [b'&', b'#', b'x' | b'X', rest @ ..] => {
-            let end = rest.iter().take(7).position(|&c| c == b';')?;
+        [b'\\', b'u', b'{', rest @ ..] => {
+            let end = rest.iter().take(7).position(|&c| c == b'}')?;
             Some((number(rest.get(..end)?, 16)?, end + 4))
         }
+        [b'\\', b'u', rest @ ..] => Some((number(rest.get(..4)?, 16)?, 6)),
+        [b'\\', b'x', rest @ ..] => Some((number(rest.get(..2)?, 16)?, 4)),
+        // JavaScript's octal escapes (`\163`), and its escapes of any other
+        // character as itself (`\s`); a control character's (`\n`) stands
+        // for no byte a value holds.
+        [b'\\', rest @ ..] if rest.first().is_some_and(|c| (b'0'..=b'7').contains(c)) => {
+            let n = digits(rest, 8, 3);
+            Some((number(rest.get(..n)?, 8)?, n + 1))
+        }
+        [b'\\', c, ..] if c.is_ascii_graphic() && !b"bfnrtv".contains(c) => Some((*c, 2)),
+        // A quote doubled (CSV, SQL) or closed, escaped and opened again (a
+        // shell's `'\''` and `'"'"'`).
+        [b'\'', b'"', b'\'', b'"', b'\'', ..] => Some((b'\'', 5)),
+        [b'\'', b'\\', b'\'', b'\'', ..] => Some((b'\'', 4)),
+        [b'"', b'"', ..] => Some((b'"', 2)),
+        [b'\'', b'\'', ..] => Some((b'\'', 2)),
+        // Character references, `;` optional as browsers read them.
+        [b'&', b'#', b'x' | b'X', rest @ ..] => {
+            let n = digits(rest, 16, 6);
+            let semi = usize::from(rest.get(n) == Some(&b';'));
+            Some((number(rest.get(..n)?, 16)?, n + semi + 3))
+        }
         [b'&', b'#', rest @ ..] => {
-            let end = rest.iter().take(8).position(|&c| c == b';')?;
-            Some((number(rest.get(..end)?, 10)?, end + 3))
+            let n = digits(rest, 10, 7);
+            let semi = usize::from(rest.get(n) == Some(&b';'));
+            Some((number(rest.get(..n)?, 10)?, n + semi + 2))
         }
         [b'&', rest @ ..] => {
             let end = rest.iter().take(8).position(|&c| c == b';')?;
@@ -248,6 +271,11 @@ mod tests {
             "sk+a/b\\\"c\\u003c\\u0026\\u003e",
             "sk%2Ba/b%22c%3C%26%3E",
             "%73%6B%2B%61/b\\x22c&lt;%26\\u003E",
+            // JavaScript's octal, ES6 and identity escapes; references without `;`.
+            "\\163\\153+a/b\\42c<&>",
+            "\\u{73}\\u{6B}\\u{2b}a/b\\\"c<&>",
+            "\\s\\k\\+\\a\\/b\\\"\\c\\<\\&\\>",
+            "&#115&#107&#43a/b&#34c&#60&#38&#62",
         ] {
             let mut s = Scrubber::new(&[value.to_string()]);
             let mut out = s.push(format!("x {form} y").as_bytes());
@@ -255,8 +283,14 @@ mod tests {
             assert_eq!(out, b"x [secret removed by moat] y", "{form}");
         }
         // A value with a space, as a form writes it; one whose own text
-        // looks like an escape, as it is.
-        for (value, form) in [("sk a+b", "sk+a%2Bb"), ("sk%41&amp;\\u0041", "sk%41&amp;\\u0041")] {
+        // looks like an escape, as it is; quotes doubled (CSV, SQL) or
+        // spelled as a shell quotes them.
+        for (value, form) in [
+            ("sk a+b", "sk+a%2Bb"),
+            ("sk%41&amp;\\u0041", "sk%41&amp;\\u0041"),
+            ("sk-\"q'-0123456789", "sk-\"\"q''-0123456789"),
+            ("sk-'q'-0123456789", "sk-'\"'\"'q'\\''-0123456789"),
+        ] {
             let mut s = Scrubber::new(&[value.to_string()]);
             let mut out = s.push(format!("x {form} y").as_bytes());
             out.extend(s.finish());
