@@ -111,8 +111,8 @@ impl BoxManager {
                 }
                 Some(now) if now.ready && !said_ready => {
                     said_ready = true;
-                    let as_of =
-                        now.as_of_ms.map(|ms| format!(" (as of {} ms since the epoch)", ms)).unwrap_or_default();
+                    let age = |ms: u64| crate::clock::now_ms().saturating_sub(ms).div_ceil(1000);
+                    let as_of = now.as_of_ms.map(|ms| format!(" (as it was {}s ago)", age(ms))).unwrap_or_default();
                     progress(&format!("uploaded{as_of}; node {} is receiving it", mv.to));
                 }
                 Some(_) if tokio::time::Instant::now() > deadline => {
