@@ -616,7 +616,9 @@ mod tests {
         p.deny(Rule::parse(&["b.example/*admin"]).unwrap());
         let host = HostName::parse("b.example").unwrap();
         let verdict = |path: &str| p.decide_request(&host, 443, "GET", path).is_ok();
-        for refused in ["/secret", "//secret", "/%2Fsecret", "/%2fsecret", "/;x/secret", "/SECRET", "/x/ADMIN", "/Secret/"] {
+        for refused in
+            ["/secret", "//secret", "/%2Fsecret", "/%2fsecret", "/;x/secret", "/SECRET", "/x/ADMIN", "/Secret/"]
+        {
             assert!(!verdict(refused), "{refused} let through");
         }
         for allowed in ["/", "/public/secrets-page", "/x/y?q=secret"] {

@@ -123,7 +123,8 @@ mod tests {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
             runtime.block_on(async {
                 let reader = tokio::spawn(async {
-                    let (mut endless, mut buf) = (Yielding::new(Endless, Informational::default()), vec![0u8; 64 << 10]);
+                    let (mut endless, mut buf) =
+                        (Yielding::new(Endless, Informational::default()), vec![0u8; 64 << 10]);
                     loop {
                         let _ = endless.read(&mut buf).await;
                     }

@@ -371,9 +371,9 @@ impl Weed {
             .arg("-s3")
             .arg(format!("-s3.port={}", base + 3))
             .args(["-s3.port.iceberg=0", "-s3.port.lance=0"])
-        // It reports statistics to telemetry.seaweedfs.com unless told not
-        // to: nothing of a test or a bench leaves this host.
-        .arg("-master.telemetry=false")
+            // It reports statistics to telemetry.seaweedfs.com unless told not
+            // to: nothing of a test or a bench leaves this host.
+            .arg("-master.telemetry=false")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -90,7 +90,11 @@ impl BoxManager {
                 Err(e) => tracing::error!(box_id = %rec.id, name = %rec.name, error = %e, "cannot freeze a fenced box"),
             }
         }
-        tracing::warn!(frozen = frozen.len(), sessions, "this node's boxes are fenced off: frozen, their sessions ended");
+        tracing::warn!(
+            frozen = frozen.len(),
+            sessions,
+            "this node's boxes are fenced off: frozen, their sessions ended"
+        );
         *self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner) = frozen;
     }
 

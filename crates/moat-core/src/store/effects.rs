@@ -34,7 +34,8 @@ pub(crate) fn bound(tx: &mut dyn Exec) -> Result<(), StoreError> {
 impl Store {
     /// A box's effects since `since_ms`, oldest first (at most [`MAX_READ`], the newest).
     pub fn effects_since(&self, id: &BoxId, since_ms: u64) -> Result<Vec<Effect>, StoreError> {
-        let sql = "SELECT effect FROM effects WHERE box_id = ?1 AND at_ms >= ?2 AND at_ms < ?4 ORDER BY rowid DESC LIMIT ?3";
+        let sql =
+            "SELECT effect FROM effects WHERE box_id = ?1 AND at_ms >= ?2 AND at_ms < ?4 ORDER BY rowid DESC LIMIT ?3";
         self.newest_json(sql, id, (since_ms, None), MAX_READ)
     }
 

@@ -69,6 +69,24 @@ pub async fn serve(net: Arc<BoxNet>, listener: TcpListener) {
     }
 }
 
+/// An attempt waiting on its owner's answer: logged if the wait is dropped
+/// (the connection cut) before the answer came.
+struct LogUnlessAnswered<'a>(&'a BoxNet, Option<LogEntry>);
+
+impl LogUnlessAnswered<'_> {
+    fn answered(mut self) {
+        self.1 = None;
+    }
+}
+
+impl Drop for LogUnlessAnswered<'_> {
+    fn drop(&mut self) {
+        if let Some(entry) = self.1.take() {
+            self.0.log(entry);
+        }
+    }
+}
+
 /// Where the box meant to connect, before its namespace redirected it here.
 fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
     match stream.local_addr().ok()? {
@@ -97,7 +115,16 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
         log.rule = rule.as_ref().map(Rule::to_string);
         let asked = match rule {
             Some(_) => Asked::NotAsked,
-            None => net.asked(&policy, &name, port).await,
+            None => {
+                // The wait ends with the box's network too (suspended once the
+                // box went idle): the attempt is logged all the same.
+                let mut gone = log.clone();
+                gone.reason = Some("the box's network ended before its owner answered".into());
+                let pending = LogUnlessAnswered(net, Some(gone));
+                let asked = net.asked(&policy, &name, port).await;
+                pending.answered();
+                asked
+            }
         };
         match asked {
             Asked::NotAsked => {}

@@ -258,7 +258,6 @@ pub struct TokenCount {
     unreported: u64,
 }
 
-
 const TOKEN_KEYS: [&[u8]; 9] = [
     b"\"input_tokens\"",
     b"\"prompt_tokens\"",

@@ -128,7 +128,8 @@ fn escape(s: &[u8], plus_is_space: bool) -> Option<(u8, usize)> {
         Some(u32::from_str_radix(text, radix).ok().and_then(|n| u8::try_from(n).ok()).filter(u8::is_ascii).unwrap_or(0))
     };
     // The run of digits of `radix` (at most `most`) at the start of `s`.
-    let digits = |s: &[u8], radix: u32, most: usize| s.iter().take(most).take_while(|c| (**c as char).is_digit(radix)).count();
+    let digits =
+        |s: &[u8], radix: u32, most: usize| s.iter().take(most).take_while(|c| (**c as char).is_digit(radix)).count();
     match s {
         [b'%', rest @ ..] => Some((number(rest.get(..2)?, 16)?, 3)),
         [b'\\', b'u', b'{', rest @ ..] => {

@@ -513,6 +513,14 @@ pub fn ask_mode_puts_names_to_the_owner(env: &Env) {
     let (status, out) = sh(env, &name, "curl -sS -m 10 http://third.test/again");
     assert_eq!((status, out.as_str()), (Some(0), "GET /again host=third.test body=0\n"));
 
+    // A box that gives up and is suspended before the owner answers: the
+    // attempt is logged all the same (the cut dropped it unlogged).
+    let mut box_side = dial("gone.test");
+    let _ = next_line(&format!("box {name} wants gone.test:80"));
+    let _ = box_side.kill();
+    let _ = box_side.wait();
+    env.alice(None, &["suspend", &name]).ok();
+
     // Explicit deny rules are not asked about.
     env.alice(None, &["policy", &name, "deny", "private.test"]).ok();
     let (status, _) = sh(env, &name, "curl -sS -m 10 http://private.test/");
@@ -521,7 +529,12 @@ pub fn ask_mode_puts_names_to_the_owner(env: &Env) {
     let _ = watch.kill();
     let _ = watch.wait();
     let log = log(env, &name);
-    for want in ["allowed once by the owner", "the owner said no", "allowed by the owner (added to the policy)"] {
+    for want in [
+        "allowed once by the owner",
+        "the owner said no",
+        "allowed by the owner (added to the policy)",
+        "gone.test:80 (the box's network ended before its owner answered)",
+    ] {
         assert!(log.contains(want), "log lacks {want:?}:\n{log}");
     }
     env.alice(None, &["rm", &name]).ok();

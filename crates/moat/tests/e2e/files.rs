@@ -85,7 +85,8 @@ pub fn sftp_and_scp_without_the_images_sftp_server(env: &Env) {
     assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
     assert!(out.stderr.contains("remote mkdir") && out.stderr.contains("No such file"), "{}", out.stderr);
     // `cp` copied in the box (copy-data), byte for byte.
-    let inside = env.alice(Some(&name), &["readlink ln; stat -c '%a %s' d/r.bin; cmp d/r.bin d/copy.bin && echo same"]).ok();
+    let inside =
+        env.alice(Some(&name), &["readlink ln; stat -c '%a %s' d/r.bin; cmp d/r.bin d/copy.bin && echo same"]).ok();
     assert_eq!(inside.stdout, format!("d/r.bin\n640 {}\nsame\n", 3 << 20));
 
     run(scp(env).arg(&src).arg(format!("{name}@127.0.0.1:/tmp/scp.bin"))).ok();

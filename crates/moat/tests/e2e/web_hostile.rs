@@ -309,7 +309,8 @@ pub fn hostile_clients_get_bounded_refusals(env: &Env) {
     let set: Vec<&str> = cookies.lines().filter(|l| l.to_ascii_lowercase().starts_with("set-cookie:")).collect();
     assert_eq!(set, ["set-cookie: tossed=1; Path=/"], "{cookies}");
     // Nor clears the cookies of the whole domain (every box's sign-ins).
-    let cleared: Vec<&str> = cookies.lines().filter(|l| l.to_ascii_lowercase().starts_with("clear-site-data:")).collect();
+    let cleared: Vec<&str> =
+        cookies.lines().filter(|l| l.to_ascii_lowercase().starts_with("clear-site-data:")).collect();
     assert_eq!(cleared, ["clear-site-data: \"cache\""], "{cookies}");
 
     // A box that answers `100 Continue` without end, as fast as `yes`
