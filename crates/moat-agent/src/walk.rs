@@ -23,8 +23,9 @@ pub struct Entry {
     pub mtime: (i64, i64),
     /// Status change time: seconds and nanoseconds. No program can set it,
     /// so a file that kept it since a snapshot was not written since, even
-    /// if its size and modification time were put back.
-    pub ctime: (i64, i64),
+    /// if its size and modification time were put back. (None from an agent
+    /// older than it: a guest running since before an upgrade.)
+    pub ctime: Option<(i64, i64)>,
     /// Device number, for device files.
     pub rdev: u64,
 }
@@ -36,10 +37,11 @@ pub const MAX_RECORD: usize = 3 * 4096 + 256;
 pub fn encode(path: &OsStr, e: &Entry, target: Option<&OsStr>, out: &mut Vec<u8>) {
     out.extend_from_slice(path.as_bytes());
     out.push(0);
-    let numbers = format!(
-        "{} {} {} {} {} {} {} {} {} {}",
-        e.kind, e.mode, e.uid, e.gid, e.size, e.mtime.0, e.mtime.1, e.ctime.0, e.ctime.1, e.rdev
-    );
+    let mut numbers =
+        format!("{} {} {} {} {} {} {} {}", e.kind, e.mode, e.uid, e.gid, e.size, e.mtime.0, e.mtime.1, e.rdev);
+    if let Some((secs, nanos)) = e.ctime {
+        numbers.push_str(&format!(" {secs} {nanos}"));
+    }
     out.extend_from_slice(numbers.as_bytes());
     out.push(0);
     out.extend_from_slice(target.map_or(&[][..], OsStr::as_bytes));
@@ -66,8 +68,13 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Vec<u8>, Entry, Option<Vec<u8>>, usi
     }
     let numbers = std::str::from_utf8(fields[1]).map_err(|_| "numbers not text".to_string())?;
     let n: Vec<&str> = numbers.split(' ').collect();
-    let [kind, mode, uid, gid, size, secs, nanos, csecs, cnanos, rdev] = n[..] else {
-        return Err(format!("a record of {} numbers", n.len()));
+    // The change time last, and only from agents that send it.
+    let (kind, mode, uid, gid, size, secs, nanos, rdev, ctime) = match n[..] {
+        [kind, mode, uid, gid, size, secs, nanos, rdev] => (kind, mode, uid, gid, size, secs, nanos, rdev, None),
+        [kind, mode, uid, gid, size, secs, nanos, rdev, csecs, cnanos] => {
+            (kind, mode, uid, gid, size, secs, nanos, rdev, Some((csecs, cnanos)))
+        }
+        _ => return Err(format!("a record of {} numbers", n.len())),
     };
     let bad = |what: &str| format!("a bad {what}");
     let entry = Entry {
@@ -77,7 +84,12 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Vec<u8>, Entry, Option<Vec<u8>>, usi
         gid: gid.parse().map_err(|_| bad("group"))?,
         size: size.parse().map_err(|_| bad("size"))?,
         mtime: (secs.parse().map_err(|_| bad("time"))?, nanos.parse().map_err(|_| bad("time"))?),
-        ctime: (csecs.parse().map_err(|_| bad("time"))?, cnanos.parse().map_err(|_| bad("time"))?),
+        ctime: match ctime {
+            Some((secs, nanos)) => {
+                Some((secs.parse().map_err(|_| bad("time"))?, nanos.parse().map_err(|_| bad("time"))?))
+            }
+            None => None,
+        },
         rdev: rdev.parse().map_err(|_| bad("device"))?,
     };
     let target = (!fields[2].is_empty()).then(|| fields[2].to_vec());
@@ -90,8 +102,16 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_hostile_ones_are_errors() {
-        let e =
-            Entry { kind: 0o100000, mode: 0o644, uid: 0, gid: 5, size: 12, mtime: (-3, 999), ctime: (7, 1), rdev: 0 };
+        let e = Entry {
+            kind: 0o100000,
+            mode: 0o644,
+            uid: 0,
+            gid: 5,
+            size: 12,
+            mtime: (-3, 999),
+            ctime: Some((7, 1)),
+            rdev: 0,
+        };
         let mut buf = Vec::new();
         encode(OsStr::new("/etc/a b"), &e, None, &mut buf);
         encode(OsStr::new("/l"), &e, Some(OsStr::new("../x")), &mut buf);
@@ -102,7 +122,8 @@ mod tests {
         assert_eq!(decode(&buf[..5]).unwrap(), None);
         assert!(decode(b"/p\x001 2 3\x00\x00").is_err());
         assert!(decode(b"/p\x00a b c d e f g h i j\x00\x00").is_err());
-        assert!(decode(b"/p\x001 2 3 4 5 6 7 8\x00\x00").is_err(), "a record without its change time");
+        let (_, old, _, _) = decode(b"/p\x001 2 3 4 5 6 7 8\x00\x00").unwrap().unwrap();
+        assert_eq!(old.ctime, None, "an older agent's record, without its change time");
         assert!(decode(&vec![b'x'; MAX_RECORD + 1]).is_err());
     }
 }

@@ -299,10 +299,14 @@ async fn send_log(
         Err(e) => return Ok(Err(api_error(e))),
     };
     if let (true, Some(first)) = (cut, backlog.first()) {
+        // To the millisecond, and including the first one's: a page repeats
+        // that millisecond's entries rather than skip any.
+        let until = first.at_ms + 1;
         let older = format!(
-            "older entries are not shown (the newest {} are): see them with --until {}",
+            "older entries are not shown (the newest {} are): see them with --until {}.{:03}",
             backlog.len(),
-            first.at_ms / 1000 + 1
+            until / 1000,
+            until % 1000
         );
         send(conn, &Event::Progress(older), None).await?;
     }

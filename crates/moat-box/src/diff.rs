@@ -36,7 +36,8 @@ pub struct Entry {
     gid: u32,
     size: i64,
     mtime: (i64, i64),
-    ctime: (i64, i64),
+    /// None in a listing from a guest whose agent predates it.
+    ctime: Option<(i64, i64)>,
     rdev: u64,
     target: Option<OsString>,
 }
@@ -88,6 +89,8 @@ impl Entry {
         match alike {
             false => Likeness::Differ,
             true if self.ctime == other.ctime || self.kind != SFlag::S_IFREG.bits() => Likeness::Same,
+            // A side that does not know its change time is taken as alike.
+            true if self.ctime.is_none() || other.ctime.is_none() => Likeness::Same,
             true => Likeness::SameIfContentsAre,
         }
     }
@@ -106,8 +109,15 @@ const MAX_HELD: usize = 64 << 20;
 const MAX_OUTPUT: usize = 64 << 20;
 /// Longest a comparison may take.
 const MAX_TIME: Duration = Duration::from_secs(120);
+/// How often a long comparison looks whether its reader is still there.
+const STILL_WANTED_EVERY: Duration = Duration::from_secs(1);
 /// Files whose contents decide are read this many bytes at a time.
 const CONTENTS_CHUNK: usize = 256 << 10;
+/// Most bytes read to compare contents, over both trees (a box received
+/// from another node has a new ctime on every file): past it, a file whose
+/// contents would decide counts as modified (an image push then carries it,
+/// which is never wrong).
+const MAX_CONTENTS: u64 = 4 << 30;
 /// Changes are handed over in batches of about this many bytes of paths.
 const BATCH_BYTES: usize = 64 << 10;
 /// Bytes a listed entry costs beyond its name (map node, metadata).
@@ -121,8 +131,17 @@ const ENTRY_OVERHEAD: usize = 128;
 pub fn diff(a: &Path, b: &Path, out: &mut ChangeSink<'_>) -> io::Result<()> {
     let open_root = |p: &Path| -> io::Result<OwnedFd> { Ok(std::fs::File::open(p)?.into()) };
     let (a, b) = (open_root(a)?, open_root(b)?);
-    let mut walk =
-        Walk { out, batch: Vec::new(), batch_bytes: 0, output: 0, entries: 0, held: 0, started: Instant::now() };
+    let mut walk = Walk {
+        out,
+        batch: Vec::new(),
+        batch_bytes: 0,
+        output: 0,
+        entries: 0,
+        held: 0,
+        contents_read: 0,
+        started: Instant::now(),
+        asked: Instant::now(),
+    };
     let walked = walk.dir(Some(&a), Some(&b), "", 0);
     // What was found before a limit is still worth having.
     let flushed = walk.flush();
@@ -138,8 +157,17 @@ pub fn diff_listings(
     b: &mut dyn Iterator<Item = io::Result<Listed>>,
     out: &mut ChangeSink<'_>,
 ) -> io::Result<()> {
-    let mut walk =
-        Walk { out, batch: Vec::new(), batch_bytes: 0, output: 0, entries: 0, held: 0, started: Instant::now() };
+    let mut walk = Walk {
+        out,
+        batch: Vec::new(),
+        batch_bytes: 0,
+        output: 0,
+        entries: 0,
+        held: 0,
+        contents_read: 0,
+        started: Instant::now(),
+        asked: Instant::now(),
+    };
     let merged = walk.merge(a, b);
     let flushed = walk.flush();
     merged.and(flushed)
@@ -157,7 +185,10 @@ struct Walk<'a, 'b> {
     output: usize,
     entries: usize,
     held: usize,
+    contents_read: u64,
     started: Instant,
+    /// When whoever reads the changes was last seen to be there.
+    asked: Instant,
 }
 
 impl Walk<'_, '_> {
@@ -168,6 +199,7 @@ impl Walk<'_, '_> {
         if self.started.elapsed() > MAX_TIME {
             return Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
         }
+        self.still_wanted()?;
         let left = self.list(a)?;
         let right = match self.list(b) {
             Ok(right) => right,
@@ -303,7 +335,7 @@ impl Walk<'_, '_> {
     /// Whether file `name` holds the same bytes in directories `a` and `b`.
     /// Either gone, or no longer a regular file, since it was listed (a
     /// running box's files change) counts as different.
-    fn same_contents(&self, a: &OwnedFd, b: &OwnedFd, name: &CStr) -> io::Result<bool> {
+    fn same_contents(&mut self, a: &OwnedFd, b: &OwnedFd, name: &CStr) -> io::Result<bool> {
         use std::io::Read;
         let (Some(a), Some(b)) = (open_file(a, name)?, open_file(b, name)?) else { return Ok(false) };
         let (mut a, mut b) = (std::fs::File::from(a), std::fs::File::from(b));
@@ -312,7 +344,12 @@ impl Walk<'_, '_> {
             if self.started.elapsed() > MAX_TIME {
                 return Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
             }
+            if self.contents_read > MAX_CONTENTS {
+                return Ok(false);
+            }
+            self.still_wanted()?;
             let got = read_full(&mut a, &mut left)?;
+            self.contents_read += 2 * got as u64;
             if read_full(&mut b, &mut right)? != got || left.get(..got) != right.get(..got) {
                 return Ok(false);
             }
@@ -335,6 +372,20 @@ impl Walk<'_, '_> {
                 }
             }
             Ok(filled)
+        }
+    }
+
+    /// Ends the comparison once nobody reads it (the client went away: a
+    /// long one would otherwise hold its turn and a core to the end). Asks
+    /// with an empty batch, at most once a second.
+    fn still_wanted(&mut self) -> io::Result<()> {
+        if self.asked.elapsed() < STILL_WANTED_EVERY {
+            return Ok(());
+        }
+        self.asked = Instant::now();
+        match (self.out)(Vec::new()) {
+            true => Ok(()),
+            false => Err(io::Error::new(io::ErrorKind::BrokenPipe, "nobody is reading the comparison")),
         }
     }
 
@@ -392,8 +443,15 @@ fn open_file(dir: &OwnedFd, name: &CStr) -> io::Result<Option<OwnedFd>> {
     if nix::sys::stat::fstat(&place)?.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
         return Ok(None);
     }
+    // Without waiting on a lease the box holds on it (45 s to break one):
+    // a file held so counts as different.
     let reopen = format!("/proc/self/fd/{}", place.as_raw_fd());
-    Ok(Some(nix::fcntl::open(reopen.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?))
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    match nix::fcntl::open(reopen.as_str(), flags, Mode::empty()) {
+        Ok(file) => Ok(Some(file)),
+        Err(nix::errno::Errno::EWOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Reads a directory; `admit` is asked before each entry is kept.
@@ -425,7 +483,7 @@ fn list(dir: &OwnedFd, admit: &mut dyn FnMut(&CStr) -> io::Result<()>) -> io::Re
                 gid: st.st_gid,
                 size: st.st_size,
                 mtime: (st.st_mtime, st.st_mtime_nsec),
-                ctime: (st.st_ctime, st.st_ctime_nsec),
+                ctime: Some((st.st_ctime, st.st_ctime_nsec)),
                 rdev: st.st_rdev,
                 target,
             },

@@ -100,17 +100,20 @@ where
 #[error("the request body stalled for {0:?}")]
 pub struct Stalled(pub Duration);
 
-/// Passes a body on, failing it if no frame comes for `quiet`.
+/// Passes a body on, failing it if no frame comes for `quiet`; `failed`
+/// turns true if it fails (stalled, or not well formed), which tells a
+/// visitor's doing from the box's.
 pub struct Deadlined<B> {
     inner: B,
     quiet: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<B> Deadlined<B> {
     /// `inner`, given up after `quiet` without a frame.
-    pub fn new(inner: B, quiet: Duration) -> Self {
-        Self { inner, quiet, timer: Box::pin(tokio::time::sleep(quiet)) }
+    pub fn new(inner: B, quiet: Duration, failed: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Self {
+        Self { inner, quiet, timer: Box::pin(tokio::time::sleep(quiet)), failed }
     }
 }
 
@@ -124,14 +127,18 @@ where
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        let failed = |e: BoxError| {
+            this.failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            e
+        };
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 let deadline = tokio::time::Instant::now() + this.quiet;
                 this.timer.as_mut().reset(deadline);
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+                Poll::Ready(frame.map(|f| f.map_err(|e| failed(e.into()))))
             }
             Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(Stalled(this.quiet))))),
+                Poll::Ready(()) => Poll::Ready(Some(Err(failed(Box::new(Stalled(this.quiet)))))),
                 Poll::Pending => Poll::Pending,
             },
         }
@@ -199,7 +206,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_quiet_body_fails() {
-        let mut body = Deadlined::new(OneThenQuiet(false), Duration::from_millis(50));
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut body = Deadlined::new(OneThenQuiet(false), Duration::from_millis(50), Arc::clone(&failed));
         assert!(body.frame().await.unwrap().is_ok());
         let err = body.frame().await.unwrap().unwrap_err();
         assert!(err.to_string().contains("stalled"), "{err}");

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -132,13 +132,14 @@ async fn carry(mut req: Request<Incoming>, ctx: &Arc<Ctx>, peer: IpAddr) -> Resu
     let method = req.method().clone();
     let path = logged_path(req.uri());
     let received = Arc::new(AtomicU64::new(0));
-    let upstream_req = outbound(req, &host, &original_host, peer, upgrade, ctx.limits, &received)?;
+    let body_failed = Arc::new(AtomicBool::new(false));
+    let upstream_req = outbound(req, &host, &original_host, peer, upgrade, ctx.limits, (&received, &body_failed))?;
     let BoxConn { mut sender, driver, session } = conn;
     let answered = session.nudging(ctx.limits.answer(), sender.send_request(upstream_req)).await;
     let mut res = match answered {
         Some(Ok(res)) => res,
         // The body being sent failed: the visitor's, not the box's, doing.
-        Some(Err(e)) if e.is_user() => return Err(visitors_body(&e)),
+        Some(Err(e)) if body_failed.load(Ordering::Relaxed) => return Err(visitors_body(&e)),
         Some(Err(e)) => return Err(Page::Unreachable(host.name.to_string(), e.to_string())),
         None => return Err(Page::Slow(host.name.to_string(), ctx.limits.answer_secs)),
     };
@@ -295,7 +296,7 @@ fn outbound(
     peer: IpAddr,
     upgrade: bool,
     limits: EdgeLimits,
-    received: &Arc<AtomicU64>,
+    (received, failed): (&Arc<AtomicU64>, &Arc<AtomicBool>),
 ) -> Result<Request<ResBody>, Page> {
     let (mut parts, body) = req.into_parts();
     // hyper takes `gzip, chunked` and hands over the gzip'd bytes as if
@@ -330,7 +331,8 @@ fn outbound(
         return Err(Page::Bad("CONNECT is not carried to boxes"));
     }
     let received = Arc::clone(received);
-    let body = Counted::new(Deadlined::new(body, limits.body()), move |n, _| received.store(n, Ordering::Relaxed));
+    let body = Deadlined::new(body, limits.body(), Arc::clone(failed));
+    let body = Counted::new(body, move |n, _| received.store(n, Ordering::Relaxed));
     Ok(Request::from_parts(parts, body.boxed_unsync()))
 }
 

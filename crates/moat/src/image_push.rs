@@ -241,9 +241,17 @@ impl Puller {
 fn changes(base: &Path, tree: &Path) -> Result<Vec<Changed>> {
     let mut changes = Vec::new();
     let mut unnamed = None;
+    let mut whiteout = None;
     moat_box::diff::diff(base, tree, &mut |batch| {
         if let Some(c) = batch.iter().find(|c| c.path.contains('\u{FFFD}')) {
             unnamed = Some(c.path.clone());
+            return false;
+        }
+        // Every reader of a layer takes `.wh.NAME` for NAME deleted (and
+        // `.wh..wh..opq` for its directory emptied): carried as a file, it
+        // would delete the base's files from the image pulled back.
+        if let Some(c) = batch.iter().find(|c| c.path.split('/').any(|part| part.starts_with(".wh."))) {
+            whiteout = Some(c.path.clone());
             return false;
         }
         changes.extend(batch.into_iter().map(|c| {
@@ -255,13 +263,18 @@ fn changes(base: &Path, tree: &Path) -> Result<Vec<Changed>> {
         }));
         true
     })
-    .map_err(|e| match &unnamed {
-        Some(path) => anyhow::anyhow!(
+    .map_err(|e| match (&unnamed, &whiteout) {
+        (Some(path), _) => anyhow::anyhow!(
             "{} has a name that is not UTF-8 (shown with U+FFFD): a layer cannot carry it here; rename it and \
              save the template again",
             path.escape_default()
         ),
-        None => anyhow::Error::new(e).context("compare the template with its base"),
+        (None, Some(path)) => anyhow::anyhow!(
+            "{} has a name starting with .wh., which an image layer reads as a deletion: rename it and save the \
+             template again",
+            path.escape_default()
+        ),
+        (None, None) => anyhow::Error::new(e).context("compare the template with its base"),
     })?;
     Ok(changes)
 }
@@ -289,5 +302,14 @@ mod tests {
         std::fs::write(tree.path().join(std::ffi::OsStr::from_bytes(b"bad\xffname")), b"y").unwrap();
         let refused = changes(base.path(), tree.path()).unwrap_err().to_string();
         assert!(refused.starts_with("/bad\\u{fffd}name has a name that is not UTF-8"), "{refused}");
+    }
+
+    #[test]
+    fn a_name_a_layer_reads_as_a_whiteout_is_refused() {
+        let (base, tree) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::create_dir(tree.path().join("srv")).unwrap();
+        std::fs::write(tree.path().join("srv/.wh.keep"), b"").unwrap();
+        let refused = changes(base.path(), tree.path()).unwrap_err().to_string();
+        assert!(refused.starts_with("/srv/.wh.keep has a name starting with .wh."), "{refused}");
     }
 }

@@ -116,15 +116,17 @@ pub async fn keep_lease(manager: Arc<BoxManager>, offer: NodeOffer) {
     let mut renewed = Instant::now();
     let mut ticks = tokio::time::interval(LEASE_RENEW);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut in_flight: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
+    // A renewal under way, and when it was sent: the lease it makes runs
+    // from then (the store stamps it), however late the answer comes.
+    let mut in_flight: Option<(tokio::task::JoinHandle<Result<(), String>>, Instant)> = None;
     loop {
         ticks.tick().await;
-        let started = Instant::now();
-        let mut renewal = match in_flight.take() {
+        let (mut renewal, sent) = match in_flight.take() {
             Some(hung) => hung,
             None => {
                 let (manager, offer) = (Arc::clone(&manager), offer.clone());
-                tokio::task::spawn_blocking(move || manager.renew_lease(&offer).map_err(|e| e.to_string()))
+                let sent = Instant::now();
+                (tokio::task::spawn_blocking(move || manager.renew_lease(&offer).map_err(|e| e.to_string())), sent)
             }
         };
         let outcome = match tokio::time::timeout(LEASE_RENEW, &mut renewal).await {
@@ -133,15 +135,21 @@ pub async fn keep_lease(manager: Arc<BoxManager>, offer: NodeOffer) {
             Err(_) => {
                 // Still waiting on the store: the next tick looks again
                 // rather than piling up renewals behind it.
-                in_flight = Some(renewal);
+                in_flight = Some((renewal, sent));
                 Err("the state store has not answered".to_string())
             }
         };
+        // Answered too late to count: the lease it made may have lapsed
+        // already, and another node may have this node's boxes.
+        let outcome = match outcome {
+            Ok(()) if sent.elapsed() >= margin => Err(format!("the renewal answered too late ({:?})", sent.elapsed())),
+            outcome => outcome,
+        };
         match outcome {
             Ok(()) => {
-                renewed = started;
+                renewed = sent;
                 let (manager, name) = (Arc::clone(&manager), offer.name.clone());
-                let after = tokio::task::spawn_blocking(move || after_renewal(&manager, &name));
+                let after = tokio::task::spawn_blocking(move || after_renewal(&manager, &name, sent, margin));
                 if let Err(e) = after.await {
                     tracing::warn!(error = %e, "the work after a renewal failed");
                 }
@@ -162,7 +170,7 @@ pub async fn keep_lease(manager: Arc<BoxManager>, offer: NodeOffer) {
 /// What follows each renewal: the reports the fleet reads, and after a
 /// lapse the fence opened again once the copies of boxes given to other
 /// nodes meanwhile are gone. Blocking.
-fn after_renewal(manager: &Arc<BoxManager>, name: &str) {
+fn after_renewal(manager: &Arc<BoxManager>, name: &str, sent: Instant, margin: std::time::Duration) {
     if let Err(e) = manager.report_backlog() {
         tracing::debug!(error = %e, "cannot report the upload backlog");
     }
@@ -173,6 +181,11 @@ fn after_renewal(manager: &Arc<BoxManager>, name: &str) {
         return;
     }
     let discarded = tokio::runtime::Handle::current().block_on(manager.discard_stale());
+    // The boxes run again only under a lease still good now (discarding
+    // took time): else the next renewal opens the fence.
+    if sent.elapsed() >= margin {
+        return;
+    }
     match discarded.and_then(|n| manager.open_fence().map(|()| n)) {
         Ok(n) => tracing::warn!(discarded = n, node = %name, "lease renewed after a lapse"),
         Err(e) => tracing::warn!(error = %e, "cannot discard stale copies or thaw: staying fenced"),

@@ -40,6 +40,7 @@ impl BoxManager {
     /// with `diff`'s.
     pub async fn checkpoints(&self, account: &AccountId, name: &Name) -> Result<Vec<Checkpoint>, ManagerError> {
         let rec = self.get(account, name)?;
+        let _mine = self.account_diff_turns.hold(account).await;
         let _turn = self.diff_turns.acquire().await.ok();
         self.blocking(move |b| b.checkpoints(&rec, true)).await
     }

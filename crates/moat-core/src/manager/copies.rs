@@ -76,7 +76,9 @@ impl BoxManager {
         // Both copies are read from this node's pool (a dup stays on its node).
         self.here(&a)?;
         self.here(&b)?;
-        // (The semaphore is never closed, so a turn always comes.)
+        // The account's turn, then one of all (the semaphore is never
+        // closed, so a turn always comes).
+        let _mine = self.account_diff_turns.hold(account).await;
         let _turn = self.diff_turns.acquire().await.ok();
         // A VM box lists its own files: it must not be suspended or stopped
         // meanwhile, so both boxes are held (in id order, as `promote` holds

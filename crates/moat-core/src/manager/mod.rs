@@ -341,6 +341,9 @@ pub struct BoxManager {
     box_locks: Mutex<HashMap<BoxId, Arc<tokio::sync::Mutex<()>>>>,
     image_lock: tokio::sync::Mutex<()>,
     diff_turns: tokio::sync::Semaphore,
+    /// One comparison at a time per account, so that one account cannot
+    /// hold every one of `diff_turns` (a box can make its own take minutes).
+    account_diff_turns: crate::keyed_locks::KeyedLocks<AccountId>,
     sessions: Mutex<HashMap<BoxId, session::Sessions>>,
     holders: access::Holders,
     /// Pulls and pushes running, per account and in all (see [`images`]).
@@ -372,6 +375,7 @@ impl BoxManager {
             box_locks: Mutex::new(HashMap::new()),
             image_lock: tokio::sync::Mutex::new(()),
             diff_turns: tokio::sync::Semaphore::new(DIFFS_AT_ONCE),
+            account_diff_turns: crate::keyed_locks::KeyedLocks::default(),
             sessions: Mutex::new(HashMap::new()),
             holders: access::Holders::default(),
             transfers: images::Transfers::default(),

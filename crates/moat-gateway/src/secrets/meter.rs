@@ -256,7 +256,17 @@ pub struct TokenCount {
     max: [u64; TOKEN_KEYS.len()],
     /// Bytes read since a count was last found.
     unreported: u64,
+    /// Bytes of generated text (string values of [`TEXT_KEYS`]) read since
+    /// a count was last found, and whether the read is inside one.
+    unreported_text: u64,
+    in_text: bool,
+    escaped: bool,
 }
+
+/// The keys whose string values are what a model generates, as the APIs
+/// stream them: Anthropic's `text`, `thinking` and `partial_json`, OpenAI's
+/// `content`, `arguments` and `delta`, Gemini's `text`.
+const TEXT_KEYS: [&[u8]; 6] = [b"text", b"thinking", b"partial_json", b"content", b"arguments", b"delta"];
 
 const TOKEN_KEYS: [&[u8]; 9] = [
     b"\"input_tokens\"",
@@ -275,7 +285,9 @@ impl TokenCount {
     pub fn feed(&mut self, data: &[u8]) {
         self.unreported = self.unreported.saturating_add(data.len() as u64);
         let mut window = std::mem::take(&mut self.tail);
+        let fresh = window.len();
         window.extend_from_slice(data);
+        self.count_text(&window, fresh);
         for (max, key) in self.max.iter_mut().zip(TOKEN_KEYS) {
             let mut at = 0;
             while let Some(i) = window.get(at..).and_then(|w| find(w, key)) {
@@ -290,7 +302,12 @@ impl TokenCount {
                     let text = std::str::from_utf8(number.get(..digits).unwrap_or_default()).unwrap_or("0");
                     let n = text.parse().unwrap_or(u64::MAX).min(MAX_REPORTED);
                     *max = (*max).max(n);
-                    self.unreported = 0;
+                    // A report read last time already (in the tail kept)
+                    // does not count again what came after it.
+                    if j + digits >= fresh {
+                        self.unreported = 0;
+                        self.unreported_text = 0;
+                    }
                 }
                 at = j;
             }
@@ -308,13 +325,46 @@ impl TokenCount {
 
     /// The tokens of a body cut before its end (the box went away, or the
     /// host did): those reported, and a token for every [`BYTES_PER_TOKEN`]
-    /// bytes read since the last report. Streams report output tokens at
+    /// bytes of generated text read since the last report (of any bytes,
+    /// in a body with no text this knows). Streams report output tokens at
     /// their end: a box must not take a stream's output unbilled by hanging
-    /// up before its last event.
+    /// up before its last event, nor an agent's interrupt be billed for the
+    /// events' framing.
     pub fn total_cut(&self) -> u64 {
-        self.total().saturating_add(self.unreported.div_ceil(BYTES_PER_TOKEN))
+        let unreported = if self.unreported_text > 0 { self.unreported_text } else { self.unreported };
+        self.total().saturating_add(unreported.div_ceil(BYTES_PER_TOKEN))
+    }
+
+    /// Counts the bytes of generated text in `window` from `fresh` on (what
+    /// is before is the last read's tail, looked back at for keys).
+    fn count_text(&mut self, window: &[u8], fresh: usize) {
+        for (i, &b) in window.iter().enumerate().skip(fresh) {
+            if self.in_text {
+                match (self.escaped, b) {
+                    (true, _) => (self.escaped, self.unreported_text) = (false, self.unreported_text + 1),
+                    (false, b'\\') => self.escaped = true,
+                    (false, b'"') => self.in_text = false,
+                    (false, _) => self.unreported_text += 1,
+                }
+            } else if b == b'"' && text_key_before(window.get(..i).unwrap_or_default()) {
+                self.in_text = true;
+            }
+        }
     }
 }
+
+/// Whether `before` ends in `"KEY":` (spaces allowed) for a key of
+/// [`TEXT_KEYS`]: the string that starts next is generated text.
+fn text_key_before(before: &[u8]) -> bool {
+    let trimmed = |s: &[u8]| -> usize { s.len() - s.iter().rev().take_while(|b| b.is_ascii_whitespace()).count() };
+    let end = trimmed(before);
+    let Some(rest) = before.get(..end).and_then(|s| s.strip_suffix(b":")) else { return false };
+    let end = trimmed(rest);
+    let Some(rest) = rest.get(..end).and_then(|s| s.strip_suffix(b"\"")) else { return false };
+    TEXT_KEYS.iter().any(|key| rest.strip_suffix(*key).is_some_and(|s| s.ends_with(b"\"")))
+}
+
+impl TokenCount {}
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
@@ -453,6 +503,14 @@ pub(crate) mod tests {
         t.feed(b"event: message_delta\ndata: {\"usage\":{\"output_tokens\":5000}}\n\n");
         assert_eq!(t.total(), 5010);
         assert!(t.total_cut() < 5010 + 16, "what the report counted is not counted twice: {}", t.total_cut());
+        // An interrupt after small deltas is billed their text, not their framing.
+        let mut t = TokenCount::default();
+        t.feed(b"data: {\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}\n\n");
+        let delta = b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi \\\"x\\\" \"}}\n\n";
+        for piece in delta.repeat(10).chunks(7) {
+            t.feed(piece);
+        }
+        assert_eq!(t.total_cut(), 11 + (10 * 7_u64).div_ceil(4), "7 bytes of text a delta, however split");
     }
 
     #[test]

@@ -111,6 +111,21 @@ pub fn parse_since(value: &str, now: u64) -> Result<u64, UsageError> {
     Ok(now.saturating_sub(age))
 }
 
+/// A time in milliseconds since the epoch: what [`parse_since`] reads, or
+/// seconds with milliseconds (`1796080000.123`, as `log` names a page's
+/// start).
+pub fn parse_time_ms(value: &str, now: u64) -> Result<u64, UsageError> {
+    if let Some((secs, frac)) = value.split_once('.') {
+        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        if digits(secs) && digits(frac) && frac.len() <= 3 {
+            let secs: u64 = secs.parse().map_err(|_| usage(format!("usage: {value:?}: too large")))?;
+            let ms: u64 = format!("{frac:0<3}").parse().unwrap_or(0);
+            return Ok(secs.saturating_mul(1000).saturating_add(ms));
+        }
+    }
+    Ok(parse_since(value, now)?.saturating_mul(1000))
+}
+
 /// A period in seconds: `90s`, `30m`, `2h`, `7d`, or a bare number of seconds.
 pub fn parse_duration(value: &str) -> Option<u64> {
     if let Ok(n) = value.parse::<u64>() {
@@ -130,8 +145,18 @@ pub fn parse_duration(value: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_to_the_millisecond() {
+        assert_eq!(parse_time_ms("1796080000.123", 0).unwrap(), 1_796_080_000_123);
+        assert_eq!(parse_time_ms("1796080000.5", 0).unwrap(), 1_796_080_000_500);
+        assert_eq!(parse_time_ms("1796080000", 0).unwrap(), 1_796_080_000_000);
+        assert_eq!(parse_time_ms("2026-11-30T23:06:40Z", 0).unwrap(), 1_796_080_000_000);
+        assert!(parse_time_ms("1796080000.1234", 0).is_err() && parse_time_ms(".5", 0).is_err());
+    }
 
     #[test]
     fn periods_and_ages() {

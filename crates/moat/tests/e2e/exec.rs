@@ -179,6 +179,12 @@ pub fn processes_outlive_the_session(env: &Env) {
     env.alice(Some(&name), &["nohup sleep 1000 &"]).ok();
     let out = env.alice(Some(&name), &["pgrep -x sleep"]).ok();
     assert_eq!(out.stdout.lines().count(), 1, "sleep is gone: {}", out.stdout);
+    // A job that keeps printing (a dev server's log) holds the session a
+    // few seconds at most.
+    let started = std::time::Instant::now();
+    let out = env.alice(Some(&name), &["(while :; do echo tick; sleep 0.5; done) & echo started"]).ok();
+    assert!(out.stdout.contains("started") && out.stdout.matches("tick").count() >= 3, "{}", out.stdout);
+    assert!(started.elapsed() < std::time::Duration::from_secs(9), "held {:?}", started.elapsed());
 }
 
 /// A suspended box costs what its agent holds at rest, so the agent gives

@@ -196,6 +196,9 @@ enum Output {
 /// done) &`) still reaches the client, as with sshd, which waits for the
 /// output's end however long that takes.
 const LINGER: Duration = Duration::from_millis(1500);
+/// The longest the session lingers after the command exits, however its
+/// jobs go on printing (`ssh box 'server &'` returns, as an issue asked).
+const LINGER_MOST: Duration = Duration::from_secs(5);
 
 fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) -> io::Result<JoinHandle<()>> {
     let wrap = match kind {
@@ -207,17 +210,24 @@ fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) ->
     // session, not panic.
     std::thread::Builder::new().spawn(move || {
         let mut buf = vec![0u8; moat_agent::protocol::MAX_CHUNK];
-        // Since the command exited, or its output last came, whichever is later.
+        // Since the command exited, or its output last came, whichever is
+        // later; and since it exited.
         let mut heard = Instant::now();
-        let mut exited = false;
+        let mut exited_at: Option<Instant> = None;
         loop {
             let unread = kind == Output::Stdout && flags.output_closed.load(Ordering::Relaxed);
             if flags.host_gone.load(Ordering::Relaxed) || unread {
                 return;
             }
-            if !exited && flags.exited.load(Ordering::Relaxed) {
-                exited = true;
+            if exited_at.is_none() && flags.exited.load(Ordering::Relaxed) {
+                exited_at = Some(Instant::now());
                 heard = Instant::now();
+            }
+            let exited = exited_at.is_some();
+            // A job that keeps talking (a dev server's log) holds the
+            // session no longer than this after the command.
+            if exited_at.is_some_and(|at| at.elapsed() >= LINGER_MOST) {
+                return;
             }
             let timeout = PollTimeout::from(if exited { 50u16 } else { 200u16 });
             let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];

@@ -55,7 +55,7 @@ fn dir(path: &Path, dev: u64, depth: usize, out: &mut Vec<u8>, stream: &UnixStre
             gid: meta.gid(),
             size: meta.size(),
             mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
+            ctime: Some((meta.ctime(), meta.ctime_nsec())),
             rdev: meta.rdev(),
         };
         walk::encode(child.as_os_str(), &entry, target.as_ref().map(|t| t.as_os_str()), out);

@@ -5,7 +5,7 @@
 use moat_api::{ApiError, Op, Reply};
 
 use super::{Call, Plan, Verb};
-use crate::control::args::{name_arg, parse_since, rest, usage, UsageError};
+use crate::control::args::{name_arg, parse_time_ms, rest, usage, UsageError};
 
 pub const VERB: Verb = Verb {
     names: &["log"],
@@ -33,11 +33,11 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
             "--service" => service = true,
             "--since" => {
                 let value = rest.next().ok_or_else(|| usage("log: --since needs a value"))?;
-                since = Some(parse_since(value, moat_core::clock::now())?);
+                since = Some(parse_time_ms(value, moat_core::clock::now())?);
             }
             "--until" => {
                 let value = rest.next().ok_or_else(|| usage("log: --until needs a value"))?;
-                until = Some(parse_since(value, moat_core::clock::now())?);
+                until = Some(parse_time_ms(value, moat_core::clock::now())?);
             }
             other => return Err(usage(format!("log: unexpected argument {other:?}"))),
         }
@@ -54,9 +54,7 @@ fn parse(args: &[String]) -> Result<Plan, UsageError> {
     if follow && until.is_some() {
         return Err(usage("log: --follow shows what comes next, --until what came before: not both"));
     }
-    let since_ms = since.unwrap_or(0).saturating_mul(1000);
-    let until_ms = until.map(|t| t.saturating_mul(1000));
-    let op = Op::Log { name, since_ms, until_ms, follow, ask };
+    let op = Op::Log { name, since_ms: since.unwrap_or(0), until_ms: until, follow, ask };
     Ok(Plan::Call(Call::new(op, super::nothing).json(json).answers(ask)))
 }
 
