@@ -27,6 +27,8 @@ use crate::sys;
 
 /// Where a restore in progress is written down, in the box's checkpoint directory.
 const INTENT: &str = ".restoring";
+/// An exclusive limit btrfs reads as none (`btrfs qgroup limit none`).
+const NO_LIMIT: u64 = u64::MAX;
 
 /// What a box's subvolumes are charged to, and limited by.
 #[derive(Debug, Clone)]
@@ -203,7 +205,22 @@ impl Pool {
     /// charged and limited as the box's roots are. Repeatable.
     fn finish_swap(&self, owner: &Owner<'_>, before: &str) -> Result<(), PoolError> {
         let kept = self.checkpoint_path(owner.id, before);
-        sys::subvolume_set_readonly(&kept).map_err(io_err("make read-only", &kept))?;
+        // Making it read-only writes metadata charged to its groups, which a
+        // box that filled its disk (the commonest reason to restore) has at
+        // their limits: lifted for the step (nothing runs in the box), then
+        // put back.
+        // (Each limit is set through the pool's own root, whose transaction
+        // no limit holds: set through `kept` itself, it was refused too.)
+        let (pool, group) = (self.root(), box_qgroup(owner.id));
+        let own = sys::subvolume_id(&kept).map_err(io_err("look up subvolume", &kept))?;
+        let limits = |bytes| {
+            sys::qgroup_limit_exclusive(pool, group, bytes).map_err(io_err("limit box qgroup on", pool))?;
+            sys::qgroup_limit_exclusive(pool, own, bytes).map_err(io_err("limit", &kept))
+        };
+        limits(NO_LIMIT)?;
+        let readonly = sys::subvolume_set_readonly(&kept).map_err(io_err("make read-only", &kept));
+        limits(owner.disk_limit)?;
+        readonly?;
         note_saved_at(&self.checkpoints_dir(owner.id), before);
         self.set_disk_limit(owner.id, owner.disk_limit)?;
         let root = self.box_path(owner.id);

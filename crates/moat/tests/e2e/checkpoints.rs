@@ -112,6 +112,19 @@ pub fn count_against_the_disk_limit(env: &Env) {
         assert!(std::time::Instant::now() < deadline, "space never came back: {out}");
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
+    // A box that filled its disk restores (the commonest reason to): the
+    // state it leaves is made read-only whatever quota it reached (the
+    // second restore failed on EDQUOT and left the box stopped).
+    box_sh("rm -f /root/d; sync").ok();
+    env.alice(None, &["checkpoint", &name, "clean"]).ok();
+    box_sh("dd if=/dev/zero of=/root/fill bs=1M count=100 2>/dev/null; sync").ok();
+    env.alice(None, &["restore", &name, "clean"]).ok();
+    env.alice(None, &["checkpoint", &name, "again"]).ok();
+    box_sh("dd if=/dev/zero of=/root/fill bs=1M count=100 2>/dev/null; sync").ok();
+    env.alice(None, &["restore", &name, "again"]).ok();
+    assert_eq!(box_sh("test -e /root/fill || echo clean").ok().stdout, "clean\n");
+    let out = box_sh("dd if=/dev/zero of=/root/big bs=1M count=100 2>&1; echo rc=$?").ok().stdout;
+    assert!(out.contains("Disk quota exceeded"), "the limit was not put back: {out}");
     env.alice(None, &["rm", &name]).ok();
 }
 
