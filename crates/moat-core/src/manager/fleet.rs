@@ -72,6 +72,18 @@ impl BoxManager {
         Ok(self.db(|s| s.set_account_disk(&self.node, &usage, now_ms()))?)
     }
 
+    /// Notes a box brought up here since the store last listed this node's
+    /// boxes, so that the fence freezes it too.
+    pub(super) fn known_here(&self, rec: &BoxRecord) {
+        if self.node.is_empty() {
+            return;
+        }
+        let mut known = self.fence.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if !known.iter().any(|k| k.id == rec.id) {
+            known.push(rec.clone());
+        }
+    }
+
     /// Closes the fence: this node's lease may have lapsed, and another node
     /// may be given its boxes. Every box it runs is frozen where it stands
     /// (its processes, its network, its writes) and every session on it

@@ -634,6 +634,7 @@ impl BoxManager {
                 return Err(e);
             }
         };
+        self.known_here(&rec);
         let Some(handle) = handle else {
             self.db(|s| s.set_state(&rec.id, BoxState::Suspended, None))?;
             rec.state = BoxState::Suspended;

@@ -82,6 +82,7 @@ impl BoxManager {
 
     /// Makes a box run, whatever state it is in; the caller holds its lock.
     pub(super) async fn bring_up(&self, rec: &BoxRecord) -> Result<BoxHandle, ManagerError> {
+        self.known_here(rec);
         if rec.state == BoxState::Suspended {
             let started = std::time::Instant::now();
             // The suspension ends now, whatever the steps below take.

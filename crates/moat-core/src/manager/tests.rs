@@ -540,9 +540,11 @@ async fn a_closed_fence_freezes_the_nodes_boxes_and_ends_their_sessions() {
     let id = |n: &str| m.get(&f.alice, &name(n)).unwrap().id.as_str().to_string();
     let frozen = || f.backend.state.lock().unwrap().frozen.clone();
     m.report_disk().unwrap();
+    // Made after the store last listed this node's boxes: frozen too.
+    m.create(&f.alice, spec("late"), Box::new(|_: &str| {})).await.unwrap();
     m.close_fence();
     assert!(!m.serving());
-    assert!(frozen().contains(&id("web")) && frozen().contains(&id("idle")));
+    assert!(frozen().contains(&id("web")) && frozen().contains(&id("idle")) && frozen().contains(&id("late")));
     tokio::time::timeout(Duration::from_secs(1), session.revoked()).await.expect("the session was not ended");
     m.open_fence().unwrap();
     assert!(m.serving());
