@@ -131,17 +131,7 @@ const ENTRY_OVERHEAD: usize = 128;
 pub fn diff(a: &Path, b: &Path, out: &mut ChangeSink<'_>) -> io::Result<()> {
     let open_root = |p: &Path| -> io::Result<OwnedFd> { Ok(std::fs::File::open(p)?.into()) };
     let (a, b) = (open_root(a)?, open_root(b)?);
-    let mut walk = Walk {
-        out,
-        batch: Vec::new(),
-        batch_bytes: 0,
-        output: 0,
-        entries: 0,
-        held: 0,
-        contents_read: 0,
-        started: Instant::now(),
-        asked: Instant::now(),
-    };
+    let mut walk = Walk::new(out);
     let walked = walk.dir(Some(&a), Some(&b), "", 0);
     // What was found before a limit is still worth having.
     let flushed = walk.flush();
@@ -157,17 +147,7 @@ pub fn diff_listings(
     b: &mut dyn Iterator<Item = io::Result<Listed>>,
     out: &mut ChangeSink<'_>,
 ) -> io::Result<()> {
-    let mut walk = Walk {
-        out,
-        batch: Vec::new(),
-        batch_bytes: 0,
-        output: 0,
-        entries: 0,
-        held: 0,
-        contents_read: 0,
-        started: Instant::now(),
-        asked: Instant::now(),
-    };
+    let mut walk = Walk::new(out);
     let merged = walk.merge(a, b);
     let flushed = walk.flush();
     merged.and(flushed)
@@ -189,6 +169,23 @@ struct Walk<'a, 'b> {
     started: Instant,
     /// When whoever reads the changes was last seen to be there.
     asked: Instant,
+}
+
+impl<'a, 'b> Walk<'a, 'b> {
+    fn new(out: &'a mut ChangeSink<'b>) -> Self {
+        let now = Instant::now();
+        Walk {
+            out,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            output: 0,
+            entries: 0,
+            held: 0,
+            contents_read: 0,
+            started: now,
+            asked: now,
+        }
+    }
 }
 
 impl Walk<'_, '_> {

@@ -524,14 +524,7 @@ async fn a_closed_fence_freezes_the_nodes_boxes_and_ends_their_sessions() {
     let store = Store::open(&f.db).unwrap().for_node("n1");
     store.renew_lease(&crate::store::nodes::tests::offer("n1", 10)).unwrap();
     let m = BoxManager::new(store, f.backend.clone(), config);
-    let spec = |n: &str| BoxSpec {
-        name: name(n),
-        image: name("busybox"),
-        limits: Limits::default(),
-        policy: Policy::default(),
-        backend: None,
-        run: false,
-    };
+    let spec = |n: &str| busybox(n, Limits::default());
     for n in ["web", "idle"] {
         m.create(&f.alice, spec(n), Box::new(|_: &str| {})).await.unwrap();
     }
