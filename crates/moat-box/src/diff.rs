@@ -83,8 +83,8 @@ impl Entry {
         let alike = if self.is_dir() && other.is_dir() {
             (self.mode, self.uid, self.gid) == (other.mode, other.uid, other.gid)
         } else {
-            let shown = |e: &Entry| (e.kind, e.mode, e.uid, e.gid, e.size, e.mtime, e.rdev, e.target.clone());
-            shown(self) == shown(other)
+            let shown = |e: &Entry| (e.kind, e.mode, e.uid, e.gid, e.size, e.mtime, e.rdev);
+            shown(self) == shown(other) && self.target == other.target
         };
         match alike {
             false => Likeness::Differ,
@@ -193,9 +193,7 @@ impl Walk<'_, '_> {
         if depth > MAX_DEPTH {
             return Err(io::Error::other(format!("{prefix}: directories nest deeper than {MAX_DEPTH} levels")));
         }
-        if self.started.elapsed() > MAX_TIME {
-            return Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
-        }
+        self.in_time()?;
         self.still_wanted()?;
         let left = self.list(a)?;
         let right = match self.list(b) {
@@ -297,9 +295,7 @@ impl Walk<'_, '_> {
             if self.entries > MAX_ENTRIES {
                 return Err(io::Error::other(format!("more than {MAX_ENTRIES} files to compare")));
             }
-            if self.started.elapsed() > MAX_TIME {
-                return Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
-            }
+            self.in_time()?;
             let order = match (&left, &right) {
                 (None, None) => return Ok(()),
                 (Some(_), None) => Ordering::Less,
@@ -338,9 +334,7 @@ impl Walk<'_, '_> {
         let (mut a, mut b) = (std::fs::File::from(a), std::fs::File::from(b));
         let (mut left, mut right) = (vec![0; CONTENTS_CHUNK], vec![0; CONTENTS_CHUNK]);
         loop {
-            if self.started.elapsed() > MAX_TIME {
-                return Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs())));
-            }
+            self.in_time()?;
             if self.contents_read > MAX_CONTENTS {
                 return Ok(false);
             }
@@ -369,6 +363,14 @@ impl Walk<'_, '_> {
                 }
             }
             Ok(filled)
+        }
+    }
+
+    /// Ends the comparison past [`MAX_TIME`].
+    fn in_time(&self) -> io::Result<()> {
+        match self.started.elapsed() > MAX_TIME {
+            true => Err(io::Error::other(format!("the comparison took longer than {} s", MAX_TIME.as_secs()))),
+            false => Ok(()),
         }
     }
 

@@ -467,8 +467,13 @@ impl Policy {
     /// allow rule matches the path as given only.
     pub fn decide_request(&self, host: &HostName, port: u16, method: &str, path: &str) -> Result<Rule, Option<Rule>> {
         let on = |r: &&Rule| r.covers(host, port) && r.covers_request(method, path);
-        let lenient = lenient_reading(path);
-        let refuses = |r: &&Rule| on(r) || (r.covers(host, port) && r.covers_request_leniently(method, &lenient));
+        // Read leniently only if a deny rule on the host gets that far.
+        let lenient = std::cell::OnceCell::new();
+        let refuses = |r: &&Rule| {
+            on(r)
+                || (r.covers(host, port)
+                    && r.covers_request_leniently(method, lenient.get_or_init(|| lenient_reading(path))))
+        };
         if let Some(rule) = self.deny.iter().find(refuses) {
             return Err(Some(rule.clone()));
         }

@@ -32,7 +32,7 @@ pub(super) struct Fence {
     known: Mutex<Vec<BoxRecord>>,
     /// The boxes the fence froze; those still this node's and running by
     /// the store are thawed when it opens.
-    frozen: Mutex<Vec<BoxRecord>>,
+    frozen: Mutex<Vec<crate::ids::BoxId>>,
 }
 
 impl Default for Fence {
@@ -98,7 +98,7 @@ impl BoxManager {
         let mut frozen = Vec::new();
         for rec in known.into_iter().filter(|rec| self.backend.is_running(rec)) {
             match self.backend.suspend(&rec) {
-                Ok(()) => frozen.push(rec),
+                Ok(()) => frozen.push(rec.id),
                 Err(e) => tracing::error!(box_id = %rec.id, name = %rec.name, error = %e, "cannot freeze a fenced box"),
             }
         }
@@ -117,7 +117,7 @@ impl BoxManager {
         let frozen = self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner).clone();
         if !frozen.is_empty() {
             let here = self.db(crate::store::Store::list_here)?;
-            for rec in here.iter().filter(|r| r.state == BoxState::Running && frozen.iter().any(|f| f.id == r.id)) {
+            for rec in here.iter().filter(|r| r.state == BoxState::Running && frozen.contains(&r.id)) {
                 if let Err(e) = self.backend.thaw(rec) {
                     tracing::error!(box_id = %rec.id, name = %rec.name, error = %e, "cannot thaw a box the fence froze");
                 }

@@ -364,8 +364,6 @@ fn text_key_before(before: &[u8]) -> bool {
     TEXT_KEYS.iter().any(|key| rest.strip_suffix(*key).is_some_and(|s| s.ends_with(b"\"")))
 }
 
-impl TokenCount {}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 pub(crate) mod tests {
