@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use moat_core::egress::{Answer, LogEntry};
-use moat_core::policy::{HostName, Policy};
+use moat_core::policy::{HostName, Policy, Rule, Verdict};
 use moat_core::secrets::BoxSecret;
 use moat_core::BoxId;
 use tokio::sync::watch;
@@ -34,11 +34,23 @@ pub struct Shared {
     pub registries: Arc<Registries>,
 }
 
+/// What let a connection through, and so what a change of policy does to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Grounds {
+    /// The policy: the connection lives under the policy as it changes.
+    Policy,
+    /// Its owner's answer in ask mode, as this rule (it is not in the
+    /// policy): only a rule that denies the name ends it.
+    Owner(Rule),
+}
+
 /// One attached box.
 pub struct BoxNet {
     /// The box's host-side id.
     pub id: BoxId,
     policy: RwLock<Arc<Policy>>,
+    /// Bumped whenever the policy is replaced.
+    policy_changed: watch::Sender<u64>,
     fakes: Mutex<FakeAddrs>,
     cut: watch::Sender<u64>,
     /// Its connections' count, its account's and the gateway's.
@@ -75,6 +87,7 @@ impl BoxNet {
         Arc::new(Self {
             id,
             policy: RwLock::new(Arc::new(policy)),
+            policy_changed: watch::channel(0).0,
             fakes: Mutex::new(FakeAddrs::default()),
             cut: watch::channel(0).0,
             gate,
@@ -90,15 +103,55 @@ impl BoxNet {
         })
     }
 
-    /// The policy now (a connection keeps the one it started with).
+    /// The policy now.
     pub fn policy(&self) -> Arc<Policy> {
         Arc::clone(&self.policy.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Replaces the policy: one swap, so every decision sees either the old
-    /// one or the new one, never a mix.
+    /// one or the new one, never a mix. Open connections are judged again
+    /// (see [`on_revoked`](Self::on_revoked)).
     pub fn set_policy(&self, policy: Policy) {
         *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
+        self.policy_changed.send_modify(|n| *n += 1);
+    }
+
+    /// The policy now and its verdict on a connection to `name:port` let
+    /// through on `grounds`.
+    pub fn standing(&self, name: &HostName, port: u16, grounds: &Grounds) -> (Arc<Policy>, Verdict) {
+        let policy = self.policy();
+        let verdict = match (policy.decide(name, port), grounds) {
+            (Verdict::Deny(None), Grounds::Owner(rule)) => Verdict::Allow(rule.clone()),
+            (verdict, _) => verdict,
+        };
+        (policy, verdict)
+    }
+
+    /// Resolves, with the refusal to log, once the policy is changed so that
+    /// an open connection to `name:port` let through on `grounds` may not go
+    /// on: its verdict is not one `stands` accepts (a connection passed
+    /// through untouched needs [`Verdict::Allow`]; one read request by
+    /// request only needs not to be denied).
+    pub fn on_revoked<'a>(
+        &'a self,
+        name: &'a HostName,
+        port: u16,
+        grounds: &'a Grounds,
+        stands: fn(&Verdict) -> bool,
+    ) -> impl std::future::Future<Output = Refusal> + Send + 'a {
+        let mut changes = self.policy_changed.subscribe();
+        async move {
+            loop {
+                if changes.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                match self.standing(name, port, grounds).1 {
+                    verdict if stands(&verdict) => {}
+                    Verdict::Deny(rule) => return Refusal::Revoked(rule),
+                    _ => return Refusal::NowLookedInside,
+                }
+            }
+        }
     }
 
     /// The fake address for `name`.
@@ -264,6 +317,57 @@ mod tests {
             Ok(Some(FromGateway::Ask { id, .. })) => id,
             _ => panic!("no question went out"),
         }
+    }
+
+    fn rules(allow: &[&str], deny: &[&str]) -> Policy {
+        let rule = |text: &&str| Rule::parse(&text.split(' ').collect::<Vec<_>>()).unwrap();
+        Policy { allow: allow.iter().map(rule).collect(), deny: deny.iter().map(rule).collect(), ..Policy::default() }
+    }
+
+    /// Whether `revoked` has resolved, and with what.
+    async fn settled(revoked: &mut std::pin::Pin<Box<impl std::future::Future<Output = Refusal>>>) -> Option<Refusal> {
+        tokio::time::timeout(Duration::from_millis(50), revoked.as_mut()).await.ok()
+    }
+
+    #[tokio::test]
+    async fn a_change_of_policy_ends_the_connections_it_no_longer_allows() {
+        let (net, ..) = asking_box();
+        let web = HostName::parse("web.test").unwrap();
+        net.set_policy(rules(&["web.test"], &[]));
+        let passed = |v: &Verdict| matches!(v, Verdict::Allow(_));
+        let read = |v: &Verdict| !matches!(v, Verdict::Deny(_));
+        let by_policy = Grounds::Policy;
+        let mut passed_through = Box::pin(net.on_revoked(&web, 443, &by_policy, passed));
+        let mut read_inside = Box::pin(net.on_revoked(&web, 80, &by_policy, read));
+        // A change that leaves them allowed as they are ends neither.
+        net.set_policy(rules(&["web.test", "other.test"], &["POST other.test"]));
+        assert_eq!(settled(&mut passed_through).await, None);
+        assert_eq!(settled(&mut read_inside).await, None);
+        // Rules naming methods: what passes through untouched must be read.
+        net.set_policy(rules(&["web.test"], &["POST web.test"]));
+        assert_eq!(settled(&mut passed_through).await, Some(Refusal::NowLookedInside));
+        assert_eq!(settled(&mut read_inside).await, None);
+        // The host dropped from the policy (no rule denies it).
+        net.set_policy(rules(&[], &[]));
+        assert_eq!(settled(&mut read_inside).await, Some(Refusal::Revoked(None)));
+        let (policy, verdict) = net.standing(&web, 80, &by_policy);
+        assert_eq!((policy.allow.len(), verdict), (0, Verdict::Deny(None)));
+    }
+
+    #[tokio::test]
+    async fn what_the_owner_let_through_ends_only_by_a_rule_denying_it() {
+        let (net, ..) = asking_box();
+        let web = HostName::parse("web.test").unwrap();
+        let once = Grounds::Owner(Rule::exact(web.clone(), 8080));
+        assert_eq!(net.standing(&web, 8080, &once).1, Verdict::Allow(Rule::exact(web.clone(), 8080)));
+        let mut revoked = Box::pin(net.on_revoked(&web, 8080, &once, |v| matches!(v, Verdict::Allow(_))));
+        net.set_policy(rules(&["other.test"], &[]));
+        assert_eq!(settled(&mut revoked).await, None);
+        net.set_policy(rules(&[], &["web.test:*"]));
+        assert_eq!(
+            settled(&mut revoked).await,
+            Some(Refusal::Revoked(Some(rules(&[], &["web.test:*"]).deny[0].clone())))
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -81,6 +81,14 @@ pub enum Refusal {
     /// A secret bound to the host was killed while the connection was open.
     #[error("a secret bound to this host was killed")]
     SecretKilledMidway,
+    /// The policy was changed while the connection was open, and no longer
+    /// allows it (by this deny rule, or by default).
+    #[error("the policy changed and no longer allows it{}", .0.as_ref().map(|r| format!(" (rule {r})")).unwrap_or_default())]
+    Revoked(Option<Rule>),
+    /// The policy was changed while the connection was passed through
+    /// untouched, and now names methods or paths for its host.
+    #[error("the policy changed and now checks each request to this host (reconnect)")]
+    NowLookedInside,
 
     // One request.
     /// A request head that cannot be read one way only.
@@ -274,6 +282,12 @@ mod tests {
             (Refusal::BadRequest("two Host headers"), "two Host headers", 400),
             (Refusal::TwoHeaders("Authorization".into()), "two Authorization headers", 400),
             (Refusal::SecretKilled("llm".into()), "secret llm was killed", 403),
+            (
+                Refusal::Revoked(Some(rule.clone())),
+                "the policy changed and no longer allows it (rule POST a.test/x)",
+                403,
+            ),
+            (Refusal::Revoked(None), "the policy changed and no longer allows it", 403),
             (
                 Refusal::SecretLimit {
                     secret: "llm".into(),

@@ -44,12 +44,12 @@ pub async fn copy(from: &TcpStream, to: &TcpStream, copied: &AtomicU64) -> io::R
     Ok(())
 }
 
-/// Copies both ways until both sides are done: (bytes `a` to `b`, bytes `b` to `a`).
-pub async fn bidirectional(a: &TcpStream, b: &TcpStream) -> io::Result<(u64, u64)> {
-    let (there, back) = (AtomicU64::new(0), AtomicU64::new(0));
-    let (r1, r2) = tokio::join!(copy(a, b, &there), copy(b, a, &back));
-    r1.and(r2)?;
-    Ok((there.into_inner(), back.into_inner()))
+/// Copies both ways until both sides are done, adding the bytes `a` sent `b`
+/// to `there` and those `b` sent `a` to `back` as they go (so that they are
+/// known if the copy is dropped midway).
+pub async fn bidirectional(a: &TcpStream, b: &TcpStream, there: &AtomicU64, back: &AtomicU64) -> io::Result<()> {
+    let (r1, r2) = tokio::join!(copy(a, b, there), copy(b, a, back));
+    r1.and(r2)
 }
 
 #[cfg(test)]
@@ -67,7 +67,10 @@ mod tests {
         let (a, _) = listener.accept().await.unwrap();
         let mut server_side = TcpStream::connect(addr).await.unwrap();
         let (b, _) = listener.accept().await.unwrap();
-        let splicer = tokio::spawn(async move { bidirectional(&a, &b).await });
+        let splicer = tokio::spawn(async move {
+            let (there, back) = (AtomicU64::new(0), AtomicU64::new(0));
+            bidirectional(&a, &b, &there, &back).await.map(|()| (there.into_inner(), back.into_inner()))
+        });
         let big: Vec<u8> = (0..5_000_000u32).map(|i| i as u8).collect();
         let sent = big.clone();
         let writer = tokio::spawn(async move {

@@ -11,16 +11,17 @@ pub mod push;
 pub mod requests;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use moat_core::egress::{LogEntry, LogKind, LogVerdict};
-use moat_core::policy::{HostName, Policy, Rule, Verdict, DEFAULT_PORTS};
+use moat_core::policy::{HostName, Rule, Verdict, DEFAULT_PORTS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::ask::Asked;
-use crate::boxnet::BoxNet;
+use crate::boxnet::{BoxNet, Grounds};
 use crate::fake::is_fake;
 use crate::log::entry;
 use crate::refusal::Refusal;
@@ -108,8 +109,8 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
         net.log(e);
         return;
     };
-    let mut policy = net.policy();
-    let mut verdict = policy.decide(&name, port);
+    let mut grounds = Grounds::Policy;
+    let (policy, mut verdict) = net.standing(&name, port, &grounds);
     let mut log = entry(LogKind::Tcp, name.as_str(), port, LogVerdict::Deny);
     if let Verdict::Deny(rule) = &verdict {
         log.rule = rule.as_ref().map(Rule::to_string);
@@ -131,11 +132,10 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
             Asked::Refused(why) => log.reason = Some(why.to_string()),
             Asked::Allowed(why) => {
                 // "Always" is in the policy now; "once" is for this name alone.
-                policy = net.policy();
-                verdict = match policy.decide(&name, port) {
-                    Verdict::Deny(None) => Verdict::Allow(Rule::exact(name.clone(), port)),
-                    other => other,
-                };
+                if matches!(net.policy().decide(&name, port), Verdict::Deny(None)) {
+                    grounds = Grounds::Owner(Rule::exact(name.clone(), port));
+                }
+                verdict = net.standing(&name, port, &grounds).1;
                 log.reason = Some(why.into());
             }
         }
@@ -146,9 +146,9 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
     }
     let _ = stream.set_nodelay(true);
     let outcome = match sniff(&stream, &verdict, port).await {
-        Sniffed::Tls => tls_connection(net, stream, &name, port, &policy, &verdict, &mut log).await,
+        Sniffed::Tls => tls_connection(net, stream, &name, port, &grounds, &verdict, &mut log).await,
         Sniffed::Http => {
-            let conn = Conn { net, name: &name, port, policy: &policy, verdict: &verdict, tls: false };
+            let conn = Conn { net, name: &name, port, grounds: &grounds, tls: false };
             match dup(&stream) {
                 Ok(plain) => http_connection(conn, Box::new(stream), Some(plain), &mut log).await,
                 Err(e) => Err(e.into()),
@@ -157,7 +157,7 @@ async fn connection(net: &BoxNet, stream: TcpStream, dialled: SocketAddr) {
         Sniffed::Raw => match &verdict {
             Verdict::Allow(rule) => {
                 log.rule = Some(rule.to_string());
-                splice(net, stream, Vec::new(), &name, port, &mut log).await
+                splice(net, stream, Vec::new(), &name, port, &grounds, &mut log).await
             }
             _ => Err(Refusal::NotTlsOrHttp),
         },
@@ -207,7 +207,7 @@ async fn tls_connection(
     mut stream: TcpStream,
     name: &HostName,
     port: u16,
-    policy: &Policy,
+    grounds: &Grounds,
     verdict: &Verdict,
     log: &mut LogEntry,
 ) -> Result<(), Refusal> {
@@ -233,7 +233,7 @@ async fn tls_connection(
     match verdict {
         Verdict::Allow(rule) if port != SECRET_PORT || net.secrets_for(name).is_empty() => {
             log.rule = Some(rule.to_string());
-            splice(net, stream, buf, name, port, log).await
+            splice(net, stream, buf, name, port, grounds, log).await
         }
         _ => {
             if let Verdict::Allow(rule) = verdict {
@@ -245,20 +245,22 @@ async fn tls_connection(
                 Ok(Err(e)) => return Err(Refusal::BoxTls(e.to_string())),
                 Err(_) => return Err(Refusal::BoxTls("timed out".into())),
             };
-            let conn = Conn { net, name, port, policy, verdict, tls: true };
+            let conn = Conn { net, name, port, grounds, tls: true };
             http_connection(conn, Box::new(stream), None, log).await
         }
     }
 }
 
 /// Dials `name:port`, sends `early` (what the box sent already), and copies
-/// both ways until both sides are done.
+/// both ways until both sides are done, or until a change of policy no
+/// longer lets the connection through untouched.
 async fn splice(
     net: &BoxNet,
     stream: TcpStream,
     early: Vec<u8>,
     name: &HostName,
     port: u16,
+    grounds: &Grounds,
     log: &mut LogEntry,
 ) -> Result<(), Refusal> {
     let mut upstream = match net.upstream.dial(name, port).await {
@@ -272,9 +274,12 @@ async fn splice(
     // Whatever goes now is unknown to the gateway: an effect it cannot name.
     log.opaque = true;
     upstream.write_all(&early).await?;
-    log.sent = early.len() as u64;
-    let (sent, received) = zerocopy::bidirectional(&stream, &upstream).await?;
-    log.sent += sent;
-    log.received = received;
-    Ok(())
+    let (sent, received) = (AtomicU64::new(early.len() as u64), AtomicU64::new(0));
+    let copied = tokio::select! {
+        copied = zerocopy::bidirectional(&stream, &upstream, &sent, &received) => copied.map_err(Refusal::from),
+        why = net.on_revoked(name, port, grounds, |v| matches!(v, Verdict::Allow(_))) => Err(why),
+    };
+    log.sent = sent.into_inner();
+    log.received = received.into_inner();
+    copied
 }

@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moat_core::egress::{LogEntry, LogKind, LogVerdict};
-use moat_core::policy::{Ecosystem, HostName, Policy, Verdict};
+use moat_core::policy::{Ecosystem, HostName, Verdict};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use super::judge::{judge, Allowed};
 use super::push;
 use super::SECRET_PORT;
-use crate::boxnet::BoxNet;
+use crate::boxnet::{BoxNet, Grounds};
 use crate::http::chunked::ChunkedReader;
 use crate::http::request::{self, Body, Head, Request};
 use crate::http::write_flushed;
@@ -62,10 +62,9 @@ pub struct Conn<'a> {
     pub name: &'a HostName,
     /// The port it dialled.
     pub port: u16,
-    /// Its policy when the connection opened.
-    pub policy: &'a Policy,
-    /// That policy's verdict on the connection.
-    pub verdict: &'a Verdict,
+    /// What let it through (each request is judged by the policy as it is
+    /// when the request comes).
+    pub grounds: &'a Grounds,
     /// Looked inside (TLS to the box and to the host).
     pub tls: bool,
 }
@@ -80,17 +79,23 @@ pub async fn http_connection(
     plain: Option<TcpStream>,
     log: &mut LogEntry,
 ) -> Result<(), Refusal> {
-    let Conn { net, name, port, tls, .. } = conn;
+    let Conn { net, name, port, grounds, tls } = conn;
+    // A policy that no longer allows the host ends the connection.
+    let revoked = net.on_revoked(name, port, grounds, |v| !matches!(v, Verdict::Deny(_)));
     // A host one of the box's secrets is bound to, over HTTPS on 443 (looked
     // inside always): the secret goes into requests, every response is
     // scrubbed, and killing a secret bound there ends the connection. (A
     // secret killed already is refused per request, with a reason.)
     if !(tls && port == SECRET_PORT) || net.secrets_for(name).is_empty() {
-        return requests(conn, stream, plain, log, false).await;
+        return tokio::select! {
+            r = requests(conn, stream, plain, log, false) => r,
+            why = revoked => Err(why),
+        };
     }
     tokio::select! {
         r = requests(conn, stream, plain, log, true) => r,
         () = net.on_secret_killed(name) => Err(Refusal::SecretKilledMidway),
+        why = revoked => Err(why),
     }
 }
 
@@ -104,7 +109,7 @@ async fn requests(
     log: &mut LogEntry,
     bound: bool,
 ) -> Result<(), Refusal> {
-    let Conn { net, name, port, policy, verdict, tls } = conn;
+    let Conn { net, name, port, grounds, tls } = conn;
     let (mut from_box, to_box) = tokio::io::split(stream);
     let to_box = Arc::new(tokio::sync::Mutex::new(to_box));
     let received = Arc::new(AtomicU64::new(0));
@@ -132,7 +137,8 @@ async fn requests(
         let mut req_log = entry(LogKind::Http, name.as_str(), port, LogVerdict::Deny);
         req_log.method = Some(request.method.clone());
         req_log.target = Some(request.target.clone());
-        let rule = match judge(&request, name, port, policy, verdict) {
+        let (policy, verdict) = net.standing(name, port, grounds);
+        let rule = match judge(&request, name, port, &policy, &verdict) {
             Ok(rule) => rule,
             Err(why) => {
                 req_log.rule = why.rule().map(ToString::to_string);
@@ -164,8 +170,15 @@ async fn requests(
                     why: "a registry read after other requests on one connection".into(),
                 })
             } else {
-                let asked =
-                    packages::answer::Asked { net, host: name, port, tls, policy, request: &request, lines: &lines };
+                let asked = packages::answer::Asked {
+                    net,
+                    host: name,
+                    port,
+                    tls,
+                    policy: &policy,
+                    request: &request,
+                    lines: &lines,
+                };
                 let mut writer = to_box.lock().await;
                 packages::answer::answer(&net.registries, &asked, &mut *writer, &mut req_log).await
             };

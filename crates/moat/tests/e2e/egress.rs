@@ -69,8 +69,41 @@ pub fn deny_by_default_allow_by_name(env: &Env) {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    // A policy change applies to the next connection.
+    // A policy change reaches open connections: one passed through untouched
+    // ends once the host's requests must be read; one read request by
+    // request is judged anew and ends once the host is denied. (Nothing
+    // else would end them: the test server keeps connections open.)
+    let script = "import http.client, socket, ssl, sys\n\
+                  def closed(c):\n    c.sock.settimeout(15)\n    try:\n        return c.sock.recv(1) == b\"\"\n    except socket.timeout:\n        return False\n    except OSError:\n        return True\n\
+                  s = http.client.HTTPSConnection(\"web.test\", context=ssl.create_default_context(cafile=\"/tmp/ca.pem\"))\n\
+                  p = http.client.HTTPConnection(\"web.test\")\n\
+                  for c in (s, p):\n    c.request(\"GET\", \"/open\"); c.getresponse().read()\n\
+                  print(\"both open\", flush=True); sys.stdin.readline()\n\
+                  print(\"passed through:\", closed(s), flush=True)\n\
+                  p.request(\"GET\", \"/again\"); r = p.getresponse(); r.read(); print(\"read:\", r.status, flush=True)\n\
+                  sys.stdin.readline(); print(\"read, denied:\", closed(p), flush=True)\n";
+    let mut py =
+        env.daemon.ssh(&env.alice, Some(&name), &["python3", "-c", &format!("'{}'", script.replace('\'', "'\\''"))]);
+    let (mut py, mut stdin, lines) = spawn_with_lines(py.stderr(Stdio::null()));
+    let next = || lines.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| "(nothing)".into());
+    assert_eq!(next(), "both open");
+    env.alice(None, &["policy", &name, "deny", "POST", "web.test"]).ok();
+    writeln!(stdin).unwrap();
+    assert_eq!(next(), "passed through: True", "a connection passed through lived on under rules naming methods");
+    assert_eq!(next(), "read: 200", "a connection read request by request was ended by an unrelated change");
     env.alice(None, &["policy", &name, "deny", "web.test"]).ok();
+    writeln!(stdin).unwrap();
+    assert_eq!(next(), "read, denied: True", "a connection to a denied host lived on");
+    let _ = py.wait();
+    let cut = log(env, &name);
+    for want in [
+        "the policy changed and now checks each request to this host",
+        "the policy changed and no longer allows it (rule web.test)",
+        "allow http web.test:80 GET /again",
+    ] {
+        assert!(cut.contains(want), "log lacks {want:?}:\n{cut}");
+    }
+    // And to the next connection.
     let (status, _) = sh(env, &name, "curl -sS -m 5 --cacert /tmp/ca.pem https://web.test/");
     assert_ne!(status, Some(0));
 
