@@ -29,7 +29,11 @@ impl BoxManager {
             None => next_label(&labels),
         };
         let (r, l) = (rec.clone(), label.clone());
-        self.blocking(move |b| b.checkpoint(&r, &l)).await??;
+        let saved = self.blocking(move |b| b.checkpoint(&r, &l)).await;
+        // Held still for the checkpoint, then let go: the fence may have
+        // closed meanwhile.
+        self.still_serving(&rec);
+        saved??;
         tracing::info!(box_id = %rec.id, name = %rec.name, %label, "checkpoint saved");
         self.tell_durable(&rec.id);
         Ok(label)

@@ -38,7 +38,10 @@ impl BoxManager {
         // The parent is held only while it is copied; the copy boots with the
         // parent free, so that copies of one box (a race's) boot at once.
         let (s, d) = (src.clone(), rec.clone());
-        let copied = match self.blocking(move |b| b.dup(&s, &d)).await.and_then(|c| Ok(c?)) {
+        let copied = self.blocking(move |b| b.dup(&s, &d)).await.and_then(|c| Ok(c?));
+        // Held still for the copy, then let go: the fence may have closed meanwhile.
+        self.still_serving(&src);
+        let copied = match copied {
             Ok(copied) => copied,
             Err(e) => {
                 self.db(|s| s.delete(&rec.id))?;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{BoxManager, ManagerError};
+use super::{in_place, BoxManager, ManagerError};
 use crate::clock::now_ms;
 use crate::record::{BoxRecord, BoxState};
 use crate::store::nodes::{NodeOffer, NodeRow, LEASE_MS};
@@ -33,11 +33,15 @@ pub(super) struct Fence {
     /// The boxes the fence froze; those still this node's and running by
     /// the store are thawed when it opens.
     frozen: Mutex<Vec<crate::ids::BoxId>>,
+    /// Held while the fence closes or opens, and while a box thawed as it
+    /// closed is frozen again (see [`BoxManager::still_serving`]), so that
+    /// an opening thaws every box frozen before it.
+    turn: Mutex<()>,
 }
 
 impl Default for Fence {
     fn default() -> Self {
-        Self { open: AtomicBool::new(true), known: Mutex::default(), frozen: Mutex::default() }
+        Self { open: AtomicBool::new(true), known: Mutex::default(), frozen: Mutex::default(), turn: Mutex::default() }
     }
 }
 
@@ -90,6 +94,7 @@ impl BoxManager {
     /// ends, so that no copy goes on here while another starts elsewhere;
     /// the store is not needed for that (it may be what is gone). Blocking.
     pub fn close_fence(&self) {
+        let _turn = self.fence.turn.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.fence.open.swap(false, Ordering::SeqCst) {
             return;
         }
@@ -107,13 +112,40 @@ impl BoxManager {
             sessions,
             "this node's boxes are fenced off: frozen, their sessions ended"
         );
-        *self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner) = frozen;
+        self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner).extend(frozen);
+    }
+
+    /// Whether the fence is still open after box `rec` was thawed or started
+    /// here. The fence freezes what it finds running as it closes, which may
+    /// be before this box ran: if it closed, the box is frozen again (the
+    /// fence's opening thaws it) and the caller refuses what it was doing.
+    pub(super) fn still_serving(&self, rec: &BoxRecord) -> bool {
+        // The fence is marked closed before it freezes anything: open here
+        // means it had not begun, and it will find this box running.
+        if self.serving() {
+            return true;
+        }
+        in_place(|| {
+            let _turn = self.fence.turn.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.serving() {
+                return true;
+            }
+            if let Err(e) = self.backend.suspend(rec) {
+                tracing::error!(box_id = %rec.id, name = %rec.name, error = %e, "cannot freeze a fenced box");
+            }
+            let mut frozen = self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner);
+            if !frozen.contains(&rec.id) {
+                frozen.push(rec.id.clone());
+            }
+            false
+        })
     }
 
     /// Opens the fence (the lease renewed, and the copies of boxes given to
     /// other nodes meanwhile discarded): the boxes it froze that are still
     /// this node's, and running by the store, run again. Blocking.
     pub fn open_fence(&self) -> Result<(), ManagerError> {
+        let _turn = self.fence.turn.lock().unwrap_or_else(PoisonError::into_inner);
         let frozen = self.fence.frozen.lock().unwrap_or_else(PoisonError::into_inner).clone();
         if !frozen.is_empty() {
             let here = self.db(crate::store::Store::list_here)?;

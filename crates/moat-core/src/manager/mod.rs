@@ -646,6 +646,8 @@ impl BoxManager {
         self.network_up(&rec, &handle, false);
         self.tell_service(&rec).await;
         self.schedule_idle(&rec.id);
+        // Made, and frozen if the fence closed meanwhile.
+        self.still_serving(&rec);
         Ok(rec)
     }
 

@@ -126,6 +126,9 @@ impl BoxManager {
                 meter = ?(metered - thawed), store = ?(started.elapsed() - metered), "box resumed"
             );
         }
+        if !self.still_serving(rec) {
+            return Err(ManagerError::Fenced(self.node.clone()));
+        }
         let r = rec.clone();
         if let Some(handle) = self.blocking(move |b| b.handle(&r)).await? {
             return Ok(handle);
@@ -139,6 +142,9 @@ impl BoxManager {
         // The new cgroup's CPU counter starts from zero.
         self.db(|s| s.reset_meter_cpu(&rec.id))?;
         tracing::info!(box_id = %rec.id, name = %rec.name, pid = handle.pid, "box booted");
+        if !self.still_serving(rec) {
+            return Err(ManagerError::Fenced(self.node.clone()));
+        }
         Ok(handle)
     }
 

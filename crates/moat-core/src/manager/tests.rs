@@ -545,6 +545,29 @@ async fn a_closed_fence_freezes_the_nodes_boxes_and_ends_their_sessions() {
     assert!(frozen().contains(&id("idle")), "a suspended box thawed");
 }
 
+/// A resume that passed the fence's check before it closed, and thawed its
+/// box after the fence froze what it found, freezes the box again and is
+/// refused; the fence's opening thaws it (the store says it runs).
+#[tokio::test]
+async fn a_resume_racing_the_fence_leaves_its_box_frozen_until_it_opens() {
+    let f = fixture();
+    let config = ManagerConfig { warm_boxes: 0, ..ManagerConfig::default() };
+    let store = Store::open(&f.db).unwrap().for_node("n1");
+    store.renew_lease(&crate::store::nodes::tests::offer("n1", 10)).unwrap();
+    let m = BoxManager::new(store, f.backend.clone(), config);
+    m.create(&f.alice, busybox("web", Limits::default()), Box::new(|_: &str| {})).await.unwrap();
+    m.suspend(&f.alice, &name("web")).await.unwrap();
+    let (rec, guard) = m.locked(&f.alice, &name("web")).await.unwrap();
+    let frozen = || f.backend.state.lock().unwrap().frozen.contains(rec.id.as_str());
+    m.report_disk().unwrap();
+    m.close_fence();
+    assert!(matches!(m.bring_up(&rec).await, Err(ManagerError::Fenced(_))));
+    assert!(frozen(), "a box thawed after the fence closed runs on");
+    drop(guard);
+    m.open_fence().unwrap();
+    assert!(!frozen(), "the box the resume left frozen stayed so once the fence opened");
+}
+
 #[tokio::test]
 async fn an_accounts_memory_budget_counts_its_boxes_limits_only() {
     let f = fixture();
