@@ -2,32 +2,28 @@
 //! filled from the egress log as it is appended (one transaction), read per
 //! box since a time, forgotten with the box. Bounded apart from the log (a
 //! box flooding DNS queries does not push its POSTs out of the ledger):
-//! the oldest effects go first past [`MAX_EFFECTS`].
+//! past [`MAX_EFFECTS`] the oldest of the account holding the most go first
+//! (see [`super::log_shares`]).
 
+use super::log_shares::{self, Log};
 use super::sql::{args, Exec};
 use super::{Store, StoreError};
 use crate::effects::Effect;
 use crate::ids::BoxId;
 
-/// Most effects kept (all boxes together).
+/// Most effects kept (all accounts together).
 pub const MAX_EFFECTS: i64 = 1_000_000;
 
 /// Most effects one read returns (the newest).
 pub const MAX_READ: usize = 10_000;
 
-/// Records `effect` of box `id`.
-pub(crate) fn insert(tx: &mut dyn Exec, id: &BoxId, effect: &Effect) -> Result<(), StoreError> {
+/// Records `effect` of box `id`, of `account`.
+pub(crate) fn insert(tx: &mut dyn Exec, id: &BoxId, account: &str, effect: &Effect) -> Result<(), StoreError> {
     let text = serde_json::to_string(effect).map_err(|_| StoreError::Corrupt(id.to_string()))?;
     tx.execute(
-        "INSERT INTO effects (box_id, at_ms, effect) VALUES (?1, ?2, ?3)",
-        &args![id.as_str(), effect.at_ms, text],
+        "INSERT INTO effects (box_id, account, at_ms, effect) VALUES (?1, ?2, ?3, ?4)",
+        &args![id.as_str(), account, effect.at_ms, text],
     )?;
-    Ok(())
-}
-
-/// Drops the oldest effects beyond [`MAX_EFFECTS`].
-pub(crate) fn bound(tx: &mut dyn Exec) -> Result<(), StoreError> {
-    tx.execute("DELETE FROM effects WHERE rowid <= (SELECT MAX(rowid) FROM effects) - ?1", &args![MAX_EFFECTS])?;
     Ok(())
 }
 
@@ -41,8 +37,7 @@ impl Store {
 
     /// Forgets a removed box's effects.
     pub fn forget_effects(&self, id: &BoxId) -> Result<(), StoreError> {
-        self.execute("DELETE FROM effects WHERE box_id = ?1", &args![id.as_str()])?;
-        Ok(())
+        self.transaction(|tx| log_shares::forget_box(tx, Log::Effects, id))
     }
 }
 

@@ -1,40 +1,54 @@
 //! The egress audit log, kept by the privileged side: what the gateway saw
-//! each box try, and what it decided. Bounded: the oldest entries go first.
+//! each box try, and what it decided. Bounded: past [`MAX_ENTRIES`] the
+//! oldest entries of the account holding the most go first (see
+//! [`super::log_shares`]).
 
+use std::collections::HashMap;
+
+use super::log_shares::{self, Log};
 use super::sql::args;
 use super::{Store, StoreError};
 use crate::effects::Effect;
 use crate::egress::LogEntry;
 use crate::ids::BoxId;
 
-/// Most entries kept (all boxes together).
+/// Most entries kept (all accounts together).
 pub const MAX_ENTRIES: i64 = 1_000_000;
 
 /// Most entries one read returns (the newest).
 pub const MAX_READ: usize = 10_000;
 
 impl Store {
-    /// Appends entries, dropping the oldest beyond [`MAX_ENTRIES`]; those
-    /// that record effects go into the effects ledger too.
+    /// Appends entries, then drops what is past [`MAX_ENTRIES`] (the oldest
+    /// of the account holding the most); those that record effects go into
+    /// the effects ledger too.
     pub fn append_egress(&self, entries: &[(BoxId, LogEntry)]) -> Result<(), StoreError> {
         self.transaction(|tx| {
+            let mut accounts: HashMap<&BoxId, String> = HashMap::new();
+            let (mut logged, mut effects) = (HashMap::<String, i64>::new(), HashMap::<String, i64>::new());
             for (id, entry) in entries {
+                let account = match accounts.get(id) {
+                    Some(account) => account.clone(),
+                    None => {
+                        let account = log_shares::account_of(tx, id)?;
+                        accounts.insert(id, account.clone());
+                        account
+                    }
+                };
                 let text = serde_json::to_string(entry).map_err(|_| StoreError::Corrupt(id.to_string()))?;
                 tx.execute(
-                    "INSERT INTO egress_log (box_id, at_ms, entry) VALUES (?1, ?2, ?3)",
-                    &args![id.as_str(), entry.at_ms, text],
+                    "INSERT INTO egress_log (box_id, account, at_ms, entry) VALUES (?1, ?2, ?3, ?4)",
+                    &args![id.as_str(), account.as_str(), entry.at_ms, text],
                 )?;
+                *logged.entry(account.clone()).or_default() += 1;
                 // What cannot be undone is kept apart, and longer.
                 if let Some(effect) = Effect::of(entry) {
-                    super::effects::insert(tx, id, &effect)?;
+                    super::effects::insert(tx, id, &account, &effect)?;
+                    *effects.entry(account).or_default() += 1;
                 }
             }
-            super::effects::bound(tx)?;
-            tx.execute(
-                "DELETE FROM egress_log WHERE rowid <= (SELECT MAX(rowid) FROM egress_log) - ?1",
-                &args![MAX_ENTRIES],
-            )?;
-            Ok(())
+            log_shares::added(tx, Log::Egress, &logged.into_iter().collect::<Vec<_>>())?;
+            log_shares::added(tx, Log::Effects, &effects.into_iter().collect::<Vec<_>>())
         })
     }
 
@@ -97,8 +111,7 @@ impl Store {
 
     /// Forgets a removed box's entries.
     pub fn forget_egress(&self, id: &BoxId) -> Result<(), StoreError> {
-        self.execute("DELETE FROM egress_log WHERE box_id = ?1", &args![id.as_str()])?;
-        Ok(())
+        self.transaction(|tx| log_shares::forget_box(tx, Log::Egress, id))
     }
 }
 

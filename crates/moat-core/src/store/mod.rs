@@ -15,6 +15,7 @@ pub mod egress_log;
 pub mod fleet;
 pub mod images;
 pub mod ledger;
+mod log_shares;
 pub mod moves;
 pub mod nodes;
 mod schema;

@@ -265,6 +265,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[
     (14, account_disk),
     (15, counters),
     (16, durable_checkpoints),
+    (17, log_shares),
 ];
 
 /// What brings a database from the version before to the next.
@@ -443,6 +444,32 @@ fn durable_checkpoints(tx: &mut dyn Exec) -> Result<(), StoreError> {
     create(tx, DURABLE_IMAGES)
 }
 
+/// Version 17: the egress log and the effects ledger are bounded by account
+/// (see `store::log_shares`): each entry names its account (older ones: that
+/// of their box, if it is still there), and each account's share is counted.
+fn log_shares(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    for (table, index) in [("egress_log", "egress_by_account"), ("effects", "effects_by_account")] {
+        create(tx, &format!("ALTER TABLE {table} ADD COLUMN account TEXT NOT NULL DEFAULT ''"))?;
+        tx.execute(
+            &format!(
+                "UPDATE {table} SET account = COALESCE((SELECT account FROM boxes WHERE boxes.id = {table}.box_id), '')"
+            ),
+            &[],
+        )?;
+        // SQLite keeps an index's rows in rowid order within a key already.
+        let columns = if tx.engine() == Engine::Postgres { "account, rowid" } else { "account" };
+        create(tx, &format!("CREATE INDEX IF NOT EXISTS {index} ON {table} ({columns})"))?;
+    }
+    create(tx, super::log_shares::LOG_SHARES)?;
+    for (log, table) in [("egress", "egress_log"), ("effects", "effects")] {
+        tx.execute(
+            &format!("INSERT INTO log_shares (log, account, entries) SELECT ?1, account, COUNT(*) FROM {table} GROUP BY account"),
+            &args![log],
+        )?;
+    }
+    Ok(())
+}
+
 /// Adds to `table` the columns a database made by an older moat lacks.
 fn add_missing_columns(tx: &mut dyn Exec, table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
     let existing = match tx.engine() {
@@ -508,6 +535,9 @@ mod tests {
         store.execute("ALTER TABLE images DROP COLUMN base_source", &[]).unwrap();
         store.execute("ALTER TABLE durable_links DROP COLUMN checkpoint", &[]).unwrap();
         store.execute("DROP TABLE durable_images", &[]).unwrap();
+        store.execute("DROP INDEX egress_by_account", &[]).unwrap();
+        store.execute("ALTER TABLE egress_log DROP COLUMN account", &[]).unwrap();
+        store.execute("DROP TABLE log_shares", &[]).unwrap();
         store.execute("UPDATE schema_version SET version = 8", &[]).unwrap();
         store
             .execute(
@@ -537,6 +567,10 @@ mod tests {
         let log = store.egress_since(&id, 0).unwrap();
         assert_eq!((log.len(), log[0].status, log[0].opaque), (1, None, false));
         assert!(store.effects_since(&id, 0).unwrap().is_empty(), "older log entries are not made effects");
+        // Its entry counted in a share (its box gone: of no account).
+        let share = store.query_row("SELECT account, entries FROM log_shares WHERE log = 'egress'", &[]).unwrap();
+        let share = share.map(|r| (r.get::<String>(0).unwrap(), r.get::<i64>(1).unwrap()));
+        assert_eq!(share, Some((String::new(), 1)));
         let mv = store.box_move(&moving).unwrap().unwrap();
         assert_eq!((mv.epoch, mv.error.as_deref(), mv.failures, mv.failed_at_ms), (3, Some("corrupt"), 0, None));
         store.append_egress(&[(id.clone(), log[0].clone())]).unwrap();
