@@ -243,9 +243,12 @@ fn resolve(objects: Vec<(usize, Object)>, hash: Hash) -> Commits {
     }
     for (i, (_, object)) in objects.iter().enumerate() {
         match content.get(i).and_then(Option::as_ref) {
-            Some(data) => {
-                out.parents.insert(hash.commit_id(data), parents(data, hash));
-            }
+            Some(data) => match parents(data, hash) {
+                Some(parents) => {
+                    out.parents.insert(hash.commit_id(data), parents);
+                }
+                None => out.unreadable += 1,
+            },
             // A delta whose base is no commit here may still be one (its base
             // outside a thin pack); a commit too large to keep is one.
             None => match object {
@@ -260,14 +263,20 @@ fn resolve(objects: Vec<(usize, Object)>, hash: Hash) -> Commits {
     out
 }
 
-/// A commit's parents, from its `parent` lines (before the first blank line).
-fn parents(data: &[u8], hash: Hash) -> Vec<Vec<u8>> {
-    data.split(|&b| b == b'\n')
-        .take_while(|line| !line.is_empty())
-        .filter_map(|line| line.strip_prefix(b"parent "))
-        .filter_map(|id| std::str::from_utf8(id).ok().and_then(unhex))
-        .filter(|id| id.len() == hash.len())
-        .collect()
+/// A commit's parents, read as git reads them: the `parent` lines right
+/// after its first line (`tree`). A `parent` header further down is no
+/// parent to git (a commit could hide its real history behind one); `None`:
+/// a commit git would not parse.
+fn parents(data: &[u8], hash: Hash) -> Option<Vec<Vec<u8>>> {
+    let id = |hex: &[u8]| std::str::from_utf8(hex).ok().and_then(unhex).filter(|id| id.len() == hash.len());
+    let mut lines = data.split(|&b| b == b'\n');
+    id(lines.next()?.strip_prefix(b"tree ")?)?;
+    let mut parents = Vec::new();
+    for line in lines {
+        let Some(hex) = line.strip_prefix(b"parent ") else { break };
+        parents.push(id(hex)?);
+    }
+    Some(parents)
 }
 
 /// An object's type and inflated size.
@@ -456,6 +465,21 @@ pub(crate) mod tests {
             let _ = commits(&bent, Hash::Sha1);
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_commits_parents_are_those_git_reads() {
+        let (t, a, b) = ("1".repeat(40), "a".repeat(40), "b".repeat(40));
+        let commit = |body: String| parents(body.as_bytes(), Hash::Sha1);
+        assert_eq!(commit(format!("tree {t}\nparent {a}\nparent {b}\nauthor x\n\nm")), Some(vec![id(&a), id(&b)]));
+        // A parent header after another header is not one to git: the
+        // history it names is not this commit's.
+        assert_eq!(commit(format!("tree {t}\nparent {a}\nauthor x\ncommitter y\nparent {b}\n\nm")), Some(vec![id(&a)]));
+        assert_eq!(commit(format!("tree {t}\nauthor x\nparent {b}\n\nm")), Some(vec![]));
+        // What git would not parse is no commit to judge by.
+        assert_eq!(commit(format!("parent {a}\ntree {t}\n\nm")), None);
+        assert_eq!(commit(format!("tree {t}\nparent {}\n\nm", &a[..39])), None);
+        assert_eq!(commit(format!("tree {t}\nparent {a} \n\nm")), None);
     }
 
     #[test]

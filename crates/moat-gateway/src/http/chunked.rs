@@ -167,7 +167,7 @@ impl Dechunk {
                     self.state = match self.state {
                         DechunkState::Size => {
                             let hex = line.split(|c| *c == b';').next().unwrap_or_default();
-                            let hex = std::str::from_utf8(hex).map_err(|_| "a bad chunk size")?.trim();
+                            let hex = super::request::ows(std::str::from_utf8(hex).map_err(|_| "a bad chunk size")?);
                             match u64::from_str_radix(hex, 16).map_err(|_| "a bad chunk size")? {
                                 0 => DechunkState::Trailer,
                                 n => DechunkState::Data(n),
@@ -235,5 +235,7 @@ mod tests {
         let mut d = Dechunk::default();
         assert!(d.feed(b"zz\r\n", &mut Vec::new()).is_err());
         assert!(d.feed(b"2\r\nabc\r\n", &mut Vec::new()).is_err());
+        let mut d = Dechunk::default();
+        assert!(d.feed("2\u{a0}\r\nab\r\n".as_bytes(), &mut Vec::new()).is_err(), "a Unicode space read as none");
     }
 }

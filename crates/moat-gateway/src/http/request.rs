@@ -98,7 +98,7 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     let mut coded = false;
     let mut expects_continue = false;
     for h in req.headers.iter() {
-        let value = std::str::from_utf8(h.value).map_err(|_| "a header that is not text")?.trim();
+        let value = ows(std::str::from_utf8(h.value).map_err(|_| "a header that is not text")?);
         if h.name.eq_ignore_ascii_case("host") {
             if host.replace(value).is_some() {
                 return Err("two Host headers");
@@ -116,9 +116,9 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
         } else if h.name.eq_ignore_ascii_case("upgrade") {
             upgrade = true;
         } else if h.name.eq_ignore_ascii_case("connection") {
-            close |= value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
+            close |= value.split(',').any(|t| ows(t).eq_ignore_ascii_case("close"));
         } else if h.name.eq_ignore_ascii_case("content-encoding") {
-            coded |= value.split(',').any(|c| !c.trim().is_empty() && !c.trim().eq_ignore_ascii_case("identity"));
+            coded |= value.split(',').any(|c| !ows(c).is_empty() && !ows(c).eq_ignore_ascii_case("identity"));
         } else if h.name.eq_ignore_ascii_case("expect") {
             expects_continue |= value.eq_ignore_ascii_case("100-continue");
         }
@@ -245,6 +245,14 @@ pub fn normalise_target(target: &str) -> Result<String, &'static str> {
     Ok(out)
 }
 
+/// `text` without HTTP's optional whitespace around it: spaces and tabs
+/// only. (`str::trim` also takes Unicode spaces, U+0085 and U+00A0 among
+/// them, which a server does not: `chunked\u{85}` would be chunked here
+/// and no coding there, and the body two requests to one of them.)
+pub(crate) fn ows(text: &str) -> &str {
+    text.trim_matches([' ', '\t'])
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
@@ -292,9 +300,18 @@ mod tests {
             ("GET / HTTP/1.1\r\nHost: 10.0.0.1\r\n\r\n", "Host is not a host name"),
             ("GET / HTTP/1.1\r\nHost: user@a.org\r\n\r\n", "Host is not a host name"),
             ("GET / HTTP/1.1\r\nHost: a.org\0\r\n\r\n", "malformed request"),
+            // Unicode spaces are no HTTP whitespace: what servers read as
+            // another coding (the body as requests), or no length.
+            (
+                "POST / HTTP/1.1\r\nHost: a.org\r\nTransfer-Encoding: chunked\u{85}\r\n\r\n",
+                "a transfer coding other than chunked",
+            ),
+            ("POST / HTTP/1.1\r\nHost: a.org\r\nContent-Length: 5\u{a0}\r\n\r\n", "bad Content-Length"),
         ] {
             assert_eq!(req(bad), Head::Refused(why), "{bad:?}");
         }
+        let Head::Request(r) = req("POST / HTTP/1.1\r\nHost: a.org\r\nContent-Length: \t5 \r\n\r\n") else { panic!() };
+        assert_eq!(r.body, Body::Length(5));
         assert_eq!(read_head(&vec![b'G'; MAX_HEAD + 1]), Head::Refused("request head too large"));
         let mut long = b"GET / HTTP/1.1\r\nHost: a.org\r\nX: ".to_vec();
         long.extend(vec![b'a'; MAX_HEAD]);

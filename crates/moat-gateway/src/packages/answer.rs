@@ -63,6 +63,10 @@ pub async fn answer<W: AsyncWrite + Unpin + ?Sized>(
             rule: "packages".into(),
             why: "not a package file the gateway can check against its index".into(),
         }),
+        Wanted::Ambiguous => Err(Refusal::Package {
+            rule: "packages".into(),
+            why: "a registry path servers read more than one way (empty, dot or encoded segments)".into(),
+        }),
         Wanted::Other => {
             let _turn = registries.reads.acquire().await.map_err(|_| Refusal::Io("the gateway is stopping".into()))?;
             relay(asked, to_box, head_only, log).await

@@ -22,6 +22,8 @@ pub enum Wanted {
     /// A path under a registry's files that is none of the files the
     /// gateway can check: refused, so that no file comes in unjudged.
     Unchecked,
+    /// A path servers could read more than one way: refused.
+    Ambiguous,
     /// Anything else (metadata, `config.json`, search): passed on.
     Other,
 }
@@ -45,21 +47,37 @@ impl Package {
     }
 }
 
+/// The hosts whose paths [`route`] reads.
+const REGISTRIES: &[&str] =
+    &["pypi.org", "files.pythonhosted.org", "registry.npmjs.org", "index.crates.io", "static.crates.io"];
+
 /// What `target` (origin form, normalised) on `host` asks for.
+///
+/// A registry's path is read as its server reads it: each segment
+/// percent-decoded (cargo sends a version's `+` as `%2B`). A path a server
+/// could read more than one way (an empty, `.` or `..` segment, `;`, `\`,
+/// an encoded `/` but in an npm scope, an escape that does not decode) is
+/// [`Wanted::Ambiguous`]: nginx merges `//`, others drop `;parameters`, and
+/// a file fetched by a path the gateway read as something else would come
+/// in unjudged.
 pub fn route(host: &HostName, target: &str) -> Wanted {
+    if !REGISTRIES.contains(&host.as_str()) {
+        return Wanted::Other;
+    }
     let path = target.split(['?', '#']).next().unwrap_or_default();
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let Some(parts) = segments(path) else { return Wanted::Ambiguous };
+    let npm_scope = |i: usize| host.as_str() == "registry.npmjs.org" && i == 0;
+    if parts.iter().enumerate().any(|(i, p)| p.contains('/') && !(npm_scope(i) && p.starts_with('@'))) {
+        return Wanted::Ambiguous;
+    }
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let python_file = matches!(parts.first(), Some(&("packages" | "files")));
     let wanted = match (host.as_str(), parts.as_slice()) {
         ("pypi.org", ["simple", name]) => Package::new(Ecosystem::Pypi, name).map(Wanted::Index),
-        ("pypi.org" | "files.pythonhosted.org", [.., file])
-            if path.starts_with("/packages/") || path.starts_with("/files/") =>
-        {
-            route_python_file(file)
-        }
+        ("pypi.org" | "files.pythonhosted.org", [.., file]) if python_file => route_python_file(file),
+        // A scoped name's slash comes escaped (`@scope%2fname`).
         ("registry.npmjs.org", [name]) if !name.starts_with('-') => {
-            // A scoped name's slash comes escaped (`@scope%2fname`).
-            let name = name.replace("%2f", "/").replace("%2F", "/");
-            Package::new(Ecosystem::Npm, &name).map(Wanted::Index)
+            Package::new(Ecosystem::Npm, name).map(Wanted::Index)
         }
         ("registry.npmjs.org", [scope, name]) if scope.starts_with('@') => {
             Package::new(Ecosystem::Npm, &format!("{scope}/{name}")).map(Wanted::Index)
@@ -79,10 +97,8 @@ pub fn route(host: &HostName, target: &str) -> Wanted {
     };
     wanted.unwrap_or_else(|| {
         let files = match host.as_str() {
-            "files.pythonhosted.org" | "pypi.org" => {
-                (path.starts_with("/packages/") || path.starts_with("/files/")) && !path.ends_with(".metadata")
-            }
-            "registry.npmjs.org" => path.contains("/-/") && !path.starts_with("/-/"),
+            "files.pythonhosted.org" | "pypi.org" => python_file && !path.ends_with(".metadata"),
+            "registry.npmjs.org" => parts.len() > 1 && parts.contains(&"-") && parts.first() != Some(&"-"),
             "static.crates.io" => true,
             _ => false,
         };
@@ -92,6 +108,45 @@ pub fn route(host: &HostName, target: &str) -> Wanted {
             Wanted::Other
         }
     })
+}
+
+/// The segments of `path` percent-decoded, or `None` where servers could
+/// read it more than one way (see [`route`]).
+fn segments(path: &str) -> Option<Vec<String>> {
+    let rest = path.strip_prefix('/')?;
+    if rest.is_empty() {
+        return Some(Vec::new());
+    }
+    // One trailing slash is the index's own form (`/simple/name/`).
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    rest.split('/')
+        .map(|raw| {
+            if raw.contains([';', '\\']) {
+                return None;
+            }
+            let decoded = percent_decode(raw)?;
+            let plain = !decoded.is_empty() && decoded != "." && decoded != ".." && !decoded.contains(['\\', ';', '%']);
+            plain.then_some(decoded)
+        })
+        .collect()
+}
+
+/// `%XX` escapes decoded (to UTF-8 text only).
+fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The directories of a sparse index a crate's file sits under.
@@ -183,15 +238,43 @@ mod tests {
         assert_eq!(at("index.crates.io", "/xx/yy/serde"), Wanted::Other, "a prefix not the name's");
         assert_eq!(at("index.crates.io", "/config.json"), Wanted::Other);
         assert_eq!(file(at("static.crates.io", "/crates/serde/1.0.0/download")).2, "serde-1.0.0.crate");
-        assert_eq!(at("pypi.org", "/simple/..%2f/"), Wanted::Other);
+        assert_eq!(at("pypi.org", "/simple/..%2f/"), Wanted::Ambiguous);
+        assert_eq!(
+            file(at("static.crates.io", "/crates/wasi/0.11.0%2Bwasi-snapshot-preview1/download")).1,
+            "0.11.0+wasi-snapshot-preview1"
+        );
+        assert!(matches!(at("registry.npmjs.org", "/@acme%2Fui"), Wanted::Index(p) if p.name == "@acme/ui"));
         assert_eq!(at("web.test", "/simple/x/"), Wanted::Other);
         assert_eq!(at("files.pythonhosted.org", "/packages/a/b/x-1.0.whl.metadata"), Wanted::Other);
-        for (host, path) in [
-            ("files.pythonhosted.org", "/packages/a/b/x-1.0.egg"),
-            ("registry.npmjs.org", "/x/-/y.zip"),
-            ("static.crates.io", "/crates/x/..%2f/download"),
-        ] {
+        for (host, path) in
+            [("files.pythonhosted.org", "/packages/a/b/x-1.0.egg"), ("registry.npmjs.org", "/x/-/y.zip")]
+        {
             assert_eq!(at(host, path), Wanted::Unchecked, "{host}{path}");
         }
+    }
+
+    #[test]
+    fn paths_servers_read_more_than_one_way_are_refused() {
+        // Each would reach a file a lenient server serves, unjudged.
+        for (host, path) in [
+            ("pypi.org", "//files/moatdemo-1.0-py3-none-any.whl"),
+            ("pypi.org", "/files//moatdemo-1.0-py3-none-any.whl"),
+            ("pypi.org", "/files;x=1/moatdemo-1.0-py3-none-any.whl"),
+            ("pypi.org", "/./files/moatdemo-1.0-py3-none-any.whl"),
+            ("pypi.org", "/simple/../files/moatdemo-1.0-py3-none-any.whl"),
+            ("files.pythonhosted.org", "/packages/a%2fb/moatdemo-1.0-py3-none-any.whl"),
+            ("files.pythonhosted.org", "/packages\\a/moatdemo-1.0.tar.gz"),
+            ("files.pythonhosted.org", "/packages/a/%zz.whl"),
+            ("registry.npmjs.org", "//x/-/x-1.0.0.tgz"),
+            ("registry.npmjs.org", "/x%2f-%2fx-1.0.0.tgz"),
+            ("index.crates.io", "/se//rd/serde"),
+            ("static.crates.io", "/crates/serde/1.0.0/download/."),
+            ("static.crates.io", "/crates/x/..%2f/download"),
+        ] {
+            assert_eq!(at(host, path), Wanted::Ambiguous, "{host}{path}");
+        }
+        // Decoded, a plain path reads as itself, and is judged so.
+        assert!(matches!(at("pypi.org", "/simple/%6doatdemo/"), Wanted::Index(p) if p.name == "moatdemo"));
+        assert_eq!(file(at("pypi.org", "/%66iles/x/moatdemo-1.0-py3-none-any.whl")).0, "moatdemo");
     }
 }

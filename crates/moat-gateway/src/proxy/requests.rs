@@ -99,6 +99,38 @@ pub async fn http_connection(
     }
 }
 
+/// The entry of a request whose head went to the host: logged when this
+/// is dropped, however the request ended (its body sent whole, cut short by
+/// the box, or the connection ended by the gateway), since the host may act
+/// on what reached it (an effect the ledger must hold).
+struct Sent<'a> {
+    net: &'a BoxNet,
+    /// `None` once another logs it (a metered request's, with its answer).
+    entry: Option<LogEntry>,
+    bytes: Arc<AtomicU64>,
+    whole: bool,
+}
+
+impl Sent<'_> {
+    fn cut(&mut self, why: &Refusal) {
+        if let Some(entry) = self.entry.as_mut() {
+            entry.reason = Some(format!("its body was cut short: {why}"));
+        }
+    }
+}
+
+impl Drop for Sent<'_> {
+    fn drop(&mut self) {
+        if let Some(mut entry) = self.entry.take() {
+            entry.sent = self.bytes.load(Ordering::Relaxed);
+            if !self.whole && entry.reason.is_none() {
+                entry.reason = Some("its connection ended before its body was all sent".into());
+            }
+            self.net.log(entry);
+        }
+    }
+}
+
 /// The request loop of [`http_connection`]; `plain`: the box's socket
 /// itself, for plain HTTP (responses are spliced to it); `bound`: the box
 /// has secrets for this host (written into requests, cut from responses).
@@ -270,6 +302,9 @@ async fn requests(
         };
         // Counted as it goes (an answer may come before the body is all sent).
         let request_bytes = Arc::new(AtomicU64::new(0));
+        // From its first byte on its way, the host may act on it: logged
+        // however it ends.
+        let mut sent = Sent { net, entry: Some(req_log), bytes: Arc::clone(&request_bytes), whole: false };
         if let Err(e) = write_counted(up_write, &head, &request_bytes).await {
             injected.iter().for_each(|a| a.meter.release(&net.id));
             break Err(e.into());
@@ -279,11 +314,10 @@ async fn requests(
         // body goes (a client waiting for 100 Continue gets it); the entry of
         // a request with a secret in it is finished (bytes, tokens) and logged
         // with its response.
-        let mut plain_log = Some(req_log);
         if bound {
             let mut expect = Expect::response(request.method == "HEAD", request.http10, request.close, values.into());
             if !injected.is_empty() {
-                if let Some(entry) = plain_log.take() {
+                if let Some(entry) = sent.entry.take() {
                     let metered = Metered::new(entry, std::mem::take(&mut injected), net.logger(), &request_bytes);
                     expect.metered = Some(metered);
                 }
@@ -296,13 +330,14 @@ async fn requests(
         match forward_body(&mut from_box, up_write, &mut buf, request.body, &request_bytes).await {
             Ok(n) => {
                 log.sent += n;
-                if let Some(mut entry) = plain_log {
-                    entry.sent = request_bytes.load(Ordering::Relaxed);
-                    net.log(entry);
-                }
+                sent.whole = true;
             }
-            Err(why) => break Err(why),
+            Err(why) => {
+                sent.cut(&why);
+                break Err(why);
+            }
         }
+        drop(sent);
         // The box asked for the end (and on a bound connection HTTP/1.0
         // answers are framed by the close): nothing after this request is
         // read as one.

@@ -83,6 +83,19 @@ pub fn effects_are_told_where_they_matter(env: &Env) {
         "effects before the split: {out}\n{}",
         before()
     );
+    // A request whose body the box cuts short reached the host all the same
+    // (which may act on it): an effect, saying so.
+    let cut = unique("cut");
+    let script = format!(
+        "import socket; s = socket.create_connection((\"web.test\", 80)); \
+         s.sendall(b\"POST /{cut} HTTP/1.1\\r\\nHost: web.test\\r\\nContent-Length: 100\\r\\n\\r\\nhalf of a body\"); \
+         import time; time.sleep(1); s.close()"
+    );
+    sh(env, &name, &format!("python3 -c '{script}'"));
+    let out = effects_with(env, &name, &[], &cut);
+    assert!(out.contains(&format!("request web.test:80 POST /{cut}")), "a request cut short is no effect: {out}");
+    let log = crate::egress::log(env, &name);
+    assert!(log.contains("its body was cut short"), "{log}");
     env.alice(None, &["rm", &copy]).ok();
     env.alice(None, &["rm", &name]).ok();
 }

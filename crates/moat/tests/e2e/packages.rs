@@ -150,6 +150,16 @@ pub fn package_rules_decide_what_comes_in(env: &Env) {
     // A file whose hash is not its index's: refused, and not kept.
     let (_, out) = pip(&a, &tampered);
     assert!(out.contains("not the sha256:"), "pip of a tampered file:\n{out}");
+    // Nor by a path a lenient server reads as the same file (nginx merges
+    // `//`); the gateway's router must not read it as something else.
+    for path in [
+        format!("//files/{tampered_wheel}"),
+        format!("/files;x/{tampered_wheel}"),
+        format!("//files/{denied}-1.0-py3-none-any.whl"),
+    ] {
+        let (_, out) = sh(env, &a, &format!("curl -sS --path-as-is \"https://pypi.org{path}\""));
+        assert!(!out.contains("not the wheel") && out.contains("servers read more than one way"), "{path}: {out}");
+    }
     // A malformed index: refused (pip shows no index's error; the log says
     // why), and the gateway serves on.
     let (_, out) = pip(&a, &broken);
@@ -222,8 +232,16 @@ pub fn package_rules_decide_what_comes_in(env: &Env) {
     env.alice(None, &["dup", &a, &copy]).ok();
     let (_, out) = pip(&copy, &new);
     assert_eq!(out.trim(), old_wheel, "the copy keeps the rules");
-    let diff = env.alice(None, &["diff", &a, &copy]).ok().stdout;
     let added = format!("{copy} since the split let in these package files:\n  pypi {new} 1.0 ({old_wheel})\n");
+    // (The log reaches the store a moment after pip is done.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let diff = loop {
+        let diff = env.alice(None, &["diff", &a, &copy]).ok().stdout;
+        if diff.contains(&added) || std::time::Instant::now() > deadline {
+            break diff;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
     assert!(diff.contains(&added), "diff lacks the copy's package:\n{diff}");
     assert!(!diff.contains(&format!("{a} since the split let in")), "{diff}");
     env.alice(None, &["rm", &copy]).ok();

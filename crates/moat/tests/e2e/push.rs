@@ -152,6 +152,17 @@ pub fn push_rules_decide_each_ref(env: &Env) {
     assert_ne!(status, Some(0));
     assert!(out.contains("fast-forward"), "force push: {out}");
     assert_eq!(env.net.git_refs(&repo), ff_before);
+    // A rewrite naming the old commit in a second `parent` header after the
+    // others: git (and the server) take it for no parent.
+    let hidden = format!(
+        "cd /tmp/r && b=$(printf \"tree %s\\nparent %s\\nauthor a <a@a> 1 +0000\\ncommitter a <a@a> 1 +0000\\nparent %s\\n\\nhidden\\n\" \
+         $({git} rev-parse HEAD^{{tree}}) $({git} rev-parse HEAD~1) $({git} rev-parse origin/ff/one) \
+         | {git} hash-object -t commit -w --literally --stdin) && {git} push -f origin $b:refs/heads/ff/one 2>&1"
+    );
+    let (status, out) = sh(env, &name, &hidden);
+    assert_ne!(status, Some(0), "a rewrite hiding the old commit in a late parent header got through: {out}");
+    assert!(out.contains("fast-forward"), "hidden parent: {out}");
+    assert_eq!(env.net.git_refs(&repo), ff_before);
 
     // Another repository of the same host.
     let (status, out) = sh(
