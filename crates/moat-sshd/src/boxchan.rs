@@ -76,16 +76,24 @@ impl ChannelCtx {
         if self.user == CONTROL_USER {
             return Target::Control;
         }
-        let (name, owner) = match self.shared() {
-            Some((name, owner)) => (name, Some(owner)),
+        // A user name that is no box name is looked up as the name it comes
+        // closest to spelling (`WEB`, `web `, `wéb`): a box there makes it
+        // a mistyped box, not the control plane (`ssh WEB@HOST rm x` must not
+        // remove box x).
+        let (name, owner, respelled) = match self.shared() {
+            Some((name, owner)) => (name, Some(owner), false),
             None => match Name::new(&self.user) {
-                Ok(name) => (name, None),
-                Err(_) => return Target::Other(self.user.clone()),
+                Ok(name) => (name, None, false),
+                Err(_) => match respelled_as_name(&self.user) {
+                    Some(name) => (name, None, true),
+                    None => return Target::Other(self.user.clone()),
+                },
             },
         };
         let route = Request::Act { account: self.account.clone(), op: Op::Route { name: name.clone(), owner } };
         let route = self.api.call(&route).await;
         match route {
+            Ok(Reply::Route(Route::Box)) if respelled => Target::Near(self.user.clone(), name),
             Ok(Reply::Route(Route::Box)) => Target::Box(name),
             Ok(Reply::Route(Route::Near(meant))) => Target::Near(self.user.clone(), meant),
             Ok(Reply::Route(Route::None)) => Target::Other(self.user.clone()),
@@ -113,6 +121,18 @@ impl ChannelCtx {
         let stream = stream.map_err(|e| ApiError { status: 255, message: format!("box {name}: {e}") })?;
         Ok((stream, lease))
     }
+}
+
+/// The box name `user` comes closest to spelling: in lower case, each
+/// character a name cannot hold made a `-`, without `-` at its ends.
+fn respelled_as_name(user: &str) -> Option<Name> {
+    let spelled: String = user
+        .chars()
+        .take(63)
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() { c } else { '-' })
+        .collect();
+    Name::new(spelled.trim_matches('-')).ok()
 }
 
 /// `SSH_CLIENT` and `SSH_CONNECTION`, as sshd sets them: bash reads
@@ -551,6 +571,18 @@ mod tests {
         assert_eq!(told, "no box named \"root\", and \"lst\" is not a moat command (did you mean \"ls\"?)");
         for other in [&b"make test"[..], b"", b"'unterminated", &[0xff, b' ', b'x']] {
             assert_eq!(no_box_nor_command("root", other), no_box("root"), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn user_names_that_are_no_box_name_are_respelled_as_one() {
+        let respelled = |user: &str| respelled_as_name(user).map(|n| n.as_str().to_string());
+        for (user, name) in [("WEB", "web"), ("web ", "web"), ("bb.", "bb"), ("wéb", "w-b"), ("John.Doe", "john-doe")]
+        {
+            assert_eq!(respelled(user).as_deref(), Some(name), "{user:?}");
+        }
+        for user in ["", "--", "é", "\u{0}"] {
+            assert_eq!(respelled(user), None, "{user:?}");
         }
     }
 

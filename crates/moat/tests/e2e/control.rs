@@ -163,7 +163,14 @@ pub fn whoami_shows_the_key_and_its_limits(env: &Env) {
 pub fn mistyped_boxes_and_commands_are_told_as_such(env: &Env) {
     let name = unique("typo");
     env.new_box(&name, &["--image", "busybox"]);
-    for typed in [format!("{name}1"), name.replacen("typo", "tpyo", 1), name.replacen("typo", "typ", 1)] {
+    // Names no box can have count as the box they come closest to spelling.
+    for typed in [
+        format!("{name}1"),
+        name.replacen("typo", "tpyo", 1),
+        name.replacen("typo", "typ", 1),
+        name.to_uppercase(),
+        format!("{name}."),
+    ] {
         for command in [&["ls"][..], &["make", "test"]] {
             let out = env.alice(Some(&typed), command);
             assert_eq!(out.status, Some(255), "{typed} {command:?}: {}", out.stderr);
@@ -171,6 +178,13 @@ pub fn mistyped_boxes_and_commands_are_told_as_such(env: &Env) {
             assert_eq!(out.stderr, format!("moat: no box named \"{typed}\" (did you mean \"{name}\"?)\n"));
         }
     }
+    // `ssh WEB@HOST rm x` meant a file in box web: box x stays.
+    let victim = unique("victim");
+    env.new_box(&victim, &["--image", "busybox"]);
+    let out = env.alice(Some(&name.to_uppercase()), &["rm", &victim]);
+    assert_eq!(out.status, Some(255), "{}", out.stderr);
+    assert!(env.alice(None, &["ls"]).ok().stdout.contains(&victim), "a mistyped box's rm removed a box");
+    env.alice(None, &["rm", &victim]).ok();
     // A name near no box still reaches the control plane, and a box whose
     // name is a letter or two of the user's (`ssh HOST ls` as root) is no
     // typo of it.
