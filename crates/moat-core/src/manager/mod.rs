@@ -236,13 +236,28 @@ pub enum ManagerError {
     Closing,
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
     /// A blocking task panicked or was cancelled.
     #[error("internal task failed")]
     Join(#[from] tokio::task::JoinError),
+}
+
+impl From<StoreError> for ManagerError {
+    /// A box the account's cap refused (checked as it is added) is told as
+    /// the check before it tells it.
+    fn from(e: StoreError) -> Self {
+        use crate::limits::format_size;
+        match e {
+            StoreError::AccountBoxes(n) => Self::TooManyBoxes(usize::try_from(n).unwrap_or(usize::MAX)),
+            StoreError::AccountMemory { asked, max } => {
+                Self::MemoryBudget { asked: format_size(asked), max: format_size(max) }
+            }
+            e => Self::Store(e),
+        }
+    }
 }
 
 /// Refuses the control plane's user name as a box name: no box could be reached by it.
@@ -366,10 +381,14 @@ pub struct BoxManager {
 impl BoxManager {
     /// A manager over `store` and `backend`.
     pub fn new(store: Store, backend: Arc<dyn Backend>, config: ManagerConfig) -> Arc<Self> {
+        let cap = crate::store::AccountCap {
+            boxes: u64::try_from(config.max_boxes).unwrap_or(u64::MAX),
+            memory: config.max_memory_per_account,
+        };
         Arc::new(Self {
             node: store.node_name().to_string(),
             fence: fleet::Fence::default(),
-            store,
+            store: store.capped(cap),
             backend,
             config,
             box_locks: Mutex::new(HashMap::new()),
@@ -443,8 +462,9 @@ impl BoxManager {
         Ok(tokio::task::spawn_blocking(move || f(backend.as_ref())).await?)
     }
 
-    /// Refuses a new box the operator's limits do not allow. (Concurrent creates
-    /// may overshoot the box count by the number in flight.)
+    /// Refuses a new box the operator's limits do not allow: early, before
+    /// any work (the store checks the account's box count and memory again
+    /// as it adds the box, for creates at once).
     fn check_quota(&self, account: &AccountId, limits: &Limits) -> Result<(), ManagerError> {
         let max = self.config.max_limits;
         let over = |what, max: String| Err(ManagerError::OverMax { what, max });

@@ -568,6 +568,38 @@ async fn a_resume_racing_the_fence_leaves_its_box_frozen_until_it_opens() {
     assert!(!frozen(), "the box the resume left frozen stayed so once the fence opened");
 }
 
+/// Copies asked for at once each pass the early check before any is made
+/// (they wait their turn on the parent): the store refuses those past the
+/// account's box count as it adds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_at_once_stay_within_the_accounts_box_count() {
+    let f = fixture();
+    let config = ManagerConfig { max_boxes: 3, warm_boxes: 0, ..ManagerConfig::default() };
+    let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
+    m.create(&f.alice, busybox("web", Limits::default()), Box::new(|_: &str| {})).await.unwrap();
+    // The parent held (as by a long dup): every copy passes the early check.
+    let (_, held) = m.locked(&f.alice, &name("web")).await.unwrap();
+    let mut copies = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let (m, alice) = (Arc::clone(&m), f.alice.clone());
+        copies.spawn(async move { m.dup(&alice, &name("web"), &name(&format!("copy{i}"))).await });
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(held);
+    let mut refused = 0;
+    while let Some(done) = copies.join_next().await {
+        match done.unwrap() {
+            Ok(_) => {}
+            Err(ManagerError::TooManyBoxes(n)) => {
+                assert_eq!(n, 3);
+                refused += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((m.list(&f.alice).unwrap().len(), refused), (3, 6));
+}
+
 #[tokio::test]
 async fn an_accounts_memory_budget_counts_its_boxes_limits_only() {
     let f = fixture();

@@ -72,6 +72,17 @@ pub enum StoreError {
         /// This moat's.
         known: u32,
     },
+    /// The account has as many boxes as its cap allows.
+    #[error("the account has {0} boxes, its most")]
+    AccountBoxes(u64),
+    /// With the box, the account's memory limits would pass its cap.
+    #[error("the account's memory limits would add up to {asked} bytes, past {max}")]
+    AccountMemory {
+        /// The sum with the box.
+        asked: u64,
+        /// The cap.
+        max: u64,
+    },
     /// The account already has a box by this name.
     #[error("a box named {0} already exists")]
     NameTaken(Name),
@@ -120,6 +131,8 @@ pub struct Store {
     more_slots: Option<MoreSlots>,
     /// The fleet node this process is (`""`: a single host).
     node: String,
+    /// What one account's boxes may add up to (none: no bound).
+    account_cap: Option<AccountCap>,
     /// SQLite's log copied into the database off the writers' path.
     _checkpoints: Option<checkpoints::Checkpoints>,
 }
@@ -130,6 +143,22 @@ const COLUMNS: &str = "b.id, b.account, b.name, b.image, b.cpus, b.memory, b.pid
 
 /// `boxes` as `b`, with each box's parent (if it still exists) as `p`.
 const FROM: &str = "boxes b LEFT JOIN boxes p ON p.id = b.parent";
+
+/// What one account's boxes may add up to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccountCap {
+    /// Boxes.
+    pub boxes: u64,
+    /// Their memory limits, in bytes.
+    pub memory: u64,
+}
+
+/// How many boxes `account` has, and their memory limits together.
+fn account_totals_in(tx: &mut dyn Exec, account: &AccountId) -> Result<(u64, u64), StoreError> {
+    let sql = "SELECT CAST(COUNT(*) AS BIGINT), CAST(COALESCE(SUM(memory), 0) AS BIGINT) FROM boxes WHERE account = ?1";
+    let row = tx.query_row(sql, &args![account.0.as_str()])?;
+    row.map(|r| Ok((r.get::<u64>(0)?, r.get::<u64>(1)?))).transpose().map(Option::unwrap_or_default)
+}
 
 /// Any number, the same in every moat: held (PostgreSQL) while a box is
 /// added, so that two nodes never pick the same slot or overfill a node.
@@ -171,13 +200,28 @@ impl Store {
 
     fn on(db: Db) -> Result<Self, StoreError> {
         schema::migrate(&db)?;
-        Ok(Self { db, slot_blocks: Mutex::new(vec![0]), more_slots: None, node: String::new(), _checkpoints: None })
+        Ok(Self {
+            db,
+            slot_blocks: Mutex::new(vec![0]),
+            more_slots: None,
+            node: String::new(),
+            account_cap: None,
+            _checkpoints: None,
+        })
     }
 
     /// The same store, as fleet node `name`: boxes it adds are on `name`, and
     /// must fit there (see [`Store::renew_lease`]).
     pub fn for_node(mut self, name: &str) -> Self {
         self.node = name.to_owned();
+        self
+    }
+
+    /// The same store, refusing a box that would take an account past `cap`
+    /// (checked in the transaction that adds it: adds at once cannot each
+    /// pass a check made before the others).
+    pub fn capped(mut self, cap: AccountCap) -> Self {
+        self.account_cap = Some(cap);
         self
     }
 
@@ -352,6 +396,7 @@ impl Store {
                 tx.execute("SELECT pg_advisory_xact_lock(?1)", &args![INSERT_LOCK])?;
             }
             refuse_taken(tx, account, name)?;
+            self.refuse_over_cap(tx, account, limits.memory)?;
             if !self.node.is_empty() {
                 nodes::check_room(tx, &self.node, &limits, crate::clock::now_ms())?;
             }
@@ -421,7 +466,13 @@ impl Store {
     ) -> Result<BoxRecord, StoreError> {
         let policy_text = serde_json::to_string(policy).map_err(|_| StoreError::Corrupt(name.to_string()))?;
         self.transaction(|tx| {
+            if tx.engine() == Engine::Postgres {
+                tx.execute("SELECT pg_advisory_xact_lock(?1)", &args![INSERT_LOCK])?;
+            }
             refuse_taken(tx, account, name)?;
+            let memory = tx.query_row("SELECT memory FROM boxes WHERE id = ?1", &args![id.as_str()])?;
+            let memory = memory.map(|r| r.get::<u64>(0)).transpose()?.unwrap_or(0);
+            self.refuse_over_cap(tx, account, memory)?;
             let changed = tx.execute(
                 "UPDATE boxes SET account = ?2, name = ?3, created_at = ?4, state_since = ?4, state = ?5, pid = ?6, \
                  created_ms = ?9 WHERE id = ?1 AND state = ?7 AND account = ?8",
@@ -465,10 +516,21 @@ impl Store {
     /// (what a `new` is checked against: counted, not listed, so a create
     /// does not read ten thousand rows).
     pub fn account_totals(&self, account: &AccountId) -> Result<(u64, u64), StoreError> {
-        let sql =
-            "SELECT CAST(COUNT(*) AS BIGINT), CAST(COALESCE(SUM(memory), 0) AS BIGINT) FROM boxes WHERE account = ?1";
-        let row = self.query_row(sql, &args![account.0.as_str()])?;
-        row.map(|r| Ok((r.get::<u64>(0)?, r.get::<u64>(1)?))).transpose().map(Option::unwrap_or_default)
+        self.db.with(|tx| account_totals_in(tx, account))
+    }
+
+    /// Refuses a box of `memory` that would take `account` past the cap.
+    fn refuse_over_cap(&self, tx: &mut dyn Exec, account: &AccountId, memory: u64) -> Result<(), StoreError> {
+        let Some(cap) = self.account_cap else { return Ok(()) };
+        let (boxes, held) = account_totals_in(tx, account)?;
+        if boxes >= cap.boxes {
+            return Err(StoreError::AccountBoxes(boxes));
+        }
+        let asked = held.saturating_add(memory);
+        if asked > cap.memory {
+            return Err(StoreError::AccountMemory { asked, max: cap.memory });
+        }
+        Ok(())
     }
 
     /// Every account's boxes on this node (all of them on a single host), by name.
