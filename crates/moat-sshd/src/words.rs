@@ -7,19 +7,32 @@
 #[error("unterminated quote in command")]
 pub struct UnterminatedQuote;
 
-/// Splits `line` into words.
+/// Splits `line` into words. What follows a bare `--` word is one word,
+/// as it was written: a command line for a box's shell (`race web 2 --
+/// touch "a b" && ls`), whose quotes and operators are that shell's.
 pub fn split(line: &str) -> Result<Vec<String>, UnterminatedQuote> {
     let mut words = Vec::new();
     let mut word: Option<String> = None;
+    let mut quoted = false;
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         match c {
             c if c.is_whitespace() => {
                 if let Some(w) = word.take() {
+                    let separator = w == "--" && !quoted;
                     words.push(w);
+                    if separator {
+                        let rest = chars.as_str().trim_start();
+                        if !rest.is_empty() {
+                            words.push(rest.to_string());
+                        }
+                        return Ok(words);
+                    }
                 }
+                quoted = false;
             }
             '\'' => {
+                quoted = true;
                 let w = word.get_or_insert_with(String::new);
                 loop {
                     match chars.next() {
@@ -30,6 +43,7 @@ pub fn split(line: &str) -> Result<Vec<String>, UnterminatedQuote> {
                 }
             }
             '"' => {
+                quoted = true;
                 let w = word.get_or_insert_with(String::new);
                 loop {
                     match chars.next() {
@@ -40,7 +54,10 @@ pub fn split(line: &str) -> Result<Vec<String>, UnterminatedQuote> {
                     }
                 }
             }
-            '\\' => word.get_or_insert_with(String::new).push(chars.next().ok_or(UnterminatedQuote)?),
+            '\\' => {
+                quoted = true;
+                word.get_or_insert_with(String::new).push(chars.next().ok_or(UnterminatedQuote)?);
+            }
             c => word.get_or_insert_with(String::new).push(c),
         }
     }
@@ -60,5 +77,17 @@ mod tests {
         assert_eq!(split("").unwrap(), Vec::<String>::new());
         assert_eq!(split("'open"), Err(UnterminatedQuote));
         assert_eq!(split("trail\\"), Err(UnterminatedQuote));
+    }
+
+    #[test]
+    fn what_follows_a_bare_separator_is_kept_as_written() {
+        let line = "race web 2 --json --  cd /tmp && touch \"a b\" && printf '%s\\n' \"x   y\"";
+        assert_eq!(
+            split(line).unwrap(),
+            ["race", "web", "2", "--json", "--", "cd /tmp && touch \"a b\" && printf '%s\\n' \"x   y\""]
+        );
+        assert_eq!(split("race web 2 --").unwrap(), ["race", "web", "2", "--"]);
+        assert_eq!(split("a '--' b 'c d'").unwrap(), ["a", "--", "b", "c d"]);
+        assert_eq!(split("a -- 'open").unwrap(), ["a", "--", "'open"]);
     }
 }

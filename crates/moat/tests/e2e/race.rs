@@ -60,6 +60,10 @@ pub fn race_runs_copies_at_once_and_keeps_what_was_asked(env: &Env) {
     let last: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
     assert!(json.contains(r#""line":"x""#) && last["exit"] == 0, "{json}");
     env.alice(None, &["rm", &copy(1)]).ok();
+    // The command reaches each copy's shell as written: its quotes too.
+    let json = env.alice(None, &["race", &name, "1", "--json", "--", "printf '%s|' \"a   b\" c"]).ok().stdout;
+    assert!(json.contains(r#""line":"a   b|c|""#), "{json}");
+    env.alice(None, &["rm", &copy(1)]).ok();
 
     // --keep-best: the first to exit 0 takes the name; the others go.
     let script = "'case $(hostname) in *-r3) touch /root/won; exit 0;; esac; exit 1'";
