@@ -215,7 +215,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_limits: moat_core::Limits {
             cpus: args.max_cpus.unwrap_or(host_cpus),
             memory: args.max_memory.unwrap_or(host_memory),
-            pids: 1 << 16,
+            // A quarter of what all boxes together may hold.
+            pids: u32::try_from(moat_box::host::cgroup::task_budget() / 4)
+                .unwrap_or(u32::MAX)
+                .clamp(defaults.pids, 1 << 16),
             disk: args.max_disk,
         },
         max_memory_per_account: args.max_memory_per_account.unwrap_or(host_memory.saturating_mul(4)),

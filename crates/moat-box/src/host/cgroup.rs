@@ -34,6 +34,18 @@ pub fn parent_name(node: &str) -> String {
     }
 }
 
+/// The tasks (processes and threads) all boxes together may hold: the host's
+/// PID space (or its thread limit, if lower) less an eighth of it, at least
+/// 1,024, kept for the host (its daemons, sshd, moat's own processes), so
+/// that no box, nor any account's boxes together, can leave it unable to
+/// fork. Set on the parent cgroup, where the kernel counts every box's.
+pub fn task_budget() -> u64 {
+    let read = |path: &str| fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let space = [read("/proc/sys/kernel/pid_max"), read("/proc/sys/kernel/threads-max")].into_iter().flatten().min();
+    let space = space.unwrap_or(32_768);
+    space - (space / 8).max(1024).min(space / 2)
+}
+
 /// Which cgroup hierarchy the host offers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CgroupLayout {
@@ -102,7 +114,9 @@ impl CgroupLayout {
             // Delegate the controllers down to the boxes.
             write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
             write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
-            return Ok(Self::V2 { parent });
+            let layout = Self::V2 { parent };
+            layout.bound_tasks()?;
+            return Ok(layout);
         }
         let mut parents = Vec::new();
         for ctrl in V1_CONTROLLERS {
@@ -117,7 +131,24 @@ impl CgroupLayout {
             inherit_cpuset(&parent)?;
             parents.push(parent);
         }
-        Ok(Self::V1 { parents })
+        let layout = Self::V1 { parents };
+        layout.bound_tasks()?;
+        Ok(layout)
+    }
+
+    /// Holds every box's tasks together to [`task_budget`].
+    fn bound_tasks(&self) -> Result<(), CgroupError> {
+        let file = match self {
+            Self::V2 { parent } => parent.join("pids.max"),
+            Self::V1 { parents } => match parents.iter().find(|p| p.parent().is_some_and(|c| c.ends_with("pids"))) {
+                Some(parent) => parent.join("pids.max"),
+                None => return Ok(()),
+            },
+        };
+        if !file.exists() {
+            return Ok(());
+        }
+        write(&file, &task_budget().to_string())
     }
 
     /// The box's cgroup directories (one on v2, one per controller on v1).
@@ -143,6 +174,7 @@ impl CgroupLayout {
             }
             inherit_cpuset(&dir)?;
         }
+        self.bound_tasks()?;
         self.set_limits(id, limits)
     }
 

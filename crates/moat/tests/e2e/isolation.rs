@@ -177,6 +177,22 @@ pub fn fork_bomb_contained(env: &Env) {
     // And the box can still be removed, bomb and all.
     env.alice(None, &["rm", &bomb]).ok();
     assert!(!pids_dir.exists());
+
+    // Every box together is held below the host's PID space (boxes' own
+    // limits could add up past it: 32 boxes of 2,048), and one box to a
+    // quarter of that.
+    let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap().trim().parse::<u64>().unwrap();
+    let space = read(std::path::Path::new("/proc/sys/kernel/pid_max"))
+        .min(read(std::path::Path::new("/proc/sys/kernel/threads-max")));
+    let all = read(&pids_dir.parent().unwrap().join("pids.max"));
+    assert!(all < space && all >= space / 2, "every box together may hold {all} tasks of the host's {space}");
+    let refused = env.alice(None, &["new", &unique("many"), "--pids", &(space + 1).to_string()]);
+    assert_ne!(refused.status, Some(0));
+    assert!(
+        refused.stderr.contains(&format!("--pids may be at most {}", (all / 4).min(1 << 16))),
+        "{}",
+        refused.stderr
+    );
 }
 
 pub fn memory_hog_contained(env: &Env) {

@@ -34,7 +34,7 @@ pub fn race_runs_copies_at_once_and_keeps_what_was_asked(env: &Env) {
 
     // Every copy stays; lines are prefixed; all start before any ends.
     let script =
-        "'echo start $(hostname); sleep 2; touch /root/x; echo end; case $(hostname) in *-r2) exit 0;; esac; exit 3'";
+        "echo start $(hostname); sleep 2; touch /root/x; echo end; case $(hostname) in *-r2) exit 0;; esac; exit 3";
     let out = env.alice(None, &["race", &name, "3", "--", script]).ok().stdout;
     for i in 1..=3 {
         assert!(out.contains(&format!("[{}] start {}\n", copy(i), copy(i))), "{out}");
@@ -66,7 +66,7 @@ pub fn race_runs_copies_at_once_and_keeps_what_was_asked(env: &Env) {
     env.alice(None, &["rm", &copy(1)]).ok();
 
     // --keep-best: the first to exit 0 takes the name; the others go.
-    let script = "'case $(hostname) in *-r3) touch /root/won; exit 0;; esac; exit 1'";
+    let script = "case $(hostname) in *-r3) touch /root/won; exit 0;; esac; exit 1";
     let out = env.alice(None, &["race", &name, "3", "--keep-best", "--", script]).ok().stdout;
     assert!(out.contains(&format!("{} won and was promoted", copy(3))), "{out}");
     until(env, "losers removed", |now| !now.contains(&copy(1)) && !now.contains(&copy(2)) && !now.contains(&copy(3)));
