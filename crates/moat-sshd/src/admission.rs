@@ -13,8 +13,11 @@
 //!    reached, is the new connection dropped at once.
 //! 2. **Active**: a connection that has sent bytes takes a handshake slot (per
 //!    source and in total) before the server reads them; a full stage makes it
-//!    *wait* for a slot, never reset. Sockets that send nothing never hold a
-//!    slot, and are cut after a short grace.
+//!    *wait* for a slot, never reset (its time to authenticate starts once it
+//!    has one). Sockets that send nothing never hold a slot, and are cut after
+//!    a short grace; one that holds a slot must finish its key exchange in a
+//!    few seconds, so that sockets which speak and then stall cannot keep the
+//!    slots from the clients waiting behind them.
 //!
 //! Both are given back when the connection authenticates or ends. Sources
 //! that misbehave share a few slots instead (see [`crate::penalty`]).
@@ -53,7 +56,7 @@ struct Inner {
     /// The few handshake slots a penalized source has.
     penalized_by_source: PerSource,
     pending: Mutex<PendingQueues>,
-    active: Arc<Semaphore>,
+    active: Arc<FairSlots>,
     active_by_source: PerSource,
 }
 
@@ -76,7 +79,7 @@ impl Admission {
             penalties: Penalties::default(),
             penalized_by_source: PerSource::new(PENALIZED_SLOTS),
             pending: Mutex::default(),
-            active: Arc::new(Semaphore::new(limits.active_total)),
+            active: FairSlots::new(limits.active_total),
             active_by_source: PerSource::new(limits.active_per_source),
         }))
     }
@@ -119,8 +122,7 @@ impl Admission {
             false => None,
         };
         let per_source = self.0.active_by_source.acquire(source).await;
-        // Never closed, so acquiring cannot fail; a closed one would mean "go ahead".
-        let total = Arc::clone(&self.0.active).acquire_owned().await.ok();
+        let total = self.0.active.acquire(source).await;
         Active { _penalized: penalized, _per_source: per_source, _total: total }
     }
 
@@ -159,7 +161,112 @@ impl Drop for Pending {
 pub struct Active {
     _penalized: Option<SourcePermit>,
     _per_source: SourcePermit,
-    _total: Option<OwnedSemaphorePermit>,
+    _total: FairPermit,
+}
+
+/// The handshake slots of all sources together. One given back goes to the
+/// waiting source that holds the fewest (its oldest waiter), not to the
+/// first in line: a flood from many addresses, each re-queuing as it is cut,
+/// cannot keep a slot from a source that holds none.
+struct FairSlots {
+    state: Mutex<FairState>,
+}
+
+#[derive(Default)]
+struct FairState {
+    free: usize,
+    held: HashMap<IpAddr, usize>,
+    waiting: VecDeque<(IpAddr, tokio::sync::oneshot::Sender<()>)>,
+}
+
+impl FairSlots {
+    fn new(slots: usize) -> Arc<Self> {
+        Arc::new(Self { state: Mutex::new(FairState { free: slots, ..FairState::default() }) })
+    }
+
+    async fn acquire(self: &Arc<Self>, source: IpAddr) -> FairPermit {
+        let granted = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.free > 0 {
+                state.free -= 1;
+                *state.held.entry(source).or_default() += 1;
+                None
+            } else {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                state.waiting.push_back((source, tx));
+                Some(rx)
+            }
+        };
+        if let Some(rx) = granted {
+            let mut waiting = Waiting { slots: Arc::clone(self), source, rx: Some(rx) };
+            if let Some(rx) = waiting.rx.as_mut() {
+                // The sender lives until it is sent on (a slot given).
+                let _ = rx.await;
+            }
+            waiting.rx = None;
+        }
+        FairPermit { slots: Arc::clone(self), source }
+    }
+
+    /// Gives `source`'s slot to the waiter whose source holds the fewest.
+    fn release(&self, source: IpAddr) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = state.held.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                state.held.remove(&source);
+            }
+        }
+        loop {
+            let held = |s: &IpAddr| state.held.get(s).copied().unwrap_or(0);
+            let next = state.waiting.iter().enumerate().min_by_key(|(i, (s, _))| (held(s), *i)).map(|(i, _)| i);
+            let Some((to, tx)) = next.and_then(|i| state.waiting.remove(i)) else {
+                state.free += 1;
+                return;
+            };
+            *state.held.entry(to).or_default() += 1;
+            if tx.send(()).is_ok() {
+                return;
+            }
+            // That waiter is gone: the slot goes on to the next.
+            if let Some(n) = state.held.get_mut(&to) {
+                *n -= 1;
+                if *n == 0 {
+                    state.held.remove(&to);
+                }
+            }
+        }
+    }
+}
+
+/// A wait for a slot: if it is dropped once given one, the slot goes back.
+struct Waiting {
+    slots: Arc<FairSlots>,
+    source: IpAddr,
+    rx: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if rx.try_recv().is_ok() {
+                self.slots.release(self.source);
+            }
+        }
+    }
+}
+
+/// One of the [`FairSlots`]; given back on drop.
+struct FairPermit {
+    slots: Arc<FairSlots>,
+    source: IpAddr,
+}
+
+impl Drop for FairPermit {
+    fn drop(&mut self) {
+        self.slots.release(self.source);
+    }
 }
 
 /// Semaphores of `limit` permits, one per source, kept only while in use.
@@ -211,12 +318,56 @@ impl Drop for SourcePermit {
 pub struct SlotHolder {
     slot: Mutex<Option<Active>>,
     spoke: AtomicBool,
+    slotted: AtomicBool,
     refused: AtomicBool,
     kex_done: AtomicBool,
     evicted: Notify,
+    /// Woken at each step above.
+    stepped: Notify,
+}
+
+/// Resolves once `flag` is set (each setter wakes `stepped`).
+async fn reached(flag: &AtomicBool, stepped: &Notify) {
+    loop {
+        let woken = stepped.notified();
+        let mut woken = std::pin::pin!(woken);
+        woken.as_mut().enable();
+        if flag.load(Ordering::Acquire) {
+            return;
+        }
+        woken.await;
+    }
 }
 
 impl SlotHolder {
+    /// Notes that the client has sent something.
+    pub(crate) fn heard(&self) {
+        self.spoke.store(true, Ordering::Release);
+        self.stepped.notify_waiters();
+    }
+
+    /// Keeps the connection's handshake slot until it authenticates.
+    pub(crate) fn hold(&self, slot: Active) {
+        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(slot);
+        self.slotted.store(true, Ordering::Release);
+        self.stepped.notify_waiters();
+    }
+
+    /// Resolves once the client has sent something.
+    pub async fn spoken(&self) {
+        reached(&self.spoke, &self.stepped).await;
+    }
+
+    /// Resolves once the connection holds a handshake slot.
+    pub async fn slotted(&self) {
+        reached(&self.slotted, &self.stepped).await;
+    }
+
+    /// Resolves once its key exchange is over.
+    pub async fn kex_finished(&self) {
+        reached(&self.kex_done, &self.stepped).await;
+    }
+
     /// Gives the slot back (on authentication).
     pub fn release(&self) {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -231,6 +382,7 @@ impl SlotHolder {
     /// the connection is no longer one its source's newer ones may replace.
     pub fn kex_done(&self) {
         self.kex_done.store(true, Ordering::Release);
+        self.stepped.notify_waiters();
     }
 
     /// Resolves when a newer connection from the same source took this one's
@@ -293,10 +445,10 @@ impl AsyncRead for Gated {
                     return Poll::Ready(Ok(())); // end of stream before a word
                 }
                 this.early.extend_from_slice(first.filled());
-                this.holder.spoke.store(true, Ordering::Release);
+                this.holder.heard();
             }
             let active = ready!(acquire.as_mut().poll(cx));
-            *this.holder.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(active);
+            this.holder.hold(active);
             this.acquire = None;
         }
         if !this.early.is_empty() {
@@ -379,6 +531,32 @@ mod tests {
         drop(held);
         assert_eq!(a.pending_from(x), 0);
         assert_eq!(a.0.pending.lock().unwrap().total, 0);
+    }
+
+    #[tokio::test]
+    async fn a_slot_given_back_goes_to_the_source_holding_fewest() {
+        let slots = FairSlots::new(2);
+        let (a, b): (IpAddr, IpAddr) = ("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap());
+        let mut held = vec![slots.acquire(a).await, slots.acquire(a).await];
+        // A's third waits first, B's after it.
+        let a3 = tokio::spawn({
+            let slots = Arc::clone(&slots);
+            async move { slots.acquire(a).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let b1 = tokio::spawn({
+            let slots = Arc::clone(&slots);
+            async move { slots.acquire(b).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        held.pop();
+        let b1 = tokio::time::timeout(Duration::from_secs(5), b1).await.expect("B, holding none, waits on").unwrap();
+        assert!(!a3.is_finished(), "A, holding one, went before B, holding none");
+        // A waiter that gives up is passed over; its slot is not lost.
+        a3.abort();
+        let _ = a3.await;
+        drop(b1);
+        let _again = tokio::time::timeout(Duration::from_secs(5), slots.acquire(b)).await.expect("a slot was lost");
     }
 
     #[tokio::test]

@@ -7,7 +7,8 @@
 //! also lock out an honest client behind the same address (a NAT, or every
 //! test on one loopback address), so here a penalized source is never refused:
 //! it gets [`PENALIZED_SLOTS`] handshake slots instead of ten, its connections
-//! waiting their turn, and a silent socket of its is cut after a short grace.
+//! waiting their turn, and a silent socket of its is cut after a short grace,
+//! a stalled key exchange sooner.
 //! Other sources are untouched.
 
 use std::collections::HashMap;
@@ -44,6 +45,9 @@ pub const MAX: Duration = Duration::from_secs(600);
 pub const PENALIZED_SLOTS: usize = 2;
 /// How long a penalized source's socket may stay silent.
 pub const PENALIZED_GRACE: Duration = Duration::from_secs(2);
+/// How long a penalized source's connection may hold a handshake slot
+/// before its key exchange is done.
+pub const PENALIZED_KEX_TIME: Duration = Duration::from_secs(3);
 /// Most sources tracked; past it, new sources go unrecorded until old
 /// penalties run out (a flood of addresses cannot grow the table).
 const MAX_SOURCES: usize = 65_536;

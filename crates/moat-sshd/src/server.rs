@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::admission::{Admission, AdmissionLimits, Gated, Pending, SlotHolder};
 use crate::handler::{ConnHandler, Shared};
-use crate::penalty::{Offence, Penalties, PENALIZED_GRACE};
+use crate::penalty::{Offence, Penalties, PENALIZED_GRACE, PENALIZED_KEX_TIME};
 use crate::quickack::QuickAck;
 use crate::ratelimit::LogLimit;
 
@@ -103,11 +103,27 @@ impl UnauthSlot {
     }
 }
 
+/// How long a connection may wait for a handshake slot: those ahead of it
+/// hold theirs for [`KEX_TIME`] at most unless they finish their key
+/// exchange, so this is a queue far longer than an attack can keep up.
+const SLOT_WAIT: Duration = Duration::from_secs(60);
+/// How long a connection holding a handshake slot has to finish its key
+/// exchange (milliseconds for any client; a socket that spoke and stalled
+/// holds the slot no longer).
+const KEX_TIME: Duration = Duration::from_secs(10);
+
+/// How long a connection cut before authenticating has to be told why.
+const DISCONNECT_TIME: Duration = Duration::from_secs(1);
+
 /// Why an unauthenticated connection is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cut {
     /// It sent nothing before its grace ran out.
     Silent,
+    /// It waited its turn for a handshake slot past [`SLOT_WAIT`].
+    NoSlot,
+    /// It held a slot and did not finish its key exchange in [`KEX_TIME`].
+    SlowKex,
     /// It did not authenticate in time.
     AuthTimeout,
     /// A newer connection from its source took its pending place.
@@ -118,22 +134,64 @@ impl Cut {
     fn as_str(self) -> &'static str {
         match self {
             Cut::Silent => "no version string",
+            Cut::NoSlot => "no handshake slot came free in time",
+            Cut::SlowKex => "key exchange too slow",
             Cut::AuthTimeout => "authentication timeout",
             Cut::Evicted => "its source opened too many connections",
         }
     }
+
+    /// Whether the cut is held against the connection's source.
+    fn offends(self) -> bool {
+        !matches!(self, Cut::Evicted | Cut::NoSlot)
+    }
 }
 
-/// Resolves when an unauthenticated connection must be cut, with why: at
-/// `grace` if it has sent nothing (it holds no handshake slot, but a pending
-/// place and an fd), else at `auth_timeout`; or as soon as it is evicted.
-async fn unauthenticated_deadline(holder: &SlotHolder, grace: Duration, auth_timeout: Duration) -> Cut {
+/// The time an unauthenticated connection has for each step.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    /// To send its first bytes.
+    grace: Duration,
+    /// To finish its key exchange once it holds a handshake slot.
+    kex: Duration,
+    /// To authenticate once it holds a handshake slot.
+    auth: Duration,
+}
+
+impl Deadlines {
+    /// A connection's, from `config`'s; a penalized source's (see
+    /// [`crate::penalty`]) are shorter.
+    fn of(config: &ServerConfig, penalized: bool) -> Self {
+        let grace = config.banner_grace.min(config.auth_timeout);
+        let kex = KEX_TIME.min(config.auth_timeout);
+        match penalized {
+            false => Self { grace, kex, auth: config.auth_timeout },
+            true => {
+                Self { grace: grace.min(PENALIZED_GRACE), kex: kex.min(PENALIZED_KEX_TIME), auth: config.auth_timeout }
+            }
+        }
+    }
+}
+
+/// Resolves when an unauthenticated connection must be cut, with why: if it
+/// sends nothing within its grace (it holds no handshake slot, but a pending
+/// place and an fd); if it waits for a slot past [`SLOT_WAIT`]; if, holding
+/// one, it has not finished its key exchange or authenticated in time
+/// (counted from the slot: a wait in line is not the client's to answer
+/// for); or as soon as it is evicted.
+async fn unauthenticated_deadline(holder: &SlotHolder, deadlines: Deadlines) -> Cut {
     let deadline = async {
-        tokio::time::sleep(grace).await;
-        if !holder.spoke() {
+        if tokio::time::timeout(deadlines.grace, holder.spoken()).await.is_err() {
             return Cut::Silent;
         }
-        tokio::time::sleep(auth_timeout.saturating_sub(grace)).await;
+        if tokio::time::timeout(SLOT_WAIT, holder.slotted()).await.is_err() {
+            return Cut::NoSlot;
+        }
+        let slotted = tokio::time::Instant::now();
+        if tokio::time::timeout(deadlines.kex, holder.kex_finished()).await.is_err() {
+            return Cut::SlowKex;
+        }
+        tokio::time::sleep_until(slotted + deadlines.auth).await;
         Cut::AuthTimeout
     };
     tokio::select! {
@@ -145,7 +203,7 @@ async fn unauthenticated_deadline(holder: &SlotHolder, grace: Duration, auth_tim
 /// A connection cut: logged (rate-limited) and, if it missed its deadline,
 /// held against its source (an evicted one was merely the oldest).
 fn cut(penalties: &Penalties, peer: std::net::SocketAddr, why: Cut) {
-    if why != Cut::Evicted {
+    if why.offends() {
         penalties.record(peer.ip(), Offence::Deadline);
     }
     let why = why.as_str();
@@ -158,6 +216,7 @@ fn cut(penalties: &Penalties, peer: std::net::SocketAddr, why: Cut) {
 /// Serves SSH on `listener` until the process ends; everything past the SSH
 /// layer (keys, boxes, sessions) is asked of `api`.
 pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) -> std::io::Result<()> {
+    let (usual, penalized) = (Deadlines::of(&config, false), Deadlines::of(&config, true));
     let russh_config = Arc::new(russh::server::Config {
         keys: vec![config.host_key],
         methods: MethodSet::from(&[MethodKind::PublicKey][..]),
@@ -184,7 +243,6 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
     });
     let shared = Arc::new(Shared { api, load: Default::default() });
     let admission = Admission::new(config.admission);
-    let grace = config.banner_grace.min(config.auth_timeout);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
@@ -200,21 +258,22 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
             tracing::debug!(%peer, "too many unauthenticated connections; dropped");
             continue;
         };
-        let penalties = admission.penalties();
-        let grace = if penalties.is_penalized(peer.ip()) { grace.min(PENALIZED_GRACE) } else { grace };
+        let deadlines = if admission.penalties().is_penalized(peer.ip()) { penalized } else { usual };
         let slot = UnauthSlot { _pending: pending, holder: Arc::clone(&holder) };
         let authenticated = Arc::new(AtomicBool::new(false));
         let ends = (Some(peer), stream.local_addr().ok());
         let handler = ConnHandler::new(Arc::clone(&shared), ends, slot, Arc::clone(&authenticated));
         let russh_config = Arc::clone(&russh_config);
-        let auth_timeout = config.auth_timeout;
         let admission = admission.clone();
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
+            // russh runs the session in a task of its own, which ending this
+            // one does not end: a cut shuts the socket through this copy.
+            let socket = std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned().map(socket2::Socket::from);
             let stream = Gated::new(QuickAck::new(stream), &admission, peer.ip(), Arc::clone(&holder));
             // One deadline for the whole unauthenticated life of the connection,
             // the version exchange (inside run_stream) included.
-            let deadline = unauthenticated_deadline(&holder, grace, auth_timeout);
+            let deadline = unauthenticated_deadline(&holder, deadlines);
             tokio::pin!(deadline);
             let penalties = admission.penalties();
             let ended_early = || {
@@ -240,7 +299,81 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
                 return;
             }
             cut(penalties, peer, why);
-            let _ = handle.disconnect(Disconnect::ByApplication, why.as_str().into(), "en".into()).await;
+            // Its slot goes to the next in line at once; it is told why, and
+            // its socket shut whatever the client does (a session stuck in
+            // its key exchange may never take the message).
+            holder.release();
+            let told = async {
+                let _ = handle.disconnect(Disconnect::ByApplication, why.as_str().into(), "en".into()).await;
+                let _ = (&mut session).await;
+            };
+            let _ = tokio::time::timeout(DISCONNECT_TIME, told).await;
+            if let Ok(socket) = socket {
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+            }
         });
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::net::IpAddr;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::admission::{Admission, AdmissionLimits};
+
+    const GRACE: Duration = Duration::from_secs(10);
+    const AUTH: Duration = Duration::from_secs(30);
+
+    /// When (from now) and why the deadline of a connection that `step`s
+    /// cuts it.
+    async fn cut_after(step: impl std::future::Future<Output = ()>, holder: &SlotHolder) -> (Duration, Cut) {
+        let start = tokio::time::Instant::now();
+        let mut step = std::pin::pin!(step);
+        let deadline = unauthenticated_deadline(holder, Deadlines { grace: GRACE, kex: KEX_TIME, auth: AUTH });
+        let mut deadline = std::pin::pin!(deadline);
+        let mut stepped = false;
+        let why = loop {
+            tokio::select! {
+                why = &mut deadline => break why,
+                () = &mut step, if !stepped => stepped = true,
+            }
+        };
+        (start.elapsed(), why)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_is_held_only_while_the_key_exchange_goes_on() {
+        let limits = AdmissionLimits { pending_per_source: 3, pending_total: 5, active_per_source: 2, active_total: 3 };
+        let admission = Admission::new(limits);
+        let x: IpAddr = "127.0.0.2".parse().unwrap();
+        // Silent: cut at the grace.
+        let silent = Arc::new(SlotHolder::default());
+        assert_eq!(cut_after(std::future::pending(), &silent).await, (GRACE, Cut::Silent));
+        // Spoke, then stalled holding a slot: cut at KEX_TIME, not at the
+        // authentication timeout.
+        let stalled = Arc::new(SlotHolder::default());
+        let step = async {
+            stalled.heard();
+            stalled.hold(admission.active(x).await);
+        };
+        assert_eq!(cut_after(step, &stalled).await, (KEX_TIME, Cut::SlowKex));
+        // Waited 50 s in line, then exchanged keys: its 30 s to
+        // authenticate count from its slot.
+        let waited = Arc::new(SlotHolder::default());
+        let step = async {
+            waited.heard();
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            waited.hold(admission.active(x).await);
+            waited.kex_done();
+        };
+        assert_eq!(cut_after(step, &waited).await, (Duration::from_secs(80), Cut::AuthTimeout));
+        // Never given a slot: cut at SLOT_WAIT, not held against its source.
+        let queued = Arc::new(SlotHolder::default());
+        let step = async { queued.heard() };
+        assert_eq!(cut_after(step, &queued).await, (SLOT_WAIT, Cut::NoSlot));
+        assert!(!Cut::NoSlot.offends() && Cut::SlowKex.offends());
     }
 }

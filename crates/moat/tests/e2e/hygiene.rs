@@ -1,7 +1,7 @@
 //! The front door: keys are accounts, only public keys, and a flood of
 //! unauthenticated connections cannot lock a real user out.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -101,6 +101,28 @@ pub fn unauthenticated_flood_does_not_lock_out(env: &Env) {
     run(&mut cmd).ok();
     let mut daemon = daemon;
     daemon.purge();
+}
+
+/// Sockets that send a version string and then stall hold a handshake slot
+/// for 10 s at most: an honest client from the same address waiting behind
+/// all ten of them gets in once they are cut (they kept their slots, and the
+/// client waited out its own deadline, while they stayed open).
+pub fn stalled_handshakes_give_their_slots_up(env: &Env) {
+    let target: SocketAddr = format!("127.0.0.1:{}", env.daemon.port).parse().unwrap();
+    let stalled: Vec<TcpStream> = (0..10)
+        .filter_map(|_| connect_from("127.0.0.11", target))
+        .map(|mut conn| {
+            conn.write_all(b"SSH-2.0-stall\r\n").unwrap();
+            conn
+        })
+        .collect();
+    assert_eq!(stalled.len(), 10);
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.11"], &["help"])).ok();
+    assert!(started.elapsed() < Duration::from_secs(25), "got in after {:?}", started.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    assert!(stalled.iter().all(|conn| closed_by(conn, deadline)), "a stalled socket was left open");
 }
 
 /// A source whose connections misbehave is penalized: it gets two handshake

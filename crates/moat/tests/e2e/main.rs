@@ -174,6 +174,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     hygiene::penalized_sources_wait_their_turn_but_are_never_refused,
     hygiene::unauthenticated_flood_does_not_lock_out,
     hygiene::one_source_cannot_lock_itself_out,
+    hygiene::stalled_handshakes_give_their_slots_up,
     restart::loses_nothing,
     restart::warm_boxes_are_named_when_taken_and_never_outlive_a_restart,
     restart::purge_copes_with_a_read_only_pool,
