@@ -77,11 +77,32 @@ impl Answers {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "the box's agent did not answer in time"));
             }
             conn.set_read_timeout(Some(left))?;
-            let n = conn.read(&mut chunk)?;
+            let n = match conn.read(&mut chunk) {
+                // The time ran out: said so above.
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => continue,
+                read => read?,
+            };
             if n == 0 || self.buf.len() > moat_agent::protocol::MAX_FRAME {
                 return Err(io::Error::other("the box's agent did not answer"));
             }
             self.buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_agent_is_told_as_one() {
+        let (mut ours, _silent) = UnixStream::pair().unwrap();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let err = Answers::default().next(&mut ours, deadline).unwrap_err();
+        assert_eq!(
+            (err.kind(), err.to_string()),
+            (io::ErrorKind::TimedOut, "the box's agent did not answer in time".into())
+        );
     }
 }

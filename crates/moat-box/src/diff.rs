@@ -191,7 +191,8 @@ impl<'a, 'b> Walk<'a, 'b> {
 impl Walk<'_, '_> {
     fn dir(&mut self, a: Option<&OwnedFd>, b: Option<&OwnedFd>, prefix: &str, depth: usize) -> io::Result<()> {
         if depth > MAX_DEPTH {
-            return Err(io::Error::other(format!("{prefix}: directories nest deeper than {MAX_DEPTH} levels")));
+            // The box names the path: quoted, its newlines and controls escaped.
+            return Err(io::Error::other(format!("{prefix:?}: directories nest deeper than {MAX_DEPTH} levels")));
         }
         self.in_time()?;
         self.still_wanted()?;
@@ -245,7 +246,7 @@ impl Walk<'_, '_> {
             let path = format!("{prefix}/{}", String::from_utf8_lossy(name.as_bytes()));
             if path.len() > MAX_PATH {
                 return Err(io::Error::other(format!(
-                    "a path is longer than {MAX_PATH} bytes: {}...",
+                    "a path is longer than {MAX_PATH} bytes: {:?}...",
                     prefix.chars().take(64).collect::<String>()
                 )));
             }
@@ -639,10 +640,12 @@ mod tests {
     #[test]
     fn a_hostile_depth_is_an_error_not_a_crash() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let deep: std::path::PathBuf = (0..MAX_DEPTH + 2).map(|_| "d").collect();
+        // Under a name that would print a line of its own.
+        let deep: std::path::PathBuf =
+            std::iter::once("x\nA /etc/shadow").chain((0..MAX_DEPTH + 2).map(|_| "d")).collect();
         std::fs::create_dir_all(b.path().join(deep)).unwrap();
         let err = collect(a.path(), b.path()).unwrap_err();
-        assert!(err.to_string().contains("deeper than"), "{err}");
+        assert!(err.to_string().contains("deeper than") && !err.to_string().contains('\n'), "{err}");
     }
 
     fn collect(a: &Path, b: &Path) -> io::Result<Vec<Change>> {

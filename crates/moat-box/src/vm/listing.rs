@@ -88,7 +88,11 @@ impl Listing {
             }
             self.conn.set_read_timeout(Some(left))?;
             let mut chunk = [0u8; 64 << 10];
-            let n = self.conn.read(&mut chunk)?;
+            let n = match self.conn.read(&mut chunk) {
+                // The time ran out: said so above.
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => continue,
+                read => read?,
+            };
             if n == 0 {
                 return Err(io::Error::other("the guest ended its listing early"));
             }
