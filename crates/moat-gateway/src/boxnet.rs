@@ -32,6 +32,8 @@ pub struct Shared {
     pub asker: Arc<Asker>,
     /// The package cache and OSV database.
     pub registries: Arc<Registries>,
+    /// Turns to hold a push's body (see [`crate::proxy::push`]).
+    pub holds: Arc<tokio::sync::Semaphore>,
 }
 
 /// What let a connection through, and so what a change of policy does to it.
@@ -68,6 +70,8 @@ pub struct BoxNet {
     secrets_changed: watch::Sender<u64>,
     /// The package cache and OSV database every box shares.
     pub registries: Arc<Registries>,
+    /// Turns to hold a push's body, every box's together.
+    pub holds: Arc<tokio::sync::Semaphore>,
     /// The gateway's own connections to registries for this box's reads,
     /// kept between them (no connection carries two boxes' requests).
     pub registry_conns: Arc<crate::packages::fetch::Idle>,
@@ -82,7 +86,7 @@ impl BoxNet {
         gate: Gate,
         shared: &Shared,
     ) -> Arc<Self> {
-        let Shared { log, upstream, asker, registries } = shared.clone();
+        let Shared { log, upstream, asker, registries, holds } = shared.clone();
         let logger = Logger::new(id.clone(), log);
         Arc::new(Self {
             id,
@@ -99,6 +103,7 @@ impl BoxNet {
             secrets: RwLock::new(Arc::new(Vec::new())),
             secrets_changed: watch::channel(0).0,
             registries,
+            holds,
             registry_conns: Arc::default(),
         })
     }
@@ -298,6 +303,7 @@ mod tests {
             upstream: Arc::new(Upstream::new(config)),
             asker: Arc::clone(&asker),
             registries: Arc::new(crate::packages::Registries::new(Default::default())),
+            holds: crate::proxy::push::holds(),
         };
         let gate = crate::admission::Admission::for_descriptors(1024).gate(&moat_core::AccountId("SHA256:a".into()));
         let net = BoxNet::new(id, policy.clone(), None, gate, &shared);

@@ -77,6 +77,7 @@ impl Gateway {
             upstream: Arc::new(Upstream::new(upstream)),
             asker: Arc::new(Asker::new(questions)),
             registries: Arc::new(registries),
+            holds: crate::proxy::push::holds(),
         };
         Self { boxes: Mutex::new(HashMap::new()), shared, admission, meters: Meters::default() }
     }

@@ -409,12 +409,29 @@ async fn relay_fetched<W: AsyncWrite + Unpin + ?Sized>(
         head.push_str(&format!("Location: {location}\r\n"));
     }
     head.push_str("\r\n");
-    to_box.write_all(head.as_bytes()).await?;
+    // Written while a read turn is held: a box that stops reading gives it
+    // up (and the body's memory) after a pause.
+    write_unstalled(to_box, head.as_bytes()).await?;
     if !head_only {
-        to_box.write_all(&body).await?;
+        write_unstalled(to_box, &body).await?;
     }
     log.status = Some(status);
     log.received = body.len() as u64;
+    Ok(())
+}
+
+/// How long a box may stop reading an answer the gateway holds whole.
+const READ_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Writes `bytes` to the box, which must take each 64 KiB of them within
+/// [`READ_PAUSE`].
+async fn write_unstalled<W: AsyncWrite + Unpin + ?Sized>(to_box: &mut W, bytes: &[u8]) -> Result<(), Refusal> {
+    for piece in bytes.chunks(64 << 10) {
+        match tokio::time::timeout(READ_PAUSE, to_box.write_all(piece)).await {
+            Ok(written) => written?,
+            Err(_) => return Err(Refusal::Io("the box stopped reading its answer".into())),
+        }
+    }
     Ok(())
 }
 
@@ -463,5 +480,20 @@ impl Hasher {
             Self::Sha256(h) => hex(&h.finalize()),
             Self::Sha512(h) => hex(&h.finalize()),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    #[tokio::test(start_paused = true)]
+    async fn a_box_that_stops_reading_gives_its_turn_up() {
+        let (mut ours, _never_read) = tokio::io::duplex(1024);
+        let started = tokio::time::Instant::now();
+        let err = super::write_unstalled(&mut ours, &vec![7u8; 1 << 20]).await.unwrap_err();
+        assert_eq!(
+            (started.elapsed(), err.to_string()),
+            (super::READ_PAUSE, "the box stopped reading its answer".into())
+        );
     }
 }

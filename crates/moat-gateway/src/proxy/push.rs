@@ -23,6 +23,19 @@ use crate::refusal::Refusal;
 pub const MAX_HELD: usize = 32 << 20;
 /// How long the box may pause inside a push body that is being held.
 const BODY_WAIT: Duration = Duration::from_secs(60);
+/// How long a push body may take to arrive whole (one trickling a byte a
+/// minute would hold its turn and its memory for ever).
+const BODY_TIME: Duration = Duration::from_secs(300);
+/// Push bodies held at once, every box together: each may take twice
+/// [`MAX_HELD`] of memory (as it came, and decoded).
+const HOLDS_AT_ONCE: usize = 8;
+/// How long a push waits for a turn to be held.
+const TURN_WAIT: Duration = Duration::from_secs(30);
+
+/// The turns to hold a push body, every box's together.
+pub fn holds() -> std::sync::Arc<tokio::sync::Semaphore> {
+    std::sync::Arc::new(tokio::sync::Semaphore::new(HOLDS_AT_ONCE))
+}
 
 /// What a push is, as far as the rules go.
 pub struct Push<'a> {
@@ -78,10 +91,29 @@ pub async fn hold<R: AsyncRead + Unpin>(
     buf: &mut Vec<u8>,
     request: &Request,
     push: Push<'_>,
+    holds: &tokio::sync::Semaphore,
 ) -> Result<(), Refusal> {
     if request.coded {
         return Err(Refusal::git_error(false, "moat: compressed push bodies are not read by the gateway".into()));
     }
+    let busy = || Refusal::git_error(false, "moat: the gateway is holding as many pushes as it can: try again".into());
+    let _turn = match tokio::time::timeout(TURN_WAIT, holds.acquire()).await {
+        Ok(Ok(turn)) => turn,
+        _ => return Err(busy()),
+    };
+    match tokio::time::timeout(BODY_TIME, read_and_judge(from_box, buf, request, push)).await {
+        Ok(judged) => judged,
+        Err(_) => Err(Refusal::git_error(false, "moat: the push body took too long to arrive".into())),
+    }
+}
+
+/// [`hold`]'s reading, once it has its turn.
+async fn read_and_judge<R: AsyncRead + Unpin>(
+    from_box: &mut R,
+    buf: &mut Vec<u8>,
+    request: &Request,
+    push: Push<'_>,
+) -> Result<(), Refusal> {
     let mut body = BodyReader::new(request.body);
     let mut list: Option<(CommandList, Judged)> = None;
     let mut chunk = vec![0u8; 64 << 10];
@@ -216,7 +248,7 @@ mod tests {
         let mut buf = raw[..head_len].to_vec();
         let name = HostName::parse("github.com").unwrap();
         let push = Push { name: &name, repo: "moat/repo", rules: &rules };
-        let decided = hold(&mut Pieces(pieces), &mut buf, &request, push).await;
+        let decided = hold(&mut Pieces(pieces), &mut buf, &request, push, &holds()).await;
         // Whatever was read stays, as it came, for the host.
         assert!(raw.starts_with(&buf));
         decided.map_err(|e| e.to_string())
@@ -305,5 +337,37 @@ mod tests {
         // A probe (an empty list) goes.
         let probe = b"POST /x HTTP/1.1\r\nHost: github.com\r\nContent-Length: 4\r\n\r\n0000";
         assert_eq!(decide(&rules, probe, &[]).await, Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_push_gives_its_turn_up_and_a_full_gateway_says_so() {
+        let rules = [PushRule::parse(&["github.com/moat/repo", "refs/heads/agent/*", "--fast-forward"]).unwrap()];
+        let raw = b"POST /x HTTP/1.1\r\nHost: github.com\r\nContent-Length: 100000\r\n\r\n";
+        let Head::Request(request) = read_head(raw) else { panic!("head") };
+        let name = HostName::parse("github.com").unwrap();
+        let push = || Push { name: &name, repo: "moat/repo", rules: &rules };
+        // A command line begun, then a byte every 50 s: never a minute's
+        // pause, and never done.
+        let (mut box_side, mut ours) = tokio::io::duplex(64);
+        tokio::spawn(async move {
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut box_side, b"0fff").await;
+            while tokio::io::AsyncWriteExt::write_all(&mut box_side, b"a").await.is_ok() {
+                tokio::time::sleep(Duration::from_secs(50)).await;
+            }
+        });
+        let holds = holds();
+        let started = tokio::time::Instant::now();
+        let mut buf = raw.to_vec();
+        let err = hold(&mut ours, &mut buf, &request, push(), &holds).await.unwrap_err();
+        assert_eq!(
+            (started.elapsed(), err.to_string()),
+            (BODY_TIME, "moat: the push body took too long to arrive".into())
+        );
+        assert_eq!(holds.available_permits(), HOLDS_AT_ONCE, "its turn was kept");
+        // Every turn taken: told so after a wait.
+        let _all = holds.acquire_many(HOLDS_AT_ONCE as u32).await.unwrap();
+        let mut buf = raw.to_vec();
+        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), &holds).await.unwrap_err();
+        assert!(err.to_string().contains("as many pushes as it can"), "{err}");
     }
 }
