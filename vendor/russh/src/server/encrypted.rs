@@ -1622,7 +1622,10 @@ impl Session {
                 }
                 match req_type.as_str() {
                     "pty-req" => {
-                        let term = map_err!(String::decode(r))?;
+                        let Some(term) = utf8_field(r)? else {
+                            self.channel_failure(channel_num)?;
+                            return Ok(());
+                        };
                         let col_width = map_err!(u32::decode(r))?;
                         let row_height = map_err!(u32::decode(r))?;
                         let pix_width = map_err!(u32::decode(r))?;
@@ -1648,8 +1651,11 @@ impl Session {
                                 let num = BigEndian::read_u32(&mode_bytes[1..5]);
                                 debug!("code = {code:?}");
                                 if i >= modes.len() {
-                                    error!("pty-req: too many pty codes");
-                                    return Err(Error::Inconsistent.into());
+                                    // moat: the rest are ignored, as sshd ignores
+                                    // what it cannot parse there; russh ended the
+                                    // connection.
+                                    info!("pty-req: too many pty codes; the rest ignored");
+                                    break;
                                 }
                                 if let Some(code) = Pty::from_u8(code) {
                                     #[allow(clippy::indexing_slicing)]
@@ -1733,8 +1739,10 @@ impl Session {
                             .await
                     }
                     "env" => {
-                        let env_variable = map_err!(String::decode(r))?;
-                        let env_value = map_err!(String::decode(r))?;
+                        let (Some(env_variable), Some(env_value)) = (utf8_field(r)?, utf8_field(r)?) else {
+                            self.channel_failure(channel_num)?;
+                            return Ok(());
+                        };
                         map_err!(ensure_end(r))?;
 
                         self.deliver(channel_num, ChannelMsg::SetEnv {
@@ -1778,7 +1786,10 @@ impl Session {
                         handler.exec_request(channel_num, &req, self).await
                     }
                     "subsystem" => {
-                        let name = map_err!(String::decode(r))?;
+                        let Some(name) = utf8_field(r)? else {
+                            self.channel_failure(channel_num)?;
+                            return Ok(());
+                        };
                         map_err!(ensure_end(r))?;
 
                         self.deliver(channel_num, ChannelMsg::RequestSubsystem {
@@ -1815,7 +1826,11 @@ impl Session {
                             .await
                     }
                     "signal" => {
-                        let signal = Sig::from_name(&map_err!(String::decode(r))?);
+                        let Some(signal) = utf8_field(r)? else {
+                            self.channel_failure(channel_num)?;
+                            return Ok(());
+                        };
+                        let signal = Sig::from_name(&signal);
                         map_err!(ensure_end(r))?;
                         self.deliver(channel_num, ChannelMsg::Signal {
                                 signal: signal.clone(),
@@ -2156,4 +2171,12 @@ impl Session {
             }
         }
     }
+}
+
+/// moat: a string field of a channel request, if it is UTF-8 (`None`: it is
+/// not, and the request alone is refused, as sshd skips it; russh ended the
+/// whole connection, every channel of it).
+fn utf8_field<R: Reader>(r: &mut R) -> Result<Option<String>, Error> {
+    let bytes = map_err!(Bytes::decode(r))?;
+    Ok(String::from_utf8(bytes.to_vec()).ok())
 }
