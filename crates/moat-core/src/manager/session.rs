@@ -69,7 +69,30 @@ impl BoxManager {
         account: &AccountId,
         name: &Name,
     ) -> Result<(BoxHandle, SessionGuard), ManagerError> {
-        let (rec, _guard) = self.locked(account, name).await?;
+        let (rec, guard) = self.locked(account, name).await?;
+        self.open_locked(rec, guard).await
+    }
+
+    /// Opens a session on box `rec` as checked (a share's): refused if its
+    /// name is another box's by now (promoted over, or removed and made
+    /// again), which the check did not let through.
+    pub(super) async fn open_session_of(
+        self: &Arc<Self>,
+        rec: &BoxRecord,
+    ) -> Result<(BoxHandle, SessionGuard), ManagerError> {
+        let (now, guard) = self.locked(&rec.account, &rec.name).await?;
+        if now.id != rec.id {
+            return Err(ManagerError::NoSuchBox(rec.name.clone()));
+        }
+        self.open_locked(now, guard).await
+    }
+
+    /// [`open_session`](Self::open_session) once the box is locked.
+    async fn open_locked(
+        self: &Arc<Self>,
+        rec: BoxRecord,
+        _guard: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Result<(BoxHandle, SessionGuard), ManagerError> {
         let addr = self.bring_up(&rec).await?;
         {
             let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);

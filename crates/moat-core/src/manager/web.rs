@@ -179,7 +179,7 @@ impl BoxManager {
         owner: Option<&Owner>,
     ) -> Result<(BoxHandle, SessionGuard), ManagerError> {
         let rec = self.reachable(account, name, owner)?;
-        let (handle, guard) = self.open_session(&rec.account, &rec.name).await?;
+        let (handle, guard) = self.open_session_of(&rec).await?;
         Ok((handle, guard.held_by(account)))
     }
 
@@ -270,7 +270,7 @@ impl BoxManager {
             BoxState::Creating => return Err(WebRefusal::Busy.into()),
             BoxState::Running | BoxState::Suspended => {}
         }
-        let (handle, guard) = self.open_session(&rec.account, &rec.name).await?;
+        let (handle, guard) = self.open_session_of(&rec).await?;
         // A visitor signed in holds the session: taking its access away ends
         // it, as taking the port's exposure away ends anyone's.
         let account = (who != PUBLIC).then(|| AccountId(who.clone()));
