@@ -462,6 +462,22 @@ impl BoxManager {
         Ok(tokio::task::spawn_blocking(move || f(backend.as_ref())).await?)
     }
 
+    /// `limits` with each one left at its default brought within the
+    /// operator's maximum (a server with `--max-disk 8G` takes a plain `new`;
+    /// a limit asked for above the maximum is still refused).
+    fn defaults_within_max(&self, limits: Limits) -> Limits {
+        let (default, max) = (Limits::default(), self.config.max_limits);
+        let within = |asked: u64, default: u64, max: u64| if asked == default { asked.min(max) } else { asked };
+        Limits {
+            cpus: u32::try_from(within(limits.cpus.into(), default.cpus.into(), max.cpus.into()))
+                .unwrap_or(limits.cpus),
+            memory: within(limits.memory, default.memory, max.memory),
+            pids: u32::try_from(within(limits.pids.into(), default.pids.into(), max.pids.into()))
+                .unwrap_or(limits.pids),
+            disk: within(limits.disk, default.disk, max.disk),
+        }
+    }
+
     /// Refuses a new box the operator's limits do not allow: early, before
     /// any work (the store checks the account's box count and memory again
     /// as it adds the box, for creates at once).
@@ -561,13 +577,14 @@ impl BoxManager {
         progress: ProgressSink,
     ) -> Result<BoxRecord, ManagerError> {
         let started = std::time::Instant::now();
+        let mut spec = spec;
+        spec.limits = self.defaults_within_max(spec.limits);
         spec.limits.validate()?;
         reserved(&spec.name)?;
         if !self.serving() {
             return Err(ManagerError::NoRoomHere(StoreError::NodeUnavailable(self.node.clone())));
         }
         self.check_quota(account, &spec.limits)?;
-        let mut spec = spec;
         let (image, pulled) = self.resolve_image(account, &spec.image)?;
         spec.image = image;
         if self.db(|s| s.get(account, &spec.name))?.is_some() {

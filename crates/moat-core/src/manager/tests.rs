@@ -600,6 +600,37 @@ async fn copies_at_once_stay_within_the_accounts_box_count() {
     assert_eq!((m.list(&f.alice).unwrap().len(), refused), (3, 6));
 }
 
+/// A plain `new` on a server whose maximum disk is below the default disk
+/// takes the maximum; a disk asked for above it is refused.
+#[tokio::test]
+async fn defaults_fit_within_the_operators_maximum() {
+    let f = fixture();
+    let max_limits = Limits { disk: 8 << 30, ..ManagerConfig::default().max_limits };
+    let config = ManagerConfig { max_limits, warm_boxes: 0, ..ManagerConfig::default() };
+    let m = BoxManager::new(Store::open(&f.db).unwrap(), f.backend.clone(), config);
+    let made = m.create(&f.alice, busybox("web", Limits::default()), Box::new(|_: &str| {})).await.unwrap();
+    assert_eq!(made.limits.disk, 8 << 30);
+    let asked = busybox("big", Limits { disk: 20 << 30, ..Limits::default() });
+    assert!(matches!(m.create(&f.alice, asked, Box::new(|_: &str| {})).await, Err(ManagerError::OverMax { .. })));
+}
+
+/// A share checked against one box opens no session in another that took
+/// its name meanwhile (the owner promoted a private copy over it).
+#[tokio::test]
+async fn a_share_opens_no_session_in_the_box_that_took_its_name() {
+    let f = fixture();
+    let m = &f.manager;
+    let bob = AccountId("SHA256:bob".into());
+    f.new_box("web").await.unwrap();
+    m.share(&f.alice, &name("web"), &bob).unwrap();
+    let owner = crate::web::Owner::of(&f.alice);
+    let checked = m.reachable(&bob, &name("web"), Some(&owner)).unwrap();
+    m.dup(&f.alice, &name("web"), &name("web-try")).await.unwrap();
+    m.promote(&f.alice, &name("web-try")).await.unwrap();
+    assert!(matches!(m.open_session_of(&checked).await, Err(ManagerError::NoSuchBox(_))));
+    assert!(matches!(m.open_shared_session(&bob, &name("web"), Some(&owner)).await, Err(ManagerError::NoSuchBox(_))));
+}
+
 #[tokio::test]
 async fn an_accounts_memory_budget_counts_its_boxes_limits_only() {
     let f = fixture();
