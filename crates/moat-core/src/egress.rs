@@ -125,6 +125,30 @@ pub struct LogEntry {
     pub package: Option<PackageFile>,
 }
 
+impl LogEntry {
+    /// An entry at `at_ms` with the fields every kind has, the rest empty.
+    pub fn new(at_ms: u64, kind: LogKind, name: impl Into<String>, port: u16, verdict: LogVerdict) -> Self {
+        Self {
+            at_ms,
+            kind,
+            name: name.into(),
+            port,
+            method: None,
+            target: None,
+            verdict,
+            rule: None,
+            reason: None,
+            sent: 0,
+            received: 0,
+            secret: None,
+            tokens: None,
+            status: None,
+            opaque: false,
+            package: None,
+        }
+    }
+}
+
 /// A package file a box asked for, as the gateway read it off the index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PackageFile {

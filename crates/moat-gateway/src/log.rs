@@ -113,26 +113,9 @@ impl Logger {
     }
 }
 
-/// An entry with the fields every kind has.
+/// An entry, now, with the fields every kind has.
 pub fn entry(kind: LogKind, name: impl Into<String>, port: u16, verdict: LogVerdict) -> LogEntry {
-    LogEntry {
-        at_ms: now_ms(),
-        kind,
-        name: name.into(),
-        port,
-        method: None,
-        target: None,
-        verdict,
-        rule: None,
-        reason: None,
-        sent: 0,
-        received: 0,
-        secret: None,
-        tokens: None,
-        status: None,
-        opaque: false,
-        package: None,
-    }
+    LogEntry::new(now_ms(), kind, name, port, verdict)
 }
 
 #[cfg(test)]

@@ -125,24 +125,7 @@ mod tests {
 
     fn entries_read_back_per_box_oldest_first(db: &TestDb) {
         let store = db.open();
-        let entry = |at_ms, name: &str| LogEntry {
-            at_ms,
-            kind: LogKind::Dns,
-            name: name.into(),
-            port: 0,
-            method: None,
-            target: None,
-            verdict: LogVerdict::Allow,
-            rule: None,
-            reason: None,
-            sent: 0,
-            received: 0,
-            secret: None,
-            tokens: None,
-            status: None,
-            opaque: false,
-            package: None,
-        };
+        let entry = |at_ms, name: &str| LogEntry::new(at_ms, LogKind::Dns, name, 0, LogVerdict::Allow);
         let (a, b) = (BoxId::random(), BoxId::random());
         store.append_egress(&[(a.clone(), entry(1, "one")), (b.clone(), entry(2, "other"))]).unwrap();
         store.append_egress(&[(a.clone(), entry(3, "three"))]).unwrap();

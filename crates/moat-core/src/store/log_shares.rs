@@ -157,24 +157,7 @@ mod tests {
     on_both_engines!(a_flooding_account_pushes_out_only_its_own_entries);
 
     fn entry(at_ms: u64, name: &str) -> LogEntry {
-        LogEntry {
-            at_ms,
-            kind: LogKind::Dns,
-            name: name.into(),
-            port: 0,
-            method: None,
-            target: None,
-            verdict: LogVerdict::Deny,
-            rule: None,
-            reason: None,
-            sent: 0,
-            received: 0,
-            secret: None,
-            tokens: None,
-            status: None,
-            opaque: false,
-            package: None,
-        }
+        LogEntry::new(at_ms, LogKind::Dns, name, 0, LogVerdict::Deny)
     }
 
     /// A box of `account` in the store, by id.
