@@ -15,7 +15,7 @@
 //!    source and in total) before the server reads them; a full stage makes it
 //!    *wait* for a slot, never reset (its time to authenticate starts once it
 //!    has one). Sockets that send nothing never hold a slot, and are cut after
-//!    a short grace; one that holds a slot must finish its key exchange in a
+//!    a short grace; one that holds a slot must begin its key exchange in a
 //!    few seconds, so that sockets which speak and then stall cannot keep the
 //!    slots from the clients waiting behind them.
 //!
@@ -321,6 +321,8 @@ pub struct SlotHolder {
     slotted: AtomicBool,
     refused: AtomicBool,
     kex_done: AtomicBool,
+    /// The client sent more than its version string (its key exchange).
+    went_on: AtomicBool,
     evicted: Notify,
     /// Woken at each step above.
     stepped: Notify,
@@ -363,9 +365,18 @@ impl SlotHolder {
         reached(&self.slotted, &self.stepped).await;
     }
 
-    /// Resolves once its key exchange is over.
-    pub async fn kex_finished(&self) {
-        reached(&self.kex_done, &self.stepped).await;
+    /// Notes that the client sent more than its version string.
+    pub(crate) fn went_on(&self) {
+        if !self.went_on.swap(true, Ordering::AcqRel) {
+            self.stepped.notify_waiters();
+        }
+    }
+
+    /// Resolves once the client has begun its key exchange (sent more than
+    /// its version string: every client sends its KEXINIT at once, while a
+    /// socket that stalls after its version never does).
+    pub async fn kex_begun(&self) {
+        reached(&self.went_on, &self.stepped).await;
     }
 
     /// Gives the slot back (on authentication).
@@ -446,6 +457,10 @@ impl AsyncRead for Gated {
                 }
                 this.early.extend_from_slice(first.filled());
                 this.holder.heard();
+                // The version line and more in one read: the key exchange too.
+                if this.early.iter().position(|&b| b == b'\n').is_some_and(|i| i + 1 < this.early.len()) {
+                    this.holder.went_on();
+                }
             }
             let active = ready!(acquire.as_mut().poll(cx));
             this.holder.hold(active);
@@ -457,7 +472,12 @@ impl AsyncRead for Gated {
             this.early.drain(..n);
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.holder.went_on();
+        }
+        read
     }
 }
 

@@ -104,14 +104,15 @@ impl UnauthSlot {
 }
 
 /// How long a connection may wait for a handshake slot: those ahead of it
-/// hold theirs for [`KEX_TIME`] at most unless they finish their key
+/// hold theirs for [`KEX_TIME`] at most unless they begin their key
 /// exchange, so this is a queue far longer than an attack can keep up.
 const SLOT_WAIT: Duration = Duration::from_secs(60);
-/// How long a connection holding a handshake slot has to finish its key
-/// exchange (milliseconds for any client; a socket that spoke and stalled
-/// holds the slot no longer).
+/// How long a connection holding a handshake slot has to begin its key
+/// exchange (clients send their KEXINIT with their version string; a
+/// socket that spoke and stalled holds the slot no longer). The exchange
+/// itself has the authentication timeout: OpenSSH asks its user about an
+/// unknown host key in the middle of it.
 const KEX_TIME: Duration = Duration::from_secs(10);
-
 /// How long a connection cut before authenticating has to be told why.
 const DISCONNECT_TIME: Duration = Duration::from_secs(1);
 
@@ -122,8 +123,8 @@ enum Cut {
     Silent,
     /// It waited its turn for a handshake slot past [`SLOT_WAIT`].
     NoSlot,
-    /// It held a slot and did not finish its key exchange in [`KEX_TIME`].
-    SlowKex,
+    /// It held a slot and did not begin its key exchange in [`KEX_TIME`].
+    NoKex,
     /// It did not authenticate in time.
     AuthTimeout,
     /// A newer connection from its source took its pending place.
@@ -135,7 +136,7 @@ impl Cut {
         match self {
             Cut::Silent => "no version string",
             Cut::NoSlot => "no handshake slot came free in time",
-            Cut::SlowKex => "key exchange too slow",
+            Cut::NoKex => "no key exchange after its version string",
             Cut::AuthTimeout => "authentication timeout",
             Cut::Evicted => "its source opened too many connections",
         }
@@ -152,7 +153,7 @@ impl Cut {
 struct Deadlines {
     /// To send its first bytes.
     grace: Duration,
-    /// To finish its key exchange once it holds a handshake slot.
+    /// To begin its key exchange once it holds a handshake slot.
     kex: Duration,
     /// To authenticate once it holds a handshake slot.
     auth: Duration,
@@ -176,7 +177,7 @@ impl Deadlines {
 /// Resolves when an unauthenticated connection must be cut, with why: if it
 /// sends nothing within its grace (it holds no handshake slot, but a pending
 /// place and an fd); if it waits for a slot past [`SLOT_WAIT`]; if, holding
-/// one, it has not finished its key exchange or authenticated in time
+/// one, it has not begun its key exchange or authenticated in time
 /// (counted from the slot: a wait in line is not the client's to answer
 /// for); or as soon as it is evicted.
 async fn unauthenticated_deadline(holder: &SlotHolder, deadlines: Deadlines) -> Cut {
@@ -188,8 +189,8 @@ async fn unauthenticated_deadline(holder: &SlotHolder, deadlines: Deadlines) -> 
             return Cut::NoSlot;
         }
         let slotted = tokio::time::Instant::now();
-        if tokio::time::timeout(deadlines.kex, holder.kex_finished()).await.is_err() {
-            return Cut::SlowKex;
+        if tokio::time::timeout(deadlines.kex, holder.kex_begun()).await.is_err() {
+            return Cut::NoKex;
         }
         tokio::time::sleep_until(slotted + deadlines.auth).await;
         Cut::AuthTimeout
@@ -295,6 +296,7 @@ pub async fn serve(listener: TcpListener, config: ServerConfig, api: ApiClient) 
                 why = &mut deadline => why,
             };
             if authenticated.load(Ordering::Relaxed) {
+                drop(socket);
                 let _ = session.await;
                 return;
             }
@@ -359,7 +361,18 @@ mod tests {
             stalled.heard();
             stalled.hold(admission.active(x).await);
         };
-        assert_eq!(cut_after(step, &stalled).await, (KEX_TIME, Cut::SlowKex));
+        assert_eq!(cut_after(step, &stalled).await, (KEX_TIME, Cut::NoKex));
+        // Began its key exchange, then took long over it (a user reading a
+        // host key's fingerprint): the authentication timeout alone.
+        let asked = Arc::new(SlotHolder::default());
+        let step = async {
+            asked.heard();
+            asked.hold(admission.active(x).await);
+            asked.went_on();
+        };
+        assert_eq!(cut_after(step, &asked).await, (AUTH, Cut::AuthTimeout));
+        stalled.release();
+        asked.release();
         // Waited 50 s in line, then exchanged keys: its 30 s to
         // authenticate count from its slot.
         let waited = Arc::new(SlotHolder::default());
@@ -367,13 +380,13 @@ mod tests {
             waited.heard();
             tokio::time::sleep(Duration::from_secs(50)).await;
             waited.hold(admission.active(x).await);
-            waited.kex_done();
+            waited.went_on();
         };
         assert_eq!(cut_after(step, &waited).await, (Duration::from_secs(80), Cut::AuthTimeout));
         // Never given a slot: cut at SLOT_WAIT, not held against its source.
         let queued = Arc::new(SlotHolder::default());
         let step = async { queued.heard() };
         assert_eq!(cut_after(step, &queued).await, (SLOT_WAIT, Cut::NoSlot));
-        assert!(!Cut::NoSlot.offends() && Cut::SlowKex.offends());
+        assert!(!Cut::NoSlot.offends() && Cut::NoKex.offends());
     }
 }
