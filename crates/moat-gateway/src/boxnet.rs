@@ -70,8 +70,8 @@ pub struct BoxNet {
     secrets_changed: watch::Sender<u64>,
     /// The package cache and OSV database every box shares.
     pub registries: Arc<Registries>,
-    /// Turns to hold a push's body, every box's together.
-    pub holds: Arc<tokio::sync::Semaphore>,
+    /// Turns to hold a push's body, every box's together, and this box's.
+    pub holds: (Arc<tokio::sync::Semaphore>, tokio::sync::Semaphore),
     /// The gateway's own connections to registries for this box's reads,
     /// kept between them (no connection carries two boxes' requests).
     pub registry_conns: Arc<crate::packages::fetch::Idle>,
@@ -103,7 +103,7 @@ impl BoxNet {
             secrets: RwLock::new(Arc::new(Vec::new())),
             secrets_changed: watch::channel(0).0,
             registries,
-            holds,
+            holds: (holds, crate::proxy::push::box_holds()),
             registry_conns: Arc::default(),
         })
     }
@@ -147,13 +147,15 @@ impl BoxNet {
         let mut changes = self.policy_changed.subscribe();
         async move {
             loop {
-                if changes.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
+                // Judged first as the policy is now: a change may have come
+                // while the connection was being set up.
                 match self.standing(name, port, grounds).1 {
                     verdict if stands(&verdict) => {}
                     Verdict::Deny(rule) => return Refusal::Revoked(rule),
                     _ => return Refusal::NowLookedInside,
+                }
+                if changes.changed().await.is_err() {
+                    std::future::pending::<()>().await;
                 }
             }
         }
@@ -358,6 +360,19 @@ mod tests {
         assert_eq!(settled(&mut read_inside).await, Some(Refusal::Revoked(None)));
         let (policy, verdict) = net.standing(&web, 80, &by_policy);
         assert_eq!((policy.allow.len(), verdict), (0, Verdict::Deny(None)));
+    }
+
+    #[tokio::test]
+    async fn a_change_made_while_a_connection_was_set_up_ends_it() {
+        let (net, ..) = asking_box();
+        let web = HostName::parse("web.test").unwrap();
+        net.set_policy(rules(&["web.test"], &[]));
+        // Let through; then, before its copying began, the host was denied.
+        let verdict = net.standing(&web, 443, &Grounds::Policy).1;
+        assert!(matches!(verdict, Verdict::Allow(_)));
+        net.set_policy(rules(&[], &[]));
+        let mut revoked = Box::pin(net.on_revoked(&web, 443, &Grounds::Policy, |v| matches!(v, Verdict::Allow(_))));
+        assert_eq!(settled(&mut revoked).await, Some(Refusal::Revoked(None)));
     }
 
     #[tokio::test]

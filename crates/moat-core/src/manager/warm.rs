@@ -77,7 +77,11 @@ impl BoxManager {
 
     /// The kind of a `new` of `image` with nothing else said.
     fn default_kind(&self, image: &Name) -> Kind {
-        Kind { image: image.clone(), limits: Limits::default(), backend: self.config.default_backend }
+        Kind {
+            image: image.clone(),
+            limits: self.defaults_within_max(Limits::default()),
+            backend: self.config.default_backend,
+        }
     }
 
     /// Makes a warm box of `image` with the default limits in the background

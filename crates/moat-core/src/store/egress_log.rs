@@ -24,6 +24,7 @@ impl Store {
     /// the effects ledger too.
     pub fn append_egress(&self, entries: &[(BoxId, LogEntry)]) -> Result<(), StoreError> {
         self.transaction(|tx| {
+            log_shares::take_turn(tx)?;
             let mut accounts: HashMap<&BoxId, String> = HashMap::new();
             let (mut logged, mut effects) = (HashMap::<String, i64>::new(), HashMap::<String, i64>::new());
             for (id, entry) in entries {

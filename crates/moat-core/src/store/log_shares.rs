@@ -52,6 +52,15 @@ impl Log {
     }
 }
 
+/// Takes the logs' turn (PostgreSQL: see [`super::LOG_LOCK`]), first thing
+/// in a transaction that writes them.
+pub(crate) fn take_turn(tx: &mut dyn Exec) -> Result<(), StoreError> {
+    if tx.engine() == super::sql::Engine::Postgres {
+        tx.execute("SELECT pg_advisory_xact_lock(?1)", &args![super::LOG_LOCK])?;
+    }
+    Ok(())
+}
+
 /// The account box `id` is of (`''` once the box is gone from the store).
 pub(crate) fn account_of(tx: &mut dyn Exec, id: &BoxId) -> Result<String, StoreError> {
     match tx.query_row("SELECT account FROM boxes WHERE id = ?1", &args![id.as_str()])? {
@@ -76,6 +85,7 @@ pub(crate) fn added(tx: &mut dyn Exec, log: Log, added: &[(String, i64)]) -> Res
 /// Takes out box `id`'s entries of `log`, and counts them out of its
 /// account's share.
 pub(crate) fn forget_box(tx: &mut dyn Exec, log: Log, id: &BoxId) -> Result<(), StoreError> {
+    take_turn(tx)?;
     let table = log.table();
     let held = tx.query(
         &format!("SELECT account, COUNT(*) FROM {table} WHERE box_id = ?1 GROUP BY account"),

@@ -160,6 +160,12 @@ fn account_totals_in(tx: &mut dyn Exec, account: &AccountId) -> Result<(u64, u64
     row.map(|r| Ok((r.get::<u64>(0)?, r.get::<u64>(1)?))).transpose().map(Option::unwrap_or_default)
 }
 
+/// Any number, the same in every moat: held (PostgreSQL) while the egress
+/// log or the effects ledger is written, so that nodes writing at once take
+/// their accounts' shares one after the other (in any order they would
+/// deadlock on the shares' rows).
+pub(crate) const LOG_LOCK: i64 = 0x6d6f_6174_0003;
+
 /// Any number, the same in every moat: held (PostgreSQL) while a box is
 /// added, so that two nodes never pick the same slot or overfill a node.
 pub(crate) const INSERT_LOCK: i64 = 0x6d6f_6174_0002;
@@ -521,7 +527,9 @@ impl Store {
 
     /// Refuses a box of `memory` that would take `account` past the cap.
     fn refuse_over_cap(&self, tx: &mut dyn Exec, account: &AccountId, memory: u64) -> Result<(), StoreError> {
-        let Some(cap) = self.account_cap else { return Ok(()) };
+        // Boxes booted ahead are the operator's (`--warm-boxes`): counted
+        // when one is given to an account.
+        let Some(cap) = self.account_cap.filter(|_| account.0 != crate::ids::WARM_ACCOUNT) else { return Ok(()) };
         let (boxes, held) = account_totals_in(tx, account)?;
         if boxes >= cap.boxes {
             return Err(StoreError::AccountBoxes(boxes));
@@ -676,7 +684,29 @@ mod tests {
         slots_come_from_the_servers_blocks_only,
         freed_slots_are_reused_lowest_first,
         a_box_made_now_is_known_to_the_millisecond,
+        an_accounts_cap_holds_where_boxes_are_added_but_not_for_warm_ones,
     );
+
+    /// The cap counts an account's boxes and memory as each is added; boxes
+    /// booted ahead (the warm account's) are not held to it.
+    fn an_accounts_cap_holds_where_boxes_are_added_but_not_for_warm_ones(db: &TestDb) {
+        let store = db.open().capped(AccountCap { boxes: 2, memory: 3 << 30 });
+        let spec = (&names("debian"), Limits::default(), BackendKind::Ns);
+        let (alice, warm) = (AccountId("a".into()), AccountId(crate::ids::WARM_ACCOUNT.into()));
+        let add =
+            |account: &AccountId, name: &str| store.insert_new(account, &names(name), spec, 1, &Policy::default());
+        add(&alice, "one").unwrap();
+        assert!(matches!(add(&alice, "two"), Err(StoreError::AccountMemory { .. })), "4G of limits under a 3G cap");
+        for n in ["w1", "w2", "w3"] {
+            add(&warm, n).unwrap();
+        }
+        let small = (&names("debian"), Limits { memory: 1 << 30, ..Limits::default() }, BackendKind::Ns);
+        store.insert_new(&alice, &names("two"), small, 1, &Policy::default()).unwrap();
+        assert!(matches!(
+            store.insert_new(&alice, &names("three"), small, 1, &Policy::default()),
+            Err(StoreError::AccountBoxes(2))
+        ));
+    }
 
     /// A box made now knows its millisecond (a copy's split from its
     /// parent); one made at another second, that second's start.

@@ -168,6 +168,9 @@ impl Dechunk {
                         DechunkState::Size => {
                             let hex = line.split(|c| *c == b';').next().unwrap_or_default();
                             let hex = super::request::ows(std::str::from_utf8(hex).map_err(|_| "a bad chunk size")?);
+                            if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                                return Err("a bad chunk size");
+                            }
                             match u64::from_str_radix(hex, 16).map_err(|_| "a bad chunk size")? {
                                 0 => DechunkState::Trailer,
                                 n => DechunkState::Data(n),
@@ -237,5 +240,7 @@ mod tests {
         assert!(d.feed(b"2\r\nabc\r\n", &mut Vec::new()).is_err());
         let mut d = Dechunk::default();
         assert!(d.feed("2\u{a0}\r\nab\r\n".as_bytes(), &mut Vec::new()).is_err(), "a Unicode space read as none");
+        let mut d = Dechunk::default();
+        assert!(d.feed(b"+2\r\nab\r\n", &mut Vec::new()).is_err(), "a sign read as none");
     }
 }

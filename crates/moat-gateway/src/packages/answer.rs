@@ -409,11 +409,18 @@ async fn relay_fetched<W: AsyncWrite + Unpin + ?Sized>(
         head.push_str(&format!("Location: {location}\r\n"));
     }
     head.push_str("\r\n");
-    // Written while a read turn is held: a box that stops reading gives it
-    // up (and the body's memory) after a pause.
-    write_unstalled(to_box, head.as_bytes()).await?;
-    if !head_only {
-        write_unstalled(to_box, &body).await?;
+    // Written while a read turn is held: a box that stops reading, or reads
+    // slowly, gives it up (and the body's memory).
+    let written = async {
+        write_unstalled(to_box, head.as_bytes()).await?;
+        if !head_only {
+            write_unstalled(to_box, &body).await?;
+        }
+        Ok::<(), Refusal>(())
+    };
+    match tokio::time::timeout(RELAY_TIME, written).await {
+        Ok(written) => written?,
+        Err(_) => return Err(Refusal::Io("the box read its answer too slowly".into())),
     }
     log.status = Some(status);
     log.received = body.len() as u64;
@@ -422,6 +429,9 @@ async fn relay_fetched<W: AsyncWrite + Unpin + ?Sized>(
 
 /// How long a box may stop reading an answer the gateway holds whole.
 const READ_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long it may take to read all of one (at most [`MAX_INDEX`], from the
+/// gateway on its own host).
+const RELAY_TIME: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Writes `bytes` to the box, which must take each 64 KiB of them within
 /// [`READ_PAUSE`].

@@ -138,8 +138,8 @@ fn percent_decode(raw: &str) -> Option<String> {
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
         if b == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             i += 3;
         } else {
             out.push(b);
@@ -265,6 +265,7 @@ mod tests {
             ("files.pythonhosted.org", "/packages/a%2fb/moatdemo-1.0-py3-none-any.whl"),
             ("files.pythonhosted.org", "/packages\\a/moatdemo-1.0.tar.gz"),
             ("files.pythonhosted.org", "/packages/a/%zz.whl"),
+            ("files.pythonhosted.org", "/packages/a/%+f.whl"),
             ("registry.npmjs.org", "//x/-/x-1.0.0.tgz"),
             ("registry.npmjs.org", "/x%2f-%2fx-1.0.0.tgz"),
             ("index.crates.io", "/se//rd/serde"),

@@ -32,6 +32,15 @@ const HOLDS_AT_ONCE: usize = 8;
 /// How long a push waits for a turn to be held.
 const TURN_WAIT: Duration = Duration::from_secs(30);
 
+/// Push bodies one box may have held at once (so that one box cannot take
+/// every turn).
+pub const BOX_HOLDS: usize = 2;
+
+/// A box's own turns to hold a push body.
+pub fn box_holds() -> tokio::sync::Semaphore {
+    tokio::sync::Semaphore::new(BOX_HOLDS)
+}
+
 /// The turns to hold a push body, every box's together.
 pub fn holds() -> std::sync::Arc<tokio::sync::Semaphore> {
     std::sync::Arc::new(tokio::sync::Semaphore::new(HOLDS_AT_ONCE))
@@ -91,14 +100,18 @@ pub async fn hold<R: AsyncRead + Unpin>(
     buf: &mut Vec<u8>,
     request: &Request,
     push: Push<'_>,
-    holds: &tokio::sync::Semaphore,
+    (holds, box_holds): (&tokio::sync::Semaphore, &tokio::sync::Semaphore),
 ) -> Result<(), Refusal> {
     if request.coded {
         return Err(Refusal::git_error(false, "moat: compressed push bodies are not read by the gateway".into()));
     }
     let busy = || Refusal::git_error(false, "moat: the gateway is holding as many pushes as it can: try again".into());
-    let _turn = match tokio::time::timeout(TURN_WAIT, holds.acquire()).await {
-        Ok(Ok(turn)) => turn,
+    // One of the box's own turns first, then one of everyone's.
+    let mine = box_holds.try_acquire().map_err(|_| {
+        Refusal::git_error(false, format!("moat: this box has {BOX_HOLDS} pushes held already: one at a time"))
+    })?;
+    let _turns = match tokio::time::timeout(TURN_WAIT, holds.acquire()).await {
+        Ok(Ok(turn)) => (mine, turn),
         _ => return Err(busy()),
     };
     match tokio::time::timeout(BODY_TIME, read_and_judge(from_box, buf, request, push)).await {
@@ -248,7 +261,7 @@ mod tests {
         let mut buf = raw[..head_len].to_vec();
         let name = HostName::parse("github.com").unwrap();
         let push = Push { name: &name, repo: "moat/repo", rules: &rules };
-        let decided = hold(&mut Pieces(pieces), &mut buf, &request, push, &holds()).await;
+        let decided = hold(&mut Pieces(pieces), &mut buf, &request, push, (&holds(), &box_holds())).await;
         // Whatever was read stays, as it came, for the host.
         assert!(raw.starts_with(&buf));
         decided.map_err(|e| e.to_string())
@@ -355,10 +368,10 @@ mod tests {
                 tokio::time::sleep(Duration::from_secs(50)).await;
             }
         });
-        let holds = holds();
+        let (holds, mine) = (holds(), box_holds());
         let started = tokio::time::Instant::now();
         let mut buf = raw.to_vec();
-        let err = hold(&mut ours, &mut buf, &request, push(), &holds).await.unwrap_err();
+        let err = hold(&mut ours, &mut buf, &request, push(), (&holds, &mine)).await.unwrap_err();
         assert_eq!(
             (started.elapsed(), err.to_string()),
             (BODY_TIME, "moat: the push body took too long to arrive".into())
@@ -367,7 +380,11 @@ mod tests {
         // Every turn taken: told so after a wait.
         let _all = holds.acquire_many(HOLDS_AT_ONCE as u32).await.unwrap();
         let mut buf = raw.to_vec();
-        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), &holds).await.unwrap_err();
+        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), (&holds, &mine)).await.unwrap_err();
         assert!(err.to_string().contains("as many pushes as it can"), "{err}");
+        // A box with its own turns taken: told so at once.
+        let _both = mine.acquire_many(BOX_HOLDS as u32).await.unwrap();
+        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), (&holds, &mine)).await.unwrap_err();
+        assert!(err.to_string().contains("pushes held already"), "{err}");
     }
 }
