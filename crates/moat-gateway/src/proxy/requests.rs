@@ -99,6 +99,22 @@ pub async fn http_connection(
     }
 }
 
+/// The secrets written into one request, counted in flight: given back
+/// when this is dropped (the request refused, or its connection cut at any
+/// point, a policy change or a killed secret among the causes), unless
+/// handed to the request's [`Metered`], which gives them back with its
+/// answer.
+struct Admitted<'a> {
+    armed: Vec<Armed>,
+    net: &'a BoxNet,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.armed.iter().for_each(|a| a.meter.release(&self.net.id));
+    }
+}
+
 /// The entry of a request whose head went to the host: logged when this
 /// is dropped, however the request ended (its body sent whole, cut short by
 /// the box, or the connection ended by the gateway), since the host may act
@@ -253,7 +269,7 @@ async fn requests(
                 break Err(why);
             }
         }
-        let Outgoing { head, mut injected, values } = match outgoing(net, name, &mut buf, &request, bound) {
+        let Outgoing { head, injected, values } = match outgoing(net, name, &mut buf, &request, bound) {
             Ok(out) => out,
             Err(refusal) => {
                 req_log.reason = Some(refusal.to_string());
@@ -267,6 +283,8 @@ async fn requests(
                 break Err(refusal);
             }
         };
+        // In flight from here: given back however the request ends.
+        let mut injected = Admitted { armed: injected, net };
         if up.is_none() {
             match dial(net, name, port, tls).await {
                 Ok((stream, up_socket)) => {
@@ -283,8 +301,6 @@ async fn requests(
                     up = Some((up_write, AbortOnDrop(copier)));
                 }
                 Err(e) => {
-                    // Admitted, never sent: not in flight.
-                    injected.iter().for_each(|a| a.meter.release(&net.id));
                     req_log.verdict = LogVerdict::Error;
                     req_log.reason = Some(e.to_string());
                     net.log(req_log);
@@ -297,7 +313,6 @@ async fn requests(
         req_log.verdict = LogVerdict::Allow;
         log.verdict = LogVerdict::Allow;
         let Some((up_write, _)) = up.as_mut() else {
-            injected.iter().for_each(|a| a.meter.release(&net.id));
             break Err(Refusal::NoUpstream);
         };
         // Counted as it goes (an answer may come before the body is all sent).
@@ -306,7 +321,6 @@ async fn requests(
         // however it ends.
         let mut sent = Sent { net, entry: Some(req_log), bytes: Arc::clone(&request_bytes), whole: false };
         if let Err(e) = write_counted(up_write, &head, &request_bytes).await {
-            injected.iter().for_each(|a| a.meter.release(&net.id));
             break Err(e.into());
         }
         log.sent += head.len() as u64;
@@ -316,9 +330,10 @@ async fn requests(
         // with its response.
         if bound {
             let mut expect = Expect::response(request.method == "HEAD", request.http10, request.close, values.into());
-            if !injected.is_empty() {
+            if !injected.armed.is_empty() {
                 if let Some(entry) = sent.entry.take() {
-                    let metered = Metered::new(entry, std::mem::take(&mut injected), net.logger(), &request_bytes);
+                    let metered =
+                        Metered::new(entry, std::mem::take(&mut injected.armed), net.logger(), &request_bytes);
                     expect.metered = Some(metered);
                 }
             }
