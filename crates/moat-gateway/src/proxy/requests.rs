@@ -86,17 +86,22 @@ pub async fn http_connection(
     // inside always): the secret goes into requests, every response is
     // scrubbed, and killing a secret bound there ends the connection. (A
     // secret killed already is refused per request, with a reason.)
-    if !(tls && port == SECRET_PORT) || net.secrets_for(name).is_empty() {
-        return tokio::select! {
-            r = requests(conn, stream, plain, log, false) => r,
+    // Counted here too: a connection cut mid-way is logged with what it got.
+    let received = Arc::new(AtomicU64::new(0));
+    let ended = if !(tls && port == SECRET_PORT) || net.secrets_for(name).is_empty() {
+        tokio::select! {
+            r = requests(conn, stream, plain, log, false, &received) => r,
             why = revoked => Err(why),
-        };
-    }
-    tokio::select! {
-        r = requests(conn, stream, plain, log, true) => r,
-        () = net.on_secret_killed(name) => Err(Refusal::SecretKilledMidway),
-        why = revoked => Err(why),
-    }
+        }
+    } else {
+        tokio::select! {
+            r = requests(conn, stream, plain, log, true, &received) => r,
+            () = net.on_secret_killed(name) => Err(Refusal::SecretKilledMidway),
+            why = revoked => Err(why),
+        }
+    };
+    log.received = log.received.max(received.load(Ordering::Relaxed));
+    ended
 }
 
 /// The secrets written into one request, counted in flight: given back
@@ -149,18 +154,19 @@ impl Drop for Sent<'_> {
 
 /// The request loop of [`http_connection`]; `plain`: the box's socket
 /// itself, for plain HTTP (responses are spliced to it); `bound`: the box
-/// has secrets for this host (written into requests, cut from responses).
+/// has secrets for this host (written into requests, cut from responses);
+/// `received`: the bytes the host's answers brought, as they come.
 async fn requests(
     conn: Conn<'_>,
     stream: Stream,
     plain: Option<TcpStream>,
     log: &mut LogEntry,
     bound: bool,
+    received: &Arc<AtomicU64>,
 ) -> Result<(), Refusal> {
     let Conn { net, name, port, grounds, tls } = conn;
     let (mut from_box, to_box) = tokio::io::split(stream);
     let to_box = Arc::new(tokio::sync::Mutex::new(to_box));
-    let received = Arc::new(AtomicU64::new(0));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut up: Option<(StreamWriter, AbortOnDrop)> = None;
     // Where a bound connection's relay learns what each response answers
@@ -170,7 +176,7 @@ async fn requests(
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     // The box asked for the end after the request sent last.
     let mut last_request = false;
-    let activity = Activity { received: &received, in_flight: &in_flight };
+    let activity = Activity { received, in_flight: &in_flight };
     let result = loop {
         let request = match read_request(&mut from_box, &mut buf, activity).await {
             Ok(Some(r)) => r,
@@ -289,7 +295,7 @@ async fn requests(
             match dial(net, name, port, tls).await {
                 Ok((stream, up_socket)) => {
                     let (up_read, up_write) = tokio::io::split(stream);
-                    let (to_box, received) = (Arc::clone(&to_box), Arc::clone(&received));
+                    let (to_box, received) = (Arc::clone(&to_box), Arc::clone(received));
                     let box_socket = plain.as_ref().map(dup).transpose().ok().flatten();
                     let copier = match (bound, expect_rx.take(), up_socket, box_socket) {
                         (true, Some(rx), _, _) => tokio::spawn(relay::relay(up_read, to_box, rx, received)),

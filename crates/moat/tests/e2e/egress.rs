@@ -103,6 +103,13 @@ pub fn deny_by_default_allow_by_name(env: &Env) {
     ] {
         assert!(cut.contains(want), "log lacks {want:?}:\n{cut}");
     }
+    // The cut connection is logged with the bytes its answers brought.
+    let json = env.alice(None, &["log", &name, "--json"]).ok().stdout;
+    let denied = json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["reason"].as_str().is_some_and(|r| r.contains("no longer allows it")) && e["port"] == 80);
+    assert!(denied.as_ref().is_some_and(|e| e["received"].as_u64().unwrap_or(0) > 0), "{denied:?}");
     // And to the next connection.
     let (status, _) = sh(env, &name, "curl -sS -m 5 --cacert /tmp/ca.pem https://web.test/");
     assert_ne!(status, Some(0));
