@@ -166,6 +166,8 @@ impl CgroupLayout {
 
     /// Creates the box's cgroups with its limits.
     pub fn create(&self, id: &(impl AsRef<str> + ?Sized), limits: &Limits) -> Result<(), CgroupError> {
+        // A parent made again here (see `remove_parents`) gets its bound again.
+        let parents_gone = self.dirs(id).iter().any(|dir| dir.parent().is_some_and(|p| !p.exists()));
         for dir in self.dirs(id) {
             // The parent may have been removed by `remove_parents` since `detect`.
             fs::create_dir_all(&dir).map_err(|source| CgroupError { path: dir.clone(), source })?;
@@ -174,7 +176,9 @@ impl CgroupLayout {
             }
             inherit_cpuset(&dir)?;
         }
-        self.bound_tasks()?;
+        if parents_gone {
+            self.bound_tasks()?;
+        }
         self.set_limits(id, limits)
     }
 

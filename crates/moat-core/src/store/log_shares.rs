@@ -30,14 +30,19 @@ pub(crate) enum Log {
 }
 
 impl Log {
-    fn table(self) -> &'static str {
+    /// Both logs.
+    pub(crate) const ALL: [Log; 2] = [Log::Egress, Log::Effects];
+
+    /// Its table.
+    pub(crate) fn table(self) -> &'static str {
         match self {
             Self::Egress => "egress_log",
             Self::Effects => "effects",
         }
     }
 
-    fn name(self) -> &'static str {
+    /// Its name in `log_shares`.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Egress => "egress",
             Self::Effects => "effects",
@@ -94,12 +99,18 @@ pub(crate) fn forget_box(tx: &mut dyn Exec, log: Log, id: &BoxId) -> Result<(), 
     tx.execute(&format!("DELETE FROM {table} WHERE box_id = ?1"), &args![id.as_str()])?;
     for row in held {
         let (account, n): (String, i64) = (row.get(0)?, row.get(1)?);
-        tx.execute(
-            "UPDATE log_shares SET entries = CASE WHEN entries > ?3 THEN entries - ?3 ELSE 0 END \
-             WHERE log = ?1 AND account = ?2",
-            &args![log.name(), account, n],
-        )?;
+        count_out(tx, log, &account, n)?;
     }
+    Ok(())
+}
+
+/// Takes `n` entries out of `account`'s share of `log`.
+fn count_out(tx: &mut dyn Exec, log: Log, account: &str, n: i64) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE log_shares SET entries = CASE WHEN entries > ?3 THEN entries - ?3 ELSE 0 END \
+         WHERE log = ?1 AND account = ?2",
+        &args![log.name(), account, n],
+    )?;
     Ok(())
 }
 
@@ -148,10 +159,7 @@ fn trim(tx: &mut dyn Exec, log: Log, bound: i64) -> Result<(), StoreError> {
                 &args![name, account.as_str()],
             )?;
         } else {
-            tx.execute(
-                "UPDATE log_shares SET entries = entries - ?3 WHERE log = ?1 AND account = ?2",
-                &args![name, account.as_str(), gone],
-            )?;
+            count_out(tx, log, &account, gone)?;
         }
     }
     Ok(())

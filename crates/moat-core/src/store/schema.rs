@@ -4,6 +4,7 @@
 //! in order when a database is opened (the version reached is kept in
 //! `schema_version`), so that a daemon upgrade finds every row.
 
+use super::log_shares::Log;
 use super::sql::dialect::ddl_for_postgres;
 use super::sql::{args, Db, Engine, Exec};
 use super::StoreError;
@@ -448,7 +449,8 @@ fn durable_checkpoints(tx: &mut dyn Exec) -> Result<(), StoreError> {
 /// (see `store::log_shares`): each entry names its account (older ones: that
 /// of their box, if it is still there), and each account's share is counted.
 fn log_shares(tx: &mut dyn Exec) -> Result<(), StoreError> {
-    for (table, index) in [("egress_log", "egress_by_account"), ("effects", "effects_by_account")] {
+    for log in Log::ALL {
+        let (table, name) = (log.table(), log.name());
         create(tx, &format!("ALTER TABLE {table} ADD COLUMN account TEXT NOT NULL DEFAULT ''"))?;
         tx.execute(
             &format!(
@@ -458,13 +460,16 @@ fn log_shares(tx: &mut dyn Exec) -> Result<(), StoreError> {
         )?;
         // SQLite keeps an index's rows in rowid order within a key already.
         let columns = if tx.engine() == Engine::Postgres { "account, rowid" } else { "account" };
-        create(tx, &format!("CREATE INDEX IF NOT EXISTS {index} ON {table} ({columns})"))?;
+        create(tx, &format!("CREATE INDEX IF NOT EXISTS {name}_by_account ON {table} ({columns})"))?;
     }
     create(tx, super::log_shares::LOG_SHARES)?;
-    for (log, table) in [("egress", "egress_log"), ("effects", "effects")] {
+    for log in Log::ALL {
         tx.execute(
-            &format!("INSERT INTO log_shares (log, account, entries) SELECT ?1, account, COUNT(*) FROM {table} GROUP BY account"),
-            &args![log],
+            &format!(
+                "INSERT INTO log_shares (log, account, entries) SELECT ?1, account, COUNT(*) FROM {} GROUP BY account",
+                log.table()
+            ),
+            &args![log.name()],
         )?;
     }
     Ok(())
