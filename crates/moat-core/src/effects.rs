@@ -51,6 +51,10 @@ pub struct Effect {
     /// The method (requests and pushes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
+    /// The method a method-override header asked the server to read the
+    /// request as, where it differs (see [`crate::egress::LogEntry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method_override: Option<String>,
     /// The request target (requests and pushes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -73,7 +77,10 @@ impl Effect {
         let kind = match entry.kind {
             LogKind::Http => {
                 let method = entry.method.as_deref()?;
-                if SAFE_METHODS.contains(&method) {
+                // Read as the server may read it: a GET that asks to be a
+                // DELETE is one.
+                let read_as = entry.method_override.as_deref();
+                if std::iter::once(method).chain(read_as).all(|m| SAFE_METHODS.contains(&m)) {
                     return None;
                 }
                 let push = entry
@@ -96,6 +103,7 @@ impl Effect {
             host: entry.name.clone(),
             port: entry.port,
             method: entry.method.clone().filter(|_| request),
+            method_override: entry.method_override.clone().filter(|_| request),
             path: entry.target.clone().filter(|_| request),
             status: entry.status,
             sent: entry.sent,
@@ -141,9 +149,11 @@ pub fn summary(effects: &[Effect], per_line: usize) -> Vec<String> {
                         .take(per_line)
                         .map(|e| {
                             let status = e.status.map_or_else(|| "-".to_string(), |s| s.to_string());
+                            let method =
+                                crate::egress::method_in_words(e.method.as_deref(), e.method_override.as_deref());
                             format!(
                                 "{} {} {status}",
-                                e.method.as_deref().unwrap_or("?"),
+                                method.as_deref().unwrap_or("?"),
                                 e.path.as_deref().unwrap_or("?")
                             )
                         })
@@ -179,6 +189,7 @@ mod tests {
             name: "api.example".into(),
             port: 443,
             method: method.map(str::to_string),
+            method_override: None,
             target: target.map(str::to_string),
             verdict,
             rule: None,
@@ -215,6 +226,11 @@ mod tests {
         ] {
             assert_eq!(Effect::of(&quiet), None, "{quiet:?}");
         }
+        // A GET a method-override header asks the server to read as a DELETE.
+        let mut hidden = entry(Http, Some("GET"), Some("/x"), Allow, false);
+        hidden.method_override = Some("DELETE".into());
+        let hidden = Effect::of(&hidden).unwrap();
+        assert_eq!(summary(&[hidden], 1), ["1 request to api.example: GET as DELETE /x 201"]);
         let opaque = Effect::of(&entry(Tcp, None, None, Allow, true)).unwrap();
         assert_eq!((opaque.kind, opaque.method.as_deref()), (EffectKind::Opaque, None));
         let lines = summary(&[post.clone(), post.clone(), post, opaque.clone(), opaque, push], 2);

@@ -91,6 +91,10 @@ pub struct LogEntry {
     /// The DNS record type, or the HTTP method.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
+    /// The method a method-override header asked the server to read the
+    /// request as (`X-HTTP-Method-Override` and the like), where it differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method_override: Option<String>,
     /// The HTTP request target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
@@ -134,6 +138,7 @@ impl LogEntry {
             name: name.into(),
             port,
             method: None,
+            method_override: None,
             target: None,
             verdict,
             rule: None,
@@ -146,6 +151,15 @@ impl LogEntry {
             opaque: false,
             package: None,
         }
+    }
+}
+
+/// A request's method in words: `GET`, or `GET as DELETE` where a
+/// method-override header asked the server to read it as `DELETE`.
+pub fn method_in_words(method: Option<&str>, method_override: Option<&str>) -> Option<String> {
+    match (method, method_override) {
+        (Some(method), Some(read_as)) => Some(format!("{method} as {read_as}")),
+        (method, _) => method.map(str::to_string),
     }
 }
 

@@ -978,6 +978,7 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
         name: "api.example".into(),
         port: 443,
         method: None,
+        method_override: None,
         target: None,
         verdict: crate::egress::LogVerdict::Allow,
         rule: None,

@@ -310,6 +310,7 @@ impl BoxManager {
             name: host.label(),
             port: 0,
             method: Some(r.method),
+            method_override: None,
             target: Some(r.path),
             verdict: if r.status < 500 { LogVerdict::Allow } else { LogVerdict::Error },
             rule: None,

@@ -57,6 +57,7 @@ mod tests {
             name: "api.example".into(),
             port: 443,
             method: method.map(str::to_string),
+            method_override: None,
             target: Some("/x".into()),
             verdict: LogVerdict::Allow,
             rule: None,

@@ -8,6 +8,13 @@ use moat_core::policy::HostName;
 /// Largest request head read.
 pub const MAX_HEAD: usize = 16 << 10;
 const MAX_HEADERS: usize = 96;
+/// Headers by which a client asks the server to read a request as another
+/// method (Google's APIs, ASP.NET, Rails middleware and others honour one):
+/// the gateway reads the request as that method too, so that a `GET` rule
+/// does not pass a `DELETE` in a `GET`, nor the effects ledger miss it.
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+/// Longest method a method-override header may name.
+const MAX_METHOD: usize = 16;
 
 /// How the body after a head is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +30,9 @@ pub enum Body {
 pub struct Request {
     /// The method.
     pub method: String,
+    /// The method a method-override header asks the server to read it as,
+    /// where that differs from `method` (upper-cased).
+    pub method_override: Option<String>,
     /// The target in origin form, normalised ([`normalise_target`]).
     pub target: String,
     /// The Host header's name.
@@ -44,6 +54,14 @@ pub struct Request {
     pub coded: bool,
     /// It waits for `100 Continue` before sending its body.
     pub expects_continue: bool,
+}
+
+impl Request {
+    /// The methods a server may read this request as: its own, and the one
+    /// a method-override header names.
+    pub fn methods(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.method.as_str()).chain(self.method_override.as_deref())
+    }
 }
 
 /// What the start of a buffer holds.
@@ -97,6 +115,7 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     let mut close = false;
     let mut coded = false;
     let mut expects_continue = false;
+    let mut method_override: Option<String> = None;
     for h in req.headers.iter() {
         let value = ows(std::str::from_utf8(h.value).map_err(|_| "a header that is not text")?);
         if h.name.eq_ignore_ascii_case("host") {
@@ -121,6 +140,15 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
             coded |= value.split(',').any(|c| !ows(c).is_empty() && !ows(c).eq_ignore_ascii_case("identity"));
         } else if h.name.eq_ignore_ascii_case("expect") {
             expects_continue |= value.eq_ignore_ascii_case("100-continue");
+        } else if METHOD_OVERRIDES.iter().any(|o| h.name.eq_ignore_ascii_case(o)) {
+            if value.is_empty() || value.len() > MAX_METHOD || !value.bytes().all(|b| b.is_ascii_alphabetic()) {
+                return Err("a method override that is not a method");
+            }
+            let value = value.to_ascii_uppercase();
+            if method_override.as_ref().is_some_and(|o| *o != value) {
+                return Err("two method overrides that differ");
+            }
+            method_override = Some(value);
         }
     }
     if chunked && version == 0 {
@@ -151,6 +179,7 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     let http10 = version == 0;
     Ok(Request {
         method: method.to_string(),
+        method_override: method_override.filter(|o| o != method),
         target,
         host,
         port,
@@ -316,6 +345,39 @@ mod tests {
         let mut long = b"GET / HTTP/1.1\r\nHost: a.org\r\nX: ".to_vec();
         long.extend(vec![b'a'; MAX_HEAD]);
         assert_eq!(read_head(&long), Head::Refused("request head too large"));
+    }
+
+    #[test]
+    fn a_method_override_is_read_as_the_method_it_names() {
+        let read = |head: &str| match req(head) {
+            Head::Request(r) => r.methods().map(str::to_string).collect::<Vec<_>>(),
+            other => panic!("{head:?}: {other:?}"),
+        };
+        assert_eq!(read("GET / HTTP/1.1\r\nHost: a.org\r\n\r\n"), ["GET"]);
+        for header in ["X-HTTP-Method-Override", "x-http-method", "X-Method-Override"] {
+            let head = format!("GET / HTTP/1.1\r\nHost: a.org\r\n{header}: delete\r\n\r\n");
+            assert_eq!(read(&head), ["GET", "DELETE"], "{header}");
+        }
+        // Naming the method itself (in any case), or naming one twice, is one method.
+        assert_eq!(read("GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: get\r\n\r\n"), ["GET"]);
+        let twice = "GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: PUT\r\nX-Method-Override: put\r\n\r\n";
+        assert_eq!(read(twice), ["GET", "PUT"]);
+        for (bad, why) in [
+            (
+                "GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: PUT\r\nX-HTTP-Method: DELETE\r\n\r\n",
+                "two method overrides that differ",
+            ),
+            (
+                "GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method-Override: DELETE, GET\r\n\r\n",
+                "a method override that is not a method",
+            ),
+            (
+                "GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method-Override:\r\n\r\n",
+                "a method override that is not a method",
+            ),
+        ] {
+            assert_eq!(req(bad), Head::Refused(why), "{bad:?}");
+        }
     }
 
     #[test]

@@ -67,15 +67,22 @@ pub fn judge(
             return judge_push(&push, name, port, policy);
         }
     }
-    match verdict {
-        Verdict::Allow(rule) => Ok(Allowed::Rule(rule.clone())),
-        _ => policy.decide_request(name, port, &request.method, &request.target).map(Allowed::Rule).map_err(|rule| {
-            match rule {
-                Some(rule) => Refusal::ByRule(rule),
-                None => Refusal::NoRule,
-            }
-        }),
+    if let Verdict::Allow(rule) = verdict {
+        return Ok(Allowed::Rule(rule.clone()));
     }
+    // Under each method the server may read it as: the rule last found is
+    // the one for the method it acts on.
+    let mut allowed = Err(None);
+    for method in request.methods() {
+        allowed = policy.decide_request(name, port, method, &request.target);
+        if allowed.is_err() {
+            break;
+        }
+    }
+    allowed.map(Allowed::Rule).map_err(|rule| match rule {
+        Some(rule) => Refusal::ByRule(rule),
+        None => Refusal::NoRule,
+    })
 }
 
 /// A part of a push on a host with push rules: allowed to a repository a
@@ -156,6 +163,23 @@ mod tests {
         assert_eq!(refused, Refusal::ByRule(rule("POST pypi.org/x")));
         assert_eq!(refused.rule(), Some(&rule("POST pypi.org/x")));
         assert_eq!(judged(&p, "pypi.org", 443, "GET /x HTTP/1.1\r\nHost: pypi.org\r\n\r\n"), Ok(rule("pypi.org")));
+    }
+
+    #[test]
+    fn a_method_override_is_judged_as_the_method_it_names() {
+        let hidden = |method: &str, path: &str, host: &str| {
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nX-HTTP-Method-Override: {method}\r\n\r\n")
+        };
+        let p = policy(&["GET,HEAD web.test"], &[]);
+        assert_eq!(judged(&p, "web.test", 80, &hidden("DELETE", "/o", "web.test")), Err(Refusal::NoRule));
+        assert_eq!(judged(&p, "web.test", 80, &hidden("HEAD", "/o", "web.test")), Ok(rule("GET,HEAD web.test")));
+        // A deny rule for the method it names refuses it on an open host.
+        let p = policy(&["pypi.org"], &["POST pypi.org/x"]);
+        let refused = judged(&p, "pypi.org", 443, &hidden("POST", "/x", "pypi.org"));
+        assert_eq!(refused, Err(Refusal::ByRule(rule("POST pypi.org/x"))));
+        // Allowed where a rule allows both methods: by the rule for the one it names.
+        let p = policy(&["GET web.test", "DELETE web.test/o"], &[]);
+        assert_eq!(judged(&p, "web.test", 80, &hidden("DELETE", "/o", "web.test")), Ok(rule("DELETE web.test/o")));
     }
 
     #[test]

@@ -190,6 +190,7 @@ async fn requests(
         };
         let mut req_log = entry(LogKind::Http, name.as_str(), port, LogVerdict::Deny);
         req_log.method = Some(request.method.clone());
+        req_log.method_override = request.method_override.clone();
         req_log.target = Some(request.target.clone());
         let (policy, verdict) = net.standing(name, port, grounds);
         let rule = match judge(&request, name, port, &policy, &verdict) {
@@ -213,7 +214,7 @@ async fn requests(
         log.rule.get_or_insert_with(|| rule.to_string());
         // A registry's reads are answered by the gateway itself, under the
         // box's package rules (see crate::packages).
-        if !bound && Ecosystem::of_host(name).is_some() && matches!(request.method.as_str(), "GET" | "HEAD") {
+        if !bound && Ecosystem::of_host(name).is_some() && request.methods().all(|m| matches!(m, "GET" | "HEAD")) {
             let raw: Vec<u8> = buf.drain(..request.head_len.min(buf.len())).collect();
             let lines = request::head_lines(&raw).unwrap_or_default();
             let outcome = if !matches!(request.body, Body::Length(0)) {

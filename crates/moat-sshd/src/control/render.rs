@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use moat_core::effects::{Effect, EffectKind};
-use moat_core::egress::{Answer, LogEntry, LogKind, LogVerdict, Question};
+use moat_core::egress::{method_in_words, Answer, LogEntry, LogKind, LogVerdict, Question};
 use moat_core::limits::format_measured;
 use moat_core::{Change, ChangeKind};
 use serde::Serialize;
@@ -110,7 +110,8 @@ pub fn log(entries: &[LogEntry], json: bool) -> String {
         if e.port != 0 {
             let _ = write!(out, ":{}", e.port);
         }
-        for part in [&e.method, &e.target].into_iter().flatten() {
+        let method = method_in_words(e.method.as_deref(), e.method_override.as_deref());
+        for part in [&method, &e.target].into_iter().flatten() {
             let _ = write!(out, " {}", printable(part));
         }
         if e.sent + e.received > 0 {
@@ -142,7 +143,8 @@ pub fn effects(effects: &[Effect], json: bool) -> String {
             EffectKind::Opaque => "opaque ",
         };
         let _ = write!(out, "{} {kind} {}:{}", utc_ms(e.at_ms), printable(&e.host), e.port);
-        for part in [&e.method, &e.path].into_iter().flatten() {
+        let method = method_in_words(e.method.as_deref(), e.method_override.as_deref());
+        for part in [&method, &e.path].into_iter().flatten() {
             let _ = write!(out, " {}", printable(part));
         }
         match e.status {

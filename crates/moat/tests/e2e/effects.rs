@@ -96,6 +96,17 @@ pub fn effects_are_told_where_they_matter(env: &Env) {
     assert!(out.contains(&format!("request web.test:80 POST /{cut}")), "a request cut short is no effect: {out}");
     let log = crate::egress::log(env, &name);
     assert!(log.contains("its body was cut short"), "{log}");
+    // A GET that asks the server to read it as a DELETE (servers honouring
+    // `X-HTTP-Method-Override` do): an effect, in words that say so.
+    let hidden = unique("hidden");
+    let (status, _) = sh(
+        env,
+        &name,
+        &format!("curl -sS -m 10 -o /dev/null -H 'X-HTTP-Method-Override: delete' http://web.test/{hidden}"),
+    );
+    assert_eq!(status, Some(0));
+    let out = effects_with(env, &name, &[], &hidden);
+    assert!(out.contains(&format!("request web.test:80 GET as DELETE /{hidden}")), "{out}");
     env.alice(None, &["rm", &copy]).ok();
     env.alice(None, &["rm", &name]).ok();
 }

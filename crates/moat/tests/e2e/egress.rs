@@ -289,6 +289,9 @@ pub fn methods_and_presets(env: &Env) {
     );
     assert!(!out.contains("POST /ok") && !out.contains("PUT /up"), "writes got through: {out}");
     assert!(out.contains("no rule allows this request"), "{out}");
+    // A DELETE hidden in a GET, by a method-override header: judged as both.
+    let (_, out) = sh(env, &name, "curl -sS -m 10 -H 'X-HTTP-Method-Override: DELETE' http://web.test/o");
+    assert!(out.contains("no rule allows this request") && !out.contains("GET /o"), "{out}");
     // A POST hidden behind an allowed GET on the same connection.
     let (_, out) = sh(
         env,
@@ -312,6 +315,7 @@ pub fn methods_and_presets(env: &Env) {
     }
     let log = log(env, &name);
     assert!(log.contains("DENY  http web.test:80 POST /ok"), "{log}");
+    assert!(log.contains("DENY  http web.test:80 GET as DELETE /o"), "{log}");
     env.alice(None, &["rm", &name]).ok();
 }
 

@@ -342,6 +342,7 @@ fn answers_render_as_their_verb_says() {
         host: "api.github.com".into(),
         port: 443,
         method: Some("POST".into()),
+        method_override: None,
         path: Some("/repos/o/r/pulls\u{1b}[2J".into()),
         status: Some(201),
         sent: 10,
