@@ -9,8 +9,9 @@
 //! regular file alike in all those but its status change time, which no
 //! program can set (it was written, then its size and mtime put back, as npm
 //! does with every file it unpacks; or it was received from elsewhere), is
-//! modified if its contents differ: both are read then. Listings from a
-//! guest carry no contents: there a changed ctime alone counts.
+//! modified if its extended attributes or its contents differ (a `setcap`
+//! changes only an attribute and the ctime): both are read then. Listings
+//! from a guest carry no contents: there a changed ctime alone counts.
 
 // Reads what a box or its QEMU sends, as root: it cannot panic.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::string_slice, clippy::panic)]
@@ -47,7 +48,8 @@ pub struct Entry {
 enum Likeness {
     Same,
     Differ,
-    /// Regular files alike but for their ctime: their contents decide.
+    /// Regular files alike but for their ctime: their attributes and
+    /// contents decide.
     SameIfContentsAre,
 }
 
@@ -118,6 +120,9 @@ const CONTENTS_CHUNK: usize = 256 << 10;
 /// contents would decide counts as modified (an image push then carries it,
 /// which is never wrong).
 const MAX_CONTENTS: u64 = 4 << 30;
+/// Most bytes of a file's attribute names (Linux's `XATTR_LIST_MAX`), and
+/// of one attribute's value (`XATTR_SIZE_MAX`).
+const XATTR_MAX: usize = 64 << 10;
 /// Changes are handed over in batches of about this many bytes of paths.
 const BATCH_BYTES: usize = 64 << 10;
 /// Bytes a listed entry costs beyond its name (map node, metadata).
@@ -258,7 +263,7 @@ impl Walk<'_, '_> {
                     Likeness::Same => None,
                     Likeness::Differ => Some(ChangeKind::Modified),
                     Likeness::SameIfContentsAre => match (a, b) {
-                        (Some(a), Some(b)) if self.same_contents(a, b, name)? => None,
+                        (Some(a), Some(b)) if self.same_file(a, b, name)? => None,
                         _ => Some(ChangeKind::Modified),
                     },
                 },
@@ -326,12 +331,15 @@ impl Walk<'_, '_> {
         }
     }
 
-    /// Whether file `name` holds the same bytes in directories `a` and `b`.
-    /// Either gone, or no longer a regular file, since it was listed (a
-    /// running box's files change) counts as different.
-    fn same_contents(&mut self, a: &OwnedFd, b: &OwnedFd, name: &CStr) -> io::Result<bool> {
+    /// Whether file `name` holds the same attributes and bytes in
+    /// directories `a` and `b`. Either gone, or no longer a regular file,
+    /// since it was listed (a running box's files change) counts as different.
+    fn same_file(&mut self, a: &OwnedFd, b: &OwnedFd, name: &CStr) -> io::Result<bool> {
         use std::io::Read;
         let (Some(a), Some(b)) = (open_file(a, name)?, open_file(b, name)?) else { return Ok(false) };
+        if !same_xattrs(&a, &b)? {
+            return Ok(false);
+        }
         let (mut a, mut b) = (std::fs::File::from(a), std::fs::File::from(b));
         let (mut left, mut right) = (vec![0; CONTENTS_CHUNK], vec![0; CONTENTS_CHUNK]);
         loop {
@@ -454,6 +462,35 @@ fn open_file(dir: &OwnedFd, name: &CStr) -> io::Result<Option<OwnedFd>> {
     }
 }
 
+/// Whether open files `a` and `b` carry the same extended attributes,
+/// names and values (all of them: an image push carries some, and a change
+/// shown that was none is never wrong). Bounded by the kernel's own limits:
+/// a name list and two values held at a time.
+fn same_xattrs(a: &OwnedFd, b: &OwnedFd) -> io::Result<bool> {
+    let sorted = |fd: &OwnedFd| -> io::Result<Vec<Vec<u8>>> {
+        let mut list = vec![0u8; XATTR_MAX];
+        let len = crate::sys::xattr_names(fd.as_fd(), &mut list)?;
+        let list = list.get(..len).unwrap_or_default();
+        let mut names: Vec<Vec<u8>> = list.split(|c| *c == 0).filter(|n| !n.is_empty()).map(<[u8]>::to_vec).collect();
+        names.sort();
+        Ok(names)
+    };
+    let names = sorted(a)?;
+    if names != sorted(b)? {
+        return Ok(false);
+    }
+    let (mut value_a, mut value_b) = (vec![0u8; XATTR_MAX], vec![0u8; XATTR_MAX]);
+    for name in names {
+        let name = CString::new(name).map_err(io::Error::other)?;
+        let value = |fd: &OwnedFd, buf: &mut [u8]| crate::sys::xattr_value(fd.as_fd(), &name, buf);
+        match (value(a, &mut value_a)?, value(b, &mut value_b)?) {
+            (Some(len_a), Some(len_b)) if value_a.get(..len_a) == value_b.get(..len_b) => {}
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
 /// Reads a directory; `admit` is asked before each entry is kept.
 fn list(dir: &OwnedFd, admit: &mut dyn FnMut(&CStr) -> io::Result<()>) -> io::Result<BTreeMap<CString, Entry>> {
     let mut entries = BTreeMap::new();
@@ -571,6 +608,35 @@ mod tests {
         assert!(open_file(&dir, c"link").unwrap().is_none(), "a symlink is not followed");
         assert!(open_file(&dir, c"gone").unwrap().is_none());
         assert!(open_file(&dir, c"touched").unwrap().is_some());
+    }
+
+    /// A file whose only change is an extended attribute (`setcap` writes
+    /// `security.capability`; here a `user.` one, which needs no privilege)
+    /// is modified; one whose attributes were set to the same again is not.
+    #[test]
+    fn a_change_of_attributes_alone_is_a_change() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let set = |path: &Path, value: &[u8]| {
+            let file = std::fs::File::open(path).unwrap();
+            crate::sys::set_xattr(file.as_fd(), c"user.moat", value).unwrap();
+        };
+        let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(499_162_500);
+        for root in [a.path(), b.path()] {
+            for name in ["tagged", "same", "plain"] {
+                std::fs::write(root.join(name), "bytes").unwrap();
+                std::fs::File::options().write(true).open(root.join(name)).unwrap().set_modified(t).unwrap();
+            }
+            set(&root.join("same"), b"1");
+            set(&root.join("tagged"), b"1");
+            // Past the kernel's clock tick: b's ctimes all differ from a's.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        set(&b.path().join("tagged"), b"2");
+        set(&b.path().join("same"), b"1");
+        set(&b.path().join("plain"), b"new");
+        let changes = collect(a.path(), b.path()).unwrap();
+        let got: Vec<(ChangeKind, &str)> = changes.iter().map(|c| (c.change, c.path.as_str())).collect();
+        assert_eq!(got, vec![(ChangeKind::Modified, "/plain"), (ChangeKind::Modified, "/tagged")]);
     }
 
     /// A running box swaps a listed directory for a symlink or a file, or

@@ -185,6 +185,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     storage::dup_copies_and_makes_a_new_machine,
     storage::dup_of_a_box_whose_processes_died,
     storage::diff_lists_changes,
+    storage::diff_sees_attributes,
     storage::diff_streams_and_is_bounded,
     storage::promote_swaps_parent_and_child,
     storage::bad_dups_create_nothing,

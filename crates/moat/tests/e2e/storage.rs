@@ -150,6 +150,22 @@ pub fn diff_lists_changes(env: &Env) {
     assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out}");
 }
 
+/// A file whose only change is an extended attribute (as `setcap` makes:
+/// an image pushed from the box carries it) is a change.
+pub fn diff_sees_attributes(env: &Env) {
+    let (a, b) = (unique("xattra"), unique("xattrb"));
+    env.new_box(&a, &[]);
+    env.alice(Some(&a), &["mkdir -p /srv && echo same > /srv/tagged && echo same > /srv/plain"]).ok();
+    env.alice(None, &["dup", &a, &b]).ok();
+    let set = "python3 -c \"import os; os.setxattr('/srv/tagged', 'user.moat', b'1')\"";
+    env.alice(Some(&b), &[set]).ok();
+    let out = env.alice(None, &["diff", &a, &b]).ok().stdout;
+    let srv: Vec<&str> = out.lines().filter(|l| l.contains(" /srv/")).collect();
+    assert_eq!(srv, ["M /srv/tagged"], "{out}");
+    env.alice(None, &["rm", &a]).ok();
+    env.alice(None, &["rm", &b]).ok();
+}
+
 /// A diff streams what it finds, and what a box holds cannot make it cost the
 /// daemon memory: paths past PATH_MAX end it with a clear error.
 pub fn diff_streams_and_is_bounded(env: &Env) {
