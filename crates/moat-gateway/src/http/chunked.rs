@@ -105,18 +105,19 @@ impl ChunkedReader {
 }
 
 /// Whether a trailer line is a header field (`name: value`) other than one
-/// that frames or routes a message. Anything else would be forwarded as the
+/// that frames or routes a message or names another method (a server that
+/// merges trailers into headers would read that). Anything else would be forwarded as the
 /// box sent it, and a server that skips trailers without parsing them could
 /// read a request line hidden there as a request of its own.
 fn trailer_ok(line: &[u8]) -> bool {
     let Some(colon) = line.iter().position(|&c| c == b':') else { return false };
     let (name, value) = line.split_at(colon);
-    let tchar = |c: &u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(c);
     let framing = ["content-length", "transfer-encoding", "host", "trailer", "connection"]
         .iter()
+        .chain(&super::request::METHOD_OVERRIDES)
         .any(|f| name.eq_ignore_ascii_case(f.as_bytes()));
     !name.is_empty()
-        && name.iter().all(tchar)
+        && name.iter().all(|c| super::is_tchar(*c))
         && !framing
         && value.iter().all(|&c| c == b'\t' || c >= b' ' && c != 0x7f)
 }
@@ -213,6 +214,7 @@ mod tests {
             &b"0\r\nX: y\r\nPOST /smuggled HTTP/1.1\r\nHost: a\r\n\r\n"[..],
             b"0\r\n x: folded\r\n\r\n",
             b"0\r\nContent-Length: 5\r\n\r\n",
+            b"0\r\nX-HTTP-Method-Override: DELETE\r\n\r\n",
             b"0\r\nX: a\x00b\r\n\r\n",
             b"0\r\n: empty name\r\n\r\n",
             b"5;a\rb\r\nhello\r\n0\r\n\r\n",

@@ -8,6 +8,11 @@ pub mod response;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+/// Whether `c` may be in a token (a header's name, a method): RFC 9110's `tchar`.
+pub fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
 /// Writes `data` and flushes it, for a write after which the gateway waits
 /// on something else: TLS keeps a write's last records when the socket is
 /// full, and the peer would wait on them (an answer's tail, a streamed

@@ -12,7 +12,7 @@ const MAX_HEADERS: usize = 96;
 /// method (Google's APIs, ASP.NET, Rails middleware and others honour one):
 /// the gateway reads the request as that method too, so that a `GET` rule
 /// does not pass a `DELETE` in a `GET`, nor the effects ledger miss it.
-const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+pub const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
 /// Longest method a method-override header may name.
 const MAX_METHOD: usize = 16;
 
@@ -141,7 +141,7 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
         } else if h.name.eq_ignore_ascii_case("expect") {
             expects_continue |= value.eq_ignore_ascii_case("100-continue");
         } else if METHOD_OVERRIDES.iter().any(|o| h.name.eq_ignore_ascii_case(o)) {
-            if value.is_empty() || value.len() > MAX_METHOD || !value.bytes().all(|b| b.is_ascii_alphabetic()) {
+            if value.is_empty() || value.len() > MAX_METHOD || !value.bytes().all(super::is_tchar) {
                 return Err("a method override that is not a method");
             }
             let value = value.to_ascii_uppercase();
@@ -362,6 +362,8 @@ mod tests {
         assert_eq!(read("GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: get\r\n\r\n"), ["GET"]);
         let twice = "GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: PUT\r\nX-Method-Override: put\r\n\r\n";
         assert_eq!(read(twice), ["GET", "PUT"]);
+        // Any token is a method (RFC 9110), as servers read one.
+        assert_eq!(read("GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: m-search\r\n\r\n"), ["GET", "M-SEARCH"]);
         for (bad, why) in [
             (
                 "GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: PUT\r\nX-HTTP-Method: DELETE\r\n\r\n",
