@@ -120,9 +120,6 @@ const CONTENTS_CHUNK: usize = 256 << 10;
 /// contents would decide counts as modified (an image push then carries it,
 /// which is never wrong).
 const MAX_CONTENTS: u64 = 4 << 30;
-/// Most bytes of a file's attribute names (Linux's `XATTR_LIST_MAX`), and
-/// of one attribute's value (`XATTR_SIZE_MAX`).
-const XATTR_MAX: usize = 64 << 10;
 /// Changes are handed over in batches of about this many bytes of paths.
 const BATCH_BYTES: usize = 64 << 10;
 /// Bytes a listed entry costs beyond its name (map node, metadata).
@@ -464,31 +461,35 @@ fn open_file(dir: &OwnedFd, name: &CStr) -> io::Result<Option<OwnedFd>> {
 
 /// Whether open files `a` and `b` carry the same extended attributes,
 /// names and values (all of them: an image push carries some, and a change
-/// shown that was none is never wrong). Bounded by the kernel's own limits:
-/// a name list and two values held at a time.
+/// shown that was none is never wrong). Attributes changed while they are
+/// read count as different.
 fn same_xattrs(a: &OwnedFd, b: &OwnedFd) -> io::Result<bool> {
-    let sorted = |fd: &OwnedFd| -> io::Result<Vec<Vec<u8>>> {
-        let mut list = vec![0u8; XATTR_MAX];
-        let len = crate::sys::xattr_names(fd.as_fd(), &mut list)?;
-        let list = list.get(..len).unwrap_or_default();
-        let mut names: Vec<Vec<u8>> = list.split(|c| *c == 0).filter(|n| !n.is_empty()).map(<[u8]>::to_vec).collect();
-        names.sort();
-        Ok(names)
-    };
-    let names = sorted(a)?;
-    if names != sorted(b)? {
-        return Ok(false);
-    }
-    let (mut value_a, mut value_b) = (vec![0u8; XATTR_MAX], vec![0u8; XATTR_MAX]);
-    for name in names {
-        let name = CString::new(name).map_err(io::Error::other)?;
-        let value = |fd: &OwnedFd, buf: &mut [u8]| crate::sys::xattr_value(fd.as_fd(), &name, buf);
-        match (value(a, &mut value_a)?, value(b, &mut value_b)?) {
-            (Some(len_a), Some(len_b)) if value_a.get(..len_a) == value_b.get(..len_b) => {}
-            _ => return Ok(false),
+    let compared = || -> io::Result<bool> {
+        let sorted = |fd: &OwnedFd| -> io::Result<Vec<Vec<u8>>> {
+            let list = crate::sys::xattr_names(fd.as_fd())?;
+            let mut names: Vec<Vec<u8>> =
+                list.split(|c| *c == 0).filter(|n| !n.is_empty()).map(<[u8]>::to_vec).collect();
+            names.sort();
+            Ok(names)
+        };
+        let names = sorted(a)?;
+        if names != sorted(b)? {
+            return Ok(false);
         }
+        for name in names {
+            let name = CString::new(name).map_err(io::Error::other)?;
+            let value = |fd: &OwnedFd| crate::sys::xattr_value(fd.as_fd(), &name);
+            match (value(a)?, value(b)?) {
+                (Some(x), Some(y)) if x == y => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    };
+    match compared() {
+        Err(e) if e.raw_os_error() == Some(libc::ERANGE) => Ok(false),
+        other => other,
     }
-    Ok(true)
 }
 
 /// Reads a directory; `admit` is asked before each entry is kept.
