@@ -580,9 +580,13 @@ impl Machine for VmMachine {
     fn suspend(&self, rec: &BoxRecord) -> Result<(), BackendError> {
         // Paused by QEMU, the guest's clocks stop with it (frozen alone, it
         // would find its clock source jumped on resume); frozen, QEMU's own
-        // threads use nothing either.
-        if let Err(e) = self.qmp(rec, "stop") {
-            tracing::warn!(box_id = %rec.id, error = %e, "could not pause a guest's vCPUs; freezing it alone");
+        // threads use nothing either. A QEMU frozen already (a suspended box
+        // a restarted daemon freezes again) was paused first, and answers
+        // nothing: asked, it held the daemon's start QMP's timeout a box.
+        if !self.host.cgroups.is_frozen(&rec.id) {
+            if let Err(e) = self.qmp(rec, "stop") {
+                tracing::warn!(box_id = %rec.id, error = %e, "could not pause a guest's vCPUs; freezing it alone");
+            }
         }
         self.host.cgroups.freeze(&rec.id).map(drop).map_err(|e| BackendError::new(format!("freeze {}", rec.name), e))
     }

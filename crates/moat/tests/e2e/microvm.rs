@@ -310,7 +310,16 @@ pub fn restart_and_park_keep_the_guest_running(env: &Env) {
     };
     ssh(&daemon, None, &["new", "keeper", "--image", "busybox", "--backend", "vm", "--idle", "600"]).ok();
     ssh(&daemon, Some("keeper"), &["echo precious > /root/data; setsid sleep 1000 >/dev/null 2>&1 < /dev/null &"]).ok();
+    // A suspended one too: its QEMU, frozen, answers nothing, and the
+    // restarted daemon freezes it again without asking it (it waited the
+    // QMP timeout, 10 s, for each such box before it listened).
+    ssh(&daemon, None, &["new", "sleeper", "--image", "busybox", "--backend", "vm"]).ok();
+    ssh(&daemon, None, &["suspend", "sleeper"]).ok();
     daemon.restart();
+    let log = std::fs::read_to_string(daemon.state_dir.with_extension("log")).unwrap();
+    assert!(!log.contains("could not pause a guest's vCPUs"), "{log}");
+    assert_eq!(ssh(&daemon, Some("sleeper"), &["echo awake"]).ok().stdout, "awake\n");
+    ssh(&daemon, None, &["rm", "sleeper"]).ok();
     let out =
         ssh(&daemon, Some("keeper"), &["cat /root/data; ps | grep -q '[s]leep 1000' && echo still-running; uname -r"])
             .ok()
