@@ -114,8 +114,8 @@ fn trailer_ok(line: &[u8]) -> bool {
     let (name, value) = line.split_at(colon);
     let framing = ["content-length", "transfer-encoding", "host", "trailer", "connection"]
         .iter()
-        .chain(&super::request::METHOD_OVERRIDES)
-        .any(|f| name.eq_ignore_ascii_case(f.as_bytes()));
+        .any(|f| name.eq_ignore_ascii_case(f.as_bytes()))
+        || super::request::is_method_override(name);
     !name.is_empty()
         && name.iter().all(|c| super::is_tchar(*c))
         && !framing
@@ -215,6 +215,7 @@ mod tests {
             b"0\r\n x: folded\r\n\r\n",
             b"0\r\nContent-Length: 5\r\n\r\n",
             b"0\r\nX-HTTP-Method-Override: DELETE\r\n\r\n",
+            b"0\r\nx_http_method: DELETE\r\n\r\n",
             b"0\r\nX: a\x00b\r\n\r\n",
             b"0\r\n: empty name\r\n\r\n",
             b"5;a\rb\r\nhello\r\n0\r\n\r\n",

@@ -12,7 +12,10 @@ const MAX_HEADERS: usize = 96;
 /// method (Google's APIs, ASP.NET, Rails middleware and others honour one):
 /// the gateway reads the request as that method too, so that a `GET` rule
 /// does not pass a `DELETE` in a `GET`, nor the effects ledger miss it.
-pub const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+/// Spelled with `_` for `-` too (Puma and CGI-style servers read both alike).
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+/// The query parameter by which a client asks the same (Laravel, Symfony).
+const QUERY_OVERRIDE: &str = "_method=";
 /// Longest method a method-override header may name.
 const MAX_METHOD: usize = 16;
 
@@ -108,6 +111,11 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     if method == "CONNECT" {
         return Err("CONNECT");
     }
+    // Methods are case-sensitive, but some servers upper-case what they get
+    // (`delete` would pass a rule that refuses `DELETE`).
+    if method.bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err("a method in lower case");
+    }
     let mut host = None;
     let mut length: Option<u64> = None;
     let mut chunked = false;
@@ -140,15 +148,8 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
             coded |= value.split(',').any(|c| !ows(c).is_empty() && !ows(c).eq_ignore_ascii_case("identity"));
         } else if h.name.eq_ignore_ascii_case("expect") {
             expects_continue |= value.eq_ignore_ascii_case("100-continue");
-        } else if METHOD_OVERRIDES.iter().any(|o| h.name.eq_ignore_ascii_case(o)) {
-            if value.is_empty() || value.len() > MAX_METHOD || !value.bytes().all(super::is_tchar) {
-                return Err("a method override that is not a method");
-            }
-            let value = value.to_ascii_uppercase();
-            if method_override.as_ref().is_some_and(|o| *o != value) {
-                return Err("two method overrides that differ");
-            }
-            method_override = Some(value);
+        } else if is_method_override(h.name.as_bytes()) {
+            add_override(&mut method_override, value)?;
         }
     }
     if chunked && version == 0 {
@@ -176,6 +177,10 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
     };
     let body = if chunked { Body::Chunked } else { Body::Length(length.unwrap_or(0)) };
     let target = normalise_target(target)?;
+    let query = target.split_once('?').map(|(_, query)| query).unwrap_or_default();
+    for value in query.split('&').filter_map(|pair| pair.strip_prefix(QUERY_OVERRIDE)) {
+        add_override(&mut method_override, value)?;
+    }
     let http10 = version == 0;
     Ok(Request {
         method: method.to_string(),
@@ -191,6 +196,31 @@ fn check(req: &httparse::Request<'_, '_>, head_len: usize) -> Result<Request, &'
         coded,
         expects_continue,
     })
+}
+
+/// Whether a header's name is one of [`METHOD_OVERRIDES`] (in any case, `_`
+/// for `-`).
+pub fn is_method_override(name: &[u8]) -> bool {
+    let same = |want: &str| {
+        want.len() == name.len()
+            && want.bytes().zip(name).all(|(w, &n)| w == n.to_ascii_lowercase() || (w == b'-' && n == b'_'))
+    };
+    METHOD_OVERRIDES.iter().any(|o| same(o))
+}
+
+/// Takes `value` (a method-override header's, or `_method` in the query) as
+/// the method the server may read the request as: refused if it is no
+/// method, or another than one named before.
+fn add_override(method_override: &mut Option<String>, value: &str) -> Result<(), &'static str> {
+    if value.is_empty() || value.len() > MAX_METHOD || !value.bytes().all(super::is_tchar) {
+        return Err("a method override that is not a method");
+    }
+    let value = value.to_ascii_uppercase();
+    if method_override.as_ref().is_some_and(|o| *o != value) {
+        return Err("two method overrides that differ");
+    }
+    *method_override = Some(value);
+    Ok(())
 }
 
 /// The lines of a head `read_head` accepted (lines end in LF or CRLF), without
@@ -362,6 +392,11 @@ mod tests {
         assert_eq!(read("GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: get\r\n\r\n"), ["GET"]);
         let twice = "GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: PUT\r\nX-Method-Override: put\r\n\r\n";
         assert_eq!(read(twice), ["GET", "PUT"]);
+        // Spelled with underscores (Puma reads them as dashes), or asked in the query.
+        assert_eq!(read("GET / HTTP/1.1\r\nHost: a.org\r\nX_HTTP_METHOD_OVERRIDE: PUT\r\n\r\n"), ["GET", "PUT"]);
+        assert_eq!(read("POST /i?a=1&_method=delete HTTP/1.1\r\nHost: a.org\r\n\r\n"), ["POST", "DELETE"]);
+        assert_eq!(read("POST /i?_%6Dethod=PUT HTTP/1.1\r\nHost: a.org\r\n\r\n"), ["POST", "PUT"]);
+        assert_eq!(read("GET /i?x_method=PUT HTTP/1.1\r\nHost: a.org\r\n\r\n"), ["GET"]);
         // Any token is a method (RFC 9110), as servers read one.
         assert_eq!(read("GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: m-search\r\n\r\n"), ["GET", "M-SEARCH"]);
         for (bad, why) in [
@@ -377,6 +412,12 @@ mod tests {
                 "GET / HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method-Override:\r\n\r\n",
                 "a method override that is not a method",
             ),
+            (
+                "POST /?_method=PUT HTTP/1.1\r\nHost: a.org\r\nX-HTTP-Method: DELETE\r\n\r\n",
+                "two method overrides that differ",
+            ),
+            ("delete / HTTP/1.1\r\nHost: a.org\r\n\r\n", "a method in lower case"),
+            ("Delete / HTTP/1.1\r\nHost: a.org\r\n\r\n", "a method in lower case"),
         ] {
             assert_eq!(req(bad), Head::Refused(why), "{bad:?}");
         }

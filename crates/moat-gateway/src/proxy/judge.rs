@@ -8,7 +8,7 @@ use std::fmt;
 use moat_core::policy::{HostName, Policy, PushRule, Rule, Verdict, PUSH_PORT};
 
 use crate::git::target::{push_request, PushRequest};
-use crate::http::request::Request;
+use crate::http::request::{Body, Request};
 use crate::refusal::Refusal;
 
 /// What lets a request go.
@@ -69,6 +69,11 @@ pub fn judge(
     }
     if let Verdict::Allow(rule) = verdict {
         return Ok(Allowed::Rule(rule.clone()));
+    }
+    // A server that reads no body of a GET reads one as the requests that
+    // follow, which no rule judged (a `DELETE` in a `GET`'s body).
+    if request.body != Body::Length(0) && request.methods().any(|m| matches!(m, "GET" | "HEAD" | "OPTIONS")) {
+        return Err(Refusal::BadRequest("a GET, HEAD or OPTIONS with a body, where rules read each request"));
     }
     // Under each method the server may read it as: the rule last found is
     // the one for the method it acts on.
@@ -177,6 +182,10 @@ mod tests {
         let p = policy(&["pypi.org"], &["POST pypi.org/x"]);
         let refused = judged(&p, "pypi.org", 443, &hidden("POST", "/x", "pypi.org"));
         assert_eq!(refused, Err(Refusal::ByRule(rule("POST pypi.org/x"))));
+        // A GET with a body, whose body a server may read as a request of its own.
+        let smuggled = "GET /x HTTP/1.1\r\nHost: web.test\r\nContent-Length: 40\r\n\r\n";
+        let p = policy(&["GET,HEAD web.test"], &[]);
+        assert!(matches!(judged(&p, "web.test", 80, smuggled), Err(Refusal::BadRequest(_))));
         // Allowed where a rule allows both methods: by the rule for the one it names.
         let p = policy(&["GET web.test", "DELETE web.test/o"], &[]);
         assert_eq!(judged(&p, "web.test", 80, &hidden("DELETE", "/o", "web.test")), Ok(rule("DELETE web.test/o")));

@@ -292,6 +292,17 @@ pub fn methods_and_presets(env: &Env) {
     // A DELETE hidden in a GET, by a method-override header: judged as both.
     let (_, out) = sh(env, &name, "curl -sS -m 10 -H 'X-HTTP-Method-Override: DELETE' http://web.test/o");
     assert!(out.contains("no rule allows this request") && !out.contains("GET /o"), "{out}");
+    // And with underscores (Puma reads them as dashes), or in the query.
+    let (_, out) =
+        sh(env, &name, "curl -sS -m 10 -H 'X_HTTP_METHOD_OVERRIDE: DELETE' 'http://web.test/u?_method=DELETE'");
+    assert!(out.contains("no rule allows this request") && !out.contains("GET /u"), "{out}");
+    // A DELETE in a GET's body, for a server that reads none.
+    let (_, out) = sh(
+        env,
+        &name,
+        "exec 3<>/dev/tcp/web.test/80; printf 'GET /s HTTP/1.1\\r\\nHost: web.test\\r\\nContent-Length: 45\\r\\n\\r\\nDELETE /smuggled HTTP/1.1\\r\\nHost: web.test\\r\\n\\r\\n' >&3; timeout 3 cat <&3",
+    );
+    assert!(out.contains("a GET, HEAD or OPTIONS with a body") && !out.contains("/smuggled"), "{out}");
     // A POST hidden behind an allowed GET on the same connection.
     let (_, out) = sh(
         env,
