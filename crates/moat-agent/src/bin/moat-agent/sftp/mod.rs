@@ -292,14 +292,17 @@ impl Server {
     }
 
     /// `copy-data` (sftp's `cp`): `length` bytes (to the end if 0) of one
-    /// open file into another, or into the same one where the ranges do not
-    /// overlap, without the client carrying them.
+    /// open file into another, without the client carrying them. Never
+    /// within one file, as OpenSSH's server refuses it: copied to the end,
+    /// a copy ahead of where it reads reads its own writes until the disk
+    /// is full (through one handle or two, or two paths to one file).
     fn copy_data(&mut self, (from, from_at): (&[u8], u64), length: u64, (to, to_at): (&[u8], u64)) -> Answer {
+        use std::os::unix::fs::MetadataExt;
         let source = self.file(from)?.try_clone()?;
         let target = self.file(to)?.try_clone()?;
-        let span = if length == 0 { source.metadata()?.len().saturating_sub(from_at) } else { length };
-        if from == to && from_at < to_at.saturating_add(span) && to_at < from_at.saturating_add(span) {
-            return Err(Fail::failure("the ranges overlap in one file"));
+        let (read, written) = (source.metadata()?, target.metadata()?);
+        if (read.dev(), read.ino()) == (written.dev(), written.ino()) {
+            return Err(Fail::failure("a copy within one file"));
         }
         let limit = if length == 0 { u64::MAX } else { length };
         let mut buf = vec![0u8; MAX_DATA];
@@ -606,17 +609,22 @@ mod tests {
             request(kind::REALPATH, 6, &[&path("to-deeper")]),
             request(kind::EXTENDED, 7, &[&s(b"lsetstat@openssh.com"), &path("to-gone"), &mode]),
             request(kind::READLINK, 8, &[&path("src")]),
+            // Two handles to one file: to its end, the copy would read its own writes.
+            request(kind::OPEN, 9, &[&path("src"), &n32(open::WRITE), &no_attrs]),
+            request(kind::EXTENDED, 10, &[&s(b"copy-data"), &s(n32(0)), &n64(0), &n64(0), &s(n32(2)), &n64(10)]),
         ]);
         served.unwrap();
         assert!(answers[0].2.windows(9).any(|w| w == b"copy-data"), "announced");
         let by_id = |id: u32| answers.iter().find(|a| a.1 == id && a.0 != kind::VERSION).unwrap();
         assert_eq!(status_of(by_id(3)), status::OK);
         assert_eq!(std::fs::read(dir.path().join("dst")).unwrap(), b"23456789", "from 2 to the end");
-        assert_eq!(status_of(by_id(4)), status::FAILURE, "overlapping ranges of one file");
+        assert_eq!(status_of(by_id(4)), status::FAILURE, "a copy within one file");
         assert!(by_id(5).2.windows(12).any(|w| w == b"/nonexistent"), "{:?}", by_id(5));
         assert_eq!(status_of(by_id(6)), status::NO_SUCH_FILE);
         assert_eq!(status_of(by_id(7)), status::FAILURE);
         assert_eq!(status_of(by_id(8)), status::BAD_MESSAGE);
+        assert_eq!(status_of(by_id(10)), status::FAILURE, "two handles to one file");
+        assert_eq!(std::fs::read(dir.path().join("src")).unwrap(), b"0123456789");
     }
 
     #[test]
