@@ -13,6 +13,11 @@ use crate::egress::{LogEntry, LogKind, LogVerdict};
 /// Methods that change nothing (by HTTP's contract): not effects.
 const SAFE_METHODS: [&str; 3] = ["GET", "HEAD", "OPTIONS"];
 
+/// Whether `method` changes nothing by HTTP's contract (GET, HEAD, OPTIONS).
+pub fn is_safe_method(method: &str) -> bool {
+    SAFE_METHODS.contains(&method)
+}
+
 /// From when effects are asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -80,7 +85,7 @@ impl Effect {
                 // Read as the server may read it: a GET that asks to be a
                 // DELETE is one.
                 let read_as = entry.method_override.as_deref();
-                if std::iter::once(method).chain(read_as).all(|m| SAFE_METHODS.contains(&m)) {
+                if std::iter::once(method).chain(read_as).all(is_safe_method) {
                     return None;
                 }
                 let push = entry
@@ -184,23 +189,13 @@ mod tests {
 
     fn entry(kind: LogKind, method: Option<&str>, target: Option<&str>, verdict: LogVerdict, opaque: bool) -> LogEntry {
         LogEntry {
-            at_ms: 5,
-            kind,
-            name: "api.example".into(),
-            port: 443,
             method: method.map(str::to_string),
-            method_override: None,
             target: target.map(str::to_string),
-            verdict,
-            rule: None,
-            reason: None,
             sent: 100,
             received: 50,
-            secret: None,
-            tokens: None,
             status: Some(201),
             opaque,
-            package: None,
+            ..LogEntry::new(5, kind, "api.example", 443, verdict)
         }
     }
 

@@ -972,24 +972,13 @@ async fn secrets_are_granted_as_placeholders_and_only_the_gateway_gets_values() 
     assert!(!f.backend.env(&web.id).contains_key("LLM_KEY"));
     assert_eq!(net.take(), ["secrets []"]);
     // Use is billed from the gateway's log entries.
-    let entry = crate::egress::LogEntry {
-        at_ms: 1,
-        kind: crate::egress::LogKind::Http,
-        name: "api.example".into(),
-        port: 443,
-        method: None,
-        method_override: None,
-        target: None,
-        verdict: crate::egress::LogVerdict::Allow,
-        rule: None,
-        reason: None,
+    use crate::egress::{LogEntry, LogKind, LogVerdict};
+    let entry = LogEntry {
         sent: 10,
         received: 20,
         secret: Some("llm".into()),
         tokens: Some(7),
-        status: None,
-        opaque: false,
-        package: None,
+        ..LogEntry::new(1, LogKind::Http, "api.example", 443, LogVerdict::Allow)
     };
     f.manager.record_egress(vec![(copy.id.clone(), entry)]);
     let used = f.manager.secrets(&f.alice).unwrap()[0].used.clone();

@@ -304,24 +304,15 @@ impl BoxManager {
     /// log), in batches: a store write per request would cost more than the
     /// request.
     pub fn record_web(self: &Arc<Self>, id: &BoxId, host: &WebHost, r: WebRequestLog) {
+        let verdict = if r.status < 500 { LogVerdict::Allow } else { LogVerdict::Error };
         let entry = LogEntry {
-            at_ms: r.at_ms,
-            kind: LogKind::Web,
-            name: host.label(),
-            port: 0,
             method: Some(r.method),
-            method_override: None,
             target: Some(r.path),
-            verdict: if r.status < 500 { LogVerdict::Allow } else { LogVerdict::Error },
-            rule: None,
             reason: Some(format!("{} in {} ms, by {}", r.status, r.ms, r.who)),
             sent: r.sent,
             received: r.received,
-            secret: None,
-            tokens: None,
             status: Some(r.status),
-            opaque: false,
-            package: None,
+            ..LogEntry::new(r.at_ms, LogKind::Web, host.label(), 0, verdict)
         };
         let first = {
             let mut pending = self.web_log.lock().unwrap_or_else(PoisonError::into_inner);

@@ -52,23 +52,13 @@ mod tests {
     fn effects_come_from_the_log_per_box(db: &TestDb) {
         let store = db.open();
         let entry = |at_ms, kind, method: Option<&str>, opaque| LogEntry {
-            at_ms,
-            kind,
-            name: "api.example".into(),
-            port: 443,
             method: method.map(str::to_string),
-            method_override: None,
             target: Some("/x".into()),
-            verdict: LogVerdict::Allow,
-            rule: None,
-            reason: None,
             sent: 10,
             received: 20,
-            secret: None,
-            tokens: None,
             status: Some(201),
             opaque,
-            package: None,
+            ..LogEntry::new(at_ms, kind, "api.example", 443, LogVerdict::Allow)
         };
         let (a, b) = (BoxId::random(), BoxId::random());
         store

@@ -106,9 +106,10 @@ impl ChunkedReader {
 
 /// Whether a trailer line is a header field (`name: value`) other than one
 /// that frames or routes a message or names another method (a server that
-/// merges trailers into headers would read that). Anything else would be forwarded as the
-/// box sent it, and a server that skips trailers without parsing them could
-/// read a request line hidden there as a request of its own.
+/// merges trailers into headers would read that). Anything else would be
+/// forwarded as the box sent it, and a server that skips trailers without
+/// parsing them could read a request line hidden there as a request of its
+/// own.
 fn trailer_ok(line: &[u8]) -> bool {
     let Some(colon) = line.iter().position(|&c| c == b':') else { return false };
     let (name, value) = line.split_at(colon);

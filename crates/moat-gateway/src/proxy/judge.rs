@@ -72,7 +72,7 @@ pub fn judge(
     }
     // A server that reads no body of a GET reads one as the requests that
     // follow, which no rule judged (a `DELETE` in a `GET`'s body).
-    if request.body != Body::Length(0) && request.methods().any(|m| matches!(m, "GET" | "HEAD" | "OPTIONS")) {
+    if request.body != Body::Length(0) && request.methods().any(moat_core::effects::is_safe_method) {
         return Err(Refusal::BadRequest("a GET, HEAD or OPTIONS with a body, where rules read each request"));
     }
     // Under each method the server may read it as: the rule last found is
