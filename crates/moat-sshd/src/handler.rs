@@ -290,6 +290,9 @@ impl russh::server::Handler for ConnHandler {
             tracing::warn!(peer = ?self.peer, "a connection ended: its account has the most open");
             session.disconnect(russh::Disconnect::TooManyConnections, &why, "en")?;
         }
+        if let Some((account, _)) = &self.login {
+            session.set_window_budget(self.shared.load.window(account));
+        }
         Ok(())
     }
 

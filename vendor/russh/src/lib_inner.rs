@@ -60,6 +60,7 @@ macro_rules! push_packet {
 }
 
 mod channels;
+pub use channels::budget::WindowBudget;
 pub use channels::{Channel, ChannelMsg, ChannelReadHalf, ChannelStream, ChannelWriteHalf};
 
 mod parsing;
@@ -512,6 +513,8 @@ pub(crate) struct ChannelParams {
     pending_data: std::collections::VecDeque<(bytes::Bytes, Option<u32>, usize)>,
     pending_eof: bool,
     pending_close: bool,
+    /// moat: what the channel holds of its connection's window budget.
+    pub(crate) hold: crate::channels::budget::Held,
 }
 
 impl ChannelParams {

@@ -323,8 +323,9 @@ impl Encrypted {
     }
 
     /// moat: gives the peer back, as window, what the reader of `channel`
-    /// took, once the window left is under half of `target` (never more
-    /// than `target` in all); whether a window adjustment went out.
+    /// took, once the window left is under half of `target`: as much as
+    /// the channel's budget has room for, up to `target` in all (window
+    /// and data not yet taken); whether a window adjustment went out.
     pub(crate) fn give_back(
         &mut self,
         channel: ChannelId,
@@ -337,10 +338,8 @@ impl Encrypted {
         if channel.sender_window_size >= target / 2 {
             return Ok(false);
         }
-        let took = taken.take_bytes();
-        let room = target.saturating_sub(channel.sender_window_size);
-        let grant = u32::try_from(took).unwrap_or(u32::MAX).min(room);
-        taken.put_back(took - grant as usize);
+        channel.hold.release(taken.take_bytes());
+        let grant = channel.hold.grow_to(target);
         if grant == 0 {
             return Ok(false);
         }
@@ -834,6 +833,7 @@ impl Encrypted {
                     pending_data: std::collections::VecDeque::new(),
                     pending_eof: false,
                     pending_close: false,
+                    hold: Default::default(),
                 });
                 return ChannelId(self.last_channel_id.0);
             }
@@ -963,6 +963,7 @@ mod tests {
             pending_data: VecDeque::from([(Bytes::from_static(b"hello"), None, 0)]),
             pending_eof,
             pending_close,
+            hold: Default::default(),
         }
     }
 
@@ -1017,6 +1018,7 @@ mod tests {
             pending_data: VecDeque::from([(Bytes::from_static(b"hello"), None, 0)]),
             pending_eof,
             pending_close,
+            hold: Default::default(),
         }
     }
 

@@ -14,6 +14,8 @@ pub use channel_ref::ChannelRef;
 
 pub(crate) mod taken;
 
+pub mod budget;
+
 mod channel_stream;
 pub use channel_stream::ChannelStream;
 

@@ -92,11 +92,4 @@ impl Taken {
     pub(crate) fn take_bytes(&self) -> usize {
         self.bytes.swap(0, Ordering::SeqCst)
     }
-
-    /// Puts back bytes that could not be given as window yet.
-    pub(crate) fn put_back(&self, n: usize) {
-        if n > 0 {
-            self.bytes.fetch_add(n, Ordering::SeqCst);
-        }
-    }
 }

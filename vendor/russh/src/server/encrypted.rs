@@ -2067,6 +2067,7 @@ impl Session {
             pending_data: std::collections::VecDeque::new(),
             pending_eof: false,
             pending_close: false,
+            hold: Default::default(),
         };
 
         let (channel, channel_ref) = Channel::new(

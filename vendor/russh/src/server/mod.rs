@@ -1128,6 +1128,7 @@ where
         open_global_requests: VecDeque::new(),
         kex: SessionKexState::Idle,
         no_more_sessions: false,
+        window_budget: None,
     };
 
     session.begin_rekey()?;

@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use super::*;
 use crate::channels::{Channel, ChannelMsg, ChannelReadHalf, ChannelRef, ChannelWriteHalf};
 use crate::channels::taken::{Taken, Wake};
+use crate::channels::budget::{Held, WindowBudget};
 use crate::helpers::NameList;
 use crate::kex::{EXTENSION_SUPPORT_AS_CLIENT, KexCause, SessionKexState};
 use crate::{ChannelOpenFailure, map_err, msg};
@@ -33,6 +34,8 @@ pub struct Session {
     /// moat: the client said it opens no more sessions
     /// (`no-more-sessions@openssh.com`).
     pub(crate) no_more_sessions: bool,
+    /// moat: what this connection's channels may be given as window in all.
+    pub(crate) window_budget: Option<Arc<WindowBudget>>,
 }
 
 #[derive(Debug)]
@@ -1049,6 +1052,12 @@ impl Session {
         &self.common.config
     }
 
+    /// moat: the budget this connection's channels draw their windows from
+    /// from now on (channels already open keep theirs).
+    pub fn set_window_budget(&mut self, budget: Arc<WindowBudget>) {
+        self.window_budget = Some(budget);
+    }
+
     /// Sends a disconnect message.
     pub fn disconnect(
         &mut self,
@@ -1149,17 +1158,22 @@ impl Session {
 
     fn finalize_channel_open_reply(
         &mut self,
-        pending: PendingChannelOpen,
+        mut pending: PendingChannelOpen,
         result: Result<(), ChannelOpenFailure>,
     ) -> Result<(), Error> {
         if let Some(ref mut enc) = self.common.encrypted {
             match result {
                 Ok(()) => {
+                    // moat: the window comes out of the connection's budget.
+                    let mut hold = Held::of(self.window_budget.as_ref());
+                    let window = hold.grow_to(pending.window_size);
+                    pending.channel_params.sender_window_size = window;
+                    pending.channel_params.hold = hold;
                     push_packet!(enc.write, {
                         msg::CHANNEL_OPEN_CONFIRMATION.encode(&mut enc.write)?;
                         pending.recipient_channel.encode(&mut enc.write)?;
                         pending.sender_channel.0.encode(&mut enc.write)?;
-                        pending.window_size.encode(&mut enc.write)?;
+                        window.encode(&mut enc.write)?;
                         pending.packet_size.encode(&mut enc.write)?;
                     });
                     enc.channels
@@ -1465,10 +1479,14 @@ impl Session {
                 return Err(Error::Inconsistent);
             }
 
-            let sender_channel = enc.new_channel(
-                self.common.config.window_size,
-                self.common.config.maximum_packet_size,
-            );
+            // moat: the window comes out of the connection's budget.
+            let mut hold = Held::of(self.window_budget.as_ref());
+            let window = hold.grow_to(self.common.config.window_size);
+            let sender_channel =
+                enc.new_channel(window, self.common.config.maximum_packet_size);
+            if let Some(channel) = enc.channels.get_mut(&sender_channel) {
+                channel.hold = hold;
+            }
             push_packet!(enc.write, {
                 enc.write.push(msg::CHANNEL_OPEN);
                 kind.encode(&mut enc.write)?;
@@ -1477,11 +1495,7 @@ impl Session {
                 sender_channel.encode(&mut enc.write)?;
 
                 // window.
-                self.common
-                    .config
-                    .as_ref()
-                    .window_size
-                    .encode(&mut enc.write)?;
+                window.encode(&mut enc.write)?;
 
                 // max packet size.
                 self.common
