@@ -92,6 +92,8 @@ impl AccountWindows {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use russh::WindowHold;
+
     use super::*;
 
     #[test]
@@ -125,6 +127,43 @@ mod tests {
         budget.give(2 * MIB);
         assert_eq!(budget.take(4 * MIB, 0), 2 * MIB - floor, "what it gave back");
         assert_eq!((budget.held(), other.held(), windows.all.held()), (5 * MIB, 3 * MIB, 8 * MIB));
+    }
+
+    #[test]
+    fn a_channel_starts_small_and_grows_as_its_reader_takes() {
+        let windows = AccountWindows::new(3 * MIB, 8 * MIB);
+        let budget = windows.of(&AccountId("SHA256:a".into()));
+        let (most, start) = (2 * MIB as u32, WindowHold::START);
+        let mut idle = WindowHold::of(Some(&budget));
+        assert_eq!(idle.open(most), start, "an idle channel holds little");
+        assert_eq!(idle.took(1, most), 1, "a keystroke's byte comes back, and no more");
+        let mut bulk = WindowHold::of(Some(&budget));
+        let mut window = bulk.open(most);
+        // The peer sends the whole window each time, and the reader takes it.
+        let grants: Vec<u32> = (0..7)
+            .map(|_| {
+                window = bulk.took(window as usize, most);
+                window
+            })
+            .collect();
+        assert_eq!(grants, [2 * start, 4 * start, 8 * start, 16 * start, most, most, most]);
+        // A third channel ramps until the budget runs out, then keeps what it has.
+        let mut third = WindowHold::of(Some(&budget));
+        let mut window = third.open(most);
+        let grants: Vec<u32> = (0..5)
+            .map(|_| {
+                window = third.took(window as usize, most);
+                window
+            })
+            .collect();
+        let left = 3 * MIB as u32 - start - most;
+        assert_eq!(grants, [2 * start, 4 * start, 8 * start, left, left]);
+        let mut fourth = WindowHold::of(Some(&budget));
+        assert_eq!(fourth.open(most), WindowBudget::FLOOR, "past the budget, the floor");
+        drop((idle, bulk, third, fourth));
+        assert_eq!(budget.held(), 0);
+        let mut unbudgeted = WindowHold::of(None);
+        assert_eq!(unbudgeted.open(most), most, "without a budget, a channel starts at its most");
     }
 
     #[test]

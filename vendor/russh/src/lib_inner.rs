@@ -60,7 +60,7 @@ macro_rules! push_packet {
 }
 
 mod channels;
-pub use channels::budget::WindowBudget;
+pub use channels::budget::{WindowBudget, WindowHold};
 pub use channels::{Channel, ChannelMsg, ChannelReadHalf, ChannelStream, ChannelWriteHalf};
 
 mod parsing;
@@ -514,7 +514,7 @@ pub(crate) struct ChannelParams {
     pending_eof: bool,
     pending_close: bool,
     /// moat: what the channel holds of its connection's window budget.
-    pub(crate) hold: crate::channels::budget::Held,
+    pub(crate) hold: crate::channels::budget::WindowHold,
 }
 
 impl ChannelParams {

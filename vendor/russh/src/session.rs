@@ -323,9 +323,10 @@ impl Encrypted {
     }
 
     /// moat: gives the peer back, as window, what the reader of `channel`
-    /// took, once the window left is under half of `target`: as much as
-    /// the channel's budget has room for, up to `target` in all (window
-    /// and data not yet taken); whether a window adjustment went out.
+    /// took, once the window left is under half of what the channel grows
+    /// towards: as much as its budget has room for, up to `target` in all
+    /// (window and data not yet taken; see [`crate::WindowHold`]); whether
+    /// a window adjustment went out.
     pub(crate) fn give_back(
         &mut self,
         channel: ChannelId,
@@ -335,11 +336,10 @@ impl Encrypted {
         let Some(channel) = self.channels.get_mut(&channel) else {
             return Ok(false);
         };
-        if channel.sender_window_size >= target / 2 {
+        if channel.sender_window_size >= channel.hold.goal().min(target) / 2 {
             return Ok(false);
         }
-        channel.hold.release(taken.take_bytes());
-        let grant = channel.hold.grow_to(target);
+        let grant = channel.hold.took(taken.take_bytes(), target);
         if grant == 0 {
             return Ok(false);
         }

@@ -397,6 +397,23 @@ pub fn an_account_holds_at_most_its_share_of_channels(env: &Env) {
     run(&mut env.daemon.ssh(&env.bob, None, &["rm", &name])).ok();
 }
 
+/// One account's 96 channels to a program that reads nothing, each pushed
+/// 4 MiB: the windows they are given stay within the account's budget
+/// (without it, 2 MiB each: one key's 512 such channels held 1.1 GiB of the
+/// front door), another account's upload still gets a full window, and the
+/// first account's does again once its connections close.
+pub fn stalled_channels_hold_at_most_the_accounts_window(env: &Env) {
+    let (mine, theirs) = (unique("stall"), unique("upload"));
+    let out = run(&mut env.daemon.ssh(&env.bob, None, &["new", &mine, "--image", "busybox"])).ok();
+    assert_eq!(out.stdout.trim(), mine);
+    env.new_box(&theirs, &["--image", "busybox"]);
+    let other = env.alice.path.to_str().unwrap();
+    let out = python_client_with(env.daemon.port, &env.bob, "window_budget.py", &mine, &[other, &theirs]).ok();
+    assert!(out.stdout.contains("the budget held"), "{}", out.stdout);
+    run(&mut env.daemon.ssh(&env.bob, None, &["rm", &mine])).ok();
+    env.alice(None, &["rm", &theirs]).ok();
+}
+
 /// paramiko with several keys, the listed one last: it asks for the
 /// authentication service again before each key, and the fourth gets in
 /// (russh ignored the second ask: paramiko waited 30 s and failed).

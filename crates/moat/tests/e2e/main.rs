@@ -263,6 +263,7 @@ const FLEET_TESTS: &[(&str, FleetTestFn)] = &[
 const ALONE_LAST: &[(&str, TestFn)] = tests![
     isolation::lxcfs_memory_is_bounded,
     clients::an_account_holds_at_most_its_share_of_channels,
+    clients::stalled_channels_hold_at_most_the_accounts_window,
     egress::one_account_cannot_starve_the_others,
     secrets::windowed_limits_restart_with_the_gateway,
     packages::a_killed_gateway_keeps_no_half_file_and_its_indexes,

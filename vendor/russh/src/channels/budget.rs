@@ -66,22 +66,60 @@ impl WindowBudget {
 /// What one channel holds of a budget: the window its peer may still use
 /// plus what arrived and was not yet given back. Given back on drop (the
 /// channel closed, or the connection ended).
+///
+/// Under a budget a channel starts with a window of [`Self::START`], which
+/// doubles whenever its reader took at least half of it between two grants,
+/// up to the most the server gives: an idle channel (a forward no one uses,
+/// a shell) holds little of the budget, one carrying an upload soon holds
+/// its most.
 #[derive(Debug, Default)]
-pub(crate) struct Held {
+pub struct WindowHold {
     budget: Option<Arc<WindowBudget>>,
     bytes: usize,
+    goal: u32,
 }
 
-impl Held {
+impl WindowHold {
+    /// The window a channel starts with under a budget: two packets.
+    pub const START: u32 = 64 * 1024;
+
     /// A channel's hold of `budget`, empty so far; no budget holds nothing
-    /// back.
-    pub(crate) fn of(budget: Option<&Arc<WindowBudget>>) -> Self {
-        Self { budget: budget.cloned(), bytes: 0 }
+    /// back (and starts a channel at its most).
+    pub fn of(budget: Option<&Arc<WindowBudget>>) -> Self {
+        Self { budget: budget.cloned(), bytes: 0, goal: 0 }
+    }
+
+    /// The window a new channel is given, `most` at most.
+    pub fn open(&mut self, most: u32) -> u32 {
+        self.goal = if self.budget.is_some() { Self::START.min(most) } else { most };
+        self.grow_to(self.goal)
+    }
+
+    /// The channel's reader took `took` bytes: they are no longer held. The
+    /// window to give back, keeping window and what is not yet taken within
+    /// `most`.
+    pub fn took(&mut self, took: usize, most: u32) -> u32 {
+        self.release(took);
+        if took.saturating_mul(2) >= self.goal as usize {
+            self.goal = self.goal.saturating_mul(2);
+        }
+        self.goal = self.goal.clamp(Self::START.min(most), most);
+        self.grow_to(self.goal)
+    }
+
+    /// The bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The window and untaken data the channel grows towards now.
+    pub fn goal(&self) -> u32 {
+        self.goal
     }
 
     /// Grows the hold towards `target` bytes in all (at least to the
     /// floor); the bytes added, which the channel may give as window.
-    pub(crate) fn grow_to(&mut self, target: u32) -> u32 {
+    fn grow_to(&mut self, target: u32) -> u32 {
         let want = (target as usize).saturating_sub(self.bytes);
         let added = match &self.budget {
             None => want,
@@ -91,8 +129,7 @@ impl Held {
         u32::try_from(added).unwrap_or(u32::MAX)
     }
 
-    /// The reader took `n` bytes: they are no longer held.
-    pub(crate) fn release(&mut self, n: usize) {
+    fn release(&mut self, n: usize) {
         let n = n.min(self.bytes);
         self.bytes -= n;
         if let Some(budget) = &self.budget {
@@ -101,7 +138,7 @@ impl Held {
     }
 }
 
-impl Drop for Held {
+impl Drop for WindowHold {
     fn drop(&mut self) {
         self.release(self.bytes);
     }

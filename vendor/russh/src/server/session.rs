@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::*;
 use crate::channels::{Channel, ChannelMsg, ChannelReadHalf, ChannelRef, ChannelWriteHalf};
 use crate::channels::taken::{Taken, Wake};
-use crate::channels::budget::{Held, WindowBudget};
+use crate::channels::budget::{WindowBudget, WindowHold};
 use crate::helpers::NameList;
 use crate::kex::{EXTENSION_SUPPORT_AS_CLIENT, KexCause, SessionKexState};
 use crate::{ChannelOpenFailure, map_err, msg};
@@ -1165,8 +1165,8 @@ impl Session {
             match result {
                 Ok(()) => {
                     // moat: the window comes out of the connection's budget.
-                    let mut hold = Held::of(self.window_budget.as_ref());
-                    let window = hold.grow_to(pending.window_size);
+                    let mut hold = WindowHold::of(self.window_budget.as_ref());
+                    let window = hold.open(pending.window_size);
                     pending.channel_params.sender_window_size = window;
                     pending.channel_params.hold = hold;
                     push_packet!(enc.write, {
@@ -1480,8 +1480,8 @@ impl Session {
             }
 
             // moat: the window comes out of the connection's budget.
-            let mut hold = Held::of(self.window_budget.as_ref());
-            let window = hold.grow_to(self.common.config.window_size);
+            let mut hold = WindowHold::of(self.window_budget.as_ref());
+            let window = hold.open(self.common.config.window_size);
             let sender_channel =
                 enc.new_channel(window, self.common.config.maximum_packet_size);
             if let Some(channel) = enc.channels.get_mut(&sender_channel) {
