@@ -136,7 +136,6 @@ mod tests {
         let (most, start) = (2 * MIB as u32, WindowHold::START);
         let mut idle = WindowHold::of(Some(&budget));
         assert_eq!(idle.open(most), start, "an idle channel holds little");
-        assert_eq!(idle.took(1, most), 1, "a keystroke's byte comes back, and no more");
         let mut bulk = WindowHold::of(Some(&budget));
         let mut window = bulk.open(most);
         // The peer sends the whole window each time, and the reader takes it.
@@ -164,6 +163,26 @@ mod tests {
         assert_eq!(budget.held(), 0);
         let mut unbudgeted = WindowHold::of(None);
         assert_eq!(unbudgeted.open(most), most, "without a budget, a channel starts at its most");
+    }
+
+    #[test]
+    fn requests_waiting_for_a_reader_come_out_of_the_budget_past_a_channels_own() {
+        let windows = AccountWindows::new(MIB, 8 * MIB);
+        let budget = windows.of(&AccountId("SHA256:a".into()));
+        let free = WindowHold::FREE_REQUESTS;
+        let mut hold = WindowHold::of(Some(&budget));
+        assert!(hold.charge(free), "a channel's own room");
+        assert_eq!(budget.held(), 0);
+        assert!(hold.charge(MIB / 2) && hold.charge(MIB / 2), "then the budget's");
+        assert!(!hold.charge(1), "and no more");
+        assert_eq!(budget.held(), MIB, "a refused request takes nothing");
+        hold.discharge(MIB / 2);
+        assert_eq!(budget.held(), MIB / 2, "taken requests give it back");
+        let mut other = WindowHold::of(Some(&budget));
+        assert!(other.charge(free + MIB / 2), "another channel: its own room, then what the budget has left");
+        assert!(!other.charge(1));
+        drop((hold, other));
+        assert_eq!(budget.held(), 0, "a closed channel gives back all it held");
     }
 
     #[test]

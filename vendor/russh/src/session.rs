@@ -336,6 +336,7 @@ impl Encrypted {
         let Some(channel) = self.channels.get_mut(&channel) else {
             return Ok(false);
         };
+        channel.hold.discharge(taken.take_requests());
         if channel.sender_window_size >= channel.hold.goal().min(target) / 2 {
             return Ok(false);
         }

@@ -68,25 +68,31 @@ impl WindowBudget {
 /// channel closed, or the connection ended).
 ///
 /// Under a budget a channel starts with a window of [`Self::START`], which
-/// doubles whenever its reader took at least half of it between two grants,
-/// up to the most the server gives: an idle channel (a forward no one uses,
-/// a shell) holds little of the budget, one carrying an upload soon holds
-/// its most.
+/// doubles whenever its reader takes data after the peer used over half of
+/// it, up to the most the server gives: an idle channel (a forward no one
+/// uses, a shell's keystrokes) holds little of the budget, one carrying an
+/// upload soon holds its most.
 #[derive(Debug, Default)]
 pub struct WindowHold {
     budget: Option<Arc<WindowBudget>>,
     bytes: usize,
     goal: u32,
+    /// Bytes of requests waiting for the channel's reader.
+    requests: usize,
 }
 
 impl WindowHold {
     /// The window a channel starts with under a budget: two packets.
     pub const START: u32 = 64 * 1024;
 
+    /// Bytes of requests (not data) a channel may have waiting for its
+    /// reader beside its budget; more come out of the budget, or are refused.
+    pub const FREE_REQUESTS: usize = 64 * 1024;
+
     /// A channel's hold of `budget`, empty so far; no budget holds nothing
     /// back (and starts a channel at its most).
     pub fn of(budget: Option<&Arc<WindowBudget>>) -> Self {
-        Self { budget: budget.cloned(), bytes: 0, goal: 0 }
+        Self { budget: budget.cloned(), bytes: 0, goal: 0, requests: 0 }
     }
 
     /// The window a new channel is given, `most` at most.
@@ -95,12 +101,13 @@ impl WindowHold {
         self.grow_to(self.goal)
     }
 
-    /// The channel's reader took `took` bytes: they are no longer held. The
-    /// window to give back, keeping window and what is not yet taken within
-    /// `most`.
+    /// The channel's reader took `took` bytes, and the peer has used over
+    /// half its window: the bytes are no longer held, and the channel grows.
+    /// The window to give back, keeping window and what is not yet taken
+    /// within `most`.
     pub fn took(&mut self, took: usize, most: u32) -> u32 {
         self.release(took);
-        if took.saturating_mul(2) >= self.goal as usize {
+        if took > 0 {
             self.goal = self.goal.saturating_mul(2);
         }
         self.goal = self.goal.clamp(Self::START.min(most), most);
@@ -110,6 +117,35 @@ impl WindowHold {
     /// The bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// A request of `n` bytes waits for the reader: whether there is room
+    /// for it (beyond [`Self::FREE_REQUESTS`], in the budget).
+    pub fn charge(&mut self, n: usize) -> bool {
+        let over = Self::over_free(self.requests + n) - Self::over_free(self.requests);
+        if let (Some(budget), true) = (&self.budget, over > 0) {
+            let taken = budget.take(over, 0);
+            if taken < over {
+                budget.give(taken);
+                return false;
+            }
+        }
+        self.requests += n;
+        true
+    }
+
+    /// The reader took `n` bytes of requests.
+    pub fn discharge(&mut self, n: usize) {
+        let n = n.min(self.requests);
+        let over = Self::over_free(self.requests) - Self::over_free(self.requests - n);
+        self.requests -= n;
+        if let (Some(budget), true) = (&self.budget, over > 0) {
+            budget.give(over);
+        }
+    }
+
+    fn over_free(requests: usize) -> usize {
+        requests.saturating_sub(Self::FREE_REQUESTS)
     }
 
     /// The window and untaken data the channel grows towards now.
@@ -141,5 +177,6 @@ impl WindowHold {
 impl Drop for WindowHold {
     fn drop(&mut self) {
         self.release(self.bytes);
+        self.discharge(self.requests);
     }
 }

@@ -72,6 +72,11 @@ impl ChannelRef {
         &self.window_size
     }
 
+    /// moat: whether the reader is gone (what is sent to it is dropped).
+    pub(crate) fn reader_gone(&self) -> bool {
+        self.sender.is_closed()
+    }
+
     /// moat: hands `msg` to the reader without waiting, behind what waits
     /// already; false if it was dropped, the backlog full (the peer floods a
     /// reader that does not read).

@@ -15,7 +15,38 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use tokio::sync::Notify;
 
-use crate::{ChannelId, ChannelMsg};
+use crate::{ChannelId, ChannelMsg, Sig};
+
+/// moat: the memory a request for a channel's reader (anything the peer
+/// sends it but data) takes while it waits to be taken, as charged to the
+/// channel's window budget (see `WindowHold::charge`): data is bounded by
+/// the window already. `None` for data and for what is not the peer's.
+pub(crate) fn request_size(msg: &ChannelMsg) -> Option<usize> {
+    let heap = match msg {
+        ChannelMsg::Eof
+        | ChannelMsg::Close
+        | ChannelMsg::Eow
+        | ChannelMsg::RequestShell { .. }
+        | ChannelMsg::WindowChange { .. }
+        | ChannelMsg::AgentForward { .. }
+        | ChannelMsg::Signal { .. } => 0,
+        ChannelMsg::RequestPty { term, terminal_modes, .. } => {
+            term.len() + std::mem::size_of_val(terminal_modes.as_slice())
+        }
+        ChannelMsg::Exec { command, .. } => command.len(),
+        ChannelMsg::RequestSubsystem { name, .. } => name.len(),
+        ChannelMsg::RequestX11 { x11_authentication_protocol, x11_authentication_cookie, .. } => {
+            x11_authentication_protocol.len() + x11_authentication_cookie.len()
+        }
+        ChannelMsg::SetEnv { variable_name, variable_value, .. } => variable_name.len() + variable_value.len(),
+        _ => return None,
+    };
+    let custom = match msg {
+        ChannelMsg::Signal { signal: Sig::Custom(name) } => name.len(),
+        _ => 0,
+    };
+    Some(std::mem::size_of::<ChannelMsg>() + heap + custom)
+}
 
 /// Shared by a session and the readers of its channels.
 #[derive(Debug, Default)]
@@ -38,6 +69,9 @@ pub(crate) struct Taken {
     id: OnceLock<ChannelId>,
     /// Data bytes taken and not yet given back as window.
     bytes: AtomicUsize,
+    /// Bytes of requests taken (see [`request_size`]) and not yet given
+    /// back to the budget.
+    requests: AtomicUsize,
     /// In the session's dirty list already.
     queued: AtomicBool,
     /// The session holds messages back for want of room in the queue.
@@ -50,6 +84,7 @@ impl Taken {
         Arc::new(Self {
             id: OnceLock::new(),
             bytes: AtomicUsize::new(0),
+            requests: AtomicUsize::new(0),
             queued: AtomicBool::new(false),
             backlogged: AtomicBool::new(false),
             wake: Arc::clone(wake),
@@ -73,7 +108,12 @@ impl Taken {
         if n > 0 {
             self.bytes.fetch_add(n, Ordering::SeqCst);
         }
-        if (n > 0 || self.backlogged.load(Ordering::SeqCst)) && !self.queued.swap(true, Ordering::SeqCst) {
+        let request = request_size(msg).unwrap_or(0);
+        if request > 0 {
+            self.requests.fetch_add(request, Ordering::SeqCst);
+        }
+        let wake = n > 0 || request > 0 || self.backlogged.load(Ordering::SeqCst);
+        if wake && !self.queued.swap(true, Ordering::SeqCst) {
             self.wake.dirty.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::clone(self));
             self.wake.notify.notify_one();
         }
@@ -91,5 +131,10 @@ impl Taken {
     /// The bytes taken since the last call.
     pub(crate) fn take_bytes(&self) -> usize {
         self.bytes.swap(0, Ordering::SeqCst)
+    }
+
+    /// The bytes of requests taken since the last call.
+    pub(crate) fn take_requests(&self) -> usize {
+        self.requests.swap(0, Ordering::SeqCst)
     }
 }

@@ -502,11 +502,21 @@ impl Session {
     /// backlog holds is cut off.
     pub(crate) fn deliver(&mut self, id: ChannelId, msg: ChannelMsg) -> Result<(), Error> {
         let Some(chan) = self.channels.get_mut(&id) else { return Ok(()) };
-        if chan.deliver(msg) {
-            return Ok(());
+        let request = crate::channels::taken::request_size(&msg);
+        if !chan.deliver(msg) {
+            debug!("channel {id:?}: the peer floods a reader that does not read");
+            return Err(Error::Inconsistent);
         }
-        debug!("channel {id:?}: the peer floods a reader that does not read");
-        Err(Error::Inconsistent)
+        // A request waits for the reader in memory the window does not
+        // bound: it comes out of the channel's budget until taken.
+        if let (Some(n), false) = (request, chan.reader_gone()) {
+            let params = self.common.encrypted.as_mut().and_then(|enc| enc.channels.get_mut(&id));
+            if params.is_some_and(|params| !params.hold.charge(n)) {
+                debug!("channel {id:?}: the peer's requests for a reader that does not read exceed its budget");
+                return Err(Error::Inconsistent);
+            }
+        }
+        Ok(())
     }
 
     /// moat: for each channel whose reader took something, hands on what

@@ -4,7 +4,9 @@ Four connections of one key run, on 128 channels, a program that reads 4 MiB
 each is pushed 8 MiB. What the front door then holds for them (the windows
 it gave, less the 4 MiB each program read) stays within the account's
 budget, 128 MiB, and what the box holds (pipes, the agent's buffers);
-without the budget it would be 2 MiB a channel besides. Meanwhile another
+without the budget it would be 2 MiB a channel besides. A client flooding
+requests (which no window bounds) at a stalled channel, with the budget
+spent, is cut off. Meanwhile another
 account's upload still gets a full window, and once the connections close,
 the first account's does again. Usage: HOST PORT KEY BOX OTHER-KEY OTHER-BOX."""
 import asyncio
@@ -12,6 +14,7 @@ import sys
 import time
 
 import asyncssh
+from asyncssh.packet import String
 
 MIB = 1 << 20
 CHANNELS = 128
@@ -54,6 +57,19 @@ async def main(host, port, key, box, other_key, other_box):
     conns.append(await asyncssh.connect(host, port, **opts))
     [more] = await stalled(conns[-1:], 1)
     assert more < MIB, f"a channel past the budget was given {more}"
+    # Requests wait for the reader in memory no window bounds: past a
+    # channel's 64 KiB of them, they come out of the budget; with none left,
+    # a client flooding them at a reader that does not read is cut off.
+    flooder = conns[-1]
+    chan = (await flooder.open_session(f"head -c {READ} >/dev/null; exec sleep 600", encoding=None))[0].channel
+    chan.write(b"x" * PUSHED)
+    await asyncio.sleep(2)
+    for _ in range(40):
+        chan._send_request(b"env", String(b"LC_FLOOD"), String(b"v" * 200_000))
+    try:
+        await asyncio.wait_for(flooder.wait_closed(), 30)
+    except asyncio.TimeoutError:
+        raise AssertionError("8 MB of requests at a stopped reader, past the budget, and the connection stays") from None
     async with asyncssh.connect(host, port, username=other_box, client_keys=[other_key], known_hosts=None) as other:
         [theirs] = await stalled([other], 1)
         assert theirs >= 2 * MIB, f"another account's channel was given {theirs}"
