@@ -8,7 +8,8 @@
 //! server may have to hold): a channel's window is given, at its open and
 //! as its reader takes data, only out of what the budget (and its parent,
 //! where it has one) has left. Every channel keeps a small floor, so none
-//! stalls for good; past the budget a channel is only slower.
+//! stalls for good; past the budget a channel is only slower. Requests
+//! waiting for a reader (no window bounds them) are charged to it too.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -112,11 +113,6 @@ impl WindowHold {
         }
         self.goal = self.goal.clamp(Self::START.min(most), most);
         self.grow_to(self.goal)
-    }
-
-    /// The bytes held.
-    pub fn bytes(&self) -> usize {
-        self.bytes
     }
 
     /// A request of `n` bytes waits for the reader: whether there is room
