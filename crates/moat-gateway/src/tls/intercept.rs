@@ -22,8 +22,26 @@ use crate::tls::leaves::LeafSigner;
 
 const HTTP_1_1: &[u8] = b"http/1.1";
 
+/// ring's suites, AES-128-GCM first: as safe, and cheaper than AES-256 (14
+/// rounds a block against 10) on both of a looked-inside connection's legs,
+/// where the gateway decrypts and encrypts every byte (Go's TLS makes the
+/// same choice on hardware with AES instructions).
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite::*;
+    Arc::new(rustls::crypto::CryptoProvider {
+        cipher_suites: vec![
+            TLS13_AES_128_GCM_SHA256,
+            TLS13_AES_256_GCM_SHA384,
+            TLS13_CHACHA20_POLY1305_SHA256,
+            TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+            TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+            TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+            TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+        ],
+        ..rustls::crypto::ring::default_provider()
+    })
 }
 
 /// The TLS the gateway speaks to real hosts: roots from `roots_pem` only.
@@ -55,6 +73,8 @@ pub fn box_config(signer: LeafSigner) -> Result<Arc<ServerConfig>, String> {
     // A box that offers only h2 fails the handshake rather than speaking
     // frames the gateway does not read.
     config.alpn_protocols = vec![HTTP_1_1.to_vec()];
+    // The gateway's order, not the box's (OpenSSL's clients list AES-256 first).
+    config.ignore_client_order = true;
     // Every box has its own config: rustls's default of 256 sessions is
     // allocated up front (~30 KiB a box); a box's few clients need far fewer.
     config.session_storage = rustls::server::ServerSessionMemoryCache::new(32);
@@ -146,5 +166,40 @@ mod tests {
                 assert!(serving.await.unwrap().is_err());
             }
         }
+    }
+
+    /// A client listing AES-256 first (as OpenSSL's do) is answered with
+    /// AES-128: the gateway's order.
+    #[tokio::test]
+    async fn the_gateway_picks_aes_128_whatever_the_box_lists_first() {
+        let (ca, key) = moat_core::box_ca::mint().unwrap();
+        let server = box_config(LeafSigner::new(&key).unwrap()).unwrap();
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let stock = rustls::crypto::ring::default_provider();
+        assert_eq!(stock.cipher_suites[0].suite(), rustls::CipherSuite::TLS13_AES_256_GCM_SHA384);
+        let client = ClientConfig::builder_with_provider(Arc::new(stock))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut early = vec![0u8; 5];
+            stream.read_exact(&mut early).await.unwrap();
+            let mut tls = accept(server, stream, early).await.unwrap();
+            tls.write_all(b"x").await.unwrap();
+        });
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = HostName::parse("registry.npmjs.org").unwrap();
+        let mut tls = connect(Arc::new(client), tcp, &name).await.unwrap();
+        let mut got = [0u8; 1];
+        tls.read_exact(&mut got).await.unwrap();
+        let suite = tls.get_ref().1.negotiated_cipher_suite().unwrap().suite();
+        assert_eq!(suite, rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
     }
 }
