@@ -152,7 +152,7 @@ pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
 }
 
 /// Requests flooded at a channel whose reader stopped: the channel's backlog
-/// holds 4,096, then the connection ends (at the flood, not on a later EOF).
+/// holds 1,024, then the connection ends (at the flood, not on a later EOF).
 pub fn a_request_flood_at_a_stopped_reader_ends_its_connection(env: &Env) {
     let name = unique("flood");
     env.new_box(&name, &["--image", "busybox"]);
@@ -412,6 +412,19 @@ pub fn stalled_channels_hold_at_most_the_accounts_window(env: &Env) {
     assert!(out.stdout.contains("the budget held"), "{}", out.stdout);
     run(&mut env.daemon.ssh(&env.bob, None, &["rm", &mine])).ok();
     env.alice(None, &["rm", &theirs]).ok();
+}
+
+/// Floods no window bounds, at what does not read: channel opens during a
+/// re-key the client never finishes (each refusal waited for its end: 590
+/// MiB a connection), and data alternating with extended data at a reader
+/// that reads none (a backlog entry each): the connection is cut early, and
+/// the next one is served.
+pub fn floods_at_a_stalled_reader_or_rekey_are_cut_off(env: &Env) {
+    let name = unique("floods");
+    env.new_box(&name, &["--image", "busybox"]);
+    let out = python_client_with(env.daemon.port, &env.alice, "stalled_floods.py", &name, &[]).ok();
+    assert!(out.stdout.contains("stalled floods cut off"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
 }
 
 /// paramiko with several keys, the listed one last: it asks for the

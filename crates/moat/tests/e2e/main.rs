@@ -121,6 +121,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     clients::controlmaster_100_commands_then_idle_suspends,
     clients::paramiko_and_asyncssh_reuse_one_connection,
     clients::an_unread_channel_stalls_no_other,
+    clients::floods_at_a_stalled_reader_or_rekey_are_cut_off,
     clients::asyncssh_rekeys_while_it_sends,
     clients::a_request_flood_at_a_stopped_reader_ends_its_connection,
     clients::paramiko_tries_its_keys_in_turn,

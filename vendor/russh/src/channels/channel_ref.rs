@@ -10,9 +10,11 @@ use super::WindowSizeRef;
 use crate::ChannelMsg;
 
 /// moat: most messages a channel's backlog holds. Data runs are one entry
-/// each (bounded by the window the peer was given); past this many requests
-/// in between, the peer is flooding a channel whose reader stopped.
-pub(crate) const MAX_BACKLOG: usize = 4096;
+/// each (bounded by the window the peer was given; a run of one stream's
+/// bytes alternating with the other's is an entry a packet, ~100 bytes
+/// each); past this many entries, the peer is flooding a channel whose
+/// reader stopped. A window change replaces one right before it.
+pub(crate) const MAX_BACKLOG: usize = 1024;
 
 /// A handle to the [`super::Channel`]'s to be able to transmit messages
 /// to it and update it's `window_size`.
@@ -25,6 +27,17 @@ pub struct ChannelRef {
     pub(crate) taken: Option<Arc<Taken>>,
     /// moat: messages the reader had no room for yet, in order.
     backlog: VecDeque<Held>,
+}
+
+/// moat: what became of a message handed to a channel's reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// Queued for the reader, held back for it, or dropped with the reader gone.
+    Handed,
+    /// It took the place of the same request held right before it.
+    Replaced,
+    /// Dropped: the backlog is full (the peer floods a reader that does not read).
+    Refused,
 }
 
 /// A message held back; consecutive data of one stream in one buffer.
@@ -78,12 +91,11 @@ impl ChannelRef {
     }
 
     /// moat: hands `msg` to the reader without waiting, behind what waits
-    /// already; false if it was dropped, the backlog full (the peer floods a
-    /// reader that does not read).
-    pub(crate) fn deliver(&mut self, msg: ChannelMsg) -> bool {
+    /// already (see [`Delivery`]).
+    pub(crate) fn deliver(&mut self, msg: ChannelMsg) -> Delivery {
         let msg = if self.backlog.is_empty() {
             match self.sender.try_send(msg) {
-                Ok(()) | Err(TrySendError::Closed(_)) => return true,
+                Ok(()) | Err(TrySendError::Closed(_)) => return Delivery::Handed,
                 Err(TrySendError::Full(msg)) => msg,
             }
         } else {
@@ -98,29 +110,38 @@ impl ChannelRef {
         held
     }
 
-    /// Keeps `msg` in the backlog (data joins the data before it); false if
-    /// the backlog is full.
-    fn hold(&mut self, msg: ChannelMsg) -> bool {
+    /// Keeps `msg` in the backlog (data joins the data before it).
+    fn hold(&mut self, msg: ChannelMsg) -> Delivery {
         let (ext, data) = match msg {
             ChannelMsg::Data { data } => (None, data),
             ChannelMsg::ExtendedData { data, ext } => (Some(ext), data),
+            // Only the last of a run of sizes matters (a window dragged
+            // while the program reads nothing).
+            size @ ChannelMsg::WindowChange { .. }
+                if matches!(self.backlog.back(), Some(Held::Other(ChannelMsg::WindowChange { .. }))) =>
+            {
+                if let Some(last) = self.backlog.back_mut() {
+                    *last = Held::Other(size);
+                }
+                return Delivery::Replaced;
+            }
             other if self.backlog.len() < MAX_BACKLOG => {
                 self.backlog.push_back(Held::Other(other));
-                return true;
+                return Delivery::Handed;
             }
-            _ => return false,
+            _ => return Delivery::Refused,
         };
         if let Some(Held::Data { ext: last, bytes }) = self.backlog.back_mut() {
             if *last == ext {
                 bytes.extend_from_slice(&data);
-                return true;
+                return Delivery::Handed;
             }
         }
         if self.backlog.len() >= MAX_BACKLOG {
-            return false;
+            return Delivery::Refused;
         }
         self.backlog.push_back(Held::Data { ext, bytes: BytesMut::from(&data[..]) });
-        true
+        Delivery::Handed
     }
 
     /// moat: hands on what the reader has room for now.

@@ -11,6 +11,7 @@ pub mod io;
 
 mod channel_ref;
 pub use channel_ref::ChannelRef;
+pub(crate) use channel_ref::Delivery;
 
 pub(crate) mod taken;
 

@@ -1575,6 +1575,14 @@ impl Session {
 
                 if let Some(ref mut enc) = self.common.encrypted {
                     if let Some(parameters) = enc.channels.get_mut(&local_id) {
+                        // moat: only a channel we opened and that waits for
+                        // it; another (the peer's own channels, or one
+                        // confirmed already) would wake its reader with a
+                        // send the session waits on, for as long as the
+                        // peer keeps sending them.
+                        if parameters.confirmed {
+                            return Err(Error::Inconsistent.into());
+                        }
                         parameters.confirm(&msg);
                     } else {
                         // We've not requested this channel, close connection.

@@ -61,6 +61,11 @@ mod session;
 pub use self::session::*;
 mod encrypted;
 
+/// moat: what a message (but data) handled while a re-key is under way
+/// counts beside its bytes toward the bound on what a re-key may hold
+/// (twice the window: about 64 messages with the default window).
+const PENDING_MESSAGE_COST: u32 = 64 * 1024;
+
 /// Configuration of a server.
 pub struct Config {
     /// The server ID string sent at the beginning of the protocol.
@@ -1223,13 +1228,22 @@ async fn reply<H: Handler + Send>(
         if let (Some(&msg_type), SessionKexState::InProgress(_)) =
             (pkt.buffer.first(), &session.kex)
         {
-            if msg_type >= msg::USERAUTH_REQUEST {
+            // moat: and a repeated service request, which moat answers.
+            if msg_type >= msg::USERAUTH_REQUEST || msg_type == msg::SERVICE_REQUEST {
                 // moat: handled as usual after the peer's KEXINIT too, within
                 // the same bound. asyncssh sends its KEXINIT and then the
                 // packet that set off the re-key (its CHANNEL_DATA), and
                 // OpenSSH's sshd takes it: refusing it reset every asyncssh
                 // upload at its re-key (1 GB by default).
-                session.pending_len = session.pending_len.saturating_add(pkt.buffer.len() as u32);
+                // moat: each but data counted with what its answer may hold
+                // while it waits for the re-key's end (a 24-byte channel
+                // open held 3.4 KB): a peer that stalls its re-key gets about
+                // 64 such messages in, not 170,000. (Data is held within the
+                // channel's window; asyncssh sends on after its KEXINIT.)
+                let data = [msg::CHANNEL_DATA, msg::CHANNEL_EXTENDED_DATA, msg::CHANNEL_WINDOW_ADJUST];
+                let answered = if data.contains(&msg_type) { 0 } else { PENDING_MESSAGE_COST };
+                let cost = (pkt.buffer.len() as u32).saturating_add(answered);
+                session.pending_len = session.pending_len.saturating_add(cost);
                 if u64::from(session.pending_len) > 2 * u64::from(session.common.config.window_size)
                 {
                     return Err(crate::Error::Pending.into());

@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use super::*;
 use crate::channels::{Channel, ChannelMsg, ChannelReadHalf, ChannelRef, ChannelWriteHalf};
 use crate::channels::taken::{Taken, Wake};
+use crate::channels::Delivery;
 use crate::channels::budget::{WindowBudget, WindowHold};
 use crate::helpers::NameList;
 use crate::kex::{EXTENSION_SUPPORT_AS_CLIENT, KexCause, SessionKexState};
@@ -503,9 +504,13 @@ impl Session {
     pub(crate) fn deliver(&mut self, id: ChannelId, msg: ChannelMsg) -> Result<(), Error> {
         let Some(chan) = self.channels.get_mut(&id) else { return Ok(()) };
         let request = crate::channels::taken::request_size(&msg);
-        if !chan.deliver(msg) {
-            debug!("channel {id:?}: the peer floods a reader that does not read");
-            return Err(Error::Inconsistent);
+        match chan.deliver(msg) {
+            Delivery::Handed => {}
+            Delivery::Replaced => return Ok(()),
+            Delivery::Refused => {
+                debug!("channel {id:?}: the peer floods a reader that does not read");
+                return Err(Error::Inconsistent);
+            }
         }
         // A request waits for the reader in memory the window does not
         // bound: it comes out of the channel's budget until taken.

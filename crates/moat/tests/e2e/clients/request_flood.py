@@ -1,7 +1,8 @@
 """A client that floods requests at a channel whose reader has stopped (its
 program is stopped and its input full) is cut off when the channel's
-backlog is full (4,096 held), not let to grow the server's memory, and not
-later, on an innocent EOF: the connection ends during the flood. Another
+backlog is full (1,024 held), not let to grow the server's memory, and not
+later, on an innocent EOF: the connection ends during the flood. A storm of
+window changes there is held as its last one, and cut off nothing. Another
 connection is served meanwhile.
 Usage: HOST PORT KEY USER."""
 import sys
@@ -37,10 +38,14 @@ def fill():
 threading.Thread(target=fill, daemon=True).start()
 # The window is used up once sendall blocks: the reader holds the rest back.
 time.sleep(3)
+for i in range(5000):
+    stopped.resize_pty(width=80 + i % 7, height=24)
+time.sleep(1)
+assert transport.is_active(), "a storm of window changes at a stopped reader ended the connection"
 sent = 0
 try:
     for i in range(20000):
-        stopped.resize_pty(width=80 + i % 7, height=24)
+        stopped.set_environment_variable("LC_FLOOD", str(i))
         sent += 1
 except Exception:
     pass
