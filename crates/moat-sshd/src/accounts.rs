@@ -136,27 +136,22 @@ mod tests {
         let (most, start) = (2 * MIB as u32, WindowHold::START);
         let mut idle = WindowHold::of(Some(&budget));
         assert_eq!(idle.open(most), start, "an idle channel holds little");
-        let mut bulk = WindowHold::of(Some(&budget));
-        let mut window = bulk.open(most);
         // The peer sends the whole window each time, and the reader takes it.
-        let grants: Vec<u32> = (0..7)
-            .map(|_| {
-                window = bulk.took(window as usize, most);
-                window
-            })
-            .collect();
-        assert_eq!(grants, [2 * start, 4 * start, 8 * start, 16 * start, most, most, most]);
+        let ramp = |hold: &mut WindowHold, rounds: usize| {
+            let mut window = hold.open(most);
+            (0..rounds)
+                .map(|_| {
+                    window = hold.took(window as usize, most);
+                    window
+                })
+                .collect::<Vec<u32>>()
+        };
+        let mut bulk = WindowHold::of(Some(&budget));
+        assert_eq!(ramp(&mut bulk, 7), [2 * start, 4 * start, 8 * start, 16 * start, most, most, most]);
         // A third channel ramps until the budget runs out, then keeps what it has.
         let mut third = WindowHold::of(Some(&budget));
-        let mut window = third.open(most);
-        let grants: Vec<u32> = (0..5)
-            .map(|_| {
-                window = third.took(window as usize, most);
-                window
-            })
-            .collect();
         let left = 3 * MIB as u32 - start - most;
-        assert_eq!(grants, [2 * start, 4 * start, 8 * start, left, left]);
+        assert_eq!(ramp(&mut third, 5), [2 * start, 4 * start, 8 * start, left, left]);
         let mut fourth = WindowHold::of(Some(&budget));
         assert_eq!(fourth.open(most), WindowBudget::FLOOR, "past the budget, the floor");
         drop((idle, bulk, third, fourth));

@@ -22,8 +22,8 @@ use crate::tls::leaves::LeafSigner;
 
 const HTTP_1_1: &[u8] = b"http/1.1";
 
-/// ring's suites, AES-128-GCM first: as safe, and cheaper than AES-256 (14
-/// rounds a block against 10) on both of a looked-inside connection's legs,
+/// ring's suites, AES-128-GCM first: as safe, and cheaper than AES-256 (10
+/// rounds a block against 14) on both of a looked-inside connection's legs,
 /// where the gateway decrypts and encrypts every byte (Go's TLS makes the
 /// same choice on hardware with AES instructions).
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
