@@ -101,13 +101,13 @@ impl ChannelRef {
         } else {
             msg
         };
-        let held = self.hold(msg);
+        let delivery = self.hold(msg);
         if let Some(taken) = &self.taken {
             taken.set_backlogged(true);
         }
         // The reader may have made room meanwhile: it saw no backlog then.
         self.drain();
-        held
+        delivery
     }
 
     /// Keeps `msg` in the backlog (data joins the data before it).

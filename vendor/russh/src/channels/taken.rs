@@ -28,8 +28,9 @@ pub(crate) fn request_size(msg: &ChannelMsg) -> Option<usize> {
         | ChannelMsg::Eow
         | ChannelMsg::RequestShell { .. }
         | ChannelMsg::WindowChange { .. }
-        | ChannelMsg::AgentForward { .. }
-        | ChannelMsg::Signal { .. } => 0,
+        | ChannelMsg::AgentForward { .. } => 0,
+        ChannelMsg::Signal { signal: Sig::Custom(name) } => name.len(),
+        ChannelMsg::Signal { .. } => 0,
         ChannelMsg::RequestPty { term, terminal_modes, .. } => {
             term.len() + std::mem::size_of_val(terminal_modes.as_slice())
         }
@@ -41,11 +42,7 @@ pub(crate) fn request_size(msg: &ChannelMsg) -> Option<usize> {
         ChannelMsg::SetEnv { variable_name, variable_value, .. } => variable_name.len() + variable_value.len(),
         _ => return None,
     };
-    let custom = match msg {
-        ChannelMsg::Signal { signal: Sig::Custom(name) } => name.len(),
-        _ => 0,
-    };
-    Some(std::mem::size_of::<ChannelMsg>() + heap + custom)
+    Some(std::mem::size_of::<ChannelMsg>() + heap)
 }
 
 /// Shared by a session and the readers of its channels.
