@@ -172,6 +172,17 @@ pub fn asyncssh_rekeys_while_it_sends(env: &Env) {
     env.alice(None, &["rm", &name]).ok();
 }
 
+/// A signal and a resize sent after stdin the program never read reach it
+/// at once (asyncssh's `send_signal`, `change_terminal_size`), as under
+/// sshd: the agent wrote stdin inline, and both waited behind it for good.
+pub fn signals_and_resizes_pass_unread_stdin(env: &Env) {
+    let name = unique("sigs");
+    env.new_box(&name, &["--image", "busybox"]);
+    let out = python_client_with(env.daemon.port, &env.alice, "signals_past_unread_stdin.py", &name, &[]).ok();
+    assert!(out.stdout.contains("signals and resizes pass unread stdin"), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// A program that does not read its stdin holds back only its own channel:
 /// the others of the connection answer meanwhile (russh granted the window as
 /// data arrived and then waited for the channel's queue inside the session

@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -23,6 +23,7 @@ use nix::unistd::pipe2;
 use crate::frames::{self, FrameReader};
 use crate::reaper::Reaper;
 use crate::spawn::{self, ChildIo, Program};
+use crate::stdin::Stdin;
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -64,7 +65,7 @@ fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
     let flags = Arc::new(Flags::default());
 
     // Our ends of the child's stdio: where stdin goes, where output comes from.
-    let mut stdin: Option<File>;
+    let mut stdin: Stdin;
     let mut pumps: Vec<JoinHandle<()>> = Vec::new();
     let terminal: Option<OwnedFd>;
     let spawned = match &req.pty {
@@ -80,7 +81,7 @@ fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             }
             let io = ChildIo { stdin: &pair.slave, stdout: &pair.slave, stderr: &pair.slave, controlling_tty: true };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
-            stdin = Some(File::from(pair.master.try_clone()?));
+            stdin = Stdin::new(File::from(pair.master.try_clone()?));
             pumps.push(start_pump(pair.master.try_clone()?, Output::Terminal, &writer, &flags)?);
             terminal = Some(pair.master);
             spawned
@@ -91,7 +92,7 @@ fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
             let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC)?;
             let io = ChildIo { stdin: &in_r, stdout: &out_w, stderr: &err_w, controlling_tty: false };
             let spawned = reaper.spawn_watched(|| spawn::spawn(&program, &io));
-            stdin = Some(File::from(in_w));
+            stdin = Stdin::new(File::from(in_w));
             pumps.push(start_pump(out_r, Output::Stdout, &writer, &flags)?);
             pumps.push(start_pump(err_r, Output::Stderr, &writer, &flags)?);
             terminal = None;
@@ -130,13 +131,10 @@ fn session(req: ExecRequest, mut reader: FrameReader, stream: UnixStream, reaper
 
     loop {
         match reader.next() {
-            Ok(Some(HostMsg::Stdin(data))) => {
-                if let Some(input) = stdin.as_mut() {
-                    // EPIPE once the process stopped reading is not an error of ours.
-                    let _ = input.write_all(&data);
-                }
-            }
-            Ok(Some(HostMsg::StdinEof)) if terminal.is_none() => stdin = None,
+            // Queued (a writer thread of the session's writes it): a program
+            // not reading holds back neither its signals nor its resizes.
+            Ok(Some(HostMsg::Stdin(data))) => stdin.write(data),
+            Ok(Some(HostMsg::StdinEof)) if terminal.is_none() => stdin.eof(),
             Ok(Some(HostMsg::OutputClosed)) => flags.output_closed.store(true, Ordering::Relaxed),
             Ok(Some(HostMsg::Resize(size))) => {
                 if let Some(master) = &terminal {

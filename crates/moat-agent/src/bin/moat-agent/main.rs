@@ -27,6 +27,7 @@ mod sftp;
 mod spawn;
 #[allow(unsafe_code)]
 mod statfs;
+mod stdin;
 mod tcp;
 mod unix_socket;
 mod walk;
