@@ -50,10 +50,29 @@ struct Copies {
     kept: Vec<Name>,
 }
 
+impl Copies {
+    fn unkept(&self) -> Vec<(Name, Option<String>)> {
+        self.names.iter().filter(|(n, _)| !self.kept.contains(n)).cloned().collect()
+    }
+
+    /// Removes the copies not kept, all at once, and answers once they are
+    /// gone (the race's last word says so: a `dup` to one of their names
+    /// right after must find it free). Cut short, the rest are removed when
+    /// this is dropped.
+    async fn remove_unkept(&mut self) {
+        let gone = self.unkept();
+        let (api, account, parent) = (&self.api, &self.account, &self.parent);
+        futures::future::join_all(
+            gone.iter().map(|(name, id)| remove(api, account, name.clone(), id.as_deref(), parent)),
+        )
+        .await;
+        self.names.retain(|(n, _)| !gone.iter().any(|(g, _)| g == n));
+    }
+}
+
 impl Drop for Copies {
     fn drop(&mut self) {
-        let gone: Vec<(Name, Option<String>)> =
-            self.names.iter().filter(|(n, _)| !self.kept.contains(n)).cloned().collect();
+        let gone = self.unkept();
         if gone.is_empty() {
             return;
         }
@@ -236,33 +255,40 @@ pub async fn race(
             found
         }
     };
-    let mut note = String::new();
-    match (&spec.keep, winner) {
-        (Keep::All, _) => copies.kept = names.clone(),
-        (_, Some(copy)) => {
-            if let (Some(name), Some(row)) = (names.get(copy), rows.get_mut(copy)) {
+    // The race's last word: what was kept (stdout), or why nothing was (an
+    // error: the race exits non-zero when it was asked to keep a copy and
+    // none is kept).
+    let last: Result<String, ApiError> = match (&spec.keep, winner) {
+        (Keep::All, _) => {
+            copies.kept = names.clone();
+            Ok(String::new())
+        }
+        (_, Some(copy)) => match (names.get(copy), rows.get_mut(copy)) {
+            (Some(name), Some(row)) => {
                 row.kept = true;
                 copies.kept.push(name.clone());
                 match call(api, account, Op::Promote { child: name.clone() }).await {
                     Ok(Reply::Name(prev)) => {
-                        let _ = writeln!(
-                            note,
-                            "{name} won and was promoted: it is {} now ({prev} is the box before)",
-                            spec.name
-                        );
+                        Ok(format!("{name} won and was promoted: it is {} now ({prev} is the box before)\n", spec.name))
                     }
-                    Ok(_) | Err(_) => {
-                        let _ = writeln!(note, "{name} won; promoting it failed, so it stays as {name}");
-                    }
+                    Ok(_) => Err(refused(format!("race: {name} won; promoting it failed, so it stays as {name}"))),
+                    Err(e) => Err(refused(format!(
+                        "race: {name} won; promoting it failed ({}), so it stays as {name}",
+                        e.message
+                    ))),
                 }
             }
-        }
-        (_, None) => note.push_str("no copy won: every copy was removed\n"),
-    }
+            _ => Err(refused("race: no copy won: every copy was removed".into())),
+        },
+        (_, None) => Err(refused("race: no copy won: every copy was removed".into())),
+    };
     let table = if spec.json { json_rows(&rows) } else { table(&rows) };
-    let _ = out.send(Output::Stdout(table + &note)).await;
-    // Dropping `copies` removes the copies that were not kept.
-    drop(copies);
+    let _ = out.send(Output::Stdout(table)).await;
+    copies.remove_unkept().await;
+    let note = last?;
+    if !note.is_empty() {
+        let _ = out.send(Output::Stdout(note)).await;
+    }
     Ok(())
 }
 

@@ -78,6 +78,21 @@ pub fn restore_puts_a_damaged_box_back(env: &Env) {
     env.alice(None, &["rm", &copy]).ok();
 }
 
+/// A box that made its /etc a link out of itself (which writes in its root
+/// never follow) is restored all the same: the restore put its files back,
+/// then failed writing its host name, and said so.
+pub fn a_box_whose_etc_leads_out_still_restores(env: &Env) {
+    let name = unique("ckl");
+    env.new_box(&name, &["--image", "busybox"]);
+    env.alice(Some(&name), &["echo kept > /root/mark; mv /etc /etc.real; ln -s /nonexistent-moat-test /etc"]).ok();
+    assert_eq!(env.alice(None, &["checkpoint", &name]).ok().stdout, "c1\n");
+    env.alice(Some(&name), &["rm /root/mark"]).ok();
+    let restored = env.alice(None, &["restore", &name, "c1"]);
+    assert_eq!((restored.status, restored.stdout.as_str()), (Some(0), "before-c1\n"), "{}", restored.stderr);
+    assert_eq!(env.alice(Some(&name), &["cat /root/mark"]).ok().stdout, "kept\n");
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// Data only a checkpoint still holds counts against the box's disk limit
 /// (and shows in `usage`), before and after a restore.
 pub fn count_against_the_disk_limit(env: &Env) {

@@ -187,6 +187,19 @@ pub fn processes_outlive_the_session(env: &Env) {
     assert!(started.elapsed() < std::time::Duration::from_secs(9), "held {:?}", started.elapsed());
 }
 
+/// FIFOs the box planted where its agent reads on every session's way in
+/// (`/etc/environment`, `/etc/passwd`, `/etc/group`) lock nobody out: the
+/// agent opened them as files, waited for a writer, and every later session
+/// hung (across a restart too, the FIFOs being the box's files).
+pub fn fifos_in_etc_lock_nobody_out(env: &Env) {
+    let name = unique("fifo");
+    env.new_box(&name, &["--image", "busybox"]);
+    env.alice(Some(&name), &["for f in environment passwd group; do rm -f /etc/$f; mkfifo /etc/$f; done"]).ok();
+    let ran = crate::fixture::run_briefly(&env.daemon.ssh(&env.alice, Some(&name), &["echo in"]));
+    assert_eq!((ran.status, ran.stdout.as_str()), (Some(0), "in\n"), "{}", ran.stderr);
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// A suspended box costs what its agent holds at rest, so the agent gives
 /// back what its sessions held once they end (their thread stacks, its heap):
 /// after 24 sessions at once, each streaming 4 MB, it holds about what a

@@ -69,9 +69,19 @@ pub fn race_runs_copies_at_once_and_keeps_what_was_asked(env: &Env) {
     let script = "case $(hostname) in *-r3) touch /root/won; exit 0;; esac; exit 1";
     let out = env.alice(None, &["race", &name, "3", "--keep-best", "--", script]).ok().stdout;
     assert!(out.contains(&format!("{} won and was promoted", copy(3))), "{out}");
-    until(env, "losers removed", |now| !now.contains(&copy(1)) && !now.contains(&copy(2)) && !now.contains(&copy(3)));
+    // Gone by the time the race answers, not a moment after.
+    let now = names(env);
+    assert!(!now.contains(&copy(1)) && !now.contains(&copy(2)) && !now.contains(&copy(3)), "{now:?}");
     assert_eq!(env.alice(Some(&name), &["test -f /root/won"]).status, Some(0), "the winner is not NAME now");
     env.alice(None, &["rm", &format!("{name}-prev")]).ok();
+
+    // No copy won: the race fails (a script can tell), and its copies'
+    // names are free as it answers.
+    let lost = env.alice(None, &["race", &name, "2", "--keep-best", "--", "exit 3"]);
+    assert_ne!(lost.status, Some(0), "{}", lost.stdout);
+    assert!(lost.stderr.contains("no copy won"), "{}", lost.stderr);
+    env.alice(None, &["dup", &name, &copy(1)]).ok();
+    env.alice(None, &["rm", &copy(1)]).ok();
 
     // A name taken: refused whole, nothing made.
     env.alice(None, &["dup", &name, &copy(2)]).ok();

@@ -20,6 +20,7 @@ use nix::pty::{openpty, Winsize};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::pipe2;
 
+use crate::box_file::read_text;
 use crate::frames::{self, FrameReader};
 use crate::reaper::Reaper;
 use crate::spawn::{self, ChildIo, Program};
@@ -258,7 +259,7 @@ fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) ->
 
 /// Root's home and shell from the box's own /etc/passwd.
 fn root_account() -> (String, String) {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let passwd = read_text("/etc/passwd").unwrap_or_default();
     passwd
         .lines()
         .map(|line| line.split(':').collect::<Vec<_>>())
@@ -318,8 +319,8 @@ struct Account {
 /// /etc/passwd and /etc/group have it; a number needs no line (as OCI
 /// runtimes take it), a name without one runs as nobody.
 fn image_account(user: &str) -> Account {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    let passwd = read_text("/etc/passwd").unwrap_or_default();
+    let group = read_text("/etc/group").unwrap_or_default();
     account_in(&passwd, &group, user)
 }
 
@@ -384,7 +385,7 @@ struct Setting {
 
 impl Setting {
     fn read(extra: &[(String, String)], term: Option<&str>) -> Self {
-        let system = std::fs::read_to_string("/etc/environment").unwrap_or_default();
+        let system = read_text("/etc/environment").unwrap_or_default();
         let mut system = system_environment(&system);
         let mut take = |key: &str| {
             let found = system.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());

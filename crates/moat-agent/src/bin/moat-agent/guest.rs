@@ -155,7 +155,7 @@ fn mount_box_filesystems() {
     ] {
         let _ = std::os::unix::fs::symlink(target, link);
     }
-    if let Ok(name) = std::fs::read_to_string("/etc/hostname") {
+    if let Some(name) = crate::box_file::read_text("/etc/hostname") {
         let _ = nix::unistd::sethostname(name.trim());
     }
 }

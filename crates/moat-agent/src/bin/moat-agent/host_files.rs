@@ -105,7 +105,7 @@ fn plain(rel: &str) -> bool {
 
 /// The record of what the host wrote (empty if missing or unreadable).
 fn read_written(root: &Path) -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(root.join(WRITTEN)).unwrap_or_default();
+    let text = crate::box_file::read_text(root.join(WRITTEN)).unwrap_or_default();
     text.lines().filter_map(|l| l.split_once(' ')).map(|(hash, path)| (path.to_string(), hash.to_string())).collect()
 }
 

@@ -18,9 +18,6 @@ const PASSWD: &str = "/etc/passwd";
 /// The comment of the lines this file adds.
 const COMMENT: &str = "moat box login (root)";
 
-/// A passwd file larger than this is left alone (the box wrote it).
-const MAX_PASSWD: u64 = 4 << 20;
-
 /// The host name last given a passwd line (`None`: not yet).
 static ALIASED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
@@ -41,11 +38,12 @@ pub fn alias_root_as_host_name() {
         return;
     };
     let Ok(meta) = file.metadata() else { return };
-    if !meta.is_file() || meta.len() > MAX_PASSWD {
+    // A passwd file larger than this is left alone (the box wrote it).
+    if !meta.is_file() || meta.len() > crate::box_file::MAX_TEXT {
         return;
     }
     let mut text = String::new();
-    if Read::by_ref(&mut file).take(MAX_PASSWD).read_to_string(&mut text).is_err() {
+    if Read::by_ref(&mut file).take(crate::box_file::MAX_TEXT).read_to_string(&mut text).is_err() {
         return;
     }
     match before.and_then(|old| without_alias(&text, &old)) {

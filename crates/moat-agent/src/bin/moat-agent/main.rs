@@ -8,6 +8,7 @@
 // ioctl (exec), the seccomp listener's ioctls (statfs), a guest's network
 // and file system ioctls (guest_net, guest), giving memory back (rest), and
 // taking the inherited listening socket (here).
+mod box_file;
 #[allow(unsafe_code)]
 mod exec;
 mod frames;

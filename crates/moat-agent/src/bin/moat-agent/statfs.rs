@@ -76,7 +76,7 @@ impl Statfs {
         if unsafe { libc::ioctl(self.listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } < 0 {
             return;
         }
-        let mut resp = answer(&req, self.root_dev, self.tmp_dev);
+        let mut resp = answer(self.listener, &req, self.root_dev, self.tmp_dev);
         // SAFETY: `resp` is a filled seccomp_notif_resp; a caller that died
         // meanwhile makes this fail with ENOENT, which changes nothing.
         let _ = unsafe { libc::ioctl(self.listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) };
@@ -84,11 +84,22 @@ impl Statfs {
 }
 
 /// The answer to one call: written into the caller, or "let the kernel do it".
-fn answer(req: &libc::seccomp_notif, root_dev: u64, tmp_dev: Option<u64>) -> libc::seccomp_notif_resp {
+fn answer(
+    listener: BorrowedFd<'_>,
+    req: &libc::seccomp_notif,
+    root_dev: u64,
+    tmp_dev: Option<u64>,
+) -> libc::seccomp_notif_resp {
     let pass =
         libc::seccomp_notif_resp { id: req.id, val: 0, error: 0, flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32 };
     let (pid, args) = (req.pid, req.data.args);
     let Ok(mem) = File::options().read(true).write(true).open(format!("/proc/{pid}/mem")) else { return pass };
+    // The caller may have died and its pid gone to another process between
+    // the receive and the open: the call must still be waiting for this to
+    // be the caller's memory (seccomp_unotify(2)).
+    if !still_waiting(listener, req.id) {
+        return pass;
+    }
     // The file as the caller names it (its root, its cwd, its descriptor),
     // then what it is from here.
     let (named, path) = match i64::from(req.data.nr) {
@@ -121,6 +132,13 @@ fn answer(req: &libc::seccomp_notif, root_dev: u64, tmp_dev: Option<u64>) -> lib
         Ok(n) if n == bytes.len() => libc::seccomp_notif_resp { id: req.id, val: 0, error: 0, flags: 0 },
         _ => libc::seccomp_notif_resp { id: req.id, val: 0, error: -libc::EFAULT, flags: 0 },
     }
+}
+
+/// Whether call `id` still waits on `listener` for its answer.
+fn still_waiting(listener: BorrowedFd<'_>, id: u64) -> bool {
+    let mut id = id;
+    // SAFETY: the ioctl reads one u64 from a valid pointer; the listener is open.
+    unsafe { libc::ioctl(listener.as_raw_fd(), libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &mut id) == 0 }
 }
 
 /// Where a /proc link points ("" if it cannot be read).
