@@ -487,13 +487,16 @@ pub struct BoxInfo {
     pub node: String,
     /// How durable it is (only where boxes are kept in an object store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub durable: Option<DurableInfo>,
+    pub durable: Option<Box<DurableInfo>>,
     /// Where it came from, if it moved to its node from another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved: Option<moat_core::store::moves::Arrival>,
     /// Its move to another node, if one is asked or the last one failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moving: Option<Box<moat_core::store::moves::BoxMove>>,
+    /// The keys (accounts) it is shared with (`info` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_with: Vec<AccountId>,
 }
 
 /// How durable a box is: when it was last kept in the object store.
@@ -526,6 +529,7 @@ impl From<&BoxRecord> for BoxInfo {
             durable: None,
             moved: None,
             moving: None,
+            shared_with: Vec::new(),
         }
     }
 }

@@ -321,8 +321,14 @@ async fn send_log(
         false => None,
     };
     let horizon = backlog.last().map_or(0, |e| e.at_ms);
+    // A box removed meanwhile logs nothing more: the follow ends, saying so
+    // (one renamed by a promote is the same box, and is followed on).
+    let mut still_there = tokio::time::interval(FOLLOW_CHECK);
     loop {
         tokio::select! {
+            _ = still_there.tick() => if !box_remains(manager, account, name, &id) {
+                return Ok(Err(ApiError { status: 1, message: format!("box {name} was removed: its log ends here") }));
+            },
             Some(q) = async { questions.as_mut()?.next().await } => send(conn, &Event::Question(q), None).await?,
             entry = live.recv() => match entry {
                 Ok((box_id, entry)) if box_id == id => {
@@ -350,6 +356,18 @@ async fn send_log(
             // The front door closes the connection when its client goes.
             closed = conn.recv(1) => if !matches!(closed, Ok(Some(_))) { return Ok(Ok(Reply::Done)) },
         }
+    }
+}
+
+/// How often a log follower checks that its box is still there.
+const FOLLOW_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether the account still has box `id`, under `name` or another (a
+/// promote renames; a store that cannot answer counts as yes).
+fn box_remains(manager: &BoxManager, account: &AccountId, name: &moat_core::Name, id: &moat_core::BoxId) -> bool {
+    match manager.get(account, name) {
+        Ok(rec) if rec.id == *id => true,
+        _ => manager.list(account).map_or(true, |boxes| boxes.iter().any(|b| b.id == *id)),
     }
 }
 
@@ -564,13 +582,12 @@ async fn run(
         Op::Get { name } => {
             let b = m.get(account, &name)?;
             let mut info = shown(&b, &lost_nodes(m, std::slice::from_ref(&b)));
-            info.durable = m.durability(&b.id).ok().flatten().map(|d| crate::proto::DurableInfo {
-                as_of_ms: d.as_of_ms,
-                bytes: d.bytes,
-                pending: d.pending,
+            info.durable = m.durability(&b.id).ok().flatten().map(|d| {
+                Box::new(crate::proto::DurableInfo { as_of_ms: d.as_of_ms, bytes: d.bytes, pending: d.pending })
             });
             info.moved = m.arrival(&b.id).ok().flatten();
             info.moving = m.box_move(&b.id).ok().flatten().map(Box::new);
+            info.shared_with = m.shared_with_whom(&b.id)?;
             Reply::Box(info)
         }
         Op::Create { name, image, limits, idle, policy, ask, backend, node, run } => {

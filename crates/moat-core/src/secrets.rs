@@ -19,8 +19,53 @@ pub const MAX_VALUE: usize = 8 << 10;
 pub const MIN_VALUE: usize = 16;
 /// What a placeholder starts with (the rest is 40 random hex digits).
 pub const PLACEHOLDER_PREFIX: &str = "moat-placeholder-";
-/// Variables a secret may not be put in (the box's own plumbing).
-const RESERVED_VARIABLES: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "PWD"];
+/// Variables a secret may not be put in: the box's own plumbing, and those
+/// that change how the programs it runs start (a placeholder in
+/// `LD_PRELOAD` broke every dynamically linked program of the box).
+const RESERVED_VARIABLES: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "LANG",
+    "PWD",
+    "OLDPWD",
+    "HOSTNAME",
+    "MAIL",
+    "TZ",
+    "TMPDIR",
+    "IFS",
+    "ENV",
+    "BASH_ENV",
+    "PROMPT_COMMAND",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "CDPATH",
+    "GLOBIGNORE",
+    "PS1",
+    "PS2",
+    "PS3",
+    "PS4",
+    "GCONV_PATH",
+    "GLIBC_TUNABLES",
+    "NODE_OPTIONS",
+    "NODE_PATH",
+    "PERL5OPT",
+    "PERL5LIB",
+    "RUBYOPT",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+];
+/// Prefixes of such variables (the loader's, the locale's, sshd's, malloc's, moat's).
+const RESERVED_PREFIXES: &[&str] = &["LD_", "LC_", "SSH_", "MALLOC_", "MOAT_"];
+
+/// Whether a secret may not be put in variable `name`.
+fn reserved(name: &str) -> bool {
+    RESERVED_VARIABLES.contains(&name) || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
+}
 
 /// Whether two header names name the same header, as the servers that
 /// read `_` as `-` (CGI, Rack, PHP) see it.
@@ -106,7 +151,7 @@ pub enum SecretError {
     #[error("{0:?} is not a format: printable ASCII with exactly one {{}} where the value goes")]
     BadFormat(String),
     /// Not a variable a secret may be put in.
-    #[error("{0:?} is not a variable a secret may be put in (A-Z, 0-9, _; not PATH, HOME and the like)")]
+    #[error("{0:?} is not a variable a secret may be put in (A-Z, 0-9, _; not PATH, HOME, LD_PRELOAD and the like)")]
     BadVariable(String),
     /// A limit of zero, or a period of none.
     #[error("a limit is a positive number; a period is like 60s, 1h or 1d")]
@@ -147,7 +192,7 @@ impl SecretSpec {
         }
         let first_ok = self.env.bytes().next().is_some_and(|b| b.is_ascii_uppercase() || b == b'_');
         let rest_ok = self.env.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
-        if !first_ok || !rest_ok || self.env.len() > 64 || RESERVED_VARIABLES.contains(&self.env.as_str()) {
+        if !first_ok || !rest_ok || self.env.len() > 64 || reserved(&self.env) {
             return Err(SecretError::BadVariable(self.env.clone()));
         }
         Ok(())
@@ -380,6 +425,10 @@ mod tests {
             SecretSpec { format: "{} {}".into(), ..spec() },
             SecretSpec { format: "Bearer {}\r\nX-Evil: 1".into(), ..spec() },
             SecretSpec { env: "PATH".into(), ..spec() },
+            SecretSpec { env: "LD_PRELOAD".into(), ..spec() },
+            SecretSpec { env: "BASH_ENV".into(), ..spec() },
+            SecretSpec { env: "SSH_CONNECTION".into(), ..spec() },
+            SecretSpec { env: "IFS".into(), ..spec() },
             SecretSpec { env: "1X".into(), ..spec() },
             SecretSpec { env: "lower".into(), ..spec() },
         ];
@@ -391,6 +440,8 @@ mod tests {
         assert_eq!(SecretValue::new(" sk-abc-0123456789\n").unwrap().expose(), "sk-abc-0123456789");
         assert_eq!(format!("{:?}", SecretValue::new("sk-abc-0123456789").unwrap()), "SecretValue(..)");
         assert_eq!(SecretSpec::default_env(&Name::new("my-key").unwrap()), "MY_KEY");
+        // A variable that merely starts like one reserved is the owner's.
+        assert!(SecretSpec { env: "LDAP_TOKEN".into(), ..spec() }.validate().is_ok());
     }
 
     #[test]

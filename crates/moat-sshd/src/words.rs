@@ -1,6 +1,10 @@
 //! Splitting a control command line into words, as a POSIX shell would for the
-//! simple cases: whitespace separates, single and double quotes group, a
-//! backslash escapes the next character.
+//! simple cases: blanks separate (space, tab, newline: a shell's IFS, not
+//! Unicode's other spaces), single and double quotes group, a backslash
+//! escapes the next character.
+
+/// What separates words (a shell's default IFS).
+const BLANKS: [char; 3] = [' ', '\t', '\n'];
 
 /// Why a line could not be split.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,12 +21,12 @@ pub fn split(line: &str) -> Result<Vec<String>, UnterminatedQuote> {
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         match c {
-            c if c.is_whitespace() => {
+            c if BLANKS.contains(&c) => {
                 if let Some(w) = word.take() {
                     let separator = w == "--" && !quoted;
                     words.push(w);
                     if separator {
-                        let rest = chars.as_str().trim_start();
+                        let rest = chars.as_str().trim_start_matches(BLANKS);
                         if !rest.is_empty() {
                             words.push(rest.to_string());
                         }
@@ -77,6 +81,8 @@ mod tests {
         assert_eq!(split("").unwrap(), Vec::<String>::new());
         assert_eq!(split("'open"), Err(UnterminatedQuote));
         assert_eq!(split("trail\\"), Err(UnterminatedQuote));
+        // A no-break space is part of a word, as a shell has it.
+        assert_eq!(split("info\u{a0}bb\tx\ny").unwrap(), ["info\u{a0}bb", "x", "y"]);
     }
 
     #[test]

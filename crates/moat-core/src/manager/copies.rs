@@ -135,7 +135,10 @@ impl BoxManager {
         let _guard_b = self.lock_for(&b).lock_owned().await;
         // Read again under the locks: either may have changed meanwhile.
         let child = self.get(account, child)?;
-        if child.id != first.id || child.state == BoxState::Creating {
+        if child.id != first.id {
+            return Err(ManagerError::Replaced(child.name));
+        }
+        if child.state == BoxState::Creating {
             return Err(ManagerError::Busy(child.name));
         }
         self.here(&child)?;

@@ -64,6 +64,10 @@ pub enum ManagerError {
     /// The box is still being made.
     #[error("box {0} is still being created")]
     Busy(Name),
+    /// The name came to mean another box while the operation waited for the
+    /// one it named (a promote, or a removal and a new box, ran meanwhile).
+    #[error("box {0} changed while this waited its turn (a promote or a removal ran meanwhile): try again")]
+    Replaced(Name),
     /// `promote` of a box that is not a duplicate.
     #[error("box {0} was not duplicated from another box")]
     NoParent(Name),
@@ -196,6 +200,12 @@ pub enum ManagerError {
         name: Name,
         /// The port.
         port: u16,
+    },
+    /// A box shared with the account that owns it.
+    #[error("{name} is yours: share it with another account's key")]
+    ShareWithSelf {
+        /// The box.
+        name: Name,
     },
     /// The box is not shared with that account.
     #[error("{name} is not shared with {with}")]
@@ -429,7 +439,10 @@ impl BoxManager {
         let first = self.get(account, name)?;
         let guard = self.lock_for(&first.id).lock_owned().await;
         let rec = self.get(account, name)?;
-        if rec.state == BoxState::Creating || rec.id != first.id {
+        if rec.id != first.id {
+            return Err(ManagerError::Replaced(rec.name));
+        }
+        if rec.state == BoxState::Creating {
             return Err(ManagerError::Busy(rec.name));
         }
         self.here(&rec)?;

@@ -132,9 +132,17 @@ impl BoxManager {
     /// Lets `other` (an account: a key's fingerprint) reach the account's box.
     pub fn share(&self, account: &AccountId, name: &Name, other: &AccountId) -> Result<(), ManagerError> {
         let rec = self.get(account, name)?;
+        if other == account {
+            return Err(ManagerError::ShareWithSelf { name: name.clone() });
+        }
         self.db(|s| s.share(&rec.id, other))?;
         tracing::info!(box_id = %rec.id, name = %rec.name, with = %other, "box shared");
         Ok(())
+    }
+
+    /// The accounts the box of id `id` is shared with (its owner's view).
+    pub fn shared_with_whom(&self, id: &BoxId) -> Result<Vec<AccountId>, ManagerError> {
+        Ok(self.db(|s| s.shares(id))?)
     }
 
     /// Takes back what [`BoxManager::share`] gave; that account's cookies for

@@ -114,6 +114,12 @@ pub fn unshare_ends_the_other_accounts_sessions_and_forwards(env: &Env) {
         me["owner"].as_str().expect("whoami names the account's owner slug").to_string()
     };
     env.alice(None, &["share", &name, &carol_fp]).ok();
+    // Its owner sees whom it is shared with; a share with oneself is refused.
+    let info: Value = serde_json::from_str(&env.alice(None, &["info", &name, "--json"]).ok().stdout).unwrap();
+    assert_eq!(info["shared_with"], serde_json::json!([carol_fp]), "{info}");
+    let own_fp = fingerprint(env, &env.alice);
+    let to_self = env.alice(None, &["share", &name, &own_fp]);
+    assert!(to_self.status != Some(0) && to_self.stderr.contains("is yours"), "{}", to_self.stderr);
     let shared = format!("{name}.{owner}");
     let (mut session, lines) = ticking(env, &carol.key, &shared);
     let port = free_port();

@@ -600,7 +600,7 @@ pub fn log_follow_streams(env: &Env) {
     env.new_box(&name, &[]);
     env.alice(None, &["policy", &name, "allow", "web.test"]).ok();
     let mut follower = env.daemon.ssh(&env.alice, None, &["log", &name, "--follow", "--json"]);
-    let mut child = follower.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = follower.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -622,10 +622,19 @@ pub fn log_follow_streams(env: &Env) {
             break;
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
     assert!(seen, "log --follow did not show the request");
+    // The box removed: the follow ends by itself, saying why (it went on,
+    // silent, until its client gave up).
     env.alice(None, &["rm", &name]).ok();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let ended = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&ended.stderr);
+    assert!(ended.status.code().is_some_and(|c| c != 0), "{:?} {stderr}", ended.status);
+    assert!(stderr.contains("was removed"), "{stderr}");
 }
 
 /// The gateway runs unprivileged and confined; stopping or killing it

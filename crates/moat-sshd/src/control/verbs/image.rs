@@ -20,7 +20,8 @@ pub const VERB: Verb = Verb {
                       reference's last part and tag unless told): new BOX --image NAME
   image ls [--json]   your images: name, reference, digest, size, when pulled
   image save BOX NAME make BOX's files as of now your image NAME (a template: O(1), read-only;
-                      new B --image NAME starts from them, with BOX's image's Env, User, dir)
+                      new B --image NAME starts from them, with BOX's image's Env, User, dir;
+                      an image NAME you had is replaced, as a pull of the same name replaces)
   image push NAME REF push your image NAME to REF (REGISTRY/REPO[:TAG]) as an OCI image: a
                       template sends one layer of what it adds, its base's layers are
                       found there or mounted from the repository they were pulled from

@@ -29,8 +29,12 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
     node += &durable(&b);
     node += &moved(&b);
     node += &moving(&b);
+    let shared = match b.shared_with.as_slice() {
+        [] => String::new(),
+        keys => format!("shared:   {}\n", keys.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+    };
     Ok(format!(
-        "name:     {}\nid:       {}\nstate:    {} (since {})\n{}idle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n",
+        "name:     {}\nid:       {}\nstate:    {} (since {})\n{}idle:     {}\nimage:    {}\nbackend:  {}\ncpus:     {}\nmemory:   {}\npids:     {}\ndisk:     {}\ncreated:  {}\nparent:   {}\n{}",
         b.name,
         b.id,
         b.state,
@@ -44,13 +48,14 @@ fn render(reply: Reply, _: &Op, json: bool) -> Result<String, ApiError> {
         b.limits.pids,
         format_size(b.limits.disk),
         utc(b.created_at),
-        parent
+        parent,
+        shared
     ))
 }
 
 /// When the box was last kept in the object store, and how far behind that is.
 fn durable(b: &BoxInfo) -> String {
-    let Some(d) = &b.durable else { return String::new() };
+    let Some(d) = b.durable.as_deref() else { return String::new() };
     let pending = if d.pending { ", an upload is under way" } else { "" };
     let Some(as_of_ms) = d.as_of_ms else { return format!("durable:  not yet{pending}\n") };
     let behind = match b.state.as_str() {

@@ -391,21 +391,31 @@ fn times_read_one_way_and_json_adds_strings() {
         durable: None,
         moved: None,
         moving: None,
+        shared_with: Vec::new(),
     };
     let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
     let text = (info.render)(Reply::Box(b.clone()), &info.op, false).unwrap();
     assert!(text.contains("\nstate:    running (since 2026-11-30T23:07:40Z)\n"), "{text}");
-    assert!(!text.contains("durable:"), "{text}");
+    assert!(!text.contains("durable:") && !text.contains("shared:"), "{text}");
+    // Its owner sees whom it is shared with.
+    let key = moat_core::AccountId("SHA256:abc".into());
+    let shared = moat_api::BoxInfo { shared_with: vec![key], ..b.clone() };
+    let text = (info.render)(Reply::Box(shared), &info.op, false).unwrap();
+    assert!(text.ends_with("\nshared:   SHA256:abc\n"), "{text}");
     // Where boxes are kept in an object store, info says as of when.
     let suspended = moat_api::BoxInfo {
         state: "suspended".into(),
-        durable: Some(moat_api::DurableInfo { as_of_ms: Some(1_796_080_061_000), bytes: 3 << 20, pending: false }),
+        durable: Some(Box::new(moat_api::DurableInfo {
+            as_of_ms: Some(1_796_080_061_000),
+            bytes: 3 << 20,
+            pending: false,
+        })),
         ..b.clone()
     };
     let text = (info.render)(Reply::Box(suspended.clone()), &info.op, false).unwrap();
     assert!(text.contains("\ndurable:  as of 2026-11-30T23:07:41Z (3M in the object store), up to date\n"), "{text}");
     let never = moat_api::BoxInfo {
-        durable: Some(moat_api::DurableInfo { as_of_ms: None, bytes: 0, pending: true }),
+        durable: Some(Box::new(moat_api::DurableInfo { as_of_ms: None, bytes: 0, pending: true })),
         ..suspended
     };
     let text = (info.render)(Reply::Box(never), &info.op, false).unwrap();
@@ -471,6 +481,7 @@ fn move_names_its_node_and_info_says_where_a_box_came_from() {
             at_ms: 1_796_080_060_000,
         }),
         moving: None,
+        shared_with: Vec::new(),
     };
     let Plan::Call(info) = plan("info web").unwrap() else { panic!("not a call") };
     let text = (info.render)(Reply::Box(b.clone()), &info.op, false).unwrap();
