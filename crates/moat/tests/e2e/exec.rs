@@ -185,6 +185,12 @@ pub fn processes_outlive_the_session(env: &Env) {
     let out = env.alice(Some(&name), &["(while :; do echo tick; sleep 0.5; done) & echo started"]).ok();
     assert!(out.stdout.contains("started") && out.stdout.matches("tick").count() >= 3, "{}", out.stdout);
     assert!(started.elapsed() < std::time::Duration::from_secs(9), "held {:?}", started.elapsed());
+    // A job that prints after the session has ended lives on (its line goes
+    // nowhere): the pipe closed under it, its first line killed it (SIGPIPE).
+    env.alice(Some(&name), &["(sleep 3; echo late; echo late >&2; touch /tmp/survived) & echo early"]).ok();
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let survived = env.alice(Some(&name), &["test -f /tmp/survived && echo yes"]).ok();
+    assert_eq!(survived.stdout, "yes\n", "the job died at its first line after the session");
 }
 
 /// FIFOs the box planted where its agent reads on every session's way in

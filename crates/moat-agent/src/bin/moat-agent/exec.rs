@@ -226,7 +226,7 @@ fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) ->
             // A job that keeps talking (a dev server's log) holds the
             // session no longer than this after the command.
             if exited_at.is_some_and(|at| at.elapsed() >= LINGER_MOST) {
-                return;
+                break;
             }
             let timeout = PollTimeout::from(if exited { 50u16 } else { 200u16 });
             let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
@@ -234,7 +234,7 @@ fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) ->
                 // The command exited, and what it left in the background has
                 // been quiet a while: the session ends though it holds the
                 // output open (`nohup server &`; sshd would wait for it).
-                Ok(0) if exited && heard.elapsed() >= LINGER => return,
+                Ok(0) if exited && heard.elapsed() >= LINGER => break,
                 Ok(0) | Err(Errno::EINTR) => continue,
                 Ok(_) => {}
                 Err(_) => return,
@@ -253,6 +253,12 @@ fn start_pump(fd: OwnedFd, kind: Output, writer: &Shared, flags: &Arc<Flags>) ->
                 Err(Errno::EINTR | Errno::EAGAIN) => {}
                 Err(_) => return,
             }
+        }
+        // The session ends before the jobs that hold its output do: their
+        // output goes nowhere from here, and they live on (see
+        // [`crate::drain`]). A terminal is hung up instead, as sshd does.
+        if kind != Output::Terminal {
+            crate::drain::adopt(fd);
         }
     })
 }

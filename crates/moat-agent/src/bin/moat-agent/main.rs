@@ -9,6 +9,7 @@
 // and file system ioctls (guest_net, guest), giving memory back (rest), and
 // taking the inherited listening socket (here).
 mod box_file;
+mod drain;
 #[allow(unsafe_code)]
 mod exec;
 mod frames;
