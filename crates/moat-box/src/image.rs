@@ -18,8 +18,9 @@ use crate::sys;
 
 /// Packages the `debian` image adds to a minimal bookworm: what a coding
 /// agent reaches for first (a Python with pip and venv, Node with npm, a C
-/// toolchain for native extensions, git, curl, ripgrep), and what moat's own
-/// sessions use (sftp, rsync).
+/// toolchain for native extensions, git, curl, ripgrep), what moat's own
+/// sessions use (sftp, rsync), and sudo (Ansible's `become`, and scripts
+/// written for servers, run it; a box's user is root already).
 pub const DEBIAN_PACKAGES: &[&str] = &[
     "bash",
     "coreutils",
@@ -37,6 +38,7 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     "openssh-sftp-server",
     "less",
     "xz-utils",
+    "sudo",
 ];
 
 /// Packages installed with apt inside the new root once debootstrap is done:

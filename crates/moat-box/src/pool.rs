@@ -146,6 +146,12 @@ impl Pool {
         self.qgroup_file("mode").is_some_and(|m| m.trim() == "squota")
     }
 
+    /// What the pool's file system holds in all, in bytes.
+    pub fn capacity(&self) -> Option<u64> {
+        let fs = nix::sys::statvfs::statvfs(&self.root).ok()?;
+        Some(fs.blocks().saturating_mul(fs.fragment_size()))
+    }
+
     fn qgroup_file(&self, name: &str) -> Option<String> {
         fs::read_to_string(self.sysfs.as_ref()?.join("qgroups").join(name)).ok()
     }

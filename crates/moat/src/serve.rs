@@ -193,6 +193,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if !backend.host().pool.simple_quotas() {
         tracing::warn!("disk quotas: {}", paths::FULL_QGROUPS);
     }
+    // Every account's boxes share the pool: one allowed all of it leaves the
+    // others' boxes without a byte to write once it has filled it.
+    if let Some(pool) = backend.host().pool.capacity().filter(|pool| max_disk_per_account >= *pool) {
+        tracing::warn!(
+            pool_gib = pool >> 30,
+            max_disk_per_account_gib = max_disk_per_account >> 30,
+            "one account's boxes may fill the whole storage pool, and then every other account's boxes can \
+             write nothing: with several accounts, set --max-disk-per-account to a share of the pool"
+        );
+    }
     let node = args.fleet.node(&state_dir)?;
     let dsn = args.fleet.store.clone().or_else(|| node.as_ref().map(|n| n.dir.config.store.clone()));
     let node_name = node.as_ref().map_or(String::new(), |n| n.name.clone());

@@ -1857,7 +1857,10 @@ impl Session {
                         Ok(())
                     }
                     x => {
-                        warn!("unknown channel request {x}");
+                        // moat: debug, not warn: clients send their own
+                        // (PuTTY's simple@putty.projects.tartarus.org on every
+                        // session), and a flood of them would flood the log.
+                        debug!("unknown channel request {x}");
                         self.channel_failure(channel_num)?;
                         Ok(())
                     }
