@@ -32,10 +32,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 
 use crate::penalty::{Offence, Penalties, PENALIZED_SLOTS};
 use crate::quickack::QuickAck;
+use crate::source_slots::{SourcePermit, SourceSlots};
 
 /// How many connections each stage holds.
 #[derive(Debug, Clone, Copy)]
@@ -54,10 +55,10 @@ struct Inner {
     limits: AdmissionLimits,
     penalties: Penalties,
     /// The few handshake slots a penalized source has.
-    penalized_by_source: PerSource,
+    penalized_by_source: SourceSlots,
     pending: Mutex<PendingQueues>,
     active: Arc<FairSlots>,
-    active_by_source: PerSource,
+    active_by_source: SourceSlots,
 }
 
 /// The pending stage: each source's unauthenticated connections, oldest first.
@@ -77,10 +78,10 @@ impl Admission {
         Self(Arc::new(Inner {
             limits,
             penalties: Penalties::default(),
-            penalized_by_source: PerSource::new(PENALIZED_SLOTS),
+            penalized_by_source: SourceSlots::new(PENALIZED_SLOTS),
             pending: Mutex::default(),
             active: FairSlots::new(limits.active_total),
-            active_by_source: PerSource::new(limits.active_per_source),
+            active_by_source: SourceSlots::new(limits.active_per_source),
         }))
     }
 
@@ -113,15 +114,17 @@ impl Admission {
         &self.0.penalties
     }
 
-    /// Waits for a handshake slot for `source`.
-    pub async fn active(&self, source: IpAddr) -> Active {
+    /// Waits for a handshake slot for `source`'s connection that `holder`
+    /// tracks (one that has begun its key exchange goes before its source's
+    /// others that only spoke: see [`crate::source_slots`]).
+    pub async fn active(&self, source: IpAddr, holder: &Arc<SlotHolder>) -> Active {
         // A penalized source waits for one of its few slots first, holding
         // none of the others meanwhile.
         let penalized = match self.0.penalties.is_penalized(source) {
-            true => Some(self.0.penalized_by_source.acquire(source).await),
+            true => Some(self.0.penalized_by_source.acquire(source, holder).await),
             false => None,
         };
-        let per_source = self.0.active_by_source.acquire(source).await;
+        let per_source = self.0.active_by_source.acquire(source, holder).await;
         let total = self.0.active.acquire(source).await;
         Active { _penalized: penalized, _per_source: per_source, _total: total }
     }
@@ -269,49 +272,6 @@ impl Drop for FairPermit {
     }
 }
 
-/// Semaphores of `limit` permits, one per source, kept only while in use.
-struct PerSource {
-    limit: usize,
-    map: Arc<Mutex<HashMap<IpAddr, Arc<Semaphore>>>>,
-}
-
-impl PerSource {
-    fn new(limit: usize) -> Self {
-        Self { limit, map: Arc::default() }
-    }
-
-    async fn acquire(&self, source: IpAddr) -> SourcePermit {
-        let sem = {
-            let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(map.entry(source).or_insert_with(|| Arc::new(Semaphore::new(self.limit))))
-        };
-        // Never closed, so acquiring cannot fail; a closed one would mean "go ahead".
-        let permit = Arc::clone(&sem).acquire_owned().await.ok();
-        SourcePermit { permit, sem, map: Arc::clone(&self.map), limit: self.limit, source }
-    }
-}
-
-/// One source's permit; forgets the source's semaphore when nobody holds or
-/// waits on it.
-struct SourcePermit {
-    permit: Option<OwnedSemaphorePermit>,
-    sem: Arc<Semaphore>,
-    map: Arc<Mutex<HashMap<IpAddr, Arc<Semaphore>>>>,
-    limit: usize,
-    source: IpAddr,
-}
-
-impl Drop for SourcePermit {
-    fn drop(&mut self) {
-        self.permit = None;
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        // Ours and the map's are the only references, and every permit is back.
-        if Arc::strong_count(&self.sem) == 2 && self.sem.available_permits() == self.limit {
-            map.remove(&self.source);
-        }
-    }
-}
-
 /// Where a connection's handshake slot is kept until it authenticates, and
 /// how far it got.
 #[derive(Default)]
@@ -370,6 +330,11 @@ impl SlotHolder {
         if !self.went_on.swap(true, Ordering::AcqRel) {
             self.stepped.notify_waiters();
         }
+    }
+
+    /// Whether the client has begun its key exchange.
+    pub(crate) fn began_kex(&self) -> bool {
+        self.went_on.load(Ordering::Acquire)
     }
 
     /// Resolves once the client has begun its key exchange (sent more than
@@ -439,7 +404,8 @@ impl Gated {
     /// Gates `inner`'s reads on a slot from `admission` for `source`.
     pub fn new(inner: QuickAck, admission: &Admission, source: IpAddr, holder: Arc<SlotHolder>) -> Self {
         let admission = admission.clone();
-        let acquire: Acquire = Box::pin(async move { admission.active(source).await });
+        let waiter = Arc::clone(&holder);
+        let acquire: Acquire = Box::pin(async move { admission.active(source, &waiter).await });
         Self { inner, acquire: Some(acquire), early: Vec::new(), holder }
     }
 }
@@ -448,19 +414,33 @@ impl AsyncRead for Gated {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if let Some(acquire) = this.acquire.as_mut() {
+            // What the client sends while it waits is read ahead (its version,
+            // then its KEXINIT): one that has begun its key exchange goes
+            // before its source's sockets that only spoke.
+            while !this.holder.began_kex() && this.early.len() < EARLY_BYTES {
+                let mut more = [0u8; EARLY_BYTES];
+                let mut more = ReadBuf::new(&mut more);
+                match Pin::new(&mut this.inner).poll_read(cx, &mut more) {
+                    Poll::Ready(Ok(())) if more.filled().is_empty() => {
+                        if this.early.is_empty() {
+                            return Poll::Ready(Ok(())); // end of stream before a word
+                        }
+                        break;
+                    }
+                    Poll::Ready(Ok(())) => {
+                        this.early.extend_from_slice(more.filled());
+                        this.holder.heard();
+                        // The version line and more: the key exchange too.
+                        if this.early.iter().position(|&b| b == b'\n').is_some_and(|i| i + 1 < this.early.len()) {
+                            this.holder.went_on();
+                        }
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => break,
+                }
+            }
             if this.early.is_empty() {
-                let mut first = [0u8; EARLY_BYTES];
-                let mut first = ReadBuf::new(&mut first);
-                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut first))?;
-                if first.filled().is_empty() {
-                    return Poll::Ready(Ok(())); // end of stream before a word
-                }
-                this.early.extend_from_slice(first.filled());
-                this.holder.heard();
-                // The version line and more in one read: the key exchange too.
-                if this.early.iter().position(|&b| b == b'\n').is_some_and(|i| i + 1 < this.early.len()) {
-                    this.holder.went_on();
-                }
+                return Poll::Pending; // nothing yet: the read wakes this
             }
             let active = ready!(acquire.as_mut().poll(cx));
             this.holder.hold(active);
@@ -583,13 +563,13 @@ mod tests {
     async fn a_full_active_stage_waits_instead_of_refusing() {
         let a = Admission::new(limits());
         let x: IpAddr = "127.0.0.2".parse().unwrap();
-        let first = a.active(x).await;
-        let _second = a.active(x).await;
-        let third = tokio::time::timeout(Duration::from_millis(50), a.active(x)).await;
+        let first = a.active(x, &holder()).await;
+        let _second = a.active(x, &holder()).await;
+        let third = tokio::time::timeout(Duration::from_millis(50), a.active(x, &holder())).await;
         assert!(third.is_err(), "a third handshake from one source must wait");
         let waiting = tokio::spawn({
             let a = a.clone();
-            async move { a.active(x).await }
+            async move { a.active(x, &holder()).await }
         });
         drop(first);
         let _third = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").unwrap();

@@ -20,6 +20,7 @@ pub mod ratelimit;
 pub mod remote_forward;
 pub mod server;
 pub mod setup;
+pub mod source_slots;
 pub mod task;
 pub mod words;
 

@@ -359,7 +359,7 @@ mod tests {
         let stalled = Arc::new(SlotHolder::default());
         let step = async {
             stalled.heard();
-            stalled.hold(admission.active(x).await);
+            stalled.hold(admission.active(x, &stalled).await);
         };
         assert_eq!(cut_after(step, &stalled).await, (KEX_TIME, Cut::NoKex));
         // Began its key exchange, then took long over it (a user reading a
@@ -367,7 +367,7 @@ mod tests {
         let asked = Arc::new(SlotHolder::default());
         let step = async {
             asked.heard();
-            asked.hold(admission.active(x).await);
+            asked.hold(admission.active(x, &asked).await);
             asked.went_on();
         };
         assert_eq!(cut_after(step, &asked).await, (AUTH, Cut::AuthTimeout));
@@ -379,7 +379,7 @@ mod tests {
         let step = async {
             waited.heard();
             tokio::time::sleep(Duration::from_secs(50)).await;
-            waited.hold(admission.active(x).await);
+            waited.hold(admission.active(x, &waited).await);
             waited.went_on();
         };
         assert_eq!(cut_after(step, &waited).await, (Duration::from_secs(80), Cut::AuthTimeout));

@@ -125,6 +125,30 @@ pub fn stalled_handshakes_give_their_slots_up(env: &Env) {
     assert!(stalled.iter().all(|conn| closed_by(conn, deadline)), "a stalled socket was left open");
 }
 
+/// Forty sockets that send a version string and stall, from the honest
+/// client's own address (a NAT it shares with an attacker, or the same host):
+/// the client, which sends its key exchange at once, takes the first
+/// handshake slot given back, ahead of the stalled sockets waiting in line
+/// (it waited behind all of them, 10 s a round: 24 s behind 16, a minute and
+/// more behind 50).
+pub fn an_honest_client_goes_before_stalled_sockets_of_its_address(env: &Env) {
+    let target: SocketAddr = format!("127.0.0.1:{}", env.daemon.port).parse().unwrap();
+    let stalled: Vec<TcpStream> = (0..40)
+        .filter_map(|_| connect_from("127.0.0.12", target))
+        .map(|mut conn| {
+            conn.write_all(b"SSH-2.0-stall\r\n").unwrap();
+            conn
+        })
+        .collect();
+    assert_eq!(stalled.len(), 40);
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.12"], &["help"])).ok();
+    // The first slot comes back at 10 s (the stalled sockets' deadline).
+    assert!(started.elapsed() < Duration::from_secs(18), "got in after {:?}", started.elapsed());
+    drop(stalled);
+}
+
 /// A source whose connections misbehave is penalized: it gets two handshake
 /// slots instead of ten (so two of its slow talkers hold up its next
 /// connection), but it is never refused outright, and other sources are

@@ -178,6 +178,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     hygiene::unauthenticated_flood_does_not_lock_out,
     hygiene::one_source_cannot_lock_itself_out,
     hygiene::stalled_handshakes_give_their_slots_up,
+    hygiene::an_honest_client_goes_before_stalled_sockets_of_its_address,
     restart::loses_nothing,
     restart::warm_boxes_are_named_when_taken_and_never_outlive_a_restart,
     restart::purge_copes_with_a_read_only_pool,
