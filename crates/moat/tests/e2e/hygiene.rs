@@ -103,20 +103,27 @@ pub fn unauthenticated_flood_does_not_lock_out(env: &Env) {
     daemon.purge();
 }
 
-/// Sockets that send a version string and then stall hold a handshake slot
-/// for 10 s at most: an honest client from the same address waiting behind
-/// all ten of them gets in once they are cut (they kept their slots, and the
-/// client waited out its own deadline, while they stayed open).
-pub fn stalled_handshakes_give_their_slots_up(env: &Env) {
+/// `n` connections from `from` to the shared daemon that send a version
+/// string and then nothing.
+fn stalled_handshakes(env: &Env, from: &str, n: usize) -> Vec<TcpStream> {
     let target: SocketAddr = format!("127.0.0.1:{}", env.daemon.port).parse().unwrap();
-    let stalled: Vec<TcpStream> = (0..10)
-        .filter_map(|_| connect_from("127.0.0.11", target))
+    let stalled: Vec<TcpStream> = (0..n)
+        .filter_map(|_| connect_from(from, target))
         .map(|mut conn| {
             conn.write_all(b"SSH-2.0-stall\r\n").unwrap();
             conn
         })
         .collect();
-    assert_eq!(stalled.len(), 10);
+    assert_eq!(stalled.len(), n);
+    stalled
+}
+
+/// Sockets that send a version string and then stall hold a handshake slot
+/// for 10 s at most: an honest client from the same address waiting behind
+/// all ten of them gets in once they are cut (they kept their slots, and the
+/// client waited out its own deadline, while they stayed open).
+pub fn stalled_handshakes_give_their_slots_up(env: &Env) {
+    let stalled = stalled_handshakes(env, "127.0.0.11", 10);
     std::thread::sleep(Duration::from_millis(500));
     let started = Instant::now();
     run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.11"], &["help"])).ok();
@@ -132,15 +139,7 @@ pub fn stalled_handshakes_give_their_slots_up(env: &Env) {
 /// (it waited behind all of them, 10 s a round: 24 s behind 16, a minute and
 /// more behind 50).
 pub fn an_honest_client_goes_before_stalled_sockets_of_its_address(env: &Env) {
-    let target: SocketAddr = format!("127.0.0.1:{}", env.daemon.port).parse().unwrap();
-    let stalled: Vec<TcpStream> = (0..40)
-        .filter_map(|_| connect_from("127.0.0.12", target))
-        .map(|mut conn| {
-            conn.write_all(b"SSH-2.0-stall\r\n").unwrap();
-            conn
-        })
-        .collect();
-    assert_eq!(stalled.len(), 40);
+    let stalled = stalled_handshakes(env, "127.0.0.12", 40);
     std::thread::sleep(Duration::from_millis(500));
     let started = Instant::now();
     run(&mut env.daemon.ssh_with(&env.alice, None, &["-o", "BindAddress=127.0.0.12"], &["help"])).ok();
