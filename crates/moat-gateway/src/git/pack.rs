@@ -21,6 +21,9 @@ use super::GitError;
 pub const MAX_COMMIT: usize = 1 << 20;
 /// Most bytes a pack may inflate to before the gateway stops reading it.
 pub const MAX_INFLATED: u64 = 256 << 20;
+/// Most bytes of commits and deltas (which may make one) kept from a pack:
+/// 250 commits of 1 MiB each in a 282 KB push held half a gigabyte.
+pub const MAX_KEPT: usize = 32 << 20;
 /// Longest chain of deltas followed.
 const MAX_DEPTH: usize = 64;
 /// Most objects one pack may say it holds.
@@ -164,6 +167,7 @@ pub fn commits(pack: &[u8], hash: Hash) -> Result<Commits, GitError> {
     let mut at = 12usize;
     let mut objects: Vec<(usize, Object)> = Vec::new();
     let mut inflated = 0u64;
+    let mut kept = 0usize;
     for _ in 0..count {
         let start = at;
         let (kind, size) = object_header(pack, &mut at)?;
@@ -192,6 +196,15 @@ pub fn commits(pack: &[u8], hash: Hash) -> Result<Commits, GitError> {
             }
             _ => return Err(bad("an unknown object type")),
         };
+        kept += match &object {
+            Object::Commit(data) | Object::Ofs { delta: Some(data), .. } | Object::Ref { delta: Some(data), .. } => {
+                data.len()
+            }
+            _ => 0,
+        };
+        if kept > MAX_KEPT {
+            return Err(bad("its commits are larger than the gateway reads"));
+        }
         objects.push((start, object));
     }
     if pack.len().checked_sub(at) != Some(hash.len()) {
@@ -201,15 +214,16 @@ pub fn commits(pack: &[u8], hash: Hash) -> Result<Commits, GitError> {
 }
 
 /// Every commit's id and parents, deltas applied where their base is one.
-fn resolve(objects: Vec<(usize, Object)>, hash: Hash) -> Commits {
+fn resolve(mut objects: Vec<(usize, Object)>, hash: Hash) -> Commits {
     let at: HashMap<usize, usize> = objects.iter().enumerate().map(|(i, (start, _))| (*start, i)).collect();
     // Each object's content where it is a commit, filled in as deltas resolve.
     let mut content: Vec<Option<Vec<u8>>> = Vec::with_capacity(objects.len());
     let mut by_id: HashMap<Vec<u8>, usize> = HashMap::new();
     let mut out = Commits::default();
-    for (i, (_, object)) in objects.iter().enumerate() {
+    for (i, (_, object)) in objects.iter_mut().enumerate() {
+        // Moved, not copied: a pack's commits are kept once.
         let data = match object {
-            Object::Commit(data) => Some(data.clone()),
+            Object::Commit(data) => Some(std::mem::take(data)),
             _ => None,
         };
         if let Some(data) = &data {
@@ -500,5 +514,35 @@ pub(crate) mod tests {
             .unwrap()
             .parents
             .is_empty());
+    }
+
+    /// A small pack of many large commits (zeros compress to nothing) is
+    /// refused once what it keeps passes MAX_KEPT, before it is all inflated.
+    #[test]
+    fn what_a_pack_keeps_is_bounded() {
+        let count = MAX_KEPT / MAX_COMMIT + 2;
+        let mut pack = b"PACK\0\0\0\x02".to_vec();
+        pack.extend(u32::try_from(count).unwrap().to_be_bytes());
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut z, &vec![0u8; MAX_COMMIT]).unwrap();
+        let zeros = z.finish().unwrap();
+        for _ in 0..count {
+            // A commit (type 1) of MAX_COMMIT bytes: the size in 4 bits, then 7 a byte.
+            let mut size = MAX_COMMIT;
+            let mut header = vec![0x90 | (size & 0x0f) as u8];
+            size >>= 4;
+            while size > 0 {
+                header.push((size & 0x7f) as u8 | if size > 0x7f { 0x80 } else { 0 });
+                size >>= 7;
+            }
+            pack.extend(header);
+            pack.extend(&zeros);
+        }
+        pack.extend([0u8; 20]);
+        assert!(pack.len() < 100_000, "{}", pack.len());
+        assert_eq!(
+            commits(&pack, Hash::Sha1).unwrap_err(),
+            GitError::BadPack("its commits are larger than the gateway reads")
+        );
     }
 }

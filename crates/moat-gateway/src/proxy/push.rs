@@ -21,6 +21,12 @@ use crate::refusal::Refusal;
 
 /// Most bytes of push body held to decide a fast-forward from its pack.
 pub const MAX_HELD: usize = 32 << 20;
+/// Most bytes of a push body held as they came, its chunks' framing
+/// included: chunk lines may carry extensions of kilobytes, and a body of
+/// one-byte chunks each with 4 KiB of them held 1.58 GB of the gateway for
+/// 375 KB of data (git's own chunks are 64 KiB and more, their framing a
+/// few bytes).
+const MAX_RAW: u64 = MAX_HELD as u64 + (MAX_HELD as u64 >> 2);
 /// How long the box may pause inside a push body that is being held.
 const BODY_WAIT: Duration = Duration::from_secs(60);
 /// How long a push body may take to arrive whole (one trickling a byte a
@@ -141,18 +147,24 @@ async fn read_and_judge<R: AsyncRead + Unpin>(
                 list = Some((read, judged));
             }
         }
-        if let Some((read, judged)) = &mut list {
+        let too_raw = body.raw > MAX_RAW;
+        if too_raw && list.is_none() {
+            let why = "moat: the push's command list is not whole within what the gateway reads";
+            return Err(Refusal::git_error(false, why.into()));
+        }
+        if let Some((read, judged)) = &list {
             if judged.any_refused() {
                 return Err(refused(read, judged));
             }
             if judged.descent.is_empty() {
                 return Ok(());
             }
-            let held = body.data.len() > MAX_HELD;
-            if body.ended || held {
-                let pack = if held { None } else { body.data.get(read.len..) };
-                verdict::decide_descent(judged, read, pack);
-                return if judged.any_refused() { Err(refused(read, judged)) } else { Ok(()) };
+        }
+        let held = body.data.len() > MAX_HELD || too_raw;
+        if body.ended || held {
+            if let Some((read, judged)) = list.take() {
+                let data = if held { None } else { Some(std::mem::take(&mut body.data)) };
+                return decide(read, judged, data).await;
             }
         }
         if body.ended {
@@ -166,6 +178,27 @@ async fn read_and_judge<R: AsyncRead + Unpin>(
             Err(_) => return Err(Refusal::git_error(false, "moat: the push body stalled".into())),
         };
         buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    }
+}
+
+/// Decides the fast-forwards `judged` waits on from the pack in `data` (the
+/// body's data; `None`: more than the gateway holds). Off the event loop:
+/// inflating a pack and walking its commits took seconds of a loop every
+/// box's egress shares.
+async fn decide(read: CommandList, mut judged: Judged, data: Option<Vec<u8>>) -> Result<(), Refusal> {
+    let walked = tokio::task::spawn_blocking(move || {
+        let pack = data.as_deref().and_then(|d| d.get(read.len..));
+        verdict::decide_descent(&mut judged, &read, pack);
+        (read, judged)
+    })
+    .await;
+    let Ok((read, judged)) = walked else {
+        return Err(Refusal::git_error(false, "moat: cannot verify fast-forward (the check failed)".into()));
+    };
+    if judged.any_refused() {
+        Err(refused(&read, &judged))
+    } else {
+        Ok(())
     }
 }
 
@@ -350,6 +383,24 @@ mod tests {
         // A probe (an empty list) goes.
         let probe = b"POST /x HTTP/1.1\r\nHost: github.com\r\nContent-Length: 4\r\n\r\n0000";
         assert_eq!(decide(&rules, probe, &[]).await, Ok(()));
+        // Chunks of one byte, each with 4 KiB of extensions: what is held as
+        // it came is bounded (it grew to 1.58 GB for 375 KB of data).
+        let padded = |list: &[u8]| {
+            let mut raw = b"POST /x HTTP/1.1\r\nHost: github.com\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            raw.extend_from_slice(format!("{:x}\r\n", list.len()).as_bytes());
+            raw.extend_from_slice(list);
+            raw.extend_from_slice(b"\r\n");
+            let chunk = format!("1;{}\r\nP\r\n", "e".repeat(4000));
+            while raw.len() as u64 <= MAX_RAW + (1 << 20) {
+                raw.extend_from_slice(chunk.as_bytes());
+            }
+            raw
+        };
+        let list = pkt_body(&[&format!("{a} {b} refs/heads/x\0report-status")]);
+        let refused = decide(&ff, &padded(&list), &[]).await.unwrap_err();
+        assert!(refused.contains("cannot verify fast-forward (the pack is larger than the gateway holds"), "{refused}");
+        let refused = decide(&rules, &padded(b"fff0"), &[]).await.unwrap_err();
+        assert!(refused.contains("command list is not whole"), "{refused}");
     }
 
     #[tokio::test(start_paused = true)]
