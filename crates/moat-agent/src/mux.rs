@@ -55,6 +55,10 @@ struct Inner {
     next_id: AtomicU32,
     /// Whether the writer is held between frames (see [`Mux::hold`]).
     held: Arc<Hold>,
+    /// Set once the link can no longer be read (ended, or broke the
+    /// framing): no stream opens on it after.
+    ended: Mutex<bool>,
+    ended_changed: Condvar,
 }
 
 /// The writer's hold (see [`Mux::hold`]).
@@ -165,6 +169,8 @@ impl Mux {
             // holds its parent's streams, whose ids a new link must not reuse.
             next_id: AtomicU32::new(first_id()),
             held: Arc::default(),
+            ended: Mutex::new(false),
+            ended_changed: Condvar::new(),
         });
         let held = Arc::clone(&inner.held);
         std::thread::Builder::new().name("mux-write".into()).spawn(move || {
@@ -230,6 +236,15 @@ impl Mux {
         self.inner.held.changed.notify_all();
     }
 
+    /// Returns once the link can no longer be read: it ended, or the other
+    /// end broke the framing (every stream ended with it).
+    pub fn wait_ended(&self) {
+        let mut ended = self.inner.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*ended {
+            ended = self.inner.ended_changed.wait(ended).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     /// Opens a stream to the other end; returns this end's socket of it.
     pub fn open(&self) -> io::Result<UnixStream> {
         let (local, ours) = UnixStream::pair()?;
@@ -252,6 +267,9 @@ impl Mux {
         let (inbound, queued) = mpsc::channel::<Vec<u8>>();
         let credit = Arc::new(Credit::new());
         {
+            if *self.inner.ended.lock().unwrap_or_else(PoisonError::into_inner) {
+                return Err(io::Error::other("the link is gone"));
+            }
             let mut streams = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
             if streams.len() >= MAX_STREAMS || streams.contains_key(&id) {
                 return Err(io::Error::other("too many streams, or a stream id in use"));
@@ -412,6 +430,10 @@ impl Mux {
                 _ => self.refuse(id),
             }
         }
+        // Before the streams end: none may open after them on a link whose
+        // next frame can never be read (a session would wait for good).
+        *self.inner.ended.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.inner.ended_changed.notify_all();
         let all: Vec<u32> = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner).keys().copied().collect();
         for id in all {
             self.detach(id);
@@ -645,7 +667,7 @@ mod tests {
         // with no credit asked, on a host end that accepts.
         let (a, mut raw) = UnixStream::pair().unwrap();
         let (tx, accepted) = mpsc::channel();
-        Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), Some(tx)).unwrap();
+        let mux = Mux::start(Box::new(a.try_clone().unwrap()), Box::new(a), Some(tx)).unwrap();
         let frame = |id: u32, kind: u8, payload: &[u8]| {
             let mut f = id.to_be_bytes().to_vec();
             f.push(kind);
@@ -681,5 +703,15 @@ mod tests {
         let mut rest = Vec::new();
         second.read_to_end(&mut rest).unwrap();
         assert!(rest.is_empty());
+        // The link is over: it says so, and no stream opens on it (one
+        // would never hear from the other end: a session hung for good).
+        let (done, ended) = mpsc::channel();
+        let watched = mux.clone();
+        std::thread::spawn(move || {
+            watched.wait_ended();
+            let _ = done.send(());
+        });
+        ended.recv_timeout(Duration::from_secs(5)).expect("the link's end was not told");
+        assert!(mux.open().is_err());
     }
 }

@@ -156,7 +156,7 @@ pub fn diff_listings(
 }
 
 /// Orders paths as tree order does: component by component.
-fn tree_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+pub(crate) fn tree_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a.split(|c| *c == b'/').cmp(b.split(|c| *c == b'/'))
 }
 

@@ -32,6 +32,8 @@ pub struct Listing {
     deadline: Instant,
     /// Bytes read so far.
     read: u64,
+    /// The path listed last (each must come after it in tree order).
+    last: Vec<u8>,
 }
 
 impl Listing {
@@ -41,7 +43,16 @@ impl Listing {
         conn.set_write_timeout(Some(timeout))?;
         conn.write_all(&HostMsg::Walk.encode())?;
         let deadline = Instant::now() + timeout;
-        Ok(Self { conn, frames: Vec::new(), records: Vec::new(), at: 0, done: false, deadline, read: 0 })
+        Ok(Self {
+            conn,
+            frames: Vec::new(),
+            records: Vec::new(),
+            at: 0,
+            done: false,
+            deadline,
+            read: 0,
+            last: b"/".to_vec(),
+        })
     }
 
     fn next_entry(&mut self) -> io::Result<Option<Listed>> {
@@ -49,6 +60,11 @@ impl Listing {
             let rest = self.records.get(self.at..).unwrap_or_default();
             if let Some((path, entry, target, used)) = walk::decode(rest).map_err(io::Error::other)? {
                 self.at += used;
+                if let Err(why) = in_order(&self.last, &path) {
+                    let shown = String::from_utf8_lossy(&path).escape_debug().to_string();
+                    return Err(io::Error::other(format!("the guest's listing is malformed: {shown:.200} {why}")));
+                }
+                self.last.clone_from(&path);
                 return Ok(Some((path, (entry, target).into())));
             }
             // What is taken goes once per frame, not once per record.
@@ -105,6 +121,21 @@ impl Listing {
     }
 }
 
+/// Whether `path` may follow `last` in a listing as the agent makes it:
+/// absolute, every part a name (no empty part, `.` or `..`), and after
+/// `last` in tree order (a guest that invented paths, repeated them or
+/// listed them out of order was shown as if it had changed them).
+fn in_order(last: &[u8], path: &[u8]) -> Result<(), &'static str> {
+    let Some(rest) = path.strip_prefix(b"/") else { return Err("is not absolute") };
+    if rest.split(|b| *b == b'/').any(|part| matches!(part, b"" | b"." | b"..")) {
+        return Err("has a part that is no name");
+    }
+    match crate::diff::tree_order(last, path) {
+        std::cmp::Ordering::Less => Ok(()),
+        _ => Err("comes out of order"),
+    }
+}
+
 impl Iterator for Listing {
     type Item = io::Result<Listed>;
 
@@ -116,6 +147,40 @@ impl Iterator for Listing {
                 self.records.clear();
                 Some(Err(e))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_paths_the_agent_could_list_are_taken() {
+        let root = b"/".as_slice();
+        assert_eq!(in_order(root, b"/bin"), Ok(()));
+        assert_eq!(in_order(b"/bin", b"/bin/sh"), Ok(()));
+        assert_eq!(in_order(b"/bin/sh", b"/boot"), Ok(()));
+        // Tree order, not byte order: a directory's entries before its next sibling.
+        assert_eq!(in_order(b"/a/b", b"/a-b"), Ok(()));
+        for (last, bad) in [
+            (root, b"relative/no/slash".as_slice()),
+            (root, b"//double"),
+            (root, b"/a/../etc"),
+            (root, b"/a/./b"),
+            (root, b"/trailing/"),
+            (b"/bin".as_slice(), b"/bin"),
+            (b"/zz".as_slice(), b"/aa"),
+            (b"/etc".as_slice(), b"/bin/sh"),
+            (b"/a-b".as_slice(), b"/a/b"),
+        ] {
+            assert!(
+                in_order(last, bad).is_err(),
+                "{:?} after {:?}",
+                String::from_utf8_lossy(bad),
+                String::from_utf8_lossy(last)
+            );
         }
     }
 }

@@ -287,6 +287,17 @@ fn supervise_machine(plan: &VmPlan) -> io::Result<()> {
     let reader = agent_link.try_clone()?;
     let watched = agent_link.try_clone()?;
     let mux = moat_agent::mux::Mux::start(Box::new(reader), Box::new(agent_link), None)?;
+    // A link that can no longer be read (the guest broke its framing, or
+    // stopped the port) ends the machine, as a guest's panic does, so that
+    // the next session boots it again: left up, every session waited for
+    // good on a link nothing reads, and its checkpoints timed out.
+    let ending = mux.clone();
+    let qemu = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
+    std::thread::spawn(move || {
+        ending.wait_ended();
+        // QEMU is this process's child, unreaped until `wait` below returns.
+        let _ = nix::sys::signal::kill(qemu, nix::sys::signal::Signal::SIGKILL);
+    });
     let held = mux.clone();
     std::thread::spawn(move || serve_control(&control, &held, &watched));
     std::thread::spawn(move || {
