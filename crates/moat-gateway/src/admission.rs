@@ -74,6 +74,11 @@ pub struct Admitted {
 }
 
 impl Gate {
+    /// The account whose box this is.
+    pub fn account(&self) -> &AccountId {
+        &self.account
+    }
+
     /// A place for one more connection, or which limit refused it.
     pub fn admit(&self) -> Result<Admitted, Refusal> {
         let own = Arc::clone(&self.own).try_acquire_owned().map_err(|_| Refusal::TooManyConnections)?;

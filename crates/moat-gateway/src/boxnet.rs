@@ -34,6 +34,8 @@ pub struct Shared {
     pub registries: Arc<Registries>,
     /// Turns to hold a push's body (see [`crate::proxy::push`]).
     pub holds: Arc<tokio::sync::Semaphore>,
+    /// Each account's turns to hold a push's body.
+    pub account_holds: Arc<moat_core::slots::Slots<moat_core::AccountId>>,
 }
 
 /// What let a connection through, and so what a change of policy does to it.
@@ -70,8 +72,8 @@ pub struct BoxNet {
     secrets_changed: watch::Sender<u64>,
     /// The package cache and OSV database every box shares.
     pub registries: Arc<Registries>,
-    /// Turns to hold a push's body, every box's together, and this box's.
-    pub holds: (Arc<tokio::sync::Semaphore>, tokio::sync::Semaphore),
+    /// Turns to hold a push's body: this box's, its account's, everyone's.
+    pub holds: crate::proxy::push::BoxTurns,
     /// The gateway's own connections to registries for this box's reads,
     /// kept between them (no connection carries two boxes' requests).
     pub registry_conns: Arc<crate::packages::fetch::Idle>,
@@ -86,7 +88,8 @@ impl BoxNet {
         gate: Gate,
         shared: &Shared,
     ) -> Arc<Self> {
-        let Shared { log, upstream, asker, registries, holds } = shared.clone();
+        let Shared { log, upstream, asker, registries, holds, account_holds } = shared.clone();
+        let holds = crate::proxy::push::BoxTurns::new(holds, account_holds, gate.account().clone());
         let logger = Logger::new(id.clone(), log);
         Arc::new(Self {
             id,
@@ -103,7 +106,7 @@ impl BoxNet {
             secrets: RwLock::new(Arc::new(Vec::new())),
             secrets_changed: watch::channel(0).0,
             registries,
-            holds: (holds, crate::proxy::push::box_holds()),
+            holds,
             registry_conns: Arc::default(),
         })
     }
@@ -306,6 +309,7 @@ mod tests {
             asker: Arc::clone(&asker),
             registries: Arc::new(crate::packages::Registries::new(Default::default())),
             holds: crate::proxy::push::holds(),
+            account_holds: crate::proxy::push::account_holds(),
         };
         let gate = crate::admission::Admission::for_descriptors(1024).gate(&moat_core::AccountId("SHA256:a".into()));
         let net = BoxNet::new(id, policy.clone(), None, gate, &shared);

@@ -78,6 +78,7 @@ impl Gateway {
             asker: Arc::new(Asker::new(questions)),
             registries: Arc::new(registries),
             holds: crate::proxy::push::holds(),
+            account_holds: crate::proxy::push::account_holds(),
         };
         Self { boxes: Mutex::new(HashMap::new()), shared, admission, meters: Meters::default() }
     }

@@ -7,10 +7,14 @@
 //! the host; a refusal is answered on git's own channel
 //! ([`crate::git::report`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use moat_core::policy::{HostName, PushRule};
+use moat_core::slots::Slots;
+use moat_core::AccountId;
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::Semaphore;
 
 use crate::git::commands::{self, CommandList};
 use crate::git::report;
@@ -41,15 +45,35 @@ const TURN_WAIT: Duration = Duration::from_secs(30);
 /// Push bodies one box may have held at once (so that one box cannot take
 /// every turn).
 pub const BOX_HOLDS: usize = 2;
-
-/// A box's own turns to hold a push body.
-pub fn box_holds() -> tokio::sync::Semaphore {
-    tokio::sync::Semaphore::new(BOX_HOLDS)
-}
+/// Push bodies one account's boxes may have held at once: half the
+/// gateway's (four boxes of one account, a `race 4`, trickling pushes took
+/// every turn from every other account for 300 s).
+pub const ACCOUNT_HOLDS: usize = HOLDS_AT_ONCE / 2;
 
 /// The turns to hold a push body, every box's together.
-pub fn holds() -> std::sync::Arc<tokio::sync::Semaphore> {
-    std::sync::Arc::new(tokio::sync::Semaphore::new(HOLDS_AT_ONCE))
+pub fn holds() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(HOLDS_AT_ONCE))
+}
+
+/// Each account's turns to hold a push body.
+pub fn account_holds() -> Arc<Slots<AccountId>> {
+    Slots::new(ACCOUNT_HOLDS)
+}
+
+/// One box's turns to hold a push body: its own, its account's, everyone's.
+pub struct BoxTurns {
+    all: Arc<Semaphore>,
+    accounts: Arc<Slots<AccountId>>,
+    account: AccountId,
+    mine: Semaphore,
+}
+
+impl BoxTurns {
+    /// The turns of a box of `account`, under the gateway's `all` and
+    /// every account's `accounts`.
+    pub fn new(all: Arc<Semaphore>, accounts: Arc<Slots<AccountId>>, account: AccountId) -> Self {
+        Self { all, accounts, account, mine: Semaphore::new(BOX_HOLDS) }
+    }
 }
 
 /// What a push is, as far as the rules go.
@@ -106,18 +130,22 @@ pub async fn hold<R: AsyncRead + Unpin>(
     buf: &mut Vec<u8>,
     request: &Request,
     push: Push<'_>,
-    (holds, box_holds): (&tokio::sync::Semaphore, &tokio::sync::Semaphore),
+    turns: &BoxTurns,
 ) -> Result<(), Refusal> {
     if request.coded {
         return Err(Refusal::git_error(false, "moat: compressed push bodies are not read by the gateway".into()));
     }
     let busy = || Refusal::git_error(false, "moat: the gateway is holding as many pushes as it can: try again".into());
-    // One of the box's own turns first, then one of everyone's.
-    let mine = box_holds.try_acquire().map_err(|_| {
+    // One of the box's own turns first, then one of its account's, then
+    // one of everyone's.
+    let mine = turns.mine.try_acquire().map_err(|_| {
         Refusal::git_error(false, format!("moat: this box has {BOX_HOLDS} pushes held already: one at a time"))
     })?;
-    let _turns = match tokio::time::timeout(TURN_WAIT, holds.acquire()).await {
-        Ok(Ok(turn)) => (mine, turn),
+    let ours = turns.accounts.take(&turns.account).ok_or_else(|| {
+        Refusal::git_error(false, format!("moat: this account's boxes have {ACCOUNT_HOLDS} pushes held already"))
+    })?;
+    let _turns = match tokio::time::timeout(TURN_WAIT, turns.all.acquire()).await {
+        Ok(Ok(turn)) => (mine, ours, turn),
         _ => return Err(busy()),
     };
     match tokio::time::timeout(BODY_TIME, read_and_judge(from_box, buf, request, push)).await {
@@ -250,6 +278,11 @@ mod tests {
 
     const Z: &str = "0000000000000000000000000000000000000000";
 
+    /// A box's turns, in a gateway of its own.
+    fn turns() -> BoxTurns {
+        BoxTurns::new(holds(), account_holds(), AccountId("SHA256:a".into()))
+    }
+
     /// Rules, commands, pack, and the decision wanted (a part of the refusal).
     type Case<'a> = (Vec<&'a str>, Vec<String>, &'a [u8], Result<(), &'a str>);
 
@@ -294,7 +327,7 @@ mod tests {
         let mut buf = raw[..head_len].to_vec();
         let name = HostName::parse("github.com").unwrap();
         let push = Push { name: &name, repo: "moat/repo", rules: &rules };
-        let decided = hold(&mut Pieces(pieces), &mut buf, &request, push, (&holds(), &box_holds())).await;
+        let decided = hold(&mut Pieces(pieces), &mut buf, &request, push, &turns()).await;
         // Whatever was read stays, as it came, for the host.
         assert!(raw.starts_with(&buf));
         decided.map_err(|e| e.to_string())
@@ -419,23 +452,35 @@ mod tests {
                 tokio::time::sleep(Duration::from_secs(50)).await;
             }
         });
-        let (holds, mine) = (holds(), box_holds());
+        let box_turns = turns();
         let started = tokio::time::Instant::now();
         let mut buf = raw.to_vec();
-        let err = hold(&mut ours, &mut buf, &request, push(), (&holds, &mine)).await.unwrap_err();
+        let err = hold(&mut ours, &mut buf, &request, push(), &box_turns).await.unwrap_err();
         assert_eq!(
             (started.elapsed(), err.to_string()),
             (BODY_TIME, "moat: the push body took too long to arrive".into())
         );
-        assert_eq!(holds.available_permits(), HOLDS_AT_ONCE, "its turn was kept");
+        assert_eq!(box_turns.all.available_permits(), HOLDS_AT_ONCE, "its turn was kept");
+        assert_eq!(box_turns.accounts.held(&box_turns.account), 0, "its account's turn was kept");
         // Every turn taken: told so after a wait.
-        let _all = holds.acquire_many(HOLDS_AT_ONCE as u32).await.unwrap();
+        let all = box_turns.all.acquire_many(HOLDS_AT_ONCE as u32).await.unwrap();
         let mut buf = raw.to_vec();
-        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), (&holds, &mine)).await.unwrap_err();
+        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), &box_turns).await.unwrap_err();
         assert!(err.to_string().contains("as many pushes as it can"), "{err}");
+        drop(all);
+        // An account whose boxes hold their share: told so at once, while
+        // another account's box still gets a turn.
+        let theirs: Vec<_> = (0..ACCOUNT_HOLDS).map(|_| box_turns.accounts.take(&box_turns.account).unwrap()).collect();
+        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), &box_turns).await.unwrap_err();
+        assert!(err.to_string().contains("this account's boxes have"), "{err}");
+        let other =
+            BoxTurns::new(Arc::clone(&box_turns.all), Arc::clone(&box_turns.accounts), AccountId("SHA256:b".into()));
+        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), &other).await.unwrap_err();
+        assert_eq!(err.to_string(), "closed inside a request body", "another account's box was refused a turn");
+        drop(theirs);
         // A box with its own turns taken: told so at once.
-        let _both = mine.acquire_many(BOX_HOLDS as u32).await.unwrap();
-        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), (&holds, &mine)).await.unwrap_err();
-        assert!(err.to_string().contains("pushes held already"), "{err}");
+        let _both = box_turns.mine.acquire_many(BOX_HOLDS as u32).await.unwrap();
+        let err = hold(&mut tokio::io::empty(), &mut buf, &request, push(), &box_turns).await.unwrap_err();
+        assert!(err.to_string().contains("this box has"), "{err}");
     }
 }

@@ -269,7 +269,7 @@ async fn requests(
                 let _ = write_flushed(&mut *to_box.lock().await, b"HTTP/1.1 100 Continue\r\n\r\n").await;
             }
             let push = push::Push { name, repo, rules };
-            if let Err(why) = push::hold(&mut from_box, &mut buf, &request, push, (&net.holds.0, &net.holds.1)).await {
+            if let Err(why) = push::hold(&mut from_box, &mut buf, &request, push, &net.holds).await {
                 req_log.reason = Some(why.to_string());
                 net.log(req_log);
                 refuse_in_turn(&mut up, bound, &expect_tx, &to_box, &why).await;
