@@ -9,13 +9,37 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Most stdin held for a program that is not reading it (in the box's own
 /// memory). Past it the input loop waits for the program, and what the host
 /// sends after (signals, resizes) waits with it.
 pub const MAX_HELD: usize = 4 << 20;
+/// What a session may always hold, whatever the box's sessions hold together.
+const FLOOR: usize = 64 << 10;
+/// How often a session held back by the box's budget looks again (another
+/// session's program reading frees it, and says nothing).
+const BUDGET_LOOK: Duration = Duration::from_millis(20);
+
+/// What every session of a box holds together: at most `max`, past which
+/// each holds at most [`FLOOR`]. One client's 128 stalled sessions held 4 MiB
+/// each, 512 MiB of the box's memory, where its agent (PID 1) lives too.
+pub struct Budget {
+    held: AtomicUsize,
+    max: usize,
+}
+
+impl Budget {
+    pub const fn new(max: usize) -> Self {
+        Self { held: AtomicUsize::new(0), max }
+    }
+}
+
+/// The box's: 16 MiB.
+static BOX: Budget = Budget::new(16 << 20);
 
 #[derive(Default)]
 struct Queue {
@@ -28,10 +52,10 @@ struct Queue {
     broken: bool,
 }
 
-#[derive(Default)]
 struct Shared {
     queue: Mutex<Queue>,
     changed: Condvar,
+    budget: &'static Budget,
 }
 
 impl Shared {
@@ -41,6 +65,18 @@ impl Shared {
 
     fn wait<'a>(&self, guard: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         self.changed.wait(guard).unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `queue` may take more: under its own most, and under the
+    /// box's budget or its floor.
+    fn room(&self, queue: &Queue) -> bool {
+        queue.held < MAX_HELD && (queue.held < FLOOR || self.budget.held.load(Ordering::Relaxed) < self.budget.max)
+    }
+
+    /// `n` bytes leave the queue (written, or dropped).
+    fn gone(&self, queue: &mut Queue, n: usize) {
+        queue.held -= n;
+        self.budget.held.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -55,11 +91,16 @@ enum State {
 }
 
 /// The program's stdin (a pipe, or a terminal's master).
-pub struct Stdin(State);
+pub struct Stdin(State, &'static Budget);
 
 impl Stdin {
     pub fn new(file: File) -> Self {
-        Self(State::Idle(file))
+        Self::within(file, &BOX)
+    }
+
+    /// Holding what its program has not read within `budget`.
+    fn within(file: File, budget: &'static Budget) -> Self {
+        Self(State::Idle(file), budget)
     }
 
     /// Queues `data` for the program; waits only while [`MAX_HELD`] is held.
@@ -75,11 +116,18 @@ impl Stdin {
             }
             State::Writing { shared, .. } => {
                 let mut queue = shared.lock();
-                while queue.held >= MAX_HELD && !queue.broken {
-                    queue = shared.wait(queue);
+                while !shared.room(&queue) && !queue.broken {
+                    queue = match queue.held >= MAX_HELD {
+                        true => shared.wait(queue),
+                        false => {
+                            let waited = shared.changed.wait_timeout(queue, BUDGET_LOOK);
+                            waited.unwrap_or_else(PoisonError::into_inner).0
+                        }
+                    };
                 }
                 if !queue.broken && !queue.ending {
                     queue.held += data.len();
+                    shared.budget.held.fetch_add(data.len(), Ordering::Relaxed);
                     queue.chunks.push_back(data);
                     shared.changed.notify_all();
                 }
@@ -106,7 +154,7 @@ impl Stdin {
             self.0 = State::Idle(file);
             return;
         };
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared { queue: Mutex::default(), changed: Condvar::new(), budget: self.1 });
         let theirs = Arc::clone(&shared);
         // Builder, not thread::spawn: at the box's pids.max the session goes
         // on writing inline rather than panic.
@@ -144,11 +192,11 @@ fn write_out(mut file: File, shared: &Shared) {
         drop(queue);
         let written = file.write_all(&chunk);
         let mut queue = shared.lock();
-        queue.held -= chunk.len();
+        shared.gone(&mut queue, chunk.len());
         if written.is_err() {
             queue.broken = true;
-            queue.chunks.clear();
-            queue.held = 0;
+            let dropped = std::mem::take(&mut queue.chunks).iter().map(Vec::len).sum();
+            shared.gone(&mut queue, dropped);
         }
         shared.changed.notify_all();
         if queue.broken {
@@ -224,6 +272,32 @@ mod tests {
         let mut got = Vec::new();
         r.read_to_end(&mut got).unwrap();
         assert_eq!(got, vec![3; 1 << 20]);
+    }
+
+    /// Past the box's budget a session holds its floor, and the budget
+    /// comes back as programs read (or their pipes close).
+    #[test]
+    fn sessions_together_hold_at_most_the_boxs_budget() {
+        static SMALL: Budget = Budget::new(1 << 20);
+        let (r1, w1) = pipe();
+        let mut first = Stdin::within(w1, &SMALL);
+        first.write(vec![1; 2 << 20]);
+        let (done, written) = std::sync::mpsc::channel();
+        let (r2, w2) = pipe();
+        std::thread::spawn(move || {
+            let mut second = Stdin::within(w2, &SMALL);
+            // A pipe's worth, and then its floor, held.
+            second.write(vec![2; 2 * FLOOR]);
+            let _ = done.send("floor");
+            second.write(vec![2; FLOOR]);
+            let _ = done.send("more");
+        });
+        assert_eq!(written.recv_timeout(Duration::from_secs(5)), Ok("floor"));
+        assert!(written.recv_timeout(Duration::from_millis(300)).is_err(), "held past the box's budget");
+        // The first program goes away: its bytes leave the budget.
+        drop(r1);
+        assert_eq!(written.recv_timeout(Duration::from_secs(5)), Ok("more"));
+        drop((first, r2));
     }
 
     /// A reader that went away: writes are dropped, never waited on.
