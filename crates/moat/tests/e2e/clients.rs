@@ -134,6 +134,16 @@ fn python_client_with(port: u16, key: &crate::fixture::Key, script: &str, user: 
     run(&mut cmd)
 }
 
+/// Runs client `script` against a fresh busybox box of alice's (a VM box in
+/// the VM pass), checks that it says `says`, then removes the box.
+fn busybox_client_says(env: &Env, prefix: &str, script: &str, says: &str) {
+    let name = unique(prefix);
+    env.new_box(&name, &["--image", "busybox"]);
+    let out = python_client_with(env.daemon.port, &env.alice, script, &name, &[]).ok();
+    assert!(out.stdout.contains(says), "{}", out.stdout);
+    env.alice(None, &["rm", &name]).ok();
+}
+
 /// paramiko and asyncssh each run 100 commands, an SFTP session and port
 /// forwards to a server in the box (sequential, concurrent, 8 MiB, a closed
 /// port; asyncssh a local listener too) on one connection.
@@ -154,33 +164,21 @@ pub fn paramiko_and_asyncssh_reuse_one_connection(env: &Env) {
 /// Requests flooded at a channel whose reader stopped: the channel's backlog
 /// holds 1,024, then the connection ends (at the flood, not on a later EOF).
 pub fn a_request_flood_at_a_stopped_reader_ends_its_connection(env: &Env) {
-    let name = unique("flood");
-    env.new_box(&name, &["--image", "busybox"]);
-    let out = python_client_with(env.daemon.port, &env.alice, "request_flood.py", &name, &[]).ok();
-    assert!(out.stdout.contains("a request flood at a stopped reader ends its connection"), "{}", out.stdout);
-    env.alice(None, &["rm", &name]).ok();
+    busybox_client_says(env, "flood", "request_flood.py", "a request flood at a stopped reader ends its connection");
 }
 
 /// asyncssh re-keys in the middle of an upload (it sends the packet that set
 /// off the re-key after its KEXINIT): russh reset the connection there, so
 /// every asyncssh upload died at its 1 GB re-key.
 pub fn asyncssh_rekeys_while_it_sends(env: &Env) {
-    let name = unique("rekey");
-    env.new_box(&name, &["--image", "busybox"]);
-    let out = python_client_with(env.daemon.port, &env.alice, "asyncssh_rekey.py", &name, &[]).ok();
-    assert!(out.stdout.contains("asyncssh re-keys while it sends"), "{}", out.stdout);
-    env.alice(None, &["rm", &name]).ok();
+    busybox_client_says(env, "rekey", "asyncssh_rekey.py", "asyncssh re-keys while it sends");
 }
 
 /// A signal and a resize sent after stdin the program never read reach it
 /// at once (asyncssh's `send_signal`, `change_terminal_size`), as under
 /// sshd: the agent wrote stdin inline, and both waited behind it for good.
 pub fn signals_and_resizes_pass_unread_stdin(env: &Env) {
-    let name = unique("sigs");
-    env.new_box(&name, &["--image", "busybox"]);
-    let out = python_client_with(env.daemon.port, &env.alice, "signals_past_unread_stdin.py", &name, &[]).ok();
-    assert!(out.stdout.contains("signals and resizes pass unread stdin"), "{}", out.stdout);
-    env.alice(None, &["rm", &name]).ok();
+    busybox_client_says(env, "sigs", "signals_past_unread_stdin.py", "signals and resizes pass unread stdin");
 }
 
 /// A program that does not read its stdin holds back only its own channel:
@@ -188,11 +186,7 @@ pub fn signals_and_resizes_pass_unread_stdin(env: &Env) {
 /// data arrived and then waited for the channel's queue inside the session
 /// loop: `echo` beside it took 12.7 s).
 pub fn an_unread_channel_stalls_no_other(env: &Env) {
-    let name = unique("unread");
-    env.new_box(&name, &["--image", "busybox"]);
-    let out = python_client_with(env.daemon.port, &env.alice, "unread_stdin.py", &name, &[]).ok();
-    assert!(out.stdout.contains("unread stdin stalls no other channel"), "{}", out.stdout);
-    env.alice(None, &["rm", &name]).ok();
+    busybox_client_says(env, "unread", "unread_stdin.py", "unread stdin stalls no other channel");
 }
 
 /// Clients that stop reading and then leave without a word, or close their
@@ -431,11 +425,7 @@ pub fn stalled_channels_hold_at_most_the_accounts_window(env: &Env) {
 /// that reads none (a backlog entry each): the connection is cut early, and
 /// the next one is served.
 pub fn floods_at_a_stalled_reader_or_rekey_are_cut_off(env: &Env) {
-    let name = unique("floods");
-    env.new_box(&name, &["--image", "busybox"]);
-    let out = python_client_with(env.daemon.port, &env.alice, "stalled_floods.py", &name, &[]).ok();
-    assert!(out.stdout.contains("stalled floods cut off"), "{}", out.stdout);
-    env.alice(None, &["rm", &name]).ok();
+    busybox_client_says(env, "floods", "stalled_floods.py", "stalled floods cut off");
 }
 
 /// paramiko with several keys, the listed one last: it asks for the

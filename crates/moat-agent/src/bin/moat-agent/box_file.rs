@@ -5,7 +5,7 @@
 //! lock its owner out: `mkfifo /etc/environment` left every later session
 //! waiting, across a restart too.
 
-use std::fs::OpenOptions;
+use std::fs::{File, Metadata, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -17,13 +17,19 @@ pub const MAX_TEXT: u64 = 4 << 20;
 /// (opened without blocking, so a FIFO is passed over); `None` otherwise.
 pub fn read_text(path: impl AsRef<Path>) -> Option<String> {
     let mut file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+    text_of(&mut file).map(|(text, _)| text)
+}
+
+/// The text of `file` (opened by the caller, without blocking) and its
+/// metadata, if it is a regular file of at most [`MAX_TEXT`] bytes.
+pub fn text_of(file: &mut File) -> Option<(String, Metadata)> {
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.len() > MAX_TEXT {
         return None;
     }
     let mut text = String::new();
-    Read::by_ref(&mut file).take(MAX_TEXT).read_to_string(&mut text).ok()?;
-    Some(text)
+    Read::by_ref(file).take(MAX_TEXT).read_to_string(&mut text).ok()?;
+    Some((text, meta))
 }
 
 #[cfg(test)]

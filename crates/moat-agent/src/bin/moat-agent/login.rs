@@ -11,7 +11,7 @@
 //! with is taken out then, before anything of the box's owner has run).
 
 use std::fs::OpenOptions;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
 const PASSWD: &str = "/etc/passwd";
@@ -37,15 +37,8 @@ pub fn alias_root_as_host_name() {
     let Ok(mut file) = OpenOptions::new().read(true).append(true).custom_flags(flags).open(PASSWD) else {
         return;
     };
-    let Ok(meta) = file.metadata() else { return };
-    // A passwd file larger than this is left alone (the box wrote it).
-    if !meta.is_file() || meta.len() > crate::box_file::MAX_TEXT {
-        return;
-    }
-    let mut text = String::new();
-    if Read::by_ref(&mut file).take(crate::box_file::MAX_TEXT).read_to_string(&mut text).is_err() {
-        return;
-    }
+    // Not a regular file, or one too large, is left alone (the box wrote it).
+    let Some((text, meta)) = crate::box_file::text_of(&mut file) else { return };
     match before.and_then(|old| without_alias(&text, &old)) {
         // Renamed: the file rewritten whole (its mode kept), then put in place at once.
         Some(rest) => {

@@ -73,6 +73,27 @@ impl Shared {
         queue.held < MAX_HELD && (queue.held < FLOOR || self.budget.held.load(Ordering::Relaxed) < self.budget.max)
     }
 
+    /// The queue, once it has room (or its program's end closed).
+    fn wait_for_room(&self) -> MutexGuard<'_, Queue> {
+        let mut queue = self.lock();
+        while !self.room(&queue) && !queue.broken {
+            queue = match queue.held >= MAX_HELD {
+                true => self.wait(queue),
+                // Held back by the box's budget, which frees without a word.
+                false => self.changed.wait_timeout(queue, BUDGET_LOOK).unwrap_or_else(PoisonError::into_inner).0,
+            };
+        }
+        queue
+    }
+
+    /// `data` joins the queue.
+    fn taken(&self, queue: &mut Queue, data: Vec<u8>) {
+        queue.held += data.len();
+        self.budget.held.fetch_add(data.len(), Ordering::Relaxed);
+        queue.chunks.push_back(data);
+        self.changed.notify_all();
+    }
+
     /// `n` bytes leave the queue (written, or dropped).
     fn gone(&self, queue: &mut Queue, n: usize) {
         queue.held -= n;
@@ -103,7 +124,8 @@ impl Stdin {
         Self(State::Idle(file), budget)
     }
 
-    /// Queues `data` for the program; waits only while [`MAX_HELD`] is held.
+    /// Queues `data` for the program; waits while the session holds
+    /// [`MAX_HELD`], or its floor with the box's budget held.
     pub fn write(&mut self, data: Vec<u8>) {
         if let State::Idle(_) = self.0 {
             self.start();
@@ -115,21 +137,9 @@ impl Stdin {
                 let _ = file.write_all(&data);
             }
             State::Writing { shared, .. } => {
-                let mut queue = shared.lock();
-                while !shared.room(&queue) && !queue.broken {
-                    queue = match queue.held >= MAX_HELD {
-                        true => shared.wait(queue),
-                        false => {
-                            let waited = shared.changed.wait_timeout(queue, BUDGET_LOOK);
-                            waited.unwrap_or_else(PoisonError::into_inner).0
-                        }
-                    };
-                }
+                let mut queue = shared.wait_for_room();
                 if !queue.broken && !queue.ending {
-                    queue.held += data.len();
-                    shared.budget.held.fetch_add(data.len(), Ordering::Relaxed);
-                    queue.chunks.push_back(data);
-                    shared.changed.notify_all();
+                    shared.taken(&mut queue, data);
                 }
             }
             State::Closed => {}
